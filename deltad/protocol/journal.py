@@ -1,0 +1,120 @@
+"""The append-only journal: the run's source of truth.
+
+Appends are single fsynced writes. A crash mid-append can leave a torn last line; readers skip
+it, and the next writer (holding the workspace lock) sets it aside and records that it did.
+A journal rewritten into another format (an editor's pretty-printed JSON array) is refused
+with a message saying so, rather than half-read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .errors import CorruptFile
+from .fsio import append_durable, atomic_write, fsync_dir
+from .models import EventType, JournalEvent, iso, utcnow
+
+
+@dataclass
+class JournalRead:
+    events: list[JournalEvent]
+    good_bytes: int  # length of the valid prefix
+    torn: bytes  # bytes after it (a crash mid-append), usually empty
+
+
+def _reformatted(path: Path, data: bytes) -> CorruptFile | None:
+    head = data.lstrip()[:1]
+    first_line = data.split(b"\n", 1)[0].strip()
+    if head == b"[" or first_line == b"{" or data.startswith((b" ", b"\t")):
+        return CorruptFile(
+            f"{path} is not JSON Lines any more: it looks rewritten as pretty-printed JSON "
+            "(an editor or JSON viewer may have reformatted it). Restore it from a backup "
+            "with one compact JSON object per line."
+        )
+    return None
+
+
+def read_journal(path: Path) -> JournalRead:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return JournalRead([], 0, b"")
+    if not data:
+        return JournalRead([], 0, b"")
+    if err := _reformatted(path, data):
+        raise err
+    events: list[JournalEvent] = []
+    offset = 0
+    lines = data.split(b"\n")
+    complete, tail = lines[:-1], lines[-1]
+    for n, line in enumerate(complete, 1):
+        is_last = n == len(complete) and not tail
+        try:
+            events.append(JournalEvent.model_validate(json.loads(line)))
+        except (ValueError, ValidationError):
+            if is_last:  # e.g. a zero-filled block after a crash: same as a torn line
+                return JournalRead(events, offset, data[offset:])
+            raise CorruptFile(
+                f"{path} line {n} is not a journal event; the journal is damaged "
+                "(restore it from a backup)"
+            ) from None
+        offset += len(line) + 1
+    return JournalRead(events, offset, tail)
+
+
+class Journal:
+    """Writer side. Only the lock holder may construct one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        read = read_journal(path)
+        self.events = read.events
+        if read.torn:
+            self._set_aside_torn_tail(read)
+
+    @property
+    def next_seq(self) -> int:
+        return self.events[-1].seq + 1 if self.events else 1
+
+    def _set_aside_torn_tail(self, read: JournalRead) -> None:
+        kept = self.path.with_name(f"{self.path.name}.torn-{read.good_bytes}")
+        atomic_write(kept, read.torn)
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, read.good_bytes)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.append(
+            EventType.SYSTEM_MESSAGE,
+            {
+                "level": "WARN",
+                "content": f"skipped a torn journal line ({len(read.torn)} bytes, from a crash "
+                f"mid-write); its bytes are kept in {kept.name}",
+            },
+        )
+
+    def append(self, type_: EventType, payload: dict[str, Any]) -> JournalEvent:
+        event = JournalEvent(seq=self.next_seq, timestamp=utcnow(), type=type_, payload=payload)
+        line = json.dumps(
+            {
+                "seq": event.seq,
+                "timestamp": iso(event.timestamp),
+                "type": str(type_),
+                "payload": payload,
+            },
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        new_file = not self.path.exists()
+        append_durable(self.path, line.encode() + b"\n")
+        if new_file:
+            fsync_dir(self.path.parent)
+        self.events.append(event)
+        return event

@@ -1,0 +1,82 @@
+"""Who owns a run, and is that process still alive?
+
+A bare pid lies after reuse or reboot; (pid, start time in clock ticks since boot, boot id,
+hostname) does not: a reused pid necessarily has a later start time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import cache
+
+from pydantic import BaseModel
+
+
+class OwnerProcess(BaseModel):
+    pid: int
+    start_ticks: int | None = None  # field 22 of /proc/<pid>/stat
+    boot_id: str | None = None
+    hostname: str
+
+
+@cache
+def boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces and parens: split after the last ')'.
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return int(fields[19])  # field 22 overall; 3 is the first after comm
+
+
+def current_owner() -> OwnerProcess:
+    pid = os.getpid()
+    return OwnerProcess(
+        pid=pid, start_ticks=proc_start_ticks(pid), boot_id=boot_id(), hostname=socket.gethostname()
+    )
+
+
+def owner_alive(owner: OwnerProcess | None) -> bool | None:
+    """True/False when decidable here; None when the owner is on another host."""
+    if owner is None:
+        return False
+    if owner.hostname != socket.gethostname():
+        return None
+    if owner.boot_id and boot_id() and owner.boot_id != boot_id():
+        return False
+    ticks = proc_start_ticks(owner.pid)
+    if ticks is None:
+        return _pid_exists(owner.pid)  # no /proc: fall back to the pid alone
+    if _is_zombie(owner.pid):
+        return False
+    return owner.start_ticks is None or ticks == owner.start_ticks
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return False
+    return raw[raw.rindex(b")") + 2 :].split()[0] == b"Z"

@@ -1,0 +1,166 @@
+"""A scripted OpenAI-compatible Chat Completions server on 127.0.0.1.
+
+Each POST to /v1/chat/completions pops the next scripted reply and records the request body.
+When the script runs out it answers 500 with a clear message, so a test fails loudly instead
+of hanging. Run standalone (for benchmarks) with `python -m deltad.testing.fakellm --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+_ids = itertools.count(1)
+
+
+def tool_call(name: str, args: dict[str, Any] | str | None = None, id: str | None = None) -> dict:
+    arguments = args if isinstance(args, str) else json.dumps(args or {})
+    return {
+        "id": id or f"call_{next(_ids):04d}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def completion(content: str | None = None, tool_calls: list[dict] | None = None) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": f"chatcmpl-{next(_ids)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "fake",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+class FakeLLM:
+    """Use as a context manager; `url` is the base URL for OPENAI_BASE_URL."""
+
+    def __init__(self, port: int = 0) -> None:
+        self._script: deque[tuple[int, dict]] = deque()
+        self._fallback: tuple[int, dict] | None = None
+        self.requests: list[dict] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    # -- scripting ---------------------------------------------------------------------
+    def reply(self, content: str | None = None, *calls: dict) -> FakeLLM:
+        with self._lock:
+            self._script.append((200, completion(content, list(calls) or None)))
+        return self
+
+    def call(self, name: str, args: dict | str | None = None, id: str | None = None) -> FakeLLM:
+        return self.reply(None, tool_call(name, args, id))
+
+    def error(self, status: int, message: str = "scripted error") -> FakeLLM:
+        body = {"error": {"message": message, "type": "invalid_request_error", "code": None}}
+        with self._lock:
+            self._script.append((status, body))
+        return self
+
+    def always(self, content: str | None = None, *calls: dict) -> FakeLLM:
+        """Answer this whenever the script is empty (benchmarks)."""
+        self._fallback = (200, completion(content, list(calls) or None))
+        return self
+
+    @property
+    def remaining(self) -> int:
+        return len(self._script)
+
+    # -- recorded requests ----------------------------------------------------------------
+    def last_messages(self) -> list[dict]:
+        return self.requests[-1]["messages"]
+
+    def tool_results(self, request_index: int = -1) -> dict[str, str]:
+        msgs = self.requests[request_index]["messages"]
+        return {m["tool_call_id"]: m["content"] for m in msgs if m.get("role") == "tool"}
+
+    # -- server ---------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> FakeLLM:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FakeLLM:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _next(self, body: dict) -> tuple[int, dict]:
+        with self._lock:
+            self.requests.append(body)
+            if self._script:
+                return self._script.popleft()
+        if self._fallback:
+            return self._fallback
+        return 500, {"error": {"message": "fake LLM: script exhausted", "type": "server_error"}}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # keep test output clean
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    return self._send(404, {"error": {"message": f"no route {self.path}"}})
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    return self._send(400, {"error": {"message": "body is not JSON"}})
+                self._send(*fake._next(body))
+
+            def _send(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Serve a fake OpenAI-compatible endpoint.")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--final", default="done", help="content of every reply")
+    args = ap.parse_args()
+    fake = FakeLLM(args.port).always(args.final).start()
+    print(fake.url, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
