@@ -10,6 +10,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -85,15 +86,26 @@ class Mailbox:
         text = text.rstrip("\r\n") if secret else text.strip()
         return Answer(AnswerState.READY, text=text)
 
-    def clear(self) -> None:
-        """Remove the answer, then the question (a crash in between leaves a question whose
-        action the journal already answered; the next resume removes it)."""
-        for path in (self.ws.response_file, self.ws.request_file):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        with contextlib.suppress(FileNotFoundError):
-            fsync_dir(self.ws.interaction_dir)
+    def discard_answer(self) -> None:
+        _unlink_durably(self.ws.response_file)
+
+    def withdraw(self) -> None:
+        """Remove the question. Callers remove the answer first: a crash in between leaves a
+        question whose action the journal already answered, which the next resume removes."""
+        _unlink_durably(self.ws.request_file)
+
+    def set_aside_request(self, why: str) -> Path:
+        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
+        dest = self.ws.interaction_dir / f"request.{why}-{stamp}.json"
+        os.replace(self.ws.request_file, dest)
+        return dest
 
     def write_answer(self, text: str, *, secret: bool = False) -> None:
         """Used by `delta respond`: an atomic rename, so no watcher sees half an answer."""
         atomic_write(self.ws.response_file, text.encode("utf-8"), 0o600 if secret else 0o644)
+
+
+def _unlink_durably(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+        fsync_dir(path.parent)

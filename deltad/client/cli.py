@@ -1,0 +1,262 @@
+"""`delta`: run an agent in a workspace; pause for a human; resume from disk alone."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+
+from deltad import __version__, logs
+from deltad.protocol import (
+    Busy,
+    InputType,
+    InteractionRequest,
+    Mailbox,
+    ProtocolError,
+    RunMetadata,
+    RunStatus,
+    Workspace,
+    iso,
+    load_metadata,
+    owner_alive,
+    read_regular_text,
+)
+from deltad.protocol.fsio import MAX_MAILBOX_BYTES, lstat_or_none
+
+from . import exitcodes
+from .console import normalize_confirmation
+from .engine import InterruptGuard
+from .errors import DeltaError, UsageError
+from .runner import RunOptions, drive, guidance
+
+WORK_DIR = click.option(
+    "--work-dir",
+    "-w",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default="current directory",
+    help="The workspace directory.",
+)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"delta: error: {message}", err=True)
+    sys.exit(code)
+
+
+def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """User errors become one line on stderr and the documented exit code; no traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Busy as e:
+            _fail(f"{e} (exit {exitcodes.BUSY}: try again when it is done)", exitcodes.BUSY)
+        except DeltaError as e:
+            _fail(str(e), e.exit_code)
+        except ProtocolError as e:
+            _fail(str(e), exitcodes.USAGE)
+        except PermissionError as e:
+            _fail(f"permission denied: {e.filename}", exitcodes.FAILED)
+        except OSError as e:
+            _fail(f"{e.strerror or e}: {e.filename or ''}".rstrip(": "), exitcodes.FAILED)
+
+    return wrapper
+
+
+@click.group(
+    help="Run Delta Engine agents that can pause for a human and resume from disk.",
+    epilog=exitcodes.HELP,
+)
+@click.version_option(__version__, prog_name="delta")
+def main() -> None:
+    logs.configure(level="warning", fmt="json")  # until a run's engine.log takes over
+
+
+@main.command("run", epilog=exitcodes.HELP)
+@click.option("--agent", "-a", help="Agent directory (config.yaml + system_prompt.md).")
+@click.option("--task", "-t", help="The task for a new run.")
+@WORK_DIR
+@click.option("-i", "--interactive", is_flag=True, help="Ask questions on this terminal.")
+@click.option("--new", is_flag=True, help="Start a new run even if the latest can be resumed.")
+@click.option("--run-id", help="Resume this run instead of the latest.")
+@click.option("--max-iterations", type=click.IntRange(min=1), help="Cap the run's iterations.")
+@friendly
+def run_cmd(
+    agent: str | None,
+    task: str | None,
+    work_dir: Path,
+    interactive: bool,
+    new: bool,
+    run_id: str | None,
+    max_iterations: int | None,
+) -> None:
+    """Start a run, or resume the latest one that is waiting, interrupted or crashed.
+
+    With no --agent/--task, resumes the workspace's latest run when it is WAITING_FOR_INPUT
+    (and response.txt is there), INTERRUPTED, or RUNNING with its process dead.
+    """
+    guard = InterruptGuard()
+    guard.install()
+    opts = RunOptions(work_dir, agent, task, new, run_id, interactive, max_iterations)
+    sys.exit(drive(opts, guard, sys.stdout, sys.stderr))
+
+
+def _load(ws: Workspace, run_id: str | None = None) -> RunMetadata:
+    rid = run_id or ws.latest_run_id()
+    if rid is None:
+        raise UsageError(f"no runs in {ws.root}")
+    try:
+        return load_metadata(ws.run(rid).metadata)
+    except FileNotFoundError:
+        raise UsageError(f"run {rid} has no metadata.json") from None
+
+
+def _pending(ws: Workspace, meta: RunMetadata) -> InteractionRequest | None:
+    req = Mailbox(ws).read_request()
+    return req if req is not None and req.run_id == meta.run_id else None
+
+
+def _status_doc(ws: Workspace, meta: RunMetadata) -> dict[str, Any]:
+    req = _pending(ws, meta)
+    answer = None
+    if req is not None:
+        a = Mailbox(ws).read_answer(req, secret=True)
+        answer = {"state": str(a.state), **({"reason": a.reason} if a.reason else {})}
+    alive = owner_alive(meta.owner) if meta.status == RunStatus.RUNNING else None
+    return {
+        "workspace": str(ws.root),
+        "run_id": meta.run_id,
+        "status": str(meta.status),
+        "task": meta.task,
+        "agent_ref": meta.agent_ref,
+        "iterations_completed": meta.iterations_completed,
+        "start_time": iso(meta.start_time),
+        "updated_at": iso(meta.updated_at),
+        "end_time": iso(meta.end_time) if meta.end_time else None,
+        "error": meta.error,
+        "owner_alive": alive,
+        "pending": req.model_dump(mode="json") if req else None,
+        "response": answer,
+    }
+
+
+@main.command("status")
+@WORK_DIR
+@click.option("--run-id", help="Show this run instead of the latest.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@friendly
+def status_cmd(work_dir: Path, run_id: str | None, as_json: bool) -> None:
+    """Show the latest run's status and its pending question."""
+    ws = Workspace.at(work_dir)
+    meta = _load(ws, run_id)
+    doc = _status_doc(ws, meta)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    status = doc["status"]
+    if doc["owner_alive"] is False:
+        status += " (its process is gone: it crashed; `delta run` resumes it)"
+    click.echo(f"Run:        {meta.run_id}\nStatus:     {status}\nTask:       {meta.task}")
+    click.echo(f"Agent:      {meta.agent_ref}\nIterations: {meta.iterations_completed}")
+    click.echo(f"Updated:    {doc['updated_at']}")
+    if meta.error:
+        click.echo(f"Reason:     {meta.error}")
+    if (req := _pending(ws, meta)) is not None:
+        click.echo(guidance(ws, meta.run_id, req))
+        if doc["response"]["state"] == "ready":
+            click.echo("  An answer is waiting in response.txt; `delta run` will take it.")
+        elif doc["response"].get("reason"):
+            click.echo(f"  response.txt not usable: {doc['response']['reason']}")
+
+
+def _answer_text(req: InteractionRequest, text: str | None, file: str | None) -> str:
+    if text is not None and file is not None:
+        raise UsageError("give the answer as TEXT or --file, not both")
+    if file == "-":
+        data = sys.stdin.read(MAX_MAILBOX_BYTES + 1)
+    elif file is not None:
+        data = read_regular_text(Path(file))
+    elif text is not None:
+        data = text
+    elif sys.stdin.isatty():
+        click.echo(req.prompt)
+        data = getpass.getpass("> ") if req.is_secret else input("> ")
+    else:
+        data = sys.stdin.read(MAX_MAILBOX_BYTES + 1)
+    if len(data.encode()) > MAX_MAILBOX_BYTES:
+        raise UsageError(f"the answer is over the {MAX_MAILBOX_BYTES}-byte limit")
+    if req.input_type == InputType.CONFIRMATION and normalize_confirmation(data) is None:
+        raise UsageError("this question needs yes or no")
+    return data
+
+
+@main.command("respond")
+@click.argument("text", required=False)
+@click.option("--file", "file", help="Read the answer from this file ('-' for stdin).")
+@WORK_DIR
+@click.option("--force", is_flag=True, help="Replace an answer that is already waiting.")
+@friendly
+def respond_cmd(text: str | None, file: str | None, work_dir: Path, force: bool) -> None:
+    """Answer the pending question (writes response.txt atomically).
+
+    With neither TEXT nor --file, asks on the terminal (hidden for secrets) or reads stdin.
+    """
+    ws = Workspace.at(work_dir)
+    mailbox = Mailbox(ws)
+    req = mailbox.read_request()
+    if req is None:
+        raise UsageError(f"nothing is waiting for an answer in {ws.root}")
+    meta = load_metadata(ws.run(req.run_id).metadata)
+    if meta.status not in (RunStatus.WAITING_FOR_INPUT, RunStatus.INTERRUPTED, RunStatus.RUNNING):
+        raise UsageError(f"run {meta.run_id} is {meta.status}; its question is no longer open")
+    if lstat_or_none(ws.response_file) is not None and not force:
+        raise UsageError(
+            f"an answer is already waiting in {ws.response_file}; pass --force to replace it"
+        )
+    mailbox.write_answer(_answer_text(req, text, file), secret=req.is_secret)
+    click.echo(
+        f"Answer saved for run {req.run_id}. Continue with: delta run --work-dir "
+        f"{ws.root} (deltad picks it up by itself)."
+    )
+
+
+@main.command("runs")
+@WORK_DIR
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@friendly
+def runs_cmd(work_dir: Path, as_json: bool) -> None:
+    """List the runs in the workspace, oldest first."""
+    ws = Workspace.at(work_dir)
+    rows = []
+    for rid in ws.run_ids():
+        try:
+            meta = load_metadata(ws.run(rid).metadata)
+            rows.append(
+                {
+                    "run_id": rid,
+                    "status": str(meta.status),
+                    "start_time": iso(meta.start_time),
+                    "task": meta.task,
+                    "iterations_completed": meta.iterations_completed,
+                }
+            )
+        except (FileNotFoundError, ProtocolError) as e:
+            rows.append({"run_id": rid, "status": "UNREADABLE", "error": str(e)})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no runs in {ws.root}")
+    latest = ws.latest_run_id() if rows else None
+    for r in rows:
+        mark = "*" if r["run_id"] == latest else " "
+        task = (r.get("task") or r.get("error", "")).replace("\n", " ")
+        click.echo(f"{mark} {r['run_id']}  {r['status']:<17} {task[:60]}")

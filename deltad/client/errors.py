@@ -1,0 +1,19 @@
+"""Client errors, each mapped to an exit code by the CLI. Messages are one line."""
+
+from __future__ import annotations
+
+
+class DeltaError(Exception):
+    exit_code = 1
+
+
+class UsageError(DeltaError):
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """The agent definition is missing or invalid; names the file and the field."""
+
+
+class LLMError(DeltaError):
+    """The model endpoint failed in a way retries did not fix."""

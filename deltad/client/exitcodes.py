@@ -1,0 +1,13 @@
+"""Exit codes of `delta` (also listed in `delta --help` and the README)."""
+
+COMPLETED = 0
+FAILED = 1
+USAGE = 2  # bad arguments, invalid agent config, unreadable workspace state
+BUSY = 75  # another process is driving a run in this workspace (EX_TEMPFAIL: try later)
+WAITING = 101  # paused for a human answer
+INTERRUPTED = 130  # SIGINT/SIGTERM
+
+HELP = (
+    "Exit codes: 0 completed, 1 failed, 2 usage or config error, 75 workspace busy "
+    "(another process is driving its run), 101 waiting for input, 130 interrupted."
+)

@@ -1,0 +1,310 @@
+"""`delta run`: pick the run to drive (resume LATEST or start a new one), then drive it.
+
+Everything that changes state happens under the workspace lock. A resume changes nothing on
+disk until the agent definition and the model endpoint have been checked, so a missing agent
+or key leaves the run exactly as it was.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import structlog
+
+from deltad import logs
+from deltad.protocol import (
+    RESUMABLE,
+    EventType,
+    InteractionRequest,
+    Journal,
+    RunMetadata,
+    RunPaths,
+    RunStatus,
+    Workspace,
+    WorkspaceLock,
+    current_owner,
+    load_metadata,
+    new_run_id,
+    owner_alive,
+    save_metadata,
+    transition,
+    utcnow,
+)
+from deltad.protocol.mailbox import Mailbox
+
+from . import exitcodes
+from .agent import Agent, load_agent
+from .console import Console
+from .engine import Engine, Interrupted, InterruptGuard, Outcome
+from .errors import LLMError, UsageError
+from .llm import ChatModel, OpenAIChatModel
+
+log = structlog.get_logger("deltad.client")
+
+
+@dataclass
+class RunOptions:
+    work_dir: Path
+    agent: str | None = None
+    task: str | None = None
+    new: bool = False
+    run_id: str | None = None
+    interactive: bool = False
+    max_iterations: int | None = None
+
+
+@dataclass
+class Selected:
+    paths: RunPaths
+    meta: RunMetadata
+    journal: Journal
+    agent: Agent
+    model: ChatModel
+
+
+def _model(agent: Agent) -> ChatModel:
+    try:
+        return OpenAIChatModel(agent.config.llm)
+    except LLMError as e:
+        raise UsageError(str(e)) from None
+
+
+def _latest(ws: Workspace, run_id: str | None) -> tuple[RunPaths, RunMetadata] | None:
+    rid = run_id or ws.latest_run_id()
+    if rid is None:
+        return None
+    paths = ws.run(rid)
+    try:
+        return paths, load_metadata(paths.metadata)
+    except FileNotFoundError:
+        if run_id:
+            raise UsageError(f"no run {run_id} in {ws.root}") from None
+        return None
+
+
+def _resumable(meta: RunMetadata) -> bool:
+    # Under our lock no other client can be driving it, so RUNNING means its owner died.
+    return meta.status in RESUMABLE or meta.status == RunStatus.RUNNING
+
+
+def _mark_crashed(ws: Workspace, paths: RunPaths, meta: RunMetadata, journal: Journal) -> None:
+    owner = meta.owner
+    who = f"process {owner.pid}" if owner else "its process"
+    journal.append(
+        EventType.SYSTEM_MESSAGE,
+        {"level": "WARN", "content": f"{who} stopped without finishing (crash or kill -9)"},
+    )
+    transition(
+        paths.metadata,
+        meta,
+        RunStatus.INTERRUPTED,
+        workspace=str(ws.root),
+        error=f"{who} died while RUNNING",
+    )
+
+
+def _supersede(ws: Workspace, paths: RunPaths, meta: RunMetadata) -> None:
+    """`--new` while the latest run still waits: park its question, mark it INTERRUPTED."""
+    journal = Journal(paths.journal)
+    mailbox = Mailbox(ws)
+    req = mailbox.read_request() if ws.request_file.exists() else None
+    if req is not None and req.run_id == meta.run_id:
+        mailbox.set_aside_request(f"superseded-{meta.run_id}")
+    if meta.status in (RunStatus.WAITING_FOR_INPUT, RunStatus.RUNNING):
+        journal.append(
+            EventType.SYSTEM_MESSAGE,
+            {"level": "WARN", "content": "superseded by a new run (delta run --new)"},
+        )
+        transition(
+            paths.metadata,
+            meta,
+            RunStatus.INTERRUPTED,
+            workspace=str(ws.root),
+            error="superseded by a new run",
+        )
+
+
+def _create(ws: Workspace, opts: RunOptions) -> Selected:
+    if not opts.agent or not opts.task:
+        raise UsageError("starting a run needs --agent DIR and --task TEXT")
+    agent = load_agent(opts.agent)
+    model = _model(agent)
+    run_id = new_run_id()
+    paths = ws.run(run_id)
+    paths.execution.mkdir(parents=True)
+    paths.configuration.mkdir()
+    for f in (agent.config_file, agent.prompt_file):
+        shutil.copy2(f, paths.configuration / f.name)
+    now = utcnow()
+    meta = RunMetadata(
+        run_id=run_id,
+        status=RunStatus.RUNNING,
+        task=opts.task,
+        agent_ref=str(agent.home),
+        start_time=now,
+        updated_at=now,
+        max_iterations=opts.max_iterations,
+        owner=current_owner(),
+    )
+    save_metadata(paths.metadata, meta)
+    ws.set_latest(run_id)  # after metadata: LATEST never names a run without one
+    _log_to(paths)
+    log.info(
+        "run_created",
+        run_id=run_id,
+        workspace=str(ws.root),
+        agent=agent.name,
+        to=str(RunStatus.RUNNING),
+    )
+    return Selected(paths, meta, Journal(paths.journal), agent, model)
+
+
+def _resume(
+    ws: Workspace, paths: RunPaths, meta: RunMetadata, opts: RunOptions, warn: TextIO
+) -> Selected:
+    try:
+        agent = load_agent(meta.agent_ref)
+    except UsageError as e:
+        raise UsageError(f"cannot resume run {meta.run_id}: {e}") from None
+    model = _model(agent)
+    if opts.agent or opts.task:
+        print(
+            f"delta: resuming run {meta.run_id} ({meta.status}); --agent/--task ignored. "
+            "Pass --new to start a new run instead.",
+            file=warn,
+        )
+    _log_to(paths)
+    journal = Journal(paths.journal)
+    if meta.status == RunStatus.RUNNING:
+        _mark_crashed(ws, paths, meta, journal)
+    if opts.max_iterations:
+        meta.max_iterations = opts.max_iterations
+        save_metadata(paths.metadata, meta)
+    return Selected(paths, meta, journal, agent, model)
+
+
+def _select(ws: Workspace, opts: RunOptions, warn: TextIO) -> Selected:
+    found = _latest(ws, opts.run_id)
+    if found is None:
+        return _create(ws, opts)
+    paths, meta = found
+    if meta.status == RunStatus.RUNNING and owner_alive(meta.owner) is None:
+        raise UsageError(
+            f"run {meta.run_id} is RUNNING on host {meta.owner.hostname if meta.owner else '?'}; "
+            "it cannot be checked from here"
+        )
+    if opts.new:
+        if _resumable(meta):
+            _supersede(ws, paths, meta)
+        return _create(ws, opts)
+    if _resumable(meta):
+        return _resume(ws, paths, meta, opts, warn)
+    if opts.run_id:
+        raise UsageError(f"run {meta.run_id} is {meta.status}; there is nothing to resume")
+    if not (opts.agent and opts.task):
+        raise UsageError(
+            f"the latest run {meta.run_id} is {meta.status}; start a new run with "
+            "--agent DIR --task TEXT"
+        )
+    return _create(ws, opts)
+
+
+def _log_to(paths: RunPaths) -> None:
+    paths.execution.mkdir(parents=True, exist_ok=True)
+    logs.configure(level="info", fmt="json", stream=open(paths.engine_log, "a"))  # noqa: SIM115
+
+
+def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> int:
+    ws = Workspace.at(opts.work_dir)
+    if not ws.delta_dir.is_dir():
+        if not (opts.agent and opts.task):
+            raise UsageError(
+                f"no run to resume in {ws.root}; start one with --agent DIR --task TEXT"
+            )
+        ws.root.mkdir(parents=True, exist_ok=True)
+    with WorkspaceLock(ws.lock_file):
+        sel = _select(ws, opts, err)
+        console = Console(sys.stdin, out) if opts.interactive else None
+        engine = Engine(
+            ws,
+            sel.paths,
+            sel.meta,
+            sel.journal,
+            sel.agent,
+            sel.model,
+            console=console,
+            guard=guard,
+            warn=lambda m: print(f"delta: {m}", file=err),
+        )
+        try:
+            outcome = engine.drive()
+        except Interrupted as e:
+            return _interrupted(engine, e)
+        except Exception as e:
+            return _internal_error(engine, e, err)
+    return _report(ws, sel.meta, outcome, out, err)
+
+
+def _interrupted(engine: Engine, e: Interrupted) -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # let the cleanup below finish
+    engine.note(f"interrupted by {e}", "WARN")
+    if engine.meta.status == RunStatus.RUNNING:
+        engine.set_status(RunStatus.INTERRUPTED, error=f"interrupted by {e}")
+    return exitcodes.INTERRUPTED
+
+
+def _internal_error(engine: Engine, e: Exception, err: TextIO) -> int:
+    """A bug, not a user error: keep the run resumable and say where the details are."""
+    log.error("internal_error", run_id=engine.meta.run_id, exc_info=True)
+    engine.note(f"internal error: {type(e).__name__}: {e}", "ERROR")
+    if engine.meta.status == RunStatus.RUNNING:
+        engine.set_status(RunStatus.INTERRUPTED, error=f"internal error: {type(e).__name__}")
+    print(
+        f"delta: internal error: {type(e).__name__}: {e} (run {engine.meta.run_id} left "
+        f"INTERRUPTED; details in {engine.paths.engine_log})",
+        file=err,
+    )
+    traceback.print_exc(file=err)
+    return exitcodes.FAILED
+
+
+def _report(ws: Workspace, meta: RunMetadata, outcome: Outcome, out: TextIO, err: TextIO) -> int:
+    if outcome.status == RunStatus.COMPLETED:
+        print(outcome.message, file=out)
+    elif outcome.status == RunStatus.WAITING_FOR_INPUT and outcome.request is not None:
+        print(guidance(ws, meta.run_id, outcome.request), file=out)
+    else:
+        print(f"delta: run {meta.run_id} {outcome.status}: {outcome.message}", file=err)
+    return outcome.exit_code
+
+
+def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:
+    wd = _q(str(ws.root))
+    kind = {"password": "a password (hidden)", "confirmation": "yes or no"}.get(
+        str(req.input_type), "text"
+    )
+    secret = (
+        "\n  Sensitive: the answer is kept in a 0600 file under the run, never shown to the model."
+        if req.is_secret
+        else ""
+    )
+    example = "yes" if str(req.input_type) == "confirmation" else "your answer"
+    return (
+        f"Run {run_id} is waiting for input.\n"
+        f"  Question: {req.prompt}\n"
+        f"  Expects:  {kind}{secret}\n"
+        f"  Answer:   delta respond --work-dir {wd} {_q(example)}\n"
+        f"       or:  echo {_q(example)} > {_q(str(ws.response_file))}\n"
+        f"  Continue: delta run --work-dir {wd}   (deltad does this by itself)"
+    )
+
+
+_q = shlex.quote

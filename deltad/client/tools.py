@@ -1,0 +1,155 @@
+"""Running one tool: its own process group, a timeout, bounded capture, redacted records.
+
+Output is captured in memory (bounded) rather than streamed to disk, because a secret must be
+redacted before any byte of it reaches the run's io records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from deltad.protocol import atomic_write_json, atomic_write_text, current_owner
+from deltad.protocol.process import owner_alive, proc_start_ticks
+
+from .agent import Invocation
+
+CAPTURE_LIMIT = 1024 * 1024  # per stream, kept in the record
+OBSERVATION_LIMIT = 8000  # per stream, shown to the model
+KILL_GRACE_SECONDS = 3.0
+
+
+@dataclass
+class ToolOutcome:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_ms: int
+    timed_out: bool = False
+    error: str | None = None  # could not start
+
+    def observation(self) -> str:
+        if self.error:
+            return f"Error: {self.error}"
+        parts = []
+        for label, text in (("STDOUT", self.stdout), ("STDERR", self.stderr)):
+            if text:
+                if len(text) > OBSERVATION_LIMIT:
+                    text = text[:OBSERVATION_LIMIT] + f"\n[output truncated: {len(text)} chars]"
+                parts.append(f"=== {label} ===\n{text}")
+        if self.timed_out:
+            parts.append(f"=== TIMED OUT after {self.duration_ms} ms; process group killed ===")
+        else:
+            parts.append(f"=== EXIT CODE: {self.exit_code} ===")
+        return "\n".join(parts)
+
+
+class _Capture(threading.Thread):
+    def __init__(self, stream: object) -> None:
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.buf = bytearray()
+        self.dropped = 0
+
+    def run(self) -> None:
+        read = self.stream.read  # type: ignore[attr-defined]
+        while chunk := read(65536):
+            room = CAPTURE_LIMIT - len(self.buf)
+            self.buf += chunk[:room]
+            self.dropped += max(0, len(chunk) - room)
+
+    def text(self) -> str:
+        out = self.buf.decode("utf-8", errors="replace")
+        return out + (f"\n[{self.dropped} more bytes not kept]" if self.dropped else "")
+
+
+def _feed(stdin: object, data: str | None) -> None:
+    with contextlib.suppress(BrokenPipeError, OSError):
+        if data is not None:
+            stdin.write(data.encode())  # type: ignore[attr-defined]
+        stdin.close()  # type: ignore[attr-defined]
+
+
+def kill_group(pgid: int) -> None:
+    """SIGTERM the group, then SIGKILL what is left after a grace period."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + KILL_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            os.killpg(pgid, 0)
+            time.sleep(0.05)
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def run_tool(inv: Invocation, cwd: Path, timeout: float, record: Path) -> ToolOutcome:
+    """Run `inv`; writes `record/process.json` while it runs so a later resume can find an
+    orphan left by a crashed client."""
+    env = {**os.environ, **inv.env}
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            inv.argv,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError as e:
+        return ToolOutcome(None, "", "", 0, error=f"cannot run {inv.argv[0]!r}: {e.strerror}")
+    atomic_write_json(
+        record / "process.json", {"pid": proc.pid, "start_ticks": proc_start_ticks(proc.pid)}
+    )
+    out, err = _Capture(proc.stdout), _Capture(proc.stderr)
+    feeder = threading.Thread(target=_feed, args=(proc.stdin, inv.stdin), daemon=True)
+    for t in (out, err, feeder):
+        t.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        # Also reached on SIGINT/SIGTERM (raised into this frame): never leave the group behind.
+        if proc.poll() is None or timed_out:
+            kill_group(proc.pid)
+            proc.wait()
+        out.join(5)
+        err.join(5)
+    return ToolOutcome(
+        proc.returncode, out.text(), err.text(), int((time.monotonic() - start) * 1000), timed_out
+    )
+
+
+def kill_orphan(record: Path) -> bool:
+    """Kill the process group a crashed client left running, if it is still the same process."""
+    try:
+        info = json.loads((record / "process.json").read_text())
+    except (OSError, ValueError):
+        return False
+    me = current_owner()
+    ghost = me.model_copy(update={"pid": info["pid"], "start_ticks": info.get("start_ticks")})
+    if owner_alive(ghost):
+        kill_group(info["pid"])
+        return True
+    return False
+
+
+def write_record(
+    record: Path, display: str, outcome: ToolOutcome, redact: Callable[[str], str]
+) -> None:
+    atomic_write_text(record / "command.txt", display + "\n")
+    atomic_write_text(record / "stdout.log", redact(outcome.stdout))
+    atomic_write_text(record / "stderr.log", redact(outcome.stderr))
+    code = "timeout" if outcome.timed_out else str(outcome.exit_code)
+    atomic_write_text(record / "exit_code.txt", (outcome.error or code) + "\n")
+    atomic_write_text(record / "duration_ms.txt", f"{outcome.duration_ms}\n")
