@@ -7,7 +7,12 @@ BUSY = 75  # another process is driving a run in this workspace (EX_TEMPFAIL: tr
 WAITING = 101  # paused for a human answer
 INTERRUPTED = 130  # SIGINT/SIGTERM
 
-HELP = (
-    "Exit codes: 0 completed, 1 failed, 2 usage or config error, 75 workspace busy "
-    "(another process is driving its run), 101 waiting for input, 130 interrupted."
-)
+HELP = """\b
+Exit codes:
+  0    completed
+  1    failed
+  2    usage or config error
+  75   busy: another process is driving a run in this workspace
+  101  waiting for input
+  130  interrupted (SIGINT/SIGTERM)
+"""

@@ -1,0 +1,174 @@
+"""Shared fixtures: a fake OpenAI server per test and a `delta` subprocess runner.
+
+Nothing of the project is mocked: `delta` runs as a real process against a real HTTP server on
+127.0.0.1, and tests look at the files it leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deltad.testing import FakeLLM
+
+BIN = Path(sys.executable).parent
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def bin_path(name: str) -> str:
+    found = BIN / name
+    return str(found) if found.exists() else (shutil.which(name) or name)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLLM]:
+    with FakeLLM() as f:
+        yield f
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+class Delta:
+    """Runs `delta` in a workspace, pointed at the test's fake model."""
+
+    def __init__(self, ws: Path, fake: FakeLLM, agent: Path) -> None:
+        self.ws = ws
+        self.agent = agent
+        self.env = {
+            **os.environ,
+            "OPENAI_BASE_URL": fake.url,
+            "OPENAI_API_KEY": "test-key",
+            "DELTA_LLM_MAX_RETRIES": "0",
+        }
+        for k in ("DELTA_BASE_URL", "DELTA_API_KEY", "DELTA_FAULT"):
+            self.env.pop(k, None)
+
+    def argv(self, *args: str) -> list[str]:
+        return [bin_path("delta"), *args]
+
+    def __call__(
+        self,
+        *args: str,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> Result:
+        p = subprocess.run(
+            self.argv(*args),
+            cwd=self.ws,
+            env={**self.env, **(env or {})},
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    def start(self, task: str = "do the task", *extra: str, **kw: Any) -> Result:
+        return self("run", "--agent", str(self.agent), "--task", task, *extra, **kw)
+
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(*args),
+            cwd=self.ws,
+            env={**self.env, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+
+    # -- reading the workspace ---------------------------------------------------------------
+    @property
+    def delta_dir(self) -> Path:
+        return self.ws / ".delta"
+
+    @property
+    def run_dir(self) -> Path:
+        rid = (self.delta_dir / "runs" / "LATEST").read_text().strip()
+        return self.delta_dir / "runs" / rid
+
+    def metadata(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "execution" / "metadata.json").read_text())
+
+    def status(self) -> str:
+        return self.metadata()["status"]
+
+    def journal(self) -> list[dict[str, Any]]:
+        lines = (self.run_dir / "execution" / "journal.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def events(self, type_: str) -> list[dict[str, Any]]:
+        return [e for e in self.journal() if e["type"] == type_]
+
+    def results(self) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for e in self.events("ACTION_RESULT"):
+            out.setdefault(e["payload"]["action_id"], []).append(e["payload"])
+        return out
+
+    def request(self) -> dict[str, Any]:
+        return json.loads((self.delta_dir / "interaction" / "request.json").read_text())
+
+    def answer(self, text: str) -> None:
+        (self.delta_dir / "interaction" / "response.txt").write_text(text)
+
+
+def write_agent(root: Path, tools: str = "[]", extra: str = "", name: str = "agent") -> Path:
+    home = root / name
+    home.mkdir(parents=True, exist_ok=True)
+    head = "name: test-agent\nllm:\n  model: fake-model\n"
+    (home / "config.yaml").write_text(f"{head}tools: {tools}\n{textwrap.dedent(extra)}")
+    (home / "system_prompt.md").write_text("You are a test agent.\n")
+    return home
+
+
+TOOLS = """
+  - name: echo
+    description: Echo text back.
+    exec: "echo ${text}"
+  - name: slow
+    description: Sleep, then say done.
+    shell: "echo started > started.txt; sleep ${seconds}; echo finished > finished.txt"
+  - name: use_secret
+    description: Write a secret into the workspace, and print it.
+    shell: "printf '%s' ${value} > secret-seen.txt; echo the value is ${value}"
+"""
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Path:
+    return write_agent(tmp_path, TOOLS)
+
+
+@pytest.fixture
+def delta(tmp_path: Path, fake: FakeLLM, agent: Path) -> Delta:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return Delta(ws, fake, agent)
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll until `cond()` is truthy. The deadline guards against hangs, not speed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := cond():
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
