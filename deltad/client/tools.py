@@ -78,12 +78,17 @@ def _feed(stdin: object, data: str | None) -> None:
         stdin.close()  # type: ignore[attr-defined]
 
 
-def kill_group(pgid: int) -> None:
-    """SIGTERM the group, then SIGKILL what is left after a grace period."""
+def kill_group(pgid: int, reap: Callable[[], object] | None = None) -> None:
+    """SIGTERM the group, then SIGKILL what is left after a grace period.
+
+    `reap` collects the leader when it is our own child: until it is reaped its zombie keeps
+    the group "alive" to killpg(pgid, 0), and every kill would wait out the whole grace."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
         deadline = time.monotonic() + KILL_GRACE_SECONDS
         while time.monotonic() < deadline:
+            if reap is not None:
+                reap()
             os.killpg(pgid, 0)
             time.sleep(0.05)
         os.killpg(pgid, signal.SIGKILL)
@@ -121,7 +126,7 @@ def run_tool(inv: Invocation, cwd: Path, timeout: float, record: Path) -> ToolOu
     finally:
         # Also reached on SIGINT/SIGTERM (raised into this frame): never leave the group behind.
         if proc.poll() is None or timed_out:
-            kill_group(proc.pid)
+            kill_group(proc.pid, reap=proc.poll)
             proc.wait()
         out.join(5)
         err.join(5)
