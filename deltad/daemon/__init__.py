@@ -1,0 +1,1 @@
+"""`deltad`: one daemon watches many workspaces and resumes every answered run exactly once."""

@@ -1,0 +1,41 @@
+"""Is `response.txt` complete, i.e. is nobody still writing it?
+
+Events say *that* something happened; this asks the kernel whether the file is still open for
+writing. A read lease (fcntl F_SETLEASE, F_RDLCK) is refused with EAGAIN exactly when some
+process has the file open for writing, so a writer that pauses between two writes is seen as
+"not done" no matter how long it pauses. Taking the lease needs file ownership or CAP_LEASE
+(root has it; the systemd unit grants it); where it is refused (or on NFS), completeness falls
+back to "closed-after-write event seen, or unchanged for `settle_seconds`".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from enum import Enum
+from pathlib import Path
+
+
+class Writers(Enum):
+    NONE = "none"  # complete: nobody has it open for writing
+    OPEN = "open"  # someone is still writing it
+    UNKNOWN = "unknown"  # the kernel would not tell us (no lease permission, NFS)
+
+
+def open_writers(path: Path) -> Writers:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return Writers.UNKNOWN  # gone, a symlink, unreadable: the reader reports which
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as e:
+        return Writers.OPEN if e.errno == errno.EAGAIN else Writers.UNKNOWN
+    else:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return Writers.NONE
+    finally:
+        os.close(fd)

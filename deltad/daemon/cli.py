@@ -1,0 +1,144 @@
+"""`deltad serve | check | status`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from deltad import logs
+
+from .config import ConfigError, DaemonConfig, load_config
+from .discovery import walk
+from .status import daemon_running, read_status
+
+EXIT_CONFIG = 2
+EXIT_NOT_RUNNING = 3
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="DELTAD_CONFIG",
+    help="YAML configuration file (env DELTAD_CONFIG).",
+)
+root_option = click.option(
+    "--root",
+    "roots",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="A directory to watch (added to the config's roots; repeatable).",
+)
+
+
+def _load(config_path: Path | None, roots: tuple[str, ...]) -> DaemonConfig:
+    try:
+        return load_config(config_path, roots)
+    except ConfigError as e:
+        click.echo(f"deltad: error: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """deltad: resume paused Delta runs when their answer arrives."""
+
+
+@main.command()
+@config_option
+@root_option
+def serve(config_path: Path | None, roots: tuple[str, ...]) -> None:
+    """Run the daemon in the foreground (systemd Type=notify; no self-daemonizing)."""
+    from .service import Service
+
+    config = _load(config_path, roots)
+    logs.configure(config.log_level, config.log_format)
+    sys.exit(Service(config, config_path, roots).run())
+
+
+@main.command()
+@config_option
+@root_option
+def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
+    """Validate the configuration and print what would be watched."""
+    config = _load(config_path, roots)
+    click.echo(f"configuration OK ({config_path or 'defaults'})")
+    for key, value in config.model_dump(mode="json", exclude={"roots"}).items():
+        click.echo(f"  {key}: {value}")
+    total_watches = 0
+    for root in config.roots:
+        layout = walk(root.path, config.discovery_depth)
+        backend = "polling" if root.polling else "inotify"
+        watches = 0 if root.polling else len(layout.dirs) + 3 * len(layout.workspaces)
+        total_watches += watches
+        click.echo(
+            f"root {root.path} ({backend}): {len(layout.workspaces)} workspaces, "
+            f"{len(layout.dirs)} directories watched for new ones, ~{watches} watches"
+        )
+        for ws in sorted(layout.workspaces):
+            click.echo(f"  workspace {ws}")
+        if not root.path.is_dir():
+            click.echo("  warning: this directory does not exist (yet)")
+        for path, problem in layout.problems:
+            click.echo(f"  warning: {path}: {problem}")
+    _report_watch_budget(total_watches, config.max_inotify_watches)
+
+
+def _report_watch_budget(needed: int, own_cap: int | None) -> None:
+    try:
+        limit = int(Path("/proc/sys/fs/inotify/max_user_watches").read_text())
+    except (OSError, ValueError):
+        return
+    click.echo(
+        f"inotify watches needed: ~{needed} (fs.inotify.max_user_watches = {limit}"
+        + (f", max_inotify_watches = {own_cap}" if own_cap else "")
+        + ")"
+    )
+    if needed > min(limit, own_cap or limit):
+        click.echo("  warning: over the limit; the rest will be polled")
+
+
+@main.command()
+@config_option
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The daemon's state directory (default: from the config).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
+def status(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
+    """Show what a running daemon is doing (exit 3 if none is running)."""
+    if state_dir is None:
+        state_dir = (_load(config_path, ()) if config_path else DaemonConfig()).state_dir
+    snap = read_status(state_dir)
+    if not daemon_running(state_dir) or snap is None:
+        click.echo(f"deltad is not running (state dir {state_dir})", err=True)
+        sys.exit(EXIT_NOT_RUNNING)
+    if as_json:
+        click.echo(json.dumps(snap, indent=2))
+        return
+    _print_status(snap)
+
+
+def _print_status(snap: dict[str, Any]) -> None:
+    c = snap["counts"]
+    click.echo(
+        f"deltad pid {snap['pid']}, up since {snap['started_at']}, "
+        f"ready: {'yes' if snap['ready'] else 'no'}, status at {snap['updated_at']}"
+    )
+    click.echo("watches: " + ", ".join(f"{k} {v}" for k, v in snap["watches"].items()))
+    click.echo(
+        f"workspaces: {c['workspaces']}  waiting: {c['waiting']}  pending: {c['pending']}  "
+        f"resuming: {c['resuming']}  running: {c['running']}  "
+        f"interrupted: {c['interrupted']}  problems: {c['problem']}"
+    )
+    for item in snap["resuming"]:
+        click.echo(f"  resuming     {item['workspace']} (run {item['run_id']}, pid {item['pid']})")
+    for label in ("pending", "waiting", "interrupted"):
+        for ws in snap[label]:
+            click.echo(f"  {label:<12} {ws}")
+    for item in snap["problems"]:
+        click.echo(f"  problem      {item['workspace']}: {item['problem']}")

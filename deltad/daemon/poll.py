@@ -1,0 +1,151 @@
+"""Stat-based polling backend, behind the same interface as the inotify one.
+
+Used for roots marked `polling: true` (NFS and some container mounts deliver no inotify events),
+for workspaces that no longer fit under the inotify watch limit, and on non-Linux systems.
+Each round stats four paths per workspace (never the agents' files), so a round costs
+O(workspaces); new workspaces are found by re-walking the polled trees every few rounds.
+watchdog's PollingObserver is not used: it snapshots whole trees recursively (cost grows with
+the agents' files) and runs one thread per scheduled directory.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import structlog
+
+from .discovery import DELTA_DIR, Layout, walk
+from .queue import HintQueue, Why
+
+log = structlog.get_logger("deltad.poll")
+
+Signature = tuple[tuple[int, int, int] | None, ...]
+REWALK_EVERY = 5  # rounds between discovery walks
+
+
+def _stat_sig(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def signature(ws: Path) -> Signature:
+    delta = ws / DELTA_DIR
+    return tuple(
+        _stat_sig(p)
+        for p in (
+            delta / "interaction" / "response.txt",
+            delta / "interaction" / "request.json",
+            delta / "runs" / "LATEST",
+            delta,
+        )
+    )
+
+
+class PollingBackend:
+    name = "polling"
+
+    def __init__(self, queue: HintQueue, interval: float) -> None:
+        self._queue = queue
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._tops: dict[Path, int] = {}
+        self._sigs: dict[Path, Signature] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._round = 0
+
+    # -- interface ------------------------------------------------------------------------
+    def fileno(self) -> int | None:
+        return None  # pushes hints from its own thread
+
+    def add_root(self, root: Path, depth: int) -> None:
+        with self._lock:
+            self._tops[root] = depth
+
+    def adopt_dir(self, path: Path, levels: int) -> None:
+        """A discovery dir inotify could not watch: walk it every few rounds instead."""
+        with self._lock:
+            self._tops[path] = levels
+        self._start()
+
+    def adopt_workspace(self, ws: Path) -> None:
+        with self._lock:
+            self._sigs.setdefault(ws, signature(ws))
+        self._start()
+
+    def sync(self, force: bool = False) -> Layout:
+        layout = self._walk()
+        with self._lock:
+            for ws in layout.workspaces:
+                self._sigs.setdefault(ws, signature(ws))
+        if self._tops:
+            self._start()
+        return layout
+
+    def process(self) -> None:
+        pass
+
+    def forget(self, workspace: Path) -> None:
+        with self._lock:
+            self._sigs.pop(workspace, None)
+
+    def watch_count(self) -> int:
+        with self._lock:
+            return len(self._sigs)
+
+    def healthy(self) -> bool:
+        return self._thread is None or self._thread.is_alive() or self._stop.is_set()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # -- the polling thread -----------------------------------------------------------------
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="deltad-poll", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._poll_once()
+            except Exception as e:  # keep polling; one bad round must not stop detection
+                log.error("poll_round_failed", error=str(e))
+
+    def _poll_once(self) -> None:
+        self._round += 1
+        if self._round % REWALK_EVERY == 0:
+            for ws in self._walk().workspaces:
+                self._found(ws)
+        with self._lock:
+            snapshot = list(self._sigs.items())
+        for ws, old in snapshot:
+            new = signature(ws)
+            if new != old:
+                with self._lock:
+                    if ws in self._sigs:
+                        self._sigs[ws] = new
+                # Polling never sees a close: the answer may be mid-write (reconcile checks).
+                self._queue.put(ws, Why.ANSWER_CREATED if new[0] != old[0] else Why.CHECK)
+
+    def _found(self, ws: Path) -> None:
+        with self._lock:
+            if ws in self._sigs:
+                return
+            self._sigs[ws] = signature(ws)
+        self._queue.put(ws, Why.DISCOVERED)
+
+    def _walk(self) -> Layout:
+        with self._lock:
+            tops = dict(self._tops)
+        layout = Layout()
+        for top, depth in tops.items():
+            walk(top, depth, layout)
+        return layout

@@ -1,0 +1,193 @@
+"""reconcile(workspace): decide from what is on disk, never from the event that led here.
+
+`inspect` only reads. The one write the daemon ever makes to a workspace, RUNNING → INTERRUPTED
+for a dead owner, is `mark_interrupted`, done under the workspace lock after re-reading.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from pathlib import Path
+
+from deltad.protocol import (
+    AnswerState,
+    Busy,
+    Mailbox,
+    ProtocolError,
+    RunMetadata,
+    RunStatus,
+    Workspace,
+    WorkspaceLock,
+    load_metadata,
+    owner_alive,
+    transition,
+)
+
+from .answer import Writers, open_writers
+from .discovery import is_workspace
+from .queue import Why
+
+# An answer file this young, reported only by IN_CREATE, may be an open(O_CREAT) whose writer
+# has not finished opening it yet; look again after this long.
+CREATE_GRACE_SECONDS = 0.05
+
+AnswerSig = tuple[int, int, int]
+
+
+class Action(Enum):
+    NONE = "none"
+    RESUME = "resume"
+    MARK_INTERRUPTED = "mark_interrupted"
+    GONE = "gone"
+
+
+class State(StrEnum):
+    IDLE = "idle"  # no run yet
+    WAITING = "waiting"  # a question, no (complete) answer
+    ANSWERED = "answered"  # a complete answer: resume
+    RUNNING = "running"  # owner alive (or on another host)
+    INTERRUPTED = "interrupted"
+    DONE = "done"  # completed, failed or canceled
+    PROBLEM = "problem"  # something on disk is wrong; logged once
+    GONE = "gone"
+
+
+@dataclass
+class Verdict:
+    action: Action
+    state: State
+    run_id: str | None = None
+    status: RunStatus | None = None
+    problem: str | None = None
+    answer_sig: AnswerSig | None = None
+    owner_pid: int | None = None
+    # When to look again even without an event. Today: an answer still settling. Seam for
+    # request deadlines (`expires_at`) later: reconcile returns the earliest such time.
+    wake_at: float | None = None
+
+
+def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
+    return Verdict(Action.NONE, State.PROBLEM, run_id, status, problem=msg)
+
+
+def inspect(ws_path: Path, why: Why, settle: float) -> Verdict:
+    if not is_workspace(ws_path):
+        return Verdict(Action.GONE, State.GONE)
+    ws = Workspace(ws_path)
+    try:
+        run_id = ws.latest_run_id()
+        if run_id is None:
+            return Verdict(Action.NONE, State.IDLE)
+        meta = load_metadata(ws.run(run_id).metadata)
+    except FileNotFoundError as e:
+        if not is_workspace(ws_path):  # deleted while we read it
+            return Verdict(Action.GONE, State.GONE)
+        return _problem(f"{e.filename or 'a run file'} is missing")
+    except ProtocolError as e:
+        return _problem(str(e))
+    except OSError as e:
+        return _problem(f"{e.filename or ws_path}: {e.strerror}")
+    return _by_status(ws, meta, why, settle)
+
+
+def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdict:
+    s = meta.status
+    if s is RunStatus.WAITING_FOR_INPUT:
+        return _waiting(ws, meta, why, settle)
+    if s is RunStatus.RUNNING:
+        pid = meta.owner.pid if meta.owner else None
+        if owner_alive(meta.owner) is False:
+            return Verdict(Action.MARK_INTERRUPTED, State.RUNNING, meta.run_id, s, owner_pid=pid)
+        return Verdict(Action.NONE, State.RUNNING, meta.run_id, s, owner_pid=pid)
+    if s is RunStatus.INTERRUPTED:
+        return Verdict(Action.NONE, State.INTERRUPTED, meta.run_id, s)
+    return Verdict(Action.NONE, State.DONE, meta.run_id, s)
+
+
+def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdict:
+    run_id, status = meta.run_id, meta.status
+    waiting = Verdict(Action.NONE, State.WAITING, run_id, status)
+    mailbox = Mailbox(ws)
+    try:
+        request = mailbox.read_request()
+    except ProtocolError as e:
+        return _problem(str(e), run_id, status)
+    except OSError as e:
+        return _problem(f"{ws.request_file}: {e.strerror}", run_id, status)
+    if request is None:
+        if os.path.lexists(ws.response_file):
+            return _problem(
+                f"{ws.response_file} has no question (request.json is missing)", run_id, status
+            )
+        return waiting
+    if request.run_id != run_id:
+        return _problem(
+            f"{ws.request_file} belongs to run {request.run_id}, not the latest run {run_id}",
+            run_id,
+            status,
+        )
+    try:
+        answer = mailbox.read_answer(request, secret=request.is_secret)
+    except OSError as e:
+        return _problem(f"{ws.response_file}: {e.strerror}", run_id, status)
+    if answer.state is AnswerState.MISSING:
+        return waiting
+    if answer.state is not AnswerState.READY:
+        return _problem(answer.reason, run_id, status)
+    return _complete_answer(ws, run_id, status, why, settle)
+
+
+def _complete_answer(
+    ws: Workspace, run_id: str, status: RunStatus, why: Why, settle: float
+) -> Verdict:
+    try:
+        st = os.lstat(ws.response_file)
+    except FileNotFoundError:
+        return Verdict(Action.NONE, State.WAITING, run_id, status)
+    sig: AnswerSig = (st.st_ino, st.st_size, st.st_mtime_ns)
+    age = time.time() - st.st_mtime_ns / 1e9
+    incomplete = Verdict(Action.NONE, State.WAITING, run_id, status, answer_sig=sig)
+    if why == Why.ANSWER_CREATED and age < CREATE_GRACE_SECONDS:
+        incomplete.wake_at = time.time() + CREATE_GRACE_SECONDS
+        return incomplete
+    writers = open_writers(ws.response_file)
+    if writers is Writers.OPEN:
+        return incomplete  # its close-after-write event will bring us back
+    if writers is Writers.UNKNOWN and not (why & Why.ANSWER_CLOSED) and age < settle:
+        incomplete.wake_at = time.time() + (settle - age)
+        return incomplete
+    return Verdict(Action.RESUME, State.ANSWERED, run_id, status, answer_sig=sig)
+
+
+def mark_interrupted(ws_path: Path, run_id: str) -> RunMetadata | None:
+    """RUNNING → INTERRUPTED if its owner is dead, decided again under the workspace lock.
+
+    Returns the new metadata, or None if nothing was changed (someone holds the lock, i.e.
+    a live `delta` is driving the workspace; or the run moved on meanwhile).
+    """
+    ws = Workspace(ws_path)
+    if not ws.delta_dir.is_dir():
+        return None  # WorkspaceLock would create .delta/ in a deleted workspace
+    lock = WorkspaceLock(ws.lock_file)
+    try:
+        lock.acquire()
+    except Busy:
+        return None
+    try:
+        path = ws.run(run_id).metadata
+        meta = load_metadata(path)
+        if meta.status is not RunStatus.RUNNING or owner_alive(meta.owner) is not False:
+            return None
+        pid = meta.owner.pid if meta.owner else None
+        return transition(
+            path,
+            meta,
+            RunStatus.INTERRUPTED,
+            workspace=str(ws_path),
+            error=f"the process that was running it (pid {pid}) is gone",
+        )
+    finally:
+        lock.release()

@@ -1,0 +1,107 @@
+"""What the daemon currently believes about each workspace, and the log lines for changes.
+
+Beliefs only serve logging, `deltad status` and the liveness sweep; every decision to act is
+taken from disk by `reconcile.inspect`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from deltad.protocol import RunStatus
+
+from .reconcile import State, Verdict
+
+log = structlog.get_logger("deltad.registry")
+
+
+@dataclass
+class WsInfo:
+    state: State = State.IDLE
+    run_id: str | None = None
+    status: RunStatus | None = None
+    problem: str | None = None
+    owner_pid: int | None = None
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.workspaces: dict[Path, WsInfo] = {}
+
+    def __contains__(self, ws: Path) -> bool:
+        return ws in self.workspaces
+
+    def __len__(self) -> int:
+        return len(self.workspaces)
+
+    def add(self, ws: Path, *, quiet: bool = False) -> None:
+        if ws not in self.workspaces:
+            self.workspaces[ws] = WsInfo()
+            (log.debug if quiet else log.info)("workspace_discovered", workspace=str(ws))
+
+    def drop(self, ws: Path) -> None:
+        if self.workspaces.pop(ws, None) is not None:
+            log.info("workspace_removed", workspace=str(ws))
+
+    def observe(self, ws: Path, v: Verdict, *, quiet: bool = False) -> bool:
+        """Record what reconcile saw; log observed transitions and new/cleared problems once.
+        Returns True if anything changed."""
+        info = self.workspaces[ws]
+        before = (info.state, info.run_id, info.status, info.problem, info.owner_pid)
+        self._log_status(ws, info, v, quiet)
+        self._log_problem(ws, info, v)
+        info.state, info.run_id, info.status = v.state, v.run_id, v.status
+        info.problem, info.owner_pid = v.problem, v.owner_pid
+        return before != (info.state, info.run_id, info.status, info.problem, info.owner_pid)
+
+    def interrupted(self, ws: Path) -> None:
+        """The daemon marked the run INTERRUPTED itself (the protocol layer logged it)."""
+        if info := self.workspaces.get(ws):
+            info.status, info.state, info.owner_pid = RunStatus.INTERRUPTED, State.INTERRUPTED, None
+
+    @staticmethod
+    def _log_status(ws: Path, info: WsInfo, v: Verdict, quiet: bool) -> None:
+        if v.status is None:
+            return
+        if v.run_id == info.run_id and info.status is not None and v.status != info.status:
+            log.info(
+                "status_transition",
+                workspace=str(ws),
+                run_id=v.run_id,
+                observed=True,
+                **{"from": str(info.status), "to": str(v.status)},
+            )
+        elif v.run_id != info.run_id:
+            (log.debug if quiet else log.info)(
+                "run_observed", workspace=str(ws), run_id=v.run_id, status=str(v.status)
+            )
+
+    @staticmethod
+    def _log_problem(ws: Path, info: WsInfo, v: Verdict) -> None:
+        if v.problem and v.problem != info.problem:
+            log.warning("workspace_problem", workspace=str(ws), run_id=v.run_id, problem=v.problem)
+        elif info.problem and not v.problem:
+            log.info("workspace_problem_cleared", workspace=str(ws), run_id=v.run_id)
+
+    def running(self) -> list[Path]:
+        return [ws for ws, i in self.workspaces.items() if i.state is State.RUNNING]
+
+    def in_state(self, state: State) -> list[Path]:
+        return [ws for ws, i in self.workspaces.items() if i.state is state]
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {s.value: 0 for s in State if s is not State.GONE}
+        for info in self.workspaces.values():
+            counts[info.state.value] += 1
+        return counts
+
+    def problems(self) -> list[dict[str, Any]]:
+        return [
+            {"workspace": str(ws), "problem": i.problem}
+            for ws, i in self.workspaces.items()
+            if i.problem
+        ]

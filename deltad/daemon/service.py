@@ -1,0 +1,466 @@
+"""The main loop: one thread selects on the inotify fd, the hint queue, the signal pipe and one
+pidfd per resume child, and does everything else between selects (structured: no fire-and-forget
+threads; the only other thread is the polling backend's, which only produces hints).
+
+Order at start (systemd path units do the same): take the state-dir lock → install watches →
+full reconcile → READY=1. Anything that changed before the watches existed is caught by the
+reconcile; anything after, by an event.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from deltad import logs
+from deltad.protocol import iso, utcnow
+
+from .backoff import Backoff
+from .config import ConfigError, DaemonConfig, load_config
+from .discovery import Layout, is_workspace
+from .notify import monotonic_usec, sd_notify, watchdog_interval
+from .poll import PollingBackend
+from .queue import HintQueue, Why
+from .reconcile import Action, State, Verdict, inspect, mark_interrupted
+from .registry import Registry
+from .resumer import BUSY, Finished, Resumer
+from .status import AlreadyRunning, StateDirLock, capped, write_status
+from .watch import Backend
+
+log = structlog.get_logger("deltad.service")
+
+HINT_BATCH = 500  # hints per loop turn, so the inotify fd is read between batches
+STATUS_EVERY = 1.0  # seconds between status.json / STATUS= updates, when something changed
+CHILD_POLL = 0.2  # without pidfds, how often to look for exited children
+
+
+class Service:
+    def __init__(
+        self, config: DaemonConfig, config_path: Path | None, extra_roots: tuple[str, ...]
+    ):
+        self.config = config
+        self._config_path = config_path
+        self._extra_roots = extra_roots
+        self.queue = HintQueue()
+        self.registry = Registry()
+        self.resumer = Resumer(config)
+        self.backoff = Backoff(config.backoff_initial_seconds, config.backoff_max_seconds)
+        self.backends: list[Backend] = []
+        self._timers: list[tuple[float, str]] = []
+        self._stop = self._reload = False
+        self._dirty = True
+        self._started = utcnow()
+        self._last_status = self._last_ping = 0.0
+        self._next_rescan = self._next_sweep = 0.0
+        self._ready = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> int:
+        lock = StateDirLock(self.config.state_dir)
+        try:
+            lock.acquire()
+        except AlreadyRunning as e:
+            log.error("already_running", error=str(e))
+            print(f"deltad: {e}", file=sys.stderr)
+            return 1
+        except OSError as e:
+            log.error("state_dir_unusable", path=str(self.config.state_dir), error=e.strerror)
+            return 1
+        sig_r = self._install_signals()
+        try:
+            self._start()
+            self._loop(sig_r)
+            self._shutdown()
+        finally:
+            lock.release()
+        return 0
+
+    def _start(self) -> None:
+        t0 = time.monotonic()
+        log.info(
+            "daemon_starting",
+            pid=os.getpid(),
+            roots=[str(r.path) for r in self.config.roots],
+            state_dir=str(self.config.state_dir),
+        )
+        self._build_backends()
+        self.full_reconcile("startup", quiet=True)
+        self._ready = True
+        self._write_status(force=True)
+        sd_notify("READY=1", self._status_line())
+        log.info(
+            "daemon_ready",
+            workspaces=len(self.registry),
+            watches=self._watch_counts(),
+            duration_ms=int((time.monotonic() - t0) * 1000),
+        )
+
+    def _install_signals(self) -> int:
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+
+        def stop(signum: int, frame: object) -> None:
+            self._stop = True
+
+        def reload(signum: int, frame: object) -> None:
+            self._reload = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, reload)
+        return r
+
+    def _build_backends(self) -> None:
+        from .watch import InotifyBackend  # Linux only; imported where it is used
+
+        poller = PollingBackend(self.queue, self.config.poll_interval_seconds)
+        backends: list[Backend] = [poller]
+        watched = [r for r in self.config.roots if not r.polling]
+        if watched and sys.platform.startswith("linux"):
+            ino = InotifyBackend(self.queue, poller, self.config.max_inotify_watches)
+            backends.insert(0, ino)
+            for r in watched:
+                ino.add_root(r.path, self.config.discovery_depth)
+        else:
+            for r in watched:
+                poller.add_root(r.path, self.config.discovery_depth)
+        for r in self.config.roots:
+            if r.polling:
+                poller.add_root(r.path, self.config.discovery_depth)
+        self.backends = backends
+
+    def _close_backends(self) -> None:
+        for b in self.backends:
+            b.close()
+        self.backends = []
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _loop(self, sig_r: int) -> None:
+        now = time.monotonic()
+        self._next_rescan = now + self.config.rescan_interval_seconds
+        self._next_sweep = now + self.config.liveness_sweep_seconds
+        while not self._stop:
+            readable = self._wait(sig_r)
+            if sig_r in readable:
+                _drain(sig_r)
+            if self._reload:
+                self._reload = False
+                self.reload()
+            for b in self.backends:
+                if b.fileno() in readable:
+                    b.process()
+            self._turn()
+
+    def _wait(self, sig_r: int) -> list[int]:
+        fds = [sig_r, self.queue.fileno(), *self.resumer.fds()]
+        fds += [fd for b in self.backends if (fd := b.fileno()) is not None]
+        urgent = len(self.queue) or self._stop or self._reload or self.resumer.can_start()
+        timeout = 0.0 if urgent else self._timeout()
+        try:
+            readable, _, _ = select.select(fds, [], [], timeout)
+        except InterruptedError:
+            return []
+        return readable
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        times = [self._next_rescan, self._next_sweep]
+        if self._timers:
+            times.append(self._timers[0][0])
+        if (deadline := self.resumer.next_deadline()) is not None:
+            times.append(deadline)
+        if (interval := watchdog_interval()) is not None:
+            times.append(self._last_ping + interval)
+        if self._dirty:
+            times.append(self._last_status + STATUS_EVERY)
+        if any(c.pidfd is None for c in self.resumer.children.values()):
+            times.append(now + CHILD_POLL)
+        return max(0.0, min(times) - now)
+
+    def _turn(self) -> None:
+        self.queue.clear_wakeup()
+        if self.queue.take_rescan():
+            self.full_reconcile("overflow", force=True)
+        for _ in range(HINT_BATCH):
+            hint = self.queue.pop()
+            if hint is None:
+                break
+            self.reconcile(hint.workspace, hint.why)
+        for fin in self.resumer.reap():
+            self._after_resume(fin)
+        now = time.monotonic()
+        self.resumer.enforce_timeouts(now)
+        self._fire_timers(now)
+        self._start_resumes()
+        self._write_status()
+        self._ping_watchdog(now)
+
+    def _fire_timers(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, ws = heapq.heappop(self._timers)
+            self.queue.put(Path(ws))
+        if now >= self._next_sweep:
+            self._next_sweep = now + self.config.liveness_sweep_seconds
+            for ws in self.registry.running():
+                if ws not in self.resumer.children:
+                    self.queue.put(ws)
+        if now >= self._next_rescan:
+            self._next_rescan = now + self.config.rescan_interval_seconds
+            self.full_reconcile("periodic")
+
+    def wake_at(self, ws: Path, when_monotonic: float) -> None:
+        heapq.heappush(self._timers, (when_monotonic, str(ws)))
+
+    # -- reconcile ---------------------------------------------------------------------------
+    def full_reconcile(self, reason: str, *, force: bool = False, quiet: bool = False) -> None:
+        t0 = time.monotonic()
+        layout = Layout()
+        for b in self.backends:
+            layout.merge(b.sync(force=force))
+        for path, problem in layout.problems:
+            log.warning("discovery_problem", path=str(path), problem=problem)
+        for ws in [w for w in self.registry.workspaces if w not in layout.workspaces]:
+            self._drop(ws)
+        for ws in sorted(layout.workspaces):
+            self.registry.add(ws, quiet=quiet)
+            self.reconcile(ws, Why.CHECK, quiet=quiet)
+        log.info(
+            "reconcile_full",
+            reason=reason,
+            workspaces=len(self.registry),
+            watches=self._watch_counts(),
+            duration_ms=int((time.monotonic() - t0) * 1000),
+        )
+        self._dirty = True
+
+    def reconcile(self, ws: Path, why: Why, *, quiet: bool = False) -> None:
+        if ws not in self.registry:
+            if not is_workspace(ws):
+                return
+            self.registry.add(ws)
+        if ws in self.resumer.children:
+            return  # its exit brings us back here
+        v = inspect(ws, why, self.config.settle_seconds)
+        self._act(ws, v, quiet=quiet)
+
+    def _act(self, ws: Path, v: Verdict, *, quiet: bool = False) -> None:
+        if v.action is Action.GONE:
+            self._drop(ws)
+            return
+        self._dirty |= self.registry.observe(ws, v, quiet=quiet)
+        if v.action is Action.MARK_INTERRUPTED:
+            self._interrupt(ws, v)
+        elif v.action is Action.RESUME:
+            self._resume(ws, v.run_id, v.answer_sig, reason="answer")
+        elif v.state is State.INTERRUPTED and self.config.auto_resume_interrupted:
+            self._resume(ws, v.run_id, ("interrupted", v.run_id), reason="interrupted")
+        if v.wake_at is not None:
+            self.wake_at(ws, time.monotonic() + max(0.0, v.wake_at - time.time()))
+
+    def _interrupt(self, ws: Path, v: Verdict) -> None:
+        assert v.run_id is not None
+        try:
+            meta = mark_interrupted(ws, v.run_id)
+        except Exception as e:  # a damaged file here must not stop the daemon
+            log.warning("mark_interrupted_failed", workspace=str(ws), run_id=v.run_id, error=str(e))
+            return
+        if meta is None:
+            return
+        self.registry.interrupted(ws)
+        self._dirty = True
+        if self.config.auto_resume_interrupted:
+            self._resume(ws, v.run_id, ("interrupted", v.run_id), reason="interrupted")
+
+    def _resume(self, ws: Path, run_id: str | None, key: object, reason: str) -> None:
+        if self.resumer.busy_with(ws):
+            return
+        not_before = self.backoff.allowed(ws, key, time.monotonic())
+        if not_before is not None:
+            self.wake_at(ws, not_before)
+            return
+        self.backoff.started(ws, key)
+        self.resumer.submit(ws, run_id)
+        log.info("resume_queued", workspace=str(ws), run_id=run_id, reason=reason)
+        self._dirty = True
+
+    def _start_resumes(self) -> None:
+        if self.resumer.pending and not self._stop:
+            self.resumer.start_ready()
+            self._dirty = True
+
+    def _after_resume(self, fin: Finished) -> None:
+        """The child exited: look at once (a dead owner is marked now, not at the next sweep),
+        then decide whether that attempt failed."""
+        ws = fin.child.workspace
+        self._dirty = True
+        v = inspect(ws, Why.CHECK, self.config.settle_seconds)
+        self._judge(ws, fin, v)
+        self._act(ws, v)
+
+    def _judge(self, ws: Path, fin: Finished, v: Verdict) -> None:
+        now = time.monotonic()
+        key = v.answer_sig if v.action is Action.RESUME else None
+        if v.state is State.INTERRUPTED or v.action is Action.MARK_INTERRUPTED:
+            key = ("interrupted", v.run_id)
+        repeated = key is not None and key == self.backoff.last_key(ws)
+        if fin.rc == BUSY and not fin.child.timed_out:
+            self.backoff.pause(ws, now)
+            log.info(
+                "resume_busy",
+                workspace=str(ws),
+                run_id=fin.child.run_id,
+                detail="another process is driving this run",
+            )
+        elif fin.failed or repeated:
+            failures, delay = self.backoff.failed(ws, now)
+            log.warning(
+                "resume_backoff",
+                workspace=str(ws),
+                run_id=fin.child.run_id,
+                failures=failures,
+                retry_in_s=round(delay, 3),
+                exit_code=fin.rc,
+                same_answer_still_there=repeated,
+            )
+        else:
+            self.backoff.forget(ws)
+
+    def _drop(self, ws: Path) -> None:
+        self.registry.drop(ws)
+        self.backoff.forget(ws)
+        for b in self.backends:
+            b.forget(ws)
+        self._dirty = True
+
+    # -- reload / stop -------------------------------------------------------------------------
+    def reload(self) -> None:
+        sd_notify("RELOADING=1", monotonic_usec())
+        try:
+            new = load_config(self._config_path, self._extra_roots)
+        except ConfigError as e:
+            log.error("config_reload_failed", error=str(e), action="keeping the old configuration")
+            sd_notify("READY=1", self._status_line())
+            return
+        if new.state_dir != self.config.state_dir:
+            log.warning("state_dir_change_ignored", detail="changing state_dir needs a restart")
+            new.state_dir = self.config.state_dir
+        self.config = new
+        logs.configure(new.log_level, new.log_format)
+        self.resumer.configure(new)
+        self.backoff.initial, self.backoff.cap = (
+            new.backoff_initial_seconds,
+            new.backoff_max_seconds,
+        )
+        self._close_backends()
+        self._build_backends()
+        log.info("config_reloaded", roots=[str(r.path) for r in new.roots])
+        self.full_reconcile("reload")
+        sd_notify("READY=1", self._status_line())
+
+    def _shutdown(self) -> None:
+        sd_notify("STOPPING=1")
+        log.info(
+            "daemon_stopping",
+            in_flight=len(self.resumer.children),
+            not_started=len(self.resumer.pending),
+        )
+        self._close_backends()  # stop watching first
+        deadline = time.monotonic() + self.config.shutdown_grace_seconds
+        while self.resumer.children and time.monotonic() < deadline:
+            fds = self.resumer.fds()
+            wait = min(
+                CHILD_POLL if len(fds) < len(self.resumer.children) else 1.0,
+                max(0.0, deadline - time.monotonic()),
+            )
+            select.select(fds, [], [], wait)
+            for fin in self.resumer.reap():
+                self._after_resume(fin)
+        if pids := self.resumer.detach_all():
+            log.warning(
+                "resume_detached",
+                pids=pids,
+                detail="still running after the shutdown budget; left running",
+            )
+        self._ready = False
+        self._write_status(force=True)
+        log.info("daemon_stopped")
+
+    # -- status / watchdog ---------------------------------------------------------------------
+    def _watch_counts(self) -> dict[str, int]:
+        return {b.name: b.watch_count() for b in self.backends}
+
+    def snapshot(self) -> dict[str, Any]:
+        r = self.registry
+        resuming = [
+            {"workspace": str(c.workspace), "run_id": c.run_id, "pid": c.pid}
+            for c in self.resumer.children.values()
+        ]
+        pending = [str(ws) for ws, _ in self.resumer.pending]
+        return {
+            "pid": os.getpid(),
+            "ready": self._ready,
+            "started_at": iso(self._started),
+            "updated_at": iso(utcnow()),
+            "state_dir": str(self.config.state_dir),
+            "roots": [{"path": str(x.path), "polling": x.polling} for x in self.config.roots],
+            "watches": self._watch_counts(),
+            "counts": {
+                "workspaces": len(r),
+                **r.counts(),
+                "pending": len(pending),
+                "resuming": len(resuming),
+            },
+            "pending": capped(pending),
+            "resuming": capped(resuming),
+            "waiting": capped([str(w) for w in r.in_state(State.WAITING)]),
+            "interrupted": capped([str(w) for w in r.in_state(State.INTERRUPTED)]),
+            "running": capped([str(w) for w in r.in_state(State.RUNNING)]),
+            "problems": capped(r.problems()),
+            "workspaces": capped([str(w) for w in sorted(r.workspaces)]),
+        }
+
+    def _status_line(self) -> str:
+        c = self.registry.counts()
+        return (
+            f"STATUS=watching {len(self.registry)} workspaces; "
+            f"{c['waiting']} waiting, {len(self.resumer.pending)} pending, "
+            f"{len(self.resumer.children)} resuming, {c['interrupted']} interrupted, "
+            f"{c['problem']} with problems"
+        )
+
+    def _write_status(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and (not self._dirty or now - self._last_status < STATUS_EVERY):
+            return
+        self._dirty = False
+        self._last_status = now
+        try:
+            write_status(self.config.state_dir, self.snapshot())
+        except OSError as e:
+            log.warning("status_write_failed", error=e.strerror)
+        if self._ready:
+            sd_notify(self._status_line())
+
+    def _ping_watchdog(self, now: float) -> None:
+        interval = watchdog_interval()
+        if interval is None or now - self._last_ping < interval:
+            return
+        if all(b.healthy() for b in self.backends):  # a dead watcher must let systemd restart us
+            sd_notify("WATCHDOG=1")
+            self._last_ping = now
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass

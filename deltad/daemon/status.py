@@ -1,0 +1,81 @@
+"""The daemon's state directory: the single-instance lock and the status snapshot.
+
+`deltad status` reads `status.json`, which the running daemon rewrites atomically (at most about
+once a second, only when something changed). The lock file says whether a daemon is alive:
+`flock` dies with the process, so a stale status file is recognised as such.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from deltad.protocol import atomic_write_json
+
+LOCK_NAME = "deltad.lock"
+STATUS_NAME = "status.json"
+LIST_CAP = 1000  # entries per list in status.json; counts are always complete
+
+
+class AlreadyRunning(Exception):
+    pass
+
+
+class StateDirLock:
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise AlreadyRunning(
+                f"another deltad (pid {holder}) is already running with state dir "
+                f"{self.path.parent}; stop it first or use a different state_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def daemon_running(state_dir: Path) -> bool:
+    """True if some process holds the state dir lock (probing takes it only for an instant)."""
+    try:
+        fd = os.open(state_dir / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def write_status(state_dir: Path, snapshot: dict[str, Any]) -> None:
+    atomic_write_json(state_dir / STATUS_NAME, snapshot)
+
+
+def read_status(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((state_dir / STATUS_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def capped(items: list[Any]) -> list[Any]:
+    return items[:LIST_CAP]

@@ -1,0 +1,133 @@
+"""Paused workspaces and a stand-in resume client, for the daemon's tests and benchmarks.
+
+`paused_workspace` builds the on-disk state of a run waiting for an answer with the protocol
+package itself. `python -m deltad.daemon.testkit stub WS --record FILE [--mode M]` behaves like
+`delta run --work-dir WS` as far as the daemon can tell: it takes the workspace lock (exit 75 if
+busy), ingests the answer (journal-free: it appends one JSON line to FILE), clears the mailbox,
+and moves the run to COMPLETED (exit 0). Modes:
+  consume  the above                      hang   ingest, stay RUNNING until killed
+  fail     exit 2 without touching a thing slow  ingest, sleep 1 s, then complete
+  hold     take the lock, wait until FILE.go exists, then consume (a person's `delta run`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from deltad.protocol import (
+    AnswerState,
+    Busy,
+    InteractionRequest,
+    Mailbox,
+    RunMetadata,
+    RunStatus,
+    Workspace,
+    WorkspaceLock,
+    current_owner,
+    load_metadata,
+    new_run_id,
+    save_metadata,
+    transition,
+    utcnow,
+)
+
+
+def paused_workspace(path: Path, prompt: str = "q?", run_id: str | None = None) -> str:
+    """Create (or re-pause) a workspace whose latest run waits for an answer; return its id."""
+    ws = Workspace.at(path)
+    run_id = run_id or new_run_id()
+    paths = ws.run(run_id)
+    paths.execution.mkdir(parents=True, exist_ok=True)
+    now = utcnow()
+    meta = RunMetadata(
+        run_id=run_id,
+        status=RunStatus.WAITING_FOR_INPUT,
+        task="benchmark task",
+        agent_ref=str(path / "agent"),
+        start_time=now,
+        updated_at=now,
+    )
+    save_metadata(paths.metadata, meta)
+    Mailbox(ws).post(InteractionRequest(prompt=prompt, run_id=run_id, action_id="act_1"))
+    ws.set_latest(run_id)
+    return run_id
+
+
+def _record(file: Path, **fields: object) -> None:
+    line = json.dumps({**fields, "pid": os.getpid(), "t": time.time()}) + "\n"
+    fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())  # one small O_APPEND write: lines never interleave
+    finally:
+        os.close(fd)
+
+
+def _ingest(ws: Workspace, record: Path) -> tuple[Path, RunMetadata] | None:
+    run_id = ws.latest_run_id()
+    assert run_id is not None, "no run"
+    path = ws.run(run_id).metadata
+    meta = load_metadata(path)
+    mailbox = Mailbox(ws)
+    request = mailbox.read_request()
+    answer = mailbox.read_answer(request) if request else None
+    if meta.status is not RunStatus.WAITING_FOR_INPUT or not answer:
+        return None
+    if answer.state is not AnswerState.READY:
+        return None
+    meta = transition(path, meta, RunStatus.RUNNING, workspace=str(ws.root), owner=current_owner())
+    _record(record, workspace=str(ws.root), run_id=run_id, answer=answer.text)
+    mailbox.discard_answer()
+    mailbox.withdraw()
+    return path, meta
+
+
+def stub(workspace: str, record: Path, mode: str) -> int:
+    if mode == "fail":
+        _record(record, workspace=workspace, failed=True)
+        return 2
+    ws = Workspace.at(workspace)
+    lock = WorkspaceLock(ws.lock_file)
+    try:
+        lock.acquire()
+    except Busy:
+        return 75
+    if mode == "hold":
+        go = record.with_name(record.name + ".go")
+        while not go.exists():
+            time.sleep(0.02)
+    ingested = _ingest(ws, record)
+    if ingested is None:
+        return 101
+    path, meta = ingested
+    if mode == "hang":
+        while True:
+            time.sleep(3600)
+    if mode == "slow":
+        time.sleep(1.0)
+    transition(path, meta, RunStatus.COMPLETED, workspace=workspace, end_time=utcnow())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m deltad.daemon.testkit")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("stub", help="act as `delta run --work-dir WS`")
+    s.add_argument("workspace")
+    s.add_argument("--record", type=Path, required=True)
+    s.add_argument("--mode", default="consume", choices=["consume", "hang", "fail", "slow", "hold"])
+    p = sub.add_parser("pause", help="create a paused workspace")
+    p.add_argument("workspace", type=Path)
+    args = ap.parse_args(argv)
+    if args.cmd == "pause":
+        print(paused_workspace(args.workspace))
+        return 0
+    return stub(args.workspace, args.record, args.mode)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

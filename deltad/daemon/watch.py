@@ -1,0 +1,369 @@
+"""Watch backends: turn filesystem changes into hints. Two implementations, one interface.
+
+- `InotifyBackend` (Linux): one inotify fd, read by the main loop. Per workspace three
+  non-recursive watches (`.delta/`, `.delta/interaction/`, `.delta/runs/`), plus one per
+  non-workspace directory down to the discovery depth. Never a watch inside an agent's working
+  files, so 100,000 files in a workspace cost nothing. watchdog is not used here: 7.x starts a
+  thread per `schedule()` (5,000 workspaces → 5,001 threads, +93 MiB) and its recursive mode
+  watches every working dir and can loop on queue overflow (research §1.6).
+- `PollingBackend` (`deltad/daemon/poll.py`): stat-based, for roots where inotify sees nothing
+  (NFS), for non-Linux, and for what no longer fits under the inotify watch limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+from inotify_simple import INotify
+from inotify_simple import flags as F
+
+from .discovery import DELTA_DIR, Layout, is_workspace, subdirs
+from .queue import HintQueue, Why
+
+log = structlog.get_logger("deltad.watch")
+
+_BASE = F.ONLYDIR | F.EXCL_UNLINK | F.DELETE_SELF | F.MOVE_SELF
+# Discovery dirs: only directory births and deaths matter (file events are filtered below).
+DIR_MASK = _BASE | F.CREATE | F.MOVED_TO | F.DELETE | F.MOVED_FROM
+DELTA_MASK = DIR_MASK
+# No IN_OPEN / IN_MODIFY: an open is not an answer, and our own reads would echo back.
+INTERACTION_MASK = _BASE | F.CLOSE_WRITE | F.MOVED_TO | F.CREATE | F.DELETE | F.MOVED_FROM
+RUNS_MASK = _BASE | F.CLOSE_WRITE | F.MOVED_TO
+
+RESPONSE = "response.txt"
+REQUEST = "request.json"
+LATEST = "LATEST"
+SYSCTL_HINT = (
+    "raise it with: sysctl fs.inotify.max_user_watches=524288 "
+    "(persist in /etc/sysctl.d/90-deltad.conf)"
+)
+
+
+class Backend(Protocol):
+    name: str
+
+    def fileno(self) -> int | None: ...
+    def add_root(self, root: Path, depth: int) -> None: ...
+    def sync(self, force: bool = False) -> Layout: ...
+    def process(self) -> None: ...
+    def forget(self, workspace: Path) -> None: ...
+    def watch_count(self) -> int: ...
+    def healthy(self) -> bool: ...
+    def close(self) -> None: ...
+
+
+class Kind(Enum):
+    DIR = "dir"
+    DELTA = "delta"
+    INTERACTION = "interaction"
+    RUNS = "runs"
+
+
+@dataclass
+class _Watch:
+    path: Path
+    kind: Kind
+    owner: Path  # the workspace (or, for DIR, the dir itself)
+    levels: int = 0  # DIR: levels below it that may still hold a workspace
+
+
+class WatchLimit(Exception):
+    """The inotify watch budget is spent."""
+
+
+class InotifyBackend:
+    name = "inotify"
+
+    def __init__(
+        self, queue: HintQueue, fallback: PollingLike, max_watches: int | None = None
+    ) -> None:
+        self._queue = queue
+        self._fallback = fallback
+        self._max = max_watches
+        self._ino = INotify()
+        self._by_wd: dict[int, _Watch] = {}
+        self._by_path: dict[Path, int] = {}
+        self._roots: dict[Path, int] = {}
+        self._ws_levels: dict[Path, int] = {}
+        self._limit_logged = False
+        self._failed = False
+
+    # -- interface ------------------------------------------------------------------------
+    def fileno(self) -> int | None:
+        return self._ino.fileno()
+
+    def add_root(self, root: Path, depth: int) -> None:
+        self._roots[root] = depth
+
+    def sync(self, force: bool = False) -> Layout:
+        """Walk every root and make the watches match; `force` re-adds existing ones (after an
+        overflow, IN_IGNORED events may have been lost with the rest)."""
+        layout = Layout()
+        for root, depth in self._roots.items():
+            if not root.is_dir():
+                layout.problems.append((root, "root directory does not exist"))
+                continue
+            self._discover(root, depth, layout, force=force, announce=False)
+        self._drop_stale(layout)
+        return layout
+
+    def process(self) -> None:
+        try:
+            events = self._ino.read(timeout=0)
+        except OSError as e:
+            self._failed = True
+            log.error("inotify_read_failed", error=e.strerror)
+            return
+        for ev in events:
+            self._event(ev.wd, ev.mask, ev.name)
+
+    def forget(self, workspace: Path) -> None:
+        for path in (workspace / DELTA_DIR, *_ws_children(workspace)):
+            self._rm(path)
+        self._ws_levels.pop(workspace, None)
+
+    def watch_count(self) -> int:
+        return len(self._by_wd)
+
+    def healthy(self) -> bool:
+        return not self._failed
+
+    def close(self) -> None:
+        self._ino.close()
+
+    # -- adding watches ---------------------------------------------------------------------
+    def _discover(
+        self, top: Path, levels: int, layout: Layout, *, force: bool = False, announce: bool = True
+    ) -> None:
+        """Watch-then-look, recursively: whatever appears after a watch is in place is reported
+        by it, whatever appeared before is found by the look."""
+        if not is_workspace(top):
+            if not self._watch_dir(top, levels, force):
+                return
+            if not is_workspace(top):  # a `.delta/` made meanwhile is caught by one or the other
+                layout.dirs[top] = levels
+                for child in self._children(top, levels, layout):
+                    self._discover(child, levels - 1, layout, force=force, announce=announce)
+                return
+            self._rm(top)
+        layout.workspaces.add(top)
+        if self._watch_workspace(top, levels, force) and announce:
+            self._queue.put(top, Why.DISCOVERED)
+
+    @staticmethod
+    def _children(top: Path, levels: int, layout: Layout) -> list[Path]:
+        if levels <= 0:
+            return []
+        try:
+            return subdirs(top)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            layout.problems.append((top, e.strerror or str(e)))
+            return []
+
+    def _watch_dir(self, path: Path, levels: int, force: bool) -> bool:
+        if path in self._by_path and not force:
+            return True
+        try:
+            return self._add(path, DIR_MASK, _Watch(path, Kind.DIR, path, levels))
+        except WatchLimit:
+            self._fallback.adopt_dir(path, levels)
+            return False
+
+    def _watch_workspace(self, ws: Path, levels: int, force: bool) -> bool:
+        """Watch `.delta/` first, then its children: a child created in between is seen either
+        by the parent watch or by the existence check. Returns False if it was watched."""
+        self._ws_levels[ws] = levels
+        delta = ws / DELTA_DIR
+        if delta in self._by_path and not force:
+            return False
+        try:
+            self._add(delta, DELTA_MASK, _Watch(delta, Kind.DELTA, ws))
+            for child, kind, mask in _ws_child_specs(ws):
+                if child.is_dir():
+                    self._add(child, mask, _Watch(child, kind, ws))
+        except WatchLimit:
+            self.forget(ws)
+            self._ws_levels[ws] = levels
+            self._fallback.adopt_workspace(ws)
+        return True
+
+    def _add(self, path: Path, mask: int, watch: _Watch) -> bool:
+        if self._max is not None and len(self._by_wd) >= self._max and path not in self._by_path:
+            self._limit_reached(f"max_inotify_watches={self._max} (deltad configuration)")
+        try:
+            wd = self._ino.add_watch(path, mask)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                self._limit_reached("fs.inotify.max_user_watches")
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR):  # else: gone; the parent saw it
+                log.warning("watch_failed", path=str(path), error=e.strerror)
+            return False
+        self._by_wd[wd] = watch
+        self._by_path[path] = wd
+        return True
+
+    def _limit_reached(self, which: str) -> None:
+        if not self._limit_logged:
+            self._limit_logged = True
+            log.error(
+                "watch_limit_reached",
+                limit=which,
+                watches=len(self._by_wd),
+                fallback="polling",
+                hint=SYSCTL_HINT,
+            )
+        raise WatchLimit
+
+    # -- removing watches -------------------------------------------------------------------
+    def _rm(self, path: Path) -> None:
+        wd = self._by_path.pop(path, None)
+        if wd is None:
+            return
+        self._by_wd.pop(wd, None)
+        with contextlib.suppress(OSError):  # already gone with its directory
+            self._ino.rm_watch(wd)
+
+    def _rm_under(self, top: Path) -> list[Path]:
+        """Drop every watch at or below `top`; return the workspaces that were there."""
+        gone = [ws for ws in self._ws_levels if _at_or_below(ws, top)]
+        for ws in gone:
+            self.forget(ws)
+        for path in [p for p in self._by_path if _at_or_below(p, top)]:
+            self._rm(path)
+        return gone
+
+    def _drop_stale(self, layout: Layout) -> None:
+        wanted_ws = layout.workspaces
+        for ws in [w for w in self._ws_levels if w not in wanted_ws]:
+            self.forget(ws)
+            self._queue.put(ws)
+        for path in [p for p, wd in self._by_path.items() if self._by_wd[wd].kind is Kind.DIR]:
+            if path not in layout.dirs:
+                self._rm(path)
+
+    # -- events -----------------------------------------------------------------------------
+    def _event(self, wd: int, mask: int, name: str) -> None:
+        if mask & F.Q_OVERFLOW:
+            log.warning("inotify_overflow", action="full_reconcile")
+            self._queue.request_rescan()
+            return
+        watch = self._by_wd.get(wd)
+        if watch is None:
+            return
+        if mask & F.IGNORED:
+            self._forget_wd(wd, watch)
+            return
+        if mask & (F.DELETE_SELF | F.MOVE_SELF):
+            self._self_gone(watch)
+            return
+        handler = {
+            Kind.DIR: self._dir_event,
+            Kind.DELTA: self._delta_event,
+            Kind.INTERACTION: self._interaction_event,
+            Kind.RUNS: self._runs_event,
+        }[watch.kind]
+        handler(watch, mask, name)
+
+    def _forget_wd(self, wd: int, watch: _Watch) -> None:
+        self._by_wd.pop(wd, None)
+        if self._by_path.get(watch.path) == wd:
+            del self._by_path[watch.path]
+
+    def _self_gone(self, watch: _Watch) -> None:
+        if watch.kind is Kind.DIR:
+            for ws in self._rm_under(watch.path):
+                self._queue.put(ws)
+            if watch.path in self._roots:
+                log.warning("root_gone", path=str(watch.path), action="rescan_will_retry")
+        elif watch.kind is Kind.DELTA:
+            self._workspace_gone(watch.owner)
+        else:
+            self._queue.put(watch.owner)
+
+    def _workspace_gone(self, ws: Path) -> None:
+        """`.delta/` went away: no longer a workspace, but the dir may get one again."""
+        levels = self._ws_levels.get(ws, 0)
+        self.forget(ws)
+        self._queue.put(ws)
+        if ws.is_dir():
+            self._discover(ws, levels, Layout())
+
+    def _dir_event(self, watch: _Watch, mask: int, name: str) -> None:
+        if not mask & F.ISDIR:
+            return
+        child = watch.path / name
+        if mask & (F.CREATE | F.MOVED_TO):
+            if name == DELTA_DIR:
+                self._became_workspace(watch)
+            elif watch.levels > 0:
+                self._discover(child, watch.levels - 1, Layout())
+        elif mask & (F.DELETE | F.MOVED_FROM):
+            for ws in self._rm_under(child):
+                self._queue.put(ws)
+
+    def _became_workspace(self, watch: _Watch) -> None:
+        # Its own dir watch would report every file the agent creates: drop it.
+        self._rm_under(watch.path)
+        self._ws_levels[watch.path] = watch.levels
+        if self._watch_workspace(watch.path, watch.levels, force=True):
+            self._queue.put(watch.path, Why.DISCOVERED)
+
+    def _delta_event(self, watch: _Watch, mask: int, name: str) -> None:
+        if not mask & F.ISDIR:
+            return
+        spec = {c.name: (c, k, m) for c, k, m in _ws_child_specs(watch.owner)}.get(name)
+        if spec and mask & (F.CREATE | F.MOVED_TO):
+            child, kind, child_mask = spec
+            try:
+                self._add(child, child_mask, _Watch(child, kind, watch.owner))
+            except WatchLimit:
+                self.forget(watch.owner)
+                self._fallback.adopt_workspace(watch.owner)
+        if spec:
+            self._queue.put(watch.owner)
+
+    def _interaction_event(self, watch: _Watch, mask: int, name: str) -> None:
+        if name == RESPONSE:
+            if mask & (F.CLOSE_WRITE | F.MOVED_TO):
+                self._queue.put(watch.owner, Why.ANSWER_CLOSED)
+            elif mask & F.CREATE:
+                self._queue.put(watch.owner, Why.ANSWER_CREATED)
+            else:
+                self._queue.put(watch.owner)
+        elif name == REQUEST:
+            self._queue.put(watch.owner)
+
+    def _runs_event(self, watch: _Watch, mask: int, name: str) -> None:
+        if name == LATEST:
+            self._queue.put(watch.owner)
+
+
+class PollingLike(Protocol):
+    def adopt_workspace(self, ws: Path) -> None: ...
+    def adopt_dir(self, path: Path, levels: int) -> None: ...
+
+
+def _at_or_below(path: Path, top: Path) -> bool:
+    # String compare: this runs over every watch, and Path.parents is slow at 30,000 watches.
+    p, t = str(path), str(top)
+    return p == t or p.startswith(t.rstrip("/") + "/")
+
+
+def _ws_child_specs(ws: Path) -> list[tuple[Path, Kind, int]]:
+    delta = ws / DELTA_DIR
+    return [
+        (delta / "interaction", Kind.INTERACTION, INTERACTION_MASK),
+        (delta / "runs", Kind.RUNS, RUNS_MASK),
+    ]
+
+
+def _ws_children(ws: Path) -> list[Path]:
+    return [child for child, _, _ in _ws_child_specs(ws)]
