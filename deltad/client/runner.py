@@ -131,11 +131,19 @@ def _supersede(ws: Workspace, paths: RunPaths, meta: RunMetadata) -> None:
         )
 
 
-def _create(ws: Workspace, opts: RunOptions) -> Selected:
+def _prepare(opts: RunOptions) -> tuple[Agent, ChatModel]:
+    """Validate everything a new run needs before anything is written."""
     if not opts.agent or not opts.task:
         raise UsageError("starting a run needs --agent DIR and --task TEXT")
     agent = load_agent(opts.agent)
-    model = _model(agent)
+    return agent, _model(agent)
+
+
+Prepared = tuple[Agent, ChatModel] | None
+
+
+def _create(ws: Workspace, opts: RunOptions, prepared: Prepared) -> Selected:
+    agent, model = prepared or _prepare(opts)
     run_id = new_run_id()
     paths = ws.run(run_id)
     paths.execution.mkdir(parents=True)
@@ -190,10 +198,10 @@ def _resume(
     return Selected(paths, meta, journal, agent, model)
 
 
-def _select(ws: Workspace, opts: RunOptions, warn: TextIO) -> Selected:
+def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -> Selected:
     found = _latest(ws, opts.run_id)
     if found is None:
-        return _create(ws, opts)
+        return _create(ws, opts, prepared)
     paths, meta = found
     if meta.status == RunStatus.RUNNING and owner_alive(meta.owner) is None:
         raise UsageError(
@@ -203,7 +211,7 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO) -> Selected:
     if opts.new:
         if _resumable(meta):
             _supersede(ws, paths, meta)
-        return _create(ws, opts)
+        return _create(ws, opts, prepared)
     if _resumable(meta):
         return _resume(ws, paths, meta, opts, warn)
     if opts.run_id:
@@ -213,7 +221,7 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO) -> Selected:
             f"the latest run {meta.run_id} is {meta.status}; start a new run with "
             "--agent DIR --task TEXT"
         )
-    return _create(ws, opts)
+    return _create(ws, opts, prepared)
 
 
 def _log_to(paths: RunPaths) -> None:
@@ -223,14 +231,16 @@ def _log_to(paths: RunPaths) -> None:
 
 def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> int:
     ws = Workspace.at(opts.work_dir)
-    if not ws.delta_dir.is_dir():
+    prepared: Prepared = None
+    if opts.new or not ws.delta_dir.is_dir():
         if not (opts.agent and opts.task):
             raise UsageError(
                 f"no run to resume in {ws.root}; start one with --agent DIR --task TEXT"
             )
+        prepared = _prepare(opts)  # a bad agent or key must leave no trace in the workspace
         ws.root.mkdir(parents=True, exist_ok=True)
     with WorkspaceLock(ws.lock_file):
-        sel = _select(ws, opts, err)
+        sel = _select(ws, opts, err, prepared)
         console = Console(sys.stdin, out) if opts.interactive else None
         engine = Engine(
             ws,
