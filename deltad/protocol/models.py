@@ -41,13 +41,35 @@ class RunMetadata(_Model):
 
 
 class InputType(StrEnum):
+    """The kind of question. The first three are the v1.2 kinds; old requests stay valid."""
+
     TEXT = "text"
     PASSWORD = "password"
     CONFIRMATION = "confirmation"
+    YES_NO = "yes_no"
+    CHOICE = "choice"
+    APPROVAL = "approval"
+
+
+class Option(_Model):
+    key: str = Field(min_length=1, max_length=1)
+    label: str
+
+
+class GatedCall(_Model):
+    """A tool call waiting for a human decision."""
+
+    action_id: str
+    tool_name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    resolved_command: str = ""
 
 
 class InteractionRequest(_Model):
-    """`.delta/interaction/request.json`: one pending question."""
+    """`.delta/interaction/request.json`: one pending question.
+
+    For `approval`, `calls` lists every gated call of the turn and `action_id` is the first.
+    """
 
     request_id: str = Field(default_factory=lambda: str(uuid.uuid4()))
     timestamp: datetime = Field(default_factory=utcnow)
@@ -56,10 +78,18 @@ class InteractionRequest(_Model):
     sensitive: bool = False
     run_id: str
     action_id: str
+    options: list[Option] = Field(default_factory=list)
+    default: str | None = None
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    expires_at: datetime | None = None
+    calls: list[GatedCall] = Field(default_factory=list)
 
     @property
     def is_secret(self) -> bool:
         return self.sensitive or self.input_type == InputType.PASSWORD
+
+    def expired(self, now: datetime | None = None) -> bool:
+        return self.expires_at is not None and (now or utcnow()) >= self.expires_at
 
 
 class EventType(StrEnum):
@@ -68,6 +98,7 @@ class EventType(StrEnum):
     ACTION_REQUEST = "ACTION_REQUEST"
     ACTION_RESULT = "ACTION_RESULT"
     SYSTEM_MESSAGE = "SYSTEM_MESSAGE"
+    HUMAN_INTERACTION = "HUMAN_INTERACTION"
     RUN_END = "RUN_END"
 
 
