@@ -397,8 +397,7 @@ class Engine:
         real = tool.invocation(self.secrets.reveal(values), self.agent.home)
         record = self._record_dir(call)
         self._request(call, args, shlex.join(shown.argv))
-        with self.guard.window():
-            outcome = run_tool(real, self.ws.root, tool.timeout_seconds, record)
+        outcome = run_tool(real, self.ws.root, tool.timeout_seconds, record, self.guard.window)
         redact = self.secrets.redactor()
         outcome.stdout, outcome.stderr = redact(outcome.stdout), redact(outcome.stderr)
         write_record(record, shlex.join(shown.argv), outcome, redact)

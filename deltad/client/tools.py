@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,9 +95,17 @@ def kill_group(pgid: int, reap: Callable[[], object] | None = None) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def run_tool(inv: Invocation, cwd: Path, timeout: float, record: Path) -> ToolOutcome:
+def run_tool(
+    inv: Invocation,
+    cwd: Path,
+    timeout: float,
+    record: Path,
+    interruptible: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+) -> ToolOutcome:
     """Run `inv`; writes `record/process.json` while it runs so a later resume can find an
-    orphan left by a crashed client."""
+    orphan left by a crashed client. `interruptible` (the engine's signal window) is opened
+    only around the wait, inside the try that kills the group: a signal landing between the
+    spawn and the wait would otherwise leave the group running."""
     env = {**os.environ, **inv.env}
     start = time.monotonic()
     try:
@@ -120,7 +129,8 @@ def run_tool(inv: Invocation, cwd: Path, timeout: float, record: Path) -> ToolOu
         t.start()
     timed_out = False
     try:
-        proc.wait(timeout=timeout)
+        with interruptible():
+            proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
     finally:
