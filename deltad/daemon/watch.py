@@ -124,6 +124,16 @@ class InotifyBackend:
             self._event(ev.wd, ev.mask, ev.name)
 
     def forget(self, workspace: Path) -> None:
+        """The daemon found `workspace` gone. If only its `.delta/` went, the directory is
+        watched again as a plain one, so that a new `.delta/` there is seen."""
+        if workspace not in self._ws_levels:
+            return
+        levels = self._ws_levels[workspace]
+        self._unwatch_workspace(workspace)
+        if workspace.is_dir():
+            self._discover(workspace, levels, Layout())
+
+    def _unwatch_workspace(self, workspace: Path) -> None:
         for path in (workspace / DELTA_DIR, *_ws_children(workspace)):
             self._rm(path)
         self._ws_levels.pop(workspace, None)
@@ -190,8 +200,7 @@ class InotifyBackend:
                 if child.is_dir():
                     self._add(child, mask, _Watch(child, kind, ws))
         except WatchLimit:
-            self.forget(ws)
-            self._ws_levels[ws] = levels
+            self._unwatch_workspace(ws)
             self._fallback.adopt_workspace(ws)
         return True
 
@@ -235,7 +244,7 @@ class InotifyBackend:
         """Drop every watch at or below `top`; return the workspaces that were there."""
         gone = [ws for ws in self._ws_levels if _at_or_below(ws, top)]
         for ws in gone:
-            self.forget(ws)
+            self._unwatch_workspace(ws)
         for path in [p for p in self._by_path if _at_or_below(p, top)]:
             self._rm(path)
         return gone
@@ -243,7 +252,7 @@ class InotifyBackend:
     def _drop_stale(self, layout: Layout) -> None:
         wanted_ws = layout.workspaces
         for ws in [w for w in self._ws_levels if w not in wanted_ws]:
-            self.forget(ws)
+            self._unwatch_workspace(ws)
             self._queue.put(ws)
         for path in [p for p, wd in self._by_path.items() if self._by_wd[wd].kind is Kind.DIR]:
             if path not in layout.dirs:
@@ -289,12 +298,8 @@ class InotifyBackend:
             self._queue.put(watch.owner)
 
     def _workspace_gone(self, ws: Path) -> None:
-        """`.delta/` went away: no longer a workspace, but the dir may get one again."""
-        levels = self._ws_levels.get(ws, 0)
         self.forget(ws)
         self._queue.put(ws)
-        if ws.is_dir():
-            self._discover(ws, levels, Layout())
 
     def _dir_event(self, watch: _Watch, mask: int, name: str) -> None:
         if not mask & F.ISDIR:
@@ -325,7 +330,7 @@ class InotifyBackend:
             try:
                 self._add(child, child_mask, _Watch(child, kind, watch.owner))
             except WatchLimit:
-                self.forget(watch.owner)
+                self._unwatch_workspace(watch.owner)
                 self._fallback.adopt_workspace(watch.owner)
         if spec:
             self._queue.put(watch.owner)
