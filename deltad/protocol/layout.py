@@ -107,6 +107,10 @@ class Workspace:
     def response_file(self) -> Path:
         return self.interaction_dir / "response.txt"
 
+    @property
+    def response_json(self) -> Path:
+        return self.interaction_dir / "response.json"
+
     def run(self, run_id: str) -> RunPaths:
         if not RUN_ID_RE.match(run_id):
             raise CorruptFile(f"{run_id!r} is not a run id (expected YYYYMMDD_HHMMSS_xxxxxx)")

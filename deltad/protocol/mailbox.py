@@ -32,6 +32,9 @@ class Answer:
     state: AnswerState
     text: str = ""
     reason: str = ""
+    path: Path = Path()
+    mtime_ns: int = 0
+    uid: int = -1
 
 
 class Mailbox:
@@ -51,29 +54,35 @@ class Mailbox:
             raise CorruptFile(f"{self.ws.request_file}: {where}: {first['msg']}") from None
 
     def post(self, request: InteractionRequest) -> None:
-        """Publish a question. A response.txt already there predates it: set it aside."""
+        """Publish a question. An answer file already there predates it: set it aside."""
         self.ws.interaction_dir.mkdir(parents=True, exist_ok=True)
-        if lstat_or_none(self.ws.response_file) is not None:
-            stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
-            os.replace(
-                self.ws.response_file, self.ws.interaction_dir / f"response.stale-{stamp}.txt"
-            )
+        for old in (self.ws.response_file, self.ws.response_json):
+            if lstat_or_none(old) is not None:
+                stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
+                os.replace(old, self.ws.interaction_dir / f"response.stale-{stamp}{old.suffix}")
         atomic_write(
             self.ws.request_file, (request.model_dump_json(indent=2) + "\n").encode(), 0o644
         )
 
+    def answer_file(self) -> Path | None:
+        """response.json (structured) wins over response.txt; None when neither exists."""
+        for path in (self.ws.response_json, self.ws.response_file):
+            if lstat_or_none(path) is not None:
+                return path
+        return None
+
     def read_answer(self, request: InteractionRequest, *, secret: bool = False) -> Answer:
-        path = self.ws.response_file
-        st = lstat_or_none(path)
-        if st is None:
+        path = self.answer_file()
+        if path is None:
             return Answer(AnswerState.MISSING)
         try:
             raw = read_regular(path)
+            st = os.stat(path, follow_symlinks=False)
             text = raw.decode("utf-8")
         except UnsafeFile as e:
-            return Answer(AnswerState.REFUSED, reason=str(e))
+            return Answer(AnswerState.REFUSED, reason=str(e), path=path)
         except UnicodeDecodeError:
-            return Answer(AnswerState.REFUSED, reason=f"{path} is not valid UTF-8")
+            return Answer(AnswerState.REFUSED, reason=f"{path} is not valid UTF-8", path=path)
         except FileNotFoundError:
             return Answer(AnswerState.MISSING)
         req_st = lstat_or_none(self.ws.request_file)
@@ -82,11 +91,36 @@ class Mailbox:
             return Answer(
                 AnswerState.STALE,
                 reason=f"{path} is older than the question; write it again (or touch it)",
+                path=path,
             )
         text = text.rstrip("\r\n") if secret else text.strip()
-        return Answer(AnswerState.READY, text=text)
+        return Answer(AnswerState.READY, text, "", path, st.st_mtime_ns, st.st_uid)
+
+    def refuse(self, path: Path, reason: str) -> Path:
+        """Move an answer that does not fit aside, with a `.error` file saying why. The
+        question stays pending; nothing the human wrote is lost."""
+        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
+        kept = self.ws.interaction_dir / f"response.rejected-{stamp}{path.suffix}"
+        os.replace(path, kept)
+        atomic_write(kept.with_suffix(".error"), (reason + "\n").encode())
+        return kept
+
+    def last_refusal(self) -> str | None:
+        """The newest refusal reason written since the pending question was posted."""
+        req_st = lstat_or_none(self.ws.request_file)
+        if req_st is None or not self.ws.interaction_dir.is_dir():
+            return None
+        errors = [
+            (st.st_mtime_ns, p)
+            for p in self.ws.interaction_dir.glob("response.rejected-*.error")
+            if (st := p.stat()).st_mtime_ns >= req_st.st_mtime_ns
+        ]
+        if not errors:
+            return None
+        return max(errors)[1].read_text(errors="replace").strip()
 
     def discard_answer(self) -> None:
+        _unlink_durably(self.ws.response_json)
         _unlink_durably(self.ws.response_file)
 
     def withdraw(self) -> None:
