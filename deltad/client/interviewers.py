@@ -1,0 +1,369 @@
+"""The Interviewer layer: the single way the engine asks a human (after seed 004).
+
+Every interviewer answers `ask(request) -> Reply | None`; None means "no answer here, now".
+The engine tries a chain of them, records what was asked and answered in the journal, and
+pauses (exit 101) when the chain ends without a reply.
+
+    Mailbox      async files: request.json out, response.txt / response.json in
+    Console      `-i`: options with their keys, hidden typing for secrets, timeouts
+    AutoApprove  `--auto-approve`: yes, the first option, approve; never invents a secret
+    Queue        `--answers FILE`: scripted replies; exhausted is an explicit SKIPPED
+    Callback     library users: a function decides
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import select
+import sys
+import termios
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+import yaml
+
+from deltad.protocol import (
+    AnswerState,
+    CorruptFile,
+    InputType,
+    InteractionRequest,
+    Mailbox,
+    UnsafeFile,
+    utcnow,
+)
+from deltad.protocol.questions import (
+    AnswerRejected,
+    CallDecision,
+    Decision,
+    Reply,
+    interpret_json,
+    interpret_text,
+)
+
+from .errors import UsageError
+
+
+class Interviewer(Protocol):
+    def ask(self, req: InteractionRequest) -> Reply | None: ...
+
+    def settle(self, req: InteractionRequest) -> None:
+        """Called once the reply is durably recorded: tidy up (e.g. remove mailbox files)."""
+
+
+class _Quiet:
+    def settle(self, req: InteractionRequest) -> None:
+        return None
+
+
+# -- mailbox --------------------------------------------------------------------------------
+class MailboxInterviewer:
+    def __init__(self, mailbox: Mailbox, warn: Callable[[str], None], post: bool = True) -> None:
+        self.mailbox = mailbox
+        self.warn = warn
+        self.post = post  # False: only take an answer already there (used before Console)
+
+    def _posted(self, req: InteractionRequest) -> bool:
+        try:
+            current = self.mailbox.read_request()
+        except (CorruptFile, UnsafeFile) as e:
+            where = self.mailbox.set_aside_request("corrupt")
+            self.warn(f"{e}; set aside as {where.name}")
+            return False
+        return current is not None and current.request_id == req.request_id
+
+    def ask(self, req: InteractionRequest) -> Reply | None:
+        if not self._posted(req):
+            if self.post and not req.expired():
+                self.mailbox.post(req)
+            return None
+        answer = self.mailbox.read_answer(req, secret=req.is_secret)
+        if answer.state == AnswerState.READY:
+            if reply := self._interpret(req, answer):
+                return reply
+        elif answer.state in (AnswerState.STALE, AnswerState.REFUSED):
+            self.warn(f"response not taken: {answer.reason}")
+        return None
+
+    def _interpret(self, req: InteractionRequest, answer: Any) -> Reply | None:
+        if req.expires_at and answer.mtime_ns > req.expires_at.timestamp() * 1e9:
+            self._refuse(answer.path, "it arrived after the question expired")
+            return None
+        try:
+            if answer.path.suffix == ".json":
+                reply = interpret_json(req, answer.text)
+            else:
+                reply = interpret_text(req, answer.text)
+        except AnswerRejected as e:
+            self._refuse(answer.path, str(e))
+            return None
+        reply.source = "mailbox"
+        reply.answered_by = reply.answered_by or _owner(answer.uid)
+        return reply
+
+    def _refuse(self, path: Path, reason: str) -> None:
+        kept = self.mailbox.refuse(path, reason)
+        self.warn(f"answer not taken: {reason} (moved to {kept.name})")
+
+    def settle(self, req: InteractionRequest) -> None:
+        if self._posted(req):
+            self.mailbox.discard_answer()
+            self.mailbox.withdraw()
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+# -- console --------------------------------------------------------------------------------
+class _Timeout(Exception):
+    pass
+
+
+class LineReader:
+    """Lines from a file descriptor with a deadline; keeps its own buffer so that select()
+    never misses a line that an earlier read already pulled in."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = b""
+        self.eof = False
+
+    def readline(self, deadline: float | None) -> str | None:
+        while b"\n" not in self.buf and not self.eof:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.fd], [], [], wait)[0]:
+                raise _Timeout
+            chunk = os.read(self.fd, 4096)
+            self.eof = not chunk
+            self.buf += chunk
+        if not self.buf:
+            return None
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode("utf-8", errors="replace").rstrip("\r")
+
+
+@contextlib.contextmanager
+def _hidden(fd: int) -> Iterator[None]:
+    if not os.isatty(fd):
+        yield
+        return
+    old = termios.tcgetattr(fd)
+    new = old[:]
+    new[3] &= ~termios.ECHO
+    termios.tcsetattr(fd, termios.TCSADRAIN, new)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, old)
+
+
+class ConsoleInterviewer(_Quiet):
+    def __init__(self, stdin: TextIO, stdout: TextIO) -> None:
+        self.reader = LineReader(stdin.fileno())
+        self.fd = stdin.fileno()
+        self.out = stdout
+
+    def _say(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    def _line(self, req: InteractionRequest, hidden: bool = False) -> str | None:
+        deadline = None
+        if req.expires_at is not None:
+            deadline = time.monotonic() + (req.expires_at - utcnow()).total_seconds()
+        self._say("> ")
+        with _hidden(self.fd) if hidden else contextlib.nullcontext():
+            line = self.reader.readline(deadline)
+        if hidden:
+            self._say("\n")
+        return line
+
+    def ask(self, req: InteractionRequest) -> Reply | None:
+        self._say(f"\n[ask_human] {req.prompt}\n")
+        if req.expires_at is not None:
+            self._say(
+                f"(answer by {req.expires_at:%H:%M:%S} UTC"
+                + (f"; default: {req.default}" if req.default else "")
+                + ")\n"
+            )
+        try:
+            reply = self._approval(req) if req.input_type == InputType.APPROVAL else self._one(req)
+        except _Timeout:
+            self._say("\n(no answer in time)\n")
+            return Reply(outcome="timeout", source="console")
+        if reply is not None:
+            reply.source, reply.answered_by = "console", _owner(os.getuid())
+        return reply
+
+    def _one(self, req: InteractionRequest) -> Reply | None:
+        for opt in req.options:
+            self._say(f"  [{opt.key}] {opt.label}\n")
+        if req.input_type in (InputType.CONFIRMATION, InputType.YES_NO):
+            self._say("Please answer yes or no.\n")
+        while True:
+            line = self._line(req, hidden=req.is_secret)
+            if line is None:
+                return None
+            try:
+                return interpret_text(req, line if req.is_secret else line.strip())
+            except AnswerRejected as e:
+                self._say(f"{e}\n")
+
+    def _approval(self, req: InteractionRequest) -> Reply | None:
+        decisions = []
+        for call in req.calls:
+            self._say(
+                f"  {call.tool_name} {json.dumps(call.arguments)}\n"
+                f"    runs: {call.resolved_command}\n"
+                "  [a]pprove, [r]eject, [e]dit arguments, [c]ancel the run?\n"
+            )
+            while True:
+                line = self._line(req)
+                if line is None:
+                    return None
+                word = line.strip().lower()[:1]
+                if word == "a":
+                    decisions.append(
+                        CallDecision(action_id=call.action_id, decision=Decision.APPROVE)
+                    )
+                elif word == "c":
+                    return Reply(
+                        decisions=[
+                            CallDecision(action_id=c.action_id, decision=Decision.CANCEL)
+                            for c in req.calls
+                        ]
+                    )
+                elif word == "r":
+                    self._say("Reason (optional):\n")
+                    reason = self._line(req)
+                    decisions.append(
+                        CallDecision(
+                            action_id=call.action_id,
+                            decision=Decision.REJECT,
+                            reason=(reason or "").strip() or None,
+                        )
+                    )
+                elif word == "e":
+                    self._say("New arguments as JSON:\n")
+                    raw = self._line(req)
+                    try:
+                        args = json.loads(raw or "")
+                        assert isinstance(args, dict)
+                    except (ValueError, AssertionError):
+                        self._say("That is not a JSON object.\n")
+                        continue
+                    decisions.append(
+                        CallDecision(
+                            action_id=call.action_id, decision=Decision.EDIT, arguments=args
+                        )
+                    )
+                else:
+                    continue
+                break
+        return Reply(decisions=decisions)
+
+
+# -- stand-ins ------------------------------------------------------------------------------
+class AutoApproveInterviewer(_Quiet):
+    """For CI: yes, the first option, approve every call. Never invents a password."""
+
+    def ask(self, req: InteractionRequest) -> Reply:
+        kind = req.input_type
+        if req.is_secret:
+            return Reply(outcome="skipped", source="auto")
+        if kind in (InputType.CONFIRMATION, InputType.YES_NO):
+            reply = Reply(value="yes")
+        elif kind == InputType.CHOICE and req.options:
+            reply = Reply(value=req.options[0].label, key=req.options[0].key)
+        elif kind == InputType.APPROVAL:
+            reply = Reply(
+                decisions=[
+                    CallDecision(action_id=c.action_id, decision=Decision.APPROVE)
+                    for c in req.calls
+                ]
+            )
+        else:
+            reply = Reply(value=req.default or "auto-approved")
+        reply.source, reply.answered_by = "auto", "auto-approve"
+        return reply
+
+
+def load_answers(path: str | Path) -> list[Any]:
+    """An answers file: a YAML or JSON list; items are strings or {answer|decisions: ...}."""
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
+        raise UsageError(f"--answers {p}: cannot read it ({type(e).__name__})") from None
+    if not isinstance(doc, list):
+        raise UsageError(f"--answers {p}: expected a list of answers")
+    return doc
+
+
+class QueueInterviewer(_Quiet):
+    """Scripted replies, in order. `start` skips the ones a previous process already used,
+    so a resumed run continues the script instead of replaying it."""
+
+    def __init__(self, answers: list[Any], start: int = 0) -> None:
+        self.answers = answers
+        self.next = start
+
+    def ask(self, req: InteractionRequest) -> Reply:
+        if self.next >= len(self.answers):
+            return Reply(outcome="skipped", source="queue", answered_by="answers file")
+        item = self.answers[self.next]
+        self.next += 1
+        try:
+            if isinstance(item, dict):
+                reply = interpret_json(req, json.dumps({"request_id": req.request_id, **item}))
+            else:
+                reply = interpret_text(req, str(item))
+        except AnswerRejected as e:
+            raise UsageError(
+                f"--answers item {self.next} does not fit the question {req.prompt!r}: {e}"
+            ) from None
+        reply.source, reply.answered_by = "queue", reply.answered_by or "answers file"
+        return reply
+
+
+class CallbackInterviewer(_Quiet):
+    """Delegates to `fn`, which returns a Reply, a plain-text answer, or None (no answer)."""
+
+    def __init__(self, fn: Callable[[InteractionRequest], Reply | str | None]) -> None:
+        self.fn = fn
+
+    def ask(self, req: InteractionRequest) -> Reply | None:
+        got = self.fn(req)
+        reply = got if got is None or isinstance(got, Reply) else interpret_text(req, got)
+        if reply is not None:
+            reply.source = "callback"
+        return reply
+
+
+class Chain:
+    """Asks each interviewer in turn; the first reply wins."""
+
+    def __init__(self, *members: Interviewer) -> None:
+        self.members = members
+
+    def ask(self, req: InteractionRequest) -> Reply | None:
+        for m in self.members:
+            if (reply := m.ask(req)) is not None:
+                return reply
+        return None
+
+    def settle(self, req: InteractionRequest) -> None:
+        for m in self.members:
+            m.settle(req)
+
+
+def console_interviewer() -> ConsoleInterviewer:
+    return ConsoleInterviewer(sys.stdin, sys.stdout)
