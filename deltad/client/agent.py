@@ -9,9 +9,10 @@ Tools are external commands, in one of three forms that all expand to a `Tool`:
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,6 +59,7 @@ class ToolSpec(_Strict):
     stdin: str | None = None  # shorthand forms: which parameter feeds stdin
     parameters: list[ParameterSpec] = []
     timeout_seconds: float | None = Field(default=None, gt=0)
+    approval: Literal["required", "never"] | None = None
 
     @model_validator(mode="after")
     def _one_form(self) -> ToolSpec:
@@ -77,6 +79,14 @@ class LLMSettings(_Strict):
     timeout_seconds: float = Field(default=120, gt=0)
 
 
+class ApprovalPolicy(_Strict):
+    """Which tool calls wait for a human. Patterns are fnmatch-style tool names."""
+
+    default: Literal["required", "never"] = "never"
+    require: list[str] = []
+    exempt: list[str] = []
+
+
 class AgentConfig(_Strict):
     name: str
     description: str = ""
@@ -85,6 +95,7 @@ class AgentConfig(_Strict):
     tools: list[ToolSpec] = []
     max_iterations: int = Field(default=30, gt=0)
     tool_timeout_seconds: float = Field(default=120, gt=0)
+    approval: ApprovalPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,7 @@ class Tool:
     form: Literal["command", "exec", "shell"]
     template: list[str]  # command argv, exec tokens, or ["sh", "-c", script]
     shell_order: list[str]  # shell form: parameter names in $1.. order
+    approval: Literal["required", "never"] | None = None
 
     def schema(self) -> dict[str, Any]:
         props = {
@@ -256,6 +268,26 @@ class Agent:
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def has_policy(self) -> bool:
+        return self.config.approval is not None or any(t.approval for t in self.tools.values())
+
+    def needs_approval(self, tool_name: str) -> bool:
+        """With no policy nothing is gated. With one, a call is gated unless the tool says
+        `never`, an `exempt` pattern matches, or the default is `never`; an explicit
+        `required` or a `require` pattern always wins over `exempt`."""
+        if not self.has_policy:
+            return False
+        tool = self.tools.get(tool_name)
+        if tool is not None and tool.approval is not None:
+            return tool.approval == "required"
+        policy = self.config.approval or ApprovalPolicy()
+        if any(fnmatch.fnmatchcase(tool_name, p) for p in policy.require):
+            return True
+        if any(fnmatch.fnmatchcase(tool_name, p) for p in policy.exempt):
+            return False
+        return policy.default == "required"
+
 
 def _find(home: Path, names: tuple[str, ...], what: str) -> Path:
     for name in names:
@@ -300,10 +332,26 @@ def load_agent(path: str | Path) -> Agent:
         if spec.name in tools:
             raise ConfigError(f"{config_file}: tools[{i}].name: duplicate tool {spec.name!r}")
         try:
-            tools[spec.name] = expand_tool(spec, config.tool_timeout_seconds)
+            tools[spec.name] = replace(
+                expand_tool(spec, config.tool_timeout_seconds), approval=spec.approval
+            )
         except ValueError as e:
             raise ConfigError(f"{config_file}: tools[{i}] ({spec.name}): {e}") from None
+    _check_patterns(config_file, config.approval, tools)
     prompt = prompt_file.read_text(encoding="utf-8", errors="replace").strip()
     if not prompt:
         raise ConfigError(f"{prompt_file}: the system prompt is empty")
     return Agent(home, config_file, prompt_file, config, prompt, tools)
+
+
+def _check_patterns(config_file: Path, policy: ApprovalPolicy | None, tools: dict) -> None:
+    """A pattern that names no tool is a typo, and a typo must not leave a tool ungated."""
+    if policy is None:
+        return
+    for key in ("require", "exempt"):
+        for i, pattern in enumerate(getattr(policy, key)):
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in tools):
+                raise ConfigError(
+                    f"{config_file}: approval.{key}[{i}]: {pattern!r} matches no tool "
+                    f"(tools: {', '.join(tools) or 'none'})"
+                )
