@@ -1,0 +1,189 @@
+"""End to end with the real `delta` client against the fake OpenAI server: the daemon resumes
+paused runs, the client ingests the answer, and every answer is journaled exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deltad.daemon.harness import Daemon, answer, metadata_status, wait_for
+from deltad.testing import FakeLLM
+
+DELTA = str(Path(sys.executable).parent / "delta")
+REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]  # the default resume command
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLLM]:
+    with FakeLLM() as f:
+        yield f
+
+
+def _env(fake: FakeLLM) -> dict[str, str]:
+    env = {**os.environ, "OPENAI_BASE_URL": fake.url, "OPENAI_API_KEY": "x"}
+    env["DELTA_LLM_MAX_RETRIES"] = "0"
+    for k in ("DELTA_BASE_URL", "DELTA_API_KEY", "DELTA_FAULT"):
+        env.pop(k, None)
+    return env
+
+
+def _agent(tmp: Path, tools: str = "[]") -> Path:
+    home = tmp / "agent"
+    home.mkdir(exist_ok=True)
+    (home / "config.yaml").write_text(f"name: a\nllm:\n  model: fake-model\ntools: {tools}\n")
+    (home / "system_prompt.md").write_text("You are a test agent.\n")
+    return home
+
+
+def _delta(fake: FakeLLM, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DELTA, *args], env=_env(fake), capture_output=True, text=True, timeout=60
+    )
+
+
+def _pause(fake: FakeLLM, tmp: Path, ws: Path) -> None:
+    """`delta run` until it asks: exit 101 with request.json waiting."""
+    ws.mkdir(parents=True, exist_ok=True)
+    out = _delta(fake, "run", "--agent", str(_agent(tmp)), "--task", "t", "--work-dir", str(ws))
+    assert out.returncode == 101, out.stderr
+
+
+def _journal(ws: Path) -> list[dict[str, Any]]:
+    rid = (ws / ".delta" / "runs" / "LATEST").read_text().strip()
+    lines = (ws / ".delta" / "runs" / rid / "execution" / "journal.jsonl").read_text()
+    return [json.loads(x) for x in lines.splitlines() if x.strip()]
+
+
+def _answers(ws: Path) -> list[dict[str, Any]]:
+    return [
+        e["payload"]
+        for e in _journal(ws)
+        if e["type"] == "ACTION_RESULT" and e["payload"].get("action_id") == "ask1"
+    ]
+
+
+def _daemon(tmp: Path, root: Path, fake: FakeLLM, **settings: Any) -> Daemon:
+    d = Daemon(tmp, [root], resume_command=REAL_CLIENT, **settings)
+    return d.start(env=_env(fake))
+
+
+def test_daemon_resumes_a_paused_client_run_to_completion(tmp_path: Path, fake: FakeLLM) -> None:
+    fake.call("ask_human", {"prompt": "q?"}, id="ask1").reply("done")
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    _pause(fake, tmp_path, ws)
+    d = _daemon(tmp_path, root, fake)
+    try:
+        answer(ws, "blue")
+        [exited] = d.wait_event("resume_exited", workspace=str(ws))
+        assert exited["exit_code"] == 0 and exited["outcome"] == "completed"
+        assert metadata_status(ws) == "COMPLETED"
+        [result] = _answers(ws)
+        assert "blue" in json.dumps(result)
+        assert "blue" in fake.tool_results()["ask1"]
+        d.wait_event("status_transition", to="COMPLETED", workspace=str(ws))
+    finally:
+        d.stop()
+        d.kill_children()
+
+
+def test_asked_again_is_logged_as_still_waiting_then_resumed(tmp_path: Path, fake: FakeLLM) -> None:
+    fake.call("ask_human", {"prompt": "q1?"}, id="ask1")
+    fake.call("ask_human", {"prompt": "q2?"}, id="ask2").reply("done")
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    _pause(fake, tmp_path, ws)
+    d = _daemon(tmp_path, root, fake)
+    try:
+        answer(ws, "first")
+        [first] = d.wait_event("resume_exited", workspace=str(ws))
+        assert first["exit_code"] == 101 and first["outcome"] == "waiting"
+        wait_for(lambda: metadata_status(ws) == "WAITING_FOR_INPUT", "the second question")
+        answer(ws, "second")
+        d.wait_event("resume_exited", count=2, workspace=str(ws))
+        assert metadata_status(ws) == "COMPLETED"
+        assert d.events("resume_backoff") == []
+    finally:
+        d.stop()
+        d.kill_children()
+
+
+def test_answer_written_while_daemon_was_down_real_client(tmp_path: Path, fake: FakeLLM) -> None:
+    fake.call("ask_human", {"prompt": "q?"}, id="ask1").reply("done")
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    _pause(fake, tmp_path, ws)
+    out = _delta(fake, "respond", "--work-dir", str(ws), "offline answer")
+    assert out.returncode == 0, out.stderr
+    d = _daemon(tmp_path, root, fake)
+    try:
+        d.wait_event("resume_exited", workspace=str(ws), exit_code=0)
+        [result] = _answers(ws)
+        assert "offline answer" in json.dumps(result)
+    finally:
+        d.stop()
+        d.kill_children()
+
+
+def test_daemon_and_a_person_race_on_one_run(tmp_path: Path, fake: FakeLLM) -> None:
+    fake.call("ask_human", {"prompt": "q?"}, id="ask1").reply("done")
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    _pause(fake, tmp_path, ws)
+    d = _daemon(tmp_path, root, fake)
+    try:
+        answer(ws, "once")
+        by_hand = _delta(fake, "run", "--work-dir", str(ws))  # at the same moment
+        d.wait_event("resume_exited", workspace=str(ws))
+        wait_for(lambda: metadata_status(ws) == "COMPLETED", "completion")
+        d.reload()  # look again: nothing more to resume
+        assert len(_answers(ws)) == 1  # journaled exactly once, whoever won
+        assert len(fake.requests) == 2
+        assert by_hand.returncode in (0, 75, 2), by_hand.stderr
+    finally:
+        d.stop()
+        d.kill_children()
+
+
+def test_killed_delta_is_marked_interrupted(tmp_path: Path, fake: FakeLLM) -> None:
+    tools = '[{name: wait, description: "wait", command: ["sleep", "60"]}]'
+    fake.call("wait", {}, id="w1").reply("done")
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    ws.mkdir(parents=True)
+    d = _daemon(tmp_path, root, fake, liveness_sweep_seconds=0.3)
+    client = subprocess.Popen(
+        [
+            DELTA,
+            "run",
+            "--agent",
+            str(_agent(tmp_path, tools)),
+            "--task",
+            "t",
+            "--work-dir",
+            str(ws),
+        ],
+        env=_env(fake),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        d.wait_event("run_observed", workspace=str(ws), status="RUNNING")
+        os.killpg(client.pid, signal.SIGKILL)  # the client and its tool
+        client.wait()
+        [t] = d.wait_event("status_transition", to="INTERRUPTED", workspace=str(ws))
+        assert t["from"] == "RUNNING"
+        assert metadata_status(ws) == "INTERRUPTED"
+    finally:
+        client.kill()
+        d.stop()
+        d.kill_children()
