@@ -1,0 +1,442 @@
+"""deltad benchmarks (a script, not timed tests): deltad side by side with a 1-second polling loop.
+
+    .venv/bin/python bench/daemon_bench.py                 # N = 100, 1000, 10000 (~6 min)
+    .venv/bin/python bench/daemon_bench.py --sizes 100 --e2e 5 --files 1000   # quick look
+
+Per N paused workspaces (built with the protocol package): startup → READY (deltad: READY=1 on
+a notify socket; baseline: first full scan), detection latency close(response.txt) → resume
+spawned (deltad's `resume_spawned` log time) and → first instruction of the resume command
+(a bash stub recording $EPOCHREALTIME and removing the answer), idle CPU and RSS, a burst of
+1,000 answers (time until all resumed, missed, doubled). At the largest N also the kernel's
+inotify watch count before/after 100,000 files are added to one workspace. Separately, end to
+end with the real `delta` client and the fake OpenAI server: close → ACTION_RESULT journaled.
+Results: a Markdown table on stdout and JSON in bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from deltad.daemon.harness import Daemon  # noqa: E402
+from deltad.daemon.testkit import paused_workspace  # noqa: E402
+from deltad.testing import FakeLLM  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+STUB = """#!/bin/bash
+printf '%s %s\\n' "$EPOCHREALTIME" "$1" >> {record}
+rm -f -- "$1/.delta/interaction/response.txt"
+"""
+
+
+# -- measuring a process --------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def inotify_watches(pid: int) -> int:
+    """The kernel's count: `inotify wd:` lines in the fdinfo of the process's inotify fds."""
+    total = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify":
+                info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+                total += sum(1 for x in info.splitlines() if x.startswith("inotify wd:"))
+        except OSError:
+            continue
+    return total
+
+
+def idle(pid: int, seconds: float) -> tuple[float, float]:
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0), rss_mb(pid)
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+# -- the stub's record ----------------------------------------------------------------------
+class Record:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.seen: list[tuple[float, str]] = []
+
+    def poll(self) -> list[tuple[float, str]]:
+        try:
+            with open(self.path) as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind("\n") + 1]
+        self.offset += len(complete.encode())
+        new = [
+            (float(t.replace(",", ".")), ws)
+            for t, ws in (line.split(" ", 1) for line in complete.splitlines())
+        ]
+        self.seen += new
+        return new
+
+    def wait_for(self, ws: set[str], timeout: float = 120) -> bool:
+        pending = set(ws)
+        end = time.monotonic() + timeout
+        while pending and time.monotonic() < end:
+            for _, w in self.poll():
+                pending.discard(w)
+            if pending:
+                time.sleep(0.001)
+        return not pending
+
+
+def write_answer(ws: Path, text: str = "yes") -> float:
+    """In place, open-write-close, like `echo yes > response.txt`; returns close time."""
+    with open(ws / ".delta" / "interaction" / "response.txt", "w") as f:
+        f.write(text)
+    return time.time()
+
+
+# -- the two contenders ---------------------------------------------------------------------
+class Deltad:
+    name = "deltad"
+
+    def __init__(self, work: Path, root: Path, stub: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock_path = work / "notify.sock"
+        self.sock.bind(str(self.sock_path))
+        self.d = Daemon(
+            work,
+            [root],
+            resume_command=[str(stub), "{workspace}"],
+            log_level="info",
+            settle_seconds=1.0,
+            backoff_initial_seconds=5,
+        )
+
+    def start(self) -> float:
+        t0 = time.monotonic()
+        self.d.start(env={"NOTIFY_SOCKET": str(self.sock_path)}, wait=False)
+        self.sock.settimeout(120)
+        while b"READY=1" not in self.sock.recv(65536):
+            pass
+        return time.monotonic() - t0
+
+    @property
+    def pid(self) -> int:
+        assert self.d.proc is not None
+        return self.d.proc.pid
+
+    def rescan(self) -> None:
+        self.d.reload()
+
+    def spawn_times(self) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for e in self.d.events("resume_spawned"):
+            ts = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+            out.setdefault(e["workspace"], []).append(ts)
+        return out
+
+    def stop(self) -> None:
+        self.d.stop(timeout=120)
+        self.sock.close()
+
+
+class Baseline:
+    name = "1 s polling loop"
+
+    def __init__(self, work: Path, root: Path, stub: Path) -> None:
+        self.argv = [
+            sys.executable,
+            str(HERE / "baseline_poller.py"),
+            str(root),
+            "--",
+            str(stub),
+            "{workspace}",
+        ]
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> float:
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.proc.stdout.readline()
+        return time.monotonic() - t0
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def rescan(self) -> None:
+        time.sleep(2.2)  # two more loops
+
+    def spawn_times(self) -> dict[str, list[float]]:
+        return {}
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait()
+
+
+# -- one size -------------------------------------------------------------------------------
+def build(root: Path, n: int) -> list[Path]:
+    spaces = [root / f"ws{i:05d}" for i in range(n)]
+    for ws in spaces:
+        paused_workspace(ws)
+    return spaces
+
+
+def detection(
+    contender: Any, record: Record, spaces: list[Path], samples: int, jitter: float = 0.0
+) -> dict[str, float]:
+    closes: dict[str, float] = {}
+    to_stub: list[float] = []
+    for ws in random.sample(spaces, samples):
+        time.sleep(random.uniform(0, jitter))  # a loop must not be in phase with the writes
+        record.poll()
+        closes[str(ws)] = t = write_answer(ws)
+        record.wait_for({str(ws)})
+        to_stub.append(max(t0 for t0, w in record.seen if w == str(ws)) - t)
+    spawned = contender.spawn_times()
+    to_spawn = [spawned[w][-1] - t for w, t in closes.items() if w in spawned]
+    ms = 1000
+    return {
+        "spawn_p50_ms": pct(to_spawn, 50) * ms,
+        "spawn_p99_ms": pct(to_spawn, 99) * ms,
+        "stub_p50_ms": pct(to_stub, 50) * ms,
+        "stub_p99_ms": pct(to_stub, 99) * ms,
+        "samples": samples,
+    }
+
+
+def burst(contender: Any, record: Record, spaces: list[Path], size: int) -> dict[str, Any]:
+    chosen = random.sample(spaces, size)
+    record.poll()
+    before = Counter(w for _, w in record.seen)
+    t0 = time.time()
+    for ws in chosen:
+        write_answer(ws)
+    complete = record.wait_for({str(ws) for ws in chosen}, timeout=300)
+    took = max(t for t, w in record.seen if w in {str(x) for x in chosen}) - t0
+    contender.rescan()
+    record.poll()
+    after = Counter(w for _, w in record.seen)
+    counts = [after[str(ws)] - before[str(ws)] for ws in chosen]
+    return {
+        "answers": size,
+        "all_resumed_s": took if complete else float("nan"),
+        "missed": counts.count(0),
+        "doubled": sum(1 for c in counts if c > 1),
+    }
+
+
+def many_files(contender: Deltad, record: Record, ws: Path, files: int) -> dict[str, Any]:
+    before = inotify_watches(contender.pid)
+    per_dir = 1000
+    for i in range(0, files, per_dir):
+        d = ws / "work" / f"d{i // per_dir:04d}"
+        d.mkdir(parents=True)
+        for j in range(min(per_dir, files - i)):
+            (d / f"f{j}.txt").write_bytes(b"x")
+    time.sleep(1)
+    after = inotify_watches(contender.pid)
+    record.poll()
+    write_answer(ws)
+    still_detected = record.wait_for({str(ws)}, timeout=30)
+    return {
+        "files": files,
+        "watches_before": before,
+        "watches_after": after,
+        "answer_still_detected": still_detected,
+    }
+
+
+def run_size(
+    kind: type, work: Path, root: Path, spaces: list[Path], args: argparse.Namespace, largest: bool
+) -> dict[str, Any]:
+    record_path = work / f"{kind.__name__}.record"
+    stub = work / f"{kind.__name__}-stub.sh"
+    stub.write_text(STUB.format(record=record_path))
+    stub.chmod(0o755)
+    record = Record(record_path)
+    contender = kind(work, root, stub)
+    out: dict[str, Any] = {"contender": contender.name, "n": len(spaces)}
+    try:
+        out["ready_s"] = contender.start()
+        samples = args.samples if kind is Deltad else args.baseline_samples
+        jitter = 1.0 if kind is Baseline else 0.0
+        out["detection"] = detection(contender, record, spaces, min(samples, len(spaces)), jitter)
+        out["idle_cpu_pct"], out["rss_mb"] = idle(contender.pid, args.idle)
+        if len(spaces) >= args.burst:
+            out["burst"] = burst(contender, record, spaces, args.burst)
+        if largest and kind is Deltad and args.files:
+            out["many_files"] = many_files(contender, record, spaces[0], args.files)
+    finally:
+        contender.stop()
+    return out
+
+
+# -- end to end with the real client --------------------------------------------------------
+def e2e(work: Path, n: int) -> dict[str, Any]:
+    root = work / "e2e"
+    agent = work / "agent"
+    agent.mkdir()
+    (agent / "config.yaml").write_text("name: a\nllm:\n  model: fake\ntools: []\n")
+    (agent / "system_prompt.md").write_text("bench\n")
+    delta = str(Path(sys.executable).parent / "delta")
+    with FakeLLM() as fake:
+        env = {**os.environ, "OPENAI_BASE_URL": fake.url, "OPENAI_API_KEY": "x"}
+        spaces = [root / f"ws{i:03d}" for i in range(n)]
+        for i, ws in enumerate(spaces):
+            ws.mkdir(parents=True)
+            fake.call("ask_human", {"prompt": "q?"}, id=f"ask{i}")
+            subprocess.run(
+                [delta, "run", "--agent", str(agent), "--task", "t", "--work-dir", str(ws)],
+                env=env,
+                capture_output=True,
+                check=False,
+            )
+        fake.always("done")
+        (work / "e2e-daemon").mkdir()
+        d = Daemon(
+            work / "e2e-daemon",
+            [root],
+            log_level="info",
+            resume_command=["delta", "run", "--work-dir", "{workspace}"],
+        )
+        d.start(env=env)
+        latencies = []
+        try:
+            for ws in spaces:
+                t = write_answer(ws, "benchmark answer")
+                journaled = _wait_action_result(ws)
+                latencies.append(journaled - t)
+        finally:
+            d.stop(timeout=120)
+    return {"n": n, "p50_ms": pct(latencies, 50) * 1000, "p99_ms": pct(latencies, 99) * 1000}
+
+
+def _wait_action_result(ws: Path, timeout: float = 60) -> float:
+    rid = (ws / ".delta" / "runs" / "LATEST").read_text().strip()
+    journal = ws / ".delta" / "runs" / rid / "execution" / "journal.jsonl"
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for line in journal.read_text().splitlines():
+            e = json.loads(line)
+            if e["type"] == "ACTION_RESULT":
+                return datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+        time.sleep(0.005)
+    raise TimeoutError(f"no ACTION_RESULT in {journal}")
+
+
+# -- report ---------------------------------------------------------------------------------
+def table(results: list[dict[str, Any]], e2e_result: dict[str, Any] | None) -> str:
+    rows = [
+        "| N | contender | READY s | close→spawn p50 / p99 ms | close→stub p50 / p99 ms "
+        "| idle CPU % | RSS MB | burst 1,000: all resumed s (missed / doubled) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        det = r["detection"]
+        spawn = (
+            f"{det['spawn_p50_ms']:.1f} / {det['spawn_p99_ms']:.1f}"
+            if det["spawn_p50_ms"] == det["spawn_p50_ms"]
+            else "n/a"
+        )
+        b = r.get("burst")
+        burst_cell = f"{b['all_resumed_s']:.2f} ({b['missed']} / {b['doubled']})" if b else "–"
+        rows.append(
+            f"| {r['n']:,} | {r['contender']} | {r['ready_s']:.2f} | {spawn} | "
+            f"{det['stub_p50_ms']:.1f} / {det['stub_p99_ms']:.1f} ({det['samples']} samples) | "
+            f"{r['idle_cpu_pct']:.2f} | {r['rss_mb']:.0f} | {burst_cell} |"
+        )
+    extra = []
+    for r in results:
+        if mf := r.get("many_files"):
+            extra.append(
+                f"- inotify watches (kernel count) at N={r['n']:,}: "
+                f"{mf['watches_before']:,} before and {mf['watches_after']:,} after adding "
+                f"{mf['files']:,} files in {mf['files'] // 1000} directories to one "
+                f"workspace; an answer there was still detected: "
+                f"{mf['answer_still_detected']}"
+            )
+    if e2e_result:
+        extra.append(
+            f"- end to end, real `delta` + fake OpenAI server, {e2e_result['n']} runs "
+            f"resumed one by one: close → ACTION_RESULT journaled p50 "
+            f"{e2e_result['p50_ms']:.0f} ms, p99 {e2e_result['p99_ms']:.0f} ms"
+        )
+    return "\n".join([*rows, "", *extra])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--sizes", default="100,1000,10000")
+    ap.add_argument("--samples", type=int, default=200, help="detection samples for deltad")
+    ap.add_argument("--baseline-samples", type=int, default=20)
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle measurement")
+    ap.add_argument("--burst", type=int, default=1000)
+    ap.add_argument("--files", type=int, default=100_000)
+    ap.add_argument("--e2e", type=int, default=20, help="real-client runs (0: skip)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="deltad-bench-", dir=os.environ.get("BENCH_DIR")))
+    results = []
+    try:
+        for n in sizes:
+            root = work / f"n{n}" / "root"
+            t0 = time.monotonic()
+            spaces = build(root, n)
+            print(f"built {n} paused workspaces in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+            for kind in (Deltad, Baseline):
+                sub = work / f"n{n}" / kind.__name__.lower()
+                sub.mkdir()
+                r = run_size(kind, sub, root, spaces, args, largest=n == max(sizes))
+                print(json.dumps(r), file=sys.stderr)
+                results.append(r)
+        e2e_result = e2e(work, args.e2e) if args.e2e else None
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    out_dir = HERE / "results"
+    out_dir.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    (out_dir / f"daemon-{stamp}.json").write_text(
+        json.dumps({"results": results, "e2e": e2e_result}, indent=2)
+    )
+    print(table(results, e2e_result))
+
+
+if __name__ == "__main__":
+    main()
