@@ -196,3 +196,30 @@ def test_check_command(tmp_path: Path) -> None:
     cfg.write_text(f"roots: [{root}]\nmax_paralel_resumes: 3\n")
     out = subprocess.run([DELTAD, "check", "--config", str(cfg)], capture_output=True, text=True)
     assert out.returncode == 2 and "max_paralel_resumes" in out.stderr
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_example_config_is_valid() -> None:
+    out = subprocess.run(
+        [DELTAD, "check", "--config", str(REPO / "config" / "deltad.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "configuration OK" in out.stdout
+
+
+def test_the_systemd_unit_keeps_runs_alive_and_is_sandboxed() -> None:
+    unit = (REPO / "systemd" / "deltad.service").read_text()
+    settings = dict(
+        line.split("=", 1) for line in unit.splitlines() if "=" in line and line[0] != "#"
+    )
+    assert settings["Type"] == "notify"
+    assert settings["KillMode"] == "process"
+    assert settings["Restart"] == "on-failure"
+    assert settings["ProtectSystem"] == "strict" and settings["ReadWritePaths"]
+    assert settings["NoNewPrivileges"] == "yes" and settings["PrivateTmp"] == "yes"
+    assert settings["WatchdogSec"] and "deltad serve" in settings["ExecStart"]
