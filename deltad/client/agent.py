@@ -85,6 +85,7 @@ class ApprovalPolicy(_Strict):
     default: Literal["required", "never"] = "never"
     require: list[str] = []
     exempt: list[str] = []
+    timeout_seconds: float | None = Field(default=None, gt=0)  # then rejected
 
 
 class AgentConfig(_Strict):

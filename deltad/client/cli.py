@@ -88,6 +88,17 @@ def main() -> None:
 @click.option("--new", is_flag=True, help="Start a new run even if the latest can be resumed.")
 @click.option("--run-id", help="Resume this run instead of the latest.")
 @click.option("--max-iterations", type=click.IntRange(min=1), help="Cap the run's iterations.")
+@click.option(
+    "--auto-approve",
+    is_flag=True,
+    help="Answer every question for CI: yes, the first option, approve. Never a secret.",
+)
+@click.option(
+    "--answers",
+    "answers",
+    type=click.Path(dir_okay=False),
+    help="Scripted answers (YAML/JSON list); when they run out: SKIPPED.",
+)
 @friendly
 def run_cmd(
     agent: str | None,
@@ -97,15 +108,21 @@ def run_cmd(
     new: bool,
     run_id: str | None,
     max_iterations: int | None,
+    auto_approve: bool,
+    answers: str | None,
 ) -> None:
     """Start a run, or resume the latest one that is waiting, interrupted or crashed.
 
     With no --agent/--task, resumes the workspace's latest run when it is WAITING_FOR_INPUT
     (and response.txt is there), INTERRUPTED, or RUNNING with its process dead.
     """
+    if sum([interactive, auto_approve, answers is not None]) > 1:
+        raise UsageError("choose one of -i, --auto-approve and --answers")
     guard = InterruptGuard()
     guard.install()
-    opts = RunOptions(work_dir, agent, task, new, run_id, interactive, max_iterations)
+    opts = RunOptions(
+        work_dir, agent, task, new, run_id, interactive, max_iterations, auto_approve, answers
+    )
     sys.exit(drive(opts, guard, sys.stdout, sys.stderr))
 
 

@@ -20,7 +20,6 @@ from typing import Any
 
 from deltad.protocol import (
     ActionStatus,
-    AnswerState,
     CorruptFile,
     EventType,
     InputType,
@@ -39,13 +38,24 @@ from deltad.protocol import (
     transition,
     utcnow,
 )
+from deltad.protocol.models import GatedCall
+from deltad.protocol.questions import AnswerRejected, CallDecision, Decision, Reply
 
+from . import exitcodes
 from .agent import Agent
-from .console import Console, normalize_confirmation
+from .asking import (
+    Asking,
+    Paused,
+    answer_observation,
+    approval_request,
+    question_from_args,
+    refusal_observation,
+)
 from .errors import LLMError
 from .faults import fault
+from .interviewers import Interviewer
 from .llm import ChatModel
-from .secrets import SecretStore, handle
+from .secrets import SecretStore
 from .tools import kill_orphan, run_tool, write_record
 
 ASK_HUMAN = "ask_human"
@@ -64,8 +74,25 @@ ASK_HUMAN_TOOL: dict[str, Any] = {
                 "prompt": {"type": "string", "description": "The question shown to the human."},
                 "input_type": {
                     "type": "string",
-                    "enum": [t.value for t in InputType],
-                    "description": "text (default), password (hidden), confirmation (yes/no).",
+                    "enum": [t.value for t in InputType if t != InputType.APPROVAL],
+                    "description": (
+                        "text (default), password (hidden), confirmation or yes_no (yes/no), "
+                        "choice (pick one of options)."
+                    ),
+                },
+                "options": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "For choice: labels such as '[A] Approve' or 'R) Reject'.",
+                },
+                "default": {
+                    "type": "string",
+                    "description": "Answer used when nobody answers before timeout_seconds.",
+                },
+                "timeout_seconds": {
+                    "type": "number",
+                    "description": "How long to wait. Without a default, a timeout is reported "
+                    "as TIMEOUT, which is not consent.",
                 },
                 "sensitive": {
                     "type": "boolean",
@@ -77,6 +104,12 @@ ASK_HUMAN_TOOL: dict[str, Any] = {
     },
 }
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+EXIT_BY_STATUS = {
+    RunStatus.COMPLETED: exitcodes.COMPLETED,
+    RunStatus.FAILED: exitcodes.FAILED,
+    RunStatus.CANCELED: exitcodes.CANCELED,
+    RunStatus.WAITING_FOR_INPUT: exitcodes.WAITING,
+}
 
 
 class Interrupted(BaseException):
@@ -85,13 +118,6 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
-class Paused(Exception):
-    def __init__(self, request: InteractionRequest, note: str = "") -> None:
-        super().__init__(request.prompt)
-        self.request = request
-        self.note = note
 
 
 class InterruptGuard:
@@ -157,20 +183,15 @@ class Engine:
         agent: Agent,
         model: ChatModel,
         *,
-        console: Console | None,
+        interviewer: Interviewer,
         guard: InterruptGuard,
         warn: Callable[[str], None],
     ) -> None:
         self.ws, self.paths, self.meta, self.journal = ws, paths, meta, journal
-        self.agent, self.model, self.console, self.guard, self.warn = (
-            agent,
-            model,
-            console,
-            guard,
-            warn,
-        )
+        self.agent, self.model, self.guard, self.warn = agent, model, guard, warn
         self.mailbox = Mailbox(ws)
         self.secrets = SecretStore(paths.secrets)
+        self.asking = Asking(journal, interviewer, self.secrets, self.validate_reply)
         self.max_iterations = meta.max_iterations or agent.config.max_iterations
 
     # -- status ---------------------------------------------------------------------------
@@ -201,6 +222,8 @@ class Engine:
             return self._loop()
         except Paused as p:
             return self._pause(p)
+        except Canceled as c:
+            return self._cancel(c.by)
         except LLMError as e:
             return self.finish(RunStatus.FAILED, str(e))
 
@@ -214,9 +237,13 @@ class Engine:
                     RunStatus(last.payload["status"]), last.payload.get("reason", ""), journal=False
                 )
             if pending := self._pending_calls():
+                gated = self._gated(pending)
                 for call in pending:
-                    self._dispatch(call)
-                    self.guard.checkpoint()
+                    if call not in gated:
+                        self._dispatch(call)
+                        self.guard.checkpoint()
+                if gated:
+                    self._run_gated(gated, pending)
                 self._count_iteration()
                 continue
             if last is not None and not last.payload.get("tool_calls"):
@@ -259,7 +286,7 @@ class Engine:
             self.journal.append(EventType.RUN_END, {"status": str(status), "reason": reason})
         failed = status != RunStatus.COMPLETED
         self.set_status(status, end_time=utcnow(), error=reason if failed else None)
-        return Outcome(status, 0 if not failed else 1, reason)
+        return Outcome(status, EXIT_BY_STATUS.get(status, exitcodes.FAILED), reason)
 
     # -- think ----------------------------------------------------------------------------
     def messages(self) -> list[dict[str, Any]]:
@@ -306,9 +333,10 @@ class Engine:
         """Some local servers reuse ids like "call_0" every turn; results and secret handles
         need ids unique within the run, so rename clashes here, once, before journaling."""
         seen = {
-            e.payload.get("action_id")
+            str(c.get("id"))
             for e in self.journal.events
-            if e.type == EventType.ACTION_REQUEST
+            if e.type == EventType.THOUGHT
+            for c in e.payload.get("tool_calls") or []
         }
         out = []
         for i, c in enumerate(calls):
@@ -379,6 +407,9 @@ class Engine:
             self._request(call, call.arguments, call.name)
             self._result(call, ActionStatus.ERROR, f"Error: arguments are not valid JSON: {e}")
             return None
+        return self._run(call, args, "")
+
+    def _run(self, call: _Call, args: Any, note: str) -> None:
         tool = self.agent.tools.get(call.name)
         if tool is None:
             self._request(call, args, call.name)
@@ -408,123 +439,137 @@ class Engine:
             if outcome.exit_code == 0
             else ActionStatus.FAILED
         )
-        self._result(call, status, redact(outcome.observation()))
+        self._result(call, status, note + redact(outcome.observation()))
         return None
 
     # -- ask_human ------------------------------------------------------------------------
-    def _question(self, call: _Call) -> InteractionRequest | str:
-        try:
-            args = json.loads(call.arguments or "{}")
-        except ValueError as e:
-            return f"Error: arguments are not valid JSON: {e}"
-        if (
-            not isinstance(args, dict)
-            or not isinstance(args.get("prompt"), str)
-            or not args["prompt"].strip()
-        ):
-            return "Error: ask_human needs a non-empty string 'prompt'"
-        kind = args.get("input_type") or "text"
-        if kind not in {t.value for t in InputType}:
-            return f"Error: input_type must be one of {', '.join(t.value for t in InputType)}"
-        return InteractionRequest(
-            prompt=args["prompt"],
-            input_type=InputType(kind),
-            sensitive=args.get("sensitive") in (True, "true"),
-            run_id=self.meta.run_id,
-            action_id=call.id,
-        )
-
     def _ask_human(self, call: _Call, *, already_requested: bool) -> None:
-        question = self._question(call)
+        req = self.asking.asked(call.id) or question_from_args(
+            call.arguments, self.meta.run_id, call.id
+        )
         if not already_requested:
             self._request(call, _safe_args(call.arguments), ASK_HUMAN)
-        if isinstance(question, str):
+        if isinstance(req, str):
             self.ensure_running()
-            self._result(call, ActionStatus.ERROR, question)
+            self._result(call, ActionStatus.ERROR, req)
             return
-        posted = self._posted_request(call)
-        request = posted or question
-        answer = self._mailbox_answer(posted) if posted else None
-        if answer is None and self.console is not None:
-            self.ensure_running()
-            with self.guard.window():
-                answer = self.console.ask(request)
-        if answer is None:
-            if posted is None:
-                self.ensure_running()
-                self.mailbox.post(request)
-            raise Paused(request)
-        self._ingest(call, request, answer)
-
-    def _posted_request(self, call: _Call) -> InteractionRequest | None:
-        try:
-            req = self.mailbox.read_request()
-        except (CorruptFile, UnsafeFile) as e:
-            where = self.mailbox.set_aside_request("corrupt")
-            self.warn(f"{e}; set aside as {where.name} and asking again")
-            return None
-        if req and req.run_id == self.meta.run_id and req.action_id == call.id:
-            return req
-        return None
-
-    def _mailbox_answer(self, req: InteractionRequest) -> str | None:
-        answer = self.mailbox.read_answer(req, secret=req.is_secret)
-        if answer.state in (AnswerState.STALE, AnswerState.REFUSED):
-            self.warn(f"response not taken: {answer.reason}")
-            return None
-        if answer.state != AnswerState.READY:
-            return None
-        if req.input_type == InputType.CONFIRMATION:
-            yes_no = normalize_confirmation(answer.text)
-            if yes_no is None:
-                self.warn(
-                    f"response not taken: {self.ws.response_file} must say yes or no "
-                    f"to this confirmation"
-                )
-                return None
-            return yes_no
-        return answer.text
-
-    def _ingest(self, call: _Call, req: InteractionRequest, answer: str) -> None:
-        """The exactly-once hand-off. Order matters: secret, journal, status, then the files.
-        A crash before the journal write repeats the whole step; after it, the journal says
-        the action is answered and the next resume only tidies the mailbox."""
-        if req.is_secret:
-            self.secrets.put(call.id, answer)
-            fault("after_secret")
-            observation = (
-                f"The human answered. The answer is sensitive and is kept as {handle(call.id)}: "
-                "pass that handle in tool arguments where the value is needed; it is "
-                "substituted when the tool runs."
-            )
-        else:
-            observation = answer
-        fault("before_journal")
-        self._result(call, ActionStatus.SUCCESS, observation)
-        fault("after_journal")
+        if self.asking.asked(call.id) is None:
+            self.asking.record_asked(req)
+        reply = self.asking.obtain(req, before_record=self._before_reply)
         self.ensure_running()
         fault("after_status")
+        status, observation = answer_observation(req, reply)
+        self._result(call, status, observation)
+        fault("after_result")
         record = self._record_dir(call)
         atomic_write_text(record / "command.txt", f"ask_human ({req.request_id})\n")
         atomic_write_text(record / "stdout.log", observation)
-        self.mailbox.discard_answer()
-        fault("after_discard_answer")
-        self.mailbox.withdraw()
+        self.asking.settle(req)
+
+    def _before_reply(self) -> None:
+        # Console answers arrive while RUNNING; mailbox answers while WAITING. Either way
+        # the reply is recorded by the process that owns the run.
+        return None
+
+    # -- approvals ------------------------------------------------------------------------
+    def _gated(self, calls: list[_Call]) -> list[_Call]:
+        _, requested, _ = self._since_last_thought()
+        return [
+            c
+            for c in calls
+            if c.name != ASK_HUMAN
+            and c.name in self.agent.tools
+            and c.id not in requested
+            and self.agent.needs_approval(c.name)
+        ]
+
+    def _gated_call(self, call: _Call) -> GatedCall:
+        try:
+            args = json.loads(call.arguments or "{}")
+            tool = self.agent.tools[call.name]
+            command = shlex.join(tool.invocation(tool.check_args(args), self.agent.home).argv)
+        except (ValueError, TypeError):
+            args, command = {"_raw": call.arguments}, "(arguments do not fit the tool)"
+        return GatedCall(
+            action_id=call.id,
+            tool_name=call.name,
+            arguments=args if isinstance(args, dict) else {"_raw": args},
+            resolved_command=command,
+        )
+
+    def _decide(self, gated: list[_Call]) -> tuple[InteractionRequest, Reply]:
+        """One approval request for every gated call of the turn; its reply, decided per call."""
+        first = gated[0].id
+        req = self.asking.asked(first, InputType.APPROVAL)
+        if req is None:
+            policy = self.agent.config.approval
+            req = self.asking.record_asked(
+                approval_request(
+                    self.meta.run_id,
+                    [self._gated_call(c) for c in gated],
+                    policy.timeout_seconds if policy else None,
+                )
+            )
+        return req, self.asking.obtain(req, before_record=self._before_reply)
+
+    def _run_gated(self, gated: list[_Call], pending: list[_Call]) -> None:
+        req, reply = self._decide(gated)
+        self.ensure_running()
+        self.asking.settle(req)
+        decisions = {d.action_id: d for d in reply.decisions}
+        if any(d.decision == Decision.CANCEL for d in decisions.values()):
+            raise Canceled(reply.answered_by or reply.source)
+        for call in gated:
+            d = decisions.get(call.id)
+            if d is None or d.decision == Decision.REJECT:
+                why = d or CallDecision(action_id=call.id, decision=Decision.REJECT)
+                self._request(call, _safe_args(call.arguments), call.name)
+                self._result(
+                    call, ActionStatus.FAILED, refusal_observation(reply, why, req.timeout_seconds)
+                )
+            elif d.decision == Decision.EDIT:
+                note = f"Note: the human edited the arguments to {json.dumps(d.arguments)}.\n"
+                self._run(call, d.arguments or {}, note)
+            else:
+                self._run(call, _safe_args(call.arguments), "")
+            self.guard.checkpoint()
+
+    def validate_reply(self, req: InteractionRequest, reply: Reply) -> None:
+        """Edited arguments must fit the tool's schema before anything runs."""
+        for d in reply.decisions:
+            if d.decision != Decision.EDIT:
+                continue
+            call = next((c for c in req.calls if c.action_id == d.action_id), None)
+            tool = self.agent.tools.get(call.tool_name) if call else None
+            if tool is None:
+                raise AnswerRejected(f"edit of {d.action_id!r}: no such gated call")
+            try:
+                tool.check_args(d.arguments)
+            except ValueError as e:
+                raise AnswerRejected(f"edit of {d.action_id!r} ({tool.name}): {e}") from None
+
+    def _cancel(self, by: str) -> Outcome:
+        for call in self._pending_calls():
+            self._result(call, ActionStatus.ERROR, f"Not run: the run was canceled by {by}.")
+        return self.finish(RunStatus.CANCELED, f"canceled by {by}")
 
     def _drop_answered_request(self) -> None:
-        """Tidy a mailbox a crash left behind: its action already has a journaled result."""
+        """Tidy a mailbox a crash left behind: its question already has a recorded reply."""
         try:
             req = self.mailbox.read_request()
         except (CorruptFile, UnsafeFile):
             return
         if req is None or req.run_id != self.meta.run_id:
             return
+        if self.asking.recorded_reply(req.request_id) is None:
+            return
         answered = {
             e.payload.get("action_id")
             for e in self.journal.events
             if e.type == EventType.ACTION_RESULT
         }
-        if req.action_id in answered:
+        ids = [c.action_id for c in req.calls] or [req.action_id]
+        if all(a in answered for a in ids) or req.input_type == InputType.APPROVAL:
             self.mailbox.discard_answer()
             self.mailbox.withdraw()
 
@@ -534,6 +579,12 @@ class Engine:
             self.set_status(RunStatus.WAITING_FOR_INPUT)
             self.note(f"paused: waiting for human input (request {p.request.request_id})")
         return Outcome(RunStatus.WAITING_FOR_INPUT, 101, p.request.prompt, p.request)
+
+
+class Canceled(Exception):
+    def __init__(self, by: str) -> None:
+        super().__init__(by)
+        self.by = by
 
 
 def _safe_args(raw: str) -> Any:

@@ -46,6 +46,7 @@ from deltad.protocol.questions import (
 )
 
 from .errors import UsageError
+from .faults import fault
 
 
 class Interviewer(Protocol):
@@ -112,6 +113,7 @@ class MailboxInterviewer:
     def settle(self, req: InteractionRequest) -> None:
         if self._posted(req):
             self.mailbox.discard_answer()
+            fault("after_discard_answer")
             self.mailbox.withdraw()
 
 
@@ -166,10 +168,16 @@ def _hidden(fd: int) -> Iterator[None]:
 
 
 class ConsoleInterviewer(_Quiet):
-    def __init__(self, stdin: TextIO, stdout: TextIO) -> None:
+    def __init__(
+        self,
+        stdin: TextIO,
+        stdout: TextIO,
+        window: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
         self.reader = LineReader(stdin.fileno())
         self.fd = stdin.fileno()
         self.out = stdout
+        self.window = window  # the engine's signal window: Ctrl+C interrupts a blocked read
 
     def _say(self, text: str) -> None:
         self.out.write(text)
@@ -180,7 +188,7 @@ class ConsoleInterviewer(_Quiet):
         if req.expires_at is not None:
             deadline = time.monotonic() + (req.expires_at - utcnow()).total_seconds()
         self._say("> ")
-        with _hidden(self.fd) if hidden else contextlib.nullcontext():
+        with self.window(), _hidden(self.fd) if hidden else contextlib.nullcontext():
             line = self.reader.readline(deadline)
         if hidden:
             self._say("\n")
@@ -365,5 +373,7 @@ class Chain:
             m.settle(req)
 
 
-def console_interviewer() -> ConsoleInterviewer:
-    return ConsoleInterviewer(sys.stdin, sys.stdout)
+def console_interviewer(
+    window: Callable[[], contextlib.AbstractContextManager[object]],
+) -> ConsoleInterviewer:
+    return ConsoleInterviewer(sys.stdin, sys.stdout, window)

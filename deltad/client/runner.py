@@ -10,8 +10,8 @@ from __future__ import annotations
 import shlex
 import shutil
 import signal
-import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -41,9 +41,18 @@ from deltad.protocol.mailbox import Mailbox
 
 from . import exitcodes
 from .agent import Agent, load_agent
-from .console import Console
+from .asking import count_replies
 from .engine import Engine, Interrupted, InterruptGuard, Outcome
 from .errors import LLMError, UsageError
+from .interviewers import (
+    AutoApproveInterviewer,
+    Chain,
+    Interviewer,
+    MailboxInterviewer,
+    QueueInterviewer,
+    console_interviewer,
+    load_answers,
+)
 from .llm import ChatModel, OpenAIChatModel
 
 log = structlog.get_logger("deltad.client")
@@ -58,6 +67,8 @@ class RunOptions:
     run_id: str | None = None
     interactive: bool = False
     max_iterations: int | None = None
+    auto_approve: bool = False
+    answers: str | None = None
 
 
 @dataclass
@@ -241,7 +252,8 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
         ws.root.mkdir(parents=True, exist_ok=True)
     with WorkspaceLock(ws.lock_file):
         sel = _select(ws, opts, err, prepared)
-        console = Console(sys.stdin, out) if opts.interactive else None
+        warn = _warner(err)
+        interviewer = _interviewer(opts, ws, warn, guard, count_replies(sel.journal, "queue"))
         engine = Engine(
             ws,
             sel.paths,
@@ -249,17 +261,42 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
             sel.journal,
             sel.agent,
             sel.model,
-            console=console,
+            interviewer=interviewer,
             guard=guard,
-            warn=lambda m: print(f"delta: {m}", file=err),
+            warn=warn,
         )
         try:
             outcome = engine.drive()
         except Interrupted as e:
             return _interrupted(engine, e)
+        except UsageError as e:
+            return _stopped(engine, e, err)
         except Exception as e:
             return _internal_error(engine, e, err)
     return _report(ws, sel.meta, outcome, out, err)
+
+
+def _warner(err: TextIO) -> Callable[[str], None]:
+    return lambda message: print(f"delta: {message}", file=err)
+
+
+def _interviewer(
+    opts: RunOptions,
+    ws: Workspace,
+    warn: Callable[[str], None],
+    guard: InterruptGuard,
+    queued: int,
+) -> Interviewer:
+    """Who answers: an answer already in the mailbox always counts, then the mode's
+    stand-in; plain async mode posts the question and pauses."""
+    take = MailboxInterviewer(Mailbox(ws), warn, post=False)
+    if opts.answers is not None:
+        return QueueInterviewer(load_answers(opts.answers), start=queued)
+    if opts.auto_approve:
+        return Chain(take, AutoApproveInterviewer())
+    if opts.interactive:
+        return Chain(take, console_interviewer(guard.window), MailboxInterviewer(Mailbox(ws), warn))
+    return Chain(MailboxInterviewer(Mailbox(ws), warn))
 
 
 def _interrupted(engine: Engine, e: Interrupted) -> int:
@@ -269,6 +306,15 @@ def _interrupted(engine: Engine, e: Interrupted) -> int:
     if engine.meta.status == RunStatus.RUNNING:
         engine.set_status(RunStatus.INTERRUPTED, error=f"interrupted by {e}")
     return exitcodes.INTERRUPTED
+
+
+def _stopped(engine: Engine, e: UsageError, err: TextIO) -> int:
+    """A user error found mid-run (e.g. a scripted answer that does not fit): stop, resumable."""
+    engine.note(f"stopped: {e}", "ERROR")
+    if engine.meta.status == RunStatus.RUNNING:
+        engine.set_status(RunStatus.INTERRUPTED, error=str(e))
+    print(f"delta: error: {e} (run {engine.meta.run_id} left INTERRUPTED)", file=err)
+    return e.exit_code
 
 
 def _internal_error(engine: Engine, e: Exception, err: TextIO) -> int:
