@@ -27,10 +27,11 @@ from deltad.protocol import (
     owner_alive,
     read_regular_text,
 )
-from deltad.protocol.fsio import MAX_MAILBOX_BYTES, lstat_or_none
+from deltad.protocol.fsio import MAX_MAILBOX_BYTES
+from deltad.protocol.questions import AnswerRejected, interpret_json, interpret_text
 
 from . import exitcodes
-from .console import normalize_confirmation
+from .agent import load_agent
 from .engine import InterruptGuard
 from .errors import DeltaError, UsageError
 from .runner import RunOptions, drive, guidance
@@ -162,6 +163,7 @@ def _status_doc(ws: Workspace, meta: RunMetadata) -> dict[str, Any]:
         "owner_alive": alive,
         "pending": req.model_dump(mode="json") if req else None,
         "response": answer,
+        "answer_error": Mailbox(ws).last_refusal() if req else None,
     }
 
 
@@ -191,7 +193,9 @@ def status_cmd(work_dir: Path, run_id: str | None, as_json: bool) -> None:
         if doc["response"]["state"] == "ready":
             click.echo("  An answer is waiting in response.txt; `delta run` will take it.")
         elif doc["response"].get("reason"):
-            click.echo(f"  response.txt not usable: {doc['response']['reason']}")
+            click.echo(f"  The answer file is not usable: {doc['response']['reason']}")
+        if doc["answer_error"]:
+            click.echo(f"  Last answer was not taken: {doc['answer_error']}")
 
 
 def _answer_text(req: InteractionRequest, text: str | None, file: str | None) -> str:
@@ -210,21 +214,94 @@ def _answer_text(req: InteractionRequest, text: str | None, file: str | None) ->
         data = sys.stdin.read(MAX_MAILBOX_BYTES + 1)
     if len(data.encode()) > MAX_MAILBOX_BYTES:
         raise UsageError(f"the answer is over the {MAX_MAILBOX_BYTES}-byte limit")
-    if req.input_type == InputType.CONFIRMATION and normalize_confirmation(data) is None:
-        raise UsageError("this question needs yes or no")
     return data
+
+
+def _decisions(
+    req: InteractionRequest,
+    everyone: str | None,
+    decide: tuple[str, ...],
+    edit: tuple[tuple[str, str], ...],
+    reason: str | None,
+) -> list[dict[str, Any]]:
+    """Per-call decisions; calls not named take `everyone`'s decision."""
+    chosen: dict[str, dict[str, Any]] = {}
+    for item in decide:
+        action_id, _, word = item.partition("=")
+        chosen[action_id] = {"action_id": action_id, "decision": word.strip().lower()}
+    for action_id, raw in edit:
+        try:
+            args = json.loads(raw)
+        except ValueError:
+            raise UsageError(f"--edit {action_id}: arguments are not valid JSON") from None
+        chosen[action_id] = {"action_id": action_id, "decision": "edit", "arguments": args}
+    for call in req.calls:
+        if call.action_id not in chosen and everyone:
+            chosen[call.action_id] = {"action_id": call.action_id, "decision": everyone}
+    for d in chosen.values():
+        if d["decision"] == "reject" and reason:
+            d["reason"] = reason
+    return list(chosen.values())
+
+
+def _check_edits(meta: RunMetadata, req: InteractionRequest, doc: dict[str, Any]) -> None:
+    """Catch an edit that does not fit the tool now, not after the run resumes."""
+    try:
+        agent = load_agent(meta.agent_ref)
+    except UsageError:
+        return  # the run itself will say what is wrong when it resumes
+    names = {c.action_id: c.tool_name for c in req.calls}
+    for d in doc.get("decisions") or []:
+        tool = agent.tools.get(names.get(d["action_id"], ""))
+        if d["decision"] == "edit" and tool is not None:
+            try:
+                tool.check_args(d.get("arguments"))
+            except ValueError as e:
+                raise UsageError(f"--edit {d['action_id']} ({tool.name}): {e}") from None
 
 
 @main.command("respond")
 @click.argument("text", required=False)
 @click.option("--file", "file", help="Read the answer from this file ('-' for stdin).")
+@click.option("--choice", help="Pick an option of a choice question by key or label.")
+@click.option("--approve", "everyone", flag_value="approve", help="Approve every pending call.")
+@click.option("--reject", "everyone", flag_value="reject", help="Reject every pending call.")
+@click.option("--cancel", "everyone", flag_value="cancel", help="Cancel the run.")
+@click.option(
+    "--decide",
+    multiple=True,
+    metavar="ID=approve|reject|cancel",
+    help="Decide one call (repeatable); others take --approve/--reject.",
+)
+@click.option(
+    "--edit",
+    nargs=2,
+    multiple=True,
+    metavar="ID JSON",
+    help="Run this call with new arguments (repeatable).",
+)
+@click.option("--reason", help="Why: given to the model with a rejection.")
+@click.option("--as", "answered_by", help="Who answers (recorded in the journal).")
 @WORK_DIR
 @click.option("--force", is_flag=True, help="Replace an answer that is already waiting.")
 @friendly
-def respond_cmd(text: str | None, file: str | None, work_dir: Path, force: bool) -> None:
-    """Answer the pending question (writes response.txt atomically).
+def respond_cmd(
+    text: str | None,
+    file: str | None,
+    choice: str | None,
+    everyone: str | None,
+    decide: tuple[str, ...],
+    edit: tuple[tuple[str, str], ...],
+    reason: str | None,
+    answered_by: str | None,
+    work_dir: Path,
+    force: bool,
+) -> None:
+    """Answer the pending question.
 
-    With neither TEXT nor --file, asks on the terminal (hidden for secrets) or reads stdin.
+    Text answers go to response.txt; --choice and approval decisions go to response.json.
+    Both are written atomically. With no answer given, asks on the terminal (hidden for
+    secrets) or reads stdin.
     """
     ws = Workspace.at(work_dir)
     mailbox = Mailbox(ws)
@@ -234,11 +311,31 @@ def respond_cmd(text: str | None, file: str | None, work_dir: Path, force: bool)
     meta = load_metadata(ws.run(req.run_id).metadata)
     if meta.status not in (RunStatus.WAITING_FOR_INPUT, RunStatus.INTERRUPTED, RunStatus.RUNNING):
         raise UsageError(f"run {meta.run_id} is {meta.status}; its question is no longer open")
-    if lstat_or_none(ws.response_file) is not None and not force:
+    if mailbox.answer_file() is not None and not force:
         raise UsageError(
-            f"an answer is already waiting in {ws.response_file}; pass --force to replace it"
+            f"an answer is already waiting in {mailbox.answer_file()}; pass --force to replace it"
         )
-    mailbox.write_answer(_answer_text(req, text, file), secret=req.is_secret)
+    structured = bool(everyone or decide or edit or choice or answered_by)
+    if req.input_type == InputType.APPROVAL and not structured and text is None and file is None:
+        raise UsageError("this question needs --approve, --reject, --cancel or --decide")
+    try:
+        if structured:
+            doc: dict[str, Any] = {"request_id": req.request_id}
+            if req.input_type == InputType.APPROVAL:
+                doc["decisions"] = _decisions(req, everyone, decide, edit, reason)
+            else:
+                doc["answer"] = choice if choice is not None else _answer_text(req, text, file)
+            if answered_by:
+                doc["answered_by"] = answered_by
+            interpret_json(req, json.dumps(doc))
+            _check_edits(meta, req, doc)
+            mailbox.write_structured(doc, secret=req.is_secret)
+        else:
+            answer = _answer_text(req, text, file)
+            interpret_text(req, answer.strip() if not req.is_secret else answer)
+            mailbox.write_answer(answer, secret=req.is_secret)
+    except AnswerRejected as e:
+        raise UsageError(str(e)) from None
     click.echo(
         f"Answer saved for run {req.run_id}. Continue with: delta run --work-dir "
         f"{ws.root} (deltad picks it up by itself)."

@@ -7,6 +7,7 @@ or key leaves the run exactly as it was.
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import signal
@@ -22,6 +23,7 @@ from deltad import logs
 from deltad.protocol import (
     RESUMABLE,
     EventType,
+    InputType,
     InteractionRequest,
     Journal,
     RunMetadata,
@@ -30,6 +32,7 @@ from deltad.protocol import (
     Workspace,
     WorkspaceLock,
     current_owner,
+    iso,
     load_metadata,
     new_run_id,
     owner_alive,
@@ -342,25 +345,58 @@ def _report(ws: Workspace, meta: RunMetadata, outcome: Outcome, out: TextIO, err
     return outcome.exit_code
 
 
+_KIND = {
+    "password": "a password (typing hidden)",
+    "confirmation": "yes or no",
+    "yes_no": "yes or no",
+    "choice": "one of the options, by key or label",
+    "approval": "a decision for each tool call",
+}
+
+
 def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:
+    """What to tell a person about a pending question, with commands they can paste."""
     wd = _q(str(ws.root))
-    kind = {"password": "a password (hidden)", "confirmation": "yes or no"}.get(
-        str(req.input_type), "text"
-    )
-    secret = (
-        "\n  Sensitive: the answer is kept in a 0600 file under the run, never shown to the model."
-        if req.is_secret
-        else ""
-    )
-    example = "yes" if str(req.input_type) == "confirmation" else "your answer"
-    return (
-        f"Run {run_id} is waiting for input.\n"
-        f"  Question: {req.prompt}\n"
-        f"  Expects:  {kind}{secret}\n"
-        f"  Answer:   delta respond --work-dir {wd} {_q(example)}\n"
-        f"       or:  echo {_q(example)} > {_q(str(ws.response_file))}\n"
-        f"  Continue: delta run --work-dir {wd}   (deltad does this by itself)"
-    )
+    lines = [
+        f"Run {run_id} is waiting for input.",
+        f"  Question: {req.prompt}",
+        f"  Expects:  {_KIND.get(str(req.input_type), 'text')}",
+    ]
+    lines += [f"    [{o.key}] {o.label}" for o in req.options]
+    for c in req.calls:
+        lines += [
+            f"    {c.action_id}: {c.tool_name} {json.dumps(c.arguments)}",
+            f"      runs: {c.resolved_command}",
+        ]
+    if req.is_secret:
+        lines.append("  Sensitive: kept in a 0600 file under the run, never shown to the model.")
+    if req.expires_at is not None:
+        then = (
+            "rejected"
+            if req.input_type == InputType.APPROVAL
+            else f"the default, {req.default!r}"
+            if req.default is not None
+            else "TIMEOUT"
+        )
+        lines.append(f"  Deadline: {iso(req.expires_at)} (then: {then})")
+    respond = f"delta respond --work-dir {wd}"
+    if req.input_type == InputType.APPROVAL:
+        first = req.calls[0].action_id
+        lines += [
+            f"  Answer:   {respond} --approve        (or --reject --reason TEXT, --cancel)",
+            f"       or:  {respond} --decide {first}=approve --edit ID JSON ...",
+            f"       or:  echo approve > {_q(str(ws.response_file))}",
+        ]
+    else:
+        example = {"confirmation": "yes", "yes_no": "yes"}.get(str(req.input_type), "your answer")
+        if req.options:
+            example = req.options[0].key
+        lines += [
+            f"  Answer:   {respond} {_q(example)}",
+            f"       or:  echo {_q(example)} > {_q(str(ws.response_file))}",
+        ]
+    lines.append(f"  Continue: delta run --work-dir {wd}   (deltad does this by itself)")
+    return "\n".join(lines)
 
 
 _q = shlex.quote

@@ -7,6 +7,7 @@ The engine only ever takes an answer that (a) sits next to a request of this run
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from dataclasses import dataclass
 from enum import StrEnum
@@ -133,6 +134,11 @@ class Mailbox:
         dest = self.ws.interaction_dir / f"request.{why}-{stamp}.json"
         os.replace(self.ws.request_file, dest)
         return dest
+
+    def write_structured(self, doc: dict[str, object], *, secret: bool = False) -> None:
+        atomic_write(
+            self.ws.response_json, json.dumps(doc, indent=2).encode(), 0o600 if secret else 0o644
+        )
 
     def write_answer(self, text: str, *, secret: bool = False) -> None:
         """Used by `delta respond`: an atomic rename, so no watcher sees half an answer."""
