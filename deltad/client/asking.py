@@ -227,9 +227,12 @@ class Asking:
             try:
                 self.validate(req, reply)
                 break
-            except AnswerRejected:
-                if reply.source not in ("console",):
-                    raise
+            except AnswerRejected as e:
+                if not self.interviewer.reject(req, str(e)):
+                    if not req.expired():
+                        raise Paused(req) from None
+                    reply = on_timeout(req)  # never carries edits: nothing left to check
+                    break
         before_record()
         self._record_answer(req, reply)
         return reply

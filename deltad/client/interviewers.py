@@ -55,10 +55,17 @@ class Interviewer(Protocol):
     def settle(self, req: InteractionRequest) -> None:
         """Called once the reply is durably recorded: tidy up (e.g. remove mailbox files)."""
 
+    def reject(self, req: InteractionRequest, reason: str) -> bool:
+        """The last reply failed a check the engine makes (an edit that does not fit the tool).
+        True: ask again now. False: no answer for now."""
+
 
 class _Quiet:
     def settle(self, req: InteractionRequest) -> None:
         return None
+
+    def reject(self, req: InteractionRequest, reason: str) -> bool:
+        raise UsageError(f"the answer to {req.prompt!r} does not fit: {reason}")
 
 
 # -- mailbox --------------------------------------------------------------------------------
@@ -67,6 +74,7 @@ class MailboxInterviewer:
         self.mailbox = mailbox
         self.warn = warn
         self.post = post  # False: only take an answer already there (used before Console)
+        self.last: Path | None = None
 
     def _posted(self, req: InteractionRequest) -> bool:
         try:
@@ -104,7 +112,13 @@ class MailboxInterviewer:
             return None
         reply.source = "mailbox"
         reply.answered_by = reply.answered_by or _owner(answer.uid)
+        self.last = answer.path
         return reply
+
+    def reject(self, req: InteractionRequest, reason: str) -> bool:
+        if self.last is not None:
+            self._refuse(self.last, reason)
+        return False
 
     def _refuse(self, path: Path, reason: str) -> None:
         kept = self.mailbox.refuse(path, reason)
@@ -182,6 +196,10 @@ class ConsoleInterviewer(_Quiet):
     def _say(self, text: str) -> None:
         self.out.write(text)
         self.out.flush()
+
+    def reject(self, req: InteractionRequest, reason: str) -> bool:
+        self._say(f"{reason}\n")
+        return True
 
     def _line(self, req: InteractionRequest, hidden: bool = False) -> str | None:
         deadline = None
@@ -361,12 +379,17 @@ class Chain:
 
     def __init__(self, *members: Interviewer) -> None:
         self.members = members
+        self.last: Interviewer | None = None
 
     def ask(self, req: InteractionRequest) -> Reply | None:
         for m in self.members:
             if (reply := m.ask(req)) is not None:
+                self.last = m
                 return reply
         return None
+
+    def reject(self, req: InteractionRequest, reason: str) -> bool:
+        return self.last.reject(req, reason) if self.last else False
 
     def settle(self, req: InteractionRequest) -> None:
         for m in self.members:
