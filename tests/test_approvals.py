@@ -321,3 +321,24 @@ def test_recording_redacts_secrets(delta: Delta, fake: FakeLLM) -> None:
     answered = interactions(delta, "answered")
     assert answered[0]["reply"]["value"] == "${secret:s}"
     assert "tok-123-secret" not in json.dumps(delta.journal())
+
+
+def test_release_example_choice_then_gated_deploy(tmp_path: Path, fake: FakeLLM) -> None:
+    """The README's example agent: a choice question, then an approval for `deploy`."""
+    from .conftest import EXAMPLES
+
+    (tmp_path / "ws").mkdir()
+    d = Delta(tmp_path / "ws", fake, EXAMPLES / "release-agent")
+    fake.call("run_tests", {"version": "1.4.0"}, id="t")
+    fake.call("ask_human", {"prompt": "Which channel?", "options": ["[S] stable", "[B] beta",
+              "[N] nightly"], "default": "B", "timeout_seconds": 600}, id="ch")
+    fake.call("deploy", {"version": "1.4.0", "channel": "beta"}, id="dep")
+    fake.reply("Shipped 1.4.0 to beta.")
+    assert d.start("release 1.4.0").code == 101
+    assert d("respond", "--choice", "b").code == 0
+    assert d("run").code == 101  # now waiting for the deploy approval
+    assert d.request()["calls"][0]["resolved_command"] == "echo deploying 1.4.0 to beta"
+    assert d("respond", "--approve").code == 0
+    r = d("run")
+    assert r.code == 0 and "Shipped" in r.out
+    assert "deploying 1.4.0 to beta" in fake.tool_results()["dep"]
