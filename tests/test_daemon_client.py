@@ -3,6 +3,7 @@ paused runs, the client ingests the answer, and every answer is journaled exactl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -70,9 +71,14 @@ def _answers(ws: Path) -> list[dict[str, Any]]:
     ]
 
 
-def _daemon(tmp: Path, root: Path, fake: FakeLLM, **settings: Any) -> Daemon:
-    d = Daemon(tmp, [root], resume_command=REAL_CLIENT, **settings)
-    return d.start(env=_env(fake))
+@contextlib.contextmanager
+def _daemon(tmp: Path, root: Path, fake: FakeLLM, **settings: Any) -> Iterator[Daemon]:
+    d = Daemon(tmp, [root], resume_command=REAL_CLIENT, **settings).start(env=_env(fake))
+    try:
+        yield d
+    finally:
+        d.stop()
+        d.kill_children()
 
 
 def test_daemon_resumes_a_paused_client_run_to_completion(tmp_path: Path, fake: FakeLLM) -> None:
@@ -80,8 +86,7 @@ def test_daemon_resumes_a_paused_client_run_to_completion(tmp_path: Path, fake: 
     root = tmp_path / "root"
     ws = root / "ws1"
     _pause(fake, tmp_path, ws)
-    d = _daemon(tmp_path, root, fake)
-    try:
+    with _daemon(tmp_path, root, fake) as d:
         answer(ws, "blue")
         [exited] = d.wait_event("resume_exited", workspace=str(ws))
         assert exited["exit_code"] == 0 and exited["outcome"] == "completed"
@@ -90,9 +95,6 @@ def test_daemon_resumes_a_paused_client_run_to_completion(tmp_path: Path, fake: 
         assert "blue" in json.dumps(result)
         assert "blue" in fake.tool_results()["ask1"]
         d.wait_event("status_transition", to="COMPLETED", workspace=str(ws))
-    finally:
-        d.stop()
-        d.kill_children()
 
 
 def test_asked_again_is_logged_as_still_waiting_then_resumed(tmp_path: Path, fake: FakeLLM) -> None:
@@ -101,8 +103,7 @@ def test_asked_again_is_logged_as_still_waiting_then_resumed(tmp_path: Path, fak
     root = tmp_path / "root"
     ws = root / "ws1"
     _pause(fake, tmp_path, ws)
-    d = _daemon(tmp_path, root, fake)
-    try:
+    with _daemon(tmp_path, root, fake) as d:
         answer(ws, "first")
         [first] = d.wait_event("resume_exited", workspace=str(ws))
         assert first["exit_code"] == 101 and first["outcome"] == "waiting"
@@ -111,9 +112,6 @@ def test_asked_again_is_logged_as_still_waiting_then_resumed(tmp_path: Path, fak
         d.wait_event("resume_exited", count=2, workspace=str(ws))
         assert metadata_status(ws) == "COMPLETED"
         assert d.events("resume_backoff") == []
-    finally:
-        d.stop()
-        d.kill_children()
 
 
 def test_answer_written_while_daemon_was_down_real_client(tmp_path: Path, fake: FakeLLM) -> None:
@@ -123,14 +121,10 @@ def test_answer_written_while_daemon_was_down_real_client(tmp_path: Path, fake: 
     _pause(fake, tmp_path, ws)
     out = _delta(fake, "respond", "--work-dir", str(ws), "offline answer")
     assert out.returncode == 0, out.stderr
-    d = _daemon(tmp_path, root, fake)
-    try:
+    with _daemon(tmp_path, root, fake) as d:
         d.wait_event("resume_exited", workspace=str(ws), exit_code=0)
         [result] = _answers(ws)
         assert "offline answer" in json.dumps(result)
-    finally:
-        d.stop()
-        d.kill_children()
 
 
 def test_daemon_and_a_person_race_on_one_run(tmp_path: Path, fake: FakeLLM) -> None:
@@ -138,8 +132,7 @@ def test_daemon_and_a_person_race_on_one_run(tmp_path: Path, fake: FakeLLM) -> N
     root = tmp_path / "root"
     ws = root / "ws1"
     _pause(fake, tmp_path, ws)
-    d = _daemon(tmp_path, root, fake)
-    try:
+    with _daemon(tmp_path, root, fake) as d:
         answer(ws, "once")
         by_hand = _delta(fake, "run", "--work-dir", str(ws))  # at the same moment
         d.wait_event("resume_exited", workspace=str(ws))
@@ -148,9 +141,6 @@ def test_daemon_and_a_person_race_on_one_run(tmp_path: Path, fake: FakeLLM) -> N
         assert len(_answers(ws)) == 1  # journaled exactly once, whoever won
         assert len(fake.requests) == 2
         assert by_hand.returncode in (0, 75, 2), by_hand.stderr
-    finally:
-        d.stop()
-        d.kill_children()
 
 
 def test_killed_delta_is_marked_interrupted(tmp_path: Path, fake: FakeLLM) -> None:
@@ -159,31 +149,21 @@ def test_killed_delta_is_marked_interrupted(tmp_path: Path, fake: FakeLLM) -> No
     root = tmp_path / "root"
     ws = root / "ws1"
     ws.mkdir(parents=True)
-    d = _daemon(tmp_path, root, fake, liveness_sweep_seconds=0.3)
-    client = subprocess.Popen(
-        [
-            DELTA,
-            "run",
-            "--agent",
-            str(_agent(tmp_path, tools)),
-            "--task",
-            "t",
-            "--work-dir",
-            str(ws),
-        ],
-        env=_env(fake),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        d.wait_event("run_observed", workspace=str(ws), status="RUNNING")
-        os.killpg(client.pid, signal.SIGKILL)  # the client and its tool
-        client.wait()
-        [t] = d.wait_event("status_transition", to="INTERRUPTED", workspace=str(ws))
-        assert t["from"] == "RUNNING"
-        assert metadata_status(ws) == "INTERRUPTED"
-    finally:
-        client.kill()
-        d.stop()
-        d.kill_children()
+    argv = [DELTA, "run", "--agent", str(_agent(tmp_path, tools)), "--task", "t"]
+    with _daemon(tmp_path, root, fake, liveness_sweep_seconds=0.3) as d:
+        client = subprocess.Popen(
+            [*argv, "--work-dir", str(ws)],
+            env=_env(fake),
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            d.wait_event("run_observed", workspace=str(ws), status="RUNNING")
+            os.killpg(client.pid, signal.SIGKILL)  # the client and its tool
+            client.wait()
+            [t] = d.wait_event("status_transition", to="INTERRUPTED", workspace=str(ws))
+            assert t["from"] == "RUNNING"
+            assert metadata_status(ws) == "INTERRUPTED"
+        finally:
+            client.kill()

@@ -152,3 +152,24 @@ def test_working_files_cost_no_watches(tmp_path: Path) -> None:
         d.reload()
         after = wait_for(lambda: json.loads(status.read_text())["watches"], "status")
         assert after == before
+
+
+def test_queue_overflow_triggers_a_full_reconcile(tmp_path: Path) -> None:
+    import signal
+
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    paused_workspace(ws)
+    limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    with running(tmp_path, [root]) as d:
+        assert d.proc is not None
+        d.signal(signal.SIGSTOP)  # the kernel queues events nobody reads...
+        try:
+            for i in range(limit + 100):  # file events in a watched dir, filtered by deltad
+                (root / f"f{i}").touch()
+            answer(ws, "lost in the flood")  # ...until it overflows and drops this one
+        finally:
+            d.signal(signal.SIGCONT)
+        d.wait_event("inotify_overflow")
+        d.wait_event("reconcile_full", reason="overflow")
+        assert d.wait_resumed(ws)[0]["answer"] == "lost in the flood"

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from deltad.protocol import atomic_write_json
+from deltad.protocol import Busy, WorkspaceLock, atomic_write_json
 
 LOCK_NAME = "deltad.lock"
 STATUS_NAME = "status.json"
@@ -25,30 +25,24 @@ class AlreadyRunning(Exception):
 
 
 class StateDirLock:
+    """The same flock as a workspace lock (it dies with the process), on the state dir."""
+
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / LOCK_NAME
-        self._fd: int | None = None
+        self._lock = WorkspaceLock(self.path)
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
+            self._lock.acquire()
+        except Busy:
+            holder = self.path.read_text(errors="replace").strip() or "?"
             raise AlreadyRunning(
                 f"another deltad (pid {holder}) is already running with state dir "
                 f"{self.path.parent}; stop it first or use a different state_dir"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._lock.release()
 
 
 def daemon_running(state_dir: Path) -> bool:
