@@ -223,3 +223,22 @@ def test_the_systemd_unit_keeps_runs_alive_and_is_sandboxed() -> None:
     assert settings["ProtectSystem"] == "strict" and settings["ReadWritePaths"]
     assert settings["NoNewPrivileges"] == "yes" and settings["PrivateTmp"] == "yes"
     assert settings["WatchdogSec"] and "deltad serve" in settings["ExecStart"]
+
+
+def test_a_notify_socket_nobody_reads_never_blocks_the_daemon(
+    tmp_path: Path, notify_socket
+) -> None:
+    _, path = notify_socket  # bound, never read: its queue (net.unix.max_dgram_qlen) fills up
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    paused_workspace(ws)
+    d = Daemon(tmp_path, [root])
+    # A watchdog ping every 5 ms: the queue is full long before the resume below has exited.
+    d.start(env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "10000"})
+    try:
+        answer(ws, "still responsive")
+        assert d.wait_resumed(ws)[0]["answer"] == "still responsive"
+        d.wait_event("resume_exited")
+        assert d.stop() == 0  # STOPPING=1 into a full queue must not hang the shutdown
+    finally:
+        d.stop()

@@ -12,7 +12,6 @@ from deltad.daemon.harness import (
     answer,
     metadata_status,
     paused_workspace,
-    records,
     running,
     wait_for,
 )

@@ -19,7 +19,8 @@ def sd_notify(*lines: str) -> bool:
         addr = "\0" + addr[1:]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.sendto("\n".join(lines).encode(), addr)
+            # Never block the main loop on a reader that is not reading (a full queue).
+            s.sendto("\n".join(lines).encode(), socket.MSG_DONTWAIT, addr)
     except OSError:
         return False  # sd_notify(3): "recommended to ignore the return value"
     return True
