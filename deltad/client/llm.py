@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -48,16 +49,23 @@ def endpoint_from_env() -> tuple[str | None, str]:
 
 class OpenAIChatModel:
     def __init__(self, settings: LLMSettings) -> None:
-        import openai  # 0.9 s to import: only `delta run` pays it, and only when it calls out
-
-        base, key = endpoint_from_env()
+        # Check the endpoint now (a resume must fail before touching the run), but build the
+        # SDK client on first use: `import openai` costs ~0.9 s of CPU, and many runs never
+        # call out (a resume that asks again, a busy workspace, an ingested crash repair).
+        self._base, self._key = endpoint_from_env()
         retries = os.environ.get("DELTA_LLM_MAX_RETRIES")
         self.settings = settings
-        self.client = openai.OpenAI(
-            api_key=key,
-            base_url=base,
-            max_retries=int(retries) if retries and retries.isdigit() else settings.max_retries,
-            timeout=settings.timeout_seconds,
+        self._retries = int(retries) if retries and retries.isdigit() else settings.max_retries
+
+    @cached_property
+    def client(self) -> openai.OpenAI:
+        import openai
+
+        return openai.OpenAI(
+            api_key=self._key,
+            base_url=self._base,
+            max_retries=self._retries,
+            timeout=self.settings.timeout_seconds,
         )
 
     def request_body(
