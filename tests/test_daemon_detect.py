@@ -173,3 +173,15 @@ def test_queue_overflow_triggers_a_full_reconcile(tmp_path: Path) -> None:
         d.wait_event("inotify_overflow")
         d.wait_event("reconcile_full", reason="overflow")
         assert d.wait_resumed(ws)[0]["answer"] == "lost in the flood"
+
+
+def test_structured_answer_file_response_json(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    paused_workspace(ws)
+    with running(tmp_path, [root]) as d:
+        tmp = ws / ".delta" / "interaction" / ".response.json.tmp"
+        tmp.write_text('{"answer": "structured"}')
+        os.replace(tmp, ws / ".delta" / "interaction" / "response.json")
+        [rec] = d.wait_resumed(ws)
+        assert "structured" in rec["answer"]

@@ -32,8 +32,8 @@ class Layout:
 
 
 def is_workspace(path: Path) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path / DELTA_DIR).st_mode)
+    try:  # a string join: this runs for every workspace in every full reconcile
+        return stat.S_ISDIR(os.lstat(f"{path}/{DELTA_DIR}").st_mode)
     except OSError:
         return False
 

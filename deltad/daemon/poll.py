@@ -2,7 +2,7 @@
 
 Used for roots marked `polling: true` (NFS and some container mounts deliver no inotify events),
 for workspaces that no longer fit under the inotify watch limit, and on non-Linux systems.
-Each round stats four paths per workspace (never the agents' files), so a round costs
+Each round stats five paths per workspace (never the agents' files), so a round costs
 O(workspaces); new workspaces are found by re-walking the polled trees every few rounds.
 watchdog's PollingObserver is not used: it snapshots whole trees recursively (cost grows with
 the agents' files) and runs one thread per scheduled directory.
@@ -39,6 +39,7 @@ def signature(ws: Path) -> Signature:
         _stat_sig(p)
         for p in (
             delta / "interaction" / "response.txt",
+            delta / "interaction" / "response.json",
             delta / "interaction" / "request.json",
             delta / "runs" / "LATEST",
             delta,
@@ -133,7 +134,8 @@ class PollingBackend:
                     if ws in self._sigs:
                         self._sigs[ws] = new
                 # Polling never sees a close: the answer may be mid-write (reconcile checks).
-                self._queue.put(ws, Why.ANSWER_CREATED if new[0] != old[0] else Why.CHECK)
+                answered = new[:2] != old[:2]
+                self._queue.put(ws, Why.ANSWER_CREATED if answered else Why.CHECK)
 
     def _found(self, ws: Path) -> None:
         with self._lock:

@@ -28,6 +28,7 @@ from deltad.protocol import (
 
 from .answer import Writers, open_writers
 from .discovery import is_workspace
+from .paths import CachedWorkspace
 from .queue import Why
 
 # An answer file this young, reported only by IN_CREATE, may be an open(O_CREAT) whose writer
@@ -76,7 +77,7 @@ def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = Non
 def inspect(ws_path: Path, why: Why, settle: float) -> Verdict:
     if not is_workspace(ws_path):
         return Verdict(Action.GONE, State.GONE)
-    ws = Workspace(ws_path)
+    ws = CachedWorkspace(ws_path)
     try:
         run_id = ws.latest_run_id()
         if run_id is None:
@@ -118,9 +119,9 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdi
     except OSError as e:
         return _problem(f"{ws.request_file}: {e.strerror}", run_id, status)
     if request is None:
-        if os.path.lexists(ws.response_file):
+        if (answer_file := mailbox.answer_file()) is not None:
             return _problem(
-                f"{ws.response_file} has no question (request.json is missing)", run_id, status
+                f"{answer_file} has no question (request.json is missing)", run_id, status
             )
         return waiting
     if request.run_id != run_id:
@@ -137,14 +138,15 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdi
         return waiting
     if answer.state is not AnswerState.READY:
         return _problem(answer.reason, run_id, status)
-    return _complete_answer(ws, run_id, status, why, settle)
+    return _complete_answer(answer.path, run_id, status, why, settle)
 
 
 def _complete_answer(
-    ws: Workspace, run_id: str, status: RunStatus, why: Why, settle: float
+    path: Path, run_id: str, status: RunStatus, why: Why, settle: float
 ) -> Verdict:
+    """`path` (response.txt or response.json) is valid; is its writer done with it?"""
     try:
-        st = os.lstat(ws.response_file)
+        st = os.lstat(path)
     except FileNotFoundError:
         return Verdict(Action.NONE, State.WAITING, run_id, status)
     sig: AnswerSig = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -153,7 +155,7 @@ def _complete_answer(
     if why == Why.ANSWER_CREATED and age < CREATE_GRACE_SECONDS:
         incomplete.wake_at = time.time() + CREATE_GRACE_SECONDS
         return incomplete
-    writers = open_writers(ws.response_file)
+    writers = open_writers(path)
     if writers is Writers.OPEN:
         return incomplete  # its close-after-write event will bring us back
     if writers is Writers.UNKNOWN and not (why & Why.ANSWER_CLOSED) and age < settle:
@@ -168,7 +170,7 @@ def mark_interrupted(ws_path: Path, run_id: str) -> RunMetadata | None:
     Returns the new metadata, or None if nothing was changed (someone holds the lock, i.e.
     a live `delta` is driving the workspace; or the run moved on meanwhile).
     """
-    ws = Workspace(ws_path)
+    ws = CachedWorkspace(ws_path)
     if not ws.delta_dir.is_dir():
         return None  # WorkspaceLock would create .delta/ in a deleted workspace
     lock = WorkspaceLock(ws.lock_file)

@@ -6,6 +6,8 @@ taken from disk by `reconcile.inspect`.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,14 @@ from deltad.protocol import RunStatus
 from .reconcile import State, Verdict
 
 log = structlog.get_logger("deltad.registry")
+
+
+def _say(quiet: bool) -> Callable[..., Any] | None:
+    """info, or debug when `quiet`; None if that would be filtered out anyway (a full
+    reconcile of 10,000 workspaces must not pay for 20,000 discarded debug lines)."""
+    if not quiet:
+        return log.info
+    return log.debug if logging.getLogger("deltad.registry").isEnabledFor(logging.DEBUG) else None
 
 
 @dataclass
@@ -41,7 +51,8 @@ class Registry:
     def add(self, ws: Path, *, quiet: bool = False) -> None:
         if ws not in self.workspaces:
             self.workspaces[ws] = WsInfo()
-            (log.debug if quiet else log.info)("workspace_discovered", workspace=str(ws))
+            if say := _say(quiet):
+                say("workspace_discovered", workspace=str(ws))
 
     def drop(self, ws: Path) -> None:
         if self.workspaces.pop(ws, None) is not None:
@@ -75,10 +86,8 @@ class Registry:
                 observed=True,
                 **{"from": str(info.status), "to": str(v.status)},
             )
-        elif v.run_id != info.run_id:
-            (log.debug if quiet else log.info)(
-                "run_observed", workspace=str(ws), run_id=v.run_id, status=str(v.status)
-            )
+        elif v.run_id != info.run_id and (say := _say(quiet)):
+            say("run_observed", workspace=str(ws), run_id=v.run_id, status=str(v.status))
 
     @staticmethod
     def _log_problem(ws: Path, info: WsInfo, v: Verdict) -> None:

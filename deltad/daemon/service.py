@@ -229,7 +229,7 @@ class Service:
             log.warning("discovery_problem", path=str(path), problem=problem)
         for ws in [w for w in self.registry.workspaces if w not in layout.workspaces]:
             self._drop(ws)
-        for ws in sorted(layout.workspaces):
+        for ws in layout.workspaces:
             self.registry.add(ws, quiet=quiet)
             self.reconcile(ws, Why.CHECK, quiet=quiet)
         log.info(

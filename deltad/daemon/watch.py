@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -36,7 +37,7 @@ DELTA_MASK = DIR_MASK
 INTERACTION_MASK = _BASE | F.CLOSE_WRITE | F.MOVED_TO | F.CREATE | F.DELETE | F.MOVED_FROM
 RUNS_MASK = _BASE | F.CLOSE_WRITE | F.MOVED_TO
 
-RESPONSE = "response.txt"
+ANSWERS = ("response.txt", "response.json")  # the protocol's two answer files
 REQUEST = "request.json"
 LATEST = "LATEST"
 SYSCTL_HINT = (
@@ -134,7 +135,8 @@ class InotifyBackend:
             self._discover(workspace, levels, Layout())
 
     def _unwatch_workspace(self, workspace: Path) -> None:
-        for path in (workspace / DELTA_DIR, *_ws_children(workspace)):
+        delta = workspace / DELTA_DIR
+        for path in (delta, *(child for child, _, _ in _ws_child_specs(delta))):
             self._rm(path)
         self._ws_levels.pop(workspace, None)
 
@@ -196,8 +198,8 @@ class InotifyBackend:
             return False
         try:
             self._add(delta, DELTA_MASK, _Watch(delta, Kind.DELTA, ws))
-            for child, kind, mask in _ws_child_specs(ws):
-                if child.is_dir():
+            for child, kind, mask in _ws_child_specs(delta):
+                if os.path.isdir(child):
                     self._add(child, mask, _Watch(child, kind, ws))
         except WatchLimit:
             self._unwatch_workspace(ws)
@@ -324,7 +326,7 @@ class InotifyBackend:
     def _delta_event(self, watch: _Watch, mask: int, name: str) -> None:
         if not mask & F.ISDIR:
             return
-        spec = {c.name: (c, k, m) for c, k, m in _ws_child_specs(watch.owner)}.get(name)
+        spec = {c.name: (c, k, m) for c, k, m in _ws_child_specs(watch.path)}.get(name)
         if spec and mask & (F.CREATE | F.MOVED_TO):
             child, kind, child_mask = spec
             try:
@@ -336,7 +338,7 @@ class InotifyBackend:
             self._queue.put(watch.owner)
 
     def _interaction_event(self, watch: _Watch, mask: int, name: str) -> None:
-        if name == RESPONSE:
+        if name in ANSWERS:
             if mask & (F.CLOSE_WRITE | F.MOVED_TO):
                 self._queue.put(watch.owner, Why.ANSWER_CLOSED)
             elif mask & F.CREATE:
@@ -362,13 +364,9 @@ def _at_or_below(path: Path, top: Path) -> bool:
     return p == t or p.startswith(t.rstrip("/") + "/")
 
 
-def _ws_child_specs(ws: Path) -> list[tuple[Path, Kind, int]]:
-    delta = ws / DELTA_DIR
+def _ws_child_specs(delta: Path) -> list[tuple[Path, Kind, int]]:
+    """The watched children of a workspace's `.delta/` directory."""
     return [
         (delta / "interaction", Kind.INTERACTION, INTERACTION_MASK),
         (delta / "runs", Kind.RUNS, RUNS_MASK),
     ]
-
-
-def _ws_children(ws: Path) -> list[Path]:
-    return [child for child, _, _ in _ws_child_specs(ws)]
