@@ -402,3 +402,20 @@ def test_interactive_interrupted_at_the_prompt_asks_again_async(
     assert tool_messages(fake.requests[-1], "ask1") == ["production"]
     assert fake.remaining == 0 and len(fake.requests) == 2
     assert mailbox_empty(delta)
+
+
+def test_respond_refuses_a_question_the_journal_already_answered(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    # A crash right after the reply was journaled leaves request.json behind for a moment;
+    # a second answer then must not be accepted (the resume would silently drop it).
+    pause_on_question(delta, fake)
+    fake.reply("done")
+    delta.answer("first")
+    assert delta("run", env={"DELTA_FAULT": "after_journal"}).code == -signal.SIGKILL
+    assert (delta.delta_dir / "interaction" / "request.json").exists()
+    (delta.delta_dir / "interaction" / "response.txt").unlink(missing_ok=True)
+    r = delta("respond", "second")
+    assert r.code == 2 and "already answered" in r.err
+    assert delta("run").code == 0
+    assert fake.tool_results()["ask1"] == "first"

@@ -15,6 +15,7 @@ import click
 from deltad import __version__, logs
 from deltad.protocol import (
     Busy,
+    EventType,
     InputType,
     InteractionRequest,
     Mailbox,
@@ -25,6 +26,7 @@ from deltad.protocol import (
     iso,
     load_metadata,
     owner_alive,
+    read_journal,
     read_regular_text,
 )
 from deltad.protocol.fsio import MAX_MAILBOX_BYTES
@@ -260,6 +262,17 @@ def _check_edits(meta: RunMetadata, req: InteractionRequest, doc: dict[str, Any]
                 raise UsageError(f"--edit {d['action_id']} ({tool.name}): {e}") from None
 
 
+def _already_answered(ws: Workspace, req: InteractionRequest) -> bool:
+    """A crash after the reply was journaled leaves the question file behind for a moment."""
+    events = read_journal(ws.run(req.run_id).journal).events
+    return any(
+        e.type == EventType.HUMAN_INTERACTION
+        and e.payload.get("phase") == "answered"
+        and e.payload.get("request_id") == req.request_id
+        for e in events
+    )
+
+
 @main.command("respond")
 @click.argument("text", required=False)
 @click.option("--file", "file", help="Read the answer from this file ('-' for stdin).")
@@ -311,6 +324,11 @@ def respond_cmd(
     meta = load_metadata(ws.run(req.run_id).metadata)
     if meta.status not in (RunStatus.WAITING_FOR_INPUT, RunStatus.INTERRUPTED, RunStatus.RUNNING):
         raise UsageError(f"run {meta.run_id} is {meta.status}; its question is no longer open")
+    if _already_answered(ws, req):
+        raise UsageError(
+            f"question {req.request_id} is already answered (the journal has the reply); "
+            f"`delta run --work-dir {ws.root}` continues the run"
+        )
     if mailbox.answer_file() is not None and not force:
         raise UsageError(
             f"an answer is already waiting in {mailbox.answer_file()}; pass --force to replace it"

@@ -83,7 +83,8 @@ class Journal:
         return self.events[-1].seq + 1 if self.events else 1
 
     def _set_aside_torn_tail(self, read: JournalRead) -> None:
-        kept = self.path.with_name(f"{self.path.name}.torn-{read.good_bytes}")
+        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")  # a later tear at the same offset: new file
+        kept = self.path.with_name(f"{self.path.name}.torn-{read.good_bytes}-{stamp}")
         atomic_write(kept, read.torn)
         fd = os.open(self.path, os.O_WRONLY)
         try:
