@@ -72,6 +72,7 @@ def inotify_watches(pid: int) -> int:
 
 
 def idle(pid: int, seconds: float) -> tuple[float, float]:
+    time.sleep(3)  # let the last resume's reconcile and status write finish: idle means idle
     c0, t0 = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
     return 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0), rss_mb(pid)

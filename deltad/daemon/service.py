@@ -424,7 +424,7 @@ class Service:
             "interrupted": capped([str(w) for w in r.in_state(State.INTERRUPTED)]),
             "running": capped([str(w) for w in r.in_state(State.RUNNING)]),
             "problems": capped(r.problems()),
-            "workspaces": capped([str(w) for w in sorted(r.workspaces)]),
+            "workspaces": capped(sorted(map(str, r.workspaces))),
         }
 
     def _status_line(self) -> str:
