@@ -172,3 +172,10 @@ def wait_for(cond: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# A gated tool that leaves a trace in the workspace if it ever runs.
+GATED_TOOLS_FOR_DAEMON = """
+  - name: deploy
+    shell: "echo ${env} > deployed.txt; echo deployed ${env}"
+"""

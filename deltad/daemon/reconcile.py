@@ -49,6 +49,7 @@ class State(StrEnum):
     IDLE = "idle"  # no run yet
     WAITING = "waiting"  # a question, no (complete) answer
     ANSWERED = "answered"  # a complete answer: resume
+    EXPIRED = "expired"  # the question's deadline passed with no usable answer: resume
     RUNNING = "running"  # owner alive (or on another host)
     INTERRUPTED = "interrupted"
     DONE = "done"  # completed, failed or canceled
@@ -65,8 +66,9 @@ class Verdict:
     problem: str | None = None
     answer_sig: AnswerSig | None = None
     owner_pid: int | None = None
-    # When to look again even without an event. Today: an answer still settling. Seam for
-    # request deadlines (`expires_at`) later: reconcile returns the earliest such time.
+    request_id: str | None = None
+    # When to look again even without an event: an answer still settling, or the pending
+    # question's `expires_at` (the client applies the timeout rule when it is resumed then).
     wake_at: float | None = None
 
 
@@ -130,15 +132,26 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdi
             run_id,
             status,
         )
+    deadline = request.expires_at.timestamp() if request.expires_at else None
+    expired = Verdict(Action.RESUME, State.EXPIRED, run_id, status, request_id=request.request_id)
     try:
         answer = mailbox.read_answer(request, secret=request.is_secret)
     except OSError as e:
         return _problem(f"{ws.response_file}: {e.strerror}", run_id, status)
-    if answer.state is AnswerState.MISSING:
-        return waiting
     if answer.state is not AnswerState.READY:
-        return _problem(answer.reason, run_id, status)
-    return _complete_answer(answer.path, run_id, status, why, settle)
+        if deadline is not None and time.time() >= deadline:
+            return expired  # nobody answered (usably) in time: the client applies the rule
+        v = (
+            waiting
+            if answer.state is AnswerState.MISSING
+            else _problem(answer.reason, run_id, status)
+        )
+        v.wake_at = deadline
+        return v
+    v = _complete_answer(answer.path, run_id, status, why, settle)
+    if v.action is Action.NONE and deadline is not None:
+        v.wake_at = min(deadline, v.wake_at or deadline)
+    return v
 
 
 def _complete_answer(

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -41,6 +41,7 @@ EXIT_MEANING = {
 # Exit codes that are a verdict on the run, not a failure to resume it.
 RUN_OUTCOMES = {0, 1, 4, 101, 130}
 BUSY = 75
+WAITING = 101
 
 
 def exit_meaning(rc: int) -> str:
@@ -80,6 +81,7 @@ class Child:
     deadline: float
     term_sent: float | None = None
     timed_out: bool = False
+    spawned_at: float = field(default_factory=time.time)  # wall clock, to compare with files
 
     @property
     def pid(self) -> int:

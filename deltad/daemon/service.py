@@ -21,17 +21,18 @@ from typing import Any
 import structlog
 
 from deltad import logs
-from deltad.protocol import iso, utcnow
+from deltad.protocol import Mailbox, iso, utcnow
 
 from .backoff import Backoff
 from .config import ConfigError, DaemonConfig, load_config
 from .discovery import Layout, is_workspace
 from .notify import monotonic_usec, sd_notify, watchdog_interval
+from .paths import CachedWorkspace
 from .poll import PollingBackend
 from .queue import HintQueue, Why
 from .reconcile import Action, State, Verdict, inspect, mark_interrupted
 from .registry import Registry
-from .resumer import BUSY, Finished, Resumer
+from .resumer import BUSY, WAITING, Finished, Resumer
 from .status import AlreadyRunning, StateDirLock, capped, write_status
 from .watch import Backend
 
@@ -258,6 +259,8 @@ class Service:
         self._dirty |= self.registry.observe(ws, v, quiet=quiet)
         if v.action is Action.MARK_INTERRUPTED:
             self._interrupt(ws, v)
+        elif v.action is Action.RESUME and v.state is State.EXPIRED:
+            self._resume(ws, v.run_id, ("expired", v.request_id), reason="question_expired")
         elif v.action is Action.RESUME:
             self._resume(ws, v.run_id, v.answer_sig, reason="answer")
         elif v.state is State.INTERRUPTED and self.config.auto_resume_interrupted:
@@ -301,13 +304,33 @@ class Service:
         then decide whether that attempt failed."""
         ws = fin.child.workspace
         self._dirty = True
+        if fin.rc == WAITING:
+            self._log_refusals(fin)
         v = inspect(ws, Why.CHECK, self.config.settle_seconds)
         self._judge(ws, fin, v)
         self._act(ws, v)
 
+    def _log_refusals(self, fin: Finished) -> None:
+        """The client moved an answer aside (it did not fit the question): say so here too."""
+        try:
+            reasons = Mailbox(CachedWorkspace(fin.child.workspace)).refusals_since(
+                fin.child.spawned_at - 1.0  # file times are coarser than time.time()
+            )
+        except OSError:
+            return
+        for reason in reasons:
+            log.warning(
+                "answer_refused",
+                workspace=str(fin.child.workspace),
+                run_id=fin.child.run_id,
+                reason=reason,
+            )
+
     def _judge(self, ws: Path, fin: Finished, v: Verdict) -> None:
         now = time.monotonic()
         key = v.answer_sig if v.action is Action.RESUME else None
+        if v.state is State.EXPIRED:
+            key = ("expired", v.request_id)
         if v.state is State.INTERRUPTED or v.action is Action.MARK_INTERRUPTED:
             key = ("interrupted", v.run_id)
         repeated = key is not None and key == self.backoff.last_key(ws)

@@ -106,6 +106,17 @@ class Mailbox:
         atomic_write(kept.with_suffix(".error"), (reason + "\n").encode())
         return kept
 
+    def refusals_since(self, wall_time: float) -> list[str]:
+        """Reasons for answers refused at or after `wall_time` (for the daemon's log)."""
+        if not self.ws.interaction_dir.is_dir():
+            return []
+        found = sorted(
+            (st.st_mtime, p)
+            for p in self.ws.interaction_dir.glob("response.rejected-*.error")
+            if (st := p.stat()).st_mtime >= wall_time
+        )
+        return [p.read_text(errors="replace").strip() for _, p in found]
+
     def last_refusal(self) -> str | None:
         """The newest refusal reason written since the pending question was posted."""
         req_st = lstat_or_none(self.ws.request_file)

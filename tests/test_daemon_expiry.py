@@ -1,0 +1,88 @@
+"""deltad and issue 4: questions that expire are resumed even if nobody answers, also across a
+daemon restart; answers the client refuses are logged by the daemon too."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+
+from deltad.daemon.harness import metadata_status, wait_for
+from deltad.testing import FakeLLM, tool_call
+
+from .conftest import GATED_TOOLS_FOR_DAEMON, Delta, write_agent
+from .test_daemon_client import _daemon
+
+
+def _ws(tmp: Path, fake: FakeLLM, tools: str = "[]", extra: str = "") -> Delta:
+    root = tmp / "root"
+    (root / "ws").mkdir(parents=True)
+    return Delta(root / "ws", fake, write_agent(tmp, tools, extra))
+
+
+def _results(d: Delta) -> dict[str, str]:
+    return {
+        e["payload"]["action_id"]: e["payload"]["observation_content"]
+        for e in d.events("ACTION_RESULT")
+    }
+
+
+def test_daemon_resumes_an_expired_question_nobody_answered(tmp_path: Path, fake: FakeLLM) -> None:
+    d = _ws(tmp_path, fake)
+    fake.call(
+        "ask_human", {"prompt": "Go?", "input_type": "yes_no", "timeout_seconds": 2}, id="q"
+    ).reply("carried on without an answer")
+    with _daemon(tmp_path, tmp_path / "root", fake) as daemon:
+        assert d.start().code == 101
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish on expiry")
+        assert daemon.events("resume_queued", reason="question_expired")
+    assert _results(d)["q"].startswith("TIMEOUT") and "not consent" in _results(d)["q"]
+
+
+def test_expiry_survives_a_daemon_restart(tmp_path: Path, fake: FakeLLM) -> None:
+    d = _ws(tmp_path, fake)
+    fake.call(
+        "ask_human",
+        {"prompt": "Colour?", "options": ["Red", "Blue"], "default": "Blue", "timeout_seconds": 1},
+        id="q",
+    ).reply("went with the default")
+    assert d.start().code == 101
+    deadline = datetime.fromisoformat(d.request()["expires_at"]).timestamp()
+    while time.time() <= deadline:  # the daemon is down when the deadline passes
+        time.sleep(0.05)
+    with _daemon(tmp_path, tmp_path / "root", fake):
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish at start")
+    assert _results(d)["q"].startswith("Blue") and "default" in _results(d)["q"]
+
+
+def test_daemon_rejects_an_expired_approval(tmp_path: Path, fake: FakeLLM) -> None:
+    d = _ws(
+        tmp_path,
+        fake,
+        GATED_TOOLS_FOR_DAEMON,
+        "approval:\n  require: [deploy]\n  timeout_seconds: 2\n",
+    )
+    fake.reply(None, tool_call("deploy", {"env": "prod"}, id="dep")).reply("did not deploy")
+    with _daemon(tmp_path, tmp_path / "root", fake):
+        assert d.start().code == 101
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the approval to time out")
+    assert "no decision within 2 seconds" in _results(d)["dep"]
+    assert not (d.ws / "deployed.txt").exists()
+
+
+def test_daemon_logs_an_answer_the_client_refused(tmp_path: Path, fake: FakeLLM) -> None:
+    d = _ws(tmp_path, fake)
+    fake.call("ask_human", {"prompt": "Pick", "options": ["Red", "Blue"]}, id="q").reply("ok")
+    with _daemon(tmp_path, tmp_path / "root", fake) as daemon:
+        assert d.start().code == 101
+        d.answer("Green")
+        line = daemon.wait_event("answer_refused")[0]
+        assert "not one of the options" in line["reason"]
+        assert line["workspace"] == str(d.ws)
+        assert metadata_status(d.ws) == "WAITING_FOR_INPUT"
+        (d.delta_dir / "interaction" / "response.json").write_text(
+            json.dumps({"request_id": d.request()["request_id"], "answer": "b"})
+        )
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the good answer")
+    assert _results(d)["q"] == "Blue (option B)"
