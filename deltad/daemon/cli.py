@@ -71,12 +71,13 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     total_watches = 0
     for root in config.roots:
         layout = walk(root.path, config.discovery_depth)
-        backend = "polling" if root.polling else "inotify"
         watches = 0 if root.polling else len(layout.dirs) + 3 * len(layout.workspaces)
-        total_watches += watches
+        if root.backend == "inotify" or (root.backend == "watchdog" and _linux()):
+            total_watches += watches  # both spend the kernel's inotify watches
         click.echo(
-            f"root {root.path} ({backend}): {len(layout.workspaces)} workspaces, "
+            f"root {root.path} ({root.backend}): {len(layout.workspaces)} workspaces, "
             f"{len(layout.dirs)} directories watched for new ones, ~{watches} watches"
+            + (" (watchdog: one thread each)" if root.backend == "watchdog" else "")
         )
         for ws in sorted(layout.workspaces):
             click.echo(f"  workspace {ws}")
@@ -85,6 +86,10 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
         for path, problem in layout.problems:
             click.echo(f"  warning: {path}: {problem}")
     _report_watch_budget(total_watches, config.max_inotify_watches)
+
+
+def _linux() -> bool:
+    return sys.platform.startswith("linux")
 
 
 def _report_watch_budget(needed: int, own_cap: int | None) -> None:

@@ -6,11 +6,19 @@ Every key is documented in `config/deltad.yaml`; defaults here are the ones docu
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_RESUME_COMMAND = ["delta", "run", "--work-dir", "{workspace}"]
 
@@ -24,9 +32,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+BackendName = Literal["auto", "inotify", "watchdog", "polling"]
+
+
+def auto_backend() -> Literal["inotify", "watchdog"]:
+    """inotify on Linux (one fd, no thread per watch), watchdog's native observer elsewhere."""
+    return "inotify" if sys.platform.startswith("linux") else "watchdog"
+
+
 class RootConfig(_Strict):
     path: Path
-    polling: bool = False  # NFS and some container mounts deliver no inotify events
+    backend: BackendName = "auto"
+    polling: bool = False  # alias of `backend: polling` (NFS, some container mounts)
+
+    @model_validator(mode="after")
+    def _resolve_backend(self) -> RootConfig:
+        if self.polling:
+            if self.backend not in ("auto", "polling"):
+                raise ValueError(f"polling: true contradicts backend: {self.backend}")
+            self.backend = "polling"
+        elif self.backend == "auto":
+            self.backend = auto_backend()
+        if self.backend == "inotify" and not sys.platform.startswith("linux"):
+            raise ValueError("backend: inotify exists only on Linux (use auto or watchdog)")
+        self.polling = self.backend == "polling"
+        return self
 
     @field_validator("path")
     @classmethod

@@ -30,17 +30,50 @@ class Hint:
     why: Why = Why.CHECK
 
 
+class Waker:
+    """A self-pipe that wakes the main loop's `select` from any thread; wake-ups between two
+    `clear()`s collapse into one byte. Wake after publishing, clear before consuming: then no
+    wake-up is lost."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._woken = False
+
+    def fileno(self) -> int:
+        return self._r
+
+    def wake(self) -> None:
+        with self._lock:
+            if not self._woken:
+                self._woken = True
+                with contextlib.suppress(BlockingIOError):  # already full of wake-ups
+                    os.write(self._w, b"x")
+
+    def clear(self) -> None:
+        with self._lock:
+            self._woken = False
+            try:
+                while os.read(self._r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        os.close(self._r)
+        os.close(self._w)
+
+
 class HintQueue:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._order: deque[Path] = deque()
         self._pending: dict[Path, Why] = {}
         self._rescan = False
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._woken = False
+        self._waker = Waker()
 
     def fileno(self) -> int:
-        return self._wake_r
+        return self._waker.fileno()
 
     def put(self, workspace: Path, why: Why = Why.CHECK) -> None:
         with self._lock:
@@ -49,13 +82,13 @@ class HintQueue:
             else:
                 self._pending[workspace] = why
                 self._order.append(workspace)
-            self._wake()
+        self._waker.wake()
 
     def request_rescan(self) -> None:
         """Events were lost (queue overflow): everything must be looked at again."""
         with self._lock:
             self._rescan = True
-            self._wake()
+        self._waker.wake()
 
     def take_rescan(self) -> bool:
         with self._lock:
@@ -73,24 +106,10 @@ class HintQueue:
         return len(self._order)
 
     def wake(self) -> None:
-        with self._lock:
-            self._wake()
-
-    def _wake(self) -> None:
-        if not self._woken:
-            self._woken = True
-            with contextlib.suppress(BlockingIOError):  # already full of wake-ups
-                os.write(self._wake_w, b"x")
+        self._waker.wake()
 
     def clear_wakeup(self) -> None:
-        with self._lock:
-            self._woken = False
-            try:
-                while os.read(self._wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
+        self._waker.clear()
 
     def close(self) -> None:
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._waker.close()

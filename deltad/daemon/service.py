@@ -1,6 +1,7 @@
 """The main loop: one thread selects on the inotify fd, the hint queue, the signal pipe and one
 pidfd per resume child, and does everything else between selects (structured: no fire-and-forget
-threads; the only other thread is the polling backend's, which only produces hints).
+threads; the only other threads are the polling backend's and, for `backend: watchdog` roots,
+watchdog's, which only produce hints).
 
 Order at start (systemd path units do the same): take the state-dir lock → install watches →
 full reconcile → READY=1. Anything that changed before the watches existed is caught by the
@@ -120,23 +121,31 @@ class Service:
         return r
 
     def _build_backends(self) -> None:
-        from .watch import InotifyBackend  # Linux only; imported where it is used
-
+        """One backend object per kind in use (each root's `backend`, resolved by the config);
+        the poller always exists: it also takes what no longer fits under the watch limit."""
         poller = PollingBackend(self.queue, self.config.poll_interval_seconds)
-        backends: list[Backend] = [poller]
-        watched = [r for r in self.config.roots if not r.polling]
-        if watched and sys.platform.startswith("linux"):
-            ino = InotifyBackend(self.queue, poller, self.config.max_inotify_watches)
-            backends.insert(0, ino)
-            for r in watched:
-                ino.add_root(r.path, self.config.discovery_depth)
-        else:
-            for r in watched:
-                poller.add_root(r.path, self.config.discovery_depth)
+        backends: list[Backend] = []
+        for kind in ("inotify", "watchdog"):
+            roots = [r for r in self.config.roots if r.backend == kind]
+            if roots:
+                tree = self._event_backend(kind, poller)
+                for r in roots:
+                    tree.add_root(r.path, self.config.discovery_depth)
+                backends.append(tree)
         for r in self.config.roots:
-            if r.polling:
+            if r.backend == "polling":
                 poller.add_root(r.path, self.config.discovery_depth)
-        self.backends = backends
+        self.backends = [*backends, poller]
+
+    def _event_backend(self, kind: str, poller: PollingBackend) -> Backend:
+        # Imported where used: inotify is Linux only, watchdog starts threads.
+        if kind == "inotify":
+            from .watch import InotifyBackend
+
+            return InotifyBackend(self.queue, poller, self.config.max_inotify_watches)
+        from .wdog import WatchdogBackend
+
+        return WatchdogBackend(self.queue, poller, self.config.max_inotify_watches)
 
     def _close_backends(self) -> None:
         for b in self.backends:
@@ -433,7 +442,10 @@ class Service:
             "started_at": iso(self._started),
             "updated_at": iso(utcnow()),
             "state_dir": str(self.config.state_dir),
-            "roots": [{"path": str(x.path), "polling": x.polling} for x in self.config.roots],
+            "roots": [
+                {"path": str(x.path), "backend": x.backend, "polling": x.polling}
+                for x in self.config.roots
+            ],
             "watches": self._watch_counts(),
             "counts": {
                 "workspaces": len(r),

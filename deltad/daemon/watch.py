@@ -1,13 +1,18 @@
-"""Watch backends: turn filesystem changes into hints. Two implementations, one interface.
+"""Watch backends: turn filesystem changes into hints. Three implementations, one interface.
 
-- `InotifyBackend` (Linux): one inotify fd, read by the main loop. Per workspace three
-  non-recursive watches (`.delta/`, `.delta/interaction/`, `.delta/runs/`), plus one per
-  non-workspace directory down to the discovery depth. Never a watch inside an agent's working
-  files, so 100,000 files in a workspace cost nothing. watchdog is not used here: 7.x starts a
-  thread per `schedule()` (5,000 workspaces → 5,001 threads, +93 MiB) and its recursive mode
-  watches every working dir and can loop on queue overflow (research §1.6).
-- `PollingBackend` (`deltad/daemon/poll.py`): stat-based, for roots where inotify sees nothing
-  (NFS), for non-Linux, and for what no longer fits under the inotify watch limit.
+`WatchTree` decides *which* directories are watched, the same for every event-driven backend:
+per workspace three non-recursive watches (`.delta/`, `.delta/interaction/`, `.delta/runs/`),
+plus one per non-workspace directory down to the discovery depth. Never a watch inside an
+agent's working files, so 100,000 files in a workspace cost nothing. Its subclasses only add
+and remove one directory watch and feed events back as inotify-style masks:
+
+- `InotifyBackend` (Linux default): one inotify fd, read by the main loop.
+- `WatchdogBackend` (`deltad/daemon/wdog.py`; non-Linux default, opt-in per root): watchdog's
+  native observer. Not the Linux default: 7.x starts a thread per `schedule()` (5,000
+  workspaces → 5,001 threads, +93 MiB), and its recursive mode watches every working dir and
+  can loop on queue overflow (research §1.6).
+- `PollingBackend` (`deltad/daemon/poll.py`): stat-based, for roots where no events arrive
+  (NFS), and for what no longer fits under the inotify watch limit.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import structlog
 from inotify_simple import INotify
@@ -78,16 +83,17 @@ class WatchLimit(Exception):
     """The inotify watch budget is spent."""
 
 
-class InotifyBackend:
-    name = "inotify"
+class WatchTree:
+    """The watched directories of some roots, and what their events mean. Subclasses provide
+    `_add_watch`/`_rm_watch` for one directory and call `_event(wd, mask, name)` from the main
+    thread (masks use inotify's bits whatever the source)."""
 
-    def __init__(
-        self, queue: HintQueue, fallback: PollingLike, max_watches: int | None = None
-    ) -> None:
+    name = "tree"
+
+    def __init__(self, queue: HintQueue, fallback: PollingLike, max_watches: int | None) -> None:
         self._queue = queue
         self._fallback = fallback
         self._max = max_watches
-        self._ino = INotify()
         self._by_wd: dict[int, _Watch] = {}
         self._by_path: dict[Path, int] = {}
         self._roots: dict[Path, int] = {}
@@ -95,10 +101,19 @@ class InotifyBackend:
         self._limit_logged = False
         self._failed = False
 
-    # -- interface ------------------------------------------------------------------------
-    def fileno(self) -> int | None:
-        return self._ino.fileno()
+    # -- what a subclass provides ------------------------------------------------------------
+    def _add_watch(self, path: Path, kind: Kind) -> int:
+        """Watch one directory (non-recursively); return its descriptor. Raises OSError."""
+        raise NotImplementedError
 
+    def _rm_watch(self, wd: int) -> None:
+        """Stop watching; may raise OSError if the watch is already gone."""
+        raise NotImplementedError
+
+    def _released(self, wd: int) -> None:
+        """The watch ended by itself (its directory went away): free what is left of it."""
+
+    # -- interface ------------------------------------------------------------------------
     def add_root(self, root: Path, depth: int) -> None:
         self._roots[root] = depth
 
@@ -114,16 +129,6 @@ class InotifyBackend:
         self._drop_stale(layout)
         return layout
 
-    def process(self) -> None:
-        try:
-            events = self._ino.read(timeout=0)
-        except OSError as e:
-            self._failed = True
-            log.error("inotify_read_failed", error=e.strerror)
-            return
-        for ev in events:
-            self._event(ev.wd, ev.mask, ev.name)
-
     def forget(self, workspace: Path) -> None:
         """The daemon found `workspace` gone. If only its `.delta/` went, the directory is
         watched again as a plain one, so that a new `.delta/` there is seen."""
@@ -136,18 +141,12 @@ class InotifyBackend:
 
     def _unwatch_workspace(self, workspace: Path) -> None:
         delta = workspace / DELTA_DIR
-        for path in (delta, *(child for child, _, _ in _ws_child_specs(delta))):
+        for path in (delta, *(child for child, _ in _ws_child_specs(delta))):
             self._rm(path)
         self._ws_levels.pop(workspace, None)
 
     def watch_count(self) -> int:
         return len(self._by_wd)
-
-    def healthy(self) -> bool:
-        return not self._failed
-
-    def close(self) -> None:
-        self._ino.close()
 
     # -- adding watches ---------------------------------------------------------------------
     def _discover(
@@ -184,7 +183,7 @@ class InotifyBackend:
         if path in self._by_path and not force:
             return True
         try:
-            return self._add(path, DIR_MASK, _Watch(path, Kind.DIR, path, levels))
+            return self._add(_Watch(path, Kind.DIR, path, levels))
         except WatchLimit:
             self._fallback.adopt_dir(path, levels)
             return False
@@ -197,26 +196,30 @@ class InotifyBackend:
         if delta in self._by_path and not force:
             return False
         try:
-            self._add(delta, DELTA_MASK, _Watch(delta, Kind.DELTA, ws))
-            for child, kind, mask in _ws_child_specs(delta):
+            self._add(_Watch(delta, Kind.DELTA, ws))
+            for child, kind in _ws_child_specs(delta):
                 if os.path.isdir(child):
-                    self._add(child, mask, _Watch(child, kind, ws))
+                    self._add(_Watch(child, kind, ws))
         except WatchLimit:
             self._unwatch_workspace(ws)
             self._fallback.adopt_workspace(ws)
         return True
 
-    def _add(self, path: Path, mask: int, watch: _Watch) -> bool:
+    def _add(self, watch: _Watch) -> bool:
+        path = watch.path
         if self._max is not None and len(self._by_wd) >= self._max and path not in self._by_path:
             self._limit_reached(f"max_inotify_watches={self._max} (deltad configuration)")
         try:
-            wd = self._ino.add_watch(path, mask)
+            wd = self._add_watch(path, watch.kind)
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 self._limit_reached("fs.inotify.max_user_watches")
             if e.errno not in (errno.ENOENT, errno.ENOTDIR):  # else: gone; the parent saw it
                 log.warning("watch_failed", path=str(path), error=e.strerror)
             return False
+        old = self._by_path.get(path)
+        if old is not None and old != wd:  # replaced (the directory was made anew)
+            self._by_wd.pop(old, None)
         self._by_wd[wd] = watch
         self._by_path[path] = wd
         return True
@@ -240,7 +243,7 @@ class InotifyBackend:
             return
         self._by_wd.pop(wd, None)
         with contextlib.suppress(OSError):  # already gone with its directory
-            self._ino.rm_watch(wd)
+            self._rm_watch(wd)
 
     def _rm_under(self, top: Path) -> list[Path]:
         """Drop every watch at or below `top`; return the workspaces that were there."""
@@ -287,6 +290,7 @@ class InotifyBackend:
         self._by_wd.pop(wd, None)
         if self._by_path.get(watch.path) == wd:
             del self._by_path[watch.path]
+        self._released(wd)
 
     def _self_gone(self, watch: _Watch) -> None:
         if watch.kind is Kind.DIR:
@@ -326,11 +330,11 @@ class InotifyBackend:
     def _delta_event(self, watch: _Watch, mask: int, name: str) -> None:
         if not mask & F.ISDIR:
             return
-        spec = {c.name: (c, k, m) for c, k, m in _ws_child_specs(watch.path)}.get(name)
+        spec = {c.name: (c, k) for c, k in _ws_child_specs(watch.path)}.get(name)
         if spec and mask & (F.CREATE | F.MOVED_TO):
-            child, kind, child_mask = spec
+            child, kind = spec
             try:
-                self._add(child, child_mask, _Watch(child, kind, watch.owner))
+                self._add(_Watch(child, kind, watch.owner))
             except WatchLimit:
                 self._unwatch_workspace(watch.owner)
                 self._fallback.adopt_workspace(watch.owner)
@@ -353,6 +357,49 @@ class InotifyBackend:
             self._queue.put(watch.owner)
 
 
+class InotifyBackend(WatchTree):
+    """One inotify fd for every watch, read by the main loop between selects."""
+
+    name = "inotify"
+    MASKS: ClassVar[dict[Kind, int]] = {
+        Kind.DIR: DIR_MASK,
+        Kind.DELTA: DELTA_MASK,
+        Kind.INTERACTION: INTERACTION_MASK,
+        Kind.RUNS: RUNS_MASK,
+    }
+
+    def __init__(
+        self, queue: HintQueue, fallback: PollingLike, max_watches: int | None = None
+    ) -> None:
+        super().__init__(queue, fallback, max_watches)
+        self._ino = INotify()
+
+    def fileno(self) -> int | None:
+        return self._ino.fileno()
+
+    def process(self) -> None:
+        try:
+            events = self._ino.read(timeout=0)
+        except OSError as e:
+            self._failed = True
+            log.error("inotify_read_failed", error=e.strerror)
+            return
+        for ev in events:
+            self._event(ev.wd, ev.mask, ev.name)
+
+    def healthy(self) -> bool:
+        return not self._failed
+
+    def close(self) -> None:
+        self._ino.close()
+
+    def _add_watch(self, path: Path, kind: Kind) -> int:
+        return self._ino.add_watch(path, self.MASKS[kind])
+
+    def _rm_watch(self, wd: int) -> None:
+        self._ino.rm_watch(wd)
+
+
 class PollingLike(Protocol):
     def adopt_workspace(self, ws: Path) -> None: ...
     def adopt_dir(self, path: Path, levels: int) -> None: ...
@@ -364,9 +411,6 @@ def _at_or_below(path: Path, top: Path) -> bool:
     return p == t or p.startswith(t.rstrip("/") + "/")
 
 
-def _ws_child_specs(delta: Path) -> list[tuple[Path, Kind, int]]:
+def _ws_child_specs(delta: Path) -> list[tuple[Path, Kind]]:
     """The watched children of a workspace's `.delta/` directory."""
-    return [
-        (delta / "interaction", Kind.INTERACTION, INTERACTION_MASK),
-        (delta / "runs", Kind.RUNS, RUNS_MASK),
-    ]
+    return [(delta / "interaction", Kind.INTERACTION), (delta / "runs", Kind.RUNS)]
