@@ -86,3 +86,20 @@ def test_daemon_logs_an_answer_the_client_refused(tmp_path: Path, fake: FakeLLM)
         )
         wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the good answer")
     assert _results(d)["q"] == "Blue (option B)"
+
+
+def test_question_seen_while_the_run_is_still_running_still_expires(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    # The client posts request.json, then flips the status, then exits; nothing signals the
+    # flip. Hold the client between the two so the daemon sees the question while RUNNING,
+    # with the liveness sweep far away: only the daemon's own re-check can notice the deadline.
+    d = _ws(tmp_path, fake)
+    fake.call("ask_human", {"prompt": "Go?", "timeout_seconds": 2}, id="q").reply("moved on")
+    with _daemon(
+        tmp_path, tmp_path / "root", fake, liveness_sweep_seconds=3600, rescan_interval_seconds=3600
+    ) as daemon:
+        r = d.start(env={"DELTA_HOLD": "after_post", "DELTA_HOLD_SECONDS": "1"})
+        assert r.code == 101
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish on expiry")
+        assert daemon.events("resume_queued", reason="question_expired")

@@ -13,3 +13,11 @@ import signal
 def fault(point: str) -> None:
     if os.environ.get("DELTA_FAULT") == point:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hold(point: str) -> None:
+    """`DELTA_HOLD=<point>` sleeps `DELTA_HOLD_SECONDS` there: widens a race window on demand."""
+    if os.environ.get("DELTA_HOLD") == point:
+        import time
+
+        time.sleep(float(os.environ.get("DELTA_HOLD_SECONDS", "1")))

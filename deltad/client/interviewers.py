@@ -46,7 +46,7 @@ from deltad.protocol.questions import (
 )
 
 from .errors import UsageError
-from .faults import fault
+from .faults import fault, hold
 
 
 class Interviewer(Protocol):
@@ -89,6 +89,7 @@ class MailboxInterviewer:
         if not self._posted(req):
             if self.post and not req.expired():
                 self.mailbox.post(req)
+                hold("after_post")  # tests: the daemon sees the question while still RUNNING
             return None
         answer = self.mailbox.read_answer(req, secret=req.is_secret)
         if answer.state == AnswerState.READY:

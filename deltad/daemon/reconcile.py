@@ -34,6 +34,8 @@ from .queue import Why
 # An answer file this young, reported only by IN_CREATE, may be an open(O_CREAT) whose writer
 # has not finished opening it yet; look again after this long.
 CREATE_GRACE_SECONDS = 0.05
+# How soon to look again at a live run that has just posted a question.
+PAUSE_RECHECK_SECONDS = 1.0
 
 AnswerSig = tuple[int, int, int]
 
@@ -104,10 +106,26 @@ def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Ver
         pid = meta.owner.pid if meta.owner else None
         if owner_alive(meta.owner) is False:
             return Verdict(Action.MARK_INTERRUPTED, State.RUNNING, meta.run_id, s, owner_pid=pid)
-        return Verdict(Action.NONE, State.RUNNING, meta.run_id, s, owner_pid=pid)
+        v = Verdict(Action.NONE, State.RUNNING, meta.run_id, s, owner_pid=pid)
+        v.wake_at = _pausing_soon(ws, meta)
+        return v
     if s is RunStatus.INTERRUPTED:
         return Verdict(Action.NONE, State.INTERRUPTED, meta.run_id, s)
     return Verdict(Action.NONE, State.DONE, meta.run_id, s)
+
+
+def _pausing_soon(ws: Workspace, meta: RunMetadata) -> float | None:
+    """A live run that has posted a question is about to turn WAITING_FOR_INPUT (the client
+    posts first, then flips the status, then exits), and no event marks the flip. Look again
+    shortly, or at the question's deadline if that is sooner."""
+    try:
+        request = Mailbox(ws).read_request()
+    except (ProtocolError, OSError):
+        return None
+    if request is None or request.run_id != meta.run_id:
+        return None
+    soon = time.time() + PAUSE_RECHECK_SECONDS
+    return min(soon, request.expires_at.timestamp()) if request.expires_at else soon
 
 
 def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdict:
