@@ -37,6 +37,51 @@ from .faults import fault
 from .interviewers import Interviewer
 from .secrets import SecretStore, handle
 
+ASK_HUMAN = "ask_human"
+ASK_HUMAN_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": ASK_HUMAN,
+        "description": (
+            "Ask the human a question and wait for the answer: missing information, a "
+            "confirmation before a risky step, or a secret. For secrets set sensitive=true; "
+            "you then get a handle like ${secret:ID} to pass in tool arguments, never the value."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "prompt": {"type": "string", "description": "The question shown to the human."},
+                "input_type": {
+                    "type": "string",
+                    "enum": [t.value for t in InputType if t != InputType.APPROVAL],
+                    "description": (
+                        "text (default), password (hidden), confirmation or yes_no (yes/no), "
+                        "choice (pick one of options)."
+                    ),
+                },
+                "options": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "For choice: labels such as '[A] Approve' or 'R) Reject'.",
+                },
+                "default": {
+                    "type": "string",
+                    "description": "Answer used when nobody answers before timeout_seconds.",
+                },
+                "timeout_seconds": {
+                    "type": "number",
+                    "description": "How long to wait. Without a default, a timeout is reported "
+                    "as TIMEOUT, which is not consent.",
+                },
+                "sensitive": {
+                    "type": "boolean",
+                    "description": "True when the answer must never be shown or logged.",
+                },
+            },
+            "required": ["prompt"],
+        },
+    },
+}
 MAX_TIMEOUT_SECONDS = 30 * 24 * 3600
 NOT_CONSENT = "A timeout is not consent and not a refusal: do not retry the same action"
 
@@ -211,7 +256,7 @@ class Asking:
         fault("after_journal")
 
     # -- getting a reply ----------------------------------------------------------------
-    def obtain(self, req: InteractionRequest, before_record: Callable[[], None]) -> Reply:
+    def obtain(self, req: InteractionRequest) -> Reply:
         """The reply to `req`: recorded already, or from the interviewers, or the timeout
         rule. Raises Paused when nobody can answer now."""
         if (reply := self.recorded_reply(req.request_id)) is not None:
@@ -233,7 +278,6 @@ class Asking:
                         raise Paused(req) from None
                     reply = on_timeout(req)  # never carries edits: nothing left to check
                     break
-        before_record()
         self._record_answer(req, reply)
         return reply
 

@@ -34,9 +34,9 @@ from deltad.protocol.questions import AnswerRejected, interpret_json, interpret_
 
 from . import exitcodes
 from .agent import load_agent
-from .engine import InterruptGuard
 from .errors import DeltaError, UsageError
 from .runner import RunOptions, drive, guidance
+from .signals import InterruptGuard
 
 WORK_DIR = click.option(
     "--work-dir",

@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import signal
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from deltad.protocol import (
@@ -44,6 +41,8 @@ from deltad.protocol.questions import AnswerRejected, CallDecision, Decision, Re
 from . import exitcodes
 from .agent import Agent
 from .asking import (
+    ASK_HUMAN,
+    ASK_HUMAN_TOOL,
     Asking,
     Paused,
     answer_observation,
@@ -56,53 +55,9 @@ from .faults import fault
 from .interviewers import Interviewer
 from .llm import ChatModel
 from .secrets import SecretStore
+from .signals import InterruptGuard
 from .tools import kill_orphan, run_tool, write_record
 
-ASK_HUMAN = "ask_human"
-ASK_HUMAN_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": ASK_HUMAN,
-        "description": (
-            "Ask the human a question and wait for the answer: missing information, a "
-            "confirmation before a risky step, or a secret. For secrets set sensitive=true; "
-            "you then get a handle like ${secret:ID} to pass in tool arguments, never the value."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "prompt": {"type": "string", "description": "The question shown to the human."},
-                "input_type": {
-                    "type": "string",
-                    "enum": [t.value for t in InputType if t != InputType.APPROVAL],
-                    "description": (
-                        "text (default), password (hidden), confirmation or yes_no (yes/no), "
-                        "choice (pick one of options)."
-                    ),
-                },
-                "options": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "For choice: labels such as '[A] Approve' or 'R) Reject'.",
-                },
-                "default": {
-                    "type": "string",
-                    "description": "Answer used when nobody answers before timeout_seconds.",
-                },
-                "timeout_seconds": {
-                    "type": "number",
-                    "description": "How long to wait. Without a default, a timeout is reported "
-                    "as TIMEOUT, which is not consent.",
-                },
-                "sensitive": {
-                    "type": "boolean",
-                    "description": "True when the answer must never be shown or logged.",
-                },
-            },
-            "required": ["prompt"],
-        },
-    },
-}
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 EXIT_BY_STATUS = {
     RunStatus.COMPLETED: exitcodes.COMPLETED,
@@ -110,46 +65,6 @@ EXIT_BY_STATUS = {
     RunStatus.CANCELED: exitcodes.CANCELED,
     RunStatus.WAITING_FOR_INPUT: exitcodes.WAITING,
 }
-
-
-class Interrupted(BaseException):
-    """SIGINT/SIGTERM. A BaseException so that no `except Exception` swallows it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class InterruptGuard:
-    """Signals interrupt only inside `window()` (a tool, the model call, a terminal read);
-    elsewhere they are held until the next `checkpoint()`, so no state write is torn."""
-
-    def __init__(self) -> None:
-        self.pending: int | None = None
-        self._open = False
-
-    def install(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.pending = signum
-        if self._open:
-            self._open = False
-            raise Interrupted(signum)
-
-    def checkpoint(self) -> None:
-        if self.pending is not None:
-            raise Interrupted(self.pending)
-
-    @contextmanager
-    def window(self) -> Iterator[None]:
-        self.checkpoint()
-        self._open = True
-        try:
-            yield
-        finally:
-            self._open = False
 
 
 @dataclass
@@ -455,7 +370,7 @@ class Engine:
             return
         if self.asking.asked(call.id) is None:
             self.asking.record_asked(req)
-        reply = self.asking.obtain(req, before_record=self._before_reply)
+        reply = self.asking.obtain(req)
         self.ensure_running()
         fault("after_status")
         status, observation = answer_observation(req, reply)
@@ -465,11 +380,6 @@ class Engine:
         atomic_write_text(record / "command.txt", f"ask_human ({req.request_id})\n")
         atomic_write_text(record / "stdout.log", observation)
         self.asking.settle(req)
-
-    def _before_reply(self) -> None:
-        # Console answers arrive while RUNNING; mailbox answers while WAITING. Either way
-        # the reply is recorded by the process that owns the run.
-        return None
 
     # -- approvals ------------------------------------------------------------------------
     def _gated(self, calls: list[_Call]) -> list[_Call]:
@@ -510,7 +420,7 @@ class Engine:
                     policy.timeout_seconds if policy else None,
                 )
             )
-        return req, self.asking.obtain(req, before_record=self._before_reply)
+        return req, self.asking.obtain(req)
 
     def _run_gated(self, gated: list[_Call], pending: list[_Call]) -> None:
         req, reply = self._decide(gated)

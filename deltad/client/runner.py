@@ -45,7 +45,7 @@ from deltad.protocol.mailbox import Mailbox
 from . import exitcodes
 from .agent import Agent, load_agent
 from .asking import count_replies
-from .engine import Engine, Interrupted, InterruptGuard, Outcome
+from .engine import Engine, Outcome
 from .errors import LLMError, UsageError
 from .interviewers import (
     AutoApproveInterviewer,
@@ -57,6 +57,7 @@ from .interviewers import (
     load_answers,
 )
 from .llm import ChatModel, OpenAIChatModel
+from .signals import Interrupted, InterruptGuard
 
 log = structlog.get_logger("deltad.client")
 
