@@ -158,7 +158,7 @@ class Engine:
                         self._dispatch(call)
                         self.guard.checkpoint()
                 if gated:
-                    self._run_gated(gated, pending)
+                    self._run_gated(gated)
                 self._count_iteration()
                 continue
             if last is not None and not last.payload.get("tool_calls"):
@@ -422,7 +422,7 @@ class Engine:
             )
         return req, self.asking.obtain(req)
 
-    def _run_gated(self, gated: list[_Call], pending: list[_Call]) -> None:
+    def _run_gated(self, gated: list[_Call]) -> None:
         req, reply = self._decide(gated)
         self.ensure_running()
         self.asking.settle(req)
