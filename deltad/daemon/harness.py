@@ -21,6 +21,9 @@ from deltad.daemon.testkit import paused_workspace
 BIN = Path(sys.executable).parent
 DELTAD = str(BIN / "deltad")
 DEADLINE = 30.0
+# The backend given to roots passed as plain paths (None: the config's default, auto). Tests
+# set it to run the same scenarios under another backend.
+ROOT_BACKEND: str | None = None
 
 __all__ = ["DELTAD", "Daemon", "paused_workspace", "records", "wait_for"]
 
@@ -58,6 +61,12 @@ def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def _root_entry(root: Any) -> Any:
+    if not isinstance(root, str | Path):
+        return root  # already a mapping: as given
+    return {"path": str(root), "backend": ROOT_BACKEND} if ROOT_BACKEND else str(root)
+
+
 class Daemon:
     """`deltad serve` on a config written from keyword arguments, logging JSON to a file."""
 
@@ -68,7 +77,7 @@ class Daemon:
         self.log_path = tmp / f"deltad-{id(self)}.log"
         self.config_path = tmp / "deltad.yaml"
         self.settings: dict[str, Any] = {
-            "roots": [str(r) if isinstance(r, Path) else r for r in roots],
+            "roots": [_root_entry(r) for r in roots],
             "state_dir": str(self.state_dir),
             "log_format": "json",
             "log_level": "debug",

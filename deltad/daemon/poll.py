@@ -1,7 +1,7 @@
 """Stat-based polling backend, behind the same interface as the inotify one.
 
-Used for roots marked `polling: true` (NFS and some container mounts deliver no inotify events),
-for workspaces that no longer fit under the inotify watch limit, and on non-Linux systems.
+Used for roots with `backend: polling` (NFS and some container mounts deliver no events), and
+for workspaces that no longer fit under the inotify watch limit.
 Each round stats five paths per workspace (never the agents' files), so a round costs
 O(workspaces); new workspaces are found by re-walking the polled trees every few rounds.
 watchdog's PollingObserver is not used: it snapshots whole trees recursively (cost grows with
