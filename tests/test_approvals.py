@@ -330,8 +330,16 @@ def test_release_example_choice_then_gated_deploy(tmp_path: Path, fake: FakeLLM)
     (tmp_path / "ws").mkdir()
     d = Delta(tmp_path / "ws", fake, EXAMPLES / "release-agent")
     fake.call("run_tests", {"version": "1.4.0"}, id="t")
-    fake.call("ask_human", {"prompt": "Which channel?", "options": ["[S] stable", "[B] beta",
-              "[N] nightly"], "default": "B", "timeout_seconds": 600}, id="ch")
+    fake.call(
+        "ask_human",
+        {
+            "prompt": "Which channel?",
+            "options": ["[S] stable", "[B] beta", "[N] nightly"],
+            "default": "B",
+            "timeout_seconds": 600,
+        },
+        id="ch",
+    )
     fake.call("deploy", {"version": "1.4.0", "channel": "beta"}, id="dep")
     fake.reply("Shipped 1.4.0 to beta.")
     assert d.start("release 1.4.0").code == 101
@@ -342,3 +350,38 @@ def test_release_example_choice_then_gated_deploy(tmp_path: Path, fake: FakeLLM)
     r = d("run")
     assert r.code == 0 and "Shipped" in r.out
     assert "deploying 1.4.0 to beta" in fake.tool_results()["dep"]
+
+
+def test_library_run_with_a_callback_interviewer(
+    tmp_path: Path, fake: FakeLLM, monkeypatch
+) -> None:
+    """Library users drive a run in-process and answer through a function."""
+    import io
+
+    from deltad.client import CallbackInterviewer, Reply, RunOptions, run
+    from deltad.protocol import InteractionRequest
+
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "x")
+    monkeypatch.setenv("DELTA_LLM_MAX_RETRIES", "0")
+    home = write_agent(tmp_path, GATED, POLICY, name="lib-agent")
+    fake.call("ask_human", {"prompt": "Env?", "options": ["[P] prod", "[S] staging"]}, id="q")
+    fake.call("deploy", {"env": "staging"}, id="d").reply("done")
+    asked: list[InteractionRequest] = []
+
+    def decide(req: InteractionRequest) -> str | Reply:
+        asked.append(req)
+        return "s" if req.input_type == "choice" else "approve"
+
+    out = io.StringIO()
+    code = run(
+        RunOptions(
+            tmp_path / "lib-ws", agent=str(home), task="t", interviewer=CallbackInterviewer(decide)
+        ),
+        out=out,
+        err=io.StringIO(),
+    )
+    assert code == 0 and "done" in out.getvalue()
+    assert [str(r.input_type) for r in asked] == ["choice", "approval"]
+    seen = fake.tool_results()
+    assert seen["q"] == "staging (option S)" and "deploying staging" in seen["d"]

@@ -11,6 +11,7 @@ import json
 import shlex
 import shutil
 import signal
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +74,8 @@ class RunOptions:
     max_iterations: int | None = None
     auto_approve: bool = False
     answers: str | None = None
+    interviewer: Interviewer | None = None  # library use: who answers, e.g. a Callback
+    log_to_run: bool = True  # the CLI sends all logging to the run's engine.log; a library not
 
 
 @dataclass
@@ -178,7 +181,8 @@ def _create(ws: Workspace, opts: RunOptions, prepared: Prepared) -> Selected:
     )
     save_metadata(paths.metadata, meta)
     ws.set_latest(run_id)  # after metadata: LATEST never names a run without one
-    _log_to(paths)
+    if opts.log_to_run:
+        _log_to(paths)
     log.info(
         "run_created",
         run_id=run_id,
@@ -203,7 +207,8 @@ def _resume(
             "Pass --new to start a new run instead.",
             file=warn,
         )
-    _log_to(paths)
+    if opts.log_to_run:
+        _log_to(paths)
     journal = Journal(paths.journal)
     if meta.status == RunStatus.RUNNING:
         _mark_crashed(ws, paths, meta, journal)
@@ -257,7 +262,9 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
     with WorkspaceLock(ws.lock_file):
         sel = _select(ws, opts, err, prepared)
         warn = _warner(err)
-        interviewer = _interviewer(opts, ws, warn, guard, count_replies(sel.journal, "queue"))
+        interviewer = opts.interviewer or _interviewer(
+            opts, ws, warn, guard, count_replies(sel.journal, "queue")
+        )
         engine = Engine(
             ws,
             sel.paths,
@@ -278,6 +285,15 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
         except Exception as e:
             return _internal_error(engine, e, err)
     return _report(ws, sel.meta, outcome, out, err)
+
+
+def run(opts: RunOptions, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Drive a run in this process (library use); returns the `delta run` exit code.
+
+    User errors raise `DeltaError` (its `exit_code` says which). Signals are not installed:
+    that is the caller's choice."""
+    opts.log_to_run = False  # the host application owns its logging configuration
+    return drive(opts, InterruptGuard(), out or sys.stdout, err or sys.stderr)
 
 
 def _warner(err: TextIO) -> Callable[[str], None]:
