@@ -44,20 +44,26 @@ class Result:
     err: str
 
 
+def llm_env(fake: FakeLLM) -> dict[str, str]:
+    """The environment that points `delta` (or a daemon's resumes) at the fake model."""
+    env = {
+        **os.environ,
+        "OPENAI_BASE_URL": fake.url,
+        "OPENAI_API_KEY": "test-key",
+        "DELTA_LLM_MAX_RETRIES": "0",
+    }
+    for k in ("DELTA_BASE_URL", "DELTA_API_KEY", "DELTA_FAULT", "DELTA_HOLD"):
+        env.pop(k, None)
+    return env
+
+
 class Delta:
     """Runs `delta` in a workspace, pointed at the test's fake model."""
 
     def __init__(self, ws: Path, fake: FakeLLM, agent: Path) -> None:
         self.ws = ws
         self.agent = agent
-        self.env = {
-            **os.environ,
-            "OPENAI_BASE_URL": fake.url,
-            "OPENAI_API_KEY": "test-key",
-            "DELTA_LLM_MAX_RETRIES": "0",
-        }
-        for k in ("DELTA_BASE_URL", "DELTA_API_KEY", "DELTA_FAULT"):
-            self.env.pop(k, None)
+        self.env = llm_env(fake)
 
     def argv(self, *args: str) -> list[str]:
         return [bin_path("delta"), *args]

@@ -13,47 +13,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from deltad.daemon.harness import Daemon, answer, metadata_status, wait_for
 from deltad.testing import FakeLLM
+
+from .conftest import llm_env, write_agent
 
 DELTA = str(Path(sys.executable).parent / "delta")
 REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]  # the default resume command
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeLLM]:
-    with FakeLLM() as f:
-        yield f
-
-
-def _env(fake: FakeLLM) -> dict[str, str]:
-    env = {**os.environ, "OPENAI_BASE_URL": fake.url, "OPENAI_API_KEY": "x"}
-    env["DELTA_LLM_MAX_RETRIES"] = "0"
-    for k in ("DELTA_BASE_URL", "DELTA_API_KEY", "DELTA_FAULT"):
-        env.pop(k, None)
-    return env
-
-
-def _agent(tmp: Path, tools: str = "[]") -> Path:
-    home = tmp / "agent"
-    home.mkdir(exist_ok=True)
-    (home / "config.yaml").write_text(f"name: a\nllm:\n  model: fake-model\ntools: {tools}\n")
-    (home / "system_prompt.md").write_text("You are a test agent.\n")
-    return home
-
-
 def _delta(fake: FakeLLM, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [DELTA, *args], env=_env(fake), capture_output=True, text=True, timeout=60
+        [DELTA, *args], env=llm_env(fake), capture_output=True, text=True, timeout=60
     )
 
 
 def _pause(fake: FakeLLM, tmp: Path, ws: Path) -> None:
     """`delta run` until it asks: exit 101 with request.json waiting."""
     ws.mkdir(parents=True, exist_ok=True)
-    out = _delta(fake, "run", "--agent", str(_agent(tmp)), "--task", "t", "--work-dir", str(ws))
+    out = _delta(
+        fake, "run", "--agent", str(write_agent(tmp)), "--task", "t", "--work-dir", str(ws)
+    )
     assert out.returncode == 101, out.stderr
 
 
@@ -73,7 +53,7 @@ def _answers(ws: Path) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def _daemon(tmp: Path, root: Path, fake: FakeLLM, **settings: Any) -> Iterator[Daemon]:
-    d = Daemon(tmp, [root], resume_command=REAL_CLIENT, **settings).start(env=_env(fake))
+    d = Daemon(tmp, [root], resume_command=REAL_CLIENT, **settings).start(env=llm_env(fake))
     try:
         yield d
     finally:
@@ -149,11 +129,11 @@ def test_killed_delta_is_marked_interrupted(tmp_path: Path, fake: FakeLLM) -> No
     root = tmp_path / "root"
     ws = root / "ws1"
     ws.mkdir(parents=True)
-    argv = [DELTA, "run", "--agent", str(_agent(tmp_path, tools)), "--task", "t"]
+    argv = [DELTA, "run", "--agent", str(write_agent(tmp_path, tools)), "--task", "t"]
     with _daemon(tmp_path, root, fake, liveness_sweep_seconds=0.3) as d:
         client = subprocess.Popen(
             [*argv, "--work-dir", str(ws)],
-            env=_env(fake),
+            env=llm_env(fake),
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
