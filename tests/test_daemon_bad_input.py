@@ -153,7 +153,18 @@ def test_watch_limit_falls_back_to_polling(tmp_path: Path) -> None:
         assert len(d.events("watch_limit_reached")) == 1
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads everything: no EACCES to provoke")
+# Root reads everything, so as root the daemon runs without the capabilities that bypass file
+# permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH): then a mode-000 file really is EACCES.
+UNPRIVILEGED = (
+    ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    if os.geteuid() == 0 and shutil.which("setpriv")
+    else []
+)
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0 and not UNPRIVILEGED, reason="root without setpriv: no EACCES to provoke"
+)
 def test_permission_denied(tmp_path: Path) -> None:
     root = tmp_path / "root"
     locked, good = root / "locked", root / "good"
@@ -161,7 +172,7 @@ def test_permission_denied(tmp_path: Path) -> None:
     paused_workspace(good)
     os.chmod(_interaction(locked) / "request.json", 0)
     try:
-        with running(tmp_path, [root]) as d:
+        with running(tmp_path, [root], wrapper=UNPRIVILEGED) as d:
             answer(locked, "denied")
             [p] = d.wait_event("workspace_problem", workspace=str(locked))
             assert "ermission" in p["problem"]

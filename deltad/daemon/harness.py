@@ -70,8 +70,11 @@ def _root_entry(root: Any) -> Any:
 class Daemon:
     """`deltad serve` on a config written from keyword arguments, logging JSON to a file."""
 
-    def __init__(self, tmp: Path, roots: list[Any], **settings: Any) -> None:
+    def __init__(
+        self, tmp: Path, roots: list[Any], *, wrapper: list[str] | None = None, **settings: Any
+    ) -> None:
         self.tmp = tmp
+        self.wrapper = wrapper or []  # e.g. setpriv, to run the daemon with fewer privileges
         self.record = tmp / "resumes.jsonl"
         self.state_dir = tmp / "state"
         self.log_path = tmp / f"deltad-{id(self)}.log"
@@ -98,7 +101,7 @@ class Daemon:
     def start(self, env: dict[str, str] | None = None, wait: bool = True) -> Daemon:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [DELTAD, "serve", "--config", str(self.config_path)],
+            [*self.wrapper, DELTAD, "serve", "--config", str(self.config_path)],
             stdout=self._log,
             stderr=self._log,
             env={**os.environ, **(env or {})},
