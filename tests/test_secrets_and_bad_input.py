@@ -36,7 +36,12 @@ def test_secret_reaches_the_tool_but_nothing_else(delta: Delta, fake: FakeLLM, h
     else:
         r1 = delta.start("configure")
         assert r1.code == 101
-        assert delta("respond", SECRET).code == 0
+        if how == "password":
+            said = delta("respond", input=SECRET + "\n")  # from stdin: no warning needed
+            assert said.code == 0 and "shell history" not in said.err
+        else:
+            said = delta("respond", SECRET)
+            assert said.code == 0 and "shell history" in said.err
         r = delta("run")
         outputs = r1.out + r1.err + r.out + r.err
     assert r.code == 0, r.err

@@ -354,6 +354,13 @@ def respond_cmd(
             mailbox.write_answer(answer, secret=req.is_secret)
     except AnswerRejected as e:
         raise UsageError(str(e)) from None
+    if req.is_secret and (text is not None or choice is not None):
+        click.echo(
+            "delta: note: a secret given on the command line can stay in shell history and was "
+            "visible in the process list; next time run `delta respond` with no answer (hidden "
+            "prompt) or `--file -`.",
+            err=True,
+        )
     click.echo(
         f"Answer saved for run {req.run_id}. Continue with: delta run --work-dir "
         f"{ws.root} (deltad picks it up by itself)."
