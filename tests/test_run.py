@@ -189,6 +189,7 @@ def test_help_lists_exit_codes() -> None:
         (0, "completed"),
         (1, "failed"),
         (2, "usage"),
+        (4, "canceled"),
         (75, "busy"),
         (101, "waiting"),
         (130, "interrupted"),
