@@ -28,7 +28,6 @@ from deltad.protocol import (
 
 from .answer import Writers, open_writers
 from .discovery import is_workspace
-from .paths import CachedWorkspace
 from .queue import Why
 
 # An answer file this young, reported only by IN_CREATE, may be an open(O_CREAT) whose writer
@@ -81,7 +80,7 @@ def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = Non
 def inspect(ws_path: Path, why: Why, settle: float) -> Verdict:
     if not is_workspace(ws_path):
         return Verdict(Action.GONE, State.GONE)
-    ws = CachedWorkspace(ws_path)
+    ws = Workspace(ws_path)
     try:
         run_id = ws.latest_run_id()
         if run_id is None:
@@ -201,7 +200,7 @@ def mark_interrupted(ws_path: Path, run_id: str) -> RunMetadata | None:
     Returns the new metadata, or None if nothing was changed (someone holds the lock, i.e.
     a live `delta` is driving the workspace; or the run moved on meanwhile).
     """
-    ws = CachedWorkspace(ws_path)
+    ws = Workspace(ws_path)
     if not ws.delta_dir.is_dir():
         return None  # WorkspaceLock would create .delta/ in a deleted workspace
     lock = WorkspaceLock(ws.lock_file)

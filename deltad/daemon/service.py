@@ -22,13 +22,12 @@ from typing import Any
 import structlog
 
 from deltad import logs
-from deltad.protocol import Mailbox, iso, utcnow
+from deltad.protocol import Mailbox, Workspace, iso, utcnow
 
 from .backoff import Backoff
 from .config import ConfigError, DaemonConfig, load_config
 from .discovery import Layout, is_workspace
 from .notify import monotonic_usec, sd_notify, watchdog_interval
-from .paths import CachedWorkspace
 from .poll import PollingBackend
 from .queue import HintQueue, Why
 from .reconcile import Action, State, Verdict, inspect, mark_interrupted
@@ -322,7 +321,7 @@ class Service:
     def _log_refusals(self, fin: Finished) -> None:
         """The client moved an answer aside (it did not fit the question): say so here too."""
         try:
-            reasons = Mailbox(CachedWorkspace(fin.child.workspace)).refusals_since(
+            reasons = Mailbox(Workspace(fin.child.workspace)).refusals_since(
                 fin.child.spawned_at - 1.0  # file times are coarser than time.time()
             )
         except OSError:

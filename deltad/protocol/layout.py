@@ -79,35 +79,36 @@ class Workspace:
     def at(cls, path: str | Path) -> Workspace:
         return cls(Path(path).absolute())
 
-    @property
+    # Paths are derived once per instance: the daemon reads ~20 per workspace per reconcile.
+    @cached_property
     def delta_dir(self) -> Path:
         return self.root / DELTA_DIR
 
-    @property
+    @cached_property
     def runs_dir(self) -> Path:
         return self.delta_dir / "runs"
 
-    @property
+    @cached_property
     def latest_file(self) -> Path:
         return self.runs_dir / "LATEST"
 
-    @property
+    @cached_property
     def lock_file(self) -> Path:
         return self.delta_dir / "lock"
 
-    @property
+    @cached_property
     def interaction_dir(self) -> Path:
         return self.delta_dir / "interaction"
 
-    @property
+    @cached_property
     def request_file(self) -> Path:
         return self.interaction_dir / "request.json"
 
-    @property
+    @cached_property
     def response_file(self) -> Path:
         return self.interaction_dir / "response.txt"
 
-    @property
+    @cached_property
     def response_json(self) -> Path:
         return self.interaction_dir / "response.json"
 
