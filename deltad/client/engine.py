@@ -151,11 +151,12 @@ class Engine:
                 return self.finish(
                     RunStatus(last.payload["status"]), last.payload.get("reason", ""), journal=False
                 )
-            if pending := self._pending_calls():
-                gated = self._gated(pending)
+            calls, started, answered = self._since_last_thought()  # one scan per turn
+            if pending := [c for c in calls if c.id not in answered]:
+                gated = self._gated(pending, started)
                 for call in pending:
                     if call not in gated:
-                        self._dispatch(call)
+                        self._dispatch(call, started)
                         self.guard.checkpoint()
                 if gated:
                     self._run_gated(gated)
@@ -300,8 +301,8 @@ class Engine:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def _dispatch(self, call: _Call) -> None:
-        _, requested, _ = self._since_last_thought()
+    def _dispatch(self, call: _Call, requested: set[str]) -> None:
+        """`requested`: calls with an ACTION_REQUEST before this turn began (started earlier)."""
         if call.name == ASK_HUMAN:
             return self._ask_human(call, already_requested=call.id in requested)
         self.ensure_running()
@@ -382,8 +383,7 @@ class Engine:
         self.asking.settle(req)
 
     # -- approvals ------------------------------------------------------------------------
-    def _gated(self, calls: list[_Call]) -> list[_Call]:
-        _, requested, _ = self._since_last_thought()
+    def _gated(self, calls: list[_Call], requested: set[str]) -> list[_Call]:
         return [
             c
             for c in calls
