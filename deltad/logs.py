@@ -57,3 +57,6 @@ def configure(level: str = "info", fmt: Format = "auto", stream: IO[str] | None 
     # The HTTP stack is chatty at INFO; its warnings still come through.
     for name in ("httpx", "httpx2", "httpcore", "openai"):
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+    # watchdog logs one DEBUG line per filesystem event, working files included: at debug that
+    # is O(files) log volume and CPU. Its overflow warning still comes through.
+    logging.getLogger("watchdog").setLevel(max(logging.INFO, root.level))

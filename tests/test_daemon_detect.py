@@ -165,7 +165,7 @@ def test_queue_overflow_triggers_a_full_reconcile(tmp_path: Path) -> None:
         assert d.proc is not None
         d.signal(signal.SIGSTOP)  # the kernel queues events nobody reads...
         try:
-            for i in range(limit + 100):  # file events in a watched dir, filtered by deltad
+            for i in range(limit + limit // 4):  # file events in a watched dir, filtered
                 (root / f"f{i}").touch()
             answer(ws, "lost in the flood")  # ...until it overflows and drops this one
         finally:

@@ -71,6 +71,21 @@ def test_working_files_start_no_threads(tmp_path: Path) -> None:
         assert _threads(d) == threads
 
 
+def test_debug_level_logs_no_line_per_filesystem_event(tmp_path: Path) -> None:
+    # watchdog logs every inotify event at DEBUG; at the daemon's debug level that would be
+    # one line (and its rendering cost) per file anyone creates in a watched directory.
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    paused_workspace(ws)
+    with running(tmp_path, [root], log_level="debug") as d:
+        for i in range(50):
+            (root / f"scratch-{i}").touch()
+        answer(ws, "after the scratch files")
+        d.wait_resumed(ws)
+        assert d.events("resume_queued", workspace=str(ws))
+        assert not [line for line in d.log_path.read_text().splitlines() if "scratch-" in line]
+
+
 def test_removed_workspace_is_dropped_and_unscheduled(tmp_path: Path) -> None:
     root = tmp_path / "root"
     gone, kept = root / "gone", root / "kept"
