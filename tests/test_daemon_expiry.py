@@ -78,8 +78,11 @@ def test_daemon_logs_an_answer_the_client_refused(tmp_path: Path, fake: FakeLLM)
         assert d.start().code == 101
         d.answer("Green")
         line = daemon.wait_event("answer_refused")[0]
-        assert "not one of the options" in line["reason"]
+        # The daemon names the refusal note; it never reads what a user wrote.
+        assert line["file"].startswith("response.rejected-") and line["file"].endswith(".error")
+        assert "Green" not in json.dumps(line)
         assert line["workspace"] == str(d.ws)
+        assert "not one of the options" in d("status").out
         assert metadata_status(d.ws) == "WAITING_FOR_INPUT"
         (d.delta_dir / "interaction" / "response.json").write_text(
             json.dumps({"request_id": d.request()["request_id"], "answer": "b"})

@@ -19,6 +19,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from deltad.protocol.errors import UnsafeFile
+from deltad.protocol.fsio import read_regular_text
+
 from .errors import ConfigError
 
 CONFIG_NAMES = ("config.yaml", "agent.yaml")
@@ -304,6 +307,14 @@ def _where(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+def _read(path: Path) -> str:
+    """An agent file: regular (a FIFO must not hang us), capped, UTF-8; symlinks are fine."""
+    try:
+        return read_regular_text(path, MAX_CONFIG_BYTES, follow=True)
+    except (UnsafeFile, OSError) as e:
+        raise ConfigError(f"{path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+
+
 def load_agent(path: str | Path) -> Agent:
     home = Path(path).expanduser().absolute()
     if home.is_file() and home.name in CONFIG_NAMES:
@@ -312,11 +323,9 @@ def load_agent(path: str | Path) -> Agent:
         raise ConfigError(f"agent directory not found: {home}")
     config_file = _find(home, CONFIG_NAMES, "agent config")
     prompt_file = _find(home, PROMPT_NAMES, "system prompt")
-    if config_file.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{config_file}: larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        raw = yaml.safe_load(config_file.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raw = yaml.safe_load(_read(config_file))
+    except (yaml.YAMLError, RecursionError) as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         at = f" (line {line + 1})" if line is not None else ""
         raise ConfigError(f"{config_file}{at}: not valid YAML") from None
@@ -339,7 +348,7 @@ def load_agent(path: str | Path) -> Agent:
         except ValueError as e:
             raise ConfigError(f"{config_file}: tools[{i}] ({spec.name}): {e}") from None
     _check_patterns(config_file, config.approval, tools)
-    prompt = prompt_file.read_text(encoding="utf-8", errors="replace").strip()
+    prompt = _read(prompt_file).strip()
     if not prompt:
         raise ConfigError(f"{prompt_file}: the system prompt is empty")
     return Agent(home, config_file, prompt_file, config, prompt, tools)

@@ -347,11 +347,11 @@ def respond_cmd(
                 doc["answered_by"] = answered_by
             interpret_json(req, json.dumps(doc))
             _check_edits(meta, req, doc)
-            mailbox.write_structured(doc, secret=req.is_secret)
+            mailbox.write_structured(doc)
         else:
             answer = _answer_text(req, text, file)
             interpret_text(req, answer.strip() if not req.is_secret else answer)
-            mailbox.write_answer(answer, secret=req.is_secret)
+            mailbox.write_answer(answer)
     except AnswerRejected as e:
         raise UsageError(str(e)) from None
     if req.is_secret and (text is not None or choice is not None):

@@ -31,6 +31,7 @@ from deltad.protocol import (
     atomic_write_json,
     atomic_write_text,
     current_owner,
+    safefs,
     save_metadata,
     transition,
     utcnow,
@@ -232,7 +233,7 @@ class Engine:
         tools = [t.schema() for t in self.agent.tools.values()] + [ASK_HUMAN_TOOL]
         ref = f"{self.journal.next_seq:05d}_{uuid.uuid4().hex[:8]}"
         record = self.paths.invocations / ref
-        record.mkdir(parents=True, exist_ok=True)
+        safefs.mkdirs(record)
         atomic_write_json(record / "request.json", self.model.request_body(messages, tools))
         with self.guard.window():
             reply = self.model.complete(messages, tools)
@@ -298,7 +299,7 @@ class Engine:
 
     def _record_dir(self, call: _Call) -> Any:
         d = self.paths.tool_executions / _SAFE_ID.sub("_", call.id)
-        d.mkdir(parents=True, exist_ok=True)
+        safefs.mkdirs(d)
         return d
 
     def _dispatch(self, call: _Call, requested: set[str]) -> None:

@@ -8,8 +8,8 @@ or key leaves the run exactly as it was.
 from __future__ import annotations
 
 import json
+import os
 import shlex
-import shutil
 import signal
 import sys
 import traceback
@@ -37,14 +37,16 @@ from deltad.protocol import (
     load_metadata,
     new_run_id,
     owner_alive,
+    safefs,
     save_metadata,
     transition,
     utcnow,
 )
+from deltad.protocol.fsio import atomic_write, read_regular
 from deltad.protocol.mailbox import Mailbox
 
 from . import exitcodes
-from .agent import Agent, load_agent
+from .agent import MAX_CONFIG_BYTES, Agent, load_agent
 from .asking import count_replies
 from .engine import Engine, Outcome
 from .errors import LLMError, UsageError
@@ -132,7 +134,7 @@ def _supersede(ws: Workspace, paths: RunPaths, meta: RunMetadata) -> None:
     """`--new` while the latest run still waits: park its question, mark it INTERRUPTED."""
     journal = Journal(paths.journal)
     mailbox = Mailbox(ws)
-    req = mailbox.read_request() if ws.request_file.exists() else None
+    req = mailbox.read_request()
     if req is not None and req.run_id == meta.run_id:
         mailbox.set_aside_request(f"superseded-{meta.run_id}")
     if meta.status in (RunStatus.WAITING_FOR_INPUT, RunStatus.RUNNING):
@@ -164,10 +166,9 @@ def _create(ws: Workspace, opts: RunOptions, prepared: Prepared) -> Selected:
     agent, model = prepared or _prepare(opts)
     run_id = new_run_id()
     paths = ws.run(run_id)
-    paths.execution.mkdir(parents=True)
-    paths.configuration.mkdir()
-    for f in (agent.config_file, agent.prompt_file):
-        shutil.copy2(f, paths.configuration / f.name)
+    safefs.mkdirs(paths.execution)
+    for f in (agent.config_file, agent.prompt_file):  # a snapshot: what this run was started with
+        atomic_write(paths.configuration / f.name, read_regular(f, MAX_CONFIG_BYTES, follow=True))
     now = utcnow()
     meta = RunMetadata(
         run_id=run_id,
@@ -245,14 +246,16 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -
 
 
 def _log_to(paths: RunPaths) -> None:
-    paths.execution.mkdir(parents=True, exist_ok=True)
-    logs.configure(level="info", fmt="json", stream=open(paths.engine_log, "a"))  # noqa: SIM115
+    fd = safefs.open_file(
+        paths.engine_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, create_dirs=True
+    )
+    logs.configure(level="info", fmt="json", stream=os.fdopen(fd, "a", encoding="utf-8"))
 
 
 def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> int:
     ws = Workspace.at(opts.work_dir)
     prepared: Prepared = None
-    if opts.new or not ws.delta_dir.is_dir():
+    if opts.new or not safefs.is_dir(ws.delta_dir):
         if not (opts.agent and opts.task):
             raise UsageError(
                 f"no run to resume in {ws.root}; start one with --agent DIR --task TEXT"

@@ -7,13 +7,12 @@ into tool arguments at execution time and redacted from tool output before it is
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from deltad.protocol import atomic_write, read_regular_text
+from deltad.protocol import atomic_write, read_regular_text, safefs
 
 HANDLE = re.compile(r"\$\{secret:([^}]{1,200})\}")
 
@@ -31,9 +30,7 @@ class SecretStore:
         return self.dir / hashlib.sha256(action_id.encode()).hexdigest()[:32]
 
     def put(self, action_id: str, value: str) -> None:
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.dir, 0o700)
-        atomic_write(self._file(action_id), value.encode("utf-8"), mode=0o600)
+        atomic_write(self._file(action_id), value.encode("utf-8"))  # 0600 by the mode rule
         if self._cache is not None:
             self._cache[action_id] = value
 
@@ -46,9 +43,9 @@ class SecretStore:
     def values(self) -> list[str]:
         if self._cache is None:
             self._cache = {}
-            if self.dir.is_dir():
-                for f in self.dir.iterdir():
-                    self._cache[f.name] = read_regular_text(f)
+            for name in safefs.listdir(self.dir):
+                if not name.startswith("."):  # an atomic write's temp file
+                    self._cache[name] = read_regular_text(self.dir / name)
         return [v for v in self._cache.values() if v]
 
     def reveal(self, args: Any) -> Any:

@@ -18,7 +18,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from deltad.protocol import atomic_write_json, atomic_write_text, current_owner
+from deltad.protocol import ProtocolError, atomic_write_json, atomic_write_text, current_owner
+from deltad.protocol.fsio import read_regular
 from deltad.protocol.process import owner_alive, proc_start_ticks
 
 from .agent import Invocation
@@ -148,13 +149,14 @@ def run_tool(
 def kill_orphan(record: Path) -> bool:
     """Kill the process group a crashed client left running, if it is still the same process."""
     try:
-        info = json.loads((record / "process.json").read_text())
-    except (OSError, ValueError):
+        info = json.loads(read_regular(record / "process.json", 4096))
+        pid, ticks = int(info["pid"]), info.get("start_ticks")
+    except (OSError, ValueError, TypeError, KeyError, ProtocolError):
         return False
     me = current_owner()
-    ghost = me.model_copy(update={"pid": info["pid"], "start_ticks": info.get("start_ticks")})
+    ghost = me.model_copy(update={"pid": pid, "start_ticks": ticks})
     if owner_alive(ghost):
-        kill_group(info["pid"])
+        kill_group(pid)
         return True
     return False
 

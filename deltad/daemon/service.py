@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from deltad import logs
-from deltad.protocol import Mailbox, Workspace, iso, utcnow
+from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, utcnow
 
 from .backoff import Backoff
 from .config import ConfigError, DaemonConfig, load_config
@@ -319,19 +319,21 @@ class Service:
         self._act(ws, v)
 
     def _log_refusals(self, fin: Finished) -> None:
-        """The client moved an answer aside (it did not fit the question): say so here too."""
+        """The client moved an answer aside (it did not fit the question): say so here too.
+        Only the names of the refusal notes are looked at, never what a user wrote: the
+        reason is the client's to show (`delta status`), and may concern a secret."""
+        since = int((fin.child.spawned_at - 1.0) * 1e9)  # file times are coarser
         try:
-            reasons = Mailbox(Workspace(fin.child.workspace)).refusals_since(
-                fin.child.spawned_at - 1.0  # file times are coarser than time.time()
-            )
-        except OSError:
+            notes = Mailbox(Workspace(fin.child.workspace)).rejected_since(since)
+        except (OSError, ProtocolError):
             return
-        for reason in reasons:
+        for note in notes:
             log.warning(
                 "answer_refused",
                 workspace=str(fin.child.workspace),
                 run_id=fin.child.run_id,
-                reason=reason,
+                file=note,
+                detail="the client set the answer aside; `delta status` shows why",
             )
 
     def _judge(self, ws: Path, fin: Finished, v: Verdict) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import CorruptFile
-from .fsio import append_durable, atomic_write, fsync_dir
+from . import safefs
+from .errors import CorruptFile, UnsafeFile
+from .fsio import append_durable, atomic_write, fsync_dir, read_regular
 from .models import EventType, JournalEvent, iso, utcnow
 
 
@@ -40,11 +41,18 @@ def _reformatted(path: Path, data: bytes) -> CorruptFile | None:
     return None
 
 
+# A journal is read whole; far above any real run (100,000 events is ~50 MB), and a bound on
+# what a hand-made file can make `delta` or `delta status` allocate.
+MAX_JOURNAL_BYTES = 1 << 30
+
+
 def read_journal(path: Path) -> JournalRead:
     try:
-        data = path.read_bytes()
+        data = read_regular(path, MAX_JOURNAL_BYTES)
     except FileNotFoundError:
         return JournalRead([], 0, b"")
+    except UnsafeFile as e:
+        raise CorruptFile(str(e)) from None
     if not data:
         return JournalRead([], 0, b"")
     if err := _reformatted(path, data):
@@ -86,7 +94,7 @@ class Journal:
         stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")  # a later tear at the same offset: new file
         kept = self.path.with_name(f"{self.path.name}.torn-{read.good_bytes}-{stamp}")
         atomic_write(kept, read.torn)
-        fd = os.open(self.path, os.O_WRONLY)
+        fd = safefs.open_file(self.path, os.O_WRONLY)
         try:
             os.ftruncate(fd, read.good_bytes)
             os.fsync(fd)
@@ -113,7 +121,7 @@ class Journal:
             ensure_ascii=False,
             separators=(",", ":"),
         )
-        new_file = not self.path.exists()
+        new_file = not safefs.exists(self.path)
         append_durable(self.path, line.encode() + b"\n")
         if new_file:
             fsync_dir(self.path.parent)

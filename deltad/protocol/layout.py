@@ -18,6 +18,7 @@ from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
+from . import safefs
 from .errors import CorruptFile
 from .fsio import atomic_write_text, read_regular_text
 
@@ -77,7 +78,10 @@ class Workspace:
 
     @classmethod
     def at(cls, path: str | Path) -> Workspace:
-        return cls(Path(path).absolute())
+        root = Path(path).absolute()
+        if DELTA_DIR in root.parts:
+            raise CorruptFile(f"{root} is inside a .delta/ directory; that cannot be a workspace")
+        return cls(root)
 
     # Paths are derived once per instance: the daemon reads ~20 per workspace per reconcile.
     @cached_property
@@ -130,6 +134,4 @@ class Workspace:
         atomic_write_text(self.latest_file, run_id)
 
     def run_ids(self) -> list[str]:
-        if not self.runs_dir.is_dir():
-            return []
-        return sorted(p.name for p in self.runs_dir.iterdir() if RUN_ID_RE.match(p.name))
+        return sorted(n for n in safefs.listdir(self.runs_dir) if RUN_ID_RE.match(n))

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from . import safefs
 from .errors import Busy
 
 
@@ -21,8 +22,7 @@ class WorkspaceLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = safefs.open_file(self.path, os.O_RDWR | os.O_CREAT, create_dirs=True)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -2,23 +2,27 @@
 
 The engine only ever takes an answer that (a) sits next to a request of this run and action,
 (b) is a regular UTF-8 file under the size cap, and (c) was written after the request.
+Every file here is reached through `safefs`: no symlink is followed, nothing is read unbounded.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from . import safefs
 from .errors import CorruptFile, UnsafeFile
-from .fsio import atomic_write, fsync_dir, lstat_or_none, read_regular
+from .fsio import MAX_MAILBOX_BYTES, atomic_write, lstat_or_none, read_regular
 from .layout import Workspace
 from .models import InteractionRequest, utcnow
+
+MAX_ERROR_BYTES = 4096
+REJECTED = "response.rejected-"
+STALE = "response.stale-"
 
 
 class AnswerState(StrEnum):
@@ -36,6 +40,23 @@ class Answer:
     path: Path = Path()
     mtime_ns: int = 0
     uid: int = -1
+    size: int = 0
+
+
+def _stamp() -> str:
+    return utcnow().strftime("%Y%m%dT%H%M%S%f")
+
+
+def parse_request(raw: bytes, where: Path) -> InteractionRequest:
+    """`request.json` bytes → the request, or CorruptFile with one line."""
+    try:
+        return InteractionRequest.model_validate_json(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise CorruptFile(f"{where}: {loc}: {first['msg']}") from None
+    except (ValueError, RecursionError):
+        raise CorruptFile(f"{where}: not a valid question file") from None
 
 
 class Mailbox:
@@ -47,23 +68,19 @@ class Mailbox:
             raw = read_regular(self.ws.request_file)
         except FileNotFoundError:
             return None
-        try:
-            return InteractionRequest.model_validate_json(raw)
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-            raise CorruptFile(f"{self.ws.request_file}: {where}: {first['msg']}") from None
+        return parse_request(raw, self.ws.request_file)
 
-    def post(self, request: InteractionRequest) -> None:
-        """Publish a question. An answer file already there predates it: set it aside."""
-        self.ws.interaction_dir.mkdir(parents=True, exist_ok=True)
+    def post(self, request: InteractionRequest) -> list[Path]:
+        """Publish a question. An answer file already there predates it: set it aside (never
+        deleted) and return where, so the caller can say so."""
+        moved = []
         for old in (self.ws.response_file, self.ws.response_json):
             if lstat_or_none(old) is not None:
-                stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
-                os.replace(old, self.ws.interaction_dir / f"response.stale-{stamp}{old.suffix}")
-        atomic_write(
-            self.ws.request_file, (request.model_dump_json(indent=2) + "\n").encode(), 0o644
-        )
+                dest = self.ws.interaction_dir / f"{STALE}{_stamp()}{old.suffix}"
+                safefs.rename(old, dest)
+                moved.append(dest)
+        atomic_write(self.ws.request_file, (request.model_dump_json(indent=2) + "\n").encode())
+        return moved
 
     def answer_file(self) -> Path | None:
         """response.json (structured) wins over response.txt; None when neither exists."""
@@ -76,14 +93,17 @@ class Mailbox:
         path = self.answer_file()
         if path is None:
             return Answer(AnswerState.MISSING)
+        st = lstat_or_none(path)
+        if st is None:
+            return Answer(AnswerState.MISSING)
         try:
             raw = read_regular(path)
-            st = os.stat(path, follow_symlinks=False)
             text = raw.decode("utf-8")
         except UnsafeFile as e:
-            return Answer(AnswerState.REFUSED, reason=str(e), path=path)
+            return Answer(AnswerState.REFUSED, reason=str(e), path=path, size=st.st_size)
         except UnicodeDecodeError:
-            return Answer(AnswerState.REFUSED, reason=f"{path} is not valid UTF-8", path=path)
+            reason = f"{path.name} is not valid UTF-8"
+            return Answer(AnswerState.REFUSED, reason=reason, path=path, size=st.st_size)
         except FileNotFoundError:
             return Answer(AnswerState.MISSING)
         req_st = lstat_or_none(self.ws.request_file)
@@ -95,68 +115,74 @@ class Mailbox:
                 path=path,
             )
         text = text.rstrip("\r\n") if secret else text.strip()
-        return Answer(AnswerState.READY, text, "", path, st.st_mtime_ns, st.st_uid)
+        return Answer(AnswerState.READY, text, "", path, st.st_mtime_ns, st.st_uid, st.st_size)
 
-    def refuse(self, path: Path, reason: str) -> Path:
-        """Move an answer that does not fit aside, with a `.error` file saying why. The
-        question stays pending; nothing the human wrote is lost."""
-        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
-        kept = self.ws.interaction_dir / f"response.rejected-{stamp}{path.suffix}"
-        os.replace(path, kept)
-        atomic_write(kept.with_suffix(".error"), (reason + "\n").encode())
+    def refuse(self, path: Path, reason: str, *, secret: bool = False) -> Path | None:
+        """Move an answer that does not fit aside, with a `.error` file saying why; the question
+        stays pending. An answer to a sensitive question is not kept at all (it may be the
+        secret, mistyped): it is removed and the `.error` says so. Returns where it went."""
+        stamp = _stamp()
+        error = self.ws.interaction_dir / f"{REJECTED}{stamp}.error"
+        if secret:
+            safefs.unlink(path)
+            note = (
+                f"{reason} (the answer was discarded: the question is sensitive, so a refused "
+                "answer is not kept)"
+            )
+            atomic_write(error, (note + "\n").encode())
+            return None
+        kept = self.ws.interaction_dir / f"{REJECTED}{stamp}{path.suffix}"
+        safefs.rename(path, kept)
+        atomic_write(error, (reason + "\n").encode())
         return kept
 
-    def refusals_since(self, wall_time: float) -> list[str]:
-        """Reasons for answers refused at or after `wall_time` (for the daemon's log)."""
-        if not self.ws.interaction_dir.is_dir():
-            return []
+    def rejected_since(self, mtime_ns: int) -> list[str]:
+        """Names of answers refused at or after `mtime_ns` (their `.error` files); names only,
+        never content: the daemon reports them without reading what a user wrote."""
         found = sorted(
-            (st.st_mtime, p)
-            for p in self.ws.interaction_dir.glob("response.rejected-*.error")
-            if (st := p.stat()).st_mtime >= wall_time
+            (st.st_mtime_ns, name)
+            for name, st in safefs.scandir_stats(self.ws.interaction_dir, REJECTED)
+            if name.endswith(".error") and st.st_mtime_ns >= mtime_ns
         )
-        return [p.read_text(errors="replace").strip() for _, p in found]
+        return [name for _, name in found]
 
     def last_refusal(self) -> str | None:
         """The newest refusal reason written since the pending question was posted."""
         req_st = lstat_or_none(self.ws.request_file)
-        if req_st is None or not self.ws.interaction_dir.is_dir():
+        if req_st is None:
             return None
-        errors = [
-            (st.st_mtime_ns, p)
-            for p in self.ws.interaction_dir.glob("response.rejected-*.error")
-            if (st := p.stat()).st_mtime_ns >= req_st.st_mtime_ns
-        ]
-        if not errors:
+        names = self.rejected_since(req_st.st_mtime_ns)
+        if not names:
             return None
-        return max(errors)[1].read_text(errors="replace").strip()
+        try:
+            raw = read_regular(self.ws.interaction_dir / names[-1], MAX_ERROR_BYTES)
+        except (OSError, UnsafeFile) as e:
+            return f"(the refusal note {names[-1]} is unreadable: {e})"
+        return raw.decode("utf-8", errors="replace").strip()
+
+    def stale_answers(self) -> list[str]:
+        return sorted(n for n, _ in safefs.scandir_stats(self.ws.interaction_dir, STALE))
 
     def discard_answer(self) -> None:
-        _unlink_durably(self.ws.response_json)
-        _unlink_durably(self.ws.response_file)
+        safefs.unlink(self.ws.response_json)
+        safefs.unlink(self.ws.response_file)
 
     def withdraw(self) -> None:
         """Remove the question. Callers remove the answer first: a crash in between leaves a
         question whose action the journal already answered, which the next resume removes."""
-        _unlink_durably(self.ws.request_file)
+        safefs.unlink(self.ws.request_file)
 
     def set_aside_request(self, why: str) -> Path:
-        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
-        dest = self.ws.interaction_dir / f"request.{why}-{stamp}.json"
-        os.replace(self.ws.request_file, dest)
+        dest = self.ws.interaction_dir / f"request.{why}-{_stamp()}.json"
+        safefs.rename(self.ws.request_file, dest)
         return dest
 
-    def write_structured(self, doc: dict[str, object], *, secret: bool = False) -> None:
-        atomic_write(
-            self.ws.response_json, json.dumps(doc, indent=2).encode(), 0o600 if secret else 0o644
-        )
+    def write_structured(self, doc: dict[str, object]) -> None:
+        atomic_write(self.ws.response_json, json.dumps(doc, indent=2).encode())
 
-    def write_answer(self, text: str, *, secret: bool = False) -> None:
+    def write_answer(self, text: str) -> None:
         """Used by `delta respond`: an atomic rename, so no watcher sees half an answer."""
-        atomic_write(self.ws.response_file, text.encode("utf-8"), 0o600 if secret else 0o644)
+        atomic_write(self.ws.response_file, text.encode("utf-8"))
 
 
-def _unlink_durably(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-        fsync_dir(path.parent)
+__all__ = ["MAX_MAILBOX_BYTES", "Answer", "AnswerState", "Mailbox", "parse_request"]

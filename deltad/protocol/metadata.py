@@ -8,7 +8,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from .errors import CorruptFile
+from .errors import CorruptFile, UnsafeFile
 from .fsio import atomic_write, read_regular
 from .models import RunMetadata, utcnow
 from .states import RunStatus, check_transition
@@ -21,11 +21,17 @@ _MAX_METADATA_BYTES = 1024 * 1024
 def load_metadata(path: Path) -> RunMetadata:
     """Raises FileNotFoundError, or CorruptFile with the reason in one line."""
     try:
-        return RunMetadata.model_validate_json(read_regular(path, _MAX_METADATA_BYTES))
+        raw = read_regular(path, _MAX_METADATA_BYTES)
+    except UnsafeFile as e:
+        raise CorruptFile(str(e)) from None
+    try:
+        return RunMetadata.model_validate_json(raw)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise CorruptFile(f"{path}: {where}: {first['msg']}") from None
+    except (ValueError, RecursionError):
+        raise CorruptFile(f"{path}: not a valid metadata file") from None
 
 
 def save_metadata(path: Path, meta: RunMetadata) -> None:

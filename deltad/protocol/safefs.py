@@ -1,0 +1,321 @@
+"""Filesystem access beneath a workspace that never follows a symlink inside `.delta/`.
+
+A workspace belongs to whoever can write in it, and `deltad` may act on it with more
+privileges than its owner. So every path with a `.delta` component is resolved from the
+directory that holds `.delta` (the workspace root, which may itself be reached through
+symlinks, e.g. /home -> /usr/home) one component at a time with `O_NOFOLLOW | O_DIRECTORY`,
+and the last step (open, rename, unlink, stat, list) is made relative to that directory fd.
+A symlink anywhere from `.delta` down is refused with `UnsafeFile`, never followed.
+
+Paths without a `.delta` component (agent files, the daemon's state dir) are opened as asked.
+
+Modes (docs/daemon.md, "File modes") are applied here too, explicitly, so no umask matters:
+private by default (dirs 0700, files 0600); a shared `.delta/` (setgid, group rwx) makes
+new dirs 2770 and files 0660. When root creates something in a directory owned by someone
+else, it is handed to that directory's owner, so a root daemon never leaves root-owned files
+in a user's run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UnsafeFile
+
+DELTA_DIR = ".delta"
+
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+SHARED_DIR, SHARED_FILE = 0o2770, 0o660
+
+
+def is_shared(st: os.stat_result) -> bool:
+    """A `.delta/` an operator made for a group: setgid and group rwx."""
+    return bool(st.st_mode & stat.S_ISGID) and st.st_mode & 0o070 == 0o070
+
+
+@dataclass(frozen=True)
+class Modes:
+    dir: int
+    file: int
+
+    @classmethod
+    def of(cls, delta_st: os.stat_result | None) -> Modes:
+        if delta_st is not None and is_shared(delta_st):
+            return cls(SHARED_DIR, SHARED_FILE)
+        return cls(PRIVATE_DIR, PRIVATE_FILE)
+
+
+def split(path: Path) -> tuple[Path, tuple[str, ...]] | None:
+    """(the directory holding `.delta`, the components from `.delta` down), or None when
+    `path` has no `.delta` component. The first `.delta` counts: names below it are the
+    protocol's own (or sanitised ids), so a later `.delta` is just a name."""
+    parts = path.parts
+    try:
+        i = parts.index(DELTA_DIR)
+    except ValueError:
+        return None
+    return Path(*parts[:i]) if i else Path("."), parts[i:]
+
+
+def _refuse(path: Path, what: str) -> UnsafeFile:
+    return UnsafeFile(f"{path} is {what}; inside .delta/ only real directories and files are used")
+
+
+@dataclass
+class Dir:
+    """An open directory fd and what new entries in it should look like."""
+
+    fd: int
+    path: Path
+    modes: Modes
+    owner: tuple[int, int] | None  # (uid, gid) to hand new entries to, when root creates them
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _owner_for(st: os.stat_result) -> tuple[int, int] | None:
+    if os.geteuid() == 0 and st.st_uid != 0:
+        return st.st_uid, st.st_gid
+    return None
+
+
+def _adopt(fd: int, d: Dir, mode: int) -> None:
+    os.fchmod(fd, mode)
+    if d.owner is not None:
+        os.fchown(fd, *d.owner)
+
+
+def _open_sub(d: Dir, name: str, full: Path, create: bool) -> int:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=d.fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):  # made meanwhile by someone else: fine
+        os.mkdir(name, d.modes.dir, dir_fd=d.fd)
+        fd = os.open(name, flags, dir_fd=d.fd)
+        try:
+            _adopt(fd, d, d.modes.dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    return os.open(name, flags, dir_fd=d.fd)
+
+
+def _walk_error(e: OSError, path: Path) -> Exception:
+    if e.errno in (errno.ELOOP, errno.EMLINK):
+        return _refuse(path, "a symlink")
+    if e.errno == errno.ENOTDIR:
+        return _refuse(path, "not a directory")
+    return e
+
+
+def open_dir(path: Path, *, create: bool = False) -> Dir:
+    """Open directory `path` (making missing ones when `create`) without following a symlink
+    from `.delta` down. Raises FileNotFoundError, UnsafeFile or OSError."""
+    parts = split(path)
+    if parts is None:
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return Dir(fd, path, Modes(0o755, 0o644), None)
+    root, rel = parts
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    d = Dir(fd, root, Modes(PRIVATE_DIR, PRIVATE_FILE), _owner_for(st))
+    here = root
+    try:
+        for i, name in enumerate(rel):
+            here = here / name
+            try:
+                sub = _open_sub(d, name, here, create)
+            except OSError as e:
+                raise _walk_error(e, here) from None
+            os.close(d.fd)
+            st = os.fstat(sub)
+            if i == 0:  # `.delta` itself decides the modes of everything below it
+                d.modes = Modes.of(st)
+            d = Dir(sub, here, d.modes, _owner_for(st))
+    except BaseException:
+        d.close()
+        raise
+    return d
+
+
+@contextlib.contextmanager
+def opened_dir(path: Path, *, create: bool = False) -> Iterator[Dir]:
+    d = open_dir(path, create=create)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+@contextlib.contextmanager
+def parent(path: Path, *, create: bool = False) -> Iterator[Dir]:
+    with opened_dir(path.parent, create=create) as d:
+        yield d
+
+
+# -- single operations ----------------------------------------------------------------------
+def open_file(path: Path, flags: int, *, create_dirs: bool = False) -> int:
+    """Open a file with O_NOFOLLOW from its verified directory (see `open_in`)."""
+    with parent(path, create=create_dirs) as d:
+        return open_in(d, path.name, flags)
+
+
+def open_in(d: Dir, name: str, flags: int) -> int:
+    """O_NOFOLLOW open relative to `d`. With O_CREAT a file that is new gets the mode of the
+    rule and, when root creates it, the directory owner's ownership."""
+    flags |= os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        if flags & os.O_CREAT and not flags & os.O_EXCL:
+            try:  # tell a creation from an open of an existing file: only new files get modes
+                fd = os.open(name, flags | os.O_EXCL, d.modes.file, dir_fd=d.fd)
+            except FileExistsError:
+                return os.open(name, flags & ~os.O_CREAT, dir_fd=d.fd)
+            _adopt(fd, d, d.modes.file)
+            return fd
+        fd = os.open(name, flags, d.modes.file, dir_fd=d.fd)
+        if flags & os.O_CREAT:
+            _adopt(fd, d, d.modes.file)
+        return fd
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _refuse(d.path / name, "a symlink") from None
+        raise
+
+
+def lstat(path: Path) -> os.stat_result | None:
+    """lstat without following a symlink on the way; None when absent (or its dir is)."""
+    try:
+        with parent(path) as d:
+            return os.stat(path.name, dir_fd=d.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def exists(path: Path) -> bool:
+    return lstat(path) is not None
+
+
+def is_dir(path: Path) -> bool:
+    """A real directory (not a symlink to one), reached without following symlinks."""
+    try:
+        with opened_dir(path):
+            return True
+    except (FileNotFoundError, UnsafeFile, NotADirectoryError):
+        return False
+
+
+def listdir(path: Path) -> list[str]:
+    """Names in a directory (empty when it does not exist)."""
+    try:
+        d = open_dir(path)
+    except FileNotFoundError:
+        return []
+    try:
+        return os.listdir(d.fd)
+    finally:
+        d.close()
+
+
+def scandir_stats(path: Path, prefix: str = "") -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of the entries starting with `prefix` (for rejected/stale files)."""
+    try:
+        d = open_dir(path)
+    except FileNotFoundError:
+        return []
+    out = []
+    try:
+        for name in os.listdir(d.fd):
+            if name.startswith(prefix):
+                with contextlib.suppress(FileNotFoundError):
+                    out.append((name, os.stat(name, dir_fd=d.fd, follow_symlinks=False)))
+    finally:
+        d.close()
+    return out
+
+
+def unlink(path: Path, *, durable: bool = True) -> bool:
+    """Remove a file (a symlink is removed, never followed). False when it was not there."""
+    try:
+        with parent(path) as d:
+            os.unlink(path.name, dir_fd=d.fd)
+            if durable:
+                os.fsync(d.fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def rename(src: Path, dst: Path) -> None:
+    """Rename within one directory (the protocol only ever moves files next to themselves)."""
+    if src.parent != dst.parent:
+        raise ValueError("rename across directories")
+    with parent(src) as d:
+        os.rename(src.name, dst.name, src_dir_fd=d.fd, dst_dir_fd=d.fd)
+        os.fsync(d.fd)
+
+
+def mkdirs(path: Path) -> None:
+    with opened_dir(path, create=True):
+        pass
+
+
+def read_in(d: Dir, name: str, limit: int) -> bytes:
+    fd = open_in(d, name, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return _read_fd(fd, d.path / name, limit)
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int, path: Path, limit: int) -> bytes:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile(f"{path} is not a regular file (FIFO, device or directory)")
+    if st.st_size > limit:
+        raise UnsafeFile(f"{path} is {st.st_size} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := os.read(fd, 1 << 20):
+        total += len(chunk)
+        if total > limit:  # grew while we read it
+            raise UnsafeFile(f"{path} is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read(path: Path, limit: int, *, follow: bool = False) -> bytes:
+    """A regular file of at most `limit` bytes, opened non-blocking (a FIFO never blocks).
+    Beneath `.delta` no symlink is followed anywhere; elsewhere only the last component is
+    checked, unless `follow` (agent files may be links)."""
+    if split(path) is not None:
+        with parent(path) as d:
+            return read_in(d, path.name, limit)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeFile(f"{path} is a symlink; write a regular file instead") from None
+        raise
+    try:
+        return _read_fd(fd, path, limit)
+    finally:
+        os.close(fd)
+
+
+def temp_name(name: str) -> str:
+    return f".{name}.{secrets.token_hex(4)}.tmp"
