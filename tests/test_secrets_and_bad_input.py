@@ -156,8 +156,10 @@ def test_symlinked_response_is_refused_and_kept(
     response.symlink_to(target)
     r = delta("run")
     assert r.code == 101 and "symlink" in r.err
-    assert delta.status() == "WAITING_FOR_INPUT" and response.is_symlink()
-    response.unlink()
+    # Set aside (the link itself, never its target), so it cannot block the question forever.
+    assert delta.status() == "WAITING_FOR_INPUT" and not os.path.lexists(response)
+    [kept] = response.parent.glob("response.rejected-*.txt")
+    assert kept.is_symlink() and target.read_text() == "sneaky"
     response.write_text("honest")
     assert delta("run").code == 0
     assert fake.tool_results()["q"] == "honest"
@@ -176,9 +178,15 @@ def test_unusable_response_files_are_refused(delta: Delta, fake: FakeLLM, kind: 
         response.mkdir()
     r = delta("run", timeout=30)
     assert r.code == 101, r.err
-    assert "response not taken" in r.err and "Traceback" not in r.err
+    assert "answer not taken" in r.err and "Traceback" not in r.err
     assert delta.status() == "WAITING_FOR_INPUT"
-    assert os.path.lexists(response)
+    # Moved aside with a reason, never consumed and never left to block the question.
+    assert not os.path.lexists(response)
+    assert list(response.parent.glob("response.rejected-*.txt"))
+    assert "Last answer was not taken" in delta("status").out
+    response.write_text("good")
+    assert delta("run").code == 0
+    assert fake.tool_results()["q"] == "good"
 
 
 def test_response_older_than_the_question_is_not_taken(delta: Delta, fake: FakeLLM) -> None:

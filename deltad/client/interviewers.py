@@ -95,13 +95,17 @@ class MailboxInterviewer:
         if answer.state == AnswerState.READY:
             if reply := self._interpret(req, answer):
                 return reply
-        elif answer.state in (AnswerState.STALE, AnswerState.REFUSED):
+        elif answer.state == AnswerState.REFUSED:
+            # Unreadable as an answer (FIFO, symlink, too big, not UTF-8): set it aside like any
+            # misfit, so it neither blocks the question nor gets retried forever.
+            self._refuse(req, answer.path, answer.reason)
+        elif answer.state == AnswerState.STALE:
             self.warn(f"response not taken: {answer.reason}")
         return None
 
     def _interpret(self, req: InteractionRequest, answer: Any) -> Reply | None:
         if req.expires_at and answer.mtime_ns > req.expires_at.timestamp() * 1e9:
-            self._refuse(answer.path, "it arrived after the question expired")
+            self._refuse(req, answer.path, "it arrived after the question expired")
             return None
         try:
             if answer.path.suffix == ".json":
@@ -109,7 +113,7 @@ class MailboxInterviewer:
             else:
                 reply = interpret_text(req, answer.text)
         except AnswerRejected as e:
-            self._refuse(answer.path, str(e))
+            self._refuse(req, answer.path, str(e))
             return None
         reply.source = "mailbox"
         reply.answered_by = reply.answered_by or _owner(answer.uid)
@@ -118,12 +122,13 @@ class MailboxInterviewer:
 
     def reject(self, req: InteractionRequest, reason: str) -> bool:
         if self.last is not None:
-            self._refuse(self.last, reason)
+            self._refuse(req, self.last, reason)
         return False
 
-    def _refuse(self, path: Path, reason: str) -> None:
-        kept = self.mailbox.refuse(path, reason)
-        self.warn(f"answer not taken: {reason} (moved to {kept.name})")
+    def _refuse(self, req: InteractionRequest, path: Path, reason: str) -> None:
+        kept = self.mailbox.refuse(path, reason, secret=req.is_secret)
+        where = f"moved to {kept.name}" if kept else "discarded: the question is sensitive"
+        self.warn(f"answer not taken: {reason} ({where})")
 
     def settle(self, req: InteractionRequest) -> None:
         if self._posted(req):

@@ -155,7 +155,10 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdi
         answer = mailbox.read_answer(request, secret=request.is_secret)
     except OSError as e:
         return _problem(f"{ws.response_file}: {e.strerror}", run_id, status)
-    if answer.state is not AnswerState.READY:
+    # A READY answer is resumed; so is a REFUSED one (a FIFO, a symlink, too big, not UTF-8)
+    # once its writer is done: the client then sets it aside with the reason, instead of it
+    # blocking the question forever.
+    if answer.state not in (AnswerState.READY, AnswerState.REFUSED):
         if deadline is not None and time.time() >= deadline:
             return expired  # nobody answered (usably) in time: the client applies the rule
         v = (
@@ -166,6 +169,8 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdi
         v.wake_at = deadline
         return v
     v = _complete_answer(answer.path, run_id, status, why, settle)
+    if answer.state is AnswerState.REFUSED:
+        v.problem = f"{answer.reason} (the resume sets it aside)"
     if v.action is Action.NONE and deadline is not None:
         v.wake_at = min(deadline, v.wake_at or deadline)
     return v

@@ -77,6 +77,9 @@ def _ingest(ws: Workspace, record: Path) -> tuple[Path, RunMetadata] | None:
     answer = mailbox.read_answer(request) if request else None
     if meta.status is not RunStatus.WAITING_FOR_INPUT or not answer:
         return None
+    if answer.state is AnswerState.REFUSED:  # as the client does: set it aside, keep waiting
+        mailbox.refuse(answer.path, answer.reason)
+        return None
     if answer.state is not AnswerState.READY:
         return None
     meta = transition(path, meta, RunStatus.RUNNING, workspace=str(ws.root), owner=current_owner())

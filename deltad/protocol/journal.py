@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from . import safefs
 from .errors import CorruptFile, UnsafeFile
+from .events import check_payload
 from .fsio import append_durable, atomic_write, fsync_dir, read_regular
 from .models import EventType, JournalEvent, iso, utcnow
 
@@ -62,18 +63,34 @@ def read_journal(path: Path) -> JournalRead:
     lines = data.split(b"\n")
     complete, tail = lines[:-1], lines[-1]
     for n, line in enumerate(complete, 1):
-        is_last = n == len(complete) and not tail
         try:
-            events.append(JournalEvent.model_validate(json.loads(line)))
-        except (ValueError, ValidationError):
-            if is_last:  # e.g. a zero-filled block after a crash: same as a torn line
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            if n == len(complete) and not tail:  # e.g. a zero-filled block after a crash
                 return JournalRead(events, offset, data[offset:])
             raise CorruptFile(
-                f"{path} line {n} is not a journal event; the journal is damaged "
-                "(restore it from a backup)"
+                f"{path} line {n} is not JSON; the journal is damaged (restore it from a backup)"
             ) from None
+        events.append(_event(path, n, obj))
         offset += len(line) + 1
     return JournalRead(events, offset, tail)
+
+
+def _event(path: Path, n: int, obj: object) -> JournalEvent:
+    """A parsed line as an event whose payload fits its type, or one line saying what is wrong:
+    valid JSON that is not a valid event was edited by hand, not torn by a crash."""
+    try:
+        event = JournalEvent.model_validate(obj)
+        check_payload(str(event.type), event.payload)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        kind = obj.get("type", "?") if isinstance(obj, dict) else "?"
+        raise CorruptFile(
+            f"{path} line {n} ({kind}): {where}: {first['msg']}; the journal was edited or "
+            "damaged (restore it from a backup)"
+        ) from None
+    return event
 
 
 class Journal:

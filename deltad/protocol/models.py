@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from .process import OwnerProcess
 from .states import RunStatus
@@ -21,6 +21,18 @@ def iso(dt: datetime) -> str:
     return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+def _aware(dt: datetime) -> datetime:
+    # Files are written with "Z"; a hand-written naive time is read as UTC rather than as
+    # local time (whose conversion fails for year 1 and differs between hosts).
+    try:
+        return (dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)).astimezone(UTC)
+    except OverflowError:
+        raise ValueError("date out of range") from None
+
+
+Timestamp = Annotated[datetime, AfterValidator(_aware)]
+
+
 class _Model(BaseModel):
     # Files written by newer versions may carry fields we do not know: keep them.
     model_config = ConfigDict(extra="allow")
@@ -31,9 +43,9 @@ class RunMetadata(_Model):
     status: RunStatus
     task: str
     agent_ref: str
-    start_time: datetime
-    updated_at: datetime
-    end_time: datetime | None = None
+    start_time: Timestamp
+    updated_at: Timestamp
+    end_time: Timestamp | None = None
     iterations_completed: int = 0
     max_iterations: int | None = None
     owner: OwnerProcess | None = None
@@ -72,7 +84,7 @@ class InteractionRequest(_Model):
     """
 
     request_id: str = Field(default_factory=lambda: str(uuid.uuid4()))
-    timestamp: datetime = Field(default_factory=utcnow)
+    timestamp: Timestamp = Field(default_factory=utcnow)
     prompt: str
     input_type: InputType = InputType.TEXT
     sensitive: bool = False
@@ -81,7 +93,7 @@ class InteractionRequest(_Model):
     options: list[Option] = Field(default_factory=list)
     default: str | None = None
     timeout_seconds: float | None = Field(default=None, gt=0)
-    expires_at: datetime | None = None
+    expires_at: Timestamp | None = None
     calls: list[GatedCall] = Field(default_factory=list)
 
     @property
@@ -110,6 +122,6 @@ class ActionStatus(StrEnum):
 
 class JournalEvent(_Model):
     seq: int
-    timestamp: datetime
+    timestamp: Timestamp
     type: EventType | str  # unknown types from newer writers are kept, not fatal
     payload: dict[str, Any] = Field(default_factory=dict)

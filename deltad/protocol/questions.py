@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .models import InputType, InteractionRequest, Option
+from .models import InputType, InteractionRequest, Option, Timestamp
 
 _ACCEL = (
     re.compile(r"^\s*\[(\w)\]\s*(.+)$"),  # [A] Approve
@@ -83,20 +82,25 @@ class Reply(BaseModel):
     decisions: list[CallDecision] = Field(default_factory=list)
     answered_by: str | None = None
     source: str = "human"
-    at: datetime | None = None
+    at: Timestamp | None = None
 
 
 YES = {"y", "yes", "approve", "approved"}
 NO = {"n", "no", "reject", "rejected"}
 
 
-def _yes_no(text: str) -> str:
+def shown(req: InteractionRequest, text: str) -> str:
+    """How a refusal may quote an answer: never when the question is sensitive."""
+    return "the answer" if req.is_secret else repr(text.strip()[:40])
+
+
+def _yes_no(req: InteractionRequest, text: str) -> str:
     word = text.strip().lower()
     if word in {"y", "yes"}:
         return "yes"
     if word in {"n", "no"}:
         return "no"
-    raise AnswerRejected(f"answer {text.strip()[:40]!r} must be yes or no")
+    raise AnswerRejected(f"{shown(req, text)} must be yes or no")
 
 
 def _choice(req: InteractionRequest, text: str) -> Reply:
@@ -106,7 +110,7 @@ def _choice(req: InteractionRequest, text: str) -> Reply:
         if wanted in (opt.key.lower(), opt.label.lower(), full):
             return Reply(value=opt.label, key=opt.key)
     listed = ", ".join(f"{o.key}) {o.label}" for o in req.options)
-    raise AnswerRejected(f"{text.strip()[:40]!r} is not one of the options: {listed}")
+    raise AnswerRejected(f"{shown(req, text)} is not one of the options: {listed}")
 
 
 def _all_calls(req: InteractionRequest, text: str) -> Reply:
@@ -121,7 +125,7 @@ def _all_calls(req: InteractionRequest, text: str) -> Reply:
         decision = Decision.CANCEL
     else:
         raise AnswerRejected(
-            f"{text.strip()[:40]!r} is not approve, reject[: reason] or cancel "
+            f"{shown(req, text)} is not approve, reject[: reason] or cancel "
             "(use response.json for per-call decisions or edits)"
         )
     return Reply(
@@ -151,7 +155,7 @@ def _check_decisions(req: InteractionRequest, decisions: list[CallDecision]) -> 
 def interpret_text(req: InteractionRequest, text: str) -> Reply:
     kind = req.input_type
     if kind in (InputType.CONFIRMATION, InputType.YES_NO):
-        return Reply(value=_yes_no(text))
+        return Reply(value=_yes_no(req, text))
     if kind == InputType.CHOICE:
         return _choice(req, text)
     if kind == InputType.APPROVAL:
@@ -161,10 +165,17 @@ def interpret_text(req: InteractionRequest, text: str) -> Reply:
 
 def interpret_json(req: InteractionRequest, raw: str) -> Reply:
     try:
-        doc = StructuredAnswer.model_validate(json.loads(raw))
-    except ValueError as e:
-        reason = e.errors()[0]["msg"] if isinstance(e, ValidationError) else "not valid JSON"
-        raise AnswerRejected(f"response.json: {reason}") from None
+        obj = json.loads(raw)
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")  # a lone surrogate ("\ud800")
+        doc = StructuredAnswer.model_validate(obj)
+    except ValidationError as e:
+        raise AnswerRejected(f"response.json: {e.errors()[0]['msg']}") from None
+    except RecursionError:
+        raise AnswerRejected("response.json: nested too deeply") from None
+    except UnicodeError:
+        raise AnswerRejected("response.json: holds text that is not valid Unicode") from None
+    except ValueError:
+        raise AnswerRejected("response.json: not valid JSON") from None
     if doc.request_id != req.request_id:
         raise AnswerRejected(
             f"response.json answers request {doc.request_id}, but the pending question is "

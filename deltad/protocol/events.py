@@ -1,0 +1,99 @@
+"""Typed payloads of the journal's events: what each event type must carry.
+
+The journal is the run's source of truth and is also a file a person can edit. Each line's
+payload is checked against its type's model when the journal is read, so a hand-edited or
+damaged line is one clear error naming the line, never a KeyError deep in the engine.
+Unknown event types (from a newer writer) are kept without checks. Extra fields are allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .models import ActionStatus, EventType, InteractionRequest
+from .questions import Reply
+from .states import RunStatus
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class RunStart(_Payload):
+    run_id: str
+    task: str
+    agent_ref: str
+
+
+class Function(_Payload):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Payload):
+    id: str
+    function: Function
+
+
+class Thought(_Payload):
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    llm_invocation_ref: str | None = None
+
+
+class ActionRequest(_Payload):
+    action_id: str
+    tool_name: str
+    tool_args: Any = None
+    resolved_command: str = ""
+
+
+class ActionResult(_Payload):
+    action_id: str
+    status: ActionStatus
+    observation_content: str
+
+
+class SystemMessage(_Payload):
+    level: str = "INFO"
+    content: str
+
+
+class Asked(_Payload):
+    phase: Literal["asked"]
+    request: InteractionRequest
+
+
+class Answered(_Payload):
+    phase: Literal["answered"]
+    request_id: str
+    action_id: str
+    reply: Reply
+
+
+class RunEnd(_Payload):
+    status: RunStatus
+    reason: str = ""
+
+
+PAYLOADS: dict[str, type[BaseModel]] = {
+    EventType.RUN_START: RunStart,
+    EventType.THOUGHT: Thought,
+    EventType.ACTION_REQUEST: ActionRequest,
+    EventType.ACTION_RESULT: ActionResult,
+    EventType.SYSTEM_MESSAGE: SystemMessage,
+    EventType.RUN_END: RunEnd,
+}
+
+
+def check_payload(type_: str, payload: dict[str, Any]) -> None:
+    """Raise ValueError (pydantic's ValidationError) when `payload` does not fit `type_`."""
+    if type_ == EventType.HUMAN_INTERACTION:
+        model: type[BaseModel] = Asked if payload.get("phase") == "asked" else Answered
+    elif (found := PAYLOADS.get(type_)) is not None:
+        model = found
+    else:
+        return
+    model.model_validate(payload)
