@@ -27,6 +27,7 @@ from deltad.protocol import (
     InputType,
     InteractionRequest,
     Journal,
+    ProtocolError,
     RunMetadata,
     RunPaths,
     RunStatus,
@@ -283,7 +284,7 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
             outcome = engine.drive()
         except Interrupted as e:
             return _interrupted(engine, e)
-        except UsageError as e:
+        except (UsageError, ProtocolError) as e:
             return _stopped(engine, e, err)
         except Exception as e:
             return _internal_error(engine, e, err)
@@ -331,13 +332,18 @@ def _interrupted(engine: Engine, e: Interrupted) -> int:
     return exitcodes.INTERRUPTED
 
 
-def _stopped(engine: Engine, e: UsageError, err: TextIO) -> int:
+def _stopped(engine: Engine, e: UsageError | ProtocolError, err: TextIO) -> int:
     """A user error found mid-run (e.g. a scripted answer that does not fit): stop, resumable."""
-    engine.note(f"stopped: {e}", "ERROR")
-    if engine.meta.status == RunStatus.RUNNING:
-        engine.set_status(RunStatus.INTERRUPTED, error=str(e))
-    print(f"delta: error: {e} (run {engine.meta.run_id} left INTERRUPTED)", file=err)
-    return e.exit_code
+    left = engine.meta.status
+    try:  # the very file at fault may be the journal or the metadata: do what still works
+        engine.note(f"stopped: {e}", "ERROR")
+        if engine.meta.status == RunStatus.RUNNING:
+            engine.set_status(RunStatus.INTERRUPTED, error=str(e))
+        left = engine.meta.status
+    except (ProtocolError, OSError):
+        pass
+    print(f"delta: error: {e} (run {engine.meta.run_id} left {left})", file=err)
+    return e.exit_code if isinstance(e, UsageError) else exitcodes.USAGE
 
 
 def _internal_error(engine: Engine, e: Exception, err: TextIO) -> int:
