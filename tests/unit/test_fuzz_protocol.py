@@ -1,0 +1,298 @@
+"""Property-based fuzzing of everything `delta` and `deltad` parse from a workspace.
+
+Each parser has three documented outcomes — taken, refused with a reason, or a one-line error —
+and nothing else: no traceback, no hang, no other exception type.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deltad.client.agent import load_agent
+from deltad.client.errors import ConfigError
+from deltad.protocol import CorruptFile, InputType, InteractionRequest, Workspace
+from deltad.protocol.errors import ProtocolError
+from deltad.protocol.journal import read_journal
+from deltad.protocol.mailbox import parse_request
+from deltad.protocol.metadata import load_metadata
+from deltad.protocol.questions import AnswerRejected, build_options, interpret_json, interpret_text
+
+FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Any code point, lone surrogates included (JSON can carry "\ud800").
+anytext = st.text(st.characters(codec=None, exclude_categories=()), max_size=30)
+scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | anytext
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=5)
+    ),
+    max_leaves=20,
+)
+# Dates people write by hand, including ones that overflow or are naive.
+dates = st.sampled_from(
+    [
+        "2026-01-01T00:00:00Z",
+        "0001-01-01T00:00:00",
+        "9999-12-31T23:59:59+14:00",
+        "0001-01-01T00:00:00-12:00",
+        "not a date",
+        "2026-13-45T99:00:00Z",
+        "",
+    ]
+) | st.datetimes().map(lambda d: d.isoformat())
+
+
+def _request(kind: InputType, sensitive: bool = False) -> InteractionRequest:
+    extra: dict[str, Any] = {}
+    if kind == InputType.CHOICE:
+        extra["options"] = build_options(["[A] Approve", "Reject", "Later"])
+    if kind == InputType.APPROVAL:
+        extra["calls"] = [
+            {"action_id": "c1", "tool_name": "t"},
+            {"action_id": "c2", "tool_name": "t"},
+        ]
+    return InteractionRequest(
+        prompt="q", input_type=kind, run_id="r", action_id="a", sensitive=sensitive, **extra
+    )
+
+
+REQUESTS = [_request(k) for k in InputType] + [_request(InputType.CHOICE, sensitive=True)]
+
+
+@FUZZ
+@given(st.sampled_from(REQUESTS), st.text())
+def test_text_answers_are_taken_or_refused(req: InteractionRequest, text: str) -> None:
+    try:
+        reply = interpret_text(req, text)
+    except AnswerRejected as e:
+        assert "\n" not in str(e)
+        if req.is_secret and len(text.strip()) >= 4:
+            assert text.strip() not in str(e)  # a refusal never quotes a secret
+        return
+    assert reply.outcome == "answered"
+
+
+structured = st.fixed_dictionaries(
+    {},
+    optional={
+        "request_id": st.sampled_from(["RID", "other"]) | st.text(max_size=5),
+        "answer": st.text() | json_values,
+        "decisions": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "action_id": st.sampled_from(["c1", "c2", "x"]),
+                    "decision": st.sampled_from(["approve", "reject", "edit", "cancel", "maybe"]),
+                },
+                optional={"arguments": json_values, "reason": st.text() | json_values},
+            ),
+            max_size=3,
+        )
+        | json_values,
+        "answered_by": st.text(max_size=5) | json_values,
+        "extra": json_values,
+    },
+)
+
+
+@FUZZ
+@given(
+    st.sampled_from(REQUESTS),
+    structured.map(json.dumps) | json_values.map(json.dumps) | st.text(),
+)
+def test_structured_answers_are_taken_or_refused(req: InteractionRequest, raw: str) -> None:
+    req = req.model_copy(update={"request_id": "RID"})
+    try:
+        interpret_json(req, raw)
+    except AnswerRejected as e:
+        assert "\n" not in str(e)
+
+
+@FUZZ
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "prompt": st.text() | json_values,
+            "input_type": st.sampled_from([*(k.value for k in InputType), "nope"]),
+            "run_id": st.text(max_size=8),
+            "action_id": st.text(max_size=8),
+            "request_id": st.text(max_size=8),
+            "timestamp": dates,
+            "expires_at": dates,
+            "timeout_seconds": json_values,
+            "options": json_values,
+            "calls": json_values,
+            "default": json_values,
+            "sensitive": json_values,
+        },
+    )
+    .map(json.dumps)
+    .map(str.encode)
+    | st.binary(max_size=200)
+)
+def test_request_files_parse_or_are_one_line(raw: bytes) -> None:
+    try:
+        req = parse_request(raw, Path("request.json"))
+    except CorruptFile as e:
+        assert "\n" not in str(e)
+        return
+    req.expired()  # comparing dates never raises
+    req.model_dump_json()
+
+
+event_types = st.sampled_from(
+    [
+        "RUN_START",
+        "THOUGHT",
+        "ACTION_REQUEST",
+        "ACTION_RESULT",
+        "SYSTEM_MESSAGE",
+        "HUMAN_INTERACTION",
+        "RUN_END",
+        "FUTURE_TYPE",
+    ]
+)
+payloads = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            k: json_values
+            for k in (
+                "action_id",
+                "status",
+                "observation_content",
+                "content",
+                "tool_calls",
+                "phase",
+                "request",
+                "reply",
+                "request_id",
+                "run_id",
+                "task",
+                "agent_ref",
+                "tool_name",
+                "reason",
+                "level",
+            )
+        },
+    )
+    | json_values
+)
+journal_lines = st.fixed_dictionaries(
+    {
+        "seq": st.integers(-2, 10**12) | json_values,
+        "timestamp": dates,
+        "type": event_types,
+        "payload": payloads,
+    },
+).map(json.dumps) | st.text(max_size=40)
+
+
+@FUZZ
+@given(st.lists(journal_lines, max_size=6), st.binary(max_size=30))
+def test_journals_read_or_are_one_line(lines: list[str], tail: bytes) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "ws" / ".delta" / "runs" / "x" / "execution" / "journal.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_bytes("\n".join(lines).encode("utf-8", "surrogatepass") + b"\n" + tail)
+        try:
+            read_journal(path)
+        except CorruptFile as e:
+            assert "\n" not in str(e)
+
+
+metadata_docs = st.fixed_dictionaries(
+    {},
+    optional={
+        "run_id": st.text(max_size=10),
+        "status": st.sampled_from(["RUNNING", "FAILED", "x"]),
+        "task": st.text() | json_values,
+        "agent_ref": st.text(),
+        "start_time": dates,
+        "updated_at": dates,
+        "end_time": dates,
+        "owner": st.fixed_dictionaries(
+            {"pid": st.integers(-(2**40), 2**40) | json_values, "hostname": st.text(max_size=5)}
+        )
+        | json_values,
+        "iterations_completed": json_values,
+    },
+).map(json.dumps).map(str.encode) | st.binary(max_size=100)
+
+
+@FUZZ
+@given(metadata_docs)
+def test_metadata_loads_or_is_one_line(raw: bytes) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "ws" / ".delta" / "runs" / "x" / "execution" / "metadata.json"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(raw)
+        try:
+            load_metadata(path)
+        except CorruptFile as e:
+            assert "\n" not in str(e)
+
+
+@FUZZ
+@given(st.binary(max_size=60) | st.sampled_from([b"20261122_101010_abcdef\n", b"../../etc"]))
+def test_latest_is_a_run_id_or_one_line(raw: bytes) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = Workspace.at(Path(tmp))
+        ws.runs_dir.mkdir(parents=True)
+        ws.latest_file.write_bytes(raw)
+        try:
+            ws.latest_run_id()
+        except ProtocolError as e:
+            assert "\n" not in str(e)
+
+
+yaml_docs = (
+    json_values.map(json.dumps)
+    | st.text(max_size=200)
+    | st.fixed_dictionaries(
+        {
+            "name": st.text(max_size=8) | json_values,
+            "llm": st.fixed_dictionaries(
+                {"model": st.text(max_size=5) | json_values}, optional={"max_tokens": json_values}
+            )
+            | json_values,
+        },
+        optional={
+            "tools": st.lists(
+                st.fixed_dictionaries(
+                    {"name": st.sampled_from(["t", "ask_human", "bad name"])},
+                    optional={
+                        "exec": st.sampled_from(["ls ${dir}", "echo ${a", "a | b", ""]) | st.text(),
+                        "shell": st.sampled_from(["echo '${x}'", "echo ${x}", "`id`"]) | st.text(),
+                        "command": json_values,
+                        "parameters": json_values,
+                    },
+                ),
+                max_size=3,
+            )
+            | json_values,
+            "approval": json_values,
+            "max_iterations": json_values,
+        },
+    ).map(json.dumps)
+)
+
+
+@FUZZ
+@given(yaml_docs)
+def test_agent_configs_load_or_are_one_line(text: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        (home / "config.yaml").write_text(text, encoding="utf-8", errors="surrogatepass")
+        (home / "system_prompt.md").write_text("You help.\n")
+        try:
+            load_agent(home)
+        except ConfigError as e:
+            assert "\n" not in str(e)
