@@ -38,7 +38,8 @@ def _load(config_path: Path | None, roots: tuple[str, ...]) -> DaemonConfig:
     try:
         return load_config(config_path, roots)
     except ConfigError as e:
-        click.echo(f"deltad: error: {e}", err=True)
+        for problem in e.problems:
+            click.echo(f"deltad: error: {problem}", err=True)
         sys.exit(EXIT_CONFIG)
 
 

@@ -20,11 +20,19 @@ from pydantic import (
     model_validator,
 )
 
+from .tenancy import Launcher, Policy
+
 DEFAULT_RESUME_COMMAND = ["delta", "run", "--work-dir", "{workspace}"]
 
 
 class ConfigError(Exception):
-    """The configuration cannot be used; the message is one line and names the key."""
+    """The configuration cannot be used. Each problem is one line naming the key; `str()` is
+    the first, with a count of the rest."""
+
+    def __init__(self, *problems: str) -> None:
+        self.problems = list(problems)
+        rest = len(problems) - 1
+        super().__init__(problems[0] + (f" (and {rest} more: see `deltad check`)" if rest else ""))
 
 
 class _Strict(BaseModel):
@@ -44,6 +52,7 @@ class RootConfig(_Strict):
     path: Path
     backend: BackendName = "auto"
     polling: bool = False  # alias of `backend: polling` (NFS, some container mounts)
+    credentials: Path | None = None  # model endpoint settings for this root's resumes
 
     @model_validator(mode="after")
     def _resolve_backend(self) -> RootConfig:
@@ -90,14 +99,36 @@ class DaemonConfig(_Strict):
     state_dir: Path = Field(default_factory=_default_state_dir)
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Tenants (docs/daemon.md, "Privilege model").
+    trusted_owners: list[str] = Field(default_factory=list)
+    shared_group: str | None = None
+    resume_env: list[str] = Field(default_factory=lambda: ["LANG", "LC_ALL", "TZ"])
+    owner_credentials: dict[str, Path] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _tenants(self) -> DaemonConfig:
+        self.policy()  # unknown users or groups are errors now, not at the first resume
+        return self
+
+    def policy(self) -> Policy:
+        return Policy.from_names(self.trusted_owners, self.shared_group)
+
+    def launcher(self) -> Launcher:
+        return Launcher(
+            self.policy(),
+            list(self.resume_env),
+            {r.path: r.credentials for r in self.roots if r.credentials is not None},
+            dict(self.owner_credentials),
+        )
 
     @field_validator("roots", mode="before")
     @classmethod
     def _plain_paths(cls, v: object) -> object:
+        # `roots: /srv/ws` would otherwise be read as one root per character.
+        if not isinstance(v, list):
+            raise ValueError("must be a list of directories (write `roots: [/srv/ws]`)")
         # `- /srv/ws` is shorthand for `- {path: /srv/ws}`.
-        if isinstance(v, list):
-            return [{"path": item} if isinstance(item, str) else item for item in v]
-        return v
+        return [{"path": item} if isinstance(item, str) else item for item in v]
 
     @field_validator("resume_command")
     @classmethod
@@ -114,34 +145,50 @@ class DaemonConfig(_Strict):
         return Path(os.path.abspath(os.path.expanduser(v)))
 
 
-def _one_line(e: ValidationError, source: str) -> ConfigError:
-    first = e.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    return ConfigError(f"{source}: {key}: {first['msg']}{more}")
+def _problems(e: ValidationError, source: str) -> ConfigError:
+    lines = []
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"{source}: {key}: {err['msg'].removeprefix('Value error, ')}")
+    return ConfigError(*lines)
+
+
+def _read(path: Path) -> object:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or "syntax error"
+        raise ConfigError(f"{path}:{where} is not valid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
 
 
 def load_config(path: Path | None, extra_roots: tuple[str, ...] = ()) -> DaemonConfig:
-    """Read `path` (None: defaults only) and append `--root` directories."""
-    raw: object = {}
+    """Read `path` (None: defaults only) and append `--root` directories. Raises ConfigError
+    carrying every problem found, one line each."""
     source = str(path) if path else "configuration"
-    if path is not None:
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"{path}:{where} is not valid YAML") from None
+    raw = _read(path) if path is not None else {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of keys")
     raw = dict(raw)
-    raw["roots"] = [*(raw.get("roots") or []), *({"path": r} for r in extra_roots)]
+    roots = raw.get("roots") or []
+    if not isinstance(roots, list):
+        raise ConfigError(
+            f"{source}: roots: must be a list of directories (write `roots: [{roots}]`)"
+        )
+    raw["roots"] = [*roots, *({"path": r} for r in extra_roots)]
     try:
         config = DaemonConfig.model_validate(raw)
     except ValidationError as e:
-        raise _one_line(e, source) from None
+        raise _problems(e, source) from None
     if not config.roots:
         raise ConfigError(f"{source}: roots: give at least one root (or pass --root DIR)")
     return config

@@ -23,12 +23,15 @@ from deltad.protocol import (
     WorkspaceLock,
     load_metadata,
     owner_alive,
+    safefs,
     transition,
 )
 
+from . import tenancy
 from .answer import Writers, open_writers
 from .discovery import is_workspace
 from .queue import Why
+from .tenancy import Policy
 
 # An answer file this young, reported only by IN_CREATE, may be an open(O_CREAT) whose writer
 # has not finished opening it yet; look again after this long.
@@ -68,6 +71,7 @@ class Verdict:
     answer_sig: AnswerSig | None = None
     owner_pid: int | None = None
     request_id: str | None = None
+    owner: tenancy.Owner | None = None  # who a resume runs as (checked: see tenancy)
     # When to look again even without an event: an answer still settling, or the pending
     # question's `expires_at` (the client applies the timeout rule when it is resumed then).
     wake_at: float | None = None
@@ -77,12 +81,13 @@ def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = Non
     return Verdict(Action.NONE, State.PROBLEM, run_id, status, problem=msg)
 
 
-def inspect(ws_path: Path, why: Why, settle: float) -> Verdict:
+def inspect(ws_path: Path, why: Why, settle: float, policy: Policy) -> Verdict:
     if not is_workspace(ws_path):
         return Verdict(Action.GONE, State.GONE)
     ws = Workspace(ws_path)
     try:
         run_id = ws.latest_run_id()
+        owner = tenancy.check(ws_path, run_id, policy)  # before anything is acted on
         if run_id is None:
             return Verdict(Action.NONE, State.IDLE)
         meta = load_metadata(ws.run(run_id).metadata)
@@ -90,11 +95,15 @@ def inspect(ws_path: Path, why: Why, settle: float) -> Verdict:
         if not is_workspace(ws_path):  # deleted while we read it
             return Verdict(Action.GONE, State.GONE)
         return _problem(f"{e.filename or 'a run file'} is missing")
+    except tenancy.Refused as e:
+        return _problem(str(e))
     except ProtocolError as e:
         return _problem(str(e))
     except OSError as e:
         return _problem(f"{e.filename or ws_path}: {e.strerror}")
-    return _by_status(ws, meta, why, settle)
+    v = _by_status(ws, meta, why, settle)
+    v.owner = owner
+    return v
 
 
 def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdict:
@@ -206,7 +215,7 @@ def mark_interrupted(ws_path: Path, run_id: str) -> RunMetadata | None:
     a live `delta` is driving the workspace; or the run moved on meanwhile).
     """
     ws = Workspace(ws_path)
-    if not ws.delta_dir.is_dir():
+    if not safefs.is_dir(ws.delta_dir):
         return None  # WorkspaceLock would create .delta/ in a deleted workspace
     lock = WorkspaceLock(ws.lock_file)
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 import structlog
 
 from .config import DaemonConfig
+from .tenancy import Launch
 
 log = structlog.get_logger("deltad.resumer")
 
@@ -102,7 +103,7 @@ class Finished:
 class Resumer:
     def __init__(self, config: DaemonConfig) -> None:
         self.configure(config)
-        self.pending: deque[tuple[Path, str | None]] = deque()
+        self.pending: deque[tuple[Path, str | None, Launch]] = deque()
         self._pending_set: set[Path] = set()
         self.children: dict[Path, Child] = {}
 
@@ -116,10 +117,10 @@ class Resumer:
     def busy_with(self, ws: Path) -> bool:
         return ws in self._pending_set or ws in self.children
 
-    def submit(self, ws: Path, run_id: str | None) -> bool:
+    def submit(self, ws: Path, run_id: str | None, launch: Launch) -> bool:
         if self.busy_with(ws):
             return False
-        self.pending.append((ws, run_id))
+        self.pending.append((ws, run_id, launch))
         self._pending_set.add(ws)
         return True
 
@@ -128,12 +129,12 @@ class Resumer:
 
     def start_ready(self) -> None:
         while self.pending and len(self.children) < self._max:
-            ws, run_id = self.pending.popleft()
+            ws, run_id, launch = self.pending.popleft()
             self._pending_set.discard(ws)
-            self._spawn(ws, run_id)
+            self._spawn(ws, run_id, launch)
 
     # -- children ---------------------------------------------------------------------------
-    def _spawn(self, ws: Path, run_id: str | None) -> None:
+    def _spawn(self, ws: Path, run_id: str | None, launch: Launch) -> None:
         argv = build_argv(self._template, ws, run_id)
         try:
             out = self._output_file(ws)
@@ -141,12 +142,18 @@ class Resumer:
             log.error("resume_log_unavailable", workspace=str(ws), error=e.strerror)
             out = subprocess.DEVNULL
         try:
+            who = launch.identity
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
                 cwd=ws,
+                env=launch.env,
+                user=who.user,
+                group=who.group,
+                extra_groups=who.extra_groups,
+                umask=0o077,
                 start_new_session=True,
                 close_fds=True,
             )
@@ -165,7 +172,14 @@ class Resumer:
         now = time.monotonic()
         child = Child(ws, run_id, proc, _pidfd(proc.pid), now, now + self._timeout)
         self.children[ws] = child
-        log.info("resume_spawned", workspace=str(ws), run_id=run_id, pid=proc.pid)
+        log.info(
+            "resume_spawned",
+            workspace=str(ws),
+            run_id=run_id,
+            pid=proc.pid,
+            uid=who.runs_as.uid,
+            user=who.runs_as.name,
+        )
 
     def _output_file(self, ws: Path) -> int:
         """The child's stdout/stderr: one append-only file per workspace in the state dir."""

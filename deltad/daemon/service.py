@@ -16,6 +16,7 @@ import select
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from .reconcile import Action, State, Verdict, inspect, mark_interrupted
 from .registry import Registry
 from .resumer import BUSY, WAITING, Finished, Resumer
 from .status import AlreadyRunning, StateDirLock, capped, write_status
+from .tenancy import Refused
 from .watch import Backend
 
 log = structlog.get_logger("deltad.service")
@@ -53,9 +55,11 @@ class Service:
         self.queue = HintQueue()
         self.registry = Registry()
         self.resumer = Resumer(config)
+        self.launcher = config.launcher()
         self.backoff = Backoff(config.backoff_initial_seconds, config.backoff_max_seconds)
         self.backends: list[Backend] = []
         self._timers: list[tuple[float, str]] = []
+        self._quarantined: dict[Path, tuple[int, float]] = {}  # ws -> (failures, until)
         self._stop = self._reload = False
         self._dirty = True
         self._started = utcnow()
@@ -165,8 +169,15 @@ class Service:
                 self.reload()
             for b in self.backends:
                 if b.fileno() in readable:
-                    b.process()
+                    self._process(b)
             self._turn()
+
+    def _process(self, backend: Backend) -> None:
+        try:
+            backend.process()
+        except Exception as e:  # a strange event must not stop the loop; a rescan catches up
+            log.error("watch_event_failed", backend=backend.name, error=f"{type(e).__name__}: {e}")
+            self.queue.request_rescan()
 
     def _wait(self, sig_r: int) -> list[int]:
         fds = [sig_r, self.queue.fileno(), *self.resumer.fds()]
@@ -204,7 +215,7 @@ class Service:
                 break
             self.reconcile(hint.workspace, hint.why)
         for fin in self.resumer.reap():
-            self._after_resume(fin)
+            self._after_resume_safely(fin)
         now = time.monotonic()
         self.resumer.enforce_timeouts(now)
         self._fire_timers(now)
@@ -251,13 +262,46 @@ class Service:
         self._dirty = True
 
     def reconcile(self, ws: Path, why: Why, *, quiet: bool = False) -> None:
+        """Look at one workspace and act. Whatever is in it, an exception here is that
+        workspace's problem (logged, quarantined with backoff), never the daemon's."""
+        until = self._quarantined.get(ws)
+        if until is not None and time.monotonic() < until[1]:
+            return  # its timer brings it back
+        try:
+            self._reconcile(ws, why, quiet=quiet)
+        except Exception as e:
+            self._quarantine(ws, e)
+        else:
+            self._quarantined.pop(ws, None)
+
+    def _quarantine(self, ws: Path, e: Exception) -> None:
+        failures = self._quarantined.get(ws, (0, 0.0))[0] + 1
+        delay = min(
+            self.config.backoff_initial_seconds * 2 ** (failures - 1),
+            self.config.backoff_max_seconds,
+        )
+        until = time.monotonic() + delay
+        self._quarantined[ws] = (failures, until)
+        self.wake_at(ws, until)
+        problem = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        log.warning(
+            "workspace_problem",
+            workspace=str(ws),
+            problem=problem,
+            quarantined_s=round(delay, 3),
+            failures=failures,
+        )
+        log.debug("workspace_problem_detail", workspace=str(ws), exc_info=e)
+        self._dirty = True
+
+    def _reconcile(self, ws: Path, why: Why, *, quiet: bool = False) -> None:
         if ws not in self.registry:
             if not is_workspace(ws):
                 return
             self.registry.add(ws)
         if ws in self.resumer.children:
             return  # its exit brings us back here
-        v = inspect(ws, why, self.config.settle_seconds)
+        v = inspect(ws, why, self.config.settle_seconds, self.launcher.policy)
         self._act(ws, v, quiet=quiet)
 
     def _act(self, ws: Path, v: Verdict, *, quiet: bool = False) -> None:
@@ -268,11 +312,11 @@ class Service:
         if v.action is Action.MARK_INTERRUPTED:
             self._interrupt(ws, v)
         elif v.action is Action.RESUME and v.state is State.EXPIRED:
-            self._resume(ws, v.run_id, ("expired", v.request_id), reason="question_expired")
+            self._resume(ws, v, ("expired", v.request_id), reason="question_expired")
         elif v.action is Action.RESUME:
-            self._resume(ws, v.run_id, v.answer_sig, reason="answer")
+            self._resume(ws, v, v.answer_sig, reason="answer")
         elif v.state is State.INTERRUPTED and self.config.auto_resume_interrupted:
-            self._resume(ws, v.run_id, ("interrupted", v.run_id), reason="interrupted")
+            self._resume(ws, v, ("interrupted", v.run_id), reason="interrupted")
         if v.wake_at is not None:
             self.wake_at(ws, time.monotonic() + max(0.0, v.wake_at - time.time()))
 
@@ -288,17 +332,24 @@ class Service:
         self.registry.interrupted(ws)
         self._dirty = True
         if self.config.auto_resume_interrupted:
-            self._resume(ws, v.run_id, ("interrupted", v.run_id), reason="interrupted")
+            self._resume(ws, v, ("interrupted", v.run_id), reason="interrupted")
 
-    def _resume(self, ws: Path, run_id: str | None, key: object, reason: str) -> None:
-        if self.resumer.busy_with(ws):
+    def _resume(self, ws: Path, v: Verdict, key: object, reason: str) -> None:
+        run_id = v.run_id
+        if self.resumer.busy_with(ws) or v.owner is None:
+            return
+        try:
+            launch = self.launcher.prepare(ws, v.owner)
+        except Refused as e:
+            problem = replace(v, state=State.PROBLEM, problem=str(e))
+            self._dirty |= self.registry.observe(ws, problem)
             return
         not_before = self.backoff.allowed(ws, key, time.monotonic())
         if not_before is not None:
             self.wake_at(ws, not_before)
             return
         self.backoff.started(ws, key)
-        self.resumer.submit(ws, run_id)
+        self.resumer.submit(ws, run_id, launch)
         log.info("resume_queued", workspace=str(ws), run_id=run_id, reason=reason)
         self._dirty = True
 
@@ -307,6 +358,12 @@ class Service:
             self.resumer.start_ready()
             self._dirty = True
 
+    def _after_resume_safely(self, fin: Finished) -> None:
+        try:
+            self._after_resume(fin)
+        except Exception as e:
+            self._quarantine(fin.child.workspace, e)
+
     def _after_resume(self, fin: Finished) -> None:
         """The child exited: look at once (a dead owner is marked now, not at the next sweep),
         then decide whether that attempt failed."""
@@ -314,7 +371,7 @@ class Service:
         self._dirty = True
         if fin.rc == WAITING:
             self._log_refusals(fin)
-        v = inspect(ws, Why.CHECK, self.config.settle_seconds)
+        v = inspect(ws, Why.CHECK, self.config.settle_seconds, self.launcher.policy)
         self._judge(ws, fin, v)
         self._act(ws, v)
 
@@ -367,6 +424,7 @@ class Service:
             self.backoff.forget(ws)
 
     def _drop(self, ws: Path) -> None:
+        self._quarantined.pop(ws, None)
         self.registry.drop(ws)
         self.backoff.forget(ws)
         for b in self.backends:
@@ -382,10 +440,19 @@ class Service:
             log.error("config_reload_failed", error=str(e), action="keeping the old configuration")
             sd_notify("READY=1", self._status_line())
             return
+        except Exception as e:  # whatever a file can do to a parser must not stop the daemon
+            log.error(
+                "config_reload_failed",
+                error=f"{type(e).__name__}: {e}",
+                action="keeping the old configuration",
+            )
+            sd_notify("READY=1", self._status_line())
+            return
         if new.state_dir != self.config.state_dir:
             log.warning("state_dir_change_ignored", detail="changing state_dir needs a restart")
             new.state_dir = self.config.state_dir
         self.config = new
+        self.launcher = new.launcher()
         logs.configure(new.log_level, new.log_format)
         self.resumer.configure(new)
         self.backoff.initial, self.backoff.cap = (
@@ -415,7 +482,7 @@ class Service:
             )
             select.select(fds, [], [], wait)
             for fin in self.resumer.reap():
-                self._after_resume(fin)
+                self._after_resume_safely(fin)
         if pids := self.resumer.detach_all():
             log.warning(
                 "resume_detached",
@@ -436,7 +503,7 @@ class Service:
             {"workspace": str(c.workspace), "run_id": c.run_id, "pid": c.pid}
             for c in self.resumer.children.values()
         ]
-        pending = [str(ws) for ws, _ in self.resumer.pending]
+        pending = [str(ws) for ws, _, _ in self.resumer.pending]
         return {
             "pid": os.getpid(),
             "ready": self._ready,

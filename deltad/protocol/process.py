@@ -30,14 +30,19 @@ def boot_id() -> str | None:
 
 
 def proc_start_ticks(pid: int) -> int | None:
+    if not 0 < pid <= MAX_PID:
+        return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
     except OSError:
         return None
     # comm (field 2) may contain spaces and parens: split after the last ')'.
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    return int(fields[19])  # field 22 overall; 3 is the first after comm
+    try:
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        return int(fields[19])  # field 22 overall; 3 is the first after comm
+    except (ValueError, IndexError):
+        return None
 
 
 def current_owner() -> OwnerProcess:
@@ -47,9 +52,14 @@ def current_owner() -> OwnerProcess:
     )
 
 
+# Linux caps pid_max at 2^22; a pid outside 1..that (0, -1, 2^31 from a hand-edited file)
+# names no process of its own, and os.kill would signal a group or overflow.
+MAX_PID = 1 << 22
+
+
 def owner_alive(owner: OwnerProcess | None) -> bool | None:
     """True/False when decidable here; None when the owner is on another host."""
-    if owner is None:
+    if owner is None or not 0 < owner.pid <= MAX_PID:
         return False
     if owner.hostname != socket.gethostname():
         return None
