@@ -350,6 +350,7 @@ def test_release_example_choice_then_gated_deploy(tmp_path: Path, fake: FakeLLM)
     r = d("run")
     assert r.code == 0 and "Shipped" in r.out
     assert "deploying 1.4.0 to beta" in fake.tool_results()["dep"]
+    assert "running tests for 1.4.0" in fake.tool_results(1)["t"]  # the value, not "$1"
 
 
 def test_library_run_with_a_callback_interviewer(

@@ -2,9 +2,14 @@
 
 Tools are external commands, in one of three forms that all expand to a `Tool`:
 
-    command: [argv...] + parameters (inject_as argument | option | stdin)
+    command: [argv...] + parameters (inject_as argument | option | stdin | env | fd)
     exec:  "ls -la ${dir}"          argv, no shell; placeholders substituted in place
-    shell: "cat ${file} | wc -l"    sh -c; values passed as positional parameters, never spliced
+    shell: "cat ${file} | wc -l"    sh -c; values passed as environment variables, never spliced
+
+A value reaches a tool in argv only where the definition puts it there; argv is readable by
+every user of the machine (/proc/PID/cmdline), so a secret (a `${secret:ID}` handle) may go
+through `env`, `stdin`, `fd` or a shell tool, and into argv only when the tool says
+`secrets_in_argv: true`.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +37,7 @@ BUILTIN_TOOLS = {"ask_human"}
 MAX_CONFIG_BYTES = 1024 * 1024
 
 ParamType = Literal["string", "integer", "number", "boolean"]
+Form = Literal["command", "exec", "shell"]
 
 
 class _Strict(BaseModel):
@@ -42,15 +48,27 @@ class ParameterSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     type: ParamType = "string"
     description: str = ""
-    inject_as: Literal["argument", "stdin", "option"] = "argument"
+    inject_as: Literal["argument", "stdin", "option", "env", "fd"] = "argument"
     option_name: str | None = None
+    env_name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     required: bool = True
 
     @model_validator(mode="after")
     def _option_needs_name(self) -> ParameterSpec:
         if self.inject_as == "option" and not self.option_name:
             raise ValueError("inject_as: option needs option_name")
+        if self.env_name and self.inject_as != "env":
+            raise ValueError("env_name is only for inject_as: env")
         return self
+
+    @property
+    def in_argv(self) -> bool:
+        return self.inject_as in ("argument", "option")
+
+    @property
+    def variable(self) -> str:
+        """The environment variable an `env` parameter (or any shell-tool value) arrives in."""
+        return self.env_name or self.name
 
 
 class ToolSpec(_Strict):
@@ -63,6 +81,7 @@ class ToolSpec(_Strict):
     parameters: list[ParameterSpec] = []
     timeout_seconds: float | None = Field(default=None, gt=0)
     approval: Literal["required", "never"] | None = None
+    secrets_in_argv: bool = False  # explicit opt-in: other users can read argv
 
     @model_validator(mode="after")
     def _one_form(self) -> ToolSpec:
@@ -102,11 +121,24 @@ class AgentConfig(_Strict):
     approval: ApprovalPolicy | None = None
 
 
+# Stands for an inherited pipe's /dev/fd/N in argv until the tool is started.
+FD_MARK = "\0fd:"
+
+
+def fd_token(name: str) -> str:
+    return f"{FD_MARK}{name}\0"
+
+
 @dataclass(frozen=True)
 class Invocation:
     argv: list[str]
     stdin: str | None
     env: dict[str, str]
+    fds: dict[str, str] = field(default_factory=dict)  # parameter -> value read from a pipe
+
+    def display(self) -> str:
+        """The command line as shown to people and recorded (fd values as their names)."""
+        return shlex.join(re.sub(r"\0fd:([A-Za-z0-9_]+)\0", r"/dev/fd/<\1>", a) for a in self.argv)
 
 
 @dataclass(frozen=True)
@@ -115,10 +147,10 @@ class Tool:
     description: str
     parameters: list[ParameterSpec]
     timeout_seconds: float
-    form: Literal["command", "exec", "shell"]
+    form: Form
     template: list[str]  # command argv, exec tokens, or ["sh", "-c", script]
-    shell_order: list[str]  # shell form: parameter names in $1.. order
     approval: Literal["required", "never"] | None = None
+    secrets_in_argv: bool = False
 
     def schema(self) -> dict[str, Any]:
         props = {
@@ -152,29 +184,38 @@ class Tool:
         return out
 
     def invocation(self, values: dict[str, str], agent_home: Path) -> Invocation:
-        env = {"AGENT_HOME": str(agent_home)}
         home = str(agent_home)
-        stdin = next(
-            (
-                values[p.name]
-                for p in self.parameters
-                if p.inject_as == "stdin" and p.name in values
-            ),
-            None,
-        )
+        env = {"AGENT_HOME": home}
+        stdin, fds = None, {}
+        argv_params = {}
+        for p in self.parameters:
+            if p.name not in values:
+                continue
+            if p.inject_as == "stdin":
+                stdin = values[p.name]
+            elif p.inject_as == "env" or self.form == "shell":
+                env[p.variable] = values[p.name]
+            elif p.inject_as == "fd":
+                fds[p.name] = values[p.name]
+                argv_params[p.name] = fd_token(p.name)
+            else:
+                argv_params[p.name] = values[p.name]
         if self.form == "shell":
-            # ${AGENT_HOME} stays for sh to expand from the environment.
-            argv = [*self.template, "sh", *(values.get(n, "") for n in self.shell_order)]
-            return Invocation(argv, stdin, env)
-        argv = [_substitute(t, values, home) for t in self.template]
+            return Invocation(list(self.template), stdin, env)
+        argv = [_substitute(t, argv_params, home) for t in self.template]
         if self.form == "command":
             for p in self.parameters:
-                if p.name not in values or p.inject_as == "stdin":
-                    continue
-                if p.inject_as == "option":
-                    argv.append(p.option_name or "")
-                argv.append(values[p.name])
-        return Invocation(argv, stdin, env)
+                if p.name in argv_params:
+                    if p.inject_as == "option":
+                        argv.append(p.option_name or "")
+                    argv.append(argv_params[p.name])
+        return Invocation(argv, stdin, env, fds)
+
+    def argv_parameters(self) -> list[str]:
+        """Parameters whose value ends up in argv (where a secret must not go)."""
+        if self.form == "shell":
+            return []
+        return [p.name for p in self.parameters if p.in_argv]
 
 
 def _coerce(p: ParameterSpec, value: Any) -> str:
@@ -213,33 +254,72 @@ def _placeholders(text: str) -> list[str]:
     return seen
 
 
-def _merge_params(spec: ToolSpec, inferred: list[str]) -> list[ParameterSpec]:
+def _merge_params(spec: ToolSpec, inferred: list[str], *, shell: bool) -> list[ParameterSpec]:
+    """The template's placeholders (in order), refined by explicit `parameters`; extra explicit
+    parameters may only arrive outside the template (stdin, env)."""
     explicit = {p.name: p for p in spec.parameters}
     params = [explicit.get(n, ParameterSpec(name=n)) for n in inferred]
-    if spec.stdin:
-        params.append(
-            explicit.get(spec.stdin, ParameterSpec(name=spec.stdin)).model_copy(
-                update={"inject_as": "stdin"}
+    for p in params:
+        allowed = ("argument", "env") if shell else ("argument", "fd")
+        if p.inject_as not in allowed:
+            raise ValueError(
+                f"parameter {p.name}: inject_as {p.inject_as} does not fit ${{{p.name}}}"
             )
-        )
     names = {p.name for p in params}
+    for p in spec.parameters:
+        if p.name not in names and p.inject_as in ("env", "stdin"):
+            params.append(p)
+            names.add(p.name)
+    if spec.stdin:
+        base = explicit.get(spec.stdin, ParameterSpec(name=spec.stdin))
+        params = [q for q in params if q.name != spec.stdin]
+        params.append(base.model_copy(update={"inject_as": "stdin"}))
+        names.add(spec.stdin)
     if extra := sorted(set(explicit) - names):
         raise ValueError(f"parameters not used in the template: {', '.join(extra)}")
-    for p in params:
-        if p.inject_as == "option" or (p.inject_as == "stdin" and p.name != spec.stdin):
-            raise ValueError(f"parameter {p.name}: inject_as is fixed by the template")
+    if sum(p.inject_as == "stdin" for p in params) > 1:
+        raise ValueError("at most one parameter may use inject_as: stdin")
     return params
+
+
+def _single_quoted(script: str) -> list[str]:
+    """Placeholders inside single quotes: sh would never expand the value put there."""
+    found, quoted, i = [], False, 0
+    while i < len(script):
+        c = script[i]
+        if c == "\\" and not quoted:
+            i += 2
+            continue
+        if c == "'":
+            quoted = not quoted
+        elif quoted and (m := PLACEHOLDER.match(script, i)):
+            found.append(m.group(1))
+        i += 1
+    return found
 
 
 def expand_tool(spec: ToolSpec, default_timeout: float) -> Tool:
     timeout = spec.timeout_seconds or default_timeout
+
+    def tool(form: Form, params: list[ParameterSpec], t: list[str]) -> Tool:
+        return Tool(
+            spec.name,
+            spec.description,
+            params,
+            timeout,
+            form,
+            t,
+            spec.approval,
+            spec.secrets_in_argv,
+        )
+
     if spec.command is not None:
         if sum(p.inject_as == "stdin" for p in spec.parameters) > 1:
             raise ValueError("at most one parameter may use inject_as: stdin")
-        return Tool(
-            spec.name, spec.description, spec.parameters, timeout, "command", spec.command, []
-        )
+        return tool("command", spec.parameters, spec.command)
     if spec.exec is not None:
+        if "${" in PLACEHOLDER.sub("", spec.exec):
+            raise ValueError(f"exec: an unfinished placeholder in {spec.exec!r} (write ${{name}})")
         try:
             tokens = shlex.split(spec.exec)
         except ValueError as e:
@@ -248,15 +328,24 @@ def expand_tool(spec: ToolSpec, default_timeout: float) -> Tool:
             raise ValueError(f"exec: {bad[0]!r} needs a shell; use shell: instead")
         if not tokens:
             raise ValueError("exec: is empty")
-        params = _merge_params(spec, _placeholders(spec.exec))
-        return Tool(spec.name, spec.description, params, timeout, "exec", tokens, [])
+        return tool("exec", _merge_params(spec, _placeholders(spec.exec), shell=False), tokens)
     script = spec.shell or ""
-    order = _placeholders(script)
-    for i, name in enumerate(order, 1):
-        # Quote positionally; "${x}" written in double quotes stays one word too.
-        script = script.replace(f'"${{{name}}}"', f'"${i}"').replace(f"${{{name}}}", f'"${i}"')
-    params = _merge_params(spec, order)
-    return Tool(spec.name, spec.description, params, timeout, "shell", ["sh", "-c", script], order)
+    if quoted := _single_quoted(script):
+        raise ValueError(
+            f"shell: ${{{quoted[0]}}} is inside single quotes, where sh never expands it; "
+            f'use double quotes ("${{{quoted[0]}}}") or none'
+        )
+    if "${" in PLACEHOLDER.sub("", script.replace("${AGENT_HOME}", "")):
+        raise ValueError("shell: an unfinished placeholder (write ${name})")
+    params = _merge_params(spec, _placeholders(script), shell=True)
+    for p in params:
+        # Quote as one word; "${x}" written in double quotes stays one word too. The value
+        # comes from the environment, so it is never spliced into the script.
+        var = p.variable
+        script = script.replace(f'"${{{p.name}}}"', f'"${{{var}}}"').replace(
+            f"${{{p.name}}}", f'"${{{var}}}"'
+        )
+    return tool("shell", params, ["sh", "-c", script])
 
 
 @dataclass(frozen=True)
@@ -342,9 +431,7 @@ def load_agent(path: str | Path) -> Agent:
         if spec.name in tools:
             raise ConfigError(f"{config_file}: tools[{i}].name: duplicate tool {spec.name!r}")
         try:
-            tools[spec.name] = replace(
-                expand_tool(spec, config.tool_timeout_seconds), approval=spec.approval
-            )
+            tools[spec.name] = expand_tool(spec, config.tool_timeout_seconds)
         except ValueError as e:
             raise ConfigError(f"{config_file}: tools[{i}] ({spec.name}): {e}") from None
     _check_patterns(config_file, config.approval, tools)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import structlog
 
 from deltad.protocol import (
     ActionStatus,
@@ -55,9 +56,11 @@ from .errors import LLMError
 from .faults import fault
 from .interviewers import Interviewer
 from .llm import ChatModel
-from .secrets import SecretStore
+from .secrets import HANDLE, SecretStore
 from .signals import InterruptGuard
 from .tools import kill_orphan, run_tool, write_record
+
+log = structlog.get_logger("deltad.client")
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 EXIT_BY_STATUS = {
@@ -342,13 +345,23 @@ class Engine:
             self._result(call, ActionStatus.ERROR, f"Error: {e}")
             return None
         shown = tool.invocation(values, self.agent.home)
+        if exposed := [n for n in tool.argv_parameters() if HANDLE.search(values.get(n, ""))]:
+            if not tool.secrets_in_argv:
+                self._request(call, args, shown.display())
+                self._result(call, ActionStatus.ERROR, _argv_refusal(tool.name, exposed))
+                return None
+            self.warn(
+                f"tool {tool.name} receives a secret in its command line ({', '.join(exposed)}); "
+                "other users can read it while it runs (secrets_in_argv: true)"
+            )
+            log.warning("secret_in_argv", run_id=self.meta.run_id, tool=tool.name)
         real = tool.invocation(self.secrets.reveal(values), self.agent.home)
         record = self._record_dir(call)
-        self._request(call, args, shlex.join(shown.argv))
+        self._request(call, args, shown.display())
         outcome = run_tool(real, self.ws.root, tool.timeout_seconds, record, self.guard.window)
         redact = self.secrets.redactor()
         outcome.stdout, outcome.stderr = redact(outcome.stdout), redact(outcome.stderr)
-        write_record(record, shlex.join(shown.argv), outcome, redact)
+        write_record(record, shown.display(), outcome, redact)
         status = (
             ActionStatus.ERROR
             if outcome.error
@@ -398,7 +411,7 @@ class Engine:
         try:
             args = json.loads(call.arguments or "{}")
             tool = self.agent.tools[call.name]
-            command = shlex.join(tool.invocation(tool.check_args(args), self.agent.home).argv)
+            command = tool.invocation(tool.check_args(args), self.agent.home).display()
         except (ValueError, TypeError):
             args, command = {"_raw": call.arguments}, "(arguments do not fit the tool)"
         return GatedCall(
@@ -496,6 +509,15 @@ class Canceled(Exception):
     def __init__(self, by: str) -> None:
         super().__init__(by)
         self.by = by
+
+
+def _argv_refusal(tool: str, params: list[str]) -> str:
+    return (
+        f"Error: not run: tool {tool!r} would put a secret ({', '.join(params)}) in its command "
+        "line, which every user of the machine can read. It is not set up to receive secrets "
+        "safely (the agent's author can pass it through inject_as: env, stdin or fd, use a "
+        "shell: tool, or opt in with secrets_in_argv: true)."
+    )
 
 
 def _safe_args(raw: str) -> Any:

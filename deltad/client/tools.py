@@ -13,7 +13,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,7 @@ from deltad.protocol import ProtocolError, atomic_write_json, atomic_write_text,
 from deltad.protocol.fsio import read_regular
 from deltad.protocol.process import owner_alive, proc_start_ticks
 
-from .agent import Invocation
+from .agent import Invocation, fd_token
 
 CAPTURE_LIMIT = 1024 * 1024  # per stream, kept in the record
 OBSERVATION_LIMIT = 8000  # per stream, shown to the model
@@ -96,6 +96,21 @@ def kill_group(pgid: int, reap: Callable[[], object] | None = None) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+# Never handed to a tool: the model endpoint's settings (its key above all) and the client's
+# own switches. A tool gets what its definition gives it (AGENT_HOME, its parameters).
+WITHHELD_PREFIXES = ("OPENAI_", "DELTA_")
+
+
+def tool_environment(parent: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in parent.items() if not k.startswith(WITHHELD_PREFIXES)}
+
+
+def _with_fds(arg: str, fds: dict[str, int]) -> str:
+    for name, fd in fds.items():
+        arg = arg.replace(fd_token(name), f"/dev/fd/{fd}")
+    return arg
+
+
 def run_tool(
     inv: Invocation,
     cwd: Path,
@@ -107,20 +122,30 @@ def run_tool(
     orphan left by a crashed client. `interruptible` (the engine's signal window) is opened
     only around the wait, inside the try that kills the group: a signal landing between the
     spawn and the wait would otherwise leave the group running."""
-    env = {**os.environ, **inv.env}
+    env = tool_environment(os.environ) | inv.env
+    pipes = {name: os.pipe() for name in inv.fds}  # the tool reads each value from /dev/fd/N
+    argv = [_with_fds(a, {n: r for n, (r, _) in pipes.items()}) for a in inv.argv]
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
-            inv.argv,
+            argv,
             cwd=cwd,
             env=env,
             start_new_session=True,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            pass_fds=[r for r, _ in pipes.values()],
         )
     except OSError as e:
-        return ToolOutcome(None, "", "", 0, error=f"cannot run {inv.argv[0]!r}: {e.strerror}")
+        for r, w in pipes.values():
+            os.close(r)
+            os.close(w)
+        return ToolOutcome(None, "", "", 0, error=f"cannot run {argv[0]!r}: {e.strerror}")
+    for name, (r, w) in pipes.items():
+        os.close(r)
+        pipe = os.fdopen(w, "wb")
+        threading.Thread(target=_feed, args=(pipe, inv.fds[name]), daemon=True).start()
     atomic_write_json(
         record / "process.json", {"pid": proc.pid, "start_ticks": proc_start_ticks(proc.pid)}
     )
