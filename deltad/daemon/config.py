@@ -149,8 +149,14 @@ def _problems(e: ValidationError, source: str) -> ConfigError:
     lines = []
     for err in e.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"{source}: {key}: {err['msg'].removeprefix('Value error, ')}")
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(_printable(f"{source}: {key}: {msg}"))
     return ConfigError(*lines)
+
+
+def _printable(text: str) -> str:
+    # A key may be any YAML string, newlines included: one problem must stay one line.
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _read(path: Path) -> object:
