@@ -223,6 +223,17 @@ def test_the_systemd_unit_keeps_runs_alive_and_is_sandboxed() -> None:
     assert settings["ProtectSystem"] == "strict" and settings["ReadWritePaths"]
     assert settings["NoNewPrivileges"] == "yes" and settings["PrivateTmp"] == "yes"
     assert settings["WatchdogSec"] and "deltad serve" in settings["ExecStart"]
+    # Root that can only switch to owners and manage their runs (docs/daemon.md).
+    caps = set(settings["CapabilityBoundingSet"].split())
+    assert caps == {
+        "CAP_SETUID",
+        "CAP_SETGID",
+        "CAP_CHOWN",
+        "CAP_DAC_OVERRIDE",
+        "CAP_KILL",
+        "CAP_LEASE",
+    }
+    assert settings["User"] == "root"
 
 
 def test_a_notify_socket_nobody_reads_never_blocks_the_daemon(
