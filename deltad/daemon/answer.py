@@ -17,6 +17,9 @@ import os
 from enum import Enum
 from pathlib import Path
 
+from deltad.protocol import safefs
+from deltad.protocol.errors import ProtocolError
+
 
 class Writers(Enum):
     NONE = "none"  # complete: nobody has it open for writing
@@ -26,8 +29,8 @@ class Writers(Enum):
 
 def open_writers(path: Path) -> Writers:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd = safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ProtocolError):
         return Writers.UNKNOWN  # gone, a symlink, unreadable: the reader reports which
     try:
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)

@@ -61,7 +61,8 @@ def daemon_running(state_dir: Path) -> bool:
 
 
 def write_status(state_dir: Path, snapshot: dict[str, Any]) -> None:
-    atomic_write_json(state_dir / STATUS_NAME, snapshot)
+    # 0600: it lists every workspace and its problems; `deltad status` runs as the daemon's user.
+    atomic_write_json(state_dir / STATUS_NAME, snapshot, 0o600)
 
 
 def read_status(state_dir: Path) -> dict[str, Any] | None:
