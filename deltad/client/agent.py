@@ -98,7 +98,8 @@ class LLMSettings(_Strict):
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_tokens: int | None = Field(default=None, gt=0)
     max_retries: int = Field(default=3, ge=0, le=20)
-    timeout_seconds: float = Field(default=120, gt=0)
+    timeout_seconds: float = Field(default=120, gt=0)  # one attempt
+    total_timeout_seconds: float = Field(default=300, gt=0)  # all attempts and waits together
 
 
 class ApprovalPolicy(_Strict):

@@ -92,6 +92,11 @@ def main() -> None:
 @click.option("--run-id", help="Resume this run instead of the latest.")
 @click.option("--max-iterations", type=click.IntRange(min=1), help="Cap the run's iterations.")
 @click.option(
+    "--retry",
+    is_flag=True,
+    help="Resume a run the model endpoint FAILED (after fixing the key, model or endpoint).",
+)
+@click.option(
     "--auto-approve",
     is_flag=True,
     help="Answer every question for CI: yes, the first option, approve. Never a secret.",
@@ -113,6 +118,7 @@ def run_cmd(
     max_iterations: int | None,
     auto_approve: bool,
     answers: str | None,
+    retry: bool,
 ) -> None:
     """Start a run, or resume the latest one that is waiting, interrupted or crashed.
 
@@ -123,8 +129,19 @@ def run_cmd(
         raise UsageError("choose one of -i, --auto-approve and --answers")
     guard = InterruptGuard()
     guard.install()
+    if retry and new:
+        raise UsageError("--retry resumes a failed run; --new starts another: choose one")
     opts = RunOptions(
-        work_dir, agent, task, new, run_id, interactive, max_iterations, auto_approve, answers
+        work_dir,
+        agent,
+        task,
+        new,
+        run_id,
+        interactive,
+        max_iterations,
+        auto_approve,
+        answers,
+        retry=retry,
     )
     sys.exit(drive(opts, guard, sys.stdout, sys.stderr))
 

@@ -32,6 +32,7 @@ from deltad.protocol import (
     atomic_write_json,
     atomic_write_text,
     current_owner,
+    iso,
     safefs,
     save_metadata,
     transition,
@@ -55,7 +56,7 @@ from .asking import (
 from .errors import LLMError
 from .faults import fault
 from .interviewers import Interviewer
-from .llm import ChatModel
+from .llm import ChatModel, ModelRefused, ModelUnavailable
 from .secrets import HANDLE, SecretStore
 from .signals import InterruptGuard
 from .tools import kill_orphan, run_tool, write_record
@@ -119,7 +120,9 @@ class Engine:
 
     def ensure_running(self) -> None:
         if self.meta.status != RunStatus.RUNNING:
-            self.set_status(RunStatus.RUNNING, owner=current_owner(), end_time=None)
+            self.set_status(
+                RunStatus.RUNNING, owner=current_owner(), end_time=None, error=None, error_kind=None
+            )
 
     def note(self, content: str, level: str = "INFO") -> None:
         self.journal.append(EventType.SYSTEM_MESSAGE, {"level": level, "content": content})
@@ -143,14 +146,33 @@ class Engine:
             return self._pause(p)
         except Canceled as c:
             return self._cancel(c.by)
+        except ModelUnavailable as e:
+            return self._stop_resumable(str(e), e.kind, exitcodes.MODEL_UNAVAILABLE)
+        except CutOff as e:
+            return self._stop_resumable(str(e), "model_output", exitcodes.FAILED)
+        except ModelRefused as e:
+            out = self.finish(RunStatus.FAILED, str(e), error_kind=e.kind)
+            if e.config_var:  # a configuration problem, like a missing key
+                out.exit_code = exitcodes.USAGE
+            return out
         except LLMError as e:
-            return self.finish(RunStatus.FAILED, str(e))
+            return self.finish(RunStatus.FAILED, str(e), error_kind="model_refused")
+
+    def _stop_resumable(self, reason: str, kind: str, code: int) -> Outcome:
+        """The model could not give a usable answer now: nothing recorded is lost, and the run
+        waits, INTERRUPTED, for `delta run` (or deltad's model retries, for outages)."""
+        self.note(f"stopped: {reason}", "WARN")
+        since = self.meta.model_failing_since or utcnow()
+        self.set_status(
+            RunStatus.INTERRUPTED, error=reason, error_kind=kind, model_failing_since=since
+        )
+        return Outcome(RunStatus.INTERRUPTED, code, reason)
 
     def _loop(self) -> Outcome:
         while True:
             self.guard.checkpoint()
             last = self._last(EventType.THOUGHT, EventType.RUN_END)
-            if last is not None and last.type == EventType.RUN_END:
+            if last is not None and last.type == EventType.RUN_END and not self._retried(last):
                 # Crashed after RUN_END but before the status write: finish that write.
                 return self.finish(
                     RunStatus(last.payload["status"]), last.payload.get("reason", ""), journal=False
@@ -174,6 +196,13 @@ class Engine:
                 )
             if not self._think().get("tool_calls"):
                 self._count_iteration()
+
+    def _retried(self, end: Any) -> bool:
+        """A RUN_END followed by a retry marker (delta run --retry) no longer ends the run."""
+        return any(
+            e.seq > end.seq and e.type == EventType.SYSTEM_MESSAGE and e.payload.get("retry")
+            for e in reversed(self.journal.events)
+        )
 
     def _last(self, *types: EventType) -> Any:
         return next((e for e in reversed(self.journal.events) if e.type in types), None)
@@ -200,12 +229,16 @@ class Engine:
         self.meta.iterations_completed += 1
         save_metadata(self.paths.metadata, self.meta)
 
-    def finish(self, status: RunStatus, reason: str, *, journal: bool = True) -> Outcome:
+    def finish(
+        self, status: RunStatus, reason: str, *, journal: bool = True, error_kind: str | None = None
+    ) -> Outcome:
         self.ensure_running()
         if journal:
             self.journal.append(EventType.RUN_END, {"status": str(status), "reason": reason})
         failed = status != RunStatus.COMPLETED
-        self.set_status(status, end_time=utcnow(), error=reason if failed else None)
+        self.set_status(
+            status, end_time=utcnow(), error=reason if failed else None, error_kind=error_kind
+        )
         return Outcome(status, EXIT_BY_STATUS.get(status, exitcodes.FAILED), reason)
 
     # -- think ----------------------------------------------------------------------------
@@ -238,13 +271,34 @@ class Engine:
         record = self.paths.invocations / ref
         safefs.mkdirs(record)
         atomic_write_json(record / "request.json", self.model.request_body(messages, tools))
-        with self.guard.window():
-            reply = self.model.complete(messages, tools)
+        try:
+            with self.guard.window():
+                reply = self.model.complete(messages, tools)
+        except LLMError as e:
+            atomic_write_json(record / "error.json", _error_record(e))
+            raise
         atomic_write_json(record / "response.json", reply.raw)
+        if self.meta.model_failing_since is not None:  # the outage is over
+            self.meta.model_failing_since = None
+            save_metadata(self.paths.metadata, self.meta)
+        if reply.finish_reason in CUT_OFF:
+            # Not journaled as a THOUGHT: a resume asks the model again instead of replaying a
+            # cut-off message, and a cut-off tool call (truncated arguments) never runs.
+            self.journal.append(
+                EventType.SYSTEM_MESSAGE,
+                {
+                    "level": "ERROR",
+                    "content": CUT_OFF[reply.finish_reason],
+                    "finish_reason": reply.finish_reason,
+                    "llm_invocation_ref": ref,
+                },
+            )
+            raise CutOff(CUT_OFF[reply.finish_reason])
         payload = {
             "content": reply.content or "",
             "tool_calls": self._unique_ids(reply.tool_calls),
             "llm_invocation_ref": ref,
+            "finish_reason": reply.finish_reason,
         }
         self.journal.append(EventType.THOUGHT, payload)
         return payload
@@ -503,6 +557,32 @@ class Engine:
             self.set_status(RunStatus.WAITING_FOR_INPUT)
             self.note(f"paused: waiting for human input (request {p.request.request_id})")
         return Outcome(RunStatus.WAITING_FOR_INPUT, 101, p.request.prompt, p.request)
+
+
+CUT_OFF = {
+    "length": (
+        "the model's answer was cut off at llm.max_tokens (finish_reason: length); raise "
+        "max_tokens in the agent's config and run `delta run` to ask again"
+    ),
+    "content_filter": (
+        "the model's answer was withheld by the provider's content filter (finish_reason: "
+        "content_filter); `delta run` asks again"
+    ),
+}
+
+
+class CutOff(LLMError):
+    """The model stopped before a usable answer (finish_reason length or content_filter)."""
+
+
+def _error_record(e: LLMError) -> dict[str, Any]:
+    return {
+        "kind": getattr(e, "kind", "model_error"),
+        "status": getattr(e, "status", None),
+        "attempts": getattr(e, "attempts", None),
+        "message": str(e),
+        "at": iso(utcnow()),
+    }
 
 
 class Canceled(Exception):

@@ -4,6 +4,7 @@ COMPLETED = 0
 FAILED = 1
 USAGE = 2  # bad arguments, invalid agent config, unreadable workspace state
 CANCELED = 4  # a human canceled the run (an approval decision)
+MODEL_UNAVAILABLE = 69  # EX_UNAVAILABLE: the model endpoint failed transiently; run resumable
 BUSY = 75  # another process is driving a run in this workspace (EX_TEMPFAIL: try later)
 WAITING = 101  # paused for a human answer
 INTERRUPTED = 130  # SIGINT/SIGTERM
@@ -14,6 +15,7 @@ Exit codes:
   1    failed
   2    usage or config error
   4    canceled by a human
+  69   model endpoint unavailable (outage): the run is INTERRUPTED, resumable
   75   busy: another process is driving a run in this workspace
   101  waiting for input
   130  interrupted (SIGINT/SIGTERM)

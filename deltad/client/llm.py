@@ -1,15 +1,29 @@
 """The model seam: one `ChatModel` interface; `OpenAIChatModel` speaks Chat Completions.
 
 Endpoint and key come from DELTA_BASE_URL / DELTA_API_KEY, else the standard OPENAI_BASE_URL /
-OPENAI_API_KEY, so OpenAI, vLLM, Ollama and llama.cpp servers all work. The SDK retries 408,
-409, 429, 5xx, connection errors and timeouts with exponential backoff (honouring Retry-After);
-what is left after that is an `LLMError` with a one-line reason.
+OPENAI_API_KEY, so OpenAI, vLLM, Ollama and llama.cpp servers all work.
+
+Failures come in two kinds (docs/design.md, "Model failures"):
+- transient (connection refused/reset, timeouts, 408/409/425/429, 5xx, a 200 whose body is not
+  a chat completion): retried here with capped exponential backoff and Retry-After, each retry
+  said in one line; what outlasts the retries or the total time cap is `ModelUnavailable`, and
+  the run stays resumable;
+- permanent (400, 401, 403, 404, 422...): `ModelRefused`, the run fails with the reason.
+The SDK's own retries are off (they are silent); the SDK is kept for its endpoint conventions
+and auth, and the request goes out through its low-level `post`, so no per-message model
+validation is paid on long conversations.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,7 +31,13 @@ if TYPE_CHECKING:
     import openai
 
 from .agent import LLMSettings
-from .errors import LLMError
+from .errors import LLMError, UsageError
+
+TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
+MAX_RETRIES_LIMIT = 20
+BACKOFF_INITIAL = 0.5
+BACKOFF_CAP = 20.0
+NOTICE_AFTER = 15.0  # seconds of silence on one attempt before saying we are still waiting
 
 
 @dataclass
@@ -25,6 +45,28 @@ class ChatReply:
     content: str | None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str | None = None
+
+
+class ModelUnavailable(LLMError):
+    """Transient: the endpoint did not give a usable answer in time. The run stays resumable."""
+
+    kind = "model_unavailable"
+
+    def __init__(self, reason: str, attempts: int, status: int | None = None) -> None:
+        super().__init__(f"model endpoint unavailable: {reason}, {attempts} attempt(s)")
+        self.attempts, self.status = attempts, status
+
+
+class ModelRefused(LLMError):
+    """Permanent: the endpoint refused the request; retrying the same request cannot help."""
+
+    kind = "model_refused"
+
+    def __init__(self, message: str, status: int | None, config_var: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.config_var = config_var  # set for 401/403: a configuration problem
 
 
 class ChatModel(Protocol):
@@ -37,34 +79,140 @@ class ChatModel(Protocol):
     ) -> ChatReply: ...
 
 
-def endpoint_from_env() -> tuple[str | None, str]:
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str | None
+    key: str
+    key_var: str | None  # which variable supplied the key
+
+
+def endpoint_from_env() -> Endpoint:
     base = os.environ.get("DELTA_BASE_URL") or os.environ.get("OPENAI_BASE_URL") or None
-    key = os.environ.get("DELTA_API_KEY") or os.environ.get("OPENAI_API_KEY")
-    if not key:
-        if base is None:
-            raise LLMError("no API key: set OPENAI_API_KEY (or DELTA_API_KEY)")
-        key = "unused"  # local servers (Ollama, llama.cpp) often take none
-    return base, key
+    for var in ("DELTA_API_KEY", "OPENAI_API_KEY"):
+        if key := os.environ.get(var):
+            return Endpoint(base, key, var)
+    if base is None:
+        raise LLMError("no API key: set OPENAI_API_KEY (or DELTA_API_KEY)")
+    return Endpoint(base, "unused", None)  # local servers (Ollama, llama.cpp) often take none
+
+
+def retries_from_env(default: int) -> int:
+    raw = os.environ.get("DELTA_LLM_MAX_RETRIES")
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_RETRIES_LIMIT:
+        raise UsageError(
+            f"DELTA_LLM_MAX_RETRIES={raw!r}: expected a whole number from 0 to {MAX_RETRIES_LIMIT}"
+        )
+    return value
+
+
+# -- what went wrong ---------------------------------------------------------------------------
+@dataclass
+class Failure:
+    transient: bool
+    summary: str  # "503 Service Unavailable", "connection refused", ...
+    status: int | None = None
+    retry_after: float | None = None
+    detail: str = ""
+
+
+def retry_after(headers: Any) -> float | None:
+    """Seconds from `Retry-After` (seconds or an HTTP date) or `retry-after-ms`."""
+    if headers is None:
+        return None
+    if ms := headers.get("retry-after-ms"):
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def _message(e: openai.APIStatusError) -> str:
+    body = e.body if isinstance(e.body, dict) else {}
+    err = body.get("error", body) if isinstance(body, dict) else {}
+    text = err.get("message") if isinstance(err, dict) else None
+    return " ".join(str(text or e.message).split())[:300]
+
+
+def classify(e: BaseException) -> Failure:
+    import openai
+
+    if isinstance(e, openai.APIStatusError):
+        status = e.status_code
+        phrase = getattr(e.response, "reason_phrase", "") or ""
+        summary = f"{status} {phrase}".strip()
+        transient = status in TRANSIENT_STATUS or status >= 500
+        return Failure(transient, summary, status, retry_after(e.response.headers), _message(e))
+    if isinstance(e, openai.APITimeoutError):
+        return Failure(True, "timed out")
+    if isinstance(e, openai.APIConnectionError):
+        cause = e.__cause__
+        why = "connection refused" if "refused" in str(cause).lower() else "cannot connect"
+        return Failure(True, why, detail=str(cause or e)[:200])
+    return Failure(True, "an unusable response", detail=f"{type(e).__name__}: {e}"[:200])
+
+
+class BadBody(ValueError):
+    """A 200 response whose body is not a chat completion."""
+
+
+def parse_completion(raw: bytes) -> ChatReply:
+    """A 200 body → the reply; BadBody when it is not a chat completion (truncated JSON,
+    no choices, `message: null`...), which counts as transient."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise BadBody("the body is not JSON") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list) or not doc["choices"]:
+        raise BadBody("no choices in the body")
+    choice = doc["choices"][0]
+    msg = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(msg, dict):
+        raise BadBody("the choice has no message")
+    content = msg.get("content")
+    calls = msg.get("tool_calls") or []
+    if (content is not None and not isinstance(content, str)) or not isinstance(calls, list):
+        raise BadBody("the message is not a chat message")
+    if not all(isinstance(c, dict) for c in calls):
+        raise BadBody("a tool call is not an object")
+    finish = choice.get("finish_reason")
+    return ChatReply(content, calls, doc, finish if isinstance(finish, str) else None)
 
 
 class OpenAIChatModel:
-    def __init__(self, settings: LLMSettings) -> None:
+    def __init__(self, settings: LLMSettings, say: Callable[[str], None] = lambda _: None) -> None:
         # Check the endpoint now (a resume must fail before touching the run), but build the
         # SDK client on first use: `import openai` costs ~0.9 s of CPU, and many runs never
         # call out (a resume that asks again, a busy workspace, an ingested crash repair).
-        self._base, self._key = endpoint_from_env()
-        retries = os.environ.get("DELTA_LLM_MAX_RETRIES")
+        self.endpoint = endpoint_from_env()
         self.settings = settings
-        self._retries = int(retries) if retries and retries.isdigit() else settings.max_retries
+        self.retries = retries_from_env(settings.max_retries)
+        self.say = say  # one line to the person (stderr) and the run's log
 
     @cached_property
     def client(self) -> openai.OpenAI:
         import openai
 
         return openai.OpenAI(
-            api_key=self._key,
-            base_url=self._base,
-            max_retries=self._retries,
+            api_key=self.endpoint.key,
+            base_url=self.endpoint.base_url,
+            max_retries=0,  # ours: visible, capped in total, Retry-After honoured
             timeout=self.settings.timeout_seconds,
         )
 
@@ -81,28 +229,82 @@ class OpenAIChatModel:
         return body
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ChatReply:
-        import openai
+        body = self.request_body(messages, tools)
+        attempts = 1 + self.retries
+        deadline = time.monotonic() + self.settings.total_timeout_seconds
+        for attempt in range(1, attempts + 1):
+            left = deadline - time.monotonic()
+            try:
+                return self._attempt(body, max(1.0, min(self.settings.timeout_seconds, left)))
+            except Exception as e:  # every failure is classified; Ctrl-C is not an Exception
+                failure = self._failure(e)
+            if not failure.transient:
+                raise self._refused(failure)
+            if attempt == attempts:
+                raise ModelUnavailable(failure.summary, attempt, failure.status)
+            wait = self._wait(attempt, failure)
+            if time.monotonic() + wait >= deadline:
+                total = self.settings.total_timeout_seconds
+                raise ModelUnavailable(
+                    f"{failure.summary}; gave up at the {total:g} s total cap "
+                    "(llm.total_timeout_seconds)",
+                    attempt,
+                    failure.status,
+                )
+            self.say(
+                f"model endpoint {failure.summary}, retrying in {wait:.1f} s "
+                f"(attempt {attempt + 1}/{attempts})"
+            )
+            time.sleep(wait)
+        raise AssertionError("unreachable")
 
+    def _failure(self, e: Exception) -> Failure:
+        if isinstance(e, BadBody):
+            return Failure(True, "a 200 response that is not a chat completion", detail=str(e))
+        return classify(e)
+
+    def _wait(self, attempt: int, failure: Failure) -> float:
+        jitter = 0.8 + 0.4 * random.random()
+        wait = min(BACKOFF_CAP, BACKOFF_INITIAL * 2 ** (attempt - 1)) * jitter
+        if failure.retry_after is not None:
+            if failure.retry_after > BACKOFF_CAP:
+                self.say(
+                    f"model endpoint asked to wait {failure.retry_after:.0f} s (Retry-After); "
+                    f"waiting at most {BACKOFF_CAP:.0f} s before the next attempt"
+                )
+            wait = min(max(wait, failure.retry_after), BACKOFF_CAP)
+        return wait
+
+    def _refused(self, f: Failure) -> ModelRefused:
+        detail = f": {f.detail}" if f.detail else ""
+        if f.status in (401, 403):
+            var = self.endpoint.key_var or "OPENAI_API_KEY (none is set)"
+            return ModelRefused(
+                f"model endpoint answered {f.summary}{detail}; check the key in {var} "
+                "(and DELTA_BASE_URL / OPENAI_BASE_URL)",
+                f.status,
+                var,
+            )
+        return ModelRefused(f"model endpoint answered {f.summary}{detail}", f.status)
+
+    def _attempt(self, body: dict[str, Any], timeout: float) -> ChatReply:
+        import httpx2  # the HTTP package of openai 3.x (pinned in pyproject.toml)
+
+        after = min(NOTICE_AFTER, timeout / 2)
+        notice = threading.Timer(after, self._still_waiting, args=(time.monotonic(),))
+        notice.daemon = True
+        notice.start()
         try:
-            resp = self.client.chat.completions.create(**self.request_body(messages, tools))
-        except openai.APIStatusError as e:
-            raise LLMError(f"model endpoint answered {e.status_code}: {_message(e)}") from None
-        except openai.APITimeoutError:
-            raise LLMError("model endpoint timed out (after retries)") from None
-        except openai.APIConnectionError as e:
-            raise LLMError(f"cannot reach the model endpoint: {e.__cause__ or e}") from None
-        except openai.OpenAIError as e:
-            raise LLMError(f"model call failed: {e}") from None
-        raw = resp.model_dump(mode="json", exclude_none=True)
-        if not resp.choices:
-            raise LLMError("model endpoint returned no choices")
-        msg = resp.choices[0].message
-        calls = [c.model_dump(mode="json") for c in (msg.tool_calls or [])]
-        return ChatReply(msg.content, calls, raw)
+            resp = self.client.post(
+                "/chat/completions",
+                body=body,
+                cast_to=httpx2.Response,
+                options={"timeout": timeout},
+            )
+            raw = resp.read()
+        finally:
+            notice.cancel()
+        return parse_completion(raw)
 
-
-def _message(e: openai.APIStatusError) -> str:
-    body = e.body if isinstance(e.body, dict) else {}
-    err = body.get("error", body) if isinstance(body, dict) else {}
-    text = err.get("message") if isinstance(err, dict) else None
-    return " ".join(str(text or e.message).split())[:300]
+    def _still_waiting(self, since: float) -> None:
+        self.say(f"still waiting for the model endpoint ({time.monotonic() - since:.0f} s so far)")

@@ -23,6 +23,7 @@ import structlog
 from deltad import logs
 from deltad.protocol import (
     RESUMABLE,
+    RETRYABLE_FAILURES,
     EventType,
     InputType,
     InteractionRequest,
@@ -78,6 +79,7 @@ class RunOptions:
     auto_approve: bool = False
     answers: str | None = None
     interviewer: Interviewer | None = None  # library use: who answers, e.g. a Callback
+    retry: bool = False  # resume a run the model endpoint FAILED (delta run --retry)
     log_to_run: bool = True  # the CLI sends all logging to the run's engine.log; a library not
 
 
@@ -90,9 +92,13 @@ class Selected:
     model: ChatModel
 
 
-def _model(agent: Agent) -> ChatModel:
+def _model(agent: Agent, err: TextIO) -> ChatModel:
+    def say(message: str) -> None:  # retries and long waits: the person and the log both hear
+        print(f"delta: {message}", file=err, flush=True)
+        log.warning("model_call", detail=message)
+
     try:
-        return OpenAIChatModel(agent.config.llm)
+        return OpenAIChatModel(agent.config.llm, say)
     except LLMError as e:
         raise UsageError(str(e)) from None
 
@@ -152,19 +158,19 @@ def _supersede(ws: Workspace, paths: RunPaths, meta: RunMetadata) -> None:
         )
 
 
-def _prepare(opts: RunOptions) -> tuple[Agent, ChatModel]:
+def _prepare(opts: RunOptions, err: TextIO) -> tuple[Agent, ChatModel]:
     """Validate everything a new run needs before anything is written."""
     if not opts.agent or not opts.task:
         raise UsageError("starting a run needs --agent DIR and --task TEXT")
     agent = load_agent(opts.agent)
-    return agent, _model(agent)
+    return agent, _model(agent, err)
 
 
 Prepared = tuple[Agent, ChatModel] | None
 
 
-def _create(ws: Workspace, opts: RunOptions, prepared: Prepared) -> Selected:
-    agent, model = prepared or _prepare(opts)
+def _create(ws: Workspace, opts: RunOptions, prepared: Prepared, err: TextIO) -> Selected:
+    agent, model = prepared or _prepare(opts, err)
     run_id = new_run_id()
     paths = ws.run(run_id)
     safefs.mkdirs(paths.execution)
@@ -202,7 +208,7 @@ def _resume(
         agent = load_agent(meta.agent_ref)
     except UsageError as e:
         raise UsageError(f"cannot resume run {meta.run_id}: {e}") from None
-    model = _model(agent)
+    model = _model(agent, warn)
     if opts.agent or opts.task:
         print(
             f"delta: resuming run {meta.run_id} ({meta.status}); --agent/--task ignored. "
@@ -214,6 +220,15 @@ def _resume(
     journal = Journal(paths.journal)
     if meta.status == RunStatus.RUNNING:
         _mark_crashed(ws, paths, meta, journal)
+    if meta.status == RunStatus.FAILED:  # --retry, checked by the caller
+        journal.append(
+            EventType.SYSTEM_MESSAGE,
+            {
+                "level": "INFO",
+                "content": f"retried on purpose (delta run --retry) after: {meta.error}",
+                "retry": True,
+            },
+        )
     if opts.max_iterations:
         meta.max_iterations = opts.max_iterations
         save_metadata(paths.metadata, meta)
@@ -223,17 +238,22 @@ def _resume(
 def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -> Selected:
     found = _latest(ws, opts.run_id)
     if found is None:
-        return _create(ws, opts, prepared)
+        if opts.retry:
+            raise UsageError(f"no run to retry in {ws.root}")
+        return _create(ws, opts, prepared, warn)
     paths, meta = found
     if meta.status == RunStatus.RUNNING and owner_alive(meta.owner) is None:
         raise UsageError(
             f"run {meta.run_id} is RUNNING on host {meta.owner.hostname if meta.owner else '?'}; "
             "it cannot be checked from here"
         )
+    if opts.retry:
+        _check_retry(meta)
+        return _resume(ws, paths, meta, opts, warn)
     if opts.new:
         if _resumable(meta):
             _supersede(ws, paths, meta)
-        return _create(ws, opts, prepared)
+        return _create(ws, opts, prepared, warn)
     if _resumable(meta):
         return _resume(ws, paths, meta, opts, warn)
     if opts.run_id:
@@ -242,8 +262,24 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -
         raise UsageError(
             f"the latest run {meta.run_id} is {meta.status}; start a new run with "
             "--agent DIR --task TEXT"
+            + (" (or `delta run --retry`: the model failed it)" if _retryable(meta) else "")
         )
-    return _create(ws, opts, prepared)
+    return _create(ws, opts, prepared, warn)
+
+
+def _retryable(meta: RunMetadata) -> bool:
+    return meta.status == RunStatus.FAILED and meta.error_kind in RETRYABLE_FAILURES
+
+
+def _check_retry(meta: RunMetadata) -> None:
+    if _resumable(meta):
+        return  # nothing failed: an ordinary resume
+    if not _retryable(meta):
+        why = f" ({meta.error})" if meta.error else ""
+        raise UsageError(
+            f"run {meta.run_id} is {meta.status}{why}; --retry only resumes a run the model "
+            "endpoint failed"
+        )
 
 
 def _log_to(paths: RunPaths) -> None:
@@ -261,7 +297,7 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
             raise UsageError(
                 f"no run to resume in {ws.root}; start one with --agent DIR --task TEXT"
             )
-        prepared = _prepare(opts)  # a bad agent or key must leave no trace in the workspace
+        prepared = _prepare(opts, err)  # a bad agent or key must leave no trace in the workspace
         ws.root.mkdir(parents=True, exist_ok=True)
     with WorkspaceLock(ws.lock_file):
         sel = _select(ws, opts, err, prepared)
@@ -368,6 +404,14 @@ def _report(ws: Workspace, meta: RunMetadata, outcome: Outcome, out: TextIO, err
         print(guidance(ws, meta.run_id, outcome.request), file=out)
     else:
         print(f"delta: run {meta.run_id} {outcome.status}: {outcome.message}", file=err)
+        wd = _q(str(ws.root))
+        if outcome.status == RunStatus.INTERRUPTED:
+            by_itself = (
+                " (deltad retries it by itself)" if meta.error_kind == "model_unavailable" else ""
+            )
+            print(f"delta: resume it with: delta run --work-dir {wd}{by_itself}", file=err)
+        elif _retryable(meta):
+            print(f"delta: once that is fixed: delta run --retry --work-dir {wd}", file=err)
     return outcome.exit_code
 
 

@@ -18,10 +18,18 @@ from .models import (
     utcnow,
 )
 from .process import OwnerProcess, current_owner, owner_alive
-from .states import RESUMABLE, TERMINAL, TRANSITIONS, RunStatus, check_transition
+from .states import (
+    RESUMABLE,
+    RETRYABLE_FAILURES,
+    TERMINAL,
+    TRANSITIONS,
+    RunStatus,
+    check_transition,
+)
 
 __all__ = [
     "RESUMABLE",
+    "RETRYABLE_FAILURES",
     "RUN_ID_RE",
     "TERMINAL",
     "TRANSITIONS",

@@ -50,6 +50,12 @@ class RunMetadata(_Model):
     max_iterations: int | None = None
     owner: OwnerProcess | None = None
     error: str | None = None
+    # Why the run stopped, for programs: model_unavailable (transient: deltad retries it),
+    # model_refused, model_output (a cut-off answer), or None.
+    error_kind: str | None = None
+    # Since when model calls have been failing transiently (deltad's give-up clock); cleared
+    # by the next successful call.
+    model_failing_since: Timestamp | None = None
 
 
 class InputType(StrEnum):

@@ -28,11 +28,15 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     S.WAITING_FOR_INPUT: frozenset({S.RUNNING, S.INTERRUPTED, S.CANCELED}),
     S.INTERRUPTED: frozenset({S.RUNNING, S.CANCELED}),
     S.COMPLETED: frozenset(),
-    S.FAILED: frozenset(),
+    # FAILED -> RUNNING only on purpose: `delta run --retry`, and only when the failure was the
+    # model's (metadata.error_kind); the client checks that guard (RETRYABLE_FAILURES).
+    S.FAILED: frozenset({S.RUNNING}),
     S.CANCELED: frozenset(),
 }
 
-TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+# Finished: nothing resumes these by itself (a FAILED run only by an explicit --retry).
+TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.CANCELED})
+RETRYABLE_FAILURES = frozenset({"model_refused", "model_unavailable", "model_output"})
 # A run the client may pick up again; RUNNING only when its owner is dead (checked elsewhere).
 RESUMABLE = frozenset({S.WAITING_FOR_INPUT, S.INTERRUPTED})
 

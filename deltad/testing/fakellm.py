@@ -2,17 +2,22 @@
 
 Each POST to /v1/chat/completions pops the next scripted reply and records the request body.
 When the script runs out it answers 500 with a clear message, so a test fails loudly instead
-of hanging. Run standalone (for benchmarks) with `python -m deltad.testing.fakellm --help`.
+of hanging. Faults can be scripted too: errors with headers (Retry-After), raw broken bodies,
+`finish_reason` cut-offs, a hang, and the server going away (`down()`: connection refused)
+and coming back on the same port (`up()`). Run standalone (for benchmarks) with
+`python -m deltad.testing.fakellm --help`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -28,7 +33,9 @@ def tool_call(name: str, args: dict[str, Any] | str | None = None, id: str | Non
     }
 
 
-def completion(content: str | None = None, tool_calls: list[dict] | None = None) -> dict:
+def completion(
+    content: str | None = None, tool_calls: list[dict] | None = None, finish: str | None = None
+) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
@@ -41,44 +48,87 @@ def completion(content: str | None = None, tool_calls: list[dict] | None = None)
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": "tool_calls" if tool_calls else "stop",
+                "finish_reason": finish or ("tool_calls" if tool_calls else "stop"),
             }
         ],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
 
 
+@dataclass
+class Scripted:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds before answering (a hung endpoint)
+
+
+def _json(status: int, doc: dict, **headers: str) -> Scripted:
+    return Scripted(status, json.dumps(doc).encode(), headers)
+
+
 class FakeLLM:
     """Use as a context manager; `url` is the base URL for OPENAI_BASE_URL."""
 
     def __init__(self, port: int = 0) -> None:
-        self._script: deque[tuple[int, dict]] = deque()
-        self._fallback: tuple[int, dict] | None = None
+        self._script: deque[Scripted] = deque()
+        self._fallback: Scripted | None = None
         self.requests: list[dict] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self._server.daemon_threads = True
+        self._server = self._listen(port)
+        self._port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     # -- scripting ---------------------------------------------------------------------
-    def reply(self, content: str | None = None, *calls: dict) -> FakeLLM:
+    def _push(self, item: Scripted) -> FakeLLM:
         with self._lock:
-            self._script.append((200, completion(content, list(calls) or None)))
+            self._script.append(item)
         return self
+
+    def reply(self, content: str | None = None, *calls: dict) -> FakeLLM:
+        return self._push(_json(200, completion(content, list(calls) or None)))
+
+    def cut_off(self, finish: str, content: str | None = None, *calls: dict) -> FakeLLM:
+        """A reply whose finish_reason says it is not whole (length, content_filter)."""
+        return self._push(_json(200, completion(content, list(calls) or None, finish)))
+
+    def raw(self, status: int, body: bytes, **headers: str) -> FakeLLM:
+        """Exactly these bytes (a truncated or malformed body)."""
+        return self._push(Scripted(status, body, headers))
+
+    def hang(self, seconds: float) -> FakeLLM:
+        """Answer only after `seconds` (the client should give up first)."""
+        return self._push(Scripted(503, b"{}", {}, seconds))
 
     def call(self, name: str, args: dict | str | None = None, id: str | None = None) -> FakeLLM:
         return self.reply(None, tool_call(name, args, id))
 
-    def error(self, status: int, message: str = "scripted error") -> FakeLLM:
+    def error(self, status: int, message: str = "scripted error", **headers: str) -> FakeLLM:
         body = {"error": {"message": message, "type": "invalid_request_error", "code": None}}
-        with self._lock:
-            self._script.append((status, body))
+        return self._push(
+            _json(status, body, **{k.replace("_", "-"): v for k, v in headers.items()})
+        )
+
+    def errors(self, n: int, status: int = 503, **headers: str) -> FakeLLM:
+        for _ in range(n):
+            self.error(status, "scripted outage", **headers)
         return self
 
     def always(self, content: str | None = None, *calls: dict) -> FakeLLM:
         """Answer this whenever the script is empty (benchmarks)."""
-        self._fallback = (200, completion(content, list(calls) or None))
+        self._fallback = _json(200, completion(content, list(calls) or None))
         return self
+
+    # -- the server going away and coming back ------------------------------------------
+    def down(self) -> None:
+        """Stop listening: connections are refused until `up()`."""
+        self._server.shutdown()
+        self._server.server_close()
+
+    def up(self) -> None:
+        self._server = self._listen(self._port)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
 
     @property
     def remaining(self) -> int:
@@ -95,16 +145,21 @@ class FakeLLM:
     # -- server ---------------------------------------------------------------------------
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"http://127.0.0.1:{self._port}/v1"
+
+    def _listen(self, port: int) -> ThreadingHTTPServer:
+        server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        server.daemon_threads = True
+        return server
 
     def start(self) -> FakeLLM:
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        with contextlib.suppress(OSError):
+            self._server.shutdown()
+            self._server.server_close()
 
     def __enter__(self) -> FakeLLM:
         return self.start()
@@ -112,14 +167,16 @@ class FakeLLM:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _next(self, body: dict) -> tuple[int, dict]:
+    def _next(self, body: dict) -> Scripted:
         with self._lock:
             self.requests.append(body)
             if self._script:
                 return self._script.popleft()
         if self._fallback:
             return self._fallback
-        return 500, {"error": {"message": "fake LLM: script exhausted", "type": "server_error"}}
+        return _json(
+            500, {"error": {"message": "fake LLM: script exhausted", "type": "server_error"}}
+        )
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
@@ -134,20 +191,24 @@ class FakeLLM:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 if not self.path.rstrip("/").endswith("/chat/completions"):
-                    return self._send(404, {"error": {"message": f"no route {self.path}"}})
+                    return self._send(_json(404, {"error": {"message": f"no route {self.path}"}}))
                 try:
                     body = json.loads(raw)
                 except ValueError:
-                    return self._send(400, {"error": {"message": "body is not JSON"}})
-                self._send(*fake._next(body))
+                    return self._send(_json(400, {"error": {"message": "body is not JSON"}}))
+                self._send(fake._next(body))
 
-            def _send(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+            def _send(self, item: Scripted) -> None:
+                if item.delay:
+                    time.sleep(item.delay)  # the client has hung up by now: that is the point
+                with contextlib.suppress(OSError):
+                    self.send_response(item.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(item.body)))
+                    for k, v in item.headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(item.body)
 
         return Handler
 
