@@ -147,3 +147,58 @@ def test_killed_delta_is_marked_interrupted(tmp_path: Path, fake: FakeLLM) -> No
             assert metadata_status(ws) == "INTERRUPTED"
         finally:
             client.kill()
+
+
+MODEL_RETRY = {"initial_seconds": 0.3, "max_seconds": 1, "give_up_after_seconds": 600}
+
+
+def test_daemon_rides_out_a_model_outage_and_uses_the_answer_once(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    fake.call("ask_human", {"prompt": "q?"}, id="ask1")
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    _pause(fake, tmp_path, ws)
+    fake.errors(3, 503).reply("done after the outage")  # the answer's resume + 2 retries fail
+    with _daemon(tmp_path, root, fake, model_retry=MODEL_RETRY) as d:
+        answer(ws, "blue")
+        d.wait_event("resume_exited", count=4, workspace=str(ws))
+        assert metadata_status(ws) == "COMPLETED"
+        retries = d.events("model_retry", workspace=str(ws))
+        assert [r["attempt"] for r in retries] == [1, 2, 3]
+        assert all(r["level"] == "warning" for r in retries)
+        assert [e["exit_code"] for e in d.events("resume_exited", workspace=str(ws))] == [
+            69,
+            69,
+            69,
+            0,
+        ]
+    assert len(_answers(ws)) == 1
+    answered = [
+        e
+        for e in _journal(ws)
+        if e["type"] == "HUMAN_INTERACTION" and e["payload"]["phase"] == "answered"
+    ]
+    assert len(answered) == 1
+    assert "blue" in fake.tool_results()["ask1"]
+
+
+def test_daemon_gives_up_on_a_long_outage_with_one_error_line(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    fake.call("ask_human", {"prompt": "q?"}, id="ask1")
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    _pause(fake, tmp_path, ws)
+    fake.errors(50, 503)
+    settings = {**MODEL_RETRY, "give_up_after_seconds": 1}
+    with _daemon(tmp_path, root, fake, model_retry=settings) as d:
+        answer(ws, "blue")
+        [gave_up] = d.wait_event("model_retry_gave_up", workspace=str(ws))
+        assert gave_up["level"] == "error"
+        spawned = len(d.events("resume_spawned", workspace=str(ws)))
+        d.reload()  # a full look at everything: still no new attempt, no second line
+        assert len(d.events("resume_spawned", workspace=str(ws))) == spawned
+        assert len(d.events("model_retry_gave_up", workspace=str(ws))) == 1
+    assert metadata_status(ws) == "INTERRUPTED"
+    assert len(_answers(ws)) == 1  # journaled, waiting to be used when the model is back

@@ -81,6 +81,15 @@ def _default_state_dir() -> Path:
     return Path(base) / "deltad"
 
 
+class ModelRetryConfig(_Strict):
+    """Runs the model endpoint left INTERRUPTED (an outage) are resumed by deltad itself."""
+
+    enabled: bool = True
+    initial_seconds: float = Field(default=30.0, gt=0)
+    max_seconds: float = Field(default=900.0, gt=0)
+    give_up_after_seconds: float = Field(default=86400.0, gt=0)
+
+
 class DaemonConfig(_Strict):
     roots: list[RootConfig] = Field(default_factory=list)
     discovery_depth: int = Field(default=2, ge=0, le=8)
@@ -91,6 +100,7 @@ class DaemonConfig(_Strict):
     liveness_sweep_seconds: float = Field(default=30.0, gt=0)
     poll_interval_seconds: float = Field(default=2.0, gt=0)
     auto_resume_interrupted: bool = False
+    model_retry: ModelRetryConfig = Field(default_factory=ModelRetryConfig)
     backoff_initial_seconds: float = Field(default=5.0, gt=0)
     backoff_max_seconds: float = Field(default=600.0, gt=0)
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)

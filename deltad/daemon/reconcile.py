@@ -72,6 +72,8 @@ class Verdict:
     owner_pid: int | None = None
     request_id: str | None = None
     owner: tenancy.Owner | None = None  # who a resume runs as (checked: see tenancy)
+    error_kind: str | None = None  # INTERRUPTED runs: why (model_unavailable: deltad retries)
+    failing_since: float | None = None  # wall time the model started failing (give-up clock)
     # When to look again even without an event: an answer still settling, or the pending
     # question's `expires_at` (the client applies the timeout rule when it is resumed then).
     wake_at: float | None = None
@@ -118,7 +120,10 @@ def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Ver
         v.wake_at = _pausing_soon(ws, meta)
         return v
     if s is RunStatus.INTERRUPTED:
-        return Verdict(Action.NONE, State.INTERRUPTED, meta.run_id, s)
+        v = Verdict(Action.NONE, State.INTERRUPTED, meta.run_id, s, error_kind=meta.error_kind)
+        if meta.model_failing_since is not None:
+            v.failing_since = meta.model_failing_since.timestamp()
+        return v
     return Verdict(Action.NONE, State.DONE, meta.run_id, s)
 
 

@@ -35,12 +35,13 @@ EXIT_MEANING = {
     1: "failed",
     2: "usage_error",
     4: "canceled",
+    69: "model_unavailable",
     75: "busy",
     101: "waiting",
     130: "interrupted",
 }
 # Exit codes that are a verdict on the run, not a failure to resume it.
-RUN_OUTCOMES = {0, 1, 4, 101, 130}
+RUN_OUTCOMES = {0, 1, 4, 69, 101, 130}
 BUSY = 75
 WAITING = 101
 

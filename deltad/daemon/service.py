@@ -34,6 +34,7 @@ from .queue import HintQueue, Why
 from .reconcile import Action, State, Verdict, inspect, mark_interrupted
 from .registry import Registry
 from .resumer import BUSY, WAITING, Finished, Resumer
+from .retry import ModelRetries, Step
 from .status import AlreadyRunning, StateDirLock, capped, write_status
 from .tenancy import Refused
 from .watch import Backend
@@ -56,6 +57,7 @@ class Service:
         self.registry = Registry()
         self.resumer = Resumer(config)
         self.launcher = config.launcher()
+        self.model_retries = _model_retries(config)
         self.backoff = Backoff(config.backoff_initial_seconds, config.backoff_max_seconds)
         self.backends: list[Backend] = []
         self._timers: list[tuple[float, str]] = []
@@ -315,10 +317,45 @@ class Service:
             self._resume(ws, v, ("expired", v.request_id), reason="question_expired")
         elif v.action is Action.RESUME:
             self._resume(ws, v, v.answer_sig, reason="answer")
+        elif self._model_outage(v):
+            self._retry_model(ws, v)
         elif v.state is State.INTERRUPTED and self.config.auto_resume_interrupted:
             self._resume(ws, v, ("interrupted", v.run_id), reason="interrupted")
+        if not self._model_outage(v):
+            self.model_retries.forget(ws)
         if v.wake_at is not None:
             self.wake_at(ws, time.monotonic() + max(0.0, v.wake_at - time.time()))
+
+    def _model_outage(self, v: Verdict) -> bool:
+        return (
+            self.config.model_retry.enabled
+            and v.state is State.INTERRUPTED
+            and v.error_kind == "model_unavailable"
+        )
+
+    def _retry_model(self, ws: Path, v: Verdict) -> None:
+        d = self.model_retries.decide(ws, v.failing_since, time.time(), time.monotonic())
+        failing_for = round(time.time() - v.failing_since, 1) if v.failing_since else None
+        if d.step is Step.GIVE_UP:
+            log.error(
+                "model_retry_gave_up",
+                workspace=str(ws),
+                run_id=v.run_id,
+                failing_for_s=failing_for,
+                detail="the model endpoint has failed for longer than give_up_after_seconds; "
+                "`delta run` resumes it once the endpoint is back",
+            )
+        elif d.step is Step.WAIT:
+            self.wake_at(ws, d.at)
+        elif d.step is Step.RESUME and not self.resumer.busy_with(ws):
+            log.warning(
+                "model_retry",
+                workspace=str(ws),
+                run_id=v.run_id,
+                attempt=d.attempt,
+                failing_for_s=failing_for,
+            )
+            self._resume(ws, v, ("model", v.run_id, d.attempt), reason="model_retry")
 
     def _interrupt(self, ws: Path, v: Verdict) -> None:
         assert v.run_id is not None
@@ -395,6 +432,9 @@ class Service:
 
     def _judge(self, ws: Path, fin: Finished, v: Verdict) -> None:
         now = time.monotonic()
+        if self._model_outage(v):
+            self.backoff.forget(ws)  # the model retry policy paces this run, not resume backoff
+            return
         key = v.answer_sig if v.action is Action.RESUME else None
         if v.state is State.EXPIRED:
             key = ("expired", v.request_id)
@@ -425,6 +465,7 @@ class Service:
 
     def _drop(self, ws: Path) -> None:
         self._quarantined.pop(ws, None)
+        self.model_retries.forget(ws)
         self.registry.drop(ws)
         self.backoff.forget(ws)
         for b in self.backends:
@@ -453,6 +494,9 @@ class Service:
             new.state_dir = self.config.state_dir
         self.config = new
         self.launcher = new.launcher()
+        m = new.model_retry  # keep what it knows (attempts, give-ups): only the pacing changes
+        self.model_retries.initial, self.model_retries.cap = m.initial_seconds, m.max_seconds
+        self.model_retries.give_up_after = m.give_up_after_seconds
         logs.configure(new.log_level, new.log_format)
         self.resumer.configure(new)
         self.backoff.initial, self.backoff.cap = (
@@ -559,6 +603,11 @@ class Service:
         if all(b.healthy() for b in self.backends):  # a dead watcher must let systemd restart us
             sd_notify("WATCHDOG=1")
             self._last_ping = now
+
+
+def _model_retries(config: DaemonConfig) -> ModelRetries:
+    m = config.model_retry
+    return ModelRetries(m.initial_seconds, m.max_seconds, m.give_up_after_seconds)
 
 
 def _drain(fd: int) -> None:
