@@ -357,6 +357,7 @@ class Agent:
     config: AgentConfig
     system_prompt: str
     tools: dict[str, Tool]
+    notes: list[str] = field(default_factory=list)  # things a person should know (to stderr)
 
     @property
     def name(self) -> str:
@@ -418,7 +419,10 @@ def load_agent(path: str | Path) -> Agent:
     except (yaml.YAMLError, RecursionError) as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         at = f" (line {line + 1})" if line is not None else ""
-        raise ConfigError(f"{config_file}{at}: not valid YAML") from None
+        why = getattr(e, "problem", None) or (
+            "nested too deeply" if isinstance(e, RecursionError) else "syntax error"
+        )
+        raise ConfigError(f"{config_file}{at}: not valid YAML: {why}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{config_file}: expected a mapping at the top level")
     try:
@@ -439,7 +443,10 @@ def load_agent(path: str | Path) -> Agent:
     prompt = _read(prompt_file).strip()
     if not prompt:
         raise ConfigError(f"{prompt_file}: the system prompt is empty")
-    return Agent(home, config_file, prompt_file, config, prompt, tools)
+    notes = []
+    if len(present := [n for n in CONFIG_NAMES if (home / n).is_file()]) > 1:
+        notes.append(f"{home} has both {' and '.join(present)}; using {config_file.name}")
+    return Agent(home, config_file, prompt_file, config, prompt, tools, notes)
 
 
 def _check_patterns(config_file: Path, policy: ApprovalPolicy | None, tools: dict) -> None:

@@ -77,6 +77,10 @@ ASK_HUMAN_TOOL: dict[str, Any] = {
                     "type": "boolean",
                     "description": "True when the answer must never be shown or logged.",
                 },
+                "allow_empty": {
+                    "type": "boolean",
+                    "description": "True when an empty answer is acceptable (text/password).",
+                },
             },
             "required": ["prompt"],
         },
@@ -126,6 +130,7 @@ def question_from_args(raw: str, run_id: str, action_id: str) -> InteractionRequ
         prompt=args["prompt"],
         input_type=InputType(kind),
         sensitive=args.get("sensitive") in (True, "true"),
+        allow_empty=args.get("allow_empty") in (True, "true"),
         run_id=run_id,
         action_id=action_id,
         options=build_options(options) if kind == InputType.CHOICE else [],

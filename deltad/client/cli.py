@@ -77,6 +77,7 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.group(
     help="Run Delta Engine agents that can pause for a human and resume from disk.",
     epilog=exitcodes.HELP,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.version_option(__version__, prog_name="delta")
 def main() -> None:
@@ -99,7 +100,8 @@ def main() -> None:
 @click.option(
     "--auto-approve",
     is_flag=True,
-    help="Answer every question for CI: yes, the first option, approve. Never a secret.",
+    help="Answer every question for CI: its default, else yes, the first option, approve. "
+    "Never a secret.",
 )
 @click.option(
     "--answers",
@@ -183,6 +185,7 @@ def _status_doc(ws: Workspace, meta: RunMetadata) -> dict[str, Any]:
         "pending": req.model_dump(mode="json") if req else None,
         "response": answer,
         "answer_error": Mailbox(ws).last_refusal() if req else None,
+        "set_aside": Mailbox(ws).stale_answers(),
     }
 
 
@@ -215,6 +218,12 @@ def status_cmd(work_dir: Path, run_id: str | None, as_json: bool) -> None:
             click.echo(f"  The answer file is not usable: {doc['response']['reason']}")
         if doc["answer_error"]:
             click.echo(f"  Last answer was not taken: {doc['answer_error']}")
+    if doc["set_aside"]:
+        names = ", ".join(doc["set_aside"][-5:])
+        click.echo(
+            f"Set aside:  {len(doc['set_aside'])} answer file(s) no open question was waiting "
+            f"for, kept in .delta/interaction/ ({names})"
+        )
 
 
 def _answer_text(req: InteractionRequest, text: str | None, file: str | None) -> str:

@@ -55,7 +55,7 @@ from .asking import (
 )
 from .errors import LLMError
 from .faults import fault
-from .interviewers import Interviewer
+from .interviewers import Interviewer, settle_mailbox
 from .llm import ChatModel, ModelRefused, ModelUnavailable
 from .secrets import HANDLE, SecretStore
 from .signals import InterruptGuard
@@ -548,7 +548,11 @@ class Engine:
         }
         ids = [c.action_id for c in req.calls] or [req.action_id]
         if all(a in answered for a in ids) or req.input_type == InputType.APPROVAL:
-            self.mailbox.discard_answer()
+            reply = self.asking.recorded_reply(req.request_id)
+            if reply is not None and reply.source == "mailbox":
+                self.mailbox.discard_answer()  # the very answer that was recorded
+            else:  # answered elsewhere: a file here is a second answer, kept and reported
+                settle_mailbox(self.mailbox, None, self.warn)
             self.mailbox.withdraw()
 
     def _pause(self, p: Paused) -> Outcome:

@@ -36,6 +36,7 @@ from deltad.protocol import (
     UnsafeFile,
     utcnow,
 )
+from deltad.protocol.fsio import lstat_or_none
 from deltad.protocol.questions import (
     AnswerRejected,
     CallDecision,
@@ -75,6 +76,7 @@ class MailboxInterviewer:
         self.warn = warn
         self.post = post  # False: only take an answer already there (used before Console)
         self.last: Path | None = None
+        self.taken_ino: int | None = None  # the answer file this interviewer's reply came from
 
     def _posted(self, req: InteractionRequest) -> bool:
         try:
@@ -88,7 +90,11 @@ class MailboxInterviewer:
     def ask(self, req: InteractionRequest) -> Reply | None:
         if not self._posted(req):
             if self.post and not req.expired():
-                self.mailbox.post(req)
+                for kept in self.mailbox.post(req):
+                    self.warn(
+                        f"an answer file written before this question was set aside as "
+                        f"{kept.name} (it does not answer it; write the answer again)"
+                    )
                 hold("after_post")  # tests: the daemon sees the question while still RUNNING
             return None
         answer = self.mailbox.read_answer(req, secret=req.is_secret)
@@ -118,6 +124,8 @@ class MailboxInterviewer:
         reply.source = "mailbox"
         reply.answered_by = reply.answered_by or _owner(answer.uid)
         self.last = answer.path
+        st = lstat_or_none(answer.path)
+        self.taken_ino = st.st_ino if st is not None else None
         return reply
 
     def reject(self, req: InteractionRequest, reason: str) -> bool:
@@ -132,9 +140,21 @@ class MailboxInterviewer:
 
     def settle(self, req: InteractionRequest) -> None:
         if self._posted(req):
-            self.mailbox.discard_answer()
+            settle_mailbox(self.mailbox, self.taken_ino, self.warn)
             fault("after_discard_answer")
             self.mailbox.withdraw()
+
+
+def settle_mailbox(mailbox: Mailbox, taken_ino: int | None, warn: Callable[[str], None]) -> None:
+    """The question is answered: remove the answer that was taken (inode `taken_ino`); any
+    other answer file (one written while a person answered at the terminal, say) is kept as
+    `response.stale-*` and reported — first answer wins, the other is never lost."""
+    for kept in mailbox.set_aside_answers(keep_ino=taken_ino):
+        warn(
+            f"the question was already answered; the answer in the mailbox was set aside as "
+            f"{kept.name}"
+        )
+    mailbox.discard_answer()
 
 
 def _owner(uid: int) -> str:
@@ -149,6 +169,15 @@ class _Timeout(Exception):
     pass
 
 
+class _AnsweredElsewhere(Exception):
+    def __init__(self, reply: Reply) -> None:
+        super().__init__("answered elsewhere")
+        self.reply = reply
+
+
+POLL_SECONDS = 0.5  # how often a terminal prompt looks at the mailbox too
+
+
 class LineReader:
     """Lines from a file descriptor with a deadline; keeps its own buffer so that select()
     never misses a line that an earlier read already pulled in."""
@@ -158,11 +187,21 @@ class LineReader:
         self.buf = b""
         self.eof = False
 
-    def readline(self, deadline: float | None) -> str | None:
+    def readline(
+        self, deadline: float | None, tick: Callable[[], None] | None = None
+    ) -> str | None:
+        """A line, or None at end of input; _Timeout at `deadline`. `tick` runs every
+        POLL_SECONDS while nothing is typed (it may raise to end the wait)."""
         while b"\n" not in self.buf and not self.eof:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if tick is not None:
+                wait = POLL_SECONDS if wait is None else min(wait, POLL_SECONDS)
             if not select.select([self.fd], [], [], wait)[0]:
-                raise _Timeout
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise _Timeout
+                if tick is not None:
+                    tick()
+                continue
             chunk = os.read(self.fd, 4096)
             self.eof = not chunk
             self.buf += chunk
@@ -193,11 +232,14 @@ class ConsoleInterviewer(_Quiet):
         stdin: TextIO,
         stdout: TextIO,
         window: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+        elsewhere: Callable[[InteractionRequest], Reply | None] | None = None,
     ) -> None:
         self.reader = LineReader(stdin.fileno())
         self.fd = stdin.fileno()
         self.out = stdout
         self.window = window  # the engine's signal window: Ctrl+C interrupts a blocked read
+        # Another channel (the mailbox) looked at while the prompt waits: first answer wins.
+        self.elsewhere = elsewhere
 
     def _say(self, text: str) -> None:
         self.out.write(text)
@@ -212,8 +254,16 @@ class ConsoleInterviewer(_Quiet):
         if req.expires_at is not None:
             deadline = time.monotonic() + (req.expires_at - utcnow()).total_seconds()
         self._say("> ")
+        tick = None
+        if self.elsewhere is not None:
+            look = self.elsewhere
+
+            def tick() -> None:
+                if (reply := look(req)) is not None:
+                    raise _AnsweredElsewhere(reply)
+
         with self.window(), _hidden(self.fd) if hidden else contextlib.nullcontext():
-            line = self.reader.readline(deadline)
+            line = self.reader.readline(deadline, tick)
         if hidden:
             self._say("\n")
         return line
@@ -231,6 +281,9 @@ class ConsoleInterviewer(_Quiet):
         except _Timeout:
             self._say("\n(no answer in time)\n")
             return Reply(outcome="timeout", source="console")
+        except _AnsweredElsewhere as e:
+            self._say("\n(answered meanwhile through the mailbox; taking that answer)\n")
+            return e.reply
         if reply is not None:
             reply.source, reply.answered_by = "console", _owner(os.getuid())
         return reply
@@ -305,13 +358,16 @@ class ConsoleInterviewer(_Quiet):
 
 # -- stand-ins ------------------------------------------------------------------------------
 class AutoApproveInterviewer(_Quiet):
-    """For CI: yes, the first option, approve every call. Never invents a password."""
+    """For CI: the question's default when it has one; else yes, the first option, approve
+    every call. Never invents a password."""
 
     def ask(self, req: InteractionRequest) -> Reply:
         kind = req.input_type
         if req.is_secret:
             return Reply(outcome="skipped", source="auto")
-        if kind in (InputType.CONFIRMATION, InputType.YES_NO):
+        if req.default is not None and kind != InputType.APPROVAL:
+            reply = interpret_text(req, req.default)
+        elif kind in (InputType.CONFIRMATION, InputType.YES_NO):
             reply = Reply(value="yes")
         elif kind == InputType.CHOICE and req.options:
             reply = Reply(value=req.options[0].label, key=req.options[0].key)
@@ -398,11 +454,15 @@ class Chain:
         return self.last.reject(req, reason) if self.last else False
 
     def settle(self, req: InteractionRequest) -> None:
-        for m in self.members:
+        # The member whose reply was recorded tidies first (it knows which answer file it took);
+        # the others then find the question gone, or set aside an answer that came too late.
+        first = [self.last] if self.last is not None else []
+        for m in [*first, *(m for m in self.members if m is not self.last)]:
             m.settle(req)
 
 
 def console_interviewer(
     window: Callable[[], contextlib.AbstractContextManager[object]],
+    elsewhere: Callable[[InteractionRequest], Reply | None] | None = None,
 ) -> ConsoleInterviewer:
-    return ConsoleInterviewer(sys.stdin, sys.stdout, window)
+    return ConsoleInterviewer(sys.stdin, sys.stdout, window, elsewhere)

@@ -7,6 +7,7 @@ or key leaves the run exactly as it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -137,24 +138,32 @@ def _mark_crashed(ws: Workspace, paths: RunPaths, meta: RunMetadata, journal: Jo
     )
 
 
-def _supersede(ws: Workspace, paths: RunPaths, meta: RunMetadata) -> None:
-    """`--new` while the latest run still waits: park its question, mark it INTERRUPTED."""
+def _supersede(ws: Workspace, paths: RunPaths, meta: RunMetadata, by: str, warn: TextIO) -> None:
+    """Another run is about to use the workspace's one mailbox while `meta`'s run still waits:
+    park its question (and any answer to it), mark it INTERRUPTED, and say so."""
     journal = Journal(paths.journal)
     mailbox = Mailbox(ws)
     req = mailbox.read_request()
+    kept = []
     if req is not None and req.run_id == meta.run_id:
-        mailbox.set_aside_request(f"superseded-{meta.run_id}")
+        kept.append(mailbox.set_aside_request(f"superseded-{meta.run_id}").name)
+        kept += [p.name for p in mailbox.set_aside_answers()]
     if meta.status in (RunStatus.WAITING_FOR_INPUT, RunStatus.RUNNING):
         journal.append(
-            EventType.SYSTEM_MESSAGE,
-            {"level": "WARN", "content": "superseded by a new run (delta run --new)"},
+            EventType.SYSTEM_MESSAGE, {"level": "WARN", "content": f"superseded by {by}"}
         )
         transition(
             paths.metadata,
             meta,
             RunStatus.INTERRUPTED,
             workspace=str(ws.root),
-            error="superseded by a new run",
+            error=f"superseded by {by}",
+        )
+        where = f"; kept as {', '.join(kept)}" if kept else ""
+        print(
+            f"delta: run {meta.run_id} was waiting; it is set aside (INTERRUPTED{where}) for "
+            f"{by}. `delta run --run-id {meta.run_id}` takes it up again.",
+            file=warn,
         )
 
 
@@ -163,6 +172,8 @@ def _prepare(opts: RunOptions, err: TextIO) -> tuple[Agent, ChatModel]:
     if not opts.agent or not opts.task:
         raise UsageError("starting a run needs --agent DIR and --task TEXT")
     agent = load_agent(opts.agent)
+    for note in agent.notes:
+        print(f"delta: note: {note}", file=err)
     return agent, _model(agent, err)
 
 
@@ -249,13 +260,13 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -
         )
     if opts.retry:
         _check_retry(meta)
-        return _resume(ws, paths, meta, opts, warn)
+        return _take_over(ws, paths, meta, opts, warn)
     if opts.new:
         if _resumable(meta):
-            _supersede(ws, paths, meta)
+            _supersede(ws, paths, meta, "a new run (delta run --new)", warn)
         return _create(ws, opts, prepared, warn)
     if _resumable(meta):
-        return _resume(ws, paths, meta, opts, warn)
+        return _take_over(ws, paths, meta, opts, warn)
     if opts.run_id:
         raise UsageError(f"run {meta.run_id} is {meta.status}; there is nothing to resume")
     if not (opts.agent and opts.task):
@@ -265,6 +276,21 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -
             + (" (or `delta run --retry`: the model failed it)" if _retryable(meta) else "")
         )
     return _create(ws, opts, prepared, warn)
+
+
+def _take_over(
+    ws: Workspace, paths: RunPaths, meta: RunMetadata, opts: RunOptions, warn: TextIO
+) -> Selected:
+    """Resume `meta`'s run. A workspace has one mailbox, so at most one run may be waiting in
+    it: resuming an older run (`--run-id`) sets the latest aside first if it waits, and makes
+    the resumed run the latest."""
+    latest = ws.latest_run_id()
+    if latest is not None and latest != meta.run_id:
+        found = _latest(ws, latest)
+        if found is not None and _resumable(found[1]):
+            _supersede(ws, *found, f"run {meta.run_id} (delta run --run-id)", warn)
+        ws.set_latest(meta.run_id)
+    return _resume(ws, paths, meta, opts, warn)
 
 
 def _retryable(meta: RunMetadata) -> bool:
@@ -319,7 +345,7 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
         try:
             outcome = engine.drive()
         except Interrupted as e:
-            return _interrupted(engine, e)
+            return _interrupted(engine, e, err)
         except (UsageError, ProtocolError) as e:
             return _stopped(engine, e, err)
         except Exception as e:
@@ -355,17 +381,35 @@ def _interviewer(
     if opts.auto_approve:
         return Chain(take, AutoApproveInterviewer())
     if opts.interactive:
-        return Chain(take, console_interviewer(guard.window), MailboxInterviewer(Mailbox(ws), warn))
+        console = console_interviewer(guard.window, elsewhere=take.ask)
+        return Chain(take, console, MailboxInterviewer(Mailbox(ws), warn))
     return Chain(MailboxInterviewer(Mailbox(ws), warn))
 
 
-def _interrupted(engine: Engine, e: Interrupted) -> int:
+def _interrupted(engine: Engine, e: Interrupted, err: TextIO) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # let the cleanup below finish
     engine.note(f"interrupted by {e}", "WARN")
     if engine.meta.status == RunStatus.RUNNING:
         engine.set_status(RunStatus.INTERRUPTED, error=f"interrupted by {e}")
+    state = engine.meta.status  # WAITING_FOR_INPUT when stopped at a question: still waiting
+    _emit(
+        f"delta: interrupted ({e}); run {engine.meta.run_id} is {state}; resume it with: "
+        f"delta run --work-dir {_q(str(engine.ws.root))}",
+        err,
+    )
     return exitcodes.INTERRUPTED
+
+
+def _emit(text: str, stream: TextIO) -> None:
+    """Print, surviving a reader that went away (`delta run | head`): the run's own exit code
+    must not turn into a 'Broken pipe' error."""
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())  # what is still buffered goes nowhere at exit
 
 
 def _stopped(engine: Engine, e: UsageError | ProtocolError, err: TextIO) -> int:
@@ -399,19 +443,18 @@ def _internal_error(engine: Engine, e: Exception, err: TextIO) -> int:
 
 def _report(ws: Workspace, meta: RunMetadata, outcome: Outcome, out: TextIO, err: TextIO) -> int:
     if outcome.status == RunStatus.COMPLETED:
-        print(outcome.message, file=out)
+        _emit(outcome.message, out)
     elif outcome.status == RunStatus.WAITING_FOR_INPUT and outcome.request is not None:
-        print(guidance(ws, meta.run_id, outcome.request), file=out)
+        _emit(guidance(ws, meta.run_id, outcome.request), out)
     else:
-        print(f"delta: run {meta.run_id} {outcome.status}: {outcome.message}", file=err)
+        _emit(f"delta: run {meta.run_id} {outcome.status}: {outcome.message}", err)
         wd = _q(str(ws.root))
         if outcome.status == RunStatus.INTERRUPTED:
-            by_itself = (
-                " (deltad retries it by itself)" if meta.error_kind == "model_unavailable" else ""
-            )
-            print(f"delta: resume it with: delta run --work-dir {wd}{by_itself}", file=err)
+            outage = meta.error_kind == "model_unavailable"
+            later = " (deltad retries it by itself)" if outage else ""
+            _emit(f"delta: resume it with: delta run --work-dir {wd}{later}", err)
         elif _retryable(meta):
-            print(f"delta: once that is fixed: delta run --retry --work-dir {wd}", file=err)
+            _emit(f"delta: once that is fixed: delta run --retry --work-dir {wd}", err)
     return outcome.exit_code
 
 
@@ -457,6 +500,9 @@ def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:
             f"       or:  {respond} --decide {first}=approve --edit ID JSON ...",
             f"       or:  echo approve > {_q(str(ws.response_file))}",
         ]
+    elif req.is_secret:
+        # Never on a command line (shell history, the process list) nor through `echo >`.
+        lines.append(f"  Answer:   {respond}   (asks with typing hidden; writes a 0600 file)")
     else:
         example = {"confirmation": "yes", "yes_no": "yes"}.get(str(req.input_type), "your answer")
         if req.options:

@@ -43,11 +43,6 @@ class Backoff:
         a.not_before = now + delay
         return a.failures, delay
 
-    def pause(self, ws: Path, now: float) -> None:
-        """Someone else is driving the run: look again later, without counting a failure."""
-        a = self._attempts.setdefault(ws, Attempt(None))
-        a.not_before = now + self.initial
-
     def last_key(self, ws: Path) -> object:
         a = self._attempts.get(ws)
         return a.key if a else None

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from deltad import logs
+from deltad import __version__, logs
 
 from .config import ConfigError, DaemonConfig, load_config
 from .discovery import walk
@@ -44,6 +44,7 @@ def _load(config_path: Path | None, roots: tuple[str, ...]) -> DaemonConfig:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="deltad")
 def main() -> None:
     """deltad: resume paused Delta runs when their answer arrives."""
 
@@ -56,8 +57,18 @@ def serve(config_path: Path | None, roots: tuple[str, ...]) -> None:
     from .service import Service
 
     config = _load(config_path, roots)
+    _need_a_root(config)
     logs.configure(config.log_level, config.log_format)
     sys.exit(Service(config, config_path, roots).run())
+
+
+def _need_a_root(config: DaemonConfig) -> None:
+    """Ready while watching nothing would be a lie: at least one root must exist (a missing
+    one among others is watched for once it appears, at the next rescan)."""
+    if not any(r.path.is_dir() for r in config.roots):
+        names = ", ".join(str(r.path) for r in config.roots)
+        click.echo(f"deltad: error: no root directory exists ({names}); nothing to watch", err=True)
+        sys.exit(EXIT_CONFIG)
 
 
 @main.command()
@@ -66,6 +77,7 @@ def serve(config_path: Path | None, roots: tuple[str, ...]) -> None:
 def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     """Validate the configuration and print what would be watched."""
     config = _load(config_path, roots)
+    _need_a_root(config)
     click.echo(f"configuration OK ({config_path or 'defaults'})")
     for key, value in config.model_dump(mode="json", exclude={"roots"}).items():
         click.echo(f"  {key}: {value}")

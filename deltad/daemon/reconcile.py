@@ -182,6 +182,12 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdi
         )
         v.wake_at = deadline
         return v
+    if answer.state is AnswerState.READY and answer.size == 0 and not request.allow_empty:
+        # `touch response.txt` before an editor writes it, or `: > response.txt`: an empty file
+        # is never taken for an answer; the real save brings us back (a close or a rename).
+        v = Verdict(Action.NONE, State.WAITING, run_id, status, wake_at=deadline)
+        v.problem = f"{answer.path.name} is empty: waiting for the answer to be written into it"
+        return v
     v = _complete_answer(answer.path, run_id, status, why, settle)
     if answer.state is AnswerState.REFUSED:
         v.problem = f"{answer.reason} (the resume sets it aside)"

@@ -33,7 +33,7 @@ from .poll import PollingBackend
 from .queue import HintQueue, Why
 from .reconcile import Action, State, Verdict, inspect, mark_interrupted
 from .registry import Registry
-from .resumer import BUSY, WAITING, Finished, Resumer
+from .resumer import BUSY, Finished, Resumer
 from .retry import ModelRetries, Step
 from .status import AlreadyRunning, StateDirLock, capped, write_status
 from .tenancy import Refused
@@ -406,8 +406,7 @@ class Service:
         then decide whether that attempt failed."""
         ws = fin.child.workspace
         self._dirty = True
-        if fin.rc == WAITING:
-            self._log_refusals(fin)
+        self._log_refusals(fin)
         v = inspect(ws, Why.CHECK, self.config.settle_seconds, self.launcher.policy)
         self._judge(ws, fin, v)
         self._act(ws, v)
@@ -429,6 +428,18 @@ class Service:
                 file=note,
                 detail="the client set the answer aside; `delta status` shows why",
             )
+        try:
+            stale = Mailbox(Workspace(fin.child.workspace)).stale_since(since)
+        except (OSError, ProtocolError):
+            return
+        for name in stale:
+            log.warning(
+                "answer_set_aside",
+                workspace=str(fin.child.workspace),
+                run_id=fin.child.run_id,
+                file=name,
+                detail="an answer that no open question was waiting for; kept, not used",
+            )
 
     def _judge(self, ws: Path, fin: Finished, v: Verdict) -> None:
         now = time.monotonic()
@@ -442,12 +453,15 @@ class Service:
             key = ("interrupted", v.run_id)
         repeated = key is not None and key == self.backoff.last_key(ws)
         if fin.rc == BUSY and not fin.child.timed_out:
-            self.backoff.pause(ws, now)
+            # Someone else drives the run (a person at `delta run -i`, say): back off like a
+            # failure, growing, instead of asking again every few seconds.
+            failures, delay = self.backoff.failed(ws, now)
             log.info(
                 "resume_busy",
                 workspace=str(ws),
                 run_id=fin.child.run_id,
                 detail="another process is driving this run",
+                retry_in_s=round(delay, 3),
             )
         elif fin.failed or repeated:
             failures, delay = self.backoff.failed(ws, now)

@@ -73,13 +73,20 @@ class Mailbox:
     def post(self, request: InteractionRequest) -> list[Path]:
         """Publish a question. An answer file already there predates it: set it aside (never
         deleted) and return where, so the caller can say so."""
+        moved = self.set_aside_answers()
+        atomic_write(self.ws.request_file, (request.model_dump_json(indent=2) + "\n").encode())
+        return moved
+
+    def set_aside_answers(self, keep_ino: int | None = None) -> list[Path]:
+        """Rename every answer file (but the one with inode `keep_ino`) to `response.stale-*`:
+        an answer that belongs to no open question is kept and reported, never deleted."""
         moved = []
         for old in (self.ws.response_file, self.ws.response_json):
-            if lstat_or_none(old) is not None:
+            st = lstat_or_none(old)
+            if st is not None and st.st_ino != keep_ino:
                 dest = self.ws.interaction_dir / f"{STALE}{_stamp()}{old.suffix}"
                 safefs.rename(old, dest)
                 moved.append(dest)
-        atomic_write(self.ws.request_file, (request.model_dump_json(indent=2) + "\n").encode())
         return moved
 
     def answer_file(self) -> Path | None:
@@ -139,10 +146,17 @@ class Mailbox:
     def rejected_since(self, mtime_ns: int) -> list[str]:
         """Names of answers refused at or after `mtime_ns` (their `.error` files); names only,
         never content: the daemon reports them without reading what a user wrote."""
+        return self._names_since(REJECTED, mtime_ns, ".error")
+
+    def stale_since(self, ctime_ns: int) -> list[str]:
+        """Answers set aside as stale at or after `ctime_ns` (a rename keeps the mtime)."""
+        return self._names_since(STALE, ctime_ns, "", ctime=True)
+
+    def _names_since(self, prefix: str, t_ns: int, suffix: str, ctime: bool = False) -> list[str]:
         found = sorted(
-            (st.st_mtime_ns, name)
-            for name, st in safefs.scandir_stats(self.ws.interaction_dir, REJECTED)
-            if name.endswith(".error") and st.st_mtime_ns >= mtime_ns
+            (st.st_ctime_ns if ctime else st.st_mtime_ns, name)
+            for name, st in safefs.scandir_stats(self.ws.interaction_dir, prefix)
+            if name.endswith(suffix) and (st.st_ctime_ns if ctime else st.st_mtime_ns) >= t_ns
         )
         return [name for _, name in found]
 

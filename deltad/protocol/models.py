@@ -94,6 +94,7 @@ class InteractionRequest(_Model):
     prompt: str
     input_type: InputType = InputType.TEXT
     sensitive: bool = False
+    allow_empty: bool = False  # text/password: an empty answer is a real answer
     run_id: str
     action_id: str
     options: list[Option] = Field(default_factory=list)

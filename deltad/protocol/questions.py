@@ -160,6 +160,9 @@ def interpret_text(req: InteractionRequest, text: str) -> Reply:
         return _choice(req, text)
     if kind == InputType.APPROVAL:
         return _all_calls(req, text)
+    if not text.strip() and not req.allow_empty:
+        # `touch response.txt`, an editor's first save, `: > response.txt`: not an answer.
+        raise AnswerRejected("the answer is empty (this question does not accept an empty answer)")
     return Reply(value=text)
 
 

@@ -17,6 +17,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -73,6 +74,7 @@ class FakeLLM:
     def __init__(self, port: int = 0) -> None:
         self._script: deque[Scripted] = deque()
         self._fallback: Scripted | None = None
+        self._responder: Callable[[dict], dict] | None = None
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         self._server = self._listen(port)
@@ -117,6 +119,11 @@ class FakeLLM:
     def always(self, content: str | None = None, *calls: dict) -> FakeLLM:
         """Answer this whenever the script is empty (benchmarks)."""
         self._fallback = _json(200, completion(content, list(calls) or None))
+        return self
+
+    def demo(self) -> FakeLLM:
+        """The keyless first try (examples/demo.sh): ask the human's name, then greet them."""
+        self._responder = _demo_reply
         return self
 
     # -- the server going away and coming back ------------------------------------------
@@ -174,6 +181,8 @@ class FakeLLM:
                 return self._script.popleft()
         if self._fallback:
             return self._fallback
+        if self._responder is not None:
+            return _json(200, self._responder(body))
         return _json(
             500, {"error": {"message": "fake LLM: script exhausted", "type": "server_error"}}
         )
@@ -213,12 +222,22 @@ class FakeLLM:
         return Handler
 
 
+def _demo_reply(body: dict) -> dict:
+    answers = [m for m in body.get("messages", []) if m.get("role") == "tool"]
+    if not answers:
+        return completion(None, [tool_call("ask_human", {"prompt": "What is your name?"})])
+    name = str(answers[-1].get("content", "")).strip()
+    return completion(f"Hello {name}! (a scripted reply from the fake model)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Serve a fake OpenAI-compatible endpoint.")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--final", default="done", help="content of every reply")
+    ap.add_argument("--demo", action="store_true", help="ask for a name, then greet it")
     args = ap.parse_args()
-    fake = FakeLLM(args.port).always(args.final).start()
+    fake = FakeLLM(args.port)
+    (fake.demo() if args.demo else fake.always(args.final)).start()
     print(fake.url, flush=True)
     threading.Event().wait()
 
