@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.harness import Daemon, metadata_status
 from deltad.testing import FakeLLM
+from deltad.testing.daemon import Daemon, metadata_status
 
 from .conftest import EXAMPLES, Delta, llm_env, wait_for, write_agent
 

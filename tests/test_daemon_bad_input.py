@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.harness import answer, paused_workspace, running, wait_for
+from deltad.testing.daemon import answer, paused_workspace, running, wait_for
 
 
 def _interaction(ws: Path) -> Path:

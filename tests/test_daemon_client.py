@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from deltad.daemon.harness import Daemon, answer, metadata_status, wait_for
 from deltad.testing import FakeLLM
+from deltad.testing.daemon import Daemon, answer, metadata_status, wait_for
 
 from .conftest import llm_env, write_agent
 

@@ -8,8 +8,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from deltad.daemon.harness import metadata_status, wait_for
 from deltad.testing import FakeLLM, tool_call
+from deltad.testing.daemon import metadata_status, wait_for
 
 from .conftest import GATED_TOOLS_FOR_DAEMON, Delta, write_agent
 from .test_daemon_client import _daemon

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.harness import (
+from deltad.testing.daemon import (
     DELTAD,
     Daemon,
     answer,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deltad.daemon.harness import (
+from deltad.testing.daemon import (
     answer,
     metadata_status,
     paused_workspace,
@@ -23,7 +23,7 @@ def _hand_run(ws: Path, record: Path, mode: str) -> subprocess.Popen[bytes]:
         [
             sys.executable,
             "-m",
-            "deltad.daemon.testkit",
+            "deltad.testing.stub",
             "stub",
             str(ws),
             "--record",

@@ -23,6 +23,7 @@ from deltad.protocol import (
     RunMetadata,
     RunStatus,
     Workspace,
+    exitcodes,
     iso,
     load_metadata,
     owner_alive,
@@ -32,7 +33,6 @@ from deltad.protocol import (
 from deltad.protocol.fsio import MAX_MAILBOX_BYTES
 from deltad.protocol.questions import AnswerRejected, interpret_json, interpret_text
 
-from . import exitcodes
 from .agent import load_agent
 from .errors import DeltaError, UsageError
 from .runner import RunOptions, drive, guidance

@@ -32,6 +32,7 @@ from deltad.protocol import (
     atomic_write_json,
     atomic_write_text,
     current_owner,
+    exitcodes,
     iso,
     safefs,
     save_metadata,
@@ -41,7 +42,6 @@ from deltad.protocol import (
 from deltad.protocol.models import GatedCall
 from deltad.protocol.questions import AnswerRejected, CallDecision, Decision, Reply
 
-from . import exitcodes
 from .agent import Agent
 from .asking import (
     ASK_HUMAN,
@@ -560,7 +560,7 @@ class Engine:
             self.ensure_running()
             self.set_status(RunStatus.WAITING_FOR_INPUT)
             self.note(f"paused: waiting for human input (request {p.request.request_id})")
-        return Outcome(RunStatus.WAITING_FOR_INPUT, 101, p.request.prompt, p.request)
+        return Outcome(RunStatus.WAITING_FOR_INPUT, exitcodes.WAITING, p.request.prompt, p.request)
 
 
 CUT_OFF = {

@@ -36,6 +36,7 @@ from deltad.protocol import (
     Workspace,
     WorkspaceLock,
     current_owner,
+    exitcodes,
     iso,
     load_metadata,
     new_run_id,
@@ -48,7 +49,6 @@ from deltad.protocol import (
 from deltad.protocol.fsio import atomic_write, read_regular
 from deltad.protocol.mailbox import Mailbox
 
-from . import exitcodes
 from .agent import MAX_CONFIG_BYTES, Agent, load_agent
 from .asking import count_replies
 from .engine import Engine, Outcome

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import structlog
 
+from deltad.protocol import exitcodes
+
 from .config import DaemonConfig
 from .tenancy import Launch
 
@@ -29,21 +31,8 @@ log = structlog.get_logger("deltad.resumer")
 
 KILL_GRACE_SECONDS = 10.0
 
-# What the client's exit code means (the client's documented contract).
-EXIT_MEANING = {
-    0: "completed",
-    1: "failed",
-    2: "usage_error",
-    4: "canceled",
-    69: "model_unavailable",
-    75: "busy",
-    101: "waiting",
-    130: "interrupted",
-}
-# Exit codes that are a verdict on the run, not a failure to resume it.
-RUN_OUTCOMES = {0, 1, 4, 69, 101, 130}
-BUSY = 75
-WAITING = 101
+BUSY = exitcodes.BUSY
+WAITING = exitcodes.WAITING
 
 
 def exit_meaning(rc: int) -> str:
@@ -51,7 +40,7 @@ def exit_meaning(rc: int) -> str:
         return (
             f"killed_by_{signal.Signals(-rc).name}" if -rc in signal.valid_signals() else "killed"
         )
-    return EXIT_MEANING.get(rc, "unexpected")
+    return exitcodes.MEANING.get(rc, "unexpected")
 
 
 def resolve_program(name: str) -> str:
@@ -98,7 +87,9 @@ class Finished:
 
     @property
     def failed(self) -> bool:
-        return self.child.timed_out or (self.rc not in RUN_OUTCOMES and self.rc != BUSY)
+        return self.child.timed_out or (
+            self.rc not in exitcodes.RUN_OUTCOMES and self.rc != exitcodes.BUSY
+        )
 
 
 class Resumer:

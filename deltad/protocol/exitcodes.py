@@ -1,4 +1,8 @@
-"""Exit codes of `delta` (also listed in `delta --help` and the README)."""
+"""Exit codes of `delta`: the one contract the client keeps and the daemon reads.
+
+Also listed in `delta --help` and the README; `deltad` logs each resume's exit with its
+`MEANING` and counts only codes outside `RUN_OUTCOMES` as a failed resume.
+"""
 
 COMPLETED = 0
 FAILED = 1
@@ -8,6 +12,20 @@ MODEL_UNAVAILABLE = 69  # EX_UNAVAILABLE: the model endpoint failed transiently;
 BUSY = 75  # another process is driving a run in this workspace (EX_TEMPFAIL: try later)
 WAITING = 101  # paused for a human answer
 INTERRUPTED = 130  # SIGINT/SIGTERM
+
+MEANING = {
+    COMPLETED: "completed",
+    FAILED: "failed",
+    USAGE: "usage_error",
+    CANCELED: "canceled",
+    MODEL_UNAVAILABLE: "model_unavailable",
+    BUSY: "busy",
+    WAITING: "waiting",
+    INTERRUPTED: "interrupted",
+}
+
+# A verdict on the run, not a failure to resume it.
+RUN_OUTCOMES = frozenset({COMPLETED, FAILED, CANCELED, MODEL_UNAVAILABLE, WAITING, INTERRUPTED})
 
 HELP = """\b
 Exit codes:

@@ -1,7 +1,7 @@
 """Paused workspaces and a stand-in resume client, for the daemon's tests and benchmarks.
 
 `paused_workspace` builds the on-disk state of a run waiting for an answer with the protocol
-package itself. `python -m deltad.daemon.testkit stub WS --record FILE [--mode M]` behaves like
+package itself. `python -m deltad.testing.stub stub WS --record FILE [--mode M]` behaves like
 `delta run --work-dir WS` as far as the daemon can tell: it takes the workspace lock (exit 75 if
 busy), ingests the answer (journal-free: it appends one JSON line to FILE), clears the mailbox,
 and moves the run to COMPLETED (exit 0). Modes:
@@ -117,7 +117,7 @@ def stub(workspace: str, record: Path, mode: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m deltad.daemon.testkit")
+    ap = argparse.ArgumentParser(prog="python -m deltad.testing.stub")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("stub", help="act as `delta run --work-dir WS`")
     s.add_argument("workspace")

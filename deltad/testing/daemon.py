@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from deltad.daemon.testkit import paused_workspace
+from deltad.testing.stub import paused_workspace
 
 BIN = Path(sys.executable).parent
 DELTAD = str(BIN / "deltad")
@@ -43,7 +43,7 @@ def stub_command(record: Path, mode: str = "consume") -> list[str]:
     return [
         sys.executable,
         "-m",
-        "deltad.daemon.testkit",
+        "deltad.testing.stub",
         "stub",
         "{workspace}",
         "--record",
