@@ -25,11 +25,11 @@ import structlog
 from deltad import logs
 from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, utcnow
 
+from .backends import Backend, PollingBackend, event_backend
 from .backoff import Backoff
 from .config import ConfigError, DaemonConfig, load_config
 from .discovery import Layout, is_workspace
 from .notify import monotonic_usec, sd_notify, watchdog_interval
-from .poll import PollingBackend
 from .queue import HintQueue, Why
 from .reconcile import Action, State, Verdict, inspect, mark_interrupted
 from .registry import Registry
@@ -37,7 +37,6 @@ from .resumer import BUSY, Finished, Resumer
 from .retry import ModelRetries, Step
 from .status import AlreadyRunning, StateDirLock, capped, write_status
 from .tenancy import Refused
-from .watch import Backend
 
 log = structlog.get_logger("deltad.service")
 
@@ -143,14 +142,7 @@ class Service:
         self.backends = [*backends, poller]
 
     def _event_backend(self, kind: str, poller: PollingBackend) -> Backend:
-        # Imported where used: inotify is Linux only, watchdog starts threads.
-        if kind == "inotify":
-            from .watch import InotifyBackend
-
-            return InotifyBackend(self.queue, poller, self.config.max_inotify_watches)
-        from .wdog import WatchdogBackend
-
-        return WatchdogBackend(self.queue, poller, self.config.max_inotify_watches)
+        return event_backend(kind, self.queue, poller, self.config.max_inotify_watches)
 
     def _close_backends(self) -> None:
         for b in self.backends:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import structlog
 
-from .discovery import DELTA_DIR, Layout, walk
-from .queue import HintQueue, Why
+from ..discovery import DELTA_DIR, Layout, walk
+from ..queue import HintQueue, Why
 
 log = structlog.get_logger("deltad.poll")
 

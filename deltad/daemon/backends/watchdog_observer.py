@@ -25,7 +25,6 @@ import threading
 from pathlib import Path
 
 import structlog
-from inotify_simple import flags as F
 from watchdog.events import (
     EVENT_TYPE_CLOSED,
     EVENT_TYPE_CREATED,
@@ -46,8 +45,9 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
-from .queue import HintQueue, Waker
-from .watch import Kind, PollingLike, WatchTree
+from ..queue import HintQueue, Waker
+from . import events as F
+from .tree import Kind, PollingLike, WatchTree
 
 log = structlog.get_logger("deltad.wdog")
 

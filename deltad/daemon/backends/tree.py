@@ -6,12 +6,13 @@ plus one per non-workspace directory down to the discovery depth. Never a watch 
 agent's working files, so 100,000 files in a workspace cost nothing. Its subclasses only add
 and remove one directory watch and feed events back as inotify-style masks:
 
-- `InotifyBackend` (Linux default): one inotify fd, read by the main loop.
-- `WatchdogBackend` (`deltad/daemon/wdog.py`; non-Linux default, opt-in per root): watchdog's
-  native observer. Not the Linux default: 7.x starts a thread per `schedule()` (5,000
+- `InotifyBackend` (`backends/inotify.py`; Linux default): one inotify fd, read by the main
+  loop. The only module that imports the Linux-only `inotify_simple`.
+- `WatchdogBackend` (`backends/watchdog_observer.py`; non-Linux default, opt-in per root):
+  watchdog's native observer. Not the Linux default: 7.x starts a thread per `schedule()` (5,000
   workspaces → 5,001 threads, +93 MiB), and its recursive mode watches every working dir and
   can loop on queue overflow (research §1.6).
-- `PollingBackend` (`deltad/daemon/poll.py`): stat-based, for roots where no events arrive
+- `PollingBackend` (`backends/polling.py`): stat-based, for roots where no events arrive
   (NFS), and for what no longer fits under the inotify watch limit.
 """
 
@@ -23,14 +24,13 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 import structlog
-from inotify_simple import INotify
-from inotify_simple import flags as F
 
-from .discovery import DELTA_DIR, Layout, is_workspace, subdirs
-from .queue import HintQueue, Why
+from ..discovery import DELTA_DIR, Layout, is_workspace, subdirs
+from ..queue import HintQueue, Why
+from . import events as F
 
 log = structlog.get_logger("deltad.watch")
 
@@ -355,49 +355,6 @@ class WatchTree:
     def _runs_event(self, watch: _Watch, mask: int, name: str) -> None:
         if name == LATEST:
             self._queue.put(watch.owner)
-
-
-class InotifyBackend(WatchTree):
-    """One inotify fd for every watch, read by the main loop between selects."""
-
-    name = "inotify"
-    MASKS: ClassVar[dict[Kind, int]] = {
-        Kind.DIR: DIR_MASK,
-        Kind.DELTA: DELTA_MASK,
-        Kind.INTERACTION: INTERACTION_MASK,
-        Kind.RUNS: RUNS_MASK,
-    }
-
-    def __init__(
-        self, queue: HintQueue, fallback: PollingLike, max_watches: int | None = None
-    ) -> None:
-        super().__init__(queue, fallback, max_watches)
-        self._ino = INotify()
-
-    def fileno(self) -> int | None:
-        return self._ino.fileno()
-
-    def process(self) -> None:
-        try:
-            events = self._ino.read(timeout=0)
-        except OSError as e:
-            self._failed = True
-            log.error("inotify_read_failed", error=e.strerror)
-            return
-        for ev in events:
-            self._event(ev.wd, ev.mask, ev.name)
-
-    def healthy(self) -> bool:
-        return not self._failed
-
-    def close(self) -> None:
-        self._ino.close()
-
-    def _add_watch(self, path: Path, kind: Kind) -> int:
-        return self._ino.add_watch(path, self.MASKS[kind])
-
-    def _rm_watch(self, wd: int) -> None:
-        self._ino.rm_watch(wd)
 
 
 class PollingLike(Protocol):

@@ -1,0 +1,31 @@
+"""How changes in workspaces reach the daemon: one `Backend` interface, three kinds.
+
+`tree` decides which directories are watched for both event backends; `inotify` (Linux) and
+`watchdog_observer` (everywhere else) watch them; `polling` stats them. Backends are imported
+where built, so a platform without inotify never imports it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .polling import PollingBackend
+from .tree import Backend, PollingLike
+
+if TYPE_CHECKING:
+    from ..queue import HintQueue
+
+__all__ = ["Backend", "PollingBackend", "PollingLike", "event_backend"]
+
+
+def event_backend(
+    kind: str, queue: HintQueue, fallback: PollingLike, max_watches: int | None
+) -> Backend:
+    """A backend of `kind` ("inotify" or "watchdog") over the shared polling fallback."""
+    if kind == "inotify":
+        from .inotify import InotifyBackend
+
+        return InotifyBackend(queue, fallback, max_watches)
+    from .watchdog_observer import WatchdogBackend
+
+    return WatchdogBackend(queue, fallback, max_watches)

@@ -1,0 +1,60 @@
+"""The Linux default backend: one inotify fd for every watch, read by the main loop.
+
+The only module of deltad that imports `inotify_simple` (Linux only); the rest speak the
+same bit values through `events`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import structlog
+from inotify_simple import INotify
+
+from ..queue import HintQueue
+from .tree import DELTA_MASK, DIR_MASK, INTERACTION_MASK, RUNS_MASK, Kind, PollingLike, WatchTree
+
+log = structlog.get_logger("deltad.watch")
+
+
+class InotifyBackend(WatchTree):
+    """One inotify fd for every watch, read by the main loop between selects."""
+
+    name = "inotify"
+    MASKS: ClassVar[dict[Kind, int]] = {
+        Kind.DIR: DIR_MASK,
+        Kind.DELTA: DELTA_MASK,
+        Kind.INTERACTION: INTERACTION_MASK,
+        Kind.RUNS: RUNS_MASK,
+    }
+
+    def __init__(
+        self, queue: HintQueue, fallback: PollingLike, max_watches: int | None = None
+    ) -> None:
+        super().__init__(queue, fallback, max_watches)
+        self._ino = INotify()
+
+    def fileno(self) -> int | None:
+        return self._ino.fileno()
+
+    def process(self) -> None:
+        try:
+            events = self._ino.read(timeout=0)
+        except OSError as e:
+            self._failed = True
+            log.error("inotify_read_failed", error=e.strerror)
+            return
+        for ev in events:
+            self._event(ev.wd, ev.mask, ev.name)
+
+    def healthy(self) -> bool:
+        return not self._failed
+
+    def close(self) -> None:
+        self._ino.close()
+
+    def _add_watch(self, path: Path, kind: Kind) -> int:
+        return self._ino.add_watch(path, self.MASKS[kind])
+
+    def _rm_watch(self, wd: int) -> None:
+        self._ino.rm_watch(wd)
