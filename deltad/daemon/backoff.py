@@ -10,10 +10,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+AnswerSig = tuple[int, int, int]  # the answer file's (inode, size, mtime_ns)
+
+
+# What a resume was for; a different key starts the backoff afresh.
+@dataclass(frozen=True)
+class AnswerKey:
+    sig: AnswerSig | None
+
+
+@dataclass(frozen=True)
+class ExpiredKey:
+    request_id: str | None
+
+
+@dataclass(frozen=True)
+class InterruptedKey:
+    run_id: str | None
+
+
+@dataclass(frozen=True)
+class ModelRetryKey:
+    run_id: str | None
+    attempt: int
+
+
+ResumeKey = AnswerKey | ExpiredKey | InterruptedKey | ModelRetryKey
+
 
 @dataclass
 class Attempt:
-    key: object  # what was resumed: the answer file's (inode, size, mtime), or the run id
+    key: ResumeKey | None
     failures: int = 0
     not_before: float = 0.0
 
@@ -24,14 +51,14 @@ class Backoff:
         self.cap = cap
         self._attempts: dict[Path, Attempt] = {}
 
-    def allowed(self, ws: Path, key: object, now: float) -> float | None:
+    def allowed(self, ws: Path, key: ResumeKey, now: float) -> float | None:
         """None if `key` may be resumed now, else the time from which it may."""
         a = self._attempts.get(ws)
         if a is None or a.key != key or now >= a.not_before:
             return None
         return a.not_before
 
-    def started(self, ws: Path, key: object) -> None:
+    def started(self, ws: Path, key: ResumeKey) -> None:
         a = self._attempts.get(ws)
         if a is None or a.key != key:
             self._attempts[ws] = Attempt(key)
@@ -43,7 +70,7 @@ class Backoff:
         a.not_before = now + delay
         return a.failures, delay
 
-    def last_key(self, ws: Path) -> object:
+    def last_key(self, ws: Path) -> ResumeKey | None:
         a = self._attempts.get(ws)
         return a.key if a else None
 

@@ -7,7 +7,6 @@ for a dead owner, is `mark_interrupted`, done under the workspace lock after re-
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -29,6 +28,8 @@ from deltad.protocol import (
 
 from . import tenancy
 from .answer import Writers, open_writers
+from .backoff import AnswerSig
+from .clock import SYSTEM, Clock
 from .discovery import is_workspace
 from .queue import Why
 from .tenancy import Policy
@@ -38,8 +39,6 @@ from .tenancy import Policy
 CREATE_GRACE_SECONDS = 0.05
 # How soon to look again at a live run that has just posted a question.
 PAUSE_RECHECK_SECONDS = 1.0
-
-AnswerSig = tuple[int, int, int]
 
 
 class Action(Enum):
@@ -83,7 +82,9 @@ def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = Non
     return Verdict(Action.NONE, State.PROBLEM, run_id, status, problem=msg)
 
 
-def inspect(ws_path: Path, why: Why, settle: float, policy: Policy) -> Verdict:
+def inspect(
+    ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock = SYSTEM
+) -> Verdict:
     if not is_workspace(ws_path):
         return Verdict(Action.GONE, State.GONE)
     ws = Workspace(ws_path)
@@ -103,21 +104,21 @@ def inspect(ws_path: Path, why: Why, settle: float, policy: Policy) -> Verdict:
         return _problem(str(e))
     except OSError as e:
         return _problem(f"{e.filename or ws_path}: {e.strerror}")
-    v = _by_status(ws, meta, why, settle)
+    v = _by_status(ws, meta, why, settle, clock)
     v.owner = owner
     return v
 
 
-def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdict:
+def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: Clock) -> Verdict:
     s = meta.status
     if s is RunStatus.WAITING_FOR_INPUT:
-        return _waiting(ws, meta, why, settle)
+        return _waiting(ws, meta, why, settle, clock)
     if s is RunStatus.RUNNING:
         pid = meta.owner.pid if meta.owner else None
         if owner_alive(meta.owner) is False:
             return Verdict(Action.MARK_INTERRUPTED, State.RUNNING, meta.run_id, s, owner_pid=pid)
         v = Verdict(Action.NONE, State.RUNNING, meta.run_id, s, owner_pid=pid)
-        v.wake_at = _pausing_soon(ws, meta)
+        v.wake_at = _pausing_soon(ws, meta, clock)
         return v
     if s is RunStatus.INTERRUPTED:
         v = Verdict(Action.NONE, State.INTERRUPTED, meta.run_id, s, error_kind=meta.error_kind)
@@ -127,7 +128,7 @@ def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Ver
     return Verdict(Action.NONE, State.DONE, meta.run_id, s)
 
 
-def _pausing_soon(ws: Workspace, meta: RunMetadata) -> float | None:
+def _pausing_soon(ws: Workspace, meta: RunMetadata, clock: Clock) -> float | None:
     """A live run that has posted a question is about to turn WAITING_FOR_INPUT (the client
     posts first, then flips the status, then exits), and no event marks the flip. Look again
     shortly, or at the question's deadline if that is sooner."""
@@ -137,11 +138,11 @@ def _pausing_soon(ws: Workspace, meta: RunMetadata) -> float | None:
         return None
     if request is None or request.run_id != meta.run_id:
         return None
-    soon = time.time() + PAUSE_RECHECK_SECONDS
+    soon = clock.time() + PAUSE_RECHECK_SECONDS
     return min(soon, request.expires_at.timestamp()) if request.expires_at else soon
 
 
-def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdict:
+def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: Clock) -> Verdict:
     run_id, status = meta.run_id, meta.status
     waiting = Verdict(Action.NONE, State.WAITING, run_id, status)
     mailbox = Mailbox(ws)
@@ -173,7 +174,7 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdi
     # once its writer is done: the client then sets it aside with the reason, instead of it
     # blocking the question forever.
     if answer.state not in (AnswerState.READY, AnswerState.REFUSED):
-        if deadline is not None and time.time() >= deadline:
+        if deadline is not None and clock.time() >= deadline:
             return expired  # nobody answered (usably) in time: the client applies the rule
         v = (
             waiting
@@ -188,7 +189,7 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdi
         v = Verdict(Action.NONE, State.WAITING, run_id, status, wake_at=deadline)
         v.problem = f"{answer.path.name} is empty: waiting for the answer to be written into it"
         return v
-    v = _complete_answer(answer.path, run_id, status, why, settle)
+    v = _complete_answer(answer.path, run_id, status, why, settle, clock)
     if answer.state is AnswerState.REFUSED:
         v.problem = f"{answer.reason} (the resume sets it aside)"
     if v.action is Action.NONE and deadline is not None:
@@ -197,7 +198,7 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float) -> Verdi
 
 
 def _complete_answer(
-    path: Path, run_id: str, status: RunStatus, why: Why, settle: float
+    path: Path, run_id: str, status: RunStatus, why: Why, settle: float, clock: Clock
 ) -> Verdict:
     """`path` (response.txt or response.json) is valid; is its writer done with it?"""
     try:
@@ -205,16 +206,16 @@ def _complete_answer(
     except FileNotFoundError:
         return Verdict(Action.NONE, State.WAITING, run_id, status)
     sig: AnswerSig = (st.st_ino, st.st_size, st.st_mtime_ns)
-    age = time.time() - st.st_mtime_ns / 1e9
+    age = clock.time() - st.st_mtime_ns / 1e9
     incomplete = Verdict(Action.NONE, State.WAITING, run_id, status, answer_sig=sig)
     if why == Why.ANSWER_CREATED and age < CREATE_GRACE_SECONDS:
-        incomplete.wake_at = time.time() + CREATE_GRACE_SECONDS
+        incomplete.wake_at = clock.time() + CREATE_GRACE_SECONDS
         return incomplete
     writers = open_writers(path)
     if writers is Writers.OPEN:
         return incomplete  # its close-after-write event will bring us back
     if writers is Writers.UNKNOWN and not (why & Why.ANSWER_CLOSED) and age < settle:
-        incomplete.wake_at = time.time() + (settle - age)
+        incomplete.wake_at = clock.time() + (settle - age)
         return incomplete
     return Verdict(Action.RESUME, State.ANSWERED, run_id, status, answer_sig=sig)
 

@@ -15,7 +15,6 @@ import os
 import select
 import signal
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,8 @@ from deltad import logs
 from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, utcnow
 
 from .backends import Backend, PollingBackend, event_backend
-from .backoff import Backoff
+from .backoff import AnswerKey, Backoff, ExpiredKey, InterruptedKey, ModelRetryKey, ResumeKey
+from .clock import SYSTEM, Clock
 from .config import ConfigError, DaemonConfig, load_config
 from .discovery import Layout, is_workspace
 from .notify import monotonic_usec, sd_notify, watchdog_interval
@@ -47,8 +47,13 @@ CHILD_POLL = 0.2  # without pidfds, how often to look for exited children
 
 class Service:
     def __init__(
-        self, config: DaemonConfig, config_path: Path | None, extra_roots: tuple[str, ...]
+        self,
+        config: DaemonConfig,
+        config_path: Path | None,
+        extra_roots: tuple[str, ...],
+        clock: Clock = SYSTEM,
     ):
+        self.clock = clock
         self.config = config
         self._config_path = config_path
         self._extra_roots = extra_roots
@@ -90,7 +95,7 @@ class Service:
         return 0
 
     def _start(self) -> None:
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         log.info(
             "daemon_starting",
             pid=os.getpid(),
@@ -106,7 +111,7 @@ class Service:
             "daemon_ready",
             workspaces=len(self.registry),
             watches=self._watch_counts(),
-            duration_ms=int((time.monotonic() - t0) * 1000),
+            duration_ms=int((self.clock.monotonic() - t0) * 1000),
         )
 
     def _install_signals(self) -> int:
@@ -151,7 +156,7 @@ class Service:
 
     # -- the loop ----------------------------------------------------------------------------
     def _loop(self, sig_r: int) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self._next_rescan = now + self.config.rescan_interval_seconds
         self._next_sweep = now + self.config.liveness_sweep_seconds
         while not self._stop:
@@ -185,7 +190,7 @@ class Service:
         return readable
 
     def _timeout(self) -> float:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         times = [self._next_rescan, self._next_sweep]
         if self._timers:
             times.append(self._timers[0][0])
@@ -210,7 +215,7 @@ class Service:
             self.reconcile(hint.workspace, hint.why)
         for fin in self.resumer.reap():
             self._after_resume_safely(fin)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self.resumer.enforce_timeouts(now)
         self._fire_timers(now)
         self._start_resumes()
@@ -235,7 +240,7 @@ class Service:
 
     # -- reconcile ---------------------------------------------------------------------------
     def full_reconcile(self, reason: str, *, force: bool = False, quiet: bool = False) -> None:
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         layout = Layout()
         for b in self.backends:
             layout.merge(b.sync(force=force))
@@ -251,7 +256,7 @@ class Service:
             reason=reason,
             workspaces=len(self.registry),
             watches=self._watch_counts(),
-            duration_ms=int((time.monotonic() - t0) * 1000),
+            duration_ms=int((self.clock.monotonic() - t0) * 1000),
         )
         self._dirty = True
 
@@ -259,7 +264,7 @@ class Service:
         """Look at one workspace and act. Whatever is in it, an exception here is that
         workspace's problem (logged, quarantined with backoff), never the daemon's."""
         until = self._quarantined.get(ws)
-        if until is not None and time.monotonic() < until[1]:
+        if until is not None and self.clock.monotonic() < until[1]:
             return  # its timer brings it back
         try:
             self._reconcile(ws, why, quiet=quiet)
@@ -274,7 +279,7 @@ class Service:
             self.config.backoff_initial_seconds * 2 ** (failures - 1),
             self.config.backoff_max_seconds,
         )
-        until = time.monotonic() + delay
+        until = self.clock.monotonic() + delay
         self._quarantined[ws] = (failures, until)
         self.wake_at(ws, until)
         problem = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
@@ -295,7 +300,7 @@ class Service:
             self.registry.add(ws)
         if ws in self.resumer.children:
             return  # its exit brings us back here
-        v = inspect(ws, why, self.config.settle_seconds, self.launcher.policy)
+        v = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
         self._act(ws, v, quiet=quiet)
 
     def _act(self, ws: Path, v: Verdict, *, quiet: bool = False) -> None:
@@ -306,17 +311,17 @@ class Service:
         if v.action is Action.MARK_INTERRUPTED:
             self._interrupt(ws, v)
         elif v.action is Action.RESUME and v.state is State.EXPIRED:
-            self._resume(ws, v, ("expired", v.request_id), reason="question_expired")
+            self._resume(ws, v, ExpiredKey(v.request_id), reason="question_expired")
         elif v.action is Action.RESUME:
-            self._resume(ws, v, v.answer_sig, reason="answer")
+            self._resume(ws, v, AnswerKey(v.answer_sig), reason="answer")
         elif self._model_outage(v):
             self._retry_model(ws, v)
         elif v.state is State.INTERRUPTED and self.config.auto_resume_interrupted:
-            self._resume(ws, v, ("interrupted", v.run_id), reason="interrupted")
+            self._resume(ws, v, InterruptedKey(v.run_id), reason="interrupted")
         if not self._model_outage(v):
             self.model_retries.forget(ws)
         if v.wake_at is not None:
-            self.wake_at(ws, time.monotonic() + max(0.0, v.wake_at - time.time()))
+            self.wake_at(ws, self.clock.monotonic() + max(0.0, v.wake_at - self.clock.time()))
 
     def _model_outage(self, v: Verdict) -> bool:
         return (
@@ -326,8 +331,10 @@ class Service:
         )
 
     def _retry_model(self, ws: Path, v: Verdict) -> None:
-        d = self.model_retries.decide(ws, v.failing_since, time.time(), time.monotonic())
-        failing_for = round(time.time() - v.failing_since, 1) if v.failing_since else None
+        d = self.model_retries.decide(
+            ws, v.failing_since, self.clock.time(), self.clock.monotonic()
+        )
+        failing_for = round(self.clock.time() - v.failing_since, 1) if v.failing_since else None
         if d.step is Step.GIVE_UP:
             log.error(
                 "model_retry_gave_up",
@@ -347,7 +354,7 @@ class Service:
                 attempt=d.attempt,
                 failing_for_s=failing_for,
             )
-            self._resume(ws, v, ("model", v.run_id, d.attempt), reason="model_retry")
+            self._resume(ws, v, ModelRetryKey(v.run_id, d.attempt), reason="model_retry")
 
     def _interrupt(self, ws: Path, v: Verdict) -> None:
         assert v.run_id is not None
@@ -361,9 +368,9 @@ class Service:
         self.registry.interrupted(ws)
         self._dirty = True
         if self.config.auto_resume_interrupted:
-            self._resume(ws, v, ("interrupted", v.run_id), reason="interrupted")
+            self._resume(ws, v, InterruptedKey(v.run_id), reason="interrupted")
 
-    def _resume(self, ws: Path, v: Verdict, key: object, reason: str) -> None:
+    def _resume(self, ws: Path, v: Verdict, key: ResumeKey, reason: str) -> None:
         run_id = v.run_id
         if self.resumer.busy_with(ws) or v.owner is None:
             return
@@ -373,7 +380,7 @@ class Service:
             problem = replace(v, state=State.PROBLEM, problem=str(e))
             self._dirty |= self.registry.observe(ws, problem)
             return
-        not_before = self.backoff.allowed(ws, key, time.monotonic())
+        not_before = self.backoff.allowed(ws, key, self.clock.monotonic())
         if not_before is not None:
             self.wake_at(ws, not_before)
             return
@@ -399,7 +406,7 @@ class Service:
         ws = fin.child.workspace
         self._dirty = True
         self._log_refusals(fin)
-        v = inspect(ws, Why.CHECK, self.config.settle_seconds, self.launcher.policy)
+        v = inspect(ws, Why.CHECK, self.config.settle_seconds, self.launcher.policy, self.clock)
         self._judge(ws, fin, v)
         self._act(ws, v)
 
@@ -434,15 +441,15 @@ class Service:
             )
 
     def _judge(self, ws: Path, fin: Finished, v: Verdict) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if self._model_outage(v):
             self.backoff.forget(ws)  # the model retry policy paces this run, not resume backoff
             return
-        key = v.answer_sig if v.action is Action.RESUME else None
+        key: ResumeKey | None = AnswerKey(v.answer_sig) if v.action is Action.RESUME else None
         if v.state is State.EXPIRED:
-            key = ("expired", v.request_id)
+            key = ExpiredKey(v.request_id)
         if v.state is State.INTERRUPTED or v.action is Action.MARK_INTERRUPTED:
-            key = ("interrupted", v.run_id)
+            key = InterruptedKey(v.run_id)
         repeated = key is not None and key == self.backoff.last_key(ws)
         if fin.rc == BUSY and not fin.child.timed_out:
             # Someone else drives the run (a person at `delta run -i`, say): back off like a
@@ -523,12 +530,12 @@ class Service:
             not_started=len(self.resumer.pending),
         )
         self._close_backends()  # stop watching first
-        deadline = time.monotonic() + self.config.shutdown_grace_seconds
-        while self.resumer.children and time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + self.config.shutdown_grace_seconds
+        while self.resumer.children and self.clock.monotonic() < deadline:
             fds = self.resumer.fds()
             wait = min(
                 CHILD_POLL if len(fds) < len(self.resumer.children) else 1.0,
-                max(0.0, deadline - time.monotonic()),
+                max(0.0, deadline - self.clock.monotonic()),
             )
             select.select(fds, [], [], wait)
             for fin in self.resumer.reap():
@@ -590,7 +597,7 @@ class Service:
         )
 
     def _write_status(self, force: bool = False) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if not force and (not self._dirty or now - self._last_status < STATUS_EVERY):
             return
         self._dirty = False
