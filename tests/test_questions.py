@@ -7,15 +7,16 @@ from datetime import timedelta
 
 import pytest
 
-from deltad.client.asking import on_timeout, question_from_args
-from deltad.client.errors import UsageError
-from deltad.client.interviewers import (
+from deltad.engine.ask_human import question_from_args
+from deltad.engine.interviewers import (
     AutoApproveInterviewer,
     CallbackInterviewer,
     Chain,
     QueueInterviewer,
 )
+from deltad.errors import UsageError
 from deltad.protocol import InteractionRequest, utcnow
+from deltad.protocol.kinds import on_timeout
 from deltad.protocol.models import GatedCall, InputType
 from deltad.protocol.questions import (
     AnswerRejected,

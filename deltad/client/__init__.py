@@ -11,10 +11,7 @@ Library use::
                           interviewer=CallbackInterviewer(decide)))
 """
 
-from deltad.protocol.questions import CallDecision, Decision, Reply
-
-from .errors import ConfigError, DeltaError, LLMError, UsageError
-from .interviewers import (
+from deltad.engine.interviewers import (
     AutoApproveInterviewer,
     CallbackInterviewer,
     Chain,
@@ -23,6 +20,9 @@ from .interviewers import (
     MailboxInterviewer,
     QueueInterviewer,
 )
+from deltad.errors import ConfigError, DeltaError, LLMError, UsageError
+from deltad.protocol.questions import CallDecision, Decision, Reply
+
 from .runner import RunOptions, run
 
 __all__ = [

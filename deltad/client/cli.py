@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -13,6 +14,10 @@ from typing import Any
 import click
 
 from deltad import __version__, logs
+from deltad.agent import load_agent
+from deltad.engine import EnvCheckpoints
+from deltad.engine.signals import InterruptGuard
+from deltad.errors import DeltaError, UsageError
 from deltad.protocol import (
     Busy,
     EventType,
@@ -33,10 +38,7 @@ from deltad.protocol import (
 from deltad.protocol.fsio import MAX_MAILBOX_BYTES
 from deltad.protocol.questions import AnswerRejected, interpret_json, interpret_text
 
-from .agent import load_agent
-from .errors import DeltaError, UsageError
 from .runner import RunOptions, drive, guidance
-from .signals import InterruptGuard
 
 WORK_DIR = click.option(
     "--work-dir",
@@ -144,6 +146,7 @@ def run_cmd(
         auto_approve,
         answers,
         retry=retry,
+        hooks=EnvCheckpoints.from_env(os.environ),  # DELTA_FAULT / DELTA_HOLD, for tests
     )
     sys.exit(drive(opts, guard, sys.stdout, sys.stderr))
 

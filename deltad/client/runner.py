@@ -22,6 +22,20 @@ from typing import TextIO
 import structlog
 
 from deltad import logs
+from deltad.agent import MAX_CONFIG_BYTES, Agent, load_agent
+from deltad.engine import Checkpoints, Engine, NoCheckpoints, Outcome, RunContext
+from deltad.engine.interviewers import (
+    AutoApproveInterviewer,
+    Chain,
+    Interviewer,
+    MailboxInterviewer,
+    QueueInterviewer,
+    console_interviewer,
+    load_answers,
+)
+from deltad.engine.llm import ChatModel, OpenAIChatModel
+from deltad.engine.signals import Interrupted, InterruptGuard
+from deltad.errors import LLMError, UsageError
 from deltad.protocol import (
     RESUMABLE,
     RETRYABLE_FAILURES,
@@ -49,22 +63,6 @@ from deltad.protocol import (
 from deltad.protocol.fsio import atomic_write, read_regular
 from deltad.protocol.mailbox import Mailbox
 
-from .agent import MAX_CONFIG_BYTES, Agent, load_agent
-from .asking import count_replies
-from .engine import Engine, Outcome
-from .errors import LLMError, UsageError
-from .interviewers import (
-    AutoApproveInterviewer,
-    Chain,
-    Interviewer,
-    MailboxInterviewer,
-    QueueInterviewer,
-    console_interviewer,
-    load_answers,
-)
-from .llm import ChatModel, OpenAIChatModel
-from .signals import Interrupted, InterruptGuard
-
 log = structlog.get_logger("deltad.client")
 
 
@@ -80,6 +78,7 @@ class RunOptions:
     auto_approve: bool = False
     answers: str | None = None
     interviewer: Interviewer | None = None  # library use: who answers, e.g. a Callback
+    hooks: Checkpoints | None = None  # named points of the ingestion sequence (tests)
     retry: bool = False  # resume a run the model endpoint FAILED (delta run --retry)
     log_to_run: bool = True  # the CLI sends all logging to the run's engine.log; a library not
 
@@ -328,28 +327,20 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
     with WorkspaceLock(ws.lock_file):
         sel = _select(ws, opts, err, prepared)
         warn = _warner(err)
-        interviewer = opts.interviewer or _interviewer(
-            opts, ws, warn, guard, count_replies(sel.journal, "queue")
+        hooks = opts.hooks or NoCheckpoints()
+        ctx = RunContext(
+            ws, sel.paths, sel.meta, sel.journal, sel.agent, sel.model, guard, warn, hooks
         )
-        engine = Engine(
-            ws,
-            sel.paths,
-            sel.meta,
-            sel.journal,
-            sel.agent,
-            sel.model,
-            interviewer=interviewer,
-            guard=guard,
-            warn=warn,
-        )
+        queued = sel.journal.history.replies_from("queue")
+        interviewer = opts.interviewer or _interviewer(opts, ws, warn, guard, queued, hooks)
         try:
-            outcome = engine.drive()
+            outcome = Engine(ctx, interviewer).drive()
         except Interrupted as e:
-            return _interrupted(engine, e, err)
+            return _interrupted(ctx, e, err)
         except (UsageError, ProtocolError) as e:
-            return _stopped(engine, e, err)
+            return _stopped(ctx, e, err)
         except Exception as e:
-            return _internal_error(engine, e, err)
+            return _internal_error(ctx, e, err)
     return _report(ws, sel.meta, outcome, out, err)
 
 
@@ -372,30 +363,32 @@ def _interviewer(
     warn: Callable[[str], None],
     guard: InterruptGuard,
     queued: int,
+    hooks: Checkpoints,
 ) -> Interviewer:
     """Who answers: an answer already in the mailbox always counts, then the mode's
     stand-in; plain async mode posts the question and pauses."""
-    take = MailboxInterviewer(Mailbox(ws), warn, post=False)
+    take = MailboxInterviewer(Mailbox(ws), warn, post=False, hooks=hooks)
     if opts.answers is not None:
         return QueueInterviewer(load_answers(opts.answers), start=queued)
     if opts.auto_approve:
         return Chain(take, AutoApproveInterviewer())
+    post = MailboxInterviewer(Mailbox(ws), warn, hooks=hooks)
     if opts.interactive:
         console = console_interviewer(guard.window, elsewhere=take.ask)
-        return Chain(take, console, MailboxInterviewer(Mailbox(ws), warn))
-    return Chain(MailboxInterviewer(Mailbox(ws), warn))
+        return Chain(take, console, post)
+    return Chain(post)
 
 
-def _interrupted(engine: Engine, e: Interrupted, err: TextIO) -> int:
+def _interrupted(ctx: RunContext, e: Interrupted, err: TextIO) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # let the cleanup below finish
-    engine.note(f"interrupted by {e}", "WARN")
-    if engine.meta.status == RunStatus.RUNNING:
-        engine.set_status(RunStatus.INTERRUPTED, error=f"interrupted by {e}")
-    state = engine.meta.status  # WAITING_FOR_INPUT when stopped at a question: still waiting
+    ctx.note(f"interrupted by {e}", "WARN")
+    if ctx.meta.status == RunStatus.RUNNING:
+        ctx.set_status(RunStatus.INTERRUPTED, error=f"interrupted by {e}")
+    state = ctx.meta.status  # WAITING_FOR_INPUT when stopped at a question: still waiting
     _emit(
-        f"delta: interrupted ({e}); run {engine.meta.run_id} is {state}; resume it with: "
-        f"delta run --work-dir {_q(str(engine.ws.root))}",
+        f"delta: interrupted ({e}); run {ctx.meta.run_id} is {state}; resume it with: "
+        f"delta run --work-dir {_q(str(ctx.ws.root))}",
         err,
     )
     return exitcodes.INTERRUPTED
@@ -412,29 +405,29 @@ def _emit(text: str, stream: TextIO) -> None:
             os.dup2(devnull, stream.fileno())  # what is still buffered goes nowhere at exit
 
 
-def _stopped(engine: Engine, e: UsageError | ProtocolError, err: TextIO) -> int:
+def _stopped(ctx: RunContext, e: UsageError | ProtocolError, err: TextIO) -> int:
     """A user error found mid-run (e.g. a scripted answer that does not fit): stop, resumable."""
-    left = engine.meta.status
+    left = ctx.meta.status
     try:  # the very file at fault may be the journal or the metadata: do what still works
-        engine.note(f"stopped: {e}", "ERROR")
-        if engine.meta.status == RunStatus.RUNNING:
-            engine.set_status(RunStatus.INTERRUPTED, error=str(e))
-        left = engine.meta.status
+        ctx.note(f"stopped: {e}", "ERROR")
+        if ctx.meta.status == RunStatus.RUNNING:
+            ctx.set_status(RunStatus.INTERRUPTED, error=str(e))
+        left = ctx.meta.status
     except (ProtocolError, OSError):
         pass
-    print(f"delta: error: {e} (run {engine.meta.run_id} left {left})", file=err)
+    print(f"delta: error: {e} (run {ctx.meta.run_id} left {left})", file=err)
     return e.exit_code if isinstance(e, UsageError) else exitcodes.USAGE
 
 
-def _internal_error(engine: Engine, e: Exception, err: TextIO) -> int:
+def _internal_error(ctx: RunContext, e: Exception, err: TextIO) -> int:
     """A bug, not a user error: keep the run resumable and say where the details are."""
-    log.error("internal_error", run_id=engine.meta.run_id, exc_info=True)
-    engine.note(f"internal error: {type(e).__name__}: {e}", "ERROR")
-    if engine.meta.status == RunStatus.RUNNING:
-        engine.set_status(RunStatus.INTERRUPTED, error=f"internal error: {type(e).__name__}")
+    log.error("internal_error", run_id=ctx.meta.run_id, exc_info=True)
+    ctx.note(f"internal error: {type(e).__name__}: {e}", "ERROR")
+    if ctx.meta.status == RunStatus.RUNNING:
+        ctx.set_status(RunStatus.INTERRUPTED, error=f"internal error: {type(e).__name__}")
     print(
-        f"delta: internal error: {type(e).__name__}: {e} (run {engine.meta.run_id} left "
-        f"INTERRUPTED; details in {engine.paths.engine_log})",
+        f"delta: internal error: {type(e).__name__}: {e} (run {ctx.meta.run_id} left "
+        f"INTERRUPTED; details in {ctx.paths.engine_log})",
         file=err,
     )
     traceback.print_exc(file=err)

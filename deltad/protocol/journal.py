@@ -20,6 +20,7 @@ from . import safefs
 from .errors import CorruptFile, UnsafeFile
 from .events import check_payload
 from .fsio import append_durable, atomic_write, fsync_dir, read_regular
+from .history import History
 from .models import EventType, JournalEvent, iso, utcnow
 
 
@@ -100,6 +101,7 @@ class Journal:
         self.path = path
         read = read_journal(path)
         self.events = read.events
+        self.history = History.of(self.events)  # kept current by `append`
         if read.torn:
             self._set_aside_torn_tail(read)
 
@@ -143,4 +145,5 @@ class Journal:
         if new_file:
             fsync_dir(self.path.parent)
         self.events.append(event)
+        self.history.add(event)
         return event

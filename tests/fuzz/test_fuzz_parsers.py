@@ -14,8 +14,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltad.client.agent import load_agent
-from deltad.client.errors import ConfigError
+from deltad.agent import load_agent
+from deltad.errors import ConfigError
 from deltad.protocol import CorruptFile, InputType, InteractionRequest, Workspace
 from deltad.protocol.errors import ProtocolError
 from deltad.protocol.journal import read_journal

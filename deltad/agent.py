@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from deltad.protocol.errors import UnsafeFile
 from deltad.protocol.fsio import read_regular_text
+from deltad.protocol.models import InteractionRequest
+from deltad.protocol.replies import AnswerRejected, Decision, Reply
 
 from .errors import ConfigError
 
@@ -460,3 +462,20 @@ def _check_patterns(config_file: Path, policy: ApprovalPolicy | None, tools: dic
                     f"{config_file}: approval.{key}[{i}]: {pattern!r} matches no tool "
                     f"(tools: {', '.join(tools) or 'none'})"
                 )
+
+
+def check_edits(agent: Agent, req: InteractionRequest, reply: Reply) -> None:
+    """Edited arguments must fit the tool's schema before anything runs. The one check beyond
+    the question's kind that an answer must pass: the engine makes it before using a reply,
+    and the answering package before writing one (so `delta respond` and HTTP refuse alike)."""
+    for d in reply.decisions:
+        if d.decision != Decision.EDIT:
+            continue
+        call = next((c for c in req.calls if c.action_id == d.action_id), None)
+        tool = agent.tools.get(call.tool_name) if call else None
+        if tool is None:
+            raise AnswerRejected(f"edit of {d.action_id!r}: no such gated call")
+        try:
+            tool.check_args(d.arguments)
+        except ValueError as e:
+            raise AnswerRejected(f"edit of {d.action_id!r} ({tool.name}): {e}") from None

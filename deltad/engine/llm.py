@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import openai
 
-from .agent import LLMSettings
-from .errors import LLMError, UsageError
+from deltad.agent import LLMSettings
+from deltad.errors import LLMError, UsageError
 
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 MAX_RETRIES_LIMIT = 20

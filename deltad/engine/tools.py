@@ -18,11 +18,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
+from deltad.agent import Invocation, fd_token
 from deltad.protocol import ProtocolError, atomic_write_json, atomic_write_text, current_owner
 from deltad.protocol.fsio import read_regular
 from deltad.protocol.process import owner_alive, proc_start_ticks
-
-from .agent import Invocation, fd_token
 
 CAPTURE_LIMIT = 1024 * 1024  # per stream, kept in the record
 OBSERVATION_LIMIT = 8000  # per stream, shown to the model

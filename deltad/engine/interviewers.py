@@ -27,6 +27,7 @@ from typing import Any, Protocol, TextIO
 
 import yaml
 
+from deltad.errors import UsageError
 from deltad.protocol import (
     AnswerState,
     CorruptFile,
@@ -37,6 +38,7 @@ from deltad.protocol import (
     utcnow,
 )
 from deltad.protocol.fsio import lstat_or_none
+from deltad.protocol.kinds import auto_reply, kind_of
 from deltad.protocol.questions import (
     AnswerRejected,
     CallDecision,
@@ -46,14 +48,13 @@ from deltad.protocol.questions import (
     interpret_text,
 )
 
-from .errors import UsageError
-from .faults import fault, hold
+from .hooks import Checkpoints, NoCheckpoints, Point
 
 
 class Interviewer(Protocol):
     def ask(self, req: InteractionRequest) -> Reply | None: ...
 
-    def settle(self, req: InteractionRequest) -> None:
+    def settle(self, req: InteractionRequest, reply: Reply) -> None:
         """Called once the reply is durably recorded: tidy up (e.g. remove mailbox files)."""
 
     def reject(self, req: InteractionRequest, reason: str) -> bool:
@@ -62,7 +63,7 @@ class Interviewer(Protocol):
 
 
 class _Quiet:
-    def settle(self, req: InteractionRequest) -> None:
+    def settle(self, req: InteractionRequest, reply: Reply) -> None:
         return None
 
     def reject(self, req: InteractionRequest, reason: str) -> bool:
@@ -71,9 +72,16 @@ class _Quiet:
 
 # -- mailbox --------------------------------------------------------------------------------
 class MailboxInterviewer:
-    def __init__(self, mailbox: Mailbox, warn: Callable[[str], None], post: bool = True) -> None:
+    def __init__(
+        self,
+        mailbox: Mailbox,
+        warn: Callable[[str], None],
+        post: bool = True,
+        hooks: Checkpoints | None = None,
+    ) -> None:
         self.mailbox = mailbox
         self.warn = warn
+        self.hooks = hooks or NoCheckpoints()
         self.post = post  # False: only take an answer already there (used before Console)
         self.last: Path | None = None
         self.taken_ino: int | None = None  # the answer file this interviewer's reply came from
@@ -95,7 +103,7 @@ class MailboxInterviewer:
                         f"an answer file written before this question was set aside as "
                         f"{kept.name} (it does not answer it; write the answer again)"
                     )
-                hold("after_post")  # tests: the daemon sees the question while still RUNNING
+                self.hooks.reached(Point.AFTER_POST)
             return None
         answer = self.mailbox.read_answer(req, secret=req.is_secret)
         if answer.state == AnswerState.READY:
@@ -138,11 +146,15 @@ class MailboxInterviewer:
         where = f"moved to {kept.name}" if kept else "discarded: the question is sensitive"
         self.warn(f"answer not taken: {reason} ({where})")
 
-    def settle(self, req: InteractionRequest) -> None:
-        if self._posted(req):
+    def settle(self, req: InteractionRequest, reply: Reply) -> None:
+        if not self._posted(req):
+            return
+        if self.taken_ino is None and reply.source == "mailbox":
+            self.mailbox.discard_answer()  # after a crash: the file is the reply on record
+        else:
             settle_mailbox(self.mailbox, self.taken_ino, self.warn)
-            fault("after_discard_answer")
-            self.mailbox.withdraw()
+        self.hooks.reached(Point.AFTER_DISCARD_ANSWER)
+        self.mailbox.withdraw()
 
 
 def settle_mailbox(mailbox: Mailbox, taken_ino: int | None, warn: Callable[[str], None]) -> None:
@@ -289,10 +301,8 @@ class ConsoleInterviewer(_Quiet):
         return reply
 
     def _one(self, req: InteractionRequest) -> Reply | None:
-        for opt in req.options:
-            self._say(f"  [{opt.key}] {opt.label}\n")
-        if req.input_type in (InputType.CONFIRMATION, InputType.YES_NO):
-            self._say("Please answer yes or no.\n")
+        for line in kind_of(req.input_type).hints(req):
+            self._say(f"{line}\n")
         while True:
             line = self._line(req, hidden=req.is_secret)
             if line is None:
@@ -358,30 +368,11 @@ class ConsoleInterviewer(_Quiet):
 
 # -- stand-ins ------------------------------------------------------------------------------
 class AutoApproveInterviewer(_Quiet):
-    """For CI: the question's default when it has one; else yes, the first option, approve
-    every call. Never invents a password."""
+    """For CI: what each kind answers by itself (its default when it has one; else yes, the
+    first option, approve every call). Never invents a secret: that is SKIPPED."""
 
     def ask(self, req: InteractionRequest) -> Reply:
-        kind = req.input_type
-        if req.is_secret:
-            return Reply(outcome="skipped", source="auto")
-        if req.default is not None and kind != InputType.APPROVAL:
-            reply = interpret_text(req, req.default)
-        elif kind in (InputType.CONFIRMATION, InputType.YES_NO):
-            reply = Reply(value="yes")
-        elif kind == InputType.CHOICE and req.options:
-            reply = Reply(value=req.options[0].label, key=req.options[0].key)
-        elif kind == InputType.APPROVAL:
-            reply = Reply(
-                decisions=[
-                    CallDecision(action_id=c.action_id, decision=Decision.APPROVE)
-                    for c in req.calls
-                ]
-            )
-        else:
-            reply = Reply(value=req.default or "auto-approved")
-        reply.source, reply.answered_by = "auto", "auto-approve"
-        return reply
+        return auto_reply(req)
 
 
 def load_answers(path: str | Path) -> list[Any]:
@@ -453,12 +444,12 @@ class Chain:
     def reject(self, req: InteractionRequest, reason: str) -> bool:
         return self.last.reject(req, reason) if self.last else False
 
-    def settle(self, req: InteractionRequest) -> None:
+    def settle(self, req: InteractionRequest, reply: Reply) -> None:
         # The member whose reply was recorded tidies first (it knows which answer file it took);
         # the others then find the question gone, or set aside an answer that came too late.
         first = [self.last] if self.last is not None else []
         for m in [*first, *(m for m in self.members if m is not self.last)]:
-            m.settle(req)
+            m.settle(req, reply)
 
 
 def console_interviewer(

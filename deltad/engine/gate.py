@@ -1,0 +1,122 @@
+"""The approval gate: tool calls that need a human decision before they run.
+
+When the model calls gated tools, the turn's ungated calls run first; then one `approval`
+request lists every gated call (name, arguments, resolved command) and the decisions are per
+call: approve runs it, edit runs it with new arguments (checked against the tool's schema
+first), reject tells the model, cancel ends the run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+
+from deltad.protocol import ActionStatus, InputType, InteractionRequest, utcnow
+from deltad.protocol.history import Call
+from deltad.protocol.kinds import NOT_CONSENT
+from deltad.protocol.models import GatedCall
+from deltad.protocol.replies import CallDecision, Decision, Reply
+
+from .act import run
+from .asking import Asking
+from .context import ASK_HUMAN, RunContext, parse_args
+
+
+@dataclass(frozen=True)
+class Canceled:
+    """A human canceled the run in an approval decision."""
+
+    by: str
+
+
+def gated(ctx: RunContext, calls: list[Call]) -> list[Call]:
+    """The calls of this turn that wait for a decision (not started before a crash)."""
+    return [
+        c
+        for c in calls
+        if c.name != ASK_HUMAN
+        and c.name in ctx.agent.tools
+        and c.id not in ctx.history.requested
+        and ctx.agent.needs_approval(c.name)
+    ]
+
+
+def approval_request(
+    run_id: str, calls: list[GatedCall], timeout: float | None
+) -> InteractionRequest:
+    now = utcnow()
+    names = ", ".join(c.tool_name for c in calls)
+    return InteractionRequest(
+        timestamp=now,
+        prompt=f"Approve {len(calls)} tool call(s): {names}?",
+        input_type=InputType.APPROVAL,
+        run_id=run_id,
+        action_id=calls[0].action_id,
+        calls=calls,
+        timeout_seconds=timeout,
+        expires_at=now + timedelta(seconds=timeout) if timeout else None,
+    )
+
+
+def _gated_call(ctx: RunContext, call: Call) -> GatedCall:
+    try:
+        args = json.loads(call.arguments or "{}")
+        tool = ctx.agent.tools[call.name]
+        command = tool.invocation(tool.check_args(args), ctx.agent.home).display()
+    except (ValueError, TypeError):
+        args, command = {"_raw": call.arguments}, "(arguments do not fit the tool)"
+    return GatedCall(
+        action_id=call.id,
+        tool_name=call.name,
+        arguments=args if isinstance(args, dict) else {"_raw": args},
+        resolved_command=command,
+    )
+
+
+def decide(
+    ctx: RunContext, asking: Asking, calls: list[Call]
+) -> InteractionRequest | Canceled | None:
+    """Ask about `calls` (once, durably), then act on the decisions. Returns the request when
+    the run must pause for it, Canceled when a human canceled, None when all is done."""
+    req = ctx.history.asked(calls[0].id, InputType.APPROVAL)
+    if req is None:
+        policy = ctx.agent.config.approval
+        timeout = policy.timeout_seconds if policy else None
+        fresh = approval_request(ctx.meta.run_id, [_gated_call(ctx, c) for c in calls], timeout)
+        req = asking.record_asked(fresh)
+    reply = asking.take(req)
+    if reply is None:
+        return req
+    decisions = {d.action_id: d for d in reply.decisions}
+    if any(d.decision == Decision.CANCEL for d in decisions.values()):
+        return Canceled(reply.answered_by or reply.source)
+    for call in calls:
+        d = decisions.get(call.id)
+        if d is None or d.decision == Decision.REJECT:
+            why = d or CallDecision(action_id=call.id, decision=Decision.REJECT)
+            ctx.request(call, parse_args(call.arguments), call.name)
+            ctx.result(call, ActionStatus.FAILED, refusal(reply, why, req.timeout_seconds))
+        elif d.decision == Decision.EDIT:
+            note = f"Note: the human edited the arguments to {json.dumps(d.arguments)}.\n"
+            run(ctx, call, d.arguments or {}, note)
+        else:
+            run(ctx, call, parse_args(call.arguments), "")
+        ctx.guard.checkpoint()
+    return None
+
+
+def refusal(reply: Reply, decision: CallDecision, timeout: float | None) -> str:
+    """What the model is told about a call that was not approved."""
+    if reply.outcome == "timeout":
+        return (
+            f"Not approved: no decision within {timeout or 0:g} seconds, so the call was "
+            f"rejected. {NOT_CONSENT}."
+        )
+    if reply.outcome == "skipped":
+        return "Not approved: nobody answered the approval (skipped), so the call was not run."
+    who = f" ({reply.answered_by})" if reply.answered_by else ""
+    return (
+        f"rejected by the human{who}: {decision.reason or 'no reason given'}. Do not retry "
+        "this call unless the human asks for it."
+    )

@@ -1,0 +1,132 @@
+"""Thinking: one model call, from the journal's conversation to a journaled THOUGHT.
+
+The request body and the reply (or the error) are kept under `io/invocations/<ref>/`. A reply
+cut off by the provider (`finish_reason` length or content_filter) is journaled as a
+SYSTEM_MESSAGE, not a THOUGHT: a resume asks again instead of replaying half a message, and a
+truncated tool call never runs.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from deltad.errors import LLMError
+from deltad.protocol import EventType, atomic_write_json, iso, safefs, save_metadata, utcnow
+
+from .ask_human import ASK_HUMAN_TOOL
+from .context import RunContext
+
+CUT_OFF = {
+    "length": (
+        "the model's answer was cut off at llm.max_tokens (finish_reason: length); raise "
+        "max_tokens in the agent's config and run `delta run` to ask again"
+    ),
+    "content_filter": (
+        "the model's answer was withheld by the provider's content filter (finish_reason: "
+        "content_filter); `delta run` asks again"
+    ),
+}
+
+
+class CutOff(LLMError):
+    """The model stopped before a usable answer (finish_reason length or content_filter)."""
+
+
+def messages(ctx: RunContext) -> list[dict[str, Any]]:
+    """The conversation so far, from the journal alone."""
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": ctx.agent.system_prompt},
+        {"role": "user", "content": ctx.meta.task},
+    ]
+    for e in ctx.journal.events:
+        if e.type == EventType.THOUGHT:
+            m: dict[str, Any] = {"role": "assistant", "content": e.payload.get("content")}
+            if e.payload.get("tool_calls"):
+                m["tool_calls"] = e.payload["tool_calls"]
+            msgs.append(m)
+        elif e.type == EventType.ACTION_RESULT:
+            msgs.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": e.payload["action_id"],
+                    "content": e.payload["observation_content"],
+                }
+            )
+    return msgs
+
+
+def think(ctx: RunContext) -> dict[str, Any]:
+    """Call the model and journal its THOUGHT; returns the THOUGHT's payload. Raises the
+    model's errors (LLMError and its kinds, CutOff) after recording them."""
+    ctx.ensure_running()
+    msgs = messages(ctx)
+    tools = [t.schema() for t in ctx.agent.tools.values()] + [ASK_HUMAN_TOOL]
+    ref = f"{ctx.journal.next_seq:05d}_{uuid.uuid4().hex[:8]}"
+    record = ctx.paths.invocations / ref
+    safefs.mkdirs(record)
+    atomic_write_json(record / "request.json", ctx.model.request_body(msgs, tools))
+    try:
+        with ctx.guard.window():
+            reply = ctx.model.complete(msgs, tools)
+    except LLMError as e:
+        atomic_write_json(record / "error.json", _error_record(e))
+        raise
+    atomic_write_json(record / "response.json", reply.raw)
+    if ctx.meta.model_failing_since is not None:  # the outage is over
+        ctx.meta.model_failing_since = None
+        save_metadata(ctx.paths.metadata, ctx.meta)
+    if reply.finish_reason in CUT_OFF:
+        ctx.journal.append(
+            EventType.SYSTEM_MESSAGE,
+            {
+                "level": "ERROR",
+                "content": CUT_OFF[reply.finish_reason],
+                "finish_reason": reply.finish_reason,
+                "llm_invocation_ref": ref,
+            },
+        )
+        raise CutOff(CUT_OFF[reply.finish_reason])
+    payload = {
+        "content": reply.content or "",
+        "tool_calls": unique_ids(ctx, reply.tool_calls),
+        "llm_invocation_ref": ref,
+        "finish_reason": reply.finish_reason,
+    }
+    ctx.journal.append(EventType.THOUGHT, payload)
+    return payload
+
+
+def unique_ids(ctx: RunContext, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Some local servers reuse ids like "call_0" every turn; results and secret handles need
+    ids unique within the run, so clashes are renamed here, once, before journaling."""
+    seen = set(ctx.history.call_ids)
+    out = []
+    for i, c in enumerate(calls):
+        cid = str(c.get("id") or "")
+        if not cid or cid in seen or len(cid) > 100:
+            cid = f"call_{ctx.journal.next_seq}_{i}"
+        seen.add(cid)
+        fn = c.get("function") or {}
+        args = fn.get("arguments") or "{}"
+        if not isinstance(args, str):  # some servers send an object
+            args = json.dumps(args)
+        out.append(
+            {
+                "id": cid,
+                "type": "function",
+                "function": {"name": str(fn.get("name", "")), "arguments": args},
+            }
+        )
+    return out
+
+
+def _error_record(e: LLMError) -> dict[str, Any]:
+    return {
+        "kind": getattr(e, "kind", "model_error"),
+        "status": getattr(e, "status", None),
+        "attempts": getattr(e, "attempts", None),
+        "message": str(e),
+        "at": iso(utcnow()),
+    }

@@ -1,0 +1,114 @@
+"""One read model of the journal: what is pending, what was asked and answered, how it ended.
+
+The engine, the CLI and the answering package all ask the journal the same questions; this is
+the one place that answers them. It is incremental (`add` each event as it is read or
+appended), so a long run pays for each event once, not once per question.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .models import EventType, InputType, InteractionRequest, JournalEvent
+from .replies import Reply
+
+
+@dataclass(frozen=True)
+class Call:
+    """A tool call the model made in a THOUGHT."""
+
+    id: str
+    name: str
+    arguments: str
+
+    @classmethod
+    def of(cls, raw: dict[str, Any]) -> Call:
+        fn = raw.get("function") or {}
+        args = fn.get("arguments")
+        return cls(str(raw["id"]), str(fn.get("name", "")), args if isinstance(args, str) else "{}")
+
+
+@dataclass
+class History:
+    started: bool = False
+    last_thought: JournalEvent | None = None
+    calls: list[Call] = field(default_factory=list)  # of the last THOUGHT
+    requested: set[str] = field(default_factory=set)  # ACTION_REQUEST since the last THOUGHT
+    answered: set[str] = field(default_factory=set)  # ACTION_RESULT since the last THOUGHT
+    results: set[str] = field(default_factory=set)  # every action with a result
+    call_ids: set[str] = field(default_factory=set)  # every tool call id the model used
+    asked_requests: list[InteractionRequest] = field(default_factory=list)
+    replies: dict[str, Reply] = field(default_factory=dict)  # request_id -> recorded reply
+    sources: Counter[str] = field(default_factory=Counter)
+    last_end: JournalEvent | None = None
+    last_retry_seq: int = 0
+    count: int = 0
+
+    @classmethod
+    def of(cls, events: Iterable[JournalEvent]) -> History:
+        h = cls()
+        for e in events:
+            h.add(e)
+        return h
+
+    def add(self, e: JournalEvent) -> None:
+        self.count += 1
+        p = e.payload
+        match e.type:
+            case EventType.RUN_START:
+                self.started = True
+            case EventType.THOUGHT:
+                self.last_thought = e
+                self.calls = [Call.of(c) for c in p.get("tool_calls") or []]
+                self.call_ids.update(c.id for c in self.calls)
+                self.requested, self.answered = set(), set()
+            case EventType.ACTION_REQUEST:
+                self.requested.add(p["action_id"])
+            case EventType.ACTION_RESULT:
+                self.answered.add(p["action_id"])
+                self.results.add(p["action_id"])
+            case EventType.HUMAN_INTERACTION if p.get("phase") == "asked":
+                self.asked_requests.append(InteractionRequest.model_validate(p["request"]))
+            case EventType.HUMAN_INTERACTION if p.get("phase") == "answered":
+                reply = Reply.model_validate(p["reply"])
+                self.replies.setdefault(p["request_id"], reply)
+                self.sources[reply.source] += 1
+            case EventType.RUN_END:
+                self.last_end = e
+            case EventType.SYSTEM_MESSAGE if p.get("retry"):
+                self.last_retry_seq = e.seq
+            case _:
+                pass  # other messages, and types from newer writers
+
+    # -- questions ---------------------------------------------------------------------------
+    def pending_calls(self) -> list[Call]:
+        """The last THOUGHT's tool calls without a result, in order."""
+        return [c for c in self.calls if c.id not in self.answered]
+
+    def ended(self) -> JournalEvent | None:
+        """The RUN_END that ends the run (none after a retry marker, nor before the last
+        THOUGHT: then the run went on)."""
+        end = self.last_end
+        if end is None or end.seq < self.last_retry_seq:
+            return None
+        if self.last_thought is not None and self.last_thought.seq > end.seq:
+            return None
+        return end
+
+    def asked(self, action_id: str, kind: InputType | None = None) -> InteractionRequest | None:
+        """The question recorded for `action_id` (any of its calls, for an approval)."""
+        for req in reversed(self.asked_requests):
+            ids = [c.action_id for c in req.calls] or [req.action_id]
+            if action_id in ids and (kind is None or req.input_type == kind):
+                return req
+        return None
+
+    def reply(self, request_id: str) -> Reply | None:
+        return self.replies.get(request_id)
+
+    def replies_from(self, source: str) -> int:
+        """How many recorded replies came from `source` (a resumed answers queue skips them)."""
+        return self.sources[source]

@@ -1,0 +1,226 @@
+"""The vocabulary of questions: each input type, whole, in one entry.
+
+An entry says how an answer is read (`read`), what a timeout means (`timeout`), what
+`--auto-approve` answers (`auto`), how the question is shown to a person (`expects`,
+`example`, `hints`) and what extra `ask_human` arguments it takes (`schema`, `from_args`).
+`kind_of` dispatches with `match` and `assert_never`, so a new `InputType` without an entry
+fails the type check instead of silently falling through to "text".
+
+Adding a type: a member of `InputType` (models.py), any request fields it needs (models.py),
+and its entry here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, assert_never
+
+from .accelerators import build_options
+from .models import InputType, InteractionRequest
+from .replies import AnswerRejected, CallDecision, Decision, Reply
+
+NOT_CONSENT = "A timeout is not consent and not a refusal: do not retry the same action"
+
+
+def shown(req: InteractionRequest, text: str) -> str:
+    """How a refusal may quote an answer: never when the question is sensitive."""
+    return "the answer" if req.is_secret else repr(text.strip()[:40])
+
+
+class Kind:
+    """Text: the base every other kind refines."""
+
+    expects = "text"
+    asked_by_model = True  # offered to the model through ask_human
+
+    def read(self, req: InteractionRequest, text: str) -> Reply:
+        if not text.strip() and not req.allow_empty:
+            # `touch response.txt`, an editor's first save, `: > response.txt`: not an answer.
+            raise AnswerRejected(
+                "the answer is empty (this question does not accept an empty answer)"
+            )
+        return Reply(value=text)
+
+    def timeout(self, req: InteractionRequest) -> Reply:
+        """Whoever notices first applies the same rule: the default if there is one,
+        otherwise an explicit TIMEOUT."""
+        if req.default is not None:
+            reply = self.read(req, req.default)
+            reply.outcome, reply.source = "timeout", "default"
+            return reply
+        return Reply(outcome="timeout", source="timeout")
+
+    def auto(self, req: InteractionRequest) -> Reply:
+        return self.read(req, req.default) if req.default is not None else self.stand_in(req)
+
+    def stand_in(self, req: InteractionRequest) -> Reply:
+        return Reply(value="auto-approved")
+
+    def example(self, req: InteractionRequest) -> str | None:
+        """An answer to show on a command line (None: never on one)."""
+        return "your answer"
+
+    def hints(self, req: InteractionRequest) -> list[str]:
+        """Lines a terminal shows before its prompt."""
+        return []
+
+    def schema(self) -> dict[str, Any]:
+        """The ask_human arguments this kind adds (JSON schema properties)."""
+        return {}
+
+    def from_args(self, args: dict[str, Any]) -> dict[str, Any] | str:
+        """Request fields from ask_human's arguments, or what is wrong (told to the model)."""
+        return {}
+
+
+class Password(Kind):
+    expects = "a password (typing hidden)"
+
+    def example(self, req: InteractionRequest) -> str | None:
+        return None
+
+
+class YesNo(Kind):
+    expects = "yes or no"
+
+    def read(self, req: InteractionRequest, text: str) -> Reply:
+        word = text.strip().lower()
+        if word in {"y", "yes"}:
+            return Reply(value="yes")
+        if word in {"n", "no"}:
+            return Reply(value="no")
+        raise AnswerRejected(f"{shown(req, text)} must be yes or no")
+
+    def stand_in(self, req: InteractionRequest) -> Reply:
+        return Reply(value="yes")
+
+    def example(self, req: InteractionRequest) -> str | None:
+        return "yes"
+
+    def hints(self, req: InteractionRequest) -> list[str]:
+        return ["Please answer yes or no."]
+
+
+class Choice(Kind):
+    expects = "one of the options, by key or label"
+
+    def read(self, req: InteractionRequest, text: str) -> Reply:
+        wanted = text.strip().lower()
+        for opt in req.options:
+            full = f"[{opt.key}] {opt.label}".lower()
+            if wanted in (opt.key.lower(), opt.label.lower(), full):
+                return Reply(value=opt.label, key=opt.key)
+        listed = ", ".join(f"{o.key}) {o.label}" for o in req.options)
+        raise AnswerRejected(f"{shown(req, text)} is not one of the options: {listed}")
+
+    def stand_in(self, req: InteractionRequest) -> Reply:
+        first = req.options[0]
+        return Reply(value=first.label, key=first.key)
+
+    def example(self, req: InteractionRequest) -> str | None:
+        return req.options[0].key if req.options else None
+
+    def hints(self, req: InteractionRequest) -> list[str]:
+        return [f"  [{o.key}] {o.label}" for o in req.options]
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "options": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "For choice: labels such as '[A] Approve' or 'R) Reject'.",
+            }
+        }
+
+    def from_args(self, args: dict[str, Any]) -> dict[str, Any] | str:
+        options = args.get("options")
+        if (
+            not isinstance(options, list)
+            or len(options) < 2
+            or not all(isinstance(o, str) and o.strip() for o in options)
+        ):
+            return "Error: a choice needs 'options': a list of at least two labels"
+        return {"options": build_options(options)}
+
+
+class Approval(Kind):
+    """Gated tool calls: a decision per call. Never asked by the model itself."""
+
+    expects = "a decision for each tool call"
+    asked_by_model = False
+
+    def read(self, req: InteractionRequest, text: str) -> Reply:
+        """Plain text: one word for every call; `reject: reason` carries a reason."""
+        word, _, reason = text.strip().partition(":")
+        word = word.strip().lower()
+        if word in {"y", "yes", "approve", "approved"}:
+            decision = Decision.APPROVE
+        elif word in {"n", "no", "reject", "rejected"}:
+            decision = Decision.REJECT
+        elif word == "cancel":
+            decision = Decision.CANCEL
+        else:
+            raise AnswerRejected(
+                f"{shown(req, text)} is not approve, reject[: reason] or cancel "
+                "(use response.json for per-call decisions or edits)"
+            )
+        return self.everyone(req, decision, reason.strip() or None)
+
+    @staticmethod
+    def everyone(req: InteractionRequest, decision: Decision, reason: str | None) -> Reply:
+        return Reply(
+            decisions=[
+                CallDecision(action_id=c.action_id, decision=decision, reason=reason)
+                for c in req.calls
+            ]
+        )
+
+    def timeout(self, req: InteractionRequest) -> Reply:
+        reply = self.everyone(
+            req, Decision.REJECT, f"no decision within {req.timeout_seconds or 0:g} s"
+        )
+        reply.outcome, reply.source = "timeout", "timeout"
+        return reply
+
+    def auto(self, req: InteractionRequest) -> Reply:
+        return self.everyone(req, Decision.APPROVE, None)
+
+    def example(self, req: InteractionRequest) -> str | None:
+        return "approve"
+
+
+TEXT, PASSWORD, YES_NO, CHOICE, APPROVAL = Kind(), Password(), YesNo(), Choice(), Approval()
+
+
+def kind_of(t: InputType) -> Kind:
+    match t:
+        case InputType.TEXT:
+            return TEXT
+        case InputType.PASSWORD:
+            return PASSWORD
+        case InputType.CONFIRMATION | InputType.YES_NO:
+            return YES_NO
+        case InputType.CHOICE:
+            return CHOICE
+        case InputType.APPROVAL:
+            return APPROVAL
+        case _:
+            assert_never(t)
+
+
+def read_text(req: InteractionRequest, text: str) -> Reply:
+    return kind_of(req.input_type).read(req, text)
+
+
+def on_timeout(req: InteractionRequest) -> Reply:
+    return kind_of(req.input_type).timeout(req)
+
+
+def auto_reply(req: InteractionRequest) -> Reply:
+    """`--auto-approve`: never invents a secret (SKIPPED), else the kind's stand-in."""
+    reply = Reply(outcome="skipped") if req.is_secret else kind_of(req.input_type).auto(req)
+    reply.source, reply.answered_by = "auto", "auto-approve"
+    return reply
+
+
+def model_kinds() -> list[InputType]:
+    return [t for t in InputType if kind_of(t).asked_by_model]

@@ -1,0 +1,57 @@
+"""What a human said, normalised: a `Reply` (with per-call `CallDecision`s for approvals), the
+structured answer file, and `AnswerRejected` for an answer that does not fit its question."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .models import Timestamp
+
+
+class AnswerRejected(ValueError):
+    """The answer does not fit the question; the message says why (never quoting a secret)."""
+
+
+class Decision(StrEnum):
+    APPROVE = "approve"
+    REJECT = "reject"
+    EDIT = "edit"
+    CANCEL = "cancel"
+
+
+class CallDecision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action_id: str
+    decision: Decision
+    arguments: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+class StructuredAnswer(BaseModel):
+    """`response.json`."""
+
+    model_config = ConfigDict(extra="forbid")
+    request_id: str
+    answer: str | None = None
+    decisions: list[CallDecision] | None = None
+    answered_by: str | None = None
+    comment: str | None = None
+
+
+Outcome = Literal["answered", "timeout", "skipped"]
+
+
+class Reply(BaseModel):
+    """What a human (or a stand-in) said, normalised for the engine."""
+
+    outcome: Outcome = "answered"
+    value: str | None = None  # text, "yes"/"no", or the chosen option's label
+    key: str | None = None  # the chosen option's key
+    decisions: list[CallDecision] = Field(default_factory=list)
+    answered_by: str | None = None
+    source: str = "human"
+    at: Timestamp | None = None
+    comment: str | None = None
