@@ -13,32 +13,24 @@ from typing import Any
 
 import click
 
-from deltad import __version__, logs
-from deltad.agent import load_agent
+from deltad import __version__, inbox, logs
 from deltad.engine import EnvCheckpoints
 from deltad.engine.signals import InterruptGuard
 from deltad.errors import DeltaError, UsageError
 from deltad.protocol import (
     Busy,
-    EventType,
     InputType,
     InteractionRequest,
-    Mailbox,
     ProtocolError,
-    RunMetadata,
-    RunStatus,
     Workspace,
     exitcodes,
     iso,
     load_metadata,
-    owner_alive,
-    read_journal,
     read_regular_text,
 )
 from deltad.protocol.fsio import MAX_MAILBOX_BYTES
-from deltad.protocol.questions import AnswerRejected, interpret_json, interpret_text
 
-from .runner import RunOptions, drive, guidance
+from .runner import RunOptions, drive
 
 WORK_DIR = click.option(
     "--work-dir",
@@ -66,6 +58,8 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(f"{e} (exit {exitcodes.BUSY}: try again when it is done)", exitcodes.BUSY)
         except DeltaError as e:
             _fail(str(e), e.exit_code)
+        except inbox.SubmitError as e:
+            _fail(str(e), exitcodes.USAGE)
         except ProtocolError as e:
             _fail(str(e), exitcodes.USAGE)
         except PermissionError as e:
@@ -151,47 +145,6 @@ def run_cmd(
     sys.exit(drive(opts, guard, sys.stdout, sys.stderr))
 
 
-def _load(ws: Workspace, run_id: str | None = None) -> RunMetadata:
-    rid = run_id or ws.latest_run_id()
-    if rid is None:
-        raise UsageError(f"no runs in {ws.root}")
-    try:
-        return load_metadata(ws.run(rid).metadata)
-    except FileNotFoundError:
-        raise UsageError(f"run {rid} has no metadata.json") from None
-
-
-def _pending(ws: Workspace, meta: RunMetadata) -> InteractionRequest | None:
-    req = Mailbox(ws).read_request()
-    return req if req is not None and req.run_id == meta.run_id else None
-
-
-def _status_doc(ws: Workspace, meta: RunMetadata) -> dict[str, Any]:
-    req = _pending(ws, meta)
-    answer = None
-    if req is not None:
-        a = Mailbox(ws).read_answer(req, secret=True)
-        answer = {"state": str(a.state), **({"reason": a.reason} if a.reason else {})}
-    alive = owner_alive(meta.owner) if meta.status == RunStatus.RUNNING else None
-    return {
-        "workspace": str(ws.root),
-        "run_id": meta.run_id,
-        "status": str(meta.status),
-        "task": meta.task,
-        "agent_ref": meta.agent_ref,
-        "iterations_completed": meta.iterations_completed,
-        "start_time": iso(meta.start_time),
-        "updated_at": iso(meta.updated_at),
-        "end_time": iso(meta.end_time) if meta.end_time else None,
-        "error": meta.error,
-        "owner_alive": alive,
-        "pending": req.model_dump(mode="json") if req else None,
-        "response": answer,
-        "answer_error": Mailbox(ws).last_refusal() if req else None,
-        "set_aside": Mailbox(ws).stale_answers(),
-    }
-
-
 @main.command("status")
 @WORK_DIR
 @click.option("--run-id", help="Show this run instead of the latest.")
@@ -200,21 +153,21 @@ def _status_doc(ws: Workspace, meta: RunMetadata) -> dict[str, Any]:
 def status_cmd(work_dir: Path, run_id: str | None, as_json: bool) -> None:
     """Show the latest run's status and its pending question."""
     ws = Workspace.at(work_dir)
-    meta = _load(ws, run_id)
-    doc = _status_doc(ws, meta)
+    doc = inbox.status(ws, run_id)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
     status = doc["status"]
     if doc["owner_alive"] is False:
         status += " (its process is gone: it crashed; `delta run` resumes it)"
-    click.echo(f"Run:        {meta.run_id}\nStatus:     {status}\nTask:       {meta.task}")
-    click.echo(f"Agent:      {meta.agent_ref}\nIterations: {meta.iterations_completed}")
+    click.echo(f"Run:        {doc['run_id']}\nStatus:     {status}\nTask:       {doc['task']}")
+    click.echo(f"Agent:      {doc['agent_ref']}\nIterations: {doc['iterations_completed']}")
     click.echo(f"Updated:    {doc['updated_at']}")
-    if meta.error:
-        click.echo(f"Reason:     {meta.error}")
-    if (req := _pending(ws, meta)) is not None:
-        click.echo(guidance(ws, meta.run_id, req))
+    if doc["error"]:
+        click.echo(f"Reason:     {doc['error']}")
+    if doc["pending"] is not None:
+        req = InteractionRequest.model_validate(doc["pending"])
+        click.echo(inbox.guidance(ws, doc["run_id"], req))
         if doc["response"]["state"] == "ready":
             click.echo("  An answer is waiting in response.txt; `delta run` will take it.")
         elif doc["response"].get("reason"):
@@ -275,33 +228,6 @@ def _decisions(
     return list(chosen.values())
 
 
-def _check_edits(meta: RunMetadata, req: InteractionRequest, doc: dict[str, Any]) -> None:
-    """Catch an edit that does not fit the tool now, not after the run resumes."""
-    try:
-        agent = load_agent(meta.agent_ref)
-    except UsageError:
-        return  # the run itself will say what is wrong when it resumes
-    names = {c.action_id: c.tool_name for c in req.calls}
-    for d in doc.get("decisions") or []:
-        tool = agent.tools.get(names.get(d["action_id"], ""))
-        if d["decision"] == "edit" and tool is not None:
-            try:
-                tool.check_args(d.get("arguments"))
-            except ValueError as e:
-                raise UsageError(f"--edit {d['action_id']} ({tool.name}): {e}") from None
-
-
-def _already_answered(ws: Workspace, req: InteractionRequest) -> bool:
-    """A crash after the reply was journaled leaves the question file behind for a moment."""
-    events = read_journal(ws.run(req.run_id).journal).events
-    return any(
-        e.type == EventType.HUMAN_INTERACTION
-        and e.payload.get("phase") == "answered"
-        and e.payload.get("request_id") == req.request_id
-        for e in events
-    )
-
-
 @main.command("respond")
 @click.argument("text", required=False)
 @click.option("--file", "file", help="Read the answer from this file ('-' for stdin).")
@@ -346,43 +272,22 @@ def respond_cmd(
     secrets) or reads stdin.
     """
     ws = Workspace.at(work_dir)
-    mailbox = Mailbox(ws)
-    req = mailbox.read_request()
-    if req is None:
-        raise UsageError(f"nothing is waiting for an answer in {ws.root}")
-    meta = load_metadata(ws.run(req.run_id).metadata)
-    if meta.status not in (RunStatus.WAITING_FOR_INPUT, RunStatus.INTERRUPTED, RunStatus.RUNNING):
-        raise UsageError(f"run {meta.run_id} is {meta.status}; its question is no longer open")
-    if _already_answered(ws, req):
-        raise UsageError(
-            f"question {req.request_id} is already answered (the journal has the reply); "
-            f"`delta run --work-dir {ws.root}` continues the run"
-        )
-    if mailbox.answer_file() is not None and not force:
-        raise UsageError(
-            f"an answer is already waiting in {mailbox.answer_file()}; pass --force to replace it"
-        )
+    req = inbox.open_question(ws)
     structured = bool(everyone or decide or edit or choice or answered_by)
     if req.input_type == InputType.APPROVAL and not structured and text is None and file is None:
         raise UsageError("this question needs --approve, --reject, --cancel or --decide")
-    try:
-        if structured:
-            doc: dict[str, Any] = {"request_id": req.request_id}
-            if req.input_type == InputType.APPROVAL:
-                doc["decisions"] = _decisions(req, everyone, decide, edit, reason)
-            else:
-                doc["answer"] = choice if choice is not None else _answer_text(req, text, file)
-            if answered_by:
-                doc["answered_by"] = answered_by
-            interpret_json(req, json.dumps(doc))
-            _check_edits(meta, req, doc)
-            mailbox.write_structured(doc)
+    if structured:
+        if req.input_type == InputType.APPROVAL:
+            body = inbox.AnswerIn.parse(
+                {"decisions": _decisions(req, everyone, decide, edit, reason)}
+            )
         else:
-            answer = _answer_text(req, text, file)
-            interpret_text(req, answer.strip() if not req.is_secret else answer)
-            mailbox.write_answer(answer)
-    except AnswerRejected as e:
-        raise UsageError(str(e)) from None
+            body = inbox.AnswerIn(
+                answer=choice if choice is not None else _answer_text(req, text, file)
+            )
+        inbox.submit(ws, req.request_id, body, answered_by=answered_by, channel="cli", force=force)
+    else:
+        inbox.submit(ws, req.request_id, _answer_text(req, text, file), force=force)
     if req.is_secret and (text is not None or choice is not None):
         click.echo(
             "delta: note: a secret given on the command line can stay in shell history and was "

@@ -8,7 +8,6 @@ or key leaves the run exactly as it was.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -21,7 +20,7 @@ from typing import TextIO
 
 import structlog
 
-from deltad import logs
+from deltad import inbox, logs
 from deltad.agent import MAX_CONFIG_BYTES, Agent, load_agent
 from deltad.engine import Checkpoints, Engine, NoCheckpoints, Outcome, RunContext
 from deltad.engine.interviewers import (
@@ -40,8 +39,6 @@ from deltad.protocol import (
     RESUMABLE,
     RETRYABLE_FAILURES,
     EventType,
-    InputType,
-    InteractionRequest,
     Journal,
     ProtocolError,
     RunMetadata,
@@ -51,7 +48,6 @@ from deltad.protocol import (
     WorkspaceLock,
     current_owner,
     exitcodes,
-    iso,
     load_metadata,
     new_run_id,
     owner_alive,
@@ -438,7 +434,7 @@ def _report(ws: Workspace, meta: RunMetadata, outcome: Outcome, out: TextIO, err
     if outcome.status == RunStatus.COMPLETED:
         _emit(outcome.message, out)
     elif outcome.status == RunStatus.WAITING_FOR_INPUT and outcome.request is not None:
-        _emit(guidance(ws, meta.run_id, outcome.request), out)
+        _emit(inbox.guidance(ws, meta.run_id, outcome.request), out)
     else:
         _emit(f"delta: run {meta.run_id} {outcome.status}: {outcome.message}", err)
         wd = _q(str(ws.root))
@@ -449,63 +445,6 @@ def _report(ws: Workspace, meta: RunMetadata, outcome: Outcome, out: TextIO, err
         elif _retryable(meta):
             _emit(f"delta: once that is fixed: delta run --retry --work-dir {wd}", err)
     return outcome.exit_code
-
-
-_KIND = {
-    "password": "a password (typing hidden)",
-    "confirmation": "yes or no",
-    "yes_no": "yes or no",
-    "choice": "one of the options, by key or label",
-    "approval": "a decision for each tool call",
-}
-
-
-def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:
-    """What to tell a person about a pending question, with commands they can paste."""
-    wd = _q(str(ws.root))
-    lines = [
-        f"Run {run_id} is waiting for input.",
-        f"  Question: {req.prompt}",
-        f"  Expects:  {_KIND.get(str(req.input_type), 'text')}",
-    ]
-    lines += [f"    [{o.key}] {o.label}" for o in req.options]
-    for c in req.calls:
-        lines += [
-            f"    {c.action_id}: {c.tool_name} {json.dumps(c.arguments)}",
-            f"      runs: {c.resolved_command}",
-        ]
-    if req.is_secret:
-        lines.append("  Sensitive: kept in a 0600 file under the run, never shown to the model.")
-    if req.expires_at is not None:
-        then = (
-            "rejected"
-            if req.input_type == InputType.APPROVAL
-            else f"the default, {req.default!r}"
-            if req.default is not None
-            else "TIMEOUT"
-        )
-        lines.append(f"  Deadline: {iso(req.expires_at)} (then: {then})")
-    respond = f"delta respond --work-dir {wd}"
-    if req.input_type == InputType.APPROVAL:
-        first = req.calls[0].action_id
-        lines += [
-            f"  Answer:   {respond} --approve        (or --reject --reason TEXT, --cancel)",
-            f"       or:  {respond} --decide {first}=approve --edit ID JSON ...",
-            f"       or:  echo approve > {_q(str(ws.response_file))}",
-        ]
-    elif req.is_secret:
-        # Never on a command line (shell history, the process list) nor through `echo >`.
-        lines.append(f"  Answer:   {respond}   (asks with typing hidden; writes a 0600 file)")
-    else:
-        example = {"confirmation": "yes", "yes_no": "yes"}.get(str(req.input_type), "your answer")
-        if req.options:
-            example = req.options[0].key
-        lines += [
-            f"  Answer:   {respond} {_q(example)}",
-            f"       or:  echo {_q(example)} > {_q(str(ws.response_file))}",
-        ]
-    lines.append(f"  Continue: delta run --work-dir {wd}   (deltad does this by itself)")
-    return "\n".join(lines)
 
 
 _q = shlex.quote

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,43 @@ class Journal:
         self.events.append(event)
         self.history.add(event)
         return event
+
+
+def replied(path: Path, request_id: str, block: int = 1 << 16) -> bool:
+    """Whether the journal records a reply to `request_id`. Read backwards from the end and
+    stopped at the question's own `asked` record (a reply can only follow it), so the cost is
+    the tail since the question, not the whole journal (`delta respond`, the HTTP API)."""
+    needle = request_id.encode()
+    try:
+        fd = safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CorruptFile(f"{path} is not a regular file")
+        end = os.fstat(fd).st_size
+        carry = b""
+        while end > 0:
+            start = max(0, end - block)
+            chunk = os.pread(fd, end - start, start) + carry
+            lines = chunk.split(b"\n")
+            carry = lines.pop(0) if start > 0 else b""
+            for line in reversed(lines):
+                if needle not in line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                    payload = obj.get("payload") or {}
+                except (ValueError, AttributeError, RecursionError):
+                    continue
+                if obj.get("type") != EventType.HUMAN_INTERACTION:
+                    continue
+                if payload.get("phase") == "answered" and payload.get("request_id") == request_id:
+                    return True
+                request = payload.get("request") or {}
+                if payload.get("phase") == "asked" and request.get("request_id") == request_id:
+                    return False
+            end = start
+        return False
+    finally:
+        os.close(fd)

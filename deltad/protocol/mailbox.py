@@ -191,12 +191,16 @@ class Mailbox:
         safefs.rename(self.ws.request_file, dest)
         return dest
 
-    def write_structured(self, doc: dict[str, object]) -> None:
-        atomic_write(self.ws.response_json, json.dumps(doc, indent=2).encode())
+    def write_structured(self, doc: dict[str, object], *, replace: bool = False) -> bool:
+        """`response.json`, atomically; without `replace` only if none is there (False)."""
+        return safefs.publish(
+            self.ws.response_json, json.dumps(doc, indent=2).encode(), replace=replace
+        )
 
-    def write_answer(self, text: str) -> None:
-        """Used by `delta respond`: an atomic rename, so no watcher sees half an answer."""
-        atomic_write(self.ws.response_file, text.encode("utf-8"))
+    def write_answer(self, text: str, *, replace: bool = False) -> bool:
+        """`response.txt`, atomically (no watcher sees half an answer); without `replace`
+        only if none is there (False)."""
+        return safefs.publish(self.ws.response_file, text.encode("utf-8"), replace=replace)
 
 
 __all__ = ["MAX_MAILBOX_BYTES", "Answer", "AnswerState", "Mailbox", "parse_request"]

@@ -77,4 +77,5 @@ def interpret_json(req: InteractionRequest, raw: str) -> Reply:
         raise AnswerRejected(f"response.json has no {need!r}")
     reply.answered_by = doc.answered_by
     reply.comment = doc.comment
+    reply.channel = doc.channel
     return reply

@@ -39,6 +39,7 @@ class StructuredAnswer(BaseModel):
     decisions: list[CallDecision] | None = None
     answered_by: str | None = None
     comment: str | None = None
+    channel: str | None = None  # who wrote the file: cli, http, link, pipeline...
 
 
 Outcome = Literal["answered", "timeout", "skipped"]
@@ -55,3 +56,4 @@ class Reply(BaseModel):
     source: str = "human"
     at: Timestamp | None = None
     comment: str | None = None
+    channel: str | None = None  # for mailbox answers: the channel that wrote the file

@@ -319,3 +319,33 @@ def read(path: Path, limit: int, *, follow: bool = False) -> bytes:
 
 def temp_name(name: str) -> str:
     return f".{name}.{secrets.token_hex(4)}.tmp"
+
+
+def publish(path: Path, data: bytes, *, replace: bool) -> bool:
+    """Write `data` to a temp file beside `path` (modes by the rule) and put it in place:
+    renamed over an existing file when `replace`, else hard-linked, which fails if `path`
+    exists — a compare-and-set on "no such file yet". Returns False when it existed."""
+    with parent(path, create=True) as d:
+        tmp = temp_name(path.name)
+        fd = open_in(d, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if replace:
+                os.rename(tmp, path.name, src_dir_fd=d.fd, dst_dir_fd=d.fd)
+            else:
+                try:
+                    os.link(tmp, path.name, src_dir_fd=d.fd, dst_dir_fd=d.fd, follow_symlinks=False)
+                except FileExistsError:
+                    return False
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp, dir_fd=d.fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=d.fd)
+            raise
+        os.fsync(d.fd)
+    return True

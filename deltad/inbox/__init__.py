@@ -1,0 +1,46 @@
+"""The answering package: one path for every way of seeing and answering a question.
+
+    pending(ws)            the open question as a person sees it (options, calls, deadline)
+    status(ws)             the run's status document (`delta status --json`)
+    guidance(ws, id, req)  what to tell a person, with commands to paste
+    submit(ws, request_id, body, answered_by=..., channel=...)
+                           check the answer as the engine will, write it atomically
+                           (a compare-and-set on request_id); raises a SubmitError
+
+`delta respond`, `delta status`, the HTTP API and the web page all call these.
+"""
+
+from .answering import (
+    AlreadyAnswered,
+    AnswerIn,
+    AnswerWaiting,
+    Expired,
+    Misfit,
+    NotPending,
+    SubmitError,
+    Submitted,
+    check,
+    open_question,
+    submit,
+)
+from .views import NoRun, Pending, guidance, load_run, pending, status
+
+__all__ = [
+    "AlreadyAnswered",
+    "AnswerIn",
+    "AnswerWaiting",
+    "Expired",
+    "Misfit",
+    "NoRun",
+    "NotPending",
+    "Pending",
+    "SubmitError",
+    "Submitted",
+    "check",
+    "guidance",
+    "load_run",
+    "open_question",
+    "pending",
+    "status",
+    "submit",
+]

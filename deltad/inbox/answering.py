@@ -1,0 +1,169 @@
+"""The one answering path: every channel that answers a question (a person's `delta respond`,
+the HTTP API, the web page, a signed link, a pipeline gate) goes through `submit`, which
+checks the answer against the question exactly as the engine will and writes the answer file
+atomically. The daemon then resumes the run the same way whoever wrote it.
+
+`submit` is a compare-and-set on `request_id`: it answers that question or none, and without
+`force` it never replaces an answer already waiting (a second submitter gets AnswerWaiting).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from deltad.agent import check_edits, load_agent
+from deltad.errors import UsageError
+from deltad.protocol import InteractionRequest, Mailbox, Workspace
+from deltad.protocol.journal import replied
+from deltad.protocol.questions import interpret_json, interpret_text
+from deltad.protocol.replies import AnswerRejected, CallDecision
+
+from .views import OPEN, NoRun, load_run
+
+MAX_ANSWER_BYTES = 1024 * 1024
+
+
+class SubmitError(Exception):
+    """Why an answer was not written; `code` and `http` say which kind, for every channel."""
+
+    code: ClassVar[str] = "error"
+    http: ClassVar[int] = 400
+
+
+class NotPending(SubmitError):
+    code, http = "unknown_request", 404
+
+
+class AlreadyAnswered(SubmitError):
+    code, http = "already_answered", 409
+
+
+class AnswerWaiting(SubmitError):
+    code, http = "answer_waiting", 409
+
+
+class Expired(SubmitError):
+    code, http = "expired", 410
+
+
+class Misfit(SubmitError):
+    """The answer does not fit the question: the same message `delta run` would give."""
+
+    code, http = "misfit", 422
+
+
+class AnswerIn(BaseModel):
+    """What `response.json` holds, minus `request_id` (the question it answers is named apart)."""
+
+    model_config = ConfigDict(extra="forbid")
+    answer: str | None = None
+    decisions: list[CallDecision] | None = None
+    comment: str | None = None
+
+    @classmethod
+    def parse(cls, obj: object) -> AnswerIn:
+        """From a JSON-like document; Misfit (one line) when it is not an answer."""
+        try:
+            return cls.model_validate(obj)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+            raise Misfit(f"{where}: {first['msg']}") from None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    request: InteractionRequest
+    path: Path  # the answer file written
+
+
+def open_question(ws: Workspace, request_id: str | None = None) -> InteractionRequest:
+    """The question `request_id` (None: whichever is pending) if it can still be answered."""
+    req = Mailbox(ws).read_request()
+    if req is None or (request_id is not None and req.request_id != request_id):
+        raise NotPending(
+            f"nothing is waiting for an answer in {ws.root}"
+            if request_id is None
+            else f"question {request_id} is not pending in {ws.root}"
+        )
+    try:
+        meta = load_run(ws, req.run_id)
+    except NoRun:
+        raise NotPending(f"question {req.request_id} belongs to no run") from None
+    if meta.status not in OPEN:
+        raise AlreadyAnswered(f"run {meta.run_id} is {meta.status}; its question is no longer open")
+    if replied(ws.run(req.run_id).journal, req.request_id):
+        raise AlreadyAnswered(
+            f"question {req.request_id} is already answered (the journal has the reply); "
+            f"`delta run --work-dir {ws.root}` continues the run"
+        )
+    if req.expired():
+        raise Expired(f"question {req.request_id} expired at {req.expires_at}")
+    return req
+
+
+def check(ws: Workspace, req: InteractionRequest, body: AnswerIn | str) -> None:
+    """Misfit unless the answer fits: the kind's reading, then the engine's own checks (edited
+    arguments against the tool's schema, when the agent can be loaded)."""
+    try:
+        if isinstance(body, str):
+            reply = interpret_text(req, body if req.is_secret else body.strip())
+        else:
+            doc = {"request_id": req.request_id, **body.model_dump(exclude_none=True, mode="json")}
+            reply = interpret_json(req, json.dumps(doc))
+        if reply.decisions:
+            try:
+                agent = load_agent(load_run(ws, req.run_id).agent_ref)
+            except (UsageError, NoRun):
+                return  # the run itself will say what is wrong when it resumes
+            check_edits(agent, req, reply)
+    except AnswerRejected as e:
+        raise Misfit(str(e)) from None
+
+
+def submit(
+    ws: Workspace | Path | str,
+    request_id: str | None,
+    body: AnswerIn | str,
+    *,
+    answered_by: str | None = None,
+    channel: str | None = None,
+    force: bool = False,
+) -> Submitted:
+    """Answer question `request_id` (None: the pending one) in `ws`. A `str` body is plain text
+    (`response.txt`); an AnswerIn is structured (`response.json`, with `answered_by` and
+    `channel` recorded). Raises a SubmitError; writes nothing unless the answer fits."""
+    w = ws if isinstance(ws, Workspace) else Workspace.at(ws)
+    req = open_question(w, request_id)
+    mailbox = Mailbox(w)
+    if not force and (waiting := mailbox.answer_file()) is not None:
+        raise AnswerWaiting(
+            f"an answer is already waiting in {waiting}; pass --force to replace it"
+        )
+    if isinstance(body, str) and len(body.encode()) > MAX_ANSWER_BYTES:
+        raise Misfit(f"the answer is over the {MAX_ANSWER_BYTES}-byte limit")
+    check(w, req, body)
+    if isinstance(body, str) and answered_by is None and channel is None:
+        written = mailbox.write_answer(body, replace=force)
+        path = w.response_file
+    else:
+        doc = {"request_id": req.request_id}
+        doc |= (
+            {"answer": body}
+            if isinstance(body, str)
+            else body.model_dump(exclude_none=True, mode="json")
+        )
+        if answered_by:
+            doc["answered_by"] = answered_by
+        if channel:
+            doc["channel"] = channel
+        written = mailbox.write_structured(doc, replace=force)
+        path = w.response_json
+    if not written:
+        raise AnswerWaiting("another answer was written first; it is waiting to be taken")
+    return Submitted(req, path)

@@ -1,0 +1,163 @@
+"""What a person (or a program) sees of a workspace: its run's status, the pending question,
+and how to answer it. `delta status`, `delta run`'s pause message and the HTTP API all read
+through here."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from deltad.protocol import (
+    InputType,
+    InteractionRequest,
+    Mailbox,
+    RunMetadata,
+    RunStatus,
+    Workspace,
+    iso,
+    load_metadata,
+    owner_alive,
+)
+from deltad.protocol.errors import ProtocolError
+from deltad.protocol.kinds import kind_of
+
+OPEN = frozenset({RunStatus.WAITING_FOR_INPUT, RunStatus.INTERRUPTED, RunStatus.RUNNING})
+
+
+class NoRun(ProtocolError):
+    """The workspace has no run (or not the one named)."""
+
+
+class Pending(BaseModel):
+    """A question as a person sees it: the request (options, gated calls, default, deadline)
+    and its run's task and agent."""
+
+    workspace: str
+    request: InteractionRequest
+    task: str
+    agent: str
+    answer_waiting: bool
+    last_refusal: str | None = None
+
+
+def _workspace(ws: Workspace | Path | str) -> Workspace:
+    return ws if isinstance(ws, Workspace) else Workspace.at(ws)
+
+
+def load_run(ws: Workspace | Path | str, run_id: str | None = None) -> RunMetadata:
+    w = _workspace(ws)
+    rid = run_id or w.latest_run_id()
+    if rid is None:
+        raise NoRun(f"no runs in {w.root}")
+    try:
+        return load_metadata(w.run(rid).metadata)
+    except FileNotFoundError:
+        raise NoRun(f"run {rid} has no metadata.json") from None
+
+
+def pending(ws: Workspace | Path | str) -> Pending | None:
+    """The open question in `ws`, or None. A question whose run has ended is not open."""
+    w = _workspace(ws)
+    mailbox = Mailbox(w)
+    req = mailbox.read_request()
+    if req is None:
+        return None
+    try:
+        meta = load_run(w, req.run_id)
+    except NoRun:
+        return None
+    if meta.status not in OPEN:
+        return None
+    agent = Path(meta.agent_ref).name
+    return Pending(
+        workspace=str(w.root),
+        request=req,
+        task=meta.task,
+        agent=agent,
+        answer_waiting=mailbox.answer_file() is not None,
+        last_refusal=mailbox.last_refusal(),
+    )
+
+
+def status(ws: Workspace | Path | str, run_id: str | None = None) -> dict[str, Any]:
+    """The document `delta status --json` prints."""
+    w = _workspace(ws)
+    meta = load_run(w, run_id)
+    mailbox = Mailbox(w)
+    req = mailbox.read_request()
+    req = req if req is not None and req.run_id == meta.run_id else None
+    answer = None
+    if req is not None:
+        a = mailbox.read_answer(req, secret=True)
+        answer = {"state": str(a.state), **({"reason": a.reason} if a.reason else {})}
+    alive = owner_alive(meta.owner) if meta.status == RunStatus.RUNNING else None
+    return {
+        "workspace": str(w.root),
+        "run_id": meta.run_id,
+        "status": str(meta.status),
+        "task": meta.task,
+        "agent_ref": meta.agent_ref,
+        "iterations_completed": meta.iterations_completed,
+        "start_time": iso(meta.start_time),
+        "updated_at": iso(meta.updated_at),
+        "end_time": iso(meta.end_time) if meta.end_time else None,
+        "error": meta.error,
+        "error_kind": meta.error_kind,
+        "owner_alive": alive,
+        "pending": req.model_dump(mode="json") if req else None,
+        "response": answer,
+        "answer_error": mailbox.last_refusal() if req else None,
+        "set_aside": mailbox.stale_answers(),
+    }
+
+
+def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:
+    """What to tell a person about a pending question, with commands they can paste."""
+    q = shlex.quote
+    wd = q(str(ws.root))
+    kind = kind_of(req.input_type)
+    lines = [
+        f"Run {run_id} is waiting for input.",
+        f"  Question: {req.prompt}",
+        f"  Expects:  {kind.expects}",
+    ]
+    lines += [f"    [{o.key}] {o.label}" for o in req.options]
+    for c in req.calls:
+        lines += [
+            f"    {c.action_id}: {c.tool_name} {json.dumps(c.arguments)}",
+            f"      runs: {c.resolved_command}",
+        ]
+    if req.is_secret:
+        lines.append("  Sensitive: kept in a 0600 file under the run, never shown to the model.")
+    if req.expires_at is not None:
+        then = (
+            "rejected"
+            if req.input_type == InputType.APPROVAL
+            else f"the default, {req.default!r}"
+            if req.default is not None
+            else "TIMEOUT"
+        )
+        lines.append(f"  Deadline: {iso(req.expires_at)} (then: {then})")
+    respond = f"delta respond --work-dir {wd}"
+    example = None if req.is_secret else kind.example(req)
+    if req.input_type == InputType.APPROVAL:
+        first = req.calls[0].action_id
+        lines += [
+            f"  Answer:   {respond} --approve        (or --reject --reason TEXT, --cancel)",
+            f"       or:  {respond} --decide {first}=approve --edit ID JSON ...",
+            f"       or:  echo approve > {q(str(ws.response_file))}",
+        ]
+    elif example is None:
+        # Never on a command line (shell history, the process list) nor through `echo >`.
+        lines.append(f"  Answer:   {respond}   (asks with typing hidden; writes a 0600 file)")
+    else:
+        lines += [
+            f"  Answer:   {respond} {q(example)}",
+            f"       or:  echo {q(example)} > {q(str(ws.response_file))}",
+        ]
+    lines.append(f"  Continue: delta run --work-dir {wd}   (deltad does this by itself)")
+    return "\n".join(lines)
