@@ -451,7 +451,9 @@ def load_agent(path: str | Path) -> Agent:
     return Agent(home, config_file, prompt_file, config, prompt, tools, notes)
 
 
-def _check_patterns(config_file: Path, policy: ApprovalPolicy | None, tools: dict) -> None:
+def _check_patterns(
+    config_file: Path, policy: ApprovalPolicy | None, tools: dict[str, Tool]
+) -> None:
     """A pattern that names no tool is a typo, and a typo must not leave a tool ungated."""
     if policy is None:
         return

@@ -331,5 +331,5 @@ def runs_cmd(work_dir: Path, as_json: bool) -> None:
     latest = ws.latest_run_id() if rows else None
     for r in rows:
         mark = "*" if r["run_id"] == latest else " "
-        task = (r.get("task") or r.get("error", "")).replace("\n", " ")
+        task = str(r.get("task") or r.get("error", "")).replace("\n", " ")
         click.echo(f"{mark} {r['run_id']}  {r['status']:<17} {task[:60]}")

@@ -177,6 +177,7 @@ Prepared = tuple[Agent, ChatModel] | None
 
 def _create(ws: Workspace, opts: RunOptions, prepared: Prepared, err: TextIO) -> Selected:
     agent, model = prepared or _prepare(opts, err)
+    assert opts.task is not None  # _prepare refuses a new run without one
     run_id = new_run_id()
     paths = ws.run(run_id)
     safefs.mkdirs(paths.execution)

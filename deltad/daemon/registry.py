@@ -24,9 +24,11 @@ log = structlog.get_logger("deltad.registry")
 def _say(quiet: bool) -> Callable[..., Any] | None:
     """info, or debug when `quiet`; None if that would be filtered out anyway (a full
     reconcile of 10,000 workspaces must not pay for 20,000 discarded debug lines)."""
-    if not quiet:
-        return log.info
-    return log.debug if logging.getLogger("deltad.registry").isEnabledFor(logging.DEBUG) else None
+    say: Callable[..., Any] | None = log.info
+    if quiet:
+        debug = logging.getLogger("deltad.registry").isEnabledFor(logging.DEBUG)
+        say = log.debug if debug else None
+    return say
 
 
 @dataclass

@@ -36,7 +36,7 @@ class ModelRetries:
     _gave_up: set[Path] = field(default_factory=set)
 
     def delay(self, attempt: int) -> float:
-        return min(self.initial * 2 ** (attempt - 1), self.cap)
+        return float(min(self.initial * 2.0 ** (attempt - 1), self.cap))
 
     def decide(self, ws: Path, failing_since: float | None, wall: float, now: float) -> Decision:
         if failing_since is not None and wall - failing_since >= self.give_up_after:

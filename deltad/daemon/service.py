@@ -224,8 +224,8 @@ class Service:
 
     def _fire_timers(self, now: float) -> None:
         while self._timers and self._timers[0][0] <= now:
-            _, ws = heapq.heappop(self._timers)
-            self.queue.put(Path(ws))
+            _, key = heapq.heappop(self._timers)
+            self.queue.put(Path(key))
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.liveness_sweep_seconds
             for ws in self.registry.running():

@@ -67,7 +67,8 @@ def write_status(state_dir: Path, snapshot: dict[str, Any]) -> None:
 
 def read_status(state_dir: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((state_dir / STATUS_NAME).read_text(encoding="utf-8"))
+        doc = json.loads((state_dir / STATUS_NAME).read_text(encoding="utf-8"))
+        return doc if isinstance(doc, dict) else None
     except (OSError, ValueError):
         return None
 

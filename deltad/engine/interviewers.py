@@ -301,8 +301,8 @@ class ConsoleInterviewer(_Quiet):
         return reply
 
     def _one(self, req: InteractionRequest) -> Reply | None:
-        for line in kind_of(req.input_type).hints(req):
-            self._say(f"{line}\n")
+        for hint in kind_of(req.input_type).hints(req):
+            self._say(f"{hint}\n")
         while True:
             line = self._line(req, hidden=req.is_secret)
             if line is None:

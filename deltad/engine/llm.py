@@ -273,7 +273,7 @@ class OpenAIChatModel:
                     f"waiting at most {BACKOFF_CAP:.0f} s before the next attempt"
                 )
             wait = min(max(wait, failure.retry_after), BACKOFF_CAP)
-        return wait
+        return float(wait)
 
     def _refused(self, f: Failure) -> ModelRefused:
         detail = f": {f.detail}" if f.detail else ""

@@ -8,6 +8,7 @@ Every file here is reached through `safefs`: no symlink is followed, nothing is 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -191,7 +192,7 @@ class Mailbox:
         safefs.rename(self.ws.request_file, dest)
         return dest
 
-    def write_structured(self, doc: dict[str, object], *, replace: bool = False) -> bool:
+    def write_structured(self, doc: Mapping[str, object], *, replace: bool = False) -> bool:
         """`response.json`, atomically; without `replace` only if none is there (False)."""
         return safefs.publish(
             self.ws.response_json, json.dumps(doc, indent=2).encode(), replace=replace

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -21,6 +21,7 @@ from deltad.testing.stub import paused_workspace
 BIN = Path(sys.executable).parent
 DELTAD = str(BIN / "deltad")
 DEADLINE = 30.0
+T = TypeVar("T")
 # The backend given to roots passed as plain paths (None: the config's default, auto). Tests
 # set it to run the same scenarios under another backend.
 ROOT_BACKEND: str | None = None
@@ -28,7 +29,7 @@ ROOT_BACKEND: str | None = None
 __all__ = ["DELTAD", "Daemon", "paused_workspace", "records", "wait_for"]
 
 
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
+def wait_for(cond: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
     end = time.monotonic() + timeout
     while True:
         value = cond()
@@ -135,23 +136,29 @@ class Daemon:
             hits = self.events(name, **match)
             return hits if len(hits) >= count else None
 
-        return wait_for(found, f"{count}x {name} {match or ''} in {self.log_path}", timeout)
+        hits = wait_for(found, f"{count}x {name} {match or ''} in {self.log_path}", timeout)
+        assert hits is not None
+        return hits
 
     def _check_alive(self, waiting_for: str) -> None:
-        exited = self.proc is not None and self.proc.poll() is not None
-        if exited and waiting_for != "daemon_stopped":
+        proc = self.proc
+        if proc is not None and proc.poll() is not None and waiting_for != "daemon_stopped":
             tail = self.log_path.read_text(errors="replace")[-3000:]
             raise AssertionError(
-                f"deltad exited ({self.proc.returncode}) while waiting for {waiting_for}:\n{tail}"
+                f"deltad exited ({proc.returncode}) while waiting for {waiting_for}:\n{tail}"
             )
 
     def resumed(self, ws: Path) -> list[dict[str, Any]]:
         return [r for r in records(self.record) if r.get("workspace") == str(ws)]
 
     def wait_resumed(self, ws: Path, count: int = 1) -> list[dict[str, Any]]:
-        return wait_for(
-            lambda: (r := self.resumed(ws)) and len(r) >= count and r, f"{ws} resumed {count}x"
-        )
+        def found() -> list[dict[str, Any]] | None:
+            r = self.resumed(ws)
+            return r if len(r) >= count else None
+
+        hits = wait_for(found, f"{ws} resumed {count}x")
+        assert hits is not None
+        return hits
 
     # -- signals / stop ---------------------------------------------------------------------
     def signal(self, sig: int) -> None:

@@ -25,7 +25,9 @@ from typing import Any
 _ids = itertools.count(1)
 
 
-def tool_call(name: str, args: dict[str, Any] | str | None = None, id: str | None = None) -> dict:
+def tool_call(
+    name: str, args: dict[str, Any] | str | None = None, id: str | None = None
+) -> dict[str, Any]:
     arguments = args if isinstance(args, str) else json.dumps(args or {})
     return {
         "id": id or f"call_{next(_ids):04d}",
@@ -35,8 +37,10 @@ def tool_call(name: str, args: dict[str, Any] | str | None = None, id: str | Non
 
 
 def completion(
-    content: str | None = None, tool_calls: list[dict] | None = None, finish: str | None = None
-) -> dict:
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish: str | None = None,
+) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
@@ -60,11 +64,11 @@ def completion(
 class Scripted:
     status: int
     body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict[str, Any])
     delay: float = 0.0  # seconds before answering (a hung endpoint)
 
 
-def _json(status: int, doc: dict, **headers: str) -> Scripted:
+def _json(status: int, doc: dict[str, Any], **headers: str) -> Scripted:
     return Scripted(status, json.dumps(doc).encode(), headers)
 
 
@@ -74,8 +78,8 @@ class FakeLLM:
     def __init__(self, port: int = 0) -> None:
         self._script: deque[Scripted] = deque()
         self._fallback: Scripted | None = None
-        self._responder: Callable[[dict], dict] | None = None
-        self.requests: list[dict] = []
+        self._responder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._server = self._listen(port)
         self._port = self._server.server_address[1]
@@ -87,10 +91,10 @@ class FakeLLM:
             self._script.append(item)
         return self
 
-    def reply(self, content: str | None = None, *calls: dict) -> FakeLLM:
+    def reply(self, content: str | None = None, *calls: dict[str, Any]) -> FakeLLM:
         return self._push(_json(200, completion(content, list(calls) or None)))
 
-    def cut_off(self, finish: str, content: str | None = None, *calls: dict) -> FakeLLM:
+    def cut_off(self, finish: str, content: str | None = None, *calls: dict[str, Any]) -> FakeLLM:
         """A reply whose finish_reason says it is not whole (length, content_filter)."""
         return self._push(_json(200, completion(content, list(calls) or None, finish)))
 
@@ -102,7 +106,9 @@ class FakeLLM:
         """Answer only after `seconds` (the client should give up first)."""
         return self._push(Scripted(503, b"{}", {}, seconds))
 
-    def call(self, name: str, args: dict | str | None = None, id: str | None = None) -> FakeLLM:
+    def call(
+        self, name: str, args: dict[str, Any] | str | None = None, id: str | None = None
+    ) -> FakeLLM:
         return self.reply(None, tool_call(name, args, id))
 
     def error(self, status: int, message: str = "scripted error", **headers: str) -> FakeLLM:
@@ -116,7 +122,7 @@ class FakeLLM:
             self.error(status, "scripted outage", **headers)
         return self
 
-    def always(self, content: str | None = None, *calls: dict) -> FakeLLM:
+    def always(self, content: str | None = None, *calls: dict[str, Any]) -> FakeLLM:
         """Answer this whenever the script is empty (benchmarks)."""
         self._fallback = _json(200, completion(content, list(calls) or None))
         return self
@@ -142,8 +148,9 @@ class FakeLLM:
         return len(self._script)
 
     # -- recorded requests ----------------------------------------------------------------
-    def last_messages(self) -> list[dict]:
-        return self.requests[-1]["messages"]
+    def last_messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = self.requests[-1]["messages"]
+        return messages
 
     def tool_results(self, request_index: int = -1) -> dict[str, str]:
         msgs = self.requests[request_index]["messages"]
@@ -174,7 +181,7 @@ class FakeLLM:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _next(self, body: dict) -> Scripted:
+    def _next(self, body: dict[str, Any]) -> Scripted:
         with self._lock:
             self.requests.append(body)
             if self._script:
@@ -222,7 +229,7 @@ class FakeLLM:
         return Handler
 
 
-def _demo_reply(body: dict) -> dict:
+def _demo_reply(body: dict[str, Any]) -> dict[str, Any]:
     answers = [m for m in body.get("messages", []) if m.get("role") == "tool"]
     if not answers:
         return completion(None, [tool_call("ask_human", {"prompt": "What is your name?"})])

@@ -35,7 +35,7 @@ class InotifyBackend(WatchTree):
         self._ino = INotify()
 
     def fileno(self) -> int | None:
-        return self._ino.fileno()
+        return int(self._ino.fileno())
 
     def process(self) -> None:
         try:
@@ -54,7 +54,7 @@ class InotifyBackend(WatchTree):
         self._ino.close()
 
     def _add_watch(self, path: Path, kind: Kind) -> int:
-        return self._ino.add_watch(path, self.MASKS[kind])
+        return int(self._ino.add_watch(path, self.MASKS[kind]))
 
     def _rm_watch(self, wd: int) -> None:
         self._ino.rm_watch(wd)
