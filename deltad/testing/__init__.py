@@ -1,5 +1,13 @@
-"""Test doubles shared by the test suite and the benchmarks (after `structlog.testing`)."""
+"""Test doubles shipped with the product (after `structlog.testing`): real implementations of
+the seams, for the test suite, benchmarks and anyone embedding deltad.
+
+    FakeLLM        an OpenAI-compatible HTTP server on 127.0.0.1, scripted (faults included)
+    ScriptedModel  an in-process ChatModel with the same script vocabulary
+    daemon         a real `deltad serve` subprocess and its JSON log (tests, benches)
+    stub           a stand-in resume client for daemon tests
+"""
 
 from .fakellm import FakeLLM, tool_call
+from .model import ScriptedModel
 
-__all__ = ["FakeLLM", "tool_call"]
+__all__ = ["FakeLLM", "ScriptedModel", "tool_call"]

@@ -18,8 +18,8 @@ import pytest
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, metadata_status, wait_for
 
-from .conftest import llm_env
-from .users import Accounts, User, accounts, chown_tree, executable_by_all, shared_tmp
+from ..conftest import llm_env
+from ..users import Accounts, User, accounts, chown_tree, executable_by_all, shared_tmp
 
 DELTA = str(Path(sys.executable).parent / "delta")
 REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]

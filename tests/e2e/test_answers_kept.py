@@ -15,7 +15,7 @@ import pytest
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, metadata_status
 
-from .conftest import EXAMPLES, Delta, llm_env, wait_for, write_agent
+from ..conftest import EXAMPLES, Delta, llm_env, wait_for, write_agent
 
 REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]
 

@@ -16,7 +16,7 @@ from typing import Any
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, answer, metadata_status, wait_for
 
-from .conftest import llm_env, write_agent
+from ..conftest import llm_env, write_agent
 
 DELTA = str(Path(sys.executable).parent / "delta")
 REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]  # the default resume command

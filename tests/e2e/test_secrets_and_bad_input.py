@@ -11,7 +11,7 @@ import pytest
 
 from deltad.testing import FakeLLM
 
-from .conftest import TOOLS, Delta, write_agent
+from ..conftest import TOOLS, Delta, write_agent
 
 SECRET = "hunter2-Sw0rdfish"
 

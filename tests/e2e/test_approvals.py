@@ -12,7 +12,7 @@ import pytest
 
 from deltad.testing import FakeLLM, tool_call
 
-from .conftest import Delta, write_agent
+from ..conftest import Delta, write_agent
 
 GATED = """
   - name: echo
@@ -325,7 +325,7 @@ def test_recording_redacts_secrets(delta: Delta, fake: FakeLLM) -> None:
 
 def test_release_example_choice_then_gated_deploy(tmp_path: Path, fake: FakeLLM) -> None:
     """The README's example agent: a choice question, then an approval for `deploy`."""
-    from .conftest import EXAMPLES
+    from ..conftest import EXAMPLES
 
     (tmp_path / "ws").mkdir()
     d = Delta(tmp_path / "ws", fake, EXAMPLES / "release-agent")

@@ -13,7 +13,7 @@ import pytest
 
 from deltad.testing import FakeLLM
 
-from .conftest import Delta
+from ..conftest import Delta
 
 SECRET = "Tr0ub4dor&3-horse"
 

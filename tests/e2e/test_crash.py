@@ -16,7 +16,7 @@ import pytest
 
 from deltad.testing import FakeLLM
 
-from .conftest import Delta, wait_for, write_agent
+from ..conftest import Delta, wait_for, write_agent
 
 # A tool that holds the workspace lock until the test says so: no sleeps, no races.
 GATE_TOOLS = """

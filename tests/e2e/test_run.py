@@ -9,7 +9,7 @@ from datetime import datetime
 
 from deltad.testing import FakeLLM, tool_call
 
-from .conftest import Delta
+from ..conftest import Delta
 
 
 def test_pause_answer_resume_completes(delta: Delta, fake: FakeLLM) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from deltad.testing import daemon as harness
 from deltad.testing.daemon import Daemon, answer, paused_workspace, running, wait_for
-from tests.test_daemon_detect import (  # noqa: F401 - collected again, under watchdog
+from tests.e2e.test_daemon_detect import (  # noqa: F401 - collected again, under watchdog
     test_a_dozen_answered_at_once_each_resumed_exactly_once,
     test_answer_written_while_daemon_was_down,
     test_atomic_rename,

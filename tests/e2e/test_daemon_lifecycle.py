@@ -198,7 +198,7 @@ def test_check_command(tmp_path: Path) -> None:
     assert out.returncode == 2 and "max_paralel_resumes" in out.stderr
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_example_config_is_valid(tmp_path: Path) -> None:

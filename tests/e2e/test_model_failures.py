@@ -10,7 +10,7 @@ import pytest
 
 from deltad.testing import FakeLLM
 
-from .conftest import TOOLS, Delta, write_agent
+from ..conftest import TOOLS, Delta, write_agent
 
 UNAVAILABLE = 69
 

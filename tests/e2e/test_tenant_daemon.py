@@ -18,7 +18,7 @@ from deltad.protocol.states import RunStatus
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import answer, metadata_status, paused_workspace, running, wait_for
 
-from .conftest import Delta, write_agent
+from ..conftest import Delta, write_agent
 
 
 def _set_owner_pid(ws: Path, pid: int) -> None:

@@ -1,0 +1,132 @@
+"""The daemon's decisions without a daemon: reconcile on temp dirs under a ManualClock, the
+backoff and model-retry policies, the hint queue, the registry."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from deltad.daemon.backoff import AnswerKey, Backoff, ExpiredKey
+from deltad.daemon.clock import ManualClock
+from deltad.daemon.queue import HintQueue, Why
+from deltad.daemon.reconcile import Action, State, inspect
+from deltad.daemon.registry import Registry
+from deltad.daemon.retry import ModelRetries, Step
+from deltad.daemon.tenancy import Policy
+from deltad.protocol import Workspace, load_metadata, save_metadata
+from deltad.protocol.models import OwnerProcess
+from deltad.protocol.states import RunStatus
+from deltad.testing.stub import paused_workspace
+
+POLICY = Policy()
+
+
+def _answer(ws: Path, text: str) -> Path:
+    p = ws / ".delta" / "interaction" / "response.txt"
+    tmp = p.with_name(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, p)
+    return p
+
+
+def test_waiting_then_answered(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    clock = ManualClock(wall=__import__("time").time())
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+    assert (v.action, v.state) == (Action.NONE, State.WAITING)
+    _answer(ws, "yes")
+    v = inspect(ws, Why.ANSWER_CLOSED, 1.0, POLICY, clock)
+    assert (v.action, v.state) == (Action.RESUME, State.ANSWERED)
+    assert v.owner is not None and v.owner.uid == os.getuid()
+
+
+def test_an_empty_answer_file_is_waited_on_never_resumed(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    _answer(ws, "")
+    v = inspect(ws, Why.ANSWER_CLOSED, 1.0, POLICY)
+    assert v.action is Action.NONE and v.problem and "empty" in v.problem
+
+
+def test_a_deadline_is_acted_on_when_the_clock_reaches_it(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    req_path = ws / ".delta" / "interaction" / "request.json"
+    doc = json.loads(req_path.read_text())
+    doc["expires_at"] = "2030-01-01T00:00:00Z"
+    req_path.write_text(json.dumps(doc))
+    deadline = 1893456000.0
+    clock = ManualClock(wall=deadline - 10)
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+    assert v.action is Action.NONE and v.wake_at == deadline
+    clock.advance(10)
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+    assert (v.action, v.state) == (Action.RESUME, State.EXPIRED)
+
+
+def test_a_dead_owner_is_to_be_marked_and_an_impossible_pid_is_dead(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    w = Workspace.at(ws)
+    path = w.run(w.latest_run_id() or "").metadata
+    meta = load_metadata(path)
+    meta.status = RunStatus.RUNNING
+    meta.owner = OwnerProcess(pid=2**31, hostname=os.uname().nodename)
+    save_metadata(path, meta)
+    v = inspect(ws, Why.CHECK, 1.0, POLICY)
+    assert v.action is Action.MARK_INTERRUPTED
+
+
+def test_unsafe_directories_are_refused(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    os.chmod(ws / ".delta" / "interaction", 0o777)
+    v = inspect(ws, Why.CHECK, 1.0, POLICY)
+    assert v.state is State.PROBLEM and "writable by everyone" in (v.problem or "")
+
+
+def test_backoff_doubles_and_a_new_key_starts_afresh(tmp_path: Path) -> None:
+    b = Backoff(1.0, 4.0)
+    ws = tmp_path
+    key = AnswerKey((1, 2, 3))
+    b.started(ws, key)
+    assert [b.failed(ws, 0.0)[1] for _ in range(4)] == [1.0, 2.0, 4.0, 4.0]
+    assert b.allowed(ws, key, 1.0) == 4.0
+    assert b.allowed(ws, ExpiredKey("r"), 1.0) is None
+
+
+def test_model_retries_back_off_then_give_up_once(tmp_path: Path) -> None:
+    r = ModelRetries(initial=10, cap=40, give_up_after=100)
+    ws, since, wall = tmp_path, 1000.0, 1000.0
+    d = r.decide(ws, since, wall, 0.0)
+    assert d.step is Step.WAIT and d.at == 10.0
+    assert r.decide(ws, since, wall, 10.0).step is Step.RESUME
+    assert r.decide(ws, since, wall, 15.0).at == 30.0  # the second waits 20
+    assert r.decide(ws, since, wall + 100, 99.0).step is Step.GIVE_UP
+    assert r.decide(ws, since, wall + 200, 99.0).step is Step.GAVE_UP
+    r.forget(ws)
+    assert r.decide(ws, None, wall, 200.0).step is Step.WAIT
+
+
+def test_hints_are_deduplicated_and_merged(tmp_path: Path) -> None:
+    q = HintQueue()
+    q.put(tmp_path, Why.ANSWER_CREATED)
+    q.put(tmp_path, Why.ANSWER_CLOSED)
+    q.put(tmp_path / "other")
+    first = q.pop()
+    assert first is not None and first.why == Why.ANSWER_CREATED | Why.ANSWER_CLOSED
+    assert len(q) == 1
+    q.close()
+
+
+def test_the_registry_reports_a_problem_once(tmp_path: Path) -> None:
+    from deltad.daemon.reconcile import Verdict
+
+    r = Registry()
+    r.add(tmp_path)
+    bad = Verdict(Action.NONE, State.PROBLEM, "r", RunStatus.WAITING_FOR_INPUT, problem="x")
+    assert r.observe(tmp_path, bad) is True
+    assert r.observe(tmp_path, bad) is False
+    assert r.problems() == [{"workspace": str(tmp_path), "problem": "x"}]
