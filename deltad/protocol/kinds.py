@@ -188,7 +188,53 @@ class Approval(Kind):
         return "approve"
 
 
+class Number(Kind):
+    """A number, optionally within `minimum`..`maximum`."""
+
+    expects = "a number"
+
+    def read(self, req: InteractionRequest, text: str) -> Reply:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise AnswerRejected(f"{shown(req, text)} is not a number") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise AnswerRejected(f"{shown(req, text)} is not a finite number")
+        if req.minimum is not None and value < req.minimum:
+            raise AnswerRejected(f"{shown(req, text)} is below the minimum, {req.minimum:g}")
+        if req.maximum is not None and value > req.maximum:
+            raise AnswerRejected(f"{shown(req, text)} is above the maximum, {req.maximum:g}")
+        return Reply(value=f"{value:g}")
+
+    def stand_in(self, req: InteractionRequest) -> Reply:
+        return self.read(req, self.example(req) or "0")
+
+    def example(self, req: InteractionRequest) -> str | None:
+        return f"{req.minimum:g}" if req.minimum is not None else "42"
+
+    def hints(self, req: InteractionRequest) -> list[str]:
+        low = "" if req.minimum is None else f" from {req.minimum:g}"
+        high = "" if req.maximum is None else f" to {req.maximum:g}"
+        return [f"Please answer with a number{low}{high}."]
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "minimum": {"type": "number", "description": "For number: the smallest answer."},
+            "maximum": {"type": "number", "description": "For number: the largest answer."},
+        }
+
+    def from_args(self, args: dict[str, Any]) -> dict[str, Any] | str:
+        low, high = args.get("minimum"), args.get("maximum")
+        for v in (low, high):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+                return "Error: minimum and maximum must be numbers"
+        if low is not None and high is not None and low > high:
+            return "Error: minimum is larger than maximum"
+        return {"minimum": low, "maximum": high}
+
+
 TEXT, PASSWORD, YES_NO, CHOICE, APPROVAL = Kind(), Password(), YesNo(), Choice(), Approval()
+NUMBER = Number()
 
 
 def kind_of(t: InputType) -> Kind:
@@ -203,6 +249,8 @@ def kind_of(t: InputType) -> Kind:
             return CHOICE
         case InputType.APPROVAL:
             return APPROVAL
+        case InputType.NUMBER:
+            return NUMBER
         case _:
             assert_never(t)
 

@@ -67,6 +67,7 @@ class InputType(StrEnum):
     YES_NO = "yes_no"
     CHOICE = "choice"
     APPROVAL = "approval"
+    NUMBER = "number"
 
 
 class Option(_Model):
@@ -102,6 +103,8 @@ class InteractionRequest(_Model):
     timeout_seconds: float | None = Field(default=None, gt=0)
     expires_at: Timestamp | None = None
     calls: list[GatedCall] = Field(default_factory=list)
+    minimum: float | None = None  # number: the smallest answer accepted
+    maximum: float | None = None  # number: the largest answer accepted
 
     @property
     def is_secret(self) -> bool:

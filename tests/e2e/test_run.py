@@ -195,3 +195,18 @@ def test_help_lists_exit_codes() -> None:
         (130, "interrupted"),
     ]:
         assert re.search(rf"^\s+{code}\s+{word}", out, re.M), (code, out)
+
+
+def test_a_number_question_end_to_end(delta: Delta, fake: FakeLLM) -> None:
+    fake.call(
+        "ask_human",
+        {"prompt": "Replicas?", "input_type": "number", "minimum": 1, "maximum": 5},
+        id="n",
+    ).reply("scaled")
+    r = delta.start()
+    assert r.code == 101 and "Expects:  a number" in r.out
+    said = delta("respond", "9")
+    assert said.code == 2 and "above the maximum" in said.err
+    assert delta("respond", "3").code == 0
+    assert delta("run").code == 0
+    assert fake.tool_results()["n"] == "3"
