@@ -105,7 +105,7 @@ def _unquote(raw: str) -> str:
 
 def _literal(key: str, raw: str) -> str:
     if raw.startswith("="):
-        raise ConditionError(f"'{key}=={raw[1:]}': write '=' for equals, not '=='")
+        raise ConditionError("write '=' for equals, not '=='")
     if not raw:
         raise ConditionError(f"{key!r} needs a value after the operator")
     if raw.startswith('"'):

@@ -39,8 +39,13 @@ class Choice:
         return self.edge.target
 
 
+def one_line(text: str) -> str:
+    """Runs of whitespace (newlines too) as one space: a choice is shown and typed on a line."""
+    return " ".join(text.split())
+
+
 def _fold(text: str) -> str:
-    return text.strip().casefold()
+    return one_line(text).casefold()
 
 
 def _free_key(label: str, taken: set[str]) -> str | None:
@@ -53,7 +58,7 @@ def _written(edges: Sequence[Edge]) -> list[tuple[str | None, str, Edge]]:
     target's id."""
     out = []
     for e in edges:
-        key, label = parse_accelerator(e.label or e.target)
+        key, label = parse_accelerator(one_line(e.label) or e.target)
         out.append((key, label or e.target, e))
     return out
 
@@ -133,7 +138,7 @@ class Gate:
             return None
         if found := by_key.get(wanted) or by_label.get(wanted):
             return found
-        key, rest = parse_accelerator(answer)
+        key, rest = parse_accelerator(one_line(answer))
         found = by_label.get(_fold(rest))
         if key is not None and found is not None and _fold(found.key) == _fold(key):
             return found

@@ -37,8 +37,9 @@ class Selection:
 
 
 def normalize_label(label: str) -> str:
-    """`[Y] Yes, deploy` → `yes, deploy`: prefix stripped, trimmed, case folded."""
-    return parse_accelerator(label)[1].strip().casefold()
+    """`[Y] Yes, deploy` → `yes, deploy`: prefix stripped, whitespace trimmed (and runs of it
+    made one space), case folded."""
+    return " ".join(parse_accelerator(" ".join(label.split()))[1].split()).casefold()
 
 
 def _best(edges: Sequence[Edge]) -> Edge:
