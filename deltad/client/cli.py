@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from deltad import __version__, logs
+from deltad.pipeline.cli import pipeline as pipeline_group
 from deltad.protocol import (
     Busy,
     EventType,
@@ -416,3 +417,6 @@ def runs_cmd(work_dir: Path, as_json: bool) -> None:
         mark = "*" if r["run_id"] == latest else " "
         task = (r.get("task") or r.get("error", "")).replace("\n", " ")
         click.echo(f"{mark} {r['run_id']}  {r['status']:<17} {task[:60]}")
+
+
+main.add_command(pipeline_group)
