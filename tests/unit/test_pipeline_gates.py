@@ -3,9 +3,11 @@ answer matching, the default choice, and no silent fallback to the first choice.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from deltad.pipeline import Status, gate, select_edge
+from deltad.pipeline import Kind, Outcome, Status, gate, load_pipeline, select_edge
 from deltad.pipeline.gates import LABEL, NO_EDGES, SELECTED, Gate
 from deltad.pipeline.interactive import AUTO_APPROVE_REPLY, ending
 from deltad.protocol.models import Option
@@ -13,6 +15,7 @@ from deltad.protocol.models import Option
 from .helpers import graph_of, raw_graph
 
 ENDS = "start [shape=Mdiamond]\nexit [shape=Msquare]\n"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pipelines"
 
 
 def gate_with(*labels: str, attrs: str = "") -> Gate:
@@ -240,3 +243,60 @@ def test_anything_else_goes_back_to_the_agent(reply: str) -> None:
 
 def test_auto_approve_ends_an_interactive_node() -> None:
     assert ending(AUTO_APPROVE_REPLY) == Status.SUCCESS
+
+
+# -- the seed's end-to-end rows, walked on paper over the example graphs ------------------------
+def walk(name: str, answers: list[str]) -> list[str]:
+    """Visit nodes as a runner would: every LLM step succeeds, each gate takes the next answer
+    (none left: SKIPPED), and edge selection picks the way on."""
+    graph = load_pipeline(EXAMPLES / name)
+    queue, node, seen = list(answers), graph.start, []
+    assert node is not None
+    while True:
+        seen.append(node.id)
+        if node.kind == Kind.EXIT:
+            return seen
+        if node.kind == Kind.WAIT_HUMAN:
+            g = gate(graph, node.id)
+            outcome = g.on_answer(queue.pop(0)) if queue else g.on_skipped()
+            assert outcome is not None
+        else:
+            outcome = Outcome(Status.SUCCESS)
+        if outcome.status == Status.FAIL:
+            return [*seen, f"FAIL: {outcome.failure_reason}"]
+        sel = select_edge(graph, node.id, outcome, dict(outcome.context_updates))
+        assert sel.edge is not None
+        node = graph.nodes[sel.edge.target]
+
+
+def test_pipeline_with_human_gate_approve_routes_to_exit() -> None:
+    assert walk("review-gate.dot", ["A"]) == ["start", "do_work", "review_gate", "apply", "exit"]
+
+
+def test_pipeline_with_reject_routes_to_the_retry_path() -> None:
+    assert walk("review-gate.dot", ["Revise", "approve"]) == [
+        "start", "do_work", "review_gate", "revise", "review_gate", "apply", "exit",
+    ]  # fmt: skip
+
+
+def test_pipeline_with_auto_approve_takes_the_first_option() -> None:
+    graph = load_pipeline(EXAMPLES / "review-gate.dot")
+    first = gate(graph, "review_gate").options()[0]
+    assert walk("review-gate.dot", [first.key])[3] == "apply"
+
+
+def test_multiple_human_gates_each_route_correctly() -> None:
+    assert walk("two-gates.dot", ["A", "h"]) == [
+        "start", "plan", "plan_gate", "build", "release_gate", "hold", "exit",
+    ]  # fmt: skip
+    assert walk("two-gates.dot", ["R", "A", "[S] Ship"])[-3:] == ["release_gate", "ship", "exit"]
+
+
+def test_an_exhausted_answer_queue_fails_at_the_gate() -> None:
+    assert walk("review-gate.dot", [])[-1] == "FAIL: human skipped interaction"
+
+
+def test_the_two_gates_example_release_gate_times_out_to_hold() -> None:
+    graph = load_pipeline(EXAMPLES / "two-gates.dot")
+    outcome = gate(graph, "release_gate").on_timeout()
+    assert select_edge(graph, "release_gate", outcome, {}).edge.target == "hold"  # type: ignore[union-attr]
