@@ -17,6 +17,7 @@ from deltad import __version__, inbox, logs
 from deltad.engine import EnvCheckpoints
 from deltad.engine.signals import InterruptGuard
 from deltad.errors import DeltaError, UsageError
+from deltad.pipeline.cli import pipeline as pipeline_group
 from deltad.protocol import (
     Busy,
     InputType,
@@ -333,3 +334,6 @@ def runs_cmd(work_dir: Path, as_json: bool) -> None:
         mark = "*" if r["run_id"] == latest else " "
         task = str(r.get("task") or r.get("error", "")).replace("\n", " ")
         click.echo(f"{mark} {r['run_id']}  {r['status']:<17} {task[:60]}")
+
+
+main.add_command(pipeline_group)

@@ -1,0 +1,271 @@
+"""The typed pipeline graph: nodes with their handler kind, edges with parsed conditions.
+
+`build_graph` turns a parsed `DotGraph` into a `Graph` and lists every attribute it could not
+read (a bad number, an unknown shape, a condition that does not parse) instead of stopping at
+the first; `validate.py` then checks the graph as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import TypeVar
+
+from . import values
+from .conditions import Condition, ConditionError, parse_condition
+from .dot import Attrs, DotGraph, RawEdge, RawNode
+from .problems import Pos, Problem
+
+T = TypeVar("T")
+
+
+class Kind(StrEnum):
+    """The handler that runs a node (attractor spec §2.8)."""
+
+    START = "start"
+    EXIT = "exit"
+    CODERGEN = "codergen"
+    WAIT_HUMAN = "wait.human"
+    CONDITIONAL = "conditional"
+    TOOL = "tool"
+
+
+SHAPES: Mapping[str, Kind] = {
+    "Mdiamond": Kind.START,
+    "Msquare": Kind.EXIT,
+    "box": Kind.CODERGEN,
+    "hexagon": Kind.WAIT_HUMAN,
+    "diamond": Kind.CONDITIONAL,
+    "parallelogram": Kind.TOOL,
+}
+# Shapes of the attractor spec that this runner does not run (yet).
+NOT_SUPPORTED: Mapping[str, str] = {
+    "component": "parallel",
+    "tripleoctagon": "parallel.fan_in",
+    "house": "stack.manager_loop",
+}
+# With no shape, these ids are the start and exit nodes (spec §3.2, §4.4).
+START_IDS = ("start", "Start")
+EXIT_IDS = ("exit", "end")
+INTERACTIVE = "interactive"
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    kind: Kind
+    shape: str
+    label: str
+    prompt: str  # `$goal` expanded; "" when not given
+    max_retries: int  # its own, else the graph's default_max_retries, else 0
+    timeout: float | None  # seconds
+    default_choice: str | None  # `human.default_choice`: a key, a label or a node id
+    agent_mode: str | None  # `agent.mode`; only "interactive" is valid
+    agent: Path | None  # `agent`: another agent directory, resolved against the DOT file's
+    tool_command: str | None  # `tool_command` of a parallelogram node
+    goal_gate: bool
+    retry_target: str | None
+    fallback_retry_target: str | None
+    pos: Pos
+    attrs: Mapping[str, str] = field(default_factory=dict)
+    attr_pos: Mapping[str, Pos] = field(default_factory=dict)
+
+    @property
+    def interactive(self) -> bool:
+        return self.agent_mode == INTERACTIVE
+
+    @property
+    def subject(self) -> str:
+        return f"node {self.id}"
+
+    def where(self, key: str) -> Pos:
+        """Where an attribute was written; the node's own line when it was not."""
+        return self.attr_pos.get(key, self.pos)
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    label: str
+    condition: str  # as written; "" when unconditional
+    guard: Condition | None  # parsed; None when unconditional or when it does not parse
+    weight: int
+    pos: Pos
+    attrs: Mapping[str, str] = field(default_factory=dict)
+    attr_pos: Mapping[str, Pos] = field(default_factory=dict)
+
+    @property
+    def conditional(self) -> bool:
+        return bool(self.condition.strip())
+
+    @property
+    def subject(self) -> str:
+        return f"edge {self.source} -> {self.target}"
+
+    def where(self, key: str) -> Pos:
+        return self.attr_pos.get(key, self.pos)
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str | None
+    goal: str
+    label: str
+    default_max_retries: int
+    retry_target: str | None
+    fallback_retry_target: str | None
+    nodes: Mapping[str, Node]  # declared nodes, in declaration order
+    edges: tuple[Edge, ...]
+    attrs: Mapping[str, str] = field(default_factory=dict)
+    attr_pos: Mapping[str, Pos] = field(default_factory=dict)
+
+    def outgoing(self, node_id: str) -> list[Edge]:
+        return [e for e in self.edges if e.source == node_id]
+
+    def incoming(self, node_id: str) -> list[Edge]:
+        return [e for e in self.edges if e.target == node_id]
+
+    def of_kind(self, kind: Kind) -> list[Node]:
+        return [n for n in self.nodes.values() if n.kind == kind]
+
+    @property
+    def start(self) -> Node | None:
+        """The start node when there is exactly one."""
+        found = self.of_kind(Kind.START)
+        return found[0] if len(found) == 1 else None
+
+
+class _Reader:
+    """Reads typed attributes, turning each unreadable one into a Problem at its position."""
+
+    def __init__(self, attrs: Attrs, subject: str, problems: list[Problem]) -> None:
+        self.attrs = attrs
+        self.subject = subject
+        self.problems = problems
+
+    def text(self, key: str, default: str = "") -> str:
+        attr = self.attrs.get(key)
+        return attr.value if attr is not None else default
+
+    def optional(self, key: str) -> str | None:
+        return self.text(key).strip() or None
+
+    def typed(self, key: str, convert: Callable[[str], T]) -> T | None:
+        attr = self.attrs.get(key)
+        if attr is None:
+            return None
+        try:
+            return convert(attr.value)
+        except ValueError as e:
+            self.problem(key, f"{key}: {e}")
+            return None
+
+    def problem(self, key: str, message: str) -> None:
+        attr = self.attrs.get(key)
+        self.problems.append(Problem(message, attr.pos if attr else None, self.subject))
+
+
+def _kind(raw: RawNode, r: _Reader) -> tuple[Kind, str]:
+    shape = r.text("shape")
+    kind = SHAPES.get(shape or "box")
+    if not shape and raw.id in START_IDS:
+        kind = Kind.START
+    elif not shape and raw.id in EXIT_IDS:
+        kind = Kind.EXIT
+    elif shape in NOT_SUPPORTED:
+        r.problem("shape", f"shape {shape} ({NOT_SUPPORTED[shape]}) is not supported")
+    elif kind is None:
+        known = ", ".join(f"{s} ({k})" for s, k in SHAPES.items())
+        r.problem("shape", f"unknown shape {shape[:30]!r}: use one of {known}")
+    if (explicit := r.text("type")) and explicit in {k.value for k in Kind}:
+        kind = Kind(explicit)
+    elif explicit:
+        r.problem("type", f"unknown type {explicit[:30]!r}: use one of {', '.join(Kind)}")
+    return kind or Kind.CODERGEN, shape or "box"
+
+
+def _node(raw: RawNode, g: Graph, base_dir: Path | None, problems: list[Problem]) -> Node:
+    r = _Reader(raw.attrs, f"node {raw.id}", problems)
+    kind, shape = _kind(raw, r)
+    mode = r.optional("agent.mode")
+    if mode is not None and mode != INTERACTIVE:
+        r.problem(
+            "agent.mode", f"agent.mode {mode[:30]!r} is not known: the only mode is interactive"
+        )
+    agent = r.optional("agent")
+    max_retries = r.typed("max_retries", values.count)
+    return Node(
+        id=raw.id,
+        kind=kind,
+        shape=shape,
+        label=r.text("label").strip() or raw.id,
+        prompt=r.text("prompt").replace("$goal", g.goal),
+        max_retries=g.default_max_retries if max_retries is None else max_retries,
+        timeout=r.typed("timeout", values.duration),
+        default_choice=r.optional("human.default_choice"),
+        agent_mode=mode,
+        agent=(base_dir / agent if base_dir else Path(agent)) if agent else None,
+        tool_command=r.optional("tool_command"),
+        goal_gate=bool(r.typed("goal_gate", values.boolean)),
+        retry_target=r.optional("retry_target"),
+        fallback_retry_target=r.optional("fallback_retry_target"),
+        pos=raw.pos,
+        attrs={k: a.value for k, a in raw.attrs.items()},
+        attr_pos={k: a.pos for k, a in raw.attrs.items()},
+    )
+
+
+def _guard(text: str, r: _Reader) -> Condition | None:
+    if not text.strip():
+        return None
+    try:
+        return parse_condition(text)
+    except ConditionError as e:
+        r.problem("condition", f"condition {text[:60]!r}: {e}")
+        return None
+
+
+def _edge(raw: RawEdge, problems: list[Problem]) -> Edge:
+    r = _Reader(raw.attrs, f"edge {raw.source} -> {raw.target}", problems)
+    condition = r.text("condition")
+    return Edge(
+        source=raw.source,
+        target=raw.target,
+        label=r.text("label").strip(),
+        condition=condition,
+        guard=_guard(condition, r),
+        weight=r.typed("weight", values.integer) or 0,
+        pos=raw.pos,
+        attrs={k: a.value for k, a in raw.attrs.items()},
+        attr_pos={k: a.pos for k, a in raw.attrs.items()},
+    )
+
+
+def _graph_attrs(dot: DotGraph, problems: list[Problem]) -> Graph:
+    r = _Reader(dot.attrs, "graph", problems)
+    key = "default_max_retries" if "default_max_retries" in dot.attrs else "default_max_retry"
+    return Graph(
+        name=dot.name,
+        goal=r.text("goal"),
+        label=r.text("label"),
+        default_max_retries=r.typed(key, values.count) or 0,
+        retry_target=r.optional("retry_target"),
+        fallback_retry_target=r.optional("fallback_retry_target"),
+        nodes={},
+        edges=(),
+        attrs={k: a.value for k, a in dot.attrs.items()},
+        attr_pos={k: a.pos for k, a in dot.attrs.items()},
+    )
+
+
+def build_graph(dot: DotGraph, base_dir: Path | None = None) -> tuple[Graph, list[Problem]]:
+    """The typed graph and every attribute problem found on the way. Nodes only mentioned in
+    edges are left out (validation names the edges that point at them)."""
+    problems: list[Problem] = []
+    g = _graph_attrs(dot, problems)
+    nodes = {n.id: _node(n, g, base_dir, problems) for n in dot.nodes.values() if n.declared}
+    edges = tuple(_edge(e, problems) for e in dot.edges)
+    return replace(g, nodes=nodes, edges=edges), problems
