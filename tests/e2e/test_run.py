@@ -180,7 +180,7 @@ def test_respond_from_file(delta: Delta, fake: FakeLLM, tmp_path) -> None:
 def test_help_lists_exit_codes() -> None:
     import subprocess
 
-    from .conftest import bin_path
+    from ..conftest import bin_path
 
     out = subprocess.run(
         [bin_path("delta"), "run", "--help"], capture_output=True, text=True
