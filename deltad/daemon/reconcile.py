@@ -164,6 +164,7 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
             run_id,
             status,
         )
+    waiting.request_id = request.request_id  # the inbox's index and events name the question
     deadline = request.expires_at.timestamp() if request.expires_at else None
     expired = Verdict(Action.RESUME, State.EXPIRED, run_id, status, request_id=request.request_id)
     try:
@@ -181,15 +182,17 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
             if answer.state is AnswerState.MISSING
             else _problem(answer.reason, run_id, status)
         )
-        v.wake_at = deadline
+        v.wake_at, v.request_id = deadline, request.request_id
         return v
     if answer.state is AnswerState.READY and answer.size == 0 and not request.allow_empty:
         # `touch response.txt` before an editor writes it, or `: > response.txt`: an empty file
         # is never taken for an answer; the real save brings us back (a close or a rename).
         v = Verdict(Action.NONE, State.WAITING, run_id, status, wake_at=deadline)
+        v.request_id = request.request_id
         v.problem = f"{answer.path.name} is empty: waiting for the answer to be written into it"
         return v
     v = _complete_answer(answer.path, run_id, status, why, settle, clock)
+    v.request_id = request.request_id
     if answer.state is AnswerState.REFUSED:
         v.problem = f"{answer.reason} (the resume sets it aside)"
     if v.action is Action.NONE and deadline is not None:
