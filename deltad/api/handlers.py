@@ -104,6 +104,9 @@ def _views(ctx: Context, who: Identity, workspace_glob: str | None) -> list[View
 
 def _workspace_of(ctx: Context, who: Identity, request_id: str) -> Path:
     ws = ctx.feed.index.find(request_id)
+    gone = ctx.feed.index.closed(request_id) if ws is None else None
+    if gone is not None and visible(who, gone):
+        raise ApiError(409, "already_answered", f"question {request_id} was answered")
     if ws is None:
         raise ApiError(404, "unknown_request", f"no pending question {request_id}")
     if not visible(who, ws):
@@ -184,7 +187,8 @@ def get_request(ctx: Context, who: Identity, request_id: str) -> dict[str, Any]:
     ws = _workspace_of(ctx, who, request_id)
     p = _pending(ws)
     if p is None or p.request.request_id != request_id:
-        raise ApiError(404, "unknown_request", f"no pending question {request_id}")
+        # The index knew it open a moment ago: a resume has taken the answer.
+        raise ApiError(409, "already_answered", f"question {request_id} was answered")
     return request_document(p, Workspace(ws), ctx.base_url)
 
 
@@ -224,6 +228,9 @@ def submit(
         if parsed.answer is None and parsed.decisions is None:
             raise inbox.Misfit('give "answer" or "decisions"')
         done = inbox.submit(ws, request_id, parsed, answered_by=answered_by, channel=channel)
+    except inbox.NotPending:
+        # Only questions the daemon's index saw open get here: a resume has taken it since.
+        raise ApiError(409, "already_answered", f"question {request_id} was answered") from None
     except inbox.SubmitError as e:
         raise ApiError(e.http, e.code, str(e)) from None
     except (ProtocolError, OSError) as e:
@@ -343,7 +350,7 @@ def _link(ctx: Context, token: str) -> tuple[links.Link, Path]:
         link = links.verify(ctx.link_key, token)
     except links.BadLink as e:
         raise ApiError(e.http, e.code, str(e)) from None
-    ws = ctx.feed.index.find(link.request_id)
+    ws = ctx.feed.index.find(link.request_id) or ctx.feed.index.closed(link.request_id)
     if ws is None:
         raise ApiError(409, "already_answered", "this question is no longer waiting")
     return link, ws

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +28,7 @@ EVENT_TYPES: tuple[EventType, ...] = (
     "run.status",
 )
 DEFAULT_BUFFER = 1000
+CLOSED_MEMORY = 10_000
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,20 @@ class Index:
         self._lock = threading.Lock()
         self._views: dict[Path, View] = {}
         self._requests: dict[str, Path] = {}
+        # Questions seen open and gone since: a late answer gets 409, not 404.
+        self._closed: OrderedDict[str, Path] = OrderedDict()
+
+    def _close(self, request_id: str, ws: Path) -> None:
+        self._requests.pop(request_id, None)
+        self._closed[request_id] = ws
+        while len(self._closed) > CLOSED_MEMORY:
+            self._closed.popitem(last=False)
 
     def put(self, view: View) -> None:
         with self._lock:
             old = self._views.get(view.workspace)
             if old is not None and old.request_id and old.request_id != view.request_id:
-                self._requests.pop(old.request_id, None)
+                self._close(old.request_id, view.workspace)
             self._views[view.workspace] = view
             if view.request_id:
                 self._requests[view.request_id] = view.workspace
@@ -77,7 +86,7 @@ class Index:
         with self._lock:
             old = self._views.pop(ws, None)
             if old is not None and old.request_id:
-                self._requests.pop(old.request_id, None)
+                self._close(old.request_id, ws)
 
     def get(self, ws: Path) -> View | None:
         with self._lock:
@@ -86,6 +95,11 @@ class Index:
     def find(self, request_id: str) -> Path | None:
         with self._lock:
             return self._requests.get(request_id)
+
+    def closed(self, request_id: str) -> Path | None:
+        """Where question `request_id` was, if it was seen open and is gone."""
+        with self._lock:
+            return self._closed.get(request_id)
 
     def views(self) -> list[View]:
         with self._lock:
