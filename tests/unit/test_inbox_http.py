@@ -147,7 +147,7 @@ def test_signed_links_bind_a_request_and_expire() -> None:
         links.verify(key, f"{other}.{mac}", now=1000)
 
 
-# -- the API in-process -------------------------------------------------------------------------------
+# -- the API in-process ----------------------------------------------------------------------------
 @pytest.fixture
 def api(tmp_path: Path) -> tuple[TestClient, Feed, TokenStore, Path]:
     feed = Feed()
