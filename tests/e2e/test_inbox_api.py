@@ -188,6 +188,7 @@ def test_idempotency_key_repeats_the_first_response(
 
 def test_webhook_is_signed_and_a_signed_link_answers_once(tmp_path: Path, fake: FakeLLM) -> None:
     hook = WebhookReceiver(fail_first=1)  # the first delivery fails: it is retried
+    got_cmd = tmp_path / "command-got.jsonl"
     secret = tmp_path / "hook.secret"
     secret.write_text("s3cret-signing-key\n")
     secret.chmod(0o600)
@@ -201,6 +202,16 @@ def test_webhook_is_signed_and_a_signed_link_answers_once(tmp_path: Path, fake: 
                 "signing": {"secret_file": str(secret)},
                 "backoff_seconds": 0.1,
                 "events": ["request.created", "run.status"],
+            }
+        ],
+        "commands": [
+            {
+                "argv": [
+                    sys.executable,
+                    "-c",
+                    f"import sys; open({str(got_cmd)!r}, 'a').write(sys.stdin.read() + '\\n')",
+                ],
+                "events": ["request.created"],
             }
         ],
     }
@@ -253,6 +264,9 @@ def test_webhook_is_signed_and_a_signed_link_answers_once(tmp_path: Path, fake: 
             )
 
         wait_for(completed, "a run.status webhook")
+        [by_command] = [json.loads(x) for x in got_cmd.read_text().splitlines() if x]
+        assert by_command["type"] == "request.created"
+        assert by_command["request"]["prompt"] == "Ship it?"
     finally:
         d.stop()
         d.kill_children()
@@ -313,3 +327,63 @@ def test_listening_off_loopback_without_tls_is_refused(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "not a loopback address" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_answer_over_http_belongs_to_the_workspace_owner_and_scopes_hold(
+    tmp_path: Path,
+) -> None:
+    from deltad.testing.stub import paused_workspace
+
+    from ..users import accounts, chown_tree, executable_by_all, need_root, shared_tmp
+
+    need_root()
+    with accounts() as acc, executable_by_all(), shared_tmp() as base:
+        mallory, alice = acc.user(), acc.user()
+        root = base / "root"
+        root.mkdir()
+        theirs, mine = root / "mallory-ws", root / "alice-ws"
+        paused_workspace(theirs, prompt="Mallory's question")
+        paused_workspace(mine, prompt="Alice's question")
+        chown_tree(theirs, mallory)
+        chown_tree(mine, alice)
+        (mine / "peek").symlink_to(theirs)  # a way into mallory's workspace, by name
+        home = base / "daemon"
+        home.mkdir()
+        home.chmod(0o1777)  # the stand-in resume, run as the owner, records here
+        d = Daemon(home, [root], mode="hold", http={"listen": "127.0.0.1:0"}).start()
+        try:
+            url = http_url(d)
+            alices = make_token(d.state_dir, "alice", str(mine))
+            admins = make_token(d.state_dir, "ops", str(root))
+            with client(url, alices) as http:
+                shown = wait_for(lambda: http.get("/v1/requests").json()["requests"], "list")
+                assert [q["prompt"] for q in shown] == ["Alice's question"]
+                with client(url, admins) as ops:
+                    both = wait_for(
+                        lambda: len(ops.get("/v1/requests").json()["requests"]) == 2 and ops,
+                        "both questions",
+                    )
+                    qs = {q["workspace"]: q for q in both.get("/v1/requests").json()["requests"]}
+                rid = qs[str(theirs)]["request_id"]
+                r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "stolen"})
+                assert r.status_code == 403
+                runs = http.get("/v1/runs").json()["runs"]
+                assert [x["workspace"] for x in runs] == [str(mine)]
+                peek = http.get(
+                    f"/v1/runs/{qs[str(theirs)]['run_id']}",
+                    params={"workspace": str(mine / "peek")},
+                )
+                assert peek.status_code == 404  # not a watched workspace, whatever it points at
+                r = http.post(
+                    f"/v1/requests/{qs[str(mine)]['request_id']}/answer", json={"answer": "mine"}
+                )
+                assert r.status_code == 202
+            answer = mine / ".delta" / "interaction" / "response.json"
+            st = answer.stat()  # the held resume has not taken it yet
+            assert (st.st_uid, st.st_mode & 0o077) == (alice.uid, 0)
+            assert not (theirs / ".delta" / "interaction" / "response.json").exists()
+            (d.record.parent / (d.record.name + ".go")).touch()
+            d.wait_resumed(mine)
+        finally:
+            d.stop()
+            d.kill_children()

@@ -222,3 +222,29 @@ def test_a_web_session_needs_its_csrf_token_and_ends_with_its_token(
     assert r.status_code == 202
     store.revoke("alice")
     assert http.get("/v1/requests").status_code == 401
+
+
+def test_notifications_skip_quiet_roots_excluded_globs_and_other_events(tmp_path: Path) -> None:
+    from deltad.api.config import NotifyConfig
+    from deltad.api.notify import Notifier
+
+    config = NotifyConfig.model_validate(
+        {
+            "commands": [
+                {"argv": ["true"], "events": ["request.created"], "exclude": ["/srv/ws/ci-*"]}
+            ]
+        }
+    )
+    feed = Feed()
+    notifier = Notifier(config, feed, [Path("/srv/quiet")], None)
+    [worker] = notifier.workers
+    notifier._unsubscribe = feed.subscribe(notifier._offer)  # queue only: no threads started
+    for ws in ("/srv/ws/alice", "/srv/ws/ci-7", "/srv/quiet/bob"):
+        feed.publish("request.created", {"workspace": ws, "request_id": "q"})
+    feed.publish("run.status", {"workspace": "/srv/ws/alice", "to": "COMPLETED"})
+    queued = []
+    while not worker.queue.empty():
+        e = worker.queue.get_nowait()
+        assert e is not None
+        queued.append((e.type, e.workspace))
+    assert queued == [("request.created", "/srv/ws/alice")]
