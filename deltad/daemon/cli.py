@@ -170,6 +170,8 @@ def _print_status(snap: dict[str, Any]) -> None:
         f"deltad pid {snap['pid']}, up since {snap['started_at']}, "
         f"ready: {'yes' if snap['ready'] else 'no'}, status at {snap['updated_at']}"
     )
+    if snap.get("http"):
+        click.echo(f"inbox: {snap['http']}")
     click.echo("watches: " + ", ".join(f"{k} {v}" for k, v in snap["watches"].items()))
     click.echo(
         f"workspaces: {c['workspaces']}  waiting: {c['waiting']}  pending: {c['pending']}  "

@@ -7,6 +7,7 @@ const linkToken = mode === "link" ? location.pathname.split("/").pop() : null;
 let csrf = null;
 let selected = null;
 let items = [];
+let deepLinked = false;
 
 const $ = (id) => document.getElementById(id);
 
@@ -122,8 +123,14 @@ function render() {
   const box = $("requests");
   box.replaceChildren(...items.map(card));
   if ($("empty")) $("empty").hidden = items.length > 0;
+  const linked = new URLSearchParams(location.hash.slice(1)).get("request");
+  if (linked && items.some((r) => r.request_id === linked) && !deepLinked) {
+    selected = linked;  // a notification's deep link: that question, once
+    deepLinked = true;
+  }
   if (!items.some((r) => r.request_id === selected)) selected = items[0]?.request_id ?? null;
   highlight();
+  if (selected === linked) document.querySelector(`[data-request-id="${linked}"]`)?.scrollIntoView();
 }
 
 function highlight() {
