@@ -219,10 +219,12 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         request: Request,
         who: Who,
         workspace: str | None = None,
+        input_type: str | None = None,
         type: Annotated[list[str] | None, Query()] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> StreamingResponse:
-        """Server-Sent Events; `Last-Event-ID` replays what is still buffered."""
+        """Server-Sent Events; `Last-Event-ID` replays what is still buffered. Filters as for
+        the list (`input_type` applies to request events; run.status always passes)."""
         wanted = set(type or EVENT_TYPES)
 
         def shown(e: FeedEvent) -> bool:
@@ -230,6 +232,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
                 e.type in wanted
                 and handlers.visible(who, Path(e.workspace))
                 and (not workspace or scopes.matches(workspace, e.workspace))
+                and (not input_type or e.data.get("input_type") in (input_type, None))
             )
 
         since = int(last_event_id) if last_event_id and last_event_id.isdigit() else None

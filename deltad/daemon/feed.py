@@ -40,6 +40,7 @@ class View:
     run_id: str | None = None
     status: str | None = None
     request_id: str | None = None
+    input_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,9 +194,11 @@ def transitions(
         if not still_open:
             expired = after.state == "expired" and after.request_id == announced
             kind: EventType = "request.expired" if expired else "request.answered"
-            out.append((kind, {**base, "request_id": announced}))
+            was = before.input_type if before is not None else None
+            out.append((kind, {**base, "request_id": announced, "input_type": was}))
     if after.state == "waiting" and after.request_id and after.request_id != announced:
-        out.append(("request.created", {**base, "request_id": after.request_id}))
+        created = {**base, "request_id": after.request_id, "input_type": after.input_type}
+        out.append(("request.created", created))
     if after.status is not None:
         same_run = before is not None and before.run_id == after.run_id
         was = before.status if same_run and before is not None else None

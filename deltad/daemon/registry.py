@@ -40,10 +40,11 @@ class WsInfo:
     problem: str | None = None
     owner_pid: int | None = None
     request_id: str | None = None
+    input_type: str | None = None
 
     def view(self, ws: Path) -> View:
         status = str(self.status) if self.status is not None else None
-        return View(ws, self.state.value, self.run_id, status, self.request_id)
+        return View(ws, self.state.value, self.run_id, status, self.request_id, self.input_type)
 
 
 Changed = Callable[[Path, View | None, View | None], None]
@@ -85,7 +86,8 @@ class Registry:
         self._log_status(ws, info, v, quiet)
         self._log_problem(ws, info, v)
         info.state, info.run_id, info.status = v.state, v.run_id, v.status
-        info.problem, info.owner_pid, info.request_id = v.problem, v.owner_pid, v.request_id
+        info.problem, info.owner_pid = v.problem, v.owner_pid
+        info.request_id, info.input_type = v.request_id, v.input_type
         self._changed(ws, seen, info.view(ws))
         return before != (info.state, info.run_id, info.status, info.problem, info.owner_pid)
 
