@@ -46,6 +46,14 @@ def _journal(ws: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
+def _colour_question(fake: FakeLLM, prompt: str) -> None:
+    options = ["Red", "Blue"]
+    fake.call(
+        "ask_human", {"prompt": prompt, "input_type": "choice", "options": options}, id="ask1"
+    )
+    fake.reply("painted")
+
+
 @pytest.fixture
 def served(tmp_path: Path, fake: FakeLLM) -> Iterator[tuple[Daemon, str, Path]]:
     root = tmp_path / "root"
@@ -64,11 +72,7 @@ def test_answer_over_http_resumes_the_run_and_the_stream_says_so(
     served: tuple[Daemon, str, Path], tmp_path: Path, fake: FakeLLM
 ) -> None:
     d, url, root = served
-    fake.call(
-        "ask_human",
-        {"prompt": "Which colour?", "input_type": "choice", "options": ["Red", "Blue"]},
-        id="ask1",
-    ).reply("painted")
+    _colour_question(fake, "Which colour?")
     token = make_token(d.state_dir, "alice")
     stream = EventReader(url, token)
     ws = root / "ws1"
@@ -109,11 +113,7 @@ def test_errors_401_403_404_422_and_one_winner_in_a_race(
     served: tuple[Daemon, str, Path], tmp_path: Path, fake: FakeLLM
 ) -> None:
     d, url, root = served
-    fake.call(
-        "ask_human",
-        {"prompt": "Pick", "input_type": "choice", "options": ["Red", "Blue"]},
-        id="ask1",
-    ).reply("painted")
+    _colour_question(fake, "Pick")
     ws = root / "ws1"
     _pause(fake, tmp_path, ws)
     answerer = make_token(d.state_dir, "bob")
