@@ -118,6 +118,17 @@ def test_a_gate_pauses_refuses_a_misfit_and_takes_a_choice(delta: Delta, fake: F
     assert len(fake.requests) == 3  # no node ran twice
 
 
+def test_a_gate_at_the_terminal_shows_its_keys_and_asks_until_one_fits(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    fake.reply("plan").reply("applied")
+    r = _pipeline(delta, REVIEW, "-i", input="Deploy\nA\n")
+    assert r.code == 0, r.err
+    assert "[review_gate] Review the plan" in r.out and "  [A] Approve\n  [R] Revise" in r.out
+    assert "'Deploy' is not one of the options" in r.out
+    assert _path(delta)[-1] == "apply"
+
+
 def test_refused_graphs_exit_2_and_leave_nothing(delta: Delta, fake: FakeLLM) -> None:
     broken = _write(
         delta,

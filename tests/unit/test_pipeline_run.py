@@ -80,6 +80,7 @@ class Run:
         save_metadata(self.paths.metadata, self.meta)
         self.ws.set_latest(run_id)
         self.journal = Journal(self.paths.journal)
+        self.loaded = []
 
     def drive(self, interviewer: Interviewer) -> RunOutcome:
         ctx = RunContext(
@@ -95,7 +96,11 @@ class Run:
         return PipelineEngine(ctx, interviewer, self.graph, self._agents).drive()
 
     def _agents(self, home: Path) -> Any:
-        raise AssertionError("no node names another agent here")
+        self.loaded.append(home)
+        return self.other
+
+    loaded: list[Path]
+    other: tuple[Any, ScriptedModel]
 
     def resume(self, interviewer: Interviewer) -> RunOutcome:
         self.journal = Journal(self.paths.journal)  # read from disk, as a new process does
@@ -373,6 +378,21 @@ def test_a_codergen_node_pauses_on_ask_human_and_resumes_inside_the_node(tmp_pat
     assert run.path() == ["start", "do_work", "review_gate", "apply"]
     assert model.calls[1][-1] == {"role": "tool", "tool_call_id": "q", "content": "postgres"}
     assert len(model.calls[2]) == 2  # the next node is a conversation of its own
+
+
+def test_a_node_with_its_own_agent_uses_that_agent_and_model(tmp_path: Path) -> None:
+    g = _graph("""
+        digraph t {
+            start [shape=Mdiamond]; exit [shape=Msquare]
+            a [prompt="first"]; b [prompt="second", agent="reviewer"]
+            start -> a -> b -> exit
+        }""")
+    run = Run(tmp_path, g, ScriptedModel().reply("from the main agent"))
+    other = load_agent(write_agent(tmp_path, name="reviewer"))
+    run.other = (other, ScriptedModel().reply("from the reviewer"))
+    assert run.drive(_queue()).message == "from the reviewer"
+    assert run.loaded == [Path("reviewer")] and len(run.model.calls) == 1
+    assert run.other[1].calls[0][0]["content"] == other.system_prompt
 
 
 def test_an_outcome_not_yet_routed_is_routed_on_resume_without_running_again(
