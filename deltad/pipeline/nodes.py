@@ -243,7 +243,9 @@ def tool(run: NodeRun) -> Result:
     inv = Invocation(["sh", "-c", command], None, {})
     limit = node.timeout or TOOL_TIMEOUT_SECONDS
     done = run_tool(inv, ctx.ws.root, limit, record, ctx.guard.window)
-    write_record(record, command, done, lambda s: s)
+    redact = ctx.secrets.redactor()  # a secret the run was given never reaches its records
+    done.stdout, done.stderr = redact(done.stdout), redact(done.stderr)
+    write_record(record, command, done, redact)
     ok = done.exit_code == 0 and not done.error and not done.timed_out
     status = ActionStatus.SUCCESS if ok else ActionStatus.FAILED
     ctx.result(call, status, done.observation())

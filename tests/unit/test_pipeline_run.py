@@ -168,6 +168,42 @@ def test_multiple_human_gates_each_route_correctly(tmp_path: Path) -> None:
     assert run.path() == ["start", "plan", "plan_gate", "build", "release_gate", "hold"]
 
 
+def test_every_human_interaction_is_recorded_with_its_node_question_answer_and_key(
+    tmp_path: Path,
+) -> None:
+    """The journal is the recording (the seed's RecordingInterviewer): every pair, after the run."""
+    model = ScriptedModel().reply("plan").reply("built").reply("shipped")
+    run = Run(tmp_path, _example("two-gates.dot"), model)
+    run.drive(_queue("approve", "s"))
+    records = run.events("HUMAN_INTERACTION")
+    asked = {p["request"]["request_id"]: p["request"] for p in records if p["phase"] == "asked"}
+    pairs = [
+        (p["node_id"], asked[p["request_id"]]["prompt"], p["input_type"], p["reply"]["value"],
+         p["reply"]["key"])
+        for p in records
+        if p["phase"] == "answered"
+    ]  # fmt: skip
+    assert pairs == [
+        ("plan_gate", "Approve the plan?", "choice", "Approve", "A"),
+        ("release_gate", "Ship it?", "choice", "Ship", "S"),
+    ]
+
+
+def test_a_callback_receives_the_gate_question_and_its_answer_routes(tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    def decide(req: Any) -> str:
+        seen.append(req)
+        return "Revise" if len(seen) == 1 else "A"
+
+    model = ScriptedModel().reply("plan").reply("revised").reply("applied")
+    run = Run(tmp_path, _example("review-gate.dot"), model)
+    assert run.drive(CallbackInterviewer(decide)).status == RunStatus.COMPLETED
+    assert [r.node_id for r in seen] == ["review_gate", "review_gate"]
+    assert [o.label for o in seen[0].options] == ["Approve", "Revise"]
+    assert run.path()[-3:] == ["revise", "review_gate", "apply"]
+
+
 def test_later_prompts_carry_earlier_responses_and_the_gate_choice(tmp_path: Path) -> None:
     run = Run(tmp_path, _example("review-gate.dot"), ScriptedModel().reply("PLAN-X").reply("ok"))
     run.drive(_queue("A"))
