@@ -90,14 +90,34 @@ class PipelineEngine(Engine):
         if state.decided is not None:
             return self._route(state.decided, state.context)
         assert state.at is not None
+        if self.graph.nodes[state.at].kind == Kind.EXIT:
+            return self._exit(state)
         return self._begin(state.at, 1, state.context)
+
+    def _exit(self, state: State) -> RunOutcome | None:
+        """The exit: done, unless a goal gate that ran did not succeed (attractor §3.4): then
+        its retry target, else the run fails."""
+        self.ctx.ensure_running()
+        met = (Status.SUCCESS, Status.PARTIAL_SUCCESS)
+        unmet = [  # a goal gate never visited has nothing to say
+            n
+            for n in self.graph.nodes.values()
+            if n.goal_gate and state.last.get(n.id, Status.SUCCESS) not in met
+        ]
+        if not unmet:
+            last = str(state.context.get("last_response") or "")
+            return self.finish(RunStatus.COMPLETED, last or f"the pipeline reached {state.at}")
+        gate, target = unmet[0], self._retry_target(unmet[0])
+        why = f"goal gate {gate.id} did not succeed ({state.last[gate.id]})"
+        if target is None:
+            return self.finish(RunStatus.FAILED, why)
+        assert state.at is not None
+        self._take(state.at, target, "goal_gate", why)
+        return None
 
     def _begin(self, node_id: str, attempt: int, context: Mapping[str, Any]) -> RunOutcome | None:
         ctx, node = self.ctx, self.graph.nodes[node_id]
         ctx.ensure_running()
-        if node.kind == Kind.EXIT:
-            last = str(context.get("last_response") or "")
-            return self.finish(RunStatus.COMPLETED, last or f"the pipeline reached {node_id}")
         prompt = compose_prompt(node, ctx.meta.task, context) if node.kind == Kind.CODERGEN else ""
         ctx.journal.append(
             EventType.NODE_START,
@@ -128,7 +148,7 @@ class PipelineEngine(Engine):
 
     def _route(self, decided: Decided, context: Mapping[str, Any]) -> RunOutcome | None:
         node, outcome = self.graph.nodes[decided.node], decided.outcome
-        if outcome.status == Status.RETRY:
+        if outcome.status == Status.RETRY:  # _record made it a FAIL once retries ran out
             return self._begin(node.id, decided.attempt + 1, context)
         sel = select_edge(self.graph, node.id, outcome, context)
         if outcome.status == Status.FAIL and sel.step != Step.CONDITION:

@@ -46,6 +46,7 @@ class State:
     visit: Visit | None = None
     decided: Decided | None = None
     path: list[str] = field(default_factory=list)  # nodes begun, in order (first attempts)
+    last: dict[str, Status] = field(default_factory=dict)  # each node's latest outcome
 
     def add(self, e: JournalEvent) -> None:
         p = e.payload
@@ -65,6 +66,7 @@ class State:
                 self.context.update(p.get("context_updates") or {})
                 attempt = self.visit.attempt if self.visit else 1
                 self.visit, self.decided = None, Decided(p["node"], attempt, outcome_of(p))
+                self.last[p["node"]] = self.decided.outcome.status
             case EventType.EDGE_TAKEN:
                 self.decided, self.at = None, p["target"]
             case _:

@@ -416,6 +416,25 @@ def test_a_codergen_node_pauses_on_ask_human_and_resumes_inside_the_node(tmp_pat
     assert len(model.calls[2]) == 2  # the next node is a conversation of its own
 
 
+def test_a_goal_gate_that_failed_sends_the_run_back_or_fails_it(tmp_path: Path) -> None:
+    body = """
+    digraph t {
+        start [shape=Mdiamond]; exit [shape=Msquare]
+        check [shape=parallelogram, goal_gate=true, %s
+               tool_command="test -e flag || { touch flag; exit 1; }"]
+        start -> check
+        check -> exit [condition="outcome=success"]
+        check -> exit [condition="outcome=fail"]
+    }"""
+    run = Run(tmp_path / "a", _graph(body % ""), ScriptedModel())
+    out = run.drive(_queue())
+    assert out.status == RunStatus.FAILED and "goal gate check did not succeed" in out.message
+    run = Run(tmp_path / "b", _graph(body % 'retry_target="check",'), ScriptedModel())
+    assert run.drive(_queue()).status == RunStatus.COMPLETED
+    assert run.path() == ["start", "check", "check"]
+    assert run.events("EDGE_TAKEN")[-2]["step"] == "goal_gate"
+
+
 def test_a_node_with_its_own_agent_uses_that_agent_and_model(tmp_path: Path) -> None:
     g = _graph("""
         digraph t {
