@@ -56,14 +56,20 @@ def _example(name: str) -> Graph:
     return _graph((EXAMPLES / name).read_text())
 
 
+ECHO = '[{name: echo, exec: "echo ${text}"}]'
+DEPLOY = '[{name: deploy, shell: "echo deployed > deployed.txt", approval: required}]'
+
+
 class Run:
     """A pipeline run on disk, driven in-process; `resume()` is a new process."""
 
-    def __init__(self, tmp: Path, graph: Graph, model: ScriptedModel) -> None:
+    def __init__(
+        self, tmp: Path, graph: Graph, model: ScriptedModel, tools: str = ECHO, extra: str = ""
+    ) -> None:
         (tmp / "ws").mkdir(parents=True)
         self.ws = Workspace.at(tmp / "ws")
         self.graph, self.model = graph, model
-        self.agent = load_agent(write_agent(tmp, '[{name: echo, exec: "echo ${text}"}]'))
+        self.agent = load_agent(write_agent(tmp, tools, extra))
         run_id = new_run_id()
         self.paths = self.ws.run(run_id)
         now = utcnow()
@@ -448,6 +454,20 @@ def test_a_node_with_its_own_agent_uses_that_agent_and_model(tmp_path: Path) -> 
     assert run.drive(_queue()).message == "from the reviewer"
     assert run.loaded == [Path("reviewer")] and len(run.model.calls) == 1
     assert run.other[1].calls[0][0]["content"] == other.system_prompt
+
+
+def test_an_approval_in_a_codergen_node_pauses_the_pipeline(tmp_path: Path) -> None:
+    model = ScriptedModel().call("deploy", {}, id="d").reply("deployed it").reply("applied")
+    run = Run(tmp_path, _example("review-gate.dot"), model, DEPLOY)
+    mailbox = Mailbox(run.ws)
+    out = run.drive(Chain(MailboxInterviewer(mailbox, print)))
+    assert out.status == "WAITING_FOR_INPUT" and out.request is not None
+    assert out.request.input_type == "approval" and run.meta.current_node == "do_work"
+    assert not (run.ws.root / "deployed.txt").exists()
+    mailbox.write_answer("approve")
+    out = run.resume(Chain(MailboxInterviewer(mailbox, print), AutoApproveInterviewer()))
+    assert out.status == RunStatus.COMPLETED and (run.ws.root / "deployed.txt").exists()
+    assert run.outcome("do_work")["context_updates"]["response.do_work"] == "deployed it"
 
 
 def test_an_outcome_not_yet_routed_is_routed_on_resume_without_running_again(
