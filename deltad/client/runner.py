@@ -245,8 +245,7 @@ def _resume(
     if opts.agent or opts.task or opts.pipeline:
         print(
             f"delta: resuming run {meta.run_id} ({meta.status}); --agent/--task/--pipeline "
-            "ignored. "
-            "Pass --new to start a new run instead.",
+            "ignored. Pass --new to start a new run instead.",
             file=warn,
         )
     if opts.log_to_run:

@@ -88,7 +88,7 @@ class NodeStart(_Payload):
 
 class NodeOutcome(_Payload):
     node: str
-    status: str
+    status: Literal["success", "partial_success", "retry", "fail", "skipped"]
     preferred_label: str = ""
     suggested_next_ids: list[str] = Field(default_factory=list)
     context_updates: dict[str, Any] = Field(default_factory=dict)
