@@ -485,6 +485,20 @@ def test_an_outcome_not_yet_routed_is_routed_on_resume_without_running_again(
     assert run.path() == ["start", "do_work", "review_gate"] and len(run.model.calls) == 1
 
 
+def test_a_tool_node_cut_short_by_a_crash_is_not_run_again(tmp_path: Path) -> None:
+    run = Run(tmp_path, _graph(TOOLS % "echo run >> runs.txt; printf ok"), ScriptedModel())
+    run.drive(_queue())
+    lines = run.paths.journal.read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if '"ACTION_REQUEST"' in line)
+    run.paths.journal.write_text("".join(lines[: cut + 1]))  # as if killed while it ran
+    run.meta.status = RunStatus.RUNNING
+    save_metadata(run.paths.metadata, run.meta)
+    assert run.resume(_queue()).status == RunStatus.COMPLETED
+    assert (run.ws.root / "runs.txt").read_text() == "run\n"
+    assert "not re-run" in run.outcome("check")["failure_reason"]
+    assert run.path() == ["start", "check"]  # its fail edge to the exit
+
+
 def test_replay_finds_the_node_in_progress_and_the_context() -> None:
     run_events = [
         ("NODE_START", {"node": "start", "kind": "start"}),
