@@ -53,8 +53,9 @@ ENDINGS_HINT = "(reply to the agent; /done or /approve ends this step, /reject f
 
 
 class NodeEngine(Engine):
-    """The engine's loop for one codergen node: a final message ends the node, not the run,
-    and `max_iterations` counts this node's iterations only."""
+    """The engine's loop for one codergen node: a final message ends the node, not the run
+    (its outcome is RUNNING: the run goes on), and `max_iterations` counts this node's
+    iterations only (reaching it is a FAIL of the node)."""
 
     def __init__(self, ctx: RunContext, interviewer: Interviewer, before: int) -> None:
         super().__init__(ctx, interviewer)
@@ -84,7 +85,6 @@ class NodeRun:
     graph: Graph
     visit: Visit
     agents: AgentLoader
-    asked: InteractionRequest | None = None  # the last question put (to pause on)
 
     @property
     def node(self) -> Node:
@@ -100,13 +100,15 @@ class NodeRun:
     def engine(self, ctx: RunContext) -> NodeEngine:
         return NodeEngine(ctx, self.interviewer, self.visit.iterations_before)
 
-    def question(self, action_id: str, build: Callable[[], InteractionRequest]) -> Reply | None:
-        """Ask once (durably: the journal keeps the question), then take the reply."""
+    def question(
+        self, action_id: str, build: Callable[[], InteractionRequest]
+    ) -> tuple[InteractionRequest, Reply | None]:
+        """Ask once (durably: the journal keeps the question), then take the reply (None:
+        nobody can answer now)."""
         ctx = self.ctx
         asking = Asking(ctx, self.interviewer, lambda req, reply: None)
         req = ctx.history.asked(action_id) or asking.record_asked(build())
-        self.asked = req
-        return asking.take(req)
+        return req, asking.take(req)
 
 
 Result = Outcome | RunOutcome
@@ -171,10 +173,9 @@ def converse(run: NodeRun, engine: NodeEngine, message: str) -> Result | None:
             node_id=node.id,
         )
 
-    reply = run.question(action_id, build)
+    req, reply = run.question(action_id, build)
     if reply is None:
-        assert run.asked is not None
-        return engine.pause(run.asked)
+        return engine.pause(req)
     if reply.outcome != "answered":
         return responded(node, message, Status.FAIL, f"human {reply.outcome}: no reply")
     text = AUTO_APPROVE_REPLY if reply.source == "auto" else (reply.value or "")
@@ -209,10 +210,9 @@ def wait_human(run: NodeRun) -> Result:
     if not g.choices:
         return g.on_skipped()  # "No outgoing edges for human gate" (validation refuses it)
     action_id = f"{run.node.id}@{run.visit.seq}"
-    reply = run.question(action_id, lambda: gate_request(g, run.ctx.meta.run_id, action_id))
+    req, reply = run.question(action_id, lambda: gate_request(g, run.ctx.meta.run_id, action_id))
     if reply is None:
-        assert run.asked is not None
-        return run.engine(run.ctx).pause(run.asked)
+        return run.engine(run.ctx).pause(req)
     match reply.outcome:
         case "timeout":
             return g.on_timeout()
