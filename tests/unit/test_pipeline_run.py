@@ -7,15 +7,12 @@ rows run through real `delta` processes in tests/e2e/test_pipeline_run.py.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deltad.agent import load_agent
-from deltad.engine import Outcome as RunOutcome
-from deltad.engine import RunContext
 from deltad.engine.interviewers import (
     AutoApproveInterviewer,
     CallbackInterviewer,
@@ -24,19 +21,12 @@ from deltad.engine.interviewers import (
     MailboxInterviewer,
     QueueInterviewer,
 )
-from deltad.engine.signals import InterruptGuard
 from deltad.errors import UsageError
-from deltad.pipeline import Graph, parse_pipeline
-from deltad.pipeline.driver import PipelineEngine, compose_prompt
+from deltad.pipeline.driver import compose_prompt
 from deltad.pipeline.state import replay
 from deltad.protocol import (
-    Journal,
     Mailbox,
-    RunMetadata,
     RunStatus,
-    Workspace,
-    current_owner,
-    new_run_id,
     save_metadata,
     utcnow,
 )
@@ -44,90 +34,7 @@ from deltad.protocol.replies import Reply
 from deltad.testing import ScriptedModel
 
 from ..conftest import write_agent
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pipelines"
-
-
-def _graph(text: str) -> Graph:
-    return parse_pipeline(textwrap.dedent(text), "t.dot", check_files=False)
-
-
-def _example(name: str) -> Graph:
-    return _graph((EXAMPLES / name).read_text())
-
-
-ECHO = '[{name: echo, exec: "echo ${text}"}]'
-DEPLOY = '[{name: deploy, shell: "echo deployed > deployed.txt", approval: required}]'
-
-
-class Run:
-    """A pipeline run on disk, driven in-process; `resume()` is a new process."""
-
-    def __init__(
-        self, tmp: Path, graph: Graph, model: ScriptedModel, tools: str = ECHO, extra: str = ""
-    ) -> None:
-        (tmp / "ws").mkdir(parents=True)
-        self.ws = Workspace.at(tmp / "ws")
-        self.graph, self.model = graph, model
-        self.agent = load_agent(write_agent(tmp, tools, extra))
-        run_id = new_run_id()
-        self.paths = self.ws.run(run_id)
-        now = utcnow()
-        self.meta = RunMetadata(
-            run_id=run_id,
-            status=RunStatus.RUNNING,
-            task=graph.goal or "the goal",
-            agent_ref=str(self.agent.home),
-            start_time=now,
-            updated_at=now,
-            owner=current_owner(),
-            pipeline="t.dot",
-        )
-        save_metadata(self.paths.metadata, self.meta)
-        self.ws.set_latest(run_id)
-        self.journal = Journal(self.paths.journal)
-        self.loaded = []
-
-    def drive(self, interviewer: Interviewer) -> RunOutcome:
-        ctx = RunContext(
-            self.ws,
-            self.paths,
-            self.meta,
-            self.journal,
-            self.agent,
-            self.model,
-            InterruptGuard(),
-            print,
-        )
-        return PipelineEngine(ctx, interviewer, self.graph, self._agents).drive()
-
-    def _agents(self, home: Path) -> Any:
-        self.loaded.append(home)
-        return self.other
-
-    loaded: list[Path]
-    other: tuple[Any, ScriptedModel]
-
-    def resume(self, interviewer: Interviewer) -> RunOutcome:
-        self.journal = Journal(self.paths.journal)  # read from disk, as a new process does
-        return self.drive(interviewer)
-
-    # -- what the journal says -------------------------------------------------------------
-    def events(self, type_: str) -> list[dict[str, Any]]:
-        return [e.payload for e in Journal(self.paths.journal).events if e.type == type_]
-
-    def path(self) -> list[str]:
-        return [p["node"] for p in self.events("NODE_START")]
-
-    def outcome(self, node: str) -> dict[str, Any]:
-        return [p for p in self.events("NODE_OUTCOME") if p["node"] == node][-1]
-
-    def asked(self) -> list[dict[str, Any]]:
-        return [p["request"] for p in self.events("HUMAN_INTERACTION") if p["phase"] == "asked"]
-
-    def prompts(self) -> list[str]:
-        """The user message each model call began with."""
-        return [str(call[1]["content"]) for call in self.model.calls]
+from .helpers import DEPLOY, Run, example, pipeline_graph
 
 
 def _queue(*answers: str) -> QueueInterviewer:
@@ -136,7 +43,7 @@ def _queue(*answers: str) -> QueueInterviewer:
 
 # -- end to end (in-process) ------------------------------------------------------------------
 def test_pipeline_with_human_gate_approve_routes_to_exit(tmp_path: Path) -> None:
-    run = Run(tmp_path, _example("review-gate.dot"), ScriptedModel().reply("plan").reply("done"))
+    run = Run(tmp_path, example("review-gate.dot"), ScriptedModel().reply("plan").reply("done"))
     out = run.drive(_queue("approve"))
     assert out.status == RunStatus.COMPLETED and out.message == "done"
     assert run.path() == ["start", "do_work", "review_gate", "apply"]
@@ -151,7 +58,7 @@ def test_pipeline_with_human_gate_approve_routes_to_exit(tmp_path: Path) -> None
 
 def test_pipeline_with_reject_routes_to_the_retry_path(tmp_path: Path) -> None:
     model = ScriptedModel().reply("plan").reply("revised").reply("applied")
-    run = Run(tmp_path, _example("review-gate.dot"), model)
+    run = Run(tmp_path, example("review-gate.dot"), model)
     assert run.drive(_queue("R", "[A] Approve")).status == RunStatus.COMPLETED
     assert run.path() == ["start", "do_work", "review_gate", "revise", "review_gate", "apply"]
     # Each visit of the gate is its own question, both recorded with the node id.
@@ -160,7 +67,7 @@ def test_pipeline_with_reject_routes_to_the_retry_path(tmp_path: Path) -> None:
 
 
 def test_pipeline_with_auto_approve_takes_the_first_option(tmp_path: Path) -> None:
-    run = Run(tmp_path, _example("review-gate.dot"), ScriptedModel().reply("p").reply("a"))
+    run = Run(tmp_path, example("review-gate.dot"), ScriptedModel().reply("p").reply("a"))
     assert run.drive(Chain(AutoApproveInterviewer())).status == RunStatus.COMPLETED
     assert run.path()[-1] == "apply"
     [answered] = [p for p in run.events("HUMAN_INTERACTION") if p["phase"] == "answered"]
@@ -169,7 +76,7 @@ def test_pipeline_with_auto_approve_takes_the_first_option(tmp_path: Path) -> No
 
 def test_multiple_human_gates_each_route_correctly(tmp_path: Path) -> None:
     model = ScriptedModel().reply("plan").reply("built").reply("held")
-    run = Run(tmp_path, _example("two-gates.dot"), model)
+    run = Run(tmp_path, example("two-gates.dot"), model)
     assert run.drive(_queue("A", "hold")).status == RunStatus.COMPLETED
     assert run.path() == ["start", "plan", "plan_gate", "build", "release_gate", "hold"]
 
@@ -179,7 +86,7 @@ def test_every_human_interaction_is_recorded_with_its_node_question_answer_and_k
 ) -> None:
     """The journal is the recording (the seed's RecordingInterviewer): every pair, after the run."""
     model = ScriptedModel().reply("plan").reply("built").reply("shipped")
-    run = Run(tmp_path, _example("two-gates.dot"), model)
+    run = Run(tmp_path, example("two-gates.dot"), model)
     run.drive(_queue("approve", "s"))
     records = run.events("HUMAN_INTERACTION")
     asked = {p["request"]["request_id"]: p["request"] for p in records if p["phase"] == "asked"}
@@ -203,7 +110,7 @@ def test_a_callback_receives_the_gate_question_and_its_answer_routes(tmp_path: P
         return "Revise" if len(seen) == 1 else "A"
 
     model = ScriptedModel().reply("plan").reply("revised").reply("applied")
-    run = Run(tmp_path, _example("review-gate.dot"), model)
+    run = Run(tmp_path, example("review-gate.dot"), model)
     assert run.drive(CallbackInterviewer(decide)).status == RunStatus.COMPLETED
     assert [r.node_id for r in seen] == ["review_gate", "review_gate"]
     assert [o.label for o in seen[0].options] == ["Approve", "Revise"]
@@ -211,7 +118,7 @@ def test_a_callback_receives_the_gate_question_and_its_answer_routes(tmp_path: P
 
 
 def test_later_prompts_carry_earlier_responses_and_the_gate_choice(tmp_path: Path) -> None:
-    run = Run(tmp_path, _example("review-gate.dot"), ScriptedModel().reply("PLAN-X").reply("ok"))
+    run = Run(tmp_path, example("review-gate.dot"), ScriptedModel().reply("PLAN-X").reply("ok"))
     run.drive(_queue("A"))
     first, second = run.prompts()
     assert first == "Generate a brief plan for: Write a release note for version 1.4"
@@ -219,8 +126,10 @@ def test_later_prompts_carry_earlier_responses_and_the_gate_choice(tmp_path: Pat
 
 
 def test_compose_prompt_expands_the_run_goal_not_only_the_graph_goal() -> None:
-    g = _graph('digraph t { start [shape=Mdiamond]; exit [shape=Msquare]; w [prompt="Do $goal"]; '
-               "start -> w -> exit }")  # fmt: skip
+    g = pipeline_graph(
+        'digraph t { start [shape=Mdiamond]; exit [shape=Msquare]; w [prompt="Do $goal"]; '
+        "start -> w -> exit }"
+    )
     assert compose_prompt(g.nodes["w"], "the task", {}) == "Do the task"
 
 
@@ -247,7 +156,7 @@ def _timeout() -> CallbackInterviewer:
 
 
 def test_gate_question_is_a_choice_with_the_node_id_options_and_deadline(tmp_path: Path) -> None:
-    run = Run(tmp_path, _graph(GATE % ', human.default_choice="H"'), ScriptedModel())
+    run = Run(tmp_path, pipeline_graph(GATE % ', human.default_choice="H"'), ScriptedModel())
     out = run.drive(Chain(MailboxInterviewer(Mailbox(run.ws), print)))
     assert out.status == RunStatus.WAITING_FOR_INPUT and out.request is not None
     req = Mailbox(run.ws).read_request()
@@ -260,14 +169,16 @@ def test_gate_question_is_a_choice_with_the_node_id_options_and_deadline(tmp_pat
 
 
 def test_timeout_with_default_takes_it(tmp_path: Path) -> None:
-    run = Run(tmp_path, _graph(GATE % ', human.default_choice="hold"'), ScriptedModel().reply("h"))
+    run = Run(
+        tmp_path, pipeline_graph(GATE % ', human.default_choice="hold"'), ScriptedModel().reply("h")
+    )
     assert run.drive(_timeout()).status == RunStatus.COMPLETED
     assert run.path() == ["start", "gate", "hold"]
     assert run.outcome("gate")["context_updates"]["human.gate.selected"] == "H"
 
 
 def test_timeout_without_default_retries_within_max_retries_then_fails(tmp_path: Path) -> None:
-    run = Run(tmp_path, _graph(GATE % ", max_retries=1"), ScriptedModel())
+    run = Run(tmp_path, pipeline_graph(GATE % ", max_retries=1"), ScriptedModel())
     out = run.drive(_timeout())
     assert out.status == RunStatus.FAILED
     assert run.path() == ["start", "gate", "gate"]  # asked again once, then FAIL
@@ -277,20 +188,20 @@ def test_timeout_without_default_retries_within_max_retries_then_fails(tmp_path:
 
 
 def test_skipped_answer_is_fail(tmp_path: Path) -> None:
-    run = Run(tmp_path, _graph(GATE % ""), ScriptedModel())
+    run = Run(tmp_path, pipeline_graph(GATE % ""), ScriptedModel())
     out = run.drive(_queue())
     assert out.status == RunStatus.FAILED and "human skipped interaction" in out.message
 
 
 def test_a_misfit_scripted_answer_stops_the_run_never_a_fallback(tmp_path: Path) -> None:
-    run = Run(tmp_path, _graph(GATE % ""), ScriptedModel())
+    run = Run(tmp_path, pipeline_graph(GATE % ""), ScriptedModel())
     with pytest.raises(UsageError, match="not one of the options"):
         run.drive(_queue("Deploy"))
     assert run.events("NODE_OUTCOME")[-1]["node"] == "start"  # the gate decided nothing
 
 
 def test_a_misfit_answer_file_is_refused_and_the_gate_keeps_waiting(tmp_path: Path) -> None:
-    run = Run(tmp_path, _graph(GATE % ""), ScriptedModel().reply("shipped"))
+    run = Run(tmp_path, pipeline_graph(GATE % ""), ScriptedModel().reply("shipped"))
     mailbox = Mailbox(run.ws)
     assert run.drive(Chain(MailboxInterviewer(mailbox, print))).status == "WAITING_FOR_INPUT"
     mailbox.write_answer("maybe")
@@ -307,7 +218,7 @@ def test_a_misfit_answer_file_is_refused_and_the_gate_keeps_waiting(tmp_path: Pa
 # -- interactive nodes -------------------------------------------------------------------------
 def test_multi_turn_exchange_ends_on_done(tmp_path: Path) -> None:
     model = ScriptedModel().reply("Name it tern?").reply("Then heron?").reply("summary")
-    run = Run(tmp_path, _example("interactive.dot"), model)
+    run = Run(tmp_path, example("interactive.dot"), model)
     out = run.drive(_queue("shorter please", "/done"))
     assert out.status == RunStatus.COMPLETED and out.message == "summary"
     assert run.path() == ["start", "brainstorm", "write_up"]
@@ -327,7 +238,7 @@ ENDS = [("/approve", "success", "write_up"), ("/reject", "fail", "brainstorm")]
 def test_approve_and_reject_end_the_node(
     tmp_path: Path, reply: str, status: str, last: str
 ) -> None:
-    run = Run(tmp_path, _example("interactive.dot"), ScriptedModel().reply("tern?").reply("sum"))
+    run = Run(tmp_path, example("interactive.dot"), ScriptedModel().reply("tern?").reply("sum"))
     assert run.drive(_queue(reply)).status == RunStatus.COMPLETED
     assert run.outcome("brainstorm")["status"] == status
     assert run.path()[-1] == last  # /reject takes the outcome=fail edge to the exit
@@ -335,14 +246,14 @@ def test_approve_and_reject_end_the_node(
 
 def test_auto_approve_ends_an_interactive_node_after_the_first_message(tmp_path: Path) -> None:
     model = ScriptedModel().reply("tern?").reply("sum")
-    run = Run(tmp_path, _example("interactive.dot"), model)
+    run = Run(tmp_path, example("interactive.dot"), model)
     assert run.drive(Chain(AutoApproveInterviewer())).status == RunStatus.COMPLETED
     assert len(model.calls) == 2 and run.outcome("brainstorm")["status"] == "success"
 
 
 def test_resume_mid_conversation_continues_at_the_next_turn(tmp_path: Path) -> None:
     model = ScriptedModel().reply("one?").reply("two?").reply("three?").reply("sum")
-    run = Run(tmp_path, _example("interactive.dot"), model)
+    run = Run(tmp_path, example("interactive.dot"), model)
     mailbox = Mailbox(run.ws)
 
     def post() -> Interviewer:
@@ -379,14 +290,14 @@ digraph t {
 
 
 def test_a_tool_node_runs_its_command_and_a_conditional_routes_on_context(tmp_path: Path) -> None:
-    run = Run(tmp_path, _graph(TOOLS % "printf ok"), ScriptedModel().reply("fine"))
+    run = Run(tmp_path, pipeline_graph(TOOLS % "printf ok"), ScriptedModel().reply("fine"))
     assert run.drive(_queue()).status == RunStatus.COMPLETED
     assert run.path() == ["start", "check", "route", "good"]
     assert run.outcome("check")["context_updates"] == {"tool.output": "ok"}
 
 
 def test_a_failing_tool_takes_the_fail_edge(tmp_path: Path) -> None:
-    run = Run(tmp_path, _graph(TOOLS % "exit 3"), ScriptedModel())
+    run = Run(tmp_path, pipeline_graph(TOOLS % "exit 3"), ScriptedModel())
     assert run.drive(_queue()).status == RunStatus.COMPLETED
     assert run.path() == ["start", "check"] and run.outcome("check")["status"] == "fail"
 
@@ -398,10 +309,12 @@ def test_a_fail_with_no_fail_edge_fails_the_run_unless_a_retry_target(tmp_path: 
         check [shape=parallelogram, tool_command="test -e flag || { touch flag; exit 1; }"]
         start -> check -> exit
     }"""
-    run = Run(tmp_path / "a", _graph(body % ""), ScriptedModel())
+    run = Run(tmp_path / "a", pipeline_graph(body % ""), ScriptedModel())
     out = run.drive(_queue())
     assert out.status == RunStatus.FAILED and "node check failed" in out.message
-    run = Run(tmp_path / "b", _graph(body % 'graph [retry_target="check"]'), ScriptedModel())
+    run = Run(
+        tmp_path / "b", pipeline_graph(body % 'graph [retry_target="check"]'), ScriptedModel()
+    )
     run.ws.root.joinpath("flag").unlink(missing_ok=True)
     assert run.drive(_queue()).status == RunStatus.COMPLETED  # failed once, then went round
     assert run.path() == ["start", "check", "check"]
@@ -410,7 +323,7 @@ def test_a_fail_with_no_fail_edge_fails_the_run_unless_a_retry_target(tmp_path: 
 def test_a_codergen_node_pauses_on_ask_human_and_resumes_inside_the_node(tmp_path: Path) -> None:
     model = ScriptedModel().call("ask_human", {"prompt": "Which DB?"}, id="q").reply("planned")
     model.reply("applied")
-    run = Run(tmp_path, _example("review-gate.dot"), model)
+    run = Run(tmp_path, example("review-gate.dot"), model)
     mailbox = Mailbox(run.ws)
     assert run.drive(Chain(MailboxInterviewer(mailbox, print))).status == "WAITING_FOR_INPUT"
     assert run.meta.current_node == "do_work"
@@ -432,17 +345,17 @@ def test_a_goal_gate_that_failed_sends_the_run_back_or_fails_it(tmp_path: Path) 
         check -> exit [condition="outcome=success"]
         check -> exit [condition="outcome=fail"]
     }"""
-    run = Run(tmp_path / "a", _graph(body % ""), ScriptedModel())
+    run = Run(tmp_path / "a", pipeline_graph(body % ""), ScriptedModel())
     out = run.drive(_queue())
     assert out.status == RunStatus.FAILED and "goal gate check did not succeed" in out.message
-    run = Run(tmp_path / "b", _graph(body % 'retry_target="check",'), ScriptedModel())
+    run = Run(tmp_path / "b", pipeline_graph(body % 'retry_target="check",'), ScriptedModel())
     assert run.drive(_queue()).status == RunStatus.COMPLETED
     assert run.path() == ["start", "check", "check"]
     assert run.events("EDGE_TAKEN")[-2]["step"] == "goal_gate"
 
 
 def test_a_node_with_its_own_agent_uses_that_agent_and_model(tmp_path: Path) -> None:
-    g = _graph("""
+    g = pipeline_graph("""
         digraph t {
             start [shape=Mdiamond]; exit [shape=Msquare]
             a [prompt="first"]; b [prompt="second", agent="reviewer"]
@@ -458,7 +371,7 @@ def test_a_node_with_its_own_agent_uses_that_agent_and_model(tmp_path: Path) -> 
 
 def test_an_approval_in_a_codergen_node_pauses_the_pipeline(tmp_path: Path) -> None:
     model = ScriptedModel().call("deploy", {}, id="d").reply("deployed it").reply("applied")
-    run = Run(tmp_path, _example("review-gate.dot"), model, DEPLOY)
+    run = Run(tmp_path, example("review-gate.dot"), model, DEPLOY)
     mailbox = Mailbox(run.ws)
     out = run.drive(Chain(MailboxInterviewer(mailbox, print)))
     assert out.status == "WAITING_FOR_INPUT" and out.request is not None
@@ -474,7 +387,7 @@ def test_an_outcome_not_yet_routed_is_routed_on_resume_without_running_again(
     tmp_path: Path,
 ) -> None:
     """A crash after NODE_OUTCOME and before EDGE_TAKEN: the resume takes the edge."""
-    run = Run(tmp_path, _example("review-gate.dot"), ScriptedModel().reply("plan"))
+    run = Run(tmp_path, example("review-gate.dot"), ScriptedModel().reply("plan"))
     run.drive(Chain(MailboxInterviewer(Mailbox(run.ws), print)))
     lines = run.paths.journal.read_text().splitlines(keepends=True)
     cut = next(i for i, line in enumerate(lines) if '"NODE_OUTCOME"' in line and "do_work" in line)
@@ -486,7 +399,7 @@ def test_an_outcome_not_yet_routed_is_routed_on_resume_without_running_again(
 
 
 def test_a_tool_node_cut_short_by_a_crash_is_not_run_again(tmp_path: Path) -> None:
-    run = Run(tmp_path, _graph(TOOLS % "echo run >> runs.txt; printf ok"), ScriptedModel())
+    run = Run(tmp_path, pipeline_graph(TOOLS % "echo run >> runs.txt; printf ok"), ScriptedModel())
     run.drive(_queue())
     lines = run.paths.journal.read_text().splitlines(keepends=True)
     cut = next(i for i, line in enumerate(lines) if '"ACTION_REQUEST"' in line)
