@@ -25,6 +25,7 @@ from deltad.errors import UsageError
 from deltad.pipeline.driver import compose_prompt
 from deltad.pipeline.state import replay
 from deltad.protocol import (
+    EventType,
     Mailbox,
     RunStatus,
     save_metadata,
@@ -381,6 +382,19 @@ def test_an_approval_in_a_codergen_node_pauses_the_pipeline(tmp_path: Path) -> N
     out = run.resume(Chain(MailboxInterviewer(mailbox, print), AutoApproveInterviewer()))
     assert out.status == RunStatus.COMPLETED and (run.ws.root / "deployed.txt").exists()
     assert run.outcome("do_work")["context_updates"]["response.do_work"] == "deployed it"
+
+
+def test_a_model_failure_fails_the_run_and_a_retry_continues_the_same_node(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedModel().refuse().reply("plan").reply("applied")
+    run = Run(tmp_path, example("review-gate.dot"), model)
+    out = run.drive(_queue("A"))
+    assert out.status == RunStatus.FAILED and run.meta.error_kind == "model_refused"
+    retry = {"level": "INFO", "content": "retried on purpose", "retry": True}
+    run.journal.append(EventType.SYSTEM_MESSAGE, retry)  # what `delta run --retry` writes
+    assert run.resume(_queue("A")).status == RunStatus.COMPLETED
+    assert run.path() == ["start", "do_work", "review_gate", "apply"]
 
 
 def test_an_outcome_not_yet_routed_is_routed_on_resume_without_running_again(
