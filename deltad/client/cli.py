@@ -83,7 +83,13 @@ def main() -> None:
 
 @main.command("run", epilog=exitcodes.HELP)
 @click.option("--agent", "-a", help="Agent directory (config.yaml + system_prompt.md).")
-@click.option("--task", "-t", help="The task for a new run.")
+@click.option("--task", "-t", help="The task for a new run (a pipeline's $goal).")
+@click.option(
+    "--pipeline",
+    "-p",
+    type=click.Path(dir_okay=False),
+    help="Run this pipeline (a DOT graph; see docs/pipelines.md) with --agent's model and tools.",
+)
 @WORK_DIR
 @click.option("-i", "--interactive", is_flag=True, help="Ask questions on this terminal.")
 @click.option("--new", is_flag=True, help="Start a new run even if the latest can be resumed.")
@@ -110,6 +116,7 @@ def main() -> None:
 def run_cmd(
     agent: str | None,
     task: str | None,
+    pipeline: str | None,
     work_dir: Path,
     interactive: bool,
     new: bool,
@@ -141,6 +148,7 @@ def run_cmd(
         auto_approve,
         answers,
         retry=retry,
+        pipeline=pipeline,
         hooks=EnvCheckpoints.from_env(os.environ),  # DELTA_FAULT / DELTA_HOLD, for tests
     )
     sys.exit(drive(opts, guard, sys.stdout, sys.stderr))
@@ -164,6 +172,8 @@ def status_cmd(work_dir: Path, run_id: str | None, as_json: bool) -> None:
     click.echo(f"Run:        {doc['run_id']}\nStatus:     {status}\nTask:       {doc['task']}")
     click.echo(f"Agent:      {doc['agent_ref']}\nIterations: {doc['iterations_completed']}")
     click.echo(f"Updated:    {doc['updated_at']}")
+    if doc.get("pipeline"):
+        click.echo(f"Pipeline:   {doc['pipeline']}\nNode:       {doc['current_node'] or '-'}")
     if doc["error"]:
         click.echo(f"Reason:     {doc['error']}")
     if doc["pending"] is not None:

@@ -35,6 +35,9 @@ from deltad.engine.interviewers import (
 from deltad.engine.llm import ChatModel, OpenAIChatModel
 from deltad.engine.signals import Interrupted, InterruptGuard
 from deltad.errors import LLMError, UsageError
+from deltad.pipeline import runs as pipeline_runs
+from deltad.pipeline.driver import PipelineEngine
+from deltad.pipeline.model import Graph
 from deltad.protocol import (
     RESUMABLE,
     RETRYABLE_FAILURES,
@@ -77,6 +80,12 @@ class RunOptions:
     hooks: Checkpoints | None = None  # named points of the ingestion sequence (tests)
     retry: bool = False  # resume a run the model endpoint FAILED (delta run --retry)
     log_to_run: bool = True  # the CLI sends all logging to the run's engine.log; a library not
+    pipeline: str | None = None  # a new pipeline run: the DOT file (delta run --pipeline)
+
+    @property
+    def starts(self) -> bool:
+        """Enough to start a new run: an agent and a task, or an agent and a pipeline."""
+        return bool(self.agent and (self.task or self.pipeline))
 
 
 @dataclass
@@ -162,33 +171,50 @@ def _supersede(ws: Workspace, paths: RunPaths, meta: RunMetadata, by: str, warn:
         )
 
 
-def _prepare(opts: RunOptions, err: TextIO) -> tuple[Agent, ChatModel]:
+@dataclass
+class Ready:
+    """A new run, checked: its agent and model, and its pipeline (graph and text) if any."""
+
+    agent: Agent
+    model: ChatModel
+    pipeline: tuple[Graph, str] | None = None
+
+
+def _prepare(opts: RunOptions, err: TextIO) -> Ready:
     """Validate everything a new run needs before anything is written."""
-    if not opts.agent or not opts.task:
-        raise UsageError("starting a run needs --agent DIR and --task TEXT")
+    if not opts.starts or not opts.agent:
+        raise UsageError("starting a run needs --agent DIR and --task TEXT (or --pipeline FILE)")
+    pipeline = pipeline_runs.load_new(Path(opts.pipeline)) if opts.pipeline else None
     agent = load_agent(opts.agent)
     for note in agent.notes:
         print(f"delta: note: {note}", file=err)
-    return agent, _model(agent, err)
+    for home in pipeline_runs.node_agents(pipeline[0]) if pipeline else []:
+        load_agent(home)  # a node's own agent must be sound too
+    return Ready(agent, _model(agent, err), pipeline)
 
 
-Prepared = tuple[Agent, ChatModel] | None
+Prepared = Ready | None
 
 
 def _create(ws: Workspace, opts: RunOptions, prepared: Prepared, err: TextIO) -> Selected:
-    agent, model = prepared or _prepare(opts, err)
-    assert opts.task is not None  # _prepare refuses a new run without one
+    ready = prepared or _prepare(opts, err)
+    agent, model = ready.agent, ready.model
+    task = pipeline_runs.goal_of(ready.pipeline[0], opts.task) if ready.pipeline else opts.task
+    assert task is not None  # _prepare refuses a new run without one
     run_id = new_run_id()
     paths = ws.run(run_id)
     safefs.mkdirs(paths.execution)
     for f in (agent.config_file, agent.prompt_file):  # a snapshot: what this run was started with
         atomic_write(paths.configuration / f.name, read_regular(f, MAX_CONFIG_BYTES, follow=True))
+    if ready.pipeline:
+        pipeline_runs.save_copy(paths, ready.pipeline[1])
     now = utcnow()
     meta = RunMetadata(
         run_id=run_id,
         status=RunStatus.RUNNING,
-        task=opts.task,
+        task=task,
         agent_ref=str(agent.home),
+        pipeline=str(Path(opts.pipeline).resolve()) if opts.pipeline else None,
         start_time=now,
         updated_at=now,
         max_iterations=opts.max_iterations,
@@ -216,10 +242,10 @@ def _resume(
     except UsageError as e:
         raise UsageError(f"cannot resume run {meta.run_id}: {e}") from None
     model = _model(agent, warn)
-    if opts.agent or opts.task:
+    if opts.agent or opts.task or opts.pipeline:
         print(
-            f"delta: resuming run {meta.run_id} ({meta.status}); --agent/--task ignored. "
-            "Pass --new to start a new run instead.",
+            f"delta: resuming run {meta.run_id} ({meta.status}); --agent/--task/--pipeline "
+            "ignored. Pass --new to start a new run instead.",
             file=warn,
         )
     if opts.log_to_run:
@@ -265,7 +291,7 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -
         return _take_over(ws, paths, meta, opts, warn)
     if opts.run_id:
         raise UsageError(f"run {meta.run_id} is {meta.status}; there is nothing to resume")
-    if not (opts.agent and opts.task):
+    if not opts.starts:
         raise UsageError(
             f"the latest run {meta.run_id} is {meta.status}; start a new run with "
             "--agent DIR --task TEXT"
@@ -315,7 +341,7 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
     ws = Workspace.at(opts.work_dir)
     prepared: Prepared = None
     if opts.new or not safefs.is_dir(ws.delta_dir):
-        if not (opts.agent and opts.task):
+        if not opts.starts:
             raise UsageError(
                 f"no run to resume in {ws.root}; start one with --agent DIR --task TEXT"
             )
@@ -331,7 +357,7 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
         queued = sel.journal.history.replies_from("queue")
         interviewer = opts.interviewer or _interviewer(opts, ws, warn, guard, queued, hooks)
         try:
-            outcome = Engine(ctx, interviewer).drive()
+            outcome = _engine(ctx, interviewer, err).drive()
         except Interrupted as e:
             return _interrupted(ctx, e, err)
         except (UsageError, ProtocolError) as e:
@@ -339,6 +365,22 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
         except Exception as e:
             return _internal_error(ctx, e, err)
     return _report(ws, sel.meta, outcome, out, err)
+
+
+def _engine(ctx: RunContext, interviewer: Interviewer, err: TextIO) -> Engine:
+    """The run's engine: a pipeline's (its graph from the run's own copy), else the loop."""
+    if ctx.meta.pipeline is None:
+        return Engine(ctx, interviewer)
+    graph = pipeline_runs.load_for_run(ctx.paths, ctx.meta)
+    agents: dict[Path, tuple[Agent, ChatModel]] = {}
+
+    def agent_of(home: Path) -> tuple[Agent, ChatModel]:
+        if home not in agents:
+            agent = load_agent(home)
+            agents[home] = (agent, _model(agent, err))
+        return agents[home]
+
+    return PipelineEngine(ctx, interviewer, graph, agent_of)
 
 
 def run(opts: RunOptions, out: TextIO | None = None, err: TextIO | None = None) -> int:

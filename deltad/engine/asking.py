@@ -83,6 +83,7 @@ class Asking:
                 "action_id": req.action_id,
                 "input_type": str(req.input_type),
                 "reply": reply.model_dump(mode="json"),
+                **({"node_id": req.node_id} if req.node_id else {}),
             },
         )
         self.ctx.hooks.reached(Point.AFTER_JOURNAL)

@@ -281,7 +281,7 @@ class ConsoleInterviewer(_Quiet):
         return line
 
     def ask(self, req: InteractionRequest) -> Reply | None:
-        self._say(f"\n[ask_human] {req.prompt}\n")
+        self._say(f"\n[{req.node_id or 'ask_human'}] {req.prompt}\n")  # a pipeline's: its node
         if req.expires_at is not None:
             self._say(
                 f"(answer by {req.expires_at:%H:%M:%S} UTC"

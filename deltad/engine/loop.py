@@ -98,11 +98,9 @@ class Engine:
                 continue
             last = history.last_thought
             if last is not None and not last.payload.get("tool_calls"):
-                return self.finish(RunStatus.COMPLETED, last.payload.get("content") or "")
-            if ctx.meta.iterations_completed >= self.max_iterations:
-                return self.finish(
-                    RunStatus.FAILED, f"stopped after max_iterations ({self.max_iterations})"
-                )
+                return self.completed(last.payload.get("content") or "")
+            if self.iterations_used() >= self.max_iterations:
+                return self.exhausted(f"stopped after max_iterations ({self.max_iterations})")
             if not think(ctx).get("tool_calls"):
                 self._count_iteration()
 
@@ -127,6 +125,17 @@ class Engine:
             if decided is not None:
                 return self._pause(decided)
         return None
+
+    # -- what a pipeline node changes (deltad/pipeline/nodes.py) ---------------------------------
+    def completed(self, message: str) -> Outcome:
+        """The model answered without calling a tool: the task is done."""
+        return self.finish(RunStatus.COMPLETED, message)
+
+    def iterations_used(self) -> int:
+        return self.ctx.meta.iterations_completed
+
+    def exhausted(self, reason: str) -> Outcome:
+        return self.finish(RunStatus.FAILED, reason)
 
     def _count_iteration(self) -> None:
         self.ctx.meta.iterations_completed += 1

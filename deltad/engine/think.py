@@ -35,12 +35,19 @@ class CutOff(LLMError):
 
 
 def messages(ctx: RunContext) -> list[dict[str, Any]]:
-    """The conversation so far, from the journal alone."""
+    """The conversation so far, from the journal alone. In a pipeline each node is its own
+    conversation: its prompt (from its NODE_START) and what followed it."""
+    events = ctx.journal.events
+    task = ctx.meta.task
+    starts = [i for i, e in enumerate(events) if e.type == EventType.NODE_START]
+    if starts:
+        task = events[starts[-1]].payload.get("prompt") or task
+        events = events[starts[-1] + 1 :]
     msgs: list[dict[str, Any]] = [
         {"role": "system", "content": ctx.agent.system_prompt},
-        {"role": "user", "content": ctx.meta.task},
+        {"role": "user", "content": task},
     ]
-    for e in ctx.journal.events:
+    for e in events:
         if e.type == EventType.THOUGHT:
             m: dict[str, Any] = {"role": "assistant", "content": e.payload.get("content")}
             if e.payload.get("tool_calls"):
@@ -54,6 +61,8 @@ def messages(ctx: RunContext) -> list[dict[str, Any]]:
                     "content": e.payload["observation_content"],
                 }
             )
+        elif e.type == EventType.NODE_MESSAGE:
+            msgs.append({"role": "user", "content": e.payload["text"]})
     return msgs
 
 

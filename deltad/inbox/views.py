@@ -107,6 +107,8 @@ def status(ws: Workspace | Path | str, run_id: str | None = None) -> dict[str, A
         "end_time": iso(meta.end_time) if meta.end_time else None,
         "error": meta.error,
         "error_kind": meta.error_kind,
+        "pipeline": meta.pipeline,
+        "current_node": meta.current_node,
         "owner_alive": alive,
         "pending": req.model_dump(mode="json") if req else None,
         "response": answer,
@@ -125,6 +127,8 @@ def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:
         f"  Question: {req.prompt}",
         f"  Expects:  {kind.expects}",
     ]
+    if req.node_id:
+        lines.insert(1, f"  Node:     {req.node_id} (pipeline)")
     lines += [f"    [{o.key}] {o.label}" for o in req.options]
     for c in req.calls:
         lines += [

@@ -78,6 +78,36 @@ class RunEnd(_Payload):
     reason: str = ""
 
 
+class NodeStart(_Payload):
+    node: str
+    kind: str
+    attempt: int = 1
+    prompt: str = ""  # a codergen node's whole prompt, as the model is given it
+    iterations_before: int = 0  # the run's iterations when the node began (its own cap)
+
+
+class NodeOutcome(_Payload):
+    node: str
+    status: Literal["success", "partial_success", "retry", "fail", "skipped"]
+    preferred_label: str = ""
+    suggested_next_ids: list[str] = Field(default_factory=list)
+    context_updates: dict[str, Any] = Field(default_factory=dict)
+    notes: str = ""
+    failure_reason: str = ""
+
+
+class EdgeTaken(_Payload):
+    source: str
+    target: str
+    step: str
+    reason: str = ""
+
+
+class NodeMessage(_Payload):
+    node: str
+    text: str
+
+
 PAYLOADS: dict[str, type[BaseModel]] = {
     EventType.RUN_START: RunStart,
     EventType.THOUGHT: Thought,
@@ -85,6 +115,10 @@ PAYLOADS: dict[str, type[BaseModel]] = {
     EventType.ACTION_RESULT: ActionResult,
     EventType.SYSTEM_MESSAGE: SystemMessage,
     EventType.RUN_END: RunEnd,
+    EventType.NODE_START: NodeStart,
+    EventType.NODE_OUTCOME: NodeOutcome,
+    EventType.EDGE_TAKEN: EdgeTaken,
+    EventType.NODE_MESSAGE: NodeMessage,
 }
 
 

@@ -78,6 +78,13 @@ class History:
                 self.sources[reply.source] += 1
             case EventType.RUN_END:
                 self.last_end = e
+            case EventType.NODE_START:
+                # A pipeline node is a conversation of its own: nothing of the last one is
+                # pending in it.
+                self.last_thought, self.calls = None, []
+                self.requested, self.answered = set(), set()
+            case EventType.NODE_MESSAGE:
+                self.last_thought = None  # the human spoke last: the model answers next
             case EventType.SYSTEM_MESSAGE if p.get("retry"):
                 self.last_retry_seq = e.seq
             case _:

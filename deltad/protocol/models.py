@@ -56,6 +56,10 @@ class RunMetadata(_Model):
     # Since when model calls have been failing transiently (deltad's give-up clock); cleared
     # by the next successful call.
     model_failing_since: Timestamp | None = None
+    # A pipeline run: the DOT file it was started with (its copy is in the run's
+    # configuration/pipeline.dot) and the node it is at, for `delta status`.
+    pipeline: str | None = None
+    current_node: str | None = None
 
 
 class InputType(StrEnum):
@@ -105,6 +109,7 @@ class InteractionRequest(_Model):
     calls: list[GatedCall] = Field(default_factory=list)
     minimum: float | None = None  # number: the smallest answer accepted
     maximum: float | None = None  # number: the largest answer accepted
+    node_id: str | None = None  # a pipeline's question: the node that asks it
 
     @property
     def is_secret(self) -> bool:
@@ -122,6 +127,12 @@ class EventType(StrEnum):
     SYSTEM_MESSAGE = "SYSTEM_MESSAGE"
     HUMAN_INTERACTION = "HUMAN_INTERACTION"
     RUN_END = "RUN_END"
+    # Pipelines (deltad/pipeline/driver.py): a node began, its outcome (with the context
+    # changes it makes), the edge taken, a human's message to the agent in an interactive node.
+    NODE_START = "NODE_START"
+    NODE_OUTCOME = "NODE_OUTCOME"
+    EDGE_TAKEN = "EDGE_TAKEN"
+    NODE_MESSAGE = "NODE_MESSAGE"
 
 
 class ActionStatus(StrEnum):

@@ -1,11 +1,32 @@
-"""Small builders shared by the pipeline unit tests."""
+"""Small builders shared by the pipeline tests: graphs, and pipeline runs driven in-process."""
 
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
+from typing import Any
 
+from deltad.agent import load_agent
+from deltad.engine import Outcome as RunOutcome
+from deltad.engine import RunContext
+from deltad.engine.interviewers import Interviewer
+from deltad.engine.signals import InterruptGuard
 from deltad.pipeline import Graph, GraphError, build_graph, parse_dot, parse_pipeline
+from deltad.pipeline.driver import PipelineEngine
 from deltad.pipeline.problems import Problem
+from deltad.protocol import (
+    Journal,
+    RunMetadata,
+    RunStatus,
+    Workspace,
+    current_owner,
+    new_run_id,
+    save_metadata,
+    utcnow,
+)
+from deltad.testing import ScriptedModel
+
+from ..conftest import write_agent
 
 
 def graph_of(body: str, *, header: str = "digraph t {") -> Graph:
@@ -38,4 +59,103 @@ def only(problems: list[str], needle: str) -> str:
     return found[0]
 
 
-__all__ = ["Problem", "graph_of", "only", "problems_in", "problems_of", "raw_graph"]
+# -- pipeline runs in-process (test_pipeline_run.py, the runner's fuzz) -------------------------
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pipelines"
+
+
+def pipeline_graph(text: str) -> Graph:
+    return parse_pipeline(textwrap.dedent(text), "t.dot", check_files=False)
+
+
+def example(name: str) -> Graph:
+    return pipeline_graph((EXAMPLES / name).read_text())
+
+
+ECHO = '[{name: echo, exec: "echo ${text}"}]'
+DEPLOY = '[{name: deploy, shell: "echo deployed > deployed.txt", approval: required}]'
+
+
+class Run:
+    """A pipeline run on disk, driven in-process; `resume()` is a new process."""
+
+    def __init__(
+        self, tmp: Path, graph: Graph, model: ScriptedModel, tools: str = ECHO, extra: str = ""
+    ) -> None:
+        (tmp / "ws").mkdir(parents=True)
+        self.ws = Workspace.at(tmp / "ws")
+        self.graph, self.model = graph, model
+        self.agent = load_agent(write_agent(tmp, tools, extra))
+        run_id = new_run_id()
+        self.paths = self.ws.run(run_id)
+        now = utcnow()
+        self.meta = RunMetadata(
+            run_id=run_id,
+            status=RunStatus.RUNNING,
+            task=graph.goal or "the goal",
+            agent_ref=str(self.agent.home),
+            start_time=now,
+            updated_at=now,
+            owner=current_owner(),
+            pipeline="t.dot",
+        )
+        save_metadata(self.paths.metadata, self.meta)
+        self.ws.set_latest(run_id)
+        self.journal = Journal(self.paths.journal)
+        self.loaded = []
+
+    def drive(self, interviewer: Interviewer) -> RunOutcome:
+        ctx = RunContext(
+            self.ws,
+            self.paths,
+            self.meta,
+            self.journal,
+            self.agent,
+            self.model,
+            InterruptGuard(),
+            print,
+        )
+        return PipelineEngine(ctx, interviewer, self.graph, self._agents).drive()
+
+    def _agents(self, home: Path) -> Any:
+        self.loaded.append(home)
+        return self.other
+
+    loaded: list[Path]
+    other: tuple[Any, ScriptedModel]
+
+    def resume(self, interviewer: Interviewer) -> RunOutcome:
+        self.journal = Journal(self.paths.journal)  # read from disk, as a new process does
+        return self.drive(interviewer)
+
+    # -- what the journal says -------------------------------------------------------------
+    def events(self, type_: str) -> list[dict[str, Any]]:
+        return [e.payload for e in Journal(self.paths.journal).events if e.type == type_]
+
+    def path(self) -> list[str]:
+        return [p["node"] for p in self.events("NODE_START")]
+
+    def outcome(self, node: str) -> dict[str, Any]:
+        return [p for p in self.events("NODE_OUTCOME") if p["node"] == node][-1]
+
+    def asked(self) -> list[dict[str, Any]]:
+        return [p["request"] for p in self.events("HUMAN_INTERACTION") if p["phase"] == "asked"]
+
+    def prompts(self) -> list[str]:
+        """The user message each model call began with."""
+        return [str(call[1]["content"]) for call in self.model.calls]
+
+
+__all__ = [
+    "DEPLOY",
+    "ECHO",
+    "EXAMPLES",
+    "Problem",
+    "Run",
+    "example",
+    "graph_of",
+    "only",
+    "pipeline_graph",
+    "problems_in",
+    "problems_of",
+    "raw_graph",
+]

@@ -1,0 +1,266 @@
+"""Running one node of a pipeline: its handler, from the journal, pausing the usual way.
+
+Each handler returns the node's `Outcome`, or the run's (`RunOutcome`) when the run must stop
+here: paused for a human (request.json, exit 101), interrupted, or ended by the model.
+
+    codergen      the agent's Think-Act-Observe loop on the node's prompt; its final message
+                  goes into the context. Its tools, approvals and ask_human pause as in a run.
+    interactive   each agent message is a free-text question; /done and /approve end the
+                  node SUCCESS, /reject FAIL, anything else goes back to the agent. Every
+                  human turn is journaled (the commit point of its answer, then a NODE_MESSAGE)
+    wait.human    a `choice` question in the mailbox; its timeout is a durable `expires_at`
+    tool          `tool_command` in the workspace; not re-run if a crash cut it short
+    conditional, start: nothing to do; the edges' conditions route
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import assert_never
+
+from deltad.agent import Agent, Invocation
+from deltad.engine import Engine, RunContext
+from deltad.engine import Outcome as RunOutcome
+from deltad.engine.asking import Asking
+from deltad.engine.interviewers import Interviewer
+from deltad.engine.llm import ChatModel
+from deltad.engine.tools import kill_orphan, run_tool, write_record
+from deltad.errors import UsageError
+from deltad.protocol import (
+    ActionStatus,
+    EventType,
+    InputType,
+    InteractionRequest,
+    RunStatus,
+    utcnow,
+)
+from deltad.protocol.history import Call
+from deltad.protocol.replies import Reply
+
+from .gates import Gate, gate
+from .interactive import AUTO_APPROVE_REPLY, ending
+from .model import Graph, Kind, Node
+from .outcome import Outcome, Status
+from .state import Visit
+
+AgentLoader = Callable[[Path], tuple[Agent, ChatModel]]
+CONTEXT_TEXT_LIMIT = 8000  # a response kept in the context (and shown in later prompts)
+TOOL_TIMEOUT_SECONDS = 600.0  # a tool node without `timeout`
+ENDINGS_HINT = "(reply to the agent; /done or /approve ends this step, /reject fails it)"
+
+
+class NodeEngine(Engine):
+    """The engine's loop for one codergen node: a final message ends the node, not the run
+    (its outcome is RUNNING: the run goes on), and `max_iterations` counts this node's
+    iterations only (reaching it is a FAIL of the node)."""
+
+    def __init__(self, ctx: RunContext, interviewer: Interviewer, before: int) -> None:
+        super().__init__(ctx, interviewer)
+        self.before = before
+        self.failure: str | None = None
+
+    def completed(self, message: str) -> RunOutcome:
+        return RunOutcome(RunStatus.RUNNING, 0, message)
+
+    def iterations_used(self) -> int:
+        return self.ctx.meta.iterations_completed - self.before
+
+    def exhausted(self, reason: str) -> RunOutcome:
+        self.failure = reason
+        return RunOutcome(RunStatus.RUNNING, 0, reason)
+
+    def pause(self, req: InteractionRequest) -> RunOutcome:
+        return self._pause(req)
+
+
+@dataclass
+class NodeRun:
+    """What a handler needs: the run, the graph, and the visit it is running."""
+
+    ctx: RunContext
+    interviewer: Interviewer
+    graph: Graph
+    visit: Visit
+    agents: AgentLoader
+
+    @property
+    def node(self) -> Node:
+        return self.graph.nodes[self.visit.node]
+
+    def context_for_node(self) -> RunContext:
+        """The run's context with this node's agent (its `agent` attribute, if any)."""
+        if self.node.agent is None:
+            return self.ctx
+        agent, model = self.agents(self.node.agent)
+        return replace(self.ctx, agent=agent, model=model)
+
+    def engine(self, ctx: RunContext) -> NodeEngine:
+        return NodeEngine(ctx, self.interviewer, self.visit.iterations_before)
+
+    def question(
+        self, action_id: str, build: Callable[[], InteractionRequest]
+    ) -> tuple[InteractionRequest, Reply | None]:
+        """Ask once (durably: the journal keeps the question), then take the reply (None:
+        nobody can answer now)."""
+        ctx = self.ctx
+        asking = Asking(ctx, self.interviewer, lambda req, reply: None)
+        req = ctx.history.asked(action_id) or asking.record_asked(build())
+        return req, asking.take(req)
+
+
+Result = Outcome | RunOutcome
+
+
+def run_node(run: NodeRun) -> Result:
+    match run.node.kind:
+        case Kind.CODERGEN:
+            return codergen(run)
+        case Kind.WAIT_HUMAN:
+            return wait_human(run)
+        case Kind.TOOL:
+            return tool(run)
+        case Kind.START | Kind.CONDITIONAL | Kind.EXIT:
+            return Outcome(Status.SUCCESS)
+        case _:
+            assert_never(run.node.kind)
+
+
+# -- codergen and interactive ---------------------------------------------------------------
+def responded(node: Node, message: str, status: Status = Status.SUCCESS, why: str = "") -> Outcome:
+    text = message[:CONTEXT_TEXT_LIMIT]
+    return Outcome(
+        status,
+        context_updates={"last_stage": node.id, "last_response": text, f"response.{node.id}": text},
+        notes=message,
+        failure_reason=why,
+    )
+
+
+def codergen(run: NodeRun) -> Result:
+    ctx = run.context_for_node()
+    while True:
+        engine = run.engine(ctx)
+        out = engine.drive()
+        if out.status != RunStatus.RUNNING:
+            return out  # paused, interrupted, or the run ended (a model that refuses)
+        if engine.failure is not None:
+            return Outcome(Status.FAIL, failure_reason=engine.failure)
+        if not run.node.interactive:
+            return responded(run.node, out.message)
+        said = converse(run, engine, out.message)
+        if said is not None:
+            return said
+
+
+def converse(run: NodeRun, engine: NodeEngine, message: str) -> Result | None:
+    """One human turn of an interactive node: the node's outcome, a pause, or None when the
+    reply went back to the agent (journaled: the next turn starts from it)."""
+    ctx, node = run.ctx, run.node
+    thought = ctx.history.last_thought
+    assert thought is not None  # the engine stops on a final message
+    action_id = f"{node.id}@{run.visit.seq}.{thought.seq}"
+
+    def build() -> InteractionRequest:
+        shown = message.strip() or "(the agent sent an empty message)"
+        return InteractionRequest(
+            prompt=f"{shown}\n\n{ENDINGS_HINT}",
+            input_type=InputType.TEXT,
+            run_id=ctx.meta.run_id,
+            action_id=action_id,
+            node_id=node.id,
+        )
+
+    req, reply = run.question(action_id, build)
+    if reply is None:
+        return engine.pause(req)
+    if reply.outcome != "answered":
+        return responded(node, message, Status.FAIL, f"human {reply.outcome}: no reply")
+    text = AUTO_APPROVE_REPLY if reply.source == "auto" else (reply.value or "")
+    if (status := ending(text)) is not None:
+        why = "rejected by the human (/reject)" if status == Status.FAIL else ""
+        return responded(node, message, status, why)
+    ctx.journal.append(EventType.NODE_MESSAGE, {"node": node.id, "text": text})
+    return None
+
+
+# -- human gates ----------------------------------------------------------------------------
+def gate_request(g: Gate, run_id: str, action_id: str) -> InteractionRequest:
+    node = g.node
+    now = utcnow()
+    default, _ = g.resolve_default()
+    return InteractionRequest(
+        timestamp=now,
+        prompt=g.question,
+        input_type=InputType.CHOICE,
+        run_id=run_id,
+        action_id=action_id,
+        options=g.options(),
+        default=default.key if default else None,
+        timeout_seconds=node.timeout,
+        expires_at=now + timedelta(seconds=node.timeout) if node.timeout else None,
+        node_id=node.id,
+    )
+
+
+def wait_human(run: NodeRun) -> Result:
+    g = gate(run.graph, run.node.id)
+    if not g.choices:
+        return g.on_skipped()  # "No outgoing edges for human gate" (validation refuses it)
+    action_id = f"{run.node.id}@{run.visit.seq}"
+    req, reply = run.question(action_id, lambda: gate_request(g, run.ctx.meta.run_id, action_id))
+    if reply is None:
+        return run.engine(run.ctx).pause(req)
+    match reply.outcome:
+        case "timeout":
+            return g.on_timeout()
+        case "skipped":
+            return g.on_skipped()
+        case "answered":
+            chosen = g.on_answer(reply.key or reply.value or "")
+            if chosen is None:  # the choice kind refuses misfits first; never a fallback
+                raise UsageError(f"the answer {reply.value!r} is not a choice of {run.node.id}")
+            return chosen
+
+
+# -- tools ----------------------------------------------------------------------------------
+def tool(run: NodeRun) -> Result:
+    ctx, node = run.ctx, run.node
+    call = Call(f"{node.id}@{run.visit.seq}", "tool_command", "")
+    command = node.tool_command or ""
+    if call.id in ctx.history.results:  # finished before a crash: its result stands
+        return _tool_outcome(_result_status(run, call.id), "")
+    record = ctx.record_dir(call)
+    if call.id in ctx.history.requested:  # started before a crash: never run twice
+        kill_orphan(record)
+        why = "interrupted before it finished; not re-run (check the workspace)"
+        ctx.result(call, ActionStatus.ERROR, why)
+        return Outcome(Status.FAIL, failure_reason=f"tool_command {why}")
+    ctx.ensure_running()
+    ctx.request(call, {"tool_command": command}, command)
+    inv = Invocation(["sh", "-c", command], None, {})
+    limit = node.timeout or TOOL_TIMEOUT_SECONDS
+    done = run_tool(inv, ctx.ws.root, limit, record, ctx.guard.window)
+    redact = ctx.secrets.redactor()  # a secret the run was given never reaches its records
+    done.stdout, done.stderr = redact(done.stdout), redact(done.stderr)
+    write_record(record, command, done, redact)
+    ok = done.exit_code == 0 and not done.error and not done.timed_out
+    status = ActionStatus.SUCCESS if ok else ActionStatus.FAILED
+    ctx.result(call, status, done.observation())
+    return _tool_outcome(status, done.stdout)
+
+
+def _result_status(run: NodeRun, action_id: str) -> ActionStatus:
+    for e in reversed(run.ctx.journal.events):
+        if e.type == EventType.ACTION_RESULT and e.payload["action_id"] == action_id:
+            return ActionStatus(e.payload["status"])
+    return ActionStatus.ERROR
+
+
+def _tool_outcome(status: ActionStatus, stdout: str) -> Outcome:
+    updates = {"tool.output": stdout[:CONTEXT_TEXT_LIMIT]} if stdout else {}
+    if status == ActionStatus.SUCCESS:
+        return Outcome(Status.SUCCESS, context_updates=updates)
+    return Outcome(Status.FAIL, context_updates=updates, failure_reason="tool_command failed")

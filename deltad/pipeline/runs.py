@@ -1,0 +1,59 @@
+"""A pipeline as a run's configuration: checked before a run starts, copied into the run, and
+read back from that copy on every resume (editing the original changes no run in flight)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deltad.errors import UsageError
+from deltad.protocol import RunMetadata, RunPaths
+from deltad.protocol.errors import ProtocolError
+from deltad.protocol.fsio import atomic_write, read_regular_text
+
+from .load import MAX_DOT_BYTES, parse_pipeline, read_dot
+from .model import Graph
+from .problems import GraphError
+
+COPY_NAME = "pipeline.dot"
+
+
+def refused(e: GraphError) -> UsageError:
+    """Every problem of the graph, one `delta: error:` line each (exit 2)."""
+    return UsageError("\ndelta: error: ".join(e.lines()))
+
+
+def load_new(path: Path) -> tuple[Graph, str]:
+    """The graph in `path` and its text, or UsageError listing every problem."""
+    try:
+        text = read_dot(path)
+        return parse_pipeline(text, str(path), path.resolve().parent), text
+    except GraphError as e:
+        raise refused(e) from None
+
+
+def goal_of(graph: Graph, task: str | None) -> str:
+    """What `$goal` means in this run: --task when given, else the graph's goal."""
+    return task or graph.goal or f"run the pipeline {graph.name or ''}".strip()
+
+
+def node_agents(graph: Graph) -> list[Path]:
+    return sorted({n.agent for n in graph.nodes.values() if n.agent is not None})
+
+
+def save_copy(paths: RunPaths, text: str) -> None:
+    atomic_write(paths.configuration / COPY_NAME, text.encode("utf-8"))
+
+
+def load_for_run(paths: RunPaths, meta: RunMetadata) -> Graph:
+    """The graph a run was started with (its copy); `agent` paths stay relative to the
+    original file's directory."""
+    assert meta.pipeline is not None
+    copy = paths.configuration / COPY_NAME
+    try:
+        text = read_regular_text(copy, MAX_DOT_BYTES)  # under .delta/: no symlink followed
+    except (OSError, ProtocolError) as e:
+        raise UsageError(f"cannot read the run's pipeline {copy}: {e}") from None
+    try:
+        return parse_pipeline(text, str(copy), Path(meta.pipeline).parent)
+    except GraphError as e:
+        raise refused(e) from None
