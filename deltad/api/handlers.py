@@ -122,6 +122,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "workspace": p.workspace,
         "run_id": r.run_id,
         "action_id": r.action_id,
+        "node_id": r.node_id,  # a pipeline gate or node asking
         "prompt": r.prompt,
         "input_type": str(r.input_type),
         "expects": kind_of(r.input_type).expects,

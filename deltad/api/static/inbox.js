@@ -148,6 +148,7 @@ function card(r) {
   },
     el("div", { class: "meta" },
       `${r.task} · agent ${r.agent} · ${r.workspace} · ${r.input_type}`,
+      r.node_id ? ` · pipeline node ${r.node_id}` : "",
       r.expires_at ? ` · answer before ${new Date(r.expires_at).toLocaleString()}` : ""),
     el("div", { class: "prompt" }, r.prompt),
     ...(r.calls || []).map(callView),
