@@ -387,3 +387,25 @@ def test_an_answer_over_http_belongs_to_the_workspace_owner_and_scopes_hold(
         finally:
             d.stop()
             d.kill_children()
+
+
+def test_a_pipeline_gate_is_answered_over_http_like_any_question(
+    served: tuple[Daemon, str, Path], tmp_path: Path, fake: FakeLLM
+) -> None:
+    d, url, root = served
+    fake.reply("the plan").reply("applied")
+    ws = root / "ws1"
+    ws.mkdir()
+    dot = Path(__file__).parents[2] / "examples" / "pipelines" / "review-gate.dot"
+    agent = write_agent(tmp_path)
+    out = _delta(fake, "run", "--pipeline", str(dot), "--agent", str(agent), "-w", str(ws))
+    assert out.returncode == 101, out.stderr
+    with client(url, make_token(d.state_dir, "alice")) as http:
+        [gate] = wait_for(lambda: http.get("/v1/requests").json()["requests"], "the gate")
+        assert (gate["node_id"], gate["input_type"]) == ("review_gate", "choice")
+        assert [o["key"] for o in gate["options"]] == ["A", "R"]
+        r = http.post(f"/v1/requests/{gate['request_id']}/answer", json={"answer": "a"})
+        assert r.status_code == 202, r.text
+    wait_for(lambda: metadata_status(ws) == "COMPLETED", "the pipeline to finish")
+    edges = [e["payload"] for e in _journal(ws) if e["type"] == "EDGE_TAKEN"]
+    assert ("review_gate", "apply") in [(e["source"], e["target"]) for e in edges]
