@@ -97,7 +97,8 @@ class Resumer:
 
     @property
     def children(self) -> dict[Path, Child]:
-        return self._executor.children if self._executor is not None else {}
+        # The first look (the startup reconcile) adopts what an earlier daemon left running.
+        return self.executor.children
 
     def _adopt(self) -> None:
         assert self._executor is not None
@@ -142,6 +143,8 @@ class Resumer:
         job = Job(
             ws, run_id, build_argv(self._template, ws, run_id), launch, self._timeout, self._log(ws)
         )
+        if ws in self.children:
+            return False  # already running (adopted): submit is idempotent, say nothing
         child = self.executor.submit(job)
         if child is None:
             return False

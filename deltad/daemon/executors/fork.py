@@ -384,6 +384,17 @@ class ForkExecutor(Tracker):
             return
         child.term_sent = time.monotonic()  # the server sends SIGKILL after the grace
 
+    def tick(self, now: float) -> None:
+        super().tick(now)
+        if self.server is None and now >= self._retry_at:
+            self._ensure_server()  # warm again before the next resume needs it
+
+    def next_due(self) -> float | None:
+        due = super().next_due()
+        if self.server is None:
+            due = self._retry_at if due is None else min(due, self._retry_at)
+        return due
+
     def signal(self, child: Child, sig: Any) -> None:
         if child.pid not in self._owner:
             signal_group(child.pid, sig)

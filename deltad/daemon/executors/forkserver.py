@@ -230,14 +230,14 @@ def _fresh_environment(env: dict[str, str]) -> None:
 
 
 def _fresh_stdio() -> None:
-    """New sys.std* on fds 0-2, buffered as a fresh interpreter's are for files (stderr
-    line-buffered, with backslashreplace)."""
-    enc = sys.stdout.encoding if sys.stdout else "utf-8"
+    """New sys.std* on fds 0-2, set up as this interpreter's were at start (same locale
+    variables as the child's): files are block-buffered, stderr line-buffered."""
+    enc, errors = sys.stdout.encoding, sys.stdout.errors
     streams = {
         "stdin": io.TextIOWrapper(
-            io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=enc
+            io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=enc, errors=errors
         ),
-        "stdout": io.TextIOWrapper(_buffered(1), encoding=enc),
+        "stdout": io.TextIOWrapper(_buffered(1), encoding=enc, errors=errors),
         "stderr": io.TextIOWrapper(
             _buffered(2), encoding=enc, errors="backslashreplace", line_buffering=True
         ),
