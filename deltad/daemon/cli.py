@@ -81,6 +81,7 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     click.echo(f"configuration OK ({config_path or 'defaults'})")
     for key, value in config.model_dump(mode="json", exclude={"roots"}).items():
         click.echo(f"  {key}: {value}")
+    click.echo(f"resumes start with the {_executor_kind(config)} executor")
     total_watches = 0
     for root in config.roots:
         layout = walk(root.path, config.discovery_depth)
@@ -160,3 +161,10 @@ def _print_status(snap: dict[str, Any]) -> None:
             click.echo(f"  {label:<12} {ws}")
     for item in snap["problems"]:
         click.echo(f"  problem      {item['workspace']}: {item['problem']}")
+
+
+def _executor_kind(config: DaemonConfig) -> str:
+    from .executors import resolve
+    from .resumer import build_argv
+
+    return resolve(config.executor, build_argv(config.resume_command, Path("/"), None))

@@ -37,6 +37,7 @@ READY_TIMEOUT = 30.0  # importing openai on a loaded 2-core machine can take sec
 ANSWER_TIMEOUT = 5.0  # a fork takes milliseconds; this long means the server is stuck
 SIGNATURE_EVERY = 2.0  # seconds between looks at the installed package
 RETRY_INITIAL, RETRY_MAX = 1.0, 60.0
+SERVER_MODULE = "deltad.daemon.executors.forkserver"
 SERVER_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")  # what start-up reads; children get their own
 
 
@@ -101,7 +102,7 @@ class ServerProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "deltad.daemon.executors.forkserver", str(theirs.fileno())],
+                [sys.executable, "-m", SERVER_MODULE, str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
