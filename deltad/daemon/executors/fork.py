@@ -145,6 +145,8 @@ class ServerProcess:
         match msg.get("op"):
             case "ready":
                 self.ready = True
+                ms = int((time.monotonic() - self.started) * 1000)
+                log.info("fork_server_ready", pid=self.proc.pid, duration_ms=ms)
             case "exited":
                 pid = int(msg["pid"])
                 self.children.discard(pid)
