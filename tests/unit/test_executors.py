@@ -175,3 +175,13 @@ def test_an_unreadable_orphans_file_is_nothing(tmp_path: Path) -> None:
     assert orphans.load(tmp_path) == []
     (tmp_path / orphans.NAME).write_text('[{"pid": "x"}]')
     assert orphans.load(tmp_path) == []
+
+
+def test_an_unknown_executor_is_a_one_line_config_error(tmp_path: Path) -> None:
+    from deltad.daemon.config import ConfigError, load_config
+
+    path = tmp_path / "deltad.yaml"
+    path.write_text(f"roots: [{tmp_path}]\nexecutor: threads\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "executor:" in str(e.value) and "\n" not in str(e.value)
