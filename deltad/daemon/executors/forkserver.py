@@ -328,8 +328,20 @@ def preload() -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
+    _warm_up_the_sdk()
     gc.collect()
     gc.freeze()  # the children share these pages; the collector must not touch them
+
+
+def _warm_up_the_sdk() -> None:
+    """Build and drop an SDK client (no request is made): the SDK loads much of itself, and
+    the TLS machinery, on first use; done here, no resume pays for it."""
+    try:
+        import openai
+
+        openai.OpenAI(api_key="warm-up", base_url="http://127.0.0.1:9/v1", max_retries=0).close()
+    except Exception:
+        pass  # an optimisation only
 
 
 def main(argv: list[str] | None = None) -> int:
