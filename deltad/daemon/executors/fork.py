@@ -194,26 +194,27 @@ class ServerProcess:
         }
         out = open_log(job)
         try:
-            self.sock.setblocking(True)
-            send(self.sock, msg, [out])
-        except OSError as e:
-            self.dead = True
-            raise Unhealthy(f"the fork server cannot be reached: {e.strerror}") from None
+            if not self._send(msg, [out]):
+                raise Unhealthy("the fork server cannot be reached")
         finally:
-            self.sock.setblocking(False)
             os.close(out)
         self.wait_for("to a start", lambda: request_id in self.replies, ANSWER_TIMEOUT)
         reply = self.replies.pop(request_id)
         if reply["op"] == "failed":
             raise OSError(str(reply.get("error", "failed")))
         pid = int(reply["pid"])
-        self.children.add(pid)
+        if pid not in self.exits:  # a quick child's exit may come in with the reply
+            self.children.add(pid)
         return pid
 
     def cancel(self, pid: int, grace: float) -> bool:
+        return self._send({"op": "cancel", "pid": pid, "grace": grace})
+
+    def _send(self, msg: dict[str, Any], fds: list[int] | None = None) -> bool:
+        """False (and dead) when the server cannot take it within ANSWER_TIMEOUT."""
         try:
-            self.sock.setblocking(True)
-            send(self.sock, {"op": "cancel", "pid": pid, "grace": grace})
+            self.sock.settimeout(ANSWER_TIMEOUT)
+            send(self.sock, msg, fds)
             return True
         except OSError:
             self.dead = True
