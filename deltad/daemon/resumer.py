@@ -185,7 +185,7 @@ class Resumer:
                 run_id=child.run_id,
                 pid=child.pid,
                 exit_code=rc,
-                outcome=exit_meaning(rc),
+                outcome=fin.meaning,
                 timed_out=child.timed_out,
                 duration_ms=fin.duration_ms,
             )

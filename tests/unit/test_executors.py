@@ -99,7 +99,8 @@ def test_cancel_goes_through_the_server(forked: ForkExecutor, tmp_path: Path) ->
     child = forked.submit(_job(tmp_path, "hang"))
     assert child is not None
     forked.cancel(child, grace=60.0)
-    assert _reap_one(forked).rc == -signal.SIGTERM
+    fin = _reap_one(forked)
+    assert (fin.rc, fin.meaning) == (-signal.SIGTERM, "killed_by_SIGTERM")
 
 
 def test_a_server_that_cannot_start_falls_back_to_fresh(
@@ -164,7 +165,7 @@ def test_orphans_round_trip_and_adoption(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
         fin = _reap_one(ex)
-        assert (fin.rc, fin.failed) == (None, False)
+        assert (fin.rc, fin.failed, fin.meaning) == (None, False, "unknown")
     finally:
         proc.kill()
         proc.wait()

@@ -61,6 +61,11 @@ class Finished:
     duration_ms: int
 
     @property
+    def meaning(self) -> str:
+        """completed, failed, busy, waiting, killed_by_SIGTERM, ... or unknown."""
+        return exit_meaning(self.rc)
+
+    @property
     def failed(self) -> bool:
         if self.child.timed_out:
             return True
