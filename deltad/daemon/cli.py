@@ -52,14 +52,37 @@ def main() -> None:
 @main.command()
 @config_option
 @root_option
-def serve(config_path: Path | None, roots: tuple[str, ...]) -> None:
+@click.option(
+    "--listen",
+    metavar="HOST:PORT",
+    help="Serve the inbox (HTTP API and web page) here, e.g. 127.0.0.1:8470 "
+    "(overrides http.listen; port 0 picks a free port).",
+)
+def serve(config_path: Path | None, roots: tuple[str, ...], listen: str | None) -> None:
     """Run the daemon in the foreground (systemd Type=notify; no self-daemonizing)."""
     from .service import Service
 
     config = _load(config_path, roots)
+    if listen is not None:
+        config = _with_listen(config, listen)
     _need_a_root(config)
     logs.configure(config.log_level, config.log_format)
     sys.exit(Service(config, config_path, roots).run())
+
+
+def _with_listen(config: DaemonConfig, listen: str) -> DaemonConfig:
+    from pydantic import ValidationError
+
+    from deltad.api.config import HttpConfig
+
+    base = config.http.model_dump() if config.http else {}
+    try:
+        config.http = HttpConfig.model_validate({**base, "listen": listen})
+    except ValidationError as e:
+        msg = e.errors()[0]["msg"].removeprefix("Value error, ")
+        click.echo(f"deltad: error: --listen: {msg}", err=True)
+        sys.exit(EXIT_CONFIG)
+    return config
 
 
 def _need_a_root(config: DaemonConfig) -> None:
@@ -148,6 +171,8 @@ def _print_status(snap: dict[str, Any]) -> None:
         f"deltad pid {snap['pid']}, up since {snap['started_at']}, "
         f"ready: {'yes' if snap['ready'] else 'no'}, status at {snap['updated_at']}"
     )
+    if snap.get("http"):
+        click.echo(f"inbox: {snap['http']}")
     click.echo("watches: " + ", ".join(f"{k} {v}" for k, v in snap["watches"].items()))
     click.echo(
         f"workspaces: {c['workspaces']}  waiting: {c['waiting']}  pending: {c['pending']}  "
@@ -161,6 +186,97 @@ def _print_status(snap: dict[str, Any]) -> None:
             click.echo(f"  {label:<12} {ws}")
     for item in snap["problems"]:
         click.echo(f"  problem      {item['workspace']}: {item['problem']}")
+
+
+# -- tokens ---------------------------------------------------------------------------------------
+def _state_dir(config_path: Path | None, state_dir: Path | None) -> Path:
+    if state_dir is not None:
+        return state_dir
+    return (_load(config_path, ()) if config_path else DaemonConfig()).state_dir
+
+
+state_dir_option = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The daemon's state directory (default: from the config).",
+)
+
+
+@main.group()
+def token() -> None:
+    """Bearer tokens for the inbox's HTTP API and web page (only hashes are stored)."""
+
+
+@token.command("add")
+@click.argument("name")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    metavar="GLOB",
+    help="Workspace paths (repeatable; default all).",
+)
+@click.option(
+    "--role",
+    type=click.Choice(["reader", "answerer", "admin"]),
+    default="answerer",
+    show_default=True,
+)
+@config_option
+@state_dir_option
+def token_add(
+    name: str, scopes: tuple[str, ...], role: str, config_path: Path | None, state_dir: Path | None
+) -> None:
+    """Make a token; it is printed once, as the last line."""
+    from deltad.api.tokens import TokenError, TokenStore
+
+    store = TokenStore(_state_dir(config_path, state_dir))
+    try:
+        value = store.add(name, list(scopes), role)  # type: ignore[arg-type]
+    except TokenError as e:
+        click.echo(f"deltad: error: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+    click.echo(
+        f"token {name} ({role}; scopes: {', '.join(scopes) or 'all workspaces'}); "
+        "it is shown only now:"
+    )
+    click.echo(value)
+
+
+@token.command("list")
+@config_option
+@state_dir_option
+@click.option("--json", "as_json", is_flag=True)
+def token_list(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
+    """Names, roles and scopes (never the tokens)."""
+    from deltad.api.tokens import TokenError, TokenStore
+
+    try:
+        items = TokenStore(_state_dir(config_path, state_dir)).list()
+    except TokenError as e:
+        click.echo(f"deltad: error: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+    if as_json:
+        click.echo(json.dumps(items, indent=2))
+        return
+    for t in items:
+        click.echo(f"{t['name']}\t{t['role']}\t{' '.join(t['scopes'])}\t{t['created_at']}")
+
+
+@token.command("revoke")
+@click.argument("name")
+@config_option
+@state_dir_option
+def token_revoke(name: str, config_path: Path | None, state_dir: Path | None) -> None:
+    """Revoke a token now (a running daemon notices at once)."""
+    from deltad.api.tokens import TokenError, TokenStore
+
+    try:
+        TokenStore(_state_dir(config_path, state_dir)).revoke(name)
+    except TokenError as e:
+        click.echo(f"deltad: error: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+    click.echo(f"token {name} revoked")
 
 
 def _executor_kind(config: DaemonConfig) -> str:

@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from deltad.api.config import HttpConfig, NotifyConfig
+
 from .tenancy import Launcher, Policy
 
 DEFAULT_RESUME_COMMAND = ["delta", "run", "--work-dir", "{workspace}"]
@@ -54,6 +56,7 @@ class RootConfig(_Strict):
     backend: BackendName = "auto"
     polling: bool = False  # alias of `backend: polling` (NFS, some container mounts)
     credentials: Path | None = None  # model endpoint settings for this root's resumes
+    notify: bool = True  # false: no notifications for this root's workspaces
 
     @model_validator(mode="after")
     def _resolve_backend(self) -> RootConfig:
@@ -116,6 +119,9 @@ class DaemonConfig(_Strict):
     shared_group: str | None = None
     resume_env: list[str] = Field(default_factory=lambda: ["LANG", "LC_ALL", "TZ"])
     owner_credentials: dict[str, Path] = Field(default_factory=dict)
+    # The inbox (docs/inbox.md): off unless configured or `deltad serve --listen`.
+    http: HttpConfig | None = None
+    notify: NotifyConfig | None = None
 
     @model_validator(mode="after")
     def _tenants(self) -> DaemonConfig:

@@ -14,6 +14,7 @@ from pathlib import Path
 from deltad.protocol import (
     AnswerState,
     Busy,
+    InteractionRequest,
     Mailbox,
     ProtocolError,
     RunMetadata,
@@ -70,6 +71,7 @@ class Verdict:
     answer_sig: AnswerSig | None = None
     owner_pid: int | None = None
     request_id: str | None = None
+    input_type: str | None = None  # of the pending question (the inbox's filters)
     owner: tenancy.Owner | None = None  # who a resume runs as (checked: see tenancy)
     error_kind: str | None = None  # INTERRUPTED runs: why (model_unavailable: deltad retries)
     failing_since: float | None = None  # wall time the model started failing (give-up clock)
@@ -142,6 +144,11 @@ def _pausing_soon(ws: Workspace, meta: RunMetadata, clock: Clock) -> float | Non
     return min(soon, request.expires_at.timestamp()) if request.expires_at else soon
 
 
+def _name(v: Verdict, request: InteractionRequest) -> Verdict:
+    v.request_id, v.input_type = request.request_id, str(request.input_type)
+    return v
+
+
 def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: Clock) -> Verdict:
     run_id, status = meta.run_id, meta.status
     waiting = Verdict(Action.NONE, State.WAITING, run_id, status)
@@ -164,8 +171,9 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
             run_id,
             status,
         )
+    _name(waiting, request)  # the inbox's index and events name the question
     deadline = request.expires_at.timestamp() if request.expires_at else None
-    expired = Verdict(Action.RESUME, State.EXPIRED, run_id, status, request_id=request.request_id)
+    expired = _name(Verdict(Action.RESUME, State.EXPIRED, run_id, status), request)
     try:
         answer = mailbox.read_answer(request, secret=request.is_secret)
     except OSError as e:
@@ -182,14 +190,17 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
             else _problem(answer.reason, run_id, status)
         )
         v.wake_at = deadline
+        _name(v, request)
         return v
     if answer.state is AnswerState.READY and answer.size == 0 and not request.allow_empty:
         # `touch response.txt` before an editor writes it, or `: > response.txt`: an empty file
         # is never taken for an answer; the real save brings us back (a close or a rename).
         v = Verdict(Action.NONE, State.WAITING, run_id, status, wake_at=deadline)
+        _name(v, request)
         v.problem = f"{answer.path.name} is empty: waiting for the answer to be written into it"
         return v
     v = _complete_answer(answer.path, run_id, status, why, settle, clock)
+    _name(v, request)
     if answer.state is AnswerState.REFUSED:
         v.problem = f"{answer.reason} (the resume sets it aside)"
     if v.action is Action.NONE and deadline is not None:

@@ -16,6 +16,7 @@ import structlog
 
 from deltad.protocol import RunStatus
 
+from .feed import View
 from .reconcile import State, Verdict
 
 log = structlog.get_logger("deltad.registry")
@@ -38,11 +39,25 @@ class WsInfo:
     status: RunStatus | None = None
     problem: str | None = None
     owner_pid: int | None = None
+    request_id: str | None = None
+    input_type: str | None = None
+
+    def view(self, ws: Path) -> View:
+        status = str(self.status) if self.status is not None else None
+        return View(ws, self.state.value, self.run_id, status, self.request_id, self.input_type)
+
+
+Changed = Callable[[Path, View | None, View | None], None]
 
 
 class Registry:
-    def __init__(self) -> None:
+    def __init__(self, on_change: Changed | None = None) -> None:
         self.workspaces: dict[Path, WsInfo] = {}
+        self.on_change = on_change  # the feed: the HTTP index and the event stream
+
+    def _changed(self, ws: Path, before: View | None, after: View | None) -> None:
+        if self.on_change is not None and before != after:
+            self.on_change(ws, before, after)
 
     def __contains__(self, ws: Path) -> bool:
         return ws in self.workspaces
@@ -53,28 +68,35 @@ class Registry:
     def add(self, ws: Path, *, quiet: bool = False) -> None:
         if ws not in self.workspaces:
             self.workspaces[ws] = WsInfo()
+            self._changed(ws, None, self.workspaces[ws].view(ws))
             if say := _say(quiet):
                 say("workspace_discovered", workspace=str(ws))
 
     def drop(self, ws: Path) -> None:
-        if self.workspaces.pop(ws, None) is not None:
+        if (info := self.workspaces.pop(ws, None)) is not None:
             log.info("workspace_removed", workspace=str(ws))
+            self._changed(ws, info.view(ws), None)
 
     def observe(self, ws: Path, v: Verdict, *, quiet: bool = False) -> bool:
         """Record what reconcile saw; log observed transitions and new/cleared problems once.
         Returns True if anything changed."""
         info = self.workspaces[ws]
+        seen = info.view(ws)
         before = (info.state, info.run_id, info.status, info.problem, info.owner_pid)
         self._log_status(ws, info, v, quiet)
         self._log_problem(ws, info, v)
         info.state, info.run_id, info.status = v.state, v.run_id, v.status
         info.problem, info.owner_pid = v.problem, v.owner_pid
+        info.request_id, info.input_type = v.request_id, v.input_type
+        self._changed(ws, seen, info.view(ws))
         return before != (info.state, info.run_id, info.status, info.problem, info.owner_pid)
 
     def interrupted(self, ws: Path) -> None:
         """The daemon marked the run INTERRUPTED itself (the protocol layer logged it)."""
         if info := self.workspaces.get(ws):
+            seen = info.view(ws)
             info.status, info.state, info.owner_pid = RunStatus.INTERRUPTED, State.INTERRUPTED, None
+            self._changed(ws, seen, info.view(ws))
 
     @staticmethod
     def _log_status(ws: Path, info: WsInfo, v: Verdict, quiet: bool) -> None:

@@ -29,6 +29,7 @@ from .backoff import AnswerKey, Backoff, ExpiredKey, InterruptedKey, ModelRetryK
 from .clock import SYSTEM, Clock
 from .config import ConfigError, DaemonConfig, load_config
 from .discovery import Layout, is_workspace
+from .feed import Feed
 from .notify import monotonic_usec, sd_notify, watchdog_interval
 from .queue import HintQueue, Why
 from .reconcile import Action, State, Verdict, inspect, mark_interrupted
@@ -58,7 +59,10 @@ class Service:
         self._config_path = config_path
         self._extra_roots = extra_roots
         self.queue = HintQueue()
-        self.registry = Registry()
+        self.feed = Feed(config.http.event_buffer if config.http else 1000)
+        self.registry = Registry(on_change=self.feed.changed)
+        self.http: Any = None  # deltad.api.server.HttpServer, imported only when configured
+        self.notifier: Any = None
         self.resumer = Resumer(config)
         self.launcher = config.launcher()
         self.model_retries = _model_retries(config)
@@ -87,12 +91,50 @@ class Service:
             return 1
         sig_r = self._install_signals()
         try:
+            if not self._start_inbox():
+                return 2
             self._start()
             self._loop(sig_r)
             self._shutdown()
         finally:
+            self._stop_inbox()
             lock.release()
         return 0
+
+    def _start_inbox(self) -> bool:
+        """The HTTP server and the notifiers: threads beside the loop, fed by the registry's
+        changes. Started before the first reconcile, which they never wait for."""
+        http, notify = self.config.http, self.config.notify
+        context = None
+        if http is not None:
+            from deltad.api.server import HttpServer, ListenError
+
+            try:
+                self.http = HttpServer(http, self.feed, self.config.state_dir)
+            except (ListenError, OSError, ValueError) as e:
+                log.error("http_unusable", error=str(e))
+                print(f"deltad: error: {e}", file=sys.stderr)
+                return False
+            self.http.start()
+            context = self.http.context
+        if notify is not None and (notify.webhooks or notify.commands):
+            from deltad.api.notify import Notifier
+
+            quiet = [r.path for r in self.config.roots if not r.notify]
+            try:
+                self.notifier = Notifier(notify, self.feed, quiet, context)
+            except (OSError, ValueError) as e:
+                log.error("notify_unusable", error=str(e))
+                print(f"deltad: error: notify: {e}", file=sys.stderr)
+                return False
+            self.notifier.start()
+        return True
+
+    def _stop_inbox(self) -> None:
+        if self.notifier is not None:
+            self.notifier.stop()
+        if self.http is not None:
+            self.http.stop()
 
     def _start(self) -> None:
         t0 = self.clock.monotonic()
@@ -103,7 +145,11 @@ class Service:
             state_dir=str(self.config.state_dir),
         )
         self._build_backends()
-        self.full_reconcile("startup", quiet=True)
+        self.feed.priming = True  # a restart does not announce every waiting question again
+        try:
+            self.full_reconcile("startup", quiet=True)
+        finally:
+            self.feed.priming = False
         self._ready = True
         self._write_status(force=True)
         sd_notify("READY=1", self._status_line())
@@ -505,6 +551,9 @@ class Service:
         if new.state_dir != self.config.state_dir:
             log.warning("state_dir_change_ignored", detail="changing state_dir needs a restart")
             new.state_dir = self.config.state_dir
+        if new.http != self.config.http or new.notify != self.config.notify:
+            log.warning("inbox_change_ignored", detail="http: and notify: change on a restart")
+            new.http, new.notify = self.config.http, self.config.notify
         self.config = new
         self.launcher = new.launcher()
         m = new.model_retry  # keep what it knows (attempts, give-ups): only the pacing changes
@@ -567,6 +616,7 @@ class Service:
             "started_at": iso(self._started),
             "updated_at": iso(utcnow()),
             "state_dir": str(self.config.state_dir),
+            "http": self.http.url if self.http is not None else None,
             "roots": [
                 {"path": str(x.path), "backend": x.backend, "polling": x.polling}
                 for x in self.config.roots

@@ -10,13 +10,14 @@ atomically. The daemon then resumes the run the same way whoever wrote it.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from deltad.agent import check_edits, load_agent
+from deltad.agent import Agent, check_edits, load_agent
 from deltad.errors import UsageError
 from deltad.protocol import InteractionRequest, Mailbox, Workspace
 from deltad.protocol.journal import replied
@@ -107,6 +108,22 @@ def open_question(ws: Workspace, request_id: str | None = None) -> InteractionRe
     return req
 
 
+def agent_of(ws: Workspace, agent_ref: str) -> Agent | None:
+    """The run's agent, for its tool schemas, if it can be loaded and belongs to the
+    workspace's owner (or root): the daemon answering over HTTP must not read, on a
+    workspace's say-so, an agent directory its owner could not."""
+    try:
+        home, owner = os.stat(agent_ref), os.stat(ws.root)
+    except (OSError, ValueError):
+        return None
+    if home.st_uid not in (owner.st_uid, 0):
+        return None
+    try:
+        return load_agent(agent_ref)
+    except UsageError:
+        return None
+
+
 def check(ws: Workspace, req: InteractionRequest, body: AnswerIn | str) -> None:
     """Misfit unless the answer fits: the kind's reading, then the engine's own checks (edited
     arguments against the tool's schema, when the agent can be loaded)."""
@@ -118,8 +135,10 @@ def check(ws: Workspace, req: InteractionRequest, body: AnswerIn | str) -> None:
             reply = interpret_json(req, json.dumps(doc))
         if reply.decisions:
             try:
-                agent = load_agent(load_run(ws, req.run_id).agent_ref)
-            except (UsageError, NoRun):
+                agent = agent_of(ws, load_run(ws, req.run_id).agent_ref)
+            except NoRun:
+                agent = None
+            if agent is None:
                 return  # the run itself will say what is wrong when it resumes
             check_edits(agent, req, reply)
     except AnswerRejected as e:

@@ -141,10 +141,11 @@ def test_resume_timeout_kills_the_child_and_the_run_is_interrupted(tmp_path: Pat
     root = tmp_path / "root"
     ws = root / "ws1"
     paused_workspace(ws)
-    # Long enough for the stub to start and ingest on a loaded machine (then it hangs): killed
-    # before that, the answer is still there and the run never RUNNING, so never INTERRUPTED.
+    # The timeout must outlast the stand-in's start on a loaded machine (it has to take the
+    # answer and turn RUNNING before it is killed, or there is nothing to interrupt).
     with running(tmp_path, [root], mode="hang", resume_timeout_seconds=5) as d:
         answer(ws, "x")
+        d.wait_resumed(ws)
         d.wait_event("resume_timeout")
         [exited] = d.wait_event("resume_exited")
         assert exited["timed_out"] is True and exited["outcome"] == "killed_by_SIGTERM"

@@ -1,0 +1,312 @@
+"""The routes: thin wrappers over `handlers`, plus identity (bearer tokens, or a web session
+cookie with CSRF protection), the event stream and the static web page."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deltad import __version__
+from deltad.daemon.feed import EVENT_TYPES, FeedEvent
+
+from . import handlers, scopes
+from .handlers import ApiError, Context, unauthorized
+from .tokens import Identity, digest
+
+SESSION_COOKIE = "deltad_session"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+STATIC = Path(str(resources.files("deltad.api") / "static"))
+SECURITY_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",  # a signed link must not leak through a Referer
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+}
+
+
+@dataclass
+class Session:
+    token_digest: str
+    csrf: str
+    expires: float
+
+
+class Sessions:
+    """Web logins: a random id in an HttpOnly cookie maps to the token's digest (never the
+    token) and a CSRF token the page sends back in a header on every write."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._by_id: dict[str, Session] = {}
+
+    def open(self, token_digest: str) -> tuple[str, Session]:
+        sid = secrets.token_urlsafe(32)
+        s = Session(token_digest, secrets.token_urlsafe(24), time.time() + self.ttl)
+        with self._lock:
+            self._by_id = {k: v for k, v in self._by_id.items() if v.expires > time.time()}
+            self._by_id[sid] = s
+        return sid, s
+
+    def get(self, sid: str | None) -> Session | None:
+        if not sid:
+            return None
+        with self._lock:
+            s = self._by_id.get(sid)
+        return s if s is not None and s.expires > time.time() else None
+
+    def close(self, sid: str | None) -> None:
+        with self._lock:
+            self._by_id.pop(sid or "", None)
+
+
+# -- identity (module level: FastAPI resolves annotations from the module) ------------------
+def identity(
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,
+    x_csrf_token: Annotated[str | None, Header()] = None,
+) -> Identity:
+    ctx: Context = request.app.state.ctx
+    sessions: Sessions = request.app.state.sessions
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise unauthorized()
+        who = ctx.tokens.verify(token.strip())
+        if who is None:
+            raise unauthorized("this token is not valid (revoked, or never issued)")
+        return who
+    session = sessions.get(request.cookies.get(SESSION_COOKIE))
+    if session is None:
+        raise unauthorized()
+    if request.method not in SAFE_METHODS and not (
+        x_csrf_token and secrets.compare_digest(x_csrf_token, session.csrf)
+    ):
+        raise ApiError(403, "csrf", "missing or wrong X-CSRF-Token for this session")
+    who = ctx.tokens.by_digest(session.token_digest)
+    if who is None:
+        raise unauthorized("this session's token was revoked; log in again")
+    return who
+
+
+Who = Annotated[Identity, Depends(identity)]
+
+
+def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI:
+    stopping = stopping or threading.Event()
+    sessions = Sessions(ctx.config.session_ttl_seconds)
+    app = FastAPI(
+        title="deltad inbox",
+        version=__version__,
+        description="Every question a deltad-watched agent is waiting on: list, answer, follow.",
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.ctx, app.state.sessions = ctx, sessions
+
+    # -- errors and headers -----------------------------------------------------------------------
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(e.document(), e.http, headers=SECURITY_HEADERS)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "error")
+        return JSONResponse({"error": str(e.detail), "code": code}, e.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "bad request"}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse({"error": f"{where}: {first['msg']}", "code": "bad_request"}, 422)
+
+    @app.middleware("http")
+    async def _headers(request: Request, call_next: Any) -> Response:
+        response: Response = await call_next(request)
+        for k, v in SECURITY_HEADERS.items():
+            response.headers.setdefault(k, v)
+        return response
+
+    # -- sessions (the web page) ---------------------------------------------------------------
+    @app.post("/v1/session", tags=["session"])
+    def login(body: Annotated[dict[str, Any], Body()], response: Response) -> dict[str, Any]:
+        """Exchange a token for an HttpOnly, SameSite=Strict session cookie."""
+        token = body.get("token")
+        who = ctx.tokens.verify(token) if isinstance(token, str) else None
+        if who is None:
+            raise unauthorized("this token is not valid (revoked, or never issued)")
+        sid, s = sessions.open(digest(str(token)))
+        response.set_cookie(
+            SESSION_COOKIE,
+            sid,
+            max_age=int(ctx.config.session_ttl_seconds),
+            httponly=True,
+            samesite="strict",
+            secure=ctx.config.tls,
+            path="/",
+        )
+        return {"name": who.name, "role": who.role, "scopes": list(who.scopes), "csrf": s.csrf}
+
+    @app.get("/v1/session", tags=["session"])
+    def whoami(request: Request, who: Who) -> dict[str, Any]:
+        s = sessions.get(request.cookies.get(SESSION_COOKIE))
+        return {
+            "name": who.name,
+            "role": who.role,
+            "scopes": list(who.scopes),
+            "csrf": s.csrf if s else None,
+        }
+
+    @app.delete("/v1/session", tags=["session"])
+    def logout(request: Request, response: Response, who: Who) -> dict[str, str]:
+        sessions.close(request.cookies.get(SESSION_COOKIE))
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return {"status": "logged out"}
+
+    # -- questions --------------------------------------------------------------------------------
+    @app.get("/v1/requests", tags=["requests"])
+    def list_requests(
+        who: Who, workspace: str | None = None, input_type: str | None = None
+    ) -> dict[str, Any]:
+        """Every pending question this token may see, newest first."""
+        return handlers.list_requests(ctx, who, workspace, input_type)
+
+    @app.get("/v1/requests/{request_id}", tags=["requests"])
+    def get_request(request_id: str, who: Who) -> dict[str, Any]:
+        return handlers.get_request(ctx, who, request_id)
+
+    @app.post("/v1/requests/{request_id}/answer", status_code=202, tags=["requests"])
+    def answer(
+        request_id: str,
+        who: Who,
+        body: Annotated[dict[str, Any], Body(examples=[{"answer": "yes"}])],
+        idempotency_key: Annotated[str | None, Header()] = None,
+    ) -> dict[str, Any]:
+        """What `response.json` holds minus `request_id`: `{"answer": ...}` or
+        `{"decisions": [...]}`, optional `comment`. 202 once it is in the mailbox."""
+        return handlers.answer(ctx, who, request_id, body, idempotency_key)
+
+    # -- runs -------------------------------------------------------------------------------------
+    @app.get("/v1/runs", tags=["runs"])
+    def list_runs(
+        who: Who, workspace: str | None = None, status: str | None = None
+    ) -> dict[str, Any]:
+        return handlers.list_runs(ctx, who, workspace, status)
+
+    @app.get("/v1/runs/{run_id}", tags=["runs"])
+    def get_run(run_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
+        return handlers.get_run(ctx, who, run_id, workspace)
+
+    # -- the event stream -------------------------------------------------------------------------
+    @app.get("/v1/events", tags=["events"])
+    async def events(
+        request: Request,
+        who: Who,
+        workspace: str | None = None,
+        input_type: str | None = None,
+        type: Annotated[list[str] | None, Query()] = None,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> StreamingResponse:
+        """Server-Sent Events; `Last-Event-ID` replays what is still buffered. Filters as for
+        the list (`input_type` applies to request events; run.status always passes)."""
+        wanted = set(type or EVENT_TYPES)
+
+        def shown(e: FeedEvent) -> bool:
+            return (
+                e.type in wanted
+                and handlers.visible(who, Path(e.workspace))
+                and (not workspace or scopes.matches(workspace, e.workspace))
+                and (not input_type or e.data.get("input_type") in (input_type, None))
+            )
+
+        since = int(last_event_id) if last_event_id and last_event_id.isdigit() else None
+        stream = _stream(ctx, request, shown, since, stopping)
+        return StreamingResponse(
+            stream, media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
+        )
+
+    # -- signed links -----------------------------------------------------------------------------
+    @app.get("/v1/links/{token}", tags=["links"])
+    def link_request(token: str) -> dict[str, Any]:
+        return handlers.link_request(ctx, token)
+
+    @app.post("/v1/links/{token}/answer", status_code=202, tags=["links"])
+    def link_answer(token: str, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        return handlers.link_answer(ctx, token, body)
+
+    # -- the page ---------------------------------------------------------------------------------
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/a/{token}", include_in_schema=False)
+    def link_page(token: str) -> FileResponse:
+        return FileResponse(STATIC / "link.html")
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+def _sse(e: FeedEvent) -> bytes:
+    return f"id: {e.id}\nevent: {e.type}\ndata: {json.dumps(e.document())}\n\n".encode()
+
+
+async def _stream(
+    ctx: Context,
+    request: Request,
+    shown: Any,
+    since: int | None,
+    stopping: threading.Event,
+) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[FeedEvent] = asyncio.Queue(maxsize=10_000)
+
+    def deliver(e: FeedEvent) -> None:  # on the daemon's loop thread: queue and return
+        loop.call_soon_threadsafe(_offer, queue, e)
+
+    unsubscribe = ctx.feed.subscribe(deliver)
+    try:
+        yield b": deltad event stream\nretry: 2000\n\n"
+        for e in ctx.feed.since(since):
+            if shown(e):
+                yield _sse(e)
+        while not stopping.is_set():
+            try:
+                e = await asyncio.wait_for(queue.get(), ctx.config.keepalive_seconds)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    return
+                yield b": keepalive\n\n"
+                continue
+            if since is not None and e.id <= since:
+                continue  # already sent from the buffer
+            if shown(e):
+                yield _sse(e)
+    finally:
+        unsubscribe()
+
+
+def _offer(queue: asyncio.Queue[FeedEvent], e: FeedEvent) -> None:
+    # A stuck client loses live events; Last-Event-ID replays them on reconnect.
+    with contextlib.suppress(asyncio.QueueFull):
+        queue.put_nowait(e)

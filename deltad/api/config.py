@@ -1,0 +1,134 @@
+"""The `http:` and `notify:` sections of the daemon's configuration (documented in
+`config/deltad.yaml`)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NotifyEvent = Literal["request.created", "request.expired", "request.answered", "run.status"]
+DEFAULT_NOTIFY: list[NotifyEvent] = ["request.created", "request.expired", "run.status"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[::1]:8470` for IPv6) → (host, port); ValueError naming the problem."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:8470)")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve anywhere
+
+
+class HttpConfig(_Strict):
+    listen: str = "127.0.0.1:8470"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # Plain HTTP on a non-loopback address sends tokens and answers in clear: only on purpose.
+    allow_insecure_remote: bool = False
+    # The address people reach the page at (links in notifications); default: from `listen`.
+    public_url: str | None = None
+    event_buffer: int = Field(default=1000, ge=10, le=100_000)
+    keepalive_seconds: float = Field(default=15.0, gt=0)
+    link_ttl_seconds: float = Field(default=86400.0, gt=0)
+    session_ttl_seconds: float = Field(default=43200.0, gt=0)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        split_listen(v)
+        return v
+
+    @model_validator(mode="after")
+    def _tls(self) -> HttpConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        host, _ = split_listen(self.listen)
+        if not self.tls and not is_loopback(host) and not self.allow_insecure_remote:
+            raise ValueError(
+                f"listen {self.listen} is not a loopback address and no tls_cert/tls_key is "
+                "set: tokens and answers would cross the network in clear (set "
+                "allow_insecure_remote: true if a proxy in front terminates TLS)"
+            )
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    def base_url(self, port: int | None = None) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host, configured = split_listen(self.listen)
+        host = f"[{host}]" if ":" in host else host
+        return f"{'https' if self.tls else 'http'}://{host}:{port or configured}"
+
+
+class Secret(_Strict):
+    """A secret named, not written, in the configuration: a file (0600) or an env variable."""
+
+    secret_file: Path | None = None
+    secret_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Secret:
+        if (self.secret_file is None) == (self.secret_env is None):
+            raise ValueError("give exactly one of secret_file or secret_env")
+        return self
+
+    def read(self) -> bytes:
+        if self.secret_env is not None:
+            value = os.environ.get(self.secret_env)
+            if not value:
+                raise ValueError(f"environment variable {self.secret_env} is not set")
+            return value.encode()
+        assert self.secret_file is not None
+        return self.secret_file.read_bytes().strip()
+
+
+class Target(_Strict):
+    events: list[NotifyEvent] = Field(default_factory=lambda: list(DEFAULT_NOTIFY))
+    # Workspace globs that never notify through this target (opt-out); `*` stops at `/`.
+    exclude: list[str] = Field(default_factory=list)
+
+
+class Webhook(Target):
+    url: str
+    signing: Secret | None = None
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    max_attempts: int = Field(default=5, ge=1, le=50)
+    backoff_seconds: float = Field(default=2.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+
+class Command(Target):
+    argv: list[str] = Field(min_length=1)
+    timeout_seconds: float = Field(default=30.0, gt=0)
+
+
+class NotifyConfig(_Strict):
+    webhooks: list[Webhook] = Field(default_factory=list)
+    commands: list[Command] = Field(default_factory=list)
+    # Put a signed single-use answer link in each request.created notification.
+    answer_links: bool = False

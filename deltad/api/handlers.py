@@ -1,0 +1,369 @@
+"""The API's handlers: plain functions from (who asks, what) to a JSON-ready dict, raising
+ApiError. No HTTP here (the routes in `app.py` are thin), so the rules — scope, role, what a
+question looks like, what an answer does — are one readable page, and the same for the signed
+links as for tokens.
+
+Where to look comes from the daemon's index (no handler waits on a reconcile); what is there is
+read from the disk every time, and every answer goes through `deltad.inbox.submit`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deltad import inbox
+from deltad.daemon.feed import Feed, View
+from deltad.protocol import ProtocolError, Workspace, iso, safefs
+from deltad.protocol.kinds import kind_of
+
+from . import links, scopes
+from .config import HttpConfig
+from .tokens import Identity, TokenStore
+
+JOURNAL_TAIL_BYTES = 256 * 1024
+JOURNAL_TAIL_EVENTS = 50
+IDEMPOTENCY_KEYS = 10_000
+
+
+class ApiError(Exception):
+    def __init__(self, http: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.http, self.code = http, code
+
+    def document(self) -> dict[str, str]:
+        return {"error": str(self), "code": self.code}
+
+
+def unauthorized(message: str = "a bearer token is needed (Authorization: Bearer ...)") -> ApiError:
+    return ApiError(401, "unauthorized", message)
+
+
+@dataclass
+class Idempotency:
+    """(token, Idempotency-Key) → the body's digest and the response it got, most recent
+    10,000; a repeat gets the same response, a different body under the same key a 422."""
+
+    keys: OrderedDict[tuple[str, str], tuple[str, dict[str, Any]]] = field(
+        default_factory=OrderedDict
+    )
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def seen(self, who: str, key: str, body_digest: str) -> dict[str, Any] | None:
+        with self.lock:
+            hit = self.keys.get((who, key))
+        if hit is None:
+            return None
+        if hit[0] != body_digest:
+            raise ApiError(
+                422, "idempotency_mismatch", "this Idempotency-Key was used with another body"
+            )
+        return hit[1]
+
+    def remember(self, who: str, key: str, body_digest: str, doc: dict[str, Any]) -> None:
+        with self.lock:
+            self.keys[(who, key)] = (body_digest, doc)
+            while len(self.keys) > IDEMPOTENCY_KEYS:
+                self.keys.popitem(last=False)
+
+
+@dataclass
+class Context:
+    """What every handler needs: built once by the server."""
+
+    feed: Feed
+    tokens: TokenStore
+    config: HttpConfig
+    link_key: bytes
+    base_url: str = ""
+    idempotency: Idempotency = field(default_factory=Idempotency)
+
+
+# -- who may see what -----------------------------------------------------------------------------
+def visible(who: Identity, ws: Path) -> bool:
+    return scopes.allows(list(who.scopes), str(ws))
+
+
+def _views(ctx: Context, who: Identity, workspace_glob: str | None) -> list[View]:
+    out = []
+    for v in ctx.feed.index.views():
+        if not visible(who, v.workspace):
+            continue
+        if workspace_glob and not scopes.matches(workspace_glob, str(v.workspace)):
+            continue
+        out.append(v)
+    return out
+
+
+def _workspace_of(ctx: Context, who: Identity, request_id: str) -> Path:
+    ws = ctx.feed.index.find(request_id)
+    gone = ctx.feed.index.closed(request_id) if ws is None else None
+    if gone is not None and visible(who, gone):
+        raise ApiError(409, "already_answered", f"question {request_id} was answered")
+    if ws is None:
+        raise ApiError(404, "unknown_request", f"no pending question {request_id}")
+    if not visible(who, ws):
+        raise ApiError(403, "forbidden", f"question {request_id} is outside this token's scope")
+    return ws
+
+
+# -- questions ------------------------------------------------------------------------------------
+def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str, Any]:
+    r = p.request
+    doc: dict[str, Any] = {
+        "request_id": r.request_id,
+        "workspace": p.workspace,
+        "run_id": r.run_id,
+        "action_id": r.action_id,
+        "prompt": r.prompt,
+        "input_type": str(r.input_type),
+        "expects": kind_of(r.input_type).expects,
+        "options": [o.model_dump() for o in r.options],
+        "calls": [c.model_dump(mode="json") for c in r.calls],
+        "default": r.default,
+        "expires_at": iso(r.expires_at) if r.expires_at else None,
+        "sensitive": r.is_secret,
+        "allow_empty": r.allow_empty,
+        "minimum": r.minimum,
+        "maximum": r.maximum,
+        "timestamp": iso(r.timestamp),
+        "agent": p.agent,
+        "task": p.task,
+        "answer_waiting": p.answer_waiting,
+        "last_refusal": p.last_refusal,
+        "url": f"{base_url}/#request={r.request_id}",
+    }
+    if r.calls:
+        _add_schemas(ws, r.run_id, doc["calls"])
+    return doc
+
+
+def _add_schemas(ws: Workspace, run_id: str, calls: list[dict[str, Any]]) -> None:
+    """Each gated call's parameter schema, so the page checks an edit before sending it."""
+    try:
+        agent = inbox.agent_of(ws, inbox.load_run(ws, run_id).agent_ref)
+    except (ProtocolError, OSError):
+        return
+    if agent is None:
+        return
+    for c in calls:
+        tool = agent.tools.get(c["tool_name"])
+        if tool is not None:
+            c["schema"] = tool.schema()["function"]["parameters"]
+
+
+def _pending(ws: Path) -> inbox.Pending | None:
+    try:
+        return inbox.pending(ws)
+    except (ProtocolError, OSError):
+        return None  # a damaged workspace shows nothing; the daemon reports it
+
+
+def list_requests(
+    ctx: Context, who: Identity, workspace: str | None = None, input_type: str | None = None
+) -> dict[str, Any]:
+    docs = []
+    for v in _views(ctx, who, workspace):
+        if v.request_id is None:
+            continue
+        p = _pending(v.workspace)
+        if p is None or p.answer_waiting or p.request.expired():
+            continue
+        if input_type and str(p.request.input_type) != input_type:
+            continue
+        docs.append(request_document(p, Workspace(v.workspace), ctx.base_url))
+    docs.sort(key=lambda d: d["timestamp"], reverse=True)
+    return {"requests": docs}
+
+
+def get_request(ctx: Context, who: Identity, request_id: str) -> dict[str, Any]:
+    ws = _workspace_of(ctx, who, request_id)
+    p = _pending(ws)
+    if p is None or p.request.request_id != request_id:
+        # The index knew it open a moment ago: a resume has taken the answer.
+        raise ApiError(409, "already_answered", f"question {request_id} was answered")
+    return request_document(p, Workspace(ws), ctx.base_url)
+
+
+def digest_of(body: object) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def answer(
+    ctx: Context,
+    who: Identity,
+    request_id: str,
+    body: object,
+    idempotency_key: str | None = None,
+    *,
+    channel: str = "http",
+) -> dict[str, Any]:
+    """202's document once the answer is in the mailbox; ApiError otherwise."""
+    if not who.can_answer():
+        raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
+    body_digest = digest_of(body)
+    if idempotency_key:
+        repeat = ctx.idempotency.seen(who.name, idempotency_key, body_digest)
+        if repeat is not None:
+            return repeat
+    ws = _workspace_of(ctx, who, request_id)
+    doc = submit(ws, request_id, body, who.name, channel)
+    if idempotency_key:
+        ctx.idempotency.remember(who.name, idempotency_key, body_digest, doc)
+    return doc
+
+
+def submit(
+    ws: Path, request_id: str, body: object, answered_by: str, channel: str
+) -> dict[str, Any]:
+    try:
+        parsed = inbox.AnswerIn.parse(body)
+        if parsed.answer is None and parsed.decisions is None:
+            raise inbox.Misfit('give "answer" or "decisions"')
+        done = inbox.submit(ws, request_id, parsed, answered_by=answered_by, channel=channel)
+    except inbox.NotPending:
+        # Only questions the daemon's index saw open get here: a resume has taken it since.
+        raise ApiError(409, "already_answered", f"question {request_id} was answered") from None
+    except inbox.SubmitError as e:
+        raise ApiError(e.http, e.code, str(e)) from None
+    except (ProtocolError, OSError) as e:
+        raise ApiError(
+            409, "workspace_problem", f"the workspace cannot take an answer: {e}"
+        ) from None
+    return {
+        "status": "accepted",
+        "request_id": request_id,
+        "workspace": str(ws),
+        "run_id": done.request.run_id,
+        "answered_by": answered_by,
+        "channel": channel,
+    }
+
+
+# -- runs -----------------------------------------------------------------------------------------
+def list_runs(
+    ctx: Context, who: Identity, workspace: str | None = None, status: str | None = None
+) -> dict[str, Any]:
+    docs = []
+    for v in _views(ctx, who, workspace):
+        if v.run_id is None or (status and v.status != status):
+            continue
+        try:
+            meta = inbox.load_run(v.workspace, v.run_id)
+        except (ProtocolError, OSError):
+            continue
+        docs.append(_run_summary(v.workspace, meta))
+    docs.sort(key=lambda d: d["updated_at"], reverse=True)
+    return {"runs": docs}
+
+
+def _run_summary(ws: Path, meta: Any) -> dict[str, Any]:
+    return {
+        "workspace": str(ws),
+        "run_id": meta.run_id,
+        "status": str(meta.status),
+        "task": meta.task,
+        "agent": Path(meta.agent_ref).name,
+        "start_time": iso(meta.start_time),
+        "updated_at": iso(meta.updated_at),
+        "end_time": iso(meta.end_time) if meta.end_time else None,
+        "iterations_completed": meta.iterations_completed,
+        "error": meta.error,
+        "error_kind": meta.error_kind,
+    }
+
+
+def get_run(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> dict[str, Any]:
+    ws = _run_workspace(ctx, who, run_id, workspace)
+    try:
+        meta = inbox.load_run(ws, run_id)
+    except (ProtocolError, OSError):
+        raise ApiError(404, "unknown_run", f"no run {run_id} in {ws}") from None
+    events = journal_tail(Workspace(ws).run(run_id).journal)
+    thoughts = [e for e in events if e.get("type") == "THOUGHT"]
+    last = thoughts[-1]["payload"].get("content") if thoughts else None
+    return {**_run_summary(ws, meta), "last_message": last, "journal": events}
+
+
+def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> Path:
+    if workspace is None:
+        matches = [v.workspace for v in ctx.feed.index.views() if v.run_id == run_id]
+        if not matches:
+            raise ApiError(404, "unknown_run", f"no run {run_id} (give ?workspace=PATH)")
+        ws = matches[0]
+    else:
+        path = scopes.normal(workspace)
+        if path is None or ctx.feed.index.get(Path(path)) is None:
+            raise ApiError(404, "unknown_workspace", f"{workspace} is not a watched workspace")
+        ws = Path(path)
+    if not visible(who, ws):
+        raise ApiError(403, "forbidden", f"{ws} is outside this token's scope")
+    if "/" in run_id or run_id in (".", ".."):
+        raise ApiError(404, "unknown_run", f"no run {run_id}")
+    return ws
+
+
+def journal_tail(path: Path) -> list[dict[str, Any]]:
+    """The last events of a journal, read from its end within a fixed budget. The journal
+    holds secrets only as handles (`${secret:ID}`), so it is shown as it is."""
+    try:
+        fd = safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ProtocolError):
+        return []
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return []
+        start = max(0, st.st_size - JOURNAL_TAIL_BYTES)
+        data = os.pread(fd, st.st_size - start, start)
+    finally:
+        os.close(fd)
+    lines = data.split(b"\n")
+    if start > 0:
+        lines = lines[1:]  # the first is a part line
+    out = []
+    for line in lines[-JOURNAL_TAIL_EVENTS:]:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+# -- signed links ---------------------------------------------------------------------------------
+def link_for(ctx: Context, request_id: str) -> str:
+    token = links.sign(ctx.link_key, request_id, ctx.config.link_ttl_seconds)
+    return f"{ctx.base_url}/a/{token}"
+
+
+def _link(ctx: Context, token: str) -> tuple[links.Link, Path]:
+    try:
+        link = links.verify(ctx.link_key, token)
+    except links.BadLink as e:
+        raise ApiError(e.http, e.code, str(e)) from None
+    ws = ctx.feed.index.find(link.request_id) or ctx.feed.index.closed(link.request_id)
+    if ws is None:
+        raise ApiError(409, "already_answered", "this question is no longer waiting")
+    return link, ws
+
+
+def link_request(ctx: Context, token: str) -> dict[str, Any]:
+    link, ws = _link(ctx, token)
+    p = _pending(ws)
+    if p is None or p.request.request_id != link.request_id or p.answer_waiting:
+        raise ApiError(409, "already_answered", "this question is no longer waiting")
+    return request_document(p, Workspace(ws), ctx.base_url)
+
+
+def link_answer(ctx: Context, token: str, body: object) -> dict[str, Any]:
+    link, ws = _link(ctx, token)
+    return submit(ws, link.request_id, body, "signed link", "link")

@@ -1,0 +1,141 @@
+"""Bearer tokens: `deltad token add|list|revoke`. Only a token's SHA-256 is stored (the token is
+32 random bytes, so a slow hash buys nothing), in `tokens.json` in the state dir, 0600. The
+server re-reads the file when it changes, so an added or revoked token counts at once."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from deltad.protocol import atomic_write_json, iso, utcnow
+
+from .scopes import ALL, normal
+
+Role = Literal["reader", "answerer", "admin"]
+ROLES: tuple[Role, ...] = ("reader", "answerer", "admin")
+TOKENS_NAME = "tokens.json"
+PREFIX = "dlt_"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
+
+
+class TokenError(Exception):
+    """A one-line reason a token command cannot do what was asked."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    role: Role
+    scopes: tuple[str, ...]
+
+    def can_answer(self) -> bool:
+        return self.role in ("answerer", "admin")
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenStore:
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / TOKENS_NAME
+        self._lock = threading.Lock()
+        self._seen: tuple[int, int] | None = None
+        self._by_digest: dict[str, Identity] = {}
+
+    # -- the commands -----------------------------------------------------------------------------
+    def add(self, name: str, scopes: list[str], role: Role) -> str:
+        if not NAME.fullmatch(name):
+            raise TokenError(f"{name!r}: a name is letters, digits and . _ @ - (up to 64)")
+        for s in scopes:
+            if normal(s.replace("*", "x").replace("?", "x")) is None:
+                raise TokenError(f"scope {s!r}: must be an absolute path glob with no . or ..")
+        doc = self._read()
+        if name in doc:
+            raise TokenError(f"a token named {name} exists (revoke it first)")
+        token = PREFIX + secrets.token_urlsafe(32)
+        doc[name] = {
+            "sha256": digest(token),
+            "role": role,
+            "scopes": scopes or [ALL],
+            "created_at": iso(utcnow()),
+        }
+        self._write(doc)
+        return token
+
+    def list(self) -> list[dict[str, Any]]:
+        return [
+            {"name": n, "role": d["role"], "scopes": d["scopes"], "created_at": d["created_at"]}
+            for n, d in sorted(self._read().items())
+        ]
+
+    def revoke(self, name: str) -> None:
+        doc = self._read()
+        if doc.pop(name, None) is None:
+            raise TokenError(f"no token named {name}")
+        self._write(doc)
+
+    # -- the server -------------------------------------------------------------------------------
+    def verify(self, token: str) -> Identity | None:
+        self._refresh()
+        wanted = digest(token)
+        with self._lock:
+            for d, who in self._by_digest.items():
+                if hmac.compare_digest(d, wanted):
+                    return who
+        return None
+
+    def by_digest(self, wanted: str) -> Identity | None:
+        """A web session keeps only its token's digest: a revoked token ends it too."""
+        self._refresh()
+        with self._lock:
+            return self._by_digest.get(wanted)
+
+    def _refresh(self) -> None:
+        try:
+            st = os.stat(self.path)
+            seen: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            seen = None
+        with self._lock:
+            if seen == self._seen:
+                return
+        doc = self._read() if seen else {}
+        table = {
+            d["sha256"]: Identity(n, d["role"], tuple(d["scopes"]))
+            for n, d in doc.items()
+            if d.get("role") in ROLES
+        }
+        with self._lock:
+            self._by_digest, self._seen = table, seen
+
+    # -- the file ---------------------------------------------------------------------------------
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            raise TokenError(f"{self.path}: {e.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            if os.fstat(f.fileno()).st_mode & 0o077:
+                raise TokenError(f"{self.path} is readable by others; chmod 600 it")
+            try:
+                doc = json.loads(f.read(1 << 22))
+            except ValueError:
+                raise TokenError(f"{self.path} is not a token file (not JSON)") from None
+        if not isinstance(doc, dict):
+            raise TokenError(f"{self.path} is not a token file")
+        return doc
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write_json(self.path, doc, 0o600)

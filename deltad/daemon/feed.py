@@ -1,0 +1,207 @@
+"""What the daemon's loop tells the rest of the world: an index of workspaces (for the HTTP
+API, which must never wait on a reconcile) and a feed of events (`request.created`,
+`request.answered`, `request.expired`, `run.status`) for the event stream and notifications.
+
+Both are written only by the loop (through the registry's change hook) and read from other
+threads, so each is one lock around plain data. Publishing never blocks: subscribers are
+callbacks that queue and return. Events are hints, like inotify's: every reader that acts
+looks at the disk again (the answering path does).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from deltad.protocol import iso, utcnow
+
+EventType = Literal["request.created", "request.answered", "request.expired", "run.status"]
+EVENT_TYPES: tuple[EventType, ...] = (
+    "request.created",
+    "request.answered",
+    "request.expired",
+    "run.status",
+)
+DEFAULT_BUFFER = 1000
+CLOSED_MEMORY = 10_000
+
+
+@dataclass(frozen=True)
+class View:
+    """The loop's latest belief about one workspace (`state` is reconcile's State value)."""
+
+    workspace: Path
+    state: str
+    run_id: str | None = None
+    status: str | None = None
+    request_id: str | None = None
+    input_type: str | None = None
+
+
+@dataclass(frozen=True)
+class FeedEvent:
+    id: int
+    type: EventType
+    at: str
+    data: dict[str, Any]
+
+    @property
+    def workspace(self) -> str:
+        return str(self.data.get("workspace", ""))
+
+    def document(self) -> dict[str, Any]:
+        return {"id": self.id, "type": self.type, "at": self.at, **self.data}
+
+
+class Index:
+    """Workspaces by path and open questions by request id."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._views: dict[Path, View] = {}
+        self._requests: dict[str, Path] = {}
+        # Questions seen open and gone since: a late answer gets 409, not 404.
+        self._closed: OrderedDict[str, Path] = OrderedDict()
+
+    def _close(self, request_id: str, ws: Path) -> None:
+        self._requests.pop(request_id, None)
+        self._closed[request_id] = ws
+        while len(self._closed) > CLOSED_MEMORY:
+            self._closed.popitem(last=False)
+
+    def put(self, view: View) -> None:
+        with self._lock:
+            old = self._views.get(view.workspace)
+            if old is not None and old.request_id and old.request_id != view.request_id:
+                self._close(old.request_id, view.workspace)
+            self._views[view.workspace] = view
+            if view.request_id:
+                self._requests[view.request_id] = view.workspace
+
+    def remove(self, ws: Path) -> None:
+        with self._lock:
+            old = self._views.pop(ws, None)
+            if old is not None and old.request_id:
+                self._close(old.request_id, ws)
+
+    def get(self, ws: Path) -> View | None:
+        with self._lock:
+            return self._views.get(ws)
+
+    def find(self, request_id: str) -> Path | None:
+        with self._lock:
+            return self._requests.get(request_id)
+
+    def closed(self, request_id: str) -> Path | None:
+        """Where question `request_id` was, if it was seen open and is gone."""
+        with self._lock:
+            return self._closed.get(request_id)
+
+    def views(self) -> list[View]:
+        with self._lock:
+            return list(self._views.values())
+
+
+Subscriber = Callable[[FeedEvent], None]
+
+
+@dataclass
+class Feed:
+    """The bounded event buffer (for `Last-Event-ID` replays) and its subscribers."""
+
+    buffer: int = DEFAULT_BUFFER
+    index: Index = field(default_factory=Index)
+    # While True (the startup reconcile), the index is filled but nothing is announced: a
+    # restart must not notify every waiting question again.
+    priming: bool = False
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: deque[FeedEvent] = deque(maxlen=self.buffer)
+        # Ids grow across restarts (microseconds at start), so a client's Last-Event-ID from
+        # before a restart is recognised as older than anything buffered.
+        self._next_id = time.time_ns() // 1000
+        self._subscribers: list[Subscriber] = []
+        self._open: dict[Path, str] = {}  # workspace -> request id announced as created
+
+    # -- publishing (the loop) -------------------------------------------------------------
+    def publish(self, type_: EventType, data: dict[str, Any]) -> FeedEvent:
+        with self._lock:
+            self._next_id += 1
+            event = FeedEvent(self._next_id, type_, iso(utcnow()), data)
+            self._events.append(event)
+            subscribers = list(self._subscribers)
+        for fn in subscribers:
+            fn(event)
+        return event
+
+    def changed(self, ws: Path, before: View | None, after: View | None) -> None:
+        """The registry's hook: update the index, announce what changed."""
+        if after is None:
+            self.index.remove(ws)
+            self._open.pop(ws, None)
+            return
+        self.index.put(after)
+        if self.priming:
+            if after.state == "waiting" and after.request_id:
+                self._open[ws] = after.request_id
+            return
+        for type_, data in transitions(before, after, self._open.get(ws)):
+            if type_ == "request.created":
+                self._open[ws] = str(data["request_id"])
+            elif type_ in ("request.answered", "request.expired"):
+                self._open.pop(ws, None)
+            self.publish(type_, data)
+
+    # -- reading (other threads) -------------------------------------------------------------
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        with self._lock:
+            self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if fn in self._subscribers:
+                    self._subscribers.remove(fn)
+
+        return unsubscribe
+
+    def since(self, last_id: int | None) -> list[FeedEvent]:
+        """Buffered events after `last_id` (None: none — a new client starts from now)."""
+        if last_id is None:
+            return []
+        with self._lock:
+            return [e for e in self._events if e.id > last_id]
+
+    def last_id(self) -> int:
+        with self._lock:
+            return self._next_id
+
+
+def transitions(
+    before: View | None, after: View, announced: str | None
+) -> list[tuple[EventType, dict[str, Any]]]:
+    """What to announce when a workspace's view goes from `before` to `after`, given the
+    question already announced as open there. Pure, so the rules are tested in one place."""
+    base = {"workspace": str(after.workspace), "run_id": after.run_id}
+    out: list[tuple[EventType, dict[str, Any]]] = []
+    if announced is not None and after.state != "problem":
+        still_open = after.state == "waiting" and after.request_id == announced
+        if not still_open:
+            expired = after.state == "expired" and after.request_id == announced
+            kind: EventType = "request.expired" if expired else "request.answered"
+            was = before.input_type if before is not None else None
+            out.append((kind, {**base, "request_id": announced, "input_type": was}))
+    if after.state == "waiting" and after.request_id and after.request_id != announced:
+        created = {**base, "request_id": after.request_id, "input_type": after.input_type}
+        out.append(("request.created", created))
+    if after.status is not None:
+        same_run = before is not None and before.run_id == after.run_id
+        was = before.status if same_run and before is not None else None
+        if was != after.status:
+            out.append(("run.status", {**base, "from": was, "to": after.status}))
+    return out

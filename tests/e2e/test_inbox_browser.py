@@ -1,0 +1,138 @@
+"""The web inbox in a real headless Chromium (Debian's chromium and chromium-driver, driven by
+Selenium): log in, see a question appear live, answer a choice by its key, answer an approval
+with an edit, see the run complete. `.ci/run` installs the browser; here it is required, not
+skipped, when CI=true."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deltad.testing import FakeLLM
+from deltad.testing.daemon import Daemon, metadata_status
+from deltad.testing.inbox import http_url, make_token
+
+from ..conftest import llm_env, write_agent
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+if not (CHROMIUM and DRIVER) and os.environ.get("CI") != "true":
+    pytest.skip("needs Debian's chromium and chromium-driver", allow_module_level=True)
+
+from selenium import webdriver  # noqa: E402 - only once the browser is known to be there
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+DELTA = str(Path(sys.executable).parent / "delta")
+GATED = """
+  - name: deploy
+    description: Deploy to an environment.
+    parameters:
+      - name: env
+        type: string
+    exec: "echo deploying ${env}"
+"""
+POLICY = "approval:\n  require: [deploy]\n"
+WAIT = 30
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM or "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(DRIVER or "/usr/bin/chromedriver"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _until(driver: WebDriver, what: str, css: str) -> None:
+    WebDriverWait(driver, WAIT).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, css), f"waiting for {what} ({css})"
+    )
+
+
+def test_the_web_inbox_answers_a_choice_by_key_and_an_approval_with_an_edit(
+    tmp_path: Path, fake: FakeLLM, browser: WebDriver
+) -> None:
+    fake.call(
+        "ask_human",
+        {"prompt": "Which colour?", "input_type": "choice", "options": ["Red", "Blue"]},
+        id="ask1",
+    )
+    fake.call("deploy", {"env": "production"}, id="dep1").reply("deployed")
+    root = tmp_path / "root"
+    root.mkdir()
+    d = Daemon(
+        tmp_path,
+        [root],
+        resume_command=["delta", "run", "--work-dir", "{workspace}"],
+        http={"listen": "127.0.0.1:0"},
+    ).start(env=llm_env(fake))
+    try:
+        url = http_url(d)
+        token = make_token(d.state_dir, "alice")
+        browser.get(url)
+        _until(browser, "the login form", "#token")
+        browser.find_element(By.ID, "token").send_keys(token)
+        browser.find_element(By.CSS_SELECTOR, "#login-form button").click()
+        _until(browser, "the live stream", "#live")
+        WebDriverWait(browser, WAIT).until(
+            lambda b: b.find_element(By.ID, "live").text == "live", "the event stream"
+        )
+
+        ws = root / "ws1"
+        ws.mkdir()
+        agent = write_agent(tmp_path, GATED, POLICY)
+        paused = subprocess.run(
+            [DELTA, "run", "--agent", str(agent), "--task", "ship", "--work-dir", str(ws)],
+            env=llm_env(fake),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert paused.returncode == 101, paused.stderr
+        _until(browser, "the question, live", '.item[data-input-type="choice"]')
+        item = browser.find_element(By.CSS_SELECTOR, ".item")
+        assert "Which colour?" in item.text and "ship" in item.text
+        browser.find_element(By.TAG_NAME, "body").send_keys("b")  # the key answers it
+
+        _until(browser, "the approval, live", '.item[data-input-type="approval"]')
+        item = browser.find_element(By.CSS_SELECTOR, '.item[data-input-type="approval"]')
+        assert "deploy" in item.text and "production" in item.text
+        item.find_element(By.CSS_SELECTOR, "button.edit").click()
+        editor = item.find_element(By.CSS_SELECTOR, "textarea")
+        editor.clear()
+        editor.send_keys('{"env": 5}')  # wrong type: the page refuses before sending
+        item.find_element(By.CSS_SELECTOR, "button.send-edit").click()
+        WebDriverWait(browser, WAIT).until(
+            lambda b: "env must be a string" in item.text, "the schema check"
+        )
+        editor.clear()
+        editor.send_keys('{"env": "staging"}')
+        item.find_element(By.CSS_SELECTOR, "button.send-edit").click()
+        _until(browser, "the run completing", '#activity li[data-to="COMPLETED"]')
+        assert metadata_status(ws) == "COMPLETED"
+        assert "deploying staging" in fake.tool_results()["dep1"]
+        assert "Blue" in json.dumps(fake.requests[1]["messages"])
+        cookies = {c["name"]: c for c in browser.get_cookies()}
+        assert cookies["deltad_session"]["httpOnly"] is True
+        assert cookies["deltad_session"]["sameSite"] == "Strict"
+        storage = browser.execute_script(
+            "return JSON.stringify(localStorage) + JSON.stringify(sessionStorage)"
+        )
+        assert token not in storage and token not in browser.page_source
+    finally:
+        d.stop()
+        d.kill_children()

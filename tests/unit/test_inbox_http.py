@@ -1,0 +1,250 @@
+"""The inbox's rules in-process: which events a registry change announces, scopes, tokens,
+signed links, and the API's answers (ASGI in-process client, real workspace files)."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from deltad.api import links, scopes
+from deltad.api.app import create_app
+from deltad.api.config import HttpConfig
+from deltad.api.handlers import Context
+from deltad.api.tokens import TokenError, TokenStore
+from deltad.daemon.feed import Feed, View, transitions
+from deltad.protocol import InteractionRequest, Mailbox, Workspace, utcnow
+from deltad.protocol.models import Option
+from deltad.testing.stub import paused_workspace
+
+
+# -- what a change announces -----------------------------------------------------------------------
+def v(
+    state: str, request_id: str | None = None, status: str | None = None, run: str = "r1"
+) -> View:
+    return View(Path("/ws"), state, run, status, request_id)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "announced", "expected"),
+    [
+        (None, v("waiting", "q1", "WAITING_FOR_INPUT"), None, ["request.created", "run.status"]),
+        (
+            v("waiting", "q1", "WAITING_FOR_INPUT"),
+            v("waiting", "q1", "WAITING_FOR_INPUT"),
+            "q1",
+            [],
+        ),
+        (
+            v("waiting", "q1", "WAITING_FOR_INPUT"),
+            v("answered", "q1", "WAITING_FOR_INPUT"),
+            "q1",
+            ["request.answered"],
+        ),
+        (
+            v("waiting", "q1", "WAITING_FOR_INPUT"),
+            v("expired", "q1", "WAITING_FOR_INPUT"),
+            "q1",
+            ["request.expired"],
+        ),
+        (
+            v("waiting", "q1", "WAITING_FOR_INPUT"),
+            v("waiting", "q2", "WAITING_FOR_INPUT"),
+            "q1",
+            ["request.answered", "request.created"],
+        ),
+        (
+            v("waiting", "q1", "WAITING_FOR_INPUT"),
+            v("problem", None, "WAITING_FOR_INPUT"),
+            "q1",
+            [],
+        ),
+        (v("running", None, "RUNNING"), v("done", None, "COMPLETED"), None, ["run.status"]),
+    ],
+)
+def test_transitions(
+    before: View | None, after: View, announced: str | None, expected: list[str]
+) -> None:
+    assert [t for t, _ in transitions(before, after, announced)] == expected
+
+
+def test_run_status_says_from_and_to_and_a_new_run_comes_from_nothing() -> None:
+    [(_, data)] = transitions(v("running", status="RUNNING"), v("done", status="COMPLETED"), None)
+    assert (data["from"], data["to"]) == ("RUNNING", "COMPLETED")
+    other = View(Path("/ws"), "done", "r2", "COMPLETED")
+    [(_, data)] = transitions(v("done", status="COMPLETED"), other, None)
+    assert data["from"] is None
+
+
+def test_the_feed_is_quiet_while_priming_and_replays_after_an_id() -> None:
+    feed = Feed(buffer=10)
+    seen: list[str] = []
+    feed.subscribe(lambda e: seen.append(e.type))
+    feed.priming = True
+    feed.changed(Path("/ws"), None, v("waiting", "q1", "WAITING_FOR_INPUT"))
+    assert seen == [] and feed.index.find("q1") == Path("/ws")
+    feed.priming = False
+    mark = feed.last_id()
+    feed.changed(Path("/ws"), v("waiting", "q1"), v("answered", "q1", "WAITING_FOR_INPUT"))
+    assert seen == ["request.answered", "run.status"]
+    assert [e.type for e in feed.since(mark)] == seen and feed.since(None) == []
+    feed.changed(Path("/ws"), v("answered", "q1"), v("done", None, "COMPLETED"))
+    assert feed.index.find("q1") is None and feed.index.closed("q1") == Path("/ws")
+
+
+# -- scopes ----------------------------------------------------------------------------------------
+def test_scopes_are_path_globs(tmp_path: Path) -> None:
+    assert scopes.matches("/srv/ws/*", "/srv/ws/alice")
+    assert scopes.matches("/srv/ws/alice", "/srv/ws/alice/project")  # everything below
+    assert not scopes.matches("/srv/ws/a*", "/srv/ws/bob/a")
+    assert scopes.matches("/srv/**/x", "/srv/ws/deep/x")
+    assert not scopes.matches("/srv/ws/alice", "/srv/ws/alice2")
+    assert scopes.normal("/srv/ws/../etc") is None and scopes.normal("/srv//ws/") == "/srv/ws"
+    mine, theirs = tmp_path / "alice", tmp_path / "bob"
+    mine.mkdir()
+    theirs.mkdir()
+    (mine / "sneaky").symlink_to(theirs)
+    assert scopes.allows([str(mine)], str(mine))
+    assert not scopes.allows([str(mine)], str(mine / "sneaky"))  # its real path is bob's
+
+
+# -- tokens and links ------------------------------------------------------------------------------
+def test_tokens_are_stored_as_hashes_in_a_private_file(tmp_path: Path) -> None:
+    store = TokenStore(tmp_path)
+    token = store.add("alice", ["/srv/ws/alice"], "answerer")
+    text = store.path.read_text()
+    assert token not in text and store.path.stat().st_mode & 0o777 == 0o600
+    who = store.verify(token)
+    assert who is not None and (who.name, who.role) == ("alice", "answerer")
+    assert store.verify(token + "x") is None
+    assert [t["name"] for t in store.list()] == ["alice"] and "sha256" not in store.list()[0]
+    with pytest.raises(TokenError, match="exists"):
+        store.add("alice", [], "reader")
+    with pytest.raises(TokenError, match="name"):
+        store.add("bad name", [], "reader")
+    store.revoke("alice")
+    assert store.verify(token) is None
+    store.path.chmod(0o644)
+    with pytest.raises(TokenError, match="chmod 600"):
+        store.list()
+
+
+def test_signed_links_bind_a_request_and_expire() -> None:
+    key = os.urandom(32)
+    token = links.sign(key, "q1", ttl=60, now=1000)
+    assert links.verify(key, token, now=1059).request_id == "q1"
+    with pytest.raises(links.LinkExpired):
+        links.verify(key, token, now=1060)
+    with pytest.raises(links.BadLink):
+        links.verify(os.urandom(32), token, now=1000)
+    _, mac = token.split(".")
+    other = links.sign(key, "q2", ttl=60, now=1000).split(".")[0]
+    with pytest.raises(links.BadLink):
+        links.verify(key, f"{other}.{mac}", now=1000)
+
+
+# -- the API in-process ----------------------------------------------------------------------------
+@pytest.fixture
+def api(tmp_path: Path) -> tuple[TestClient, Feed, TokenStore, Path]:
+    feed = Feed()
+    store = TokenStore(tmp_path / "state")
+    ctx = Context(feed, store, HttpConfig(), os.urandom(32), base_url="http://127.0.0.1:1")
+    return TestClient(create_app(ctx)), feed, store, tmp_path / "root"
+
+
+def _question(ws: Path, feed: Feed, **fields: object) -> str:
+    run_id = paused_workspace(ws)
+    w = Workspace.at(ws)
+    mailbox = Mailbox(w)
+    (ws / ".delta" / "interaction" / "request.json").unlink()
+    req = InteractionRequest(run_id=run_id, action_id="act_1", **fields)  # type: ignore[arg-type]
+    mailbox.post(req)
+    feed.index.put(View(ws, "waiting", run_id, "WAITING_FOR_INPUT", req.request_id))
+    return req.request_id
+
+
+def test_api_answers_with_the_codes_a_client_can_act_on(
+    api: tuple[TestClient, Feed, TokenStore, Path],
+) -> None:
+    http, feed, store, root = api
+    choice = _question(
+        root / "a",
+        feed,
+        prompt="Pick",
+        input_type="choice",
+        options=[Option(key="R", label="Red"), Option(key="B", label="Blue")],
+    )
+    past = utcnow() - timedelta(seconds=5)
+    late = _question(root / "b", feed, prompt="Too late?", expires_at=past)
+    token = store.add("alice", [str(root)], "answerer")
+    auth = {"Authorization": f"Bearer {token}"}
+    assert http.get("/v1/requests").status_code == 401
+    assert http.get("/v1/requests", headers={"Authorization": "Basic x"}).status_code == 401
+    listed = http.get("/v1/requests", headers=auth).json()["requests"]
+    assert [r["request_id"] for r in listed] == [choice]  # the expired one is not pending
+    r = http.post(f"/v1/requests/{late}/answer", json={"answer": "x"}, headers=auth)
+    assert r.status_code == 410 and r.json()["code"] == "expired"
+    r = http.post(f"/v1/requests/{choice}/answer", json={"answer": "green"}, headers=auth)
+    assert r.status_code == 422 and "is not one of the options" in r.json()["error"]
+    r = http.post(f"/v1/requests/{choice}/answer", json={"answer": "b", "x": 1}, headers=auth)
+    assert r.status_code == 422
+    r = http.post(f"/v1/requests/{choice}/answer", json={"answer": "b"}, headers=auth)
+    assert r.status_code == 202 and r.json()["answered_by"] == "alice"
+    written = json.loads((root / "a" / ".delta" / "interaction" / "response.json").read_text())
+    assert written["channel"] == "http" and written["answered_by"] == "alice"
+    r = http.post(f"/v1/requests/{choice}/answer", json={"answer": "r"}, headers=auth)
+    assert r.status_code == 409 and r.json()["code"] == "answer_waiting"
+    assert "/v1/requests/{request_id}/answer" in http.get("/openapi.json").json()["paths"]
+
+
+def test_a_web_session_needs_its_csrf_token_and_ends_with_its_token(
+    api: tuple[TestClient, Feed, TokenStore, Path],
+) -> None:
+    http, feed, store, root = api
+    rid = _question(root / "a", feed, prompt="Name?")
+    token = store.add("alice", [], "answerer")
+    assert http.post("/v1/session", json={"token": "nope"}).status_code == 401
+    login = http.post("/v1/session", json={"token": token})
+    assert login.status_code == 200
+    assert "httponly" in login.headers["set-cookie"].lower()
+    assert "samesite=strict" in login.headers["set-cookie"].lower()
+    csrf = login.json()["csrf"]
+    assert http.get("/v1/requests").status_code == 200  # the cookie is enough to read
+    r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "Ada"})
+    assert r.status_code == 403 and r.json()["code"] == "csrf"
+    r = http.post(
+        f"/v1/requests/{rid}/answer", json={"answer": "Ada"}, headers={"X-CSRF-Token": csrf}
+    )
+    assert r.status_code == 202
+    store.revoke("alice")
+    assert http.get("/v1/requests").status_code == 401
+
+
+def test_notifications_skip_quiet_roots_excluded_globs_and_other_events(tmp_path: Path) -> None:
+    from deltad.api.config import NotifyConfig
+    from deltad.api.notify import Notifier
+
+    config = NotifyConfig.model_validate(
+        {
+            "commands": [
+                {"argv": ["true"], "events": ["request.created"], "exclude": ["/srv/ws/ci-*"]}
+            ]
+        }
+    )
+    feed = Feed()
+    notifier = Notifier(config, feed, [Path("/srv/quiet")], None)
+    [worker] = notifier.workers
+    notifier._unsubscribe = feed.subscribe(notifier._offer)  # queue only: no threads started
+    for ws in ("/srv/ws/alice", "/srv/ws/ci-7", "/srv/quiet/bob"):
+        feed.publish("request.created", {"workspace": ws, "request_id": "q"})
+    feed.publish("run.status", {"workspace": "/srv/ws/alice", "to": "COMPLETED"})
+    queued = []
+    while not worker.queue.empty():
+        e = worker.queue.get_nowait()
+        assert e is not None
+        queued.append((e.type, e.workspace))
+    assert queued == [("request.created", "/srv/ws/alice")]
