@@ -104,6 +104,7 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     click.echo(f"configuration OK ({config_path or 'defaults'})")
     for key, value in config.model_dump(mode="json", exclude={"roots"}).items():
         click.echo(f"  {key}: {value}")
+    click.echo(f"resumes start with the {_executor_kind(config)} executor")
     total_watches = 0
     for root in config.roots:
         layout = walk(root.path, config.discovery_depth)
@@ -276,3 +277,10 @@ def token_revoke(name: str, config_path: Path | None, state_dir: Path | None) ->
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
     click.echo(f"token {name} revoked")
+
+
+def _executor_kind(config: DaemonConfig) -> str:
+    from .executors import resolve
+    from .resumer import build_argv
+
+    return resolve(config.executor, build_argv(config.resume_command, Path("/"), None))

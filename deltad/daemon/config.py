@@ -43,6 +43,7 @@ class _Strict(BaseModel):
 
 
 BackendName = Literal["auto", "inotify", "watchdog", "polling"]
+ExecutorName = Literal["auto", "fresh", "fork", "command"]
 
 
 def auto_backend() -> Literal["inotify", "watchdog"]:
@@ -98,6 +99,7 @@ class DaemonConfig(_Strict):
     discovery_depth: int = Field(default=2, ge=0, le=8)
     max_parallel_resumes: int = Field(default=4, ge=1, le=256)
     resume_command: list[str] = Field(default_factory=lambda: list(DEFAULT_RESUME_COMMAND))
+    executor: ExecutorName = "auto"  # how a resume is started: deltad/daemon/executors/
     resume_timeout_seconds: float = Field(default=3600.0, gt=0)
     rescan_interval_seconds: float = Field(default=300.0, gt=0)
     liveness_sweep_seconds: float = Field(default=30.0, gt=0)

@@ -1,23 +1,19 @@
-"""Spawning `delta run --work-dir WS`, bounded, timed, reaped, with backoff.
+"""Resuming `delta run --work-dir WS`: queued, bounded, timed, reaped, with backoff.
 
-Single-threaded by design: the main loop calls `start_ready`, selects on `fds()` (a pidfd per
-child, readable when it exits), and calls `reap` and `enforce_timeouts`. Children run in their
-own session (`start_new_session`) so a daemon restart or a Ctrl-C on its terminal does not
-take them down; their fds are not inherited (close_fds), so they never hold the daemon's lock.
+Single-threaded by design: the main loop calls `start_ready`, selects on `fds()` (readable when
+a child may have exited: pidfds, the fork server's socket), and calls `reap` and
+`enforce_timeouts`. The executor (`executors/`) starts each child in its own session, so a
+daemon restart or a Ctrl-C on its terminal does not take it down, with no fd of the daemon's
+(it never holds the daemon's lock).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -25,6 +21,8 @@ import structlog
 from deltad.protocol import exitcodes
 
 from .config import DaemonConfig
+from .executors import Child, Executor, Finished, Job, exit_meaning, make_executor, orphans, resolve
+from .executors.fork import ForkExecutor
 from .tenancy import Launch
 
 log = structlog.get_logger("deltad.resumer")
@@ -34,13 +32,7 @@ KILL_GRACE_SECONDS = 10.0
 BUSY = exitcodes.BUSY
 WAITING = exitcodes.WAITING
 
-
-def exit_meaning(rc: int) -> str:
-    if rc < 0:
-        return (
-            f"killed_by_{signal.Signals(-rc).name}" if -rc in signal.valid_signals() else "killed"
-        )
-    return exitcodes.MEANING.get(rc, "unexpected")
+__all__ = ["BUSY", "WAITING", "Child", "Finished", "Resumer", "build_argv", "exit_meaning"]
 
 
 def resolve_program(name: str) -> str:
@@ -62,48 +54,66 @@ def build_argv(template: list[str], workspace: Path, run_id: str | None) -> list
     return argv
 
 
-@dataclass
-class Child:
-    workspace: Path
-    run_id: str | None
-    proc: subprocess.Popen[bytes]
-    pidfd: int | None
-    started: float
-    deadline: float
-    term_sent: float | None = None
-    timed_out: bool = False
-    spawned_at: float = field(default_factory=time.time)  # wall clock, to compare with files
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-
-@dataclass
-class Finished:
-    child: Child
-    rc: int
-    duration_ms: int
-
-    @property
-    def failed(self) -> bool:
-        return self.child.timed_out or (
-            self.rc not in exitcodes.RUN_OUTCOMES and self.rc != exitcodes.BUSY
-        )
-
-
 class Resumer:
+    """The resume queue (a workspace at most once), the parallelism cap, timeouts and logging;
+    how a resume is started is its executor's business (`executors/`)."""
+
     def __init__(self, config: DaemonConfig) -> None:
+        self._executor: Executor | None = None
         self.configure(config)
         self.pending: deque[tuple[Path, str | None, Launch]] = deque()
         self._pending_set: set[Path] = set()
-        self.children: dict[Path, Child] = {}
 
     def configure(self, config: DaemonConfig) -> None:
         self._template = config.resume_command
         self._max = config.max_parallel_resumes
         self._timeout = config.resume_timeout_seconds
+        self._state_dir = config.state_dir
         self._logs = config.state_dir / "resume-logs"
+        kind = resolve(config.executor, build_argv(self._template, Path("/"), None))
+        if self._executor is None:
+            self._kind = kind
+            return
+        self._executor.max_parallel = self._max
+        if kind != self._kind:
+            log.warning(
+                "executor_change_ignored",
+                running=self._kind,
+                configured=kind,
+                detail="changing the executor needs a restart",
+            )
+        elif isinstance(self._executor, ForkExecutor):
+            self._executor.restart("reload")
+
+    @property
+    def executor(self) -> Executor:
+        """Made at first use, after the daemon holds its state-dir lock: a second daemon that
+        is refused never starts a fork server or adopts anything."""
+        if self._executor is None:
+            self._executor = make_executor(self._kind, self._max)
+            log.info("executor_ready", executor=self._executor.name)
+            self._adopt()
+        return self._executor
+
+    @property
+    def children(self) -> dict[Path, Child]:
+        # The first look (the startup reconcile) adopts what an earlier daemon left running.
+        return self.executor.children
+
+    def _adopt(self) -> None:
+        assert self._executor is not None
+        for child in self._executor.adopt(orphans.load(self._state_dir)):
+            log.info(
+                "resume_adopted",
+                workspace=str(child.workspace),
+                run_id=child.run_id,
+                pid=child.pid,
+                detail="left running by an earlier deltad; watched to its exit",
+            )
+        self._save()
+
+    def _save(self) -> None:
+        orphans.save(self._state_dir, self.children.values())
 
     # -- queue ------------------------------------------------------------------------------
     def busy_with(self, ws: Path) -> bool:
@@ -120,100 +130,75 @@ class Resumer:
         return bool(self.pending) and len(self.children) < self._max
 
     def start_ready(self) -> None:
-        while self.pending and len(self.children) < self._max:
+        started = False
+        while self.pending and self.executor.slots() > 0:
             ws, run_id, launch = self.pending.popleft()
             self._pending_set.discard(ws)
-            self._spawn(ws, run_id, launch)
+            started |= self._spawn(ws, run_id, launch)
+        if started:
+            self._save()
 
     # -- children ---------------------------------------------------------------------------
-    def _spawn(self, ws: Path, run_id: str | None, launch: Launch) -> None:
-        argv = build_argv(self._template, ws, run_id)
-        try:
-            out = self._output_file(ws)
-        except OSError as e:
-            log.error("resume_log_unavailable", workspace=str(ws), error=e.strerror)
-            out = subprocess.DEVNULL
-        try:
-            who = launch.identity
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                cwd=ws,
-                env=launch.env,
-                user=who.user,
-                group=who.group,
-                extra_groups=who.extra_groups,
-                umask=0o077,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as e:
-            log.error(
-                "resume_spawn_failed",
-                workspace=str(ws),
-                run_id=run_id,
-                program=argv[0],
-                error=e.strerror,
-            )
-            return
-        finally:
-            if isinstance(out, int) and out >= 0:
-                os.close(out)
-        now = time.monotonic()
-        child = Child(ws, run_id, proc, _pidfd(proc.pid), now, now + self._timeout)
-        self.children[ws] = child
+    def _spawn(self, ws: Path, run_id: str | None, launch: Launch) -> bool:
+        job = Job(
+            ws, run_id, build_argv(self._template, ws, run_id), launch, self._timeout, self._log(ws)
+        )
+        if ws in self.children:
+            return False  # already running (adopted): submit is idempotent, say nothing
+        child = self.executor.submit(job)
+        if child is None:
+            return False
+        who = launch.identity
         log.info(
             "resume_spawned",
             workspace=str(ws),
             run_id=run_id,
-            pid=proc.pid,
+            pid=child.pid,
             uid=who.runs_as.uid,
             user=who.runs_as.name,
+            executor=self._executor_of(child),
         )
+        return True
 
-    def _output_file(self, ws: Path) -> int:
+    def _executor_of(self, child: Child) -> str:
+        ex = self.executor
+        if isinstance(ex, ForkExecutor) and not ex.forked(child):
+            return "fresh"  # the fork server was unhealthy: this one fell back
+        return ex.name
+
+    def _log(self, ws: Path) -> Path:
         """The child's stdout/stderr: one append-only file per workspace in the state dir."""
-        self._logs.mkdir(parents=True, exist_ok=True)
-        name = hashlib.sha256(str(ws).encode()).hexdigest()[:16] + ".log"
-        fd = os.open(
-            self._logs / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
-        )
-        os.write(fd, f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} resume {ws}\n".encode())
-        return fd
+        return self._logs / (hashlib.sha256(str(ws).encode()).hexdigest()[:16] + ".log")
 
     def fds(self) -> list[int]:
-        return [c.pidfd for c in self.children.values() if c.pidfd is not None]
+        return self.executor.fds()
 
     def reap(self) -> list[Finished]:
-        done: list[Finished] = []
-        for ws, child in list(self.children.items()):
-            rc = child.proc.poll()
-            if rc is None:
-                continue
-            del self.children[ws]
-            if child.pidfd is not None:
-                os.close(child.pidfd)
-            ms = int((time.monotonic() - child.started) * 1000)
-            done.append(Finished(child, rc, ms))
+        if self._executor is None:
+            return []
+        done = self._executor.reap()
+        for fin in done:
+            child, rc = fin.child, fin.rc
             log.info(
                 "resume_exited",
-                workspace=str(ws),
+                workspace=str(child.workspace),
                 run_id=child.run_id,
                 pid=child.pid,
                 exit_code=rc,
-                outcome=exit_meaning(rc),
+                outcome=fin.meaning,
                 timed_out=child.timed_out,
-                duration_ms=ms,
+                duration_ms=fin.duration_ms,
             )
+        if done:
+            self._save()
         return done
 
     def enforce_timeouts(self, now: float) -> None:
+        if self._executor is None:
+            return
         for child in self.children.values():
             if child.term_sent is None and now >= child.deadline:
                 child.timed_out = True
-                child.term_sent = now
                 log.warning(
                     "resume_timeout",
                     workspace=str(child.workspace),
@@ -221,35 +206,23 @@ class Resumer:
                     pid=child.pid,
                     timeout_s=self._timeout,
                 )
-                _signal_group(child.pid, signal.SIGTERM)
-            elif child.term_sent is not None and now >= child.term_sent + KILL_GRACE_SECONDS:
-                _signal_group(child.pid, signal.SIGKILL)
+                self._executor.cancel(child, KILL_GRACE_SECONDS)
+        self._executor.tick(now)
 
     def next_deadline(self) -> float | None:
-        times = [
-            c.deadline if c.term_sent is None else c.term_sent + KILL_GRACE_SECONDS
-            for c in self.children.values()
-        ]
+        if self._executor is None:
+            return None
+        times = [c.deadline for c in self.children.values() if c.term_sent is None]
+        if (due := self._executor.next_due()) is not None:
+            times.append(due)
         return min(times, default=None)
 
     def detach_all(self) -> list[int]:
         """On shutdown after the grace budget: leave the children running (their own session
-        keeps them alive) and forget them; the next daemon checks them by owner pid."""
-        pids = [c.pid for c in self.children.values()]
-        for child in self.children.values():
-            if child.pidfd is not None:
-                os.close(child.pidfd)
-        self.children.clear()
+        keeps them alive) and forget them; the next daemon adopts them (`resumes.json`)."""
+        if self._executor is None:
+            return []
+        self._save()
+        pids = self._executor.detach_all()
+        self._executor.close()
         return pids
-
-
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None  # old kernel: the main loop falls back to polling children
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

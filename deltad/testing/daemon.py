@@ -25,6 +25,9 @@ T = TypeVar("T")
 # The backend given to roots passed as plain paths (None: the config's default, auto). Tests
 # set it to run the same scenarios under another backend.
 ROOT_BACKEND: str | None = None
+# The executor every daemon here uses unless a test names one: `DELTAD_TEST_EXECUTOR=fresh`
+# (or fork, command) runs the whole daemon suite against it; unset: the config's default.
+EXECUTOR: str | None = os.environ.get("DELTAD_TEST_EXECUTOR") or None
 
 __all__ = ["DELTAD", "Daemon", "paused_workspace", "records", "wait_for"]
 
@@ -90,6 +93,7 @@ class Daemon:
             "backoff_max_seconds": 2,
             "shutdown_grace_seconds": 10,
             "resume_command": stub_command(self.record, settings.pop("mode", "consume")),
+            **({"executor": EXECUTOR} if EXECUTOR else {}),
             **settings,
         }
         self.write_config()

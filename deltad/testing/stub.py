@@ -8,6 +8,8 @@ and moves the run to COMPLETED (exit 0). Modes:
   consume  the above                      hang   ingest, stay RUNNING until killed
   fail     exit 2 without touching a thing slow  ingest, sleep 1 s, then complete
   hold     take the lock, wait until FILE.go exists, then consume (a person's `delta run`)
+  probe    record what the process is (identity, environment, session, signals, fds,
+           stdio), then consume: the executors' tests compare a forked resume with a fresh one
 """
 
 from __future__ import annotations
@@ -89,7 +91,45 @@ def _ingest(ws: Workspace, record: Path) -> tuple[Path, RunMetadata] | None:
     return path, meta
 
 
+def facts() -> dict[str, object]:
+    """What a resume process is, as far as its program can tell (nothing pid-specific)."""
+    import locale
+    import signal
+
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+    pid = os.getpid()
+    return {
+        "uid": os.getresuid(),
+        "gid": os.getresgid(),
+        "groups": sorted(os.getgroups()),
+        "umask": status["Umask"].strip(),
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "session_leader": os.getsid(0) == pid,
+        "group_leader": os.getpgid(0) == pid,
+        "signals": {k: status[k].strip() for k in ("SigBlk", "SigIgn", "SigCgt")},
+        "python_handlers": {
+            signal.Signals(s).name: repr(signal.getsignal(s))
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
+        },
+        "fds": fds,
+        "stdio": [os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)],
+        "streams": [
+            (s.encoding, s.errors, s.line_buffering) for s in (sys.stdin, sys.stdout, sys.stderr)
+        ],
+        "argv": sys.argv[1:],
+        "argv0": os.path.basename(sys.argv[0]),
+        "name": __name__,
+        "tz": time.tzname,
+        "ctype": locale.setlocale(locale.LC_CTYPE),
+    }
+
+
 def stub(workspace: str, record: Path, mode: str) -> int:
+    if mode == "probe":
+        _record(record, workspace=workspace, facts=facts())
+        mode = "consume"
     if mode == "fail":
         _record(record, workspace=workspace, failed=True)
         return 2
@@ -122,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("stub", help="act as `delta run --work-dir WS`")
     s.add_argument("workspace")
     s.add_argument("--record", type=Path, required=True)
-    s.add_argument("--mode", default="consume", choices=["consume", "hang", "fail", "slow", "hold"])
+    modes = ["consume", "hang", "fail", "slow", "hold", "probe"]
+    s.add_argument("--mode", default="consume", choices=modes)
     p = sub.add_parser("pause", help="create a paused workspace")
     p.add_argument("workspace", type=Path)
     args = ap.parse_args(argv)

@@ -1,0 +1,423 @@
+"""The warm fork server executor: deltad's side of `forkserver.py`.
+
+deltad starts the server (its own process, own session, a clean environment), hands it each
+resume over a socketpair and learns the child's pid and exit code from it. Health:
+- the server is started once, and again after SIGHUP or when the installed package changed
+  (the old one is drained: it keeps reporting its children's exits, then it is closed);
+- a server that dies, does not become ready or does not answer a start is unhealthy: its
+  children are watched by pidfd (exit code unknown), the resume is started as a fresh process
+  instead, and a new server is tried after a growing pause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ..tenancy import SAFE_PATH
+from .base import Child, Finished, Job, Tracker, signal_group
+from .fresh import FreshExecutor, open_log, spawn_failed
+from .wire import receive, send
+
+log = structlog.get_logger("deltad.resumer")
+
+READY_TIMEOUT = 30.0  # importing openai on a loaded 2-core machine can take seconds
+ANSWER_TIMEOUT = 5.0  # a fork takes milliseconds; this long means the server is stuck
+SIGNATURE_EVERY = 2.0  # seconds between looks at the installed package
+RETRY_INITIAL, RETRY_MAX = 1.0, 60.0
+SERVER_MODULE = "deltad.daemon.executors.forkserver"
+SERVER_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")  # what start-up reads; children get their own
+
+
+class Unhealthy(Exception):
+    """The server cannot be used now; the message says why (one line)."""
+
+
+def plan(argv: list[str]) -> dict[str, Any]:
+    """How the server runs a command: the `delta` console script of this installation and
+    `python -m MODULE` with this interpreter run warm; anything else is exec'd."""
+    here = Path(sys.executable)
+    if argv[0] == str(here.parent / "delta"):
+        return {"kind": "delta", "argv": argv}
+    if len(argv) > 2 and argv[1] == "-m" and _same_interpreter(argv[0], here):
+        return {"kind": "module", "module": argv[2], "argv": argv[3:]}
+    return {"kind": "exec", "argv": argv}
+
+
+def is_warm(argv: list[str]) -> bool:
+    return bool(plan(argv)["kind"] != "exec")
+
+
+def _same_interpreter(program: str, here: Path) -> bool:
+    # The same directory (a venv is told by the path it is started from) and the same binary.
+    p = Path(program)
+    return p.parent == here.parent and os.path.realpath(p) == os.path.realpath(here)
+
+
+def package_signature() -> str:
+    """Changes when the installed deltad or openai changes: a pip install or a checkout
+    replaces files, which changes their directories' mtimes; openai's version file names its
+    release. Cheap (a stat per directory, ~15): it runs before a resume. Looked up without
+    importing openai: deltad itself never loads the SDK."""
+    digest = hashlib.sha256()
+    for path in _watched_paths():
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            digest.update(f"{path}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
+    return digest.hexdigest()
+
+
+@functools.cache
+def _watched_paths() -> tuple[Path, ...]:
+    import deltad
+
+    top = Path(deltad.__file__).parent
+    dirs = [top, *(p for p in top.rglob("*") if p.is_dir() and p.name != "__pycache__")]
+    spec = importlib.util.find_spec("openai")
+    extra = [Path(spec.origin).with_name("_version.py")] if spec and spec.origin else []
+    return (*sorted(dirs), *extra)
+
+
+@dataclass
+class ServerProcess:
+    """One fork server as deltad sees it."""
+
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+    signature: str
+    started: float
+    ready: bool = False
+    children: set[int] = field(default_factory=set)
+    exits: dict[int, int] = field(default_factory=dict)
+    replies: dict[int, dict[str, Any]] = field(default_factory=dict)
+    dead: bool = False
+
+    @classmethod
+    def spawn(cls, signature: str) -> ServerProcess:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", SERVER_MODULE, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                cwd="/",
+                env=server_env(),
+                start_new_session=True,  # a Ctrl-C on deltad's terminal is not for it
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return cls(proc, ours, signature, time.monotonic())
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def pump(self, wait: float = 0.0) -> None:
+        """Read what the server said (waiting up to `wait` for the first message)."""
+        if self.dead:
+            return
+        if wait > 0:
+            select.select([self.sock], [], [], wait)
+        while True:
+            try:
+                msg, fds = receive(self.sock)
+            except BlockingIOError:
+                return
+            except OSError:
+                msg, fds = None, []
+            for fd in fds:
+                os.close(fd)
+            if msg is None:
+                self.dead = True
+                return
+            self._note(msg)
+
+    def _note(self, msg: dict[str, Any]) -> None:
+        match msg.get("op"):
+            case "ready":
+                self.ready = True
+                ms = int((time.monotonic() - self.started) * 1000)
+                log.info("fork_server_ready", pid=self.proc.pid, duration_ms=ms)
+            case "exited":
+                pid = int(msg["pid"])
+                self.children.discard(pid)
+                self.exits[pid] = int(msg["rc"])
+            case "started" | "failed":
+                self.replies[int(msg["id"])] = msg
+            case _:
+                pass
+
+    def wait_for(self, what: str, done: Any, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while not done():
+            if self.dead or self.proc.poll() is not None:
+                self.dead = True
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=5)
+                code = self.proc.returncode
+                raise Unhealthy(f"the fork server exited ({code}) {what}")
+            left = end - time.monotonic()
+            if left <= 0:
+                raise Unhealthy(f"the fork server did not answer within {timeout:g} s {what}")
+            self.pump(wait=min(left, 1.0))
+
+    def start(self, job: Job, request_id: int) -> int:
+        """Fork the resume; its pid. Raises Unhealthy, or OSError for this job alone."""
+        self.wait_for("while starting up", lambda: self.ready, READY_TIMEOUT)
+        who = job.launch.identity
+        msg = {
+            "op": "start",
+            "id": request_id,
+            "plan": plan(job.argv),
+            "cwd": str(job.workspace),
+            "env": job.launch.env,
+            "uid": who.user,
+            "gid": who.group,
+            "groups": list(who.extra_groups) if who.extra_groups is not None else None,
+        }
+        out = open_log(job)
+        try:
+            if not self._send(msg, [out]):
+                raise Unhealthy("the fork server cannot be reached")
+        finally:
+            os.close(out)
+        self.wait_for("to a start", lambda: request_id in self.replies, ANSWER_TIMEOUT)
+        reply = self.replies.pop(request_id)
+        if reply["op"] == "failed":
+            raise OSError(str(reply.get("error", "failed")))
+        pid = int(reply["pid"])
+        if pid not in self.exits:  # a quick child's exit may come in with the reply
+            self.children.add(pid)
+        return pid
+
+    def cancel(self, pid: int, grace: float) -> bool:
+        return self._send({"op": "cancel", "pid": pid, "grace": grace})
+
+    def _send(self, msg: dict[str, Any], fds: list[int] | None = None) -> bool:
+        """False (and dead) when the server cannot take it within ANSWER_TIMEOUT."""
+        try:
+            self.sock.settimeout(ANSWER_TIMEOUT)
+            send(self.sock, msg, fds)
+            return True
+        except OSError:
+            self.dead = True
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                self.sock.setblocking(False)
+
+    def close(self) -> None:
+        """EOF on its socket ends the server; its children run on."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.dead = True
+
+
+def server_env() -> dict[str, str]:
+    return {"PATH": SAFE_PATH} | {k: os.environ[k] for k in SERVER_ENV if k in os.environ}
+
+
+class ForkExecutor(Tracker):
+    name = "fork"
+
+    def __init__(self, max_parallel: int) -> None:
+        super().__init__(max_parallel)
+        self._fresh = FreshExecutor(max_parallel)
+        self._fresh.children = self.children  # one table: a fallback child is a child too
+        self.server: ServerProcess | None = None
+        self._draining: list[ServerProcess] = []
+        self._owner: dict[int, ServerProcess] = {}
+        self._ids = 0
+        self._failures = 0
+        self._retry_at = 0.0
+        self._signature_checked = 0.0
+        self._ensure_server()
+
+    # -- the server's life --------------------------------------------------------------------
+    def _ensure_server(self) -> ServerProcess | None:
+        now = time.monotonic()
+        if self.server is not None and now - self._signature_checked >= SIGNATURE_EVERY:
+            self._signature_checked = now
+            if package_signature() != self.server.signature:
+                self.restart("package_changed")
+        if self.server is None and now >= self._retry_at:
+            try:
+                self.server = ServerProcess.spawn(package_signature())
+            except OSError as e:
+                self._unhealthy(f"cannot start the fork server: {e.strerror}")
+                return None
+            self._signature_checked = now
+            log.info("fork_server_started", pid=self.server.proc.pid)
+        return self.server
+
+    def restart(self, reason: str) -> None:
+        """A new server for new resumes; the old one reports its children's exits first."""
+        old, self.server = self.server, None
+        self._retry_at = 0.0
+        if old is not None:
+            log.info("fork_server_restarting", reason=reason, pid=old.proc.pid)
+            self._retire(old)
+        self._ensure_server()
+
+    def _retire(self, server: ServerProcess) -> None:
+        if server.children and not server.dead:
+            self._draining.append(server)
+        else:
+            self._bury(server)
+
+    def _bury(self, server: ServerProcess) -> None:
+        server.close()
+        for pid in list(server.children):
+            self._lost(pid)
+        # It would exit on EOF, but maybe only after its imports: it holds no state and its
+        # children are in their own sessions, so end it now (and never leave a zombie).
+        with contextlib.suppress(OSError):
+            server.proc.kill()
+        server.proc.wait()
+
+    def _unhealthy(self, reason: str) -> None:
+        self._failures += 1
+        pause = min(RETRY_INITIAL * 2 ** (self._failures - 1), RETRY_MAX)
+        self._retry_at = time.monotonic() + pause
+        log.warning(
+            "fork_server_unhealthy",
+            reason=reason,
+            fallback="fresh",
+            retry_in_s=round(pause, 3),
+        )
+        if self.server is not None:
+            server, self.server = self.server, None
+            server.dead = True
+            with contextlib.suppress(OSError):
+                server.proc.kill()
+            self._bury(server)
+
+    def _lost(self, pid: int) -> None:
+        """A child whose server is gone: watched by pidfd from now on, exit code unknown."""
+        self._owner.pop(pid, None)
+        for child in self.children.values():
+            if child.pid == pid and not child.exited:
+                child.adopted = True
+
+    # -- the executor -------------------------------------------------------------------------
+    def submit(self, job: Job) -> Child | None:
+        if (running := self.children.get(job.workspace)) is not None:
+            return running
+        server = self._ensure_server()
+        if server is not None:
+            self._ids += 1
+            try:
+                pid = server.start(job, self._ids)
+            except Unhealthy as e:
+                self._unhealthy(str(e))
+            except OSError as e:
+                spawn_failed(job, str(e))
+                return None
+            else:
+                self._failures = 0
+                self._owner[pid] = server
+                return self.track(job, pid)
+        return self._fresh.submit(job)
+
+    def forked(self, child: Child) -> bool:
+        """Started by the server (not a fresh-process fallback)."""
+        return child.pid in self._owner
+
+    def fds(self) -> list[int]:
+        servers = [s.fileno() for s in self._servers() if not s.dead]
+        watched = [
+            c.pidfd
+            for c in self.children.values()
+            if c.pidfd is not None and c.pid not in self._owner
+        ]
+        return servers + watched
+
+    def needs_polling(self) -> bool:
+        return any(c.pidfd is None and c.pid not in self._owner for c in self.children.values())
+
+    def _servers(self) -> list[ServerProcess]:
+        return [*([self.server] if self.server else []), *self._draining]
+
+    def reap(self) -> list[Finished]:
+        for server in self._servers():
+            server.pump()
+            if server.dead or server.proc.poll() is not None:
+                self._server_died(server)
+        for server in list(self._draining):
+            if not server.children:
+                self._draining.remove(server)
+                self._bury(server)
+        return super().reap()
+
+    def _server_died(self, server: ServerProcess) -> None:
+        for pid, rc in server.exits.items():
+            self._deliver(pid, rc)
+        server.exits.clear()
+        if server is self.server:
+            self._unhealthy("the fork server exited")
+        elif server in self._draining:
+            self._draining.remove(server)
+            self._bury(server)
+
+    def collect(self, child: Child) -> None:
+        server = self._owner.get(child.pid)
+        if server is not None and child.pid in server.exits:
+            self._deliver(child.pid, server.exits.pop(child.pid))
+        elif server is None:
+            self._fresh.collect(child)
+
+    def _deliver(self, pid: int, rc: int) -> None:
+        self._owner.pop(pid, None)
+        for child in self.children.values():
+            if child.pid == pid:
+                child.exit_code, child.exited = rc, True
+
+    def cancel(self, child: Child, grace: float) -> None:
+        server = self._owner.get(child.pid)
+        if server is None or not server.cancel(child.pid, grace):
+            super().cancel(child, grace)
+            return
+        child.term_sent = time.monotonic()  # the server sends SIGKILL after the grace
+
+    def tick(self, now: float) -> None:
+        super().tick(now)
+        if self.server is None and now >= self._retry_at:
+            self._ensure_server()  # warm again before the next resume needs it
+
+    def next_due(self) -> float | None:
+        due = super().next_due()
+        if self.server is None:
+            due = self._retry_at if due is None else min(due, self._retry_at)
+        return due
+
+    def signal(self, child: Child, sig: Any) -> None:
+        if child.pid not in self._owner:
+            signal_group(child.pid, sig)
+
+    def detach_all(self) -> list[int]:
+        self._owner.clear()
+        self._fresh.forget_processes()
+        return super().detach_all()
+
+    def close(self) -> None:
+        for server in self._servers():
+            server.children.clear()
+            self._bury(server)
+        self.server, self._draining = None, []

@@ -1,0 +1,359 @@
+"""The warm fork server: `python -m deltad.daemon.executors.forkserver` (started by deltad).
+
+It imports what a resume needs once (the client's CLI, openai), freezes those objects out of
+the garbage collector's way, and forks one child per resume. Each child becomes what a fresh
+`delta run` process would be (see `become`), so the client runs unchanged, ~10x cheaper.
+
+It talks to deltad over a SOCK_SEQPACKET socket (its fd is the one argument; one JSON message
+per packet; the resume log's fd rides along with a start). It is single-threaded, so forking
+is safe: a select over that socket and the SIGCHLD wake-up pipe. Messages:
+
+  deltad -> server: start {id, plan, cwd, env, uid, gid, groups} + log fd
+                    cancel {pid, grace}      SIGTERM to the child's group, SIGKILL after grace
+  server -> deltad: ready {pid}; started {id, pid} | failed {id, error}; exited {pid, rc}
+
+When deltad closes the socket (it restarts the server, or is gone), the server exits at once;
+its children run on in their own sessions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from deltad.daemon.executors.wire import receive, send
+
+PRELOAD = ("deltad.client.cli", "deltad.engine.llm", "openai")
+
+Dispositions = dict[int, Any]
+
+
+def fresh_dispositions() -> Dispositions:
+    """This interpreter's signal dispositions at start: what a fresh `delta` process has."""
+    out: Dispositions = {}
+    for sig in signal.valid_signals():
+        try:
+            out[int(sig)] = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+# -- the server ---------------------------------------------------------------------------------
+class Server:
+    def __init__(self, sock: socket.socket, dispositions: Dispositions) -> None:
+        self.sock = sock
+        self.dispositions = dispositions
+        self.children: set[int] = set()
+        self.kill_at: dict[int, float] = {}
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        # deltad signals the whole group on stop only by mistake; the server ends on EOF.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def serve(self) -> None:
+        send(self.sock, {"op": "ready", "pid": os.getpid()})
+        while True:
+            fds = [self.sock.fileno(), self.wake_r]
+            readable, _, _ = select.select(fds, [], [], self._timeout())
+            if self.wake_r in readable:
+                _drain(self.wake_r)
+            self._reap()
+            self._kill_due()
+            if self.sock.fileno() in readable:
+                msg, fds = receive(self.sock)
+                if msg is None:
+                    return
+                self._handle(msg, fds)
+
+    def _timeout(self) -> float | None:
+        if not self.kill_at:
+            return None
+        return max(0.0, min(self.kill_at.values()) - time.monotonic())
+
+    def _handle(self, msg: dict[str, Any], fds: list[int]) -> None:
+        try:
+            match msg.get("op"):
+                case "start":
+                    self._start(msg, fds[0] if fds else -1)
+                case "cancel":
+                    self._cancel(int(msg["pid"]), float(msg["grace"]))
+                case _:
+                    pass
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _start(self, msg: dict[str, Any], log_fd: int) -> None:
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child never returns
+            os.close(err_r)
+            become(msg, log_fd, err_w, self.dispositions, [self.sock.fileno(), self.wake_r])
+        os.close(err_w)
+        error = _read_all(err_r)
+        os.close(err_r)
+        if error:
+            os.waitpid(pid, 0)
+            send(self.sock, {"op": "failed", "id": msg["id"], "error": error})
+            return
+        self.children.add(pid)
+        send(self.sock, {"op": "started", "id": msg["id"], "pid": pid})
+
+    def _cancel(self, pid: int, grace: float) -> None:
+        if pid not in self.children:
+            return  # already exited (its exit message is on the way): never a recycled pid
+        _killpg(pid, signal.SIGTERM)
+        self.kill_at[pid] = time.monotonic() + grace
+
+    def _kill_due(self) -> None:
+        now = time.monotonic()
+        for pid, when in list(self.kill_at.items()):
+            if now >= when:
+                del self.kill_at[pid]
+                _killpg(pid, signal.SIGKILL)
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            self.kill_at.pop(pid, None)
+            send(self.sock, {"op": "exited", "pid": pid, "rc": _exit_code(status)})
+
+
+def _exit_code(status: int) -> int:
+    """As subprocess reports it: the exit status, or minus the signal that ended the child."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _killpg(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+# -- the child: a fresh `delta run`, as far as anyone can tell -------------------------------------
+def become(
+    msg: dict[str, Any], log_fd: int, err_w: int, dispositions: Dispositions, close: list[int]
+) -> None:
+    """Turn this forked child into the resume, in the order Popen sets up a child (stdio, cwd,
+    umask, signals, session, groups, gid, uid, no inherited fds), then run it. Any failure
+    before the resume runs is written to `err_w` (the server reports it) and ends the child."""
+    try:
+        _setup(msg, log_fd, err_w, dispositions, close)
+        entry = _entry(msg["plan"], msg["env"], err_w)
+    except BaseException as e:
+        os.write(err_w, f"{type(e).__name__}: {e}".encode())
+        os._exit(127)
+    os.close(err_w)  # the server reads EOF: started
+    _run(entry)
+
+
+def _setup(
+    msg: dict[str, Any], log_fd: int, err_w: int, dispositions: Dispositions, close: list[int]
+) -> None:
+    for fd in close:
+        os.close(fd)
+    signal.set_wakeup_fd(-1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    out = log_fd if log_fd >= 0 else os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.chdir(msg["cwd"])
+    os.umask(0o077)
+    for sig, handler in dispositions.items():
+        try:
+            signal.signal(sig, handler)
+        except (OSError, ValueError, TypeError):
+            continue
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    os.setsid()
+    if msg.get("groups") is not None:
+        os.setgroups(msg["groups"])
+    if msg.get("gid") is not None:
+        os.setresgid(msg["gid"], msg["gid"], msg["gid"])
+    if msg.get("uid") is not None:
+        os.setresuid(msg["uid"], msg["uid"], msg["uid"])
+    os.closerange(3, err_w)
+    os.closerange(err_w + 1, _max_fd())
+    _fresh_environment(msg["env"])
+    _fresh_stdio()
+
+
+def _max_fd() -> int:
+    try:
+        return max(int(os.sysconf("SC_OPEN_MAX")), 256)
+    except (OSError, ValueError):
+        return 65536
+
+
+def _fresh_environment(env: dict[str, str]) -> None:
+    import locale
+
+    os.environ.clear()
+    os.environ.update(env)
+    time.tzset()  # TZ is read at start-up by a fresh interpreter
+    with contextlib.suppress(locale.Error):
+        locale.setlocale(locale.LC_CTYPE, "")
+
+
+def _fresh_stdio() -> None:
+    """New sys.std* on fds 0-2, set up as this interpreter's were at start (same locale
+    variables as the child's): files are block-buffered, stderr line-buffered."""
+    enc, errors = sys.stdout.encoding, sys.stdout.errors
+    streams = {
+        "stdin": io.TextIOWrapper(
+            io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=enc, errors=errors
+        ),
+        "stdout": io.TextIOWrapper(_buffered(1), encoding=enc, errors=errors),
+        "stderr": io.TextIOWrapper(
+            _buffered(2), encoding=enc, errors="backslashreplace", line_buffering=True
+        ),
+    }
+    for name, stream in streams.items():
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _buffered(fd: int) -> io.BufferedWriter:
+    return io.BufferedWriter(io.FileIO(fd, "w", closefd=False))
+
+
+def _entry(plan: dict[str, Any], env: dict[str, str], err_w: int) -> Callable[[], object]:
+    """What the child runs: the `delta` console script or `python -m MODULE` in this warm
+    interpreter, or any other program exec'd (the error pipe closes on exec)."""
+    match plan["kind"]:
+        case "delta":
+            return lambda: _delta(plan["argv"])
+        case "module":
+            return lambda: _module(plan["module"], plan["argv"])
+        case "exec":
+            os.execvpe(plan["argv"][0], plan["argv"], env)
+    raise ValueError(f"unknown plan {plan['kind']!r}")
+
+
+def _delta(argv: list[str]) -> None:
+    from deltad.client.cli import main
+
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(argv[0])  # a console script's own directory
+    sys.exit(main())
+
+
+def _module(module: str, argv: list[str]) -> None:
+    import runpy
+
+    sys.argv = [module, *argv]
+    sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _run(entry: Callable[[], object]) -> None:
+    """Run the resume and end the process the way the interpreter ends a script."""
+    code = 0
+    try:
+        entry()
+    except SystemExit as e:
+        code = _system_exit_code(e.code)
+    except KeyboardInterrupt:
+        _finish(0, die_by=signal.SIGINT)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    _finish(code)
+
+
+def _system_exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _finish(code: int, die_by: signal.Signals | None = None) -> None:
+    import atexit
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)  # join non-daemon threads, as at exit
+    for step in (shutdown, atexit._run_exitfuncs):
+        if step is not None:
+            with contextlib.suppress(BaseException):
+                step()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    if die_by is not None:  # as CPython does for an uncaught KeyboardInterrupt
+        signal.signal(die_by, signal.SIG_DFL)
+        os.kill(os.getpid(), die_by)
+    os._exit(code)
+
+
+# -- start-up -----------------------------------------------------------------------------------
+def preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    _warm_up_the_sdk()
+    gc.collect()
+    gc.freeze()  # the children share these pages; the collector must not touch them
+
+
+def _warm_up_the_sdk() -> None:
+    """Build and drop an SDK client (no request is made): the SDK loads much of itself, and
+    the TLS machinery, on first use; done here, no resume pays for it."""
+    try:
+        import openai
+
+        openai.OpenAI(api_key="warm-up", base_url="http://127.0.0.1:9/v1", max_retries=0).close()
+    except Exception:
+        pass  # an optimisation only
+
+
+def main(argv: list[str] | None = None) -> int:
+    dispositions = fresh_dispositions()
+    fd = int((argv if argv is not None else sys.argv[1:])[0])
+    os.set_inheritable(fd, False)
+    sock = socket.socket(fileno=fd)
+    preload()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        Server(sock, dispositions).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
