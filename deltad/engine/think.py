@@ -13,7 +13,8 @@ import uuid
 from typing import Any
 
 from deltad.errors import LLMError
-from deltad.protocol import EventType, atomic_write_json, iso, safefs, save_metadata, utcnow
+from deltad.protocol import EventType, iso, safefs, save_metadata, utcnow
+from deltad.protocol.fsio import compact_json, write_record
 
 from .ask_human import ASK_HUMAN_TOOL
 from .context import RunContext
@@ -66,14 +67,15 @@ def think(ctx: RunContext) -> dict[str, Any]:
     ref = f"{ctx.journal.next_seq:05d}_{uuid.uuid4().hex[:8]}"
     record = ctx.paths.invocations / ref
     safefs.mkdirs(record)
-    atomic_write_json(record / "request.json", ctx.model.request_body(msgs, tools))
+    body = compact_json(ctx.model.request_body(msgs, tools))
+    write_record(record / "request.json", body)  # the very bytes sent
     try:
         with ctx.guard.window():
-            reply = ctx.model.complete(msgs, tools)
+            reply = ctx.model.complete(msgs, tools, body)
     except LLMError as e:
-        atomic_write_json(record / "error.json", _error_record(e))
+        write_record(record / "error.json", compact_json(_error_record(e)))
         raise
-    atomic_write_json(record / "response.json", reply.raw)
+    write_record(record / "response.json", compact_json(reply.raw))
     if ctx.meta.model_failing_since is not None:  # the outage is over
         ctx.meta.model_failing_since = None
         save_metadata(ctx.paths.metadata, ctx.meta)
