@@ -8,9 +8,12 @@ with a message saying so, rather than half-read.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +52,26 @@ def _reformatted(path: Path, data: bytes) -> CorruptFile | None:
 MAX_JOURNAL_BYTES = 1 << 30
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic collector off while a journal is turned into objects: it allocates hundreds
+    of thousands of containers and frees none, so every collection in between is wasted work
+    that grows with what was read so far (half the CPU of reading 100,000 events)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def read_journal(path: Path) -> JournalRead:
+    with gc_paused():
+        return _read_journal(path)
+
+
+def _read_journal(path: Path) -> JournalRead:
     try:
         data = read_regular(path, MAX_JOURNAL_BYTES)
     except FileNotFoundError:
@@ -100,9 +122,10 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        read = read_journal(path)
-        self.events = read.events
-        self.history = History.of(self.events)  # kept current by `append`
+        with gc_paused():
+            read = read_journal(path)
+            self.events = read.events
+            self.history = History.of(self.events)  # kept current by `append`
         if read.torn:
             self._set_aside_torn_tail(read)
 
