@@ -26,9 +26,7 @@ def fsync_dir(path: Path) -> None:
         os.fsync(d.fd)
 
 
-def atomic_write(
-    path: Path, data: bytes, mode: int | None = None, *, durable: bool = True
-) -> None:
+def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: bool = True) -> None:
     """Replace `path` with `data` so that readers see the old or the new file, never a mix.
 
     Beneath `.delta/` the mode comes from the file-mode rule (`mode` is ignored there: the
