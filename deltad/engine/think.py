@@ -16,6 +16,7 @@ from deltad.errors import LLMError
 from deltad.protocol import EventType, iso, safefs, save_metadata, utcnow
 from deltad.protocol.fsio import compact_json, write_record
 
+from . import budget
 from .ask_human import ASK_HUMAN_TOOL
 from .context import RunContext
 
@@ -35,35 +36,36 @@ class CutOff(LLMError):
     """The model stopped before a usable answer (finish_reason length or content_filter)."""
 
 
-def messages(ctx: RunContext) -> list[dict[str, Any]]:
-    """The conversation so far, from the journal alone."""
-    msgs: list[dict[str, Any]] = [
+def messages(ctx: RunContext, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation so far, from the journal alone, within the context budget: turns
+    before the latest recorded cut are replaced by its note; if the rest does not fit, a new
+    cut is decided and journaled first (engine/budget.py)."""
+    events = ctx.journal.events
+    head: list[dict[str, Any]] = [
         {"role": "system", "content": ctx.agent.system_prompt},
         {"role": "user", "content": ctx.meta.task},
     ]
-    for e in ctx.journal.events:
-        if e.type == EventType.THOUGHT:
-            m: dict[str, Any] = {"role": "assistant", "content": e.payload.get("content")}
-            if e.payload.get("tool_calls"):
-                m["tool_calls"] = e.payload["tool_calls"]
-            msgs.append(m)
-        elif e.type == EventType.ACTION_RESULT:
-            msgs.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": e.payload["action_id"],
-                    "content": e.payload["observation_content"],
-                }
-            )
-    return msgs
+    cut = budget.last_cut(events)
+    turns = budget.turns_after(events, cut.through_seq if cut else 0)
+    limit = budget.budget_of(ctx.agent.config.llm, tools)
+    fixed = sum(budget.estimate(m) for m in head)
+    note = budget.estimate(budget.note_message(cut)) if cut else 0
+    new = budget.plan(turns, limit, fixed + note, cut)
+    if new is not None:
+        turns = [t for t in turns if t.first_seq > new.through_seq]
+        kept = fixed + sum(t.tokens for t in turns)
+        ctx.journal.append(EventType.SYSTEM_MESSAGE, new.payload(limit, kept))
+        cut = new
+    notes = [budget.note_message(cut)] if cut else []
+    return head + notes + [m for t in turns for m in t.messages]
 
 
 def think(ctx: RunContext) -> dict[str, Any]:
     """Call the model and journal its THOUGHT; returns the THOUGHT's payload. Raises the
     model's errors (LLMError and its kinds, CutOff) after recording them."""
     ctx.ensure_running()
-    msgs = messages(ctx)
     tools = [t.schema() for t in ctx.agent.tools.values()] + [ASK_HUMAN_TOOL]
+    msgs = messages(ctx, tools)
     ref = f"{ctx.journal.next_seq:05d}_{uuid.uuid4().hex[:8]}"
     record = ctx.paths.invocations / ref
     safefs.mkdirs(record)
