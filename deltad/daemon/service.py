@@ -254,7 +254,7 @@ class Service:
                 return
             self._sweep.abandon()
         self._sweep = Sweep.start(self.backends, reason, self.clock, force=force, quiet=quiet)
-        log.debug("reconcile_full_started", reason=reason)
+        log.info("reconcile_full_started", reason=reason)
         if at_once:
             self._sweep.finish(self._swept, self.clock)
             self._sweep_done(self._sweep)
