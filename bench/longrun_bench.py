@@ -62,7 +62,7 @@ def pct(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -77,7 +77,7 @@ def model_call(n: int = 66_668, rounds: int = 3) -> dict[str, Any]:
         fake.always("ok")
         os.environ.update(DELTA_BASE_URL=fake.url, DELTA_API_KEY="bench")
         model = OpenAIChatModel(LLMSettings(model="fake"))
-        model.client  # built once, as in a run
+        assert model.client is not None  # built once, as in a run
         u = urlparse(fake.url)
         sdk, plain = [], []
         for _ in range(rounds):
@@ -142,7 +142,12 @@ def inflate(journal: Path, events: int) -> None:
     for seq, e in enumerate(head + made + tail, 1):
         out.append(
             json.dumps(
-                {"seq": seq, "timestamp": e.get("timestamp", stamp), **e, "seq": seq},
+                {
+                    "seq": seq,
+                    "timestamp": e.get("timestamp", stamp),
+                    "type": e["type"],
+                    "payload": e["payload"],
+                },
                 separators=(",", ":"),
             )
         )
@@ -282,7 +287,9 @@ def answer(ws: Path) -> float:
     return time.time()
 
 
-def probe(served: Served, spaces: list[Path], until: float, gap: float) -> list[tuple[float, float]]:
+def probe(
+    served: Served, spaces: list[Path], until: float, gap: float
+) -> list[tuple[float, float]]:
     """Answers one at a time until `until`: (close, resumed) pairs; a miss is reported."""
     samples = []
     while time.time() < until:
@@ -304,8 +311,8 @@ def during_reconcile(work: Path, bindir: Path, n: int, interval: float) -> dict[
         served.wait("daemon_ready")
         ready = served.events("daemon_ready")[0]
         samples = probe(served, spaces, time.time() + 3 * interval + 2, gap=0.05)
-        windows = [(_ts(e) - e["duration_ms"] / 1000, _ts(e)) for e in served.events("reconcile_full")]
-        windows = windows[1:]  # the startup one is before READY
+        fulls = served.events("reconcile_full")[1:]  # the startup one is before READY
+        windows = [(_ts(e) - e["duration_ms"] / 1000, _ts(e)) for e in fulls]
         inside = [s - c for c, s in samples if any(a <= c <= b for a, b in windows)]
     finally:
         served.stop()
