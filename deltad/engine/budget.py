@@ -117,52 +117,92 @@ def last_cut(events: Sequence[JournalEvent]) -> Cut | None:
     return None
 
 
-def turns_after(events: Sequence[JournalEvent], seq: int) -> list[Turn]:
-    """The conversation's turns after journal event `seq` (events are in seq order)."""
+def _turn(thought: JournalEvent, results: list[JournalEvent]) -> Turn:
+    m: dict[str, Any] = {"role": "assistant", "content": thought.payload.get("content")}
+    calls = thought.payload.get("tool_calls") or []
+    if calls:
+        m["tool_calls"] = calls
+    turn = Turn(thought.seq, results[-1].seq if results else thought.seq, [m])
+    turn.tools.update(_tool_names(thought))
+    for r in results:
+        turn.messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": r.payload["action_id"],
+                "content": r.payload["observation_content"],
+            }
+        )
+    turn.tokens = sum(estimate(x) for x in turn.messages)
+    return turn
+
+
+def _tool_names(thought: JournalEvent) -> list[str]:
+    return [
+        str((c.get("function") or {}).get("name", ""))
+        for c in thought.payload.get("tool_calls") or []
+    ]
+
+
+def turns_after(
+    events: Sequence[JournalEvent], seq: int, stop_above: int | None = None
+) -> list[Turn]:
+    """The conversation's turns after journal event `seq`, oldest first. Built from the newest
+    backwards; with `stop_above`, building stops once they exceed that many tokens (what is
+    older is left out anyway), so a call costs what it sends, not the journal's length."""
     start = bisect.bisect_right(events, seq, key=lambda e: e.seq)
     turns: list[Turn] = []
-    for e in events[start:]:
-        if e.type == EventType.THOUGHT:
-            m: dict[str, Any] = {"role": "assistant", "content": e.payload.get("content")}
-            calls = e.payload.get("tool_calls") or []
-            if calls:
-                m["tool_calls"] = calls
-            turn = Turn(e.seq, e.seq, [m])
-            turn.tools.update(str((c.get("function") or {}).get("name", "")) for c in calls)
-            turns.append(turn)
-        elif e.type == EventType.ACTION_RESULT and turns:
-            turns[-1].messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": e.payload["action_id"],
-                    "content": e.payload["observation_content"],
-                }
-            )
-        else:
-            continue
-        turns[-1].last_seq = e.seq
-    for t in turns:
-        t.tokens = sum(estimate(m) for m in t.messages)
-    return turns
+    results: list[JournalEvent] = []
+    total = 0
+    for i in range(len(events) - 1, start - 1, -1):
+        e = events[i]
+        if e.type == EventType.ACTION_RESULT:
+            results.append(e)
+        elif e.type == EventType.THOUGHT:
+            turns.append(_turn(e, results[::-1]))
+            results = []
+            total += turns[-1].tokens
+            if stop_above is not None and total > stop_above:
+                break
+    return turns[::-1]
 
 
-def plan(turns: list[Turn], budget: int, fixed: int, previous: Cut | None) -> Cut | None:
-    """A new cut if the turns do not fit in `budget` beside `fixed` tokens (system prompt,
-    task, the current note); None if they do. The newest turn is always kept."""
+def plan(
+    events: Sequence[JournalEvent], turns: list[Turn], budget: int, fixed: int, previous: Cut | None
+) -> Cut | None:
+    """A new cut if the conversation (its turns since the previous cut, `turns` being the newest
+    of them) does not fit in `budget` beside `fixed` tokens (system prompt, task, the current
+    note); None if it does. The newest turn is always kept; after a cut the rest takes at most
+    `REFILL` of the budget."""
+    after = previous.through_seq if previous else 0
+    older = turns and _any_thought(events, after, turns[0].first_seq)
     total = fixed + sum(t.tokens for t in turns)
-    if total <= budget or len(turns) < 2:
+    if total <= budget and not older:
+        return None
+    if len(turns) < 2 and not older:
         return None
     target = int(budget * REFILL)
-    dropped = 0
-    while dropped < len(turns) - 1 and total > target:
-        total -= turns[dropped].tokens
-        dropped += 1
-    gone = turns[:dropped]
+    keep = len(turns)
+    while keep > 1 and fixed + sum(t.tokens for t in turns[len(turns) - keep :]) > target:
+        keep -= 1
+    first_kept = turns[len(turns) - keep]
+    through = first_kept.first_seq - 1
     tools = Counter(previous.tools if previous else {})
-    for t in gone:
-        tools.update(t.tools)
-    count = (previous.turns if previous else 0) + len(gone)
-    return Cut(gone[-1].last_seq, count, dict(tools), _note(count, gone[-1].last_seq, tools))
+    count = previous.turns if previous else 0
+    for e in _between(events, after, through):
+        if e.type == EventType.THOUGHT:
+            count += 1
+            tools.update(_tool_names(e))
+    return Cut(through, count, dict(tools), _note(count, through, tools))
+
+
+def _between(events: Sequence[JournalEvent], after: int, through: int) -> Sequence[JournalEvent]:
+    lo = bisect.bisect_right(events, after, key=lambda e: e.seq)
+    hi = bisect.bisect_right(events, through, key=lambda e: e.seq)
+    return events[lo:hi]
+
+
+def _any_thought(events: Sequence[JournalEvent], after: int, before: int) -> bool:
+    return any(e.type == EventType.THOUGHT for e in _between(events, after, before - 1))
 
 
 def _note(turns: int, through: int, tools: Counter[str]) -> str:

@@ -46,11 +46,11 @@ def messages(ctx: RunContext, tools: list[dict[str, Any]]) -> list[dict[str, Any
         {"role": "user", "content": ctx.meta.task},
     ]
     cut = budget.last_cut(events)
-    turns = budget.turns_after(events, cut.through_seq if cut else 0)
     limit = budget.budget_of(ctx.agent.config.llm, tools)
     fixed = sum(budget.estimate(m) for m in head)
     note = budget.estimate(budget.note_message(cut)) if cut else 0
-    new = budget.plan(turns, limit, fixed + note, cut)
+    turns = budget.turns_after(events, cut.through_seq if cut else 0, stop_above=limit)
+    new = budget.plan(events, turns, limit, fixed + note, cut)
     if new is not None:
         turns = [t for t in turns if t.first_seq > new.through_seq]
         kept = fixed + sum(t.tokens for t in turns)

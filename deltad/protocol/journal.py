@@ -83,21 +83,37 @@ def _read_journal(path: Path) -> JournalRead:
     if err := _reformatted(path, data):
         raise err
     events: list[JournalEvent] = []
-    offset = 0
-    lines = data.split(b"\n")
-    complete, tail = lines[:-1], lines[-1]
-    for n, line in enumerate(complete, 1):
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
-            if n == len(complete) and not tail:  # e.g. a zero-filled block after a crash
-                return JournalRead(events, offset, data[offset:])
-            raise CorruptFile(
-                f"{path} line {n} is not JSON; the journal is damaged (restore it from a backup)"
-            ) from None
-        events.append(_event(path, n, obj))
-        offset += len(line) + 1
-    return JournalRead(events, offset, tail)
+    offset, n, end = 0, 0, len(data)
+    while (stop := data.find(b"\n", offset)) != -1:  # no list of 100,000 lines held at once
+        n += 1
+        line = data[offset:stop]
+        try:  # the common case in one step: pydantic parses and checks the JSON itself
+            event = JournalEvent.model_validate_json(line)
+            check_payload(str(event.type), event.payload)
+        except (ValidationError, RecursionError):
+            if data.find(b"\n", stop + 1) == -1 and stop + 1 == end and _unparsable(line):
+                return JournalRead(events, offset, data[offset:])  # e.g. zeros after a crash
+            event = _event(path, n, _parsed(path, n, line))
+        events.append(event)
+        offset = stop + 1
+    return JournalRead(events, offset, data[offset:])
+
+
+def _unparsable(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return True
+    return False
+
+
+def _parsed(path: Path, n: int, line: bytes) -> object:
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        raise CorruptFile(
+            f"{path} line {n} is not JSON; the journal is damaged (restore it from a backup)"
+        ) from None
 
 
 def _event(path: Path, n: int, obj: object) -> JournalEvent:
