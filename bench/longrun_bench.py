@@ -37,6 +37,7 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -288,16 +289,17 @@ def answer(ws: Path) -> float:
 
 
 def probe(
-    served: Served, spaces: list[Path], until: float, gap: float
+    served: Served, spaces: list[Path], done: Callable[[], bool], gap: float
 ) -> list[tuple[float, float]]:
-    """Answers one at a time until `until`: (close, resumed) pairs; a miss is reported."""
+    """Answers one at a time until `done()`: (close, resumed) pairs; a miss stops the bench
+    with the daemon's log named (the answer was never resumed: that is the finding)."""
     samples = []
-    while time.time() < until:
+    while not done():
         ws = random.choice(spaces)
         closed = answer(ws)
-        started = served.resumed(ws, timeout=180)
+        started = served.resumed(ws, timeout=300)
         if started is None:
-            raise RuntimeError(f"{ws} was not resumed within 180 s; see {served.log}")
+            raise RuntimeError(f"{ws} was not resumed within 300 s; see {served.log}")
         samples.append((closed, started))
         time.sleep(gap)
     return samples
@@ -310,7 +312,12 @@ def during_reconcile(work: Path, bindir: Path, n: int, interval: float) -> dict[
     try:
         served.wait("daemon_ready")
         ready = served.events("daemon_ready")[0]
-        samples = probe(served, spaces, time.time() + 3 * interval + 2, gap=0.05)
+        cap = time.time() + 900
+
+        def two_periodic() -> bool:
+            return len(served.events("reconcile_full")) >= 3 or time.time() > cap
+
+        samples = probe(served, spaces, two_periodic, gap=0.05)
         fulls = served.events("reconcile_full")[1:]  # the startup one is before READY
         windows = [(_ts(e) - e["duration_ms"] / 1000, _ts(e)) for e in fulls]
         inside = [s - c for c, s in samples if any(a <= c <= b for a, b in windows)]
@@ -338,7 +345,8 @@ def during_removal(work: Path, bindir: Path, n: int, removed: int) -> dict[str, 
         t0 = time.time()
         rm = threading.Thread(target=lambda: subprocess.run(["rm", "-rf", *map(str, doomed)]))
         rm.start()
-        samples = probe(served, kept, time.time() + 20, gap=0.05)
+        end = time.time() + 20
+        samples = probe(served, kept, lambda: time.time() > end, gap=0.05)
         rm.join()
     finally:
         served.stop()
@@ -369,7 +377,7 @@ def main() -> None:
             (work / "journal").mkdir()
             results["journal"] = long_run(work / "journal", bins, args.events)
         for n in [int(x) for x in args.sizes.split(",")] if "reconcile" in parts else []:
-            interval = args.interval or max(5.0, n / 2000)
+            interval = args.interval or max(10.0, n / 1000)
             for label, bindir in bins.items():
                 w = work / f"reconcile-{n}-{label}"
                 w.mkdir()
