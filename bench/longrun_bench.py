@@ -184,7 +184,13 @@ def long_run(work: Path, bins: dict[str, Path], events: int) -> dict[str, Any]:
             delta = str(bindir / "delta")
             r: dict[str, Any] = {"status": timed([delta, "status", "-w", str(ws)], env)}
             r["respond"] = timed([delta, "respond", "-w", str(ws), "benchmark answer"], env)
+            # The first resume meets a journal written without a context budget; its model call
+            # asks again, so a second resume shows a journal that has one (as a real long run's
+            # would: it cuts as it grows).
+            fake.call("ask_human", {"prompt": "again?"}, id="ask_again")
             r["resume"] = timed([delta, "run", "-w", str(ws)], env)
+            timed([delta, "respond", "-w", str(ws), "second answer"], env)
+            r["second_resume"] = timed([delta, "run", "-w", str(ws)], env)
             out[label] = r
             print(f"  {label}: {json.dumps(r)}", flush=True)
     return out

@@ -6,12 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from deltad.agent import LLMSettings, load_agent
 from deltad.engine import RunContext
 from deltad.engine.budget import DEFAULT_WINDOW, budget_of, estimate, window_of
 from deltad.engine.signals import InterruptGuard
 from deltad.engine.think import messages
 from deltad.protocol import (
+    CorruptFile,
     EventType,
     Journal,
     RunMetadata,
@@ -19,9 +22,11 @@ from deltad.protocol import (
     Workspace,
     current_owner,
     new_run_id,
+    read_journal,
     save_metadata,
     utcnow,
 )
+from deltad.protocol.journal import horizon
 from deltad.testing import ScriptedModel
 
 TOOLS: list[dict[str, Any]] = []
@@ -158,3 +163,57 @@ def test_the_budget_comes_from_the_window() -> None:
     s = LLMSettings(model="llama3:8b", context_window=8192, max_tokens=1000)
     assert budget_of(s, []) == 8192 - 1000 - estimate([])
     assert budget_of(LLMSettings(model="x", context_budget=500), [{"big": "y" * 999}]) == 500
+
+
+def test_a_resumed_journal_keeps_in_memory_only_what_a_call_can_still_send(
+    tmp_path: Path,
+) -> None:
+    ctx = _ctx(tmp_path, "  context_budget: 2000\n")
+    for i in range(40):
+        _turn(ctx, i)
+    sent = messages(ctx, TOOLS)
+    [cut] = _cuts(ctx)
+    total = len(ctx.journal.events)
+    again = Journal(ctx.paths.journal)
+    assert again.history.count == total  # the read model saw every event
+    assert again.next_seq == total + 1
+    assert min(e.seq for e in again.events) == cut["through_seq"] + 1
+    assert len(again.events) < total / 2
+    assert read_journal(ctx.paths.journal).events == ctx.journal.events  # the full read is whole
+    resumed = RunContext(
+        ctx.ws, ctx.paths, ctx.meta, again, ctx.agent, ctx.model, InterruptGuard(), print
+    )
+    assert messages(resumed, TOOLS) == sent
+
+
+def test_the_horizon_is_the_latest_cut_record_and_nothing_else(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path, "  context_budget: 2000\n")
+    for i in range(40):
+        _turn(ctx, i)
+    messages(ctx, TOOLS)
+    [cut] = _cuts(ctx)
+    ctx.journal.append(
+        EventType.ACTION_REQUEST,
+        {"action_id": "x", "tool_name": "t", "tool_args": {"context_cut": {"through_seq": 10**6}}},
+    )
+    ctx.journal.append(
+        EventType.ACTION_RESULT,
+        {"action_id": "x", "status": "SUCCESS", "observation_content": '"context_cut":{}'},
+    )
+    data = ctx.paths.journal.read_bytes()
+    through, at = horizon(data)
+    assert through == cut["through_seq"] and b'"context_cut"' in data[at:].split(b"\n", 1)[0]
+    assert horizon(b"") == (0, 0)
+
+
+def test_a_line_edited_before_the_cut_is_still_one_clear_error(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path, "  context_budget: 2000\n")
+    for i in range(40):
+        _turn(ctx, i)
+    messages(ctx, TOOLS)
+    lines = ctx.paths.journal.read_text().splitlines()
+    damaged = [line.replace('"action_id":"c1"', '"action":"c1"') for line in lines]
+    assert damaged != lines
+    ctx.paths.journal.write_text("\n".join(damaged) + "\n")
+    with pytest.raises(CorruptFile, match=r"line \d+ \(ACTION_RESULT\): action_id: Field required"):
+        Journal(ctx.paths.journal)
