@@ -21,7 +21,6 @@ from deltad.pipeline import (
     select_edge,
 )
 from deltad.pipeline.cli import pipeline
-
 from tests.unit.helpers import raw_graph
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
