@@ -102,6 +102,11 @@ class LLMSettings(_Strict):
     max_retries: int = Field(default=3, ge=0, le=20)
     timeout_seconds: float = Field(default=120, gt=0)  # one attempt
     total_timeout_seconds: float = Field(default=300, gt=0)  # all attempts and waits together
+    # The context budget (engine/budget.py): the model's window in tokens (default: known for
+    # its name, else 32,768) and the tokens one call's messages may take (default: the window
+    # less max_tokens and the tools' schemas). Older turns beyond it are left out, on record.
+    context_window: int | None = Field(default=None, gt=0)
+    context_budget: int | None = Field(default=None, gt=0)
 
 
 class ApprovalPolicy(_Strict):

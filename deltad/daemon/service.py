@@ -28,7 +28,7 @@ from .backends import Backend, PollingBackend, event_backend
 from .backoff import AnswerKey, Backoff, ExpiredKey, InterruptedKey, ModelRetryKey, ResumeKey
 from .clock import SYSTEM, Clock
 from .config import ConfigError, DaemonConfig, load_config
-from .discovery import Layout, is_workspace
+from .discovery import is_workspace
 from .feed import Feed
 from .notify import monotonic_usec, sd_notify, watchdog_interval
 from .queue import HintQueue, Why
@@ -37,6 +37,7 @@ from .registry import Registry
 from .resumer import BUSY, Finished, Resumer
 from .retry import ModelRetries, Step
 from .status import AlreadyRunning, StateDirLock, capped, write_status
+from .sweep import SWEEP_BUDGET, SWEEP_SLICE, Sweep
 from .tenancy import Refused
 
 log = structlog.get_logger("deltad.service")
@@ -69,6 +70,7 @@ class Service:
         self.backoff = Backoff(config.backoff_initial_seconds, config.backoff_max_seconds)
         self.backends: list[Backend] = []
         self._timers: list[tuple[float, str]] = []
+        self._sweep: Sweep | None = None  # a full reconcile in progress (deltad/daemon/sweep.py)
         self._quarantined: dict[Path, tuple[int, float]] = {}  # ws -> (failures, until)
         self._stop = self._reload = False
         self._dirty = True
@@ -147,7 +149,7 @@ class Service:
         self._build_backends()
         self.feed.priming = True  # a restart does not announce every waiting question again
         try:
-            self.full_reconcile("startup", quiet=True)
+            self.full_reconcile("startup", quiet=True, at_once=True)
         finally:
             self.feed.priming = False
         self._ready = True
@@ -228,6 +230,7 @@ class Service:
         fds = [sig_r, self.queue.fileno(), *self.resumer.fds()]
         fds += [fd for b in self.backends if (fd := b.fileno()) is not None]
         urgent = len(self.queue) or self._stop or self._reload or self.resumer.can_start()
+        urgent = urgent or self._sweep is not None
         timeout = 0.0 if urgent else self._timeout()
         try:
             readable, _, _ = select.select(fds, [], [], timeout)
@@ -259,6 +262,7 @@ class Service:
             if hint is None:
                 break
             self.reconcile(hint.workspace, hint.why)
+        self._sweep_step()
         for fin in self.resumer.reap():
             self._after_resume_safely(fin)
         now = self.clock.monotonic()
@@ -285,24 +289,45 @@ class Service:
         heapq.heappush(self._timers, (when_monotonic, str(ws)))
 
     # -- reconcile ---------------------------------------------------------------------------
-    def full_reconcile(self, reason: str, *, force: bool = False, quiet: bool = False) -> None:
-        t0 = self.clock.monotonic()
-        layout = Layout()
-        for b in self.backends:
-            layout.merge(b.sync(force=force))
+    def full_reconcile(
+        self, reason: str, *, force: bool = False, quiet: bool = False, at_once: bool = False
+    ) -> None:
+        """Start a full reconcile, done a bounded slice per loop turn (`_sweep_step`) so that
+        events are served meanwhile; `at_once` runs it to the end now (at startup). A periodic
+        one while another runs is left to that one; any other replaces it."""
+        if self._sweep is not None:
+            if reason == "periodic" and not force:
+                return
+            self._sweep.abandon()
+        self._sweep = Sweep.start(self.backends, reason, self.clock, force=force, quiet=quiet)
+        log.info("reconcile_full_started", reason=reason)
+        if at_once:
+            self._sweep.finish(self._swept, self.clock)
+            self._sweep_done(self._sweep)
+
+    def _sweep_step(self) -> None:
+        sweep = self._sweep
+        if sweep is not None and sweep.step(self._swept, self.clock, SWEEP_BUDGET, SWEEP_SLICE):
+            self._sweep_done(sweep)
+
+    def _swept(self, ws: Path) -> None:
+        quiet = self._sweep is not None and self._sweep.quiet
+        self.registry.add(ws, quiet=quiet)
+        self.reconcile(ws, Why.CHECK, quiet=quiet)
+
+    def _sweep_done(self, sweep: Sweep) -> None:
+        self._sweep = None
+        layout = sweep.layout
         for path, problem in layout.problems:
             log.warning("discovery_problem", path=str(path), problem=problem)
         for ws in [w for w in self.registry.workspaces if w not in layout.workspaces]:
             self._drop(ws)
-        for ws in layout.workspaces:
-            self.registry.add(ws, quiet=quiet)
-            self.reconcile(ws, Why.CHECK, quiet=quiet)
         log.info(
             "reconcile_full",
-            reason=reason,
+            reason=sweep.reason,
             workspaces=len(self.registry),
             watches=self._watch_counts(),
-            duration_ms=int((self.clock.monotonic() - t0) * 1000),
+            duration_ms=int((self.clock.monotonic() - sweep.started) * 1000),
         )
         self._dirty = True
 
@@ -565,6 +590,9 @@ class Service:
             new.backoff_initial_seconds,
             new.backoff_max_seconds,
         )
+        if self._sweep is not None:  # its walks belong to the backends about to be closed
+            self._sweep.abandon()
+            self._sweep = None
         self._close_backends()
         self._build_backends()
         log.info("config_reloaded", roots=[str(r.path) for r in new.roots])

@@ -10,8 +10,9 @@ Failures come in two kinds (docs/design.md, "Model failures"):
   the run stays resumable;
 - permanent (400, 401, 403, 404, 422...): `ModelRefused`, the run fails with the reason.
 The SDK's own retries are off (they are silent); the SDK is kept for its endpoint conventions
-and auth, and the request goes out through its low-level `post`, so no per-message model
-validation is paid on long conversations.
+and auth, and the request goes out through its low-level `post` as bytes serialised once
+(`compact_json`, the same bytes the io record keeps), so a call costs one `json.dumps` and the
+HTTP exchange, whatever the length of the conversation: no per-message work in the SDK.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ if TYPE_CHECKING:
 
 from deltad.agent import LLMSettings
 from deltad.errors import LLMError, UsageError
+from deltad.protocol.fsio import compact_json
 
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 MAX_RETRIES_LIMIT = 20
 BACKOFF_INITIAL = 0.5
 BACKOFF_CAP = 20.0
+JSON_HEADERS = {"Content-Type": "application/json"}  # the body goes out as prepared bytes
 NOTICE_AFTER = 15.0  # seconds of silence on one attempt before saying we are still waiting
 
 
@@ -75,8 +78,13 @@ class ChatModel(Protocol):
     ) -> dict[str, Any]: ...
 
     def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-    ) -> ChatReply: ...
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        body: bytes | None = None,
+    ) -> ChatReply:
+        """`body`, when given, is `request_body(messages, tools)` already serialised."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -228,8 +236,14 @@ class OpenAIChatModel:
             body["max_tokens"] = self.settings.max_tokens
         return body
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ChatReply:
-        body = self.request_body(messages, tools)
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        body: bytes | None = None,
+    ) -> ChatReply:
+        if body is None:
+            body = compact_json(self.request_body(messages, tools))
         attempts = 1 + self.retries
         deadline = time.monotonic() + self.settings.total_timeout_seconds
         for attempt in range(1, attempts + 1):
@@ -287,7 +301,7 @@ class OpenAIChatModel:
             )
         return ModelRefused(f"model endpoint answered {f.summary}{detail}", f.status)
 
-    def _attempt(self, body: dict[str, Any], timeout: float) -> ChatReply:
+    def _attempt(self, body: bytes, timeout: float) -> ChatReply:
         import httpx2  # the HTTP package of openai 3.x (pinned in pyproject.toml)
 
         after = min(NOTICE_AFTER, timeout / 2)
@@ -299,7 +313,7 @@ class OpenAIChatModel:
                 "/chat/completions",
                 body=body,
                 cast_to=httpx2.Response,
-                options={"timeout": timeout},
+                options={"timeout": timeout, "headers": JSON_HEADERS},
             )
             raw = resp.read()
         finally:

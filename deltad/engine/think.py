@@ -13,8 +13,10 @@ import uuid
 from typing import Any
 
 from deltad.errors import LLMError
-from deltad.protocol import EventType, atomic_write_json, iso, safefs, save_metadata, utcnow
+from deltad.protocol import EventType, iso, safefs, save_metadata, utcnow
+from deltad.protocol.fsio import compact_json, write_record
 
+from . import budget
 from .ask_human import ASK_HUMAN_TOOL
 from .context import RunContext
 
@@ -34,55 +36,58 @@ class CutOff(LLMError):
     """The model stopped before a usable answer (finish_reason length or content_filter)."""
 
 
-def messages(ctx: RunContext) -> list[dict[str, Any]]:
-    """The conversation so far, from the journal alone. In a pipeline each node is its own
-    conversation: its prompt (from its NODE_START) and what followed it."""
+def messages(ctx: RunContext, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation so far, from the journal alone, within the context budget: turns
+    before the latest recorded cut are replaced by its note; if the rest does not fit, a new
+    cut is decided and journaled first (engine/budget.py). In a pipeline each node is its own
+    conversation: its prompt (from its NODE_START) and what followed it; a cut made in an
+    earlier node does not apply."""
     events = ctx.journal.events
-    task = ctx.meta.task
-    starts = [i for i, e in enumerate(events) if e.type == EventType.NODE_START]
-    if starts:
-        task = events[starts[-1]].payload.get("prompt") or task
-        events = events[starts[-1] + 1 :]
-    msgs: list[dict[str, Any]] = [
+    task, since = ctx.meta.task, 0
+    for e in reversed(events):
+        if e.type == EventType.NODE_START:
+            task, since = e.payload.get("prompt") or task, e.seq
+            break
+    head: list[dict[str, Any]] = [
         {"role": "system", "content": ctx.agent.system_prompt},
         {"role": "user", "content": task},
     ]
-    for e in events:
-        if e.type == EventType.THOUGHT:
-            m: dict[str, Any] = {"role": "assistant", "content": e.payload.get("content")}
-            if e.payload.get("tool_calls"):
-                m["tool_calls"] = e.payload["tool_calls"]
-            msgs.append(m)
-        elif e.type == EventType.ACTION_RESULT:
-            msgs.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": e.payload["action_id"],
-                    "content": e.payload["observation_content"],
-                }
-            )
-        elif e.type == EventType.NODE_MESSAGE:
-            msgs.append({"role": "user", "content": e.payload["text"]})
-    return msgs
+    cut = budget.last_cut(events)
+    if cut is not None and cut.through_seq < since:
+        cut = None
+    limit = budget.budget_of(ctx.agent.config.llm, tools)
+    fixed = sum(budget.estimate(m) for m in head)
+    note = budget.estimate(budget.note_message(cut)) if cut else 0
+    after = max(since, cut.through_seq if cut else 0)
+    turns = budget.turns_after(events, after, stop_above=limit)
+    new = budget.plan(events, turns, limit, fixed + note, cut, since=since)
+    if new is not None:
+        turns = [t for t in turns if t.first_seq > new.through_seq]
+        kept = fixed + sum(t.tokens for t in turns)
+        ctx.journal.append(EventType.SYSTEM_MESSAGE, new.payload(limit, kept))
+        cut = new
+    notes = [budget.note_message(cut)] if cut else []
+    return head + notes + [m for t in turns for m in t.messages]
 
 
 def think(ctx: RunContext) -> dict[str, Any]:
     """Call the model and journal its THOUGHT; returns the THOUGHT's payload. Raises the
     model's errors (LLMError and its kinds, CutOff) after recording them."""
     ctx.ensure_running()
-    msgs = messages(ctx)
     tools = [t.schema() for t in ctx.agent.tools.values()] + [ASK_HUMAN_TOOL]
+    msgs = messages(ctx, tools)
     ref = f"{ctx.journal.next_seq:05d}_{uuid.uuid4().hex[:8]}"
     record = ctx.paths.invocations / ref
     safefs.mkdirs(record)
-    atomic_write_json(record / "request.json", ctx.model.request_body(msgs, tools))
+    body = compact_json(ctx.model.request_body(msgs, tools))
+    write_record(record / "request.json", body)  # the very bytes sent
     try:
         with ctx.guard.window():
-            reply = ctx.model.complete(msgs, tools)
+            reply = ctx.model.complete(msgs, tools, body)
     except LLMError as e:
-        atomic_write_json(record / "error.json", _error_record(e))
+        write_record(record / "error.json", compact_json(_error_record(e)))
         raise
-    atomic_write_json(record / "response.json", reply.raw)
+    write_record(record / "response.json", compact_json(reply.raw))
     if ctx.meta.model_failing_since is not None:  # the outage is over
         ctx.meta.model_failing_since = None
         save_metadata(ctx.paths.metadata, ctx.meta)

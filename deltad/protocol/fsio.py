@@ -26,11 +26,13 @@ def fsync_dir(path: Path) -> None:
         os.fsync(d.fd)
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: bool = True) -> None:
     """Replace `path` with `data` so that readers see the old or the new file, never a mix.
 
     Beneath `.delta/` the mode comes from the file-mode rule (`mode` is ignored there: the
-    rule, not the caller, decides who may read workspace state); elsewhere `mode` or 0644."""
+    rule, not the caller, decides who may read workspace state); elsewhere `mode` or 0644.
+    `durable=False` skips the fsync: for records nothing is decided from (io records), whose
+    loss in a power cut costs a debugging aid, not a run."""
     beneath = safefs.split(path) is not None
     with safefs.parent(path, create=beneath) as d:
         tmp = safefs.temp_name(path.name)
@@ -41,7 +43,8 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
             os.rename(tmp, path.name, src_dir_fd=d.fd, dst_dir_fd=d.fd)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -56,6 +59,17 @@ def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
 
 def atomic_write_json(path: Path, obj: Any, mode: int | None = None) -> None:
     atomic_write(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode(), mode)
+
+
+def compact_json(obj: Any) -> bytes:
+    """One line of JSON, no spaces: what a model request or an io record is written as (a
+    pretty-printed 100,000-message body is several times larger and slower to write)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def write_record(path: Path, data: bytes) -> None:
+    """An io record (request/response bodies, tool output): atomic, compact, not fsynced."""
+    atomic_write(path, data + b"\n", durable=False)
 
 
 def append_durable(path: Path, data: bytes) -> None:

@@ -8,10 +8,14 @@ with a message saying so, rather than half-read.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,7 @@ class JournalRead:
     events: list[JournalEvent]
     good_bytes: int  # length of the valid prefix
     torn: bytes  # bytes after it (a crash mid-append), usually empty
+    last_seq: int = 0  # of the last valid event, kept in `events` or not
 
 
 def _reformatted(path: Path, data: bytes) -> CorruptFile | None:
@@ -49,7 +54,74 @@ def _reformatted(path: Path, data: bytes) -> CorruptFile | None:
 MAX_JOURNAL_BYTES = 1 << 30
 
 
-def read_journal(path: Path) -> JournalRead:
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic collector off while a journal is turned into objects: it allocates hundreds
+    of thousands of containers and frees none, so every collection in between is wasted work
+    that grows with what was read so far (half the CPU of reading 100,000 events)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+Seen = Callable[[JournalEvent], None]
+
+
+def read_journal(path: Path, seen: Seen | None = None, *, tail_only: bool = False) -> JournalRead:
+    """Every event, checked. `seen` is called with each in order; with `tail_only`, `events`
+    holds only those after the latest context cut (`horizon`): the ones a model call can still
+    send, so a long run does not keep 100,000 events in memory to use the last few hundred."""
+    with gc_paused():
+        return _read_journal(path, seen, tail_only)
+
+
+# A pipeline's steps are replayed from the journal on every turn (pipeline/state.py): a
+# context cut drops old conversation, never where the pipeline stands. They are a few per node.
+ALWAYS_KEPT = frozenset({EventType.NODE_START, EventType.NODE_OUTCOME, EventType.EDGE_TAKEN})
+
+
+def horizon(data: bytes) -> tuple[int, int]:
+    """`through_seq` of the latest context cut in a journal's bytes and the offset of its
+    record's line ((0, 0) if none). A key can only appear unescaped as a key, so the search
+    finds cut records and, at worst, a tool's arguments object using that name (skipped)."""
+    end = len(data)
+    while (at := data.rfind(b'"context_cut"', 0, end)) != -1:
+        start, stop = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
+        end = start
+        try:
+            obj = json.loads(data[start : stop if stop != -1 else len(data)])
+            cut = obj["payload"]["context_cut"] if obj["type"] == EventType.SYSTEM_MESSAGE else None
+            if isinstance(cut, dict):
+                return int(cut["through_seq"]), start
+        except (ValueError, KeyError, TypeError, RecursionError):
+            continue
+    return 0, 0
+
+
+def _settled(line: bytes) -> JournalEvent | None:
+    """An event before the latest context cut, for the read model only: parsed, not checked
+    against its type's model again (it was when it was written and at every read before the
+    cut); None if it does not even parse, and then the full check says what is wrong."""
+    try:
+        obj = json.loads(line)
+        payload, kind = obj["payload"], obj["type"]
+        if not isinstance(payload, dict) or not isinstance(kind, str):
+            return None
+        return JournalEvent.model_construct(
+            seq=int(obj["seq"]),
+            timestamp=datetime.fromisoformat(obj["timestamp"]),
+            type=EventType(kind) if kind in EventType.__members__ else kind,
+            payload=payload,
+        )
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+
+
+def _read_journal(path: Path, seen: Seen | None, tail_only: bool) -> JournalRead:
     try:
         data = read_regular(path, MAX_JOURNAL_BYTES)
     except FileNotFoundError:
@@ -61,21 +133,56 @@ def read_journal(path: Path) -> JournalRead:
     if err := _reformatted(path, data):
         raise err
     events: list[JournalEvent] = []
-    offset = 0
-    lines = data.split(b"\n")
-    complete, tail = lines[:-1], lines[-1]
-    for n, line in enumerate(complete, 1):
+    keep_after, settled_end = horizon(data) if tail_only else (0, 0)
+    last_seq = 0
+    offset, n, end = 0, 0, len(data)
+    while (stop := data.find(b"\n", offset)) != -1:  # no list of 100,000 lines held at once
+        n += 1
+        line = data[offset:stop]
+        settled = _settled(line) if stop < settled_end else None
+        if settled is not None:
+            event = settled
+        else:
+            try:  # the common case in one step: pydantic parses and checks the JSON itself
+                event = JournalEvent.model_validate_json(line)
+                check_payload(str(event.type), event.payload)
+            except (ValidationError, RecursionError):
+                if data.find(b"\n", stop + 1) == -1 and stop + 1 == end and _unparsable(line):
+                    return JournalRead(events, offset, data[offset:], last_seq)  # e.g. zeros
+                event = _event(path, n, _parsed(path, n, line))
         try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
-            if n == len(complete) and not tail:  # e.g. a zero-filled block after a crash
-                return JournalRead(events, offset, data[offset:])
-            raise CorruptFile(
-                f"{path} line {n} is not JSON; the journal is damaged (restore it from a backup)"
-            ) from None
-        events.append(_event(path, n, obj))
-        offset += len(line) + 1
-    return JournalRead(events, offset, tail)
+            _seen(seen, event)
+        except (KeyError, TypeError, ValueError):
+            if settled is not None:  # an unchecked line the read model cannot take: say why
+                _event(path, n, _parsed(path, n, line))
+            raise
+        if event.seq > keep_after or event.type in ALWAYS_KEPT:
+            events.append(event)
+        last_seq = event.seq
+        offset = stop + 1
+    return JournalRead(events, offset, data[offset:], last_seq)
+
+
+def _seen(seen: Seen | None, event: JournalEvent) -> None:
+    if seen is not None:
+        seen(event)
+
+
+def _unparsable(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return True
+    return False
+
+
+def _parsed(path: Path, n: int, line: bytes) -> object:
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        raise CorruptFile(
+            f"{path} line {n} is not JSON; the journal is damaged (restore it from a backup)"
+        ) from None
 
 
 def _event(path: Path, n: int, obj: object) -> JournalEvent:
@@ -100,15 +207,16 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        read = read_journal(path)
-        self.events = read.events
-        self.history = History.of(self.events)  # kept current by `append`
+        self.history = History()  # of every event; kept current by `append`
+        read = read_journal(path, self.history.add, tail_only=True)
+        self.events = read.events  # those after the latest context cut (engine/budget.py)
+        self._last_seq = read.last_seq
         if read.torn:
             self._set_aside_torn_tail(read)
 
     @property
     def next_seq(self) -> int:
-        return self.events[-1].seq + 1 if self.events else 1
+        return self._last_seq + 1
 
     def _set_aside_torn_tail(self, read: JournalRead) -> None:
         stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")  # a later tear at the same offset: new file
@@ -146,6 +254,7 @@ class Journal:
         if new_file:
             fsync_dir(self.path.parent)
         self.events.append(event)
+        self._last_seq = event.seq
         self.history.add(event)
         return event
 

@@ -50,7 +50,12 @@ class ScriptedModel:
     ) -> dict[str, Any]:
         return {"model": "scripted", "messages": messages, "tools": tools}
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ChatReply:
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        body: bytes | None = None,
+    ) -> ChatReply:
         self.calls.append(messages)
         if not self._script:
             raise ModelUnavailable("the script is exhausted", 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Generator
 from pathlib import Path
 
 import structlog
@@ -86,6 +87,13 @@ class PollingBackend:
                 self._sigs.setdefault(ws, signature(ws))
         if self._tops:
             self._start()
+        return layout
+
+    def sync_steps(self, force: bool = False) -> Generator[Path | None, None, Layout]:
+        """The walk in one step (polled trees are the exception), then one step per workspace,
+        so that reconciling them is spread over loop turns like the event backends' are."""
+        layout = self.sync(force)
+        yield from list(layout.workspaces)
         return layout
 
     def process(self) -> None:

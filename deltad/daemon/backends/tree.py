@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -51,12 +52,18 @@ SYSCTL_HINT = (
 )
 
 
+# A full walk in steps: yields each workspace as it is reached (None for a plain directory),
+# returns the whole layout. The main loop runs a bounded number of steps per turn.
+SyncSteps = Generator[Path | None, None, Layout]
+
+
 class Backend(Protocol):
     name: str
 
     def fileno(self) -> int | None: ...
     def add_root(self, root: Path, depth: int) -> None: ...
     def sync(self, force: bool = False) -> Layout: ...
+    def sync_steps(self, force: bool = False) -> SyncSteps: ...
     def process(self) -> None: ...
     def forget(self, workspace: Path) -> None: ...
     def watch_count(self) -> int: ...
@@ -98,6 +105,10 @@ class WatchTree:
         self._by_path: dict[Path, int] = {}
         self._roots: dict[Path, int] = {}
         self._ws_levels: dict[Path, int] = {}
+        # parent -> watched dirs and workspaces directly below it: what is at or below a
+        # removed directory is found by walking this, not by scanning every watch.
+        self._kids: dict[Path, set[Path]] = {}
+        self._sweeping: Layout | None = None  # the layout of a sync in progress
         self._limit_logged = False
         self._failed = False
 
@@ -120,13 +131,24 @@ class WatchTree:
     def sync(self, force: bool = False) -> Layout:
         """Walk every root and make the watches match; `force` re-adds existing ones (after an
         overflow, IN_IGNORED events may have been lost with the rest)."""
+        return _exhaust(self.sync_steps(force))
+
+    def sync_steps(self, force: bool = False) -> SyncSteps:
+        """`sync`, one directory or workspace per step. Events handled between steps keep the
+        layout true: what they add is added to it, what they remove is taken out, so the
+        stale-watch cleanup at the end drops only what the walk and the events both missed."""
         layout = Layout()
-        for root, depth in self._roots.items():
-            if not root.is_dir():
-                layout.problems.append((root, "root directory does not exist"))
-                continue
-            self._discover(root, depth, layout, force=force, announce=False)
-        self._drop_stale(layout)
+        self._sweeping = layout
+        try:
+            for root, depth in list(self._roots.items()):
+                if not root.is_dir():
+                    layout.problems.append((root, "root directory does not exist"))
+                    continue
+                yield from self._walk(root, depth, layout, force=force, announce=False)
+            self._drop_stale(layout)
+        finally:
+            if self._sweeping is layout:
+                self._sweeping = None
         return layout
 
     def forget(self, workspace: Path) -> None:
@@ -136,6 +158,7 @@ class WatchTree:
             return
         levels = self._ws_levels[workspace]
         self._unwatch_workspace(workspace)
+        self._gone_from_sweep(workspace)
         if workspace.is_dir():
             self._discover(workspace, levels, Layout())
 
@@ -144,6 +167,13 @@ class WatchTree:
         for path in (delta, *(child for child, _ in _ws_child_specs(delta))):
             self._rm(path)
         self._ws_levels.pop(workspace, None)
+        self._reindex(workspace)
+
+    def _gone_from_sweep(self, workspace: Path) -> None:
+        """A workspace removed while a sync is in progress is not part of its layout (one that
+        only fell back to polling still is)."""
+        if self._sweeping is not None:
+            self._sweeping.workspaces.discard(workspace)
 
     def watch_count(self) -> int:
         return len(self._by_wd)
@@ -152,20 +182,29 @@ class WatchTree:
     def _discover(
         self, top: Path, levels: int, layout: Layout, *, force: bool = False, announce: bool = True
     ) -> None:
+        _exhaust(self._walk(top, levels, layout, force=force, announce=announce))
+
+    def _walk(
+        self, top: Path, levels: int, layout: Layout, *, force: bool, announce: bool
+    ) -> Iterator[Path | None]:
         """Watch-then-look, recursively: whatever appears after a watch is in place is reported
-        by it, whatever appeared before is found by the look."""
+        by it, whatever appeared before is found by the look. One step per directory."""
         if not is_workspace(top):
             if not self._watch_dir(top, levels, force):
                 return
             if not is_workspace(top):  # a `.delta/` made meanwhile is caught by one or the other
                 layout.dirs[top] = levels
+                if self._sweeping is not None:
+                    self._sweeping.dirs[top] = levels
+                yield None
                 for child in self._children(top, levels, layout):
-                    self._discover(child, levels - 1, layout, force=force, announce=announce)
+                    yield from self._walk(child, levels - 1, layout, force=force, announce=announce)
                 return
             self._rm(top)
         layout.workspaces.add(top)
         if self._watch_workspace(top, levels, force) and announce:
             self._queue.put(top, Why.DISCOVERED)
+        yield top
 
     @staticmethod
     def _children(top: Path, levels: int, layout: Layout) -> list[Path]:
@@ -192,6 +231,9 @@ class WatchTree:
         """Watch `.delta/` first, then its children: a child created in between is seen either
         by the parent watch or by the existence check. Returns False if it was watched."""
         self._ws_levels[ws] = levels
+        self._reindex(ws)
+        if self._sweeping is not None:
+            self._sweeping.workspaces.add(ws)
         delta = ws / DELTA_DIR
         if delta in self._by_path and not force:
             return False
@@ -222,6 +264,7 @@ class WatchTree:
             self._by_wd.pop(old, None)
         self._by_wd[wd] = watch
         self._by_path[path] = wd
+        self._reindex(path)
         return True
 
     def _limit_reached(self, which: str) -> None:
@@ -242,17 +285,52 @@ class WatchTree:
         if wd is None:
             return
         self._by_wd.pop(wd, None)
+        self._reindex(path)
+        if self._sweeping is not None:
+            self._sweeping.dirs.pop(path, None)
         with contextlib.suppress(OSError):  # already gone with its directory
             self._rm_watch(wd)
 
     def _rm_under(self, top: Path) -> list[Path]:
-        """Drop every watch at or below `top`; return the workspaces that were there."""
-        gone = [ws for ws in self._ws_levels if _at_or_below(ws, top)]
+        """Drop every watch at or below `top`; return the workspaces that were there. Costs
+        what is below `top`, not the number of watches: removing 1,000 of 10,000 workspaces
+        is 1,000 small steps, not 1,000 scans of 30,000 watches."""
+        below = self._subtree(top)
+        gone = [ws for ws in below if ws in self._ws_levels]
         for ws in gone:
             self._unwatch_workspace(ws)
-        for path in [p for p in self._by_path if _at_or_below(p, top)]:
+            self._gone_from_sweep(ws)
+        for path in below:
             self._rm(path)
         return gone
+
+    # -- the index of watched dirs and workspaces by parent ----------------------------------
+    def _indexed(self, path: Path) -> bool:
+        if path in self._ws_levels:
+            return True
+        wd = self._by_path.get(path)
+        return wd is not None and self._by_wd[wd].kind is Kind.DIR
+
+    def _reindex(self, path: Path) -> None:
+        """Bring `path`'s entry in the index in line with what is watched now."""
+        if self._indexed(path):
+            self._kids.setdefault(path.parent, set()).add(path)
+            return
+        kids = self._kids.get(path.parent)
+        if kids is not None:
+            kids.discard(path)
+            if not kids:
+                del self._kids[path.parent]
+
+    def _subtree(self, top: Path) -> list[Path]:
+        """`top` and every indexed path below it (dirs are watched down to each workspace, so
+        the index has no gaps between a watched directory and what is watched below it)."""
+        out, stack = [], [top]
+        while stack:
+            path = stack.pop()
+            out.append(path)
+            stack.extend(self._kids.get(path, ()))
+        return out
 
     def _drop_stale(self, layout: Layout) -> None:
         wanted_ws = layout.workspaces
@@ -290,6 +368,7 @@ class WatchTree:
         self._by_wd.pop(wd, None)
         if self._by_path.get(watch.path) == wd:
             del self._by_path[watch.path]
+            self._reindex(watch.path)
         self._released(wd)
 
     def _self_gone(self, watch: _Watch) -> None:
@@ -323,7 +402,6 @@ class WatchTree:
     def _became_workspace(self, watch: _Watch) -> None:
         # Its own dir watch would report every file the agent creates: drop it.
         self._rm_under(watch.path)
-        self._ws_levels[watch.path] = watch.levels
         if self._watch_workspace(watch.path, watch.levels, force=True):
             self._queue.put(watch.path, Why.DISCOVERED)
 
@@ -362,10 +440,13 @@ class PollingLike(Protocol):
     def adopt_dir(self, path: Path, levels: int) -> None: ...
 
 
-def _at_or_below(path: Path, top: Path) -> bool:
-    # String compare: this runs over every watch, and Path.parents is slow at 30,000 watches.
-    p, t = str(path), str(top)
-    return p == t or p.startswith(t.rstrip("/") + "/")
+def _exhaust(steps: Generator[Path | None, None, Layout] | Iterator[Path | None]) -> Layout:
+    """Run a stepped walk to its end; its layout (or an empty one for a plain walk)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value if isinstance(stop.value, Layout) else Layout()
 
 
 def _ws_child_specs(delta: Path) -> list[tuple[Path, Kind]]:

@@ -1,0 +1,71 @@
+"""A full reconcile in bounded steps, so the main loop keeps serving events while it runs.
+
+A full reconcile walks every root (adding watches where missing) and looks at every workspace.
+At 50,000 workspaces that is seconds of work; done in one go it stops the single-threaded loop,
+and an answer written meanwhile waits for all of it. A `Sweep` instead advances the backends'
+stepped walks (`Backend.sync_steps`) by at most `budget` directories and workspaces per loop
+turn (and no longer than `slice_s`), reconciling each workspace as it is reached: watch, then
+look, as before, one workspace at a time. What the walk did not find is dropped only at the end,
+once every walk is complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .backends import Backend
+from .backends.tree import SyncSteps
+from .clock import Clock
+from .discovery import Layout
+
+SWEEP_BUDGET = 200  # directories and workspaces per loop turn
+SWEEP_SLICE = 0.02  # seconds per loop turn, whichever comes first
+
+
+@dataclass
+class Sweep:
+    reason: str
+    quiet: bool
+    started: float  # monotonic
+    walks: list[SyncSteps]
+    layout: Layout = field(default_factory=Layout)
+    visited: int = 0  # workspaces reconciled so far
+
+    @classmethod
+    def start(
+        cls, backends: list[Backend], reason: str, clock: Clock, *, force: bool, quiet: bool
+    ) -> Sweep:
+        walks = [b.sync_steps(force=force) for b in backends]
+        return cls(reason, quiet, clock.monotonic(), walks)
+
+    def step(
+        self, found: Callable[[Path], None], clock: Clock, budget: int, slice_s: float
+    ) -> bool:
+        """Advance by at most `budget` steps or `slice_s` seconds; `found` is called for each
+        workspace reached. True once every walk is done (`layout` is then complete)."""
+        until = clock.monotonic() + slice_s
+        while self.walks and budget > 0 and clock.monotonic() < until:
+            try:
+                ws = next(self.walks[0])
+            except StopIteration as stop:
+                self.layout.merge(stop.value)
+                self.walks.pop(0)
+                continue
+            budget -= 1
+            if ws is not None:
+                self.visited += 1
+                found(ws)
+        return not self.walks
+
+    def finish(self, found: Callable[[Path], None], clock: Clock) -> None:
+        """Run to the end in one go (the startup reconcile, before READY=1)."""
+        while not self.step(found, clock, SWEEP_BUDGET, float("inf")):
+            pass
+
+    def abandon(self) -> None:
+        """Stop the walks where they are (a newer full reconcile replaces this one)."""
+        for walk in self.walks:
+            walk.close()
+        self.walks = []

@@ -1,0 +1,196 @@
+"""The full reconcile in bounded steps (deltad/daemon/sweep.py) under a ManualClock, and the
+watch index that makes a removed directory cost what was below it (backends/tree.py)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from deltad.daemon.backends import events as F
+from deltad.daemon.backends.tree import Kind, WatchTree
+from deltad.daemon.clock import ManualClock
+from deltad.daemon.config import load_config
+from deltad.daemon.queue import HintQueue, Why
+from deltad.daemon.reconcile import State
+from deltad.daemon.service import Service
+from deltad.testing.stub import paused_workspace
+
+BUDGET = 10  # steps per turn in these tests (the daemon's is larger)
+
+
+def _answer(ws: Path, text: str = "yes") -> None:
+    p = ws / ".delta" / "interaction" / "response.txt"
+    tmp = p.with_name(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, p)
+
+
+# -- the watch index ------------------------------------------------------------------------
+class NoFallback:
+    def adopt_workspace(self, ws: Path) -> None:
+        raise AssertionError("no watch limit here")
+
+    def adopt_dir(self, path: Path, levels: int) -> None:
+        raise AssertionError("no watch limit here")
+
+
+class CountingTree(WatchTree):
+    """Watches kept in a dict; counts what is removed."""
+
+    def __init__(self) -> None:
+        super().__init__(HintQueue(), NoFallback(), None)
+        self._wds = itertools.count(1)
+        self.removed: list[int] = []
+
+    def _add_watch(self, path: Path, kind: Kind) -> int:
+        return next(self._wds)
+
+    def _rm_watch(self, wd: int) -> None:
+        self.removed.append(wd)
+
+    def wd_of(self, path: Path) -> int:
+        return self._by_path[path]
+
+
+def _farm(root: Path, groups: int, per_group: int) -> list[Path]:
+    spaces = [root / f"g{g}" / f"ws{i}" for g in range(groups) for i in range(per_group)]
+    for ws in spaces:
+        (ws / ".delta" / "interaction").mkdir(parents=True)
+        (ws / ".delta" / "runs").mkdir()
+    return spaces
+
+
+def test_a_removed_directory_drops_exactly_the_watches_below_it(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    spaces = _farm(root, groups=3, per_group=4)
+    tree = CountingTree()
+    tree.add_root(root, 2)
+    layout = tree.sync()
+    assert layout.workspaces == set(spaces)
+    assert tree.watch_count() == 1 + 3 + 3 * 12  # root, its groups, three per workspace
+    shutil.rmtree(root / "g1")
+    tree._event(tree.wd_of(root), F.DELETE | F.ISDIR, "g1")
+    assert len(tree.removed) == 1 + 3 * 4  # the group's watch and its workspaces', no more
+    assert tree.watch_count() == 1 + 2 + 3 * 8
+    assert not tree._subtree(root / "g1")[1:]  # nothing left indexed below it
+    kept = [ws for ws in spaces if ws.parent.name != "g1"]
+    assert sorted(tree._ws_levels) == sorted(kept)
+    gone = [h.workspace for h in iter(tree._queue.pop, None)]
+    assert sorted(gone) == sorted(ws for ws in spaces if ws.parent.name == "g1")
+
+
+def test_the_index_walks_only_the_removed_subtree(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _farm(root, groups=4, per_group=5)
+    tree = CountingTree()
+    tree.add_root(root, 2)
+    tree.sync()
+    below = tree._subtree(root / "g2")
+    assert sorted(below) == sorted([root / "g2", *(root / "g2" / f"ws{i}" for i in range(5))])
+    assert len(tree._subtree(root)) == 1 + 4 + 20
+
+
+def test_a_directory_that_becomes_a_workspace_is_reindexed(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    tree = CountingTree()
+    tree.add_root(root, 2)
+    tree.sync()
+    (root / "d" / ".delta" / "interaction").mkdir(parents=True)
+    tree._event(tree.wd_of(root / "d"), F.CREATE | F.ISDIR, ".delta")
+    assert root / "d" in tree._ws_levels
+    assert tree._subtree(root) == [root, root / "d"]
+    tree._event(tree.wd_of(root), F.DELETE | F.ISDIR, "d")
+    assert tree.watch_count() == 1 and tree._kids == {root.parent: {root}}
+
+
+# -- the stepped full reconcile -----------------------------------------------------------
+@pytest.fixture
+def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Service:
+    monkeypatch.delenv("DELTAD_CONFIG", raising=False)
+    monkeypatch.setattr("deltad.daemon.service.SWEEP_BUDGET", BUDGET)
+    config = load_config(None, (str(tmp_path / "root"),))
+    config.state_dir = tmp_path / "state"
+    config.state_dir.mkdir()
+    svc = Service(config, None, (), clock=ManualClock(wall=__import__("time").time()))
+    svc.resumed: list[Path] = []  # type: ignore[misc]
+    monkeypatch.setattr(svc, "_resume", lambda ws, v, key, reason: svc.resumed.append(ws))  # type: ignore[attr-defined]
+    return svc
+
+
+def _built(svc: Service, root: Path, n: int) -> list[Path]:
+    spaces = [root / f"ws{i:04d}" for i in range(n)]
+    for ws in spaces:
+        paused_workspace(ws)
+    svc._build_backends()
+    return spaces
+
+
+def test_each_turn_does_a_bounded_slice_and_serves_answers_in_between(
+    service: Service, tmp_path: Path
+) -> None:
+    spaces = _built(service, tmp_path / "root", 2 * BUDGET + 50)
+    service.full_reconcile("periodic")
+    turns = 0
+    answered_mid_sweep: Path | None = None
+    while service._sweep is not None:
+        before = len(service.registry)
+        service._turn()
+        turns += 1
+        assert len(service.registry) - before <= BUDGET
+        if answered_mid_sweep is None and service._sweep is not None:
+            # one the walk has not reached yet: its event is served now, not after the walk
+            answered_mid_sweep = next(ws for ws in reversed(spaces) if ws not in service.registry)
+            _answer(answered_mid_sweep)
+            service.queue.put(answered_mid_sweep, Why.ANSWER_CLOSED)
+            service._turn()
+            turns += 1
+            assert service.resumed == [answered_mid_sweep]
+            assert service._sweep is not None  # still sweeping
+    assert turns >= 3
+    assert set(service.registry.workspaces) == set(spaces)
+    assert len(service.registry.in_state(State.WAITING)) == len(spaces) - 1
+    service._close_backends()
+
+
+def test_what_changes_during_a_sweep_is_kept_true_at_its_end(
+    service: Service, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    spaces = _built(service, root, BUDGET + 20)
+    service.full_reconcile("startup", at_once=True)
+    assert len(service.registry) == len(spaces)
+    service.full_reconcile("periodic")
+    service._turn()  # part of the walk is done
+    assert service._sweep is not None
+    removed, added = spaces[0], root / "new-one"
+    shutil.rmtree(removed)
+    paused_workspace(added)
+    while service._sweep is not None:
+        for b in service.backends:
+            service._process(b)
+        service._turn()
+    assert removed not in service.registry
+    assert added in service.registry
+    assert len(service.registry) == len(spaces)
+    [tree] = [b for b in service.backends if b.name == "inotify"]
+    assert tree.watch_count() == 1 + 3 * len(spaces)
+    service._close_backends()
+
+
+def test_a_periodic_reconcile_does_not_restart_one_in_progress(
+    service: Service, tmp_path: Path
+) -> None:
+    _built(service, tmp_path / "root", BUDGET * 2)
+    service.full_reconcile("overflow", force=True)
+    service._turn()
+    first = service._sweep
+    service.full_reconcile("periodic")
+    assert service._sweep is first
+    service.full_reconcile("overflow", force=True)
+    assert service._sweep is not first and first is not None and first.walks == []
+    service._close_backends()
