@@ -9,7 +9,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -274,7 +274,7 @@ def _sse(e: FeedEvent) -> bytes:
 async def _stream(
     ctx: Context,
     request: Request,
-    shown: Any,
+    shown: Callable[[FeedEvent], bool],
     since: int | None,
     stopping: threading.Event,
 ) -> AsyncIterator[bytes]:

@@ -160,7 +160,8 @@ def _add_schemas(ws: Workspace, run_id: str, calls: list[dict[str, Any]]) -> Non
             c["schema"] = tool.schema()["function"]["parameters"]
 
 
-def _pending(ws: Path) -> inbox.Pending | None:
+def pending_question(ws: Path) -> inbox.Pending | None:
+    """The open question in `ws` as a person sees it; None for a damaged workspace."""
     try:
         return inbox.pending(ws)
     except (ProtocolError, OSError):
@@ -174,7 +175,7 @@ def list_requests(
     for v in _views(ctx, who, workspace):
         if v.request_id is None:
             continue
-        p = _pending(v.workspace)
+        p = pending_question(v.workspace)
         if p is None or p.answer_waiting or p.request.expired():
             continue
         if input_type and str(p.request.input_type) != input_type:
@@ -186,7 +187,7 @@ def list_requests(
 
 def get_request(ctx: Context, who: Identity, request_id: str) -> dict[str, Any]:
     ws = _workspace_of(ctx, who, request_id)
-    p = _pending(ws)
+    p = pending_question(ws)
     if p is None or p.request.request_id != request_id:
         # The index knew it open a moment ago: a resume has taken the answer.
         raise ApiError(409, "already_answered", f"question {request_id} was answered")
@@ -359,7 +360,7 @@ def _link(ctx: Context, token: str) -> tuple[links.Link, Path]:
 
 def link_request(ctx: Context, token: str) -> dict[str, Any]:
     link, ws = _link(ctx, token)
-    p = _pending(ws)
+    p = pending_question(ws)
     if p is None or p.request.request_id != link.request_id or p.answer_waiting:
         raise ApiError(409, "already_answered", "this question is no longer waiting")
     return request_document(p, Workspace(ws), ctx.base_url)

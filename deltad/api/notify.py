@@ -173,7 +173,7 @@ class Notifier:
             return doc
         ctx = self.context
         with contextlib.suppress(handlers.ApiError):
-            p = handlers._pending(Path(e.workspace))
+            p = handlers.pending_question(Path(e.workspace))
             if p is not None and p.request.request_id == doc["request_id"]:
                 doc["request"] = handlers.request_document(
                     p, Workspace(Path(p.workspace)), ctx.base_url
