@@ -29,6 +29,22 @@ from deltad.testing import ScriptedModel
 from ..conftest import write_agent
 
 
+def resumed(ctx: RunContext) -> RunContext:
+    """A new process picking the run up from disk."""
+    journal = Journal(ctx.paths.journal)
+    return RunContext(
+        ctx.ws,
+        ctx.paths,
+        ctx.meta,
+        journal,
+        ctx.agent,
+        ctx.model,
+        InterruptGuard(),
+        print,
+        ctx.hooks,
+    )
+
+
 def graph_of(body: str, *, header: str = "digraph t {") -> Graph:
     """A graph that must be valid: `body` goes inside the digraph."""
     return parse_pipeline(f"{header}\n{textwrap.dedent(body)}\n}}", "t.dot", check_files=False)

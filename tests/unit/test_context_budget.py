@@ -28,6 +28,7 @@ from deltad.protocol import (
 )
 from deltad.protocol.journal import horizon
 from deltad.testing import ScriptedModel
+from tests.unit.helpers import resumed
 
 TOOLS: list[dict[str, Any]] = []
 
@@ -125,24 +126,15 @@ def test_the_same_conversation_after_a_resume_and_no_new_cut_until_needed(tmp_pa
         _turn(ctx, i)
     first = messages(ctx, TOOLS)
     assert messages(ctx, TOOLS) == first and len(_cuts(ctx)) == 1  # the cut is reused
-    resumed = RunContext(
-        ctx.ws,
-        ctx.paths,
-        ctx.meta,
-        Journal(ctx.paths.journal),
-        ctx.agent,
-        ctx.model,
-        InterruptGuard(),
-        print,
-    )
-    assert messages(resumed, TOOLS) == first and len(_cuts(resumed)) == 1
-    _turn(resumed, 40)
-    after_one = messages(resumed, TOOLS)
-    assert len(_cuts(resumed)) == 1 and after_one[:-2] == first  # a refill margin: no new cut
+    again = resumed(ctx)
+    assert messages(again, TOOLS) == first and len(_cuts(again)) == 1
+    _turn(again, 40)
+    after_one = messages(again, TOOLS)
+    assert len(_cuts(again)) == 1 and after_one[:-2] == first  # a refill margin: no new cut
     for i in range(41, 60):
-        _turn(resumed, i)
-    later = messages(resumed, TOOLS)
-    cuts = _cuts(resumed)
+        _turn(again, i)
+    later = messages(again, TOOLS)
+    cuts = _cuts(again)
     assert len(cuts) == 2 and cuts[1]["through_seq"] > cuts[0]["through_seq"]
     assert cuts[1]["turns"] > cuts[0]["turns"]
     _valid(later)
@@ -180,10 +172,10 @@ def test_a_resumed_journal_keeps_in_memory_only_what_a_call_can_still_send(
     assert min(e.seq for e in again.events) == cut["through_seq"] + 1
     assert len(again.events) < total / 2
     assert read_journal(ctx.paths.journal).events == ctx.journal.events  # the full read is whole
-    resumed = RunContext(
+    from_disk = RunContext(
         ctx.ws, ctx.paths, ctx.meta, again, ctx.agent, ctx.model, InterruptGuard(), print
     )
-    assert messages(resumed, TOOLS) == sent
+    assert messages(from_disk, TOOLS) == sent
 
 
 def test_the_horizon_is_the_latest_cut_record_and_nothing_else(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from deltad.protocol import (
 )
 from deltad.protocol.replies import CallDecision, Decision, Reply
 from deltad.testing import ScriptedModel
+from tests.unit.helpers import resumed
 
 from ..conftest import write_agent
 
@@ -76,22 +77,6 @@ def _ctx(tmp_path: Path, model: ScriptedModel, hooks: Recorder | None = None) ->
     return ctx
 
 
-def _resume(ctx: RunContext) -> RunContext:
-    """A new process picking the run up from disk."""
-    fresh = RunContext(
-        ctx.ws,
-        ctx.paths,
-        ctx.meta,
-        Journal(ctx.paths.journal),
-        ctx.agent,
-        ctx.model,
-        InterruptGuard(),
-        print,
-        ctx.hooks,
-    )
-    return fresh
-
-
 def _drive(ctx: RunContext, interviewer: Interviewer) -> Any:
     return Engine(ctx, interviewer).drive()
 
@@ -119,14 +104,14 @@ def test_one_ingestion_order_for_questions_and_approvals(tmp_path: Path) -> None
     post = MailboxInterviewer(mailbox, print, hooks=hooks)
     assert _drive(ctx, Chain(post)).status == RunStatus.WAITING_FOR_INPUT
     mailbox.write_answer("beta")
-    ctx = _resume(ctx)
+    ctx = resumed(ctx)
     assert _drive(ctx, Chain(MailboxInterviewer(mailbox, print, hooks=hooks))).status == (
         RunStatus.WAITING_FOR_INPUT
     )
     req = mailbox.read_request()
     assert req is not None and req.input_type == "approval"
     mailbox.write_answer("approve")
-    ctx = _resume(ctx)
+    ctx = resumed(ctx)
     out = _drive(ctx, Chain(MailboxInterviewer(mailbox, print, hooks=hooks)))
     assert out.status == RunStatus.COMPLETED
     commit = [Point.BEFORE_JOURNAL, Point.AFTER_JOURNAL, Point.AFTER_STATUS]
@@ -156,7 +141,7 @@ def test_a_reply_is_recorded_once_and_reused_after_a_crash(tmp_path: Path) -> No
     ctx.hooks = CrashAfterCommit()
     with pytest.raises(Crash):
         _drive(ctx, CallbackInterviewer(once))
-    ctx = _resume(ctx)
+    ctx = resumed(ctx)
     ctx.hooks = Recorder()
     assert _drive(ctx, CallbackInterviewer(once)).status == RunStatus.COMPLETED
     assert len(asked) == 1  # the second process used the journaled reply
