@@ -251,6 +251,13 @@ def _resume(
     if opts.log_to_run:
         _log_to(paths)
     journal = Journal(paths.journal)
+    log.info(
+        "journal_read",
+        run_id=meta.run_id,
+        next_seq=journal.next_seq,
+        in_memory=len(journal.events),
+        from_snapshot_bytes=journal.restored_bytes,  # known without reading them again
+    )
     if meta.status == RunStatus.RUNNING:
         _mark_crashed(ws, paths, meta, journal)
     if meta.status == RunStatus.FAILED:  # --retry, checked by the caller
@@ -364,7 +371,18 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
             return _stopped(ctx, e, err)
         except Exception as e:
             return _internal_error(ctx, e, err)
+        finally:
+            _snapshot(sel.journal)
     return _report(ws, sel.meta, outcome, out, err)
+
+
+def _snapshot(journal: Journal) -> None:
+    """The next process's read of a long journal starts where this one stopped (a cache: a
+    failure is logged and costs that process a full read)."""
+    try:
+        journal.snapshot()
+    except (OSError, ProtocolError) as e:
+        log.warning("snapshot_not_written", journal=str(journal.path), error=str(e))
 
 
 def _engine(ctx: RunContext, interviewer: Interviewer, err: TextIO) -> Engine:

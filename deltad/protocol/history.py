@@ -54,6 +54,57 @@ class History:
             h.add(e)
         return h
 
+    # -- a snapshot (protocol/snapshot.py) -----------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Everything `add` derived, as JSON: restoring it equals replaying the same events."""
+
+        def event(e: JournalEvent | None) -> dict[str, Any] | None:
+            return None if e is None else e.model_dump(mode="json")
+
+        return {
+            "started": self.started,
+            "last_thought": event(self.last_thought),
+            "calls": [[c.id, c.name, c.arguments] for c in self.calls],
+            "requested": sorted(self.requested),
+            "answered": sorted(self.answered),
+            "results": sorted(self.results),
+            "call_ids": sorted(self.call_ids),
+            "asked_requests": [r.model_dump(mode="json") for r in self.asked_requests],
+            "replies": {k: r.model_dump(mode="json") for k, r in self.replies.items()},
+            "sources": dict(self.sources),
+            "last_end": event(self.last_end),
+            "last_retry_seq": self.last_retry_seq,
+            "count": self.count,
+        }
+
+    @classmethod
+    def restored(cls, s: dict[str, Any]) -> History:
+        """The inverse of `state`; raises ValueError/KeyError/TypeError on anything else."""
+
+        def event(raw: object) -> JournalEvent | None:
+            return None if raw is None else JournalEvent.model_validate(raw)
+
+        def ids(raw: object) -> set[str]:
+            if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+                raise TypeError("a list of ids")
+            return set(raw)
+
+        return cls(
+            started=bool(s["started"]),
+            last_thought=event(s["last_thought"]),
+            calls=[Call(str(i), str(n), str(a)) for i, n, a in s["calls"]],
+            requested=ids(s["requested"]),
+            answered=ids(s["answered"]),
+            results=ids(s["results"]),
+            call_ids=ids(s["call_ids"]),
+            asked_requests=[InteractionRequest.model_validate(r) for r in s["asked_requests"]],
+            replies={str(k): Reply.model_validate(r) for k, r in dict(s["replies"]).items()},
+            sources=Counter({str(k): int(v) for k, v in dict(s["sources"]).items()}),
+            last_end=event(s["last_end"]),
+            last_retry_seq=int(s["last_retry_seq"]),
+            count=int(s["count"]),
+        )
+
     def add(self, e: JournalEvent) -> None:
         self.count += 1
         p = e.payload

@@ -10,23 +10,25 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import json
 import os
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from . import safefs
+from . import safefs, snapshot
 from .errors import CorruptFile, UnsafeFile
 from .events import check_payload
 from .fsio import append_durable, atomic_write, fsync_dir, read_regular
 from .history import History
 from .models import EventType, JournalEvent, iso, utcnow
+from .snapshot import Snapshot
 
 
 @dataclass
@@ -35,6 +37,7 @@ class JournalRead:
     good_bytes: int  # length of the valid prefix
     torn: bytes  # bytes after it (a crash mid-append), usually empty
     last_seq: int = 0  # of the last valid event, kept in `events` or not
+    offsets: list[int] = field(default_factory=list)  # where each of `events` begins
 
 
 def _reformatted(path: Path, data: bytes) -> CorruptFile | None:
@@ -76,7 +79,7 @@ def read_journal(path: Path, seen: Seen | None = None, *, tail_only: bool = Fals
     holds only those after the latest context cut (`horizon`): the ones a model call can still
     send, so a long run does not keep 100,000 events in memory to use the last few hundred."""
     with gc_paused():
-        return _read_journal(path, seen, tail_only)
+        return _scan(path, _load(path), seen, tail_only)
 
 
 # A pipeline's steps are replayed from the journal on every turn (pipeline/state.py): a
@@ -121,21 +124,68 @@ def _settled(line: bytes) -> JournalEvent | None:
         return None
 
 
-def _read_journal(path: Path, seen: Seen | None, tail_only: bool) -> JournalRead:
+def _load(path: Path) -> bytes:
     try:
         data = read_regular(path, MAX_JOURNAL_BYTES)
     except FileNotFoundError:
-        return JournalRead([], 0, b"")
+        return b""
     except UnsafeFile as e:
         raise CorruptFile(str(e)) from None
-    if not data:
-        return JournalRead([], 0, b"")
     if err := _reformatted(path, data):
         raise err
+    return data
+
+
+class _Miss(Exception):
+    """A snapshot whose lines do not read back: the journal is read in full instead."""
+
+
+def _from_snapshot(
+    data: bytes, ck: Snapshot, keep_after: int
+) -> tuple[list[JournalEvent], list[int]]:
+    """The events a snapshot says are kept from its prefix, with their offsets; read without
+    the per-type checks (they passed when the prefix was read before). Its last event must be
+    `last_seq` and the tail must begin after the cut: a snapshot that says otherwise is a miss."""
+    end = ck.journal_bytes
+    last = _settled(data[data.rfind(b"\n", 0, end - 1) + 1 : end - 1])
+    if last is None or last.seq != ck.last_seq:
+        raise _Miss
+    if ck.tail_offset > 0:
+        before = _settled(data[data.rfind(b"\n", 0, ck.tail_offset - 1) + 1 : ck.tail_offset - 1])
+        if before is None or before.seq > keep_after:
+            raise _Miss
+    events, offsets = [], []
+    starts = [*ck.kept_offsets]
+    offset = ck.tail_offset
+    while offset < end:
+        starts.append(offset)
+        offset = data.index(b"\n", offset) + 1
+    for start in starts:
+        event = _settled(data[start : data.index(b"\n", start)])
+        if event is None:
+            raise _Miss
+        events.append(event)
+        offsets.append(start)
+    return events, offsets
+
+
+def _scan(
+    path: Path, data: bytes, seen: Seen | None, tail_only: bool, ck: Snapshot | None = None
+) -> JournalRead:
+    """Read `data` (the journal's bytes). With a snapshot that fits them, its prefix is not
+    read again: `seen` gets only the events after it (the caller restored the rest)."""
+    if not data:
+        return JournalRead([], 0, b"")
     events: list[JournalEvent] = []
+    offsets: list[int] = []
     keep_after, settled_end = horizon(data) if tail_only else (0, 0)
-    last_seq = 0
-    offset, n, end = 0, 0, len(data)
+    last_seq, offset, n = 0, 0, 0
+    if ck is not None:
+        events, offsets = _from_snapshot(data, ck, keep_after)
+        kept = [i for i, e in enumerate(events) if e.seq > keep_after or e.type in ALWAYS_KEPT]
+        events, offsets = [events[i] for i in kept], [offsets[i] for i in kept]
+        last_seq, offset, n = ck.last_seq, ck.journal_bytes, data.count(b"\n", 0, ck.journal_bytes)
+    end = len(data)
     while (stop := data.find(b"\n", offset)) != -1:  # no list of 100,000 lines held at once
         n += 1
         line = data[offset:stop]
@@ -148,7 +198,7 @@ def _read_journal(path: Path, seen: Seen | None, tail_only: bool) -> JournalRead
                 check_payload(str(event.type), event.payload)
             except (ValidationError, RecursionError):
                 if data.find(b"\n", stop + 1) == -1 and stop + 1 == end and _unparsable(line):
-                    return JournalRead(events, offset, data[offset:], last_seq)  # e.g. zeros
+                    return JournalRead(events, offset, data[offset:], last_seq, offsets)
                 event = _event(path, n, _parsed(path, n, line))
         try:
             _seen(seen, event)
@@ -158,9 +208,10 @@ def _read_journal(path: Path, seen: Seen | None, tail_only: bool) -> JournalRead
             raise
         if event.seq > keep_after or event.type in ALWAYS_KEPT:
             events.append(event)
+            offsets.append(offset)
         last_seq = event.seq
         offset = stop + 1
-    return JournalRead(events, offset, data[offset:], last_seq)
+    return JournalRead(events, offset, data[offset:], last_seq, offsets)
 
 
 def _seen(seen: Seen | None, event: JournalEvent) -> None:
@@ -203,16 +254,44 @@ def _event(path: Path, n: int, obj: object) -> JournalEvent:
 
 
 class Journal:
-    """Writer side. Only the lock holder may construct one."""
+    """Writer side. Only the lock holder may construct one.
+
+    Opening reads the journal once into the read model (`history`) and the events after the
+    latest context cut (`events`); a snapshot left by the previous writer (`snapshot`)
+    spares reading its prefix again."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.history = History()  # of every event; kept current by `append`
-        read = read_journal(path, self.history.add, tail_only=True)
+        with gc_paused():
+            data = _load(path)
+            self.history, read, digest, saved = self._read(data)
         self.events = read.events  # those after the latest context cut (engine/budget.py)
+        self._offsets = read.offsets
         self._last_seq = read.last_seq
+        self._size = read.good_bytes
+        self._digest = digest  # of the journal's first `_size` bytes
+        self.restored_bytes = max(saved, 0)  # of the journal, known from a snapshot, not read
+        self._saved = saved  # the prefix the snapshot on disk covers (-1: none usable)
         if read.torn:
             self._set_aside_torn_tail(read)
+
+    def _read(self, data: bytes) -> tuple[History, JournalRead, hashlib._Hash, int]:
+        view = memoryview(data)
+        ck = snapshot.load(self.path) if data else None
+        if ck is not None and ck.fits(data):
+            digest = hashlib.sha256(view[: ck.journal_bytes])
+            if digest.hexdigest() == ck.sha256:
+                try:
+                    history = History.restored(ck.history)
+                    read = _scan(self.path, data, history.add, True, ck)
+                except (_Miss, KeyError, TypeError, ValueError):
+                    pass  # a snapshot that does not read back: the journal decides alone
+                else:
+                    digest.update(view[ck.journal_bytes : read.good_bytes])
+                    return history, read, digest, ck.journal_bytes
+        history = History()
+        read = _scan(self.path, data, history.add, True)
+        return history, read, hashlib.sha256(view[: read.good_bytes]), -1
 
     @property
     def next_seq(self) -> int:
@@ -250,13 +329,46 @@ class Journal:
             separators=(",", ":"),
         )
         new_file = not safefs.exists(self.path)
-        append_durable(self.path, line.encode() + b"\n")
+        data = line.encode() + b"\n"
+        append_durable(self.path, data)
         if new_file:
             fsync_dir(self.path.parent)
         self.events.append(event)
+        self._offsets.append(self._size)
+        self._size += len(data)
+        self._digest.update(data)
         self._last_seq = event.seq
         self.history.add(event)
         return event
+
+    def snapshot(self) -> None:
+        """Leave a snapshot of this read for the next writer (when letting go of the run).
+        A cache: failing to write one costs the next open a full read, nothing else."""
+        if self._saved == self._size or not self.events:
+            return
+        through = _cut_through(self.events)
+        placed = list(zip(self.events, self._offsets, strict=True))
+        tail = next((o for e, o in placed if e.seq > through), self._size)
+        kept = [o for e, o in placed if e.seq <= through and e.type in ALWAYS_KEPT]
+        ck = Snapshot(
+            journal_bytes=self._size,
+            sha256=self._digest.hexdigest(),
+            last_seq=self._last_seq,
+            tail_offset=tail,
+            kept_offsets=kept,
+            history=self.history.state(),
+        )
+        snapshot.save(self.path, ck)
+        self._saved = self._size
+
+
+def _cut_through(events: list[JournalEvent]) -> int:
+    """`through_seq` of the latest context cut among `events` (0 if none)."""
+    for e in reversed(events):
+        cut = e.payload.get("context_cut") if e.type == EventType.SYSTEM_MESSAGE else None
+        if isinstance(cut, dict):
+            return int(cut["through_seq"])
+    return 0
 
 
 def replied(path: Path, request_id: str, block: int = 1 << 16) -> bool:

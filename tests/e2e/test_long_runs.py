@@ -3,6 +3,7 @@ and the process that resumes sends the model what the one that paused did."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from deltad.testing import FakeLLM, tool_call
@@ -40,15 +41,29 @@ def test_a_long_run_stays_in_budget_on_record_across_a_pause(tmp_path: Path, fak
     thoughts = [e for e in delta.events("THOUGHT") if e["seq"] <= kept_from]
     assert cut["payload"]["context_cut"]["turns"] == len(thoughts) > 0
 
+    # The paused process left a snapshot of its read of the journal; the next one starts there.
+    journal = delta.run_dir / "execution" / "journal.jsonl"
+    snapshot = json.loads((journal.parent / "snapshot.json").read_text())
+    assert snapshot["journal_bytes"] == journal.stat().st_size
+    assert 0 < snapshot["tail_offset"] < snapshot["journal_bytes"]  # the cut is in it
+
     delta.answer("yes")
     r = delta("run")
     assert r.code == 0, r.err
+    [read] = [e for e in _engine_log(delta) if e.get("event") == "journal_read"]
+    assert read["from_snapshot_bytes"] == snapshot["journal_bytes"]
+    assert read["in_memory"] < read["next_seq"] / 2
     _matches_the_journal(delta, fake.requests[-1]["messages"])
     assert fake.requests[-1]["messages"][-1] == {
         "role": "tool",
         "tool_call_id": "ask",
         "content": "yes",
     }
+
+
+def _engine_log(delta: Delta) -> list[dict[str, object]]:
+    lines = (delta.run_dir / "execution" / "engine.log").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
 
 
 def _matches_the_journal(delta: Delta, sent: list[dict[str, object]]) -> None:

@@ -335,3 +335,60 @@ def test_daemon_configs_load_or_list_their_problems(text: str) -> None:
             load_config(path, ("/tmp",))
         except ConfigError as e:
             assert e.problems and all("\n" not in p for p in e.problems)
+
+
+# -- the journal's snapshot: a cache the next process believes only when it fits exactly -------
+def _snapshotted_journal() -> tuple[bytes, dict[str, Any]]:
+    """A small journal with a context cut and a pipeline step, and its snapshot."""
+    from deltad.engine.budget import Cut
+    from deltad.protocol import EventType, Journal
+    from deltad.protocol.snapshot import path_of
+
+    with tempfile.TemporaryDirectory() as tmp:
+        j = Journal(Path(tmp) / "journal.jsonl")
+        j.append(EventType.RUN_START, {"task": "t"})
+        j.append(EventType.NODE_START, {"node": "a", "kind": "codergen", "prompt": "p"})
+        for i in range(4):
+            call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            j.append(EventType.THOUGHT, {"content": f"s{i}", "tool_calls": [call]})
+            j.append(
+                EventType.ACTION_RESULT,
+                {"action_id": f"c{i}", "status": "SUCCESS", "observation_content": "ok"},
+            )
+        j.append(EventType.SYSTEM_MESSAGE, Cut(5, 2, {"f": 2}, "n").payload(10, 5))
+        j.snapshot()
+        return j.path.read_bytes(), json.loads(path_of(j.path).read_bytes())
+
+
+SNAPSHOTTED = _snapshotted_journal()
+snapshot_fields = st.sampled_from(
+    ["version", "journal_bytes", "last_seq", "tail_offset", "kept_offsets", "history"]
+)
+history_fields = st.sampled_from(list(SNAPSHOTTED[1]["history"]))
+
+
+@FUZZ
+@given(snapshot_fields | history_fields, json_values | st.integers(-5, 2000))
+def test_a_snapshot_is_used_exactly_or_not_at_all(field: str, value: Any) -> None:
+    """Any one field of a snapshot changed (its digest still right): the journal opens; where
+    its events begin and end is checked against the journal's own lines; what a snapshot that
+    is not used would have said is what a full read knows. (A snapshot with valid but false
+    history is believed: it is written by the run's owner, who can as well edit the journal.)"""
+    from deltad.protocol import Journal
+    from deltad.protocol.snapshot import path_of
+
+    data, snapshot = SNAPSHOTTED
+    if field in snapshot:
+        changed = {**snapshot, field: value}
+    else:
+        changed = {**snapshot, "history": {**snapshot["history"], field: value}}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "journal.jsonl"
+        path.write_bytes(data)
+        whole = Journal(path)
+        path_of(path).write_text(json.dumps(changed))
+        again = Journal(path)
+        if field not in ("kept_offsets", "history") and field in snapshot:
+            assert again.events == whole.events and again.next_seq == whole.next_seq
+        if again.restored_bytes == 0 or changed == snapshot:
+            assert again.history.state() == whole.history.state()

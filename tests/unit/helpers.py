@@ -30,7 +30,9 @@ from ..conftest import write_agent
 
 
 def resumed(ctx: RunContext) -> RunContext:
-    """A new process picking the run up from disk."""
+    """A new process picking the run up from disk (from the snapshot the runner leaves when
+    a process lets go of a run, protocol/snapshot.py)."""
+    ctx.journal.snapshot()
     journal = Journal(ctx.paths.journal)
     return RunContext(
         ctx.ws,
