@@ -12,7 +12,7 @@ damaged, oversized or foreign snapshot is a miss too, and the next read is a ful
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,5 +78,14 @@ def load(journal: Path) -> Snapshot | None:
 def save(journal: Path, snapshot: Snapshot) -> None:
     """Replace the snapshot atomically. Not fsynced: losing it in a power cut costs one full
     read of the journal, and a torn or stale file fails its digest."""
-    data = compact_json({"version": VERSION, **asdict(snapshot)})
+    s = snapshot  # not dataclasses.asdict: it deep-copies every id list, a third of a second
+    fields = {
+        "journal_bytes": s.journal_bytes,
+        "sha256": s.sha256,
+        "last_seq": s.last_seq,
+        "tail_offset": s.tail_offset,
+        "kept_offsets": s.kept_offsets,
+        "history": s.history,
+    }
+    data = compact_json({"version": VERSION, **fields})
     atomic_write(path_of(journal), data, durable=False)
