@@ -12,7 +12,10 @@ result is reported as a ratio. Without it only this checkout is measured.
   `json.dumps` included), both against the fake server.
 - journal: a run paused after `--events` journal events (100,000: built by inflating a real
   paused run with synthetic tool turns); `delta status`, `delta respond` and the resume
-  `delta run` (to COMPLETED against the fake server) timed with peak RSS from `/usr/bin/time -v`.
+  `delta run` (to COMPLETED against the fake server) timed with peak RSS from `/usr/bin/time -v`;
+  the first resume meets a journal without a cut or snapshot (as an older release left it), the
+  second one what the first left (a long run's steady state). That second resume also through
+  each install's `deltad`: answer written → `resume_exited`, per executor.
 - reconcile: N workspaces (`--sizes`, 10,000 and 50,000) under a periodic full reconcile
   (`rescan_interval_seconds`); answers written one at a time meanwhile; close → the resume
   command's first instruction, for the answers closed while a full reconcile was running.
@@ -189,11 +192,75 @@ def long_run(work: Path, bins: dict[str, Path], events: int) -> dict[str, Any]:
             # would: it cuts as it grows).
             fake.call("ask_human", {"prompt": "again?"}, id="ask_again")
             r["resume"] = timed([delta, "run", "-w", str(ws)], env)
+            paused = work / f"paused-{label}"  # as a long run waits: cut, snapshot, question
+            shutil.copytree(ws, paused, symlinks=True)
             timed([delta, "respond", "-w", str(ws), "second answer"], env)
             r["second_resume"] = timed([delta, "run", "-w", str(ws)], env)
+            # The same resume as deltad runs it: before, every resume was a fresh process;
+            # now the fork server is the default (and the fresh process still an option).
+            for executor in ("fresh",) if label == "before" else ("fresh", "fork"):
+                w = work / f"deltad-{label}-{executor}"
+                w.mkdir()
+                r[f"deltad_{executor}"] = through_deltad(w, bindir, paused, env, executor)
             out[label] = r
             print(f"  {label}: {json.dumps(r)}", flush=True)
     return out
+
+
+def through_deltad(
+    work: Path, bindir: Path, paused: Path, env: dict[str, str], executor: str
+) -> dict[str, Any]:
+    """A copy of the paused long run under that install's `deltad` (`executor`): the answer
+    written → `resume_exited` in its log (the run then completes against the fake model)."""
+    root = work / "root"
+    root.mkdir()
+    ws = root / "ws"
+    shutil.copytree(paused, ws, symlinks=True)
+    config = {
+        "roots": [str(root)],
+        "state_dir": str(work / "state"),
+        "log_format": "json",
+        "log_level": "info",
+        "executor": executor,
+    }
+    (work / "deltad.yaml").write_text(json.dumps(config))
+    log = work / "deltad.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(bindir / "deltad"), "serve", "--config", str(work / "deltad.yaml")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        ready = "fork_server_ready" if executor == "fork" else "daemon_ready"
+        _wait_log(log, proc, ready)
+        t = answer(ws)
+        [exited] = _wait_log(log, proc, "resume_exited")
+        return {
+            "exit": exited["exit_code"],
+            "close_to_exit_s": round(_ts(exited) - t, 3),
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+
+
+def _wait_log(log: Path, proc: subprocess.Popen[bytes], name: str) -> list[dict[str, Any]]:
+    end = time.monotonic() + 600
+    while time.monotonic() < end and proc.poll() is None:
+        found = []
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(e, dict) and e.get("event") == name:
+                found.append(e)
+        if found:
+            return found
+        time.sleep(0.005)
+    raise TimeoutError(f"no {name} in {log}")
 
 
 # -- the daemon -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ reconcile; anything after, by an event.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import os
 import select
@@ -262,6 +263,7 @@ class Service:
             if hint is None:
                 break
             self.reconcile(hint.workspace, hint.why)
+        self._start_resumes()  # an answer's resume does not wait for the sweep's slice
         self._sweep_step()
         for fin in self.resumer.reap():
             self._after_resume_safely(fin)
@@ -330,6 +332,7 @@ class Service:
             duration_ms=int((self.clock.monotonic() - sweep.started) * 1000),
         )
         self._dirty = True
+        _settle_heap()
 
     def reconcile(self, ws: Path, why: Why, *, quiet: bool = False) -> None:
         """Look at one workspace and act. Whatever is in it, an exception here is that
@@ -658,11 +661,12 @@ class Service:
             },
             "pending": capped(pending),
             "resuming": capped(resuming),
-            "waiting": capped([str(w) for w in r.in_state(State.WAITING)]),
-            "interrupted": capped([str(w) for w in r.in_state(State.INTERRUPTED)]),
-            "running": capped([str(w) for w in r.in_state(State.RUNNING)]),
+            "waiting": capped(map(str, r.in_state(State.WAITING))),
+            "interrupted": capped(map(str, r.in_state(State.INTERRUPTED))),
+            "running": capped(map(str, r.in_state(State.RUNNING))),
             "problems": capped(r.problems()),
-            "workspaces": capped(sorted(map(str, r.workspaces))),
+            # The first LIST_CAP found (sorted among themselves), not the 50,000 sorted.
+            "workspaces": sorted(map(str, capped(r.workspaces))),
         }
 
     def _status_line(self) -> str:
@@ -707,3 +711,13 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def _settle_heap() -> None:
+    """After a full reconcile, what it built (an entry and watches per workspace) lives until
+    the workspace goes. A full pass of the cyclic collector walks every tracked object, so with
+    50,000 workspaces it would stop the loop for a time that grows with them, whenever it came;
+    frozen objects are skipped by it (and still freed by reference counting). The young
+    generations are collected first so that what is frozen is what lives on."""
+    gc.collect(1)
+    gc.freeze()

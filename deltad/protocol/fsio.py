@@ -50,7 +50,8 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: b
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=d.fd)
             raise
-        os.fsync(d.fd)
+        if durable:
+            os.fsync(d.fd)
 
 
 def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:

@@ -129,4 +129,39 @@ def test_the_registry_reports_a_problem_once(tmp_path: Path) -> None:
     bad = Verdict(Action.NONE, State.PROBLEM, "r", RunStatus.WAITING_FOR_INPUT, problem="x")
     assert r.observe(tmp_path, bad) is True
     assert r.observe(tmp_path, bad) is False
-    assert r.problems() == [{"workspace": str(tmp_path), "problem": "x"}]
+    assert list(r.problems()) == [{"workspace": str(tmp_path), "problem": "x"}]
+
+
+def test_the_registry_s_state_index_follows_every_change(tmp_path: Path) -> None:
+    """counts/in_state/problems come from an index kept as beliefs change (the status file must
+    not walk every workspace each second): it must always equal a walk over them."""
+    from deltad.daemon.reconcile import Verdict
+
+    def walked(r: Registry) -> dict[str, int]:
+        out = {s.value: 0 for s in State if s is not State.GONE}
+        for info in r.workspaces.values():
+            out[info.state.value] += 1
+        return out
+
+    r = Registry()
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for ws in (a, b, c):
+        r.add(ws)
+    waiting = Verdict(Action.NONE, State.WAITING, "r", RunStatus.WAITING_FOR_INPUT)
+    bad = Verdict(Action.NONE, State.PROBLEM, "r", RunStatus.WAITING_FOR_INPUT, problem="x")
+    running = Verdict(Action.NONE, State.RUNNING, "r", RunStatus.RUNNING)
+    steps = [(a, waiting), (b, bad), (c, running), (b, waiting), (a, bad), (c, waiting)]
+    for ws, v in steps:
+        r.observe(ws, v)
+        assert r.counts() == walked(r)
+        for s in State:
+            assert set(r.in_state(s)) == {w for w, i in r.workspaces.items() if i.state is s}
+        assert [p["workspace"] for p in r.problems()] == [
+            str(w) for w, i in r.workspaces.items() if i.problem
+        ]
+    r.interrupted(c)
+    assert list(r.in_state(State.INTERRUPTED)) == [c] and r.counts() == walked(r)
+    r.drop(a)
+    assert a not in set(r.in_state(State.PROBLEM)) and not list(r.problems())
+    assert r.counts() == walked(r) and sum(r.counts().values()) == 2
+    assert r.running() == []

@@ -15,7 +15,6 @@ from deltad.daemon.backends.tree import Kind, WatchTree
 from deltad.daemon.clock import ManualClock
 from deltad.daemon.config import load_config
 from deltad.daemon.queue import HintQueue, Why
-from deltad.daemon.reconcile import State
 from deltad.daemon.service import Service
 from deltad.testing.stub import paused_workspace
 
@@ -153,7 +152,7 @@ def test_each_turn_does_a_bounded_slice_and_serves_answers_in_between(
             assert service._sweep is not None  # still sweeping
     assert turns >= 3
     assert set(service.registry.workspaces) == set(spaces)
-    assert len(service.registry.in_state(State.WAITING)) == len(spaces) - 1
+    assert service.registry.counts()["waiting"] == len(spaces) - 1
     service._close_backends()
 
 
