@@ -42,6 +42,31 @@ def test_waiting_then_answered(tmp_path: Path) -> None:
     assert v.owner is not None and v.owner.uid == os.getuid()
 
 
+def test_an_answer_still_open_for_writing_is_looked_at_again_not_left_to_an_event(
+    tmp_path: Path,
+) -> None:
+    """The kernel reports a writer's close before it stops counting the file as open for
+    writing; the look that close brings may still see a writer (here: one that really is still
+    open), and no later event will come. The verdict must bring its own second look."""
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    path = _answer(ws, "yes")
+    clock = ManualClock(wall=__import__("time").time())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)  # a writer that has not let go yet
+    try:
+        v = inspect(ws, Why.ANSWER_CLOSED, 1.0, POLICY, clock)
+        assert (v.action, v.state) == (Action.NONE, State.WAITING)
+        assert v.wake_at is not None and 0 < v.wake_at - clock.time() <= 0.1
+        v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)  # a sweep: patient, but not forever
+        assert v.action is Action.NONE
+        assert v.wake_at is not None and 0 < v.wake_at - clock.time() <= 1.0
+    finally:
+        os.close(fd)
+    clock.advance(0.05)
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)  # what the timer brings
+    assert (v.action, v.state) == (Action.RESUME, State.ANSWERED)
+
+
 def test_an_empty_answer_file_is_waited_on_never_resumed(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     paused_workspace(ws)
