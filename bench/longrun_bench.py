@@ -249,18 +249,23 @@ def through_deltad(
 def _wait_log(log: Path, proc: subprocess.Popen[bytes], name: str) -> list[dict[str, Any]]:
     end = time.monotonic() + 600
     while time.monotonic() < end and proc.poll() is None:
-        found = []
-        for line in log.read_text(errors="replace").splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(e, dict) and e.get("event") == name:
-                found.append(e)
-        if found:
+        if found := log_events(log, name):
             return found
         time.sleep(0.005)
     raise TimeoutError(f"no {name} in {log}")
+
+
+def log_events(log: Path, name: str | None) -> list[dict[str, Any]]:
+    """The JSON lines of a deltad log whose event is `name` (all of them for None)."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(e, dict) and name in (None, e.get("event")):
+            out.append(e)
+    return out
 
 
 # -- the daemon -------------------------------------------------------------------------------
@@ -312,15 +317,7 @@ class Served:
         self.offset = 0
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(e, dict) and e.get("event") == name:
-                out.append(e)
-        return out
+        return log_events(self.log, name)
 
     def wait(self, name: str, timeout: float = 600) -> None:
         end = time.monotonic() + timeout
@@ -363,19 +360,24 @@ def answer(ws: Path) -> float:
 
 def probe(
     served: Served, spaces: list[Path], done: Callable[[], bool], gap: float
-) -> list[tuple[float, float]]:
-    """Answers one at a time until `done()`: (close, resumed) pairs; a miss stops the bench
-    with the daemon's log named (the answer was never resumed: that is the finding)."""
-    samples = []
+) -> tuple[list[tuple[float, float]], list[dict[str, Any]]]:
+    """Answers one at a time until `done()`: (close, resumed) pairs, and the answers not
+    resumed within 300 s or slower than 1 s, each with the daemon's log lines about its
+    workspace (the finding to read; the bench goes on)."""
+    samples: list[tuple[float, float]] = []
+    late: list[dict[str, Any]] = []
     while not done():
         ws = random.choice(spaces)
         closed = answer(ws)
         started = served.resumed(ws, timeout=300)
-        if started is None:
-            raise RuntimeError(f"{ws} was not resumed within 300 s; see {served.log}")
-        samples.append((closed, started))
+        if started is None or started - closed > 1.0:
+            about = [e for e in log_events(served.log, None) if e.get("workspace") == str(ws)]
+            wait = None if started is None else round(started - closed, 3)
+            late.append({"workspace": str(ws), "closed": closed, "waited_s": wait, "log": about})
+        if started is not None:
+            samples.append((closed, started))
         time.sleep(gap)
-    return samples
+    return samples, late
 
 
 def during_reconcile(work: Path, bindir: Path, n: int, interval: float) -> dict[str, Any]:
@@ -390,7 +392,7 @@ def during_reconcile(work: Path, bindir: Path, n: int, interval: float) -> dict[
         def two_periodic() -> bool:
             return len(served.events("reconcile_full")) >= 3 or time.time() > cap
 
-        samples = probe(served, spaces, two_periodic, gap=0.05)
+        samples, late = probe(served, spaces, two_periodic, gap=0.05)
         fulls = served.events("reconcile_full")[1:]  # the startup one is before READY
         windows = [(_ts(e) - e["duration_ms"] / 1000, _ts(e)) for e in fulls]
         # Waiting across a reconcile counts: when the loop is blocked, the answer written just
@@ -405,6 +407,8 @@ def during_reconcile(work: Path, bindir: Path, n: int, interval: float) -> dict[
         "answers_during_reconcile": summary(inside),
         "answers_in_all": len(samples),
         "all_answers": summary([s - c for c, s in samples]),
+        "missed": sum(1 for x in late if x["waited_s"] is None),
+        "late": late,  # not resumed within 300 s, or after more than 1 s: the daemon's lines
     }
 
 
@@ -422,12 +426,19 @@ def during_removal(work: Path, bindir: Path, n: int, removed: int) -> dict[str, 
         rm = threading.Thread(target=lambda: subprocess.run(["rm", "-rf", *map(str, doomed)]))
         rm.start()
         end = time.time() + 20
-        samples = probe(served, kept, lambda: time.time() > end, gap=0.05)
+        samples, late = probe(served, kept, lambda: time.time() > end, gap=0.05)
         rm.join()
     finally:
         served.stop()
     lat = [s - c for c, s in samples if c >= t0]
-    return {"workspaces": n, "removed": removed, "answers": summary(lat)}
+    missed = sum(1 for x in late if x["waited_s"] is None)
+    return {
+        "workspaces": n,
+        "removed": removed,
+        "answers": summary(lat),
+        "missed": missed,
+        "late": late,
+    }
 
 
 # -- main -------------------------------------------------------------------------------------
