@@ -21,6 +21,8 @@ result is reported as a ratio. Without it only this checkout is measured.
   command's first instruction, for the answers closed while a full reconcile was running.
 - removal: 10,000 workspaces, `rm -rf` of 1,000 of them, answers to the others written
   meanwhile: close → resume.
+An answer not resumed within 300 s, or later than 1 s, is listed under `late` with the daemon's
+log lines for its workspace (`missed` counts the former); the run goes on.
 Results: JSON in bench/results/ and a summary on stdout.
 """
 
