@@ -119,6 +119,11 @@ class Record:
         return not pending
 
 
+# An answer resumed later than this (a close event is served in milliseconds) is listed under
+# `late` with the contender's log lines for its workspace.
+LATE_AFTER = 1.0
+
+
 def write_answer(ws: Path, text: str = "yes") -> float:
     """In place, open-write-close, like `echo yes > response.txt`; returns close time."""
     with open(ws / ".delta" / "interaction" / "response.txt", "w") as f:
@@ -224,22 +229,34 @@ def build(root: Path, n: int) -> list[Path]:
 
 
 def detection(
-    contender: Any, record: Record, spaces: list[Path], samples: int, jitter: float = 0.0
-) -> dict[str, float]:
+    contender: Any,
+    record: Record,
+    spaces: list[Path],
+    samples: int,
+    jitter: float = 0.0,
+    wait: float = 120.0,
+    late_after: float = LATE_AFTER,
+) -> dict[str, Any]:
     closes: dict[str, float] = {}
     to_stub: list[float] = []
     missed: list[dict[str, Any]] = []
+    late: list[dict[str, Any]] = []
     for ws in random.sample(spaces, samples):
         time.sleep(random.uniform(0, jitter))  # a loop must not be in phase with the writes
         record.poll()
         closes[str(ws)] = t = write_answer(ws)
-        if not record.wait_for({str(ws)}):
+        if not record.wait_for({str(ws)}, timeout=wait):
             # Not resumed within the wait: a finding, not a crash of the bench (a run once
             # aborted here with a ValueError from max() of nothing). Keep what the contender
             # logged about that workspace so the cause can be read afterwards.
             missed.append({"workspace": str(ws), "closed": t, "log": contender.about(ws)})
             continue
-        to_stub.append(max(t0 for t0, w in record.seen if w == str(ws)) - t)
+        took = max(t0 for t0, w in record.seen if w == str(ws)) - t
+        to_stub.append(took)
+        if took > late_after:  # resumed, but by something slower than its close event
+            late.append(
+                {"workspace": str(ws), "waited_s": round(took, 3), "log": contender.about(ws)}
+            )
     spawned = contender.spawn_times()
     to_spawn = [spawned[w][-1] - t for w, t in closes.items() if w in spawned]
     ms = 1000
@@ -250,6 +267,7 @@ def detection(
         "stub_p99_ms": pct(to_stub, 99) * ms,
         "samples": samples,
         "missed": missed,
+        "late": late,
     }
 
 
@@ -309,9 +327,14 @@ def run_size(
         out["ready_s"] = contender.start()
         samples = args.samples if kind is Deltad else args.baseline_samples
         jitter = 1.0 if kind is Baseline else 0.0
-        out["detection"] = detection(contender, record, spaces, min(samples, len(spaces)), jitter)
+        # The baseline's answers wait for its poll loop (1 s plus jitter): never "late".
+        late_after = LATE_AFTER if kind is Deltad else float("inf")
+        n = min(samples, len(spaces))
+        out["detection"] = detection(
+            contender, record, spaces, n, jitter, wait=args.wait, late_after=late_after
+        )
         out["idle_cpu_pct"], out["rss_mb"] = idle(contender.pid, args.idle)
-        if len(spaces) >= args.burst:
+        if args.burst and len(spaces) >= args.burst:
             out["burst"] = burst(contender, record, spaces, args.burst)
         if largest and kind is Deltad and args.files:
             out["many_files"] = many_files(contender, record, spaces[0], args.files)
@@ -423,6 +446,10 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=100_000)
     ap.add_argument("--e2e", type=int, default=20, help="real-client runs (0: skip)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument(
+        "--wait", type=float, default=120.0, help="seconds an answer may wait before it is missed"
+    )
+    ap.add_argument("--only-deltad", action="store_true", help="skip the polling baseline")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="deltad-bench-", dir=os.environ.get("BENCH_DIR")))
@@ -433,7 +460,7 @@ def main() -> None:
             t0 = time.monotonic()
             spaces = build(root, n)
             print(f"built {n} paused workspaces in {time.monotonic() - t0:.1f} s", file=sys.stderr)
-            for kind in (Deltad, Baseline):
+            for kind in (Deltad,) if args.only_deltad else (Deltad, Baseline):
                 sub = work / f"n{n}" / kind.__name__.lower()
                 sub.mkdir()
                 r = run_size(kind, sub, root, spaces, args, largest=n == max(sizes))

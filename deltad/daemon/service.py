@@ -176,6 +176,11 @@ class Service:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, reload)
+        # A writer that opens an answer while `open_writers` holds its read lease makes the
+        # kernel send us SIGIO, whose default action ends the process; the lease is let go
+        # at once anyway. A handler, not SIG_IGN: an ignored signal stays ignored across the
+        # exec of a resume child.
+        signal.signal(signal.SIGIO, _lease_broken)
         return r
 
     def _build_backends(self) -> None:
@@ -703,6 +708,10 @@ class Service:
 def _model_retries(config: DaemonConfig) -> ModelRetries:
     m = config.model_retry
     return ModelRetries(m.initial_seconds, m.max_seconds, m.give_up_after_seconds)
+
+
+def _lease_broken(signum: int, frame: object) -> None:
+    """Nothing to do: `open_writers` has released (or is about to release) the lease."""
 
 
 def _drain(fd: int) -> None:
