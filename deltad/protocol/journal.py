@@ -141,22 +141,24 @@ class _Miss(Exception):
 
 
 def _from_snapshot(
-    data: bytes, ck: Snapshot, keep_after: int
+    data: bytes, snap: Snapshot, keep_after: int
 ) -> tuple[list[JournalEvent], list[int]]:
     """The events a snapshot says are kept from its prefix, with their offsets; read without
     the per-type checks (they passed when the prefix was read before). Its last event must be
     `last_seq` and the tail must begin after the cut: a snapshot that says otherwise is a miss."""
-    end = ck.journal_bytes
+    end = snap.journal_bytes
     last = _settled(data[data.rfind(b"\n", 0, end - 1) + 1 : end - 1])
-    if last is None or last.seq != ck.last_seq:
+    if last is None or last.seq != snap.last_seq:
         raise _Miss
-    if ck.tail_offset > 0:
-        before = _settled(data[data.rfind(b"\n", 0, ck.tail_offset - 1) + 1 : ck.tail_offset - 1])
+    if snap.tail_offset > 0:
+        before = _settled(
+            data[data.rfind(b"\n", 0, snap.tail_offset - 1) + 1 : snap.tail_offset - 1]
+        )
         if before is None or before.seq > keep_after:
             raise _Miss
     events, offsets = [], []
-    starts = [*ck.kept_offsets]
-    offset = ck.tail_offset
+    starts = [*snap.kept_offsets]
+    offset = snap.tail_offset
     while offset < end:
         starts.append(offset)
         offset = data.index(b"\n", offset) + 1
@@ -170,7 +172,7 @@ def _from_snapshot(
 
 
 def _scan(
-    path: Path, data: bytes, seen: Seen | None, tail_only: bool, ck: Snapshot | None = None
+    path: Path, data: bytes, seen: Seen | None, tail_only: bool, snap: Snapshot | None = None
 ) -> JournalRead:
     """Read `data` (the journal's bytes). With a snapshot that fits them, its prefix is not
     read again: `seen` gets only the events after it (the caller restored the rest)."""
@@ -180,11 +182,15 @@ def _scan(
     offsets: list[int] = []
     keep_after, settled_end = horizon(data) if tail_only else (0, 0)
     last_seq, offset, n = 0, 0, 0
-    if ck is not None:
-        events, offsets = _from_snapshot(data, ck, keep_after)
+    if snap is not None:
+        events, offsets = _from_snapshot(data, snap, keep_after)
         kept = [i for i, e in enumerate(events) if e.seq > keep_after or e.type in ALWAYS_KEPT]
         events, offsets = [events[i] for i in kept], [offsets[i] for i in kept]
-        last_seq, offset, n = ck.last_seq, ck.journal_bytes, data.count(b"\n", 0, ck.journal_bytes)
+        last_seq, offset, n = (
+            snap.last_seq,
+            snap.journal_bytes,
+            data.count(b"\n", 0, snap.journal_bytes),
+        )
     end = len(data)
     while (stop := data.find(b"\n", offset)) != -1:  # no list of 100,000 lines held at once
         n += 1
@@ -277,18 +283,18 @@ class Journal:
 
     def _read(self, data: bytes) -> tuple[History, JournalRead, hashlib._Hash, int]:
         view = memoryview(data)
-        ck = snapshot.load(self.path) if data else None
-        if ck is not None and ck.fits(data):
-            digest = hashlib.sha256(view[: ck.journal_bytes])
-            if digest.hexdigest() == ck.sha256:
+        snap = snapshot.load(self.path) if data else None
+        if snap is not None and snap.fits(data):
+            digest = hashlib.sha256(view[: snap.journal_bytes])
+            if digest.hexdigest() == snap.sha256:
                 try:
-                    history = History.restored(ck.history)
-                    read = _scan(self.path, data, history.add, True, ck)
+                    history = History.restored(snap.history)
+                    read = _scan(self.path, data, history.add, True, snap)
                 except (_Miss, KeyError, TypeError, ValueError):
                     pass  # a snapshot that does not read back: the journal decides alone
                 else:
-                    digest.update(view[ck.journal_bytes : read.good_bytes])
-                    return history, read, digest, ck.journal_bytes
+                    digest.update(view[snap.journal_bytes : read.good_bytes])
+                    return history, read, digest, snap.journal_bytes
         history = History()
         read = _scan(self.path, data, history.add, True)
         return history, read, hashlib.sha256(view[: read.good_bytes]), -1
@@ -350,7 +356,7 @@ class Journal:
         placed = list(zip(self.events, self._offsets, strict=True))
         tail = next((o for e, o in placed if e.seq > through), self._size)
         kept = [o for e, o in placed if e.seq <= through and e.type in ALWAYS_KEPT]
-        ck = Snapshot(
+        snap = Snapshot(
             journal_bytes=self._size,
             sha256=self._digest.hexdigest(),
             last_seq=self._last_seq,
@@ -358,7 +364,7 @@ class Journal:
             kept_offsets=kept,
             history=self.history.state(),
         )
-        snapshot.save(self.path, ck)
+        snapshot.save(self.path, snap)
         self._saved = self._size
 
 
