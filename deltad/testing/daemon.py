@@ -12,11 +12,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from deltad.testing.stub import paused_workspace
+
+if TYPE_CHECKING:
+    from deltad.daemon.executors import Executor, Finished
 
 BIN = Path(sys.executable).parent
 DELTAD = str(BIN / "deltad")
@@ -29,7 +32,7 @@ ROOT_BACKEND: str | None = None
 # (or fork, command) runs the whole daemon suite against it; unset: the config's default.
 EXECUTOR: str | None = os.environ.get("DELTAD_TEST_EXECUTOR") or None
 
-__all__ = ["DELTAD", "Daemon", "paused_workspace", "records", "wait_for"]
+__all__ = ["DELTAD", "Daemon", "paused_workspace", "reap_one", "records", "wait_for"]
 
 
 def wait_for(cond: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
@@ -41,6 +44,12 @@ def wait_for(cond: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
         if time.monotonic() > end:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+def reap_one(ex: Executor) -> Finished:
+    """The next child `ex` reaps (exactly one: the tests start one at a time)."""
+    [fin] = wait_for(ex.reap, "a resume child to exit")
+    return fin
 
 
 def stub_command(record: Path, mode: str = "consume") -> list[str]:

@@ -7,18 +7,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
-from deltad.daemon.executors import Executor, Finished, Job
+from deltad.daemon.executors import Job
 from deltad.daemon.executors import fork as forkmod
 from deltad.daemon.executors.fork import ForkExecutor
 from deltad.daemon.tenancy import SAFE_PATH, Identity, Launch, Owner, Policy
-from deltad.testing.daemon import answer
+from deltad.testing.daemon import answer, reap_one
 from deltad.testing.stub import paused_workspace
 
 DEADLINE = 30.0
@@ -38,16 +37,6 @@ def _job(tmp: Path, mode: str, name: str = "ws") -> Job:
     return Job(ws, None, argv, _launch(), 60.0, tmp / "logs" / f"{name}.log")
 
 
-def _reap_one(ex: Executor) -> Finished:
-    end = time.monotonic() + DEADLINE
-    while time.monotonic() < end:
-        if done := ex.reap():
-            [fin] = done
-            return fin
-        time.sleep(0.01)
-    raise AssertionError("no child exited")
-
-
 @pytest.fixture(scope="module")
 def forked() -> Iterator[ForkExecutor]:
     ex = ForkExecutor(4)
@@ -59,7 +48,7 @@ def test_the_fork_server_reports_exit_codes(forked: ForkExecutor, tmp_path: Path
     child = forked.submit(_job(tmp_path, "fail"))
     assert child is not None and forked.forked(child)
     assert forked.submit(_job(tmp_path, "fail")) is child  # idempotent per workspace
-    fin = _reap_one(forked)
+    fin = reap_one(forked)
     assert (fin.child, fin.rc, fin.failed) == (child, 2, True)
 
 
@@ -67,7 +56,7 @@ def test_cancel_goes_through_the_server(forked: ForkExecutor, tmp_path: Path) ->
     child = forked.submit(_job(tmp_path, "hang"))
     assert child is not None
     forked.cancel(child, grace=60.0)
-    fin = _reap_one(forked)
+    fin = reap_one(forked)
     assert (fin.rc, fin.meaning) == (-signal.SIGTERM, "killed_by_SIGTERM")
 
 
@@ -83,7 +72,7 @@ def test_a_server_that_cannot_start_falls_back_to_fresh(
         assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
             "fork_server_unhealthy"
         ]
-        assert _reap_one(ex).rc == 2  # the fresh process's exit code
+        assert reap_one(ex).rc == 2  # the fresh process's exit code
     finally:
         ex.close()
 
@@ -103,9 +92,9 @@ def test_a_changed_package_restarts_the_server(
         assert child is not None and ex.forked(child)
         assert ex.server is not None and ex.server.proc.pid != old.pid
         assert old.poll() is None  # draining: it still reports the held child's exit
-        assert _reap_one(ex).rc == 2
+        assert reap_one(ex).rc == 2
         ex.cancel(hold, grace=60.0)
-        assert _reap_one(ex).rc == -signal.SIGTERM
+        assert reap_one(ex).rc == -signal.SIGTERM
         assert old.wait(timeout=DEADLINE) is not None  # then it is gone
     finally:
         ex.close()

@@ -11,23 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.executors import Executor, Finished, Orphan, exit_meaning, orphans, resolve
+from deltad.daemon.executors import Orphan, exit_meaning, orphans, resolve
 from deltad.daemon.executors.base import start_ticks
 from deltad.daemon.executors.fork import plan
 from deltad.daemon.executors.fresh import FreshExecutor
+from deltad.testing.daemon import reap_one
 
 HERE = Path(sys.executable).parent
-DEADLINE = 30.0
-
-
-def _reap_one(ex: Executor) -> Finished:
-    end = time.monotonic() + DEADLINE
-    while time.monotonic() < end:
-        if done := ex.reap():
-            [fin] = done
-            return fin
-        time.sleep(0.01)
-    raise AssertionError("no child exited")
 
 
 def test_plans() -> None:
@@ -79,7 +69,7 @@ def test_orphans_round_trip_and_adoption(tmp_path: Path) -> None:
         assert ex.reap() == []
         proc.kill()
         proc.wait()
-        fin = _reap_one(ex)
+        fin = reap_one(ex)
         assert (fin.rc, fin.failed, fin.meaning) == (None, False, "unknown")
     finally:
         proc.kill()
