@@ -49,15 +49,14 @@ from deltad.protocol import (
     RunStatus,
     Workspace,
     WorkspaceLock,
-    current_owner,
     exitcodes,
     load_metadata,
+    new_metadata,
     new_run_id,
     owner_alive,
     safefs,
     save_metadata,
     transition,
-    utcnow,
 )
 from deltad.protocol.fsio import atomic_write, read_regular
 from deltad.protocol.mailbox import Mailbox
@@ -208,17 +207,12 @@ def _create(ws: Workspace, opts: RunOptions, prepared: Prepared, err: TextIO) ->
         atomic_write(paths.configuration / f.name, read_regular(f, MAX_CONFIG_BYTES, follow=True))
     if ready.pipeline:
         pipeline_runs.save_copy(paths, ready.pipeline[1])
-    now = utcnow()
-    meta = RunMetadata(
-        run_id=run_id,
-        status=RunStatus.RUNNING,
-        task=task,
-        agent_ref=str(agent.home),
+    meta = new_metadata(
+        run_id,
+        task,
+        str(agent.home),
         pipeline=str(Path(opts.pipeline).resolve()) if opts.pipeline else None,
-        start_time=now,
-        updated_at=now,
         max_iterations=opts.max_iterations,
-        owner=current_owner(),
     )
     save_metadata(paths.metadata, meta)
     ws.set_latest(run_id)  # after metadata: LATEST never names a run without one

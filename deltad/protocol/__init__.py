@@ -6,7 +6,7 @@ from .journal import Journal, JournalRead, read_journal
 from .layout import RUN_ID_RE, RunPaths, Workspace, new_run_id
 from .lock import WorkspaceLock
 from .mailbox import Answer, AnswerState, Mailbox
-from .metadata import load_metadata, save_metadata, transition
+from .metadata import load_metadata, new_metadata, save_metadata, transition
 from .models import (
     ActionStatus,
     EventType,
@@ -61,6 +61,7 @@ __all__ = [
     "current_owner",
     "iso",
     "load_metadata",
+    "new_metadata",
     "new_run_id",
     "owner_alive",
     "read_journal",

@@ -11,11 +11,35 @@ from pydantic import ValidationError
 from .errors import CorruptFile, UnsafeFile
 from .fsio import atomic_write, read_regular
 from .models import RunMetadata, utcnow
+from .process import current_owner
 from .states import RunStatus, check_transition
 
 log = structlog.get_logger("deltad.protocol")
 
 _MAX_METADATA_BYTES = 1024 * 1024
+
+
+def new_metadata(
+    run_id: str,
+    task: str,
+    agent_ref: str,
+    *,
+    pipeline: str | None = None,
+    max_iterations: int | None = None,
+) -> RunMetadata:
+    """A run as it starts: RUNNING, owned by this process."""
+    now = utcnow()
+    return RunMetadata(
+        run_id=run_id,
+        status=RunStatus.RUNNING,
+        task=task,
+        agent_ref=agent_ref,
+        pipeline=pipeline,
+        start_time=now,
+        updated_at=now,
+        max_iterations=max_iterations,
+        owner=current_owner(),
+    )
 
 
 def load_metadata(path: Path) -> RunMetadata:

@@ -1,4 +1,5 @@
-"""Small builders shared by the pipeline tests: graphs, and pipeline runs driven in-process."""
+"""Small builders shared by the unit tests: runs on disk, graphs, and pipeline runs driven
+in-process."""
 
 from __future__ import annotations
 
@@ -6,27 +7,40 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from deltad.agent import load_agent
+from deltad.agent import Agent, load_agent
 from deltad.engine import Outcome as RunOutcome
 from deltad.engine import RunContext
 from deltad.engine.interviewers import Interviewer
+from deltad.engine.llm import ChatModel
 from deltad.engine.signals import InterruptGuard
 from deltad.pipeline import Graph, GraphError, build_graph, parse_dot, parse_pipeline
 from deltad.pipeline.driver import PipelineEngine
 from deltad.pipeline.problems import Problem
 from deltad.protocol import (
     Journal,
-    RunMetadata,
-    RunStatus,
     Workspace,
-    current_owner,
+    new_metadata,
     new_run_id,
     save_metadata,
-    utcnow,
 )
 from deltad.testing import ScriptedModel
 
 from ..conftest import write_agent
+
+
+def running_run(
+    tmp: Path, agent: Agent, model: ChatModel, task: str, *, pipeline: str | None = None
+) -> RunContext:
+    """A run RUNNING in `tmp`/ws, as `delta run` leaves it before its first step."""
+    (tmp / "ws").mkdir(parents=True)
+    ws = Workspace.at(tmp / "ws")
+    run_id = new_run_id()
+    paths = ws.run(run_id)
+    meta = new_metadata(run_id, task, str(agent.home), pipeline=pipeline)
+    save_metadata(paths.metadata, meta)
+    ws.set_latest(run_id)
+    journal = Journal(paths.journal)
+    return RunContext(ws, paths, meta, journal, agent, model, InterruptGuard(), print)
 
 
 def resumed(ctx: RunContext) -> RunContext:
@@ -99,26 +113,10 @@ class Run:
     def __init__(
         self, tmp: Path, graph: Graph, model: ScriptedModel, tools: str = ECHO, extra: str = ""
     ) -> None:
-        (tmp / "ws").mkdir(parents=True)
-        self.ws = Workspace.at(tmp / "ws")
         self.graph, self.model = graph, model
         self.agent = load_agent(write_agent(tmp, tools, extra))
-        run_id = new_run_id()
-        self.paths = self.ws.run(run_id)
-        now = utcnow()
-        self.meta = RunMetadata(
-            run_id=run_id,
-            status=RunStatus.RUNNING,
-            task=graph.goal or "the goal",
-            agent_ref=str(self.agent.home),
-            start_time=now,
-            updated_at=now,
-            owner=current_owner(),
-            pipeline="t.dot",
-        )
-        save_metadata(self.paths.metadata, self.meta)
-        self.ws.set_latest(run_id)
-        self.journal = Journal(self.paths.journal)
+        ctx = running_run(tmp, self.agent, model, graph.goal or "the goal", pipeline="t.dot")
+        self.ws, self.paths, self.meta, self.journal = ctx.ws, ctx.paths, ctx.meta, ctx.journal
         self.loaded = []
 
     def drive(self, interviewer: Interviewer) -> RunOutcome:

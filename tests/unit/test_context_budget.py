@@ -17,18 +17,11 @@ from deltad.protocol import (
     CorruptFile,
     EventType,
     Journal,
-    RunMetadata,
-    RunStatus,
-    Workspace,
-    current_owner,
-    new_run_id,
     read_journal,
-    save_metadata,
-    utcnow,
 )
 from deltad.protocol.journal import horizon
 from deltad.testing import ScriptedModel
-from tests.unit.helpers import resumed
+from tests.unit.helpers import resumed, running_run
 
 TOOLS: list[dict[str, Any]] = []
 
@@ -38,25 +31,7 @@ def _ctx(tmp_path: Path, llm: str = "") -> RunContext:
     home.mkdir()
     (home / "config.yaml").write_text(f"name: a\nllm:\n  model: fake-model\n{llm}tools: []\n")
     (home / "system_prompt.md").write_text("You are a test agent.\n")
-    (tmp_path / "ws").mkdir()
-    ws = Workspace.at(tmp_path / "ws")
-    run_id = new_run_id()
-    paths = ws.run(run_id)
-    now = utcnow()
-    meta = RunMetadata(
-        run_id=run_id,
-        status=RunStatus.RUNNING,
-        task="count the files",
-        agent_ref=str(home),
-        start_time=now,
-        updated_at=now,
-        owner=current_owner(),
-    )
-    save_metadata(paths.metadata, meta)
-    ws.set_latest(run_id)
-    journal = Journal(paths.journal)
-    agent = load_agent(home)
-    return RunContext(ws, paths, meta, journal, agent, ScriptedModel(), InterruptGuard(), print)
+    return running_run(tmp_path, load_agent(home), ScriptedModel(), "count the files")
 
 
 def _turn(ctx: RunContext, i: int, output: str = "x" * 400) -> None:

@@ -17,21 +17,13 @@ from deltad.engine.interviewers import (
     MailboxInterviewer,
     QueueInterviewer,
 )
-from deltad.engine.signals import InterruptGuard
 from deltad.protocol import (
-    Journal,
     Mailbox,
-    RunMetadata,
     RunStatus,
-    Workspace,
-    current_owner,
-    new_run_id,
-    save_metadata,
-    utcnow,
 )
 from deltad.protocol.replies import CallDecision, Decision, Reply
 from deltad.testing import ScriptedModel
-from tests.unit.helpers import resumed
+from tests.unit.helpers import resumed, running_run
 
 from ..conftest import write_agent
 
@@ -54,24 +46,7 @@ class Recorder:
 
 
 def _ctx(tmp_path: Path, model: ScriptedModel, hooks: Recorder | None = None) -> RunContext:
-    (tmp_path / "ws").mkdir(parents=True)
-    ws = Workspace.at(tmp_path / "ws")
-    run_id = new_run_id()
-    paths = ws.run(run_id)
-    now = utcnow()
-    agent = load_agent(write_agent(tmp_path, GATED))
-    meta = RunMetadata(
-        run_id=run_id,
-        status=RunStatus.RUNNING,
-        task="t",
-        agent_ref=str(agent.home),
-        start_time=now,
-        updated_at=now,
-        owner=current_owner(),
-    )
-    save_metadata(paths.metadata, meta)
-    ws.set_latest(run_id)
-    ctx = RunContext(ws, paths, meta, Journal(paths.journal), agent, model, InterruptGuard(), print)
+    ctx = running_run(tmp_path, load_agent(write_agent(tmp_path, GATED)), model, "t")
     if hooks is not None:
         ctx.hooks = hooks
     return ctx
