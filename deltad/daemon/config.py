@@ -99,7 +99,7 @@ class DaemonConfig(_Strict):
     discovery_depth: int = Field(default=2, ge=0, le=8)
     max_parallel_resumes: int = Field(default=4, ge=1, le=256)
     # One owner's share of those (None: all of them); see slots.py.
-    max_parallel_resumes_per_owner: int | None = Field(default=None, ge=1, le=256)
+    max_parallel_resumes_per_owner: int | None = Field(default=None, ge=1, le=256, strict=True)
     resume_command: list[str] = Field(default_factory=lambda: list(DEFAULT_RESUME_COMMAND))
     executor: ExecutorName = "auto"  # how a resume is started: deltad/daemon/executors/
     resume_timeout_seconds: float = Field(default=3600.0, gt=0)

@@ -9,12 +9,13 @@ running" is a fact, not a timing.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from deltad.testing.daemon import Daemon, records, wait_for
+from deltad.testing.daemon import DELTAD, Daemon, records, wait_for
 from deltad.testing.stub import paused_workspace
 
 from ..users import Accounts, User, accounts, chown_tree, executable_by_all, shared_tmp
@@ -126,3 +127,32 @@ def test_one_owners_backlog_does_not_delay_another_owners_first_resume(
     finally:
         d.stop()
         d.kill_children()
+
+
+def _check(tmp_path: Path, settings: str) -> subprocess.CompletedProcess[str]:
+    cfg = tmp_path / "deltad.yaml"
+    cfg.write_text(f"roots: [{tmp_path}]\nmax_parallel_resumes: 4\n{settings}")
+    argv = [DELTAD, "check", "--config", str(cfg)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_check_shows_each_owners_share_and_notes_one_above_the_total(tmp_path: Path) -> None:
+    out = _check(tmp_path, "")
+    assert out.returncode == 0, out.stderr
+    assert "  max_parallel_resumes_per_owner: 4\n" in out.stdout  # unset: every slot
+    assert "note:" not in out.stdout
+    out = _check(tmp_path, "max_parallel_resumes_per_owner: 2\n")
+    assert "  max_parallel_resumes_per_owner: 2\n" in out.stdout and "note:" not in out.stdout
+    out = _check(tmp_path, "max_parallel_resumes_per_owner: 8\n")
+    assert out.returncode == 0, out.stderr
+    assert (
+        "note: max_parallel_resumes_per_owner (8) is above max_parallel_resumes (4)" in out.stdout
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "true", "'2'", "1.5", "two"])
+def test_a_bad_share_is_one_line_naming_the_key(tmp_path: Path, value: str) -> None:
+    out = _check(tmp_path, f"max_parallel_resumes_per_owner: {value}\n")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("deltad: error: ") and "max_parallel_resumes_per_owner" in line
