@@ -174,3 +174,17 @@ def test_the_resumer_with_one_owner_and_the_defaults_is_first_come_first_served(
         resumer.start_ready()
     assert ex.started == spaces[:4]
     assert not [e for e in logged if e["event"] == "resume_waits_for_owner_slot"]
+
+
+def test_an_adopted_resume_counts_for_its_workspaces_owner(tmp_path: Path) -> None:
+    """A resume an earlier daemon left running has no recorded owner: the workspace's is used."""
+    resumer, ex = _resumer(tmp_path, max_parallel_resumes=2, max_parallel_resumes_per_owner=1)
+    left = tmp_path / "left-running"
+    left.mkdir()
+    ex.children[left] = Child(left, None, 1, None, 0.0, 1e9, adopted=True)
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    resumer.submit(mine, None, LAUNCH, os.getuid())  # the adopted one's owner: at its share
+    resumer.submit(theirs, None, LAUNCH, ALICE)
+    resumer.start_ready()
+    assert ex.started == [theirs]
+    assert [q[0] for q in resumer.pending] == [mine]
