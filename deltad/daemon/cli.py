@@ -104,6 +104,8 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     click.echo(f"configuration OK ({config_path or 'defaults'})")
     for key, value in config.model_dump(mode="json", exclude={"roots"}).items():
         click.echo(f"  {key}: {value}")
+    for note in config.notes():
+        click.echo(f"  note: {note}")
     click.echo(f"resumes start with the {_executor_kind(config)} executor")
     total_watches = 0
     for root in config.roots:

@@ -98,6 +98,8 @@ class DaemonConfig(_Strict):
     roots: list[RootConfig] = Field(default_factory=list)
     discovery_depth: int = Field(default=2, ge=0, le=8)
     max_parallel_resumes: int = Field(default=4, ge=1, le=256)
+    # One owner's share of those (None: all of them); see slots.py.
+    max_parallel_resumes_per_owner: int | None = Field(default=None, ge=1, le=256, strict=True)
     resume_command: list[str] = Field(default_factory=lambda: list(DEFAULT_RESUME_COMMAND))
     executor: ExecutorName = "auto"  # how a resume is started: deltad/daemon/executors/
     resume_timeout_seconds: float = Field(default=3600.0, gt=0)
@@ -127,6 +129,23 @@ class DaemonConfig(_Strict):
     def _tenants(self) -> DaemonConfig:
         self.policy()  # unknown users or groups are errors now, not at the first resume
         return self
+
+    @model_validator(mode="after")
+    def _owner_share(self) -> DaemonConfig:
+        # Unset: every slot, so a one-user server loses nothing (shown as the number).
+        if self.max_parallel_resumes_per_owner is None:
+            self.max_parallel_resumes_per_owner = self.max_parallel_resumes
+        return self
+
+    def notes(self) -> list[str]:
+        """Settings that are valid but do not do what they say (`deltad check` prints them)."""
+        per_owner, total = self.max_parallel_resumes_per_owner, self.max_parallel_resumes
+        if per_owner is not None and per_owner > total:
+            return [
+                f"max_parallel_resumes_per_owner ({per_owner}) is above max_parallel_resumes "
+                f"({total}): one owner may use all {total} slots"
+            ]
+        return []
 
     def policy(self) -> Policy:
         return Policy.from_names(self.trusted_owners, self.shared_group)

@@ -10,10 +10,12 @@ daemon restart or a Ctrl-C on its terminal does not take it down, with no fd of 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import sys
-from collections import deque
+from collections import Counter, deque
+from collections.abc import ValuesView
 from pathlib import Path
 
 import structlog
@@ -23,11 +25,15 @@ from deltad.protocol import exitcodes
 from .config import DaemonConfig
 from .executors import Child, Executor, Finished, Job, exit_meaning, make_executor, orphans, resolve
 from .executors.fork import ForkExecutor
+from .slots import Slots, held_by_owner_cap, pick_next
 from .tenancy import Launch
 
 log = structlog.get_logger("deltad.resumer")
 
 KILL_GRACE_SECONDS = 10.0
+UNKNOWN_OWNER = -1  # an adopted resume whose workspace is gone: counted, as nobody's
+
+Queued = tuple[Path, str | None, Launch]
 
 BUSY = exitcodes.BUSY
 WAITING = exitcodes.WAITING
@@ -55,18 +61,30 @@ def build_argv(template: list[str], workspace: Path, run_id: str | None) -> list
 
 
 class Resumer:
-    """The resume queue (a workspace at most once), the parallelism cap, timeouts and logging;
-    how a resume is started is its executor's business (`executors/`)."""
+    """The resume queue (a workspace at most once, served fairly by owner: `slots.py`), the
+    parallelism caps, timeouts and logging; how a resume is started is its executor's business
+    (`executors/`)."""
 
     def __init__(self, config: DaemonConfig) -> None:
         self._executor: Executor | None = None
         self.configure(config)
-        self.pending: deque[tuple[Path, str | None, Launch]] = deque()
-        self._pending_set: set[Path] = set()
+        self._queued: dict[Path, Queued] = {}  # in arrival order
+        self._waiting: dict[int, deque[tuple[int, Path]]] = {}  # owner -> (arrival, ws)
+        self._arrivals = itertools.count()
+        self._told: dict[int, int] = {}  # owner -> how many of its first waiting were logged
+        self._owner_of: dict[Path, int] = {}  # a running resume's owner
 
     def configure(self, config: DaemonConfig) -> None:
         self._template = config.resume_command
         self._max = config.max_parallel_resumes
+        self._slots = Slots.of(self._max, config.max_parallel_resumes_per_owner)
+        if (asked := config.max_parallel_resumes_per_owner or 0) > self._max:
+            log.warning(
+                "resume_slots_clamped",
+                max_parallel_resumes_per_owner=asked,
+                max_parallel_resumes=self._max,
+                detail="one owner may use every slot",
+            )
         self._timeout = config.resume_timeout_seconds
         self._state_dir = config.state_dir
         self._logs = config.state_dir / "resume-logs"
@@ -116,30 +134,82 @@ class Resumer:
         orphans.save(self._state_dir, self.children.values())
 
     # -- queue ------------------------------------------------------------------------------
-    def busy_with(self, ws: Path) -> bool:
-        return ws in self._pending_set or ws in self.children
+    @property
+    def pending(self) -> ValuesView[Queued]:
+        """The queued resumes, (workspace, run id, launch), in arrival order."""
+        return self._queued.values()
 
-    def submit(self, ws: Path, run_id: str | None, launch: Launch) -> bool:
+    def busy_with(self, ws: Path) -> bool:
+        return ws in self._queued or ws in self.children
+
+    def submit(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
+        """Queue a resume of `ws`; `owner` (the workspace owner's uid) is whose slot it takes."""
         if self.busy_with(ws):
             return False
-        self.pending.append((ws, run_id, launch))
-        self._pending_set.add(ws)
+        self._queued[ws] = (ws, run_id, launch)
+        self._waiting.setdefault(owner, deque()).append((next(self._arrivals), ws))
         return True
 
     def can_start(self) -> bool:
-        return bool(self.pending) and len(self.children) < self._max
+        if not self._waiting:
+            return False
+        return pick_next(self._heads(), self._running(), self._slots) is not None
 
     def start_ready(self) -> None:
         started = False
-        while self.pending and self.executor.slots() > 0:
-            ws, run_id, launch = self.pending.popleft()
-            self._pending_set.discard(ws)
-            started |= self._spawn(ws, run_id, launch)
+        while self._waiting and self.executor.slots() > 0:
+            owner = pick_next(self._heads(), self._running(), self._slots)
+            if owner is None:
+                break
+            ws, run_id, launch = self._queued.pop(self._dequeue(owner))
+            started |= self._spawn(ws, run_id, launch, owner)
+        self._tell_waits()
         if started:
             self._save()
 
+    def _heads(self) -> dict[int, int]:
+        """Each owner with a resume waiting -> the arrival number of its oldest."""
+        return {owner: queue[0][0] for owner, queue in self._waiting.items()}
+
+    def _running(self) -> dict[int, int]:
+        return Counter(self._owner(ws) for ws in self.children)
+
+    def _owner(self, ws: Path) -> int:
+        if (owner := self._owner_of.get(ws)) is None:  # adopted: the workspace's owner
+            try:
+                owner = os.lstat(ws).st_uid
+            except OSError:
+                owner = UNKNOWN_OWNER
+            self._owner_of[ws] = owner
+        return owner
+
+    def _dequeue(self, owner: int) -> Path:
+        queue = self._waiting[owner]
+        _, ws = queue.popleft()
+        if not queue:
+            del self._waiting[owner]
+        if (told := self._told.pop(owner, 0)) and queue:
+            self._told[owner] = told - 1  # the logged ones are the first of the queue
+        return ws
+
+    def _tell_waits(self) -> None:
+        """Log each resume that waits only for its owner's slot, once."""
+        running = self._running()
+        for owner in held_by_owner_cap(self._heads(), running, self._slots):
+            queue = self._waiting[owner]
+            for _, ws in itertools.islice(queue, self._told.get(owner, 0), None):
+                log.info(
+                    "resume_waits_for_owner_slot",
+                    workspace=str(ws),
+                    run_id=self._queued[ws][1],
+                    uid=owner,
+                    running=running[owner],
+                    max_parallel_resumes_per_owner=self._slots.per_owner,
+                )
+            self._told[owner] = len(queue)
+
     # -- children ---------------------------------------------------------------------------
-    def _spawn(self, ws: Path, run_id: str | None, launch: Launch) -> bool:
+    def _spawn(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
         job = Job(
             ws, run_id, build_argv(self._template, ws, run_id), launch, self._timeout, self._log(ws)
         )
@@ -148,6 +218,7 @@ class Resumer:
         child = self.executor.submit(job)
         if child is None:
             return False
+        self._owner_of[ws] = owner
         who = launch.identity
         log.info(
             "resume_spawned",
@@ -179,6 +250,7 @@ class Resumer:
         done = self._executor.reap()
         for fin in done:
             child, rc = fin.child, fin.rc
+            self._owner_of.pop(child.workspace, None)
             log.info(
                 "resume_exited",
                 workspace=str(child.workspace),
@@ -223,6 +295,7 @@ class Resumer:
         if self._executor is None:
             return []
         self._save()
+        self._owner_of.clear()
         pids = self._executor.detach_all()
         self._executor.close()
         return pids

@@ -464,7 +464,7 @@ class Service:
             self.wake_at(ws, not_before)
             return
         self.backoff.started(ws, key)
-        self.resumer.submit(ws, run_id, launch)
+        self.resumer.submit(ws, run_id, launch, v.owner.uid)
         log.info("resume_queued", workspace=str(ws), run_id=run_id, reason=reason)
         self._dirty = True
 

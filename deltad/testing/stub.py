@@ -7,7 +7,8 @@ busy), ingests the answer (journal-free: it appends one JSON line to FILE), clea
 and moves the run to COMPLETED (exit 0). Modes:
   consume  the above                      hang   ingest, stay RUNNING until killed
   fail     exit 2 without touching a thing slow  ingest, sleep 1 s, then complete
-  hold     take the lock, wait until FILE.go exists, then consume (a person's `delta run`)
+  hold     take the lock, wait until FILE.go (or FILE.go.<workspace's name>) exists, then
+           consume (a person's `delta run`)
   probe    record what the process is (identity, environment, session, signals, fds,
            stdio), then consume: the executors' tests compare a forked resume with a fresh one
 """
@@ -141,7 +142,8 @@ def stub(workspace: str, record: Path, mode: str) -> int:
         return 75
     if mode == "hold":
         go = record.with_name(record.name + ".go")
-        while not go.exists():
+        mine = record.with_name(f"{go.name}.{Path(workspace).name}")  # releases this one only
+        while not (go.exists() or mine.exists()):
             time.sleep(0.02)
     ingested = _ingest(ws, record)
     if ingested is None:

@@ -307,6 +307,7 @@ config_docs = (
         optional={
             "roots": json_values | st.lists(st.text(max_size=10) | json_values, max_size=3),
             "max_parallel_resumes": json_values,
+            "max_parallel_resumes_per_owner": json_values,
             "resume_command": json_values,
             "state_dir": json_values,
             "log_level": json_values,
