@@ -18,8 +18,10 @@ single-fd `InotifyBackend` does the same with no thread at all.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -189,7 +191,7 @@ class WatchdogBackend(WatchTree):
 
     # -- one directory ------------------------------------------------------------------------
     def _add_watch(self, path: Path, kind: Kind) -> int:
-        ident = _identity(path)
+        ident = _identity(path, follow=self._is_root(path))
         old = self._wd_of.get(path)
         if old is not None:
             if self._scheduled[old][1] == ident:
@@ -216,6 +218,10 @@ class WatchdogBackend(WatchTree):
         self._rm_watch(wd)  # the emitter stopped itself; the observer still holds it
 
 
-def _identity(path: Path) -> tuple[int, int]:
-    st = os.stat(path)  # raises FileNotFoundError like a failed add_watch would
+def _identity(path: Path, follow: bool) -> tuple[int, int]:
+    """Raises like a failed add_watch would: FileNotFoundError when gone, ENOTDIR for a
+    symlink (never followed below a root: not every platform's observer can be told so)."""
+    st = os.stat(path) if follow else os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
     return (st.st_dev, st.st_ino)
