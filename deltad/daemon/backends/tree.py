@@ -419,12 +419,6 @@ class WatchTree:
                 self._route(watch, mask, name)
 
     def _route(self, watch: _Watch, mask: int, name: str) -> None:
-        if mask & F.MOVE_SELF and watch.kind in (Kind.INTERACTION, Kind.RUNS):
-            # Moved away: the watch follows the directory, no longer the path. A directory
-            # made at the path again is watched anew (its parent sees it).
-            self._rm(watch.path)
-            self._queue.put(watch.owner)
-            return
         if mask & (F.DELETE_SELF | F.MOVE_SELF):
             self._self_gone(watch)
             return
@@ -489,6 +483,11 @@ class WatchTree:
             except WatchLimit:
                 self._unwatch_workspace(watch.owner)
                 self._fallback.adopt_workspace(watch.owner)
+        elif spec and mask & (F.DELETE | F.MOVED_FROM):
+            # A watch follows its directory, not the path: moved into another workspace, it
+            # must not keep reporting to this one (the kernel would hand the new path this
+            # very descriptor). Said before the move's MOVED_TO and MOVE_SELF, so in time.
+            self._rm(spec[0])
         if spec:
             self._queue.put(watch.owner)
 
