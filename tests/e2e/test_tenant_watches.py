@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from deltad.testing.daemon import Daemon, answer, paused_workspace, running
+
+from ..users import Accounts, accounts, chown_tree, executable_by_all, shared_tmp
 
 NO_RESCAN = 3600  # the periodic full reconcile never runs during a test
 
@@ -68,3 +74,43 @@ def test_a_symlinked_mailbox_moved_in_after_ready_does_not_take_the_victims_watc
         os.rename(staged, mallory)  # a whole prepared workspace appears at once
         d.wait_event("workspace_discovered", workspace=str(mallory))
         _victim_served_mallory_refused(d, victim, mallory)
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[Accounts, Path]]:
+    with accounts() as acc, executable_by_all(), shared_tmp() as base:
+        yield acc, base
+
+
+def test_another_user_cannot_silence_a_victims_mailbox(world: tuple[Accounts, Path]) -> None:
+    """Two real users under one root daemon: mallory, by herself and after READY, moves in a
+    workspace whose mailbox is a symlink to the victim's."""
+    acc, base = world
+    victim_user, mallory_user = acc.user(), acc.user()
+    root = base / "root"
+    homes = {u: root / u.name for u in (victim_user, mallory_user)}
+    for user, home in homes.items():
+        home.mkdir(parents=True)
+        chown_tree(home, user)
+    victim = homes[victim_user] / "ws"
+    paused_workspace(victim)
+    chown_tree(victim, victim_user)
+    staged = base / "staging" / "ws"  # mallory's, outside the root
+    paused_workspace(staged)
+    shutil.rmtree(_mailbox(staged))
+    chown_tree(staged.parent, mallory_user)
+    mallory = homes[mallory_user] / "ws"
+    daemon_home = base / "daemon"
+    daemon_home.mkdir()
+    d = Daemon(daemon_home, [root], rescan_interval_seconds=NO_RESCAN)
+    d.record.touch()
+    os.chmod(d.record, 0o666)  # the stand-in client appends as the victim
+    d.start()
+    try:
+        link = f"ln -s '{_mailbox(victim)}' '{_mailbox(staged)}' && mv '{staged}' '{mallory}'"
+        subprocess.run(mallory_user.argv("sh", "-c", link), check=True, timeout=60)
+        d.wait_event("workspace_discovered", workspace=str(mallory))
+        _victim_served_mallory_refused(d, victim, mallory)
+    finally:
+        d.stop()
+        d.kill_children()
