@@ -191,7 +191,8 @@ class WatchdogBackend(WatchTree):
 
     # -- one directory ------------------------------------------------------------------------
     def _add_watch(self, path: Path, kind: Kind) -> int:
-        ident = _identity(path, follow=self._is_root(path))
+        root = self._is_root(path)
+        ident = _identity(path, follow=root)
         old = self._wd_of.get(path)
         if old is not None:
             if self._scheduled[old][1] == ident:
@@ -199,7 +200,9 @@ class WatchdogBackend(WatchTree):
             self._rm_watch(old)  # made anew: watchdog would reuse the stale emitter
         wd, self._next_wd = self._next_wd, self._next_wd + 1
         handler = _Handler(self._inbox, wd, str(path))
-        watch = self._observer.schedule(handler, str(path), event_filter=FILTERS[kind])
+        watch = self._observer.schedule(
+            handler, str(path), event_filter=FILTERS[kind], follow_symlink=root
+        )
         self._scheduled[wd] = (watch, ident)
         self._wd_of[path] = wd
         return wd
