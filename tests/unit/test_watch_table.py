@@ -237,3 +237,21 @@ def test_a_mailbox_moved_to_another_workspace_reports_only_there(
     assert _hints_until(backend, b) == {b: Why.ANSWER_CLOSED}
     answer(a, "new")
     assert _hints_until(backend, a) == {a: Why.ANSWER_CLOSED}
+
+
+def test_a_root_may_be_a_symlink_but_nothing_below_it_is_followed(
+    tmp_path: Path, backend: InotifyBackend
+) -> None:
+    real = tmp_path / "real"
+    ws = _workspace(real / "ws")
+    _workspace(tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", real / "linked")  # a linked directory is not walked
+    root = tmp_path / "root"
+    os.symlink(real, root)
+    backend.add_root(root, 1)
+    layout = backend.sync()
+    assert layout.workspaces == {root / "ws"}
+    assert root in backend._by_path and _mailbox(root / "ws") in backend._by_path
+    _drain(backend._queue)
+    answer(ws, "through the root's link")
+    assert _hints_until(backend, root / "ws") == {root / "ws": Why.ANSWER_CLOSED}
