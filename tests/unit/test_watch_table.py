@@ -9,6 +9,7 @@ import itertools
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -127,9 +128,9 @@ def test_refusal_by_mode(mode: int, reason: str | None) -> None:
 
 # -- the real kernel --------------------------------------------------------------------------
 @pytest.fixture
-def backend() -> InotifyBackend:
+def backend() -> Iterator[InotifyBackend]:
     b = InotifyBackend(HintQueue(), NoFallback(), None)
-    yield b  # type: ignore[misc]
+    yield b
     b.close()
 
 
