@@ -28,6 +28,10 @@ from tests.e2e.test_daemon_detect import (  # noqa: F401 - collected again, unde
     test_working_files_cost_no_watches,
     test_workspace_created_after_start,
 )
+from tests.e2e.test_tenant_watches import (  # noqa: F401 - collected again, under watchdog
+    test_a_symlinked_mailbox_made_before_start_does_not_take_the_victims_watch,
+    test_a_symlinked_mailbox_moved_in_after_ready_does_not_take_the_victims_watch,
+)
 
 
 @pytest.fixture(autouse=True)

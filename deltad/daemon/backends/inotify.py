@@ -12,6 +12,7 @@ import structlog
 from inotify_simple import INotify
 
 from ..queue import HintQueue
+from . import events as F
 from .tree import DELTA_MASK, DIR_MASK, INTERACTION_MASK, RUNS_MASK, Kind, PollingLike, WatchTree
 
 log = structlog.get_logger("deltad.watch")
@@ -54,7 +55,12 @@ class InotifyBackend(WatchTree):
         self._ino.close()
 
     def _add_watch(self, path: Path, kind: Kind) -> int:
-        return int(self._ino.add_watch(path, self.MASKS[kind]))
+        # IN_MASK_ADD: a second path on the same directory adds to its events, never narrows
+        # what the first path's watch reports.
+        mask = self.MASKS[kind] | F.MASK_ADD
+        if self._is_root(path):
+            mask &= ~F.DONT_FOLLOW
+        return int(self._ino.add_watch(path, mask))
 
     def _rm_watch(self, wd: int) -> None:
         self._ino.rm_watch(wd)

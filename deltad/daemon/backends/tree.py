@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -35,7 +36,9 @@ from . import events as F
 
 log = structlog.get_logger("deltad.watch")
 
-_BASE = F.ONLYDIR | F.EXCL_UNLINK | F.DELETE_SELF | F.MOVE_SELF
+# Never through a symlink (IN_DONT_FOLLOW): a link to another workspace's directory would get
+# that directory's own watch descriptor back from the kernel.
+_BASE = F.ONLYDIR | F.DONT_FOLLOW | F.EXCL_UNLINK | F.DELETE_SELF | F.MOVE_SELF
 # Discovery dirs: only directory births and deaths matter (file events are filtered below).
 DIR_MASK = _BASE | F.CREATE | F.MOVED_TO | F.DELETE | F.MOVED_FROM
 DELTA_MASK = DIR_MASK
@@ -101,8 +104,12 @@ class WatchTree:
         self._queue = queue
         self._fallback = fallback
         self._max = max_watches
-        self._by_wd: dict[int, _Watch] = {}
+        # The kernel keeps one watch per inode: two paths reaching one directory (a bind mount,
+        # a directory moved while watched) share its descriptor, so a descriptor maps to every
+        # path using it, and its kernel watch ends only with the last of them.
+        self._by_wd: dict[int, dict[Path, _Watch]] = {}
         self._by_path: dict[Path, int] = {}
+        self._refused: set[Path] = set()  # workspaces whose refused watch is logged already
         self._roots: dict[Path, int] = {}
         self._ws_levels: dict[Path, int] = {}
         # parent -> watched dirs and workspaces directly below it: what is at or below a
@@ -120,6 +127,11 @@ class WatchTree:
     def _rm_watch(self, wd: int) -> None:
         """Stop watching; may raise OSError if the watch is already gone."""
         raise NotImplementedError
+
+    def _is_root(self, path: Path) -> bool:
+        """A configured root may be a symlink (the admin's choice); nothing below one is
+        followed."""
+        return path in self._roots
 
     def _released(self, wd: int) -> None:
         """The watch ended by itself (its directory went away): free what is left of it."""
@@ -167,6 +179,7 @@ class WatchTree:
         for path in (delta, *(child for child, _ in _ws_child_specs(delta))):
             self._rm(path)
         self._ws_levels.pop(workspace, None)
+        self._refused.discard(workspace)
         self._reindex(workspace)
 
     def _gone_from_sweep(self, workspace: Path) -> None:
@@ -240,7 +253,7 @@ class WatchTree:
         try:
             self._add(_Watch(delta, Kind.DELTA, ws))
             for child, kind in _ws_child_specs(delta):
-                if os.path.isdir(child):
+                if os.path.lexists(child):  # a symlink too: refused, and said so
                     self._add(_Watch(child, kind, ws))
         except WatchLimit:
             self._unwatch_workspace(ws)
@@ -256,16 +269,54 @@ class WatchTree:
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 self._limit_reached("fs.inotify.max_user_watches")
-            if e.errno not in (errno.ENOENT, errno.ENOTDIR):  # else: gone; the parent saw it
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                 log.warning("watch_failed", path=str(path), error=e.strerror)
+            self._real_dirs(watch)  # a symlink or a file in the way is said; else it is gone
             return False
+        self._bind(wd, watch)
+        # The kernel follows symlinks above the last component: one swapped in between the
+        # look and the watch is caught here, and the path dropped (any other path on that
+        # descriptor keeps it).
+        if not self._real_dirs(watch):
+            self._rm(path)
+            return False
+        return True
+
+    def _bind(self, wd: int, watch: _Watch) -> None:
+        path = watch.path
         old = self._by_path.get(path)
         if old is not None and old != wd:  # replaced (the directory was made anew)
-            self._by_wd.pop(old, None)
-        self._by_wd[wd] = watch
+            self._unbind(path, old)
+        sharing = self._by_wd.setdefault(wd, {})
+        if sharing and path not in sharing:
+            log.info("watch_shared", path=str(path), others=sorted(str(p) for p in sharing))
+        sharing[path] = watch
         self._by_path[path] = wd
         self._reindex(path)
+
+    def _real_dirs(self, watch: _Watch) -> bool:
+        """Are the watch's directory, and for a workspace's watch its parent too, real
+        directories (not symlinks)? A workspace's refusal is logged once."""
+        for path in _must_be_real(watch):
+            if self._is_root(path):
+                continue
+            try:
+                reason = refusal(os.lstat(path).st_mode)
+            except OSError:
+                continue  # gone: the events of its parent say so
+            if reason is not None:
+                if watch.kind is not Kind.DIR:
+                    self._refuse(watch.owner, path, reason)
+                return False
         return True
+
+    def _refuse(self, ws: Path, path: Path, reason: str) -> None:
+        if ws in self._refused:
+            return
+        self._refused.add(ws)
+        log.warning(
+            "watch_refused", workspace=str(ws), path=str(path), reason=f"{path} is {reason}"
+        )
 
     def _limit_reached(self, which: str) -> None:
         if not self._limit_logged:
@@ -284,10 +335,20 @@ class WatchTree:
         wd = self._by_path.pop(path, None)
         if wd is None:
             return
-        self._by_wd.pop(wd, None)
+        self._unbind(path, wd)
         self._reindex(path)
         if self._sweeping is not None:
             self._sweeping.dirs.pop(path, None)
+
+    def _unbind(self, path: Path, wd: int) -> None:
+        """`path` no longer uses `wd`; the kernel watch ends when no other path does."""
+        sharing = self._by_wd.get(wd)
+        if sharing is None:
+            return
+        sharing.pop(path, None)
+        if sharing:
+            return
+        del self._by_wd[wd]
         with contextlib.suppress(OSError):  # already gone with its directory
             self._rm_watch(wd)
 
@@ -309,7 +370,7 @@ class WatchTree:
         if path in self._ws_levels:
             return True
         wd = self._by_path.get(path)
-        return wd is not None and self._by_wd[wd].kind is Kind.DIR
+        return wd is not None and self._by_wd[wd][path].kind is Kind.DIR
 
     def _reindex(self, path: Path) -> None:
         """Bring `path`'s entry in the index in line with what is watched now."""
@@ -337,7 +398,7 @@ class WatchTree:
         for ws in [w for w in self._ws_levels if w not in wanted_ws]:
             self._unwatch_workspace(ws)
             self._queue.put(ws)
-        for path in [p for p, wd in self._by_path.items() if self._by_wd[wd].kind is Kind.DIR]:
+        for path in [p for p, wd in self._by_path.items() if self._by_wd[wd][p].kind is Kind.DIR]:
             if path not in layout.dirs:
                 self._rm(path)
 
@@ -347,12 +408,17 @@ class WatchTree:
             log.warning("inotify_overflow", action="full_reconcile")
             self._queue.request_rescan()
             return
-        watch = self._by_wd.get(wd)
-        if watch is None:
+        sharing = self._by_wd.get(wd)
+        if sharing is None:
             return
         if mask & F.IGNORED:
-            self._forget_wd(wd, watch)
+            self._forget_wd(wd, sharing)
             return
+        for watch in list(sharing.values()):  # every path that reaches this directory
+            if self._by_path.get(watch.path) == wd:  # not dropped by the one before
+                self._route(watch, mask, name)
+
+    def _route(self, watch: _Watch, mask: int, name: str) -> None:
         if mask & (F.DELETE_SELF | F.MOVE_SELF):
             self._self_gone(watch)
             return
@@ -364,11 +430,12 @@ class WatchTree:
         }[watch.kind]
         handler(watch, mask, name)
 
-    def _forget_wd(self, wd: int, watch: _Watch) -> None:
-        self._by_wd.pop(wd, None)
-        if self._by_path.get(watch.path) == wd:
-            del self._by_path[watch.path]
-            self._reindex(watch.path)
+    def _forget_wd(self, wd: int, sharing: dict[Path, _Watch]) -> None:
+        del self._by_wd[wd]
+        for path in sharing:
+            if self._by_path.get(path) == wd:
+                del self._by_path[path]
+                self._reindex(path)
         self._released(wd)
 
     def _self_gone(self, watch: _Watch) -> None:
@@ -416,6 +483,11 @@ class WatchTree:
             except WatchLimit:
                 self._unwatch_workspace(watch.owner)
                 self._fallback.adopt_workspace(watch.owner)
+        elif spec and mask & (F.DELETE | F.MOVED_FROM):
+            # A watch follows its directory, not the path: moved into another workspace, it
+            # must not keep reporting to this one (the kernel would hand the new path this
+            # very descriptor). Said before the move's MOVED_TO and MOVE_SELF, so in time.
+            self._rm(spec[0])
         if spec:
             self._queue.put(watch.owner)
 
@@ -447,6 +519,23 @@ def _exhaust(steps: Generator[Path | None, None, Layout] | Iterator[Path | None]
             next(steps)
         except StopIteration as stop:
             return stop.value if isinstance(stop.value, Layout) else Layout()
+
+
+def refusal(mode: int) -> str | None:
+    """Why a directory of this (lstat) mode is not watched, or None: a real directory."""
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if not stat.S_ISDIR(mode):
+        return "not a directory"
+    return None
+
+
+def _must_be_real(watch: _Watch) -> tuple[Path, ...]:
+    """What must be a real directory for `watch` to watch its own path: the directory, and
+    for a workspace's watch its parent (`.delta/`, or the workspace for `.delta/` itself)."""
+    if watch.kind is Kind.DIR:
+        return (watch.path,)
+    return (watch.path.parent, watch.path)
 
 
 def _ws_child_specs(delta: Path) -> list[tuple[Path, Kind]]:

@@ -18,8 +18,10 @@ single-fd `InotifyBackend` does the same with no thread at all.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -189,7 +191,8 @@ class WatchdogBackend(WatchTree):
 
     # -- one directory ------------------------------------------------------------------------
     def _add_watch(self, path: Path, kind: Kind) -> int:
-        ident = _identity(path)
+        root = self._is_root(path)
+        ident = _identity(path, follow=root)
         old = self._wd_of.get(path)
         if old is not None:
             if self._scheduled[old][1] == ident:
@@ -197,7 +200,9 @@ class WatchdogBackend(WatchTree):
             self._rm_watch(old)  # made anew: watchdog would reuse the stale emitter
         wd, self._next_wd = self._next_wd, self._next_wd + 1
         handler = _Handler(self._inbox, wd, str(path))
-        watch = self._observer.schedule(handler, str(path), event_filter=FILTERS[kind])
+        watch = self._observer.schedule(
+            handler, str(path), event_filter=FILTERS[kind], follow_symlink=root
+        )
         self._scheduled[wd] = (watch, ident)
         self._wd_of[path] = wd
         return wd
@@ -216,6 +221,10 @@ class WatchdogBackend(WatchTree):
         self._rm_watch(wd)  # the emitter stopped itself; the observer still holds it
 
 
-def _identity(path: Path) -> tuple[int, int]:
-    st = os.stat(path)  # raises FileNotFoundError like a failed add_watch would
+def _identity(path: Path, follow: bool) -> tuple[int, int]:
+    """Raises like a failed add_watch would: FileNotFoundError when gone, ENOTDIR for a
+    symlink (never followed below a root: not every platform's observer can be told so)."""
+    st = os.stat(path) if follow else os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
     return (st.st_dev, st.st_ino)

@@ -1,0 +1,258 @@
+"""The watch table (deltad/daemon/backends/tree.py): one workspace's directories never take
+another's watch. A fake kernel for the table's bookkeeping (two paths on one descriptor, as a
+bind mount makes them); the real inotify for what the kernel does (IN_DONT_FOLLOW,
+IN_MASK_ADD, one descriptor per inode)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from deltad.daemon.backends import events as F
+from deltad.daemon.backends.inotify import InotifyBackend
+from deltad.daemon.backends.tree import Kind, WatchTree, refusal
+from deltad.daemon.queue import HintQueue, Why
+from deltad.testing.daemon import answer, wait_for
+
+
+class NoFallback:
+    def adopt_workspace(self, ws: Path) -> None:
+        raise AssertionError("no watch limit here")
+
+    def adopt_dir(self, path: Path, levels: int) -> None:
+        raise AssertionError("no watch limit here")
+
+
+def _workspace(ws: Path) -> Path:
+    (ws / ".delta" / "interaction").mkdir(parents=True)
+    (ws / ".delta" / "runs").mkdir()
+    return ws
+
+
+def _mailbox(ws: Path) -> Path:
+    return ws / ".delta" / "interaction"
+
+
+def _drain(queue: HintQueue) -> dict[Path, Why]:
+    out: dict[Path, Why] = {}
+    while (hint := queue.pop()) is not None:
+        out[hint.workspace] = out.get(hint.workspace, Why.CHECK) | hint.why
+    return out
+
+
+# -- the table, over a fake kernel ------------------------------------------------------------
+class BindMounts(WatchTree):
+    """One descriptor per directory, where `same` makes two paths one directory (a bind
+    mount); records the kernel watches removed."""
+
+    def __init__(self, same: dict[Path, Path]) -> None:
+        super().__init__(HintQueue(), NoFallback(), None)
+        self.same = same
+        self._wds: dict[Path, int] = {}
+        self._next = itertools.count(1)
+        self.removed: list[int] = []
+
+    def _add_watch(self, path: Path, kind: Kind) -> int:
+        key = self.same.get(path, path)
+        if key not in self._wds:
+            self._wds[key] = next(self._next)
+        return self._wds[key]
+
+    def _rm_watch(self, wd: int) -> None:
+        self.removed.append(wd)
+        self._wds = {k: v for k, v in self._wds.items() if v != wd}
+
+
+@pytest.mark.parametrize("leaving", ["first", "second"])
+def test_two_paths_on_one_descriptor_keep_it_until_the_last_goes(
+    tmp_path: Path, leaving: str
+) -> None:
+    root = tmp_path / "root"
+    a, b = _workspace(root / "a"), _workspace(root / "b")
+    tree = BindMounts({_mailbox(b): _mailbox(a)})
+    tree.add_root(root, 1)
+    tree.sync()
+    wd = tree._by_path[_mailbox(a)]
+    assert tree._by_path[_mailbox(b)] == wd
+    assert set(tree._by_wd[wd]) == {_mailbox(a), _mailbox(b)}
+    _drain(tree._queue)
+
+    tree._event(wd, F.CLOSE_WRITE, "response.txt")  # reported to both paths' owners
+    assert _drain(tree._queue) == {a: Why.ANSWER_CLOSED, b: Why.ANSWER_CLOSED}
+
+    gone, kept = (a, b) if leaving == "first" else (b, a)
+    shutil.rmtree(gone)
+    tree._event(tree._by_path[root], F.DELETE | F.ISDIR, gone.name)
+    _drain(tree._queue)
+    assert wd not in tree.removed  # still the other path's watch
+    assert set(tree._by_wd[wd]) == {_mailbox(kept)}
+    tree._event(wd, F.CLOSE_WRITE, "response.txt")
+    assert _drain(tree._queue) == {kept: Why.ANSWER_CLOSED}
+
+    shutil.rmtree(kept)
+    tree._event(tree._by_path[root], F.DELETE | F.ISDIR, kept.name)
+    assert wd in tree.removed and wd not in tree._by_wd
+
+
+def test_ignored_frees_every_path_of_the_descriptor(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    a, b = _workspace(root / "a"), _workspace(root / "b")
+    tree = BindMounts({_mailbox(b): _mailbox(a)})
+    tree.add_root(root, 1)
+    tree.sync()
+    wd = tree._by_path[_mailbox(a)]
+    tree._event(wd, F.IGNORED, "")
+    assert wd not in tree._by_wd
+    assert _mailbox(a) not in tree._by_path and _mailbox(b) not in tree._by_path
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        (stat.S_IFDIR | 0o755, None),
+        (stat.S_IFLNK | 0o777, "a symlink"),
+        (stat.S_IFREG | 0o644, "not a directory"),
+        (stat.S_IFIFO | 0o644, "not a directory"),
+    ],
+)
+def test_refusal_by_mode(mode: int, reason: str | None) -> None:
+    assert refusal(mode) == reason
+
+
+# -- the real kernel --------------------------------------------------------------------------
+@pytest.fixture
+def backend() -> Iterator[InotifyBackend]:
+    b = InotifyBackend(HintQueue(), NoFallback(), None)
+    yield b
+    b.close()
+
+
+def _hints_until(tree: InotifyBackend, ws: Path) -> dict[Path, Why]:
+    """Events read from the real inotify fd until `ws` is hinted (all of one batch)."""
+    seen: dict[Path, Why] = {}
+
+    def hinted() -> bool:
+        tree.process()
+        for path, why in _drain(tree._queue).items():
+            seen[path] = seen.get(path, Why.CHECK) | why
+        return ws in seen
+
+    wait_for(hinted, f"a hint for {ws}")
+    return seen
+
+
+def _victim_and_mallory(tmp_path: Path) -> tuple[Path, Path]:
+    """Two roots, the victim's walked first: the order that used to hand its watch over."""
+    victim, mallory = _workspace(tmp_path / "a" / "victim"), _workspace(tmp_path / "b" / "mallory")
+    shutil.rmtree(_mailbox(mallory))
+    os.symlink(_mailbox(victim), _mailbox(mallory))
+    return victim, mallory
+
+
+def test_a_symlinked_mailbox_is_refused_once_and_never_takes_the_watch(
+    tmp_path: Path, backend: InotifyBackend
+) -> None:
+    victim, mallory = _victim_and_mallory(tmp_path)
+    backend.add_root(tmp_path / "a", 1)
+    backend.add_root(tmp_path / "b", 1)
+    with capture_logs() as logs:
+        backend.sync()
+        backend.sync(force=True)  # re-adding every watch says nothing new
+    refused = [e for e in logs if e["event"] == "watch_refused"]
+    assert [(e["workspace"], e["path"]) for e in refused] == [
+        (str(mallory), str(_mailbox(mallory)))
+    ]
+    assert "symlink" in refused[0]["reason"]
+    assert _mailbox(mallory) not in backend._by_path
+    assert set(backend._by_wd[backend._by_path[_mailbox(victim)]]) == {_mailbox(victim)}
+    _drain(backend._queue)
+    answer(victim, "mine")
+    hints = _hints_until(backend, victim)
+    assert hints == {victim: Why.ANSWER_CLOSED}
+
+
+def test_a_symlink_swapped_in_above_the_watched_directory_is_caught(
+    tmp_path: Path, backend: InotifyBackend
+) -> None:
+    """`.delta` replaced by a link between the look and the watch: the kernel follows it (only
+    the last component is not followed) and hands back the victim's descriptor."""
+    victim, mallory = _workspace(tmp_path / "a" / "victim"), _workspace(tmp_path / "b" / "mallory")
+    real_add = backend._add_watch
+
+    def racing_add(path: Path, kind: Kind) -> int:
+        if path == _mailbox(mallory):
+            os.rename(mallory / ".delta", mallory / ".delta-old")
+            os.symlink(victim / ".delta", mallory / ".delta")
+        return real_add(path, kind)
+
+    backend._add_watch = racing_add  # type: ignore[method-assign]
+    backend.add_root(tmp_path / "a", 1)
+    backend.add_root(tmp_path / "b", 1)
+    with capture_logs() as logs:
+        backend.sync()
+    refused = [e for e in logs if e["event"] == "watch_refused"]
+    assert [e["path"] for e in refused] == [str(mallory / ".delta")]
+    assert _mailbox(mallory) not in backend._by_path
+    wd = backend._by_path[_mailbox(victim)]
+    assert set(backend._by_wd[wd]) == {_mailbox(victim)}
+    _drain(backend._queue)
+    answer(victim, "still mine")  # the kernel watch the link shared is still in place
+    assert _hints_until(backend, victim)[victim] & Why.ANSWER_CLOSED
+
+
+def test_a_second_add_on_one_directory_never_narrows_its_mask(
+    tmp_path: Path, backend: InotifyBackend
+) -> None:
+    box = _mailbox(_workspace(tmp_path / "ws"))
+    wd = backend._add_watch(box, Kind.INTERACTION)
+    assert backend._add_watch(box, Kind.DIR) == wd  # the kernel's one watch per inode
+    fdinfo = Path(f"/proc/self/fdinfo/{backend.fileno()}").read_text()
+    [line] = [ln for ln in fdinfo.splitlines() if ln.startswith(f"inotify wd:{wd:x} ")]
+    mask = int(line.split(" mask:")[1].split()[0], 16)
+    assert mask & F.CLOSE_WRITE and mask & F.MOVED_TO  # what the mailbox needs is still there
+
+
+def test_a_mailbox_moved_to_another_workspace_reports_only_there(
+    tmp_path: Path, backend: InotifyBackend
+) -> None:
+    root = tmp_path / "root"
+    a, b = _workspace(root / "a"), _workspace(root / "b")
+    backend.add_root(root, 1)
+    backend.sync()
+    shutil.rmtree(_mailbox(b))
+    _hints_until(backend, b)
+    os.rename(_mailbox(a), _mailbox(b))  # the kernel's watch follows the directory to b
+    _hints_until(backend, b)
+    assert _mailbox(a) not in backend._by_path
+    _mailbox(a).mkdir()  # a's new mailbox: a new watch, b's stays
+    _hints_until(backend, a)
+    assert backend._by_path[_mailbox(a)] != backend._by_path[_mailbox(b)]
+    answer(b, "moved")
+    assert _hints_until(backend, b) == {b: Why.ANSWER_CLOSED}
+    answer(a, "new")
+    assert _hints_until(backend, a) == {a: Why.ANSWER_CLOSED}
+
+
+def test_a_root_may_be_a_symlink_but_nothing_below_it_is_followed(
+    tmp_path: Path, backend: InotifyBackend
+) -> None:
+    real = tmp_path / "real"
+    ws = _workspace(real / "ws")
+    _workspace(tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", real / "linked")  # a linked directory is not walked
+    root = tmp_path / "root"
+    os.symlink(real, root)
+    backend.add_root(root, 1)
+    layout = backend.sync()
+    assert layout.workspaces == {root / "ws"}
+    assert root in backend._by_path and _mailbox(root / "ws") in backend._by_path
+    _drain(backend._queue)
+    answer(ws, "through the root's link")
+    assert _hints_until(backend, root / "ws") == {root / "ws": Why.ANSWER_CLOSED}
