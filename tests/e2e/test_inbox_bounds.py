@@ -153,8 +153,14 @@ def test_a_99mb_body_from_a_stranger_is_refused_unread(served: tuple[Daemon, str
     assert d.proc is not None
     size = 99 * MIB
     before = _vm_hwm_kib(d.proc.pid)
+
+    def grown_mib() -> float:
+        assert d.proc is not None
+        return (_vm_hwm_kib(d.proc.pid) - before) / 1024
+
     length = {"Content-Type": "application/json", "Content-Length": str(size + 14)}
     assert _raw_post(url, "/v1/requests/q1/answer", length, _json_body(size)) == 401
+    assert grown_mib() < 50, f"the daemon's peak RSS grew by {grown_mib():.0f} MiB"
     chunked = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
 
     def chunks() -> Iterator[bytes]:
@@ -169,8 +175,7 @@ def test_a_99mb_body_from_a_stranger_is_refused_unread(served: tuple[Daemon, str
     assert _raw_post(url, "/v1/requests/q1/answer", length, _json_body(size)) == 413
     with client(url) as anon:  # the server goes on
         assert anon.get("/healthz").status_code == 200
-    grown_mib = (_vm_hwm_kib(d.proc.pid) - before) / 1024
-    assert grown_mib < 50, f"the daemon's peak RSS grew by {grown_mib:.0f} MiB"
+    assert grown_mib() < 50, f"the daemon's peak RSS grew by {grown_mib():.0f} MiB"
 
 
 def test_revoking_a_token_ends_its_event_stream_and_sessions(
