@@ -37,25 +37,25 @@ def served(tmp_path: Path) -> Iterator[tuple[Daemon, str, Path]]:
 
 
 class Storm:
-    """Threads sending adversarial `?workspace=` queries until stopped, counting the answers."""
+    """Threads sending requests that make the server match adversarial globs (a `?workspace=`
+    filter, or the token's own scope) until stopped, counting the answers."""
 
-    def __init__(self, url: str, token: str, threads: int = 3) -> None:
-        self.answered = [0] * threads
+    def __init__(self, url: str, calls: list[tuple[str, str, dict[str, str]]]) -> None:
+        self.answered = [0] * len(calls)
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._threads = [
-            threading.Thread(target=self._run, args=(url, token, i), daemon=True)
-            for i in range(threads)
+            threading.Thread(target=self._run, args=(url, i, *call), daemon=True)
+            for i, call in enumerate(calls)
         ]
         for t in self._threads:
             t.start()
 
-    def _run(self, url: str, token: str, i: int) -> None:
-        route = ["/v1/requests", "/v1/runs"][i % 2]
+    def _run(self, url: str, i: int, token: str, route: str, params: dict[str, str]) -> None:
         with client(url, token) as http:
             while not self._stop.is_set():
                 try:
-                    r = http.get(route, params={"workspace": ADVERSARIAL}, timeout=20)
+                    r = http.get(route, params=params, timeout=20)
                 except httpx.HTTPError as e:
                     self.failures.append(f"{route}: {type(e).__name__}")
                     return
@@ -80,9 +80,17 @@ def test_an_adversarial_glob_storm_stalls_neither_the_server_nor_the_loop(
     ws = root / "ws1"
     paused_workspace(ws)
     token = make_token(d.state_dir, "alice")
+    odd_scope = make_token(d.state_dir, "mallory", "/" + ADVERSARIAL)
     with client(url, token) as http:
         wait_for(lambda: http.get("/v1/requests").json()["requests"], "the question listed")
-    storm = Storm(url, token)
+    storm = Storm(
+        url,
+        [
+            (token, "/v1/requests", {"workspace": ADVERSARIAL}),
+            (token, "/v1/runs", {"workspace": ADVERSARIAL}),
+            (odd_scope, "/v1/requests", {}),  # token scopes go through the same matcher
+        ],
+    )
     try:
         # Each storm request returns: the old matcher spent minutes on the first one.
         wait_for(lambda: min(storm.answered) >= 3 or storm.failures, "storm requests answered")
