@@ -371,7 +371,7 @@ async def _stream(
         keepalive_at = loop.time() + ctx.config.keepalive_seconds
         while not stopping.is_set():
             if not allowed():
-                yield b": this token was revoked\n\n"
+                yield b": this credential was revoked, changed or logged out\n\n"
                 return
             wait = min(REVOCATION_CHECK_SECONDS, keepalive_at - loop.time())
             try:

@@ -71,8 +71,8 @@ class HttpServer:
                 ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
                 ssl_keyfile=str(config.tls_key) if config.tls_key else None,
                 timeout_graceful_shutdown=2,
-                # h11 on purpose: its limit on a request's headers is the one uvicorn enforces
-                # (httptools, if installed, would be picked by "auto" and has none).
+                # h11 on purpose: uvicorn applies this limit on a request's headers to h11 only
+                # (httptools, if installed, would be picked by "auto" and ignores it).
                 http="h11",
                 h11_max_incomplete_event_size=HEADERS_MAX,
             )
