@@ -20,16 +20,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from deltad import __version__
 from deltad.daemon.feed import EVENT_TYPES, FeedEvent
 
-from . import handlers, scopes
+from . import handlers, limits, links, scopes
 from .handlers import ApiError, Context, unauthorized
-from .tokens import Identity, digest
+from .tokens import Identity, TokenError, digest
 
 SESSION_COOKIE = "deltad_session"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+REVOCATION_CHECK_SECONDS = 0.5  # an open event stream re-checks its token this often
 STATIC = Path(str(resources.files("deltad.api") / "static"))
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
@@ -77,25 +79,21 @@ class Sessions:
 
 
 # -- identity (module level: FastAPI resolves annotations from the module) ------------------
-def identity(
-    request: Request,
-    authorization: Annotated[str | None, Header()] = None,
-    x_csrf_token: Annotated[str | None, Header()] = None,
+def authenticate(
+    ctx: Context,
+    sessions: Sessions,
+    method: str,
+    authorization: str | None,
+    session_id: str | None,
+    x_csrf_token: str | None,
 ) -> Identity:
-    ctx: Context = request.app.state.ctx
-    sessions: Sessions = request.app.state.sessions
+    """Who is calling, from the headers alone (so it runs before any body byte is read)."""
     if authorization:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise unauthorized()
-        who = ctx.tokens.verify(token.strip())
-        if who is None:
-            raise unauthorized("this token is not valid (revoked, or never issued)")
-        return who
-    session = sessions.get(request.cookies.get(SESSION_COOKIE))
+        return ctx.tokens.verify(_bearer(authorization)) or _invalid_token()
+    session = sessions.get(session_id)
     if session is None:
         raise unauthorized()
-    if request.method not in SAFE_METHODS and not (
+    if method not in SAFE_METHODS and not (
         x_csrf_token and secrets.compare_digest(x_csrf_token, session.csrf)
     ):
         raise ApiError(403, "csrf", "missing or wrong X-CSRF-Token for this session")
@@ -105,7 +103,65 @@ def identity(
     return who
 
 
+def _bearer(authorization: str) -> str:
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise unauthorized()
+    return token.strip()
+
+
+def _invalid_token() -> Identity:
+    raise unauthorized("this token is not valid (revoked, or never issued)")
+
+
+def identity(
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,
+    x_csrf_token: Annotated[str | None, Header()] = None,
+) -> Identity:
+    return authenticate(
+        request.app.state.ctx,
+        request.app.state.sessions,
+        request.method,
+        authorization,
+        request.cookies.get(SESSION_COOKIE),
+        x_csrf_token,
+    )
+
+
+def still_allowed(request: Request, who: Identity) -> Callable[[], bool]:
+    """Whether the credential behind a long request still stands for `who`: a revoked token,
+    a changed role or scope, or a closed session ends the event stream at once."""
+    ctx: Context = request.app.state.ctx
+    authorization = request.headers.get("authorization")
+    session_id = None if authorization else request.cookies.get(SESSION_COOKIE)
+
+    def still() -> bool:
+        try:
+            return (
+                authenticate(
+                    ctx, request.app.state.sessions, "GET", authorization, session_id, None
+                )
+                == who
+            )
+        except (ApiError, TokenError):
+            return False  # an unreadable token file counts as revoked
+
+    return still
+
+
+def workspace_glob(workspace: str | None = None) -> str | None:
+    """`?workspace=GLOB`, refused before any matching if over the matcher's caps."""
+    if workspace:
+        try:
+            scopes.check(workspace)
+        except scopes.GlobError as e:
+            raise ApiError(422, "bad_glob", f"workspace: {e}") from None
+    return workspace
+
+
 Who = Annotated[Identity, Depends(identity)]
+WorkspaceGlob = Annotated[str | None, Depends(workspace_glob)]
 
 
 def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI:
@@ -135,6 +191,29 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         first = e.errors()[0] if e.errors() else {"loc": (), "msg": "bad request"}
         where = ".".join(str(p) for p in first.get("loc", ()))
         return JSONResponse({"error": f"{where}: {first['msg']}", "code": "bad_request"}, 422)
+
+    def credential_first(scope: Scope, rule: limits.Rule) -> limits.Refusal | None:
+        """The route's credential, checked from the headers before its body is read."""
+        request = Request(scope)
+        try:
+            if rule.credential == "token":
+                authenticate(
+                    ctx,
+                    sessions,
+                    request.method,
+                    request.headers.get("authorization"),
+                    request.cookies.get(SESSION_COOKIE),
+                    request.headers.get("x-csrf-token"),
+                )
+            elif rule.credential == "link":
+                links.verify(ctx.link_key, limits.link_token(request.url.path))
+        except ApiError as e:
+            return limits.Refusal(e.http, e.code, str(e))
+        except links.BadLink as e:
+            return limits.Refusal(e.http, e.code, str(e))
+        return None
+
+    app.add_middleware(limits.BodyLimit, check=credential_first, headers=SECURITY_HEADERS)
 
     @app.middleware("http")
     async def _headers(request: Request, call_next: Any) -> Response:
@@ -182,7 +261,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
     # -- questions --------------------------------------------------------------------------------
     @app.get("/v1/requests", tags=["requests"])
     def list_requests(
-        who: Who, workspace: str | None = None, input_type: str | None = None
+        who: Who, workspace: WorkspaceGlob, input_type: str | None = None
     ) -> dict[str, Any]:
         """Every pending question this token may see, newest first."""
         return handlers.list_requests(ctx, who, workspace, input_type)
@@ -204,9 +283,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
 
     # -- runs -------------------------------------------------------------------------------------
     @app.get("/v1/runs", tags=["runs"])
-    def list_runs(
-        who: Who, workspace: str | None = None, status: str | None = None
-    ) -> dict[str, Any]:
+    def list_runs(who: Who, workspace: WorkspaceGlob, status: str | None = None) -> dict[str, Any]:
         return handlers.list_runs(ctx, who, workspace, status)
 
     @app.get("/v1/runs/{run_id}", tags=["runs"])
@@ -218,7 +295,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
     async def events(
         request: Request,
         who: Who,
-        workspace: str | None = None,
+        workspace: WorkspaceGlob,
         input_type: str | None = None,
         type: Annotated[list[str] | None, Query()] = None,
         last_event_id: Annotated[str | None, Header()] = None,
@@ -236,7 +313,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
             )
 
         since = int(last_event_id) if last_event_id and last_event_id.isdigit() else None
-        stream = _stream(ctx, request, shown, since, stopping)
+        stream = _stream(ctx, request, shown, since, stopping, still_allowed(request, who))
         return StreamingResponse(
             stream, media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
         )
@@ -277,6 +354,7 @@ async def _stream(
     shown: Callable[[FeedEvent], bool],
     since: int | None,
     stopping: threading.Event,
+    allowed: Callable[[], bool],
 ) -> AsyncIterator[bytes]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[FeedEvent] = asyncio.Queue(maxsize=10_000)
@@ -290,17 +368,24 @@ async def _stream(
         for e in ctx.feed.since(since):
             if shown(e):
                 yield _sse(e)
+        keepalive_at = loop.time() + ctx.config.keepalive_seconds
         while not stopping.is_set():
+            if not allowed():
+                yield b": this credential was revoked, changed or logged out\n\n"
+                return
+            wait = min(REVOCATION_CHECK_SECONDS, keepalive_at - loop.time())
             try:
-                e = await asyncio.wait_for(queue.get(), ctx.config.keepalive_seconds)
+                e = await asyncio.wait_for(queue.get(), max(wait, 0.0))
             except TimeoutError:
-                if await request.is_disconnected():
-                    return
-                yield b": keepalive\n\n"
+                if loop.time() >= keepalive_at:
+                    if await request.is_disconnected():
+                        return
+                    yield b": keepalive\n\n"
+                    keepalive_at = loop.time() + ctx.config.keepalive_seconds
                 continue
             if since is not None and e.id <= since:
                 continue  # already sent from the buffer
-            if shown(e):
+            if shown(e) and allowed():  # nothing goes out after a revoke
                 yield _sse(e)
     finally:
         unsubscribe()

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from . import scopes
+
 NotifyEvent = Literal["request.created", "request.expired", "request.answered", "run.status"]
 DEFAULT_NOTIFY: list[NotifyEvent] = ["request.created", "request.expired", "run.status"]
 
@@ -105,6 +107,13 @@ class Target(_Strict):
     events: list[NotifyEvent] = Field(default_factory=lambda: list(DEFAULT_NOTIFY))
     # Workspace globs that never notify through this target (opt-out); `*` stops at `/`.
     exclude: list[str] = Field(default_factory=list)
+
+    @field_validator("exclude")
+    @classmethod
+    def _globs(cls, v: list[str]) -> list[str]:
+        for glob in v:
+            scopes.check(glob)  # GlobError is a ValueError: one line, naming the field
+        return v
 
 
 class Webhook(Target):

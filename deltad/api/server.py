@@ -11,6 +11,7 @@ import ssl
 import threading
 from pathlib import Path
 
+import anyio.to_thread
 import structlog
 import uvicorn
 
@@ -20,9 +21,11 @@ from . import links
 from .app import create_app
 from .config import HttpConfig, split_listen
 from .handlers import Context
+from .limits import HEADERS_MAX
 from .tokens import TokenStore
 
 log = structlog.get_logger("deltad.http")
+HTTP_THREADS = 4
 
 
 class ListenError(Exception):
@@ -68,6 +71,10 @@ class HttpServer:
                 ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
                 ssl_keyfile=str(config.tls_key) if config.tls_key else None,
                 timeout_graceful_shutdown=2,
+                # h11 on purpose: uvicorn applies this limit on a request's headers to h11 only
+                # (httptools, if installed, would be picked by "auto" and ignores it).
+                http="h11",
+                h11_max_incomplete_event_size=HEADERS_MAX,
             )
         )
         self._thread = threading.Thread(target=self._serve, name="deltad-http", daemon=True)
@@ -79,9 +86,15 @@ class HttpServer:
 
     def _serve(self) -> None:
         try:
-            asyncio.run(self._server.serve(sockets=[self.sock]))
+            asyncio.run(self._serve_bounded())
         except Exception as e:  # the loop must go on; systemd's watchdog is not tied to HTTP
             log.error("http_failed", error=f"{type(e).__name__}: {e}")
+
+    async def _serve_bounded(self) -> None:
+        # Plain routes run in worker threads, all in the daemon's process: few of them, so a
+        # burst of requests leaves the daemon's loop its share of the GIL.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = HTTP_THREADS
+        await self._server.serve(sockets=[self.sock])
 
     def stop(self) -> None:
         self._stopping.set()

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from deltad.protocol import atomic_write_json, iso, utcnow
 
-from .scopes import ALL, normal
+from .scopes import ALL, GlobError, check, normal
 
 Role = Literal["reader", "answerer", "admin"]
 ROLES: tuple[Role, ...] = ("reader", "answerer", "admin")
@@ -48,7 +48,7 @@ class TokenStore:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / TOKENS_NAME
         self._lock = threading.Lock()
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
         self._by_digest: dict[str, Identity] = {}
 
     # -- the commands -----------------------------------------------------------------------------
@@ -58,6 +58,10 @@ class TokenStore:
         for s in scopes:
             if normal(s.replace("*", "x").replace("?", "x")) is None:
                 raise TokenError(f"scope {s!r}: must be an absolute path glob with no . or ..")
+            try:
+                check(s)
+            except GlobError as e:
+                raise TokenError(f"scope {s[:80]!r}: {e}") from None
         doc = self._read()
         if name in doc:
             raise TokenError(f"a token named {name} exists (revoke it first)")
@@ -102,7 +106,8 @@ class TokenStore:
     def _refresh(self) -> None:
         try:
             st = os.stat(self.path)
-            seen: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+            # An atomic replace is a new inode: a revoke within one mtime tick still counts.
+            seen: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
             seen = None
         with self._lock:

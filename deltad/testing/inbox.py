@@ -81,6 +81,10 @@ class EventReader:
         assert hit is not None
         return hit
 
+    def ended(self) -> bool:
+        """Whether the server ended the stream (or the reader was closed)."""
+        return not self._thread.is_alive()
+
     def close(self) -> None:
         self._stop = True
         self._client.close()
