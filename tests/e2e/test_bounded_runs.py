@@ -105,3 +105,14 @@ def test_the_iteration_count_survives_a_pause_and_resume(delta: Delta, fake: Fak
     meta = delta.metadata()
     assert meta["status"] == "FAILED" and meta["iterations_completed"] == 3
     assert meta["error"] == "stopped after max_iterations (3): the run made 3 model calls"
+
+
+def test_a_bad_max_steps_is_refused_by_check_and_run(delta: Delta, fake: FakeLLM) -> None:
+    dot = _dot(delta, "bad.dot", TOOL_CYCLE.replace("max_steps=20", "max_steps=0"))
+    r = delta("pipeline", "check", str(dot))
+    assert r.code == 2 and "Traceback" not in r.err
+    [line] = [x for x in r.err.splitlines() if "max_steps" in x]
+    assert line == f"delta: error: {dot}:3:22: graph: max_steps: '0' must be from 1 to 1000000"
+    r = delta("run", "--pipeline", str(dot), "--agent", str(delta.agent))
+    assert r.code == 2 and "max_steps" in r.err
+    assert not delta.delta_dir.exists()
