@@ -57,6 +57,7 @@ class PipelineEngine(Engine):
         start = graph.start
         assert start is not None  # validation refuses a graph without one start
         self.start = start.id
+        self.max_steps = ctx.meta.max_steps or graph.max_steps  # delta run --max-steps first
 
     def drive(self) -> RunOutcome:
         ctx = self.ctx
@@ -119,7 +120,7 @@ class PipelineEngine(Engine):
     def _begin(self, node_id: str, attempt: int, state: State) -> RunOutcome | None:
         """Begin a visit of `node_id`, unless the run has made all the visits it may."""
         ctx, node = self.ctx, self.graph.nodes[node_id]
-        if (why := over_steps(state.steps, self.graph.max_steps)) is not None:
+        if (why := over_steps(state.steps, self.max_steps)) is not None:
             return self.finish(RunStatus.FAILED, f"{why}; next was {node_id}")
         ctx.ensure_running()
         context = state.context

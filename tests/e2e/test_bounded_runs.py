@@ -116,3 +116,46 @@ def test_a_bad_max_steps_is_refused_by_check_and_run(delta: Delta, fake: FakeLLM
     r = delta("run", "--pipeline", str(dot), "--agent", str(delta.agent))
     assert r.code == 2 and "max_steps" in r.err
     assert not delta.delta_dir.exists()
+
+
+GATE_CYCLE = """
+digraph g {
+    start [shape=Mdiamond]; exit [shape=Msquare]
+    ask [shape=hexagon, label="Again?"]
+    redo [shape=parallelogram, tool_command="echo again >> redo.txt"]
+    start -> ask
+    ask -> redo [label="[A] Again"]
+    ask -> exit [label="[S] Stop"]
+    redo -> ask
+}
+"""
+
+
+def test_max_steps_from_the_command_line_for_a_run_and_its_resume(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    tools = _dot(delta, "tools.dot", TOOL_CYCLE)
+    r = delta("run", "--pipeline", str(tools), "--agent", str(delta.agent), "--max-steps", "6")
+    assert r.code == 1, r.err
+    assert len(delta.events("NODE_START")) == 6 and "max_steps (6)" in delta.metadata()["error"]
+    # A gate in a cycle, the graph's default limit; the resume lowers it: the count goes on.
+    gates = _dot(delta, "gates.dot", GATE_CYCLE)
+    r = delta("run", "--new", "--pipeline", str(gates), "--agent", str(delta.agent))
+    assert r.code == 101, r.err
+    delta.answer("A\n")
+    r = delta("run", "--max-steps", "3")
+    assert r.code == 1, r.err
+    reason = "stopped after max_steps (3): the pipeline made 3 node visits; next was ask"
+    assert delta.metadata()["error"] == reason and delta.metadata()["max_steps"] == 3
+    assert [e["payload"]["node"] for e in delta.events("NODE_START")] == ["start", "ask", "redo"]
+
+
+def test_max_steps_without_a_pipeline_is_refused(delta: Delta, fake: FakeLLM) -> None:
+    r = delta.start("t", "--max-steps", "5")
+    assert r.code == 2 and "--max-steps" in r.err and "--pipeline" in r.err
+    assert "Traceback" not in r.err and not delta.delta_dir.exists()
+    fake.call("ask_human", {"prompt": "Go on?"}, id="q")
+    assert delta.start("t").code == 101
+    r = delta("run", "--max-steps", "5")
+    assert r.code == 2 and "not a pipeline run" in r.err and "Traceback" not in r.err
+    assert delta.status() == "WAITING_FOR_INPUT" and delta.metadata().get("max_steps") is None
