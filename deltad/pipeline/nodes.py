@@ -55,7 +55,12 @@ ENDINGS_HINT = "(reply to the agent; /done or /approve ends this step, /reject f
 class NodeEngine(Engine):
     """The engine's loop for one codergen node: a final message ends the node, not the run
     (its outcome is RUNNING: the run goes on). `max_iterations` counts the model calls of the
-    whole run, every node's: reaching it ends the run FAILED, as in any run."""
+    whole run, every node's: reaching it ends the run FAILED, as in any run. The cap is the
+    run's (`--max-iterations`, else the run's agent's), also in a node with its own agent."""
+
+    def __init__(self, ctx: RunContext, interviewer: Interviewer, max_iterations: int) -> None:
+        super().__init__(ctx, interviewer)
+        self.max_iterations = max_iterations
 
     def completed(self, message: str) -> RunOutcome:
         return RunOutcome(RunStatus.RUNNING, 0, message)
@@ -86,7 +91,9 @@ class NodeRun:
         return replace(self.ctx, agent=agent, model=model)
 
     def engine(self, ctx: RunContext) -> NodeEngine:
-        return NodeEngine(ctx, self.interviewer)
+        run = self.ctx  # the run's own agent sets the cap, not a node's `agent`
+        limit = run.meta.max_iterations or run.agent.config.max_iterations
+        return NodeEngine(ctx, self.interviewer, limit)
 
     def question(
         self, action_id: str, build: Callable[[], InteractionRequest]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from deltad.agent import load_agent
 from deltad.engine.interviewers import (
     AutoApproveInterviewer,
     Chain,
@@ -19,6 +20,7 @@ from deltad.protocol import EventType, Journal, Mailbox, RunStatus
 from deltad.protocol.history import History
 from deltad.testing import ScriptedModel
 
+from ..conftest import write_agent
 from .helpers import Run, example, graph_of, only, pipeline_graph, problems_in
 
 ENDS = "start [shape=Mdiamond]\nexit [shape=Msquare]\n"
@@ -164,3 +166,19 @@ def test_history_thoughts_round_trip_and_an_older_snapshot_is_a_miss(tmp_path: P
     del state["thoughts"]  # a snapshot from before the count: read the journal instead
     with pytest.raises(KeyError):
         History.restored(state)
+
+
+def test_a_node_with_its_own_agent_keeps_the_run_cap(tmp_path: Path) -> None:
+    g = pipeline_graph("""
+        digraph t {
+            start [shape=Mdiamond]; exit [shape=Msquare]
+            a [prompt="first"]; b [prompt="second", agent="reviewer"]
+            start -> a -> b -> a
+            b -> exit [condition="context.done=yes"]
+        }""")
+    run = Run(tmp_path, g, ScriptedModel().reply("a1").reply("a2"), extra="max_iterations: 3\n")
+    reviewer = load_agent(write_agent(tmp_path, name="reviewer", extra="max_iterations: 50\n"))
+    run.other = (reviewer, ScriptedModel().reply("b1").reply("b2"))
+    out = run.drive(Chain(AutoApproveInterviewer()))
+    assert out.status == RunStatus.FAILED and "max_iterations (3)" in out.message
+    assert len(run.model.calls) + len(run.other[1].calls) == 3  # a, b, a: not b again
