@@ -94,7 +94,16 @@ def main() -> None:
 @click.option("-i", "--interactive", is_flag=True, help="Ask questions on this terminal.")
 @click.option("--new", is_flag=True, help="Start a new run even if the latest can be resumed.")
 @click.option("--run-id", help="Resume this run instead of the latest.")
-@click.option("--max-iterations", type=click.IntRange(min=1), help="Cap the run's iterations.")
+@click.option(
+    "--max-iterations",
+    type=click.IntRange(min=1),
+    help="Cap the run's model calls (all of a pipeline's nodes, across resumes).",
+)
+@click.option(
+    "--max-steps",
+    type=click.IntRange(min=1, max=1_000_000),
+    help="Cap a pipeline run's node visits (default: the graph's max_steps, else 1000).",
+)
 @click.option(
     "--retry",
     is_flag=True,
@@ -122,6 +131,7 @@ def run_cmd(
     new: bool,
     run_id: str | None,
     max_iterations: int | None,
+    max_steps: int | None,
     auto_approve: bool,
     answers: str | None,
     retry: bool,
@@ -149,6 +159,7 @@ def run_cmd(
         answers,
         retry=retry,
         pipeline=pipeline,
+        max_steps=max_steps,
         hooks=EnvCheckpoints.from_env(os.environ),  # DELTA_FAULT / DELTA_HOLD, for tests
     )
     sys.exit(drive(opts, guard, sys.stdout, sys.stderr))

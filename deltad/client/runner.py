@@ -80,6 +80,7 @@ class RunOptions:
     retry: bool = False  # resume a run the model endpoint FAILED (delta run --retry)
     log_to_run: bool = True  # the CLI sends all logging to the run's engine.log; a library not
     pipeline: str | None = None  # a new pipeline run: the DOT file (delta run --pipeline)
+    max_steps: int | None = None  # a pipeline run's node visits, over the graph's max_steps
 
     @property
     def starts(self) -> bool:
@@ -183,6 +184,8 @@ def _prepare(opts: RunOptions, err: TextIO) -> Ready:
     """Validate everything a new run needs before anything is written."""
     if not opts.starts or not opts.agent:
         raise UsageError("starting a run needs --agent DIR and --task TEXT (or --pipeline FILE)")
+    if opts.max_steps and not opts.pipeline:
+        raise UsageError("--max-steps bounds a pipeline's node visits: give --pipeline FILE")
     pipeline = pipeline_runs.load_new(Path(opts.pipeline)) if opts.pipeline else None
     agent = load_agent(opts.agent)
     for note in agent.notes:
@@ -214,6 +217,7 @@ def _create(ws: Workspace, opts: RunOptions, prepared: Prepared, err: TextIO) ->
         pipeline=str(Path(opts.pipeline).resolve()) if opts.pipeline else None,
         max_iterations=opts.max_iterations,
     )
+    meta.max_steps = opts.max_steps
     save_metadata(paths.metadata, meta)
     ws.set_latest(run_id)  # after metadata: LATEST never names a run without one
     if opts.log_to_run:
@@ -266,6 +270,9 @@ def _resume(
     if opts.max_iterations:
         meta.max_iterations = opts.max_iterations
         save_metadata(paths.metadata, meta)
+    if opts.max_steps:
+        meta.max_steps = opts.max_steps
+        save_metadata(paths.metadata, meta)
     return Selected(paths, meta, journal, agent, model)
 
 
@@ -307,6 +314,8 @@ def _take_over(
     """Resume `meta`'s run. A workspace has one mailbox, so at most one run may be waiting in
     it: resuming an older run (`--run-id`) sets the latest aside first if it waits, and makes
     the resumed run the latest."""
+    if opts.max_steps and meta.pipeline is None:  # refused before anything is written
+        raise UsageError(f"run {meta.run_id} is not a pipeline run: --max-steps does not apply")
     latest = ws.latest_run_id()
     if latest is not None and latest != meta.run_id:
         found = _latest(ws, latest)

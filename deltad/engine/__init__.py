@@ -9,6 +9,7 @@
     interviewers.py who answers: Mailbox, Console, AutoApprove, Queue, Callback, Chain
     context.py      what the parts share about the run being driven
     hooks.py        Checkpoints: named points for crash tests, injected
+    limits.py       what bounds a run: model calls, node visits (from the journal)
     llm.py          the ChatModel seam and the OpenAI-compatible model
     tools.py        running one external command
     secrets.py      the 0600 secret store and redaction

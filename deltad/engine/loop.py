@@ -33,6 +33,7 @@ from .act import act
 from .asking import Asking
 from .context import ASK_HUMAN, RunContext
 from .interviewers import Interviewer, settle_mailbox
+from .limits import over_iterations
 from .llm import ModelRefused, ModelUnavailable
 from .think import CutOff, think
 
@@ -69,6 +70,8 @@ class Engine:
                 {"run_id": ctx.meta.run_id, "task": ctx.meta.task, "agent_ref": ctx.meta.agent_ref},
             )
         self._drop_answered_request()
+        # A crash may have cut the metadata write after a THOUGHT: the journal's count stands.
+        ctx.meta.iterations_completed = ctx.history.thoughts
         try:
             return self._loop()
         except ModelUnavailable as e:
@@ -94,15 +97,14 @@ class Engine:
             if pending := history.pending_calls():
                 if (stop := self._turn(pending)) is not None:
                     return stop
-                self._count_iteration()
                 continue
             last = history.last_thought
             if last is not None and not last.payload.get("tool_calls"):
                 return self.completed(last.payload.get("content") or "")
-            if self.iterations_used() >= self.max_iterations:
-                return self.exhausted(f"stopped after max_iterations ({self.max_iterations})")
-            if not think(ctx).get("tool_calls"):
-                self._count_iteration()
+            if (why := over_iterations(history.thoughts, self.max_iterations)) is not None:
+                return self.finish(RunStatus.FAILED, why)
+            think(ctx)
+            self._count_iteration()
 
     def _turn(self, pending: list[Call]) -> Outcome | None:
         """The pending calls of one turn: ungated ones first (ask_human among them, in order),
@@ -131,14 +133,9 @@ class Engine:
         """The model answered without calling a tool: the task is done."""
         return self.finish(RunStatus.COMPLETED, message)
 
-    def iterations_used(self) -> int:
-        return self.ctx.meta.iterations_completed
-
-    def exhausted(self, reason: str) -> Outcome:
-        return self.finish(RunStatus.FAILED, reason)
-
     def _count_iteration(self) -> None:
-        self.ctx.meta.iterations_completed += 1
+        """Show the journal's count of model calls in the metadata (`delta status`)."""
+        self.ctx.meta.iterations_completed = self.ctx.history.thoughts
         save_metadata(self.ctx.paths.metadata, self.ctx.meta)
 
     # -- how a drive ends ------------------------------------------------------------------------

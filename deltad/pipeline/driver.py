@@ -19,6 +19,7 @@ from typing import Any
 from deltad.engine import Engine, RunContext
 from deltad.engine import Outcome as RunOutcome
 from deltad.engine.interviewers import Interviewer
+from deltad.engine.limits import over_steps
 from deltad.protocol import EventType, RunStatus, save_metadata
 
 from .gates import one_line
@@ -56,6 +57,7 @@ class PipelineEngine(Engine):
         start = graph.start
         assert start is not None  # validation refuses a graph without one start
         self.start = start.id
+        self.max_steps = ctx.meta.max_steps or graph.max_steps  # delta run --max-steps first
 
     def drive(self) -> RunOutcome:
         ctx = self.ctx
@@ -88,11 +90,11 @@ class PipelineEngine(Engine):
             self._record(state.visit, result)
             return None
         if state.decided is not None:
-            return self._route(state.decided, state.context)
+            return self._route(state.decided, state)
         assert state.at is not None
         if self.graph.nodes[state.at].kind == Kind.EXIT:
             return self._exit(state)
-        return self._begin(state.at, 1, state.context)
+        return self._begin(state.at, 1, state)
 
     def _exit(self, state: State) -> RunOutcome | None:
         """The exit: done, unless a goal gate that ran did not succeed (attractor §3.4): then
@@ -115,9 +117,13 @@ class PipelineEngine(Engine):
         self._take(state.at, target, "goal_gate", why)
         return None
 
-    def _begin(self, node_id: str, attempt: int, context: Mapping[str, Any]) -> RunOutcome | None:
+    def _begin(self, node_id: str, attempt: int, state: State) -> RunOutcome | None:
+        """Begin a visit of `node_id`, unless the run has made all the visits it may."""
         ctx, node = self.ctx, self.graph.nodes[node_id]
+        if (why := over_steps(state.steps, self.max_steps)) is not None:
+            return self.finish(RunStatus.FAILED, f"{why}; next was {node_id}")
         ctx.ensure_running()
+        context = state.context
         prompt = compose_prompt(node, ctx.meta.task, context) if node.kind == Kind.CODERGEN else ""
         ctx.journal.append(
             EventType.NODE_START,
@@ -126,7 +132,7 @@ class PipelineEngine(Engine):
                 "kind": str(node.kind),
                 "attempt": attempt,
                 "prompt": prompt,
-                "iterations_before": ctx.meta.iterations_completed,
+                "iterations_before": ctx.history.thoughts,
             },
         )
         ctx.meta.current_node = node_id
@@ -146,10 +152,10 @@ class PipelineEngine(Engine):
         self.ctx.ensure_running()
         self.ctx.journal.append(EventType.NODE_OUTCOME, outcome_payload(node.id, outcome))
 
-    def _route(self, decided: Decided, context: Mapping[str, Any]) -> RunOutcome | None:
-        node, outcome = self.graph.nodes[decided.node], decided.outcome
+    def _route(self, decided: Decided, state: State) -> RunOutcome | None:
+        node, outcome, context = self.graph.nodes[decided.node], decided.outcome, state.context
         if outcome.status == Status.RETRY:  # _record made it a FAIL once retries ran out
-            return self._begin(node.id, decided.attempt + 1, context)
+            return self._begin(node.id, decided.attempt + 1, state)
         sel = select_edge(self.graph, node.id, outcome, context)
         if outcome.status == Status.FAIL and sel.step != Step.CONDITION:
             target = self._retry_target(node)

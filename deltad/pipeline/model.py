@@ -121,6 +121,7 @@ class Graph:
     edges: tuple[Edge, ...]
     attrs: Mapping[str, str] = field(default_factory=dict)
     attr_pos: Mapping[str, Pos] = field(default_factory=dict)
+    max_steps: int = values.DEFAULT_MAX_STEPS  # node visits a run may make (engine/limits.py)
 
     def outgoing(self, node_id: str) -> list[Edge]:
         return [e for e in self.edges if e.source == node_id]
@@ -258,6 +259,7 @@ def _graph_attrs(dot: DotGraph, problems: list[Problem]) -> Graph:
         edges=(),
         attrs={k: a.value for k, a in dot.attrs.items()},
         attr_pos={k: a.pos for k, a in dot.attrs.items()},
+        max_steps=r.typed("max_steps", values.steps) or values.DEFAULT_MAX_STEPS,
     )
 
 

@@ -54,23 +54,16 @@ ENDINGS_HINT = "(reply to the agent; /done or /approve ends this step, /reject f
 
 class NodeEngine(Engine):
     """The engine's loop for one codergen node: a final message ends the node, not the run
-    (its outcome is RUNNING: the run goes on), and `max_iterations` counts this node's
-    iterations only (reaching it is a FAIL of the node)."""
+    (its outcome is RUNNING: the run goes on). `max_iterations` counts the model calls of the
+    whole run, every node's: reaching it ends the run FAILED, as in any run. The cap is the
+    run's (`--max-iterations`, else the run's agent's), also in a node with its own agent."""
 
-    def __init__(self, ctx: RunContext, interviewer: Interviewer, before: int) -> None:
+    def __init__(self, ctx: RunContext, interviewer: Interviewer, max_iterations: int) -> None:
         super().__init__(ctx, interviewer)
-        self.before = before
-        self.failure: str | None = None
+        self.max_iterations = max_iterations
 
     def completed(self, message: str) -> RunOutcome:
         return RunOutcome(RunStatus.RUNNING, 0, message)
-
-    def iterations_used(self) -> int:
-        return self.ctx.meta.iterations_completed - self.before
-
-    def exhausted(self, reason: str) -> RunOutcome:
-        self.failure = reason
-        return RunOutcome(RunStatus.RUNNING, 0, reason)
 
     def pause(self, req: InteractionRequest) -> RunOutcome:
         return self._pause(req)
@@ -98,7 +91,9 @@ class NodeRun:
         return replace(self.ctx, agent=agent, model=model)
 
     def engine(self, ctx: RunContext) -> NodeEngine:
-        return NodeEngine(ctx, self.interviewer, self.visit.iterations_before)
+        run = self.ctx  # the run's own agent sets the cap, not a node's `agent`
+        limit = run.meta.max_iterations or run.agent.config.max_iterations
+        return NodeEngine(ctx, self.interviewer, limit)
 
     def question(
         self, action_id: str, build: Callable[[], InteractionRequest]
@@ -145,9 +140,7 @@ def codergen(run: NodeRun) -> Result:
         engine = run.engine(ctx)
         out = engine.drive()
         if out.status != RunStatus.RUNNING:
-            return out  # paused, interrupted, or the run ended (a model that refuses)
-        if engine.failure is not None:
-            return Outcome(Status.FAIL, failure_reason=engine.failure)
+            return out  # paused, interrupted, or the run ended (max_iterations, a refusal)
         if not run.node.interactive:
             return responded(run.node, out.message)
         said = converse(run, engine, out.message)

@@ -27,7 +27,6 @@ class Visit:
     seq: int  # its NODE_START: names the visit (and its questions) for good
     attempt: int
     prompt: str
-    iterations_before: int
 
 
 @dataclass(frozen=True)
@@ -47,6 +46,7 @@ class State:
     decided: Decided | None = None
     path: list[str] = field(default_factory=list)  # nodes begun, in order (first attempts)
     last: dict[str, Status] = field(default_factory=dict)  # each node's latest outcome
+    steps: int = 0  # node visits begun (every NODE_START, retries too): what max_steps bounds
 
     def add(self, e: JournalEvent) -> None:
         p = e.payload
@@ -58,8 +58,8 @@ class State:
                     e.seq,
                     int(p.get("attempt", 1)),
                     str(p.get("prompt", "")),
-                    int(p.get("iterations_before", 0)),
                 )
+                self.steps += 1
                 if self.visit.attempt == 1:
                     self.path.append(p["node"])
             case EventType.NODE_OUTCOME:

@@ -8,6 +8,8 @@ _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 MAX_SECONDS = 3650 * 86400.0  # ten years: beyond that a deadline is a typo (and overflows dates)
 MAX_RETRIES = 1000
+MAX_STEPS = 1_000_000  # node visits; a run that needs more is better split
+DEFAULT_MAX_STEPS = 1000  # a graph's `max_steps` when it sets none
 
 
 def duration(text: str) -> float:
@@ -42,3 +44,11 @@ def boolean(text: str) -> bool:
     if word not in ("true", "false"):
         raise ValueError(f"{text[:30]!r} is not true or false")
     return word == "true"
+
+
+def steps(text: str) -> int:
+    """A graph's `max_steps`: a whole number from 1 to MAX_STEPS."""
+    n = integer(text)
+    if not 1 <= n <= MAX_STEPS:
+        raise ValueError(f"{text.strip()!r} must be from 1 to {MAX_STEPS}")
+    return n

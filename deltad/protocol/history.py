@@ -46,6 +46,7 @@ class History:
     last_end: JournalEvent | None = None
     last_retry_seq: int = 0
     count: int = 0
+    thoughts: int = 0  # model replies recorded in the whole run: what max_iterations counts
 
     @classmethod
     def of(cls, events: Iterable[JournalEvent]) -> History:
@@ -75,6 +76,7 @@ class History:
             "last_end": event(self.last_end),
             "last_retry_seq": self.last_retry_seq,
             "count": self.count,
+            "thoughts": self.thoughts,
         }
 
     @classmethod
@@ -103,6 +105,7 @@ class History:
             last_end=event(s["last_end"]),
             last_retry_seq=int(s["last_retry_seq"]),
             count=int(s["count"]),
+            thoughts=int(s["thoughts"]),  # missing from an older snapshot: a miss, a full read
         )
 
     def add(self, e: JournalEvent) -> None:
@@ -113,6 +116,7 @@ class History:
                 self.started = True
             case EventType.THOUGHT:
                 self.last_thought = e
+                self.thoughts += 1
                 self.calls = [Call.of(c) for c in p.get("tool_calls") or []]
                 self.call_ids.update(c.id for c in self.calls)
                 self.requested, self.answered = set(), set()

@@ -48,6 +48,7 @@ class RunMetadata(_Model):
     end_time: Timestamp | None = None
     iterations_completed: int = 0
     max_iterations: int | None = None
+    max_steps: int | None = None  # a pipeline's node visits (--max-steps), else the graph's
     owner: OwnerProcess | None = None
     error: str | None = None
     # Why the run stopped, for programs: model_unavailable (transient: deltad retries it),
