@@ -160,13 +160,16 @@ def _workspace_of(
     want = qualifier(ctx, workspace)
     seen = [w for w in ctx.feed.index.find(request_id) if want is None or w == want]
     mine = [w for w in seen if visible(who, w)]
-    if not mine:
-        mine = read_through(ctx, who, request_id, want)
     gone = {
         w: expired
         for w, expired in ctx.feed.index.closed(request_id).items()
         if visible(who, w) and (want is None or w == want)
     }
+    if len(mine) > 1:  # the disk has the last word: drop copies that have moved on since
+        gone |= {w: False for w in mine if not asks(w, request_id)}
+        mine = [w for w in mine if w not in gone]
+    if not mine:
+        mine = read_through(ctx, who, request_id, want)
     found = holder(seen, mine, gone, request_id)
     if isinstance(found, ApiError):
         raise found
@@ -185,15 +188,16 @@ def read_through(ctx: Context, who: Identity, request_id: str, want: Path | None
         and visible(who, v.workspace)
     ]
     views.sort(key=lambda v: v.state == "waiting")
-    out = []
-    for v in views[:READ_THROUGH_LIMIT]:
-        try:
-            req = Mailbox(Workspace(v.workspace)).read_request()
-        except (ProtocolError, OSError):
-            continue
-        if req is not None and req.request_id == request_id:
-            out.append(v.workspace)
-    return out
+    return [v.workspace for v in views[:READ_THROUGH_LIMIT] if asks(v.workspace, request_id)]
+
+
+def asks(ws: Path, request_id: str) -> bool:
+    """Whether `ws`'s mailbox holds question `request_id` now."""
+    try:
+        req = Mailbox(Workspace(ws)).read_request()
+    except (ProtocolError, OSError):
+        return False
+    return req is not None and req.request_id == request_id
 
 
 # -- questions ------------------------------------------------------------------------------------
