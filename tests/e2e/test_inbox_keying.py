@@ -187,6 +187,7 @@ def test_an_answer_over_the_size_the_resume_reads_is_refused_and_nothing_is_writ
     ws = root / "ws1"
     rid = _pause(fake, tmp_path, ws)
     with client(url, make_token(d.state_dir, "alice")) as http:
+        _listed(http, 1)  # the daemon has seen it (this test is not about read-through)
         path = f"/v1/requests/{rid}/answer"
         r = http.post(path, json={"answer": "Ada", "comment": "c" * (2 * 1024 * 1024)})
         assert r.status_code == 413 and r.json()["code"] == "too_large", r.text
@@ -208,6 +209,7 @@ def test_an_idempotency_key_reused_on_another_question_answers_that_question(
     one, two = _pause(fake, tmp_path, first), _pause(fake, tmp_path, second)
     key = {"Idempotency-Key": "same-key"}
     with client(url, make_token(d.state_dir, "ci")) as http:
+        _listed(http, 2)
         a = http.post(f"/v1/requests/{one}/answer", json={"answer": "Ada"}, headers=key)
         b = http.post(f"/v1/requests/{two}/answer", json={"answer": "Ada"}, headers=key)
         assert (a.status_code, b.status_code) == (202, 202)
