@@ -262,9 +262,12 @@ def list_requests(
     ctx: Context, who: Identity, workspace: str | None = None, input_type: str | None = None
 ) -> dict[str, Any]:
     docs = []
+    unseen = READ_THROUGH_LIMIT  # workspaces not known to be waiting, read for a new question
     for v in _views(ctx, who, workspace):
         if v.request_id is None:
-            continue
+            if unseen == 0:
+                continue
+            unseen -= 1
         p = pending_question(v.workspace)
         if p is None or p.answer_waiting or p.request.expired():
             continue
@@ -286,11 +289,18 @@ def open_document(ctx: Context, ws: Path, request_id: str) -> dict[str, Any]:
     """Question `request_id` in `ws` as the API shows it, if it is still open there."""
     p = pending_question(ws)
     if p is None or p.request.request_id != request_id:
-        # The index knew it open a moment ago: a resume has taken the answer.
-        raise ApiError(409, "already_answered", f"question {request_id} was answered")
+        # The index knew it open a moment ago: a resume has taken the answer (or the expiry).
+        raise gone(ctx, ws, request_id)
     if p.request.expired():
         raise ApiError(410, "expired", f"question {request_id} expired")
     return request_document(p, Workspace(ws), ctx.base_url)
+
+
+def gone(ctx: Context, ws: Path, request_id: str) -> ApiError:
+    """Why question `request_id` in `ws` is no longer open: 410 if the daemon saw it expire."""
+    if ctx.feed.index.closed(request_id).get(ws):
+        return ApiError(410, "expired", f"question {request_id} expired")
+    return ApiError(409, "already_answered", f"question {request_id} was answered")
 
 
 def digest_of(body: object) -> str:
@@ -317,10 +327,22 @@ def answer(
         if repeat is not None:
             return repeat
     ws = _workspace_of(ctx, who, request_id, workspace)
-    doc = submit(ws, request_id, body, who.name, channel)
+    doc = deliver(ctx, ws, request_id, body, who.name, channel)
     if idempotency_key:
         ctx.idempotency.remember(who.name, idempotency_key, request_id, body_digest, doc)
     return doc
+
+
+def deliver(
+    ctx: Context, ws: Path, request_id: str, body: object, answered_by: str, channel: str
+) -> dict[str, Any]:
+    """`submit`, with a question that closed meanwhile told apart: expired (410) or answered."""
+    try:
+        return submit(ws, request_id, body, answered_by, channel)
+    except ApiError as e:
+        if e.code != "already_answered":
+            raise
+        raise gone(ctx, ws, request_id) from None
 
 
 def submit(
@@ -464,7 +486,9 @@ def _link(ctx: Context, token: str) -> tuple[links.Link, Path]:
 def link_request(ctx: Context, token: str) -> dict[str, Any]:
     link, ws = _link(ctx, token)
     p = pending_question(ws)
-    if p is None or p.request.request_id != link.request_id or p.answer_waiting:
+    if p is None or p.request.request_id != link.request_id:
+        raise gone(ctx, ws, link.request_id)
+    if p.answer_waiting:
         raise ApiError(409, "already_answered", "this question is no longer waiting")
     if p.request.expired():
         raise ApiError(410, "expired", f"question {link.request_id} expired")
@@ -473,4 +497,4 @@ def link_request(ctx: Context, token: str) -> dict[str, Any]:
 
 def link_answer(ctx: Context, token: str, body: object) -> dict[str, Any]:
     link, ws = _link(ctx, token)
-    return submit(ws, link.request_id, body, "signed link", "link")
+    return deliver(ctx, ws, link.request_id, body, "signed link", "link")

@@ -120,6 +120,10 @@ def test_a_copied_request_id_never_routes_an_answer_to_another_tenant() -> None:
                 # Mallory copies Bob's id (it is in his link, the webhooks, the stream).
                 _staged(stage / "mallory", mallory, mallory_user, "Mallory's copy", rid)
                 assert {q["request_id"] for q in _listed(ops, 2)} == {rid}
+                wait_for(
+                    lambda: ops.get(f"/v1/requests/{rid}").status_code == 409,
+                    "the daemon's index holding both",
+                )
                 r = ops.post(f"/v1/requests/{rid}/answer", json={"answer": "from ops"})
                 assert r.status_code == 409 and r.json()["code"] == "ambiguous_request"
                 assert sorted(r.json()["workspaces"]) == [str(bob), str(mallory)]
@@ -167,8 +171,12 @@ def test_copies_of_one_workspace_are_each_answered_by_name(
         shutil.copytree(first, tmp_path / "copy", symlinks=True)
         (tmp_path / "copy").rename(second)
         assert sorted(q["workspace"] for q in _listed(http, 2)) == [str(first), str(second)]
-        r = http.get(f"/v1/requests/{rid}")
-        assert r.status_code == 409 and r.json()["workspaces"] == [str(first), str(second)]
+        # Listed at once (read from the disk); ambiguous once the daemon's index has the copy.
+        r = wait_for(
+            lambda: (r := http.get(f"/v1/requests/{rid}")).status_code == 409 and r,
+            "the id ambiguous",
+        )
+        assert r.json()["workspaces"] == [str(first), str(second)]
         named = {"workspace": str(second)}
         assert http.get(f"/v1/requests/{rid}", params=named).json()["workspace"] == str(second)
         r = http.post(f"/v1/requests/{rid}/answer", params=named, json={"answer": "b"})

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from deltad.api import links, scopes
+from deltad.api import handlers, links, scopes
 from deltad.api.app import create_app
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import ApiError, Context, holder
@@ -354,6 +354,8 @@ def test_a_question_on_disk_is_served_before_the_index_has_it(
     rid = _question(ws, feed, index=False, prompt="New?")
     auth = {"Authorization": f"Bearer {store.add('alice', [], 'answerer')}"}
     assert http.get(f"/v1/requests/{rid}", headers=auth).json()["prompt"] == "New?"
+    listed = http.get("/v1/requests", headers=auth).json()["requests"]
+    assert [q["request_id"] for q in listed] == [rid]
     elsewhere = {"Authorization": f"Bearer {store.add('eve', ['/nowhere'], 'answerer')}"}
     assert http.get(f"/v1/requests/{rid}", headers=elsewhere).status_code == 404
     r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "yes"}, headers=auth)
@@ -375,3 +377,9 @@ def test_an_expired_question_is_410_not_answered(
     feed.index.put(View(view.workspace, "running", view.run_id, "RUNNING"))  # resumed
     r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "x"}, headers=auth)
     assert r.status_code == 410 and r.json()["code"] == "expired"
+    # A link to it, made while it was open, says the same once the run moved on.
+    ctx = http.app.state.ctx  # type: ignore[attr-defined]
+    token = handlers.link_for(ctx, rid, str(root / "a")).rsplit("/", 1)[1]
+    (root / "a" / ".delta" / "interaction" / "request.json").unlink()
+    assert http.get(f"/v1/links/{token}").status_code == 410
+    assert http.post(f"/v1/links/{token}/answer", json={"answer": "x"}).status_code == 410
