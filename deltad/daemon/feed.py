@@ -68,8 +68,10 @@ class Index:
         self._lock = threading.Lock()
         self._views: dict[Path, View] = {}
         self._requests: dict[str, set[Path]] = {}
-        # Questions seen open and gone since: a late answer gets 409 (or 410), not 404.
-        self._closed: OrderedDict[tuple[str, Path], bool] = OrderedDict()  # -> expired
+        # Questions seen open and gone since: a late answer gets 409 (or 410), not 404. The
+        # order bounds the memory; the second map answers `closed` without a scan.
+        self._closed: OrderedDict[tuple[str, Path], None] = OrderedDict()
+        self._closed_by_id: dict[str, dict[Path, bool]] = {}  # -> expired
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
         holders = self._requests.get(request_id)
@@ -77,10 +79,18 @@ class Index:
             holders.discard(ws)
             if not holders:
                 del self._requests[request_id]
-        self._closed[(request_id, ws)] = expired
+        self._closed[(request_id, ws)] = None
         self._closed.move_to_end((request_id, ws))
+        self._closed_by_id.setdefault(request_id, {})[ws] = expired
         while len(self._closed) > CLOSED_MEMORY:
-            self._closed.popitem(last=False)
+            self._forget(*self._closed.popitem(last=False)[0])
+
+    def _forget(self, request_id: str, ws: Path) -> None:
+        self._closed.pop((request_id, ws), None)
+        gone = self._closed_by_id.get(request_id, {})
+        gone.pop(ws, None)
+        if not gone:
+            self._closed_by_id.pop(request_id, None)
 
     def put(self, view: View) -> None:
         with self._lock:
@@ -90,7 +100,7 @@ class Index:
             self._views[view.workspace] = view
             if view.request_id:
                 self._requests.setdefault(view.request_id, set()).add(view.workspace)
-                self._closed.pop((view.request_id, view.workspace), None)
+                self._forget(view.request_id, view.workspace)  # open again (a re-posted copy)
 
     def remove(self, ws: Path) -> None:
         with self._lock:
@@ -110,7 +120,7 @@ class Index:
     def closed(self, request_id: str) -> dict[Path, bool]:
         """Where question `request_id` was seen open and is gone: workspace -> expired."""
         with self._lock:
-            return {ws: exp for (rid, ws), exp in self._closed.items() if rid == request_id}
+            return dict(self._closed_by_id.get(request_id, {}))
 
     def views(self) -> list[View]:
         with self._lock:

@@ -19,7 +19,7 @@ from deltad.api.app import create_app
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import ApiError, Context, holder
 from deltad.api.tokens import TokenError, TokenStore
-from deltad.daemon.feed import Feed, View, transitions
+from deltad.daemon.feed import Feed, Index, View, transitions
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, utcnow
 from deltad.protocol.models import Option
 from deltad.testing.stub import paused_workspace
@@ -97,6 +97,21 @@ def test_the_feed_is_quiet_while_priming_and_replays_after_an_id() -> None:
     assert [e.type for e in feed.since(mark)] == seen and feed.since(None) == []
     feed.changed(Path("/ws"), v("answered", "q1"), v("done", None, "COMPLETED"))
     assert feed.index.find("q1") == [] and feed.index.closed("q1") == {Path("/ws"): False}
+
+
+def test_the_index_keeps_every_workspace_holding_a_request_id() -> None:
+    index = Index()
+    a, b = Path("/ws/a"), Path("/ws/b")
+    index.put(View(a, "waiting", "r1", "WAITING_FOR_INPUT", "q1"))
+    index.put(View(b, "waiting", "r2", "WAITING_FOR_INPUT", "q1"))  # a copy: not a takeover
+    assert index.find("q1") == [a, b]
+    index.put(View(b, "expired", "r2", "WAITING_FOR_INPUT", "q1"))
+    index.put(View(b, "running", "r2", "RUNNING"))
+    assert index.find("q1") == [a] and index.closed("q1") == {b: True}
+    index.remove(a)
+    assert index.find("q1") == [] and index.closed("q1") == {a: False, b: True}
+    index.put(View(b, "waiting", "r2", "WAITING_FOR_INPUT", "q1"))  # posted again
+    assert index.find("q1") == [b] and index.closed("q1") == {a: False}
 
 
 # -- scopes ----------------------------------------------------------------------------------------
