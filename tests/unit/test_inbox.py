@@ -53,6 +53,19 @@ def test_submit_checks_then_writes_once(tmp_path: Path) -> None:
     inbox.submit(ws, req.request_id, inbox.AnswerIn(answer="s"), channel="http", force=True)
 
 
+def test_submit_refuses_an_answer_file_the_resume_would_not_read(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws)  # a text question
+    big = "x" * (inbox.answering.MAX_ANSWER_BYTES + 1)
+    with pytest.raises(inbox.TooLarge, match="limit"):
+        inbox.submit(ws, None, big)  # `delta respond TEXT`
+    long_comment = inbox.AnswerIn(answer="ok", comment="c" * inbox.answering.MAX_ANSWER_BYTES)
+    with pytest.raises(inbox.TooLarge):
+        inbox.submit(ws, None, long_comment, channel="http")
+    assert Mailbox(Workspace.at(ws)).answer_file() is None
+    inbox.submit(ws, None, inbox.AnswerIn(answer="ok", comment="fine"), channel="http")
+
+
 def test_submit_is_a_compare_and_set_on_the_request(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     _choice(ws)
