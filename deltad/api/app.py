@@ -267,8 +267,9 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         return handlers.list_requests(ctx, who, workspace, input_type)
 
     @app.get("/v1/requests/{request_id}", tags=["requests"])
-    def get_request(request_id: str, who: Who) -> dict[str, Any]:
-        return handlers.get_request(ctx, who, request_id)
+    def get_request(request_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
+        """One question; `workspace` (exact path) picks it where its id is in several."""
+        return handlers.get_request(ctx, who, request_id, workspace)
 
     @app.post("/v1/requests/{request_id}/answer", status_code=202, tags=["requests"])
     def answer(
@@ -276,10 +277,11 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         who: Who,
         body: Annotated[dict[str, Any], Body(examples=[{"answer": "yes"}])],
         idempotency_key: Annotated[str | None, Header()] = None,
+        workspace: str | None = None,
     ) -> dict[str, Any]:
         """What `response.json` holds minus `request_id`: `{"answer": ...}` or
         `{"decisions": [...]}`, optional `comment`. 202 once it is in the mailbox."""
-        return handlers.answer(ctx, who, request_id, body, idempotency_key)
+        return handlers.answer(ctx, who, request_id, body, idempotency_key, workspace=workspace)
 
     # -- runs -------------------------------------------------------------------------------------
     @app.get("/v1/runs", tags=["runs"])

@@ -21,7 +21,7 @@ from typing import Any
 
 from deltad import inbox
 from deltad.daemon.feed import Feed, View
-from deltad.protocol import ProtocolError, Workspace, iso, safefs
+from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, safefs
 from deltad.protocol.kinds import kind_of
 
 from . import links, scopes
@@ -31,45 +31,61 @@ from .tokens import Identity, TokenStore
 JOURNAL_TAIL_BYTES = 256 * 1024
 JOURNAL_TAIL_EVENTS = 50
 IDEMPOTENCY_KEYS = 10_000
+READ_THROUGH_LIMIT = 256  # workspaces whose request.json a miss may read
 
 
 class ApiError(Exception):
-    def __init__(self, http: int, code: str, message: str) -> None:
+    def __init__(
+        self, http: int, code: str, message: str, workspaces: list[str] | None = None
+    ) -> None:
         super().__init__(message)
-        self.http, self.code = http, code
+        self.http, self.code, self.workspaces = http, code, workspaces
 
-    def document(self) -> dict[str, str]:
-        return {"error": str(self), "code": self.code}
+    def document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"error": str(self), "code": self.code}
+        if self.workspaces is not None:
+            doc["workspaces"] = self.workspaces
+        return doc
 
 
 def unauthorized(message: str = "a bearer token is needed (Authorization: Bearer ...)") -> ApiError:
     return ApiError(401, "unauthorized", message)
 
 
+@dataclass(frozen=True)
+class Remembered:
+    workspace: str
+    body_digest: str
+    doc: dict[str, Any]
+
+
 @dataclass
 class Idempotency:
-    """(token, Idempotency-Key) → the body's digest and the response it got, most recent
-    10,000; a repeat gets the same response, a different body under the same key a 422."""
+    """(token, Idempotency-Key, request id) → the workspace answered, the body's digest and
+    the response it got, most recent 10,000. A repeat to the same question gets the same
+    response, a different body a 422; the key on another question is another answer."""
 
-    keys: OrderedDict[tuple[str, str], tuple[str, dict[str, Any]]] = field(
-        default_factory=OrderedDict
-    )
+    keys: OrderedDict[tuple[str, str, str], Remembered] = field(default_factory=OrderedDict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def seen(self, who: str, key: str, body_digest: str) -> dict[str, Any] | None:
+    def seen(
+        self, who: str, key: str, request_id: str, workspace: Path | None, body_digest: str
+    ) -> dict[str, Any] | None:
         with self.lock:
-            hit = self.keys.get((who, key))
-        if hit is None:
+            hit = self.keys.get((who, key, request_id))
+        if hit is None or (workspace is not None and hit.workspace != str(workspace)):
             return None
-        if hit[0] != body_digest:
+        if hit.body_digest != body_digest:
             raise ApiError(
                 422, "idempotency_mismatch", "this Idempotency-Key was used with another body"
             )
-        return hit[1]
+        return hit.doc
 
-    def remember(self, who: str, key: str, body_digest: str, doc: dict[str, Any]) -> None:
+    def remember(
+        self, who: str, key: str, request_id: str, body_digest: str, doc: dict[str, Any]
+    ) -> None:
         with self.lock:
-            self.keys[(who, key)] = (body_digest, doc)
+            self.keys[(who, key, request_id)] = Remembered(doc["workspace"], body_digest, doc)
             while len(self.keys) > IDEMPOTENCY_KEYS:
                 self.keys.popitem(last=False)
 
@@ -102,16 +118,86 @@ def _views(ctx: Context, who: Identity, workspace_glob: str | None) -> list[View
     return out
 
 
-def _workspace_of(ctx: Context, who: Identity, request_id: str) -> Path:
-    ws = ctx.feed.index.find(request_id)
-    gone = ctx.feed.index.closed(request_id) if ws is None else None
-    if gone is not None and visible(who, gone):
-        raise ApiError(409, "already_answered", f"question {request_id} was answered")
-    if ws is None:
-        raise ApiError(404, "unknown_request", f"no pending question {request_id}")
-    if not visible(who, ws):
-        raise ApiError(403, "forbidden", f"question {request_id} is outside this token's scope")
-    return ws
+def qualifier(ctx: Context, workspace: str | None) -> Path | None:
+    """The workspace a caller named (`?workspace=PATH`, exact): it must be a watched one."""
+    if workspace is None:
+        return None
+    path = scopes.normal(workspace)
+    if path is None or ctx.feed.index.get(Path(path)) is None:
+        raise ApiError(404, "unknown_workspace", f"{workspace} is not a watched workspace")
+    return Path(path)
+
+
+def holder(
+    seen: list[Path], mine: list[Path], gone: dict[Path, bool], request_id: str
+) -> Path | ApiError:
+    """Which workspace a caller means by `request_id`, from where it is open (`seen`), those
+    of them the caller may see (`mine`) and where it was and is gone (those the caller may
+    see, with whether it expired). Never a guess: several visible holders are a 409."""
+    if len(mine) == 1:
+        return mine[0]
+    if mine:
+        names = [str(w) for w in mine]
+        return ApiError(
+            409,
+            "ambiguous_request",
+            f"question {request_id} is open in {len(names)} workspaces "
+            f"({', '.join(names)}); name one with ?workspace=PATH",
+            names,
+        )
+    if gone and all(gone.values()):
+        return ApiError(410, "expired", f"question {request_id} expired")
+    if gone:
+        return ApiError(409, "already_answered", f"question {request_id} was answered")
+    if seen:
+        return ApiError(403, "forbidden", f"question {request_id} is outside this token's scope")
+    return ApiError(404, "unknown_request", f"no pending question {request_id}")
+
+
+def _workspace_of(
+    ctx: Context, who: Identity, request_id: str, workspace: str | None = None
+) -> Path:
+    want = qualifier(ctx, workspace)
+    seen = [w for w in ctx.feed.index.find(request_id) if want is None or w == want]
+    mine = [w for w in seen if visible(who, w)]
+    gone = {
+        w: expired
+        for w, expired in ctx.feed.index.closed(request_id).items()
+        if visible(who, w) and (want is None or w == want)
+    }
+    if len(mine) > 1:  # the disk has the last word: drop copies that have moved on since
+        gone |= {w: False for w in mine if not asks(w, request_id)}
+        mine = [w for w in mine if w not in gone]
+    if not mine:
+        mine = read_through(ctx, who, request_id, want)
+    found = holder(seen, mine, gone, request_id)
+    if isinstance(found, ApiError):
+        raise found
+    return found
+
+
+def read_through(ctx: Context, who: Identity, request_id: str, want: Path | None) -> list[Path]:
+    """On a miss, the disk: a question is open the moment `delta run` exits 101, before the
+    daemon's loop has seen the change. Reads the request.json of at most READ_THROUGH_LIMIT
+    workspaces the caller may see, those not known to be waiting first."""
+    views = [
+        v
+        for v in ctx.feed.index.views()
+        if v.request_id != request_id
+        and (want is None or v.workspace == want)
+        and visible(who, v.workspace)
+    ]
+    views.sort(key=lambda v: v.state == "waiting")
+    return [v.workspace for v in views[:READ_THROUGH_LIMIT] if asks(v.workspace, request_id)]
+
+
+def asks(ws: Path, request_id: str) -> bool:
+    """Whether `ws`'s mailbox holds question `request_id` now."""
+    try:
+        req = Mailbox(Workspace(ws)).read_request()
+    except (ProtocolError, OSError):
+        return False
+    return req is not None and req.request_id == request_id
 
 
 # -- questions ------------------------------------------------------------------------------------
@@ -142,22 +228,26 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "url": f"{base_url}/#request={r.request_id}",
     }
     if r.calls:
-        _add_schemas(ws, r.run_id, doc["calls"])
+        why = _add_schemas(ws, r.run_id, doc["calls"])
+        if why is not None:
+            doc["agent_error"] = why  # the calls are shown without their schemas
     return doc
 
 
-def _add_schemas(ws: Workspace, run_id: str, calls: list[dict[str, Any]]) -> None:
-    """Each gated call's parameter schema, so the page checks an edit before sending it."""
+def _add_schemas(ws: Workspace, run_id: str, calls: list[dict[str, Any]]) -> str | None:
+    """Each gated call's parameter schema, so the page checks an edit before sending it;
+    or one line saying why the agent was not read."""
     try:
-        agent = inbox.agent_of(ws, inbox.load_run(ws, run_id).agent_ref)
-    except (ProtocolError, OSError):
-        return
+        agent, why = inbox.agent_and_problem(ws, inbox.load_run(ws, run_id).agent_ref)
+    except (ProtocolError, OSError) as e:
+        return f"the run cannot be read: {e}"
     if agent is None:
-        return
+        return why
     for c in calls:
         tool = agent.tools.get(c["tool_name"])
         if tool is not None:
             c["schema"] = tool.schema()["function"]["parameters"]
+    return None
 
 
 def pending_question(ws: Path) -> inbox.Pending | None:
@@ -172,9 +262,12 @@ def list_requests(
     ctx: Context, who: Identity, workspace: str | None = None, input_type: str | None = None
 ) -> dict[str, Any]:
     docs = []
+    unseen = READ_THROUGH_LIMIT  # workspaces not known to be waiting, read for a new question
     for v in _views(ctx, who, workspace):
         if v.request_id is None:
-            continue
+            if unseen == 0:
+                continue
+            unseen -= 1
         p = pending_question(v.workspace)
         if p is None or p.answer_waiting or p.request.expired():
             continue
@@ -185,13 +278,29 @@ def list_requests(
     return {"requests": docs}
 
 
-def get_request(ctx: Context, who: Identity, request_id: str) -> dict[str, Any]:
-    ws = _workspace_of(ctx, who, request_id)
+def get_request(
+    ctx: Context, who: Identity, request_id: str, workspace: str | None = None
+) -> dict[str, Any]:
+    ws = _workspace_of(ctx, who, request_id, workspace)
+    return open_document(ctx, ws, request_id)
+
+
+def open_document(ctx: Context, ws: Path, request_id: str) -> dict[str, Any]:
+    """Question `request_id` in `ws` as the API shows it, if it is still open there."""
     p = pending_question(ws)
     if p is None or p.request.request_id != request_id:
-        # The index knew it open a moment ago: a resume has taken the answer.
-        raise ApiError(409, "already_answered", f"question {request_id} was answered")
+        # The index knew it open a moment ago: a resume has taken the answer (or the expiry).
+        raise gone(ctx, ws, request_id)
+    if p.request.expired():
+        raise ApiError(410, "expired", f"question {request_id} expired")
     return request_document(p, Workspace(ws), ctx.base_url)
+
+
+def gone(ctx: Context, ws: Path, request_id: str) -> ApiError:
+    """Why question `request_id` in `ws` is no longer open: 410 if the daemon saw it expire."""
+    if ctx.feed.index.closed(request_id).get(ws):
+        return ApiError(410, "expired", f"question {request_id} expired")
+    return ApiError(409, "already_answered", f"question {request_id} was answered")
 
 
 def digest_of(body: object) -> str:
@@ -205,6 +314,7 @@ def answer(
     body: object,
     idempotency_key: str | None = None,
     *,
+    workspace: str | None = None,
     channel: str = "http",
 ) -> dict[str, Any]:
     """202's document once the answer is in the mailbox; ApiError otherwise."""
@@ -212,14 +322,27 @@ def answer(
         raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
     body_digest = digest_of(body)
     if idempotency_key:
-        repeat = ctx.idempotency.seen(who.name, idempotency_key, body_digest)
+        want = qualifier(ctx, workspace)
+        repeat = ctx.idempotency.seen(who.name, idempotency_key, request_id, want, body_digest)
         if repeat is not None:
             return repeat
-    ws = _workspace_of(ctx, who, request_id)
-    doc = submit(ws, request_id, body, who.name, channel)
+    ws = _workspace_of(ctx, who, request_id, workspace)
+    doc = deliver(ctx, ws, request_id, body, who.name, channel)
     if idempotency_key:
-        ctx.idempotency.remember(who.name, idempotency_key, body_digest, doc)
+        ctx.idempotency.remember(who.name, idempotency_key, request_id, body_digest, doc)
     return doc
+
+
+def deliver(
+    ctx: Context, ws: Path, request_id: str, body: object, answered_by: str, channel: str
+) -> dict[str, Any]:
+    """`submit`, with a question that closed meanwhile told apart: expired (410) or answered."""
+    try:
+        return submit(ws, request_id, body, answered_by, channel)
+    except ApiError as e:
+        if e.code != "already_answered":
+            raise
+        raise gone(ctx, ws, request_id) from None
 
 
 def submit(
@@ -342,18 +465,20 @@ def journal_tail(path: Path) -> list[dict[str, Any]]:
 
 
 # -- signed links ---------------------------------------------------------------------------------
-def link_for(ctx: Context, request_id: str) -> str:
-    token = links.sign(ctx.link_key, request_id, ctx.config.link_ttl_seconds)
+def link_for(ctx: Context, request_id: str, workspace: str) -> str:
+    token = links.sign(ctx.link_key, request_id, workspace, ctx.config.link_ttl_seconds)
     return f"{ctx.base_url}/a/{token}"
 
 
 def _link(ctx: Context, token: str) -> tuple[links.Link, Path]:
+    """The link's question and the one workspace it was made for (never another holder of
+    the same request id)."""
     try:
         link = links.verify(ctx.link_key, token)
     except links.BadLink as e:
         raise ApiError(e.http, e.code, str(e)) from None
-    ws = ctx.feed.index.find(link.request_id) or ctx.feed.index.closed(link.request_id)
-    if ws is None:
+    ws = Path(link.workspace)
+    if ctx.feed.index.get(ws) is None:
         raise ApiError(409, "already_answered", "this question is no longer waiting")
     return link, ws
 
@@ -361,11 +486,15 @@ def _link(ctx: Context, token: str) -> tuple[links.Link, Path]:
 def link_request(ctx: Context, token: str) -> dict[str, Any]:
     link, ws = _link(ctx, token)
     p = pending_question(ws)
-    if p is None or p.request.request_id != link.request_id or p.answer_waiting:
+    if p is None or p.request.request_id != link.request_id:
+        raise gone(ctx, ws, link.request_id)
+    if p.answer_waiting:
         raise ApiError(409, "already_answered", "this question is no longer waiting")
+    if p.request.expired():
+        raise ApiError(410, "expired", f"question {link.request_id} expired")
     return request_document(p, Workspace(ws), ctx.base_url)
 
 
 def link_answer(ctx: Context, token: str, body: object) -> dict[str, Any]:
     link, ws = _link(ctx, token)
-    return submit(ws, link.request_id, body, "signed link", "link")
+    return deliver(ctx, ws, link.request_id, body, "signed link", "link")

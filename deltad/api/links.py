@@ -1,5 +1,6 @@
 """Signed answer links: `/a/<token>` answers one question without a bearer token, for a person
-reading a chat message. The token binds the request id and an expiry under an HMAC key kept in
+reading a chat message. The token binds the request id, the workspace holding it and an
+expiry under an HMAC key kept in
 the state dir (0600). A link is single-use by construction: the answering path is a
 compare-and-set on the request id, so once the question is answered every later use is refused
 (409), and after its expiry it is refused (410) before anything is looked up."""
@@ -32,6 +33,7 @@ class LinkExpired(BadLink):
 @dataclass(frozen=True)
 class Link:
     request_id: str
+    workspace: str  # a request id names a question only within its workspace
     expires: int
 
 
@@ -60,9 +62,10 @@ def load_key(state_dir: Path) -> bytes:
         return bytes.fromhex(f.read(256).decode())
 
 
-def sign(key: bytes, request_id: str, ttl: float, now: float | None = None) -> str:
+def sign(key: bytes, request_id: str, workspace: str, ttl: float, now: float | None = None) -> str:
     expires = int((now if now is not None else time.time()) + ttl)
-    body = _b64(json.dumps([request_id, expires], separators=(",", ":")).encode())
+    payload = [request_id, expires, workspace]
+    body = _b64(json.dumps(payload, separators=(",", ":")).encode())
     mac = hmac.new(key, body.encode(), hashlib.sha256).digest()
     return f"{body}.{_b64(mac)}"
 
@@ -73,11 +76,14 @@ def verify(key: bytes, token: str, now: float | None = None) -> Link:
         good = hmac.new(key, body.encode(), hashlib.sha256).digest()
         if not hmac.compare_digest(good, _unb64(mac)):
             raise BadLink("this link is not valid")
-        request_id, expires = json.loads(_unb64(body))
+        # A link without its workspace (made before links named it) is not valid.
+        request_id, expires, workspace = json.loads(_unb64(body))
     except (ValueError, TypeError):
         raise BadLink("this link is not valid") from None
-    if not isinstance(request_id, str) or not isinstance(expires, int):
+    if not (
+        isinstance(request_id, str) and isinstance(expires, int) and isinstance(workspace, str)
+    ):
         raise BadLink("this link is not valid")
     if (now if now is not None else time.time()) >= expires:
         raise LinkExpired("this link has expired")
-    return Link(request_id, expires)
+    return Link(request_id, workspace, expires)

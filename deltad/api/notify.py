@@ -180,7 +180,7 @@ class Notifier:
                 )
                 doc["url"] = doc["request"]["url"]
                 if self.config.answer_links:
-                    doc["answer_link"] = handlers.link_for(ctx, doc["request_id"])
+                    doc["answer_link"] = handlers.link_for(ctx, doc["request_id"], e.workspace)
         return doc
 
     def stop(self) -> None:

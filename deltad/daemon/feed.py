@@ -59,48 +59,68 @@ class FeedEvent:
 
 
 class Index:
-    """Workspaces by path and open questions by request id."""
+    """Workspaces by path and open questions by (workspace, request id). A request id is only
+    a name a workspace's `request.json` gives itself: two workspaces may show the same one
+    (a copy, or a tenant copying another's), so every lookup by id returns all holders and
+    the caller decides (the API serves one only where the caller's scope makes it unique)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._views: dict[Path, View] = {}
-        self._requests: dict[str, Path] = {}
-        # Questions seen open and gone since: a late answer gets 409, not 404.
-        self._closed: OrderedDict[str, Path] = OrderedDict()
+        self._requests: dict[str, set[Path]] = {}
+        # Questions seen open and gone since: a late answer gets 409 (or 410), not 404. The
+        # order bounds the memory; the second map answers `closed` without a scan.
+        self._closed: OrderedDict[tuple[str, Path], None] = OrderedDict()
+        self._closed_by_id: dict[str, dict[Path, bool]] = {}  # -> expired
 
-    def _close(self, request_id: str, ws: Path) -> None:
-        self._requests.pop(request_id, None)
-        self._closed[request_id] = ws
+    def _close(self, request_id: str, ws: Path, expired: bool) -> None:
+        holders = self._requests.get(request_id)
+        if holders is not None:
+            holders.discard(ws)
+            if not holders:
+                del self._requests[request_id]
+        self._closed[(request_id, ws)] = None
+        self._closed.move_to_end((request_id, ws))
+        self._closed_by_id.setdefault(request_id, {})[ws] = expired
         while len(self._closed) > CLOSED_MEMORY:
-            self._closed.popitem(last=False)
+            self._forget(*self._closed.popitem(last=False)[0])
+
+    def _forget(self, request_id: str, ws: Path) -> None:
+        self._closed.pop((request_id, ws), None)
+        gone = self._closed_by_id.get(request_id, {})
+        gone.pop(ws, None)
+        if not gone:
+            self._closed_by_id.pop(request_id, None)
 
     def put(self, view: View) -> None:
         with self._lock:
             old = self._views.get(view.workspace)
             if old is not None and old.request_id and old.request_id != view.request_id:
-                self._close(old.request_id, view.workspace)
+                self._close(old.request_id, view.workspace, old.state == "expired")
             self._views[view.workspace] = view
             if view.request_id:
-                self._requests[view.request_id] = view.workspace
+                self._requests.setdefault(view.request_id, set()).add(view.workspace)
+                self._forget(view.request_id, view.workspace)  # open again (a re-posted copy)
 
     def remove(self, ws: Path) -> None:
         with self._lock:
             old = self._views.pop(ws, None)
             if old is not None and old.request_id:
-                self._close(old.request_id, ws)
+                self._close(old.request_id, ws, old.state == "expired")
 
     def get(self, ws: Path) -> View | None:
         with self._lock:
             return self._views.get(ws)
 
-    def find(self, request_id: str) -> Path | None:
+    def find(self, request_id: str) -> list[Path]:
+        """Every workspace where question `request_id` is open, sorted."""
         with self._lock:
-            return self._requests.get(request_id)
+            return sorted(self._requests.get(request_id, ()))
 
-    def closed(self, request_id: str) -> Path | None:
-        """Where question `request_id` was, if it was seen open and is gone."""
+    def closed(self, request_id: str) -> dict[Path, bool]:
+        """Where question `request_id` was seen open and is gone: workspace -> expired."""
         with self._lock:
-            return self._closed.get(request_id)
+            return dict(self._closed_by_id.get(request_id, {}))
 
     def views(self) -> list[View]:
         with self._lock:

@@ -21,12 +21,14 @@ from deltad.agent import Agent, check_edits, load_agent
 from deltad.errors import UsageError
 from deltad.protocol import InteractionRequest, Mailbox, Workspace
 from deltad.protocol.journal import replied
+from deltad.protocol.mailbox import MAX_MAILBOX_BYTES, structured_bytes
 from deltad.protocol.questions import interpret_json, interpret_text
 from deltad.protocol.replies import AnswerRejected, CallDecision
 
+from .trust import agent_problem
 from .views import OPEN, NoRun, load_run
 
-MAX_ANSWER_BYTES = 1024 * 1024
+MAX_ANSWER_BYTES = MAX_MAILBOX_BYTES  # what the resume reads: a bigger answer is refused there
 
 
 class SubmitError(Exception):
@@ -50,6 +52,12 @@ class AnswerWaiting(SubmitError):
 
 class Expired(SubmitError):
     code, http = "expired", 410
+
+
+class TooLarge(SubmitError):
+    """The answer file would be over the size the resume reads."""
+
+    code, http = "too_large", 413
 
 
 class Misfit(SubmitError):
@@ -96,6 +104,8 @@ def open_question(ws: Workspace, request_id: str | None = None) -> InteractionRe
         meta = load_run(ws, req.run_id)
     except NoRun:
         raise NotPending(f"question {req.request_id} belongs to no run") from None
+    if meta.status not in OPEN and req.expired():
+        raise Expired(f"question {req.request_id} expired at {req.expires_at}")
     if meta.status not in OPEN:
         raise AlreadyAnswered(f"run {meta.run_id} is {meta.status}; its question is no longer open")
     if replied(ws.run(req.run_id).journal, req.request_id):
@@ -109,19 +119,24 @@ def open_question(ws: Workspace, request_id: str | None = None) -> InteractionRe
 
 
 def agent_of(ws: Workspace, agent_ref: str) -> Agent | None:
-    """The run's agent, for its tool schemas, if it can be loaded and belongs to the
-    workspace's owner (or root): the daemon answering over HTTP must not read, on a
-    workspace's say-so, an agent directory its owner could not."""
+    """The run's agent, for its tool schemas, if it can be loaded and its owner could read it
+    as it is (`trust.agent_problem`); None otherwise."""
+    return agent_and_problem(ws, agent_ref)[0]
+
+
+def agent_and_problem(ws: Workspace, agent_ref: str) -> tuple[Agent | None, str | None]:
+    """The run's agent, or None and one line saying why it was not read."""
     try:
-        home, owner = os.stat(agent_ref), os.stat(ws.root)
-    except (OSError, ValueError):
-        return None
-    if home.st_uid not in (owner.st_uid, 0):
-        return None
+        owner = os.stat(ws.root).st_uid
+    except (OSError, ValueError) as e:
+        return None, f"the workspace cannot be read: {e}"
+    why = agent_problem(agent_ref, owner)
+    if why is not None:
+        return None, why
     try:
-        return load_agent(agent_ref)
-    except UsageError:
-        return None
+        return load_agent(agent_ref), None
+    except UsageError as e:
+        return None, str(e)
 
 
 def check(ws: Workspace, req: InteractionRequest, body: AnswerIn | str) -> None:
@@ -164,25 +179,38 @@ def submit(
         raise AnswerWaiting(
             f"an answer is already waiting in {waiting}; pass --force to replace it"
         )
-    if isinstance(body, str) and len(body.encode()) > MAX_ANSWER_BYTES:
-        raise Misfit(f"the answer is over the {MAX_ANSWER_BYTES}-byte limit")
+    plain = isinstance(body, str) and answered_by is None and channel is None
+    data = body.encode() if isinstance(body, str) and plain else None
+    doc = None if plain else answer_document(req, body, answered_by, channel)
+    size = len(data) if data is not None else len(structured_bytes(doc or {}))
+    if size > MAX_ANSWER_BYTES:
+        raise TooLarge(
+            f"the answer file would be {size} bytes, over the {MAX_ANSWER_BYTES}-byte limit"
+        )
     check(w, req, body)
-    if isinstance(body, str) and answered_by is None and channel is None:
-        written = mailbox.write_answer(body, replace=force)
+    if doc is None:
+        written = mailbox.write_answer(str(body), replace=force)
         path = w.response_file
     else:
-        doc = {"request_id": req.request_id}
-        doc |= (
-            {"answer": body}
-            if isinstance(body, str)
-            else body.model_dump(exclude_none=True, mode="json")
-        )
-        if answered_by:
-            doc["answered_by"] = answered_by
-        if channel:
-            doc["channel"] = channel
         written = mailbox.write_structured(doc, replace=force)
         path = w.response_json
     if not written:
         raise AnswerWaiting("another answer was written first; it is waiting to be taken")
     return Submitted(req, path)
+
+
+def answer_document(
+    req: InteractionRequest, body: AnswerIn | str, answered_by: str | None, channel: str | None
+) -> dict[str, object]:
+    """`response.json` for an answer: the request id, the answer, who and through what."""
+    doc: dict[str, object] = {"request_id": req.request_id}
+    doc |= (
+        {"answer": body}
+        if isinstance(body, str)
+        else body.model_dump(exclude_none=True, mode="json")
+    )
+    if answered_by:
+        doc["answered_by"] = answered_by
+    if channel:
+        doc["channel"] = channel
+    return doc

@@ -194,9 +194,7 @@ class Mailbox:
 
     def write_structured(self, doc: Mapping[str, object], *, replace: bool = False) -> bool:
         """`response.json`, atomically; without `replace` only if none is there (False)."""
-        return safefs.publish(
-            self.ws.response_json, json.dumps(doc, indent=2).encode(), replace=replace
-        )
+        return safefs.publish(self.ws.response_json, structured_bytes(doc), replace=replace)
 
     def write_answer(self, text: str, *, replace: bool = False) -> bool:
         """`response.txt`, atomically (no watcher sees half an answer); without `replace`
@@ -204,4 +202,16 @@ class Mailbox:
         return safefs.publish(self.ws.response_file, text.encode("utf-8"), replace=replace)
 
 
-__all__ = ["MAX_MAILBOX_BYTES", "Answer", "AnswerState", "Mailbox", "parse_request"]
+def structured_bytes(doc: Mapping[str, object]) -> bytes:
+    """`response.json` as written: what a writer measures against MAX_MAILBOX_BYTES."""
+    return json.dumps(doc, indent=2).encode()
+
+
+__all__ = [
+    "MAX_MAILBOX_BYTES",
+    "Answer",
+    "AnswerState",
+    "Mailbox",
+    "parse_request",
+    "structured_bytes",
+]

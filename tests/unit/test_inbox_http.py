@@ -3,6 +3,9 @@ signed links, and the API's answers (ASGI in-process client, real workspace file
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import os
 from datetime import timedelta
@@ -11,12 +14,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from deltad.api import links, scopes
+from deltad.api import handlers, links, scopes
 from deltad.api.app import create_app
 from deltad.api.config import HttpConfig
-from deltad.api.handlers import Context
+from deltad.api.handlers import ApiError, Context, holder
 from deltad.api.tokens import TokenError, TokenStore
-from deltad.daemon.feed import Feed, View, transitions
+from deltad.daemon.feed import Feed, Index, View, transitions
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, utcnow
 from deltad.protocol.models import Option
 from deltad.testing.stub import paused_workspace
@@ -86,14 +89,29 @@ def test_the_feed_is_quiet_while_priming_and_replays_after_an_id() -> None:
     feed.subscribe(lambda e: seen.append(e.type))
     feed.priming = True
     feed.changed(Path("/ws"), None, v("waiting", "q1", "WAITING_FOR_INPUT"))
-    assert seen == [] and feed.index.find("q1") == Path("/ws")
+    assert seen == [] and feed.index.find("q1") == [Path("/ws")]
     feed.priming = False
     mark = feed.last_id()
     feed.changed(Path("/ws"), v("waiting", "q1"), v("answered", "q1", "WAITING_FOR_INPUT"))
     assert seen == ["request.answered", "run.status"]
     assert [e.type for e in feed.since(mark)] == seen and feed.since(None) == []
     feed.changed(Path("/ws"), v("answered", "q1"), v("done", None, "COMPLETED"))
-    assert feed.index.find("q1") is None and feed.index.closed("q1") == Path("/ws")
+    assert feed.index.find("q1") == [] and feed.index.closed("q1") == {Path("/ws"): False}
+
+
+def test_the_index_keeps_every_workspace_holding_a_request_id() -> None:
+    index = Index()
+    a, b = Path("/ws/a"), Path("/ws/b")
+    index.put(View(a, "waiting", "r1", "WAITING_FOR_INPUT", "q1"))
+    index.put(View(b, "waiting", "r2", "WAITING_FOR_INPUT", "q1"))  # a copy: not a takeover
+    assert index.find("q1") == [a, b]
+    index.put(View(b, "expired", "r2", "WAITING_FOR_INPUT", "q1"))
+    index.put(View(b, "running", "r2", "RUNNING"))
+    assert index.find("q1") == [a] and index.closed("q1") == {b: True}
+    index.remove(a)
+    assert index.find("q1") == [] and index.closed("q1") == {a: False, b: True}
+    index.put(View(b, "waiting", "r2", "WAITING_FOR_INPUT", "q1"))  # posted again
+    assert index.find("q1") == [b] and index.closed("q1") == {a: False}
 
 
 # -- scopes ----------------------------------------------------------------------------------------
@@ -133,18 +151,52 @@ def test_tokens_are_stored_as_hashes_in_a_private_file(tmp_path: Path) -> None:
         store.list()
 
 
-def test_signed_links_bind_a_request_and_expire() -> None:
+def test_signed_links_bind_a_request_in_its_workspace_and_expire() -> None:
     key = os.urandom(32)
-    token = links.sign(key, "q1", ttl=60, now=1000)
-    assert links.verify(key, token, now=1059).request_id == "q1"
+    token = links.sign(key, "q1", "/srv/ws/bob", ttl=60, now=1000)
+    link = links.verify(key, token, now=1059)
+    assert (link.request_id, link.workspace) == ("q1", "/srv/ws/bob")
     with pytest.raises(links.LinkExpired):
         links.verify(key, token, now=1060)
     with pytest.raises(links.BadLink):
         links.verify(os.urandom(32), token, now=1000)
     _, mac = token.split(".")
-    other = links.sign(key, "q2", ttl=60, now=1000).split(".")[0]
+    other = links.sign(key, "q1", "/srv/ws/mallory", ttl=60, now=1000).split(".")[0]
     with pytest.raises(links.BadLink):
         links.verify(key, f"{other}.{mac}", now=1000)
+    # A link without a workspace (the old form) does not answer any copy of its id.
+    old = base64.urlsafe_b64encode(json.dumps(["q1", 2000]).encode()).rstrip(b"=")
+    old_mac = base64.urlsafe_b64encode(hmac.new(key, old, hashlib.sha256).digest()).rstrip(b"=")
+    with pytest.raises(links.BadLink):
+        links.verify(key, f"{old.decode()}.{old_mac.decode()}", now=1000)
+
+
+# -- which workspace a request id means ------------------------------------------------------------
+A, B = Path("/srv/ws/bob"), Path("/srv/ws/mallory")
+
+
+@pytest.mark.parametrize(
+    ("seen", "mine", "gone", "expected"),
+    [
+        ([A], [A], {}, A),
+        ([A, B], [A], {}, A),  # a scoped caller sees only its own copy
+        ([A, B], [A, B], {}, (409, "ambiguous_request")),
+        ([A, B], [], {}, (403, "forbidden")),
+        ([], [], {A: False}, (409, "already_answered")),
+        ([], [], {A: True}, (410, "expired")),
+        ([], [], {A: True, B: False}, (409, "already_answered")),
+        ([B], [], {A: False}, (409, "already_answered")),
+        ([], [], {}, (404, "unknown_request")),
+    ],
+)
+def test_a_request_id_is_served_only_where_it_is_unambiguous(
+    seen: list[Path], mine: list[Path], gone: dict[Path, bool], expected: object
+) -> None:
+    got = holder(seen, mine, gone, "q1")
+    if isinstance(got, ApiError):
+        assert (got.http, got.code) == expected
+    else:
+        assert got == expected
 
 
 # -- the API in-process ----------------------------------------------------------------------------
@@ -156,14 +208,15 @@ def api(tmp_path: Path) -> tuple[TestClient, Feed, TokenStore, Path]:
     return TestClient(create_app(ctx)), feed, store, tmp_path / "root"
 
 
-def _question(ws: Path, feed: Feed, **fields: object) -> str:
+def _question(ws: Path, feed: Feed, *, index: bool = True, **fields: object) -> str:
     run_id = paused_workspace(ws)
     w = Workspace.at(ws)
     mailbox = Mailbox(w)
     (ws / ".delta" / "interaction" / "request.json").unlink()
     req = InteractionRequest(run_id=run_id, action_id="act_1", **fields)  # type: ignore[arg-type]
     mailbox.post(req)
-    feed.index.put(View(ws, "waiting", run_id, "WAITING_FOR_INPUT", req.request_id))
+    if index:
+        feed.index.put(View(ws, "waiting", run_id, "WAITING_FOR_INPUT", req.request_id))
     return req.request_id
 
 
@@ -248,3 +301,100 @@ def test_notifications_skip_quiet_roots_excluded_globs_and_other_events(tmp_path
         assert e is not None
         queued.append((e.type, e.workspace))
     assert queued == [("request.created", "/srv/ws/alice")]
+
+
+def test_a_copied_request_id_is_served_only_where_the_caller_means_it(
+    api: tuple[TestClient, Feed, TokenStore, Path],
+) -> None:
+    http, feed, store, root = api
+    bob, mallory = root / "bob", root / "mallory"
+    rid = _question(bob, feed, prompt="Bob's password?")
+    _question(mallory, feed, prompt="Mallory's copy", request_id=rid)
+    bobs = {"Authorization": f"Bearer {store.add('bob', [str(bob)], 'answerer')}"}
+    admin = {"Authorization": f"Bearer {store.add('ops', [str(root)], 'answerer')}"}
+    assert http.get(f"/v1/requests/{rid}", headers=bobs).json()["prompt"] == "Bob's password?"
+    r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "x"}, headers=admin)
+    assert r.status_code == 409 and r.json()["code"] == "ambiguous_request"
+    assert r.json()["workspaces"] == sorted([str(bob), str(mallory)])
+    listed = http.get("/v1/requests", headers=admin).json()["requests"]
+    assert sorted(q["workspace"] for q in listed) == sorted([str(bob), str(mallory)])
+    q = http.get(f"/v1/requests/{rid}", params={"workspace": str(mallory)}, headers=admin)
+    assert q.json()["prompt"] == "Mallory's copy"
+    r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "s3cret"}, headers=bobs)
+    assert r.status_code == 202 and r.json()["workspace"] == str(bob)
+    assert (bob / ".delta" / "interaction" / "response.json").exists()
+    assert not (mallory / ".delta" / "interaction" / "response.json").exists()
+
+
+def test_an_idempotency_key_belongs_to_one_question(
+    api: tuple[TestClient, Feed, TokenStore, Path],
+) -> None:
+    http, feed, store, root = api
+    first, second = (
+        _question(root / "a", feed, prompt="1?"),
+        _question(root / "b", feed, prompt="2?"),
+    )
+    auth = {"Authorization": f"Bearer {store.add('alice', [], 'answerer')}", "Idempotency-Key": "k"}
+    one = http.post(f"/v1/requests/{first}/answer", json={"answer": "Ada"}, headers=auth)
+    two = http.post(f"/v1/requests/{second}/answer", json={"answer": "Ada"}, headers=auth)
+    assert (one.status_code, two.status_code) == (202, 202)
+    assert (one.json()["request_id"], two.json()["request_id"]) == (first, second)
+    assert (root / "b" / ".delta" / "interaction" / "response.json").exists()
+    again = http.post(f"/v1/requests/{first}/answer", json={"answer": "Ada"}, headers=auth)
+    assert again.json() == one.json()
+
+
+def test_an_answer_the_resume_would_refuse_is_not_accepted(
+    api: tuple[TestClient, Feed, TokenStore, Path],
+) -> None:
+    http, feed, store, root = api
+    rid = _question(root / "a", feed, prompt="Name?")
+    auth = {"Authorization": f"Bearer {store.add('alice', [], 'answerer')}"}
+    path = f"/v1/requests/{rid}/answer"
+    r = http.post(path, json={"answer": "Ada", "comment": "c" * (1024 * 1024)}, headers=auth)
+    assert r.status_code == 413 and r.json()["code"] == "too_large"
+    r = http.post(path, json={"answer": '"' * (600 * 1024)}, headers=auth)  # escaped: > 1 MiB
+    assert r.status_code == 413
+    assert not (root / "a" / ".delta" / "interaction" / "response.json").exists()
+    assert http.post(path, json={"answer": "Ada"}, headers=auth).status_code == 202
+
+
+def test_a_question_on_disk_is_served_before_the_index_has_it(
+    api: tuple[TestClient, Feed, TokenStore, Path],
+) -> None:
+    http, feed, store, root = api
+    ws = root / "a"
+    run_id = paused_workspace(ws)
+    feed.index.put(View(ws, "running", run_id, "RUNNING"))  # the loop's last word
+    rid = _question(ws, feed, index=False, prompt="New?")
+    auth = {"Authorization": f"Bearer {store.add('alice', [], 'answerer')}"}
+    assert http.get(f"/v1/requests/{rid}", headers=auth).json()["prompt"] == "New?"
+    listed = http.get("/v1/requests", headers=auth).json()["requests"]
+    assert [q["request_id"] for q in listed] == [rid]
+    elsewhere = {"Authorization": f"Bearer {store.add('eve', ['/nowhere'], 'answerer')}"}
+    assert http.get(f"/v1/requests/{rid}", headers=elsewhere).status_code == 404
+    r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "yes"}, headers=auth)
+    assert r.status_code == 202
+
+
+def test_an_expired_question_is_410_not_answered(
+    api: tuple[TestClient, Feed, TokenStore, Path],
+) -> None:
+    http, feed, store, root = api
+    past = utcnow() - timedelta(seconds=5)
+    rid = _question(root / "a", feed, prompt="Too late?", expires_at=past)
+    auth = {"Authorization": f"Bearer {store.add('alice', [], 'answerer')}"}
+    r = http.get(f"/v1/requests/{rid}", headers=auth)
+    assert r.status_code == 410 and r.json()["code"] == "expired"
+    view = feed.index.get(root / "a")
+    assert view is not None
+    feed.index.put(View(view.workspace, "expired", view.run_id, view.status, rid))
+    feed.index.put(View(view.workspace, "running", view.run_id, "RUNNING"))  # resumed
+    r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "x"}, headers=auth)
+    assert r.status_code == 410 and r.json()["code"] == "expired"
+    # A link to it, made while it was open, says the same once the run moved on.
+    ctx = http.app.state.ctx  # type: ignore[attr-defined]
+    token = handlers.link_for(ctx, rid, str(root / "a")).rsplit("/", 1)[1]
+    (root / "a" / ".delta" / "interaction" / "request.json").unlink()
+    assert http.get(f"/v1/links/{token}").status_code == 410
+    assert http.post(f"/v1/links/{token}/answer", json={"answer": "x"}).status_code == 410

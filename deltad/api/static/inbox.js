@@ -169,7 +169,8 @@ async function send(r, body, error, field) {
   error.textContent = "";
   const path = linkToken
     ? `/v1/links/${linkToken}/answer`
-    : `/v1/requests/${encodeURIComponent(r.request_id)}/answer`;
+    // A request id names a question only with its workspace (copies share ids).
+    : `/v1/requests/${encodeURIComponent(r.request_id)}/answer?workspace=${encodeURIComponent(r.workspace)}`;
   try {
     await api("POST", path, body);
     if (field) field.value = "";
