@@ -108,16 +108,17 @@ def horizon(data: bytes) -> tuple[int, int]:
 def _settled(line: bytes) -> JournalEvent | None:
     """An event before the latest context cut, for the read model only: parsed, not checked
     against its type's model again (it was when it was written and at every read before the
-    cut); None if it does not even parse, and then the full check says what is wrong."""
+    cut); None if it does not even parse or its type is unknown, and then the full check says
+    what is wrong."""
     try:
         obj = json.loads(line)
         payload, kind = obj["payload"], obj["type"]
-        if not isinstance(payload, dict) or not isinstance(kind, str):
+        if not isinstance(payload, dict) or kind not in EventType.__members__:
             return None
         return JournalEvent.model_construct(
             seq=int(obj["seq"]),
             timestamp=datetime.fromisoformat(obj["timestamp"]),
-            type=EventType(kind) if kind in EventType.__members__ else kind,
+            type=EventType(kind),
             payload=payload,
         )
     except (ValueError, KeyError, TypeError, RecursionError):
@@ -206,6 +207,7 @@ def _scan(
                 if data.find(b"\n", stop + 1) == -1 and stop + 1 == end and _unparsable(line):
                     return JournalRead(events, offset, data[offset:], last_seq, offsets)
                 event = _event(path, n, _parsed(path, n, line))
+            _known(path, n, event)
         try:
             _seen(seen, event)
         except (KeyError, TypeError, ValueError):
@@ -242,12 +244,24 @@ def _parsed(path: Path, n: int, line: bytes) -> object:
         ) from None
 
 
+def _known(path: Path, n: int, event: JournalEvent) -> None:
+    """An event type this version does not know (a newer writer's, or a typo made by hand) is
+    one error naming the line: skipping it could skip an answer or the end of the run, and the
+    run would go on from a history that is not its own."""
+    if event.type not in EventType.__members__:  # a plain str after model_validate_json
+        raise CorruptFile(
+            f"{path}:{n}: unknown event type {event.type!r}; the run is left as it is (a newer "
+            "delta wrote it, or it was edited by hand)"
+        )
+
+
 def _event(path: Path, n: int, obj: object) -> JournalEvent:
     """A parsed line as an event whose payload fits its type, or one line saying what is wrong:
     valid JSON that is not a valid event was edited by hand, not torn by a crash."""
     try:
         event = JournalEvent.model_validate(obj)
         check_payload(str(event.type), event.payload)
+        _known(path, n, event)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
