@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +27,7 @@ from .errors import CorruptFile, UnsafeFile
 from .events import check_payload
 from .fsio import append_durable, atomic_write, fsync_dir, read_regular
 from .history import History
-from .models import EventType, JournalEvent, iso, utcnow
+from .models import EventType, InteractionRequest, JournalEvent, iso, utcnow
 from .snapshot import Snapshot
 
 
@@ -391,15 +391,18 @@ def _cut_through(events: list[JournalEvent]) -> int:
     return 0
 
 
-def replied(path: Path, request_id: str, block: int = 1 << 16) -> bool:
-    """Whether the journal records a reply to `request_id`. Read backwards from the end and
-    stopped at the question's own `asked` record (a reply can only follow it), so the cost is
-    the tail since the question, not the whole journal (`delta respond`, the HTTP API)."""
+Records = Generator[dict[str, Any], None, None]
+
+
+def _human_records(path: Path, request_id: str, block: int) -> Records:
+    """The payloads of HUMAN_INTERACTION records that mention `request_id`, newest first, read
+    backwards from the end: a caller stops at the question's own `asked` record (a reply can
+    only follow it), so the cost is the tail since the question, not the whole journal."""
     needle = request_id.encode()
     try:
         fd = safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        return False
+        return
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise CorruptFile(f"{path} is not a regular file")
@@ -418,14 +421,44 @@ def replied(path: Path, request_id: str, block: int = 1 << 16) -> bool:
                     payload = obj.get("payload") or {}
                 except (ValueError, AttributeError, RecursionError):
                     continue
-                if obj.get("type") != EventType.HUMAN_INTERACTION:
-                    continue
-                if payload.get("phase") == "answered" and payload.get("request_id") == request_id:
-                    return True
-                request = payload.get("request") or {}
-                if payload.get("phase") == "asked" and request.get("request_id") == request_id:
-                    return False
+                if obj.get("type") == EventType.HUMAN_INTERACTION and isinstance(payload, dict):
+                    yield payload
             end = start
-        return False
     finally:
         os.close(fd)
+
+
+def _asks(payload: dict[str, Any], request_id: str) -> bool:
+    request = payload.get("request")
+    return (
+        payload.get("phase") == "asked"
+        and isinstance(request, dict)
+        and request.get("request_id") == request_id
+    )
+
+
+def replied(path: Path, request_id: str, block: int = 1 << 16) -> bool:
+    """Whether the journal records a reply to `request_id` (`delta respond`, the HTTP API)."""
+    with contextlib.closing(_human_records(path, request_id, block)) as records:
+        for payload in records:
+            if payload.get("phase") == "answered" and payload.get("request_id") == request_id:
+                return True
+            if _asks(payload, request_id):
+                return False
+    return False
+
+
+def asked_request(path: Path, request_id: str, block: int = 1 << 16) -> InteractionRequest | None:
+    """The question `request_id` as the journal's `asked` record holds it (the fact its deadline
+    is judged by: protocol/deadline.py), or None if the journal never asked it."""
+    with contextlib.closing(_human_records(path, request_id, block)) as records:
+        for payload in records:
+            if _asks(payload, request_id):
+                try:
+                    return InteractionRequest.model_validate(payload["request"])
+                except ValidationError:
+                    raise CorruptFile(
+                        f"{path}: the asked record of request {request_id!r} is not a valid "
+                        "question; the journal was edited or damaged"
+                    ) from None
+    return None

@@ -106,3 +106,28 @@ def test_question_seen_while_the_run_is_still_running_still_expires(
         assert r.code == 101
         wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish on expiry")
         assert daemon.events("resume_queued", reason="question_expired")
+
+
+def test_a_request_file_whose_deadline_is_not_the_journal_s_is_reported_not_resumed_for(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    """request.json edited to a year-1 deadline the journal never asked: the client acts on the
+    journal's, so the daemon reports it once and resumes at the journal's deadline, not in a
+    loop of resumes that each pause again."""
+    d = _ws(tmp_path, fake)
+    fake.call(
+        "ask_human", {"prompt": "Go?", "input_type": "yes_no", "timeout_seconds": 15}, id="q"
+    ).reply("carried on without an answer")
+    assert d.start().code == 101
+    real = datetime.fromisoformat(d.request()["expires_at"])
+    doc = d.request() | {"expires_at": "0001-01-01T00:00:00"}
+    (d.delta_dir / "interaction" / "request.json").write_text(json.dumps(doc))
+    with _daemon(tmp_path, tmp_path / "root", fake) as daemon:
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to expire at last")
+        [queued] = daemon.events("resume_queued", workspace=str(d.ws))  # not one per backoff
+        assert queued["reason"] == "question_expired"
+        [problem] = daemon.events("workspace_problem", workspace=str(d.ws))  # logged once
+        assert "expires_at 0001-01-01T00:00:00Z" in problem["problem"]
+    [result] = d.events("ACTION_RESULT")
+    assert result["payload"]["observation_content"].startswith("TIMEOUT")
+    assert datetime.fromisoformat(result["timestamp"]) >= real  # the journal's deadline held
