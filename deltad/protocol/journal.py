@@ -85,6 +85,7 @@ def read_journal(path: Path, seen: Seen | None = None, *, tail_only: bool = Fals
 # A pipeline's steps are replayed from the journal on every turn (pipeline/state.py): a
 # context cut drops old conversation, never where the pipeline stands. They are a few per node.
 ALWAYS_KEPT = frozenset({EventType.NODE_START, EventType.NODE_OUTCOME, EventType.EDGE_TAKEN})
+KNOWN_TYPES: frozenset[str] = frozenset(EventType)
 
 
 def horizon(data: bytes) -> tuple[int, int]:
@@ -113,7 +114,7 @@ def _settled(line: bytes) -> JournalEvent | None:
     try:
         obj = json.loads(line)
         payload, kind = obj["payload"], obj["type"]
-        if not isinstance(payload, dict) or kind not in EventType.__members__:
+        if not isinstance(payload, dict) or kind not in KNOWN_TYPES:
             return None
         return JournalEvent.model_construct(
             seq=int(obj["seq"]),
@@ -248,7 +249,7 @@ def _known(path: Path, n: int, event: JournalEvent) -> None:
     """An event type this version does not know (a newer writer's, or a typo made by hand) is
     one error naming the line: skipping it could skip an answer or the end of the run, and the
     run would go on from a history that is not its own."""
-    if event.type not in EventType.__members__:  # a plain str after model_validate_json
+    if event.type not in KNOWN_TYPES:  # a plain str after model_validate_json: by value
         raise CorruptFile(
             f"{path}:{n}: unknown event type {event.type!r}; the run is left as it is (a newer "
             "delta wrote it, or it was edited by hand)"
