@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from deltad.pipeline import (
@@ -72,6 +72,8 @@ labels = st.one_of(st.none(), anytext.filter(lambda s: '"' not in s and "\\" not
 
 @FUZZ
 @given(st.lists(labels, min_size=1, max_size=8), anytext)
+# Found by this test (8751e16): a multi-line label defeated its own "[K] label" answer.
+@example(["0\n0"], "0")
 def test_every_choice_is_found_by_its_key_and_label_and_routes_to_its_edge(
     gate_labels: list[str | None], answer: str
 ) -> None:
