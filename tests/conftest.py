@@ -19,8 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from deltad.testing import FakeLLM
+
+# Fuzzing: CI draws the same cases every run (a red build is a real regression, never a new
+# draw); `HYPOTHESIS_PROFILE=fuzz` searches longer with fresh seeds (README, "Fuzzing"). A case
+# either finds is kept as an explicit `@example` in its test.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("fuzz", derandomize=False, print_blob=True)
+_default_profile = "ci" if os.environ.get("CI") else "default"
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or _default_profile)
 
 BIN = Path(sys.executable).parent
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

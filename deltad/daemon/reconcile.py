@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import Enum, StrEnum
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from deltad.protocol import (
     safefs,
     transition,
 )
+from deltad.protocol.deadline import judge_expiry
+from deltad.protocol.journal import asked_request
 
 from . import tenancy
 from .answer import Writers, open_writers
@@ -193,7 +196,8 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
     # blocking the question forever.
     if answer.state not in (AnswerState.READY, AnswerState.REFUSED):
         if deadline is not None and clock.time() >= deadline:
-            return expired  # nobody answered (usably) in time: the client applies the rule
+            # Nobody answered (usably) in time, says request.json: the journal confirms it.
+            return _name(_expiry(ws, request, expired, clock), request)
         v = (
             waiting
             if answer.state is AnswerState.MISSING
@@ -215,6 +219,26 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
         v.problem = f"{answer.reason} (the resume sets it aside)"
     if v.action is Action.NONE and deadline is not None:
         v.wake_at = min(deadline, v.wake_at or deadline)
+    return v
+
+
+def _expiry(ws: Workspace, request: InteractionRequest, expired: Verdict, clock: Clock) -> Verdict:
+    """request.json's deadline has passed. Resume only if the journal's has too: the client
+    acts on the journal's record of the question (protocol/deadline.py), so a request.json
+    that says otherwise is reported, once, and the run waits for the journal's deadline."""
+    run_id, status = expired.run_id, expired.status
+    try:
+        asked = asked_request(ws.run(request.run_id).journal, request.request_id)
+    except ProtocolError as e:
+        return _problem(str(e), run_id, status)
+    except OSError as e:
+        return _problem(f"{e.filename or 'the journal'}: {e.strerror}", run_id, status)
+    judged = judge_expiry(request, asked, datetime.fromtimestamp(clock.time(), UTC))
+    if judged.expired:
+        return expired  # the client applies the timeout rule
+    v = _problem(judged.problem or "request.json's deadline is not the journal's", run_id, status)
+    v.state = State.WAITING
+    v.wake_at = judged.at.timestamp() if judged.at is not None else None
     return v
 
 

@@ -37,6 +37,7 @@ from deltad.protocol import (
     UnsafeFile,
     utcnow,
 )
+from deltad.protocol.deadline import disagreement
 from deltad.protocol.fsio import lstat_or_none
 from deltad.protocol.kinds import auto_reply, kind_of
 from deltad.protocol.questions import (
@@ -93,7 +94,12 @@ class MailboxInterviewer:
             where = self.mailbox.set_aside_request("corrupt")
             self.warn(f"{e}; set aside as {where.name}")
             return False
-        return current is not None and current.request_id == req.request_id
+        if current is None or current.request_id != req.request_id:
+            return False
+        if (why := disagreement(current, req)) is not None:  # `req` is the journal's
+            kept = self.mailbox.restore_request(req, why)
+            self.warn(f"{why}; request.json is rewritten from it (the copy: {kept.name})")
+        return True
 
     def ask(self, req: InteractionRequest) -> Reply | None:
         if not self._posted(req):

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from deltad.agent import Invocation, fd_token
 from deltad.protocol import ProtocolError, atomic_write_json, atomic_write_text, current_owner
-from deltad.protocol.fsio import read_regular
+from deltad.protocol.fsio import lstat_or_none, read_regular
 from deltad.protocol.process import owner_alive, proc_start_ticks
+from deltad.protocol.safefs import DELTA_DIR, tool_umask
 
 CAPTURE_LIMIT = 1024 * 1024  # per stream, kept in the record
 OBSERVATION_LIMIT = 8000  # per stream, shown to the model
@@ -110,6 +111,12 @@ def _with_fds(arg: str, fds: dict[str, int]) -> str:
     return arg
 
 
+def _umask(workspace: Path) -> int:
+    """For Popen: the workspace's rule (safefs.tool_umask), -1 to keep `delta`'s own."""
+    found = tool_umask(lstat_or_none(workspace / DELTA_DIR))
+    return -1 if found is None else found
+
+
 def run_tool(
     inv: Invocation,
     cwd: Path,
@@ -131,6 +138,7 @@ def run_tool(
             cwd=cwd,
             env=env,
             start_new_session=True,
+            umask=_umask(cwd),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -3,7 +3,7 @@
 The journal is the run's source of truth and is also a file a person can edit. Each line's
 payload is checked against its type's model when the journal is read, so a hand-edited or
 damaged line is one clear error naming the line, never a KeyError deep in the engine.
-Unknown event types (from a newer writer) are kept without checks. Extra fields are allowed.
+An unknown event type is refused by the reader (journal.py). Extra fields are allowed.
 """
 
 from __future__ import annotations

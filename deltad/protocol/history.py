@@ -143,7 +143,7 @@ class History:
             case EventType.SYSTEM_MESSAGE if p.get("retry"):
                 self.last_retry_seq = e.seq
             case _:
-                pass  # other messages, and types from newer writers
+                pass  # other messages (unknown types never get here: journal.py refuses them)
 
     # -- questions ---------------------------------------------------------------------------
     def pending_calls(self) -> list[Call]:

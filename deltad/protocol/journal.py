@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +27,7 @@ from .errors import CorruptFile, UnsafeFile
 from .events import check_payload
 from .fsio import append_durable, atomic_write, fsync_dir, read_regular
 from .history import History
-from .models import EventType, JournalEvent, iso, utcnow
+from .models import EventType, InteractionRequest, JournalEvent, iso, utcnow
 from .snapshot import Snapshot
 
 
@@ -85,6 +85,7 @@ def read_journal(path: Path, seen: Seen | None = None, *, tail_only: bool = Fals
 # A pipeline's steps are replayed from the journal on every turn (pipeline/state.py): a
 # context cut drops old conversation, never where the pipeline stands. They are a few per node.
 ALWAYS_KEPT = frozenset({EventType.NODE_START, EventType.NODE_OUTCOME, EventType.EDGE_TAKEN})
+KNOWN_TYPES: frozenset[str] = frozenset(EventType)
 
 
 def horizon(data: bytes) -> tuple[int, int]:
@@ -108,16 +109,17 @@ def horizon(data: bytes) -> tuple[int, int]:
 def _settled(line: bytes) -> JournalEvent | None:
     """An event before the latest context cut, for the read model only: parsed, not checked
     against its type's model again (it was when it was written and at every read before the
-    cut); None if it does not even parse, and then the full check says what is wrong."""
+    cut); None if it does not even parse or its type is unknown, and then the full check says
+    what is wrong."""
     try:
         obj = json.loads(line)
         payload, kind = obj["payload"], obj["type"]
-        if not isinstance(payload, dict) or not isinstance(kind, str):
+        if not isinstance(payload, dict) or kind not in KNOWN_TYPES:
             return None
         return JournalEvent.model_construct(
             seq=int(obj["seq"]),
             timestamp=datetime.fromisoformat(obj["timestamp"]),
-            type=EventType(kind) if kind in EventType.__members__ else kind,
+            type=EventType(kind),
             payload=payload,
         )
     except (ValueError, KeyError, TypeError, RecursionError):
@@ -206,6 +208,7 @@ def _scan(
                 if data.find(b"\n", stop + 1) == -1 and stop + 1 == end and _unparsable(line):
                     return JournalRead(events, offset, data[offset:], last_seq, offsets)
                 event = _event(path, n, _parsed(path, n, line))
+            _known(path, n, event)
         try:
             _seen(seen, event)
         except (KeyError, TypeError, ValueError):
@@ -242,12 +245,24 @@ def _parsed(path: Path, n: int, line: bytes) -> object:
         ) from None
 
 
+def _known(path: Path, n: int, event: JournalEvent) -> None:
+    """An event type this version does not know (a newer writer's, or a typo made by hand) is
+    one error naming the line: skipping it could skip an answer or the end of the run, and the
+    run would go on from a history that is not its own."""
+    if event.type not in KNOWN_TYPES:  # a plain str after model_validate_json: by value
+        raise CorruptFile(
+            f"{path}:{n}: unknown event type {event.type!r}; the run is left as it is (a newer "
+            "delta wrote it, or it was edited by hand)"
+        )
+
+
 def _event(path: Path, n: int, obj: object) -> JournalEvent:
     """A parsed line as an event whose payload fits its type, or one line saying what is wrong:
     valid JSON that is not a valid event was edited by hand, not torn by a crash."""
     try:
         event = JournalEvent.model_validate(obj)
         check_payload(str(event.type), event.payload)
+        _known(path, n, event)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
@@ -377,15 +392,18 @@ def _cut_through(events: list[JournalEvent]) -> int:
     return 0
 
 
-def replied(path: Path, request_id: str, block: int = 1 << 16) -> bool:
-    """Whether the journal records a reply to `request_id`. Read backwards from the end and
-    stopped at the question's own `asked` record (a reply can only follow it), so the cost is
-    the tail since the question, not the whole journal (`delta respond`, the HTTP API)."""
+Records = Generator[dict[str, Any], None, None]
+
+
+def _human_records(path: Path, request_id: str, block: int) -> Records:
+    """The payloads of HUMAN_INTERACTION records that mention `request_id`, newest first, read
+    backwards from the end: a caller stops at the question's own `asked` record (a reply can
+    only follow it), so the cost is the tail since the question, not the whole journal."""
     needle = request_id.encode()
     try:
         fd = safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        return False
+        return
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise CorruptFile(f"{path} is not a regular file")
@@ -404,14 +422,44 @@ def replied(path: Path, request_id: str, block: int = 1 << 16) -> bool:
                     payload = obj.get("payload") or {}
                 except (ValueError, AttributeError, RecursionError):
                     continue
-                if obj.get("type") != EventType.HUMAN_INTERACTION:
-                    continue
-                if payload.get("phase") == "answered" and payload.get("request_id") == request_id:
-                    return True
-                request = payload.get("request") or {}
-                if payload.get("phase") == "asked" and request.get("request_id") == request_id:
-                    return False
+                if obj.get("type") == EventType.HUMAN_INTERACTION and isinstance(payload, dict):
+                    yield payload
             end = start
-        return False
     finally:
         os.close(fd)
+
+
+def _asks(payload: dict[str, Any], request_id: str) -> bool:
+    request = payload.get("request")
+    return (
+        payload.get("phase") == "asked"
+        and isinstance(request, dict)
+        and request.get("request_id") == request_id
+    )
+
+
+def replied(path: Path, request_id: str, block: int = 1 << 16) -> bool:
+    """Whether the journal records a reply to `request_id` (`delta respond`, the HTTP API)."""
+    with contextlib.closing(_human_records(path, request_id, block)) as records:
+        for payload in records:
+            if payload.get("phase") == "answered" and payload.get("request_id") == request_id:
+                return True
+            if _asks(payload, request_id):
+                return False
+    return False
+
+
+def asked_request(path: Path, request_id: str, block: int = 1 << 16) -> InteractionRequest | None:
+    """The question `request_id` as the journal's `asked` record holds it (the fact its deadline
+    is judged by: protocol/deadline.py), or None if the journal never asked it."""
+    with contextlib.closing(_human_records(path, request_id, block)) as records:
+        for payload in records:
+            if _asks(payload, request_id):
+                try:
+                    return InteractionRequest.model_validate(payload["request"])
+                except ValidationError:
+                    raise CorruptFile(
+                        f"{path}: the asked record of request {request_id!r} is not a valid "
+                        "question; the journal was edited or damaged"
+                    ) from None
+    return None

@@ -8,6 +8,7 @@ Every file here is reached through `safefs`: no symlink is followed, nothing is 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -186,6 +187,22 @@ class Mailbox:
         """Remove the question. Callers remove the answer first: a crash in between leaves a
         question whose action the journal already answered, which the next resume removes."""
         safefs.unlink(self.ws.request_file)
+
+    def restore_request(self, request: InteractionRequest, reason: str) -> Path:
+        """Put back the journal's `request` over a `request.json` that says otherwise (edited by
+        hand): the edited copy is kept as `request.refused-*.json` beside a `.error` saying
+        why. The file keeps its time, so an answer written since still counts as newer than the
+        question. Returns where the copy went."""
+        st = lstat_or_none(self.ws.request_file)
+        stamp = _stamp()
+        kept = self.ws.interaction_dir / f"request.refused-{stamp}.json"
+        atomic_write(kept, read_regular(self.ws.request_file))
+        atomic_write(kept.with_suffix(".error"), (reason + "\n").encode())
+        atomic_write(self.ws.request_file, (request.model_dump_json(indent=2) + "\n").encode())
+        if st is not None:
+            times = (st.st_atime_ns, st.st_mtime_ns)
+            os.utime(self.ws.request_file, ns=times, follow_symlinks=False)
+        return kept
 
     def set_aside_request(self, why: str) -> Path:
         dest = self.ws.interaction_dir / f"request.{why}-{_stamp()}.json"

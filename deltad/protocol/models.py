@@ -145,5 +145,5 @@ class ActionStatus(StrEnum):
 class JournalEvent(_Model):
     seq: int
     timestamp: Timestamp
-    type: EventType | str  # unknown types from newer writers are kept, not fatal
+    type: EventType | str  # a reader refuses unknown types, naming the line (journal.py)
     payload: dict[str, Any] = Field(default_factory=dict)

@@ -52,6 +52,18 @@ class Modes:
         return cls(PRIVATE_DIR, PRIVATE_FILE)
 
 
+# What the agent's tools create in a shared workspace is group rw, like `.delta/`'s own files.
+SHARED_TOOL_UMASK = 0o007
+
+
+def tool_umask(delta_st: os.stat_result | None) -> int | None:
+    """The umask the agent's tools run with, decided from `.delta/` as its files' modes are:
+    a shared `.delta/` means the owner reads through the group what a service user's tools
+    write (0660 files, 2770 directories under a setgid workspace); otherwise None, the umask
+    `delta` was started with (a person's own, or 0077 for a daemon's resume as the owner)."""
+    return SHARED_TOOL_UMASK if delta_st is not None and is_shared(delta_st) else None
+
+
 def split(path: Path) -> tuple[Path, tuple[str, ...]] | None:
     """(the directory holding `.delta`, the components from `.delta` down), or None when
     `path` has no `.delta` component. The first `.delta` counts: names below it are the

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 from deltad.protocol import (
@@ -32,16 +33,22 @@ from deltad.protocol import (
     Workspace,
     WorkspaceLock,
     current_owner,
+    iso,
     load_metadata,
     new_run_id,
+    safefs,
     save_metadata,
     transition,
     utcnow,
 )
 
 
-def paused_workspace(path: Path, prompt: str = "q?", run_id: str | None = None) -> str:
-    """Create (or re-pause) a workspace whose latest run waits for an answer; return its id."""
+def paused_workspace(
+    path: Path, prompt: str = "q?", run_id: str | None = None, expires_at: datetime | None = None
+) -> str:
+    """Create (or re-pause) a workspace whose latest run waits for an answer; return its id.
+    The question is posted and recorded in the journal (its `asked` record, the fact the daemon
+    judges a deadline by), as `delta` does."""
     ws = Workspace.at(path)
     run_id = run_id or new_run_id()
     paths = ws.run(run_id)
@@ -56,9 +63,26 @@ def paused_workspace(path: Path, prompt: str = "q?", run_id: str | None = None) 
         updated_at=now,
     )
     save_metadata(paths.metadata, meta)
-    Mailbox(ws).post(InteractionRequest(prompt=prompt, run_id=run_id, action_id="act_1"))
+    request = InteractionRequest(
+        prompt=prompt, run_id=run_id, action_id="act_1", expires_at=expires_at
+    )
+    _record_asked(paths.journal, request)
+    Mailbox(ws).post(request)
     ws.set_latest(run_id)
     return run_id
+
+
+def _record_asked(journal: Path, request: InteractionRequest) -> None:
+    """The journal's `asked` record, appended without fsync: a benchmark builds 50,000."""
+    seq = journal.read_bytes().count(b"\n") + 1 if journal.exists() else 1
+    payload = {"phase": "asked", "request": request.model_dump(mode="json")}
+    event = {"seq": seq, "timestamp": iso(utcnow()), "type": "HUMAN_INTERACTION"}
+    line = json.dumps({**event, "payload": payload}, separators=(",", ":")) + "\n"
+    fd = safefs.open_file(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # the rule's mode
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def _record(file: Path, **fields: object) -> None:

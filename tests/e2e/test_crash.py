@@ -419,3 +419,31 @@ def test_respond_refuses_a_question_the_journal_already_answered(
     assert r.code == 2 and "already answered" in r.err
     assert delta("run").code == 0
     assert fake.tool_results()["ask1"] == "first"
+
+
+# -- 9. an event type this version does not know
+@pytest.mark.parametrize("where", ["last", "before the question"])
+def test_an_unknown_event_type_stops_the_resume_naming_the_line(
+    delta: Delta, fake: FakeLLM, where: str
+) -> None:
+    pause_on_question(delta, fake)
+    fake.reply("finished")
+    journal = delta.run_dir / "execution" / "journal.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    at = len(lines) if where == "last" else 1  # after RUN_START: inside a snapshot's prefix
+    unknown = b'{"seq":2,"timestamp":"2026-01-01T00:00:00Z","type":"HUMAN_NOTE","payload":{}}\n'
+    journal.write_bytes(b"".join([*lines[:at], unknown, *lines[at:]]))
+    before = journal.read_bytes()
+    delta.answer("production")
+
+    r = delta("run")
+    assert r.code == 2, (r.out, r.err)
+    assert "Traceback" not in r.err
+    [line] = r.err.strip().splitlines()
+    assert f"journal.jsonl:{at + 1}: unknown event type 'HUMAN_NOTE'" in line
+    # Untouched: not asked again, the answer neither taken nor set aside, the model not called.
+    assert journal.read_bytes() == before
+    assert delta.status() == "WAITING_FOR_INPUT"
+    assert (delta.delta_dir / "interaction" / "response.txt").read_text() == "production"
+    assert not list((delta.delta_dir / "interaction").glob("response.stale-*"))
+    assert len(fake.requests) == 1

@@ -8,6 +8,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from deltad.testing import FakeLLM, tool_call
 from deltad.testing.daemon import metadata_status, wait_for
 
@@ -106,3 +108,55 @@ def test_question_seen_while_the_run_is_still_running_still_expires(
         assert r.code == 101
         wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish on expiry")
         assert daemon.events("resume_queued", reason="question_expired")
+
+
+def test_a_request_file_whose_deadline_is_not_the_journal_s_is_reported_not_resumed_for(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    """request.json edited to a year-1 deadline the journal never asked: the client acts on the
+    journal's, so the daemon reports it once and resumes at the journal's deadline, not in a
+    loop of resumes that each pause again."""
+    d = _ws(tmp_path, fake)
+    fake.call(
+        "ask_human", {"prompt": "Go?", "input_type": "yes_no", "timeout_seconds": 15}, id="q"
+    ).reply("carried on without an answer")
+    assert d.start().code == 101
+    real = datetime.fromisoformat(d.request()["expires_at"])
+    doc = d.request() | {"expires_at": "0001-01-01T00:00:00"}
+    (d.delta_dir / "interaction" / "request.json").write_text(json.dumps(doc))
+    with _daemon(tmp_path, tmp_path / "root", fake) as daemon:
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to expire at last")
+        [queued] = daemon.events("resume_queued", workspace=str(d.ws))  # not one per backoff
+        assert queued["reason"] == "question_expired"
+        [problem] = daemon.events("workspace_problem", workspace=str(d.ws))  # logged once
+        assert "expires_at 0001-01-01T00:00:00Z" in problem["problem"]
+    [result] = d.events("ACTION_RESULT")
+    assert result["payload"]["observation_content"].startswith("TIMEOUT")
+    assert datetime.fromisoformat(result["timestamp"]) >= real  # the journal's deadline held
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["waiting", "answered"])
+def test_the_client_puts_back_the_journal_s_question_over_an_edited_copy(
+    tmp_path: Path, fake: FakeLLM, answered: bool
+) -> None:
+    d = _ws(tmp_path, fake)
+    fake.call(
+        "ask_human", {"prompt": "Go?", "input_type": "yes_no", "timeout_seconds": 3600}, id="q"
+    ).reply("done")
+    assert d.start().code == 101
+    asked = d.request()
+    box = d.delta_dir / "interaction"
+    (box / "request.json").write_text(json.dumps(asked | {"expires_at": "0001-01-01T00:00:00"}))
+    if answered:  # written for the edited copy: the repair must not make it stale
+        d.answer("yes")
+
+    r = d("run")
+    assert r.code == (0 if answered else 101), r.err
+    assert "expires_at 0001-01-01T00:00:00Z" in r.err and "Traceback" not in r.err
+    [kept] = box.glob("request.refused-*.json")
+    assert json.loads(kept.read_text())["expires_at"] == "0001-01-01T00:00:00"
+    assert "expires_at" in kept.with_suffix(".error").read_text()
+    if answered:
+        assert _results(d)["q"] == "yes"
+    else:
+        assert d.request()["expires_at"] == asked["expires_at"]  # the journal's, back

@@ -5,9 +5,9 @@ Real `deltad`/`delta` processes; the multi-user cases are in test_tenant_users.p
 
 from __future__ import annotations
 
-import json
 import os
 import signal
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -48,11 +48,7 @@ def test_impossible_owner_pids_neither_kill_nor_fool_the_daemon(tmp_path: Path, 
 def test_year_one_deadline_is_just_expired(tmp_path: Path) -> None:
     root = tmp_path / "root"
     ws = root / "ws"
-    paused_workspace(ws)
-    req = ws / ".delta" / "interaction" / "request.json"
-    doc = json.loads(req.read_text())
-    doc["expires_at"] = "0001-01-01T00:00:00"
-    req.write_text(json.dumps(doc))
+    paused_workspace(ws, expires_at=datetime(1, 1, 1, tzinfo=UTC))  # asked so: long expired
     with running(tmp_path, [root]) as d:
         d.wait_event("resume_queued", workspace=str(ws), reason="question_expired")
         other = root / "other"

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -145,12 +146,19 @@ def test_unsafe_workspaces_are_refused_with_one_line(
         d.kill_children()
 
 
-def test_service_user_deployment_resumes_end_to_end(
-    world: tuple[Accounts, Path], fake: FakeLLM
-) -> None:
-    """docs/daemon.md, deployment (b): deltad runs as a service user sharing a group with the
-    workspace owner; the owner's .delta/ is setgid 2770 in that group; umask 002."""
-    acc, base = world
+@dataclass(frozen=True)
+class SharedWorkspace:
+    group: str
+    gid: int
+    svc: User  # the daemon's service user
+    alice: User  # the workspace's owner
+    root: Path
+    ws: Path
+
+
+def _shared_workspace(acc: Accounts, base: Path) -> SharedWorkspace:
+    """docs/daemon.md, deployment (b): a service user and an owner in one group; the owner's
+    workspace and its .delta/ setgid 2770 in that group."""
     group = acc.group()
     svc = acc.user(group)
     alice = acc.user(group)
@@ -169,6 +177,21 @@ def test_service_user_deployment_resumes_end_to_end(
         ["install", "-d", "-m", "2770", "-o", alice.name, "-g", group, str(ws / ".delta")],
         check=True,
     )
+    return SharedWorkspace(group, gid, svc, alice, root, ws)
+
+
+def _as_service(svc: User) -> list[str]:
+    return ["setpriv", f"--reuid={svc.uid}", f"--regid={svc.gid}", "--init-groups"]
+
+
+def test_service_user_deployment_resumes_end_to_end(
+    world: tuple[Accounts, Path], fake: FakeLLM
+) -> None:
+    """docs/daemon.md, deployment (b): deltad runs as a service user sharing a group with the
+    workspace owner; the owner's .delta/ is setgid 2770 in that group; umask 002."""
+    acc, base = world
+    t = _shared_workspace(acc, base)
+    group, gid, svc, alice, root, ws = t.group, t.gid, t.svc, t.alice, t.root, t.ws
     agent = _agent(base)
     fake.call("ask_human", {"prompt": "Name?"}, id="q").call("probe", {}, id="p").reply("hi")
     r = _as(alice, fake, "run", "--agent", str(agent), "--task", "t", "-w", str(ws), umask="002")
@@ -177,7 +200,7 @@ def test_service_user_deployment_resumes_end_to_end(
     home = base / "daemon"
     home.mkdir()
     os.chown(home, svc.uid, svc.gid)
-    as_svc = ["setpriv", f"--reuid={svc.uid}", f"--regid={svc.gid}", "--init-groups"]
+    as_svc = _as_service(svc)
     # Without trusting alice, a non-root daemon refuses her workspace.
     d = _daemon(base, fake, root, wrapper=as_svc)
     try:
@@ -198,3 +221,51 @@ def test_service_user_deployment_resumes_end_to_end(
         mode = os.lstat(p).st_mode & 0o7777
         assert mode == (0o2770 if p.is_dir() else 0o660), (p, oct(mode))
         assert os.lstat(p).st_gid == gid, p
+
+
+REPORTER = """name: reporter
+llm: {model: fake}
+tools:
+  - name: report
+    shell: 'mkdir -p out && echo findings > out/report.txt && echo summary > summary.txt'
+"""
+
+
+def test_what_the_service_user_s_tools_create_the_owner_can_read(
+    world: tuple[Accounts, Path], fake: FakeLLM
+) -> None:
+    """docs/daemon.md, "File modes": in a shared workspace the tools of a resume run by the
+    service user create group-readable files (umask 0007), so the owner reads her agent's
+    output."""
+    acc, base = world
+    t = _shared_workspace(acc, base)
+    agent = base / "agent-reporter"
+    agent.mkdir()
+    (agent / "config.yaml").write_text(REPORTER)
+    (agent / "system_prompt.md").write_text("Report.\n")
+    fake.call("ask_human", {"prompt": "Go?"}, id="q").call("report", {}, id="r").reply("done")
+    run = ["run", "--agent", str(agent), "--task", "t", "-w", str(t.ws)]
+    assert _as(t.alice, fake, *run, umask="002").returncode == 101
+    assert _as(t.alice, fake, "respond", "-w", str(t.ws), "yes", umask="002").returncode == 0
+    home = base / "daemon"
+    home.mkdir()
+    os.chown(home, t.svc.uid, t.svc.gid)
+    d = _daemon(
+        base,
+        fake,
+        t.root,
+        wrapper=_as_service(t.svc),
+        trusted_owners=[t.alice.name],
+        shared_group=t.group,
+    )
+    try:
+        wait_for(lambda: metadata_status(t.ws) == "COMPLETED", "the service user's resume")
+    finally:
+        d.stop()
+        d.kill_children()
+    made = [t.ws / "summary.txt", t.ws / "out", t.ws / "out" / "report.txt"]
+    assert [os.lstat(p).st_uid for p in made] == [t.svc.uid] * 3  # the tool ran as the service
+    assert [os.lstat(p).st_mode & 0o7777 for p in made] == [0o660, 0o2770, 0o660]
+    for p in (t.ws / "summary.txt", t.ws / "out" / "report.txt"):
+        read = subprocess.run(t.alice.argv("cat", str(p)), capture_output=True, text=True)
+        assert read.returncode == 0, (p, read.stderr)

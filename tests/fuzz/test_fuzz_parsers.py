@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from deltad.agent import load_agent
@@ -22,8 +22,9 @@ from deltad.protocol.journal import read_journal
 from deltad.protocol.mailbox import parse_request
 from deltad.protocol.metadata import load_metadata
 from deltad.protocol.questions import AnswerRejected, build_options, interpret_json, interpret_text
+from tests.fuzz import fuzz_settings
 
-FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz_settings(400)
 
 # Any code point, lone surrogates included (JSON can carry "\ud800").
 anytext = st.text(st.characters(codec=None, exclude_categories=()), max_size=30)
@@ -109,6 +110,8 @@ structured = st.fixed_dictionaries(
     st.sampled_from(REQUESTS),
     structured.map(json.dumps) | json_values.map(json.dumps) | st.text(),
 )
+# Found by this test: a newline in `request_id` put a line of the file's choosing in the refusal.
+@example(REQUESTS[0], json.dumps({"request_id": "RID\nforged line", "answer": "x"}))
 def test_structured_answers_are_taken_or_refused(req: InteractionRequest, raw: str) -> None:
     req = req.model_copy(update={"request_id": "RID"})
     try:

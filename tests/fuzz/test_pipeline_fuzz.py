@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from deltad.pipeline import (
@@ -21,9 +21,10 @@ from deltad.pipeline import (
     select_edge,
 )
 from deltad.pipeline.cli import pipeline
+from tests.fuzz import fuzz_settings
 from tests.unit.helpers import raw_graph
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz_settings(300)
 
 anytext = st.text(st.characters(codec=None, exclude_categories=()), max_size=80)
 # Pieces of DOT, so that generated text gets past the first token and into the grammar.
@@ -71,6 +72,8 @@ labels = st.one_of(st.none(), anytext.filter(lambda s: '"' not in s and "\\" not
 
 @FUZZ
 @given(st.lists(labels, min_size=1, max_size=8), anytext)
+# Found by this test (8751e16): a multi-line label defeated its own "[K] label" answer.
+@example(["0\n0"], "0")
 def test_every_choice_is_found_by_its_key_and_label_and_routes_to_its_edge(
     gate_labels: list[str | None], answer: str
 ) -> None:
@@ -100,7 +103,7 @@ def test_routing_never_raises(label: str, context: dict[str, object]) -> None:
     assert select_edge(graph, "n", outcome, context).edge is not None
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz_settings(60)
 @given(
     st.one_of(anytext, dotish, wrapped, st.binary(max_size=60).map(lambda b: b.decode("latin-1")))
 )

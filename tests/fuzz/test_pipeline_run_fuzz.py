@@ -7,16 +7,17 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from deltad.engine.interviewers import QueueInterviewer
 from deltad.errors import UsageError
 from deltad.protocol import RunStatus
 from deltad.testing import ScriptedModel
+from tests.fuzz import fuzz_settings
 from tests.unit.helpers import Run, example
 
-RUNS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+RUNS = fuzz_settings(30)
 FITTING = {"a": "apply", "approve": "apply", "[a] approve": "apply", "r": "revise"}
 FITTING |= {"revise": "revise", "[r] revise": "revise"}
 answers = st.sampled_from(sorted(FITTING)).map(str.upper) | st.text(max_size=12)

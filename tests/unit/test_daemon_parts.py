@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
+
+import pytest
 
 from deltad.daemon.backoff import AnswerKey, Backoff, ExpiredKey
 from deltad.daemon.clock import ManualClock
@@ -77,11 +80,7 @@ def test_an_empty_answer_file_is_waited_on_never_resumed(tmp_path: Path) -> None
 
 def test_a_deadline_is_acted_on_when_the_clock_reaches_it(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
-    paused_workspace(ws)
-    req_path = ws / ".delta" / "interaction" / "request.json"
-    doc = json.loads(req_path.read_text())
-    doc["expires_at"] = "2030-01-01T00:00:00Z"
-    req_path.write_text(json.dumps(doc))
+    paused_workspace(ws, expires_at=datetime(2030, 1, 1, tzinfo=UTC))
     deadline = 1893456000.0
     clock = ManualClock(wall=deadline - 10)
     v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
@@ -89,6 +88,38 @@ def test_a_deadline_is_acted_on_when_the_clock_reaches_it(tmp_path: Path) -> Non
     clock.advance(10)
     v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
     assert (v.action, v.state) == (Action.RESUME, State.EXPIRED)
+
+
+def _post_copy(ws: Path, **changes: object) -> None:
+    """request.json edited by hand; the journal's record of the question stays as asked."""
+    req_path = ws / ".delta" / "interaction" / "request.json"
+    req_path.write_text(json.dumps(json.loads(req_path.read_text()) | changes))
+
+
+@pytest.mark.parametrize(
+    ("posted", "problem"),
+    [
+        ({"expires_at": "0001-01-01T00:00:00"}, "says expires_at 0001-01-01T00:00:00Z"),
+        ({"expires_at": "2026-01-01T00:00:00Z"}, "says expires_at 2026-01-01T00:00:00Z"),
+        ({"expires_at": "2026-01-01T00:00:00Z", "request_id": "forged"}, "never asked"),
+    ],
+)
+def test_an_expiry_the_journal_does_not_record_is_reported_not_resumed(
+    tmp_path: Path, posted: dict[str, str], problem: str
+) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws, expires_at=datetime(2030, 1, 1, tzinfo=UTC))
+    _post_copy(ws, **posted)
+    clock = ManualClock(wall=1893456000.0 - 10)  # past request.json's deadline, not the journal's
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+    assert (v.action, v.state) == (Action.NONE, State.WAITING)
+    assert v.problem and problem in v.problem
+    # It waits for the journal's deadline (a question it never asked has none), then resumes.
+    assert v.wake_at == (None if "never" in problem else 1893456000.0)
+    clock.advance(10)
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+    never = (Action.NONE, State.WAITING)
+    assert (v.action, v.state) == (never if "never" in problem else (Action.RESUME, State.EXPIRED))
 
 
 def test_a_dead_owner_is_to_be_marked_and_an_impossible_pid_is_dead(tmp_path: Path) -> None:

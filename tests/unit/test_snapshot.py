@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from deltad.engine.budget import Cut
-from deltad.protocol import EventType, Journal
+from deltad.protocol import CorruptFile, EventType, Journal
 from deltad.protocol.history import History
 from deltad.protocol.snapshot import NAME, Snapshot, load, path_of
 
@@ -191,3 +191,23 @@ def test_the_snapshot_is_compact_and_lives_beside_the_journal(tmp_path: Path) ->
     assert isinstance(ck, Snapshot) and path_of(path) == tmp_path / NAME
     assert ck.journal_bytes == path.stat().st_size and b"\n" not in path_of(path).read_bytes()[:-1]
     assert 0 < ck.tail_offset < ck.journal_bytes and len(ck.kept_offsets) == 4
+
+
+def test_a_snapshot_written_before_unknown_types_were_refused_does_not_hide_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "journal.jsonl"
+    _long_run(path).snapshot()
+    lines = path.read_bytes().splitlines(keepends=True)
+    unknown = b'{"seq":2,"timestamp":"2026-01-01T00:00:00Z","type":"HUMAN_NOTE","payload":{}}\n'
+    path.write_bytes(b"".join([lines[0], unknown, *lines[1:]]))
+    path_of(path).unlink()
+    # What a version that skipped unknown types left: a snapshot whose prefix covers the line.
+    with monkeypatch.context() as m:
+        m.setattr("deltad.protocol.journal._known", lambda *_: None)
+        Journal(path).snapshot()
+    old = json.loads(path_of(path).read_bytes())
+    path_of(path).write_text(json.dumps(old | {"version": 1}))
+
+    with pytest.raises(CorruptFile, match=r"journal\.jsonl:2: unknown event type 'HUMAN_NOTE'"):
+        Journal(path)
