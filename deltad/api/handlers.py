@@ -23,6 +23,7 @@ from deltad import inbox
 from deltad.daemon.feed import Feed, View
 from deltad.protocol import ProtocolError, Workspace, iso, safefs
 from deltad.protocol.kinds import kind_of
+from deltad.protocol.printable import show_path, unshow
 
 from . import links, scopes
 from .config import HttpConfig
@@ -96,10 +97,15 @@ def _views(ctx: Context, who: Identity, workspace_glob: str | None) -> list[View
     for v in ctx.feed.index.views():
         if not visible(who, v.workspace):
             continue
-        if workspace_glob and not scopes.matches(workspace_glob, str(v.workspace)):
+        if workspace_glob and not _glob_names(workspace_glob, v.workspace):
             continue
         out.append(v)
     return out
+
+
+def _glob_names(glob: str, ws: Path) -> bool:
+    """A `?workspace=` glob matches the name as the API shows it, or as the file system has it."""
+    return scopes.matches(glob, str(ws)) or scopes.matches(glob, show_path(ws))
 
 
 def _workspace_of(ctx: Context, who: Identity, request_id: str) -> Path:
@@ -119,7 +125,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
     r = p.request
     doc: dict[str, Any] = {
         "request_id": r.request_id,
-        "workspace": p.workspace,
+        "workspace": show_path(p.workspace),
         "run_id": r.run_id,
         "action_id": r.action_id,
         "node_id": r.node_id,  # a pipeline gate or node asking
@@ -242,7 +248,7 @@ def submit(
     return {
         "status": "accepted",
         "request_id": request_id,
-        "workspace": str(ws),
+        "workspace": show_path(ws),
         "run_id": done.request.run_id,
         "answered_by": answered_by,
         "channel": channel,
@@ -268,7 +274,7 @@ def list_runs(
 
 def _run_summary(ws: Path, meta: Any) -> dict[str, Any]:
     return {
-        "workspace": str(ws),
+        "workspace": show_path(ws),
         "run_id": meta.run_id,
         "status": str(meta.status),
         "task": meta.task,
@@ -280,6 +286,14 @@ def _run_summary(ws: Path, meta: Any) -> dict[str, Any]:
         "error": meta.error,
         "error_kind": meta.error_kind,
     }
+
+
+def _unshown(name: str) -> str:
+    """A workspace named as the API shows it (a raw name without escapes is the same)."""
+    try:
+        return unshow(name)
+    except ValueError:
+        return name
 
 
 def get_run(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> dict[str, Any]:
@@ -301,7 +315,7 @@ def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | No
             raise ApiError(404, "unknown_run", f"no run {run_id} (give ?workspace=PATH)")
         ws = matches[0]
     else:
-        path = scopes.normal(workspace)
+        path = scopes.normal(_unshown(workspace))
         if path is None or ctx.feed.index.get(Path(path)) is None:
             raise ApiError(404, "unknown_workspace", f"{workspace} is not a watched workspace")
         ws = Path(path)

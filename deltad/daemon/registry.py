@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 
 from deltad.protocol import RunStatus
+from deltad.protocol.printable import show_path
 
 from .feed import View
 from .reconcile import State, Verdict
@@ -153,5 +154,6 @@ class Registry:
 
     def problems(self) -> Iterator[dict[str, Any]]:
         return (
-            {"workspace": str(ws), "problem": self.workspaces[ws].problem} for ws in self._problems
+            {"workspace": show_path(ws), "problem": self.workspaces[ws].problem}
+            for ws in self._problems
         )

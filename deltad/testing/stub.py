@@ -37,6 +37,7 @@ from deltad.protocol import (
     transition,
     utcnow,
 )
+from deltad.protocol.printable import show_path
 
 
 def paused_workspace(path: Path, prompt: str = "q?", run_id: str | None = None) -> str:
@@ -50,7 +51,7 @@ def paused_workspace(path: Path, prompt: str = "q?", run_id: str | None = None) 
         run_id=run_id,
         status=RunStatus.WAITING_FOR_INPUT,
         task="benchmark task",
-        agent_ref=str(path / "agent"),
+        agent_ref=show_path(path / "agent"),  # metadata is UTF-8 JSON: names are bytes
         start_time=now,
         updated_at=now,
     )

@@ -1,0 +1,84 @@
+"""Names are bytes: a workspace whose name is not UTF-8 is served like any other, and no string
+from a file (a prompt, a request id) prints a line of its choosing on a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from deltad.protocol.printable import show_path
+from deltad.testing.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
+from deltad.testing.inbox import client, make_token
+
+from ..users import accounts, chown_tree, executable_by_all, need_root, shared_tmp
+
+
+def _bytes_name(parent: Path, name: bytes) -> Path:
+    return Path(os.fsdecode(os.fsencode(parent) + b"/" + name))
+
+
+def _deltad_status(d: Daemon, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    argv = [DELTAD, "status", "--state-dir", str(d.state_dir), *extra]
+    return subprocess.run(argv, capture_output=True, timeout=60)
+
+
+def test_a_workspace_named_in_bytes_is_watched_listed_and_resumed(tmp_path: Path) -> None:
+    need_root()
+    with accounts() as acc, executable_by_all(), shared_tmp() as base:
+        bob = acc.user()
+        root = base / "root"
+        ok = root / "alice" / "ok"
+        bad, twin = _bytes_name(root / "bob", b"y\xfd"), _bytes_name(root / "bob", b"y\xfe")
+        for ws, prompt in ((ok, "alice?"), (bad, "bob y-fd?"), (twin, "bob y-fe?")):
+            ws.parent.mkdir(parents=True, exist_ok=True)
+            paused_workspace(ws, prompt=prompt)
+        chown_tree(root / "bob", bob)  # any user may name a directory so
+        home = base / "daemon"
+        home.mkdir()
+        home.chmod(0o1777)  # the stand-in resume, run as the owner, records here
+        d = Daemon(home, [root], http={"listen": "127.0.0.1:0"})
+        d.record.touch()
+        d.record.chmod(0o666)  # the resumes of root and of bob both record here
+        d.start()  # READY, where a name that is not UTF-8 used to kill the daemon
+        try:
+            d.stop()
+            d.start(wait=False)  # ... and every restart with it
+            d.wait_event("daemon_ready", count=2)
+            url = str(d.wait_event("http_listening", count=2)[-1]["url"])
+            shown = {show_path(bad), show_path(twin), str(ok)}
+            assert show_path(bad).endswith("/bob/y\\xfd")
+
+            def listed() -> dict[str, dict[str, str]] | None:
+                got = {q["workspace"]: q for q in http.get("/v1/requests").json()["requests"]}
+                return got if set(got) == shown else None
+
+            with client(url, make_token(d.state_dir, "ops", str(root))) as http:
+                qs = wait_for(listed, "the three questions, two names escaped and distinct")
+                assert qs[show_path(bad)]["prompt"] == "bob y-fd?"
+                assert qs[show_path(twin)]["prompt"] == "bob y-fe?"
+                mine = http.get("/v1/requests", params={"workspace": show_path(bad)}).json()
+                assert [q["prompt"] for q in mine["requests"]] == ["bob y-fd?"]
+
+                out = _deltad_status(d)
+                assert out.returncode == 0, out.stderr
+                text = out.stdout.decode("utf-8")  # strict: nothing undecodable printed
+                assert show_path(bad) in text and show_path(twin) in text
+                doc = json.loads(_deltad_status(d, "--json").stdout)
+                assert set(doc["workspaces"]) == shown
+
+                answer(ok, "Ada")
+                d.wait_resumed(ok)
+                rid = qs[show_path(bad)]["request_id"]
+                r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "Bob"})
+                assert r.status_code == 202, r.text
+                assert r.json()["workspace"] == show_path(bad)
+            [resumed] = d.wait_resumed(bad)
+            assert json.loads(resumed["answer"])["answer"] == "Bob"
+            d.wait_event("resume_exited", workspace=show_path(bad), exit_code=0)
+            assert d.resumed(twin) == []  # its twin still waits
+            assert os.fsencode(bad).endswith(b"/y\xfd")
+        finally:
+            d.stop()
+            d.kill_children()
