@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from typing import Any
 
 _NAMED = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # Besides controls and lone surrogates: what reorders or splits the line a terminal shows (line
 # and paragraph separators, bidi marks, embeddings, overrides and isolates).
 _NEEDS = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069\u200e\u200f\ud800-\udfff]")
-_ESCAPE = re.compile(r"\\(?:x([0-9a-f]{2})|u([0-9a-f]{4})|(.))", re.DOTALL)
+_ESCAPE = re.compile(r"\\(?:x([0-9a-f]{2})|u([0-9a-f]{4})|(.|$))", re.DOTALL)
 _UNNAMED = {"\\": "\\", "n": "\n", "r": "\r", "t": "\t"}
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
@@ -49,6 +50,15 @@ def show(text: str) -> str:
 def show_path(path: str | os.PathLike[str] | bytes) -> str:
     """A path (or file name) as `show` renders it; bytes are taken as the file system has them."""
     return show(os.fsdecode(path))
+
+
+def shell_quote(text: str) -> str:
+    """`text` for a command a person pastes: `shlex.quote`, or bash's `$'...'` (which reads
+    `show`'s escapes back) when it holds a byte or character a terminal must not be given."""
+    shown = show(text)
+    if shown == text:
+        return shlex.quote(text)
+    return "$'" + shown.replace("'", "\\'") + "'"
 
 
 def unshow(shown: str) -> str:

@@ -9,9 +9,11 @@ import subprocess
 from pathlib import Path
 
 from deltad.protocol.printable import show_path
+from deltad.testing import FakeLLM
 from deltad.testing.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
 from deltad.testing.inbox import client, make_token
 
+from ..conftest import Delta
 from ..users import accounts, chown_tree, executable_by_all, need_root, shared_tmp
 
 
@@ -39,6 +41,8 @@ def test_a_workspace_named_in_bytes_is_watched_listed_and_resumed(tmp_path: Path
         home.mkdir()
         home.chmod(0o1777)  # the stand-in resume, run as the owner, records here
         d = Daemon(home, [root], http={"listen": "127.0.0.1:0"})
+        d.record.touch()
+        d.record.chmod(0o666)  # the resumes of root and of bob both record here
         d.record.touch()
         d.record.chmod(0o666)  # the resumes of root and of bob both record here
         d.start()  # READY, where a name that is not UTF-8 used to kill the daemon
@@ -82,3 +86,42 @@ def test_a_workspace_named_in_bytes_is_watched_listed_and_resumed(tmp_path: Path
         finally:
             d.stop()
             d.kill_children()
+
+
+def test_a_prompt_and_a_request_id_cannot_print_lines_of_their_choosing(
+    tmp_path: Path, fake: FakeLLM, agent: Path
+) -> None:
+    ws = _bytes_name(tmp_path, b"w\xfd")
+    ws.mkdir()
+    delta = Delta(ws, fake, agent)
+    prompt = "Name?\n\x1b[31mFORGED LINE"
+    fake.call("ask_human", {"prompt": prompt, "input_type": "choice", "options": ["a", "b"]})
+    fake.reply("done")
+
+    def lines_of(*args: str) -> tuple[int, list[str]]:
+        p = subprocess.run(delta.argv(*args), env=delta.env, capture_output=True, timeout=60)
+        text = (p.stdout + p.stderr).decode("utf-8")  # strict: every byte printed is UTF-8
+        assert "\x1b" not in text
+        return p.returncode, text.splitlines()
+
+    task = "t\nTASK LINE"
+    code, out = lines_of("run", "--agent", str(agent), "--task", task, "--work-dir", str(ws))
+    assert code == 101
+    assert "  Question: Name?\\n\\x1b[31mFORGED LINE" in out
+    pasted = f"$'{show_path(ws)}'"  # bash reads the escapes back: the very bytes
+    assert f"  Continue: delta run --work-dir {pasted}   (deltad does this by itself)" in out
+    forged = {"request_id": "zz\nINJECTED LINE\x1b[2J", "answer": "a"}
+    (ws / ".delta" / "interaction" / "response.json").write_text(json.dumps(forged))
+    code, out = lines_of("run", "--work-dir", str(ws))
+    assert code == 101
+    code, status = lines_of("status", "--work-dir", str(ws))
+    assert code == 0
+    code, runs = lines_of("runs", "--work-dir", str(ws))
+    assert code == 0 and "t\\nTASK LINE" in runs[0]
+    for shown in (out, status, runs):
+        assert not [x for x in shown if x.startswith(("INJECTED", "FORGED", "TASK"))], shown
+    for shown in (out, status):
+        assert any("zz\\nINJECTED LINE\\x1b[2J" in x for x in shown), shown
+        assert any("Name?\\n\\x1b[31mFORGED LINE" in x for x in shown), shown
+    code, said = lines_of("respond", "a", "--work-dir", str(ws))
+    assert code == 0 and pasted in "\n".join(said)
