@@ -71,6 +71,11 @@ def test_a_workspace_named_in_bytes_is_watched_listed_and_resumed(tmp_path: Path
                 assert show_path(bad) in text and show_path(twin) in text
                 doc = json.loads(_deltad_status(d, "--json").stdout)
                 assert set(doc["workspaces"]) == shown
+                argv = [DELTAD, "check", "--config", str(d.config_path)]
+                checked = subprocess.run(argv, capture_output=True, timeout=60)
+                assert checked.returncode == 0, checked.stderr
+                listed_ws = checked.stdout.decode("utf-8").splitlines()  # strict, as above
+                assert {f"  workspace {x}" for x in shown} <= set(listed_ws)
 
                 answer(ok, "Ada")
                 d.wait_resumed(ok)
@@ -98,8 +103,9 @@ def test_a_prompt_and_a_request_id_cannot_print_lines_of_their_choosing(
     fake.call("ask_human", {"prompt": prompt, "input_type": "choice", "options": ["a", "b"]})
     fake.reply("done")
 
-    def lines_of(*args: str) -> tuple[int, list[str]]:
-        p = subprocess.run(delta.argv(*args), env=delta.env, capture_output=True, timeout=60)
+    def lines_of(*args: str, typed: bytes = b"") -> tuple[int, list[str]]:
+        argv, env = delta.argv(*args), delta.env
+        p = subprocess.run(argv, env=env, input=typed, capture_output=True, timeout=60)
         text = (p.stdout + p.stderr).decode("utf-8")  # strict: every byte printed is UTF-8
         assert "\x1b" not in text
         return p.returncode, text.splitlines()
@@ -123,5 +129,7 @@ def test_a_prompt_and_a_request_id_cannot_print_lines_of_their_choosing(
     for shown in (out, status):
         assert any("zz\\nINJECTED LINE\\x1b[2J" in x for x in shown), shown
         assert any("Name?\\n\\x1b[31mFORGED LINE" in x for x in shown), shown
+    code, asked = lines_of("run", "-i", "--work-dir", str(ws), typed=b"zz\n")  # then end of input
+    assert code == 101 and "[ask_human] Name?\\n\\x1b[31mFORGED LINE" in asked, asked
     code, said = lines_of("respond", "a", "--work-dir", str(ws))
     assert code == 0 and pasted in "\n".join(said)
