@@ -187,7 +187,7 @@ def _print_status(snap: dict[str, Any]) -> None:
         for ws in snap[label]:
             click.echo(f"  {label:<12} {ws}")
     for item in snap["problems"]:
-        click.echo(f"  problem      {item['workspace']}: {show(str(item['problem']))}")
+        click.echo(f"  problem      {item['workspace']}: {item['problem']}")  # shown at the source
 
 
 # -- tokens ---------------------------------------------------------------------------------------
