@@ -23,7 +23,7 @@ from deltad import inbox
 from deltad.daemon.feed import Feed, View
 from deltad.protocol import ProtocolError, Workspace, iso, safefs
 from deltad.protocol.kinds import kind_of
-from deltad.protocol.printable import show_path, unshow
+from deltad.protocol.printable import json_safe, show_path, unshow
 
 from . import links, scopes
 from .config import HttpConfig
@@ -40,7 +40,8 @@ class ApiError(Exception):
         self.http, self.code = http, code
 
     def document(self) -> dict[str, str]:
-        return {"error": str(self), "code": self.code}
+        # A message may quote a workspace named in bytes: UTF-8 JSON would fail on it.
+        return {"error": json_safe(str(self)), "code": self.code}
 
 
 def unauthorized(message: str = "a bearer token is needed (Authorization: Bearer ...)") -> ApiError:

@@ -64,6 +64,12 @@ def test_a_workspace_named_in_bytes_is_watched_listed_and_resumed(tmp_path: Path
                 assert qs[show_path(twin)]["prompt"] == "bob y-fe?"
                 mine = http.get("/v1/requests", params={"workspace": show_path(bad)}).json()
                 assert [q["prompt"] for q in mine["requests"]] == ["bob y-fd?"]
+                where = {"workspace": show_path(bad)}  # a shown name comes back as the path
+                run = http.get(f"/v1/runs/{qs[show_path(bad)]['run_id']}", params=where)
+                assert run.status_code == 200 and run.json()["workspace"] == show_path(bad)
+                with client(url, make_token(d.state_dir, "alice", str(ok.parent))) as alice:
+                    r = alice.get(f"/v1/runs/{run.json()['run_id']}", params=where)
+                    assert r.status_code == 403 and show_path(bad) in r.json()["error"]
 
                 out = _deltad_status(d)
                 assert out.returncode == 0, out.stderr
