@@ -11,7 +11,7 @@ from pathlib import Path
 from deltad.protocol.printable import show_path
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
-from deltad.testing.inbox import client, make_token
+from deltad.testing.inbox import EventReader, client, make_token
 
 from ..conftest import Delta
 from ..users import accounts, chown_tree, executable_by_all, need_root, shared_tmp
@@ -58,7 +58,9 @@ def test_a_workspace_named_in_bytes_is_watched_listed_and_resumed(tmp_path: Path
                 got = {q["workspace"]: q for q in http.get("/v1/requests").json()["requests"]}
                 return got if set(got) == shown else None
 
-            with client(url, make_token(d.state_dir, "ops", str(root))) as http:
+            ops = make_token(d.state_dir, "ops", str(root))
+            stream = EventReader(url, ops)
+            with client(url, ops) as http:
                 qs = wait_for(listed, "the three questions, two names escaped and distinct")
                 assert qs[show_path(bad)]["prompt"] == "bob y-fd?"
                 assert qs[show_path(twin)]["prompt"] == "bob y-fe?"
@@ -90,6 +92,11 @@ def test_a_workspace_named_in_bytes_is_watched_listed_and_resumed(tmp_path: Path
                 assert r.status_code == 202, r.text
                 assert r.json()["workspace"] == show_path(bad)
             [resumed] = d.wait_resumed(bad)
+            stream.wait(
+                lambda e: e["type"] == "request.answered" and e["workspace"] == show_path(bad),
+                "the event stream naming it as shown",
+            )
+            stream.close()
             assert json.loads(resumed["answer"])["answer"] == "Bob"
             d.wait_event("resume_exited", workspace=show_path(bad), exit_code=0)
             assert d.resumed(twin) == []  # its twin still waits
