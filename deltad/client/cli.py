@@ -211,7 +211,7 @@ def _answer_text(req: InteractionRequest, text: str | None, file: str | None) ->
     elif text is not None:
         data = text
     elif sys.stdin.isatty():
-        click.echo(req.prompt)
+        click.echo(show(req.prompt))  # from a file: no forged lines
         data = getpass.getpass("> ") if req.is_secret else input("> ")
     else:
         data = sys.stdin.read(MAX_MAILBOX_BYTES + 1)
