@@ -3,15 +3,21 @@
 JSON lines (ISO-8601 UTC `timestamp`, `level`, `logger`, `event`) in production, a console
 renderer on a TTY. Standard-library records (watchdog, httpx, openai) go through the same
 processors. Tracebacks are rendered without locals: locals hold prompts, answers and keys.
+Names are bytes: a path (and the value of a key that names one) is rendered with `show_path`,
+so two workspaces never log alike; any other string with an undecodable byte is `show`n; on a
+terminal every string is (no control character from a file reaches it).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import IO, Literal
+from os import PathLike
+from typing import IO, Any, Literal
 
 import structlog
+
+from deltad.protocol.printable import json_safe, show, show_path
 
 Format = Literal["json", "console", "auto"]
 
@@ -23,12 +29,33 @@ _SHARED: list[structlog.types.Processor] = [
 ]
 
 
-def _renderer(fmt: Format, stream: IO[str]) -> structlog.types.Processor:
+# Keys whose string value is a file or directory name.
+NAME_KEYS = frozenset({"workspace", "path", "root", "dir", "file", "state_dir", "log"})
+# Rendered apart by the console renderer (a multi-line traceback stays multi-line).
+_AS_IS = frozenset({"event", "level", "logger", "timestamp", "exception"})
+
+
+def _value(key: str, value: Any, terminal: bool) -> Any:
+    if isinstance(value, PathLike) or (key in NAME_KEYS and isinstance(value, str | bytes)):
+        return show_path(value)
+    if terminal and isinstance(value, str) and key not in _AS_IS:
+        return show(value)
+    return json_safe(value)
+
+
+def _names(terminal: bool) -> structlog.types.Processor:
+    def escape(_: Any, __: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
+        return {k: _value(k, v, terminal) for k, v in event.items()}
+
+    return escape
+
+
+def _renderer(fmt: Format, stream: IO[str]) -> list[structlog.types.Processor]:
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
     if fmt == "console":
-        return structlog.dev.ConsoleRenderer(colors=stream.isatty())
-    return structlog.processors.JSONRenderer()
+        return [_names(True), structlog.dev.ConsoleRenderer(colors=stream.isatty())]
+    return [_names(False), structlog.processors.JSONRenderer()]
 
 
 def configure(level: str = "info", fmt: Format = "auto", stream: IO[str] | None = None) -> None:
@@ -46,7 +73,7 @@ def configure(level: str = "info", fmt: Format = "auto", stream: IO[str] | None 
             structlog.processors.ExceptionRenderer(
                 structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
             ),
-            _renderer(fmt, stream),
+            *_renderer(fmt, stream),
         ],
     )
     handler = logging.StreamHandler(stream)

@@ -310,7 +310,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
             return (
                 e.type in wanted
                 and handlers.visible(who, Path(e.workspace))
-                and (not workspace or scopes.matches(workspace, e.workspace))
+                and (not workspace or handlers.glob_names(workspace, Path(e.workspace)))
                 and (not input_type or e.data.get("input_type") in (input_type, None))
             )
 

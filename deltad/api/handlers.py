@@ -23,6 +23,7 @@ from deltad import inbox
 from deltad.daemon.feed import Feed, View
 from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, safefs
 from deltad.protocol.kinds import kind_of
+from deltad.protocol.printable import json_safe, show_path, unshow
 
 from . import links, scopes
 from .config import HttpConfig
@@ -42,7 +43,8 @@ class ApiError(Exception):
         self.http, self.code, self.workspaces = http, code, workspaces
 
     def document(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"error": str(self), "code": self.code}
+        # A message may quote a workspace named in bytes: UTF-8 JSON would fail on it.
+        doc: dict[str, Any] = {"error": json_safe(str(self)), "code": self.code}
         if self.workspaces is not None:
             doc["workspaces"] = self.workspaces
         return doc
@@ -112,17 +114,22 @@ def _views(ctx: Context, who: Identity, workspace_glob: str | None) -> list[View
     for v in ctx.feed.index.views():
         if not visible(who, v.workspace):
             continue
-        if workspace_glob and not scopes.matches(workspace_glob, str(v.workspace)):
+        if workspace_glob and not glob_names(workspace_glob, v.workspace):
             continue
         out.append(v)
     return out
+
+
+def glob_names(glob: str, ws: Path) -> bool:
+    """A `?workspace=` glob matches the name as the API shows it, or as the file system has it."""
+    return scopes.matches(glob, str(ws)) or scopes.matches(glob, show_path(ws))
 
 
 def qualifier(ctx: Context, workspace: str | None) -> Path | None:
     """The workspace a caller named (`?workspace=PATH`, exact): it must be a watched one."""
     if workspace is None:
         return None
-    path = scopes.normal(workspace)
+    path = scopes.normal(_unshown(workspace))
     if path is None or ctx.feed.index.get(Path(path)) is None:
         raise ApiError(404, "unknown_workspace", f"{workspace} is not a watched workspace")
     return Path(path)
@@ -137,7 +144,7 @@ def holder(
     if len(mine) == 1:
         return mine[0]
     if mine:
-        names = [str(w) for w in mine]
+        names = [show_path(w) for w in mine]
         return ApiError(
             409,
             "ambiguous_request",
@@ -205,7 +212,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
     r = p.request
     doc: dict[str, Any] = {
         "request_id": r.request_id,
-        "workspace": p.workspace,
+        "workspace": show_path(p.workspace),
         "run_id": r.run_id,
         "action_id": r.action_id,
         "node_id": r.node_id,  # a pipeline gate or node asking
@@ -365,7 +372,7 @@ def submit(
     return {
         "status": "accepted",
         "request_id": request_id,
-        "workspace": str(ws),
+        "workspace": show_path(ws),
         "run_id": done.request.run_id,
         "answered_by": answered_by,
         "channel": channel,
@@ -391,7 +398,7 @@ def list_runs(
 
 def _run_summary(ws: Path, meta: Any) -> dict[str, Any]:
     return {
-        "workspace": str(ws),
+        "workspace": show_path(ws),
         "run_id": meta.run_id,
         "status": str(meta.status),
         "task": meta.task,
@@ -403,6 +410,14 @@ def _run_summary(ws: Path, meta: Any) -> dict[str, Any]:
         "error": meta.error,
         "error_kind": meta.error_kind,
     }
+
+
+def _unshown(name: str) -> str:
+    """A workspace named as the API shows it (a raw name without escapes is the same)."""
+    try:
+        return unshow(name)
+    except ValueError:
+        return name
 
 
 def get_run(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> dict[str, Any]:
@@ -419,17 +434,30 @@ def get_run(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> 
 
 def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> Path:
     if workspace is None:
-        matches = [v.workspace for v in ctx.feed.index.views() if v.run_id == run_id]
-        if not matches:
+        # A run id is a name a workspace gives itself (copies share it): never a guess, and
+        # never a hint at a workspace outside the caller's scope.
+        mine = [
+            v.workspace
+            for v in ctx.feed.index.views()
+            if v.run_id == run_id and visible(who, v.workspace)
+        ]
+        if not mine:
             raise ApiError(404, "unknown_run", f"no run {run_id} (give ?workspace=PATH)")
-        ws = matches[0]
+        if len(mine) > 1:
+            names = [show_path(w) for w in mine]
+            raise ApiError(
+                409,
+                "ambiguous_run",
+                f"run {run_id} is in {len(names)} workspaces; name one with ?workspace=PATH",
+                names,
+            )
+        ws = mine[0]
     else:
-        path = scopes.normal(workspace)
-        if path is None or ctx.feed.index.get(Path(path)) is None:
-            raise ApiError(404, "unknown_workspace", f"{workspace} is not a watched workspace")
-        ws = Path(path)
+        found = qualifier(ctx, workspace)
+        assert found is not None
+        ws = found
     if not visible(who, ws):
-        raise ApiError(403, "forbidden", f"{ws} is outside this token's scope")
+        raise ApiError(403, "forbidden", f"{show_path(ws)} is outside this token's scope")
     if "/" in run_id or run_id in (".", ".."):
         raise ApiError(404, "unknown_run", f"no run {run_id}")
     return ws

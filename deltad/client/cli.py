@@ -30,6 +30,7 @@ from deltad.protocol import (
     read_regular_text,
 )
 from deltad.protocol.fsio import MAX_MAILBOX_BYTES
+from deltad.protocol.printable import shell_quote, show, show_path
 
 from .runner import RunOptions, drive
 
@@ -44,7 +45,7 @@ WORK_DIR = click.option(
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"delta: error: {message}", err=True)
+    click.echo(f"delta: error: {show(message)}", err=True)
     sys.exit(code)
 
 
@@ -177,27 +178,34 @@ def status_cmd(work_dir: Path, run_id: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
+    _print_status(ws, doc)
+
+
+def _print_status(ws: Workspace, doc: dict[str, Any]) -> None:
+    """`delta status` for a person: every string from a file is shown escaped."""
     status = doc["status"]
     if doc["owner_alive"] is False:
         status += " (its process is gone: it crashed; `delta run` resumes it)"
-    click.echo(f"Run:        {doc['run_id']}\nStatus:     {status}\nTask:       {doc['task']}")
-    click.echo(f"Agent:      {doc['agent_ref']}\nIterations: {doc['iterations_completed']}")
+    run, task, agent = show(doc["run_id"]), show(doc["task"]), show(doc["agent_ref"])
+    click.echo(f"Run:        {run}\nStatus:     {status}\nTask:       {task}")
+    click.echo(f"Agent:      {agent}\nIterations: {doc['iterations_completed']}")
     click.echo(f"Updated:    {doc['updated_at']}")
     if doc.get("pipeline"):
-        click.echo(f"Pipeline:   {doc['pipeline']}\nNode:       {doc['current_node'] or '-'}")
+        node = show(doc["current_node"] or "-")
+        click.echo(f"Pipeline:   {show(doc['pipeline'])}\nNode:       {node}")
     if doc["error"]:
-        click.echo(f"Reason:     {doc['error']}")
+        click.echo(f"Reason:     {show(doc['error'])}")
     if doc["pending"] is not None:
         req = InteractionRequest.model_validate(doc["pending"])
         click.echo(inbox.guidance(ws, doc["run_id"], req))
         if doc["response"]["state"] == "ready":
             click.echo("  An answer is waiting in response.txt; `delta run` will take it.")
         elif doc["response"].get("reason"):
-            click.echo(f"  The answer file is not usable: {doc['response']['reason']}")
+            click.echo(f"  The answer file is not usable: {show(doc['response']['reason'])}")
         if doc["answer_error"]:
-            click.echo(f"  Last answer was not taken: {doc['answer_error']}")
+            click.echo(f"  Last answer was not taken: {show(doc['answer_error'])}")
     if doc["set_aside"]:
-        names = ", ".join(doc["set_aside"][-5:])
+        names = ", ".join(map(show_path, doc["set_aside"][-5:]))
         click.echo(
             f"Set aside:  {len(doc['set_aside'])} answer file(s) no open question was waiting "
             f"for, kept in .delta/interaction/ ({names})"
@@ -214,7 +222,7 @@ def _answer_text(req: InteractionRequest, text: str | None, file: str | None) ->
     elif text is not None:
         data = text
     elif sys.stdin.isatty():
-        click.echo(req.prompt)
+        click.echo(show(req.prompt))  # from a file: no forged lines
         data = getpass.getpass("> ") if req.is_secret else input("> ")
     else:
         data = sys.stdin.read(MAX_MAILBOX_BYTES + 1)
@@ -318,8 +326,8 @@ def respond_cmd(
             err=True,
         )
     click.echo(
-        f"Answer saved for run {req.run_id}. Continue with: delta run --work-dir "
-        f"{ws.root} (deltad picks it up by itself)."
+        f"Answer saved for run {show(req.run_id)}. Continue with: delta run --work-dir "
+        f"{shell_quote(str(ws.root))} (deltad picks it up by itself)."
     )
 
 
@@ -349,12 +357,12 @@ def runs_cmd(work_dir: Path, as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo(f"no runs in {ws.root}")
+        click.echo(f"no runs in {show_path(ws.root)}")
     latest = ws.latest_run_id() if rows else None
     for r in rows:
         mark = "*" if r["run_id"] == latest else " "
-        task = str(r.get("task") or r.get("error", "")).replace("\n", " ")
-        click.echo(f"{mark} {r['run_id']}  {r['status']:<17} {task[:60]}")
+        task = show(str(r.get("task") or r.get("error", ""))[:60])
+        click.echo(f"{mark} {show(str(r['run_id']))}  {r['status']:<17} {task}")
 
 
 main.add_command(pipeline_group)

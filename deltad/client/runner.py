@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 import sys
 import traceback
@@ -60,6 +59,7 @@ from deltad.protocol import (
 )
 from deltad.protocol.fsio import atomic_write, read_regular
 from deltad.protocol.mailbox import Mailbox
+from deltad.protocol.printable import shell_quote, show
 
 log = structlog.get_logger("deltad.client")
 
@@ -99,7 +99,7 @@ class Selected:
 
 def _model(agent: Agent, err: TextIO) -> ChatModel:
     def say(message: str) -> None:  # retries and long waits: the person and the log both hear
-        print(f"delta: {message}", file=err, flush=True)
+        print(f"delta: {show(message)}", file=err, flush=True)
         log.warning("model_call", detail=message)
 
     try:
@@ -414,7 +414,7 @@ def run(opts: RunOptions, out: TextIO | None = None, err: TextIO | None = None) 
 
 
 def _warner(err: TextIO) -> Callable[[str], None]:
-    return lambda message: print(f"delta: {message}", file=err)
+    return lambda message: print(f"delta: {show(message)}", file=err)
 
 
 def _interviewer(
@@ -475,7 +475,7 @@ def _stopped(ctx: RunContext, e: UsageError | ProtocolError, err: TextIO) -> int
         left = ctx.meta.status
     except (ProtocolError, OSError):
         pass
-    print(f"delta: error: {e} (run {ctx.meta.run_id} left {left})", file=err)
+    print(f"delta: error: {show(str(e))} (run {show(ctx.meta.run_id)} left {left})", file=err)
     return e.exit_code if isinstance(e, UsageError) else exitcodes.USAGE
 
 
@@ -500,7 +500,7 @@ def _report(ws: Workspace, meta: RunMetadata, outcome: Outcome, out: TextIO, err
     elif outcome.status == RunStatus.WAITING_FOR_INPUT and outcome.request is not None:
         _emit(inbox.guidance(ws, meta.run_id, outcome.request), out)
     else:
-        _emit(f"delta: run {meta.run_id} {outcome.status}: {outcome.message}", err)
+        _emit(f"delta: run {show(meta.run_id)} {outcome.status}: {show(outcome.message)}", err)
         wd = _q(str(ws.root))
         if outcome.status == RunStatus.INTERRUPTED:
             outage = meta.error_kind == "model_unavailable"
@@ -511,4 +511,4 @@ def _report(ws: Workspace, meta: RunMetadata, outcome: Outcome, out: TextIO, err
     return outcome.exit_code
 
 
-_q = shlex.quote
+_q = shell_quote

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from deltad import __version__, logs
+from deltad.protocol.printable import show, show_path
 
 from .config import ConfigError, DaemonConfig, load_config
 from .discovery import walk
@@ -114,16 +115,16 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
         if root.backend == "inotify" or (root.backend == "watchdog" and _linux()):
             total_watches += watches  # both spend the kernel's inotify watches
         click.echo(
-            f"root {root.path} ({root.backend}): {len(layout.workspaces)} workspaces, "
+            f"root {show_path(root.path)} ({root.backend}): {len(layout.workspaces)} workspaces, "
             f"{len(layout.dirs)} directories watched for new ones, ~{watches} watches"
             + (" (watchdog: one thread each)" if root.backend == "watchdog" else "")
         )
         for ws in sorted(layout.workspaces):
-            click.echo(f"  workspace {ws}")
+            click.echo(f"  workspace {show_path(ws)}")
         if not root.path.is_dir():
             click.echo("  warning: this directory does not exist (yet)")
         for path, problem in layout.problems:
-            click.echo(f"  warning: {path}: {problem}")
+            click.echo(f"  warning: {show_path(path)}: {show(problem)}")
     _report_watch_budget(total_watches, config.max_inotify_watches)
 
 
@@ -182,12 +183,13 @@ def _print_status(snap: dict[str, Any]) -> None:
         f"interrupted: {c['interrupted']}  problems: {c['problem']}"
     )
     for item in snap["resuming"]:
-        click.echo(f"  resuming     {item['workspace']} (run {item['run_id']}, pid {item['pid']})")
+        run = show(str(item["run_id"]))
+        click.echo(f"  resuming     {item['workspace']} (run {run}, pid {item['pid']})")
     for label in ("pending", "waiting", "interrupted"):
         for ws in snap[label]:
             click.echo(f"  {label:<12} {ws}")
     for item in snap["problems"]:
-        click.echo(f"  problem      {item['workspace']}: {item['problem']}")
+        click.echo(f"  problem      {item['workspace']}: {item['problem']}")  # shown at the source
 
 
 # -- tokens ---------------------------------------------------------------------------------------

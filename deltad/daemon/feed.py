@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deltad.protocol import iso, utcnow
+from deltad.protocol.printable import show_path
 
 EventType = Literal["request.created", "request.answered", "request.expired", "run.status"]
 EVENT_TYPES: tuple[EventType, ...] = (
@@ -55,7 +56,10 @@ class FeedEvent:
         return str(self.data.get("workspace", ""))
 
     def document(self) -> dict[str, Any]:
-        return {"id": self.id, "type": self.type, "at": self.at, **self.data}
+        doc = {"id": self.id, "type": self.type, "at": self.at, **self.data}
+        if "workspace" in doc:  # kept as the file system has it; shown escaped (names are bytes)
+            doc["workspace"] = show_path(self.workspace)
+        return doc
 
 
 class Index:

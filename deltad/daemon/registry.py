@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 
 from deltad.protocol import RunStatus
+from deltad.protocol.printable import show, show_path
 
 from .feed import View
 from .reconcile import State, Verdict
@@ -152,6 +153,8 @@ class Registry:
         return {s.value: len(self._by_state[s]) for s in State if s is not State.GONE}
 
     def problems(self) -> Iterator[dict[str, Any]]:
+        """For status.json: names and reasons shown escaped (a reason may quote a file)."""
         return (
-            {"workspace": str(ws), "problem": self.workspaces[ws].problem} for ws in self._problems
+            {"workspace": show_path(ws), "problem": show(self.workspaces[ws].problem or "")}
+            for ws in self._problems
         )

@@ -239,7 +239,7 @@ class Resumer:
 
     def _log(self, ws: Path) -> Path:
         """The child's stdout/stderr: one append-only file per workspace in the state dir."""
-        return self._logs / (hashlib.sha256(str(ws).encode()).hexdigest()[:16] + ".log")
+        return self._logs / (hashlib.sha256(os.fsencode(ws)).hexdigest()[:16] + ".log")
 
     def fds(self) -> list[int]:
         return self.executor.fds()

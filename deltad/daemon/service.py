@@ -24,6 +24,7 @@ import structlog
 
 from deltad import logs
 from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, utcnow
+from deltad.protocol.printable import show_path
 
 from .backends import Backend, PollingBackend, event_backend
 from .backoff import AnswerKey, Backoff, ExpiredKey, InterruptedKey, ModelRetryKey, ResumeKey
@@ -642,19 +643,19 @@ class Service:
     def snapshot(self) -> dict[str, Any]:
         r = self.registry
         resuming = [
-            {"workspace": str(c.workspace), "run_id": c.run_id, "pid": c.pid}
+            {"workspace": show_path(c.workspace), "run_id": c.run_id, "pid": c.pid}
             for c in self.resumer.children.values()
         ]
-        pending = [str(ws) for ws, _, _ in self.resumer.pending]
+        pending = [show_path(ws) for ws, _, _ in self.resumer.pending]
         return {
             "pid": os.getpid(),
             "ready": self._ready,
             "started_at": iso(self._started),
             "updated_at": iso(utcnow()),
-            "state_dir": str(self.config.state_dir),
+            "state_dir": show_path(self.config.state_dir),
             "http": self.http.url if self.http is not None else None,
             "roots": [
-                {"path": str(x.path), "backend": x.backend, "polling": x.polling}
+                {"path": show_path(x.path), "backend": x.backend, "polling": x.polling}
                 for x in self.config.roots
             ],
             "watches": self._watch_counts(),
@@ -666,12 +667,12 @@ class Service:
             },
             "pending": capped(pending),
             "resuming": capped(resuming),
-            "waiting": capped(map(str, r.in_state(State.WAITING))),
-            "interrupted": capped(map(str, r.in_state(State.INTERRUPTED))),
-            "running": capped(map(str, r.in_state(State.RUNNING))),
+            "waiting": capped(map(show_path, r.in_state(State.WAITING))),
+            "interrupted": capped(map(show_path, r.in_state(State.INTERRUPTED))),
+            "running": capped(map(show_path, r.in_state(State.RUNNING))),
             "problems": capped(r.problems()),
             # The first LIST_CAP found (sorted among themselves), not the 50,000 sorted.
-            "workspaces": sorted(map(str, capped(r.workspaces))),
+            "workspaces": sorted(map(show_path, capped(r.workspaces))),
         }
 
     def _status_line(self) -> str:

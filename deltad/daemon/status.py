@@ -17,6 +17,7 @@ from typing import Any
 
 from deltad.protocol import Busy, WorkspaceLock
 from deltad.protocol.fsio import atomic_write
+from deltad.protocol.printable import json_safe
 
 LOCK_NAME = "deltad.lock"
 STATUS_NAME = "status.json"
@@ -67,7 +68,7 @@ def write_status(state_dir: Path, snapshot: dict[str, Any]) -> None:
     # 0600: it lists every workspace and its problems; `deltad status` runs as the daemon's user.
     # Not fsynced: it is rewritten every second while anything changes and nothing is decided
     # from it; two fsyncs a second were the loop's time on a busy disk.
-    data = (json.dumps(snapshot, indent=2, ensure_ascii=False) + "\n").encode()
+    data = (json.dumps(json_safe(snapshot), indent=2, ensure_ascii=False) + "\n").encode()
     atomic_write(state_dir / STATUS_NAME, data, 0o600, durable=False)
 
 

@@ -40,6 +40,7 @@ from deltad.protocol import (
 from deltad.protocol.deadline import disagreement
 from deltad.protocol.fsio import lstat_or_none
 from deltad.protocol.kinds import auto_reply, kind_of
+from deltad.protocol.printable import show
 from deltad.protocol.questions import (
     AnswerRejected,
     CallDecision,
@@ -264,7 +265,7 @@ class ConsoleInterviewer(_Quiet):
         self.out.flush()
 
     def reject(self, req: InteractionRequest, reason: str) -> bool:
-        self._say(f"{reason}\n")
+        self._say(f"{show(reason)}\n")
         return True
 
     def _line(self, req: InteractionRequest, hidden: bool = False) -> str | None:
@@ -287,11 +288,12 @@ class ConsoleInterviewer(_Quiet):
         return line
 
     def ask(self, req: InteractionRequest) -> Reply | None:
-        self._say(f"\n[{req.node_id or 'ask_human'}] {req.prompt}\n")  # a pipeline's: its node
+        # A pipeline's: its node. What came from a file is shown escaped (no forged lines).
+        self._say(f"\n[{show(req.node_id or 'ask_human')}] {show(req.prompt)}\n")
         if req.expires_at is not None:
             self._say(
                 f"(answer by {req.expires_at:%H:%M:%S} UTC"
-                + (f"; default: {req.default}" if req.default else "")
+                + (f"; default: {show(req.default)}" if req.default else "")
                 + ")\n"
             )
         try:
@@ -308,7 +310,7 @@ class ConsoleInterviewer(_Quiet):
 
     def _one(self, req: InteractionRequest) -> Reply | None:
         for hint in kind_of(req.input_type).hints(req):
-            self._say(f"{hint}\n")
+            self._say(f"{show(hint)}\n")
         while True:
             line = self._line(req, hidden=req.is_secret)
             if line is None:
@@ -316,14 +318,14 @@ class ConsoleInterviewer(_Quiet):
             try:
                 return interpret_text(req, line if req.is_secret else line.strip())
             except AnswerRejected as e:
-                self._say(f"{e}\n")
+                self._say(f"{show(str(e))}\n")
 
     def _approval(self, req: InteractionRequest) -> Reply | None:
         decisions = []
         for call in req.calls:
             self._say(
-                f"  {call.tool_name} {json.dumps(call.arguments)}\n"
-                f"    runs: {call.resolved_command}\n"
+                f"  {show(call.tool_name)} {json.dumps(call.arguments)}\n"
+                f"    runs: {show(call.resolved_command)}\n"
                 "  [a]pprove, [r]eject, [e]dit arguments, [c]ancel the run?\n"
             )
             while True:

@@ -5,7 +5,6 @@ through here."""
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from deltad.protocol import (
 )
 from deltad.protocol.errors import ProtocolError
 from deltad.protocol.kinds import kind_of
+from deltad.protocol.printable import shell_quote, show, show_path
 
 OPEN = frozenset({RunStatus.WAITING_FOR_INPUT, RunStatus.INTERRUPTED, RunStatus.RUNNING})
 
@@ -96,7 +96,7 @@ def status(ws: Workspace | Path | str, run_id: str | None = None) -> dict[str, A
         answer = {"state": str(a.state), **({"reason": a.reason} if a.reason else {})}
     alive = owner_alive(meta.owner) if meta.status == RunStatus.RUNNING else None
     return {
-        "workspace": str(w.root),
+        "workspace": show_path(w.root),
         "run_id": meta.run_id,
         "status": str(meta.status),
         "task": meta.task,
@@ -119,21 +119,21 @@ def status(ws: Workspace | Path | str, run_id: str | None = None) -> dict[str, A
 
 def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:
     """What to tell a person about a pending question, with commands they can paste."""
-    q = shlex.quote
+    q = shell_quote  # every string from a file is shown escaped (names are bytes)
     wd = q(str(ws.root))
     kind = kind_of(req.input_type)
     lines = [
-        f"Run {run_id} is waiting for input.",
-        f"  Question: {req.prompt}",
+        f"Run {show(run_id)} is waiting for input.",
+        f"  Question: {show(req.prompt)}",
         f"  Expects:  {kind.expects}",
     ]
     if req.node_id:
-        lines.insert(1, f"  Node:     {req.node_id} (pipeline)")
-    lines += [f"    [{o.key}] {o.label}" for o in req.options]
+        lines.insert(1, f"  Node:     {show(req.node_id)} (pipeline)")
+    lines += [f"    [{show(o.key)}] {show(o.label)}" for o in req.options]
     for c in req.calls:
         lines += [
-            f"    {c.action_id}: {c.tool_name} {json.dumps(c.arguments)}",
-            f"      runs: {c.resolved_command}",
+            f"    {show(c.action_id)}: {show(c.tool_name)} {json.dumps(c.arguments)}",
+            f"      runs: {show(c.resolved_command)}",
         ]
     if req.is_secret:
         lines.append("  Sensitive: kept in a 0600 file under the run, never shown to the model.")
@@ -149,7 +149,7 @@ def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:
     respond = f"delta respond --work-dir {wd}"
     example = None if req.is_secret else kind.example(req)
     if req.input_type == InputType.APPROVAL:
-        first = req.calls[0].action_id
+        first = q(req.calls[0].action_id)
         lines += [
             f"  Answer:   {respond} --approve        (or --reject --reason TEXT, --cancel)",
             f"       or:  {respond} --decide {first}=approve --edit ID JSON ...",

@@ -41,6 +41,7 @@ from deltad.protocol import (
     transition,
     utcnow,
 )
+from deltad.protocol.printable import show_path
 
 
 def paused_workspace(
@@ -58,7 +59,7 @@ def paused_workspace(
         run_id=run_id,
         status=RunStatus.WAITING_FOR_INPUT,
         task="benchmark task",
-        agent_ref=str(path / "agent"),
+        agent_ref=show_path(path / "agent"),  # metadata is UTF-8 JSON: names are bytes
         start_time=now,
         updated_at=now,
     )

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deltad.daemon.executors.wire import receive, send
+from deltad.protocol.printable import show
 
 PRELOAD = ("deltad.client.cli", "deltad.engine.llm", "openai")
 
@@ -174,7 +175,7 @@ def become(
         _setup(msg, log_fd, err_w, dispositions, close)
         entry = _entry(msg["plan"], msg["env"], err_w)
     except BaseException as e:
-        os.write(err_w, f"{type(e).__name__}: {e}".encode())
+        os.write(err_w, show(f"{type(e).__name__}: {e}").encode())  # e may quote a path
         os._exit(127)
     os.close(err_w)  # the server reads EOF: started
     _run(entry)

@@ -11,6 +11,8 @@ import subprocess
 
 import structlog
 
+from deltad.protocol.printable import show_path
+
 from .base import Child, Job, Tracker
 
 log = structlog.get_logger("deltad.resumer")
@@ -82,7 +84,7 @@ def open_log(job: Job) -> int:
             job.log.parent.mkdir(parents=True, exist_ok=True)
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
             fd = os.open(job.log, flags, 0o600)
-            os.write(fd, f"--- {_now()} resume {job.workspace}\n".encode())
+            os.write(fd, f"--- {_now()} resume {show_path(job.workspace)}\n".encode())
             return fd
         except OSError as e:
             log.error("resume_log_unavailable", workspace=str(job.workspace), error=e.strerror)
