@@ -183,7 +183,7 @@ def _prepare(opts: RunOptions, err: TextIO) -> Ready:
     """Validate everything a new run needs before anything is written."""
     if not opts.starts or not opts.agent:
         raise UsageError("starting a run needs --agent DIR and --task TEXT (or --pipeline FILE)")
-    pipeline = pipeline_runs.load_new(Path(opts.pipeline)) if opts.pipeline else None
+    pipeline = pipeline_runs.load_new(Path(opts.pipeline), err) if opts.pipeline else None
     agent = load_agent(opts.agent)
     for note in agent.notes:
         print(f"delta: note: {note}", file=err)
