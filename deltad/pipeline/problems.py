@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class Code(StrEnum):
@@ -31,9 +32,8 @@ class Code(StrEnum):
         return self.value.startswith("W")
 
 
-@dataclass(frozen=True, order=True)
-class Pos:
-    """A place in the DOT source, both counted from 1."""
+class Pos(NamedTuple):
+    """A place in the DOT source, both counted from 1 (a tuple: one per token, made fast)."""
 
     line: int
     col: int
