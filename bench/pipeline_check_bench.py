@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -100,6 +101,7 @@ def wall_check(path: Path, runs: int) -> tuple[float, int]:
 
 def bench(sizes: list[int], old_max: int, runs: int, out: Path) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         old = old_package(tmp)
@@ -132,7 +134,15 @@ def bench(sizes: list[int], old_max: int, runs: int, out: Path) -> dict[str, Any
                 rows.append(row)
                 print(row, file=sys.stderr)
     stamp = datetime.now().strftime("%Y%m%dT%H%M%S")
-    result = {"sizes": sizes, "old_max": old_max, "runs": runs, "rows": rows, "stamp": stamp}
+    result = {
+        "sizes": sizes,
+        "old_max": old_max,
+        "runs": runs,
+        "rows": rows,
+        "stamp": stamp,
+        "cpus": os.cpu_count(),
+        "load_average": [load_before, os.getloadavg()[0]],
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"pipeline-check-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -154,7 +164,10 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"wall: median of {result['runs']} runs of the `delta pipeline check` process (start-up "
         f"included); old code measured up to {result['old_max']} nodes, above that modelled as "
-        "nodes × edges comparisons at the measured cost per comparison.",
+        "nodes × edges comparisons at the measured cost per comparison. Load average "
+        f"{result['load_average'][0]:.1f} at the start, {result['load_average'][1]:.1f} at the "
+        f"end, on {result['cpus']} CPUs (other work ran beside it: CPU times are the steadier "
+        "figure).",
     ]
     return "\n".join(lines)
 
