@@ -175,8 +175,7 @@ def _end(run: re.Pattern[str], text: str, i: int) -> int:
     return found.end() if found else i
 
 
-@dataclass(frozen=True)
-class Attr:
+class Attr(NamedTuple):  # a tuple: there is one per attribute written
     value: str
     pos: Pos  # where the value was written (for a default: in its `node [...]` block)
 
@@ -192,7 +191,7 @@ class RawNode:
     declared: bool = False  # named in a node statement, not only in edges
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass is slow to build, and there are many
 class RawEdge:
     source: str
     target: str
@@ -238,8 +237,8 @@ class _Parser:
         return tok
 
     def at(self, punct: str, ahead: int = 0) -> bool:
-        tok = self.peek(ahead)
-        return tok.kind == Tok.PUNCT and tok.text == punct
+        tok = self.toks[self.i + ahead]
+        return tok.text == punct and tok.kind is Tok.PUNCT
 
     def at_keyword(self, word: str) -> bool:
         tok = self.peek()
