@@ -1,7 +1,7 @@
 """Warnings: what a graph says that this runner does not carry out. The graph still runs (each is
 a `W` code; `--strict` refuses them): an attribute of the attractor spec this runner ignores
 (W001), an attribute nobody defines (W002, likely a typo), a node only mentioned in edges
-(W003, it runs with default attributes).
+(W003, it runs with default attributes), a goal gate with nowhere to go back to (W004).
 
 Pure and linear: one pass over nodes, edges and their attributes. An attribute set by a
 `node [...]`/`edge [...]` default is reported once, at the default, not once per node.
@@ -96,8 +96,8 @@ def attr_warning(what: str, key: str, kind: Kind | None = None) -> tuple[Code, s
         return Code.IGNORED_ATTRIBUTE, f"{key} is ignored by this runner (attractor spec {why})"
     if key == "timeout" and kind is not None and kind not in TIMEOUT_KINDS:
         return Code.IGNORED_ATTRIBUTE, f"timeout is not enforced on a {kind} node"
-    if key in _KNOWN[what] or key in DRAWING or (what == "node" and key == "command"):
-        return None  # `command` on a tool node is an error already; elsewhere it draws nothing
+    if key in _KNOWN[what] or key in DRAWING or (key == "command" and kind == Kind.TOOL):
+        return None  # `command` on a tool node is an error already (E008)
     return (
         Code.UNKNOWN_ATTRIBUTE,
         f"unknown attribute {key!r}: it has no effect{_typo_hint(key, what)}",
@@ -121,6 +121,20 @@ def _edge_only(n: Node) -> Problem:
         n.pos,
         n.subject,
         code=Code.EDGE_ONLY_NODE,
+    )
+
+
+def _goal_gate_without_retry(graph: Graph, n: Node) -> Problem | None:
+    """Spec §7.2 goal_gate_has_retry: without a target, an unmet goal gate fails the run."""
+    targets = (n.retry_target, n.fallback_retry_target, graph.retry_target)
+    if not n.goal_gate or any(targets) or graph.fallback_retry_target:
+        return None
+    return Problem(
+        "goal_gate=true without a retry_target (node or graph): if the node has not succeeded "
+        "when the run reaches the exit, the run fails",
+        n.where("goal_gate"),
+        n.subject,
+        code=Code.GOAL_GATE_NO_RETRY,
     )
 
 
@@ -148,6 +162,8 @@ def lint(graph: Graph) -> list[Problem]:
         if not n.declared:
             found.append(_edge_only(n))
         found += _attr_problems("node", n.subject, n.attrs, n.attr_pos, n.kind)
+        if goal := _goal_gate_without_retry(graph, n):
+            found.append(goal)
     for e in graph.edges:
         found += _attr_problems("edge", e.subject, e.attrs, e.attr_pos, None)
     return _once_per_default(found)

@@ -26,6 +26,7 @@ class Code(StrEnum):
     IGNORED_ATTRIBUTE = "W001 ignored-attribute"
     UNKNOWN_ATTRIBUTE = "W002 unknown-attribute"
     EDGE_ONLY_NODE = "W003 edge-only-node"
+    GOAL_GATE_NO_RETRY = "W004 goal-gate-without-retry"
 
     @property
     def warning(self) -> bool:

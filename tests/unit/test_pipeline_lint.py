@@ -57,6 +57,7 @@ def warnings_in(body: str) -> list[str]:
         ("edge", "conditon", None, Code.UNKNOWN_ATTRIBUTE, "did you mean condition?"),
         ("graph", "gaol", None, Code.UNKNOWN_ATTRIBUTE, "did you mean goal?"),
         ("node", "zzz", Kind.CODERGEN, Code.UNKNOWN_ATTRIBUTE, "'zzz': it has no effect (a typo?)"),
+        ("node", "command", Kind.CODERGEN, Code.UNKNOWN_ATTRIBUTE, "did you mean tool_command?"),
     ],
 )
 def test_an_attribute_not_carried_out_is_a_warning(
@@ -76,7 +77,7 @@ def test_an_attribute_not_carried_out_is_a_warning(
         ("node", "timeout", Kind.TOOL),
         ("node", "human.default_choice", Kind.WAIT_HUMAN),
         ("node", "color", Kind.CODERGEN),
-        ("node", "command", Kind.CODERGEN),  # an error on a tool node (validate.py)
+        ("node", "command", Kind.TOOL),  # an error there (E008), not a warning too
         ("edge", "weight", None),
         ("edge", "style", None),
     ],
@@ -144,6 +145,24 @@ def test_errors_and_warnings_are_kept_apart() -> None:
     assert [line.rsplit("[", 1)[1] for line in err.value.warning_lines()] == [
         "W001 ignored-attribute]"
     ]
+
+
+@pytest.mark.parametrize(
+    ("body", "warned"),
+    [
+        ("w [goal_gate=true]", True),
+        ("w [goal_gate=false]", False),
+        ("w [goal_gate=true, retry_target=w]", False),
+        ("w [goal_gate=true, fallback_retry_target=w]", False),
+        ("graph [retry_target=w]\nw [goal_gate=true]", False),
+        ("graph [fallback_retry_target=w]\nw [goal_gate=true]", False),
+    ],
+)
+def test_a_goal_gate_without_a_retry_target_warns(body: str, warned: bool) -> None:
+    warnings = warnings_in(f"{ENDS}{body}\nstart -> w -> exit")
+    expected = ["goal_gate=true without a retry_target"] if warned else []
+    assert [w.split(": ", 2)[2][:37] for w in warnings] == expected
+    assert all(w.endswith("[W004 goal-gate-without-retry]") for w in warnings)
 
 
 # -- W003 and the attractor spec's §2.13 human gate ------------------------------------------
