@@ -115,7 +115,7 @@ def _attr_problems(
 
 def _edge_only(n: Node) -> Problem:
     return Problem(
-        f"never declared, only mentioned in edges: it runs as a {n.kind} ({n.shape}) node with "
+        f"never declared, only mentioned in edges: it runs as a {n.kind} node with "
         f'default attributes; declare it (e.g. {n.id} [shape=box, prompt="..."]) or fix the '
         "name",
         n.pos,

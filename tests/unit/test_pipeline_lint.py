@@ -204,11 +204,11 @@ def test_the_spec_human_gate_example_is_accepted_with_a_warning_per_edge_only_no
     ]
     assert checked.warning_lines() == [
         "review.dot:14:20: node ship_it: never declared, only mentioned in edges: it runs as a "
-        "codergen (box) node with default attributes; declare it (e.g. ship_it [shape=box, "
+        "codergen node with default attributes; declare it (e.g. ship_it [shape=box, "
         'prompt="..."]) '
         "or fix the name [W003 edge-only-node]",
         "review.dot:15:20: node fixes: never declared, only mentioned in edges: it runs as a "
-        "codergen (box) node with default attributes; declare it (e.g. fixes [shape=box, "
+        "codergen node with default attributes; declare it (e.g. fixes [shape=box, "
         'prompt="..."]) '
         "or fix the name [W003 edge-only-node]",
     ]
@@ -217,6 +217,18 @@ def test_the_spec_human_gate_example_is_accepted_with_a_warning_per_edge_only_no
 def test_an_edge_only_node_takes_the_defaults_in_force_where_it_is_mentioned() -> None:
     graph = graph_of(f'{ENDS}node [shape=parallelogram, tool_command="make"]\nstart -> t -> exit')
     assert (graph.nodes["t"].kind, graph.nodes["t"].tool_command) == (Kind.TOOL, "make")
+
+
+def test_a_graph_of_edges_only_runs_with_start_and_exit_found_by_id() -> None:
+    checked = check_pipeline("digraph t { start -> work -> exit }", "t.dot")
+    kinds = [n.kind for n in checked.graph.nodes.values()]
+    assert kinds == [Kind.START, Kind.CODERGEN, Kind.EXIT]
+    assert [w.split(": ")[1] for w in checked.warning_lines()] == [
+        "node start",
+        "node work",
+        "node exit",
+    ]
+    assert "it runs as a start node" in checked.warning_lines()[0]
 
 
 # -- retry targets reach nodes -------------------------------------------------------------
