@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from deltad.pipeline import (
     Code,
     GraphError,
     Kind,
+    check_file,
     check_pipeline,
     gate,
     lint,
@@ -300,3 +302,30 @@ def test_a_gate_with_many_choices_reports_each_clash_once() -> None:
     clashes = [p for p in problems if "is also the label of" in p]
     assert len(clashes) == 6  # choices 3..8 each repeat one of the first three labels
     assert "label 'L0' is also the label of the edge to n0" in clashes[0]
+
+
+# -- every error has its code --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ("start -> ", Code.SYNTAX),
+        (f"{ENDS}w [shape=star]\nstart -> w -> exit", Code.BAD_VALUE),
+        (f'{ENDS}w\nstart -> w\nw -> exit [condition="outcome=="]', Code.BAD_CONDITION),
+        ("start [shape=Mdiamond]\nw\nstart -> w", Code.START_EXIT),
+        (f"{ENDS}start -> exit\nlost", Code.UNREACHABLE),
+        (f"{ENDS}g [shape=hexagon]\nstart -> g\nstart -> exit", Code.GATE),
+        (f"{ENDS}t [shape=parallelogram]\nstart -> t -> exit", Code.NODE_ATTR),
+        (f"{ENDS}w [agent=nowhere]\nstart -> w -> exit", Code.NO_AGENT_DIR),
+        (f"{ENDS}w [retry_target=nowhere]\nstart -> w -> exit", Code.RETRY_TARGET),
+    ],
+)
+def test_each_error_ends_with_its_code(tmp_path: Path, body: str, code: Code) -> None:
+    with pytest.raises(GraphError) as err:
+        check_pipeline(f"digraph t {{\n{body}\n}}", "t.dot", tmp_path)
+    assert [line.rsplit(" [", 1)[1] for line in err.value.lines()] == [f"{code}]"]
+
+
+def test_an_unreadable_file_has_its_code(tmp_path: Path) -> None:
+    with pytest.raises(GraphError) as err:
+        check_file(tmp_path / "missing.dot")
+    assert err.value.lines() == [f"{tmp_path}/missing.dot: no such file [E001 unreadable-file]"]
