@@ -77,6 +77,7 @@ SPEC_IGNORED: Mapping[str, Mapping[str, str]] = {
 }
 # `timeout` is carried out on these kinds only (a codergen node's is not enforced yet).
 TIMEOUT_KINDS = (Kind.WAIT_HUMAN, Kind.TOOL)
+NO_TIMEOUT = "timeout has no effect here: only a gate's and a tool node's are enforced"
 
 
 _KNOWN = {"graph": GRAPH_ATTRS, "node": NODE_ATTRS, "edge": EDGE_ATTRS}
@@ -95,7 +96,8 @@ def attr_warning(what: str, key: str, kind: Kind | None = None) -> tuple[Code, s
     if why := SPEC_IGNORED[what].get(key):
         return Code.IGNORED_ATTRIBUTE, f"{key} is ignored by this runner (attractor spec {why})"
     if key == "timeout" and kind is not None and kind not in TIMEOUT_KINDS:
-        return Code.IGNORED_ATTRIBUTE, f"timeout is not enforced on a {kind} node"
+        # one message for every kind: a `node [timeout=...]` default then warns once
+        return Code.IGNORED_ATTRIBUTE, NO_TIMEOUT
     if key in _KNOWN[what] or key in DRAWING or (key == "command" and kind == Kind.TOOL):
         return None  # `command` on a tool node is an error already (E008)
     return (

@@ -174,8 +174,8 @@ def test_warnings_go_to_stderr_with_codes_and_exit_0(tmp_path: Path) -> None:
         "delta: warning: g.dot:5:35: node w: reasoning_effort is ignored by this runner "
         "(attractor spec §2.6: model settings come from the agent directory (--agent, or the "
         "node's agent)) [W001 ignored-attribute]",
-        "delta: warning: g.dot:5:49: node w: timeout is not enforced on a codergen node "
-        "[W001 ignored-attribute]",
+        "delta: warning: g.dot:5:49: node w: timeout has no effect here: only a gate's and a "
+        "tool node's are enforced [W001 ignored-attribute]",
     ]
 
 

@@ -20,7 +20,7 @@ from deltad.pipeline import (
     validate,
 )
 from deltad.pipeline.describe import describe
-from deltad.pipeline.lint import attr_warning
+from deltad.pipeline.lint import NO_TIMEOUT, attr_warning
 
 from .helpers import graph_of, only, problems_in, raw_graph
 
@@ -50,8 +50,8 @@ def warnings_in(body: str) -> list[str]:
         ("node", "join_policy", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.8"),
         ("node", "manager.max_cycles", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.11"),
         ("node", "tool_hooks.pre", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§9.7"),
-        ("node", "timeout", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "not enforced on a codergen"),
-        ("node", "timeout", Kind.CONDITIONAL, Code.IGNORED_ATTRIBUTE, "conditional node"),
+        ("node", "timeout", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "timeout has no effect here"),
+        ("node", "timeout", Kind.EXIT, Code.IGNORED_ATTRIBUTE, "only a gate's and a tool node's"),
         ("edge", "loop_restart", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
         ("edge", "fidelity", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
         ("edge", "thread_id", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
@@ -120,12 +120,20 @@ def test_a_default_block_warns_once_not_once_per_node() -> None:
     assert line.startswith("t.dot:4:24: node a and 2 more: reasoning_effort is ignored")
 
 
+def test_a_timeout_default_warns_once_for_all_kinds_it_has_no_effect_on() -> None:
+    warnings = warnings_in(
+        f"node [timeout=5m]\n{ENDS}w\nc [shape=diamond]\ng [shape=hexagon]\n"
+        "start -> w -> c -> g -> exit"
+    )
+    assert warnings == [f"t.dot:2:15: node start and 3 more: {NO_TIMEOUT} [W001 ignored-attribute]"]
+
+
 def test_a_codergen_timeout_warns_but_a_gate_timeout_does_not() -> None:
     warnings = warnings_in(
         f"{ENDS}w [timeout=5m]\ng [shape=hexagon, timeout=5m]\nstart -> w -> g -> exit"
     )
     assert [w.split(": ", 2)[1:] for w in warnings] == [
-        ["node w", "timeout is not enforced on a codergen node [W001 ignored-attribute]"]
+        ["node w", f"{NO_TIMEOUT} [W001 ignored-attribute]"]
     ]
 
 
