@@ -93,7 +93,9 @@ class _WebhookWorker(_Worker):
         for path in bad:
             self.outbox.bury_file(path)
             log.error("notify_dead_letter", target=self.name, file=path.name, reason="unreadable")
-        self._pending = {d.msg_id: d for d in found}
+        # A wall clock set back must not park a delivery for long: at most one backoff away.
+        latest = time.time() + self.policy.backoff_max
+        self._pending = {d.msg_id: replace(d, next_at=min(d.next_at, latest)) for d in found}
         if found:
             log.info("notify_replay", target=self.name, deliveries=len(found))
 
@@ -215,7 +217,8 @@ class _WebhookWorker(_Worker):
         with self._cond:
             self._cond.notify()
         self.thread.join(5)
-        self.client.close()
+        if not self.thread.is_alive():  # else an attempt still hangs: the process exit ends it
+            self.client.close()
 
 
 class _CommandWorker(_Worker):

@@ -96,7 +96,7 @@ class Outbox:
         key = target_key(url)
         self.pending_dir = state_dir / OUTBOX / key
         self.dead_dir = state_dir / DEAD_LETTER / key
-        for d in (self.pending_dir, self.dead_dir):
+        for d in (self.pending_dir.parent, self.dead_dir.parent, self.pending_dir, self.dead_dir):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def load(self) -> tuple[list[Delivery], list[Path]]:

@@ -235,3 +235,27 @@ def test_a_secret_answer_never_reaches_the_outbox(tmp_path: Path) -> None:
     seen = files + [c.body.decode() for c in receiver.calls()]
     assert all(secret not in text for text in seen)
     assert secret not in d.log_path.read_text()
+
+
+def test_a_hanging_receiver_times_out_per_attempt_and_slows_no_other_target(
+    tmp_path: Path,
+) -> None:
+    with Receiver(hang_first=1) as hanging, Receiver() as other:
+        hooks = [
+            _hook(hanging.url, _secret(tmp_path, WHSEC), timeout_seconds=1, backoff_seconds=0.05),
+            _hook(other.url, _secret(tmp_path, WHSEC)),
+        ]
+        d = _daemon(tmp_path, hooks).start()
+        try:
+            paused_workspace(d.tmp / "root" / "ws1")
+            [first] = wait_for(other.delivered, "the other target's delivery")
+            [retry] = d.wait_event("notify_retry", target="webhook0")
+            assert retry["error"] in ("ReadTimeout", "WriteTimeout")
+            wait_for(hanging.delivered, "the hanging target's delivery after its timeout")
+        finally:
+            d.stop()
+    calls = hanging.calls()
+    assert calls[0].status == 0 and 200 <= calls[-1].status < 300
+    assert {c.webhook_id for c in calls} == {calls[0].webhook_id}
+    assert first.webhook_id != calls[0].webhook_id  # one delivery per target
+    _verify(WHSEC, calls[-1])
