@@ -74,7 +74,10 @@ class _WebhookWorker(_Worker):
 
     def __init__(self, target: Webhook, name: str, quiet: list[Path], state_dir: Path) -> None:
         super().__init__(target, name, quiet)
-        self.key = webhooks.signing_key(target.signing.read()) if target.signing else None
+        try:
+            self.key = webhooks.signing_key(target.signing.read()) if target.signing else None
+        except webhooks.SecretError as e:
+            raise webhooks.SecretError(f"{name}: {e}") from None
         self.policy = Policy(
             target.max_attempts,
             target.max_age_seconds,

@@ -259,3 +259,17 @@ def test_a_hanging_receiver_times_out_per_attempt_and_slows_no_other_target(
     assert {c.webhook_id for c in calls} == {calls[0].webhook_id}
     assert first.webhook_id != calls[0].webhook_id  # one delivery per target
     _verify(WHSEC, calls[-1])
+
+
+def test_an_unusable_secret_stops_the_daemon_with_one_line(tmp_path: Path) -> None:
+    hook = _hook("http://127.0.0.1:9/hook", _secret(tmp_path, "whsec_not base64!\n"))
+    d = _daemon(tmp_path, [hook]).start(wait=False)
+    assert d.proc is not None
+    try:
+        assert d.proc.wait(60) == 2
+    finally:
+        d.stop()
+    errors = [x for x in d.log_path.read_text().splitlines() if x.startswith("deltad: error")]
+    assert errors == [
+        "deltad: error: notify: webhook0: a whsec_ secret must be base64 after the prefix"
+    ]
