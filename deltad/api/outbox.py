@@ -101,6 +101,9 @@ class Outbox:
 
     def load(self) -> tuple[list[Delivery], list[Path]]:
         """The waiting deliveries, oldest first, and the files that could not be read."""
+        for torn in self.pending_dir.glob(".*.tmp"):  # a write cut short by a crash
+            with contextlib.suppress(FileNotFoundError):
+                torn.unlink()
         found: list[Delivery] = []
         bad: list[Path] = []
         for path in sorted(self.pending_dir.glob("*.json")):

@@ -137,9 +137,11 @@ def test_the_outbox_saves_loads_and_buries(tmp_path: Path) -> None:
     box.save(second)
     box.save(first)
     (box.pending_dir / "junk.json").write_text("{not json")
+    (box.pending_dir / ".x.json.0123abcd.tmp").write_text("{")  # a crash mid-write
     found, bad = box.load()
     assert found == [first, second]  # oldest event first
     assert [p.name for p in bad] == ["junk.json"]
+    assert not (box.pending_dir / ".x.json.0123abcd.tmp").exists()
     assert (box.pending_dir / first.file_name).stat().st_mode & 0o777 == 0o600
     assert box.pending_dir.stat().st_mode & 0o777 == 0o700
     box.bury(first, "max_attempts")
