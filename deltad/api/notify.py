@@ -132,7 +132,15 @@ class _WebhookWorker(_Worker):
                 self._attempt(d)
             except Exception as err:  # a notification must never take the daemon down
                 log.error("notify_failed", target=self.name, event_id=d.event_id, error=str(err))
-                self._failed(d, type(err).__name__)
+                self._park(d)
+
+    def _park(self, d: Delivery) -> None:
+        """After an unexpected error (a full disk, say), wait the longest backoff: never a busy
+        loop of attempts."""
+        with self._cond:
+            if (held := self._pending.get(d.msg_id)) is not None:
+                later = time.time() + self.policy.backoff_max
+                self._pending[d.msg_id] = replace(held, next_at=later)
 
     def _next_due(self) -> Delivery | None:
         """Wait for the due delivery of the oldest event; None once stopping."""
@@ -184,8 +192,8 @@ class _WebhookWorker(_Worker):
         with self._cond:
             if d.msg_id not in self._pending:
                 return  # pushed out meanwhile (outbox_full)
+            self._pending[d.msg_id] = d  # first: a disk that fails must not mean a busy loop
             self.outbox.save(d)
-            self._pending[d.msg_id] = d
         log.warning(
             "notify_retry",
             target=self.name,

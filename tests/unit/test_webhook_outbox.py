@@ -169,3 +169,30 @@ def test_two_webhooks_may_not_share_a_url() -> None:
     hook = {"url": "http://127.0.0.1:1/"}
     with pytest.raises(ValidationError, match="entry 1 has the same url as entry 0"):
         NotifyConfig.model_validate({"webhooks": [hook, hook]})
+
+
+def test_a_disk_that_fails_parks_the_delivery_instead_of_a_busy_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltad.api.config import Webhook
+    from deltad.api.notify import _WebhookWorker
+    from deltad.testing.webhooks import Receiver
+
+    with Receiver(default=503) as receiver:
+        hook = Webhook(url=receiver.url, backoff_seconds=0.01, backoff_max_seconds=600)
+        worker = _WebhookWorker(hook, "webhook0", [], tmp_path)  # its thread is not started
+        worker.submit({"id": 1, "type": "run.status", "workspace": "/w"})
+        due = worker._next_due()
+        assert due is not None
+
+        def full(d: Delivery) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(worker.outbox, "save", full)
+        with pytest.raises(OSError):
+            worker._attempt(due)
+        worker._park(due)
+        [held] = worker._pending.values()
+        assert held.attempts == 1 and held.next_at > time.time() + 500
+        assert len(receiver.calls()) == 1
+        worker.client.close()
