@@ -14,7 +14,8 @@ import standardwebhooks
 from pydantic import ValidationError
 
 from deltad.api import webhooks
-from deltad.api.config import NotifyConfig, Secret, one_newline_less
+from deltad.api.config import NotifyConfig, Secret, Webhook, one_newline_less
+from deltad.api.notify import _WebhookWorker
 from deltad.api.outbox import (
     Dead,
     Delivery,
@@ -27,6 +28,7 @@ from deltad.api.outbox import (
     too_old,
 )
 from deltad.daemon.backoff import exponential, jittered
+from deltad.testing.webhooks import Receiver
 
 KEY = b"0123456789abcdef"
 WHSEC = "whsec_" + base64.b64encode(KEY).decode()
@@ -174,9 +176,6 @@ def test_two_webhooks_may_not_share_a_url() -> None:
 def test_a_disk_that_fails_parks_the_delivery_instead_of_a_busy_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from deltad.api.config import Webhook
-    from deltad.api.notify import _WebhookWorker
-    from deltad.testing.webhooks import Receiver
 
     with Receiver(default=503) as receiver:
         hook = Webhook(url=receiver.url, backoff_seconds=0.01, backoff_max_seconds=600)
@@ -196,3 +195,22 @@ def test_a_disk_that_fails_parks_the_delivery_instead_of_a_busy_loop(
         assert held.attempts == 1 and held.next_at > time.time() + 500
         assert len(receiver.calls()) == 1
         worker.client.close()
+
+
+def test_a_full_outbox_pushes_its_oldest_delivery_to_the_dead_letter(tmp_path: Path) -> None:
+
+    hook = Webhook(url="http://127.0.0.1:9/hook", outbox_max=2)
+    worker = _WebhookWorker(hook, "webhook0", [], tmp_path)  # its thread is not started
+    for event_id in (3, 1, 2):
+        worker.submit({"id": event_id, "type": "run.status", "workspace": "/w"})
+    assert sorted(d.event_id for d in worker._pending.values()) == [2, 3]
+    waiting = sorted(int(p.name.split("-")[0]) for p in worker.outbox.pending_dir.iterdir())
+    assert waiting == [2, 3]
+    [dead] = worker.outbox.dead_dir.iterdir()
+    doc = json.loads(dead.read_text())
+    assert doc["event_id"] == 1 and doc["dead_reason"] == "outbox_full"
+    # A new worker on the same state dir finds what is waiting, under the same ids.
+    again = _WebhookWorker(hook, "webhook0", [], tmp_path)
+    assert again._pending.keys() == worker._pending.keys()
+    worker.client.close()
+    again.client.close()
