@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -194,9 +195,20 @@ def _print_status(snap: dict[str, Any]) -> None:
 
 # -- tokens ---------------------------------------------------------------------------------------
 def _state_dir(config_path: Path | None, state_dir: Path | None) -> Path:
+    """The state dir the daemon started with this config uses (`--state-dir` wins)."""
     if state_dir is not None:
         return state_dir
-    return (_load(config_path, ()) if config_path else DaemonConfig()).state_dir
+    config = _load(config_path, ()) if config_path else DaemonConfig()
+    if "state_dir" not in config.model_fields_set and not os.environ.get("STATE_DIRECTORY"):
+        # Under the shipped unit the daemon's default is StateDirectory= (/var/lib/deltad),
+        # which a command run from a shell cannot see: say which directory this is.
+        click.echo(
+            f"deltad: note: {config_path or 'no config'} sets no state_dir, so this is "
+            f"{config.state_dir}; a daemon under systemd (StateDirectory=deltad) uses "
+            "/var/lib/deltad: set state_dir in the config or pass --state-dir",
+            err=True,
+        )
+    return config.state_dir
 
 
 state_dir_option = click.option(
@@ -241,8 +253,8 @@ def token_add(
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
     click.echo(
-        f"token {name} ({role}; scopes: {', '.join(scopes) or 'all workspaces'}); "
-        "it is shown only now:"
+        f"token {name} ({role}; scopes: {', '.join(scopes) or 'all workspaces'}) written to "
+        f"{store.path}; it is shown only now:"
     )
     click.echo(value)
 
@@ -255,11 +267,13 @@ def token_list(config_path: Path | None, state_dir: Path | None, as_json: bool) 
     """Names, roles and scopes (never the tokens)."""
     from deltad.api.tokens import TokenError, TokenStore
 
+    store = TokenStore(_state_dir(config_path, state_dir))
     try:
-        items = TokenStore(_state_dir(config_path, state_dir)).list()
+        items = store.list()
     except TokenError as e:
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
+    click.echo(f"tokens in {store.path}", err=True)  # stderr: stdout stays the list
     if as_json:
         click.echo(json.dumps(items, indent=2))
         return
@@ -275,12 +289,13 @@ def token_revoke(name: str, config_path: Path | None, state_dir: Path | None) ->
     """Revoke a token now (a running daemon notices at once)."""
     from deltad.api.tokens import TokenError, TokenStore
 
+    store = TokenStore(_state_dir(config_path, state_dir))
     try:
-        TokenStore(_state_dir(config_path, state_dir)).revoke(name)
+        store.revoke(name)
     except TokenError as e:
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
-    click.echo(f"token {name} revoked")
+    click.echo(f"token {name} revoked in {store.path}")
 
 
 def _executor_kind(config: DaemonConfig) -> str:

@@ -126,7 +126,7 @@ class Service:
 
             quiet = [r.path for r in self.config.roots if not r.notify]
             try:
-                self.notifier = Notifier(notify, self.feed, quiet, context)
+                self.notifier = Notifier(notify, self.feed, quiet, context, self.config.state_dir)
             except (OSError, ValueError) as e:
                 log.error("notify_unusable", error=str(e))
                 print(f"deltad: error: notify: {e}", file=sys.stderr)
