@@ -31,6 +31,7 @@ from deltad.protocol import (
 )
 from deltad.protocol.fsio import MAX_MAILBOX_BYTES
 
+from . import display
 from .runner import RunOptions, drive
 
 WORK_DIR = click.option(
@@ -179,12 +180,16 @@ def status_cmd(work_dir: Path, run_id: str | None, as_json: bool) -> None:
     if doc["pending"] is not None:
         req = InteractionRequest.model_validate(doc["pending"])
         click.echo(inbox.guidance(ws, doc["run_id"], req))
+        if lines := display.question_lines(doc["pending"]):
+            click.echo("\n".join(lines))
         if doc["response"]["state"] == "ready":
             click.echo("  An answer is waiting in response.txt; `delta run` will take it.")
         elif doc["response"].get("reason"):
             click.echo(f"  The answer file is not usable: {doc['response']['reason']}")
         if doc["answer_error"]:
             click.echo(f"  Last answer was not taken: {doc['answer_error']}")
+    if ended := display.outcome_lines(doc.get("outcome")):
+        click.echo("\n".join(ended))
     if doc["set_aside"]:
         names = ", ".join(doc["set_aside"][-5:])
         click.echo(
