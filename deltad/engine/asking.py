@@ -38,7 +38,7 @@ class Asking:
         """Journal the question once, with the context a person decides with (from the journal
         as it stands, so a question asked again after a crash carries the same)."""
         if req.context is None:
-            req.context = question_context(self.ctx.journal.events, self.ctx.meta.task)
+            req.context = question_context(self.ctx.journal.events, self.ctx.meta.task, req.prompt)
         self.ctx.journal.append(
             EventType.HUMAN_INTERACTION, {"phase": "asked", "request": req.model_dump(mode="json")}
         )

@@ -95,13 +95,17 @@ def _size(ctx: QuestionContext) -> int:
     return len(json.dumps(ctx.model_dump(mode="json"), ensure_ascii=False))
 
 
-def question_context(events: Sequence[JournalEvent], task: str) -> QuestionContext:
-    """The context of a question asked now, after `events` (the journal as read)."""
+def question_context(
+    events: Sequence[JournalEvent], task: str, prompt: str = ""
+) -> QuestionContext:
+    """The context of a question asked now, after `events` (the journal as read). A last
+    message the prompt begins with (an interactive node asks with it) is not repeated."""
     steps = tool_steps(events)
     omitted = max(0, len(steps) - MAX_TOOL_CALLS)
+    said = last_message(events)
     ctx = QuestionContext(
         task=bounded(task, TASK_CHARS),
-        last_message=last_message(events),
+        last_message=None if said and prompt.startswith(said.split(CUT_MARK)[0].strip()) else said,
         tool_calls=steps[omitted:],
         tool_calls_omitted=omitted,
     )

@@ -78,6 +78,13 @@ def test_context_is_bounded(calls: int, result_chars: int, kept: int, omitted: i
         assert ctx.tool_calls[0].result.endswith(f"[cut: {result_chars - 2000} more characters]")
 
 
+def test_a_last_message_the_prompt_holds_is_not_repeated() -> None:
+    events = [thought("Here is my draft.")]
+    asked = "Here is my draft.\n\n(reply to the agent; /done or /approve ends this step)"
+    assert briefing.question_context(events, "t", asked).last_message is None
+    assert briefing.question_context(events, "t", "Deploy?").last_message == "Here is my draft."
+
+
 def test_huge_arguments_are_cut_to_a_string() -> None:
     ctx = briefing.question_context(call("c", text="a" * 5000), "t")
     shown = ctx.tool_calls[0].arguments
