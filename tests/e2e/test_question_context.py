@@ -62,6 +62,25 @@ def test_a_question_carries_the_task_last_message_and_tool_calls(
     assert SECRET not in shown.out
 
 
+def test_a_question_asked_again_after_a_crash_carries_the_same_context(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    fake.reply("Checking first.", tool_call("echo", {"text": "looked"}, id="e1"))
+    fake.reply("Ready.", tool_call("ask_human", {"prompt": "Go?"}, id="go"))
+    fake.reply("went")
+    crashed = delta.start("go somewhere", env={"DELTA_FAULT": "after_post"})
+    assert crashed.code < 0  # killed with request.json posted
+    first = delta.request()
+    (delta.delta_dir / "interaction" / "request.json").unlink()  # the mailbox lost it
+    r = delta("run")
+    assert r.code == 101, r.err
+    again = delta.request()
+    assert again["request_id"] == first["request_id"]
+    assert again["context"] == first["context"]
+    assert again["context"]["last_message"] == "Ready."
+    assert "looked" in again["context"]["tool_calls"][0]["result"]
+
+
 def test_an_approval_carries_the_context_and_the_policy_respondents(
     tmp_path: Path, fake: FakeLLM
 ) -> None:
