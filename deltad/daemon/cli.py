@@ -274,7 +274,10 @@ def token_list(config_path: Path | None, state_dir: Path | None, as_json: bool) 
         click.echo(json.dumps(items, indent=2))
         return
     for t in items:
-        click.echo(f"{t['name']}\t{t['role']}\t{' '.join(t['scopes'])}\t{t['created_at']}")
+        groups = " ".join(f"group:{g}" for g in t["groups"])
+        click.echo(
+            f"{t['name']}\t{t['role']}\t{' '.join(t['scopes'])}\t{t['created_at']}\t{groups}"
+        )
 
 
 @token.command("revoke")

@@ -4,13 +4,14 @@ says how it ended: real `delta` (and `deltad serve --listen`) processes against 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from deltad.api import links
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status, wait_for
+from deltad.testing.daemon import DELTAD, Daemon, metadata_status, wait_for
 from deltad.testing.fakellm import tool_call
 from deltad.testing.inbox import client, http_url, make_token
 
@@ -160,6 +161,20 @@ def test_a_finished_run_shows_its_final_message_duration_and_who_answered(
     assert doc["answers"][0]["answered_by"] == "alice"
 
 
+def _token_in_group(d: Daemon, name: str, group: str) -> str:
+    argv = [DELTAD, "token", "add", name, "--group", group, "--state-dir", str(d.state_dir)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _pending(ws: Path, prompt: str) -> str | None:
+    try:
+        req = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None  # not posted yet, or being replaced
+    return str(req["request_id"]) if req["prompt"] == prompt else None
+
+
 def test_only_the_named_respondents_may_answer_over_http(tmp_path: Path, fake: FakeLLM) -> None:
     root = tmp_path / "root"
     root.mkdir()
@@ -177,9 +192,12 @@ def test_only_the_named_respondents_may_answer_over_http(tmp_path: Path, fake: F
         url = http_url(d)
         alice = make_token(d.state_dir, "alice")
         bob = make_token(d.state_dir, "bob")
+        carol = _token_in_group(d, "carol", "ops")
         fake.reply("Checked the diff.", tool_call("echo", {"text": "diff ok"}, id="e1"))
         ask = {"prompt": "Merge?", "input_type": "yes_no", "respondents": ["alice"]}
-        fake.call("ask_human", ask, id="ask1").reply("merged")
+        fake.call("ask_human", ask, id="ask1")
+        fake.call("ask_human", {"prompt": "Tag it?", "respondents": ["group:ops"]}, id="ask2")
+        fake.reply("merged")
         ws = root / "ws1"
         ws.mkdir()
         tools = '[{name: echo, exec: "echo ${text}"}]'
@@ -209,6 +227,15 @@ def test_only_the_named_respondents_may_answer_over_http(tmp_path: Path, fake: F
         with client(url, alice) as c:
             ok = c.post(f"/v1/requests/{request_id}/answer", json={"answer": "yes"})
         assert ok.status_code == 202, ok.text
+        # The next question is for group:ops: alice is not in it, carol is.
+        second = wait_for(lambda: _pending(ws, "Tag it?"), "the second question")
+        with client(url, alice) as c:
+            wait_for(lambda: c.get(f"/v1/requests/{second}").status_code == 200, "it is listed")
+            no = c.post(f"/v1/requests/{second}/answer", json={"answer": "v1"})
+        assert no.status_code == 403 and "only group:ops" in no.json()["error"]
+        with client(url, carol) as c:
+            yes = c.post(f"/v1/requests/{second}/answer", json={"answer": "v1"})
+        assert yes.status_code == 202, yes.text
         wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed")
         # The notification carries the question with its context.
         note = wait_for(lambda: got.exists() and got.read_text().strip(), "a notification")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from deltad.api.tokens import TokenError, TokenStore
 from deltad.client import display
 from deltad.engine import briefing
 from deltad.engine.ask_human import question_from_args
@@ -236,3 +238,13 @@ def test_run_text_is_escaped_for_the_terminal(text: str, shown: str) -> None:
 def test_durations() -> None:
     shown = [display.duration(s) for s in (2.25, 65, 3725)]
     assert shown == ["2.2 s", "1 min 05 s", "1 h 02 min 05 s"]
+
+
+def test_a_token_keeps_its_groups(tmp_path: Path) -> None:
+    store = TokenStore(tmp_path)
+    token = store.add("carol", [], "answerer", ("ops", "db"))
+    who = store.verify(token)
+    assert who is not None and who.groups == ("ops", "db")
+    assert store.list()[0]["groups"] == ["ops", "db"]
+    with pytest.raises(TokenError, match="'no one'"):
+        store.add("dave", [], "answerer", ("no one",))
