@@ -237,6 +237,13 @@ def test_only_the_named_respondents_may_answer_over_http(tmp_path: Path, fake: F
             yes = c.post(f"/v1/requests/{second}/answer", json={"answer": "v1"})
         assert yes.status_code == 202, yes.text
         wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed")
+        run_id = rid["run_id"]
+        with client(url, bob) as c:
+            run = c.get(f"/v1/runs/{run_id}", params={"workspace": str(ws)}).json()
+        outcome = run["outcome"]
+        assert outcome["status"] == "COMPLETED" and outcome["final_message"] == "merged"
+        answered = [(a["prompt"], a["answered_by"], a["channel"]) for a in outcome["answers"]]
+        assert answered == [("Merge?", "alice", "http"), ("Tag it?", "carol", "http")]
         # The notification carries the question with its context.
         note = wait_for(lambda: got.exists() and got.read_text().strip(), "a notification")
         sent = json.loads(note.splitlines()[0])

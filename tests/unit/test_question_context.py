@@ -9,15 +9,18 @@ from typing import Any
 
 import pytest
 
+from deltad.agent import load_agent
 from deltad.api.tokens import TokenError, TokenStore
 from deltad.client import display
 from deltad.engine import briefing
 from deltad.engine.ask_human import question_from_args
+from deltad.errors import ConfigError
 from deltad.inbox.outcome import SENSITIVE, answer_shown, answers_of
 from deltad.inbox.respondents import Answerer, may_answer, refusal
 from deltad.protocol import EventType, InteractionRequest, JournalEvent
 from deltad.protocol.models import respondent_problem
 
+from ..conftest import write_agent
 from .test_pipeline_gates import gate_with
 
 _seq = iter(range(1, 1_000_000))
@@ -248,3 +251,13 @@ def test_a_token_keeps_its_groups(tmp_path: Path) -> None:
     assert store.list()[0]["groups"] == ["ops", "db"]
     with pytest.raises(TokenError, match="'no one'"):
         store.add("dave", [], "answerer", ("no one",))
+
+
+def test_an_approval_policy_names_its_respondents(tmp_path: Path) -> None:
+    tools = '[{name: deploy, exec: "echo hi"}]'
+    good = write_agent(tmp_path, tools, "approval:\n  respondents: [alice, 'group:ops']\n", "good")
+    policy = load_agent(good).config.approval
+    assert policy is not None and policy.respondents == ["alice", "group:ops"]
+    bad = write_agent(tmp_path, tools, "approval:\n  respondents: ['no one']\n", "bad")
+    with pytest.raises(ConfigError, match=r"approval\.respondents.*'no one' is not a token name"):
+        load_agent(bad)
