@@ -95,9 +95,9 @@ def outcome_lines(outcome: dict[str, Any] | None) -> list[str]:
     out = []
     if outcome.get("duration_seconds") is not None:
         out.append(f"Duration:   {duration(outcome['duration_seconds'])}")
-    if outcome.get("final_message"):
-        label = "Final message" if outcome.get("status") == "COMPLETED" else "Ended with"
-        out += [f"{label}:", *block(outcome["final_message"], "  ")]
+    # A run that failed or was canceled already shows its reason (`Reason:`).
+    if outcome.get("final_message") and outcome.get("status") == "COMPLETED":
+        out += ["Final message:", *block(outcome["final_message"], "  ")]
     answers = outcome.get("answers") or []
     if answers:
         total = outcome.get("answers_total", len(answers))
