@@ -261,3 +261,15 @@ def test_an_approval_policy_names_its_respondents(tmp_path: Path) -> None:
     bad = write_agent(tmp_path, tools, "approval:\n  respondents: ['no one']\n", "bad")
     with pytest.raises(ConfigError, match=r"approval\.respondents.*'no one' is not a token name"):
         load_agent(bad)
+
+
+@pytest.mark.parametrize(
+    ("status", "shows_message"), [("COMPLETED", True), ("FAILED", False), ("CANCELED", False)]
+)
+def test_outcome_lines_show_the_final_message_of_a_completed_run(
+    status: str, shows_message: bool
+) -> None:
+    outcome = {"status": status, "final_message": "the end", "duration_seconds": 3.0}
+    lines = display.outcome_lines(outcome)
+    assert lines[0] == "Duration:   3.0 s"
+    assert ("  the end" in lines) == shows_message  # a failure's reason is shown as Reason:
