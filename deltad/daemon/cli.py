@@ -238,17 +238,29 @@ def token() -> None:
     default="answerer",
     show_default=True,
 )
+@click.option(
+    "--group",
+    "groups",
+    multiple=True,
+    metavar="NAME",
+    help="A group the token is in, for questions naming group:NAME respondents (repeatable).",
+)
 @config_option
 @state_dir_option
 def token_add(
-    name: str, scopes: tuple[str, ...], role: str, config_path: Path | None, state_dir: Path | None
+    name: str,
+    scopes: tuple[str, ...],
+    role: str,
+    groups: tuple[str, ...],
+    config_path: Path | None,
+    state_dir: Path | None,
 ) -> None:
     """Make a token; it is printed once, as the last line."""
     from deltad.api.tokens import TokenError, TokenStore
 
     store = TokenStore(_state_dir(config_path, state_dir))
     try:
-        value = store.add(name, list(scopes), role)  # type: ignore[arg-type]
+        value = store.add(name, list(scopes), role, groups)  # type: ignore[arg-type]
     except TokenError as e:
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
@@ -278,7 +290,10 @@ def token_list(config_path: Path | None, state_dir: Path | None, as_json: bool) 
         click.echo(json.dumps(items, indent=2))
         return
     for t in items:
-        click.echo(f"{t['name']}\t{t['role']}\t{' '.join(t['scopes'])}\t{t['created_at']}")
+        groups = " ".join(f"group:{g}" for g in t["groups"])
+        click.echo(
+            f"{t['name']}\t{t['role']}\t{' '.join(t['scopes'])}\t{t['created_at']}\t{groups}"
+        )
 
 
 @token.command("revoke")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deltad.protocol.models import Option
+from deltad.protocol.models import Option, respondent_problem
 from deltad.protocol.questions import parse_accelerator
 
 from .model import Edge, Graph, Node
@@ -129,6 +129,7 @@ class Gate:
     node: Node
     choices: tuple[Choice, ...]
     problems: tuple[Problem, ...]  # key clashes and ambiguous labels; empty when valid
+    respondents: tuple[str, ...] = ()  # who may answer over HTTP (`respondents` attribute)
 
     @property
     def question(self) -> str:
@@ -207,7 +208,30 @@ class Gate:
         return Outcome(Status.FAIL, failure_reason=reason)
 
 
+def respondents_of(node: Node) -> tuple[tuple[str, ...], list[Problem]]:
+    """The `respondents` attribute ("alice, group:ops"): the names, and what is wrong with
+    them (a gate must never quietly become answerable by anyone)."""
+    names = tuple(n.strip() for n in node.attrs.get("respondents", "").split(",") if n.strip())
+    problems = [
+        Problem(why, node.where("respondents"), node.subject, code=Code.GATE)
+        for n in names
+        if (why := respondent_problem(n)) is not None
+    ]
+    if "respondents" in node.attrs and not names:
+        problems.append(
+            Problem(
+                "respondents is empty: name who may answer, or leave it out",
+                node.where("respondents"),
+                node.subject,
+                code=Code.GATE,
+            )
+        )
+    return names, problems
+
+
 def gate(graph: Graph, node_id: str) -> Gate:
     """The gate at `node_id`, from its outgoing edges in declaration order."""
+    node = graph.nodes[node_id]
     choices, problems = derive_choices(graph.outgoing(node_id))
-    return Gate(graph.nodes[node_id], tuple(choices), tuple(problems))
+    respondents, wrong = respondents_of(node)
+    return Gate(node, tuple(choices), tuple(problems + wrong), respondents)

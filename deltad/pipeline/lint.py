@@ -24,7 +24,7 @@ GRAPH_ATTRS = frozenset(
 NODE_ATTRS = frozenset(
     {"label", "shape", "type", "prompt", "max_retries", "timeout", "human.default_choice"}
     | {"agent.mode", "agent", "tool_command", "goal_gate", "retry_target"}
-    | {"fallback_retry_target"}
+    | {"fallback_retry_target", "respondents"}
 )
 EDGE_ATTRS = frozenset({"label", "condition", "weight"})
 # Graphviz drawing attributes: they change how a graph looks, never what it does.
