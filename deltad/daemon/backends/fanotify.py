@@ -213,6 +213,7 @@ class FanotifyBackend(WatchTree):
     """The directories of `WatchTree` as file handles in a table; one mark per filesystem."""
 
     name = "fanotify"
+    FREE_WATCHES = True  # a handle in a dict: `.delta/` and `runs/` are kept too
 
     def __init__(self, queue: HintQueue, fallback: PollingLike) -> None:
         super().__init__(queue, fallback, None)  # no kernel watch to budget
