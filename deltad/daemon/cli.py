@@ -110,13 +110,13 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     total_watches = 0
     for root in config.roots:
         layout = walk(root.path, config.discovery_depth)
-        watches = 0 if root.polling else len(layout.dirs) + 3 * len(layout.workspaces)
+        watches = root_watches(root.backend, len(layout.dirs), len(layout.workspaces))
         if root.backend == "inotify" or (root.backend == "watchdog" and _linux()):
             total_watches += watches  # both spend the kernel's inotify watches
         click.echo(
             f"root {root.path} ({root.backend}): {len(layout.workspaces)} workspaces, "
             f"{len(layout.dirs)} directories watched for new ones, ~{watches} watches"
-            + (" (watchdog: one thread each)" if root.backend == "watchdog" else "")
+            + _BACKEND_NOTES.get(root.backend, "")
         )
         for ws in sorted(layout.workspaces):
             click.echo(f"  workspace {ws}")
@@ -125,6 +125,19 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
         for path, problem in layout.problems:
             click.echo(f"  warning: {path}: {problem}")
     _report_watch_budget(total_watches, config.max_inotify_watches)
+
+
+_BACKEND_NOTES = {
+    "fanotify": " (fanotify: one filesystem mark, no inotify watch)",
+    "inotify": " (inotify: one per directory above workspaces and one per workspace)",
+    "watchdog": " (watchdog: one thread each)",
+}
+
+
+def root_watches(backend: str, dirs: int, workspaces: int) -> int:
+    """The inotify watches (or watchdog schedules) a root needs: one per directory above its
+    workspaces and one per workspace; none with fanotify or polling."""
+    return 0 if backend in ("fanotify", "polling") else dirs + workspaces
 
 
 def _linux() -> bool:
@@ -142,7 +155,9 @@ def _report_watch_budget(needed: int, own_cap: int | None) -> None:
         + ")"
     )
     if needed > min(limit, own_cap or limit):
-        click.echo("  warning: over the limit; the rest will be polled")
+        click.echo(
+            "  warning: over the limit; the rest will be polled (fanotify, as root, needs none)"
+        )
 
 
 @main.command()

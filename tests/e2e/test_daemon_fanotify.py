@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,45 @@ def test_busy_files_elsewhere_on_the_filesystem_are_dropped(tmp_path: Path) -> N
             (elsewhere / f"f{i}").write_text("x")
         answer(ws, "amid the noise")
         assert d.wait_resumed(ws)[0]["answer"] == "amid the noise"
+
+
+def _check(cfg: Path, *prefix: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*prefix, harness.DELTAD, "check", "--config", str(cfg)], capture_output=True, text=True
+    )
+
+
+def test_check_says_which_path_each_root_takes(tmp_path: Path) -> None:
+    fan, ino = tmp_path / "fan", tmp_path / "ino"
+    for root in (fan, ino):
+        paused_workspace(root / "a")
+        paused_workspace(root / "g" / "b")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"roots:\n  - {fan}\n  - path: {ino}\n    backend: inotify\n")
+    out = _check(cfg)
+    assert out.returncode == 0, out.stderr
+    assert f"root {fan} (fanotify)" in out.stdout and "no inotify watch" in out.stdout
+    assert f"root {ino} (inotify)" in out.stdout and "~4 watches" in out.stdout  # root, g, a, b
+    assert "inotify watches needed: ~4 (fs.inotify.max_user_watches = " in out.stdout
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv")
+def test_auto_falls_back_to_inotify_and_fanotify_asked_for_says_why_not(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    paused_workspace(root / "a")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"roots: [{root}]\n")
+    no_admin = ("setpriv", "--inh-caps=-sys_admin", "--bounding-set", "-sys_admin")
+    out = _check(cfg, *no_admin)  # root without CAP_SYS_ADMIN: no filesystem mark
+    assert out.returncode == 0, out.stderr
+    assert f"root {root} (inotify)" in out.stdout
+    cfg.write_text(f"roots:\n  - path: {root}\n    backend: fanotify\n")
+    out = _check(cfg, *no_admin)
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert "backend: fanotify is impossible here" in line and "CAP_SYS_ADMIN" in line
+    cfg.write_text("roots:\n  - path: /proc\n    backend: fanotify\n")
+    out = _check(cfg)
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert "does not report file handles" in line

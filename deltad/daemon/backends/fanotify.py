@@ -203,6 +203,8 @@ def probe(path: Path) -> str | None:
     except OSError as e:
         if e.errno in UNMARKABLE:
             return f"the filesystem of {path} does not report file handles"
+        if e.errno == errno.EPERM:
+            return "fanotify filesystem marks need CAP_SYS_ADMIN"
         return f"{path}: {e.strerror}"
     finally:
         fan.close()
