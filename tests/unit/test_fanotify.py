@@ -168,3 +168,20 @@ def test_files_elsewhere_are_dropped_by_handle(
     (ws / ".delta" / "interaction" / "response.txt").write_text("yes")
     _hint(b, queue, ws)
     assert b.dropped >= 100
+
+
+@pytest.mark.parametrize(
+    ("backend", "dirs", "workspaces", "watches"),
+    [
+        ("inotify", 51, 5000, 5051),  # one per directory above, one per workspace
+        ("watchdog", 1, 10, 11),
+        ("fanotify", 51, 5000, 0),  # a filesystem mark: no inotify watch
+        ("polling", 51, 5000, 0),
+    ],
+)
+def test_check_counts_inotify_watches(
+    backend: str, dirs: int, workspaces: int, watches: int
+) -> None:
+    from deltad.daemon.cli import root_watches
+
+    assert root_watches(backend, dirs, workspaces) == watches
