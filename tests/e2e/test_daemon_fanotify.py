@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,30 @@ def test_auto_falls_back_to_inotify_and_fanotify_asked_for_says_why_not(tmp_path
     assert out.returncode == 2
     [line] = out.stderr.strip().splitlines()
     assert "does not report file handles" in line
+
+
+@pytest.fixture
+def tmpfs_below(tmp_path: Path) -> Iterator[Path]:
+    """A second filesystem mounted below the root (skipped where mounting is not allowed)."""
+    mnt = tmp_path / "root" / "other"
+    mnt.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_workspace_on_another_filesystem_gets_its_own_mark(
+    tmp_path: Path, tmpfs_below: Path
+) -> None:
+    root = tmp_path / "root"
+    here, there = root / "ws1", tmpfs_below / "ws2"
+    paused_workspace(here)
+    paused_workspace(there)
+    with running(tmp_path, [root], rescan_interval_seconds=NO_RESCAN) as d:
+        d.wait_event("fanotify_marked", filesystems=2)
+        for ws in (here, there):
+            answer(ws, f"from {ws.name}")
+            assert d.wait_resumed(ws)[0]["answer"] == f"from {ws.name}"
