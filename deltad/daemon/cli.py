@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -149,15 +150,44 @@ def _report_watch_budget(needed: int, own_cap: int | None) -> None:
         limit = int(Path("/proc/sys/fs/inotify/max_user_watches").read_text())
     except (OSError, ValueError):
         return
+    in_use = inotify_watches_in_use(os.geteuid())
     click.echo(
-        f"inotify watches needed: ~{needed} (fs.inotify.max_user_watches = {limit}"
+        f"inotify watches needed: ~{needed} (in use by this user now: {in_use}, a running "
+        f"deltad's own included; fs.inotify.max_user_watches = {limit}"
         + (f", max_inotify_watches = {own_cap}" if own_cap else "")
         + ")"
     )
-    if needed > min(limit, own_cap or limit):
+    if over_watch_budget(needed, in_use, limit, own_cap):
         click.echo(
             "  warning: over the limit; the rest will be polled (fanotify, as root, needs none)"
         )
+
+
+def over_watch_budget(needed: int, in_use: int, limit: int, own_cap: int | None) -> bool:
+    """The kernel's limit is per user (what others use counts); deltad's own cap is its own."""
+    return needed + in_use > limit or (own_cap is not None and needed > own_cap)
+
+
+def inotify_watches_in_use(uid: int) -> int:
+    """The inotify watches of `uid`'s processes: one `inotify wd:` line each in the fdinfo of
+    their inotify descriptors (only those are read). Processes we cannot see count 0."""
+    total = 0
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:inotify":
+                    continue
+                text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+            except OSError:
+                continue
+            total += sum(line.startswith("inotify wd:") for line in text.splitlines())
+    return total
 
 
 @main.command()

@@ -185,3 +185,20 @@ def test_check_counts_inotify_watches(
     from deltad.daemon.cli import root_watches
 
     assert root_watches(backend, dirs, workspaces) == watches
+
+
+@pytest.mark.parametrize(
+    ("needed", "in_use", "limit", "own_cap", "over"),
+    [
+        (100, 0, 200, None, False),
+        (100, 150, 200, None, True),  # the kernel's limit is per user: others' watches count
+        (100, 0, 200, 50, True),  # deltad's own cap counts only its own
+        (100, 150, 300, 120, False),
+    ],
+)
+def test_check_warns_over_the_watch_budget(
+    needed: int, in_use: int, limit: int, own_cap: int | None, over: bool
+) -> None:
+    from deltad.daemon.cli import over_watch_budget
+
+    assert over_watch_budget(needed, in_use, limit, own_cap) is over
