@@ -112,13 +112,13 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     total_watches = 0
     for root in config.roots:
         layout = walk(root.path, config.discovery_depth)
-        watches = 0 if root.polling else len(layout.dirs) + 3 * len(layout.workspaces)
+        watches = root_watches(root.backend, len(layout.dirs), len(layout.workspaces))
         if root.backend == "inotify" or (root.backend == "watchdog" and _linux()):
             total_watches += watches  # both spend the kernel's inotify watches
         click.echo(
             f"root {show_path(root.path)} ({root.backend}): {len(layout.workspaces)} workspaces, "
             f"{len(layout.dirs)} directories watched for new ones, ~{watches} watches"
-            + (" (watchdog: one thread each)" if root.backend == "watchdog" else "")
+            + _BACKEND_NOTES.get(root.backend, "")
         )
         for ws in sorted(layout.workspaces):
             click.echo(f"  workspace {show_path(ws)}")
@@ -127,6 +127,19 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
         for path, problem in layout.problems:
             click.echo(f"  warning: {show_path(path)}: {show(problem)}")
     _report_watch_budget(total_watches, config.max_inotify_watches)
+
+
+_BACKEND_NOTES = {
+    "fanotify": " (fanotify: one filesystem mark, no inotify watch)",
+    "inotify": " (inotify: one per directory above workspaces and one per workspace)",
+    "watchdog": " (watchdog: one thread each)",
+}
+
+
+def root_watches(backend: str, dirs: int, workspaces: int) -> int:
+    """The inotify watches (or watchdog schedules) a root needs: one per directory above its
+    workspaces and one per workspace; none with fanotify or polling."""
+    return 0 if backend in ("fanotify", "polling") else dirs + workspaces
 
 
 def _linux() -> bool:
@@ -138,13 +151,44 @@ def _report_watch_budget(needed: int, own_cap: int | None) -> None:
         limit = int(Path("/proc/sys/fs/inotify/max_user_watches").read_text())
     except (OSError, ValueError):
         return
+    in_use = inotify_watches_in_use(os.geteuid())
     click.echo(
-        f"inotify watches needed: ~{needed} (fs.inotify.max_user_watches = {limit}"
+        f"inotify watches needed: ~{needed} (in use by this user now: {in_use}, a running "
+        f"deltad's own included; fs.inotify.max_user_watches = {limit}"
         + (f", max_inotify_watches = {own_cap}" if own_cap else "")
         + ")"
     )
-    if needed > min(limit, own_cap or limit):
-        click.echo("  warning: over the limit; the rest will be polled")
+    if over_watch_budget(needed, in_use, limit, own_cap):
+        click.echo(
+            "  warning: over the limit; the rest will be polled (fanotify, as root, needs none)"
+        )
+
+
+def over_watch_budget(needed: int, in_use: int, limit: int, own_cap: int | None) -> bool:
+    """The kernel's limit is per user (what others use counts); deltad's own cap is its own."""
+    return needed + in_use > limit or (own_cap is not None and needed > own_cap)
+
+
+def inotify_watches_in_use(uid: int) -> int:
+    """The inotify watches of `uid`'s processes: one `inotify wd:` line each in the fdinfo of
+    their inotify descriptors (only those are read). Processes we cannot see count 0."""
+    total = 0
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:inotify":
+                    continue
+                text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+            except OSError:
+                continue
+            total += sum(line.startswith("inotify wd:") for line in text.splitlines())
+    return total
 
 
 @main.command()
