@@ -24,7 +24,7 @@ from starlette.types import Scope
 from deltad import __version__
 from deltad.daemon.feed import EVENT_TYPES, FeedEvent
 
-from . import handlers, limits, links, scopes
+from . import handlers, history, limits, links, scopes
 from .handlers import ApiError, Context, unauthorized
 from .sessions import Sessions, matches
 from .tokens import Identity, TokenError, digest
@@ -266,6 +266,15 @@ def create_app(
     @app.get("/v1/runs/{run_id}", tags=["runs"])
     def get_run(run_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
         return handlers.get_run(ctx, who, run_id, workspace)
+
+    @app.get("/v1/history", tags=["runs"])
+    def get_history(
+        who: Who,
+        limit: Annotated[int, Query(ge=1, le=history.LIMIT_MAX)] = history.LIMIT_DEFAULT,
+    ) -> dict[str, Any]:
+        """Answers given and runs ended, newest first, from the journals of the latest run of
+        each workspace this token may see (a sensitive answer's value is left out)."""
+        return history.history(ctx, who, limit)
 
     # -- the event stream -------------------------------------------------------------------------
     @app.get("/v1/events", tags=["events"])
