@@ -126,9 +126,12 @@ def test_the_web_inbox_answers_a_choice_by_key_and_an_approval_with_an_edit(
         assert metadata_status(ws) == "COMPLETED"
         assert "deploying staging" in fake.tool_results()["dep1"]
         assert "Blue" in json.dumps(fake.requests[1]["messages"])
-        cookies = {c["name"]: c for c in browser.get_cookies()}
+        # The cookie is scoped to the API's directory (no Path: a proxy prefix is kept).
+        every = browser.execute_cdp_cmd("Network.getAllCookies", {})["cookies"]
+        cookies = {c["name"]: c for c in every}
         assert cookies["deltad_session"]["httpOnly"] is True
         assert cookies["deltad_session"]["sameSite"] == "Strict"
+        assert cookies["deltad_session"]["path"] == "/v1"
         storage = browser.execute_script(
             "return JSON.stringify(localStorage) + JSON.stringify(sessionStorage)"
         )
