@@ -203,10 +203,33 @@ function groups(list) {
   return [...byKey.values()];
 }
 
+// Cards are kept across refreshes (keyed by question): an answer being typed or an edit being
+// made is never wiped by another question arriving.
+const cards = new Map();
+const sections = new Map();
+
+function sameChildren(parent, nodes) {
+  const now = parent.children;
+  return now.length === nodes.length && nodes.every((n, i) => now[i] === n);
+}
+
 function render() {
   const box = $("requests");
-  const focusedKey = document.activeElement?.closest?.(".item")?.dataset.key;
-  box.replaceChildren(...groups(items).map(groupView));
+  const live = new Set(items.map(keyOf));
+  for (const k of [...cards.keys()]) if (!live.has(k)) cards.delete(k);
+  const shown = groups(items).map((list) => {
+    const gk = `${list[0].workspace}\u0000${list[0].run_id || ""}`;
+    const section = sections.get(gk) || groupView(list[0]);
+    sections.set(gk, section);
+    const nodes = [section.firstElementChild, ...list.map((r) => {
+      if (!cards.has(keyOf(r))) cards.set(keyOf(r), card(r));
+      return cards.get(keyOf(r));
+    })];
+    if (!sameChildren(section, nodes)) section.replaceChildren(...nodes);
+    return section;
+  });
+  for (const [gk, section] of [...sections]) if (!shown.includes(section)) sections.delete(gk);
+  if (!sameChildren(box, shown)) box.replaceChildren(...shown);
   $("empty").hidden = items.length > 0;
   $("count").textContent = items.length ? `(${items.length})` : "";
   const linked = new URLSearchParams(location.hash.slice(1)).get("request");
@@ -214,22 +237,18 @@ function render() {
   if (hit && !deepLinked) {
     selected = keyOf(hit);  // a notification's deep link: that question, once
     deepLinked = true;
-    document.querySelector(`.item[data-key="${CSS.escape(selected)}"]`)?.scrollIntoView();
+    selectedNode()?.scrollIntoView();
   }
   if (!items.some((r) => keyOf(r) === selected)) selected = items[0] ? keyOf(items[0]) : null;
   highlight();
-  if (focusedKey && focusedKey === selected) selectedNode()?.focus({ preventScroll: true });
 }
 
-function groupView(list) {
-  const first = list[0];
-  const id = `g-${Math.abs(hash(keyOf(first)))}`;
+function groupView(r) {
+  const id = `g-${Math.abs(hash(keyOf(r)))}`;
   return el("section", { class: "group", "aria-labelledby": id },
     el("h3", { id, class: "group-title" },
-      el("span", { class: "ws" }, first.workspace),
-      el("span", { class: "run" },
-        first.run_id ? `run ${first.run_id}` : "", first.agent ? ` · ${first.agent}` : "")),
-    ...list.map(card));
+      el("span", { class: "ws" }, r.workspace),
+      el("span", { class: "run" }, r.run_id ? `run ${r.run_id}` : "", r.agent ? ` · ${r.agent}` : "")));
 }
 
 function hash(text) {
