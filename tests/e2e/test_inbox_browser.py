@@ -124,6 +124,17 @@ def test_the_web_inbox_answers_a_choice_by_key_and_an_approval_with_an_edit(
         item.find_element(By.CSS_SELECTOR, "button.send-edit").click()
         _until(browser, "the run completing", '#activity li[data-to="COMPLETED"]')
         assert metadata_status(ws) == "COMPLETED"
+        # The history comes from the journals: a reload (or a restart) keeps it, with who.
+        browser.refresh()
+        _until(browser, "the history after a reload", "#activity li.answered")
+        WebDriverWait(browser, WAIT).until(
+            lambda b: len(b.find_elements(By.CSS_SELECTOR, "#activity li.answered")) == 2
+            and b.find_elements(By.CSS_SELECTOR, '#activity li.ended[data-to="COMPLETED"]'),
+            "both answers and the run's end in the history",
+        )
+        history = browser.find_element(By.ID, "activity").text
+        assert "alice answered" in history and "edit" in history
+        assert browser.find_elements(By.CSS_SELECTOR, "#activity time")
         assert "deploying staging" in fake.tool_results()["dep1"]
         assert "Blue" in json.dumps(fake.requests[1]["messages"])
         # The cookie is scoped to the API's directory (no Path: a proxy prefix is kept).
