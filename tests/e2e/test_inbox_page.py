@@ -25,6 +25,8 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from deltad.api import links
+from deltad.protocol import Mailbox, Workspace
 from deltad.testing.daemon import DELTAD, Daemon
 from deltad.testing.inbox import http_url, make_token
 from deltad.testing.stub import paused_workspace
@@ -153,7 +155,14 @@ def test_the_page_goes_on_after_a_restart_and_asks_to_log_in_after_a_revoke(
     browser.get(url)
     log_in(browser, alice)
 
-    assert d.stop() == 0
+    assert d.stop() == 0  # with the page's event stream open
+    assert not [
+        line
+        for line in d.log_path.read_text(errors="replace").splitlines()
+        if "Traceback" in line
+        or not line.startswith("{")
+        or json.loads(line).get("level") in ("error", "critical")
+    ]
     until(
         browser,
         "the page to see the daemon gone",
@@ -376,5 +385,27 @@ def test_the_page_works_under_a_reverse_proxy_path_prefix(
             c["name"]: c for c in browser.execute_cdp_cmd("Network.getAllCookies", {})["cookies"]
         }
         assert cookie["deltad_session"]["path"] == "/inbox/v1"
+    finally:
+        proxy.close()
+
+
+def test_a_signed_link_page_works_under_the_path_prefix_too(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    d, url, root = served
+    paused_workspace(root / "ws1", "Which name?")
+    rid = Mailbox(Workspace.at(root / "ws1")).read_request()
+    assert rid is not None
+    token = links.sign(links.load_key(d.state_dir), rid.request_id, str(root / "ws1"), 600)
+    proxy = PrefixProxy(url)
+    try:
+        browser.get(f"{proxy.url}a/{token}")
+        _until(browser, "the question behind the link", ".item input.answer")
+        browser.find_element(By.CSS_SELECTOR, ".item input.answer").send_keys("Aurora", Keys.ENTER)
+        [resumed] = d.wait_resumed(root / "ws1")
+        assert json.loads(resumed["answer"])["channel"] == "link"
+        assert "/inbox/static/inbox.css" in proxy.seen
+        assert f"/inbox/v1/links/{token}/answer" in proxy.seen
     finally:
         proxy.close()
