@@ -128,8 +128,10 @@ def test_the_web_inbox_answers_a_choice_by_key_and_an_approval_with_an_edit(
         browser.refresh()
         _until(browser, "the history after a reload", "#activity li.answered")
         WebDriverWait(browser, WAIT).until(
-            lambda b: len(b.find_elements(By.CSS_SELECTOR, "#activity li.answered")) == 2
-            and b.find_elements(By.CSS_SELECTOR, '#activity li.ended[data-to="COMPLETED"]'),
+            lambda b: (
+                len(b.find_elements(By.CSS_SELECTOR, "#activity li.answered")) == 2
+                and b.find_elements(By.CSS_SELECTOR, '#activity li.ended[data-to="COMPLETED"]')
+            ),
             "both answers and the run's end in the history",
         )
         history = browser.find_element(By.ID, "activity").text
