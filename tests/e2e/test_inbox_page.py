@@ -414,3 +414,37 @@ def test_a_signed_link_page_works_under_the_path_prefix_too(
         assert f"/inbox/v1/links/{token}/answer" in proxy.seen
     finally:
         proxy.close()
+
+
+def test_the_page_follows_next_through_every_page_of_a_list(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    """Both list shapes: without `next` (one page) and with a cursor or a link to follow."""
+    _, url, _ = served
+    browser.get(url)
+    _until(browser, "the page", "#token")
+    got = browser.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        const pages = {
+          "v1/requests?workspace=w": {requests: [1, 2], next: "c1"},
+          "v1/requests?workspace=w&cursor=c1": {requests: [3], next: "/v1/requests?cursor=c2"},
+          "v1/requests?cursor=c2": {requests: [4], next: null},
+          "v1/runs?": {runs: [9]},
+        };
+        const asked = [];
+        window.fetch = async (u) => {
+          const path = decodeURIComponent(u.slice(BASE.length));
+          asked.push(path);
+          return new Response(JSON.stringify(pages[path] || {error: path}),
+                              {status: pages[path] ? 200 : 404});
+        };
+        Promise.all([listAll("v1/requests", "requests", {workspace: "w"}),
+                     listAll("v1/runs", "runs", {})])
+          .then(([requests, runs]) => done({requests, runs, asked}),
+                (e) => done({error: String(e), asked}));
+        """
+    )
+    assert got.get("requests") == [1, 2, 3, 4], got
+    assert got["runs"] == [9]

@@ -55,13 +55,15 @@ async function api(method, path, body) {
 }
 
 // A list endpoint, every page of it: `{"<key>": [...], "next": cursor|null}` (or no `next`).
+// `next` is a cursor sent back as `?cursor=`, or a link (with a `?`), followed as it is.
 async function listAll(path, key, params) {
   let out = [];
   let next = null;
   for (let page = 0; page < PAGES_MAX; page++) {
     const p = new URLSearchParams(params);
     if (next) p.set("cursor", next);
-    const doc = await api("GET", `${path}?${p}`);
+    const link = next && next.includes("?") ? next.replace(/^\//, "") : null;
+    const doc = await api("GET", link || `${path}?${p}`);
     out = out.concat(doc[key] || []);
     next = doc.next;
     if (!next) break;
