@@ -1,17 +1,21 @@
 """`GET /v1/history`: what people answered and how runs ended, read from the journals (so it
 survives a reload of the page and a restart of the daemon). Bounded: the latest run of each
-workspace the token may see, each journal read from its end within `journal_tail`'s budget,
-the newest `limit` entries returned. An answer's value is not shown when the question was
-sensitive (a password is never echoed); who answered and when always are."""
+workspace the token may see, the most recently written journals first, at most JOURNALS_MAX
+of them, each read from its end within `journal_tail`'s budget; the newest `limit` entries
+are returned. An answer's value is not shown when the question was sensitive (a password is
+never echoed); who answered and when always are."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from deltad.protocol import Workspace
 from deltad.protocol.errors import ProtocolError
+from deltad.protocol.models import iso
 from deltad.protocol.printable import json_safe, show_path
 
 from .handlers import Context, journal_tail, visible
@@ -19,6 +23,7 @@ from .tokens import Identity
 
 LIMIT_DEFAULT = 50
 LIMIT_MAX = 500
+JOURNALS_MAX = 64  # journal tails read per call at most (each up to JOURNAL_TAIL_BYTES)
 
 
 def entries(workspace: str, run_id: str, events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -73,15 +78,34 @@ def _answered(
 
 
 def history(ctx: Context, who: Identity, limit: int) -> dict[str, Any]:
+    """Journals newest first (by mtime: no entry in a journal is newer than its last write),
+    read until no unread journal can hold one of the newest `limit` entries, or JOURNALS_MAX."""
+    journals = sorted(_journals(ctx, who), key=lambda j: j[0], reverse=True)
     found: list[dict[str, Any]] = []
+    for read, (mtime, ws, run_id, journal) in enumerate(journals):
+        if read >= JOURNALS_MAX or complete(found, mtime, limit):
+            break
+        found += entries(show_path(ws), run_id, journal_tail(journal))
+        found.sort(key=lambda d: str(d.get("at") or ""), reverse=True)
+    return {"history": json_safe(found[:limit])}
+
+
+def complete(found: list[dict[str, Any]], next_mtime: float, limit: int) -> bool:
+    """Whether the newest `limit` entries are known: a journal last written at `next_mtime`
+    (and every older one) holds nothing newer than the `limit`-th found (sorted newest first)."""
+    if len(found) < limit:
+        return False
+    last = str(found[limit - 1].get("at") or "")
+    return last >= iso(datetime.fromtimestamp(next_mtime, UTC))
+
+
+def _journals(ctx: Context, who: Identity) -> Iterator[tuple[float, Path, str, Path]]:
     for v in ctx.feed.index.views():
         if v.run_id is None or not visible(who, v.workspace):
             continue
         try:
             journal = Workspace(Path(v.workspace)).run(v.run_id).journal
-        except ProtocolError:
-            continue  # not a run id: nothing to read
-        events = journal_tail(journal)
-        found += entries(show_path(v.workspace), v.run_id, events)
-    found.sort(key=lambda d: str(d.get("at") or ""), reverse=True)
-    return {"history": json_safe(found[:limit])}
+            mtime = os.stat(journal).st_mtime
+        except (ProtocolError, OSError):
+            continue  # not a run id, or no journal yet: nothing to read
+        yield mtime, Path(v.workspace), v.run_id, journal

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from deltad.api.history import entries
+from deltad.api.history import complete, entries
 
 
 def asked(rid: str, **request: Any) -> dict[str, Any]:
@@ -67,3 +67,25 @@ def test_history_entries_from_a_journal(
 def test_a_run_end_carries_its_status_and_reason() -> None:
     [e] = entries("/w", "r", [END])
     assert (e["status"], e["reason"], e["at"]) == ("COMPLETED", "done", "T3")
+
+
+def _at(*times: str) -> list[dict[str, Any]]:
+    return [{"at": t} for t in times]
+
+
+@pytest.mark.parametrize(
+    ("found", "next_mtime", "limit", "expected"),
+    [
+        (_at(), 0.0, 1, False),  # nothing found yet
+        (_at("2026-01-01T00:00:10Z"), 5.0, 2, False),  # fewer than the limit
+        (_at("1970-01-01T00:00:10Z"), 5.0, 1, True),  # the next journal is older than all
+        (_at("1970-01-01T00:00:10Z"), 10.0, 1, True),  # as old as the last kept
+        (_at("1970-01-01T00:00:10Z"), 11.0, 1, False),  # it may hold a newer entry
+        (_at("1970-01-01T00:00:20Z", "1970-01-01T00:00:03Z"), 5.0, 2, False),
+        (_at("1970-01-01T00:00:20Z", "1970-01-01T00:00:03Z"), 5.0, 1, True),
+    ],
+)
+def test_journals_are_read_until_the_newest_entries_are_known(
+    found: list[dict[str, Any]], next_mtime: float, limit: int, expected: bool
+) -> None:
+    assert complete(found, next_mtime, limit) is expected
