@@ -252,6 +252,11 @@ def test_keyboard_phone_width_history_and_no_serious_accessibility_violations(
     browser.switch_to.active_element.send_keys("p")
     [resumed] = d.wait_resumed(ws["billing-api"])
     assert json.loads(resumed["answer"])["answer"] == "p"
+    until(  # the answered one goes; the next is selected and focused, ready for keys
+        browser,
+        "the next question focused",
+        lambda b: "selected" in (b.switch_to.active_element.get_attribute("class") or ""),
+    )
 
     # The approval, with its editor open.
     until(

@@ -11,6 +11,7 @@ const EVENT_TYPES = ["request.created", "request.answered", "request.expired", "
 const PAGES_MAX = 100;  // a list is followed through at most this many pages
 let csrf = null;
 let selected = null;  // the selected question's keyOf
+let selectedIndex = 0;  // and its place in the list, for when it goes
 let items = [];
 let deepLinked = false;
 let source = null;
@@ -241,7 +242,16 @@ function render() {
     deepLinked = true;
     selectedNode()?.scrollIntoView();
   }
-  if (!items.some((r) => keyOf(r) === selected)) selected = items[0] ? keyOf(items[0]) : null;
+  if (!items.some((r) => keyOf(r) === selected)) {
+    // The selected question was answered (or expired): the one in its place is next, and
+    // keyboard focus goes with it rather than falling back to the page.
+    const nodes = [...document.querySelectorAll(".item")];
+    const next = nodes[Math.min(selectedIndex, nodes.length - 1)];
+    selected = next ? next.dataset.key : null;
+    if (next && (document.activeElement === document.body || !document.activeElement)) {
+      next.focus({ preventScroll: true });
+    }
+  }
   highlight();
 }
 
@@ -264,7 +274,9 @@ function selectedNode() {
 }
 
 function highlight() {
-  for (const node of document.querySelectorAll(".item")) {
+  const nodes = [...document.querySelectorAll(".item")];
+  selectedIndex = Math.max(0, nodes.findIndex((n) => n.dataset.key === selected));
+  for (const node of nodes) {
     const on = node.dataset.key === selected;
     node.classList.toggle("selected", on);
     if (on) node.setAttribute("aria-current", "true");
@@ -284,14 +296,24 @@ function move(step) {
 }
 
 // -- one question ---------------------------------------------------------------------------------
+function ago(t) {
+  const secs = Math.round((Date.now() - t.getTime()) / 1000);
+  return secs < 60 ? "just now" : secs < 3600 ? `${Math.floor(secs / 60)} min ago`
+    : secs < 86400 ? `${Math.floor(secs / 3600)} h ago` : t.toLocaleString();
+}
+
 function when(iso) {
   if (!iso) return null;
   const t = new Date(iso);
-  const secs = Math.round((Date.now() - t.getTime()) / 1000);
-  const ago = secs < 60 ? "just now" : secs < 3600 ? `${Math.floor(secs / 60)} min ago`
-    : secs < 86400 ? `${Math.floor(secs / 3600)} h ago` : t.toLocaleDateString();
-  return el("time", { datetime: iso, title: t.toLocaleString() }, ago);
+  return el("time", { datetime: iso, title: t.toLocaleString() }, ago(t));
 }
+
+// "3 min ago" stays true while the page is open.
+setInterval(() => {
+  for (const node of document.querySelectorAll("time[datetime]")) {
+    node.textContent = ago(new Date(node.getAttribute("datetime")));
+  }
+}, 30_000);
 
 function card(r) {
   const error = el("p", { class: "error", role: "alert" });
