@@ -426,6 +426,8 @@ function freeText(r, error) {
     class: "answer", type: secret ? "password" : (r.input_type === "number" ? "number" : "text"),
     autocomplete: secret ? "new-password" : "off", placeholder: r.default ? `default: ${r.default}` : "",
     "aria-label": `Answer: ${r.prompt}`,
+    // A number's bounds as the browser's own hints; the API checks them again (422).
+    ...(r.input_type === "number" ? { step: "any", min: r.minimum, max: r.maximum } : {}),
   });
   const form = el("form", { class: "actions" }, field, el("button", { type: "submit", class: "primary" }, "Send"));
   form.addEventListener("submit", (ev) => {
