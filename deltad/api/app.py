@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import secrets
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,8 +24,9 @@ from starlette.types import Scope
 from deltad import __version__
 from deltad.daemon.feed import EVENT_TYPES, FeedEvent
 
-from . import handlers, limits, links, scopes
+from . import handlers, history, limits, links, scopes
 from .handlers import ApiError, Context, unauthorized
+from .sessions import Sessions, matches
 from .tokens import Identity, TokenError, digest
 
 SESSION_COOKIE = "deltad_session"
@@ -42,42 +42,6 @@ SECURITY_HEADERS = {
 }
 
 
-@dataclass
-class Session:
-    token_digest: str
-    csrf: str
-    expires: float
-
-
-class Sessions:
-    """Web logins: a random id in an HttpOnly cookie maps to the token's digest (never the
-    token) and a CSRF token the page sends back in a header on every write."""
-
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-        self._lock = threading.Lock()
-        self._by_id: dict[str, Session] = {}
-
-    def open(self, token_digest: str) -> tuple[str, Session]:
-        sid = secrets.token_urlsafe(32)
-        s = Session(token_digest, secrets.token_urlsafe(24), time.time() + self.ttl)
-        with self._lock:
-            self._by_id = {k: v for k, v in self._by_id.items() if v.expires > time.time()}
-            self._by_id[sid] = s
-        return sid, s
-
-    def get(self, sid: str | None) -> Session | None:
-        if not sid:
-            return None
-        with self._lock:
-            s = self._by_id.get(sid)
-        return s if s is not None and s.expires > time.time() else None
-
-    def close(self, sid: str | None) -> None:
-        with self._lock:
-            self._by_id.pop(sid or "", None)
-
-
 # -- identity (module level: FastAPI resolves annotations from the module) ------------------
 def authenticate(
     ctx: Context,
@@ -90,17 +54,18 @@ def authenticate(
     """Who is calling, from the headers alone (so it runs before any body byte is read)."""
     if authorization:
         return ctx.tokens.verify(_bearer(authorization)) or _invalid_token()
-    session = sessions.get(session_id)
-    if session is None:
+    claims = sessions.get(session_id)
+    if claims is None or session_id is None:
         raise unauthorized()
     if method not in SAFE_METHODS and not (
-        x_csrf_token and secrets.compare_digest(x_csrf_token, session.csrf)
+        x_csrf_token and secrets.compare_digest(x_csrf_token, sessions.csrf(session_id))
     ):
         raise ApiError(403, "csrf", "missing or wrong X-CSRF-Token for this session")
-    who = ctx.tokens.by_digest(session.token_digest)
-    if who is None:
+    # The token is looked up on every request: a revoked (or re-made) token ends it at once.
+    held = ctx.tokens.by_name(claims.name)
+    if held is None or not matches(claims, held[0]):
         raise unauthorized("this session's token was revoked; log in again")
-    return who
+    return held[1]
 
 
 def _bearer(authorization: str) -> str:
@@ -164,9 +129,15 @@ Who = Annotated[Identity, Depends(identity)]
 WorkspaceGlob = Annotated[str | None, Depends(workspace_glob)]
 
 
-def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI:
+def create_app(
+    ctx: Context, stopping: threading.Event | None = None, sessions: Sessions | None = None
+) -> FastAPI:
     stopping = stopping or threading.Event()
-    sessions = Sessions(ctx.config.session_ttl_seconds)
+    # In-process (tests): a key derived from the link key and logouts kept in memory.
+    sessions = sessions or Sessions(
+        hashlib.sha256(b"deltad session\0" + ctx.link_key).digest(),
+        ctx.config.session_ttl_seconds,
+    )
     app = FastAPI(
         title="deltad inbox",
         version=__version__,
@@ -230,32 +201,36 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         who = ctx.tokens.verify(token) if isinstance(token, str) else None
         if who is None:
             raise unauthorized("this token is not valid (revoked, or never issued)")
-        sid, s = sessions.open(digest(str(token)))
+        cookie, csrf = sessions.open(who.name, digest(str(token)))
+        # No Path attribute: the cookie belongs to the directory the page was served from,
+        # so the page works under a reverse proxy's path prefix.
         response.set_cookie(
             SESSION_COOKIE,
-            sid,
+            cookie,
             max_age=int(ctx.config.session_ttl_seconds),
             httponly=True,
             samesite="strict",
             secure=ctx.config.tls,
-            path="/",
+            path=None,
         )
-        return {"name": who.name, "role": who.role, "scopes": list(who.scopes), "csrf": s.csrf}
+        return {"name": who.name, "role": who.role, "scopes": list(who.scopes), "csrf": csrf}
 
     @app.get("/v1/session", tags=["session"])
     def whoami(request: Request, who: Who) -> dict[str, Any]:
-        s = sessions.get(request.cookies.get(SESSION_COOKIE))
+        cookie = request.cookies.get(SESSION_COOKIE)
         return {
             "name": who.name,
             "role": who.role,
             "scopes": list(who.scopes),
-            "csrf": s.csrf if s else None,
+            "csrf": sessions.csrf(cookie) if cookie and sessions.get(cookie) else None,
         }
 
     @app.delete("/v1/session", tags=["session"])
     def logout(request: Request, response: Response, who: Who) -> dict[str, str]:
         sessions.close(request.cookies.get(SESSION_COOKIE))
-        response.delete_cookie(SESSION_COOKIE, path="/")
+        response.set_cookie(
+            SESSION_COOKIE, "", max_age=0, expires=0, path=None, httponly=True, samesite="strict"
+        )
         return {"status": "logged out"}
 
     # -- questions --------------------------------------------------------------------------------
@@ -291,6 +266,15 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
     @app.get("/v1/runs/{run_id}", tags=["runs"])
     def get_run(run_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
         return handlers.get_run(ctx, who, run_id, workspace)
+
+    @app.get("/v1/history", tags=["runs"])
+    def get_history(
+        who: Who,
+        limit: Annotated[int, Query(ge=1, le=history.LIMIT_MAX)] = history.LIMIT_DEFAULT,
+    ) -> dict[str, Any]:
+        """Answers given and runs ended, newest first, from the journals of the latest run of
+        each workspace this token may see (a sensitive answer's value is left out)."""
+        return history.history(ctx, who, limit)
 
     # -- the event stream -------------------------------------------------------------------------
     @app.get("/v1/events", tags=["events"])
@@ -371,7 +355,12 @@ async def _stream(
             if shown(e):
                 yield _sse(e)
         keepalive_at = loop.time() + ctx.config.keepalive_seconds
-        while not stopping.is_set():
+        while True:
+            if stopping.is_set():
+                # Returning ends the response with its terminating chunk; the page reconnects
+                # (and logs in again if it must) once the daemon is back.
+                yield b": the daemon is stopping\n\n"
+                return
             if not allowed():
                 yield b": this credential was revoked, changed or logged out\n\n"
                 return

@@ -17,7 +17,7 @@ import uvicorn
 
 from deltad.daemon.feed import Feed
 
-from . import links
+from . import links, sessions
 from .app import create_app
 from .config import HttpConfig, split_listen
 from .handlers import Context
@@ -64,7 +64,15 @@ class HttpServer:
         self._stopping = threading.Event()
         self._server = uvicorn.Server(
             uvicorn.Config(
-                create_app(self.context, self._stopping),
+                create_app(
+                    self.context,
+                    self._stopping,
+                    sessions.Sessions(
+                        sessions.load_key(state_dir),
+                        config.session_ttl_seconds,
+                        state_dir / sessions.CLOSED_NAME,
+                    ),
+                ),
                 log_config=None,
                 access_log=False,
                 lifespan="off",

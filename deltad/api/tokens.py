@@ -112,6 +112,12 @@ class TokenStore:
         with self._lock:
             return self._by_digest.get(wanted)
 
+    def by_name(self, name: str) -> tuple[str, Identity] | None:
+        """The digest and identity of the token named so (a web session names its token)."""
+        self._refresh()
+        with self._lock:
+            return next(((d, w) for d, w in self._by_digest.items() if w.name == name), None)
+
     def _refresh(self) -> None:
         try:
             st = os.stat(self.path)

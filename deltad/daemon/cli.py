@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import click
+import structlog
 
 from deltad import __version__, logs
 from deltad.protocol.printable import show, show_path
 
 from .config import ConfigError, DaemonConfig, load_config
 from .discovery import walk
+from .shared_roots import shared_root_warnings
 from .status import daemon_running, read_status
 
 EXIT_CONFIG = 2
@@ -69,6 +71,8 @@ def serve(config_path: Path | None, roots: tuple[str, ...], listen: str | None) 
         config = _with_listen(config, listen)
     _need_a_root(config)
     logs.configure(config.log_level, config.log_format)
+    for warning in shared_root_warnings([r.path for r in config.roots]):
+        structlog.get_logger("deltad.cli").warning("shared_root", problem=warning)
     sys.exit(Service(config, config_path, roots).run())
 
 
@@ -127,6 +131,8 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
         for path, problem in layout.problems:
             click.echo(f"  warning: {show_path(path)}: {show(problem)}")
     _report_watch_budget(total_watches, config.max_inotify_watches)
+    for warning in shared_root_warnings([r.path for r in config.roots]):
+        click.echo(f"warning: {warning}")
 
 
 _BACKEND_NOTES = {

@@ -22,6 +22,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from deltad.protocol import (
     AnswerState,
@@ -45,7 +46,12 @@ from deltad.protocol.printable import show_path
 
 
 def paused_workspace(
-    path: Path, prompt: str = "q?", run_id: str | None = None, expires_at: datetime | None = None
+    path: Path,
+    prompt: str = "q?",
+    run_id: str | None = None,
+    expires_at: datetime | None = None,
+    task: str = "benchmark task",
+    **question: Any,
 ) -> str:
     """Create (or re-pause) a workspace whose latest run waits for an answer; return its id.
     The question is posted and recorded in the journal (its `asked` record, the fact the daemon
@@ -58,14 +64,14 @@ def paused_workspace(
     meta = RunMetadata(
         run_id=run_id,
         status=RunStatus.WAITING_FOR_INPUT,
-        task="benchmark task",
+        task=task,
         agent_ref=show_path(path / "agent"),  # metadata is UTF-8 JSON: names are bytes
         start_time=now,
         updated_at=now,
     )
     save_metadata(paths.metadata, meta)
     request = InteractionRequest(
-        prompt=prompt, run_id=run_id, action_id="act_1", expires_at=expires_at
+        prompt=prompt, run_id=run_id, action_id="act_1", expires_at=expires_at, **question
     )
     _record_asked(paths.journal, request)
     Mailbox(ws).post(request)

@@ -124,11 +124,27 @@ def test_the_web_inbox_answers_a_choice_by_key_and_an_approval_with_an_edit(
         item.find_element(By.CSS_SELECTOR, "button.send-edit").click()
         _until(browser, "the run completing", '#activity li[data-to="COMPLETED"]')
         assert metadata_status(ws) == "COMPLETED"
+        # The history comes from the journals: a reload (or a restart) keeps it, with who.
+        browser.refresh()
+        _until(browser, "the history after a reload", "#activity li.answered")
+        WebDriverWait(browser, WAIT).until(
+            lambda b: (
+                len(b.find_elements(By.CSS_SELECTOR, "#activity li.answered")) == 2
+                and b.find_elements(By.CSS_SELECTOR, '#activity li.ended[data-to="COMPLETED"]')
+            ),
+            "both answers and the run's end in the history",
+        )
+        history = browser.find_element(By.ID, "activity").text
+        assert "alice answered" in history and "edit" in history
+        assert browser.find_elements(By.CSS_SELECTOR, "#activity time")
         assert "deploying staging" in fake.tool_results()["dep1"]
         assert "Blue" in json.dumps(fake.requests[1]["messages"])
-        cookies = {c["name"]: c for c in browser.get_cookies()}
+        # The cookie is scoped to the API's directory (no Path: a proxy prefix is kept).
+        every = browser.execute_cdp_cmd("Network.getAllCookies", {})["cookies"]
+        cookies = {c["name"]: c for c in every}
         assert cookies["deltad_session"]["httpOnly"] is True
         assert cookies["deltad_session"]["sameSite"] == "Strict"
+        assert cookies["deltad_session"]["path"] == "/v1"
         storage = browser.execute_script(
             "return JSON.stringify(localStorage) + JSON.stringify(sessionStorage)"
         )
@@ -174,9 +190,9 @@ def test_the_web_inbox_shows_a_questions_context_and_who_may_answer(
         browser.find_element(By.CSS_SELECTOR, "#login-form button").click()
         _until(browser, "the question", ".item details.context")
         item = browser.find_element(By.CSS_SELECTOR, ".item")
-        assert "Who may answer: alice" in item.text
-        item.find_element(By.CSS_SELECTOR, "details.context summary").click()
+        assert "For alice" in item.find_element(By.CSS_SELECTOR, ".respondents").text
         context = item.find_element(By.CSS_SELECTOR, "details.context")
+        assert context.get_attribute("open") is not None  # folded open: nothing to click
         WebDriverWait(browser, WAIT).until(
             lambda b: "said ok" in context.text, "the tool call's result"
         )

@@ -2,14 +2,25 @@
 // the page keeps no token and no answer (a password field is cleared as it is sent).
 "use strict";
 
+// Every URL is made from where this script was served (`<base>/static/inbox.js`), so the page
+// works behind a reverse proxy under a path prefix.
+const BASE = new URL("../", document.currentScript.src).href;
 const mode = document.body.dataset.mode;
 const linkToken = mode === "link" ? location.pathname.split("/").pop() : null;
+const EVENT_TYPES = ["request.created", "request.answered", "request.expired", "run.status"];
+const PAGES_MAX = 100;  // a list is followed through at most this many pages
 let csrf = null;
-let selected = null;
+let selected = null;  // the selected question's keyOf
+let selectedIndex = 0;  // and its place in the list, for when it goes
 let items = [];
 let deepLinked = false;
+let source = null;
+let reconnectTimer = null;
+let historyTimer = null;
 
 const $ = (id) => document.getElementById(id);
+// A question is its workspace and request id (copies of a workspace share ids).
+const keyOf = (r) => `${encodeURIComponent(r.workspace)}|${encodeURIComponent(r.request_id)}`;
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -18,46 +29,85 @@ function el(tag, attrs = {}, ...children) {
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else if (v !== null && v !== undefined && v !== false) node.setAttribute(k, v);
   }
-  for (const c of children) if (c !== null && c !== undefined) node.append(c);
+  for (const c of children) if (c !== null && c !== undefined && c !== false) node.append(c);
   return node;
+}
+
+class ApiError extends Error {
+  constructor(message, status) { super(message); this.status = status; }
 }
 
 async function api(method, path, body) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (csrf && method !== "GET") headers["X-CSRF-Token"] = csrf;
-  const r = await fetch(path, {
+  const r = await fetch(BASE + path, {
     method, headers, credentials: "same-origin",
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   let doc = {};
   try { doc = await r.json(); } catch (e) { /* an empty body */ }
   if (!r.ok) {
-    const err = new Error(doc.error || `HTTP ${r.status}`);
-    err.status = r.status;
-    throw err;
+    // Any 401 of a signed-in page means the session ended: ask to log in again.
+    if (r.status === 401 && !linkToken && path !== "v1/session") needLogin(doc.error);
+    throw new ApiError(doc.error || `HTTP ${r.status}`, r.status);
   }
   return doc;
+}
+
+// A list endpoint, every page of it: `{"<key>": [...], "next": cursor|null}` (or no `next`).
+// `next` is a cursor sent back as `?cursor=`, or a link (with a `?`), followed as it is.
+async function listAll(path, key, params) {
+  let out = [];
+  let next = null;
+  for (let page = 0; page < PAGES_MAX; page++) {
+    const p = new URLSearchParams(params);
+    if (next) p.set("cursor", next);
+    const link = next && next.includes("?") ? next.replace(/^\//, "") : null;
+    const doc = await api("GET", link || `${path}?${p}`);
+    out = out.concat(doc[key] || []);
+    next = doc.next;
+    if (!next) break;
+  }
+  return out;
 }
 
 // -- login ------------------------------------------------------------------------------------
 async function start() {
   if (mode === "link") return loadLink();
   try {
-    const me = await api("GET", "/v1/session");
-    signedIn(me);
+    signedIn(await api("GET", "v1/session"));
   } catch (e) {
-    $("login").hidden = false;
+    showLogin(null);
   }
+}
+
+function showLogin(why) {
+  $("inbox").hidden = true;
+  $("logout").hidden = true;
+  $("live").hidden = true;
+  $("login").hidden = false;
+  $("login-why").hidden = !why;
+  $("login-why").textContent = why || "";
+  $("token").focus();
+}
+
+function needLogin(why) {
+  if (!csrf && !$("login").hidden) return;  // already asking
+  csrf = null;
+  closeStream();
+  showLogin(`${why || "Your session ended"}. Log in again to go on.`);
 }
 
 function signedIn(me) {
   csrf = me.csrf;
-  $("who").textContent = `${me.name} (${me.role})`;
+  $("who").textContent = `${me.name} · ${me.role}`;
   $("login").hidden = true;
   $("inbox").hidden = false;
   $("logout").hidden = false;
+  $("live").hidden = false;
   refresh();
+  loadHistory();
   follow();
 }
 
@@ -67,7 +117,7 @@ $("login-form")?.addEventListener("submit", async (ev) => {
   const token = field.value.trim();
   field.value = "";
   try {
-    signedIn(await api("POST", "/v1/session", { token }));
+    signedIn(await api("POST", "v1/session", { token }));
     $("login-error").textContent = "";
   } catch (e) {
     $("login-error").textContent = e.message;
@@ -75,110 +125,257 @@ $("login-form")?.addEventListener("submit", async (ev) => {
 });
 
 $("logout")?.addEventListener("click", async () => {
-  await api("DELETE", "/v1/session").catch(() => {});
+  await api("DELETE", "v1/session").catch(() => {});
   location.reload();
 });
 
-// -- the list, kept live by the event stream ------------------------------------------------------
-async function refresh() {
-  const params = new URLSearchParams();
-  const ws = $("f-workspace").value.trim();
-  const type = $("f-type").value;
-  if (ws) params.set("workspace", ws);
-  if (type) params.set("input_type", type);
-  try {
-    const doc = await api("GET", "/v1/requests?" + params);
-    items = doc.requests;
-    render();
-  } catch (e) {
-    if (e.status === 401) location.reload();
-  }
+// -- the event stream: live, and back after a restart ---------------------------------------------
+function setLive(text, state) {
+  $("live").textContent = text;
+  $("live").dataset.state = state;
+}
+
+function closeStream() {
+  if (source) source.close();
+  source = null;
+  clearTimeout(reconnectTimer);
 }
 
 function follow() {
-  const source = new EventSource("/v1/events");
-  source.onopen = () => { $("live").textContent = "live"; };
-  source.onerror = () => { $("live").textContent = "reconnecting…"; };
-  for (const type of ["request.created", "request.answered", "request.expired", "run.status"]) {
-    source.addEventListener(type, (msg) => {
+  closeStream();
+  const s = new EventSource(BASE + "v1/events");
+  source = s;
+  let dropped = false;
+  s.onopen = () => {
+    setLive("live", "live");
+    if (dropped) { refresh(); loadHistory(); }  // what happened while away
+  };
+  s.onerror = () => {
+    if (source !== s) return;
+    dropped = true;
+    setLive("reconnecting…", "away");
+    // The browser retries a dropped stream by itself, but not one refused with an HTTP error
+    // (a 401 after the token was revoked): find out which, then log in again or retry.
+    if (s.readyState === EventSource.CLOSED) probe();
+  };
+  for (const type of EVENT_TYPES) {
+    s.addEventListener(type, (msg) => {
       const e = JSON.parse(msg.data);
       activity(e);
       refresh();
+      if (type === "request.answered" || type === "run.status") historySoon();
     });
   }
 }
 
-function activity(e) {
-  const text = e.type === "run.status"
-    ? `run ${e.run_id} in ${e.workspace}: ${e.from || "new"} → ${e.to}`
-    : `${e.type.replace("request.", "question ")} in ${e.workspace}`;
-  const li = el("li", { class: e.to === "COMPLETED" ? "done" : "", "data-type": e.type, "data-to": e.to || "" }, text);
-  $("activity").prepend(li);
+async function probe() {
+  closeStream();
+  try {
+    await api("GET", "v1/session");
+    follow();
+  } catch (e) {
+    if (e.status === 401) needLogin(e.message.replace(/[.;].*$/, ""));
+    else reconnectTimer = setTimeout(probe, 2000);  // the daemon is not back yet
+  }
+}
+
+// -- the list ------------------------------------------------------------------------------------
+async function refresh() {
+  const params = {};
+  const ws = $("f-workspace").value.trim();
+  const type = $("f-type").value;
+  if (ws) params.workspace = ws;
+  if (type) params.input_type = type;
+  try {
+    items = await listAll("v1/requests", "requests", params);
+    render();
+  } catch (e) { /* a 401 asks to log in; anything else: the stream brings the next try */ }
 }
 
 $("filters")?.addEventListener("input", () => refresh());
 $("filters")?.addEventListener("submit", (ev) => { ev.preventDefault(); refresh(); });
 
+// Questions grouped by workspace and run, groups ordered by their newest question.
+function groups(list) {
+  const byKey = new Map();
+  for (const r of list) {
+    const k = `${r.workspace}\u0000${r.run_id || ""}`;
+    if (!byKey.has(k)) byKey.set(k, []);
+    byKey.get(k).push(r);
+  }
+  return [...byKey.values()];
+}
+
+// Cards are kept across refreshes (keyed by question): an answer being typed or an edit being
+// made is never wiped by another question arriving.
+const cards = new Map();
+const sections = new Map();
+
+function sameChildren(parent, nodes) {
+  const now = parent.children;
+  return now.length === nodes.length && nodes.every((n, i) => now[i] === n);
+}
+
 function render() {
   const box = $("requests");
-  box.replaceChildren(...items.map(card));
-  if ($("empty")) $("empty").hidden = items.length > 0;
+  const live = new Set(items.map(keyOf));
+  for (const k of [...cards.keys()]) if (!live.has(k)) cards.delete(k);
+  const shown = groups(items).map((list) => {
+    const gk = `${list[0].workspace}\u0000${list[0].run_id || ""}`;
+    const section = sections.get(gk) || groupView(list[0]);
+    sections.set(gk, section);
+    const nodes = [section.firstElementChild, ...list.map((r) => {
+      if (!cards.has(keyOf(r))) cards.set(keyOf(r), card(r));
+      return cards.get(keyOf(r));
+    })];
+    if (!sameChildren(section, nodes)) section.replaceChildren(...nodes);
+    return section;
+  });
+  for (const [gk, section] of [...sections]) if (!shown.includes(section)) sections.delete(gk);
+  if (!sameChildren(box, shown)) box.replaceChildren(...shown);
+  $("empty").hidden = items.length > 0;
+  $("count").textContent = items.length ? `(${items.length})` : "";
   const linked = new URLSearchParams(location.hash.slice(1)).get("request");
-  if (linked && items.some((r) => r.request_id === linked) && !deepLinked) {
-    selected = linked;  // a notification's deep link: that question, once
+  const hit = linked && items.find((r) => r.request_id === linked);
+  if (hit && !deepLinked) {
+    selected = keyOf(hit);  // a notification's deep link: that question, once
     deepLinked = true;
+    selectedNode()?.scrollIntoView();
   }
-  if (!items.some((r) => r.request_id === selected)) selected = items[0]?.request_id ?? null;
+  if (!items.some((r) => keyOf(r) === selected)) {
+    // The selected question was answered (or expired): the one in its place is next, and
+    // keyboard focus goes with it rather than falling back to the page.
+    const nodes = [...document.querySelectorAll(".item")];
+    const next = nodes[Math.min(selectedIndex, nodes.length - 1)];
+    selected = next ? next.dataset.key : null;
+    if (next && (document.activeElement === document.body || !document.activeElement)) {
+      next.focus({ preventScroll: true });
+    }
+  }
   highlight();
-  if (selected === linked) document.querySelector(`[data-request-id="${linked}"]`)?.scrollIntoView();
+}
+
+function groupView(r) {
+  const id = `g-${Math.abs(hash(keyOf(r)))}`;
+  return el("section", { class: "group", "aria-labelledby": id },
+    el("h3", { id, class: "group-title" },
+      el("span", { class: "ws" }, r.workspace),
+      el("span", { class: "run" }, r.run_id ? `run ${r.run_id}` : "", r.agent ? ` · ${r.agent}` : "")));
+}
+
+function hash(text) {
+  let h = 0;
+  for (const ch of text) h = (Math.imul(h, 31) + ch.codePointAt(0)) | 0;
+  return h;
+}
+
+function selectedNode() {
+  return selected ? document.querySelector(`.item[data-key="${CSS.escape(selected)}"]`) : null;
 }
 
 function highlight() {
-  for (const node of document.querySelectorAll(".item")) {
-    node.classList.toggle("selected", node.dataset.requestId === selected);
+  const nodes = [...document.querySelectorAll(".item")];
+  selectedIndex = Math.max(0, nodes.findIndex((n) => n.dataset.key === selected));
+  for (const node of nodes) {
+    const on = node.dataset.key === selected;
+    node.classList.toggle("selected", on);
+    if (on) node.setAttribute("aria-current", "true");
+    else node.removeAttribute("aria-current");
   }
 }
 
+function move(step) {
+  const nodes = [...document.querySelectorAll(".item")];
+  if (!nodes.length) return;
+  const at = nodes.findIndex((n) => n.dataset.key === selected);
+  const next = nodes[Math.min(nodes.length - 1, Math.max(0, at + step))];
+  selected = next.dataset.key;
+  highlight();
+  next.focus();
+  next.scrollIntoView({ block: "nearest" });
+}
+
 // -- one question ---------------------------------------------------------------------------------
+function ago(t) {
+  const secs = Math.round((Date.now() - t.getTime()) / 1000);
+  return secs < 60 ? "just now" : secs < 3600 ? `${Math.floor(secs / 60)} min ago`
+    : secs < 86400 ? `${Math.floor(secs / 3600)} h ago` : t.toLocaleString();
+}
+
+function when(iso) {
+  if (!iso) return null;
+  const t = new Date(iso);
+  return el("time", { datetime: iso, title: t.toLocaleString() }, ago(t));
+}
+
+// "3 min ago" stays true while the page is open.
+setInterval(() => {
+  for (const node of document.querySelectorAll("time[datetime]")) {
+    node.textContent = ago(new Date(node.getAttribute("datetime")));
+  }
+}, 30_000);
+
 function card(r) {
   const error = el("p", { class: "error", role: "alert" });
-  const node = el("article", {
-    class: "item", "data-request-id": r.request_id, "data-input-type": r.input_type,
-    onclick: () => { selected = r.request_id; highlight(); },
+  const promptId = `p-${Math.abs(hash(keyOf(r)))}`;
+  return el("article", {
+    class: "item", tabindex: "-1", "data-key": keyOf(r), "data-request-id": r.request_id,
+    "data-input-type": r.input_type, "aria-labelledby": promptId,
+    onclick: (ev) => { if (selected !== keyOf(r)) { selected = keyOf(r); highlight(); } },
   },
     el("div", { class: "meta" },
-      `${r.task} · agent ${r.agent} · ${r.workspace} · ${r.input_type}`,
-      r.node_id ? ` · pipeline node ${r.node_id}` : "",
-      r.expires_at ? ` · answer before ${new Date(r.expires_at).toLocaleString()}` : ""),
-    el("div", { class: "prompt" }, r.prompt),
-    r.respondents?.length ? el("div", { class: "hint" }, `Who may answer: ${r.respondents.join(", ")}`) : null,
+      el("span", { class: "type" }, r.input_type.replace("_", "/")),
+      el("span", {}, r.task),
+      r.node_id ? el("span", {}, `node ${r.node_id}`) : null,
+      r.timestamp ? el("span", {}, "asked ", when(r.timestamp)) : null,
+      r.expires_at ? el("span", { class: "due" }, `answer before ${new Date(r.expires_at).toLocaleString()}`) : null),
+    el("p", { class: "prompt", id: promptId }, r.prompt),
+    respondents(r.respondents),
     contextView(r.context),
     ...(r.calls || []).map(callView),
     answerControls(r, error),
     error,
   );
-  return node;
 }
 
-// What the person decides with (request.json's context); text only, never HTML.
+function respondents(list) {
+  if (!Array.isArray(list) || !list.length) return null;
+  return el("p", { class: "respondents" }, "For ", list.map(String).join(", "));
+}
+
+// The question's context (task, last agent message, recent tool calls, reviewed output...):
+// optional, shown folded open, whatever keys it has.
 function contextView(ctx) {
-  if (!ctx) return null;
-  const calls = ctx.tool_calls || [];
-  const omitted = ctx.tool_calls_omitted ? ` (${ctx.tool_calls_omitted} earlier not shown)` : "";
-  return el("details", { class: "context", open: ctx.reviewed_output ? "" : null },
+  if (!ctx || typeof ctx !== "object" || !Object.keys(ctx).length) return null;
+  const rows = Object.entries(ctx).filter(([, v]) => v !== null && v !== undefined && v !== "");
+  if (!rows.length) return null;
+  return el("details", { class: "context", open: "" },
     el("summary", {}, "Context"),
-    ctx.reviewed_output ? el("div", {}, el("strong", {}, `Output of ${ctx.reviewed_node} (under review)`),
-      el("pre", {}, ctx.reviewed_output)) : null,
-    ctx.last_message ? el("div", {}, el("strong", {}, "The agent said"), el("pre", {}, ctx.last_message)) : null,
-    calls.length ? el("div", {}, el("strong", {}, `Tool calls since the last question${omitted}`),
-      ...calls.map((c) => el("div", { class: "call" },
-        el("code", {}, `${c.tool_name} ${JSON.stringify(c.arguments)} → ${c.status || "no result"}`),
-        c.result ? el("pre", {}, c.result) : null))) : null);
+    ...rows.map(([k, v]) => el("div", { class: "ctx-row" },
+      el("h4", {}, k.replaceAll("_", " ")), valueView(v))));
+}
+
+function valueView(v) {
+  if (typeof v === "string") return el("div", { class: "text" }, v);
+  if (Array.isArray(v)) return el("ol", { class: "calls" }, ...v.map((x) => el("li", {}, toolLine(x))));
+  return el("pre", {}, JSON.stringify(v, null, 2));
+}
+
+function toolLine(x) {
+  if (!x || typeof x !== "object") return String(x);
+  const name = x.tool_name || x.name || x.tool;
+  const rest = { ...x };
+  for (const k of ["tool_name", "name", "tool"]) delete rest[k];
+  return el("span", {}, name ? el("strong", {}, name) : null, " ",
+    el("code", {}, JSON.stringify(rest.arguments ?? rest)),
+    rest.result !== undefined || rest.status !== undefined
+      ? el("span", { class: "hint" }, ` → ${rest.status ?? ""} ${typeof rest.result === "string" ? rest.result : ""}`)
+      : null);
 }
 
 function callView(c) {
   return el("div", { class: "call", "data-action-id": c.action_id },
-    el("strong", {}, c.tool_name), " ",
+    el("div", {}, el("strong", {}, c.tool_name), c.description ? el("span", { class: "hint" }, ` ${c.description}`) : null),
     el("pre", {}, JSON.stringify(c.arguments, null, 2)),
     c.resolved_command ? el("div", {}, "runs: ", el("code", {}, c.resolved_command)) : null);
 }
@@ -186,14 +383,14 @@ function callView(c) {
 async function send(r, body, error, field) {
   error.textContent = "";
   const path = linkToken
-    ? `/v1/links/${linkToken}/answer`
+    ? `v1/links/${linkToken}/answer`
     // A request id names a question only with its workspace (copies share ids).
-    : `/v1/requests/${encodeURIComponent(r.request_id)}/answer?workspace=${encodeURIComponent(r.workspace)}`;
+    : `v1/requests/${encodeURIComponent(r.request_id)}/answer?workspace=${encodeURIComponent(r.workspace)}`;
   try {
     await api("POST", path, body);
     if (field) field.value = "";
-    const node = document.querySelector(`[data-request-id="${r.request_id}"]`);
-    node?.replaceChildren(el("p", { class: "done" }, "Answered. The agent continues."));
+    const node = document.querySelector(`.item[data-key="${CSS.escape(keyOf(r))}"]`);
+    node?.replaceChildren(el("p", { class: "done", role: "status" }, "Answered. The agent continues."));
     if (linkToken) $("link-status").textContent = "Thank you: your answer is in.";
   } catch (e) {
     if (field && r.sensitive) field.value = "";
@@ -201,18 +398,21 @@ async function send(r, body, error, field) {
   }
 }
 
+function keyButton(key, label, onclick, cls) {
+  return el("button", { type: "button", class: cls || "", "data-key": key.toLowerCase(), "aria-keyshortcuts": key.toLowerCase(), onclick },
+    el("kbd", { "aria-hidden": "true" }, key), " ", label);
+}
+
 function answerControls(r, error) {
-  const say = (answer, comment) => send(r, comment ? { answer, comment } : { answer }, error);
+  const say = (answer) => send(r, { answer }, error);
   switch (r.input_type) {
     case "choice":
-      return el("div", { class: "actions" }, ...r.options.map((o) =>
-        el("button", { type: "button", "data-key": o.key.toLowerCase(), onclick: () => say(o.key) },
-          el("kbd", {}, o.key), " ", o.label)));
+      return el("div", { class: "actions" }, ...r.options.map((o) => keyButton(o.key, o.label, () => say(o.key))));
     case "yes_no":
     case "confirmation":
       return el("div", { class: "actions" },
-        el("button", { type: "button", "data-key": "y", onclick: () => say("yes") }, el("kbd", {}, "y"), " Yes"),
-        el("button", { type: "button", "data-key": "n", onclick: () => say("no") }, el("kbd", {}, "n"), " No"));
+        keyButton("y", "Yes", () => say("yes"), "primary"),
+        keyButton("n", "No", () => say("no")));
     case "approval":
       return approvalControls(r, error);
     default:
@@ -225,8 +425,11 @@ function freeText(r, error) {
   const field = el("input", {
     class: "answer", type: secret ? "password" : (r.input_type === "number" ? "number" : "text"),
     autocomplete: secret ? "new-password" : "off", placeholder: r.default ? `default: ${r.default}` : "",
+    "aria-label": `Answer: ${r.prompt}`,
+    // A number's bounds as the browser's own hints; the API checks them again (422).
+    ...(r.input_type === "number" ? { step: "any", min: r.minimum, max: r.maximum } : {}),
   });
-  const form = el("form", { class: "actions" }, field, el("button", { type: "submit" }, "Send"));
+  const form = el("form", { class: "actions" }, field, el("button", { type: "submit", class: "primary" }, "Send"));
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
     send(r, { answer: field.value }, error, field);
@@ -235,7 +438,7 @@ function freeText(r, error) {
 }
 
 function approvalControls(r, error) {
-  const reason = el("input", { class: "reason", placeholder: "reason (for a reject)" });
+  const reason = el("input", { class: "reason", placeholder: "reason (for a reject)", "aria-label": "Reason for a reject" });
   const editors = el("div", { class: "editors" });
   const decide = (decision, extra = {}) => send(r, {
     decisions: r.calls.map((c) => ({ action_id: c.action_id, decision, ...extra })),
@@ -244,7 +447,8 @@ function approvalControls(r, error) {
     editors.replaceChildren(...r.calls.map((c) => el("label", {},
       `${c.tool_name} arguments (JSON)`,
       el("textarea", { "data-action-id": c.action_id }, JSON.stringify(c.arguments, null, 2)))),
-      el("button", { type: "button", class: "send-edit", onclick: sendEdit }, "Send edit"));
+      el("button", { type: "button", class: "send-edit primary", onclick: sendEdit }, "Send edit"));
+    editors.querySelector("textarea")?.focus();
   };
   const sendEdit = () => {
     const decisions = [];
@@ -260,11 +464,11 @@ function approvalControls(r, error) {
   };
   return el("div", {},
     el("div", { class: "actions" },
-      el("button", { type: "button", "data-key": "a", onclick: () => decide("approve") }, el("kbd", {}, "a"), " Approve"),
-      el("button", { type: "button", "data-key": "r", onclick: () => decide("reject", reason.value ? { reason: reason.value } : {}) }, el("kbd", {}, "r"), " Reject"),
+      keyButton("a", "Approve", () => decide("approve"), "primary"),
+      keyButton("r", "Reject", () => decide("reject", reason.value ? { reason: reason.value } : {}), "danger"),
       reason,
-      el("button", { type: "button", "data-key": "e", class: "edit", onclick: openEditors }, el("kbd", {}, "e"), " Edit"),
-      el("button", { type: "button", "data-key": "c", onclick: () => decide("cancel") }, el("kbd", {}, "c"), " Cancel run")),
+      keyButton("e", "Edit", openEditors, "edit"),
+      keyButton("c", "Cancel run", () => decide("cancel"))),
     editors);
 }
 
@@ -287,22 +491,78 @@ function checkSchema(schema, args) {
   return null;
 }
 
-// Keyboard shortcuts: an option's key answers the selected question (not while typing).
+// -- history: from the journals (kept across reloads and restarts), then live events ---------------
+function historySoon() {
+  clearTimeout(historyTimer);
+  historyTimer = setTimeout(loadHistory, 300);  // a burst of events: one reload
+}
+
+async function loadHistory() {
+  try {
+    const doc = await api("GET", "v1/history?limit=100");
+    $("activity").replaceChildren(...doc.history.map(historyItem));
+    $("history-empty").hidden = doc.history.length > 0;
+  } catch (e) { /* kept as it was */ }
+}
+
+function historyItem(h) {
+  if (h.kind === "run_ended") {
+    return el("li", { class: `ended ${String(h.status).toLowerCase()}`, "data-type": "run.status", "data-to": h.status },
+      el("span", { class: "what" }, `run ${h.status.toLowerCase()}`, h.reason ? `: ${h.reason}` : ""),
+      el("span", { class: "where" }, h.workspace), when(h.at));
+  }
+  const said = h.answer !== null && h.answer !== undefined ? `“${h.answer}”`
+    : h.decisions?.length ? h.decisions.map((d) => d.decision).join(", ") : h.outcome;
+  return el("li", { class: "answered", "data-type": "request.answered" },
+    el("span", { class: "what" }, `${h.answered_by || "someone"} answered `, el("strong", {}, said || "")),
+    h.prompt ? el("span", { class: "asked" }, h.prompt) : null,
+    el("span", { class: "where" }, h.workspace), when(h.at));
+}
+
+function activity(e) {
+  if (e.type === "request.answered") return;  // the history shows it, with who
+  const text = e.type === "run.status"
+    ? `run ${e.from ? e.from.toLowerCase() : "new"} → ${String(e.to).toLowerCase()}`
+    : e.type === "request.created" ? "new question" : "question expired";
+  const li = el("li", { class: "live", "data-type": e.type, "data-to": e.to || "" },
+    el("span", { class: "what" }, text), el("span", { class: "where" }, e.workspace), when(e.at));
+  $("activity").prepend(li);
+  $("history-empty").hidden = true;
+}
+
+// -- the keyboard ---------------------------------------------------------------------------------
 document.addEventListener("keydown", (ev) => {
   if (ev.ctrlKey || ev.metaKey || ev.altKey) return;
-  if (["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement?.tagName)) return;
-  const node = document.querySelector(`.item[data-request-id="${selected}"]`);
-  // Keys are matched without case, as the terminal and `delta respond` do.
+  const help = $("help");
+  if (help?.open) return;  // the dialog handles Esc itself
+  const typing = ["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement?.tagName);
+  if (typing) {
+    if (ev.key === "Escape") { document.activeElement.blur(); selectedNode()?.focus(); }
+    return;
+  }
+  if (mode === "inbox" && $("inbox").hidden) return;
+  const node = selectedNode();
+  // An accelerator is matched without case, as the terminal and `delta respond` do; it wins
+  // over the navigation letters (an option keyed j or k still answers).
   const button = node?.querySelector(`button[data-key="${CSS.escape(ev.key.toLowerCase())}"]`);
-  if (button) { ev.preventDefault(); button.click(); }
+  if (button) { ev.preventDefault(); button.click(); return; }
+  const act = {
+    j: () => move(1), ArrowDown: () => move(1), k: () => move(-1), ArrowUp: () => move(-1),
+    i: () => node?.querySelector("input.answer, textarea, input")?.focus(),
+    "/": () => $("f-workspace")?.focus(),
+    "?": () => help?.showModal(),
+  }[ev.key];
+  if (act) { ev.preventDefault(); act(); }
 });
+
+$("help-open")?.addEventListener("click", () => $("help").showModal());
 
 // -- a signed link: one question, no login --------------------------------------------------------
 async function loadLink() {
   try {
-    const r = await api("GET", `/v1/links/${linkToken}`);
+    const r = await api("GET", `v1/links/${linkToken}`);
     items = [r];
-    selected = r.request_id;
+    selected = keyOf(r);
     $("link-status").textContent = "";
     $("requests").replaceChildren(card(r));
     highlight();

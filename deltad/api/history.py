@@ -1,0 +1,111 @@
+"""`GET /v1/history`: what people answered and how runs ended, read from the journals (so it
+survives a reload of the page and a restart of the daemon). Bounded: the latest run of each
+workspace the token may see, the most recently written journals first, at most JOURNALS_MAX
+of them, each read from its end within `journal_tail`'s budget; the newest `limit` entries
+are returned. An answer's value is not shown when the question was sensitive (a password is
+never echoed); who answered and when always are."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from deltad.protocol import Workspace
+from deltad.protocol.errors import ProtocolError
+from deltad.protocol.models import iso
+from deltad.protocol.printable import json_safe, show_path
+
+from .handlers import Context, journal_tail, visible
+from .tokens import Identity
+
+LIMIT_DEFAULT = 50
+LIMIT_MAX = 500
+JOURNALS_MAX = 64  # journal tails read per call at most (each up to JOURNAL_TAIL_BYTES)
+
+
+def entries(workspace: str, run_id: str, events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """History entries of one run's journal events, oldest first (pure: tested from tables)."""
+    asked: dict[str, dict[str, Any]] = {}
+    out: list[dict[str, Any]] = []
+    for e in events:
+        payload = e.get("payload") or {}
+        if e.get("type") == "HUMAN_INTERACTION" and payload.get("phase") == "asked":
+            request = payload.get("request") or {}
+            asked[str(request.get("request_id"))] = request
+        elif e.get("type") == "HUMAN_INTERACTION" and payload.get("phase") == "answered":
+            out.append(_answered(workspace, run_id, e, asked.get(str(payload.get("request_id")))))
+        elif e.get("type") == "RUN_END":
+            out.append(
+                {
+                    "kind": "run_ended",
+                    "at": e.get("timestamp"),
+                    "workspace": workspace,
+                    "run_id": run_id,
+                    "status": payload.get("status"),
+                    "reason": payload.get("reason"),
+                }
+            )
+    return out
+
+
+def _answered(
+    workspace: str, run_id: str, e: dict[str, Any], request: dict[str, Any] | None
+) -> dict[str, Any]:
+    payload = e.get("payload") or {}
+    reply = payload.get("reply") or {}
+    secret = request is None or request.get("sensitive") or request.get("input_type") == "password"
+    return {
+        "kind": "answered",
+        "at": reply.get("at") or e.get("timestamp"),
+        "workspace": workspace,
+        "run_id": run_id,
+        "request_id": payload.get("request_id"),
+        "input_type": payload.get("input_type"),
+        "prompt": request.get("prompt") if request else None,
+        "outcome": reply.get("outcome"),
+        "answered_by": reply.get("answered_by"),
+        "channel": reply.get("channel") or reply.get("source"),
+        "answer": None if secret else reply.get("value"),
+        "decisions": [
+            {"action_id": d.get("action_id"), "decision": d.get("decision")}
+            for d in reply.get("decisions") or []
+            if isinstance(d, dict)
+        ],
+    }
+
+
+def history(ctx: Context, who: Identity, limit: int) -> dict[str, Any]:
+    """Journals newest first (by mtime: no entry in a journal is newer than its last write),
+    read until no unread journal can hold one of the newest `limit` entries, or JOURNALS_MAX."""
+    journals = sorted(_journals(ctx, who), key=lambda j: j[0], reverse=True)
+    found: list[dict[str, Any]] = []
+    for read, (mtime, ws, run_id, journal) in enumerate(journals):
+        if read >= JOURNALS_MAX or complete(found, mtime, limit):
+            break
+        found += entries(show_path(ws), run_id, journal_tail(journal))
+        found.sort(key=lambda d: str(d.get("at") or ""), reverse=True)
+    return {"history": json_safe(found[:limit])}
+
+
+def complete(found: list[dict[str, Any]], next_mtime: float, limit: int) -> bool:
+    """Whether the newest `limit` entries are known: a journal last written at `next_mtime`
+    (and every older one) holds nothing newer than the `limit`-th found (sorted newest first)."""
+    if len(found) < limit:
+        return False
+    last = str(found[limit - 1].get("at") or "")
+    return last >= iso(datetime.fromtimestamp(next_mtime, UTC))
+
+
+def _journals(ctx: Context, who: Identity) -> Iterator[tuple[float, Path, str, Path]]:
+    for v in ctx.feed.index.views():
+        if v.run_id is None or not visible(who, v.workspace):
+            continue
+        try:
+            journal = Workspace(Path(v.workspace)).run(v.run_id).journal
+            mtime = os.stat(journal).st_mtime
+        except (ProtocolError, OSError):
+            continue  # not a run id, or no journal yet: nothing to read
+        yield mtime, Path(v.workspace), v.run_id, journal

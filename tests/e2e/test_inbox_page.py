@@ -1,0 +1,455 @@
+"""The web page in a real headless Chromium against a real `deltad serve`: it goes on after a
+daemon restart and asks to log in again after a revoke; questions grouped by workspace and run
+are answered from the keyboard; it reads at phone width; it works under a reverse proxy's path
+prefix; axe-core finds no serious or critical violation in any state. Screenshots are written
+to `$DELTAD_SCREENSHOTS` when set (`docs/img` for the docs)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from deltad.api import links
+from deltad.protocol import Mailbox, Workspace
+from deltad.testing.daemon import DELTAD, Daemon
+from deltad.testing.inbox import http_url, make_token
+from deltad.testing.stub import paused_workspace
+
+from .test_inbox_browser import WAIT, _until, browser  # noqa: F401 - the fixture is used
+
+SHOTS = os.environ.get("DELTAD_SCREENSHOTS")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def until(driver: WebDriver, what: str, cond: Callable[[WebDriver], Any]) -> Any:
+    try:
+        return WebDriverWait(driver, WAIT).until(cond, f"waiting for {what}")
+    except TimeoutException:
+        text = driver.find_element(By.TAG_NAME, "body").text
+        raise AssertionError(f"waiting for {what}; the page says:\n{text}") from None
+
+
+def log_in(driver: WebDriver, token: str) -> None:
+    _until(driver, "the login form", "#token")
+    until(driver, "the login form shown", lambda b: b.find_element(By.ID, "token").is_displayed())
+    driver.find_element(By.ID, "token").send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "#login-form button").click()
+    until(driver, "the live stream", lambda b: b.find_element(By.ID, "live").text == "live")
+
+
+def selected_id(driver: WebDriver) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, ".item.selected").get_attribute("data-key"))
+
+
+def shot(driver: WebDriver, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        width = driver.get_window_size()["width"]
+        driver.set_window_size(width, max(int(height) + 140, 500))
+        driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
+
+
+# -- axe-core ---------------------------------------------------------------------------------
+def axe_source() -> str:
+    import axe_selenium_python  # the dev extra: axe-core's own build, shipped on PyPI
+
+    return (
+        Path(axe_selenium_python.__file__).parent / "node_modules" / "axe-core" / "axe.min.js"
+    ).read_text()
+
+
+def serious_violations(driver: WebDriver) -> list[str]:
+    driver.execute_script(axe_source())
+    result = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "axe.run(document, {resultTypes: ['violations']})"
+        ".then(done, (e) => done({error: String(e)}));"
+    )
+    assert "error" not in result, result
+    return [
+        f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes']][:3]}"
+        for v in result["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
+def no_horizontal_scroll(driver: WebDriver) -> bool:
+    return bool(
+        driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+    )
+
+
+# -- questions ----------------------------------------------------------------------------------
+def ask_some(root: Path) -> dict[str, Path]:
+    """One of each kind people answer most: a choice, an approval, a free text."""
+    ws = {name: root / name for name in ("billing-api", "infra", "docs-site")}
+    paused_workspace(
+        ws["billing-api"],
+        "Which database should the migration target?",
+        task="migrate invoices to the new schema",
+        input_type="choice",
+        options=[{"key": "p", "label": "Postgres 16"}, {"key": "s", "label": "SQLite"}],
+    )
+    paused_workspace(
+        ws["infra"],
+        "Approve these calls?",
+        task="roll out the new ingress",
+        input_type="approval",
+        calls=[
+            {
+                "action_id": "act_1",
+                "tool_name": "deploy",
+                "arguments": {"env": "production", "replicas": 3},
+                "resolved_command": "kubectl apply -f ingress.yaml",
+            }
+        ],
+    )
+    paused_workspace(
+        ws["docs-site"], "What should the release be called?", task="write the release notes"
+    )
+    return ws
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Daemon, str, Path]]:
+    root = tmp_path / "root"
+    root.mkdir()
+    # A fixed port: a restarted daemon is at the same address, as for a person's open page.
+    d = Daemon(tmp_path, [root], http={"listen": f"127.0.0.1:{free_port()}"}).start()
+    try:
+        yield d, http_url(d), root
+    finally:
+        d.stop()
+        d.kill_children()
+
+
+def test_the_page_goes_on_after_a_restart_and_asks_to_log_in_after_a_revoke(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    d, url, root = served
+    make_token(d.state_dir, "alice")
+    alice = make_token(d.state_dir, "ada")
+    browser.get(url)
+    log_in(browser, alice)
+
+    assert d.stop() == 0  # with the page's event stream open
+    assert not [
+        line
+        for line in d.log_path.read_text(errors="replace").splitlines()
+        if "Traceback" in line
+        or not line.startswith("{")
+        or json.loads(line).get("level") in ("error", "critical")
+    ]
+    until(
+        browser,
+        "the page to see the daemon gone",
+        lambda b: b.find_element(By.ID, "live").text != "live",
+    )
+    d.start(wait=False)
+    d.wait_event("daemon_ready", count=2)
+    until(browser, "the stream back", lambda b: b.find_element(By.ID, "live").text == "live")
+    paused_workspace(root / "ws1", "Name the release?")
+    _until(browser, "the question, live after the restart", '.item[data-input-type="text"]')
+    field = browser.find_element(By.CSS_SELECTOR, ".item input.answer")
+    field.send_keys("Aurora", Keys.ENTER)  # the session (and its CSRF token) outlived the restart
+    [resumed] = d.wait_resumed(root / "ws1")
+    assert json.loads(resumed["answer"])["answer"] == "Aurora"
+    assert not browser.find_elements(By.CSS_SELECTOR, "#login:not([hidden])")
+
+    subprocess.run(
+        [DELTAD, "token", "revoke", "ada", "--state-dir", str(d.state_dir)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    until(browser, "the login prompt", lambda b: b.find_element(By.ID, "login-why").is_displayed())
+    assert "log in again" in browser.find_element(By.ID, "login-why").text.lower()
+    assert not browser.find_element(By.ID, "inbox").is_displayed()
+    log_in(browser, make_token(d.state_dir, "ada2"))
+    paused_workspace(root / "ws2", "And the codename?")
+    _until(browser, "the next question", '.item[data-input-type="text"]')
+    browser.find_element(By.CSS_SELECTOR, ".item input.answer").send_keys("Borealis", Keys.ENTER)
+    [resumed] = d.wait_resumed(root / "ws2")
+    assert json.loads(resumed["answer"])["answered_by"] == "ada2"
+
+
+def test_keyboard_phone_width_history_and_no_serious_accessibility_violations(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    d, url, root = served
+    token = make_token(d.state_dir, "alice")
+    browser.set_window_size(1280, 900)
+    browser.get(url)
+    _until(browser, "the login form", "#token")
+    assert serious_violations(browser) == [], "the login form"
+    shot(browser, "login")
+    log_in(browser, token)
+    ws = ask_some(root)
+    _until(browser, "three questions", ".item:nth-of-type(1)")
+    until(browser, "three questions", lambda b: len(b.find_elements(By.CSS_SELECTOR, ".item")) == 3)
+    groups = browser.find_elements(By.CSS_SELECTOR, ".group-title")
+    assert len(groups) == 3 and any("billing-api" in g.text for g in groups)
+    assert serious_violations(browser) == [], "the list"
+    shot(browser, "inbox-desktop")
+    browser.set_window_size(375, 812)  # phone width, with all three waiting
+    until(browser, "the phone layout", no_horizontal_scroll)
+    assert serious_violations(browser) == [], "phone width"
+    shot(browser, "inbox-phone")
+    browser.set_window_size(1280, 900)
+
+    order = [i.get_attribute("data-key") for i in browser.find_elements(By.CSS_SELECTOR, ".item")]
+    for _ in order:
+        browser.switch_to.active_element.send_keys("k")
+    assert selected_id(browser) == order[0]  # at the top, k stays
+    assert browser.switch_to.active_element.get_attribute("data-key") == order[0]  # focus follows
+    browser.switch_to.active_element.send_keys("j")
+    assert selected_id(browser) == order[1]
+    browser.switch_to.active_element.send_keys(Keys.ARROW_DOWN)
+    assert selected_id(browser) == order[2]
+    browser.switch_to.active_element.send_keys(Keys.ARROW_UP)
+    assert selected_id(browser) == order[1]
+    browser.switch_to.active_element.send_keys("?")
+    until(browser, "the help", lambda b: b.find_element(By.ID, "help").is_displayed())
+    assert serious_violations(browser) == [], "the help"
+    shot(browser, "help")
+    browser.switch_to.active_element.send_keys(Keys.ESCAPE)
+    until(browser, "the help closed", lambda b: not b.find_element(By.ID, "help").is_displayed())
+
+    # Walk to the choice and answer it by its key.
+    for _ in range(3):
+        item = browser.find_element(By.CSS_SELECTOR, ".item.selected")
+        if item.get_attribute("data-input-type") == "choice":
+            break
+        browser.switch_to.active_element.send_keys("j")
+    assert (
+        browser.find_element(By.CSS_SELECTOR, ".item.selected").get_attribute("data-input-type")
+        == "choice"
+    )
+    browser.switch_to.active_element.send_keys("p")
+    [resumed] = d.wait_resumed(ws["billing-api"])
+    assert json.loads(resumed["answer"])["answer"] == "p"
+    until(  # the answered one goes; the next is selected and focused, ready for keys
+        browser,
+        "the next question focused",
+        lambda b: "selected" in (b.switch_to.active_element.get_attribute("class") or ""),
+    )
+
+    # The approval, with its editor open.
+    until(
+        browser, "two questions left", lambda b: len(b.find_elements(By.CSS_SELECTOR, ".item")) == 2
+    )
+    approval = browser.find_element(By.CSS_SELECTOR, '.item[data-input-type="approval"]')
+    approval.click()
+    approval.find_element(By.CSS_SELECTOR, "button.edit").click()
+    _until(browser, "the editor", ".item textarea")
+    assert serious_violations(browser) == [], "an approval being edited"
+    shot(browser, "approval-edit")
+
+    # The text question: `i` focuses its field, Enter sends.
+    text = browser.find_element(By.CSS_SELECTOR, '.item[data-input-type="text"]')
+    text.click()
+    browser.switch_to.active_element.send_keys("i")
+    active = browser.switch_to.active_element
+    assert active.get_attribute("class") == "answer"
+    active.send_keys("Aurora", Keys.ENTER)
+    [resumed] = d.wait_resumed(ws["docs-site"])
+    assert json.loads(resumed["answer"])["answer"] == "Aurora"
+
+    # Phone width: one column, nothing wider than the screen.
+    browser.set_window_size(375, 812)
+    until(browser, "the phone layout", no_horizontal_scroll)
+    assert serious_violations(browser) == [], "phone width, later"
+
+
+def test_the_context_of_a_question_is_shown_folded_open(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    """`context` and `respondents` are optional in a question: shown when there, by the page's
+    own rendering (the API passes them through where a question has them)."""
+    d, url, root = served
+    browser.get(url)
+    log_in(browser, make_token(d.state_dir, "alice"))
+    paused_workspace(
+        root / "billing-api",
+        "Ship the migration now?",
+        task="migrate invoices",
+        input_type="yes_no",
+    )
+    _until(browser, "the question", ".item")
+    browser.execute_script(
+        "items = items.map((r) => ({...r, respondents: ['alice', 'ops-team'], context: {"
+        "task: 'migrate invoices to the new schema',"
+        "last_agent_message: 'The dry run passed: 41,203 rows would move, 0 conflicts.',"
+        "recent_tool_calls: [{tool_name: 'run_sql',"
+        " arguments: {query: 'SELECT count(*) FROM invoices'},"
+        " status: 'SUCCESS', result: '41203'}]}})); cards.clear(); sections.clear(); render();"
+    )
+    item = browser.find_element(By.CSS_SELECTOR, ".item")
+    details = item.find_element(By.CSS_SELECTOR, "details.context")
+    assert details.get_attribute("open") is not None
+    assert "41,203 rows" in details.text and "run_sql" in details.text
+    assert "alice, ops-team" in item.text
+    assert serious_violations(browser) == [], "a question with its context"
+    shot(browser, "question-context")
+    browser.set_window_size(375, 812)
+    until(browser, "the phone layout", no_horizontal_scroll)
+    shot(browser, "question-context-phone")
+
+
+# -- a reverse proxy under a path prefix ----------------------------------------------------------
+class PrefixProxy:
+    """`/inbox/...` → the daemon's `/...`, streamed (the event stream too), as nginx's
+    `location /inbox/ { proxy_pass http://127.0.0.1:8470/; proxy_buffering off; }` does."""
+
+    def __init__(self, upstream: str, prefix: str = "/inbox/") -> None:
+        self.seen: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                if not self.path.startswith(prefix):
+                    self.send_error(404)
+                    return
+                outer.seen.append(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")
+                }
+                path = "/" + self.path[len(prefix) :]
+                with (
+                    httpx.Client(base_url=upstream, timeout=None) as c,
+                    c.stream(self.command, path, headers=headers, content=body) as r,
+                ):
+                    self.send_response(r.status_code)
+                    for k, v in r.headers.multi_items():
+                        if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                            self.send_header(k, v)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    with contextlib.suppress(OSError):
+                        for chunk in r.iter_raw():
+                            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                            self.wfile.flush()
+                        self.wfile.write(b"0\r\n\r\n")
+
+            do_GET = do_POST = do_DELETE = _forward
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{prefix}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_page_works_under_a_reverse_proxy_path_prefix(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    d, url, root = served
+    proxy = PrefixProxy(url)
+    try:
+        browser.get(proxy.url)
+        log_in(browser, make_token(d.state_dir, "alice"))  # the stream, through the proxy
+        paused_workspace(root / "ws1", "Name it?")
+        _until(browser, "the question, live through the proxy", ".item")
+        browser.find_element(By.CSS_SELECTOR, ".item input.answer").send_keys("Aurora", Keys.ENTER)
+        [resumed] = d.wait_resumed(root / "ws1")
+        assert json.loads(resumed["answer"])["answer"] == "Aurora"
+        assert "/inbox/static/inbox.js" in proxy.seen and "/inbox/v1/events" in proxy.seen
+        assert any(p.startswith("/inbox/v1/requests/") for p in proxy.seen)
+        cookie = {
+            c["name"]: c for c in browser.execute_cdp_cmd("Network.getAllCookies", {})["cookies"]
+        }
+        assert cookie["deltad_session"]["path"] == "/inbox/v1"
+    finally:
+        proxy.close()
+
+
+def test_a_signed_link_page_works_under_the_path_prefix_too(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    d, url, root = served
+    paused_workspace(root / "ws1", "Which name?")
+    rid = Mailbox(Workspace.at(root / "ws1")).read_request()
+    assert rid is not None
+    token = links.sign(links.load_key(d.state_dir), rid.request_id, str(root / "ws1"), 600)
+    proxy = PrefixProxy(url)
+    try:
+        browser.get(f"{proxy.url}a/{token}")
+        _until(browser, "the question behind the link", ".item input.answer")
+        browser.find_element(By.CSS_SELECTOR, ".item input.answer").send_keys("Aurora", Keys.ENTER)
+        [resumed] = d.wait_resumed(root / "ws1")
+        assert json.loads(resumed["answer"])["channel"] == "link"
+        assert "/inbox/static/inbox.css" in proxy.seen
+        assert f"/inbox/v1/links/{token}/answer" in proxy.seen
+    finally:
+        proxy.close()
+
+
+def test_the_page_follows_next_through_every_page_of_a_list(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    """Both list shapes: without `next` (one page) and with a cursor or a link to follow."""
+    _, url, _ = served
+    browser.get(url)
+    _until(browser, "the page", "#token")
+    got = browser.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        const pages = {
+          "v1/requests?workspace=w": {requests: [1, 2], next: "c1"},
+          "v1/requests?workspace=w&cursor=c1": {requests: [3], next: "/v1/requests?cursor=c2"},
+          "v1/requests?cursor=c2": {requests: [4], next: null},
+          "v1/runs?": {runs: [9]},
+        };
+        const asked = [];
+        window.fetch = async (u) => {
+          const path = decodeURIComponent(u.slice(BASE.length));
+          asked.push(path);
+          return new Response(JSON.stringify(pages[path] || {error: path}),
+                              {status: pages[path] ? 200 : 404});
+        };
+        Promise.all([listAll("v1/requests", "requests", {workspace: "w"}),
+                     listAll("v1/runs", "runs", {})])
+          .then(([requests, runs]) => done({requests, runs, asked}),
+                (e) => done({error: String(e), asked}));
+        """
+    )
+    assert got.get("requests") == [1, 2, 3, 4], got
+    assert got["runs"] == [9]
