@@ -22,6 +22,7 @@ import httpx
 import structlog
 
 from deltad.daemon.feed import Feed, FeedEvent
+from deltad.pacing import Pacing
 from deltad.protocol import Workspace
 
 from . import handlers, scopes
@@ -105,7 +106,7 @@ class _WebhookWorker(_Worker):
                 why = type(e).__name__
             if attempt == t.max_attempts:
                 break
-            delay = min(t.backoff_seconds * 2 ** (attempt - 1), 300.0)
+            delay = Pacing(t.backoff_seconds, 300.0).delay(attempt)
             log.warning(
                 "notify_retry", target=self.name, event_id=doc["id"], error=why, retry_in_s=delay
             )
