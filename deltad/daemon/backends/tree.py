@@ -30,6 +30,8 @@ from typing import Protocol
 
 import structlog
 
+from deltad.protocol.layout import ANSWER_FILES, INTERACTION_DIR, REQUEST_FILE, RUNS_DIR
+
 from ..discovery import DELTA_DIR, Layout, is_workspace, subdirs
 from ..queue import HintQueue, Why
 from . import events as F
@@ -46,8 +48,8 @@ DELTA_MASK = DIR_MASK
 INTERACTION_MASK = _BASE | F.CLOSE_WRITE | F.MOVED_TO | F.CREATE | F.DELETE | F.MOVED_FROM
 RUNS_MASK = _BASE | F.CLOSE_WRITE | F.MOVED_TO
 
-ANSWERS = ("response.txt", "response.json")  # the protocol's two answer files
-REQUEST = "request.json"
+ANSWERS = ANSWER_FILES  # the protocol's two answer files
+REQUEST = REQUEST_FILE
 LATEST = "LATEST"
 SYSCTL_HINT = (
     "raise it with: sysctl fs.inotify.max_user_watches=524288 "
@@ -540,4 +542,4 @@ def _must_be_real(watch: _Watch) -> tuple[Path, ...]:
 
 def _ws_child_specs(delta: Path) -> list[tuple[Path, Kind]]:
     """The watched children of a workspace's `.delta/` directory."""
-    return [(delta / "interaction", Kind.INTERACTION), (delta / "runs", Kind.RUNS)]
+    return [(delta / INTERACTION_DIR, Kind.INTERACTION), (delta / RUNS_DIR, Kind.RUNS)]
