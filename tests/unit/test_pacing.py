@@ -32,7 +32,7 @@ def test_every_backoff_in_the_product_is_this_one() -> None:
     import re
 
     root = pathlib.Path(__file__).resolve().parents[2] / "deltad"
-    formula = re.compile(r"2(\.0)?\s*\*\*\s*\(?\s*\w*(attempt|failures|done|n)\b")
+    formula = re.compile(r"\b2(\.0)?\s*\*\*\s*\(?\s*[\w.]*(attempt|failures|done)")
     found = [
         str(p.relative_to(root))
         for p in root.rglob("*.py")
