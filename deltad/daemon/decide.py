@@ -176,29 +176,35 @@ def model_outage(v: Verdict, rules: Rules) -> bool:
 
 
 def _act(v: Verdict, busy: bool, mem: Memory, now: Now, rules: Rules, out: list[Effect]) -> Memory:
-    outage = model_outage(v, rules)
+    outage, key = model_outage(v, rules), resume_key(v)
     if v.action is Action.MARK_INTERRUPTED and v.run_id is not None:
         then: list[Effect] = []
         if rules.auto_resume_interrupted:
-            mem = _resume(v, InterruptedKey(v.run_id), "interrupted", busy, mem, now, then)
+            mem = _resume(v, key, "interrupted", busy, mem, now, then)
         out.append(MarkInterrupted(v.run_id, tuple(then)))
     elif v.action is Action.RESUME and v.state is State.EXPIRED:
-        mem = _resume(v, ExpiredKey(v.request_id), "question_expired", busy, mem, now, out)
+        mem = _resume(v, key, "question_expired", busy, mem, now, out)
     elif v.action is Action.RESUME:
-        mem = _resume(v, AnswerKey(v.answer_sig), "answer", busy, mem, now, out)
+        mem = _resume(v, key, "answer", busy, mem, now, out)
     elif outage:
         mem = _retry_model(v, busy, mem, now, rules, out)
     elif v.state is State.INTERRUPTED and rules.auto_resume_interrupted:
-        mem = _resume(v, InterruptedKey(v.run_id), "interrupted", busy, mem, now, out)
+        mem = _resume(v, key, "interrupted", busy, mem, now, out)
     if not outage:  # the run moved on (or a person took it): the next outage starts afresh
         mem = replace(mem, model_attempts=0, model_not_before=None, gave_up=False)
     return mem
 
 
 def _resume(
-    v: Verdict, key: ResumeKey, reason: str, busy: bool, mem: Memory, now: Now, out: list[Effect]
+    v: Verdict,
+    key: ResumeKey | None,
+    reason: str,
+    busy: bool,
+    mem: Memory,
+    now: Now,
+    out: list[Effect],
 ) -> Memory:
-    if busy or v.owner is None:
+    if busy or v.owner is None or key is None:
         return mem
     if mem.key == key and now.mono < mem.not_before:
         out.append(Schedule(mem.not_before))  # the same thing failed lately: wait its turn
@@ -246,7 +252,7 @@ def _judge(
     """Did the resume that just exited fail? Then pace the next one."""
     if model_outage(v, rules):  # the model retry policy paces this run, not resume backoff
         return replace(mem, key=None, failures=0, not_before=0.0)
-    repeated = (key := _key_of(v)) is not None and key == mem.key
+    repeated = (key := resume_key(v)) is not None and key == mem.key
     if ex.rc == exitcodes.BUSY and not ex.timed_out:
         # Someone else drives the run (a person at `delta run -i`, say): back off like a
         # failure, growing, instead of asking again every few seconds.
@@ -269,8 +275,9 @@ def _judge(
     return mem
 
 
-def _key_of(v: Verdict) -> ResumeKey | None:
-    """What a resume of what was seen would be for (the same keys `_act` resumes with)."""
+def resume_key(v: Verdict) -> ResumeKey | None:
+    """What a resume of what was seen is for: the one derivation, used to resume and to tell
+    a repeated resume after one exits (a model-outage retry has its own, by attempt)."""
     if v.state is State.INTERRUPTED or v.action is Action.MARK_INTERRUPTED:
         return InterruptedKey(v.run_id)
     if v.state is State.EXPIRED:
