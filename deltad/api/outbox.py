@@ -20,7 +20,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from deltad.daemon.backoff import exponential, jittered
+from deltad.pacing import Pacing, equal_jitter
 from deltad.protocol import atomic_write_json
 
 OUTBOX = "outbox"
@@ -73,7 +73,7 @@ def after_failure(d: Delivery, now: float, policy: Policy, r: float) -> Retry | 
     jitter's random draw."""
     if d.attempts >= policy.max_attempts:
         return Dead("max_attempts")
-    at = now + jittered(exponential(policy.backoff, policy.backoff_max, d.attempts), r)
+    at = now + equal_jitter(Pacing(policy.backoff, policy.backoff_max).delay(d.attempts), r)
     if too_old(d, at, policy):
         return Dead("max_age")
     return Retry(at)

@@ -38,7 +38,6 @@ from deltad.pipeline import runs as pipeline_runs
 from deltad.pipeline.driver import PipelineEngine
 from deltad.pipeline.model import Graph
 from deltad.protocol import (
-    RESUMABLE,
     RETRYABLE_FAILURES,
     EventType,
     Journal,
@@ -52,7 +51,6 @@ from deltad.protocol import (
     load_metadata,
     new_metadata,
     new_run_id,
-    owner_alive,
     safefs,
     save_metadata,
     transition,
@@ -60,6 +58,7 @@ from deltad.protocol import (
 from deltad.protocol.fsio import atomic_write, read_regular
 from deltad.protocol.mailbox import Mailbox
 from deltad.protocol.printable import shell_quote, show
+from deltad.protocol.runfacts import RunFact, judge, mark_owner_dead, owner_gone
 
 log = structlog.get_logger("deltad.client")
 
@@ -123,23 +122,12 @@ def _latest(ws: Workspace, run_id: str | None) -> tuple[RunPaths, RunMetadata] |
 
 def _resumable(meta: RunMetadata) -> bool:
     # Under our lock no other client can be driving it, so RUNNING means its owner died.
-    return meta.status in RESUMABLE or meta.status == RunStatus.RUNNING
+    return judge(meta, locked=True) in (RunFact.WAITING, RunFact.INTERRUPTED, RunFact.OWNER_DEAD)
 
 
 def _mark_crashed(ws: Workspace, paths: RunPaths, meta: RunMetadata, journal: Journal) -> None:
-    owner = meta.owner
-    who = f"process {owner.pid}" if owner else "its process"
-    journal.append(
-        EventType.SYSTEM_MESSAGE,
-        {"level": "WARN", "content": f"{who} stopped without finishing (crash or kill -9)"},
-    )
-    transition(
-        paths.metadata,
-        meta,
-        RunStatus.INTERRUPTED,
-        workspace=str(ws.root),
-        error=f"{who} died while RUNNING",
-    )
+    journal.append(EventType.SYSTEM_MESSAGE, {"level": "WARN", "content": owner_gone(meta)})
+    mark_owner_dead(paths.metadata, meta, ws.root)
 
 
 def _supersede(ws: Workspace, paths: RunPaths, meta: RunMetadata, by: str, warn: TextIO) -> None:
@@ -283,7 +271,7 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -
             raise UsageError(f"no run to retry in {ws.root}")
         return _create(ws, opts, prepared, warn)
     paths, meta = found
-    if meta.status == RunStatus.RUNNING and owner_alive(meta.owner) is None:
+    if judge(meta) is RunFact.ELSEWHERE:
         raise UsageError(
             f"run {meta.run_id} is RUNNING on host {meta.owner.hostname if meta.owner else '?'}; "
             "it cannot be checked from here"

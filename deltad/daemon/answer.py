@@ -17,8 +17,12 @@ import os
 from enum import Enum
 from pathlib import Path
 
-from deltad.protocol import safefs
+import structlog
+
+from deltad.protocol import Mailbox, Workspace, safefs
 from deltad.protocol.errors import ProtocolError
+
+log = structlog.get_logger("deltad.service")
 
 
 class Writers(Enum):
@@ -42,3 +46,31 @@ def open_writers(path: Path) -> Writers:
         return Writers.NONE
     finally:
         os.close(fd)
+
+
+def log_refusals(ws: Path, run_id: str | None, spawned_at: float) -> None:
+    """After a resume: the client moved an answer aside (it did not fit the question, or no
+    question was waiting for it); say so in the daemon's log too. Only the names of the notes
+    are looked at, never what a user wrote: the reason is the client's to show (`delta
+    status`), and may concern a secret."""
+    since = int((spawned_at - 1.0) * 1e9)  # file times are coarser
+    mailbox = Mailbox(Workspace(ws))
+    found = (
+        (
+            "answer_refused",
+            mailbox.rejected_since,
+            "the client set the answer aside; `delta status` shows why",
+        ),
+        (
+            "answer_set_aside",
+            mailbox.stale_since,
+            "an answer that no open question was waiting for; kept, not used",
+        ),
+    )
+    for event, names_since, detail in found:
+        try:
+            names = names_since(since)
+        except (OSError, ProtocolError):
+            return
+        for name in names:
+            log.warning(event, workspace=str(ws), run_id=run_id, file=name, detail=detail)

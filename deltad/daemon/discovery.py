@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DELTA_DIR = ".delta"
+from deltad.protocol.layout import DELTA_DIR as DELTA_DIR
 
 
 @dataclass

@@ -23,12 +23,11 @@ from deltad.protocol import (
     Workspace,
     WorkspaceLock,
     load_metadata,
-    owner_alive,
     safefs,
-    transition,
 )
 from deltad.protocol.deadline import judge_expiry
 from deltad.protocol.journal import asked_request
+from deltad.protocol.runfacts import RunFact, judge, mark_owner_dead
 
 from . import tenancy
 from .answer import Writers, open_writers
@@ -130,7 +129,7 @@ def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock:
         return _waiting(ws, meta, why, settle, clock)
     if s is RunStatus.RUNNING:
         pid = meta.owner.pid if meta.owner else None
-        if owner_alive(meta.owner) is False:
+        if judge(meta) is RunFact.OWNER_DEAD:
             return Verdict(Action.MARK_INTERRUPTED, State.RUNNING, meta.run_id, s, owner_pid=pid)
         v = Verdict(Action.NONE, State.RUNNING, meta.run_id, s, owner_pid=pid)
         v.wake_at = _pausing_soon(ws, meta, clock)
@@ -286,15 +285,8 @@ def mark_interrupted(ws_path: Path, run_id: str) -> RunMetadata | None:
     try:
         path = ws.run(run_id).metadata
         meta = load_metadata(path)
-        if meta.status is not RunStatus.RUNNING or owner_alive(meta.owner) is not False:
+        if judge(meta) is not RunFact.OWNER_DEAD:
             return None
-        pid = meta.owner.pid if meta.owner else None
-        return transition(
-            path,
-            meta,
-            RunStatus.INTERRUPTED,
-            workspace=str(ws_path),
-            error=f"the process that was running it (pid {pid}) is gone",
-        )
+        return mark_owner_dead(path, meta, ws_path)
     finally:
         lock.release()

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from deltad.protocol import safefs
 from deltad.protocol.errors import UnsafeFile
+from deltad.protocol.layout import Workspace
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 MODEL_PREFIXES = ("OPENAI_", "DELTA_")
@@ -120,9 +121,10 @@ def check(ws: Path, run_id: str | None, policy: Policy) -> Owner:
             f"only its own workspaces (list {name} in trusted_owners to resume theirs as uid "
             f"{policy.daemon_uid})"
         )
-    chain = [ws, ws / ".delta", ws / ".delta" / "interaction", ws / ".delta" / "runs"]
+    w = Workspace(ws)
+    chain = [ws, w.delta_dir, w.interaction_dir, w.runs_dir]
     if run_id is not None:
-        chain.append(ws / ".delta" / "runs" / run_id)
+        chain.append(w.runs_dir / run_id)
     for i, path in enumerate(chain):
         try:
             st = top if i == 0 else safefs.lstat(path)

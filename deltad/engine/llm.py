@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -33,12 +32,14 @@ if TYPE_CHECKING:
 
 from deltad.agent import LLMSettings
 from deltad.errors import LLMError, UsageError
+from deltad.pacing import Pacing
 from deltad.protocol.fsio import compact_json
 
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 MAX_RETRIES_LIMIT = 20
 BACKOFF_INITIAL = 0.5
 BACKOFF_CAP = 20.0
+PACING = Pacing(BACKOFF_INITIAL, BACKOFF_CAP, jitter=0.2)  # many clients must not retry in step
 JSON_HEADERS = {"Content-Type": "application/json"}  # the body goes out as prepared bytes
 NOTICE_AFTER = 15.0  # seconds of silence on one attempt before saying we are still waiting
 
@@ -278,8 +279,7 @@ class OpenAIChatModel:
         return classify(e)
 
     def _wait(self, attempt: int, failure: Failure) -> float:
-        jitter = 0.8 + 0.4 * random.random()
-        wait = min(BACKOFF_CAP, BACKOFF_INITIAL * 2 ** (attempt - 1)) * jitter
+        wait = PACING.delay(attempt)
         if failure.retry_after is not None:
             if failure.retry_after > BACKOFF_CAP:
                 self.say(

@@ -21,8 +21,16 @@ from pathlib import Path
 from . import safefs
 from .errors import CorruptFile
 from .fsio import atomic_write_text, read_regular_text
+from .safefs import DELTA_DIR as DELTA_DIR  # defined there: safefs sits below this module
 
-DELTA_DIR = ".delta"
+# The protocol's names inside `.delta/`, spelled here only (the daemon's watchers use them too).
+RUNS_DIR = "runs"
+INTERACTION_DIR = "interaction"
+LATEST_FILE = "LATEST"
+REQUEST_FILE = "request.json"
+RESPONSE_TXT = "response.txt"
+RESPONSE_JSON = "response.json"
+ANSWER_FILES = (RESPONSE_TXT, RESPONSE_JSON)
 RUN_ID_RE = re.compile(r"^\d{8}_\d{6}_[0-9a-f]{6}$")
 
 
@@ -90,11 +98,11 @@ class Workspace:
 
     @cached_property
     def runs_dir(self) -> Path:
-        return self.delta_dir / "runs"
+        return self.delta_dir / RUNS_DIR
 
     @cached_property
     def latest_file(self) -> Path:
-        return self.runs_dir / "LATEST"
+        return self.runs_dir / LATEST_FILE
 
     @cached_property
     def lock_file(self) -> Path:
@@ -102,19 +110,19 @@ class Workspace:
 
     @cached_property
     def interaction_dir(self) -> Path:
-        return self.delta_dir / "interaction"
+        return self.delta_dir / INTERACTION_DIR
 
     @cached_property
     def request_file(self) -> Path:
-        return self.interaction_dir / "request.json"
+        return self.interaction_dir / REQUEST_FILE
 
     @cached_property
     def response_file(self) -> Path:
-        return self.interaction_dir / "response.txt"
+        return self.interaction_dir / RESPONSE_TXT
 
     @cached_property
     def response_json(self) -> Path:
-        return self.interaction_dir / "response.json"
+        return self.interaction_dir / RESPONSE_JSON
 
     def run(self, run_id: str) -> RunPaths:
         if not RUN_ID_RE.match(run_id):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 from functools import cache
 
 from pydantic import BaseModel
@@ -29,7 +30,18 @@ def boot_id() -> str | None:
         return None
 
 
-def proc_start_ticks(pid: int) -> int | None:
+@dataclass(frozen=True)
+class ProcStat:
+    state: bytes  # field 3: R, S, D, Z (zombie), X (dead), ...
+    start_ticks: int | None  # field 22: the start time in clock ticks since boot
+
+    @property
+    def dead(self) -> bool:
+        return self.state in (b"Z", b"X")
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """/proc/PID/stat, read once: the one parser of it (owner liveness, the executors)."""
     if not 0 < pid <= MAX_PID:
         return None
     try:
@@ -38,11 +50,27 @@ def proc_start_ticks(pid: int) -> int | None:
     except OSError:
         return None
     # comm (field 2) may contain spaces and parens: split after the last ')'.
-    try:
-        fields = raw[raw.rindex(b")") + 2 :].split()
-        return int(fields[19])  # field 22 overall; 3 is the first after comm
-    except (ValueError, IndexError):
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    if not fields:
         return None
+    try:
+        ticks: int | None = int(fields[19])  # field 22 overall; 3 is the first after comm
+    except (ValueError, IndexError):
+        ticks = None
+    return ProcStat(fields[0], ticks)
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    st = proc_stat(pid)
+    return st.start_ticks if st is not None else None
+
+
+def alive(pid: int, ticks: int | None) -> bool:
+    """Alive and not a zombie; with `ticks`, also the same process (not a recycled pid)."""
+    st = proc_stat(pid)
+    if st is None or st.dead:
+        return False
+    return ticks is None or st.start_ticks == ticks
 
 
 def current_owner() -> OwnerProcess:
@@ -65,12 +93,12 @@ def owner_alive(owner: OwnerProcess | None) -> bool | None:
         return None
     if owner.boot_id and boot_id() and owner.boot_id != boot_id():
         return False
-    ticks = proc_start_ticks(owner.pid)
-    if ticks is None:
+    st = proc_stat(owner.pid)
+    if st is None or st.start_ticks is None:
         return _pid_exists(owner.pid)  # no /proc: fall back to the pid alone
-    if _is_zombie(owner.pid):
+    if st.dead:
         return False
-    return owner.start_ticks is None or ticks == owner.start_ticks
+    return owner.start_ticks is None or st.start_ticks == owner.start_ticks
 
 
 def _pid_exists(pid: int) -> bool:
@@ -81,12 +109,3 @@ def _pid_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return False
-    return raw[raw.rindex(b")") + 2 :].split()[0] == b"Z"

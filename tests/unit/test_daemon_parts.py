@@ -1,5 +1,5 @@
 """The daemon's decisions without a daemon: reconcile on temp dirs under a ManualClock, the
-backoff and model-retry policies, the hint queue, the registry."""
+hint queue, the registry (the resume policy itself: test_decide.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.backoff import AnswerKey, Backoff, ExpiredKey
 from deltad.daemon.clock import ManualClock
 from deltad.daemon.queue import HintQueue, Why
 from deltad.daemon.reconcile import Action, State, inspect
 from deltad.daemon.registry import Registry
-from deltad.daemon.retry import ModelRetries, Step
 from deltad.daemon.tenancy import Policy
 from deltad.protocol import Workspace, load_metadata, save_metadata
 from deltad.protocol.models import OwnerProcess
@@ -141,29 +139,6 @@ def test_unsafe_directories_are_refused(tmp_path: Path) -> None:
     os.chmod(ws / ".delta" / "interaction", 0o777)
     v = inspect(ws, Why.CHECK, 1.0, POLICY)
     assert v.state is State.PROBLEM and "writable by everyone" in (v.problem or "")
-
-
-def test_backoff_doubles_and_a_new_key_starts_afresh(tmp_path: Path) -> None:
-    b = Backoff(1.0, 4.0)
-    ws = tmp_path
-    key = AnswerKey((1, 2, 3))
-    b.started(ws, key)
-    assert [b.failed(ws, 0.0)[1] for _ in range(4)] == [1.0, 2.0, 4.0, 4.0]
-    assert b.allowed(ws, key, 1.0) == 4.0
-    assert b.allowed(ws, ExpiredKey("r"), 1.0) is None
-
-
-def test_model_retries_back_off_then_give_up_once(tmp_path: Path) -> None:
-    r = ModelRetries(initial=10, cap=40, give_up_after=100)
-    ws, since, wall = tmp_path, 1000.0, 1000.0
-    d = r.decide(ws, since, wall, 0.0)
-    assert d.step is Step.WAIT and d.at == 10.0
-    assert r.decide(ws, since, wall, 10.0).step is Step.RESUME
-    assert r.decide(ws, since, wall, 15.0).at == 30.0  # the second waits 20
-    assert r.decide(ws, since, wall + 100, 99.0).step is Step.GIVE_UP
-    assert r.decide(ws, since, wall + 200, 99.0).step is Step.GAVE_UP
-    r.forget(ws)
-    assert r.decide(ws, None, wall, 200.0).step is Step.WAIT
 
 
 def test_hints_are_deduplicated_and_merged(tmp_path: Path) -> None:

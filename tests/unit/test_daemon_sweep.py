@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from deltad.daemon import lifecycle
 from deltad.daemon.backends import events as F
 from deltad.daemon.backends.tree import Kind, WatchTree
 from deltad.daemon.clock import ManualClock
-from deltad.daemon.config import load_config
+from deltad.daemon.config import DaemonConfig, load_config
 from deltad.daemon.queue import HintQueue, Why
+from deltad.daemon.resumer import Resumer
 from deltad.daemon.service import Service
+from deltad.daemon.tenancy import Launch
 from deltad.testing.stub import paused_workspace
 
 BUDGET = 10  # steps per turn in these tests (the daemon's is larger)
@@ -109,6 +112,19 @@ def test_a_directory_that_becomes_a_workspace_is_reindexed(tmp_path: Path) -> No
 
 
 # -- the stepped full reconcile -----------------------------------------------------------
+class RecordingResumer(Resumer):
+    """The resume queue as the loop sees it, with an executor that starts nothing: what the
+    loop asked to resume is recorded (the executor seam is reached only through effects)."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        super().__init__(config)
+        self.resumed: list[Path] = []
+
+    def submit(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
+        self.resumed.append(ws)
+        return True
+
+
 @pytest.fixture
 def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Service:
     monkeypatch.delenv("DELTAD_CONFIG", raising=False)
@@ -116,17 +132,20 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Service:
     config = load_config(None, (str(tmp_path / "root"),))
     config.state_dir = tmp_path / "state"
     config.state_dir.mkdir()
-    svc = Service(config, None, (), clock=ManualClock(wall=__import__("time").time()))
-    svc.resumed: list[Path] = []  # type: ignore[misc]
-    monkeypatch.setattr(svc, "_resume", lambda ws, v, key, reason: svc.resumed.append(ws))  # type: ignore[attr-defined]
-    return svc
+    clock = ManualClock(wall=__import__("time").time())
+    return Service(config, None, (), clock=clock, resumer=RecordingResumer(config))
+
+
+def resumed(svc: Service) -> list[Path]:
+    assert isinstance(svc.resumer, RecordingResumer)
+    return svc.resumer.resumed
 
 
 def _built(svc: Service, root: Path, n: int) -> list[Path]:
     spaces = [root / f"ws{i:04d}" for i in range(n)]
     for ws in spaces:
         paused_workspace(ws)
-    svc._build_backends()
+    lifecycle.build_backends(svc)
     return spaces
 
 
@@ -137,24 +156,24 @@ def test_each_turn_does_a_bounded_slice_and_serves_answers_in_between(
     service.full_reconcile("periodic")
     turns = 0
     answered_mid_sweep: Path | None = None
-    while service._sweep is not None:
+    while service.sweep is not None:
         before = len(service.registry)
-        service._turn()
+        service.turn()
         turns += 1
         assert len(service.registry) - before <= BUDGET
-        if answered_mid_sweep is None and service._sweep is not None:
+        if answered_mid_sweep is None and service.sweep is not None:
             # one the walk has not reached yet: its event is served now, not after the walk
             answered_mid_sweep = next(ws for ws in reversed(spaces) if ws not in service.registry)
             _answer(answered_mid_sweep)
             service.queue.put(answered_mid_sweep, Why.ANSWER_CLOSED)
-            service._turn()
+            service.turn()
             turns += 1
-            assert service.resumed == [answered_mid_sweep]
-            assert service._sweep is not None  # still sweeping
+            assert resumed(service) == [answered_mid_sweep]
+            assert service.sweep is not None  # still sweeping
     assert turns >= 3
     assert set(service.registry.workspaces) == set(spaces)
     assert service.registry.counts()["waiting"] == len(spaces) - 1
-    service._close_backends()
+    lifecycle.close_backends(service)
 
 
 def test_what_changes_during_a_sweep_is_kept_true_at_its_end(
@@ -165,21 +184,21 @@ def test_what_changes_during_a_sweep_is_kept_true_at_its_end(
     service.full_reconcile("startup", at_once=True)
     assert len(service.registry) == len(spaces)
     service.full_reconcile("periodic")
-    service._turn()  # part of the walk is done
-    assert service._sweep is not None
+    service.turn()  # part of the walk is done
+    assert service.sweep is not None
     removed, added = spaces[0], root / "new-one"
     shutil.rmtree(removed)
     paused_workspace(added)
-    while service._sweep is not None:
+    while service.sweep is not None:
         for b in service.backends:
-            service._process(b)
-        service._turn()
+            lifecycle.process(service, b)
+        service.turn()
     assert removed not in service.registry
     assert added in service.registry
     assert len(service.registry) == len(spaces)
     [tree] = [b for b in service.backends if b.name == "inotify"]
     assert tree.watch_count() == 1 + len(spaces)
-    service._close_backends()
+    lifecycle.close_backends(service)
 
 
 def test_a_periodic_reconcile_does_not_restart_one_in_progress(
@@ -187,10 +206,10 @@ def test_a_periodic_reconcile_does_not_restart_one_in_progress(
 ) -> None:
     _built(service, tmp_path / "root", BUDGET * 2)
     service.full_reconcile("overflow", force=True)
-    service._turn()
-    first = service._sweep
+    service.turn()
+    first = service.sweep
     service.full_reconcile("periodic")
-    assert service._sweep is first
+    assert service.sweep is first
     service.full_reconcile("overflow", force=True)
-    assert service._sweep is not first and first is not None and first.walks == []
-    service._close_backends()
+    assert service.sweep is not first and first is not None and first.walks == []
+    lifecycle.close_backends(service)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from deltad.daemon.executors import Orphan, exit_meaning, orphans, resolve
-from deltad.daemon.executors.base import start_ticks
 from deltad.daemon.executors.fork import plan
 from deltad.daemon.executors.fresh import FreshExecutor
+from deltad.protocol.process import proc_start_ticks as start_ticks
 from deltad.testing.daemon import reap_one
 
 HERE = Path(sys.executable).parent

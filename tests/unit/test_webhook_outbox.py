@@ -27,7 +27,7 @@ from deltad.api.outbox import (
     target_key,
     too_old,
 )
-from deltad.daemon.backoff import exponential, jittered
+from deltad.pacing import Pacing, equal_jitter
 from deltad.testing.webhooks import Receiver
 
 KEY = b"0123456789abcdef"
@@ -91,12 +91,12 @@ def test_headers_verify_with_the_reference_package() -> None:
     ("failures", "delay"), [(1, 2.0), (2, 4.0), (3, 8.0), (4, 10.0), (50, 10.0)]
 )
 def test_exponential_is_capped(failures: int, delay: float) -> None:
-    assert exponential(2.0, 10.0, failures) == delay
+    assert Pacing(2.0, 10.0).delay(failures) == delay
 
 
 @pytest.mark.parametrize(("r", "delay"), [(0.0, 4.0), (0.5, 6.0), (0.999, 7.996)])
 def test_equal_jitter(r: float, delay: float) -> None:
-    assert jittered(8.0, r) == pytest.approx(delay)
+    assert equal_jitter(8.0, r) == pytest.approx(delay)
 
 
 POLICY = Policy(max_attempts=4, max_age=100.0, backoff=2.0, backoff_max=10.0)

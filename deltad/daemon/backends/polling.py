@@ -17,7 +17,9 @@ from pathlib import Path
 
 import structlog
 
-from ..discovery import DELTA_DIR, Layout, walk
+from deltad.protocol.layout import Workspace
+
+from ..discovery import Layout, walk
 from ..queue import HintQueue, Why
 
 log = structlog.get_logger("deltad.poll")
@@ -35,16 +37,10 @@ def _stat_sig(path: Path) -> tuple[int, int, int] | None:
 
 
 def signature(ws: Path) -> Signature:
-    delta = ws / DELTA_DIR
+    w = Workspace(ws)
     return tuple(
         _stat_sig(p)
-        for p in (
-            delta / "interaction" / "response.txt",
-            delta / "interaction" / "response.json",
-            delta / "interaction" / "request.json",
-            delta / "runs" / "LATEST",
-            delta,
-        )
+        for p in (w.response_file, w.response_json, w.request_file, w.latest_file, w.delta_dir)
     )
 
 

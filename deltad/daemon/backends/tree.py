@@ -31,6 +31,8 @@ from typing import ClassVar, Protocol
 
 import structlog
 
+from deltad.protocol.layout import ANSWER_FILES, INTERACTION_DIR, REQUEST_FILE, RUNS_DIR
+
 from ..discovery import DELTA_DIR, Layout, is_workspace, subdirs
 from ..queue import HintQueue, Why
 from . import events as F
@@ -47,10 +49,10 @@ DELTA_MASK = DIR_MASK
 INTERACTION_MASK = _BASE | F.CLOSE_WRITE | F.MOVED_TO | F.CREATE | F.DELETE | F.MOVED_FROM
 RUNS_MASK = _BASE | F.CLOSE_WRITE | F.MOVED_TO
 
-ANSWERS = ("response.txt", "response.json")  # the protocol's two answer files
-REQUEST = "request.json"
-MAILBOX = "interaction"
-RUNS = "runs"
+ANSWERS = ANSWER_FILES  # the protocol's two answer files
+REQUEST = REQUEST_FILE
+MAILBOX = INTERACTION_DIR
+RUNS = RUNS_DIR
 LATEST = "LATEST"
 SYSCTL_HINT = (
     "raise it with: sysctl fs.inotify.max_user_watches=524288 "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from deltad.protocol import exitcodes
+from deltad.protocol.process import alive, proc_start_ticks
 
 from ..tenancy import Launch
 
@@ -167,7 +168,7 @@ class Tracker:
     def track(self, job: Job, pid: int) -> Child:
         now = time.monotonic()
         child = Child(job.workspace, job.run_id, pid, pidfd(pid), now, now + job.timeout)
-        child.ticks = start_ticks(pid)
+        child.ticks = proc_start_ticks(pid)
         self.children[job.workspace] = child
         return child
 
@@ -247,33 +248,6 @@ def pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None  # old kernel, or already gone: the main loop falls back to polling
-
-
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def alive(pid: int, ticks: int | None) -> bool:
-    """Alive and not a zombie; with `ticks`, also the same process (not a recycled pid)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return False
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    if not fields or fields[0] in (b"Z", b"X"):
-        return False
-    return ticks is None or start_ticks(pid) == ticks
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:

@@ -27,6 +27,8 @@ from typing import Any
 
 import structlog
 
+from deltad.pacing import Pacing
+
 from ..tenancy import SAFE_PATH
 from .base import Child, Finished, Job, Tracker, signal_group
 from .fresh import FreshExecutor, open_log, spawn_failed
@@ -37,7 +39,7 @@ log = structlog.get_logger("deltad.resumer")
 READY_TIMEOUT = 30.0  # importing openai on a loaded 2-core machine can take seconds
 ANSWER_TIMEOUT = 5.0  # a fork takes milliseconds; this long means the server is stuck
 SIGNATURE_EVERY = 2.0  # seconds between looks at the installed package
-RETRY_INITIAL, RETRY_MAX = 1.0, 60.0
+RETRY_PACING = Pacing(1.0, 60.0)
 SERVER_MODULE = "deltad.daemon.executors.forkserver"
 SERVER_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")  # what start-up reads; children get their own
 
@@ -294,7 +296,7 @@ class ForkExecutor(Tracker):
 
     def _unhealthy(self, reason: str) -> None:
         self._failures += 1
-        pause = min(RETRY_INITIAL * 2 ** (self._failures - 1), RETRY_MAX)
+        pause = RETRY_PACING.delay(self._failures)
         self._retry_at = time.monotonic() + pause
         log.warning(
             "fork_server_unhealthy",

@@ -1,0 +1,438 @@
+"""The daemon's lifecycle around the loop (`service.py`): the state-dir lock, signals, the HTTP
+and notifier threads, start, reload, shutdown, status.json and systemd's sd_notify/watchdog.
+
+Order at start (systemd path units do the same): take the state-dir lock → install watches →
+full reconcile → READY=1. Anything that changed before the watches existed is caught by the
+reconcile; anything after, by an event.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import signal
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from deltad import logs
+from deltad.protocol import iso, utcnow
+from deltad.protocol.printable import show_path
+
+from .backends import Backend, PollingBackend, event_backend
+from .config import ConfigError, DaemonConfig, load_config
+from .decide import Rules
+from .notify import monotonic_usec, sd_notify, watchdog_interval
+from .reconcile import State
+from .status import AlreadyRunning, StateDirLock, capped, write_status
+from .sweep import Sweep
+
+if TYPE_CHECKING:
+    from .service import Service
+
+log = structlog.get_logger("deltad.service")
+
+STATUS_EVERY = 1.0  # seconds between status.json / STATUS= updates, when something changed
+CHILD_POLL = 0.2  # without pidfds, how often to look for exited children
+
+
+@dataclass
+class Ticks:
+    """The loop's periodic duties: when each is next due (monotonic)."""
+
+    ready: bool = False
+    last_status: float = 0.0
+    last_ping: float = 0.0
+    next_rescan: float = 0.0
+    next_sweep: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.started = utcnow()
+
+    def start(self, now: float, config: DaemonConfig) -> None:
+        self.next_rescan = now + config.rescan_interval_seconds
+        self.next_sweep = now + config.liveness_sweep_seconds
+
+    def due(self, dirty: bool) -> list[float]:
+        times = [self.next_rescan, self.next_sweep]
+        if (interval := watchdog_interval()) is not None:
+            times.append(self.last_ping + interval)
+        if dirty:
+            times.append(self.last_status + STATUS_EVERY)
+        return times
+
+    def sweep_due(self, now: float, config: DaemonConfig) -> bool:
+        """Time to look at every live run again (an owner can die without an event)."""
+        if now < self.next_sweep:
+            return False
+        self.next_sweep = now + config.liveness_sweep_seconds
+        return True
+
+    def rescan_due(self, now: float, config: DaemonConfig) -> bool:
+        if now < self.next_rescan:
+            return False
+        self.next_rescan = now + config.rescan_interval_seconds
+        return True
+
+
+def run(svc: Service) -> int:
+    lock = StateDirLock(svc.config.state_dir)
+    try:
+        lock.acquire()
+    except AlreadyRunning as e:
+        log.error("already_running", error=str(e))
+        print(f"deltad: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        log.error("state_dir_unusable", path=str(svc.config.state_dir), error=e.strerror)
+        return 1
+    sig_r = _install_signals(svc)
+    try:
+        if not _start_inbox(svc):
+            return 2
+        start(svc)
+        loop(svc, sig_r)
+        shutdown(svc)
+    finally:
+        _stop_inbox(svc)
+        lock.release()
+    return 0
+
+
+def _start_inbox(svc: Service) -> bool:
+    """The HTTP server and the notifiers: threads beside the loop, fed by the registry's
+    changes. Started before the first reconcile, which they never wait for."""
+    http, notify = svc.config.http, svc.config.notify
+    context = None
+    if http is not None:
+        from deltad.api.server import HttpServer, ListenError
+
+        try:
+            svc.http = HttpServer(http, svc.feed, svc.config.state_dir)
+        except (ListenError, OSError, ValueError) as e:
+            log.error("http_unusable", error=str(e))
+            print(f"deltad: error: {e}", file=sys.stderr)
+            return False
+        svc.http.start()
+        context = svc.http.context
+    if notify is not None and (notify.webhooks or notify.commands):
+        from deltad.api.notify import Notifier
+
+        quiet = [r.path for r in svc.config.roots if not r.notify]
+        try:
+            svc.notifier = Notifier(notify, svc.feed, quiet, context, svc.config.state_dir)
+        except (OSError, ValueError) as e:
+            log.error("notify_unusable", error=str(e))
+            print(f"deltad: error: notify: {e}", file=sys.stderr)
+            return False
+        svc.notifier.start()
+    return True
+
+
+def _stop_inbox(svc: Service) -> None:
+    if svc.notifier is not None:
+        svc.notifier.stop()
+    if svc.http is not None:
+        svc.http.stop()
+
+
+def start(svc: Service) -> None:
+    t0 = svc.clock.monotonic()
+    log.info(
+        "daemon_starting",
+        pid=os.getpid(),
+        roots=[str(r.path) for r in svc.config.roots],
+        state_dir=str(svc.config.state_dir),
+    )
+    build_backends(svc)
+    svc.feed.priming = True  # a restart does not announce every waiting question again
+    try:
+        svc.full_reconcile("startup", quiet=True, at_once=True)
+    finally:
+        svc.feed.priming = False
+    svc.ticks.ready = True
+    write(svc, force=True)
+    sd_notify("READY=1", status_line(svc))
+    log.info(
+        "daemon_ready",
+        workspaces=len(svc.registry),
+        watches=watch_counts(svc),
+        duration_ms=int((svc.clock.monotonic() - t0) * 1000),
+    )
+
+
+def _install_signals(svc: Service) -> int:
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+
+    def stop(signum: int, frame: object) -> None:
+        svc.stop = True
+
+    def reload(signum: int, frame: object) -> None:
+        svc.reload = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload)
+    # A writer that opens an answer while `open_writers` holds its read lease makes the
+    # kernel send us SIGIO, whose default action ends the process; the lease is let go
+    # at once anyway. A handler, not SIG_IGN: an ignored signal stays ignored across the
+    # exec of a resume child.
+    signal.signal(signal.SIGIO, _lease_broken)
+    return r
+
+
+# -- the select loop -----------------------------------------------------------------------------
+def loop(svc: Service, sig_r: int) -> None:
+    """One thread selects on the inotify fd, the hint queue, the signal pipe and the resume
+    children's fds, and does everything else between selects (`Service.turn`)."""
+    svc.ticks.start(svc.clock.monotonic(), svc.config)
+    while not svc.stop:
+        readable = _wait(svc, sig_r)
+        if sig_r in readable:
+            _drain(sig_r)
+        if svc.reload:
+            svc.reload = False
+            reload(svc)
+        for b in svc.backends:
+            if b.fileno() in readable:
+                process(svc, b)
+        svc.turn()
+
+
+def process(svc: Service, backend: Backend) -> None:
+    try:
+        backend.process()
+    except Exception as e:  # a strange event must not stop the loop; a rescan catches up
+        log.error("watch_event_failed", backend=backend.name, error=f"{type(e).__name__}: {e}")
+        svc.queue.request_rescan()
+
+
+def _wait(svc: Service, sig_r: int) -> list[int]:
+    fds = [sig_r, svc.queue.fileno(), *svc.resumer.fds()]
+    fds += [fd for b in svc.backends if (fd := b.fileno()) is not None]
+    urgent = len(svc.queue) or svc.stop or svc.reload or svc.resumer.can_start()
+    urgent = urgent or svc.sweep is not None
+    timeout = 0.0 if urgent else _timeout(svc)
+    try:
+        readable, _, _ = select.select(fds, [], [], timeout)
+    except InterruptedError:
+        return []
+    return readable
+
+
+def _timeout(svc: Service) -> float:
+    now = svc.clock.monotonic()
+    times = svc.ticks.due(svc.dirty)
+    if svc.timers:
+        times.append(svc.timers[0][0])
+    if (deadline := svc.resumer.next_deadline()) is not None:
+        times.append(deadline)
+    if any(c.pidfd is None for c in svc.resumer.children.values()):
+        times.append(now + CHILD_POLL)
+    return max(0.0, min(times) - now)
+
+
+def build_backends(svc: Service) -> None:
+    """One backend object per kind in use (each root's `backend`, resolved by the config);
+    the poller always exists: it also takes what no longer fits under the watch limit."""
+    config = svc.config
+    poller = PollingBackend(svc.queue, config.poll_interval_seconds)
+    backends: list[Backend] = []
+    for kind in ("fanotify", "inotify", "watchdog"):
+        roots = [r for r in config.roots if r.backend == kind]
+        if roots:
+            tree = event_backend(kind, svc.queue, poller, config.max_inotify_watches)
+            for r in roots:
+                tree.add_root(r.path, config.discovery_depth)
+            backends.append(tree)
+    for r in config.roots:
+        if r.backend == "polling":
+            poller.add_root(r.path, config.discovery_depth)
+    svc.backends = [*backends, poller]
+
+
+def close_backends(svc: Service) -> None:
+    for b in svc.backends:
+        b.close()
+    svc.backends = []
+
+
+def swept(svc: Service, sweep: Sweep) -> None:
+    """A full reconcile has ended (the service dropped what it no longer found)."""
+    for path, problem in sweep.layout.problems:
+        log.warning("discovery_problem", path=str(path), problem=problem)
+    log.info(
+        "reconcile_full",
+        reason=sweep.reason,
+        workspaces=len(svc.registry),
+        watches=watch_counts(svc),
+        duration_ms=int((svc.clock.monotonic() - sweep.started) * 1000),
+    )
+    svc.dirty = True
+    _settle_heap()
+
+
+def reload(svc: Service) -> None:
+    sd_notify("RELOADING=1", monotonic_usec())
+    new = _reread(svc)
+    if new is None:
+        sd_notify("READY=1", status_line(svc))
+        return
+    if new.state_dir != svc.config.state_dir:
+        log.warning("state_dir_change_ignored", detail="changing state_dir needs a restart")
+        new.state_dir = svc.config.state_dir
+    if new.http != svc.config.http or new.notify != svc.config.notify:
+        log.warning("inbox_change_ignored", detail="http: and notify: change on a restart")
+        new.http, new.notify = svc.config.http, svc.config.notify
+    svc.config = new
+    svc.launcher = new.launcher()
+    svc.rules = Rules.of(new)  # what decide() remembers is kept: only the rules change
+    logs.configure(new.log_level, new.log_format)
+    svc.resumer.configure(new)
+    if svc.sweep is not None:  # its walks belong to the backends about to be closed
+        svc.sweep.abandon()
+        svc.sweep = None
+    close_backends(svc)
+    build_backends(svc)
+    log.info("config_reloaded", roots=[str(r.path) for r in new.roots])
+    svc.full_reconcile("reload")
+    sd_notify("READY=1", status_line(svc))
+
+
+def _reread(svc: Service) -> DaemonConfig | None:
+    try:
+        return load_config(svc.config_path, svc.extra_roots)
+    except ConfigError as e:
+        error = str(e)
+    except Exception as e:  # whatever a file can do to a parser must not stop the daemon
+        error = f"{type(e).__name__}: {e}"
+    log.error("config_reload_failed", error=error, action="keeping the old configuration")
+    return None
+
+
+def shutdown(svc: Service) -> None:
+    sd_notify("STOPPING=1")
+    resumer = svc.resumer
+    log.info("daemon_stopping", in_flight=len(resumer.children), not_started=len(resumer.pending))
+    close_backends(svc)  # stop watching first
+    deadline = svc.clock.monotonic() + svc.config.shutdown_grace_seconds
+    while resumer.children and svc.clock.monotonic() < deadline:
+        fds = resumer.fds()
+        wait = min(
+            CHILD_POLL if len(fds) < len(resumer.children) else 1.0,
+            max(0.0, deadline - svc.clock.monotonic()),
+        )
+        select.select(fds, [], [], wait)
+        for fin in resumer.reap():
+            svc.after_resume(fin)
+    if pids := resumer.detach_all():
+        log.warning(
+            "resume_detached",
+            pids=pids,
+            detail="still running after the shutdown budget; left running",
+        )
+    svc.ticks.ready = False
+    write(svc, force=True)
+    log.info("daemon_stopped")
+
+
+# -- status / watchdog -----------------------------------------------------------------------
+def watch_counts(svc: Service) -> dict[str, int]:
+    return {b.name: b.watch_count() for b in svc.backends}
+
+
+def snapshot(svc: Service) -> dict[str, Any]:
+    r = svc.registry
+    resuming = [
+        {"workspace": show_path(c.workspace), "run_id": c.run_id, "pid": c.pid}
+        for c in svc.resumer.children.values()
+    ]
+    pending = [show_path(ws) for ws, _, _ in svc.resumer.pending]
+    return {
+        "pid": os.getpid(),
+        "ready": svc.ticks.ready,
+        "started_at": iso(svc.ticks.started),
+        "updated_at": iso(utcnow()),
+        "state_dir": show_path(svc.config.state_dir),
+        "http": svc.http.url if svc.http is not None else None,
+        "roots": [
+            {"path": show_path(x.path), "backend": x.backend, "polling": x.polling}
+            for x in svc.config.roots
+        ],
+        "watches": watch_counts(svc),
+        "counts": {
+            "workspaces": len(r),
+            **r.counts(),
+            "pending": len(pending),
+            "resuming": len(resuming),
+        },
+        "pending": capped(pending),
+        "resuming": capped(resuming),
+        "waiting": capped(map(show_path, r.in_state(State.WAITING))),
+        "interrupted": capped(map(show_path, r.in_state(State.INTERRUPTED))),
+        "running": capped(map(show_path, r.in_state(State.RUNNING))),
+        "problems": capped(r.problems()),
+        # The first LIST_CAP found (sorted among themselves), not the 50,000 sorted.
+        "workspaces": sorted(map(show_path, capped(r.workspaces))),
+    }
+
+
+def status_line(svc: Service) -> str:
+    c = svc.registry.counts()
+    return (
+        f"STATUS=watching {len(svc.registry)} workspaces; "
+        f"{c['waiting']} waiting, {len(svc.resumer.pending)} pending, "
+        f"{len(svc.resumer.children)} resuming, {c['interrupted']} interrupted, "
+        f"{c['problem']} with problems"
+    )
+
+
+def tick(svc: Service, now: float) -> None:
+    """The end of a loop turn: status.json when something changed, the systemd watchdog."""
+    write(svc)
+    interval = watchdog_interval()
+    if interval is None or now - svc.ticks.last_ping < interval:
+        return
+    if all(b.healthy() for b in svc.backends):  # a dead watcher must let systemd restart us
+        sd_notify("WATCHDOG=1")
+        svc.ticks.last_ping = now
+
+
+def write(svc: Service, force: bool = False) -> None:
+    now = svc.clock.monotonic()
+    if not force and (not svc.dirty or now - svc.ticks.last_status < STATUS_EVERY):
+        return
+    svc.dirty = False
+    svc.ticks.last_status = now
+    try:
+        write_status(svc.config.state_dir, snapshot(svc))
+    except OSError as e:
+        log.warning("status_write_failed", error=e.strerror)
+    if svc.ticks.ready:
+        sd_notify(status_line(svc))
+
+
+def _lease_broken(signum: int, frame: object) -> None:
+    """Nothing to do: `open_writers` has released (or is about to release) the lease."""
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _settle_heap() -> None:
+    """After a full reconcile, what it built (an entry and watches per workspace) lives until
+    the workspace goes. A full pass of the cyclic collector walks every tracked object, so with
+    50,000 workspaces it would stop the loop for a time that grows with them, whenever it came;
+    frozen objects are skipped by it (and still freed by reference counting). The young
+    generations are collected first so that what is frozen is what lives on."""
+    gc.collect(1)
+    gc.freeze()

@@ -1,0 +1,106 @@
+"""The daemon's loop (`Service.turn`) under a ManualClock with a recording resume queue: real
+workspaces on disk, no processes. What `decide` returns is carried out: resumes queued, a failed
+resume paced, its timer bringing the workspace back once the clock has moved."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deltad.daemon import lifecycle
+from deltad.daemon.clock import ManualClock
+from deltad.daemon.config import DaemonConfig, load_config
+from deltad.daemon.executors import Child, Finished
+from deltad.daemon.queue import Why
+from deltad.daemon.resumer import Resumer
+from deltad.daemon.service import Service
+from deltad.daemon.tenancy import Launch
+from deltad.testing.stub import paused_workspace
+
+
+class ScriptedResumer(Resumer):
+    """Records what the loop queues; `exit` makes the next `reap` report that resume's end."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        super().__init__(config)
+        self.resumed: list[Path] = []
+        self._exits: list[Finished] = []
+
+    def submit(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
+        self.resumed.append(ws)
+        return True
+
+    def exit(self, ws: Path, rc: int) -> None:
+        self._exits.append(Finished(Child(ws, None, 0, None, 0.0, 0.0), rc, 1))
+
+    def reap(self) -> list[Finished]:
+        done, self._exits = self._exits, []
+        return done
+
+
+@pytest.fixture
+def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
+    monkeypatch.delenv("DELTAD_CONFIG", raising=False)
+    config = load_config(None, (str(tmp_path / "root"),))
+    config.state_dir = tmp_path / "state"
+    config.state_dir.mkdir()
+    clock = ManualClock(wall=__import__("time").time())
+    svc = Service(config, None, (), clock=clock, resumer=ScriptedResumer(config))
+    lifecycle.build_backends(svc)
+    svc.ticks.start(clock.monotonic(), config)  # periodic sweeps are not what is tested here
+    yield svc
+    lifecycle.close_backends(svc)
+
+
+def _answer(ws: Path) -> None:
+    p = ws / ".delta" / "interaction" / "response.txt"
+    p.with_name(".tmp").write_text("yes")
+    os.replace(p.with_name(".tmp"), p)
+
+
+def test_a_failed_resume_is_paced_and_its_timer_brings_it_back(service: Service) -> None:
+    resumer = service.resumer
+    assert isinstance(resumer, ScriptedResumer) and isinstance(service.clock, ManualClock)
+    ws = service.config.roots[0].path / "ws"
+    paused_workspace(ws)
+    _answer(ws)
+    service.queue.put(ws, Why.ANSWER_CLOSED)
+    service.turn()
+    assert resumer.resumed == [ws]
+
+    resumer.exit(ws, 1)  # it failed and the same answer is still there
+    service.turn()
+    assert service.memory[ws].failures == 1
+    delay = service.config.backoff_initial_seconds
+    assert service.timers and service.timers[0][0] == service.clock.monotonic() + delay
+
+    service.queue.put(ws, Why.ANSWER_CLOSED)  # another look before the backoff ends
+    service.turn()
+    assert resumer.resumed == [ws]
+
+    service.clock.advance(delay)
+    service.turn()  # the timer fires: the workspace is queued ...
+    service.turn()  # ... and looked at
+    assert resumer.resumed == [ws, ws]
+
+
+def test_a_dropped_workspace_is_forgotten_whole(service: Service) -> None:
+    resumer = service.resumer
+    assert isinstance(resumer, ScriptedResumer)
+    ws = service.config.roots[0].path / "ws"
+    paused_workspace(ws)
+    _answer(ws)
+    service.queue.put(ws, Why.ANSWER_CLOSED)
+    service.turn()
+    resumer.exit(ws, 1)
+    service.turn()
+    assert ws in service.memory
+    for p in sorted(ws.rglob("*"), reverse=True):
+        p.unlink() if not p.is_dir() else p.rmdir()
+    ws.rmdir()
+    service.queue.put(ws)
+    service.turn()
+    assert ws not in service.memory and ws not in service.registry

@@ -1,0 +1,296 @@
+"""Every resume rule of the daemon, from tables: facts + memory + time in, effects out.
+No disk, no processes, no patching: `decide` is a pure function (deltad/daemon/decide.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+from deltad.daemon.backoff import AnswerKey, ExpiredKey, InterruptedKey, ModelRetryKey
+from deltad.daemon.decide import (
+    FRESH,
+    Drop,
+    Effect,
+    Exited,
+    Facts,
+    Log,
+    MarkInterrupted,
+    Memory,
+    Now,
+    Observe,
+    Quarantine,
+    Remember,
+    Resume,
+    Rules,
+    Schedule,
+    decide,
+    quarantined,
+)
+from deltad.daemon.reconcile import Action, State, Verdict
+from deltad.daemon.tenancy import Owner
+from deltad.pacing import Pacing
+from deltad.protocol import exitcodes
+
+OWNER = Owner(1000, 1000, "ann", "/home/ann")
+SIG = (1, 2, 3)
+NOW = Now(mono=1000.0, wall=1_800_000_000.0)
+RULES = Rules(resume=Pacing(5.0, 600.0), model=Pacing(10.0, 40.0), give_up_after=100.0)
+AUTO = replace(RULES, auto_resume_interrupted=True)
+NO_MODEL_RETRY = replace(RULES, model_retry=False)
+
+
+def seen(state: State, action: Action = Action.NONE, **kw: object) -> Verdict:
+    fields: dict[str, object] = {"run_id": "r1", "owner": OWNER, **kw}
+    return Verdict(action, state, **fields)  # type: ignore[arg-type]
+
+
+ANSWERED = seen(State.ANSWERED, Action.RESUME, answer_sig=SIG, request_id="q1")
+EXPIRED = seen(State.EXPIRED, Action.RESUME, request_id="q1")
+WAITING = seen(State.WAITING, request_id="q1", wake_at=NOW.wall + 30)
+DEAD_OWNER = seen(State.RUNNING, Action.MARK_INTERRUPTED)
+INTERRUPTED = seen(State.INTERRUPTED)
+OUTAGE = seen(State.INTERRUPTED, error_kind="model_unavailable", failing_since=NOW.wall - 50)
+LONG_OUTAGE = replace(OUTAGE, failing_since=NOW.wall - 100)
+NO_OWNER = replace(ANSWERED, owner=None)
+DONE = seen(State.DONE)
+
+ANSWER = AnswerKey(SIG)
+FAILED_ANSWER = Memory(key=ANSWER, failures=1, not_before=NOW.mono + 5)
+
+
+def kinds(effects: list[Effect]) -> list[str]:
+    """The effects as short words: `Resume:answer`, `Schedule@+5`, `Log:resume_busy`..."""
+    out = []
+    for e in effects:
+        match e:
+            case Resume():
+                out.append(f"Resume:{e.reason}")
+            case Schedule(at) | Quarantine(at):
+                out.append(f"{type(e).__name__}@+{at - NOW.mono:g}")
+            case Log():
+                out.append(f"Log:{e.event}")
+            case MarkInterrupted(_, then):
+                out.append(f"MarkInterrupted{kinds(list(then))}")
+            case _:
+                out.append(type(e).__name__)
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    why: str
+    facts: Facts
+    expected: list[str]
+    memory: Memory = FRESH
+    rules: Rules = RULES
+
+
+ROWS = [
+    Row("gone", Facts(seen(State.GONE, Action.GONE)), ["Drop"]),
+    Row("idle: only observed", Facts(seen(State.IDLE)), ["Observe"]),
+    Row("done: only observed", Facts(DONE), ["Observe"]),
+    Row("waiting: look again at its deadline", Facts(WAITING), ["Observe", "Schedule@+30"]),
+    Row("answered: resumed", Facts(ANSWERED), ["Observe", "Resume:answer", "Remember"]),
+    Row("expired: resumed", Facts(EXPIRED), ["Observe", "Resume:question_expired", "Remember"]),
+    Row("answered, already queued", Facts(ANSWERED, busy=True), ["Observe"]),
+    Row("answered, owner unknown", Facts(NO_OWNER), ["Observe"]),
+    Row(
+        "the same answer failed lately: wait for its backoff",
+        Facts(ANSWERED),
+        ["Observe", "Schedule@+5"],
+        FAILED_ANSWER,
+    ),
+    Row(
+        "a different answer is not held back",
+        Facts(replace(ANSWERED, answer_sig=(9, 9, 9))),
+        ["Observe", "Resume:answer", "Remember"],
+        FAILED_ANSWER,
+    ),
+    Row(
+        "backoff over: resumed again",
+        Facts(ANSWERED),
+        ["Observe", "Resume:answer"],
+        replace(FAILED_ANSWER, not_before=NOW.mono),
+    ),
+    Row("dead owner: marked", Facts(DEAD_OWNER), ["Observe", "MarkInterrupted[]"]),
+    Row(
+        "dead owner, auto-resume: marked, then resumed",
+        Facts(DEAD_OWNER),
+        ["Observe", "MarkInterrupted['Resume:interrupted']", "Remember"],
+        rules=AUTO,
+    ),
+    Row("interrupted: left for a person", Facts(INTERRUPTED), ["Observe"]),
+    Row(
+        "interrupted, auto-resume",
+        Facts(INTERRUPTED),
+        ["Observe", "Resume:interrupted", "Remember"],
+        rules=AUTO,
+    ),
+    Row(
+        "model outage: the first retry waits its delay",
+        Facts(OUTAGE),
+        ["Observe", "Schedule@+10", "Remember"],
+    ),
+    Row(
+        "model outage, delay over: retried",
+        Facts(OUTAGE),
+        ["Observe", "Log:model_retry", "Resume:model_retry", "Remember"],
+        Memory(model_not_before=NOW.mono),
+    ),
+    Row(
+        "model outage, delay over but already queued: counted, not resumed",
+        Facts(OUTAGE, busy=True),
+        ["Observe", "Remember"],
+        Memory(model_not_before=NOW.mono),
+    ),
+    Row(
+        "model outage for longer than give_up_after: said once",
+        Facts(LONG_OUTAGE),
+        ["Observe", "Log:model_retry_gave_up", "Remember"],
+    ),
+    Row(
+        "model outage, given up already: silent",
+        Facts(LONG_OUTAGE),
+        ["Observe"],
+        Memory(gave_up=True),
+    ),
+    Row(
+        "model retries off: an outage is an interrupted run",
+        Facts(OUTAGE),
+        ["Observe"],
+        rules=NO_MODEL_RETRY,
+    ),
+    Row(
+        "the run moved on: the outage memory is forgotten",
+        Facts(DONE),
+        ["Observe", "Remember"],
+        Memory(model_attempts=3, model_not_before=NOW.mono + 40, gave_up=True),
+    ),
+    Row(
+        "exit 75 (busy): backed off, growing",
+        Facts(WAITING, exited=Exited("r1", exitcodes.BUSY, failed=False)),
+        ["Observe", "Log:resume_busy", "Schedule@+30", "Remember"],
+    ),
+    Row(
+        "exit 75 after a timeout is a failure",
+        Facts(DONE, exited=Exited("r1", exitcodes.BUSY, failed=True, timed_out=True)),
+        ["Observe", "Log:resume_backoff", "Remember"],
+    ),
+    Row(
+        "the resume failed: backoff, then the answer waits for it",
+        Facts(ANSWERED, exited=Exited("r1", 1, failed=True)),
+        ["Observe", "Log:resume_backoff", "Schedule@+5", "Remember"],
+        Memory(key=ANSWER),
+    ),
+    Row(
+        "exited cleanly, the same answer still there: repeated, backed off",
+        Facts(ANSWERED, exited=Exited("r1", 0, failed=False)),
+        ["Observe", "Log:resume_backoff", "Schedule@+5", "Remember"],
+        Memory(key=ANSWER),
+    ),
+    Row(
+        "exited cleanly and the run moved on: backoff forgotten",
+        Facts(WAITING, exited=Exited("r1", exitcodes.WAITING, failed=False)),
+        ["Observe", "Schedule@+30", "Remember"],
+        FAILED_ANSWER,
+    ),
+    Row(
+        "exited into a model outage: the model policy paces it, not resume backoff",
+        Facts(OUTAGE, exited=Exited("r1", 69, failed=True)),
+        ["Observe", "Schedule@+10", "Remember"],
+        FAILED_ANSWER,
+    ),
+    Row(
+        "looking raised: quarantined",
+        Facts(error="ValueError: bad"),
+        ["Log:workspace_problem", "Quarantine@+5", "Remember"],
+    ),
+    Row(
+        "raised again: quarantined longer",
+        Facts(error="ValueError: bad"),
+        ["Log:workspace_problem", "Quarantine@+20", "Remember"],
+        Memory(quarantines=2),
+    ),
+    Row(
+        "a good look ends the quarantine",
+        Facts(DONE),
+        ["Observe", "Remember"],
+        Memory(quarantines=2, quarantined_until=NOW.mono - 1),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.why for r in ROWS])
+def test_decide(row: Row) -> None:
+    assert kinds(decide(row.facts, row.memory, NOW, row.rules)) == row.expected
+
+
+def remembered(effects: list[Effect]) -> Memory:
+    [memory] = [e.memory for e in effects if isinstance(e, Remember)]
+    return memory
+
+
+def test_resume_keys_name_what_each_resume_is_for() -> None:
+    def key(facts: Facts, rules: Rules = RULES) -> object:
+        effects = decide(facts, FRESH, NOW, rules)
+        for e in effects:
+            if isinstance(e, MarkInterrupted):
+                effects = list(e.then)
+        [resume] = [e for e in effects if isinstance(e, Resume)]
+        return resume.key
+
+    assert key(Facts(ANSWERED)) == AnswerKey(SIG)
+    assert key(Facts(EXPIRED)) == ExpiredKey("q1")
+    assert key(Facts(INTERRUPTED), AUTO) == InterruptedKey("r1")
+    assert key(Facts(DEAD_OWNER), AUTO) == InterruptedKey("r1")
+    ready = Memory(model_not_before=NOW.mono)
+    [retry] = [e for e in decide(Facts(OUTAGE), ready, NOW, RULES) if isinstance(e, Resume)]
+    assert retry.key == ModelRetryKey("r1", 1)
+
+
+def test_resume_backoff_doubles_up_to_its_cap() -> None:
+    rules = replace(RULES, resume=Pacing(1.0, 4.0))
+    failed = Facts(ANSWERED, exited=Exited("r1", 1, failed=True))
+    memory, delays = Memory(key=ANSWER), []
+    for _ in range(4):
+        memory = remembered(decide(failed, memory, NOW, rules))
+        delays.append(memory.not_before - NOW.mono)
+    assert delays == [1.0, 2.0, 4.0, 4.0]
+    assert memory.key == ANSWER and memory.failures == 4
+
+
+def test_model_retries_pace_then_give_up_once() -> None:
+    memory, at = FRESH, NOW
+    steps = []
+    for advance in (0, 10, 5, 15):
+        at = Now(at.mono + advance, at.wall + advance)
+        effects = decide(Facts(OUTAGE), memory, at, RULES)
+        memory = remembered(effects) if any(isinstance(e, Remember) for e in effects) else memory
+        steps.append([k for k in kinds(effects) if k.startswith(("Resume", "Log"))])
+    # waits 10, retries; the second waits 20 (5 s in: not yet; 20 s in: retried)
+    assert steps == [
+        [],
+        ["Log:model_retry", "Resume:model_retry"],
+        [],
+        ["Log:model_retry", "Resume:model_retry"],
+    ]
+    late = Now(at.mono, OUTAGE.failing_since + 100)  # type: ignore[operator]
+    gave_up = decide(Facts(OUTAGE), memory, late, RULES)
+    assert "Log:model_retry_gave_up" in kinds(gave_up)
+    assert "Log:model_retry_gave_up" not in kinds(
+        decide(Facts(OUTAGE), remembered(gave_up), late, RULES)
+    )
+
+
+def test_a_quarantined_workspace_is_left_alone_until_its_time() -> None:
+    memory = remembered(decide(Facts(error="OSError: x"), FRESH, NOW, RULES))
+    assert quarantined(memory, NOW)
+    assert not quarantined(memory, Now(memory.quarantined_until, NOW.wall))
+    assert not quarantined(FRESH, NOW)
+
+
+def test_a_problem_is_observed_not_acted_on() -> None:
+    effects = decide(Facts(seen(State.PROBLEM, problem="x")), FRESH, NOW, RULES)
+    assert effects == [Observe(seen(State.PROBLEM, problem="x"))]
+    assert Drop() not in effects
