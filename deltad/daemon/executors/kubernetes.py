@@ -250,15 +250,17 @@ def workspace_sub_path(workspace: Path, mount_path: PurePosixPath) -> str:
     """The workspace's path inside the claim; SubmitError when it is not on the claim."""
     try:
         rel = PurePosixPath(os.fsdecode(workspace)).relative_to(mount_path)
+        if ".." in rel.parts:
+            raise ValueError(rel)
         text = str(rel)
         text.encode("utf-8")  # the API speaks UTF-8 only: a path with other bytes cannot go
+    except UnicodeEncodeError as e:  # (a ValueError too: first)
+        raise SubmitError(
+            f"workspace {show_path(workspace)} is not UTF-8: a Kubernetes volume cannot name it"
+        ) from e
     except ValueError as e:
         raise SubmitError(
             f"workspace {show_path(workspace)} is not under mount_path {mount_path}"
-        ) from e
-    except UnicodeEncodeError as e:
-        raise SubmitError(
-            f"workspace {show_path(workspace)} is not UTF-8: a Kubernetes volume cannot name it"
         ) from e
     return "" if text == "." else text
 
@@ -547,13 +549,12 @@ class KubernetesExecutor:
         return [j for j in found if mine.items() <= (j.metadata.labels or {}).items()]
 
     def _pods(self, name: str) -> list[Any]:
-        return list(
-            self._core.list_namespaced_pod(
-                self.options.namespace,
-                label_selector=f"job-name={name}",
-                _request_timeout=self._timeout,
-            ).items
-        )
+        found: list[Any] = self._core.list_namespaced_pod(
+            self.options.namespace,
+            label_selector=f"job-name={name}",
+            _request_timeout=self._timeout,
+        ).items
+        return [p for p in found if (p.metadata.labels or {}).get("job-name") == name]
 
     def _events_of(self, name: str, tracked: _Tracked, job: Any | None) -> list[Event]:
         active = job is not None and bool(job.status and job.status.active)
