@@ -557,9 +557,10 @@ class KubernetesExecutor:
         return [p for p in found if (p.metadata.labels or {}).get("job-name") == name]
 
     def _events_of(self, name: str, tracked: _Tracked, job: Any | None) -> list[Event]:
-        active = job is not None and bool(job.status and job.status.active)
-        pods = [] if active else self._pods(name)
-        view = view_of(job, pods)
+        view = view_of(job, [])
+        # The pods only once the Job has ended: that is where its exit code is.
+        pods = self._pods(name) if view.ended else []
+        view = view_of(job, pods) if pods else view
         events: list[Event] = []
         at = job_started(view)
         if at is not None and not tracked.started:
