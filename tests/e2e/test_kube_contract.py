@@ -220,3 +220,12 @@ def test_a_resume_the_manifest_refuses_never_reaches_the_server(emu: Emulator) -
     with pytest.raises(SubmitError, match="owned by root"):
         ex.submit(JobSpec(spec().key, ["delta"], Identity(0, 0)))
     assert creates(emu) == 0
+
+
+def test_a_refusal_other_than_already_exists_is_a_one_line_submit_error(emu: Emulator) -> None:
+    emu.handler["post /apis/batch/v1/namespaces/default/jobs"] << 403
+    ex = executor(emu)
+    with pytest.raises(SubmitError, match=r"kubernetes refused job deltad-\w+: 403 Forbidden") as e:
+        ex.submit(spec())
+    assert "\n" not in str(e.value)
+    assert ex.poll(10.0) == []  # nothing tracked: the daemon backs off and submits again
