@@ -229,3 +229,11 @@ def test_a_refusal_other_than_already_exists_is_a_one_line_submit_error(emu: Emu
         ex.submit(spec())
     assert "\n" not in str(e.value)
     assert ex.poll(10.0) == []  # nothing tracked: the daemon backs off and submits again
+
+
+def test_a_job_that_exists_but_cannot_be_read_is_a_one_line_submit_error(emu: Emulator) -> None:
+    executor(emu).submit(spec())
+    emu.handler[f"get /apis/batch/v1/namespaces/default/jobs/{spec().key.name}"] << 404
+    with pytest.raises(SubmitError, match=r"exists but cannot be read: .*404") as e:
+        executor(emu).submit(spec())  # 409, then the Job is gone (being deleted, say)
+    assert "\n" not in str(e.value)

@@ -469,10 +469,11 @@ class KubernetesExecutor:
         except self._k8s.ApiException as e:
             if e.status != 409:
                 raise SubmitError(self._refusal(spec.key.name, e)) from e
-            made = self._call(self._batch.read_namespaced_job, spec.key.name)
-            how = "already_submitted"
+            made, how = None, "already_submitted"
         except Exception as e:  # the API server is unreachable
             raise SubmitError(f"kubernetes: cannot submit {spec.key.name}: {_one_line(e)}") from e
+        if made is None:
+            made = self._existing(spec.key.name)
         handle = self._handle(spec.key, made)
         self._jobs[spec.key.name] = _Tracked(handle, log=spec.log)
         log.info("kubernetes_job_submitted", job=spec.key.name, how=how)
@@ -529,8 +530,16 @@ class KubernetesExecutor:
     def _timeout(self) -> float:
         return self.options.request_timeout
 
-    def _call(self, method: Any, name: str) -> Any:
-        return method(name, self.options.namespace, _request_timeout=self._timeout)
+    def _existing(self, name: str) -> Any:
+        """The Job a 409 said exists (it may have gone meanwhile: then submit again later)."""
+        try:
+            return self._batch.read_namespaced_job(
+                name, self.options.namespace, _request_timeout=self._timeout
+            )
+        except Exception as e:
+            raise SubmitError(
+                f"kubernetes: job {name} exists but cannot be read: {_one_line(e)}"
+            ) from e
 
     def _due(self, now: float) -> bool:
         if self._last_poll is not None and now - self._last_poll < self.options.poll_every:
