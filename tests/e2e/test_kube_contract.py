@@ -212,6 +212,8 @@ def test_an_unreachable_server_is_a_one_line_submit_error_and_a_quiet_poll(tmp_p
         ex.submit(spec("/srv/ws/alice/b"))
     assert "\n" not in str(e.value)
     assert ex.poll(10.0) == []  # tried again at the next poll; nothing invented meanwhile
+    with pytest.raises(SubmitError, match="cannot list this daemon's jobs"):
+        ex.adopt()
     assert handle.key == spec("/srv/ws/alice/a").key
 
 

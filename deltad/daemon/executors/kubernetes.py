@@ -508,8 +508,13 @@ class KubernetesExecutor:
         log.info("kubernetes_job_cancelled", job=handle.key.name, grace=grace)
 
     def adopt(self) -> list[Handle]:
+        """This daemon's Jobs; SubmitError (one line) when the API server cannot be asked."""
+        try:
+            jobs = self._list_jobs()
+        except Exception as e:
+            raise SubmitError(f"kubernetes: cannot list this daemon's jobs: {_one_line(e)}") from e
         adopted = []
-        for job in self._list_jobs():
+        for job in jobs:
             name = job.metadata.name
             key = key_from_annotation(name, (job.metadata.annotations or {}).get(KEY_ANNOTATION))
             if key is None or job.metadata.deletion_timestamp is not None:
