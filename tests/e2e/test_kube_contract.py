@@ -239,3 +239,21 @@ def test_a_job_that_exists_but_cannot_be_read_is_a_one_line_submit_error(emu: Em
     with pytest.raises(SubmitError, match=r"exists but cannot be read: .*404") as e:
         executor(emu).submit(spec())  # 409, then the Job is gone (being deleted, say)
     assert "\n" not in str(e.value)
+
+
+def test_a_cancel_the_server_did_not_take_is_sent_again_at_the_next_poll(emu: Emulator) -> None:
+    emu.handler[lambda req: req.method.name == "DELETE"] << 503
+    ex = executor(emu)
+    handle = ex.submit(spec())
+
+    def deletes() -> int:
+        return sum(1 for r in list(emu.handler) if r.method.name == "DELETE")
+
+    ex.cancel(handle, 7)  # answered 503: not taken
+    assert deletes() == 1
+    # Sent again. (The emulator removed the Job despite its 503, so this one is a 404: gone,
+    # which is what a cancel asks; no more are sent.)
+    ex.poll(10.0)
+    assert deletes() == 2
+    ex.poll(20.0)
+    assert deletes() == 2

@@ -449,6 +449,7 @@ class KubernetesExecutor:
         self._core = k8s.CoreV1Api(api)
         self._k8s = k8s
         self._jobs: dict[str, _Tracked] = {}  # by Job name
+        self._cancels: dict[str, float] = {}  # Job name: grace, for cancels not yet delivered
         self._last_poll: float | None = None
 
     # The seam ----------------------------------------------------------------------------------
@@ -480,8 +481,10 @@ class KubernetesExecutor:
         return handle
 
     def poll(self, now: float) -> list[Event]:
-        if not self._jobs or not self._due(now):
+        if not (self._jobs or self._cancels) or not self._due(now):
             return []
+        for name in list(self._cancels):
+            self._cancel(name)
         try:
             jobs = {j.metadata.name: j for j in self._list_jobs()}
         except Exception as e:  # an outage: try again at the next poll
@@ -493,19 +496,27 @@ class KubernetesExecutor:
         return events
 
     def cancel(self, handle: Handle, grace: float) -> None:
+        """Delete the Job (TERM now, KILL after `grace`); when the API server cannot be reached,
+        again at each poll until it answers (the Job's deadline is the backstop meanwhile)."""
+        self._cancels[handle.key.name] = grace
+        self._cancel(handle.key.name)
+
+    def _cancel(self, name: str) -> None:
+        grace = self._cancels[name]
         try:
             self._batch.delete_namespaced_job(
-                handle.key.name,
+                name,
                 self.options.namespace,
                 propagation_policy="Foreground",  # the pods go before the Job does
                 grace_period_seconds=math.ceil(grace),
                 _request_timeout=self._timeout,
             )
-        except self._k8s.ApiException as e:
-            if e.status != 404:
-                log.warning("kubernetes_cancel_failed", job=handle.key.name, error=_api_words(e))
+        except Exception as e:
+            if getattr(e, "status", None) != 404:  # 404: gone already, which is what was asked
+                log.warning("kubernetes_cancel_failed", job=name, error=_error_words(e))
                 return
-        log.info("kubernetes_job_cancelled", job=handle.key.name, grace=grace)
+        del self._cancels[name]
+        log.info("kubernetes_job_cancelled", job=name, grace=grace)
 
     def adopt(self) -> list[Handle]:
         """This daemon's Jobs; SubmitError (one line) when the API server cannot be asked."""
@@ -623,6 +634,10 @@ class KubernetesExecutor:
 
     def _refusal(self, name: str, e: Any) -> str:
         return f"kubernetes refused job {name}: {_api_words(e)}"
+
+
+def _error_words(e: Exception) -> str:
+    return _api_words(e) if hasattr(e, "status") and hasattr(e, "body") else _one_line(e)
 
 
 def _api_words(e: Any) -> str:
