@@ -257,3 +257,23 @@ def test_a_cancel_the_server_did_not_take_is_sent_again_at_the_next_poll(emu: Em
     assert deletes() == 2
     ex.poll(20.0)
     assert deletes() == 2
+
+
+def test_an_ended_job_whose_pods_cannot_be_listed_is_read_at_a_later_poll(emu: Emulator) -> None:
+    ex = executor(emu)
+    handle = ex.submit(spec())
+    emu.play_pod(handle.key.name, 0, "Completed")
+    emu.set_job_status(
+        handle.key.name,
+        {"startTime": "2026-11-24T00:00:05Z", "succeeded": 1, "conditions": [complete()]},
+    )
+    failing = [True]
+    (
+        emu.handler[lambda req: req.url.path == "/api/v1/namespaces/default/pods" and bool(failing)]
+        << 503
+    )
+    assert ex.poll(10.0) == []  # nothing invented, nothing lost
+    failing.clear()
+    assert [e for e in ex.poll(20.0) if isinstance(e, Exit)] == [
+        Exit(handle, 0, False, "CompletionsReached, Completed")
+    ]

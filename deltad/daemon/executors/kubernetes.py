@@ -492,7 +492,10 @@ class KubernetesExecutor:
             return []
         events: list[Event] = []
         for name, tracked in list(self._jobs.items()):
-            events.extend(self._events_of(name, tracked, jobs.get(name)))
+            try:
+                events.extend(self._events_of(name, tracked, jobs.get(name)))
+            except Exception as e:  # its pods could not be listed: this Job at the next poll
+                log.warning("kubernetes_poll_failed", job=name, error=_one_line(e))
         return events
 
     def cancel(self, handle: Handle, grace: float) -> None:
