@@ -1,0 +1,686 @@
+"""`executor: kubernetes`: each resume runs as a Kubernetes Job, through the official client.
+
+The Job's name is the request key's name, so a second submit of the same resume is refused by
+the API server (409 AlreadyExists) and returns the Job already there: one Job per resume even
+when the daemon crashed between submitting and recording. The daemon finds its Jobs again by
+label after a restart, reads each resume's exit code from its pod, and cancels by deleting the
+Job. Decisions (the manifest, the exit meaning of a Job and its pods, the options) are pure
+functions; `KubernetesExecutor` only talks to the API server.
+
+`kubernetes` is an optional dependency (`pip install 'deltad[kubernetes]'`), imported only
+when this executor is configured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import signal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote_from_bytes, unquote_to_bytes
+
+import structlog
+
+from deltad.protocol import exitcodes
+from deltad.protocol.printable import show_path
+
+from .seam import Event, Exit, Handle, JobSpec, RequestKey, Started, SubmitError
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s
+
+log = structlog.get_logger("deltad.executors.kubernetes")
+
+NAME = "kubernetes"
+CONTAINER = "resume"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+DAEMON_LABEL = "deltad.io/daemon"
+WORKSPACE_LABEL = "deltad.io/workspace"
+KEY_ANNOTATION = "deltad.io/key"
+WORKSPACE_ANNOTATION = "deltad.io/workspace"
+# What this executor calls on the API server, by resource: the Role in deploy/kubernetes grants
+# exactly this (a test holds the two together, another that the executor calls nothing else).
+RBAC_NEEDS: Mapping[str, frozenset[str]] = {
+    "batch/jobs": frozenset({"create", "get", "list", "delete"}),
+    "/pods": frozenset({"list"}),
+    "/pods/log": frozenset({"get"}),
+}
+# Environment variables that carry credentials never go into a Job's plain env (anyone who may
+# read Jobs would read them): they come from the Secret named by `env_from_secret`.
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_|$)", re.IGNORECASE)
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+LOG_LIMIT = 1 << 20  # bytes of a pod's log copied into the resume log
+
+
+class ExecutorConfigError(ValueError):
+    """An option of `executors: {kubernetes: ...}` is wrong; the message is one line."""
+
+
+@dataclass(frozen=True)
+class KubeOptions:
+    """The options under `executors: {kubernetes: {...}}` (README and docs/daemon.md)."""
+
+    image: str
+    pvc: str  # a ReadWriteMany claim holding the workspaces
+    mount_path: PurePosixPath  # where the claim's root is, on this host and in every pod
+    namespace: str = "default"
+    daemon_id: str = "deltad"  # a label value: this daemon's Jobs, among others'
+    service_account: str | None = None  # the resume pods' account (no API token mounted)
+    env_from_secret: str | None = None  # the Secret that carries the model API key etc.
+    resources: Mapping[str, dict[str, str]] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    image_pull_secrets: tuple[str, ...] = ()
+    fs_group: bool = False  # set the pod's fsGroup to the owner's gid (see docs: it can chown)
+    cancel_grace: float = 10.0  # terminationGracePeriodSeconds
+    deadline_margin: float = 600.0  # activeDeadlineSeconds = resume timeout + this
+    ttl_after_finished: int = 86400  # seconds a finished Job stays if no daemon deletes it
+    poll_every: float = 5.0  # one list of Jobs per this many seconds
+    request_timeout: float = 10.0  # seconds per API call
+    kubeconfig: str | None = None  # None: in-cluster when run in a pod, else ~/.kube/config
+
+
+_KNOWN = {f for f in KubeOptions.__dataclass_fields__}
+
+
+def _text(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
+    value = raw.get(key, default)
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise ExecutorConfigError(f"executors.kubernetes.{key}: expected a non-empty string")
+
+
+def _number(raw: Mapping[str, Any], key: str, default: float, low: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
+        raise ExecutorConfigError(f"executors.kubernetes.{key}: expected a number >= {low}")
+    return float(value)
+
+
+def _str_map(raw: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = raw.get(key) or {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ExecutorConfigError(f"executors.kubernetes.{key}: expected a map of strings")
+    return dict(value)
+
+
+def _resources(raw: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    value = raw.get("resources") or {}
+    if not isinstance(value, Mapping) or set(value) - {"requests", "limits"}:
+        raise ExecutorConfigError(
+            "executors.kubernetes.resources: expected {requests: {...}, limits: {...}}"
+        )
+    parsed = {}
+    for part, amounts in value.items():
+        amounts = {k: str(v) for k, v in (amounts or {}).items()}
+        bad = [f"{k}={v}" for k, v in amounts.items() if not _QUANTITY.match(v)]
+        if bad:
+            raise ExecutorConfigError(
+                f"executors.kubernetes.resources.{part}: not a quantity: {', '.join(bad)}"
+            )
+        parsed[part] = amounts
+    return parsed
+
+
+def _dns_name(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
+    value = _text(raw, key, default)
+    if value is not None and not _DNS_1123.match(value):
+        raise ExecutorConfigError(
+            f"executors.kubernetes.{key}: {value!r} is not a Kubernetes name (a-z, 0-9, -)"
+        )
+    return value
+
+
+def parse_options(raw: Mapping[str, Any]) -> KubeOptions:
+    """The options, checked: a wrong one is a one-line `ExecutorConfigError`."""
+    if not isinstance(raw, Mapping):
+        raise ExecutorConfigError("executors.kubernetes: expected a map of options")
+    unknown = sorted(set(raw) - _KNOWN)
+    if unknown:
+        raise ExecutorConfigError(f"executors.kubernetes: unknown option {unknown[0]!r}")
+    for required in ("image", "pvc", "mount_path"):
+        if required not in raw:
+            raise ExecutorConfigError(f"executors.kubernetes.{required} is required")
+    mount = _text(raw, "mount_path", None) or ""
+    if not mount.startswith("/") or ".." in PurePosixPath(mount).parts:
+        raise ExecutorConfigError("executors.kubernetes.mount_path: expected an absolute path")
+    daemon_id = _text(raw, "daemon_id", "deltad") or ""
+    if not _LABEL_VALUE.match(daemon_id):
+        raise ExecutorConfigError(
+            f"executors.kubernetes.daemon_id: {daemon_id!r} is not a label value "
+            "(up to 63 of A-Z a-z 0-9 - _ .)"
+        )
+    pull = raw.get("image_pull_secrets") or []
+    if not isinstance(pull, list) or not all(isinstance(p, str) and p for p in pull):
+        raise ExecutorConfigError("executors.kubernetes.image_pull_secrets: expected a list")
+    fs_group = raw.get("fs_group", False)
+    if not isinstance(fs_group, bool):
+        raise ExecutorConfigError("executors.kubernetes.fs_group: expected true or false")
+    return KubeOptions(
+        image=_text(raw, "image", None) or "",
+        pvc=_dns_name(raw, "pvc", None) or "",
+        mount_path=PurePosixPath(mount),
+        namespace=_dns_name(raw, "namespace", "default") or "default",
+        daemon_id=daemon_id,
+        service_account=_dns_name(raw, "service_account", None),
+        env_from_secret=_dns_name(raw, "env_from_secret", None),
+        resources=_resources(raw),
+        node_selector=_str_map(raw, "node_selector"),
+        image_pull_secrets=tuple(pull),
+        fs_group=fs_group,
+        cancel_grace=_number(raw, "cancel_grace", 10.0, 0),
+        deadline_margin=_number(raw, "deadline_margin", 600.0, 0),
+        ttl_after_finished=int(_number(raw, "ttl_after_finished", 86400, 0)),
+        poll_every=_number(raw, "poll_every", 5.0, 0.1),
+        request_timeout=_number(raw, "request_timeout", 10.0, 0.1),
+        kubeconfig=_text(raw, "kubeconfig", None),
+    )
+
+
+# -- the key, kept in an annotation so a restarted daemon can rebuild it ---------------------
+
+
+def _quote(text: str) -> str:
+    return quote_from_bytes(text.encode("utf-8", "surrogateescape"), safe="/")
+
+
+def _unquote(text: str) -> str:
+    return unquote_to_bytes(text).decode("utf-8", "surrogateescape")
+
+
+def key_annotation(key: RequestKey) -> str:
+    """The full key as ASCII (a workspace path is any bytes: percent-escaped, reversibly)."""
+    parts = {
+        "workspace": quote_from_bytes(os.fsencode(key.workspace), safe="/"),
+        "run_id": _quote(key.run_id),
+        "request": _quote(key.request),
+        "attempt": key.attempt,
+    }
+    return json.dumps(parts, sort_keys=True, separators=(",", ":"))
+
+
+def key_from_annotation(name: str, text: str | None) -> RequestKey | None:
+    """The key a Job was made for, or None when its annotation is missing, malformed, or not the
+    key its name was made from (a Job edited by hand is not adopted)."""
+    try:
+        parts = json.loads(text or "")
+        key = RequestKey(
+            Path(os.fsdecode(unquote_to_bytes(parts["workspace"]))),
+            _unquote(parts["run_id"]),
+            _unquote(parts["request"]),
+            int(parts["attempt"]),
+        )
+    except (ValueError, TypeError, KeyError):
+        return None
+    return key if key.name == name else None
+
+
+# -- the manifest ------------------------------------------------------------------------------
+
+
+def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The variables that may go into a Job's plain env, and the names withheld as secrets."""
+    plain = {k: v for k, v in env.items() if not _SECRET_NAME.search(k)}
+    return plain, sorted(set(env) - set(plain))
+
+
+def labels_for(key: RequestKey, options: KubeOptions) -> dict[str, str]:
+    return {
+        MANAGED_BY: "deltad",
+        DAEMON_LABEL: options.daemon_id,
+        WORKSPACE_LABEL: key.workspace_tag,
+    }
+
+
+def selector(options: KubeOptions) -> str:
+    return f"{MANAGED_BY}=deltad,{DAEMON_LABEL}={options.daemon_id}"
+
+
+def workspace_sub_path(workspace: Path, mount_path: PurePosixPath) -> str:
+    """The workspace's path inside the claim; SubmitError when it is not on the claim."""
+    try:
+        rel = PurePosixPath(os.fsdecode(workspace)).relative_to(mount_path)
+        if ".." in rel.parts:
+            raise ValueError(rel)
+        text = str(rel)
+        text.encode("utf-8")  # the API speaks UTF-8 only: a path with other bytes cannot go
+    except UnicodeEncodeError as e:  # (a ValueError too: first)
+        raise SubmitError(
+            f"workspace {show_path(workspace)} is not UTF-8: a Kubernetes volume cannot name it"
+        ) from e
+    except ValueError as e:
+        raise SubmitError(
+            f"workspace {show_path(workspace)} is not under mount_path {mount_path}"
+        ) from e
+    return "" if text == "." else text
+
+
+def job_manifest(spec: JobSpec, options: KubeOptions) -> k8s.V1Job:
+    """One Job for one resume (pure: the client's models only). SubmitError when the resume
+    cannot run as a Job (a root-owned workspace, a workspace off the claim)."""
+    from kubernetes import client as k8s
+
+    ident = spec.identity
+    if ident.uid == 0 or ident.gid == 0:
+        raise SubmitError(
+            f"workspace {show_path(spec.key.workspace)} is owned by root: never run as a Job"
+        )
+    sub_path = workspace_sub_path(spec.key.workspace, options.mount_path)
+    workdir = os.fsdecode(spec.key.workspace)
+    plain, _ = split_env(spec.env)
+    secret = options.env_from_secret
+    container = k8s.V1Container(
+        name=CONTAINER,
+        image=options.image,
+        command=list(spec.argv),
+        working_dir=workdir,
+        env=[k8s.V1EnvVar(name=k, value=v) for k, v in sorted(plain.items())] or None,
+        env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=secret))]
+        if secret
+        else None,
+        resources=k8s.V1ResourceRequirements(
+            requests=options.resources.get("requests"), limits=options.resources.get("limits")
+        )
+        if options.resources
+        else None,
+        volume_mounts=[k8s.V1VolumeMount(name="workspace", mount_path=workdir, sub_path=sub_path)],
+        security_context=k8s.V1SecurityContext(
+            allow_privilege_escalation=False,
+            capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        ),
+    )
+    pod = k8s.V1PodSpec(
+        containers=[container],
+        restart_policy="Never",
+        termination_grace_period_seconds=math.ceil(options.cancel_grace),
+        automount_service_account_token=False,
+        service_account_name=options.service_account,
+        node_selector=dict(options.node_selector) or None,
+        image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in options.image_pull_secrets]
+        or None,
+        security_context=k8s.V1PodSecurityContext(
+            run_as_user=ident.uid,
+            run_as_group=ident.gid,
+            run_as_non_root=True,
+            supplemental_groups=sorted(set(ident.groups) - {0}) or None,
+            fs_group=ident.gid if options.fs_group else None,
+        ),
+        volumes=[
+            k8s.V1Volume(
+                name="workspace",
+                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
+                    claim_name=options.pvc
+                ),
+            )
+        ],
+    )
+    labels = labels_for(spec.key, options)
+    return k8s.V1Job(
+        api_version="batch/v1",
+        kind="Job",
+        metadata=k8s.V1ObjectMeta(
+            name=spec.key.name,
+            namespace=options.namespace,
+            labels=labels,
+            annotations={
+                KEY_ANNOTATION: key_annotation(spec.key),
+                WORKSPACE_ANNOTATION: show_path(spec.key.workspace),
+            },
+        ),
+        spec=k8s.V1JobSpec(
+            backoff_limit=0,  # deltad decides whether a resume is tried again
+            active_deadline_seconds=math.ceil(spec.timeout + options.deadline_margin),
+            ttl_seconds_after_finished=options.ttl_after_finished,
+            template=k8s.V1PodTemplateSpec(metadata=k8s.V1ObjectMeta(labels=labels), spec=pod),
+        ),
+    )
+
+
+# -- what a Job and its pods say ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What `poll` needs of a Job and its pods (plain values, so the decision is pure)."""
+
+    started_at: float | None  # status.startTime
+    running: bool  # an active pod
+    ended: bool  # a Complete or Failed condition, or the Job is gone
+    reason: str = ""  # the Failed condition's reason (DeadlineExceeded, BackoffLimitExceeded)
+    terminated: Sequence[tuple[int, int | None, str]] = ()  # pods' (exitCode, signal, reason)
+    gone: bool = False  # no such Job any more (deleted, expired by its TTL)
+
+
+def exit_code(code: int, sig: int | None) -> int:
+    """A container's exit as a process's: -signal when it was killed.
+
+    The runtime reports a process killed by signal n as exit code 128+n (and sometimes the
+    signal itself). The client's own codes above 128 (130, interrupted) stay as they are."""
+    if sig:
+        return -sig
+    if code > 128 and code not in exitcodes.MEANING and (code - 128) in signal.valid_signals():
+        return -(code - 128)
+    return code
+
+
+def job_exit(view: JobView) -> tuple[int | None, bool, str] | None:
+    """None while the Job runs; else (rc or None when unknown, timed out, detail)."""
+    if not view.ended and not view.gone:
+        return None
+    timed_out = view.reason == "DeadlineExceeded"
+    if view.terminated:
+        code, sig, why = view.terminated[-1]
+        detail = ", ".join(x for x in (view.reason, why) if x)
+        return exit_code(code, sig), timed_out, detail
+    # No container ended with a code: the pod was evicted, deleted or never ran.
+    return None, timed_out, view.reason or ("job gone" if view.gone else "no exit code")
+
+
+def job_started(view: JobView) -> float | None:
+    """When the resume began running (its timeout counts from here), once it has."""
+    if view.started_at is not None and (view.running or view.ended or view.terminated):
+        return view.started_at
+    return None
+
+
+def _stamp(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _terminated(pods: Iterable[Any]) -> list[tuple[int, int | None, str]]:
+    found = []
+    for pod in pods:
+        for status in (pod.status and pod.status.container_statuses) or []:
+            done = status.state and status.state.terminated
+            if status.name == CONTAINER and done:
+                found.append((done.exit_code, done.signal, done.reason or ""))
+    return found
+
+
+def view_of(job: Any | None, pods: Sequence[Any]) -> JobView:
+    """A `JobView` from the client's V1Job (None: gone) and the Job's V1Pods."""
+    if job is None:
+        return JobView(None, False, True, terminated=_terminated(pods), gone=True)
+    status = job.status
+    conditions = (status and status.conditions) or []
+    final = [c for c in conditions if c.type in ("Complete", "Failed") and c.status == "True"]
+    return JobView(
+        started_at=_stamp(status and status.start_time),
+        # Ready pods where the server counts them; else active ones (which include pending).
+        running=bool(status and (status.ready if status.ready is not None else status.active)),
+        ended=bool(final),
+        reason=(final[0].reason or "") if final else "",
+        terminated=_terminated(pods),
+    )
+
+
+# -- the executor ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Tracked:
+    handle: Handle
+    started: bool = False
+    log: Path | None = None
+
+
+class KubernetesExecutor:
+    """The `JobExecutor` for Kubernetes. Single-threaded: called from the daemon's loop."""
+
+    name = NAME
+
+    def __init__(self, options: KubeOptions, api: Any) -> None:
+        from kubernetes import client as k8s
+
+        self.options = options
+        self.poll_every: float | None = options.poll_every
+        self._api = api
+        self._batch = k8s.BatchV1Api(api)
+        self._core = k8s.CoreV1Api(api)
+        self._k8s = k8s
+        self._jobs: dict[str, _Tracked] = {}  # by Job name
+        self._cancels: dict[str, float] = {}  # Job name: grace, for cancels not yet delivered
+        self._last_poll: float | None = None
+
+    # The seam ----------------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> Handle:
+        tracked = self._jobs.get(spec.key.name)
+        if tracked is not None:
+            return tracked.handle
+        manifest = job_manifest(spec, self.options)
+        _, withheld = split_env(spec.env)
+        if withheld:
+            log.info("kubernetes_env_withheld", names=withheld, secret=self.options.env_from_secret)
+        try:
+            made = self._batch.create_namespaced_job(
+                self.options.namespace, manifest, _request_timeout=self._timeout
+            )
+            how = "created"
+        except self._k8s.ApiException as e:
+            if e.status != 409:
+                raise SubmitError(self._refusal(spec.key.name, e)) from e
+            made, how = None, "already_submitted"
+        except Exception as e:  # the API server is unreachable
+            raise SubmitError(f"kubernetes: cannot submit {spec.key.name}: {_one_line(e)}") from e
+        if made is None:
+            made = self._existing(spec.key.name)
+        handle = self._handle(spec.key, made)
+        self._jobs[spec.key.name] = _Tracked(handle, log=spec.log)
+        log.info("kubernetes_job_submitted", job=spec.key.name, how=how)
+        return handle
+
+    def poll(self, now: float) -> list[Event]:
+        if not (self._jobs or self._cancels) or not self._due(now):
+            return []
+        for name in list(self._cancels):
+            self._cancel(name)
+        try:
+            jobs = {j.metadata.name: j for j in self._list_jobs()}
+        except Exception as e:  # an outage: try again at the next poll
+            log.warning("kubernetes_poll_failed", error=_one_line(e))
+            return []
+        events: list[Event] = []
+        for name, tracked in list(self._jobs.items()):
+            try:
+                events.extend(self._events_of(name, tracked, jobs.get(name)))
+            except Exception as e:  # its pods could not be listed: this Job at the next poll
+                log.warning("kubernetes_poll_failed", job=name, error=_one_line(e))
+        return events
+
+    def cancel(self, handle: Handle, grace: float) -> None:
+        """Delete the Job (TERM now, KILL after `grace`); when the API server cannot be reached,
+        again at each poll until it answers (the Job's deadline is the backstop meanwhile)."""
+        self._cancels[handle.key.name] = grace
+        self._cancel(handle.key.name)
+
+    def _cancel(self, name: str) -> None:
+        grace = self._cancels[name]
+        try:
+            self._batch.delete_namespaced_job(
+                name,
+                self.options.namespace,
+                propagation_policy="Foreground",  # the pods go before the Job does
+                grace_period_seconds=math.ceil(grace),
+                _request_timeout=self._timeout,
+            )
+        except Exception as e:
+            if getattr(e, "status", None) != 404:  # 404: gone already, which is what was asked
+                log.warning("kubernetes_cancel_failed", job=name, error=_error_words(e))
+                return
+        del self._cancels[name]
+        log.info("kubernetes_job_cancelled", job=name, grace=grace)
+
+    def adopt(self) -> list[Handle]:
+        """This daemon's Jobs; SubmitError (one line) when the API server cannot be asked."""
+        try:
+            jobs = self._list_jobs()
+        except Exception as e:
+            raise SubmitError(f"kubernetes: cannot list this daemon's jobs: {_one_line(e)}") from e
+        adopted = []
+        for job in jobs:
+            name = job.metadata.name
+            key = key_from_annotation(name, (job.metadata.annotations or {}).get(KEY_ANNOTATION))
+            if key is None or job.metadata.deletion_timestamp is not None:
+                continue
+            tracked = self._jobs.setdefault(name, _Tracked(self._handle(key, job)))
+            adopted.append(tracked.handle)
+        return adopted
+
+    def fds(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        self._api.close()
+
+    # Talking to the API server -----------------------------------------------------------------
+
+    @property
+    def _timeout(self) -> float:
+        return self.options.request_timeout
+
+    def _existing(self, name: str) -> Any:
+        """The Job a 409 said exists (it may have gone meanwhile: then submit again later)."""
+        try:
+            return self._batch.read_namespaced_job(
+                name, self.options.namespace, _request_timeout=self._timeout
+            )
+        except Exception as e:
+            raise SubmitError(
+                f"kubernetes: job {name} exists but cannot be read: {_one_line(e)}"
+            ) from e
+
+    def _due(self, now: float) -> bool:
+        if self._last_poll is not None and now - self._last_poll < self.options.poll_every:
+            return False
+        self._last_poll = now
+        return True
+
+    def _list_jobs(self) -> list[Any]:
+        found: list[Any] = self._batch.list_namespaced_job(
+            self.options.namespace,
+            label_selector=selector(self.options),
+            _request_timeout=self._timeout,
+        ).items
+        mine = {MANAGED_BY: "deltad", DAEMON_LABEL: self.options.daemon_id}
+        # Checked here too: the selector is the server's filter, this is ours.
+        return [j for j in found if mine.items() <= (j.metadata.labels or {}).items()]
+
+    def _pods(self, name: str) -> list[Any]:
+        found: list[Any] = self._core.list_namespaced_pod(
+            self.options.namespace,
+            label_selector=f"job-name={name}",
+            _request_timeout=self._timeout,
+        ).items
+        return [p for p in found if (p.metadata.labels or {}).get("job-name") == name]
+
+    def _events_of(self, name: str, tracked: _Tracked, job: Any | None) -> list[Event]:
+        view = view_of(job, [])
+        # The pods only once the Job has ended: that is where its exit code is.
+        pods = self._pods(name) if view.ended else []
+        view = view_of(job, pods) if pods else view
+        events: list[Event] = []
+        at = job_started(view)
+        if at is not None and not tracked.started:
+            tracked.started = True
+            events.append(Started(tracked.handle, at))
+        ended = job_exit(view)
+        if ended is not None:
+            rc, timed_out, detail = ended
+            events.append(Exit(tracked.handle, rc, timed_out, detail))
+            self._finish(name, tracked, pods, job is not None)
+        return events
+
+    def _finish(self, name: str, tracked: _Tracked, pods: Sequence[Any], exists: bool) -> None:
+        """Keep the pod's output in the resume log, then delete the finished Job."""
+        del self._jobs[name]
+        if tracked.log is not None and pods:
+            self._save_log(pods[-1].metadata.name, tracked.log)
+        if exists:
+            try:
+                self._batch.delete_namespaced_job(
+                    name,
+                    self.options.namespace,
+                    propagation_policy="Background",
+                    _request_timeout=self._timeout,
+                )
+            except Exception as e:  # its TTL removes it later
+                log.warning("kubernetes_delete_failed", job=name, error=_one_line(e))
+
+    def _save_log(self, pod: str, path: Path) -> None:
+        try:
+            text = self._core.read_namespaced_pod_log(
+                pod,
+                self.options.namespace,
+                container=CONTAINER,
+                limit_bytes=LOG_LIMIT,
+                _request_timeout=self._timeout,
+            )
+            with open(path, "a", encoding="utf-8", errors="replace") as f:
+                f.write(text if isinstance(text, str) else str(text))
+        except Exception as e:  # the log is a courtesy: the exit code is what counts
+            log.warning("kubernetes_log_unavailable", pod=pod, error=_one_line(e))
+
+    def _handle(self, key: RequestKey, job: Any) -> Handle:
+        meta = getattr(job, "metadata", None)
+        return Handle(key, NAME, (meta and meta.uid) or key.name)
+
+    def _refusal(self, name: str, e: Any) -> str:
+        return f"kubernetes refused job {name}: {_api_words(e)}"
+
+
+def _error_words(e: Exception) -> str:
+    return _api_words(e) if hasattr(e, "status") and hasattr(e, "body") else _one_line(e)
+
+
+def _api_words(e: Any) -> str:
+    """An ApiException's status and the server's message, on one line."""
+    message = ""
+    with contextlib.suppress(ValueError, AttributeError):
+        message = json.loads(e.body or "{}").get("message", "")
+    return _one_line(f"{e.status} {e.reason}" + (f": {message}" if message else ""))
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())[:300]
+
+
+# -- making one from the config ----------------------------------------------------------------
+
+
+def api_client(options: KubeOptions) -> Any:
+    """A client for the cluster: the kubeconfig named, in-cluster in a pod, else the default."""
+    from kubernetes import client as k8s
+    from kubernetes import config
+
+    try:
+        if options.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            return k8s.ApiClient()
+        return config.new_client_from_config(config_file=options.kubeconfig)  # type: ignore[no-untyped-call]
+    except Exception as e:
+        raise ExecutorConfigError(
+            f"executor kubernetes: no cluster to talk to: {_one_line(e)}"
+        ) from e
+
+
+def make_kubernetes_executor(options: Mapping[str, Any]) -> KubernetesExecutor:
+    """`executor: kubernetes` from its options; ExecutorConfigError (one line) when it cannot be."""
+    parsed = parse_options(options)
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError as e:
+        raise ExecutorConfigError(
+            "executor: kubernetes needs the kubernetes package: pip install 'deltad[kubernetes]'"
+        ) from e
+    return KubernetesExecutor(parsed, api_client(parsed))

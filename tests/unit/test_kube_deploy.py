@@ -1,0 +1,128 @@
+"""deploy/kubernetes: every manifest is what the official client's models say it is, the Role
+grants exactly what the executor calls, and the pieces name each other consistently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deltad.daemon.config import DaemonConfig
+from deltad.daemon.executors.kubernetes import RBAC_NEEDS, parse_options
+
+k8s = pytest.importorskip("kubernetes.client")
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+MODELS = {
+    ("v1", "Namespace"): "V1Namespace",
+    ("v1", "ServiceAccount"): "V1ServiceAccount",
+    ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
+    ("v1", "ConfigMap"): "V1ConfigMap",
+    ("apps/v1", "Deployment"): "V1Deployment",
+    ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
+}
+
+
+def kustomization() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    return doc
+
+
+def objects() -> dict[str, dict[str, Any]]:
+    """Every object the kustomization applies, by kind."""
+    found = {}
+    for name in kustomization()["resources"]:
+        for doc in yaml.safe_load_all((DEPLOY / name).read_text()):
+            found[doc["kind"]] = doc
+    return found
+
+
+def as_model(doc: dict[str, Any]) -> Any:
+    model = MODELS[(doc["apiVersion"], doc["kind"])]
+    return k8s.ApiClient()._ApiClient__deserialize(doc, model)
+
+
+def test_the_kustomization_applies_every_manifest_in_the_directory() -> None:
+    listed = set(kustomization()["resources"])
+    assert listed == {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
+    assert kustomization()["namespace"] == "deltad"
+
+
+@pytest.mark.parametrize("name", sorted(kustomization()["resources"]))
+def test_each_manifest_is_its_kinds_model_with_no_field_the_model_lacks(name: str) -> None:
+    for doc in yaml.safe_load_all((DEPLOY / name).read_text()):
+        model = as_model(doc)
+        # What the model kept, serialised again, is the document: a misspelt or misplaced field
+        # would have been dropped by the model and shows up here.
+        assert k8s.ApiClient().sanitize_for_serialization(model) == doc
+
+
+def test_the_role_grants_exactly_what_the_executor_calls() -> None:
+    role = as_model(objects()["Role"])
+    granted: dict[str, set[str]] = {}
+    for rule in role.rules:
+        for group in rule.api_groups:
+            for resource in rule.resources:
+                granted.setdefault(f"{group}/{resource}", set()).update(rule.verbs)
+    assert granted == {res: set(verbs) for res, verbs in RBAC_NEEDS.items()}
+
+
+def test_the_daemon_runs_once_as_the_bound_account_with_the_workspaces_at_the_configured_path() -> (
+    None
+):
+    found = objects()
+    deployment = as_model(found["Deployment"])
+    binding = as_model(found["RoleBinding"])
+    account = as_model(found["ServiceAccount"])
+    options = parse_options(
+        yaml.safe_load(found["ConfigMap"]["data"]["deltad.yaml"])["executors"]["kubernetes"]
+    )
+    pod = deployment.spec.template.spec
+    assert deployment.spec.replicas == 1 and deployment.spec.strategy.type == "Recreate"
+    assert pod.service_account_name == account.metadata.name
+    assert binding.role_ref.name == found["Role"]["metadata"]["name"]
+    assert [(s.kind, s.name, s.namespace) for s in binding.subjects] == [
+        ("ServiceAccount", account.metadata.name, kustomization()["namespace"])
+    ]
+    claims = {
+        v.name: v.persistent_volume_claim.claim_name
+        for v in pod.volumes
+        if v.persistent_volume_claim
+    }
+    mounts = {m.name: m.mount_path for m in pod.containers[0].volume_mounts}
+    workspaces = [name for name, claim in claims.items() if claim == options.pvc]
+    assert [mounts[name] for name in workspaces] == [str(options.mount_path)]
+    pvc = as_model(_pvc(options.pvc))
+    assert pvc.spec.access_modes == ["ReadWriteMany"]
+    assert options.namespace == kustomization()["namespace"]
+    assert options.env_from_secret  # the API key comes from a Secret, never the Job's env
+
+
+def _pvc(name: str) -> dict[str, Any]:
+    for file in kustomization()["resources"]:
+        for doc in yaml.safe_load_all((DEPLOY / file).read_text()):
+            if doc["kind"] == "PersistentVolumeClaim" and doc["metadata"]["name"] == name:
+                found: dict[str, Any] = doc
+                return found
+    raise AssertionError(f"no PersistentVolumeClaim {name} in deploy/kubernetes")
+
+
+def test_the_configmaps_deltad_yaml_is_a_valid_daemon_config() -> None:
+    config = yaml.safe_load(objects()["ConfigMap"]["data"]["deltad.yaml"])
+    assert config["executor"] == "kubernetes"
+    parse_options(config["executors"]["kubernetes"])
+    # The executor keys go to the executor registry; the rest is today's daemon config.
+    rest = {k: v for k, v in config.items() if k not in ("executor", "executors")}
+    daemon = DaemonConfig.model_validate(rest)
+    assert daemon.state_dir == Path("/var/lib/deltad")
+    state = [
+        v
+        for v in objects()["Deployment"]["spec"]["template"]["spec"]["containers"][0][
+            "volumeMounts"
+        ]
+        if v["name"] == "state"
+    ]
+    assert [Path(v["mountPath"]) for v in state] == [daemon.state_dir]
