@@ -3,8 +3,9 @@ ApiError. No HTTP here (the routes in `app.py` are thin), so the rules — scope
 question looks like, what an answer does — are one readable page, and the same for the signed
 links as for tokens.
 
-Where to look comes from the daemon's index (no handler waits on a reconcile); what is there is
-read from the disk every time, and every answer goes through `deltad.inbox.submit`.
+Where to look comes from the daemon's index (no handler waits on a reconcile), and lists are
+paged from it in memory; what is there is read from the disk every time (for a list, only a
+page's items), and every answer goes through `deltad.inbox.submit`.
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from deltad import inbox
-from deltad.daemon.feed import Feed, View
+from deltad.daemon.feed import Feed, Listed
 from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, safefs
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import json_safe, show_path, unshow
 
-from . import links, scopes
+from . import links, paging, scopes
 from .config import HttpConfig
 from .tokens import Identity, TokenStore
 
@@ -109,17 +111,6 @@ def visible(who: Identity, ws: Path) -> bool:
     return scopes.allows(list(who.scopes), str(ws))
 
 
-def _views(ctx: Context, who: Identity, workspace_glob: str | None) -> list[View]:
-    out = []
-    for v in ctx.feed.index.views():
-        if not visible(who, v.workspace):
-            continue
-        if workspace_glob and not glob_names(workspace_glob, v.workspace):
-            continue
-        out.append(v)
-    return out
-
-
 def glob_names(glob: str, ws: Path) -> bool:
     """A `?workspace=` glob matches the name as the API shows it, or as the file system has it."""
     return scopes.matches(glob, str(ws)) or scopes.matches(glob, show_path(ws))
@@ -187,15 +178,17 @@ def read_through(ctx: Context, who: Identity, request_id: str, want: Path | None
     """On a miss, the disk: a question is open the moment `delta run` exits 101, before the
     daemon's loop has seen the change. Reads the request.json of at most READ_THROUGH_LIMIT
     workspaces the caller may see, those not known to be waiting first."""
-    views = [
-        v
-        for v in ctx.feed.index.views()
-        if v.request_id != request_id
-        and (want is None or v.workspace == want)
-        and visible(who, v.workspace)
-    ]
+    if want is not None:
+        views = [v for v in [ctx.feed.index.get(want)] if v is not None]
+    else:
+        views = ctx.feed.index.views()
     views.sort(key=lambda v: v.state == "waiting")
-    return [v.workspace for v in views[:READ_THROUGH_LIMIT] if asks(v.workspace, request_id)]
+    # Scope checked lazily: a miss costs at most READ_THROUGH_LIMIT reads, not a walk of
+    # every workspace's real path.
+    candidates = (
+        v.workspace for v in views if v.request_id != request_id and visible(who, v.workspace)
+    )
+    return [ws for ws in islice(candidates, READ_THROUGH_LIMIT) if asks(ws, request_id)]
 
 
 def asks(ws: Path, request_id: str) -> bool:
@@ -266,23 +259,41 @@ def pending_question(ws: Path) -> inbox.Pending | None:
 
 
 def list_requests(
-    ctx: Context, who: Identity, workspace: str | None = None, input_type: str | None = None
+    ctx: Context,
+    who: Identity,
+    workspace: str | None = None,
+    input_type: str | None = None,
+    *,
+    owner: str | None = None,
+    run_id: str | None = None,
+    limit: int = paging.DEFAULT_LIMIT,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
-    docs = []
-    unseen = READ_THROUGH_LIMIT  # workspaces not known to be waiting, read for a new question
-    for v in _views(ctx, who, workspace):
-        if v.request_id is None:
-            if unseen == 0:
-                continue
-            unseen -= 1
-        p = pending_question(v.workspace)
-        if p is None or p.answer_waiting or p.request.expired():
-            continue
-        if input_type and str(p.request.input_type) != input_type:
-            continue
-        docs.append(request_document(p, Workspace(v.workspace), ctx.base_url))
-    docs.sort(key=lambda d: d["timestamp"], reverse=True)
-    return {"requests": docs}
+    """`{"requests": [question, ...], "next": cursor | null}`: the open questions this token
+    may see, newest first (by the question's `timestamp`, then workspace, then request id),
+    each as `GET /v1/requests/{id}` shows it. Filters: `workspace` (glob), `input_type`,
+    `owner` (user name or uid of the workspace's owner), `run_id`. `limit` 1..1000 (default
+    100); `cursor` is a previous page's `next`. A page may hold fewer than `limit` (questions
+    answered meanwhile are skipped): follow `next` until it is null. 422 for a bad limit,
+    cursor or owner."""
+    try:
+        n, after = paging.limit_of(limit), paging.decode("requests", cursor)
+        wanted = paging.Filters(
+            tuple(who.scopes), workspace, paging.owner_uid(owner), run_id, input_type
+        )
+    except paging.BadPage as e:
+        raise ApiError(422, "bad_page", str(e)) from None
+
+    def read(e: Listed) -> dict[str, Any] | None:
+        p = pending_question(e.workspace)
+        if p is None or p.request.request_id != e.request_id:
+            return None  # gone since the loop saw it: the next hint fixes the index
+        if p.answer_waiting or p.request.expired():
+            return None
+        return request_document(p, Workspace(e.workspace), ctx.base_url)
+
+    docs, last = paging.collect(ctx.feed.index.questions(after), wanted.keep, read, n)
+    return {"requests": docs, "next": paging.encode("requests", last) if last else None}
 
 
 def get_request(
@@ -381,19 +392,35 @@ def submit(
 
 # -- runs -----------------------------------------------------------------------------------------
 def list_runs(
-    ctx: Context, who: Identity, workspace: str | None = None, status: str | None = None
+    ctx: Context,
+    who: Identity,
+    workspace: str | None = None,
+    status: str | None = None,
+    *,
+    owner: str | None = None,
+    limit: int = paging.DEFAULT_LIMIT,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
-    docs = []
-    for v in _views(ctx, who, workspace):
-        if v.run_id is None or (status and v.status != status):
-            continue
+    """`{"runs": [run summary, ...], "next": cursor | null}`: each visible workspace's latest
+    run, newest first (by run id, which starts with its start time, then workspace). Filters:
+    `workspace` (glob), `status`, `owner` (user name or uid). `limit` and `cursor` as for
+    `list_requests`; a run whose metadata cannot be read is skipped."""
+    try:
+        n, after = paging.limit_of(limit), paging.decode("runs", cursor)
+        wanted = paging.Filters(
+            tuple(who.scopes), workspace, paging.owner_uid(owner), status=status
+        )
+    except paging.BadPage as e:
+        raise ApiError(422, "bad_page", str(e)) from None
+
+    def read(e: Listed) -> dict[str, Any] | None:
         try:
-            meta = inbox.load_run(v.workspace, v.run_id)
+            return _run_summary(e.workspace, inbox.load_run(e.workspace, str(e.run_id)))
         except (ProtocolError, OSError):
-            continue
-        docs.append(_run_summary(v.workspace, meta))
-    docs.sort(key=lambda d: d["updated_at"], reverse=True)
-    return {"runs": docs}
+            return None
+
+    docs, last = paging.collect(ctx.feed.index.runs(after), wanted.keep, read, n)
+    return {"runs": docs, "next": paging.encode("runs", last) if last else None}
 
 
 def _run_summary(ws: Path, meta: Any) -> dict[str, Any]:
@@ -436,11 +463,7 @@ def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | No
     if workspace is None:
         # A run id is a name a workspace gives itself (copies share it): never a guess, and
         # never a hint at a workspace outside the caller's scope.
-        mine = [
-            v.workspace
-            for v in ctx.feed.index.views()
-            if v.run_id == run_id and visible(who, v.workspace)
-        ]
+        mine = [w for w in ctx.feed.index.run_holders(run_id) if visible(who, w)]
         if not mine:
             raise ApiError(404, "unknown_run", f"no run {run_id} (give ?workspace=PATH)")
         if len(mine) > 1:

@@ -134,7 +134,13 @@ def matches(glob: str, path: str) -> bool:
 
 
 def allows(scopes: list[str], path: str) -> bool:
-    real = os.path.realpath(path)
+    return allows_at(tuple(scopes), path, os.path.realpath(path))
+
+
+@functools.lru_cache(maxsize=65536)
+def allows_at(scopes: tuple[str, ...], path: str, real: str) -> bool:
+    """`allows`, given the real path (pure, so cached: a listing checks each item once per
+    token, not once per request)."""
     usable = [g for g in scopes if _usable(g)]  # a refused scope grants nothing
     return any(matches(g, path) for g in usable) and any(matches(g, real) for g in usable)
 

@@ -87,8 +87,14 @@ async function refresh() {
   if (ws) params.set("workspace", ws);
   if (type) params.set("input_type", type);
   try {
-    const doc = await api("GET", "/v1/requests?" + params);
-    items = doc.requests;
+    let doc = await api("GET", "/v1/requests?" + params);
+    const all = doc.requests;
+    while (doc.next) {  // the list comes a page at a time
+      params.set("cursor", doc.next);
+      doc = await api("GET", "/v1/requests?" + params);
+      all.push(...doc.requests);
+    }
+    items = all;
     render();
   } catch (e) {
     if (e.status === 401) location.reload();
