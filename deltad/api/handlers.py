@@ -17,13 +17,14 @@ import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from datetime import datetime
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from deltad import inbox
 from deltad.daemon.feed import Feed, Listed
-from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, safefs
+from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, safefs, utcnow
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import json_safe, show_path, unshow
 
@@ -35,6 +36,7 @@ JOURNAL_TAIL_BYTES = 256 * 1024
 JOURNAL_TAIL_EVENTS = 50
 IDEMPOTENCY_KEYS = 10_000
 READ_THROUGH_LIMIT = 256  # workspaces whose request.json a miss may read
+DOCUMENT_CACHE = 2048  # question documents kept for list pages
 
 
 class ApiError(Exception):
@@ -104,6 +106,7 @@ class Context:
     link_key: bytes
     base_url: str = ""
     idempotency: Idempotency = field(default_factory=Idempotency)
+    documents: Documents = field(default_factory=lambda: Documents())
 
 
 # -- who may see what -----------------------------------------------------------------------------
@@ -285,15 +288,84 @@ def list_requests(
         raise ApiError(422, "bad_page", str(e)) from None
 
     def read(e: Listed) -> dict[str, Any] | None:
-        p = pending_question(e.workspace)
-        if p is None or p.request.request_id != e.request_id:
-            return None  # gone since the loop saw it: the next hint fixes the index
-        if p.answer_waiting or p.request.expired():
-            return None
-        return request_document(p, Workspace(e.workspace), ctx.base_url)
+        return listed_document(ctx, e)
 
     docs, last = paging.collect(ctx.feed.index.questions(after), wanted.keep, read, n)
     return {"requests": docs, "next": paging.encode("requests", last) if last else None}
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A question's document as last read, and what decides whether a page shows it."""
+
+    stamp: tuple[int, ...]
+    doc: dict[str, Any]
+    expires_at: datetime | None
+    answer_waiting: bool
+
+    def page_item(self) -> dict[str, Any] | None:
+        if self.answer_waiting or (self.expires_at is not None and self.expires_at <= utcnow()):
+            return None
+        return self.doc
+
+
+@dataclass
+class Documents:
+    """Question documents by (workspace, request id), reused while the files they were read
+    from are the same (device, inode, mtime, size of request.json, of the mailbox directory —
+    an answer or a refusal note changes it — and of the run's metadata). A page costs a few
+    stats per item instead of a dozen safe opens. Most recent DOCUMENT_CACHE only, so memory
+    does not grow with the fleet."""
+
+    shown: OrderedDict[tuple[Path, str], Shown] = field(default_factory=OrderedDict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, key: tuple[Path, str], stamp: tuple[int, ...]) -> Shown | None:
+        with self.lock:
+            hit = self.shown.get(key)
+            if hit is None or hit.stamp != stamp:
+                return None
+            self.shown.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple[Path, str], shown: Shown) -> None:
+        with self.lock:
+            self.shown[key] = shown
+            self.shown.move_to_end(key)
+            while len(self.shown) > DOCUMENT_CACHE:
+                self.shown.popitem(last=False)
+
+
+def file_stamp(paths: tuple[Path, ...]) -> tuple[int, ...] | None:
+    """The files' identities (None if one is gone). Only ever compared with what a safe read
+    saw: the same inode with the same mtime and size is the same content."""
+    out: list[int] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        out += (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    return tuple(out)
+
+
+def listed_document(ctx: Context, e: Listed) -> dict[str, Any] | None:
+    """A list item: the question in `e`'s workspace if it is still open there; None (skipped)
+    if it is gone, answered or expired — the loop's next look fixes the index."""
+    ws, request_id = Workspace(e.workspace), str(e.request_id)
+    deps = (ws.request_file, ws.interaction_dir, ws.run(str(e.run_id)).metadata)
+    stamp = file_stamp(deps)  # before the read: a change meanwhile is a miss next time
+    if stamp is None:
+        return None
+    hit = ctx.documents.get((e.workspace, request_id), stamp)
+    if hit is None:
+        p = pending_question(e.workspace)
+        if p is None or p.request.request_id != request_id:
+            return None
+        doc = request_document(p, ws, ctx.base_url)
+        hit = Shown(stamp, doc, p.request.expires_at, p.answer_waiting)
+        ctx.documents.put((e.workspace, request_id), hit)
+    return hit.page_item()
 
 
 def get_request(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from deltad.api import paging
+from deltad.api import handlers, paging
 from deltad.api.app import create_app
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import Context
@@ -321,3 +321,29 @@ def test_a_bad_page_is_422_in_one_line(
     r = http.get(path, params=params, headers=auth)
     assert r.status_code == 422 and r.json()["code"] == "bad_page"
     assert "\n" not in r.json()["error"]
+
+
+def test_a_page_reuses_a_document_while_its_files_are_the_same(
+    api: tuple[TestClient, Feed, dict[str, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    http, feed, auth, root = api
+    rid, run_id = question(feed, root / "a", prompt="First?")
+    question(feed, root / "b", prompt="Other?")
+    reads: list[Path] = []
+    real_read = handlers.pending_question
+
+    def counted(ws: Path) -> Any:
+        reads.append(ws)
+        return real_read(ws)
+
+    monkeypatch.setattr(handlers, "pending_question", counted)
+    prompts = lambda: sorted(q["prompt"] for q in every_page(http, "/v1/requests", auth))  # noqa: E731
+    assert prompts() == ["First?", "Other?"] and len(reads) == 2
+    assert prompts() == ["First?", "Other?"] and len(reads) == 2  # from memory: no read
+    # The question replaced in place (a new file, the same id): read again.
+    req = InteractionRequest(run_id=run_id, action_id="act_1", prompt="Second?", request_id=rid)
+    Mailbox(Workspace.at(root / "a")).post(req)
+    assert prompts() == ["Other?", "Second?"] and len(reads) == 3
+    # An answer written (the mailbox directory changes): read again, and not listed.
+    (root / "a" / ".delta" / "interaction" / "response.txt").write_text("yes")
+    assert prompts() == ["Other?"] and len(reads) == 4
