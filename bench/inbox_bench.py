@@ -8,8 +8,9 @@ stub-paused workspaces, real HTTP with httpx.
 Per N: a page of 100 (`GET /v1/requests?limit=100`, following `next` round the list) p50/p99;
 20 clients × 10 pages at once, total time and failures; an answer posted as that load starts,
 the time until the stub resume has run; the daemon's RSS growth per question against the same
-daemon over an empty root. Once (at the first N): 500 open event streams, the time from writing
-a new question until every stream has its `request.created`. `--old DIR` runs the same against
+daemon over an empty root, right after READY (the index) and after paging (documents kept).
+Once (at the first N): 500 open event streams, the time from writing a new question until
+every stream has its `request.created`. `--old DIR` runs the same against
 the code in DIR (`git worktree add DIR <commit>`; it is put first on the daemon's PYTHONPATH),
 which lists everything in one response: its "page" is the whole list.
 
@@ -221,7 +222,7 @@ async def streams_reached(c: Contender, root: Path, count: int) -> dict[str, Any
 
 def measure(label: str, work: Path, root: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
     pythonpath = args.old if label == "old" else None
-    empty = work / f"empty-{label}"
+    empty = work / f"empty-{label}-{n}"
     (empty / "root").mkdir(parents=True, exist_ok=True)
     base = Contender(empty, empty / "root", pythonpath)
     with base.client() as http:
@@ -234,9 +235,12 @@ def measure(label: str, work: Path, root: Path, n: int, args: argparse.Namespace
     out: dict[str, Any] = {"contender": label, "pending": n}
     try:
         with c.client() as http:
+            http.get("/v1/requests", params={"limit": 1})  # READY: the index is full
+            out["rss_growth_index_bytes_per_question"] = 1024 * (rss_kb(c.pid) - rss_empty) / n
             wait_for(lambda: listed(http) >= n, f"{n} questions listed", timeout=STARTUP_DEADLINE)
         # Fewer calls where one takes seconds (the old code lists 10,000 from disk each time).
         out |= page_times(c, CALLS if n <= 1000 else (20 if label == "new" else 5))
+        # After paging round the list: with the documents kept for pages (at most 2,048).
         out["rss_growth_bytes_per_question"] = 1024 * (rss_kb(c.pid) - rss_empty) / n
         if n <= args.load_max:
             out |= load_with_answer(c, spaces[n // 2])

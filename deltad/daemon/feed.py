@@ -241,7 +241,8 @@ def _where(ws: Path) -> tuple[str, int | None]:
         owner: int | None = os.stat(ws).st_uid
     except OSError:
         owner = None
-    return os.path.realpath(ws), owner
+    name, real = str(ws), os.path.realpath(ws)
+    return (name if real == name else real), owner  # one string, not two, when they agree
 
 
 Subscriber = Callable[[FeedEvent], None]
