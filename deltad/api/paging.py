@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
 import pwd
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from deltad.daemon.feed import Listed
@@ -98,12 +100,17 @@ class Filters:
             and (self.input_type is None or e.input_type == self.input_type)
             and (self.status is None or e.status == self.status)
             and scopes.allows_at(self.scopes, ws, e.real)
-            and (
-                not self.workspace
-                or scopes.matches(self.workspace, ws)
-                or scopes.matches(self.workspace, show_path(e.workspace))
-            )
+            and (not self.workspace or names_match(self.workspace, e.workspace))
         )
+
+
+@functools.lru_cache(maxsize=16384)
+def names_match(glob: str, ws: Path) -> bool:
+    """A `?workspace=` glob matches the name as the API shows it, or as the file system has it
+    (pure, so cached: a list filtered by one glob again costs a lookup per workspace)."""
+    name = str(ws)
+    shown = show_path(ws)
+    return scopes.matches(glob, name) or (shown != name and scopes.matches(glob, shown))
 
 
 def collect(

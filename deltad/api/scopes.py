@@ -43,8 +43,10 @@ class Glob:
     def run(self, path: str) -> bool:
         if not path.startswith(self.prefix):
             return False
-        live = self._closure(1)
-        for c in path:
+        # The literal start is matched: go on from the position after it (a list filter runs
+        # this over every workspace; most of a path is its root).
+        live = self._closure(1 << len(self.prefix))
+        for c in path[len(self.prefix) :]:
             if c == "/" and live & self.accept:
                 return True  # a scope covers everything below what it matches
             step = self.literal.get(c, 0)
