@@ -347,3 +347,20 @@ def test_a_page_reuses_a_document_while_its_files_are_the_same(
     # An answer written (the mailbox directory changes): read again, and not listed.
     (root / "a" / ".delta" / "interaction" / "response.txt").write_text("yes")
     assert prompts() == ["Other?"] and len(reads) == 4
+
+
+def test_a_workspace_linked_from_inside_a_scope_is_not_listed_to_it(
+    api: tuple[TestClient, Feed, dict[str, str], Path],
+) -> None:
+    http, feed, _, root = api
+    store: TokenStore = http.app.state.ctx.tokens  # type: ignore[attr-defined]
+    rid, run_id = question(feed, root / "bob" / "secret", prompt="Bob's?")
+    (root / "alice").mkdir()
+    link = root / "alice" / "peek"
+    link.symlink_to(root / "bob" / "secret")
+    feed.index.put(View(link, "waiting", run_id, "WAITING_FOR_INPUT", rid, "text", 1.0))
+    alice = {"Authorization": f"Bearer {store.add('alice', [str(root / 'alice')], 'reader')}"}
+    assert every_page(http, "/v1/requests", alice) == []
+    assert every_page(http, "/v1/runs", alice) == []
+    both = {"Authorization": f"Bearer {store.add('both', [str(root)], 'reader')}"}
+    assert len(every_page(http, "/v1/requests", both)) == 2
