@@ -24,7 +24,7 @@ from starlette.types import Scope
 from deltad import __version__
 from deltad.daemon.feed import EVENT_TYPES, FeedEvent
 
-from . import handlers, history, limits, links, scopes
+from . import handlers, history, limits, links, paging, scopes
 from .handlers import ApiError, Context, unauthorized
 from .sessions import Sessions, matches
 from .tokens import Identity, TokenError, digest
@@ -236,10 +236,19 @@ def create_app(
     # -- questions --------------------------------------------------------------------------------
     @app.get("/v1/requests", tags=["requests"])
     def list_requests(
-        who: Who, workspace: WorkspaceGlob, input_type: str | None = None
+        who: Who,
+        workspace: WorkspaceGlob,
+        input_type: str | None = None,
+        owner: str | None = None,
+        run_id: str | None = None,
+        limit: int = paging.DEFAULT_LIMIT,
+        cursor: str | None = None,
     ) -> dict[str, Any]:
-        """Every pending question this token may see, newest first."""
-        return handlers.list_requests(ctx, who, workspace, input_type)
+        """The pending questions this token may see, newest first, a page at a time:
+        `{"requests": [...], "next": cursor or null}`."""
+        return handlers.list_requests(
+            ctx, who, workspace, input_type, owner=owner, run_id=run_id, limit=limit, cursor=cursor
+        )
 
     @app.get("/v1/requests/{request_id}", tags=["requests"])
     def get_request(request_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
@@ -260,8 +269,18 @@ def create_app(
 
     # -- runs -------------------------------------------------------------------------------------
     @app.get("/v1/runs", tags=["runs"])
-    def list_runs(who: Who, workspace: WorkspaceGlob, status: str | None = None) -> dict[str, Any]:
-        return handlers.list_runs(ctx, who, workspace, status)
+    def list_runs(
+        who: Who,
+        workspace: WorkspaceGlob,
+        status: str | None = None,
+        owner: str | None = None,
+        limit: int = paging.DEFAULT_LIMIT,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """Each workspace's latest run, newest first: `{"runs": [...], "next": ...}`."""
+        return handlers.list_runs(
+            ctx, who, workspace, status, owner=owner, limit=limit, cursor=cursor
+        )
 
     @app.get("/v1/runs/{run_id}", tags=["runs"])
     def get_run(run_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:

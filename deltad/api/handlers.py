@@ -3,8 +3,9 @@ ApiError. No HTTP here (the routes in `app.py` are thin), so the rules — scope
 question looks like, what an answer does — are one readable page, and the same for the signed
 links as for tokens.
 
-Where to look comes from the daemon's index (no handler waits on a reconcile); what is there is
-read from the disk every time, and every answer goes through `deltad.inbox.submit`.
+Where to look comes from the daemon's index (no handler waits on a reconcile), and lists are
+paged from it in memory; what is there is read from the disk every time (for a list, only a
+page's items), and every answer goes through `deltad.inbox.submit`.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from deltad import inbox
-from deltad.daemon.feed import Feed, View
-from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, safefs
+from deltad.daemon.feed import Feed, Listed
+from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, safefs, utcnow
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import json_safe, show_path, unshow
 
-from . import links, scopes
+from . import links, paging, scopes
 from .config import HttpConfig
 from .tokens import Identity, TokenStore
 
@@ -33,6 +36,7 @@ JOURNAL_TAIL_BYTES = 256 * 1024
 JOURNAL_TAIL_EVENTS = 50
 IDEMPOTENCY_KEYS = 10_000
 READ_THROUGH_LIMIT = 256  # workspaces whose request.json a miss may read
+DOCUMENT_CACHE = 2048  # question documents kept for list pages
 
 
 class ApiError(Exception):
@@ -102,22 +106,12 @@ class Context:
     link_key: bytes
     base_url: str = ""
     idempotency: Idempotency = field(default_factory=Idempotency)
+    documents: Documents = field(default_factory=lambda: Documents())
 
 
 # -- who may see what -----------------------------------------------------------------------------
 def visible(who: Identity, ws: Path) -> bool:
     return scopes.allows(list(who.scopes), str(ws))
-
-
-def _views(ctx: Context, who: Identity, workspace_glob: str | None) -> list[View]:
-    out = []
-    for v in ctx.feed.index.views():
-        if not visible(who, v.workspace):
-            continue
-        if workspace_glob and not glob_names(workspace_glob, v.workspace):
-            continue
-        out.append(v)
-    return out
 
 
 def glob_names(glob: str, ws: Path) -> bool:
@@ -187,15 +181,17 @@ def read_through(ctx: Context, who: Identity, request_id: str, want: Path | None
     """On a miss, the disk: a question is open the moment `delta run` exits 101, before the
     daemon's loop has seen the change. Reads the request.json of at most READ_THROUGH_LIMIT
     workspaces the caller may see, those not known to be waiting first."""
-    views = [
-        v
-        for v in ctx.feed.index.views()
-        if v.request_id != request_id
-        and (want is None or v.workspace == want)
-        and visible(who, v.workspace)
-    ]
+    if want is not None:
+        views = [v for v in [ctx.feed.index.get(want)] if v is not None]
+    else:
+        views = ctx.feed.index.views()
     views.sort(key=lambda v: v.state == "waiting")
-    return [v.workspace for v in views[:READ_THROUGH_LIMIT] if asks(v.workspace, request_id)]
+    # Scope checked lazily: a miss costs at most READ_THROUGH_LIMIT reads, not a walk of
+    # every workspace's real path.
+    candidates = (
+        v.workspace for v in views if v.request_id != request_id and visible(who, v.workspace)
+    )
+    return [ws for ws in islice(candidates, READ_THROUGH_LIMIT) if asks(ws, request_id)]
 
 
 def asks(ws: Path, request_id: str) -> bool:
@@ -268,23 +264,110 @@ def pending_question(ws: Path) -> inbox.Pending | None:
 
 
 def list_requests(
-    ctx: Context, who: Identity, workspace: str | None = None, input_type: str | None = None
+    ctx: Context,
+    who: Identity,
+    workspace: str | None = None,
+    input_type: str | None = None,
+    *,
+    owner: str | None = None,
+    run_id: str | None = None,
+    limit: int = paging.DEFAULT_LIMIT,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
-    docs = []
-    unseen = READ_THROUGH_LIMIT  # workspaces not known to be waiting, read for a new question
-    for v in _views(ctx, who, workspace):
-        if v.request_id is None:
-            if unseen == 0:
-                continue
-            unseen -= 1
-        p = pending_question(v.workspace)
-        if p is None or p.answer_waiting or p.request.expired():
-            continue
-        if input_type and str(p.request.input_type) != input_type:
-            continue
-        docs.append(request_document(p, Workspace(v.workspace), ctx.base_url))
-    docs.sort(key=lambda d: d["timestamp"], reverse=True)
-    return {"requests": docs}
+    """`{"requests": [question, ...], "next": cursor | null}`: the open questions this token
+    may see, newest first (by the question's `timestamp`, then workspace, then request id),
+    each as `GET /v1/requests/{id}` shows it. Filters: `workspace` (glob), `input_type`,
+    `owner` (user name or uid of the workspace's owner), `run_id`. `limit` 1..1000 (default
+    100); `cursor` is a previous page's `next`. A page may hold fewer than `limit` (questions
+    answered meanwhile are skipped): follow `next` until it is null. 422 for a bad limit,
+    cursor or owner."""
+    try:
+        n, after = paging.limit_of(limit), paging.decode("requests", cursor)
+        wanted = paging.Filters(
+            tuple(who.scopes), workspace, paging.owner_uid(owner), run_id, input_type
+        )
+    except paging.BadPage as e:
+        raise ApiError(422, "bad_page", str(e)) from None
+
+    def read(e: Listed) -> dict[str, Any] | None:
+        return listed_document(ctx, e)
+
+    docs, last = paging.collect(ctx.feed.index.questions(after), wanted.keep, read, n)
+    return {"requests": docs, "next": paging.encode("requests", last) if last else None}
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A question's document as last read, and what decides whether a page shows it."""
+
+    stamp: tuple[int, ...]
+    doc: dict[str, Any]
+    expires_at: datetime | None
+    answer_waiting: bool
+
+    def page_item(self) -> dict[str, Any] | None:
+        if self.answer_waiting or (self.expires_at is not None and self.expires_at <= utcnow()):
+            return None
+        return self.doc
+
+
+@dataclass
+class Documents:
+    """Question documents by (workspace, request id), reused while the files they were read
+    from are the same (device, inode, mtime, size of request.json, of the mailbox directory —
+    an answer or a refusal note changes it — and of the run's metadata). A page costs a few
+    stats per item instead of a dozen safe opens. Most recent DOCUMENT_CACHE only, so memory
+    does not grow with the fleet."""
+
+    shown: OrderedDict[tuple[Path, str], Shown] = field(default_factory=OrderedDict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, key: tuple[Path, str], stamp: tuple[int, ...]) -> Shown | None:
+        with self.lock:
+            hit = self.shown.get(key)
+            if hit is None or hit.stamp != stamp:
+                return None
+            self.shown.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple[Path, str], shown: Shown) -> None:
+        with self.lock:
+            self.shown[key] = shown
+            self.shown.move_to_end(key)
+            while len(self.shown) > DOCUMENT_CACHE:
+                self.shown.popitem(last=False)
+
+
+def file_stamp(paths: tuple[Path, ...]) -> tuple[int, ...] | None:
+    """The files' identities (None if one is gone). Only ever compared with what a safe read
+    saw: the same inode with the same mtime and size is the same content."""
+    out: list[int] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        out += (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    return tuple(out)
+
+
+def listed_document(ctx: Context, e: Listed) -> dict[str, Any] | None:
+    """A list item: the question in `e`'s workspace if it is still open there; None (skipped)
+    if it is gone, answered or expired — the loop's next look fixes the index."""
+    ws, request_id = Workspace(e.workspace), str(e.request_id)
+    deps = (ws.request_file, ws.interaction_dir, ws.run(str(e.run_id)).metadata)
+    stamp = file_stamp(deps)  # before the read: a change meanwhile is a miss next time
+    if stamp is None:
+        return None
+    hit = ctx.documents.get((e.workspace, request_id), stamp)
+    if hit is None:
+        p = pending_question(e.workspace)
+        if p is None or p.request.request_id != request_id:
+            return None
+        doc = request_document(p, ws, ctx.base_url)
+        hit = Shown(stamp, doc, p.request.expires_at, p.answer_waiting)
+        ctx.documents.put((e.workspace, request_id), hit)
+    return hit.page_item()
 
 
 def get_request(
@@ -384,19 +467,35 @@ def submit(
 
 # -- runs -----------------------------------------------------------------------------------------
 def list_runs(
-    ctx: Context, who: Identity, workspace: str | None = None, status: str | None = None
+    ctx: Context,
+    who: Identity,
+    workspace: str | None = None,
+    status: str | None = None,
+    *,
+    owner: str | None = None,
+    limit: int = paging.DEFAULT_LIMIT,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
-    docs = []
-    for v in _views(ctx, who, workspace):
-        if v.run_id is None or (status and v.status != status):
-            continue
+    """`{"runs": [run summary, ...], "next": cursor | null}`: each visible workspace's latest
+    run, newest first (by run id, which starts with its start time, then workspace). Filters:
+    `workspace` (glob), `status`, `owner` (user name or uid). `limit` and `cursor` as for
+    `list_requests`; a run whose metadata cannot be read is skipped."""
+    try:
+        n, after = paging.limit_of(limit), paging.decode("runs", cursor)
+        wanted = paging.Filters(
+            tuple(who.scopes), workspace, paging.owner_uid(owner), status=status
+        )
+    except paging.BadPage as e:
+        raise ApiError(422, "bad_page", str(e)) from None
+
+    def read(e: Listed) -> dict[str, Any] | None:
         try:
-            meta = inbox.load_run(v.workspace, v.run_id)
+            return _run_summary(e.workspace, inbox.load_run(e.workspace, str(e.run_id)))
         except (ProtocolError, OSError):
-            continue
-        docs.append(_run_summary(v.workspace, meta))
-    docs.sort(key=lambda d: d["updated_at"], reverse=True)
-    return {"runs": docs}
+            return None
+
+    docs, last = paging.collect(ctx.feed.index.runs(after), wanted.keep, read, n)
+    return {"runs": docs, "next": paging.encode("runs", last) if last else None}
 
 
 def _run_summary(ws: Path, meta: Any) -> dict[str, Any]:
@@ -440,11 +539,7 @@ def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | No
     if workspace is None:
         # A run id is a name a workspace gives itself (copies share it): never a guess, and
         # never a hint at a workspace outside the caller's scope.
-        mine = [
-            v.workspace
-            for v in ctx.feed.index.views()
-            if v.run_id == run_id and visible(who, v.workspace)
-        ]
+        mine = [w for w in ctx.feed.index.run_holders(run_id) if visible(who, w)]
         if not mine:
             raise ApiError(404, "unknown_run", f"no run {run_id} (give ?workspace=PATH)")
         if len(mine) > 1:

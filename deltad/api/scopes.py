@@ -43,8 +43,10 @@ class Glob:
     def run(self, path: str) -> bool:
         if not path.startswith(self.prefix):
             return False
-        live = self._closure(1)
-        for c in path:
+        # The literal start is matched: go on from the position after it (a list filter runs
+        # this over every workspace; most of a path is its root).
+        live = self._closure(1 << len(self.prefix))
+        for c in path[len(self.prefix) :]:
             if c == "/" and live & self.accept:
                 return True  # a scope covers everything below what it matches
             step = self.literal.get(c, 0)
@@ -134,7 +136,13 @@ def matches(glob: str, path: str) -> bool:
 
 
 def allows(scopes: list[str], path: str) -> bool:
-    real = os.path.realpath(path)
+    return allows_at(tuple(scopes), path, os.path.realpath(path))
+
+
+@functools.lru_cache(maxsize=65536)
+def allows_at(scopes: tuple[str, ...], path: str, real: str) -> bool:
+    """`allows`, given the real path (pure, so cached: a listing checks each item once per
+    token, not once per request)."""
     usable = [g for g in scopes if _usable(g)]  # a refused scope grants nothing
     return any(matches(g, path) for g in usable) and any(matches(g, real) for g in usable)
 

@@ -10,6 +10,8 @@ looks at the disk again (the answering path does).
 
 from __future__ import annotations
 
+import bisect
+import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -42,6 +44,61 @@ class View:
     status: str | None = None
     request_id: str | None = None
     input_type: str | None = None
+    created: float | None = None  # the open question's timestamp (the inbox's order)
+
+
+QuestionKey = tuple[float, str, str]  # (created, workspace, request id)
+RunKey = tuple[str, str]  # (run id, workspace): run ids start with their start time
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """What listing needs of one open question or one run, kept in memory: the sort key and
+    the filters' fields. The document itself is read from disk, only for a page's items."""
+
+    key: tuple[Any, ...]
+    workspace: Path
+    real: str  # the workspace's real path when the loop last saw it change (scopes)
+    owner: int | None  # the workspace's owner uid
+    run_id: str | None
+    status: str | None
+    request_id: str | None = None
+    input_type: str | None = None
+
+
+def question_of(view: View, real: str, owner: int | None) -> Listed | None:
+    """The listed open question of a workspace's view, if it is waiting on one."""
+    if view.state != "waiting" or not view.request_id:
+        return None
+    key: QuestionKey = (view.created or 0.0, str(view.workspace), view.request_id)
+    return Listed(
+        key,
+        view.workspace,
+        real,
+        owner,
+        view.run_id,
+        view.status,
+        view.request_id,
+        view.input_type,
+    )
+
+
+def run_of(view: View, real: str, owner: int | None) -> Listed | None:
+    """The listed latest run of a workspace's view, if it has one."""
+    if view.run_id is None:
+        return None
+    key: RunKey = (view.run_id, str(view.workspace))
+    return Listed(key, view.workspace, real, owner, view.run_id, view.status)
+
+
+def _listed_key(e: Listed) -> tuple[Any, ...]:
+    return e.key
+
+
+def newest_first(order: list[Listed], before: tuple[Any, ...] | None) -> list[Listed]:
+    """Entries of an ascending list with a key below `before` (all if None), newest first."""
+    end = len(order) if before is None else bisect.bisect_left(order, before, key=_listed_key)
+    return order[:end][::-1]
 
 
 @dataclass(frozen=True)
@@ -76,6 +133,12 @@ class Index:
         # order bounds the memory; the second map answers `closed` without a scan.
         self._closed: OrderedDict[tuple[str, Path], None] = OrderedDict()
         self._closed_by_id: dict[str, dict[Path, bool]] = {}  # -> expired
+        # Listing from memory: open questions and latest runs, each sorted by its key, and
+        # what is filed where, to take it out again.
+        self._questions: list[Listed] = []
+        self._runs: list[Listed] = []
+        self._filed: dict[Path, tuple[Listed | None, Listed | None]] = {}
+        self._run_ids: dict[str, set[Path]] = {}
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
         holders = self._requests.get(request_id)
@@ -96,7 +159,30 @@ class Index:
         if not gone:
             self._closed_by_id.pop(request_id, None)
 
+    def _unfile(self, ws: Path) -> None:
+        question, run = self._filed.pop(ws, (None, None))
+        for order, e in ((self._questions, question), (self._runs, run)):
+            if e is not None:
+                i = bisect.bisect_left(order, e.key, key=_listed_key)
+                if i < len(order) and order[i] is e:
+                    del order[i]
+        if run is not None and run.run_id is not None:
+            holders = self._run_ids.get(run.run_id, set())
+            holders.discard(ws)
+            if not holders:
+                self._run_ids.pop(run.run_id, None)
+
+    def _file(self, view: View, real: str, owner: int | None) -> None:
+        question, run = question_of(view, real, owner), run_of(view, real, owner)
+        for order, e in ((self._questions, question), (self._runs, run)):
+            if e is not None:
+                bisect.insort(order, e, key=_listed_key)
+        if view.run_id is not None:
+            self._run_ids.setdefault(view.run_id, set()).add(view.workspace)
+        self._filed[view.workspace] = (question, run)
+
     def put(self, view: View) -> None:
+        real, owner = _where(view.workspace)  # outside the lock: the file system is slow
         with self._lock:
             old = self._views.get(view.workspace)
             if old is not None and old.request_id and old.request_id != view.request_id:
@@ -105,12 +191,15 @@ class Index:
             if view.request_id:
                 self._requests.setdefault(view.request_id, set()).add(view.workspace)
                 self._forget(view.request_id, view.workspace)  # open again (a re-posted copy)
+            self._unfile(view.workspace)
+            self._file(view, real, owner)
 
     def remove(self, ws: Path) -> None:
         with self._lock:
             old = self._views.pop(ws, None)
             if old is not None and old.request_id:
                 self._close(old.request_id, ws, old.state == "expired")
+            self._unfile(ws)
 
     def get(self, ws: Path) -> View | None:
         with self._lock:
@@ -129,6 +218,31 @@ class Index:
     def views(self) -> list[View]:
         with self._lock:
             return list(self._views.values())
+
+    def questions(self, before: tuple[Any, ...] | None = None) -> list[Listed]:
+        """Open questions newest first, from below the key `before` (a cursor) on."""
+        with self._lock:
+            return newest_first(self._questions, before)
+
+    def runs(self, before: tuple[Any, ...] | None = None) -> list[Listed]:
+        """Each workspace's latest run, newest first, from below the key `before` on."""
+        with self._lock:
+            return newest_first(self._runs, before)
+
+    def run_holders(self, run_id: str) -> list[Path]:
+        """Every workspace whose latest run is `run_id`, sorted."""
+        with self._lock:
+            return sorted(self._run_ids.get(run_id, ()))
+
+
+def _where(ws: Path) -> tuple[str, int | None]:
+    """The workspace's real path (scopes check it too) and its owner's uid (None if gone)."""
+    try:
+        owner: int | None = os.stat(ws).st_uid
+    except OSError:
+        owner = None
+    name, real = str(ws), os.path.realpath(ws)
+    return (name if real == name else real), owner  # one string, not two, when they agree
 
 
 Subscriber = Callable[[FeedEvent], None]

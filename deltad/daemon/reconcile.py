@@ -84,6 +84,7 @@ class Verdict:
     owner_pid: int | None = None
     request_id: str | None = None
     input_type: str | None = None  # of the pending question (the inbox's filters)
+    created: float | None = None  # the pending question's timestamp (the inbox's order)
     owner: tenancy.Owner | None = None  # who a resume runs as (checked: see tenancy)
     error_kind: str | None = None  # INTERRUPTED runs: why (model_unavailable: deltad retries)
     failing_since: float | None = None  # wall time the model started failing (give-up clock)
@@ -158,6 +159,7 @@ def _pausing_soon(ws: Workspace, meta: RunMetadata, clock: Clock) -> float | Non
 
 def _name(v: Verdict, request: InteractionRequest) -> Verdict:
     v.request_id, v.input_type = request.request_id, str(request.input_type)
+    v.created = request.timestamp.timestamp()
     return v
 
 

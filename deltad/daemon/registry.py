@@ -42,10 +42,19 @@ class WsInfo:
     owner_pid: int | None = None
     request_id: str | None = None
     input_type: str | None = None
+    created: float | None = None
 
     def view(self, ws: Path) -> View:
         status = str(self.status) if self.status is not None else None
-        return View(ws, self.state.value, self.run_id, status, self.request_id, self.input_type)
+        return View(
+            ws,
+            self.state.value,
+            self.run_id,
+            status,
+            self.request_id,
+            self.input_type,
+            self.created,
+        )
 
 
 Changed = Callable[[Path, View | None, View | None], None]
@@ -106,7 +115,7 @@ class Registry:
         self._unfile(ws, info)
         info.state, info.run_id, info.status = v.state, v.run_id, v.status
         info.problem, info.owner_pid = v.problem, v.owner_pid
-        info.request_id, info.input_type = v.request_id, v.input_type
+        info.request_id, info.input_type, info.created = v.request_id, v.input_type, v.created
         self._file(ws, info)
         self._changed(ws, seen, info.view(ws))
         return before != (info.state, info.run_id, info.status, info.problem, info.owner_pid)

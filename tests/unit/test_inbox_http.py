@@ -374,10 +374,13 @@ def test_a_question_on_disk_is_served_before_the_index_has_it(
     rid = _question(ws, feed, index=False, prompt="New?")
     auth = {"Authorization": f"Bearer {store.add('alice', [], 'answerer')}"}
     assert http.get(f"/v1/requests/{rid}", headers=auth).json()["prompt"] == "New?"
-    listed = http.get("/v1/requests", headers=auth).json()["requests"]
-    assert [q["request_id"] for q in listed] == [rid]
     elsewhere = {"Authorization": f"Bearer {store.add('eve', ['/nowhere'], 'answerer')}"}
     assert http.get(f"/v1/requests/{rid}", headers=elsewhere).status_code == 404
+    # The list is the index's: it shows the question once the loop has seen it.
+    assert http.get("/v1/requests", headers=auth).json() == {"requests": [], "next": None}
+    feed.index.put(View(ws, "waiting", run_id, "WAITING_FOR_INPUT", rid))
+    listed = http.get("/v1/requests", headers=auth).json()["requests"]
+    assert [q["request_id"] for q in listed] == [rid]
     r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "yes"}, headers=auth)
     assert r.status_code == 202
 
