@@ -22,6 +22,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from deltad.protocol import (
     AnswerState,
@@ -45,7 +46,11 @@ from deltad.protocol.printable import show_path
 
 
 def paused_workspace(
-    path: Path, prompt: str = "q?", run_id: str | None = None, expires_at: datetime | None = None
+    path: Path,
+    prompt: str = "q?",
+    run_id: str | None = None,
+    expires_at: datetime | None = None,
+    **question: Any,
 ) -> str:
     """Create (or re-pause) a workspace whose latest run waits for an answer; return its id.
     The question is posted and recorded in the journal (its `asked` record, the fact the daemon
@@ -65,7 +70,7 @@ def paused_workspace(
     )
     save_metadata(paths.metadata, meta)
     request = InteractionRequest(
-        prompt=prompt, run_id=run_id, action_id="act_1", expires_at=expires_at
+        prompt=prompt, run_id=run_id, action_id="act_1", expires_at=expires_at, **question
     )
     _record_asked(paths.journal, request)
     Mailbox(ws).post(request)
