@@ -29,7 +29,7 @@ FUZZ_ARGS = ["--seed", "1717", "--max-examples", "15", "--max-time", "120", "--w
 
 # What each input type's question carries besides its prompt.
 EXTRA: dict[InputType, dict[str, Any]] = {
-    InputType.CHOICE: {"options": [Option(key="a", label="Apples"), Option(key="p", label="Pears")]},
+    InputType.CHOICE: {"options": [Option(key="a", label="Apple"), Option(key="p", label="Pear")]},
     InputType.NUMBER: {"minimum": 1, "maximum": 9},
     InputType.APPROVAL: {
         "calls": [{"action_id": "call_1", "tool_name": "deploy", "arguments": {"env": "prod"}}]
