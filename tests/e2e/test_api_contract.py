@@ -87,7 +87,9 @@ def test_schemathesis_finds_the_live_api_as_its_document_says(
         *FUZZ_ARGS,
     ]
     env = {**os.environ, "DELTAD_CONTRACT_LINK": link}
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=400, env=env)
+    out = subprocess.run(  # in tmp_path: schemathesis keeps its cache in the working directory
+        argv, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     # It reached the success paths: some answers were taken and their runs resumed.
     assert records(d.record), "no answer was accepted"
