@@ -6,6 +6,7 @@ is checked apart: its declared content type against what it serves."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
 
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
+GENERATOR = str(Path(sys.executable).parent / "openapi-python-client")
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 # Bounded for CI on 2 busy cores: a fixed seed, a few examples per operation, a time cap.
 FUZZ_ARGS = ["--seed", "1717", "--max-examples", "15", "--max-time", "120", "--workers", "1"]
@@ -116,3 +118,51 @@ def test_the_event_stream_serves_what_it_declares(live: tuple[Daemon, str, str])
     r = httpx.get(f"{url}/v1/events", timeout=30)
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     assert set(r.json()) == {"error", "code"}
+
+
+def test_a_client_generated_from_the_document_is_typed_and_its_errors_too(
+    live: tuple[Daemon, str, str], tmp_path: Path
+) -> None:
+    _, url, token = live
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    argv = [GENERATOR, "generate", "--url", f"{url}/openapi.json", "--meta", "none"]
+    out = subprocess.run(
+        [*argv, "--output-path", str(gen / "inbox_client")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=gen,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    sys.path.insert(0, str(gen))
+    try:
+        _use_the_generated_client(url, token)
+    finally:
+        sys.path.remove(str(gen))
+        for name in [m for m in sys.modules if m.split(".")[0] == "inbox_client"]:
+            del sys.modules[name]
+
+
+def _use_the_generated_client(url: str, token: str) -> None:
+    def part(name: str) -> Any:
+        return importlib.import_module(f"inbox_client.{name}")
+
+    models = part("models")
+    list_requests = part("api.requests.list_requests")
+    get_request = part("api.requests.get_request")
+    answer_request = part("api.requests.answer_request")
+    c = part("client").AuthenticatedClient(base_url=url, token=token)
+    page = list_requests.sync(client=c)
+    assert isinstance(page, models.QuestionPage)
+    [q] = [q for q in page.requests if q.input_type == models.InputType.CHOICE]
+    assert [(o.key, o.label) for o in q.options] == [("a", "Apple"), ("p", "Pear")]
+    body = models.AnswerIn(answer="p")
+    receipt = answer_request.sync(q.request_id, client=c, body=body, workspace=q.workspace)
+    assert isinstance(receipt, models.AnswerReceipt), receipt
+    assert (receipt.request_id, receipt.answered_by) == (q.request_id, "fuzzer")
+    again = answer_request.sync_detailed(q.request_id, client=c, body=body, workspace=q.workspace)
+    assert again.status_code == 409 and isinstance(again.parsed, models.ErrorOut)
+    assert again.parsed.code in ("answer_waiting", "already_answered")
+    missing = get_request.sync("no-such-question", client=c)
+    assert isinstance(missing, models.ErrorOut) and missing.code == "unknown_request"
