@@ -258,6 +258,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         tags=["session"],
         operation_id="login",
         response_model=schemas.SessionOut,
+        response_model_exclude_unset=True,
         responses=errors(400, 401, 413, 422),
     )
     def login(body: schemas.LoginIn, response: Response) -> dict[str, Any]:
@@ -282,6 +283,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         tags=["session"],
         operation_id="whoami",
         response_model=schemas.SessionOut,
+        response_model_exclude_unset=True,
         responses=errors(401),
     )
     def whoami(request: Request, who: Who) -> dict[str, Any]:
@@ -299,6 +301,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         tags=["session"],
         operation_id="logout",
         response_model=schemas.LoggedOut,
+        response_model_exclude_unset=True,
         responses=errors(401, 403),
     )
     def logout(request: Request, response: Response, who: Who) -> dict[str, str]:
@@ -313,19 +316,22 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         tags=["requests"],
         operation_id="list_requests",
         response_model=schemas.QuestionPage,
+        response_model_exclude_unset=True,
         responses=errors(401, 422),
     )
     def list_requests(
         who: Who, workspace: WorkspaceGlob, input_type: InputType | None = None
     ) -> dict[str, Any]:
         """Every pending question this token may see, newest first."""
-        return handlers.list_requests(ctx, who, workspace, input_type and str(input_type))
+        page = handlers.list_requests(ctx, who, workspace, input_type and str(input_type))
+        return {"next": None, **page}
 
     @app.get(
         "/v1/requests/{request_id}",
         tags=["requests"],
         operation_id="get_request",
         response_model=schemas.Question,
+        response_model_exclude_unset=True,
         responses=errors(401, 403, 404, 409, 410, 422),
     )
     def get_request(request_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
@@ -338,6 +344,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         tags=["requests"],
         operation_id="answer_request",
         response_model=schemas.AnswerReceipt,
+        response_model_exclude_unset=True,
         responses=errors(400, 401, 403, 404, 409, 410, 413, 422),
     )
     def answer(
@@ -358,19 +365,21 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         tags=["runs"],
         operation_id="list_runs",
         response_model=schemas.RunPage,
+        response_model_exclude_unset=True,
         responses=errors(401, 422),
     )
     def list_runs(
         who: Who, workspace: WorkspaceGlob, status: RunStatus | None = None
     ) -> dict[str, Any]:
         """Each workspace's latest run, most recently updated first."""
-        return handlers.list_runs(ctx, who, workspace, status and str(status))
+        return {"next": None, **handlers.list_runs(ctx, who, workspace, status and str(status))}
 
     @app.get(
         "/v1/runs/{run_id}",
         tags=["runs"],
         operation_id="get_run",
         response_model=schemas.RunDetail,
+        response_model_exclude_unset=True,
         responses=errors(401, 403, 404, 409, 422),
     )
     def get_run(run_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
@@ -421,6 +430,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         tags=["links"],
         operation_id="link_request",
         response_model=schemas.Question,
+        response_model_exclude_unset=True,
         responses=errors(404, 409, 410, 422),
     )
     def link_request(token: str) -> dict[str, Any]:
@@ -433,6 +443,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         tags=["links"],
         operation_id="link_answer",
         response_model=schemas.AnswerReceipt,
+        response_model_exclude_unset=True,
         responses=errors(400, 404, 409, 410, 413, 422),
     )
     def link_answer(
@@ -451,7 +462,13 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
     def link_page(token: str) -> FileResponse:
         return FileResponse(STATIC / "link.html")
 
-    @app.get("/healthz", tags=["health"], operation_id="healthz", response_model=schemas.Health)
+    @app.get(
+        "/healthz",
+        tags=["health"],
+        operation_id="healthz",
+        response_model=schemas.Health,
+        response_model_exclude_unset=True,
+    )
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 

@@ -6,7 +6,8 @@ The question's vocabulary comes from the protocol (`InputType`, `kinds.kind_of`)
 input type shows up here — in the enum, `expects` and the answer examples — without an edit.
 
 Response models keep fields they do not name (`extra="allow"`): a newer daemon may add fields
-to a document, and a typed client must not lose them.
+to a document, and a typed client must not lose them. The routes send only what the handler
+set (`response_model_exclude_unset`): a field a document leaves out stays out.
 """
 
 from __future__ import annotations

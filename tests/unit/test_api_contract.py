@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
-from deltad.api import links, schemas
+from deltad.api import handlers, links, schemas
 from deltad.api.app import PUBLIC, WRITES, create_app
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import Context
@@ -132,6 +132,18 @@ def test_the_answer_examples_are_answers_every_input_type_takes(api: Api) -> Non
         r = api.http.post(f"/v1/requests/{rid}/answer", json=body, headers=api.auth)
         assert r.status_code == 202, (t, r.text)
         schemas.AnswerReceipt.model_validate(r.json())
+
+
+def test_a_document_goes_out_as_the_handler_made_it(api: Api) -> None:
+    """Typed, but nothing added: a field a document leaves out (`agent_error`) stays out."""
+    rid = api.ask("ws", input_type="approval", calls=[{"action_id": "c1", "tool_name": "t"}])
+    ctx = api.http.app.state.ctx  # type: ignore[attr-defined]
+    who = ctx.tokens.verify(api.auth["Authorization"].split()[1])
+    made = handlers.get_request(ctx, who, rid)
+    assert api.http.get(f"/v1/requests/{rid}", headers=api.auth).json() == made
+    assert "schema" not in made["calls"][0]
+    listed = api.http.get("/v1/requests", headers=api.auth).json()
+    assert listed == {"requests": [made], "next": None}
 
 
 # -- HTTP semantics --------------------------------------------------------------------------------
