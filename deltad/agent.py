@@ -22,11 +22,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from deltad.protocol.errors import UnsafeFile
 from deltad.protocol.fsio import read_regular_text
-from deltad.protocol.models import InteractionRequest
+from deltad.protocol.models import InteractionRequest, respondent_problem
 from deltad.protocol.replies import AnswerRejected, Decision, Reply
 
 from .errors import ConfigError
@@ -116,6 +123,16 @@ class ApprovalPolicy(_Strict):
     require: list[str] = []
     exempt: list[str] = []
     timeout_seconds: float | None = Field(default=None, gt=0)  # then rejected
+    # Who may decide over HTTP (token names, group:NAME); written into each approval request.
+    respondents: list[str] = []
+
+    @field_validator("respondents")
+    @classmethod
+    def _respondents(cls, names: list[str]) -> list[str]:
+        for n in names:
+            if (why := respondent_problem(n)) is not None:
+                raise ValueError(why)
+        return names
 
 
 class AgentConfig(_Strict):

@@ -100,7 +100,13 @@ class Secret(_Strict):
                 raise ValueError(f"environment variable {self.secret_env} is not set")
             return value.encode()
         assert self.secret_file is not None
-        return self.secret_file.read_bytes().strip()
+        return one_newline_less(self.secret_file.read_bytes())
+
+
+def one_newline_less(data: bytes) -> bytes:
+    """A secret file's bytes without the one newline an editor or `echo` adds at the end (and
+    nothing else: leading or inner whitespace is part of the secret)."""
+    return data.removesuffix(b"\n").removesuffix(b"\r")
 
 
 class Target(_Strict):
@@ -119,9 +125,15 @@ class Target(_Strict):
 class Webhook(Target):
     url: str
     signing: Secret | None = None
-    timeout_seconds: float = Field(default=10.0, gt=0)
+    timeout_seconds: float = Field(default=10.0, gt=0)  # each attempt
     max_attempts: int = Field(default=5, ge=1, le=50)
     backoff_seconds: float = Field(default=2.0, gt=0)
+    backoff_max_seconds: float = Field(default=300.0, gt=0)
+    # A delivery still not delivered this long after its event goes to the dead letter.
+    max_age_seconds: float = Field(default=86400.0, gt=0)
+    # Deliveries kept waiting in the outbox (the oldest goes to the dead letter beyond it),
+    # and dead letters kept (the oldest are deleted beyond it).
+    outbox_max: int = Field(default=1000, ge=1, le=1_000_000)
 
     @field_validator("url")
     @classmethod
@@ -141,3 +153,15 @@ class NotifyConfig(_Strict):
     commands: list[Command] = Field(default_factory=list)
     # Put a signed single-use answer link in each request.created notification.
     answer_links: bool = False
+
+    @model_validator(mode="after")
+    def _distinct_urls(self) -> NotifyConfig:
+        # A webhook's outbox is named after its URL: two targets must not share one.
+        seen: dict[str, int] = {}
+        for i, w in enumerate(self.webhooks):
+            if w.url in seen:
+                raise ValueError(
+                    f"webhooks: entry {i} has the same url as entry {seen[w.url]} (one per URL)"
+                )
+            seen[w.url] = i
+        return self

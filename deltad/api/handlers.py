@@ -216,6 +216,8 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "run_id": r.run_id,
         "action_id": r.action_id,
         "node_id": r.node_id,  # a pipeline gate or node asking
+        "respondents": r.respondents,
+        "context": r.context.model_dump(mode="json") if r.context else None,
         "prompt": r.prompt,
         "input_type": str(r.input_type),
         "expects": kind_of(r.input_type).expects,
@@ -334,6 +336,7 @@ def answer(
         if repeat is not None:
             return repeat
     ws = _workspace_of(ctx, who, request_id, workspace)
+    _respondent(ws, request_id, inbox.Answerer(who.name, who.groups, who.role == "admin"))
     doc = deliver(ctx, ws, request_id, body, who.name, channel)
     if idempotency_key:
         ctx.idempotency.remember(who.name, idempotency_key, request_id, body_digest, doc)
@@ -429,7 +432,8 @@ def get_run(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> 
     events = journal_tail(Workspace(ws).run(run_id).journal)
     thoughts = [e for e in events if e.get("type") == "THOUGHT"]
     last = thoughts[-1]["payload"].get("content") if thoughts else None
-    return {**_run_summary(ws, meta), "last_message": last, "journal": events}
+    outcome = inbox.run_outcome(Workspace(ws), meta)
+    return {**_run_summary(ws, meta), "last_message": last, "outcome": outcome, "journal": events}
 
 
 def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> Path:
@@ -525,4 +529,15 @@ def link_request(ctx: Context, token: str) -> dict[str, Any]:
 
 def link_answer(ctx: Context, token: str, body: object) -> dict[str, Any]:
     link, ws = _link(ctx, token)
+    _respondent(ws, link.request_id, None)  # a link names nobody
     return deliver(ctx, ws, link.request_id, body, "signed link", "link")
+
+
+def _respondent(ws: Path, request_id: str, who: inbox.Answerer | None) -> None:
+    """403 unless the question's respondents (if it names any) include `who`."""
+    try:
+        why = inbox.refuse_respondent(Workspace(ws), request_id, who)
+    except (ProtocolError, OSError):
+        return  # the answering path reports a damaged workspace
+    if why is not None:
+        raise ApiError(403, "not_a_respondent", why)

@@ -1,6 +1,10 @@
-"""Notifications: webhooks (a JSON body signed with `X-Deltad-Signature: sha256=<HMAC>`) and
-commands (argv, the event as JSON on stdin). The daemon's loop only queues an event; one thread
-per target delivers in order and retries with backoff, so a dead receiver slows nobody else.
+"""Notifications: webhooks (Standard Webhooks: `webhook-id`, `webhook-timestamp`,
+`webhook-signature`; deltad/api/webhooks.py) and commands (argv, the event as JSON on stdin).
+
+The daemon's loop only queues an event. One intake thread turns it into a document (read from
+the disk, never on the loop) and hands it to each target: a webhook delivery is first written to
+the target's outbox in the state dir (deltad/api/outbox.py), then its own thread attempts it, so
+a stop, a crash or a dead receiver loses nothing and a slow target slows nobody else.
 
 A notification carries the question (prompt, type, options — never an answer), a deep link to
 it in the web page and, with `answer_links: true`, a signed single-use answer link."""
@@ -8,13 +12,15 @@ it in the web page and, with `answer_links: true`, a signed single-use answer li
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
 import queue
+import random
 import subprocess
 import threading
+import time
+import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,98 +30,230 @@ import structlog
 from deltad.daemon.feed import Feed, FeedEvent
 from deltad.protocol import Workspace
 
-from . import handlers, scopes
+from . import handlers, scopes, webhooks
 from .config import Command, NotifyConfig, Target, Webhook
+from .outbox import Dead, Delivery, Outbox, Policy, after_failure, bury_orphans, too_old
 
 log = structlog.get_logger("deltad.notify")
 QUEUE_CAP = 10_000
-Enrich = Callable[[FeedEvent], dict[str, Any]]
-
-
-def signature(secret: bytes, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+STOP_WAIT = 10.0  # seconds a stop waits for queued events to reach the outbox
 
 
 class _Worker:
-    """One target: its own queue and thread."""
+    """One target and its thread."""
 
-    def __init__(self, target: Target, name: str, enrich: Enrich, quiet: list[Path]) -> None:
-        self.target, self.name, self.enrich, self.quiet = target, name, enrich, quiet
-        self.queue: queue.Queue[FeedEvent | None] = queue.Queue(QUEUE_CAP)
+    def __init__(self, target: Target, name: str, quiet: list[Path]) -> None:
+        self.target, self.name, self.quiet = target, name, quiet
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"deltad-notify-{name}", daemon=True)
 
-    def offer(self, e: FeedEvent) -> None:
-        if e.type not in self.target.events or self._excluded(e.workspace):
-            return
-        try:
-            self.queue.put_nowait(e)
-        except queue.Full:
-            log.error("notify_dropped", target=self.name, event_id=e.id, detail="queue full")
+    def wants(self, e: FeedEvent) -> bool:
+        return e.type in self.target.events and not self._excluded(e.workspace)
 
     def _excluded(self, ws: str) -> bool:
         if any(Path(ws).is_relative_to(root) for root in self.quiet):
             return True
         return any(scopes.matches(g, ws) for g in self.target.exclude)
 
-    def _run(self) -> None:
-        while (e := self.queue.get()) is not None:
-            try:
-                self.deliver(self.enrich(e))
-            except Exception as err:  # a notification must never take the daemon down
-                log.error("notify_failed", target=self.name, event_id=e.id, error=str(err))
+    def submit(self, doc: dict[str, Any]) -> None:
+        raise NotImplementedError
 
-    def deliver(self, doc: dict[str, Any]) -> None:
+    def _run(self) -> None:
         raise NotImplementedError
 
     def stop(self) -> None:
         self.stopping.set()
-        with contextlib.suppress(queue.Full):
-            self.queue.put_nowait(None)
         self.thread.join(5)
 
 
 class _WebhookWorker(_Worker):
+    """Deliveries wait in the outbox; the due one with the oldest event goes first, and one
+    waiting for its retry never holds up the others (no head-of-line blocking)."""
+
     target: Webhook
 
-    def __init__(self, target: Webhook, name: str, enrich: Enrich, quiet: list[Path]) -> None:
-        super().__init__(target, name, enrich, quiet)
-        self.secret = target.signing.read() if target.signing else None
+    def __init__(self, target: Webhook, name: str, quiet: list[Path], state_dir: Path) -> None:
+        super().__init__(target, name, quiet)
+        try:
+            self.key = webhooks.signing_key(target.signing.read()) if target.signing else None
+        except webhooks.SecretError as e:
+            raise webhooks.SecretError(f"{name}: {e}") from None
+        self.policy = Policy(
+            target.max_attempts,
+            target.max_age_seconds,
+            target.backoff_seconds,
+            target.backoff_max_seconds,
+        )
+        self.outbox = Outbox(state_dir, target.url)
         self.client = httpx.Client(timeout=target.timeout_seconds, follow_redirects=False)
+        self._cond = threading.Condition()
+        self._pending: dict[str, Delivery] = {}
+        self._replay()
 
-    def deliver(self, doc: dict[str, Any]) -> None:
-        body = json.dumps(doc).encode()
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": "deltad",
-            "X-Deltad-Event": doc["type"],
-            "X-Deltad-Delivery": str(doc["id"]),
-        }
-        if self.secret is not None:
-            headers["X-Deltad-Signature"] = signature(self.secret, body)
-        t = self.target
-        for attempt in range(1, t.max_attempts + 1):
+    def _replay(self) -> None:
+        """What a previous daemon left waiting is sent again, under the same webhook-id."""
+        found, bad = self.outbox.load()
+        for path in bad:
+            self.outbox.bury_file(path)
+            log.error("notify_dead_letter", target=self.name, file=path.name, reason="unreadable")
+        # A wall clock set back must not park a delivery for long: at most one backoff away.
+        latest = time.time() + self.policy.backoff_max
+        self._pending = {d.msg_id: replace(d, next_at=min(d.next_at, latest)) for d in found}
+        if found:
+            log.info("notify_replay", target=self.name, deliveries=len(found))
+
+    # -- the intake thread --------------------------------------------------------------------
+    def submit(self, doc: dict[str, Any]) -> None:
+        now = time.time()
+        d = Delivery(
+            msg_id=f"msg_{uuid.uuid4().hex}",
+            event_id=int(doc["id"]),
+            event=str(doc["type"]),
+            url=self.target.url,
+            body=json.dumps(doc),
+            created_at=now,
+            next_at=now,
+        )
+        with self._cond:
+            self._make_room()
+            self.outbox.save(d)  # on disk before the first attempt
+            self._pending[d.msg_id] = d
+            self._cond.notify()
+
+    def _make_room(self) -> None:
+        while len(self._pending) >= self.target.outbox_max:
+            oldest = min(self._pending.values(), key=lambda d: d.event_id)
+            self._bury(oldest, "outbox_full")
+
+    # -- this target's thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        while (d := self._next_due()) is not None:
             try:
-                r = self.client.post(t.url, content=body, headers=headers)
-                if r.status_code < 300:
-                    log.info("notify_sent", target=self.name, event_id=doc["id"], attempt=attempt)
-                    return
-                why = f"HTTP {r.status_code}"
-            except httpx.HTTPError as e:
-                why = type(e).__name__
-            if attempt == t.max_attempts:
-                break
-            delay = min(t.backoff_seconds * 2 ** (attempt - 1), 300.0)
-            log.warning(
-                "notify_retry", target=self.name, event_id=doc["id"], error=why, retry_in_s=delay
-            )
-            if self.stopping.wait(delay):
+                self._attempt(d)
+            except Exception as err:  # a notification must never take the daemon down
+                log.error("notify_failed", target=self.name, event_id=d.event_id, error=str(err))
+                self._park(d)
+
+    def _park(self, d: Delivery) -> None:
+        """After an unexpected error (a full disk, say), wait the longest backoff: never a busy
+        loop of attempts."""
+        with self._cond:
+            if (held := self._pending.get(d.msg_id)) is not None:
+                later = time.time() + self.policy.backoff_max
+                self._pending[d.msg_id] = replace(held, next_at=later)
+
+    def _next_due(self) -> Delivery | None:
+        """Wait for the due delivery of the oldest event; None once stopping."""
+        with self._cond:
+            while not self.stopping.is_set():
+                now = time.time()
+                due = [d for d in self._pending.values() if d.next_at <= now]
+                if due:
+                    return min(due, key=lambda d: d.event_id)
+                soonest = min((d.next_at for d in self._pending.values()), default=now + 60)
+                self._cond.wait(max(0.01, soonest - now))
+        return None
+
+    def _attempt(self, d: Delivery) -> None:
+        if too_old(d, time.time(), self.policy):
+            self._bury(d, "max_age")
+            return
+        body = d.body.encode()
+        headers = webhooks.headers(d.msg_id, int(time.time()), body, self.key, d.event)
+        try:
+            r = self.client.post(self.target.url, content=body, headers=headers)
+        except httpx.HTTPError as e:
+            self._failed(d, type(e).__name__)
+            return
+        if 200 <= r.status_code < 300:
+            self._delivered(d)
+        else:
+            self._failed(d, f"HTTP {r.status_code}")
+
+    def _delivered(self, d: Delivery) -> None:
+        with self._cond:
+            self.outbox.remove(d)  # first: a delivery that got a 2xx is never sent again
+            self._pending.pop(d.msg_id, None)
+        log.info(
+            "notify_sent",
+            target=self.name,
+            event_id=d.event_id,
+            webhook_id=d.msg_id,
+            attempt=d.attempts + 1,
+        )
+
+    def _failed(self, d: Delivery, why: str) -> None:
+        d = replace(d, attempts=d.attempts + 1, last_error=why)
+        step = after_failure(d, time.time(), self.policy, random.random())
+        if isinstance(step, Dead):
+            self._bury(d, step.reason)
+            return
+        d = replace(d, next_at=step.at)
+        with self._cond:
+            if d.msg_id not in self._pending:
+                return  # pushed out meanwhile (outbox_full)
+            self._pending[d.msg_id] = d  # first: a disk that fails must not mean a busy loop
+            self.outbox.save(d)
+        log.warning(
+            "notify_retry",
+            target=self.name,
+            event_id=d.event_id,
+            webhook_id=d.msg_id,
+            attempt=d.attempts,
+            error=why,
+            retry_in_s=round(step.at - time.time(), 3),
+        )
+
+    def _bury(self, d: Delivery, reason: str) -> None:
+        with self._cond:
+            if self._pending.pop(d.msg_id, None) is None:
                 return
-        log.error("notify_gave_up", target=self.name, event_id=doc["id"], attempts=t.max_attempts)
+            self.outbox.bury(d, reason)
+            pruned = self.outbox.prune_dead(self.target.outbox_max)
+        log.error(
+            "notify_dead_letter",
+            target=self.name,
+            event_id=d.event_id,
+            webhook_id=d.msg_id,
+            attempts=d.attempts,
+            reason=reason,
+            error=d.last_error,
+            file=str(self.outbox.dead_dir / d.file_name),
+        )
+        if pruned:
+            log.warning("notify_dead_letter_pruned", target=self.name, deleted=pruned)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self._cond:
+            self._cond.notify()
+        self.thread.join(5)
+        if not self.thread.is_alive():  # else an attempt still hangs: the process exit ends it
+            self.client.close()
 
 
 class _CommandWorker(_Worker):
+    """Runs its command once per event, in order (not kept across restarts: a command is a
+    local action, not a delivery to wait for)."""
+
     target: Command
+
+    def __init__(self, target: Command, name: str, quiet: list[Path]) -> None:
+        super().__init__(target, name, quiet)
+        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue(QUEUE_CAP)
+
+    def submit(self, doc: dict[str, Any]) -> None:
+        try:
+            self.queue.put_nowait(doc)
+        except queue.Full:
+            log.error("notify_dropped", target=self.name, event_id=doc["id"], detail="queue full")
+
+    def _run(self) -> None:
+        while (doc := self.queue.get()) is not None:
+            try:
+                self.deliver(doc)
+            except Exception as err:  # a notification must never take the daemon down
+                log.error("notify_failed", target=self.name, event_id=doc["id"], error=str(err))
 
     def deliver(self, doc: dict[str, Any]) -> None:
         try:
@@ -136,6 +274,12 @@ class _CommandWorker(_Worker):
         else:
             log.info("notify_sent", target=self.name, event_id=doc["id"])
 
+    def stop(self) -> None:
+        self.stopping.set()
+        with contextlib.suppress(queue.Full):
+            self.queue.put_nowait(None)
+        self.thread.join(5)
+
 
 class Notifier:
     def __init__(
@@ -144,26 +288,50 @@ class Notifier:
         feed: Feed,
         quiet_roots: list[Path],
         context: handlers.Context | None,
+        state_dir: Path,
     ) -> None:
         self.config, self.feed, self.context = config, feed, context
+        moved = bury_orphans(state_dir, [w.url for w in config.webhooks])
+        if moved:
+            log.warning("notify_dead_letter", reason="target_removed", deliveries=moved)
         self.workers: list[_Worker] = [
-            _WebhookWorker(w, f"webhook{i}", self.document, quiet_roots)
+            _WebhookWorker(w, f"webhook{i}", quiet_roots, state_dir)
             for i, w in enumerate(config.webhooks)
         ]
         self.workers += [
-            _CommandWorker(c, f"command{i}", self.document, quiet_roots)
-            for i, c in enumerate(config.commands)
+            _CommandWorker(c, f"command{i}", quiet_roots) for i, c in enumerate(config.commands)
         ]
+        self._queue: queue.Queue[FeedEvent | None] = queue.Queue(QUEUE_CAP)
+        self._intake = threading.Thread(target=self._take_all, name="deltad-notify", daemon=True)
         self._unsubscribe: Callable[[], None] | None = None
 
     def start(self) -> None:
         for w in self.workers:
             w.thread.start()
+        self._intake.start()
         self._unsubscribe = self.feed.subscribe(self._offer)
 
     def _offer(self, e: FeedEvent) -> None:
+        """On the daemon's loop: queue, never wait."""
+        if not any(w.wants(e) for w in self.workers):
+            return
+        try:
+            self._queue.put_nowait(e)
+        except queue.Full:
+            log.error("notify_dropped", event_id=e.id, detail="queue full")
+
+    def _take_all(self) -> None:
+        while (e := self._queue.get()) is not None:
+            try:
+                self._take(e)
+            except Exception as err:  # a notification must never take the daemon down
+                log.error("notify_failed", event_id=e.id, error=str(err))
+
+    def _take(self, e: FeedEvent) -> None:
+        doc = self.document(e)
         for w in self.workers:
-            w.offer(e)
+            if w.wants(e):
+                w.submit(doc)
 
     def document(self, e: FeedEvent) -> dict[str, Any]:
         """The event, and for a new question what a person needs to answer it (read on this
@@ -184,7 +352,12 @@ class Notifier:
         return doc
 
     def stop(self) -> None:
+        """What is queued reaches the outbox first (a SIGTERM loses no delivery)."""
         if self._unsubscribe:
             self._unsubscribe()
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=STOP_WAIT)
+        if self._intake.is_alive():
+            self._intake.join(STOP_WAIT)
         for w in self.workers:
             w.stop()

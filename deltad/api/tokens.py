@@ -35,6 +35,7 @@ class Identity:
     name: str
     role: Role
     scopes: tuple[str, ...]
+    groups: tuple[str, ...] = ()  # for questions naming respondents as group:NAME
 
     def can_answer(self) -> bool:
         return self.role in ("answerer", "admin")
@@ -52,9 +53,10 @@ class TokenStore:
         self._by_digest: dict[str, Identity] = {}
 
     # -- the commands -----------------------------------------------------------------------------
-    def add(self, name: str, scopes: list[str], role: Role) -> str:
-        if not NAME.fullmatch(name):
-            raise TokenError(f"{name!r}: a name is letters, digits and . _ @ - (up to 64)")
+    def add(self, name: str, scopes: list[str], role: Role, groups: tuple[str, ...] = ()) -> str:
+        for n in (name, *groups):
+            if not NAME.fullmatch(n):
+                raise TokenError(f"{n!r}: a name is letters, digits and . _ @ - (up to 64)")
         for s in scopes:
             if normal(s.replace("*", "x").replace("?", "x")) is None:
                 raise TokenError(f"scope {s!r}: must be an absolute path glob with no . or ..")
@@ -71,13 +73,20 @@ class TokenStore:
             "role": role,
             "scopes": scopes or [ALL],
             "created_at": iso(utcnow()),
+            **({"groups": list(groups)} if groups else {}),
         }
         self._write(doc)
         return token
 
     def list(self) -> list[dict[str, Any]]:
         return [
-            {"name": n, "role": d["role"], "scopes": d["scopes"], "created_at": d["created_at"]}
+            {
+                "name": n,
+                "role": d["role"],
+                "scopes": d["scopes"],
+                "groups": d.get("groups", []),
+                "created_at": d["created_at"],
+            }
             for n, d in sorted(self._read().items())
         ]
 
@@ -115,7 +124,7 @@ class TokenStore:
                 return
         doc = self._read() if seen else {}
         table = {
-            d["sha256"]: Identity(n, d["role"], tuple(d["scopes"]))
+            d["sha256"]: Identity(n, d["role"], tuple(d["scopes"]), tuple(d.get("groups") or ()))
             for n, d in doc.items()
             if d.get("role") in ROLES
         }

@@ -32,6 +32,7 @@ from deltad.protocol import (
 from deltad.protocol.fsio import MAX_MAILBOX_BYTES
 from deltad.protocol.printable import shell_quote, show, show_path
 
+from . import display
 from .runner import RunOptions, drive
 
 WORK_DIR = click.option(
@@ -198,12 +199,16 @@ def _print_status(ws: Workspace, doc: dict[str, Any]) -> None:
     if doc["pending"] is not None:
         req = InteractionRequest.model_validate(doc["pending"])
         click.echo(inbox.guidance(ws, doc["run_id"], req))
+        if lines := display.question_lines(doc["pending"]):
+            click.echo("\n".join(lines))
         if doc["response"]["state"] == "ready":
             click.echo("  An answer is waiting in response.txt; `delta run` will take it.")
         elif doc["response"].get("reason"):
             click.echo(f"  The answer file is not usable: {show(doc['response']['reason'])}")
         if doc["answer_error"]:
             click.echo(f"  Last answer was not taken: {show(doc['answer_error'])}")
+    if ended := display.outcome_lines(doc.get("outcome")):
+        click.echo("\n".join(ended))
     if doc["set_aside"]:
         names = ", ".join(map(show_path, doc["set_aside"][-5:]))
         click.echo(

@@ -186,7 +186,7 @@ def _prepare(opts: RunOptions, err: TextIO) -> Ready:
         raise UsageError("starting a run needs --agent DIR and --task TEXT (or --pipeline FILE)")
     if opts.max_steps and not opts.pipeline:
         raise UsageError("--max-steps bounds a pipeline's node visits: give --pipeline FILE")
-    pipeline = pipeline_runs.load_new(Path(opts.pipeline)) if opts.pipeline else None
+    pipeline = pipeline_runs.load_new(Path(opts.pipeline), err) if opts.pipeline else None
     agent = load_agent(opts.agent)
     for note in agent.notes:
         print(f"delta: note: {note}", file=err)

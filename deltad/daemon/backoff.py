@@ -13,6 +13,17 @@ from pathlib import Path
 AnswerSig = tuple[int, int, int]  # the answer file's (inode, size, mtime_ns)
 
 
+def exponential(initial: float, cap: float, failures: int) -> float:
+    """The wait after `failures` failures in a row: `initial`, doubled each time, at most `cap`."""
+    return float(min(initial * 2 ** (failures - 1), cap))
+
+
+def jittered(delay: float, r: float) -> float:
+    """`delay` spread over [delay/2, delay) by `r` in [0, 1), so many senders that failed
+    together do not all try again at the same instant ("equal jitter")."""
+    return delay / 2 + delay / 2 * r
+
+
 # What a resume was for; a different key starts the backoff afresh.
 @dataclass(frozen=True)
 class AnswerKey:
@@ -66,7 +77,7 @@ class Backoff:
     def failed(self, ws: Path, now: float) -> tuple[int, float]:
         a = self._attempts.setdefault(ws, Attempt(None))
         a.failures += 1
-        delay = min(self.initial * 2 ** (a.failures - 1), self.cap)
+        delay = exponential(self.initial, self.cap, a.failures)
         a.not_before = now + delay
         return a.failures, delay
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -111,13 +112,13 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     total_watches = 0
     for root in config.roots:
         layout = walk(root.path, config.discovery_depth)
-        watches = 0 if root.polling else len(layout.dirs) + 3 * len(layout.workspaces)
+        watches = root_watches(root.backend, len(layout.dirs), len(layout.workspaces))
         if root.backend == "inotify" or (root.backend == "watchdog" and _linux()):
             total_watches += watches  # both spend the kernel's inotify watches
         click.echo(
             f"root {show_path(root.path)} ({root.backend}): {len(layout.workspaces)} workspaces, "
             f"{len(layout.dirs)} directories watched for new ones, ~{watches} watches"
-            + (" (watchdog: one thread each)" if root.backend == "watchdog" else "")
+            + _BACKEND_NOTES.get(root.backend, "")
         )
         for ws in sorted(layout.workspaces):
             click.echo(f"  workspace {show_path(ws)}")
@@ -126,6 +127,19 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
         for path, problem in layout.problems:
             click.echo(f"  warning: {show_path(path)}: {show(problem)}")
     _report_watch_budget(total_watches, config.max_inotify_watches)
+
+
+_BACKEND_NOTES = {
+    "fanotify": " (fanotify: one filesystem mark, no inotify watch)",
+    "inotify": " (inotify: one per directory above workspaces and one per workspace)",
+    "watchdog": " (watchdog: one thread each)",
+}
+
+
+def root_watches(backend: str, dirs: int, workspaces: int) -> int:
+    """The inotify watches (or watchdog schedules) a root needs: one per directory above its
+    workspaces and one per workspace; none with fanotify or polling."""
+    return 0 if backend in ("fanotify", "polling") else dirs + workspaces
 
 
 def _linux() -> bool:
@@ -137,13 +151,44 @@ def _report_watch_budget(needed: int, own_cap: int | None) -> None:
         limit = int(Path("/proc/sys/fs/inotify/max_user_watches").read_text())
     except (OSError, ValueError):
         return
+    in_use = inotify_watches_in_use(os.geteuid())
     click.echo(
-        f"inotify watches needed: ~{needed} (fs.inotify.max_user_watches = {limit}"
+        f"inotify watches needed: ~{needed} (in use by this user now: {in_use}, a running "
+        f"deltad's own included; fs.inotify.max_user_watches = {limit}"
         + (f", max_inotify_watches = {own_cap}" if own_cap else "")
         + ")"
     )
-    if needed > min(limit, own_cap or limit):
-        click.echo("  warning: over the limit; the rest will be polled")
+    if over_watch_budget(needed, in_use, limit, own_cap):
+        click.echo(
+            "  warning: over the limit; the rest will be polled (fanotify, as root, needs none)"
+        )
+
+
+def over_watch_budget(needed: int, in_use: int, limit: int, own_cap: int | None) -> bool:
+    """The kernel's limit is per user (what others use counts); deltad's own cap is its own."""
+    return needed + in_use > limit or (own_cap is not None and needed > own_cap)
+
+
+def inotify_watches_in_use(uid: int) -> int:
+    """The inotify watches of `uid`'s processes: one `inotify wd:` line each in the fdinfo of
+    their inotify descriptors (only those are read). Processes we cannot see count 0."""
+    total = 0
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:inotify":
+                    continue
+                text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+            except OSError:
+                continue
+            total += sum(line.startswith("inotify wd:") for line in text.splitlines())
+    return total
 
 
 @main.command()
@@ -194,9 +239,20 @@ def _print_status(snap: dict[str, Any]) -> None:
 
 # -- tokens ---------------------------------------------------------------------------------------
 def _state_dir(config_path: Path | None, state_dir: Path | None) -> Path:
+    """The state dir the daemon started with this config uses (`--state-dir` wins)."""
     if state_dir is not None:
         return state_dir
-    return (_load(config_path, ()) if config_path else DaemonConfig()).state_dir
+    config = _load(config_path, ()) if config_path else DaemonConfig()
+    if "state_dir" not in config.model_fields_set and not os.environ.get("STATE_DIRECTORY"):
+        # Under the shipped unit the daemon's default is StateDirectory= (/var/lib/deltad),
+        # which a command run from a shell cannot see: say which directory this is.
+        click.echo(
+            f"deltad: note: {config_path or 'no config'} sets no state_dir, so this is "
+            f"{config.state_dir}; a daemon under systemd (StateDirectory=deltad) uses "
+            "/var/lib/deltad: set state_dir in the config or pass --state-dir",
+            err=True,
+        )
+    return config.state_dir
 
 
 state_dir_option = click.option(
@@ -226,23 +282,35 @@ def token() -> None:
     default="answerer",
     show_default=True,
 )
+@click.option(
+    "--group",
+    "groups",
+    multiple=True,
+    metavar="NAME",
+    help="A group the token is in, for questions naming group:NAME respondents (repeatable).",
+)
 @config_option
 @state_dir_option
 def token_add(
-    name: str, scopes: tuple[str, ...], role: str, config_path: Path | None, state_dir: Path | None
+    name: str,
+    scopes: tuple[str, ...],
+    role: str,
+    groups: tuple[str, ...],
+    config_path: Path | None,
+    state_dir: Path | None,
 ) -> None:
     """Make a token; it is printed once, as the last line."""
     from deltad.api.tokens import TokenError, TokenStore
 
     store = TokenStore(_state_dir(config_path, state_dir))
     try:
-        value = store.add(name, list(scopes), role)  # type: ignore[arg-type]
+        value = store.add(name, list(scopes), role, groups)  # type: ignore[arg-type]
     except TokenError as e:
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
     click.echo(
-        f"token {name} ({role}; scopes: {', '.join(scopes) or 'all workspaces'}); "
-        "it is shown only now:"
+        f"token {name} ({role}; scopes: {', '.join(scopes) or 'all workspaces'}) written to "
+        f"{store.path}; it is shown only now:"
     )
     click.echo(value)
 
@@ -255,16 +323,21 @@ def token_list(config_path: Path | None, state_dir: Path | None, as_json: bool) 
     """Names, roles and scopes (never the tokens)."""
     from deltad.api.tokens import TokenError, TokenStore
 
+    store = TokenStore(_state_dir(config_path, state_dir))
     try:
-        items = TokenStore(_state_dir(config_path, state_dir)).list()
+        items = store.list()
     except TokenError as e:
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
+    click.echo(f"tokens in {store.path}", err=True)  # stderr: stdout stays the list
     if as_json:
         click.echo(json.dumps(items, indent=2))
         return
     for t in items:
-        click.echo(f"{t['name']}\t{t['role']}\t{' '.join(t['scopes'])}\t{t['created_at']}")
+        groups = " ".join(f"group:{g}" for g in t["groups"])
+        click.echo(
+            f"{t['name']}\t{t['role']}\t{' '.join(t['scopes'])}\t{t['created_at']}\t{groups}"
+        )
 
 
 @token.command("revoke")
@@ -275,12 +348,13 @@ def token_revoke(name: str, config_path: Path | None, state_dir: Path | None) ->
     """Revoke a token now (a running daemon notices at once)."""
     from deltad.api.tokens import TokenError, TokenStore
 
+    store = TokenStore(_state_dir(config_path, state_dir))
     try:
-        TokenStore(_state_dir(config_path, state_dir)).revoke(name)
+        store.revoke(name)
     except TokenError as e:
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
-    click.echo(f"token {name} revoked")
+    click.echo(f"token {name} revoked in {store.path}")
 
 
 def _executor_kind(config: DaemonConfig) -> str:

@@ -42,13 +42,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-BackendName = Literal["auto", "inotify", "watchdog", "polling"]
+BackendName = Literal["auto", "fanotify", "inotify", "watchdog", "polling"]
 ExecutorName = Literal["auto", "fresh", "fork", "command"]
 
 
-def auto_backend() -> Literal["inotify", "watchdog"]:
-    """inotify on Linux (one fd, no thread per watch), watchdog's native observer elsewhere."""
-    return "inotify" if sys.platform.startswith("linux") else "watchdog"
+def auto_backend(root: Path) -> Literal["fanotify", "inotify", "watchdog"]:
+    """fanotify where a filesystem mark works for `root` (Linux, root, kernel >= 5.9), else
+    inotify on Linux (one fd, no thread per watch), watchdog's native observer elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return "watchdog"
+    from .backends.fanotify import probe
+
+    return "fanotify" if probe(root) is None else "inotify"
 
 
 class RootConfig(_Strict):
@@ -65,7 +70,12 @@ class RootConfig(_Strict):
                 raise ValueError(f"polling: true contradicts backend: {self.backend}")
             self.backend = "polling"
         elif self.backend == "auto":
-            self.backend = auto_backend()
+            self.backend = auto_backend(self.path)
+        elif self.backend == "fanotify":
+            from .backends.fanotify import probe
+
+            if (reason := probe(self.path)) is not None:
+                raise ValueError(f"backend: fanotify is impossible here: {reason}")
         if self.backend == "inotify" and not sys.platform.startswith("linux"):
             raise ValueError("backend: inotify exists only on Linux (use auto or watchdog)")
         self.polling = self.backend == "polling"

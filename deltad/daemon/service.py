@@ -126,7 +126,7 @@ class Service:
 
             quiet = [r.path for r in self.config.roots if not r.notify]
             try:
-                self.notifier = Notifier(notify, self.feed, quiet, context)
+                self.notifier = Notifier(notify, self.feed, quiet, context, self.config.state_dir)
             except (OSError, ValueError) as e:
                 log.error("notify_unusable", error=str(e))
                 print(f"deltad: error: notify: {e}", file=sys.stderr)
@@ -189,7 +189,7 @@ class Service:
         the poller always exists: it also takes what no longer fits under the watch limit."""
         poller = PollingBackend(self.queue, self.config.poll_interval_seconds)
         backends: list[Backend] = []
-        for kind in ("inotify", "watchdog"):
+        for kind in ("fanotify", "inotify", "watchdog"):
             roots = [r for r in self.config.roots if r.backend == kind]
             if roots:
                 tree = self._event_backend(kind, poller)

@@ -10,6 +10,7 @@ from typing import Any
 from deltad.protocol import ActionStatus, InputType, InteractionRequest, atomic_write_text, utcnow
 from deltad.protocol.history import Call
 from deltad.protocol.kinds import NOT_CONSENT, kind_of, model_kinds
+from deltad.protocol.models import respondent_problem
 from deltad.protocol.replies import AnswerRejected, Reply
 
 from .asking import Asking
@@ -46,6 +47,12 @@ def _schema() -> dict[str, Any]:
         "allow_empty": {
             "type": "boolean",
             "description": "True when an empty answer is acceptable (text/password).",
+        },
+        "respondents": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Who may answer over the inbox: token names or group:NAME "
+            "(default: anyone allowed to see the question).",
         },
     }
     for t in model_kinds():
@@ -93,6 +100,11 @@ def question_from_args(raw: str, run_id: str, action_id: str) -> InteractionRequ
         or not 0 < timeout <= MAX_TIMEOUT_SECONDS
     ):
         return f"Error: timeout_seconds must be a number of seconds, 1 to {MAX_TIMEOUT_SECONDS}"
+    respondents = args.get("respondents") or []
+    if not isinstance(respondents, list):
+        return "Error: respondents must be a list of token names or group:NAME"
+    if bad := next((w for n in respondents if (w := respondent_problem(n))), None):
+        return f"Error: {bad}"
     now = utcnow()
     req = InteractionRequest(
         timestamp=now,
@@ -104,6 +116,7 @@ def question_from_args(raw: str, run_id: str, action_id: str) -> InteractionRequ
         action_id=action_id,
         timeout_seconds=timeout,
         expires_at=now + timedelta(seconds=timeout) if timeout else None,
+        respondents=respondents,
         **extra,
     )
     if (default := args.get("default")) is not None:

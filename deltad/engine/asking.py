@@ -19,6 +19,7 @@ from deltad.protocol import EventType, InteractionRequest, utcnow
 from deltad.protocol.kinds import on_timeout
 from deltad.protocol.replies import AnswerRejected, Reply
 
+from .briefing import question_context
 from .context import RunContext
 from .hooks import Point
 from .interviewers import Interviewer
@@ -34,6 +35,10 @@ class Asking:
         self.validate = validate  # checks the engine makes beyond the kind (edits vs schema)
 
     def record_asked(self, req: InteractionRequest) -> InteractionRequest:
+        """Journal the question once, with the context a person decides with (from the journal
+        as it stands, so a question asked again after a crash carries the same)."""
+        if req.context is None:
+            req.context = question_context(self.ctx.journal.events, self.ctx.meta.task, req.prompt)
         self.ctx.journal.append(
             EventType.HUMAN_INTERACTION, {"phase": "asked", "request": req.model_dump(mode="json")}
         )

@@ -43,7 +43,10 @@ def gated(ctx: RunContext, calls: list[Call]) -> list[Call]:
 
 
 def approval_request(
-    run_id: str, calls: list[GatedCall], timeout: float | None
+    run_id: str,
+    calls: list[GatedCall],
+    timeout: float | None,
+    respondents: list[str] | None = None,
 ) -> InteractionRequest:
     now = utcnow()
     names = ", ".join(c.tool_name for c in calls)
@@ -56,6 +59,7 @@ def approval_request(
         calls=calls,
         timeout_seconds=timeout,
         expires_at=now + timedelta(seconds=timeout) if timeout else None,
+        respondents=respondents or [],
     )
 
 
@@ -83,7 +87,10 @@ def decide(
     if req is None:
         policy = ctx.agent.config.approval
         timeout = policy.timeout_seconds if policy else None
-        fresh = approval_request(ctx.meta.run_id, [_gated_call(ctx, c) for c in calls], timeout)
+        who = policy.respondents if policy else []
+        fresh = approval_request(
+            ctx.meta.run_id, [_gated_call(ctx, c) for c in calls], timeout, who
+        )
         req = asking.record_asked(fresh)
     reply = asking.take(req)
     if reply is None:

@@ -6,6 +6,9 @@
     submit(ws, request_id, body, answered_by=..., channel=...)
                            check the answer as the engine will, write it atomically
                            (a compare-and-set on request_id); raises a SubmitError
+    run_outcome(ws, meta)  a finished run's final message, duration and who answered what
+    refuse_respondent(ws, request_id, who)
+                           why `who` may not answer over HTTP (the question's respondents)
 
 `delta respond`, `delta status`, the HTTP API and the web page all call these.
 """
@@ -26,12 +29,15 @@ from .answering import (
     open_question,
     submit,
 )
+from .outcome import run_outcome
+from .respondents import Answerer, refuse_respondent
 from .views import NoRun, Pending, guidance, load_run, pending, status
 
 __all__ = [
     "AlreadyAnswered",
     "AnswerIn",
     "AnswerWaiting",
+    "Answerer",
     "Expired",
     "Misfit",
     "NoRun",
@@ -47,6 +53,8 @@ __all__ = [
     "load_run",
     "open_question",
     "pending",
+    "refuse_respondent",
+    "run_outcome",
     "status",
     "submit",
 ]

@@ -25,6 +25,8 @@ from deltad.protocol.errors import ProtocolError
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import shell_quote, show, show_path
 
+from .outcome import run_outcome
+
 OPEN = frozenset({RunStatus.WAITING_FOR_INPUT, RunStatus.INTERRUPTED, RunStatus.RUNNING})
 
 
@@ -114,6 +116,7 @@ def status(ws: Workspace | Path | str, run_id: str | None = None) -> dict[str, A
         "response": answer,
         "answer_error": mailbox.last_refusal() if req else None,
         "set_aside": mailbox.stale_answers(),
+        "outcome": run_outcome(w, meta),  # a finished run's final message and answers
     }
 
 

@@ -11,15 +11,18 @@ from .conditions import Condition, ConditionError, parse_condition
 from .dot import DotSyntaxError, parse_dot
 from .gates import Choice, Gate, derive_choices, gate
 from .interactive import ending
-from .load import load_pipeline, parse_pipeline
+from .lint import lint
+from .load import Checked, check_file, check_pipeline, load_pipeline, parse_pipeline
 from .model import Edge, Graph, Kind, Node, build_graph
 from .outcome import Outcome, Status
-from .problems import GraphError, Pos, Problem
+from .problems import Code, GraphError, Pos, Problem
 from .routing import Selection, Step, normalize_label, select_edge
 from .validate import validate
 
 __all__ = [
+    "Checked",
     "Choice",
+    "Code",
     "Condition",
     "ConditionError",
     "DotSyntaxError",
@@ -36,9 +39,12 @@ __all__ = [
     "Status",
     "Step",
     "build_graph",
+    "check_file",
+    "check_pipeline",
     "derive_choices",
     "ending",
     "gate",
+    "lint",
     "load_pipeline",
     "normalize_label",
     "parse_condition",

@@ -10,7 +10,7 @@ import click
 from deltad.protocol import exitcodes
 
 from .describe import describe
-from .load import load_pipeline
+from .load import check_file
 from .problems import GraphError
 
 
@@ -21,12 +21,18 @@ def pipeline() -> None:
 
 @pipeline.command("check")
 @click.argument("file", type=click.Path(path_type=Path))
-def check_cmd(file: Path) -> None:
-    """Check FILE.dot: list its nodes, edges and gates (exit 0), or every problem (exit 2)."""
+@click.option("--strict", is_flag=True, help="Refuse a graph with warnings too (exit 2).")
+def check_cmd(file: Path, strict: bool) -> None:
+    """Check FILE.dot: list its nodes, edges and gates (exit 0, warnings on stderr), or every
+    problem (exit 2)."""
     try:
-        graph = load_pipeline(file)
+        checked = check_file(file, strict=strict)
     except GraphError as e:
         for line in e.lines():
             click.echo(f"delta: error: {line}", err=True)
+        for line in e.warning_lines():
+            click.echo(f"delta: warning: {line}", err=True)
         sys.exit(exitcodes.USAGE)
-    click.echo(describe(graph, str(file)))
+    for line in checked.warning_lines():
+        click.echo(f"delta: warning: {line}", err=True)
+    click.echo(describe(checked.graph, str(file)))

@@ -12,11 +12,13 @@ The result is untyped (`DotGraph`: strings with their positions); `model.py` giv
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 from .problems import Pos
 
@@ -25,8 +27,6 @@ ATTR_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 KEYWORDS = {"digraph", "graph", "subgraph", "node", "edge", "strict"}
 MAX_NESTING = 64  # subgraphs inside subgraphs; deeper is a mistake, not a pipeline
 
-_WORD = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:")
-_PUNCT = set("{}[]=;,")
 _ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t"}
 
 
@@ -44,8 +44,7 @@ class Tok(Enum):
     END = "end"
 
 
-@dataclass(frozen=True)
-class Token:
+class Token(NamedTuple):  # a tuple: a large file has hundreds of thousands
     kind: Tok
     text: str
     pos: Pos
@@ -62,75 +61,91 @@ def _quote(text: str, limit: int = 40) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
+# One match per token, with the blanks before it (a character at a time made a large file
+# slow). `-` belongs to a bare value (`a-b`, `-1`) but never starts `->` or `--`; `\s` is
+# str.isspace() for str patterns.
+_TOKEN = re.compile(
+    r"""\s*(?:
+     (?P<comment>//[^\n]*|\#[^\n]*)
+    |(?P<arrow>->|--)
+    |(?P<punct>[{}\[\]=;,])
+    |(?P<word>(?:[A-Za-z0-9_.:]|-(?=[A-Za-z0-9_.:]))+)
+    |(?P<string>"[^"\\\n]*")
+    )""",
+    re.VERBOSE,
+)
+_BLANKS = re.compile(r"\s*")
+_PLAIN_RUN = re.compile(r'[^"\\]+')  # inside a string: up to a quote or a backslash
+
+
 class _Lexer:
+    """A position is worked out from the offset: its line from where the newlines are."""
+
     def __init__(self, text: str) -> None:
         self.text = text
         self.i = 0
-        self.line = 1
-        self.col = 1
+        self.newlines = [m.start() for m in re.finditer("\n", text)]
+
+    def pos_at(self, i: int) -> Pos:
+        line = bisect.bisect_left(self.newlines, i)  # newlines before i
+        return Pos(line + 1, i - (self.newlines[line - 1] + 1 if line else 0) + 1)
 
     def pos(self) -> Pos:
-        return Pos(self.line, self.col)
+        return self.pos_at(self.i)
 
     def peek(self, ahead: int = 0) -> str:
         j = self.i + ahead
         return self.text[j] if j < len(self.text) else ""
 
     def advance(self, n: int = 1) -> None:
-        for _ in range(n):
-            if self.text[self.i] == "\n":
-                self.line, self.col = self.line + 1, 1
-            else:
-                self.col += 1
-            self.i += 1
-
-    def skip_to_newline(self) -> None:
-        while self.i < len(self.text) and self.text[self.i] != "\n":
-            self.advance()
+        self.i += n
 
     def tokens(self) -> Iterator[Token]:
+        """Most tokens are one match of `_TOKEN`; the rest (a string with escapes or newlines,
+        a block comment, the end, an error) go through `rest`."""
+        text, match, pos_at = self.text, _TOKEN.match, self.pos_at  # looked up once
+        word, string, punct = Tok.WORD, Tok.STRING, Tok.PUNCT
         while True:
-            c, pos = self.peek(), self.pos()
-            if not c:
-                yield Token(Tok.END, "", pos)
-                return
-            pair = c + self.peek(1)
-            if c.isspace():
-                self.advance()
-            elif pair == "//" or c == "#":
-                self.skip_to_newline()
-            elif pair == "/*":
-                self.block_comment(pos)
-            elif c == '"':
-                yield Token(Tok.STRING, self.string(pos), pos)
-            elif pair in ("->", "--"):
-                self.advance(2)
-                yield Token(Tok.PUNCT, pair, pos)
-            elif c in _PUNCT:
-                self.advance()
-                yield Token(Tok.PUNCT, c, pos)
-            elif c in _WORD or (c == "-" and self.peek(1) in _WORD):
-                yield Token(Tok.WORD, self.word(), pos)
-            elif c == "<":
-                raise DotSyntaxError(
-                    "HTML labels (<...>) are not supported; use a quoted string", pos
-                )
-            else:
-                raise DotSyntaxError(f"unexpected character {c!r}", pos)
+            found = match(text, self.i)
+            if found is None:
+                self.i = _end(_BLANKS, text, self.i)
+                tok = self.rest(self.pos())
+                if tok is not None:
+                    yield tok
+                if tok is not None and tok.kind == Tok.END:
+                    return
+                continue
+            kind = found.lastgroup or ""
+            self.i = found.end()
+            if kind == "comment":
+                continue
+            pos = pos_at(found.start(kind))
+            if kind == "word":
+                yield Token(word, found.group(kind), pos)
+            elif kind == "string":
+                yield Token(string, found.group(kind)[1:-1], pos)
+            else:  # arrow, punct
+                yield Token(punct, found.group(kind), pos)
+
+    def rest(self, pos: Pos) -> Token | None:
+        """The token `_TOKEN` does not match here, or None after a block comment."""
+        c = self.peek()
+        if not c:
+            return Token(Tok.END, "", pos)
+        if c + self.peek(1) == "/*":
+            self.block_comment(pos)
+            return None
+        if c == '"':
+            return Token(Tok.STRING, self.string(pos), pos)
+        if c == "<":
+            raise DotSyntaxError("HTML labels (<...>) are not supported; use a quoted string", pos)
+        raise DotSyntaxError(f"unexpected character {c!r}", pos)
 
     def block_comment(self, start: Pos) -> None:
         end = self.text.find("*/", self.i + 2)
         if end < 0:
             raise DotSyntaxError("a /* comment is never closed", start)
-        self.advance(end + 2 - self.i)
-
-    def word(self) -> str:
-        begin = self.i
-        self.advance()
-        # `-` belongs to a bare value (`a-b`, `-1`) but never starts `->` or `--`
-        while (c := self.peek()) and (c in _WORD or (c == "-" and self.peek(1) in _WORD)):
-            self.advance()
-        return self.text[begin : self.i]
+        self.i = end + 2
 
     def string(self, start: Pos) -> str:
         self.advance()  # the opening quote
@@ -149,12 +164,18 @@ class _Lexer:
                 out.append(_ESCAPES.get(nxt, "\\" + nxt))  # \l, \N...: kept as written
                 self.advance(2)
             else:
-                out.append(c)
-                self.advance()
+                end = max(_end(_PLAIN_RUN, self.text, self.i), self.i + 1)  # a lone backslash too
+                out.append(self.text[self.i : end])
+                self.i = end
 
 
-@dataclass(frozen=True)
-class Attr:
+def _end(run: re.Pattern[str], text: str, i: int) -> int:
+    """Where the run starting at `i` ends."""
+    found = run.match(text, i)
+    return found.end() if found else i
+
+
+class Attr(NamedTuple):  # a tuple: there is one per attribute written
     value: str
     pos: Pos  # where the value was written (for a default: in its `node [...]` block)
 
@@ -170,7 +191,7 @@ class RawNode:
     declared: bool = False  # named in a node statement, not only in edges
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass is slow to build, and there are many
 class RawEdge:
     source: str
     target: str
@@ -202,20 +223,22 @@ class _Scope:
 class _Parser:
     def __init__(self, text: str) -> None:
         self.toks = list(_Lexer(text).tokens())
+        self.toks.append(self.toks[-1])  # END again: peek(1) at the end needs no bounds check
         self.i = 0
 
     # -- tokens ---------------------------------------------------------------------------
     def peek(self, ahead: int = 0) -> Token:
-        return self.toks[min(self.i + ahead, len(self.toks) - 1)]
+        return self.toks[self.i + ahead]
 
     def take(self) -> Token:
-        tok = self.peek()
-        self.i = min(self.i + 1, len(self.toks) - 1)
+        tok = self.toks[self.i]
+        if tok.kind is not Tok.END:  # the END token is taken forever
+            self.i += 1
         return tok
 
     def at(self, punct: str, ahead: int = 0) -> bool:
-        tok = self.peek(ahead)
-        return tok.kind == Tok.PUNCT and tok.text == punct
+        tok = self.toks[self.i + ahead]
+        return tok.text == punct and tok.kind is Tok.PUNCT
 
     def at_keyword(self, word: str) -> bool:
         tok = self.peek()

@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deltad.protocol.models import Option
+from deltad.protocol.models import Option, respondent_problem
 from deltad.protocol.questions import parse_accelerator
 
 from .model import Edge, Graph, Node
 from .outcome import Outcome, Status
-from .problems import Problem
+from .problems import Code, Problem
 
 FALLBACK_KEYS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 SELECTED = "human.gate.selected"  # context keys a gate sets
@@ -73,7 +73,9 @@ def derive_choices(edges: Sequence[Edge]) -> tuple[list[Choice], list[Problem]]:
             continue
         if len(key) != 1:
             problems.append(
-                Problem(f"key {key!r} is not one character", e.where("label"), e.subject)
+                Problem(
+                    f"key {key!r} is not one character", e.where("label"), e.subject, code=Code.GATE
+                )
             )
         elif (other := owner.get(key.casefold())) is not None:
             problems.append(
@@ -82,6 +84,7 @@ def derive_choices(edges: Sequence[Edge]) -> tuple[list[Choice], list[Problem]]:
                     f"{other.pos.line}): keys must differ within a gate (case does not count)",
                     e.where("label"),
                     e.subject,
+                    code=Code.GATE,
                 )
             )
         else:
@@ -92,7 +95,9 @@ def derive_choices(edges: Sequence[Edge]) -> tuple[list[Choice], list[Problem]]:
         if key is None or len(key) != 1:
             key = _free_key(label, taken)
             if key is None:
-                problems.append(Problem("no key left for this choice", e.pos, e.subject))
+                problems.append(
+                    Problem("no key left for this choice", e.pos, e.subject, code=Code.GATE)
+                )
                 continue
             taken.add(key.casefold())
         choices.append(Choice(key, label, e))
@@ -101,17 +106,21 @@ def derive_choices(edges: Sequence[Edge]) -> tuple[list[Choice], list[Problem]]:
 
 def _ambiguous(choices: list[Choice]) -> list[Problem]:
     """Two choices with one label, or a one-letter label that is another choice's key, would
-    make an answer mean two things."""
+    make an answer mean two things. Each choice is checked against the earlier ones through two
+    lookups (a gate may have thousands of edges)."""
     problems: list[Problem] = []
-    for i, c in enumerate(choices):
-        for other in choices[:i]:
-            if _fold(c.label) == _fold(other.label):
-                why = f"label {c.label!r} is also the label of the edge to {other.target}"
-            elif _fold(c.label) == _fold(other.key) or _fold(other.label) == _fold(c.key):
-                why = f"label {c.label!r} and key {c.key} overlap with the edge to {other.target}"
-            else:
-                continue
-            problems.append(Problem(why, c.edge.where("label"), c.edge.subject))
+    by_label: dict[str, Choice] = {}
+    by_key: dict[str, Choice] = {}
+    for c in choices:
+        label, key = _fold(c.label), _fold(c.key)
+        if (other := by_label.get(label)) is not None:
+            why = f"label {c.label!r} is also the label of the edge to {other.target}"
+        elif (other := by_key.get(label) or by_label.get(key)) is not None:
+            why = f"label {c.label!r} and key {c.key} overlap with the edge to {other.target}"
+        if other is not None:
+            problems.append(Problem(why, c.edge.where("label"), c.edge.subject, code=Code.GATE))
+        by_label.setdefault(label, c)
+        by_key.setdefault(key, c)
     return problems
 
 
@@ -120,6 +129,7 @@ class Gate:
     node: Node
     choices: tuple[Choice, ...]
     problems: tuple[Problem, ...]  # key clashes and ambiguous labels; empty when valid
+    respondents: tuple[str, ...] = ()  # who may answer over HTTP (`respondents` attribute)
 
     @property
     def question(self) -> str:
@@ -198,7 +208,30 @@ class Gate:
         return Outcome(Status.FAIL, failure_reason=reason)
 
 
+def respondents_of(node: Node) -> tuple[tuple[str, ...], list[Problem]]:
+    """The `respondents` attribute ("alice, group:ops"): the names, and what is wrong with
+    them (a gate must never quietly become answerable by anyone)."""
+    names = tuple(n.strip() for n in node.attrs.get("respondents", "").split(",") if n.strip())
+    problems = [
+        Problem(why, node.where("respondents"), node.subject, code=Code.GATE)
+        for n in names
+        if (why := respondent_problem(n)) is not None
+    ]
+    if "respondents" in node.attrs and not names:
+        problems.append(
+            Problem(
+                "respondents is empty: name who may answer, or leave it out",
+                node.where("respondents"),
+                node.subject,
+                code=Code.GATE,
+            )
+        )
+    return names, problems
+
+
 def gate(graph: Graph, node_id: str) -> Gate:
     """The gate at `node_id`, from its outgoing edges in declaration order."""
+    node = graph.nodes[node_id]
     choices, problems = derive_choices(graph.outgoing(node_id))
-    return Gate(graph.nodes[node_id], tuple(choices), tuple(problems))
+    respondents, wrong = respondents_of(node)
+    return Gate(node, tuple(choices), tuple(problems + wrong), respondents)

@@ -2,33 +2,77 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from deltad.protocol.errors import ProtocolError
 from deltad.protocol.fsio import read_regular_text
 
 from .dot import DotSyntaxError, parse_dot
+from .lint import lint
 from .model import Graph, build_graph
-from .problems import GraphError, Problem
+from .problems import Code, GraphError, Problem, errors_of, in_order
 from .validate import validate
 
 MAX_DOT_BYTES = 1024 * 1024  # a pipeline is a page of text, never a megabyte
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A graph that can run, and what it says that will not be carried out."""
+
+    graph: Graph
+    warnings: list[Problem]
+    source: str
+
+    def warning_lines(self) -> list[str]:
+        return [w.render(self.source) for w in self.warnings]
+
+
+@contextmanager
+def _no_cycle_collector() -> Iterator[None]:
+    """A graph is hundreds of thousands of small objects and no cycles to free: the collector's
+    full passes over them cost about a third of a large check."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def check_pipeline(
+    text: str,
+    source: str = "<pipeline>",
+    base_dir: Path | None = None,
+    *,
+    check_files: bool = True,
+    strict: bool = False,
+) -> Checked:
+    """Parse, type, validate and lint; raises GraphError when there is an error (a syntax error
+    stops at itself, every other problem is collected), or under `strict` any warning.
+    `base_dir` resolves `agent` attributes (the DOT file's directory)."""
+    with _no_cycle_collector():
+        try:
+            dot = parse_dot(text.removeprefix("\ufeff"))
+        except DotSyntaxError as e:
+            raise GraphError([Problem(e.message, e.pos, code=Code.SYNTAX)], source) from None
+        graph, problems = build_graph(dot, base_dir)
+        problems += validate(graph, check_files=check_files) + lint(graph)
+    if errors_of(problems, strict=strict):
+        raise GraphError(problems, source, strict=strict)
+    return Checked(graph, in_order(problems), source)
+
+
 def parse_pipeline(
     text: str, source: str = "<pipeline>", base_dir: Path | None = None, *, check_files: bool = True
 ) -> Graph:
-    """Parse, type and validate; raises GraphError (a syntax error stops at itself, every other
-    problem is collected). `base_dir` resolves `agent` attributes (the DOT file's directory)."""
-    try:
-        dot = parse_dot(text.removeprefix("\ufeff"))
-    except DotSyntaxError as e:
-        raise GraphError([Problem(e.message, e.pos)], source) from None
-    graph, problems = build_graph(dot, base_dir)
-    problems += validate(graph, check_files=check_files)
-    if problems:
-        raise GraphError(problems, source)
-    return graph
+    """The graph only (warnings do not stop it); see `check_pipeline`."""
+    return check_pipeline(text, source, base_dir, check_files=check_files).graph
 
 
 def read_dot(path: Path) -> str:
@@ -43,9 +87,15 @@ def read_dot(path: Path) -> str:
         why = str(e).replace(str(path), "").strip(" :") or str(e)
     except OSError as e:
         why = e.strerror or str(e)
-    raise GraphError([Problem(why)], str(path))
+    raise GraphError([Problem(why, code=Code.UNREADABLE)], str(path))
+
+
+def check_file(path: Path, *, strict: bool = False) -> Checked:
+    """The graph in `path` with its warnings; `agent` attributes are relative to the file's
+    directory."""
+    return check_pipeline(read_dot(path), str(path), path.resolve().parent, strict=strict)
 
 
 def load_pipeline(path: Path) -> Graph:
-    """The graph in `path`, checked; `agent` attributes are relative to the file's directory."""
-    return parse_pipeline(read_dot(path), str(path), path.resolve().parent)
+    """The graph in `path`, checked (warnings do not stop it)."""
+    return check_file(path).graph

@@ -7,16 +7,17 @@ the first; `validate.py` then checks the graph as a whole.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
 from . import values
 from .conditions import Condition, ConditionError, parse_condition
 from .dot import Attrs, DotGraph, RawEdge, RawNode
-from .problems import Pos, Problem
+from .problems import Code, Pos, Problem
 
 T = TypeVar("T")
 
@@ -71,6 +72,7 @@ class Node:
     pos: Pos
     attrs: Mapping[str, str] = field(default_factory=dict)
     attr_pos: Mapping[str, Pos] = field(default_factory=dict)
+    declared: bool = True  # False: only mentioned in edges (it has the defaults in force there)
 
     @property
     def interactive(self) -> bool:
@@ -117,17 +119,27 @@ class Graph:
     default_max_retries: int
     retry_target: str | None
     fallback_retry_target: str | None
-    nodes: Mapping[str, Node]  # declared nodes, in declaration order
+    nodes: Mapping[str, Node]  # in the order of their first mention
     edges: tuple[Edge, ...]
     attrs: Mapping[str, str] = field(default_factory=dict)
     attr_pos: Mapping[str, Pos] = field(default_factory=dict)
     max_steps: int = values.DEFAULT_MAX_STEPS  # node visits a run may make (engine/limits.py)
 
-    def outgoing(self, node_id: str) -> list[Edge]:
-        return [e for e in self.edges if e.source == node_id]
+    def outgoing(self, node_id: str) -> Sequence[Edge]:
+        """The node's edges out, in the order written."""
+        return self._by_source.get(node_id, ())
 
-    def incoming(self, node_id: str) -> list[Edge]:
-        return [e for e in self.edges if e.target == node_id]
+    def incoming(self, node_id: str) -> Sequence[Edge]:
+        return self._by_target.get(node_id, ())
+
+    # Built once, on first use: scanning every edge per node made `check` quadratic.
+    @cached_property
+    def _by_source(self) -> Mapping[str, tuple[Edge, ...]]:
+        return _index(self.edges, lambda e: e.source)
+
+    @cached_property
+    def _by_target(self) -> Mapping[str, tuple[Edge, ...]]:
+        return _index(self.edges, lambda e: e.target)
 
     def of_kind(self, kind: Kind) -> list[Node]:
         return [n for n in self.nodes.values() if n.kind == kind]
@@ -137,6 +149,13 @@ class Graph:
         """The start node when there is exactly one."""
         found = self.of_kind(Kind.START)
         return found[0] if len(found) == 1 else None
+
+
+def _index(edges: Sequence[Edge], end: Callable[[Edge], str]) -> dict[str, tuple[Edge, ...]]:
+    grouped: dict[str, list[Edge]] = {}
+    for e in edges:
+        grouped.setdefault(end(e), []).append(e)
+    return {k: tuple(v) for k, v in grouped.items()}
 
 
 class _Reader:
@@ -164,9 +183,9 @@ class _Reader:
             self.problem(key, f"{key}: {e}")
             return None
 
-    def problem(self, key: str, message: str) -> None:
+    def problem(self, key: str, message: str, code: Code = Code.BAD_VALUE) -> None:
         attr = self.attrs.get(key)
-        self.problems.append(Problem(message, attr.pos if attr else None, self.subject))
+        self.problems.append(Problem(message, attr.pos if attr else None, self.subject, code=code))
 
 
 def _kind(raw: RawNode, r: _Reader) -> tuple[Kind, str]:
@@ -216,6 +235,7 @@ def _node(raw: RawNode, g: Graph, base_dir: Path | None, problems: list[Problem]
         pos=raw.pos,
         attrs={k: a.value for k, a in raw.attrs.items()},
         attr_pos={k: a.pos for k, a in raw.attrs.items()},
+        declared=raw.declared,
     )
 
 
@@ -225,7 +245,7 @@ def _guard(text: str, r: _Reader) -> Condition | None:
     try:
         return parse_condition(text)
     except ConditionError as e:
-        r.problem("condition", f"condition {text[:60]!r}: {e}")
+        r.problem("condition", f"condition {text[:60]!r}: {e}", Code.BAD_CONDITION)
         return None
 
 
@@ -264,10 +284,11 @@ def _graph_attrs(dot: DotGraph, problems: list[Problem]) -> Graph:
 
 
 def build_graph(dot: DotGraph, base_dir: Path | None = None) -> tuple[Graph, list[Problem]]:
-    """The typed graph and every attribute problem found on the way. Nodes only mentioned in
-    edges are left out (validation names the edges that point at them)."""
+    """The typed graph and every attribute problem found on the way. A node only mentioned in
+    edges is a node too, with the defaults in force there (attractor spec §2.13's human gate);
+    validation warns about it."""
     problems: list[Problem] = []
     g = _graph_attrs(dot, problems)
-    nodes = {n.id: _node(n, g, base_dir, problems) for n in dot.nodes.values() if n.declared}
+    nodes = {n.id: _node(n, g, base_dir, problems) for n in dot.nodes.values()}
     edges = tuple(_edge(e, problems) for e in dot.edges)
     return replace(g, nodes=nodes, edges=edges), problems

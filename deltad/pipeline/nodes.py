@@ -195,6 +195,7 @@ def gate_request(g: Gate, run_id: str, action_id: str) -> InteractionRequest:
         timeout_seconds=node.timeout,
         expires_at=now + timedelta(seconds=node.timeout) if node.timeout else None,
         node_id=node.id,
+        respondents=list(g.respondents),
     )
 
 

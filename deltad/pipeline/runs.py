@@ -4,13 +4,14 @@ read back from that copy on every resume (editing the original changes no run in
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TextIO
 
 from deltad.errors import UsageError
 from deltad.protocol import RunMetadata, RunPaths
 from deltad.protocol.errors import ProtocolError
 from deltad.protocol.fsio import atomic_write, read_regular_text
 
-from .load import MAX_DOT_BYTES, parse_pipeline, read_dot
+from .load import MAX_DOT_BYTES, check_pipeline, parse_pipeline, read_dot
 from .model import Graph
 from .problems import GraphError
 
@@ -22,13 +23,17 @@ def refused(e: GraphError) -> UsageError:
     return UsageError("\ndelta: error: ".join(e.lines()))
 
 
-def load_new(path: Path) -> tuple[Graph, str]:
-    """The graph in `path` and its text, or UsageError listing every problem."""
+def load_new(path: Path, err: TextIO | None = None) -> tuple[Graph, str]:
+    """The graph in `path` and its text, or UsageError listing every problem. Its warnings go
+    to `err` here, once, as the run starts (a resume reads the copy and says nothing)."""
     try:
         text = read_dot(path)
-        return parse_pipeline(text, str(path), path.resolve().parent), text
+        checked = check_pipeline(text, str(path), path.resolve().parent)
     except GraphError as e:
         raise refused(e) from None
+    for line in checked.warning_lines():
+        print(f"delta: warning: {line}", file=err)
+    return checked.graph, text
 
 
 def goal_of(graph: Graph, task: str | None) -> str:

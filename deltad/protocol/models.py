@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -89,6 +90,51 @@ class GatedCall(_Model):
     resolved_command: str = ""
 
 
+RESPONDENT_NAME = r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}"  # a token's name (deltad token add)
+_RESPONDENT = re.compile(rf"(?:group:)?{RESPONDENT_NAME}")
+
+
+def respondent_problem(name: object) -> str | None:
+    """Why `name` is not a respondent (a token name or `group:NAME`), or None."""
+    if isinstance(name, str) and _RESPONDENT.fullmatch(name):
+        return None
+    return (
+        f"respondent {str(name)[:40]!r} is not a token name or group:NAME "
+        "(letters, digits and . _ @ -, up to 64)"
+    )
+
+
+def _respondents(names: list[str]) -> list[str]:
+    for n in names:
+        if (why := respondent_problem(n)) is not None:
+            raise ValueError(why)
+    return list(dict.fromkeys(names))  # in order, once each
+
+
+class ToolStep(_Model):
+    """A tool call the agent made since the previous question, as the journal recorded it
+    (secrets only as their handles), its result cut to a bound."""
+
+    action_id: str
+    tool_name: str
+    arguments: Any = None
+    status: str | None = None  # SUCCESS, FAILED, ERROR; None while it has no result
+    result: str = ""
+
+
+class QuestionContext(_Model):
+    """What a person needs to decide with, built from the journal when the question is asked:
+    the run's task, the agent's last message before asking, the tool calls since the previous
+    question and, for a pipeline gate, the output of the node under review."""
+
+    task: str = ""
+    last_message: str | None = None
+    tool_calls: list[ToolStep] = Field(default_factory=list)
+    tool_calls_omitted: int = 0  # older calls since the previous question, left out
+    reviewed_node: str | None = None
+    reviewed_output: str | None = None
+
+
 class InteractionRequest(_Model):
     """`.delta/interaction/request.json`: one pending question.
 
@@ -111,6 +157,9 @@ class InteractionRequest(_Model):
     minimum: float | None = None  # number: the smallest answer accepted
     maximum: float | None = None  # number: the largest answer accepted
     node_id: str | None = None  # a pipeline's question: the node that asks it
+    # Who may answer over HTTP: token names and group:NAMEs; empty is anyone the scope allows.
+    respondents: Annotated[list[str], AfterValidator(_respondents)] = Field(default_factory=list)
+    context: QuestionContext | None = None  # absent in requests older than it
 
     @property
     def is_secret(self) -> bool:

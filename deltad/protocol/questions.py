@@ -66,7 +66,7 @@ def interpret_json(req: InteractionRequest, raw: str) -> Reply:
     if doc.request_id != req.request_id:
         raise AnswerRejected(
             # Quoted: the id comes from the file and may hold a newline or escape sequence.
-            f"response.json answers request {doc.request_id!r}, but the pending question is "
+            f"response.json answers request {doc.request_id}, but the pending question is "
             f"{req.request_id}"
         )
     if req.input_type == InputType.APPROVAL and doc.decisions is not None:

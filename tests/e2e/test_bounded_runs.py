@@ -112,7 +112,10 @@ def test_a_bad_max_steps_is_refused_by_check_and_run(delta: Delta, fake: FakeLLM
     r = delta("pipeline", "check", str(dot))
     assert r.code == 2 and "Traceback" not in r.err
     [line] = [x for x in r.err.splitlines() if "max_steps" in x]
-    assert line == f"delta: error: {dot}:3:22: graph: max_steps: '0' must be from 1 to 1000000"
+    assert line == (
+        f"delta: error: {dot}:3:22: graph: max_steps: '0' must be from 1 to 1000000"
+        " [E003 bad-value]"
+    )
     r = delta("run", "--pipeline", str(dot), "--agent", str(delta.agent))
     assert r.code == 2 and "max_steps" in r.err
     assert not delta.delta_dir.exists()

@@ -57,7 +57,7 @@ def test_the_root_uses_watchdog(tmp_path: Path) -> None:
     paused_workspace(root / "ws1")
     with running(tmp_path, [root]) as d:
         [ready] = d.events("daemon_ready")
-        assert ready["watches"] == {"watchdog": 4, "polling": 0}  # root + 3 in the workspace
+        assert ready["watches"] == {"watchdog": 2, "polling": 0}  # root + the workspace's mailbox
         assert _status(d)["roots"][0]["backend"] == "watchdog"
 
 
@@ -96,12 +96,12 @@ def test_removed_workspace_is_dropped_and_unscheduled(tmp_path: Path) -> None:
     paused_workspace(gone)
     paused_workspace(kept)
     with running(tmp_path, [root]) as d:
-        assert _watches(d)["watchdog"] == 7
+        assert _watches(d)["watchdog"] == 3
         threads = _threads(d)
         shutil.rmtree(gone)
         d.wait_event("workspace_removed", workspace=str(gone))
-        wait_for(lambda: _watches(d)["watchdog"] == 4, "the 3 schedules of the workspace dropped")
-        wait_for(lambda: _threads(d) == threads - 3, "their emitter threads ended")
+        wait_for(lambda: _watches(d)["watchdog"] == 2, "the workspace's schedule dropped")
+        wait_for(lambda: _threads(d) == threads - 1, "its emitter thread ended")
         answer(kept, "still watched")
         assert d.wait_resumed(kept)[0]["answer"] == "still watched"
         paused_workspace(gone)  # made anew at the same path: watched again

@@ -136,3 +136,53 @@ def test_the_web_inbox_answers_a_choice_by_key_and_an_approval_with_an_edit(
     finally:
         d.stop()
         d.kill_children()
+
+
+def test_the_web_inbox_shows_a_questions_context_and_who_may_answer(
+    tmp_path: Path, fake: FakeLLM, browser: WebDriver
+) -> None:
+    fake.reply(
+        "Checked the diff: <b>2 files</b>.",
+        {"id": "e1", "type": "function", "function": {"name": "echo", "arguments": '{"t": "ok"}'}},
+    )
+    fake.call("ask_human", {"prompt": "Merge?", "respondents": ["alice"]}, id="ask1")
+    root = tmp_path / "root"
+    root.mkdir()
+    d = Daemon(
+        tmp_path,
+        [root],
+        resume_command=["delta", "run", "--work-dir", "{workspace}"],
+        http={"listen": "127.0.0.1:0"},
+    ).start(env=llm_env(fake))
+    try:
+        url = http_url(d)
+        token = make_token(d.state_dir, "alice")
+        ws = root / "ws1"
+        ws.mkdir()
+        agent = write_agent(tmp_path, '[{name: echo, exec: "echo said ${t}"}]')
+        paused = subprocess.run(
+            [DELTA, "run", "--agent", str(agent), "--task", "merge it", "--work-dir", str(ws)],
+            env=llm_env(fake),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert paused.returncode == 101, paused.stderr
+        browser.get(url)
+        _until(browser, "the login form", "#token")
+        browser.find_element(By.ID, "token").send_keys(token)
+        browser.find_element(By.CSS_SELECTOR, "#login-form button").click()
+        _until(browser, "the question", ".item details.context")
+        item = browser.find_element(By.CSS_SELECTOR, ".item")
+        assert "Who may answer: alice" in item.text
+        item.find_element(By.CSS_SELECTOR, "details.context summary").click()
+        context = item.find_element(By.CSS_SELECTOR, "details.context")
+        WebDriverWait(browser, WAIT).until(
+            lambda b: "said ok" in context.text, "the tool call's result"
+        )
+        assert "Checked the diff: <b>2 files</b>." in context.text  # shown as text, not HTML
+        assert not context.find_elements(By.TAG_NAME, "b")
+        assert 'echo {"t":"ok"} → SUCCESS' in context.text
+    finally:
+        d.stop()
+        d.kill_children()

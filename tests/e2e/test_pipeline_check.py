@@ -114,8 +114,9 @@ def test_a_broken_copy_of_the_example_names_each_problem(tmp_path: Path) -> None
     assert len(lines) == 3, lines
     assert "g.dot:7:5: node exit: not reachable from the start node" in lines[0]
     assert "edge review_gate -> revise: key A is also the key of the edge to apply" in lines[1]
-    assert "edge apply -> exti: node exti is never declared" in lines[2]
-    assert all(line.startswith(f"delta: error: {tmp_path}/g.dot:") for line in lines)
+    assert all(line.startswith(f"delta: error: {tmp_path}/g.dot:") for line in lines[:2])
+    # the typo is a node of its own (as the spec's examples use it): a warning after the errors
+    assert lines[2].startswith(f"delta: warning: {tmp_path}/g.dot:17:14: node exti: never declared")
 
 
 @pytest.mark.parametrize(
@@ -148,3 +149,93 @@ def test_a_fifo_does_not_block(tmp_path: Path) -> None:
 def test_pipeline_help_lists_check() -> None:
     p = subprocess.run([bin_path("delta"), "pipeline", "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "check" in p.stdout
+
+
+# -- warnings ----------------------------------------------------------------------------------
+WARNED = """\
+digraph g {
+  graph [model_stylesheet="* { llm_model: x; }"]
+  start [shape=Mdiamond]
+  exit [shape=Msquare]
+  w [prompt="p", reasoning_effort=high, timeout=5m]
+  start -> w -> exit
+}
+"""
+
+
+def test_warnings_go_to_stderr_with_codes_and_exit_0(tmp_path: Path) -> None:
+    (tmp_path / "g.dot").write_text(WARNED)
+    r = check("g.dot", cwd=tmp_path)
+    assert r.code == 0 and r.out.startswith("Pipeline g (g.dot)")
+    assert r.err.splitlines() == [
+        "delta: warning: g.dot:2:27: graph: model_stylesheet is ignored by this runner (attractor "
+        "spec §8: model settings come from the agent directory (--agent, or the node's agent)) "
+        "[W001 ignored-attribute]",
+        "delta: warning: g.dot:5:35: node w: reasoning_effort is ignored by this runner "
+        "(attractor spec §2.6: model settings come from the agent directory (--agent, or the "
+        "node's agent)) [W001 ignored-attribute]",
+        "delta: warning: g.dot:5:49: node w: timeout has no effect here: only a gate's and a "
+        "tool node's are enforced [W001 ignored-attribute]",
+    ]
+
+
+def test_strict_turns_warnings_into_errors_and_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "g.dot").write_text(WARNED)
+    r = check("--strict", "g.dot", cwd=tmp_path)
+    assert (r.code, r.out) == (2, "")
+    lines = r.err.splitlines()
+    assert len(lines) == 3 and all(line.startswith("delta: error: g.dot:") for line in lines)
+    assert [line.rsplit(" [", 1)[1] for line in lines] == ["W001 ignored-attribute]"] * 3
+
+
+def test_errors_come_first_then_the_warnings(tmp_path: Path) -> None:
+    (tmp_path / "g.dot").write_text(WARNED.replace("start -> w -> exit", "start -> w"))
+    r = check("g.dot", cwd=tmp_path)
+    assert (r.code, r.out) == (2, "")
+    kinds = [line.split(": ", 2)[1] for line in r.err.splitlines()]
+    assert kinds == ["error", "warning", "warning", "warning"]
+    assert "node exit: not reachable from the start node [E006 unreachable]" in r.err
+
+
+def test_the_spec_human_gate_example_passes_check(tmp_path: Path) -> None:
+    """Attractor spec §2.13: ship_it and fixes are declared only by the edges that use them."""
+    (tmp_path / "review.dot").write_text(
+        'digraph Review {\n  rankdir=LR\n  start [shape=Mdiamond, label="Start"]\n'
+        '  exit [shape=Msquare, label="Exit"]\n'
+        '  review_gate [shape=hexagon, label="Review Changes", type="wait.human"]\n'
+        "  start -> review_gate\n"
+        '  review_gate -> ship_it [label="[A] Approve"]\n'
+        '  review_gate -> fixes [label="[F] Fix"]\n'
+        "  ship_it -> exit\n  fixes -> review_gate\n}\n"
+    )
+    r = check("review.dot", cwd=tmp_path)
+    assert r.code == 0, r.err
+    assert "    [A] Approve -> ship_it\n    [F] Fix -> fixes" in r.out
+    assert [line.split(": ")[3] for line in r.err.splitlines()] == ["node ship_it", "node fixes"]
+    assert all(line.endswith("[W003 edge-only-node]") for line in r.err.splitlines())
+    assert check("--strict", "review.dot", cwd=tmp_path).code == 2
+
+
+def test_a_node_reached_only_through_a_retry_target_passes_check(tmp_path: Path) -> None:
+    (tmp_path / "g.dot").write_text(
+        "digraph g {\n  start [shape=Mdiamond]\n  exit [shape=Msquare]\n"
+        '  work [prompt="w", retry_target=fix]\n  fix [prompt="f"]\n'
+        "  start -> work -> exit\n  fix -> work\n}\n"
+    )
+    r = check("g.dot", cwd=tmp_path)
+    assert (r.code, r.err) == (0, ""), r.err
+
+
+def test_a_20000_node_graph_is_checked(tmp_path: Path) -> None:
+    """A chain and a fan of 20,000 nodes: every node listed, nothing refused (no time limit
+    here; bench/pipeline_check_bench.py times it)."""
+    n = 20000
+    nodes = [f"n{i} [prompt=p]" for i in range(n)]
+    chain = ["start -> n0", *(f"n{i} -> n{i + 1}" for i in range(n - 1)), f"n{n - 1} -> exit"]
+    fan = [*(f"start -> n{i}" for i in range(n)), *(f"n{i} -> exit" for i in range(n))]
+    for name, edges in (("chain", chain), ("fan", fan)):
+        text = "\n".join(["digraph g {", "start [shape=Mdiamond]", "exit [shape=Msquare]"])
+        (tmp_path / f"{name}.dot").write_text("\n".join([text, *nodes, *edges, "}"]))
+        r = check(f"{name}.dot", cwd=tmp_path)
+        assert (r.code, r.err) == (0, "")
+        assert f"Nodes ({n + 2}):" in r.out and f"Edges ({len(edges)}):" in r.out

@@ -155,6 +155,45 @@ def test_refused_graphs_exit_2_and_leave_nothing(delta: Delta, fake: FakeLLM) ->
     assert not delta.delta_dir.exists() and not fake.requests
 
 
+def test_the_spec_human_gate_runs_and_warns_once_at_start(delta: Delta, fake: FakeLLM) -> None:
+    """Attractor spec §2.13: nodes only named in edges run as LLM steps; the warnings (those
+    two, and an llm_model that is not carried out) are printed when the run starts, not when
+    it resumes."""
+    dot = _write(
+        delta,
+        "review.dot",
+        """\
+        digraph Review {
+            start [shape=Mdiamond, label="Start"]
+            exit  [shape=Msquare, label="Exit"]
+            review_gate [shape=hexagon, label="Review Changes", type="wait.human"]
+            node [llm_model="gpt-5.2"]
+            start -> review_gate
+            review_gate -> ship_it [label="[A] Approve"]
+            review_gate -> fixes   [label="[F] Fix"]
+            ship_it -> exit
+            fixes -> review_gate
+        }
+        """,
+    )
+    r = _pipeline(delta, dot)
+    assert r.code == 101, r.err
+    warnings = [line for line in r.err.splitlines() if line.startswith("delta: warning: ")]
+    assert [w.rsplit(" [", 1)[1] for w in warnings] == [
+        "W001 ignored-attribute]",  # the node default, once for both nodes
+        "W003 edge-only-node]",
+        "W003 edge-only-node]",
+    ]
+    assert "node ship_it and 1 more: llm_model is ignored" in warnings[0]
+    fake.reply("shipped")
+    assert delta("respond", "--choice", "A").code == 0
+    r = delta("run")
+    assert r.code == 0, r.err
+    assert "warning" not in r.err
+    assert _path(delta) == ["start", "review_gate", "ship_it"]
+    assert "ship_it" in json.dumps(fake.requests[0])  # its prompt is its label: the id
+
+
 # -- crashes -----------------------------------------------------------------------------------
 def test_kill_between_nodes_resumes_without_running_the_finished_node(
     delta: Delta, fake: FakeLLM

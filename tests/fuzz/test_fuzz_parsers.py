@@ -21,6 +21,7 @@ from deltad.protocol.errors import ProtocolError
 from deltad.protocol.journal import read_journal
 from deltad.protocol.mailbox import parse_request
 from deltad.protocol.metadata import load_metadata
+from deltad.protocol.printable import show
 from deltad.protocol.questions import AnswerRejected, build_options, interpret_json, interpret_text
 from tests.fuzz import fuzz_settings
 
@@ -111,13 +112,15 @@ structured = st.fixed_dictionaries(
     structured.map(json.dumps) | json_values.map(json.dumps) | st.text(),
 )
 # Found by this test: a newline in `request_id` put a line of the file's choosing in the refusal.
+# A refusal quotes the file as it is; what shows it escapes it (`printable.show`, and
+# tests/e2e/test_names.py runs the forged id through delta run and delta status).
 @example(REQUESTS[0], json.dumps({"request_id": "RID\nforged line", "answer": "x"}))
 def test_structured_answers_are_taken_or_refused(req: InteractionRequest, raw: str) -> None:
     req = req.model_copy(update={"request_id": "RID"})
     try:
         interpret_json(req, raw)
     except AnswerRejected as e:
-        assert "\n" not in str(e)
+        assert str(e) and "\n" not in show(str(e))
 
 
 @FUZZ

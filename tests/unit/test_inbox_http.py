@@ -279,7 +279,7 @@ def test_a_web_session_needs_its_csrf_token_and_ends_with_its_token(
 
 def test_notifications_skip_quiet_roots_excluded_globs_and_other_events(tmp_path: Path) -> None:
     from deltad.api.config import NotifyConfig
-    from deltad.api.notify import Notifier
+    from deltad.api.notify import Notifier, _CommandWorker
 
     config = NotifyConfig.model_validate(
         {
@@ -289,17 +289,22 @@ def test_notifications_skip_quiet_roots_excluded_globs_and_other_events(tmp_path
         }
     )
     feed = Feed()
-    notifier = Notifier(config, feed, [Path("/srv/quiet")], None)
+    notifier = Notifier(config, feed, [Path("/srv/quiet")], None, tmp_path)
     [worker] = notifier.workers
     notifier._unsubscribe = feed.subscribe(notifier._offer)  # queue only: no threads started
     for ws in ("/srv/ws/alice", "/srv/ws/ci-7", "/srv/quiet/bob"):
         feed.publish("request.created", {"workspace": ws, "request_id": "q"})
     feed.publish("run.status", {"workspace": "/srv/ws/alice", "to": "COMPLETED"})
+    while not notifier._queue.empty():  # the intake thread's work, done here
+        taken = notifier._queue.get_nowait()
+        assert taken is not None
+        notifier._take(taken)
+    assert isinstance(worker, _CommandWorker)
     queued = []
     while not worker.queue.empty():
-        e = worker.queue.get_nowait()
-        assert e is not None
-        queued.append((e.type, e.workspace))
+        doc = worker.queue.get_nowait()
+        assert doc is not None
+        queued.append((doc["type"], doc["workspace"]))
     assert queued == [("request.created", "/srv/ws/alice")]
 
 

@@ -256,3 +256,21 @@ def test_a_root_may_be_a_symlink_but_nothing_below_it_is_followed(
     _drain(backend._queue)
     answer(ws, "through the root's link")
     assert _hints_until(backend, root / "ws") == {root / "ws": Why.ANSWER_CLOSED}
+
+
+def test_one_watch_per_workspace_the_mailbox_or_else_its_parent(
+    tmp_path: Path, backend: InotifyBackend
+) -> None:
+    root = tmp_path / "root"
+    ws = _workspace(root / "ws")
+    backend.add_root(root, 1)
+    backend.sync()
+    assert set(backend._by_path) == {root, _mailbox(ws)}  # not `.delta/`, not `runs/`
+    shutil.rmtree(_mailbox(ws))  # no mailbox: `.delta/` is watched, to see the next one
+    _hints_until(backend, ws)
+    assert set(backend._by_path) == {root, ws / ".delta"}
+    _mailbox(ws).mkdir()
+    _hints_until(backend, ws)
+    assert set(backend._by_path) == {root, _mailbox(ws)}
+    answer(ws, "in the new mailbox")
+    assert _hints_until(backend, ws) == {ws: Why.ANSWER_CLOSED}

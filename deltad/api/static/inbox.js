@@ -151,11 +151,29 @@ function card(r) {
       r.node_id ? ` · pipeline node ${r.node_id}` : "",
       r.expires_at ? ` · answer before ${new Date(r.expires_at).toLocaleString()}` : ""),
     el("div", { class: "prompt" }, r.prompt),
+    r.respondents?.length ? el("div", { class: "hint" }, `Who may answer: ${r.respondents.join(", ")}`) : null,
+    contextView(r.context),
     ...(r.calls || []).map(callView),
     answerControls(r, error),
     error,
   );
   return node;
+}
+
+// What the person decides with (request.json's context); text only, never HTML.
+function contextView(ctx) {
+  if (!ctx) return null;
+  const calls = ctx.tool_calls || [];
+  const omitted = ctx.tool_calls_omitted ? ` (${ctx.tool_calls_omitted} earlier not shown)` : "";
+  return el("details", { class: "context", open: ctx.reviewed_output ? "" : null },
+    el("summary", {}, "Context"),
+    ctx.reviewed_output ? el("div", {}, el("strong", {}, `Output of ${ctx.reviewed_node} (under review)`),
+      el("pre", {}, ctx.reviewed_output)) : null,
+    ctx.last_message ? el("div", {}, el("strong", {}, "The agent said"), el("pre", {}, ctx.last_message)) : null,
+    calls.length ? el("div", {}, el("strong", {}, `Tool calls since the last question${omitted}`),
+      ...calls.map((c) => el("div", { class: "call" },
+        el("code", {}, `${c.tool_name} ${JSON.stringify(c.arguments)} → ${c.status || "no result"}`),
+        c.result ? el("pre", {}, c.result) : null))) : null);
 }
 
 function callView(c) {

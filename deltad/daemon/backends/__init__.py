@@ -1,6 +1,7 @@
 """How changes in workspaces reach the daemon: one `Backend` interface, three kinds.
 
-`tree` decides which directories are watched for both event backends; `inotify` (Linux) and
+`tree` decides which directories are watched for the event backends; `fanotify` (Linux, root),
+`inotify` (Linux) and
 `watchdog_observer` (everywhere else) watch them; `polling` stats them. Backends are imported
 where built, so a platform without inotify never imports it.
 """
@@ -21,7 +22,12 @@ __all__ = ["Backend", "PollingBackend", "PollingLike", "event_backend"]
 def event_backend(
     kind: str, queue: HintQueue, fallback: PollingLike, max_watches: int | None
 ) -> Backend:
-    """A backend of `kind` ("inotify" or "watchdog") over the shared polling fallback."""
+    """A backend of `kind` ("fanotify", "inotify" or "watchdog") over the shared polling
+    fallback."""
+    if kind == "fanotify":
+        from .fanotify import FanotifyBackend
+
+        return FanotifyBackend(queue, fallback)
     if kind == "inotify":
         from .inotify import InotifyBackend
 

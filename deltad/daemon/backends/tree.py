@@ -1,10 +1,11 @@
 """Watch backends: turn filesystem changes into hints. Three implementations, one interface.
 
 `WatchTree` decides *which* directories are watched, the same for every event-driven backend:
-per workspace three non-recursive watches (`.delta/`, `.delta/interaction/`, `.delta/runs/`),
-plus one per non-workspace directory down to the discovery depth. Never a watch inside an
-agent's working files, so 100,000 files in a workspace cost nothing. Its subclasses only add
-and remove one directory watch and feed events back as inotify-style masks:
+per workspace one non-recursive watch (`.delta/interaction/`, or `.delta/` while there is no
+`interaction/` to watch), plus one per non-workspace directory down to the discovery depth.
+Never a watch inside an agent's working files, so 100,000 files in a workspace cost nothing.
+Its subclasses only add and remove one directory watch and feed events back as inotify-style
+masks:
 
 - `InotifyBackend` (`backends/inotify.py`; Linux default): one inotify fd, read by the main
   loop. The only module that imports the Linux-only `inotify_simple`.
@@ -26,7 +27,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import structlog
 
@@ -48,6 +49,8 @@ RUNS_MASK = _BASE | F.CLOSE_WRITE | F.MOVED_TO
 
 ANSWERS = ("response.txt", "response.json")  # the protocol's two answer files
 REQUEST = "request.json"
+MAILBOX = "interaction"
+RUNS = "runs"
 LATEST = "LATEST"
 SYSCTL_HINT = (
     "raise it with: sysctl fs.inotify.max_user_watches=524288 "
@@ -78,7 +81,7 @@ class Kind(Enum):
     DIR = "dir"
     DELTA = "delta"
     INTERACTION = "interaction"
-    RUNS = "runs"
+    RUNS = "runs"  # only where watches are free (fanotify): `LATEST` changes
 
 
 @dataclass
@@ -99,6 +102,9 @@ class WatchTree:
     thread (masks use inotify's bits whatever the source)."""
 
     name = "tree"
+    # A watch costs nothing (fanotify's handle table): keep `.delta/` and `.delta/runs/` as
+    # well, so that a run started by hand is known at once. Else one watch per workspace.
+    FREE_WATCHES: ClassVar[bool] = False
 
     def __init__(self, queue: HintQueue, fallback: PollingLike, max_watches: int | None) -> None:
         self._queue = queue
@@ -176,7 +182,7 @@ class WatchTree:
 
     def _unwatch_workspace(self, workspace: Path) -> None:
         delta = workspace / DELTA_DIR
-        for path in (delta, *(child for child, _ in _ws_child_specs(delta))):
+        for path in (delta, _mailbox(delta), delta / RUNS):
             self._rm(path)
         self._ws_levels.pop(workspace, None)
         self._refused.discard(workspace)
@@ -241,24 +247,37 @@ class WatchTree:
             return False
 
     def _watch_workspace(self, ws: Path, levels: int, force: bool) -> bool:
-        """Watch `.delta/` first, then its children: a child created in between is seen either
-        by the parent watch or by the existence check. Returns False if it was watched."""
+        """One watch: `.delta/interaction/`, or `.delta/` while there is none (to see it made).
+        `.delta/` is watched first, then `interaction/` looked for: one made in between is
+        seen by the one or the other; the `.delta/` watch is dropped once `interaction/` has
+        its own. Returns False if it was watched."""
         self._ws_levels[ws] = levels
         self._reindex(ws)
         if self._sweeping is not None:
             self._sweeping.workspaces.add(ws)
         delta = ws / DELTA_DIR
-        if delta in self._by_path and not force:
+        mailbox = _mailbox(delta)
+        if (delta in self._by_path or mailbox in self._by_path) and not force:
             return False
         try:
             self._add(_Watch(delta, Kind.DELTA, ws))
-            for child, kind in _ws_child_specs(delta):
-                if os.path.lexists(child):  # a symlink too: refused, and said so
-                    self._add(_Watch(child, kind, ws))
+            self._watch_mailbox(ws)
         except WatchLimit:
             self._unwatch_workspace(ws)
             self._fallback.adopt_workspace(ws)
         return True
+
+    def _watch_mailbox(self, ws: Path) -> None:
+        """Watch `interaction/` if it is there (a symlink too: refused, and said so), and then
+        no longer `.delta/`. Raises WatchLimit."""
+        delta = ws / DELTA_DIR
+        mailbox = _mailbox(delta)
+        watched = os.path.lexists(mailbox) and self._add(_Watch(mailbox, Kind.INTERACTION, ws))
+        if not self.FREE_WATCHES:
+            if watched:
+                self._rm(delta)
+        elif os.path.lexists(runs := delta / RUNS):
+            self._add(_Watch(runs, Kind.RUNS, ws))
 
     def _add(self, watch: _Watch) -> bool:
         path = watch.path
@@ -446,8 +465,21 @@ class WatchTree:
                 log.warning("root_gone", path=str(watch.path), action="rescan_will_retry")
         elif watch.kind is Kind.DELTA:
             self._workspace_gone(watch.owner)
-        else:
+        else:  # `interaction/` removed or moved away: back to watching `.delta/` for a new one
+            self._rm(watch.path)
+            self._rewatch(watch.owner)
             self._queue.put(watch.owner)
+
+    def _rewatch(self, ws: Path) -> None:
+        levels = self._ws_levels.get(ws)
+        if levels is None:
+            return
+        try:
+            self._add(_Watch(ws / DELTA_DIR, Kind.DELTA, ws))
+            self._watch_mailbox(ws)
+        except WatchLimit:
+            self._unwatch_workspace(ws)
+            self._fallback.adopt_workspace(ws)
 
     def _workspace_gone(self, ws: Path) -> None:
         self.forget(ws)
@@ -473,22 +505,24 @@ class WatchTree:
             self._queue.put(watch.path, Why.DISCOVERED)
 
     def _delta_event(self, watch: _Watch, mask: int, name: str) -> None:
-        if not mask & F.ISDIR:
+        """`interaction/` (or, with free watches, `runs/`) made, moved or removed. Without
+        free watches `.delta/` is watched only while it has no `interaction/`."""
+        if not mask & F.ISDIR or name not in (MAILBOX, RUNS):
             return
-        spec = {c.name: (c, k) for c, k in _ws_child_specs(watch.path)}.get(name)
-        if spec and mask & (F.CREATE | F.MOVED_TO):
-            child, kind = spec
+        if mask & (F.CREATE | F.MOVED_TO):
             try:
-                self._add(_Watch(child, kind, watch.owner))
+                self._watch_mailbox(watch.owner)
             except WatchLimit:
                 self._unwatch_workspace(watch.owner)
                 self._fallback.adopt_workspace(watch.owner)
-        elif spec and mask & (F.DELETE | F.MOVED_FROM):
+        elif mask & (F.DELETE | F.MOVED_FROM):
             # A watch follows its directory, not the path: moved into another workspace, it
-            # must not keep reporting to this one (the kernel would hand the new path this
-            # very descriptor). Said before the move's MOVED_TO and MOVE_SELF, so in time.
-            self._rm(spec[0])
-        if spec:
+            # must not keep reporting to this one. Said before the move's MOVED_TO.
+            self._rm(watch.path / name)
+        self._queue.put(watch.owner)
+
+    def _runs_event(self, watch: _Watch, mask: int, name: str) -> None:
+        if name == LATEST:
             self._queue.put(watch.owner)
 
     def _interaction_event(self, watch: _Watch, mask: int, name: str) -> None:
@@ -500,10 +534,6 @@ class WatchTree:
             else:
                 self._queue.put(watch.owner)
         elif name == REQUEST:
-            self._queue.put(watch.owner)
-
-    def _runs_event(self, watch: _Watch, mask: int, name: str) -> None:
-        if name == LATEST:
             self._queue.put(watch.owner)
 
 
@@ -538,6 +568,6 @@ def _must_be_real(watch: _Watch) -> tuple[Path, ...]:
     return (watch.path.parent, watch.path)
 
 
-def _ws_child_specs(delta: Path) -> list[tuple[Path, Kind]]:
-    """The watched children of a workspace's `.delta/` directory."""
-    return [(delta / "interaction", Kind.INTERACTION), (delta / "runs", Kind.RUNS)]
+def _mailbox(delta: Path) -> Path:
+    """The one watched child of a workspace's `.delta/` directory."""
+    return delta / MAILBOX

@@ -1,0 +1,302 @@
+"""The root backend on Linux: one fanotify filesystem mark per filesystem, no watch per directory.
+
+`fanotify_init(FAN_CLASS_NOTIF | FAN_REPORT_DFID_NAME)` plus `fanotify_mark(FAN_MARK_FILESYSTEM)`
+reports every directory-entry change of a whole filesystem as (parent directory's file handle,
+entry name). The `WatchTree` still decides which directories matter; "watching" one here is only
+taking its handle (`name_to_handle_at`) into a table, `handle -> descriptor`, where the
+descriptor is a number of our own that the tree uses as it uses inotify's. An event whose handle
+is not in the table is dropped after one dictionary lookup, before any other work: the mark sees
+every file written anywhere on the filesystem.
+
+Handles are per inode, like inotify's watches: a symlinked `interaction/` has its own handle
+(the link's, never its target's), so it never maps to another workspace's directory.
+
+Needs Linux >= 5.9 and CAP_SYS_ADMIN (`probe` says why not). ctypes only: no new dependency.
+The record parsing (`parse`) is pure and tested from byte tables.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import struct
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import structlog
+
+from ..queue import HintQueue
+from . import events as F
+from .tree import Kind, PollingLike, WatchLimit, WatchTree
+
+log = structlog.get_logger("deltad.watch")
+
+# <linux/fanotify.h>
+FAN_CLOEXEC = 0x1
+FAN_NONBLOCK = 0x2
+FAN_REPORT_DFID_NAME = 0x400 | 0x800  # FAN_REPORT_DIR_FID | FAN_REPORT_NAME
+FAN_MARK_ADD = 0x1
+FAN_MARK_FILESYSTEM = 0x100
+FAN_NOFD = -1
+INFO_DFID_NAME = 2
+INFO_DFID = 3
+# The event bits below are inotify's values (and FAN_ONDIR is IN_ISDIR): masks pass unchanged.
+MARK_MASK = (
+    F.CREATE
+    | F.MOVED_TO
+    | F.MOVED_FROM
+    | F.DELETE
+    | F.CLOSE_WRITE
+    | F.DELETE_SELF
+    | F.MOVE_SELF
+    | F.ISDIR  # FAN_ONDIR: directory events too
+)
+AT_FDCWD = -100
+AT_SYMLINK_FOLLOW = 0x400
+MAX_HANDLE_SZ = 128
+READ_SIZE = 64 * 1024
+READS_PER_TURN = 16  # then back to the loop; select says the fd is still readable
+
+_METADATA = struct.Struct("=IBBHQii")  # fanotify_event_metadata
+_INFO_HEADER = struct.Struct("=BBH")  # fanotify_event_info_header
+_HANDLE_HEAD = struct.Struct("=Ii")  # file_handle: handle_bytes, handle_type
+_FID_HEAD = _INFO_HEADER.size + 8  # + fsid
+UNMARKABLE = (errno.EXDEV, errno.EOPNOTSUPP, errno.ENODEV, errno.ENOSYS, errno.EINVAL)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One event: its mask, and the key (fsid + file handle) and entry name of its directory.
+    A directory's own event (DELETE_SELF, MOVE_SELF) has its own handle and the name "."."""
+
+    mask: int
+    key: bytes
+    name: str
+
+
+def parse(buf: bytes) -> Iterator[Record]:
+    """The records of one read of a `FAN_REPORT_DFID_NAME` group. An overflow has no info
+    record (key b""). Unknown info types are skipped; a truncated record ends the buffer."""
+    off, end = 0, len(buf)
+    while off + _METADATA.size <= end:
+        event_len, _vers, _res, meta_len, mask, _fd, _pid = _METADATA.unpack_from(buf, off)
+        if event_len < meta_len or off + event_len > end:
+            return
+        if mask & F.Q_OVERFLOW:
+            yield Record(mask, b"", "")
+        else:
+            info = _dir_info(buf, off + meta_len, off + event_len)
+            if info is not None:
+                yield Record(mask, *info)
+        off += event_len
+
+
+def _dir_info(buf: bytes, off: int, end: int) -> tuple[bytes, str] | None:
+    """The (key, name) of the first directory info record in `buf[off:end]`."""
+    while off + _INFO_HEADER.size <= end:
+        info_type, _pad, length = _INFO_HEADER.unpack_from(buf, off)
+        if length < _INFO_HEADER.size or off + length > end:
+            return None
+        if info_type in (INFO_DFID_NAME, INFO_DFID):
+            if length < _FID_HEAD + _HANDLE_HEAD.size:
+                return None
+            size = _HANDLE_HEAD.unpack_from(buf, off + _FID_HEAD)[0]
+            handle_end = off + _FID_HEAD + _HANDLE_HEAD.size + size
+            if handle_end > off + length:
+                return None
+            key = buf[off + _INFO_HEADER.size : handle_end]  # fsid + file_handle, as `key_of`
+            raw = buf[handle_end : off + length].split(b"\0", 1)[0]
+            return key, os.fsdecode(raw)
+        off += length
+    return None
+
+
+def key_of(fsid: int, handle_type: int, handle: bytes) -> bytes:
+    """The table key of a directory: the bytes its events carry (fsid, then `file_handle`)."""
+    return struct.pack("=QIi", fsid, len(handle), handle_type) + handle
+
+
+class _FileHandle(ctypes.Structure):
+    _fields_: ClassVar = [
+        ("handle_bytes", ctypes.c_uint),
+        ("handle_type", ctypes.c_int),
+        ("f_handle", ctypes.c_ubyte * MAX_HANDLE_SZ),
+    ]
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fanotify_init.argtypes = [ctypes.c_uint, ctypes.c_uint]
+    libc.fanotify_mark.argtypes = [
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.c_uint64,
+        ctypes.c_int,
+        ctypes.c_char_p,
+    ]
+    libc.name_to_handle_at.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.POINTER(_FileHandle),
+        ctypes.POINTER(ctypes.c_int),
+        ctypes.c_int,
+    ]
+    return libc
+
+
+def _raise(call: str) -> None:
+    err = ctypes.get_errno()
+    raise OSError(err, f"{call}: {os.strerror(err)}")
+
+
+class Fanotify:
+    """The three system calls, thinly."""
+
+    def __init__(self) -> None:
+        self._libc = _libc()
+        fd = self._libc.fanotify_init(FAN_REPORT_DFID_NAME | FAN_CLOEXEC | FAN_NONBLOCK, 0)
+        if fd < 0:
+            _raise("fanotify_init")
+        self.fd = int(fd)
+
+    def mark_filesystem(self, path: Path) -> None:
+        if self._libc.fanotify_mark(
+            self.fd, FAN_MARK_ADD | FAN_MARK_FILESYSTEM, MARK_MASK, AT_FDCWD, os.fsencode(path)
+        ):
+            _raise("fanotify_mark")
+
+    def handle(self, path: Path, follow: bool) -> tuple[int, bytes]:
+        """(handle_type, handle) of `path`; a final symlink is followed only if asked."""
+        fh = _FileHandle(handle_bytes=MAX_HANDLE_SZ)
+        mount_id = ctypes.c_int()
+        flags = AT_SYMLINK_FOLLOW if follow else 0
+        if self._libc.name_to_handle_at(
+            AT_FDCWD, os.fsencode(path), ctypes.byref(fh), ctypes.byref(mount_id), flags
+        ):
+            _raise("name_to_handle_at")
+        return int(fh.handle_type), bytes(fh.f_handle[: fh.handle_bytes])
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def probe(path: Path) -> str | None:
+    """Why a fanotify filesystem mark cannot watch `path`, or None if it can."""
+    if not sys.platform.startswith("linux"):
+        return "fanotify exists only on Linux"
+    if os.geteuid() != 0:
+        return "fanotify filesystem marks need root (CAP_SYS_ADMIN)"
+    try:
+        fan = Fanotify()
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            return "the kernel lacks FAN_REPORT_DFID_NAME (needs Linux 5.9 or later)"
+        return e.strerror or str(e)
+    try:
+        fan.mark_filesystem(path)
+        fan.handle(path, follow=True)
+    except OSError as e:
+        if e.errno in UNMARKABLE:
+            return f"the filesystem of {path} does not report file handles"
+        if e.errno == errno.EPERM:
+            return "fanotify filesystem marks need CAP_SYS_ADMIN"
+        return f"{path}: {e.strerror}"
+    finally:
+        fan.close()
+    return None
+
+
+class FanotifyBackend(WatchTree):
+    """The directories of `WatchTree` as file handles in a table; one mark per filesystem."""
+
+    name = "fanotify"
+    FREE_WATCHES = True  # a handle in a dict: `.delta/` and `runs/` are kept too
+
+    def __init__(self, queue: HintQueue, fallback: PollingLike) -> None:
+        super().__init__(queue, fallback, None)  # no kernel watch to budget
+        self._fan = Fanotify()
+        self._wd_of: dict[bytes, int] = {}
+        self._key_of: dict[int, bytes] = {}
+        self._fsid: dict[int, int] = {}  # st_dev -> fsid of each marked filesystem
+        self._next_wd = 1
+        self.dropped = 0  # records for directories we do not know (the busy rest of the fs)
+
+    def fileno(self) -> int | None:
+        return self._fan.fd
+
+    def process(self) -> None:
+        for _ in range(READS_PER_TURN):
+            try:
+                buf = os.read(self._fan.fd, READ_SIZE)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self._failed = True
+                log.error("fanotify_read_failed", error=e.strerror)
+                return
+            self._records(buf)
+
+    def _records(self, buf: bytes) -> None:
+        wd_of = self._wd_of
+        for rec in parse(buf):
+            wd = wd_of.get(rec.key)
+            if wd is None:  # the hot path: not one of ours
+                if rec.mask & F.Q_OVERFLOW:
+                    self._event(0, F.Q_OVERFLOW, "")
+                else:
+                    self.dropped += 1
+                continue
+            if rec.name == ".":  # the directory itself
+                self._event(wd, rec.mask & (F.DELETE_SELF | F.MOVE_SELF), "")
+                if rec.mask & F.DELETE_SELF and wd in self._key_of:
+                    self._event(wd, F.IGNORED, "")  # as inotify says after DELETE_SELF
+            else:
+                self._event(wd, rec.mask & ~(F.DELETE_SELF | F.MOVE_SELF), rec.name)
+
+    def healthy(self) -> bool:
+        return not self._failed
+
+    def close(self) -> None:
+        self._fan.close()
+
+    def _add_watch(self, path: Path, kind: Kind) -> int:
+        root = self._is_root(path)
+        st = os.stat(path) if root else os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):  # inotify's ONLYDIR | DONT_FOLLOW
+            raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        fsid = self._fsid.get(st.st_dev)
+        if fsid is None:
+            fsid = self._mark(path, st.st_dev)
+        key = key_of(fsid, *self._fan.handle(path, follow=root))
+        wd = self._wd_of.get(key)
+        if wd is None:
+            wd, self._next_wd = self._next_wd, self._next_wd + 1
+            self._wd_of[key] = wd
+            self._key_of[wd] = key
+        return wd
+
+    def _mark(self, path: Path, dev: int) -> int:
+        try:
+            self._fan.mark_filesystem(path)
+        except OSError as e:
+            if e.errno not in UNMARKABLE:
+                raise
+            log.warning("fanotify_unmarkable", path=str(path), error=e.strerror, fallback="polling")
+            raise WatchLimit from e
+        fsid = os.statvfs(path).f_fsid
+        self._fsid[dev] = fsid
+        log.info("fanotify_marked", path=str(path), filesystems=len(self._fsid))
+        return fsid
+
+    def _rm_watch(self, wd: int) -> None:
+        key = self._key_of.pop(wd, None)
+        if key is not None:
+            self._wd_of.pop(key, None)
+
+    def _released(self, wd: int) -> None:
+        self._rm_watch(wd)

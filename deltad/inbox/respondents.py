@@ -1,0 +1,55 @@
+"""Who may answer a question over HTTP: its `respondents` (token names and `group:NAME`s).
+
+A question that names none may be answered by anyone whose token's scope and role allow it.
+One that names some may be answered only by a listed token, a token in a listed group, or an
+admin token; a signed link names nobody, so it cannot answer such a question. The file mailbox
+(`delta respond`, `echo > response.txt`) is not checked: whoever can write the workspace's
+files is trusted there, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deltad.protocol import Mailbox, Workspace
+
+GROUP = "group:"
+
+
+@dataclass(frozen=True)
+class Answerer:
+    """Who sends an answer over HTTP; None for a signed link."""
+
+    name: str
+    groups: tuple[str, ...] = ()
+    admin: bool = False
+
+
+def may_answer(respondents: Sequence[str], who: Answerer | None) -> bool:
+    if not respondents:
+        return True
+    if who is None:
+        return False
+    if who.admin:
+        return True
+    return who.name in respondents or any(GROUP + g in respondents for g in who.groups)
+
+
+def refusal(respondents: Sequence[str], who: Answerer | None) -> str | None:
+    """Why `who` may not answer a question for `respondents`, or None when they may."""
+    if may_answer(respondents, who):
+        return None
+    names = ", ".join(respondents)
+    if who is None:
+        return f"only {names} may answer this question; a signed link names nobody: log in"
+    return f"only {names} may answer this question, not {who.name}"
+
+
+def refuse_respondent(ws: Workspace, request_id: str, who: Answerer | None) -> str | None:
+    """The check the answer routes make before submitting: the pending question's respondents
+    against `who`. A question no longer pending is left to the answering path to report."""
+    req = Mailbox(ws).read_request()
+    if req is None or req.request_id != request_id:
+        return None
+    return refusal(req.respondents, who)

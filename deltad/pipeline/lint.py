@@ -1,0 +1,171 @@
+"""Warnings: what a graph says that this runner does not carry out. The graph still runs (each is
+a `W` code; `--strict` refuses them): an attribute of the attractor spec this runner ignores
+(W001), an attribute nobody defines (W002, likely a typo), a node only mentioned in edges
+(W003, it runs with default attributes), a goal gate with nowhere to go back to (W004).
+
+Pure and linear: one pass over nodes, edges and their attributes. An attribute set by a
+`node [...]`/`edge [...]` default is reported once, at the default, not once per node.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Iterator, Mapping
+from functools import cache
+
+from .model import Graph, Kind, Node
+from .problems import Code, Pos, Problem
+
+# What this runner reads (docs/pipelines.md).
+GRAPH_ATTRS = frozenset(
+    {"goal", "label", "default_max_retries", "default_max_retry", "retry_target"}
+    | {"fallback_retry_target", "max_steps"}
+)
+NODE_ATTRS = frozenset(
+    {"label", "shape", "type", "prompt", "max_retries", "timeout", "human.default_choice"}
+    | {"agent.mode", "agent", "tool_command", "goal_gate", "retry_target"}
+    | {"fallback_retry_target", "respondents"}
+)
+EDGE_ATTRS = frozenset({"label", "condition", "weight"})
+# Graphviz drawing attributes: they change how a graph looks, never what it does.
+DRAWING = frozenset(
+    {"rankdir", "color", "fillcolor", "fontcolor", "fontname", "fontsize", "style", "penwidth"}
+    | {"bgcolor", "labelloc", "labeljust", "splines", "nodesep", "ranksep", "margin", "pad"}
+    | {"width", "height", "fixedsize", "tooltip", "xlabel", "peripheries", "arrowhead"}
+    | {"arrowtail", "arrowsize", "dir", "constraint", "compound", "concentrate", "newrank"}
+    | {"ordering", "size", "ratio", "group", "rank", "minlen", "headport", "tailport"}
+)
+_LLM = "model settings come from the agent directory (--agent, or the node's agent)"
+_PARALLEL = "parallel shapes are refused"
+_MANAGER = "the manager loop (house) is refused"
+_HOOKS = "tool approvals and hooks come from the agent directory"
+_FIDELITY = "each node is a conversation of its own; context passes as response.<node>"
+# Attributes the attractor spec defines and this runner does not carry out: why, by section.
+SPEC_IGNORED: Mapping[str, Mapping[str, str]] = {
+    "graph": {
+        "model_stylesheet": f"§8: {_LLM}",
+        "default_fidelity": f"§2.5: {_FIDELITY}",
+        "stack.child_dotfile": f"§4.11: {_MANAGER}",
+        "tool_hooks.pre": f"§9.7: {_HOOKS}",
+        "tool_hooks.post": f"§9.7: {_HOOKS}",
+    },
+    "node": {
+        "llm_model": f"§2.6: {_LLM}",
+        "llm_provider": f"§2.6: {_LLM}",
+        "reasoning_effort": f"§2.6: {_LLM}",
+        "class": "§2.12: it selects model_stylesheet rules, which are not applied",
+        "fidelity": f"§2.6: {_FIDELITY}",
+        "thread_id": f"§2.6: {_FIDELITY}",
+        "auto_status": "§2.6: a codergen node ends SUCCESS with its final message",
+        "allow_partial": "§2.6: exhausted retries are a FAIL",
+        "join_policy": f"§4.8: {_PARALLEL}",
+        "error_policy": f"§4.8: {_PARALLEL}",
+        "max_parallel": f"§4.8: {_PARALLEL}",
+        "manager.poll_interval": f"§4.11: {_MANAGER}",
+        "manager.max_cycles": f"§4.11: {_MANAGER}",
+        "manager.stop_condition": f"§4.11: {_MANAGER}",
+        "manager.actions": f"§4.11: {_MANAGER}",
+        "stack.child_autostart": f"§4.11: {_MANAGER}",
+        "tool_hooks.pre": f"§9.7: {_HOOKS}",
+        "tool_hooks.post": f"§9.7: {_HOOKS}",
+    },
+    "edge": {
+        "fidelity": f"§2.7: {_FIDELITY}",
+        "thread_id": f"§2.7: {_FIDELITY}",
+        "loop_restart": "§2.7: a run is never restarted from an edge",
+    },
+}
+# `timeout` is carried out on these kinds only (a codergen node's is not enforced yet).
+TIMEOUT_KINDS = (Kind.WAIT_HUMAN, Kind.TOOL)
+NO_TIMEOUT = "timeout has no effect here: only a gate's and a tool node's are enforced"
+
+
+_KNOWN = {"graph": GRAPH_ATTRS, "node": NODE_ATTRS, "edge": EDGE_ATTRS}
+
+
+@cache
+def _typo_hint(key: str, what: str) -> str:
+    """The closest attribute name this runner or the spec knows, when one is close."""
+    close = difflib.get_close_matches(key, sorted(_KNOWN[what] | SPEC_IGNORED[what].keys()), n=1)
+    return f": did you mean {close[0]}?" if close else " (a typo?)"
+
+
+def attr_warning(what: str, key: str, kind: Kind | None = None) -> tuple[Code, str] | None:
+    """The warning for attribute `key` on a graph, node (of `kind`) or edge; None when it is
+    carried out or only draws."""
+    if why := SPEC_IGNORED[what].get(key):
+        return Code.IGNORED_ATTRIBUTE, f"{key} is ignored by this runner (attractor spec {why})"
+    if key == "timeout" and kind is not None and kind not in TIMEOUT_KINDS:
+        # one message for every kind: a `node [timeout=...]` default then warns once
+        return Code.IGNORED_ATTRIBUTE, NO_TIMEOUT
+    if key in _KNOWN[what] or key in DRAWING or (key == "command" and kind == Kind.TOOL):
+        return None  # `command` on a tool node is an error already (E008)
+    return (
+        Code.UNKNOWN_ATTRIBUTE,
+        f"unknown attribute {key!r}: it has no effect{_typo_hint(key, what)}",
+    )
+
+
+def _attr_problems(
+    what: str, subject: str, attrs: Iterable[str], where: Mapping[str, Pos], kind: Kind | None
+) -> Iterator[Problem]:
+    for key in attrs:
+        if found := attr_warning(what, key, kind):
+            code, message = found
+            yield Problem(message, where.get(key), subject, code=code)
+
+
+def _edge_only(n: Node) -> Problem:
+    return Problem(
+        f"never declared, only mentioned in edges: it runs as a {n.kind} node with "
+        f'default attributes; declare it (e.g. {n.id} [shape=box, prompt="..."]) or fix the '
+        "name",
+        n.pos,
+        n.subject,
+        code=Code.EDGE_ONLY_NODE,
+    )
+
+
+def _goal_gate_without_retry(graph: Graph, n: Node) -> Problem | None:
+    """Spec §7.2 goal_gate_has_retry: without a target, an unmet goal gate fails the run."""
+    targets = (n.retry_target, n.fallback_retry_target, graph.retry_target)
+    if not n.goal_gate or any(targets) or graph.fallback_retry_target:
+        return None
+    return Problem(
+        "goal_gate=true without a retry_target (node or graph): if the node has not succeeded "
+        "when the run reaches the exit, the run fails",
+        n.where("goal_gate"),
+        n.subject,
+        code=Code.GOAL_GATE_NO_RETRY,
+    )
+
+
+def _once_per_default(problems: Iterable[Problem]) -> list[Problem]:
+    """One warning per place an attribute was written: a default block's attribute would
+    otherwise warn once for every node it applies to."""
+    first: dict[tuple[Code, str, Pos | None], Problem] = {}
+    count: dict[tuple[Code, str, Pos | None], int] = {}
+    for p in problems:
+        key = (p.code, p.message, p.pos)
+        first.setdefault(key, p)
+        count[key] = count.get(key, 0) + 1
+    return [
+        p
+        if count[k] == 1
+        else Problem(p.message, p.pos, f"{p.subject} and {count[k] - 1} more", code=p.code)
+        for k, p in first.items()
+    ]
+
+
+def lint(graph: Graph) -> list[Problem]:
+    """Every warning of the graph (none refuses it)."""
+    found = list(_attr_problems("graph", "graph", graph.attrs, graph.attr_pos, None))
+    for n in graph.nodes.values():
+        if not n.declared:
+            found.append(_edge_only(n))
+        found += _attr_problems("node", n.subject, n.attrs, n.attr_pos, n.kind)
+        if goal := _goal_gate_without_retry(graph, n):
+            found.append(goal)
+    for e in graph.edges:
+        found += _attr_problems("edge", e.subject, e.attrs, e.attr_pos, None)
+    return _once_per_default(found)

@@ -1,0 +1,82 @@
+"""A webhook receiver on 127.0.0.1 for tests: it records every POST (headers, raw body, the
+status it answered) and answers from a script (`answers` first, then `default`); `hang_first`
+calls get no answer at all until the receiver is closed (status 0)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Call:
+    headers: dict[str, str]  # names lowercased
+    body: bytes
+    status: int
+
+    @property
+    def webhook_id(self) -> str:
+        return self.headers.get("webhook-id", "")
+
+
+class Receiver:
+    def __init__(
+        self, answers: list[int] | None = None, default: int = 204, hang_first: int = 0
+    ) -> None:
+        self.answers = list(answers or [])
+        self.default = default
+        self.hang_first = hang_first
+        self._release = threading.Event()
+        self._calls: list[Call] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                status = outer._answer({k.lower(): v for k, v in self.headers.items()}, body)
+                if status == 0:
+                    outer._release.wait(120)
+                    return  # the sender gave up long ago
+                with contextlib.suppress(OSError):
+                    self.send_response(status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _answer(self, headers: dict[str, str], body: bytes) -> int:
+        with self._lock:
+            if self.hang_first > 0:
+                self.hang_first -= 1
+                status = 0
+            else:
+                status = self.answers.pop(0) if self.answers else self.default
+            self._calls.append(Call(headers, body, status))
+        return status
+
+    def calls(self) -> list[Call]:
+        with self._lock:
+            return list(self._calls)
+
+    def delivered(self) -> list[Call]:
+        return [c for c in self.calls() if 200 <= c.status < 300]
+
+    def close(self) -> None:
+        self._release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

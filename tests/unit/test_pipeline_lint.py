@@ -1,0 +1,339 @@
+"""Warnings (W codes) and the acceptance rules: nodes only in edges, nodes reached only through a
+retry target; `check` on large graphs scans the edges a fixed number of times."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from deltad.pipeline import (
+    Code,
+    GraphError,
+    Kind,
+    check_file,
+    check_pipeline,
+    gate,
+    lint,
+    validate,
+)
+from deltad.pipeline.describe import describe
+from deltad.pipeline.lint import NO_TIMEOUT, attr_warning
+
+from .helpers import graph_of, only, problems_in, raw_graph
+
+ENDS = "start [shape=Mdiamond]\nexit [shape=Msquare]\n"
+
+
+def warnings_in(body: str) -> list[str]:
+    """The warning lines of a graph that must be accepted."""
+    text = f"digraph t {{\n{textwrap.dedent(body)}\n}}"
+    return check_pipeline(text, "t.dot", check_files=False).warning_lines()
+
+
+# -- W001, W002: one table, the pure rule --------------------------------------------------
+@pytest.mark.parametrize(
+    ("what", "key", "kind", "code", "says"),
+    [
+        ("graph", "model_stylesheet", None, Code.IGNORED_ATTRIBUTE, "(attractor spec §8:"),
+        ("graph", "default_fidelity", None, Code.IGNORED_ATTRIBUTE, "§2.5"),
+        ("node", "llm_model", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "llm_model is ignored"),
+        ("node", "llm_provider", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
+        ("node", "reasoning_effort", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
+        ("node", "class", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.12"),
+        ("node", "fidelity", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
+        ("node", "thread_id", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
+        ("node", "allow_partial", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "exhausted retries"),
+        ("node", "auto_status", Kind.TOOL, Code.IGNORED_ATTRIBUTE, "§2.6"),
+        ("node", "join_policy", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.8"),
+        ("node", "manager.max_cycles", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.11"),
+        ("node", "tool_hooks.pre", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§9.7"),
+        ("node", "timeout", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "timeout has no effect here"),
+        ("node", "timeout", Kind.EXIT, Code.IGNORED_ATTRIBUTE, "only a gate's and a tool node's"),
+        ("edge", "loop_restart", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
+        ("edge", "fidelity", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
+        ("edge", "thread_id", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
+        ("node", "promt", Kind.CODERGEN, Code.UNKNOWN_ATTRIBUTE, "did you mean prompt?"),
+        ("edge", "conditon", None, Code.UNKNOWN_ATTRIBUTE, "did you mean condition?"),
+        ("graph", "gaol", None, Code.UNKNOWN_ATTRIBUTE, "did you mean goal?"),
+        ("node", "zzz", Kind.CODERGEN, Code.UNKNOWN_ATTRIBUTE, "'zzz': it has no effect (a typo?)"),
+        ("node", "command", Kind.CODERGEN, Code.UNKNOWN_ATTRIBUTE, "did you mean tool_command?"),
+    ],
+)
+def test_an_attribute_not_carried_out_is_a_warning(
+    what: str, key: str, kind: Kind | None, code: Code, says: str
+) -> None:
+    found = attr_warning(what, key, kind)
+    assert found is not None and found[0] == code and says in found[1], found
+
+
+@pytest.mark.parametrize(
+    ("what", "key", "kind"),
+    [
+        ("graph", "goal", None),
+        ("graph", "default_max_retry", None),
+        ("graph", "rankdir", None),  # Graphviz drawing: no effect on a run, and none expected
+        ("node", "timeout", Kind.WAIT_HUMAN),
+        ("node", "timeout", Kind.TOOL),
+        ("node", "human.default_choice", Kind.WAIT_HUMAN),
+        ("node", "color", Kind.CODERGEN),
+        ("node", "command", Kind.TOOL),  # an error there (E008), not a warning too
+        ("edge", "weight", None),
+        ("edge", "style", None),
+    ],
+)
+def test_an_attribute_carried_out_or_only_drawn_is_no_warning(
+    what: str, key: str, kind: Kind | None
+) -> None:
+    assert attr_warning(what, key, kind) is None
+
+
+def test_warnings_name_the_place_and_the_code_and_do_not_refuse() -> None:
+    warnings = warnings_in(
+        f"""\
+        graph [model_stylesheet="this {{ does not parse"]
+        {ENDS}w [prompt=p, llm_model="gpt-x", promt=q]
+        start -> w -> exit [loop_restart=true]
+        """
+    )
+    assert warnings == [
+        "t.dot:2:33: graph: model_stylesheet is ignored by this runner (attractor spec §8: model "
+        "settings come from the agent directory (--agent, or the node's agent)) "
+        "[W001 ignored-attribute]",
+        "t.dot:5:24: node w: llm_model is ignored by this runner (attractor spec §2.6: model "
+        "settings come from the agent directory (--agent, or the node's agent)) "
+        "[W001 ignored-attribute]",
+        "t.dot:5:39: node w: unknown attribute 'promt': it has no effect: did you mean prompt? "
+        "[W002 unknown-attribute]",
+        "t.dot:6:42: edge start -> w and 1 more: loop_restart is ignored by this runner "
+        "(attractor spec §2.7: a run is never restarted from an edge) [W001 ignored-attribute]",
+    ]
+
+
+def test_a_default_block_warns_once_not_once_per_node() -> None:
+    warnings = warnings_in(
+        f"{ENDS}node [reasoning_effort=low]\na\nb\nc\nstart -> a -> b -> c -> exit"
+    )
+    [line] = warnings
+    assert line.startswith("t.dot:4:24: node a and 2 more: reasoning_effort is ignored")
+
+
+def test_a_timeout_default_warns_once_for_all_kinds_it_has_no_effect_on() -> None:
+    warnings = warnings_in(
+        f"node [timeout=5m]\n{ENDS}w\nc [shape=diamond]\ng [shape=hexagon]\n"
+        "start -> w -> c -> g -> exit"
+    )
+    assert warnings == [f"t.dot:2:15: node start and 3 more: {NO_TIMEOUT} [W001 ignored-attribute]"]
+
+
+def test_a_codergen_timeout_warns_but_a_gate_timeout_does_not() -> None:
+    warnings = warnings_in(
+        f"{ENDS}w [timeout=5m]\ng [shape=hexagon, timeout=5m]\nstart -> w -> g -> exit"
+    )
+    assert [w.split(": ", 2)[1:] for w in warnings] == [
+        ["node w", f"{NO_TIMEOUT} [W001 ignored-attribute]"]
+    ]
+
+
+def test_strict_refuses_warnings_as_errors() -> None:
+    text = f"digraph t {{\n{ENDS}w [llm_model=x]\nstart -> w -> exit\n}}"
+    assert check_pipeline(text, "t.dot").graph.nodes["w"].kind == Kind.CODERGEN
+    with pytest.raises(GraphError) as err:
+        check_pipeline(text, "t.dot", strict=True)
+    [line] = err.value.lines()
+    assert line.startswith("t.dot:4:14: node w: llm_model is ignored") and "W001" in line
+
+
+def test_errors_and_warnings_are_kept_apart() -> None:
+    with pytest.raises(GraphError) as err:
+        check_pipeline(
+            f"digraph t {{\n{ENDS}w [llm_model=x, shape=star]\nstart -> w -> exit\n}}", "t.dot"
+        )
+    assert [line.rsplit("[", 1)[1] for line in err.value.lines()] == ["E003 bad-value]"]
+    assert [line.rsplit("[", 1)[1] for line in err.value.warning_lines()] == [
+        "W001 ignored-attribute]"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "warned"),
+    [
+        ("w [goal_gate=true]", True),
+        ("w [goal_gate=false]", False),
+        ("w [goal_gate=true, retry_target=w]", False),
+        ("w [goal_gate=true, fallback_retry_target=w]", False),
+        ("graph [retry_target=w]\nw [goal_gate=true]", False),
+        ("graph [fallback_retry_target=w]\nw [goal_gate=true]", False),
+    ],
+)
+def test_a_goal_gate_without_a_retry_target_warns(body: str, warned: bool) -> None:
+    warnings = warnings_in(f"{ENDS}{body}\nstart -> w -> exit")
+    expected = ["goal_gate=true without a retry_target"] if warned else []
+    assert [w.split(": ", 2)[2][:37] for w in warnings] == expected
+    assert all(w.endswith("[W004 goal-gate-without-retry]") for w in warnings)
+
+
+# -- W003 and the attractor spec's §2.13 human gate ------------------------------------------
+SPEC_HUMAN_GATE = """\
+digraph Review {
+    rankdir=LR
+
+    start [shape=Mdiamond, label="Start"]
+    exit  [shape=Msquare, label="Exit"]
+
+    review_gate [
+        shape=hexagon,
+        label="Review Changes",
+        type="wait.human"
+    ]
+
+    start -> review_gate
+    review_gate -> ship_it [label="[A] Approve"]
+    review_gate -> fixes   [label="[F] Fix"]
+    ship_it -> exit
+    fixes -> review_gate
+}
+"""
+
+
+def test_the_spec_human_gate_example_is_accepted_with_a_warning_per_edge_only_node() -> None:
+    checked = check_pipeline(SPEC_HUMAN_GATE, "review.dot")
+    ship_it, fixes = checked.graph.nodes["ship_it"], checked.graph.nodes["fixes"]
+    assert (ship_it.kind, ship_it.shape, ship_it.label, ship_it.declared) == (
+        Kind.CODERGEN,
+        "box",
+        "ship_it",
+        False,
+    )
+    assert fixes.kind == Kind.CODERGEN
+    assert [(c.key, c.target) for c in gate(checked.graph, "review_gate").choices] == [
+        ("A", "ship_it"),
+        ("F", "fixes"),
+    ]
+    assert checked.warning_lines() == [
+        "review.dot:14:20: node ship_it: never declared, only mentioned in edges: it runs as a "
+        "codergen node with default attributes; declare it (e.g. ship_it [shape=box, "
+        'prompt="..."]) '
+        "or fix the name [W003 edge-only-node]",
+        "review.dot:15:20: node fixes: never declared, only mentioned in edges: it runs as a "
+        "codergen node with default attributes; declare it (e.g. fixes [shape=box, "
+        'prompt="..."]) '
+        "or fix the name [W003 edge-only-node]",
+    ]
+
+
+def test_an_edge_only_node_takes_the_defaults_in_force_where_it_is_mentioned() -> None:
+    graph = graph_of(f'{ENDS}node [shape=parallelogram, tool_command="make"]\nstart -> t -> exit')
+    assert (graph.nodes["t"].kind, graph.nodes["t"].tool_command) == (Kind.TOOL, "make")
+
+
+def test_a_graph_of_edges_only_runs_with_start_and_exit_found_by_id() -> None:
+    checked = check_pipeline("digraph t { start -> work -> exit }", "t.dot")
+    kinds = [n.kind for n in checked.graph.nodes.values()]
+    assert kinds == [Kind.START, Kind.CODERGEN, Kind.EXIT]
+    assert [w.split(": ")[1] for w in checked.warning_lines()] == [
+        "node start",
+        "node work",
+        "node exit",
+    ]
+    assert "it runs as a start node" in checked.warning_lines()[0]
+
+
+# -- retry targets reach nodes -------------------------------------------------------------
+@pytest.mark.parametrize(
+    "body",
+    [
+        "w [retry_target=fix]\nfix\nstart -> w -> exit\nfix -> w",
+        "w [fallback_retry_target=fix]\nfix\nstart -> w -> exit\nfix -> w",
+        "graph [retry_target=fix]\nw\nfix\nstart -> w -> exit\nfix -> w",
+        "fallback_retry_target=fix\nw\nfix\nstart -> w -> exit\nfix -> w",
+        # a chain of them: fix is reached through w, again through fix
+        "w [retry_target=fix]\nfix [retry_target=again]\nagain\nstart -> w -> exit\nfix -> w\n"
+        "again -> w",
+    ],
+)
+def test_a_node_reached_only_through_a_retry_target_is_reachable(body: str) -> None:
+    graph = graph_of(f"{ENDS}{body}")
+    assert "fix" in graph.nodes
+
+
+def test_a_retry_target_of_an_unreachable_node_reaches_nothing() -> None:
+    problems = problems_in(f"{ENDS}lost [retry_target=fix]\nfix\nstart -> exit\nfix -> exit")
+    only(problems, "node lost: not reachable")
+    only(problems, "node fix: not reachable")
+
+
+# -- large graphs: correct, and the edges are scanned a fixed number of times ----------------
+class CountedEdges(tuple):  # type: ignore[type-arg]
+    """The graph's edges, counting every full pass over them."""
+
+    passes = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        CountedEdges.passes += 1
+        return super().__iter__()
+
+
+def chain(n: int, extra: str = "") -> str:
+    lines = [ENDS, *(f"n{i} [prompt=p]" for i in range(n)), "start -> n0"]
+    lines += [f"n{i} -> n{i + 1}" for i in range(n - 1)] + [f"n{n - 1} -> exit", extra]
+    return "\n".join(lines)
+
+
+def test_validate_lint_and_describe_pass_over_the_edges_a_fixed_number_of_times() -> None:
+    """Before the index, every node's outgoing() was a pass: 2,000 passes here."""
+    graph = raw_graph(chain(2000) + "\ng [shape=hexagon]\nn5 -> g\ng -> n6 [label=Go]")
+    graph = replace(graph, edges=CountedEdges(graph.edges))
+    CountedEdges.passes = 0
+    assert validate(graph, check_files=False) == [] and lint(graph) == []
+    describe(graph, "t.dot")
+    assert CountedEdges.passes <= 6, CountedEdges.passes
+
+
+def test_a_20000_node_chain_is_accepted_and_one_lost_node_is_named() -> None:
+    text = f"digraph t {{\n{chain(20000)}\n}}"
+    checked = check_pipeline(text, "t.dot", check_files=False)
+    assert len(checked.graph.nodes) == 20002 and checked.warnings == []
+    assert [e.target for e in checked.graph.outgoing("n19999")] == ["exit"]
+    with pytest.raises(GraphError) as err:
+        check_pipeline(f"digraph t {{\n{chain(20000, 'lost')}\n}}", "t.dot")
+    assert [line.split(": ", 2)[1] for line in err.value.lines()] == ["node lost"]
+
+
+def test_a_gate_with_many_choices_reports_each_clash_once() -> None:
+    """The ambiguity check looks each choice up (it compared every pair)."""
+    edges = "\n".join(f'g -> n{i} [label="L{i % 3}"]' for i in range(9))
+    nodes = "\n".join(f"n{i}\nn{i} -> exit" for i in range(9))
+    problems = problems_in(f"{ENDS}g [shape=hexagon]\nstart -> g\n{edges}\n{nodes}")
+    clashes = [p for p in problems if "is also the label of" in p]
+    assert len(clashes) == 6  # choices 3..8 each repeat one of the first three labels
+    assert "label 'L0' is also the label of the edge to n0" in clashes[0]
+
+
+# -- every error has its code --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ("start -> ", Code.SYNTAX),
+        (f"{ENDS}w [shape=star]\nstart -> w -> exit", Code.BAD_VALUE),
+        (f'{ENDS}w\nstart -> w\nw -> exit [condition="outcome=="]', Code.BAD_CONDITION),
+        ("start [shape=Mdiamond]\nw\nstart -> w", Code.START_EXIT),
+        (f"{ENDS}start -> exit\nlost", Code.UNREACHABLE),
+        (f"{ENDS}g [shape=hexagon]\nstart -> g\nstart -> exit", Code.GATE),
+        (f"{ENDS}t [shape=parallelogram]\nstart -> t -> exit", Code.NODE_ATTR),
+        (f"{ENDS}w [agent=nowhere]\nstart -> w -> exit", Code.NO_AGENT_DIR),
+        (f"{ENDS}w [retry_target=nowhere]\nstart -> w -> exit", Code.RETRY_TARGET),
+    ],
+)
+def test_each_error_ends_with_its_code(tmp_path: Path, body: str, code: Code) -> None:
+    with pytest.raises(GraphError) as err:
+        check_pipeline(f"digraph t {{\n{body}\n}}", "t.dot", tmp_path)
+    assert [line.rsplit(" [", 1)[1] for line in err.value.lines()] == [f"{code}]"]
+
+
+def test_an_unreadable_file_has_its_code(tmp_path: Path) -> None:
+    with pytest.raises(GraphError) as err:
+        check_file(tmp_path / "missing.dot")
+    assert err.value.lines() == [f"{tmp_path}/missing.dot: no such file [E001 unreadable-file]"]
