@@ -209,7 +209,10 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "error")
+        # FastAPI's own 400 is a body it could not parse (JSON nested too deep, say).
+        code = {400: "bad_json", 404: "not_found", 405: "method_not_allowed"}.get(
+            e.status_code, "error"
+        )
         headers = refusal_headers(e.status_code)
         if e.status_code == 405:
             headers["Allow"] = ", ".join(allowed_methods(app, request.scope))

@@ -227,6 +227,7 @@ REFUSALS = [
     Refused("POST", "/v1/requests/{open}/answer", 400, "bad_json", raw=b'{"answer": '),
     Refused("POST", "/v1/links/{link}/answer", 400, "bad_json", raw=b"[1,"),
     Refused("POST", "/v1/session", 400, "bad_json", raw=b"{"),
+    Refused("POST", "/v1/requests/{open}/answer", 400, "bad_json", raw=b"[" * 10**5 + b"]" * 10**5),
     Refused("POST", "/v1/requests/{open}/answer", 403, "forbidden", {"answer": "x"}, reader=True),
     Refused("GET", "/v1/requests/nope", 404, "unknown_request"),
     Refused("GET", "/v1/requests/{open}?workspace=/nowhere", 404, "unknown_workspace"),
