@@ -48,7 +48,7 @@ STATUS_MEANING: dict[int, str] = {
     403: "Outside the token's scope, a reader's answer, or a session write without its "
     "`X-CSRF-Token` (`forbidden`, `csrf`).",
     404: "Unknown question, run, workspace or link (`unknown_request`, `unknown_run`, "
-    "`unknown_workspace`, `not_found`).",
+    "`unknown_workspace`, `bad_link`, `not_found`).",
     405: "Method not allowed; `Allow` lists those that are (`method_not_allowed`).",
     409: "Answered already, an answer waiting, or an id held by several workspaces "
     "(`already_answered`, `answer_waiting`, `ambiguous_request`, `ambiguous_run`, "
