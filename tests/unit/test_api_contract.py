@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
 from deltad.api import handlers, links, schemas
-from deltad.api.app import PUBLIC, WRITES, create_app
+from deltad.api.app import PUBLIC, WRITES, create_app, validation_refusal
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import Context
 from deltad.api.tokens import TokenStore
@@ -209,6 +209,47 @@ def test_401_names_the_bearer_scheme(
     r = api.http.request(method, path, headers=headers, json=body)
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     assert r.json()["code"] == "unauthorized"
+
+
+@pytest.mark.parametrize(
+    ("path", "problem", "status", "doc"),
+    [
+        (
+            "/v1/session",
+            {"type": "json_invalid", "loc": ("body", 1), "msg": "JSON decode error"},
+            400,
+            {"error": "the body is not valid JSON", "code": "bad_json"},
+        ),
+        (
+            "/v1/requests/q/answer",
+            {"type": "extra_forbidden", "loc": ("body", "answr"), "msg": "Extra inputs"},
+            422,
+            {"error": "answr: Extra inputs", "code": "misfit"},
+        ),
+        (
+            "/v1/links/t/answer",
+            {"type": "model_attributes_type", "loc": ("body",), "msg": "Not an object"},
+            422,
+            {"error": "(top level): Not an object", "code": "misfit"},
+        ),
+        (
+            "/v1/session",
+            {"type": "missing", "loc": ("body", "token"), "msg": "Field required"},
+            422,
+            {"error": "body.token: Field required", "code": "bad_request"},
+        ),
+        (
+            "/v1/requests/q/answer",
+            {"type": "enum", "loc": ("query", "workspace"), "msg": "Bad"},
+            422,
+            {"error": "query.workspace: Bad", "code": "bad_request"},
+        ),
+    ],
+)
+def test_what_a_request_that_does_not_fit_its_declaration_gets(
+    path: str, problem: dict[str, Any], status: int, doc: dict[str, str]
+) -> None:
+    assert validation_refusal(path, [problem]) == (status, doc)
 
 
 # -- every refusal, as declared --------------------------------------------------------------------
