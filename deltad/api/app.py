@@ -447,7 +447,7 @@ def create_app(ctx: Context, stopping: threading.Event | None = None) -> FastAPI
         operation_id="link_answer",
         response_model=schemas.AnswerReceipt,
         response_model_exclude_unset=True,
-        responses=errors(400, 404, 409, 410, 413, 422),
+        responses=errors(400, 403, 404, 409, 410, 413, 422),
     )
     def link_answer(
         token: str, body: Annotated[AnswerIn, Body(openapi_examples=schemas.answer_examples())]

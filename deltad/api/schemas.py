@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deltad.protocol.kinds import kind_of
-from deltad.protocol.models import InputType, InteractionRequest, Option
+from deltad.protocol.models import InputType, InteractionRequest, Option, QuestionContext
 from deltad.protocol.states import RunStatus
 
 JSON = "application/json"
@@ -45,8 +45,9 @@ STATUS_MEANING: dict[int, str] = {
     400: "Malformed JSON (`bad_json`) or a malformed request line or header.",
     401: "No credential, or one that is not valid (`unauthorized`). Sent with "
     "`WWW-Authenticate: Bearer`.",
-    403: "Outside the token's scope, a reader's answer, or a session write without its "
-    "`X-CSRF-Token` (`forbidden`, `csrf`).",
+    403: "Outside the token's scope, a reader's answer, an answer from someone the question "
+    "does not name, or a session write without its `X-CSRF-Token` (`forbidden`, "
+    "`not_a_respondent`, `csrf`).",
     404: "Unknown question, run, workspace or link (`unknown_request`, `unknown_run`, "
     "`unknown_workspace`, `bad_link`, `not_found`).",
     405: "Method not allowed; `Allow` lists those that are (`method_not_allowed`).",
@@ -96,6 +97,12 @@ class Question(_Out):
     run_id: str
     action_id: str
     node_id: str | None = Field(description="A pipeline's gate or node asking, else null.")
+    respondents: list[str] = Field(
+        default_factory=list, description="Who may answer (token names or groups); [] is anyone."
+    )
+    context: QuestionContext | None = Field(
+        default=None, description="What to decide with, from the journal when it was asked."
+    )
     prompt: str
     input_type: InputType
     expects: str = Field(description="What the answer is, in words.", examples=_expects())
@@ -183,6 +190,9 @@ class RunPage(_Out):
 
 class RunDetail(RunSummary):
     last_message: str | None = Field(description="The model's last message.")
+    outcome: dict[str, Any] | None = Field(
+        default=None, description="A finished run's outcome (null while it is not finished)."
+    )
     journal: list[dict[str, Any]] = Field(description="The journal's last 50 events.")
 
 

@@ -270,6 +270,8 @@ REFUSALS = [
     Refused("POST", "/v1/session", 400, "bad_json", raw=b"{"),
     Refused("POST", "/v1/requests/{open}/answer", 400, "bad_json", raw=b"[" * 10**5 + b"]" * 10**5),
     Refused("POST", "/v1/requests/{open}/answer", 403, "forbidden", {"answer": "x"}, reader=True),
+    Refused("POST", "/v1/requests/{named}/answer", 403, "not_a_respondent", {"answer": "x"}),
+    Refused("POST", "/v1/links/{named_link}/answer", 403, "not_a_respondent", {"answer": "x"}),
     Refused("GET", "/v1/requests/nope", 404, "unknown_request"),
     Refused("GET", "/v1/requests/{open}?workspace=/nowhere", 404, "unknown_workspace"),
     Refused("POST", "/v1/requests/nope/answer", 404, "unknown_request", {"answer": "x"}),
@@ -297,10 +299,12 @@ def test_every_refusal_is_the_error_model_with_a_declared_status(api: Api, case:
         "open": api.ask("open", prompt="Name?"),
         "waiting": api.ask("waiting", prompt="Name?"),
         "late": api.ask("late", expires_at=utcnow() - timedelta(seconds=5)),
+        "named": api.ask("named", respondents=["bob"]),
     }
     (api.root / "waiting" / ".delta" / "interaction" / "response.txt").write_text("Ann")
     ctx = api.http.app.state.ctx  # type: ignore[attr-defined]
     ids["link"] = links.sign(ctx.link_key, ids["open"], str(api.root / "open"), 60)
+    ids["named_link"] = links.sign(ctx.link_key, ids["named"], str(api.root / "named"), 60)
     headers = dict(api.auth)
     if case.reader:
         headers["Authorization"] = "Bearer " + api.store.add("rita", [], "reader")
