@@ -16,16 +16,22 @@ from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Scope
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deltad import __version__
-from deltad.daemon.feed import EVENT_TYPES, FeedEvent
+from deltad.daemon.feed import EVENT_TYPES, EventType, FeedEvent
+from deltad.inbox import AnswerIn
+from deltad.protocol.models import InputType
+from deltad.protocol.states import RunStatus
 
-from . import handlers, history, limits, links, paging, scopes
+from . import handlers, history, limits, links, paging, schemas, scopes
 from .handlers import ApiError, Context, unauthorized
+from .schemas import errors
 from .sessions import Sessions, matches
 from .tokens import Identity, TokenError, digest
 
@@ -79,18 +85,16 @@ def _invalid_token() -> Identity:
     raise unauthorized("this token is not valid (revoked, or never issued)")
 
 
-def identity(
-    request: Request,
-    authorization: Annotated[str | None, Header()] = None,
-    x_csrf_token: Annotated[str | None, Header()] = None,
-) -> Identity:
+def identity(request: Request) -> Identity:
+    # Read from the headers here, not declared as parameters: the document declares them
+    # once, as security schemes (schemas.SECURITY_SCHEMES).
     return authenticate(
         request.app.state.ctx,
         request.app.state.sessions,
         request.method,
-        authorization,
+        request.headers.get("authorization"),
         request.cookies.get(SESSION_COOKIE),
-        x_csrf_token,
+        request.headers.get("x-csrf-token"),
     )
 
 
@@ -129,6 +133,15 @@ Who = Annotated[Identity, Depends(identity)]
 WorkspaceGlob = Annotated[str | None, Depends(workspace_glob)]
 
 
+class EventStream(StreamingResponse):
+    media_type = schemas.EVENT_STREAM
+
+
+# Operations that write (a session needs its X-CSRF-Token) and those without a credential.
+WRITES = {"logout", "answer_request"}
+PUBLIC = {"login", "link_request", "link_answer", "healthz"}
+
+
 def create_app(
     ctx: Context, stopping: threading.Event | None = None, sessions: Sessions | None = None
 ) -> FastAPI:
@@ -147,21 +160,39 @@ def create_app(
     )
     app.state.ctx, app.state.sessions = ctx, sessions
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            app.openapi_schema = schemas.finish(doc, WRITES, PUBLIC)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     # -- errors and headers -----------------------------------------------------------------------
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.document(), e.http, headers=SECURITY_HEADERS)
+        return JSONResponse(e.document(), e.http, headers=refusal_headers(e.http))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "error")
-        return JSONResponse({"error": str(e.detail), "code": code}, e.status_code)
+        # FastAPI's own 400 is a body it could not parse (JSON nested too deep, say).
+        code = {400: "bad_json", 404: "not_found", 405: "method_not_allowed"}.get(
+            e.status_code, "error"
+        )
+        headers = refusal_headers(e.status_code)
+        if e.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(app, request.scope))
+        return JSONResponse({"error": str(e.detail), "code": code}, e.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "bad request"}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return JSONResponse({"error": f"{where}: {first['msg']}", "code": "bad_request"}, 422)
+        status, doc = validation_refusal(request.url.path, list(e.errors()))
+        return JSONResponse(doc, status, headers=refusal_headers(status))
 
     def credential_first(scope: Scope, rule: limits.Rule) -> limits.Refusal | None:
         """The route's credential, checked from the headers before its body is read."""
@@ -193,15 +224,23 @@ def create_app(
             response.headers.setdefault(k, v)
         return response
 
+    app.add_middleware(HeadAsGet)
+
     # -- sessions (the web page) ---------------------------------------------------------------
-    @app.post("/v1/session", tags=["session"])
-    def login(body: Annotated[dict[str, Any], Body()], response: Response) -> dict[str, Any]:
+    @app.post(
+        "/v1/session",
+        tags=["session"],
+        operation_id="login",
+        response_model=schemas.SessionOut,
+        response_model_exclude_unset=True,
+        responses=errors(400, 401, 413, 422),
+    )
+    def login(body: schemas.LoginIn, response: Response) -> dict[str, Any]:
         """Exchange a token for an HttpOnly, SameSite=Strict session cookie."""
-        token = body.get("token")
-        who = ctx.tokens.verify(token) if isinstance(token, str) else None
+        who = ctx.tokens.verify(body.token)
         if who is None:
             raise unauthorized("this token is not valid (revoked, or never issued)")
-        cookie, csrf = sessions.open(who.name, digest(str(token)))
+        cookie, csrf = sessions.open(who.name, digest(body.token))
         # No Path attribute: the cookie belongs to the directory the page was served from,
         # so the page works under a reverse proxy's path prefix.
         response.set_cookie(
@@ -215,8 +254,16 @@ def create_app(
         )
         return {"name": who.name, "role": who.role, "scopes": list(who.scopes), "csrf": csrf}
 
-    @app.get("/v1/session", tags=["session"])
+    @app.get(
+        "/v1/session",
+        tags=["session"],
+        operation_id="whoami",
+        response_model=schemas.SessionOut,
+        response_model_exclude_unset=True,
+        responses=errors(401),
+    )
     def whoami(request: Request, who: Who) -> dict[str, Any]:
+        """Who this credential is (with the session's CSRF token, if it is a session)."""
         cookie = request.cookies.get(SESSION_COOKIE)
         return {
             "name": who.name,
@@ -225,8 +272,16 @@ def create_app(
             "csrf": sessions.csrf(cookie) if cookie and sessions.get(cookie) else None,
         }
 
-    @app.delete("/v1/session", tags=["session"])
+    @app.delete(
+        "/v1/session",
+        tags=["session"],
+        operation_id="logout",
+        response_model=schemas.LoggedOut,
+        response_model_exclude_unset=True,
+        responses=errors(401, 403),
+    )
     def logout(request: Request, response: Response, who: Who) -> dict[str, str]:
+        """End the web session (its cookie is cleared)."""
         sessions.close(request.cookies.get(SESSION_COOKIE))
         response.set_cookie(
             SESSION_COOKIE, "", max_age=0, expires=0, path=None, httponly=True, samesite="strict"
@@ -234,11 +289,18 @@ def create_app(
         return {"status": "logged out"}
 
     # -- questions --------------------------------------------------------------------------------
-    @app.get("/v1/requests", tags=["requests"])
+    @app.get(
+        "/v1/requests",
+        tags=["requests"],
+        operation_id="list_requests",
+        response_model=schemas.QuestionPage,
+        response_model_exclude_unset=True,
+        responses=errors(401, 422),
+    )
     def list_requests(
         who: Who,
         workspace: WorkspaceGlob,
-        input_type: str | None = None,
+        input_type: InputType | None = None,
         owner: str | None = None,
         run_id: str | None = None,
         limit: int = paging.DEFAULT_LIMIT,
@@ -247,46 +309,91 @@ def create_app(
         """The pending questions this token may see, newest first, a page at a time:
         `{"requests": [...], "next": cursor or null}`."""
         return handlers.list_requests(
-            ctx, who, workspace, input_type, owner=owner, run_id=run_id, limit=limit, cursor=cursor
+            ctx,
+            who,
+            workspace,
+            input_type and str(input_type),
+            owner=owner,
+            run_id=run_id,
+            limit=limit,
+            cursor=cursor,
         )
 
-    @app.get("/v1/requests/{request_id}", tags=["requests"])
+    @app.get(
+        "/v1/requests/{request_id}",
+        tags=["requests"],
+        operation_id="get_request",
+        response_model=schemas.Question,
+        response_model_exclude_unset=True,
+        responses=errors(401, 403, 404, 409, 410, 422),
+    )
     def get_request(request_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
         """One question; `workspace` (exact path) picks it where its id is in several."""
         return handlers.get_request(ctx, who, request_id, workspace)
 
-    @app.post("/v1/requests/{request_id}/answer", status_code=202, tags=["requests"])
+    @app.post(
+        "/v1/requests/{request_id}/answer",
+        status_code=202,
+        tags=["requests"],
+        operation_id="answer_request",
+        response_model=schemas.AnswerReceipt,
+        response_model_exclude_unset=True,
+        responses=errors(400, 401, 403, 404, 409, 410, 413, 422),
+    )
     def answer(
         request_id: str,
         who: Who,
-        body: Annotated[dict[str, Any], Body(examples=[{"answer": "yes"}])],
+        body: Annotated[AnswerIn, Body(openapi_examples=schemas.answer_examples())],
         idempotency_key: Annotated[str | None, Header()] = None,
         workspace: str | None = None,
     ) -> dict[str, Any]:
         """What `response.json` holds minus `request_id`: `{"answer": ...}` or
         `{"decisions": [...]}`, optional `comment`. 202 once it is in the mailbox."""
-        return handlers.answer(ctx, who, request_id, body, idempotency_key, workspace=workspace)
+        sent = body.model_dump(mode="json", exclude_unset=True)
+        return handlers.answer(ctx, who, request_id, sent, idempotency_key, workspace=workspace)
 
     # -- runs -------------------------------------------------------------------------------------
-    @app.get("/v1/runs", tags=["runs"])
+    @app.get(
+        "/v1/runs",
+        tags=["runs"],
+        operation_id="list_runs",
+        response_model=schemas.RunPage,
+        response_model_exclude_unset=True,
+        responses=errors(401, 422),
+    )
     def list_runs(
         who: Who,
         workspace: WorkspaceGlob,
-        status: str | None = None,
+        status: RunStatus | None = None,
         owner: str | None = None,
         limit: int = paging.DEFAULT_LIMIT,
         cursor: str | None = None,
     ) -> dict[str, Any]:
         """Each workspace's latest run, newest first: `{"runs": [...], "next": ...}`."""
         return handlers.list_runs(
-            ctx, who, workspace, status, owner=owner, limit=limit, cursor=cursor
+            ctx, who, workspace, status and str(status), owner=owner, limit=limit, cursor=cursor
         )
 
-    @app.get("/v1/runs/{run_id}", tags=["runs"])
+    @app.get(
+        "/v1/runs/{run_id}",
+        tags=["runs"],
+        operation_id="get_run",
+        response_model=schemas.RunDetail,
+        response_model_exclude_unset=True,
+        responses=errors(401, 403, 404, 409, 422),
+    )
     def get_run(run_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
+        """One run, with the model's last message and the journal's last events."""
         return handlers.get_run(ctx, who, run_id, workspace)
 
-    @app.get("/v1/history", tags=["runs"])
+    @app.get(
+        "/v1/history",
+        tags=["runs"],
+        operation_id="get_history",
+        response_model=schemas.History,
+        response_model_exclude_unset=True,
+        responses=errors(401, 422),
+    )
     def get_history(
         who: Who,
         limit: Annotated[int, Query(ge=1, le=history.LIMIT_MAX)] = history.LIMIT_DEFAULT,
@@ -296,18 +403,30 @@ def create_app(
         return history.history(ctx, who, limit)
 
     # -- the event stream -------------------------------------------------------------------------
-    @app.get("/v1/events", tags=["events"])
+    @app.get(
+        "/v1/events",
+        tags=["events"],
+        operation_id="events",
+        response_class=EventStream,
+        responses={
+            200: {
+                "description": "An endless Server-Sent Events stream.",
+                "content": {schemas.EVENT_STREAM: {"schema": {"type": "string"}}},
+            },
+            **errors(401, 422),
+        },
+    )
     async def events(
         request: Request,
         who: Who,
         workspace: WorkspaceGlob,
-        input_type: str | None = None,
-        type: Annotated[list[str] | None, Query()] = None,
+        input_type: InputType | None = None,
+        type: Annotated[list[EventType] | None, Query()] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> StreamingResponse:
         """Server-Sent Events; `Last-Event-ID` replays what is still buffered. Filters as for
         the list (`input_type` applies to request events; run.status always passes)."""
-        wanted = set(type or EVENT_TYPES)
+        wanted: set[str] = set(type or EVENT_TYPES)
 
         def shown(e: FeedEvent) -> bool:
             return (
@@ -319,18 +438,36 @@ def create_app(
 
         since = int(last_event_id) if last_event_id and last_event_id.isdigit() else None
         stream = _stream(ctx, request, shown, since, stopping, still_allowed(request, who))
-        return StreamingResponse(
-            stream, media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
-        )
+        return EventStream(stream, headers={"X-Accel-Buffering": "no"})
 
     # -- signed links -----------------------------------------------------------------------------
-    @app.get("/v1/links/{token}", tags=["links"])
+    @app.get(
+        "/v1/links/{token}",
+        tags=["links"],
+        operation_id="link_request",
+        response_model=schemas.Question,
+        response_model_exclude_unset=True,
+        responses=errors(404, 409, 410, 422),
+    )
     def link_request(token: str) -> dict[str, Any]:
+        """The question behind a signed link (the link is the credential)."""
         return handlers.link_request(ctx, token)
 
-    @app.post("/v1/links/{token}/answer", status_code=202, tags=["links"])
-    def link_answer(token: str, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
-        return handlers.link_answer(ctx, token, body)
+    @app.post(
+        "/v1/links/{token}/answer",
+        status_code=202,
+        tags=["links"],
+        operation_id="link_answer",
+        response_model=schemas.AnswerReceipt,
+        response_model_exclude_unset=True,
+        responses=errors(400, 403, 404, 409, 410, 413, 422),
+    )
+    def link_answer(
+        token: str, body: Annotated[AnswerIn, Body(openapi_examples=schemas.answer_examples())]
+    ) -> dict[str, Any]:
+        """Answer the question behind a signed link; single use."""
+        sent = body.model_dump(mode="json", exclude_unset=True)
+        return handlers.link_answer(ctx, token, sent)
 
     # -- the page ---------------------------------------------------------------------------------
     @app.get("/", include_in_schema=False)
@@ -341,12 +478,89 @@ def create_app(
     def link_page(token: str) -> FileResponse:
         return FileResponse(STATIC / "link.html")
 
-    @app.get("/healthz", tags=["health"])
+    @app.get(
+        "/healthz",
+        tags=["health"],
+        operation_id="healthz",
+        response_model=schemas.Health,
+        response_model_exclude_unset=True,
+    )
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
+
+
+# -- HTTP semantics (RFC 9110) ---------------------------------------------------------------------
+def refusal_headers(status: int) -> dict[str, str]:
+    """A 401 says which scheme would do (RFC 9110 §11.6.1)."""
+    headers = dict(SECURITY_HEADERS)
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return headers
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """Every method some route takes at this path (for `Allow` on a 405), HEAD with GET."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches(scope)
+        methods |= set(getattr(route, "methods", None) or ()) if match != Match.NONE else set()
+    if not methods or "GET" in methods:
+        methods |= {"GET", "HEAD"}  # a mount (the static files) takes GET and HEAD
+    return sorted(methods)
+
+
+def validation_refusal(path: str, problems: list[Any]) -> tuple[int, dict[str, str]]:
+    """The status and body for a request that does not fit its declaration: malformed JSON
+    is 400 `bad_json`; an answer that does not fit is 422 `misfit`, as `inbox.submit` says it;
+    anything else 422 `bad_request`."""
+    first = problems[0] if problems else {"loc": (), "msg": "bad request", "type": ""}
+    loc = [str(p) for p in first.get("loc", ())]
+    if first.get("type") == "json_invalid":
+        return 400, {"error": "the body is not valid JSON", "code": "bad_json"}
+    if loc[:1] == ["body"] and path.endswith("/answer"):
+        where = ".".join(loc[1:]) or "(top level)"
+        return 422, {"error": f"{where}: {first['msg']}", "code": "misfit"}
+    return 422, {"error": f"{'.'.join(loc)}: {first['msg']}", "code": "bad_request"}
+
+
+class HeadAsGet:
+    """HEAD on every GET route (RFC 9110 §9.3.2): served as the GET, headers only. The body is
+    never sent, and an endless one (the event stream) is stopped at its first chunk."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        done = False
+
+        async def headers_only(message: Message) -> None:
+            nonlocal done
+            if done:
+                raise _HeadDone
+            if message["type"] == "http.response.body":
+                done = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                raise _HeadDone
+            await send(message)
+
+        try:
+            await self.app({**scope, "method": "GET"}, receive, headers_only)
+        except _HeadDone:
+            pass
+        except BaseExceptionGroup as group:
+            rest = group.subgroup(lambda e: not isinstance(e, _HeadDone))
+            if rest is not None:
+                raise rest from None
+
+
+class _HeadDone(Exception):
+    pass
 
 
 def _sse(e: FeedEvent) -> bytes:

@@ -117,6 +117,8 @@ class BodyLimit:
             (b"content-length", str(len(doc)).encode()),
             (b"connection", b"close"),
         ]
+        if r.http == 401:
+            headers.append((b"www-authenticate", b"Bearer"))  # RFC 9110 §11.6.1
         await send({"type": "http.response.start", "status": r.http, "headers": headers})
         await send({"type": "http.response.body", "body": doc})
 

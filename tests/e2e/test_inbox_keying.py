@@ -58,6 +58,17 @@ def _pause(fake: FakeLLM, tmp: Path, ws: Path) -> str:
     )
 
 
+def _asked_in_journal(ws: Path) -> str:
+    runs = ws / ".delta" / "runs"
+    journal = runs / (runs / "LATEST").read_text().strip() / "execution" / "journal.jsonl"
+    for line in journal.read_text().splitlines():
+        event = json.loads(line)
+        payload = event.get("payload") or {}
+        if event["type"] == "HUMAN_INTERACTION" and payload.get("phase") == "asked":
+            return str(payload["request"]["request_id"])
+    raise AssertionError("no question asked in the journal")
+
+
 @pytest.fixture
 def served(tmp_path: Path, fake: FakeLLM) -> Iterator[tuple[Daemon, str, Path]]:
     root = tmp_path / "root"
@@ -314,7 +325,11 @@ def test_an_expired_question_is_410_after_the_run_moved_on(
     ask = {"prompt": "Soon?", "timeout_seconds": 1, "default": "later"}
     fake.call("ask_human", ask, id="ask1").reply("done")
     ws = root / "ws1"
-    rid = _pause(fake, tmp_path, ws)
+    out = _run(fake, tmp_path, ws)
+    assert out.returncode == 101, out.stderr
+    # From the journal: with a 1 s deadline the daemon may resume (and clear the mailbox) before
+    # this test could read request.json.
+    rid = _asked_in_journal(ws)
     wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run went on with the default")
     with client(url, make_token(d.state_dir, "alice")) as http:
         r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "now"})

@@ -1,0 +1,319 @@
+"""The HTTP contract: a pydantic model for every request and response body, the error model,
+which status codes each route can answer, the security schemes and the OpenAPI links that let
+a client (or a fuzzer) go from a list to one question, its answer and its run.
+
+The question's vocabulary comes from the protocol (`InputType`, `kinds.kind_of`), so a new
+input type shows up here — in the enum, `expects` and the answer examples — without an edit.
+
+Response models keep fields they do not name (`extra="allow"`): a newer daemon may add fields
+to a document, and a typed client must not lose them. The routes send only what the handler
+set (`response_model_exclude_unset`): a field a document leaves out stays out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deltad.protocol.kinds import kind_of
+from deltad.protocol.models import InputType, InteractionRequest, Option, QuestionContext
+from deltad.protocol.states import RunStatus
+
+JSON = "application/json"
+EVENT_STREAM = "text/event-stream"
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# -- errors ----------------------------------------------------------------------------------------
+class ErrorOut(BaseModel):
+    """Every refusal: one line for a person, a stable code for a program."""
+
+    error: str = Field(description="One line saying what is wrong.")
+    code: str = Field(description="Stable, machine-readable: `unknown_request`, `misfit`, ...")
+    workspaces: list[str] | None = Field(
+        default=None,
+        description="With 409 `ambiguous_request`/`ambiguous_run`: the workspaces to choose from.",
+    )
+
+
+# What each status means on this API, for the declared responses.
+STATUS_MEANING: dict[int, str] = {
+    400: "Malformed JSON (`bad_json`) or a malformed request line or header.",
+    401: "No credential, or one that is not valid (`unauthorized`). Sent with "
+    "`WWW-Authenticate: Bearer`.",
+    403: "Outside the token's scope, a reader's answer, an answer from someone the question "
+    "does not name, or a session write without its `X-CSRF-Token` (`forbidden`, "
+    "`not_a_respondent`, `csrf`).",
+    404: "Unknown question, run, workspace or link (`unknown_request`, `unknown_run`, "
+    "`unknown_workspace`, `bad_link`, `not_found`).",
+    405: "Method not allowed; `Allow` lists those that are (`method_not_allowed`).",
+    409: "Answered already, an answer waiting, or an id held by several workspaces "
+    "(`already_answered`, `answer_waiting`, `ambiguous_request`, `ambiguous_run`, "
+    "`workspace_problem`).",
+    410: "The question expired, or the signed link did (`expired`).",
+    413: "The body, or the answer file it would make, is over its limit (`too_large`).",
+    422: "The body or a parameter does not fit (`misfit`, `bad_request`, `bad_glob`, "
+    "`idempotency_mismatch`).",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses` entry for the error statuses a route can answer."""
+    return {c: {"model": ErrorOut, "description": STATUS_MEANING[c]} for c in codes}
+
+
+# -- questions -------------------------------------------------------------------------------------
+def _expects() -> list[str]:
+    """What a person is asked for, per input type (the kinds' own words)."""
+    return sorted({kind_of(t).expects for t in InputType})
+
+
+class GatedCallOut(_Out):
+    action_id: str
+    tool_name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    resolved_command: str = ""
+    schema_: dict[str, Any] | None = Field(
+        default=None,
+        alias="schema",
+        description="The tool's parameter schema (JSON Schema), when the agent could be read.",
+    )
+
+
+class OptionOut(_Out):
+    key: str = Field(description="The accelerator key (one character).")
+    label: str
+
+
+class Question(_Out):
+    """A pending question, as `GET /v1/requests/{request_id}` shows it."""
+
+    request_id: str
+    workspace: str = Field(description="Escaped when the name is not plain UTF-8 text.")
+    run_id: str
+    action_id: str
+    node_id: str | None = Field(description="A pipeline's gate or node asking, else null.")
+    respondents: list[str] = Field(
+        default_factory=list, description="Who may answer (token names or groups); [] is anyone."
+    )
+    context: QuestionContext | None = Field(
+        default=None, description="What to decide with, from the journal when it was asked."
+    )
+    prompt: str
+    input_type: InputType
+    expects: str = Field(description="What the answer is, in words.", examples=_expects())
+    options: list[OptionOut] = Field(description="For `choice`: the options.")
+    calls: list[GatedCallOut] = Field(description="For `approval`: every gated call.")
+    default: str | None
+    expires_at: str | None = Field(description="RFC 3339 (UTC), or null for never.")
+    sensitive: bool = Field(description="The answer is a secret (a password is always).")
+    allow_empty: bool
+    minimum: float | None = Field(description="For `number`: the smallest answer.")
+    maximum: float | None = Field(description="For `number`: the largest answer.")
+    timestamp: str = Field(description="When it was asked, RFC 3339 (UTC).")
+    agent: str
+    task: str
+    answer_waiting: bool
+    last_refusal: str | None = Field(description="Why the last answer file was set aside.")
+    url: str = Field(description="The question in the web page.")
+    agent_error: str | None = Field(
+        default=None, description="Why the calls are shown without their tools' schemas."
+    )
+
+
+class QuestionPage(_Out):
+    requests: list[Question]
+    next: str | None = Field(default=None, description="The cursor of the next page, if any.")
+
+
+# -- answers ---------------------------------------------------------------------------------------
+def answer_examples() -> dict[str, dict[str, Any]]:
+    """An answer to each input type, in the words its kind suggests (OpenAPI `examples`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in InputType:
+        req = InteractionRequest(
+            prompt="?", input_type=t, run_id="r", action_id="a", options=_OPTIONS
+        )
+        word = kind_of(t).example(req)
+        value: dict[str, Any] = {"answer": word if word is not None else "s3cret"}
+        out[str(t)] = {"summary": f"a {t} question", "value": value}
+    out["approval per call"] = {
+        "summary": "an approval, call by call",
+        "value": {
+            "decisions": [
+                {"action_id": "call_1", "decision": "edit", "arguments": {"path": "x"}},
+                {"action_id": "call_2", "decision": "reject", "reason": "not now"},
+            ],
+            "comment": "the first one, edited",
+        },
+    }
+    return out
+
+
+_OPTIONS = [Option(key="a", label="Approve"), Option(key="r", label="Reject")]
+
+
+class AnswerReceipt(_Out):
+    """202: the answer is in the mailbox; the daemon resumes the run."""
+
+    status: Literal["accepted"]
+    request_id: str
+    workspace: str
+    run_id: str
+    answered_by: str = Field(description="The token's name, or `signed link`.")
+    channel: Literal["http", "link"]
+
+
+# -- runs ------------------------------------------------------------------------------------------
+class RunSummary(_Out):
+    workspace: str
+    run_id: str
+    status: RunStatus
+    task: str
+    agent: str
+    start_time: str
+    updated_at: str
+    end_time: str | None
+    iterations_completed: int
+    error: str | None
+    error_kind: str | None
+
+
+class RunPage(_Out):
+    runs: list[RunSummary]
+    next: str | None = Field(default=None, description="The cursor of the next page, if any.")
+
+
+class HistoryDecision(_Out):
+    action_id: str | None
+    decision: str | None
+
+
+class HistoryEntry(_Out):
+    """An answer given (`kind: answered`) or a run that ended (`kind: run_ended`)."""
+
+    kind: str = Field(description="answered | run_ended")
+    at: str | None
+    workspace: str
+    run_id: str
+    request_id: str | None = None
+    input_type: str | None = None
+    prompt: str | None = None
+    outcome: str | None = None
+    answered_by: str | None = None
+    channel: str | None = None
+    answer: str | None = Field(default=None, description="Never shown for a sensitive question.")
+    decisions: list[HistoryDecision] = Field(default_factory=list)
+    status: str | None = None
+    reason: str | None = None
+
+
+class History(_Out):
+    history: list[HistoryEntry]
+
+
+class RunDetail(RunSummary):
+    last_message: str | None = Field(description="The model's last message.")
+    outcome: dict[str, Any] | None = Field(
+        default=None, description="A finished run's outcome (null while it is not finished)."
+    )
+    journal: list[dict[str, Any]] = Field(description="The journal's last 50 events.")
+
+
+# -- sessions, links, health -----------------------------------------------------------------------
+class LoginIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token: str = Field(description="A bearer token, exchanged for a session cookie.")
+
+
+class SessionOut(_Out):
+    name: str
+    role: Literal["reader", "answerer", "admin"]
+    scopes: list[str]
+    csrf: str | None = Field(description="Send it as `X-CSRF-Token` on every write.")
+
+
+class LoggedOut(_Out):
+    status: Literal["logged out"]
+
+
+class Health(_Out):
+    status: Literal["ok"]
+
+
+# -- OpenAPI: security and links -------------------------------------------------------------------
+SECURITY_SCHEMES: dict[str, Any] = {
+    "bearer": {"type": "http", "scheme": "bearer", "description": "`deltad token add`"},
+    "session": {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": "deltad_session",
+        "description": "The web page's login (`POST /v1/session`).",
+    },
+    "csrf": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-CSRF-Token",
+        "description": "With a session, on every write: the `csrf` the login returned.",
+    },
+}
+READ_SECURITY: list[dict[str, list[str]]] = [{"bearer": []}, {"session": []}]
+WRITE_SECURITY: list[dict[str, list[str]]] = [{"bearer": []}, {"session": [], "csrf": []}]
+
+# From a list or a receipt to what a client does next (also what a fuzzer follows).
+LINKS: dict[str, dict[str, dict[str, Any]]] = {
+    "list_requests": {
+        "GetRequest": {
+            "operationId": "get_request",
+            "parameters": {"request_id": "$response.body#/requests/0/request_id"},
+        },
+        "AnswerRequest": {
+            "operationId": "answer_request",
+            "parameters": {
+                "request_id": "$response.body#/requests/0/request_id",
+                "workspace": "$response.body#/requests/0/workspace",
+            },
+        },
+    },
+    "answer_request": {
+        "GetRun": {
+            "operationId": "get_run",
+            "parameters": {
+                "run_id": "$response.body#/run_id",
+                "workspace": "$response.body#/workspace",
+            },
+        }
+    },
+    "list_runs": {
+        "GetRun": {
+            "operationId": "get_run",
+            "parameters": {
+                "run_id": "$response.body#/runs/0/run_id",
+                "workspace": "$response.body#/runs/0/workspace",
+            },
+        }
+    },
+}
+
+
+def finish(doc: dict[str, Any], writes: set[str], public: set[str]) -> dict[str, Any]:
+    """The generated document, completed: security schemes, each operation's security
+    (`writes` need the CSRF header with a session; `public` none), and the links."""
+    doc.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
+    for item in doc.get("paths", {}).values():
+        for op in item.values():
+            op_id = op.get("operationId")
+            if op_id not in public:
+                op["security"] = WRITE_SECURITY if op_id in writes else READ_SECURITY
+            for status, response in op.get("responses", {}).items():
+                content = response.get("content", {})
+                if status.startswith("4") and EVENT_STREAM in content:
+                    content[JSON] = content.pop(EVENT_STREAM)  # a refusal is JSON on any route
+            for link_status in ("200", "202"):
+                if op_id in LINKS and link_status in op.get("responses", {}):
+                    op["responses"][link_status]["links"] = LINKS[op_id]
+    return doc
