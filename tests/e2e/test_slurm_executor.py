@@ -189,7 +189,11 @@ def test_a_job_ignoring_term_is_killed_after_the_grace(
     spec = spec_for(ws, owner, "/bin/sh", "-c", script)
     handle = ex.submit(spec)
     log = tmp_shared / "logs" / str(owner.uid) / f"{spec.key.name}.log"
-    wait_for(ex, lambda _: log.exists() and b"ready" in log.read_bytes(), "the trap", nothing)
+
+    def trapping(events: list[Event]) -> bool:
+        return started(handle)(events) and log.exists() and b"ready" in log.read_bytes()
+
+    wait_for(ex, trapping, "the job to run with its trap set", nothing)
 
     ex.cancel(handle, grace=0.5)
     events = wait_for(ex, exited(handle), "the killed job's exit", nothing)
