@@ -6,9 +6,13 @@ from slurmctld through squeue. Waits are conditions with generous deadlines, nev
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import os
 import stat
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,9 +29,11 @@ from deltad.daemon.executors.seam import (
     Started,
 )
 from deltad.daemon.executors.slurm import SlurmExecutor, make_slurm_executor
+from deltad.testing.daemon import answer, metadata_status
 from deltad.testing.slurmcluster import Cluster
+from deltad.testing.stub import paused_workspace
 from tests.slurm import in_cluster, slurm_cluster  # noqa: F401
-from tests.users import User, accounts, shared_tmp
+from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
 
 DEADLINE = 120.0
 _ids = itertools.count()
@@ -142,6 +148,32 @@ def test_job_runs_as_owner_in_workspace_and_its_exit_code_comes_back(
     st, dir_st = log.stat(), log.parent.stat()
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (owner.uid, 0o600)
     assert (dir_st.st_uid, stat.S_IMODE(dir_st.st_mode)) == (owner.uid, 0o700)
+
+
+def test_a_paused_run_is_resumed_by_a_job_as_its_owner(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = tmp_shared / "ws"
+    run_id = paused_workspace(ws)
+    answer(ws, "ship it")
+    chown_tree(ws, owner)
+    records = tmp_shared / "records"
+    records.mkdir()
+    os.chown(records, owner.uid, owner.gid)
+    record = records / "ingested.jsonl"
+    argv = [sys.executable, "-m", "deltad.testing.stub", "stub", str(ws), "--record", str(record)]
+    ex = executor(in_cluster, tmp_shared, daemon_id)
+    with executable_by_all():
+        handle = ex.submit(spec_for(ws, owner, *argv))
+        events = wait_for(ex, exited(handle), "the resume's exit", nothing)
+
+    assert the_exit(events).rc == 0 and the_exit(events).meaning == "completed"
+    [ingested] = [json.loads(line) for line in record.read_text().splitlines()]
+    assert (ingested["run_id"], ingested["answer"]) == (run_id, "ship it")
+    assert metadata_status(ws) == "COMPLETED"
 
 
 def test_submitting_one_key_twice_makes_one_job(
@@ -276,9 +308,28 @@ def test_no_value_of_the_environment_reaches_an_argv(
     secret = "sk-test-9f8e7d6c5b4a"
     spec = spec_for(ws, owner, "/bin/sh", "-c", 'echo "key=$OPENAI_API_KEY"', env={})
     spec = JobSpec(spec.key, spec.argv, spec.identity, {**spec.env, "OPENAI_API_KEY": secret})
-    handle = ex.submit(spec)
-    wait_for(ex, exited(handle), "the job's exit", nothing)
+    leaked: list[bytes] = []  # any process's argv holding the secret while the job runs
+    looked: list[bytes] = []  # slurmd's own argv: the scan does read /proc
+    done = threading.Event()
 
+    def scan() -> None:
+        while not done.is_set():
+            for path in Path("/proc").glob("[0-9]*/cmdline"):
+                with contextlib.suppress(OSError):  # ended meanwhile
+                    argv = path.read_bytes()
+                    leaked.extend([argv] if secret.encode() in argv else [])
+                    looked.extend([argv] if b"slurmd" in argv else [])
+
+    scanner = threading.Thread(target=scan)
+    scanner.start()
+    try:
+        handle = ex.submit(spec)
+        wait_for(ex, exited(handle), "the job's exit", nothing)
+    finally:
+        done.set()
+        scanner.join()
+
+    assert looked and not leaked
     recorded = argvs.read_text()
     assert f"{bin_dir}/sbatch" in recorded
     assert secret not in recorded
