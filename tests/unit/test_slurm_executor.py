@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from deltad.daemon.executors.seam import Exit, Handle, Identity, JobSpec, Reques
 from deltad.daemon.executors.slurm import (
     JobRow,
     SlurmConfigError,
+    SlurmError,
+    SlurmExecutor,
     SlurmOptions,
     batch_script,
     comment_for,
@@ -223,3 +226,23 @@ def test_good_options() -> None:
         time_margin=120.0,
         slurm_conf=Path("/etc/slurm/slurm.conf"),
     )
+
+
+def test_the_owner_log_directory_is_made_0700_and_someone_elses_is_refused(
+    tmp_path: Path,
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: chowns to another uid")
+    ann = Identity(54321, 54322)
+    mine = tmp_path / "logs" / "54321"
+    SlurmExecutor._owner_dir(mine, ann)
+    st = mine.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (54321, 54322, 0o700)
+    SlurmExecutor._owner_dir(mine, ann)  # made once, then used as it is
+
+    theirs = Path(os.fsdecode(os.fsencode(tmp_path) + b"/logs/\x1b[31m"))
+    theirs.mkdir()
+    with pytest.raises(SlurmError) as e:
+        SlurmExecutor._owner_dir(theirs, ann)
+    assert "\x1b" not in str(e.value)
+    assert str(e.value).endswith("is not the owner's (uid 54321)")

@@ -32,6 +32,8 @@ from typing import Any
 
 import structlog
 
+from deltad.protocol.printable import show_path
+
 from .seam import Event, Exit, Handle, Identity, JobSpec, RequestKey, Started, SubmitError
 
 log = structlog.get_logger("deltad.executors.slurm")
@@ -399,10 +401,12 @@ class SlurmExecutor:
         except FileExistsError:
             pass
         except OSError as e:
-            raise SlurmError(f"log directory {path}: {e.strerror}") from None
+            raise SlurmError(f"log directory {show_path(path)}: {e.strerror}") from None
         st = os.lstat(path)
         if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != identity.uid:
-            raise SlurmError(f"log directory {path} is not the owner's (uid {identity.uid})")
+            raise SlurmError(
+                f"log directory {show_path(path)} is not the owner's (uid {identity.uid})"
+            )
 
     def poll(self, now: float) -> list[Event]:
         self._escalate()
