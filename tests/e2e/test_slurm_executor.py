@@ -88,11 +88,15 @@ def spec_for(ws: Path, user: User, *argv: str, request: str = "q1", **kw: object
 
 
 def wait_for(
-    ex: SlurmExecutor, done: Callable[[list[Event]], bool], what: str, during: Callable[[], None]
+    ex: SlurmExecutor,
+    done: Callable[[list[Event]], bool],
+    what: str,
+    during: Callable[[], None],
+    deadline: float = DEADLINE,
 ) -> list[Event]:
     """Poll the executor until `done(events so far)`; `during` runs between polls."""
     events: list[Event] = []
-    end = time.monotonic() + DEADLINE
+    end = time.monotonic() + deadline
     while time.monotonic() < end:
         events += ex.poll(time.time())
         if done(events):
@@ -286,6 +290,46 @@ def test_a_job_held_in_the_queue_has_not_started(
     assert the_exit(events).rc == 0
 
 
+def test_a_job_cancelled_in_the_queue_never_ran(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = workspace(tmp_shared, owner)
+    ex = executor(in_cluster, tmp_shared, daemon_id)
+    in_cluster.drain("held by a test")
+    try:
+        handle = ex.submit(spec_for(ws, owner, "/bin/true"))
+        ex.cancel(handle, grace=600)
+        events = wait_for(ex, exited(handle), "the cancelled job's end", nothing)
+    finally:
+        in_cluster.resume()
+
+    assert [type(e) for e in events] == [Exit]
+    assert the_exit(events).rc is None  # it never ran: nothing to say of a process
+    assert the_exit(events).detail.startswith("CANCELLED")
+
+
+@pytest.mark.timeout(400)
+def test_slurms_time_limit_is_a_backstop_reported_as_timed_out(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = workspace(tmp_shared, owner)
+    # --time=1 (minute): what Slurm does when no daemon is alive to cancel the job.
+    ex = executor(in_cluster, tmp_shared, daemon_id, time_margin_seconds=0)
+    spec = spec_for(ws, owner, "/bin/sleep", "1000")
+    handle = ex.submit(JobSpec(spec.key, spec.argv, spec.identity, spec.env, timeout=1))
+    events = wait_for(ex, exited(handle), "Slurm's time limit", nothing, deadline=360)
+
+    end = the_exit(events)
+    assert (end.timed_out, end.rc) == (True, -15)
+    assert end.detail.startswith("TIMEOUT")
+
+
 def test_no_value_of_the_environment_reaches_an_argv(
     in_cluster: Cluster,  # noqa: F811
     daemon_id: str,
@@ -306,7 +350,7 @@ def test_no_value_of_the_environment_reaches_an_argv(
     ws = workspace(tmp_shared, owner)
     ex = executor(in_cluster, tmp_shared, daemon_id, bin_dir=str(bin_dir))
     secret = "sk-test-9f8e7d6c5b4a"
-    spec = spec_for(ws, owner, "/bin/sh", "-c", 'echo "key=$OPENAI_API_KEY"', env={})
+    spec = spec_for(ws, owner, "/bin/sh", "-c", 'echo "key=$OPENAI_API_KEY TZ=${TZ-}"', env={})
     spec = JobSpec(spec.key, spec.argv, spec.identity, {**spec.env, "OPENAI_API_KEY": secret})
     leaked: list[bytes] = []  # any process's argv holding the secret while the job runs
     looked: list[bytes] = []  # slurmd's own argv: the scan does read /proc
@@ -334,7 +378,8 @@ def test_no_value_of_the_environment_reaches_an_argv(
     assert f"{bin_dir}/sbatch" in recorded
     assert secret not in recorded
     log = tmp_shared / "logs" / str(owner.uid) / f"{spec.key.name}.log"
-    assert log.read_text() == f"key={secret}\n"  # the job did get it, through the env
+    # The job did get it, through the env, and nothing the daemon's commands use (TZ).
+    assert log.read_text() == f"key={secret} TZ=\n"
 
 
 def test_a_missing_slurm_or_an_unreachable_controller_is_a_one_line_error(

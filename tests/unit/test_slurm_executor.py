@@ -29,12 +29,15 @@ from deltad.daemon.executors.slurm import (
 
 KEY = RequestKey(Path(os.fsdecode(b"/srv/ws \xff|x")), "run-1", "q1", 2)
 HANDLE = Handle(KEY, "slurm", "7")
+NODE = "deltadnode"
+UNAVAILABLE = "ReqNodeNotAvail, UnavailableNodes:deltadnode"
 
 # Captured from Slurm 22.05's `squeue -h --states=all -O <SQUEUE_FORMAT>` on the test cluster.
 SQUEUE = """\
-2|deltad-bbb|PENDING|N/A|0|Resources|(null)
-1|deltad-aaa|RUNNING|2026-11-24T02:21:04|0|None|deltad1:abc:xx|with|bars
-3|wrap|FAILED|2026-11-24T02:20:49|768|NonZeroExitCode|(null)
+2|deltad-bbb|PENDING|N/A|0|Resources||(null)
+1|deltad-aaa|RUNNING|2026-11-24T02:21:04|0|None|deltadnode|deltad1:abc:xx|with|bars
+3|wrap|FAILED|2026-11-24T02:20:49|768|NonZeroExitCode|deltadnode|(null)
+5|wrap|CANCELLED|2026-11-24T02:39:40|0|ReqNodeNotAvail, UnavailableNodes:deltadnode||(null)
 slurm_load_jobs error: something odd
 4|short|line
 """
@@ -42,9 +45,13 @@ slurm_load_jobs error: something odd
 
 def test_squeue_rows_are_parsed_and_odd_lines_skipped() -> None:
     assert parse_jobs(SQUEUE) == [
-        JobRow("2", "deltad-bbb", "PENDING", None, 0, "Resources", "(null)"),
-        JobRow("1", "deltad-aaa", "RUNNING", 1795486864.0, 0, "None", "deltad1:abc:xx|with|bars"),
-        JobRow("3", "wrap", "FAILED", 1795486849.0, 768, "NonZeroExitCode", "(null)"),
+        JobRow("2", "deltad-bbb", "PENDING", None, 0, "Resources", "", "(null)"),
+        JobRow(
+            "1", "deltad-aaa", "RUNNING", 1795486864.0, 0, "None", NODE, "deltad1:abc:xx|with|bars"
+        ),
+        JobRow("3", "wrap", "FAILED", 1795486849.0, 768, "NonZeroExitCode", NODE, "(null)"),
+        # cancelled in the queue: Slurm gives it a StartTime (its end), but no node
+        JobRow("5", "wrap", "CANCELLED", None, 0, UNAVAILABLE, "", "(null)"),
     ]
 
 
@@ -57,7 +64,7 @@ def test_a_wait_status_is_a_code_or_minus_the_signal(status: int, rc: int) -> No
 
 
 def row(state: str, status: int = 0, start: float | None = 100.0) -> JobRow:
-    return JobRow("7", KEY.name, state, start, status, "Reason", "c")
+    return JobRow("7", KEY.name, state, start, status, "Reason", NODE if start else "", "c")
 
 
 @pytest.mark.parametrize(

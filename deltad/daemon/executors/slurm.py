@@ -41,7 +41,7 @@ log = structlog.get_logger("deltad.executors.slurm")
 NAME = "slurm"
 COMMENT_PREFIX = "deltad1"
 # squeue's long format: the comment last and unbounded (`:0`), so '|' in it cannot shift fields.
-SQUEUE_FORMAT = "JobID:|,Name:|,State:|,StartTime:|,exit_code:|,Reason:|,Comment:0"
+SQUEUE_FORMAT = "JobID:|,Name:|,State:|,StartTime:|,exit_code:|,Reason:|,NodeList:|,Comment:0"
 QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"})
 # Ends whose exit code is the job's own (a code, or the signal that ended it).
@@ -83,6 +83,7 @@ class JobRow:
     start: float | None  # wall clock, None before the job started
     status: int  # the raw wait status Slurm keeps (ExitCode rc:sig)
     reason: str
+    nodes: str  # where it ran; empty for a job that never ran (a cancelled one has a StartTime)
     comment: str
 
 
@@ -242,17 +243,18 @@ def parse_jobs(text: str) -> list[JobRow]:
     """squeue -h -O SQUEUE_FORMAT; lines that do not fit are skipped, never guessed at."""
     rows = []
     for line in text.splitlines():
-        parts = line.split("|", 6)
-        if len(parts) != 7 or not parts[0].strip().isdigit():
+        parts = line.split("|", 7)
+        if len(parts) != 8 or not parts[0].strip().isdigit():
             continue
-        job_id, name, state, start, status, reason, comment = (p.strip() for p in parts)
+        job_id, name, state, start, status, reason, nodes, comment = (p.strip() for p in parts)
         try:
             raw = int(status)
         except ValueError:
             raw = 0
         # "CANCELLED by 0" in some versions: the first word is the state.
         state = state.split()[0] if state else ""
-        rows.append(JobRow(job_id, name, state, parse_start(start), raw, reason, comment))
+        when = parse_start(start) if nodes else None  # a never-run job's is its end
+        rows.append(JobRow(job_id, name, state, when, raw, reason, nodes, comment))
     return rows
 
 
@@ -268,7 +270,7 @@ def exit_of(row: JobRow, started: bool) -> tuple[int | None, bool] | None:
         return None
     if row.state not in EXITED:
         return None, False
-    if row.state == "CANCELLED" and not started and row.start is None:
+    if row.state == "CANCELLED" and not started and not row.nodes:
         return None, False  # cancelled in the queue: it never ran
     return rc_from_status(row.status), row.state == "TIMEOUT"
 
@@ -375,7 +377,9 @@ class SlurmExecutor:
                 log.info("slurm_job_found", job=existing.job_id, name=spec.key.name)
                 return self._track(spec.key, existing.job_id)
             self._owner_dir(log_path(spec, self.opts.log_dir).parent, spec.identity)
-            env = {**spec.env, **self._base_env()}
+            # The job's environment is sbatch's: the spec's exactly, plus where Slurm is.
+            conf = {k: v for k, v in self._base_env().items() if k == "SLURM_CONF"}
+            env = {**spec.env, **conf}
             argv = sbatch_argv(self._bin("sbatch"), spec, self.opts)
             out = self._run(argv, env=env, stdin=batch_script(spec.argv))
         except SlurmError as e:
