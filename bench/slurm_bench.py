@@ -1,0 +1,159 @@
+"""The Slurm executor on a real one-node cluster: answer → job running, and exactly one job per key.
+
+    .venv/bin/python bench/slurm_bench.py [--latency 20] [--burst 200] [--out bench/results]
+
+Needs root and Slurm's packages (`apt-get install slurm-wlm munge slurmctld slurmd`); the
+cluster is `deltad.testing.slurmcluster` (a private network namespace, loopback only).
+
+- latency: one submit at a time (the daemon's path for one answer): from `submit()` to the
+  job's first command (its own clock) and to the `Started` event seen by `poll` (poll_every).
+- once: 200 keys submitted by a process that is SIGKILLed half-way (a daemon crashing while
+  submitting), then all 200 again by a fresh executor (the restarted daemon): jobs per key.
+  Through the executor only: the daemon's loop does not drive executors yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from deltad.daemon.executors.seam import Identity, JobSpec, RequestKey, Started
+from deltad.daemon.executors.slurm import SlurmExecutor, make_slurm_executor
+from deltad.testing.slurmcluster import Cluster, cluster
+
+NOBODY = Identity(65534, 65534, user="nobody")
+
+
+def executor(conf: Path, root: Path, daemon_id: str) -> SlurmExecutor:
+    return make_slurm_executor(
+        {"log_dir": str(root / "logs"), "slurm_conf": str(conf), "daemon_id": daemon_id}
+    )
+
+
+def workspace(root: Path, name: str) -> Path:
+    ws = root / name
+    ws.mkdir(exist_ok=True)
+    os.chown(ws, NOBODY.uid, NOBODY.gid)
+    return ws
+
+
+def spec(root: Path, name: str, argv: list[str]) -> JobSpec:
+    ws = workspace(root, name)
+    env = {"PATH": "/usr/bin:/bin"}
+    return JobSpec(RequestKey(ws, "run", "q"), argv, NOBODY, env=env, timeout=600)
+
+
+def latency(c: Cluster, root: Path, n: int) -> dict[str, object]:
+    ex = executor(c.conf, root, "bench-latency")
+    to_first, to_started, sbatch = [], [], []
+    for i in range(n):
+        s = spec(root, f"lat{i}", ["/bin/date", "+%s.%N"])
+        t0 = time.time()
+        handle = ex.submit(s)
+        sbatch.append(time.time() - t0)
+        seen = None
+        end = time.monotonic() + 120
+        while seen is None and time.monotonic() < end:
+            for event in ex.poll(time.time()):
+                if isinstance(event, Started) and event.handle == handle:
+                    seen = time.time()
+            time.sleep(0.02)
+        assert seen is not None, f"job {handle.ref} never started"
+        log = root / "logs" / str(NOBODY.uid) / f"{s.key.name}.log"
+        while not log.exists() or not log.read_text().strip():
+            time.sleep(0.02)
+        to_first.append(float(log.read_text().split()[0]) - t0)
+        to_started.append(seen - t0)
+    return {
+        "jobs": n,
+        "submit_to_first_command_p50_s": round(statistics.median(to_first), 3),
+        "submit_to_first_command_max_s": round(max(to_first), 3),
+        "submit_to_started_event_p50_s": round(statistics.median(to_started), 3),
+        "submit_to_started_event_max_s": round(max(to_started), 3),
+        "sbatch_call_p50_s": round(statistics.median(sbatch), 3),
+    }
+
+
+def submit_all(conf: str, root: str, n: int) -> None:
+    """The crashing daemon: submits keys 0..n-1, says each on stdout."""
+    ex = executor(Path(conf), Path(root), "bench-once")
+    for i in range(n):
+        ex.submit(spec(Path(root), f"once{i}", ["/bin/true"]))
+        print("submitted", i, flush=True)
+
+
+def once(c: Cluster, root: Path, n: int) -> dict[str, object]:
+    child = subprocess.Popen(
+        [sys.executable, __file__, "_submit", str(c.conf), str(root), str(n)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.startswith("submitted ") and int(line.split()[1]) >= n // 2:
+            break
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    before = _jobs_per_name(c)
+    ex = executor(c.conf, root, "bench-once")
+    t0 = time.monotonic()
+    for i in range(n):
+        ex.submit(spec(root, f"once{i}", ["/bin/true"]))
+    resubmit = time.monotonic() - t0
+    per_name = _jobs_per_name(c)
+    return {
+        "keys": n,
+        "jobs_before_restart": sum(before.values()),
+        "jobs": sum(per_name.values()),
+        "keys_with_one_job": sum(1 for v in per_name.values() if v == 1),
+        "doubled": sum(1 for v in per_name.values() if v > 1),
+        "restart_resubmit_all_s": round(resubmit, 2),
+    }
+
+
+def _jobs_per_name(c: Cluster) -> dict[str, int]:
+    out = c.run("squeue", "-h", "--states=all", "-O", "Name:|,Comment:0")
+    counts: dict[str, int] = {}
+    for line in out.stdout.splitlines():
+        name, _, comment = line.partition("|")
+        if ":bench-once:" in comment:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_submit":
+        submit_all(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
+    p = argparse.ArgumentParser()
+    p.add_argument("--latency", type=int, default=20)
+    p.add_argument("--burst", type=int, default=200)
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    a = p.parse_args()
+    with cluster() as c, c.entered():
+        root = c.dir / "bench"
+        root.mkdir()
+        os.chmod(root, 0o755)
+        result = {
+            "when": datetime.now(UTC).strftime("%Y%m%dT%H%M%S"),
+            "load_avg": os.getloadavg(),
+            "latency": latency(c, root, a.latency),
+            "once": once(c, root, a.burst),
+        }
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = a.out / f"slurm-{result['when']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(f"written {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,406 @@
+"""`executor: slurm` against a real one-node Slurm cluster, through the executor seam.
+
+Jobs run as real throw-away users in their own workspaces; everything the executor says comes
+from slurmctld through squeue. Waits are conditions with generous deadlines, never sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from deltad.daemon.executors.seam import (
+    Event,
+    Exit,
+    Handle,
+    Identity,
+    JobSpec,
+    RequestKey,
+    Started,
+)
+from deltad.daemon.executors.slurm import SlurmExecutor, make_slurm_executor
+from deltad.testing.daemon import answer, metadata_status
+from deltad.testing.slurmcluster import Cluster
+from deltad.testing.stub import paused_workspace
+from tests.slurm import in_cluster, slurm_cluster  # noqa: F401
+from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
+
+DEADLINE = 120.0
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def owner() -> Iterator[User]:
+    with accounts() as a:
+        yield a.user()
+
+
+@pytest.fixture
+def tmp_shared() -> Iterator[Path]:
+    with shared_tmp() as d:
+        yield d
+
+
+def executor(c: Cluster, root: Path, daemon_id: str, **extra: object) -> SlurmExecutor:
+    opts = {"log_dir": str(root / "logs"), "slurm_conf": str(c.conf), "daemon_id": daemon_id}
+    return make_slurm_executor({**opts, **extra})
+
+
+@pytest.fixture
+def daemon_id(in_cluster: Cluster) -> Iterator[str]:  # noqa: F811
+    """A daemon id of its own per test; its jobs are cancelled after the test."""
+    ident = f"t{os.getpid()}-{next(_ids)}"
+    yield ident
+    out = in_cluster.run("squeue", "-h", "--states=all", "-O", "JobID:|,Comment:0")
+    for line in out.stdout.splitlines():
+        job, _, comment = line.partition("|")
+        if f":{ident}:" in comment:
+            in_cluster.run("scancel", "--signal=KILL", "--full", job.strip(), check=False)
+
+
+def workspace(root: Path, user: User, name: bytes = b"ws") -> Path:
+    ws = Path(os.fsdecode(os.path.join(os.fsencode(root), name)))
+    ws.mkdir()
+    os.chown(ws, user.uid, user.gid)
+    return ws
+
+
+def spec_for(ws: Path, user: User, *argv: str, request: str = "q1", **kw: object) -> JobSpec:
+    env = {"PATH": "/usr/bin:/bin", **kw.pop("env", {})}  # type: ignore[dict-item]
+    return JobSpec(
+        key=RequestKey(ws, "run-1", request),
+        argv=argv,
+        identity=Identity(user.uid, user.gid, user=user.name),
+        env=env,
+        timeout=600,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def wait_for(
+    ex: SlurmExecutor,
+    done: Callable[[list[Event]], bool],
+    what: str,
+    during: Callable[[], None],
+    deadline: float = DEADLINE,
+) -> list[Event]:
+    """Poll the executor until `done(events so far)`; `during` runs between polls."""
+    events: list[Event] = []
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        events += ex.poll(time.time())
+        if done(events):
+            return events
+        during()
+        time.sleep(0.05)  # pacing of the poll loop only; the condition decides
+    raise AssertionError(f"timed out waiting for {what}; events: {events}")
+
+
+def nothing() -> None:
+    pass
+
+
+def exited(h: Handle) -> Callable[[list[Event]], bool]:
+    return lambda evs: any(isinstance(e, Exit) and e.handle == h for e in evs)
+
+
+def started(h: Handle) -> Callable[[list[Event]], bool]:
+    return lambda evs: any(isinstance(e, Started) and e.handle == h for e in evs)
+
+
+def the_exit(evs: list[Event]) -> Exit:
+    return next(e for e in evs if isinstance(e, Exit))
+
+
+def job_names(c: Cluster, name: str) -> list[str]:
+    out = c.run("squeue", "-h", "--states=all", f"--name={name}", "-O", "JobID")
+    return out.stdout.split()
+
+
+def test_job_runs_as_owner_in_workspace_and_its_exit_code_comes_back(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = workspace(tmp_shared, owner, b"ws \xff odd")
+    ex = executor(in_cluster, tmp_shared, daemon_id)
+    spec = spec_for(ws, owner, "/bin/sh", "-c", "id -u; id -g; pwd; exit 3")
+    handle = ex.submit(spec)
+
+    events = wait_for(ex, exited(handle), "the job's exit", nothing)
+
+    assert [type(e) for e in events] == [Started, Exit]
+    assert the_exit(events).rc == 3
+    assert the_exit(events).meaning == "unexpected"
+    log = tmp_shared / "logs" / str(owner.uid) / f"{spec.key.name}.log"
+    assert log.read_bytes().splitlines() == [
+        str(owner.uid).encode(),
+        str(owner.gid).encode(),
+        os.fsencode(ws),
+    ]
+    st, dir_st = log.stat(), log.parent.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (owner.uid, 0o600)
+    assert (dir_st.st_uid, stat.S_IMODE(dir_st.st_mode)) == (owner.uid, 0o700)
+
+
+def test_a_paused_run_is_resumed_by_a_job_as_its_owner(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = tmp_shared / "ws"
+    run_id = paused_workspace(ws)
+    answer(ws, "ship it")
+    chown_tree(ws, owner)
+    records = tmp_shared / "records"
+    records.mkdir()
+    os.chown(records, owner.uid, owner.gid)
+    record = records / "ingested.jsonl"
+    argv = [sys.executable, "-m", "deltad.testing.stub", "stub", str(ws), "--record", str(record)]
+    ex = executor(in_cluster, tmp_shared, daemon_id)
+    with executable_by_all():
+        handle = ex.submit(spec_for(ws, owner, *argv))
+        events = wait_for(ex, exited(handle), "the resume's exit", nothing)
+
+    assert the_exit(events).rc == 0 and the_exit(events).meaning == "completed"
+    [ingested] = [json.loads(line) for line in record.read_text().splitlines()]
+    assert (ingested["run_id"], ingested["answer"]) == (run_id, "ship it")
+    assert metadata_status(ws) == "COMPLETED"
+
+
+def test_submitting_one_key_twice_makes_one_job(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = workspace(tmp_shared, owner)
+    spec = spec_for(ws, owner, "/bin/sleep", "1000")
+    first = executor(in_cluster, tmp_shared, daemon_id).submit(spec)
+    again = executor(in_cluster, tmp_shared, daemon_id).submit(spec)  # a restarted daemon
+
+    assert again == first
+    assert job_names(in_cluster, spec.key.name) == [first.ref]
+
+
+def test_cancel_sends_term_and_the_exit_says_killed(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = workspace(tmp_shared, owner)
+    ex = executor(in_cluster, tmp_shared, daemon_id)
+    handle = ex.submit(spec_for(ws, owner, "/bin/sleep", "1000"))
+    events = wait_for(ex, started(handle), "the job to run", nothing)
+
+    ex.cancel(handle, grace=600)
+    events = wait_for(ex, exited(handle), "the cancelled job's exit", nothing)
+
+    assert the_exit(events).rc == -15
+    assert the_exit(events).meaning == "killed_by_SIGTERM"
+
+
+def test_a_job_ignoring_term_is_killed_after_the_grace(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = workspace(tmp_shared, owner)
+    ex = executor(in_cluster, tmp_shared, daemon_id)
+    script = "trap '' TERM; echo ready; while :; do sleep 1; done"
+    spec = spec_for(ws, owner, "/bin/sh", "-c", script)
+    handle = ex.submit(spec)
+    log = tmp_shared / "logs" / str(owner.uid) / f"{spec.key.name}.log"
+
+    def trapping(events: list[Event]) -> bool:
+        return started(handle)(events) and log.exists() and b"ready" in log.read_bytes()
+
+    wait_for(ex, trapping, "the job to run with its trap set", nothing)
+
+    ex.cancel(handle, grace=0.5)
+    events = wait_for(ex, exited(handle), "the killed job's exit", nothing)
+
+    assert the_exit(events).rc == -9  # the TERM was ignored; the KILL ended it
+
+
+def test_a_restarted_daemon_adopts_its_running_jobs_from_slurm(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = workspace(tmp_shared, owner, b"any \xfe bytes")
+    first = executor(in_cluster, tmp_shared, daemon_id)
+    handle = first.submit(spec_for(ws, owner, "/bin/sleep", "1000"))
+    wait_for(first, started(handle), "the job to run", nothing)
+    first.close()
+
+    other = executor(in_cluster, tmp_shared, f"{daemon_id}-other").adopt()
+    restarted = executor(in_cluster, tmp_shared, daemon_id)
+    adopted = restarted.adopt()
+
+    assert adopted == [handle]  # the key (with the workspace's exact bytes) from the comment
+    assert handle not in other
+    events = wait_for(restarted, started(handle), "Started from the adopted job", nothing)
+    restarted.cancel(handle, grace=600)
+    events = wait_for(restarted, exited(handle), "the adopted job's exit", nothing)
+    assert the_exit(events).rc == -15
+
+
+def test_a_job_held_in_the_queue_has_not_started(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = workspace(tmp_shared, owner)
+    ex = executor(in_cluster, tmp_shared, daemon_id)
+    in_cluster.drain("held by a test")
+    try:
+        handle = ex.submit(spec_for(ws, owner, "/bin/true"))
+
+        def scheduled_and_held(events: list[Event]) -> bool:
+            out = in_cluster.run("squeue", "-h", "-j", handle.ref, "-O", "State:|,Reason")
+            state, _, reason = out.stdout.strip().partition("|")
+            return state == "PENDING" and reason.strip() not in ("", "None")
+
+        held = wait_for(ex, scheduled_and_held, "the scheduler to hold the job", nothing)
+        assert held == []  # queued: no Started, so no resume timeout is running
+        released = time.time()
+    finally:
+        in_cluster.resume()
+
+    events = wait_for(ex, exited(handle), "the job to run once the node is back", nothing)
+    assert [type(e) for e in events] == [Started, Exit]
+    assert events[0].at >= int(released)  # StartTime has whole seconds
+    assert the_exit(events).rc == 0
+
+
+def test_a_job_cancelled_in_the_queue_never_ran(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = workspace(tmp_shared, owner)
+    ex = executor(in_cluster, tmp_shared, daemon_id)
+    in_cluster.drain("held by a test")
+    try:
+        handle = ex.submit(spec_for(ws, owner, "/bin/true"))
+        ex.cancel(handle, grace=600)
+        events = wait_for(ex, exited(handle), "the cancelled job's end", nothing)
+    finally:
+        in_cluster.resume()
+
+    assert [type(e) for e in events] == [Exit]
+    assert the_exit(events).rc is None  # it never ran: nothing to say of a process
+    assert the_exit(events).detail.startswith("CANCELLED")
+
+
+@pytest.mark.timeout(400)
+def test_slurms_time_limit_is_a_backstop_reported_as_timed_out(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    ws = workspace(tmp_shared, owner)
+    # --time=1 (minute): what Slurm does when no daemon is alive to cancel the job.
+    ex = executor(in_cluster, tmp_shared, daemon_id, time_margin_seconds=0)
+    spec = spec_for(ws, owner, "/bin/sleep", "1000")
+    handle = ex.submit(JobSpec(spec.key, spec.argv, spec.identity, spec.env, timeout=1))
+    events = wait_for(ex, exited(handle), "Slurm's time limit", nothing, deadline=360)
+
+    end = the_exit(events)
+    assert (end.timed_out, end.rc) == (True, -15)
+    assert end.detail.startswith("TIMEOUT")
+
+
+def test_no_value_of_the_environment_reaches_an_argv(
+    in_cluster: Cluster,  # noqa: F811
+    daemon_id: str,
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    # sbatch behind a wrapper that records the argv it was given: every Slurm command the
+    # executor runs goes through it.
+    bin_dir = tmp_shared / "bin"
+    bin_dir.mkdir()
+    argvs = tmp_shared / "argvs"
+    for tool in ("sbatch", "squeue", "scancel"):
+        wrapper = bin_dir / tool
+        wrapper.write_text(
+            f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" >> {argvs}\nexec /usr/bin/{tool} "$@"\n'
+        )
+        wrapper.chmod(0o755)
+    ws = workspace(tmp_shared, owner)
+    ex = executor(in_cluster, tmp_shared, daemon_id, bin_dir=str(bin_dir))
+    secret = "sk-test-9f8e7d6c5b4a"
+    spec = spec_for(ws, owner, "/bin/sh", "-c", 'echo "key=$OPENAI_API_KEY TZ=${TZ-}"', env={})
+    spec = JobSpec(spec.key, spec.argv, spec.identity, {**spec.env, "OPENAI_API_KEY": secret})
+    leaked: list[bytes] = []  # any process's argv holding the secret while the job runs
+    looked: list[bytes] = []  # slurmd's own argv: the scan does read /proc
+    done = threading.Event()
+
+    def scan() -> None:
+        while not done.is_set():
+            for path in Path("/proc").glob("[0-9]*/cmdline"):
+                with contextlib.suppress(OSError):  # ended meanwhile
+                    argv = path.read_bytes()
+                    leaked.extend([argv] if secret.encode() in argv else [])
+                    looked.extend([argv] if b"slurmd" in argv else [])
+
+    scanner = threading.Thread(target=scan)
+    scanner.start()
+    try:
+        handle = ex.submit(spec)
+        wait_for(ex, exited(handle), "the job's exit", nothing)
+    finally:
+        done.set()
+        scanner.join()
+
+    assert looked and not leaked
+    recorded = argvs.read_text()
+    assert f"{bin_dir}/sbatch" in recorded
+    assert secret not in recorded
+    log = tmp_shared / "logs" / str(owner.uid) / f"{spec.key.name}.log"
+    # The job did get it, through the env, and nothing the daemon's commands use (TZ).
+    assert log.read_text() == f"key={secret} TZ=\n"
+
+
+def test_a_missing_slurm_or_an_unreachable_controller_is_a_one_line_error(
+    slurm_cluster: Cluster,  # noqa: F811
+    owner: User,
+    tmp_shared: Path,
+) -> None:
+    from deltad.daemon.executors.seam import SubmitError
+
+    ws = workspace(tmp_shared, owner)
+    spec = spec_for(ws, owner, "/bin/true")
+    empty = tmp_shared / "empty"
+    empty.mkdir()
+    no_slurm = executor(slurm_cluster, tmp_shared, "t-none", bin_dir=str(empty))
+    with pytest.raises(SubmitError) as missing:
+        no_slurm.submit(spec)
+    assert str(missing.value) == "squeue not found: install Slurm's client commands"
+
+    # Outside the cluster's namespace nothing listens on its port.
+    away = executor(slurm_cluster, tmp_shared, "t-away", command_timeout_seconds=60)
+    with pytest.raises(SubmitError) as unreachable:
+        away.submit(spec)
+    assert "\n" not in str(unreachable.value)
+    assert str(unreachable.value).startswith("squeue: ")
