@@ -1,23 +1,29 @@
 """Driving a pipeline run: node after node, each step journaled before the next begins.
 
-Each turn replays the journal (`state.replay`) and does the one next thing: begin a node
-(NODE_START), run the node in progress to its outcome (NODE_OUTCOME, with its context
-changes), or route that outcome (EDGE_TAKEN; a retry begins the node again). A crash between
-any two of these resumes at the right step; a node that finished is never run again.
+Each turn folds the journal's new events into the state (`State.add`, once each: a step costs
+the same at node 10,000 as at node 1) and does the one next thing: begin a node (NODE_START),
+run the node in progress to its outcome (NODE_OUTCOME, with its context changes), or route
+that outcome (EDGE_TAKEN; a retry begins the node again). A crash between any two of these
+resumes at the right step; a node that finished is never run again.
 
-Routing follows the attractor spec: a RETRY begins the node again while `max_retries` allows,
-then is a FAIL; a FAIL takes only an edge whose condition holds, else the node's (then the
-graph's) `retry_target` / `fallback_retry_target`, else the run FAILS with the reason.
+Routing follows the attractor spec: a RETRY begins the node again, after the spec's backoff,
+while `max_retries` allows, then is a FAIL (a PARTIAL_SUCCESS with `allow_partial`); a FAIL
+takes only an edge whose condition holds, else the node's (then the graph's) `retry_target` /
+`fallback_retry_target`, else the run FAILS with the reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from deltad.daemon.backoff import exponential, jittered
 from deltad.engine import Engine, RunContext
 from deltad.engine import Outcome as RunOutcome
+from deltad.engine.hooks import Point
 from deltad.engine.interviewers import Interviewer
 from deltad.engine.limits import over_steps
 from deltad.protocol import EventType, RunStatus, save_metadata
@@ -30,7 +36,18 @@ from .routing import Step, select_edge
 from .state import Decided, State, Visit, outcome_payload, replay
 
 SHOWN_CONTEXT_CHARS = 2000  # per context value, in a later node's prompt
-HIDDEN_KEYS = ("last_stage", "last_response")  # repeated under response.<node>
+# Repeated under response.<node>, or the engine's bookkeeping (§5.1): not shown to the model.
+HIDDEN_KEYS = ("last_stage", "last_response", "outcome", "preferred_label", "current_node")
+HIDDEN_PREFIXES = ("graph.", "internal.")
+# The spec's standard retry policy (§3.6): 200 ms, doubled per attempt, at most 60 s. Short
+# enough to wait in-process: a crash during a wait waits again on resume.
+BACKOFF_INITIAL_SECONDS = 0.2
+BACKOFF_CAP_SECONDS = 60.0
+
+
+def backoff_seconds(attempt: int, r: float) -> float:
+    """The wait before attempt `attempt` (2, 3, ...) of a node, jittered by `r` in [0, 1)."""
+    return jittered(exponential(BACKOFF_INITIAL_SECONDS, BACKOFF_CAP_SECONDS, attempt - 1), r)
 
 
 def compose_prompt(node: Node, goal: str, context: Mapping[str, Any]) -> str:
@@ -39,11 +56,27 @@ def compose_prompt(node: Node, goal: str, context: Mapping[str, Any]) -> str:
     earlier = [
         f"- {key}: {str(value)[:SHOWN_CONTEXT_CHARS]}"
         for key, value in context.items()
-        if key not in HIDDEN_KEYS
+        if key not in HIDDEN_KEYS and not key.startswith(HIDDEN_PREFIXES)
     ]
     if not earlier:
         return text
     return text + "\n\nContext from earlier steps of the pipeline:\n" + "\n".join(earlier)
+
+
+def after_attempt(outcome: Outcome, attempt: int, max_retries: int, allow_partial: bool) -> Outcome:
+    """The outcome to record (§3.5): a RETRY with no retry left is a FAIL that says so, or a
+    PARTIAL_SUCCESS when the node allows partial results; anything else as it is."""
+    if outcome.status != Status.RETRY or attempt <= max_retries:
+        return outcome
+    why = outcome.failure_reason or "retry"
+    spent = f"after {attempt} attempt(s) (max_retries {max_retries})"
+    if allow_partial:
+        return replace(
+            outcome,
+            status=Status.PARTIAL_SUCCESS,
+            notes=f"{why}; retries exhausted {spent}, partial accepted",
+        )
+    return replace(outcome, status=Status.FAIL, failure_reason=f"{why}; gave up {spent}")
 
 
 class PipelineEngine(Engine):
@@ -58,6 +91,19 @@ class PipelineEngine(Engine):
         assert start is not None  # validation refuses a graph without one start
         self.start = start.id
         self.max_steps = ctx.meta.max_steps or graph.max_steps  # delta run --max-steps first
+        self._state = State()
+        self._seen = -1  # events folded into _state: the journal is read once, not per step
+        self.sleep: Callable[[float], None] = time.sleep
+
+    def state(self) -> State:
+        """Where the run stands: the journal's events folded in once each, in order."""
+        events = self.ctx.journal.events
+        if self._seen < 0:
+            self._state, self._seen = replay((), self.start, self.ctx.meta.task), 0
+        for e in events[self._seen :]:
+            self._state.add(e)
+        self._seen = len(events)
+        return self._state
 
     def drive(self) -> RunOutcome:
         ctx = self.ctx
@@ -77,7 +123,7 @@ class PipelineEngine(Engine):
             if (end := ctx.history.ended()) is not None:
                 p = end.payload  # crashed after RUN_END but before the status write
                 return self.finish(RunStatus(p["status"]), p.get("reason", ""), journal=False)
-            if (stop := self._step(replay(ctx.journal.events, self.start))) is not None:
+            if (stop := self._step(self.state())) is not None:
                 return stop
 
     def _step(self, state: State) -> RunOutcome | None:
@@ -117,7 +163,18 @@ class PipelineEngine(Engine):
         self._take(state.at, target, "goal_gate", why)
         return None
 
-    def _begin(self, node_id: str, attempt: int, state: State) -> RunOutcome | None:
+    def _retry(self, node_id: str, attempt: int, state: State) -> RunOutcome | None:
+        """Wait the backoff (§3.6), then begin the node again. The wait is in-process: at most
+        60 s, and a signal still stops the run at the checkpoint after it."""
+        delay = backoff_seconds(attempt, random.random())
+        if over_steps(state.steps, self.max_steps) is None:
+            self.sleep(delay)
+            self.ctx.guard.checkpoint()
+        return self._begin(node_id, attempt, state, backoff=delay)
+
+    def _begin(
+        self, node_id: str, attempt: int, state: State, backoff: float = 0.0
+    ) -> RunOutcome | None:
         """Begin a visit of `node_id`, unless the run has made all the visits it may."""
         ctx, node = self.ctx, self.graph.nodes[node_id]
         if (why := over_steps(state.steps, self.max_steps)) is not None:
@@ -133,6 +190,7 @@ class PipelineEngine(Engine):
                 "attempt": attempt,
                 "prompt": prompt,
                 "iterations_before": ctx.history.thoughts,
+                **({"backoff_seconds": round(backoff, 3)} if backoff else {}),
             },
         )
         ctx.meta.current_node = node_id
@@ -141,21 +199,15 @@ class PipelineEngine(Engine):
 
     def _record(self, visit: Visit, outcome: Outcome) -> None:
         node = self.graph.nodes[visit.node]
-        if outcome.status == Status.RETRY and visit.attempt > node.max_retries:
-            why = outcome.failure_reason or "retry"
-            outcome = replace(
-                outcome,
-                status=Status.FAIL,
-                failure_reason=f"{why}; gave up after {visit.attempt} attempt(s) "
-                f"(max_retries {node.max_retries})",
-            )
+        outcome = after_attempt(outcome, visit.attempt, node.max_retries, node.allow_partial)
         self.ctx.ensure_running()
         self.ctx.journal.append(EventType.NODE_OUTCOME, outcome_payload(node.id, outcome))
+        self.ctx.hooks.reached(Point.AFTER_OUTCOME)
 
     def _route(self, decided: Decided, state: State) -> RunOutcome | None:
         node, outcome, context = self.graph.nodes[decided.node], decided.outcome, state.context
         if outcome.status == Status.RETRY:  # _record made it a FAIL once retries ran out
-            return self._begin(node.id, decided.attempt + 1, state)
+            return self._retry(node.id, decided.attempt + 1, state)
         sel = select_edge(self.graph, node.id, outcome, context)
         if outcome.status == Status.FAIL and sel.step != Step.CONDITION:
             target = self._retry_target(node)

@@ -24,7 +24,7 @@ GRAPH_ATTRS = frozenset(
 NODE_ATTRS = frozenset(
     {"label", "shape", "type", "prompt", "max_retries", "timeout", "human.default_choice"}
     | {"agent.mode", "agent", "tool_command", "goal_gate", "retry_target"}
-    | {"fallback_retry_target", "respondents"}
+    | {"fallback_retry_target", "respondents", "allow_partial"}
 )
 EDGE_ATTRS = frozenset({"label", "condition", "weight"})
 # Graphviz drawing attributes: they change how a graph looks, never what it does.
@@ -57,7 +57,6 @@ SPEC_IGNORED: Mapping[str, Mapping[str, str]] = {
         "fidelity": f"§2.6: {_FIDELITY}",
         "thread_id": f"§2.6: {_FIDELITY}",
         "auto_status": "§2.6: a codergen node ends SUCCESS with its final message",
-        "allow_partial": "§2.6: exhausted retries are a FAIL",
         "join_policy": f"§4.8: {_PARALLEL}",
         "error_policy": f"§4.8: {_PARALLEL}",
         "max_parallel": f"§4.8: {_PARALLEL}",

@@ -73,6 +73,7 @@ class Node:
     attrs: Mapping[str, str] = field(default_factory=dict)
     attr_pos: Mapping[str, Pos] = field(default_factory=dict)
     declared: bool = True  # False: only mentioned in edges (it has the defaults in force there)
+    allow_partial: bool = False  # exhausted retries are a PARTIAL_SUCCESS, not a FAIL (§3.5)
 
     @property
     def interactive(self) -> bool:
@@ -236,6 +237,7 @@ def _node(raw: RawNode, g: Graph, base_dir: Path | None, problems: list[Problem]
         attrs={k: a.value for k, a in raw.attrs.items()},
         attr_pos={k: a.pos for k, a in raw.attrs.items()},
         declared=raw.declared,
+        allow_partial=bool(r.typed("allow_partial", values.boolean)),
     )
 
 

@@ -4,7 +4,9 @@ The journal records each step once: NODE_START (a node began; its seq names the 
 the questions asked in it), NODE_OUTCOME (its outcome and the context changes it makes, in
 one line), EDGE_TAKEN (where it goes next). Replaying them gives the context and the one
 next thing to do, so a process that crashed anywhere resumes at the right node and never runs
-again what had finished.
+again what had finished. The spec's built-in context keys (§5.1: `graph.goal`, `current_node`,
+`outcome`, `preferred_label`, `internal.retry_count.<node>`) are derived from the same lines,
+so a resume sees the values the crashed process saw.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class State:
         match e.type:
             case EventType.NODE_START:
                 self.at, self.decided = None, None
+                self.context["current_node"] = p["node"]  # built-in keys (§5.1)
+                self.context[f"internal.retry_count.{p['node']}"] = int(p.get("attempt", 1)) - 1
                 self.visit = Visit(
                     p["node"],
                     e.seq,
@@ -64,6 +68,8 @@ class State:
                     self.path.append(p["node"])
             case EventType.NODE_OUTCOME:
                 self.context.update(p.get("context_updates") or {})
+                self.context["outcome"] = p["status"]
+                self.context["preferred_label"] = p.get("preferred_label", "")
                 attempt = self.visit.attempt if self.visit else 1
                 self.visit, self.decided = None, Decided(p["node"], attempt, outcome_of(p))
                 self.last[p["node"]] = self.decided.outcome.status
@@ -96,9 +102,10 @@ def outcome_payload(node: str, outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def replay(events: Iterable[JournalEvent], start: str) -> State:
-    """The state after `events`; a run with none begins at `start`."""
-    state = State(at=start)
+def replay(events: Iterable[JournalEvent], start: str, goal: str = "") -> State:
+    """The state after `events`; a run with none begins at `start`, its goal in the
+    context as `graph.goal`."""
+    state = State(at=start, context={"graph.goal": goal})
     for e in events:
         state.add(e)
     return state

@@ -45,7 +45,6 @@ def warnings_in(body: str) -> list[str]:
         ("node", "class", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.12"),
         ("node", "fidelity", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
         ("node", "thread_id", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
-        ("node", "allow_partial", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "exhausted retries"),
         ("node", "auto_status", Kind.TOOL, Code.IGNORED_ATTRIBUTE, "§2.6"),
         ("node", "join_policy", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.8"),
         ("node", "manager.max_cycles", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.11"),

@@ -448,6 +448,16 @@ def test_replay_finds_the_node_in_progress_and_the_context() -> None:
         type="NODE_OUTCOME",
         payload={"node": "w", "status": "success", "context_updates": {"k": "v"}},
     )
-    state = replay([*events, done], "start")
-    assert state.visit is None and state.decided is not None and state.context == {"k": "v"}
+    state = replay([*events, done], "start", "ship it")
+    assert state.visit is None and state.decided is not None and state.context["k"] == "v"
+    # The spec's built-in keys (§5.1), derived from the same lines.
+    builtins = {k: v for k, v in state.context.items() if k != "k"}
+    assert builtins == {
+        "graph.goal": "ship it",
+        "current_node": "w",
+        "outcome": "success",
+        "preferred_label": "",
+        "internal.retry_count.start": 0,
+        "internal.retry_count.w": 1,
+    }
     assert replay([], "start").at == "start"
