@@ -15,9 +15,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from deltad.testing import FakeLLM
 
-from ..conftest import Delta
+from ..conftest import EXAMPLES, Delta
+
+PIPELINES = sorted((EXAMPLES / "pipelines").glob("*.dot"))
 
 
 def status(outcome: str, **fields: Any) -> str:
@@ -204,3 +208,21 @@ def test_kill_after_an_outcome_routes_it_the_same_on_resume(delta: Delta, fake: 
     assert r.code == 0, r.err
     assert _path(delta) == ["start", "work", "fix"]  # work's recorded fail routed, not re-run
     assert len(fake.requests) == 2
+
+
+# -- the examples ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dot", PIPELINES, ids=[p.stem for p in PIPELINES])
+def test_every_example_pipeline_runs_to_its_exit(delta: Delta, fake: FakeLLM, dot: Path) -> None:
+    fake.always("done")
+    r = _run(delta, dot, "--auto-approve")
+    assert r.code == 0, r.err
+    assert delta.status() == "COMPLETED" and _path(delta)[0] == "start"
+
+
+def test_the_test_fix_loop_example_follows_the_model(delta: Delta, fake: FakeLLM) -> None:
+    red = status("fail", failure_reason="2 red", context_updates={"failing": "test_a"})
+    fake.reply(red).reply("fixed test_a").reply(status("success")).reply("summary")
+    r = _run(delta, EXAMPLES / "pipelines" / "test-fix-loop.dot", "--auto-approve")
+    assert r.code == 0, r.err
+    assert _path(delta) == ["start", "run_tests", "fix", "run_tests", "review", "ship"]
+    assert "- failing: test_a" in fake.requests[1]["messages"][1]["content"]
