@@ -1,7 +1,7 @@
 """Driving a pipeline run: node after node, each step journaled before the next begins.
 
-Each turn folds the journal's new events into the state (`State.add`, once each: a step costs
-the same at node 10,000 as at node 1) and does the one next thing: begin a node (NODE_START),
+Each turn folds the journal's new events into the state (`State.add`, once each, never a
+replay of the whole journal per step) and does the one next thing: begin a node (NODE_START),
 run the node in progress to its outcome (NODE_OUTCOME, with its context changes), or route
 that outcome (EDGE_TAKEN; a retry begins the node again). A crash between any two of these
 resumes at the right step; a node that finished is never run again.

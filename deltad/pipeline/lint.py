@@ -56,7 +56,7 @@ SPEC_IGNORED: Mapping[str, Mapping[str, str]] = {
         "class": "§2.12: it selects model_stylesheet rules, which are not applied",
         "fidelity": f"§2.6: {_FIDELITY}",
         "thread_id": f"§2.6: {_FIDELITY}",
-        "auto_status": "§2.6: a codergen node ends SUCCESS with its final message",
+        "auto_status": "§2.6: a codergen reply without a status block is a SUCCESS already",
         "join_policy": f"§4.8: {_PARALLEL}",
         "error_policy": f"§4.8: {_PARALLEL}",
         "max_parallel": f"§4.8: {_PARALLEL}",
