@@ -28,12 +28,13 @@ from deltad.engine.interviewers import Interviewer
 from deltad.engine.limits import over_steps
 from deltad.protocol import EventType, RunStatus, save_metadata
 
+from . import parallel
 from .gates import one_line
 from .model import Graph, Kind, Node
 from .nodes import AgentLoader, NodeRun, run_node
 from .outcome import Outcome, Status
 from .routing import Step, select_edge
-from .state import Decided, State, Visit, outcome_payload, replay
+from .state import Branch, Decided, State, Visit, outcome_payload, replay
 
 SHOWN_CONTEXT_CHARS = 2000  # per context value, in a later node's prompt
 # Repeated under response.<node>, or the engine's bookkeeping (§5.1): not shown to the model.
@@ -127,6 +128,14 @@ class PipelineEngine(Engine):
                 return stop
 
     def _step(self, state: State) -> RunOutcome | None:
+        if state.visit is not None and (kind := self.graph.nodes[state.visit.node].kind) in (
+            Kind.PARALLEL,
+            Kind.FAN_IN,
+        ):
+            if kind == Kind.FAN_IN:
+                self._record(state.visit, parallel.fan_in(state.context))
+                return None
+            return self._parallel(state, state.visit)
         if state.visit is not None:
             result = run_node(
                 NodeRun(self.ctx, self.interviewer, self.graph, state.visit, self.agents)
@@ -141,6 +150,63 @@ class PipelineEngine(Engine):
         if self.graph.nodes[state.at].kind == Kind.EXIT:
             return self._exit(state)
         return self._begin(state.at, 1, state)
+
+    # -- parallel branches (parallel.py decides; here they are journaled) --------------------
+    def _parallel(self, state: State, visit: Visit) -> RunOutcome | None:
+        """One step of a parallel node: fan out (an EDGE_TAKEN per branch), step the branch
+        `schedule` picks, or, every branch over, join them into the node's outcome."""
+        edges, fan = self.graph.outgoing(visit.node), state.fan
+        begun = len(fan.branches) if fan is not None and fan.node == visit.node else 0
+        if fan is None or begun < len(edges):
+            for i, e in enumerate(edges[begun:], start=begun):
+                self._take(visit.node, e.target, "fan_out", f"branch {i + 1} of {len(edges)}", i)
+            return None
+        lanes = [
+            parallel.Lane(b.visit is not None or b.decided is not None, b.at, b.result is not None)
+            for b in fan.branches
+        ]
+        if (pick := parallel.schedule(lanes, self.graph)) is None:
+            policy = self.graph.nodes[visit.node].attrs.get("join_policy", "wait_all")
+            results = [b.result or {} for b in fan.branches]
+            self._record(visit, parallel.join(results, policy))
+            return None
+        return self._branch_step(state, fan.branches[pick], pick)
+
+    def _branch_step(self, state: State, b: Branch, i: int) -> RunOutcome | None:
+        if b.visit is not None:
+            result = run_node(NodeRun(self.ctx, self.interviewer, self.graph, b.visit, self.agents))
+            if isinstance(result, RunOutcome):
+                return result  # a pause inside a branch: the other branches' steps are journaled
+            self._record(b.visit, result, i)
+            return None
+        if b.decided is None:
+            assert b.at is not None
+            return self._begin(b.at, 1, state, branch=i, context=b.context)
+        node, outcome = self.graph.nodes[b.decided.node], b.decided.outcome
+        if outcome.status == Status.RETRY:
+            return self._retry(node.id, b.decided.attempt + 1, state, i, b.context)
+        sel = select_edge(self.graph, node.id, outcome, b.context)
+        target = sel.edge.target if sel.edge else ""
+        ends = (outcome.status == Status.FAIL and sel.step != Step.CONDITION) or (
+            not target or self.graph.nodes[target].kind in (Kind.FAN_IN, Kind.EXIT)
+        )
+        if not ends:
+            self._take(node.id, target, str(sel.step), sel.reason, i)
+            return None
+        self.ctx.ensure_running()
+        why = f"branch {b.start} ended at {node.id} ({outcome.status})"
+        self.ctx.journal.append(
+            EventType.EDGE_TAKEN,
+            {
+                "source": node.id,
+                "target": target,
+                "step": "branch_end",
+                "reason": why,
+                "branch": i,
+                "result": parallel.branch_result(b.start, node.id, outcome),
+            },
+        )
+        return None
 
     def _exit(self, state: State) -> RunOutcome | None:
         """The exit: done, unless a goal gate that ran did not succeed (attractor §3.4): then
@@ -163,24 +229,37 @@ class PipelineEngine(Engine):
         self._take(state.at, target, "goal_gate", why)
         return None
 
-    def _retry(self, node_id: str, attempt: int, state: State) -> RunOutcome | None:
+    def _retry(
+        self,
+        node_id: str,
+        attempt: int,
+        state: State,
+        branch: int | None = None,
+        context: Mapping[str, Any] | None = None,
+    ) -> RunOutcome | None:
         """Wait the backoff (§3.6), then begin the node again. The wait is in-process: at most
         60 s, and a signal still stops the run at the checkpoint after it."""
         delay = backoff_seconds(attempt, random.random())
         if over_steps(state.steps, self.max_steps) is None:
             self.sleep(delay)
             self.ctx.guard.checkpoint()
-        return self._begin(node_id, attempt, state, backoff=delay)
+        return self._begin(node_id, attempt, state, delay, branch, context)
 
     def _begin(
-        self, node_id: str, attempt: int, state: State, backoff: float = 0.0
+        self,
+        node_id: str,
+        attempt: int,
+        state: State,
+        backoff: float = 0.0,
+        branch: int | None = None,
+        context: Mapping[str, Any] | None = None,
     ) -> RunOutcome | None:
         """Begin a visit of `node_id`, unless the run has made all the visits it may."""
         ctx, node = self.ctx, self.graph.nodes[node_id]
         if (why := over_steps(state.steps, self.max_steps)) is not None:
             return self.finish(RunStatus.FAILED, f"{why}; next was {node_id}")
         ctx.ensure_running()
-        context = state.context
+        context = state.context if context is None else context
         prompt = compose_prompt(node, ctx.meta.task, context) if node.kind == Kind.CODERGEN else ""
         ctx.journal.append(
             EventType.NODE_START,
@@ -191,23 +270,32 @@ class PipelineEngine(Engine):
                 "prompt": prompt,
                 "iterations_before": ctx.history.thoughts,
                 **({"backoff_seconds": round(backoff, 3)} if backoff else {}),
+                **({} if branch is None else {"branch": branch}),
             },
         )
         ctx.meta.current_node = node_id
         save_metadata(ctx.paths.metadata, ctx.meta)
         return None
 
-    def _record(self, visit: Visit, outcome: Outcome) -> None:
+    def _record(self, visit: Visit, outcome: Outcome, branch: int | None = None) -> None:
         node = self.graph.nodes[visit.node]
         outcome = after_attempt(outcome, visit.attempt, node.max_retries, node.allow_partial)
         self.ctx.ensure_running()
-        self.ctx.journal.append(EventType.NODE_OUTCOME, outcome_payload(node.id, outcome))
+        payload = outcome_payload(node.id, outcome)
+        self.ctx.journal.append(
+            EventType.NODE_OUTCOME, payload if branch is None else {**payload, "branch": branch}
+        )
         self.ctx.hooks.reached(Point.AFTER_OUTCOME)
 
     def _route(self, decided: Decided, state: State) -> RunOutcome | None:
         node, outcome, context = self.graph.nodes[decided.node], decided.outcome, state.context
         if outcome.status == Status.RETRY:  # _record made it a FAIL once retries ran out
             return self._retry(node.id, decided.attempt + 1, state)
+        if node.kind == Kind.PARALLEL and outcome.status != Status.FAIL:
+            target = parallel.fan_in_of(self.graph, node.id)
+            assert target is not None  # validation refuses a parallel node without one
+            self._take(node.id, target, "fan_in", outcome.notes or "branches joined")
+            return None
         sel = select_edge(self.graph, node.id, outcome, context)
         if outcome.status == Status.FAIL and sel.step != Step.CONDITION:
             target = self._retry_target(node)
@@ -232,9 +320,11 @@ class PipelineEngine(Engine):
         )
         return found if found in g.nodes else None
 
-    def _take(self, source: str, target: str, step: str, reason: str) -> None:
+    def _take(
+        self, source: str, target: str, step: str, reason: str, branch: int | None = None
+    ) -> None:
         self.ctx.ensure_running()
+        payload = {"source": source, "target": target, "step": step, "reason": one_line(reason)}
         self.ctx.journal.append(
-            EventType.EDGE_TAKEN,
-            {"source": source, "target": target, "step": step, "reason": one_line(reason)},
+            EventType.EDGE_TAKEN, payload if branch is None else {**payload, "branch": branch}
         )

@@ -31,6 +31,8 @@ class Kind(StrEnum):
     WAIT_HUMAN = "wait.human"
     CONDITIONAL = "conditional"
     TOOL = "tool"
+    PARALLEL = "parallel"
+    FAN_IN = "parallel.fan_in"
 
 
 SHAPES: Mapping[str, Kind] = {
@@ -40,11 +42,11 @@ SHAPES: Mapping[str, Kind] = {
     "hexagon": Kind.WAIT_HUMAN,
     "diamond": Kind.CONDITIONAL,
     "parallelogram": Kind.TOOL,
+    "component": Kind.PARALLEL,
+    "tripleoctagon": Kind.FAN_IN,
 }
 # Shapes of the attractor spec that this runner does not run (yet).
 NOT_SUPPORTED: Mapping[str, str] = {
-    "component": "parallel",
-    "tripleoctagon": "parallel.fan_in",
     "house": "stack.manager_loop",
 }
 # With no shape, these ids are the start and exit nodes (spec §3.2, §4.4).

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from deltad.testing import FakeLLM
+from deltad.testing.daemon import wait_for
 
 from ..conftest import EXAMPLES, Delta
 
@@ -226,3 +227,95 @@ def test_the_test_fix_loop_example_follows_the_model(delta: Delta, fake: FakeLLM
     assert r.code == 0, r.err
     assert _path(delta) == ["start", "run_tests", "fix", "run_tests", "review", "ship"]
     assert "- failing: test_a" in fake.requests[1]["messages"][1]["content"]
+
+
+# -- parallel fan-out and fan-in -------------------------------------------------------------
+FAN = """\
+fan [shape=component %s]
+join [shape=tripleoctagon]
+start -> fan
+fan -> a
+fan -> b
+a -> join
+b -> join
+join -> exit
+"""
+
+
+def _branch_results(d: Delta) -> list[dict[str, Any]]:
+    [joined] = [e["payload"] for e in d.events("NODE_OUTCOME") if e["payload"]["node"] == "fan"]
+    return list(joined["context_updates"]["parallel.results"])
+
+
+def test_parallel_branches_join_at_the_fan_in(delta: Delta, fake: FakeLLM) -> None:
+    fake.reply(status("fail", failure_reason="a broke")).reply("b done")
+    r = _run(delta, _graph(delta, FAN % ""))
+    assert r.code == 0, r.err
+    assert _path(delta) == ["start", "fan", "a", "b", "join"]
+    results = _branch_results(delta)
+    assert [(x["branch"], x["status"]) for x in results] == [("a", "fail"), ("b", "success")]
+    # wait_all: a failed branch makes the parallel node a partial success; the fan-in picks b.
+    outcomes = dict(_outcomes(delta))
+    assert outcomes["fan"] == "partial_success" and outcomes["join"] == "success"
+    [best] = [e["payload"] for e in delta.events("NODE_OUTCOME") if e["payload"]["node"] == "join"]
+    assert best["context_updates"]["parallel.fan_in.best_id"] == "b"
+    # Each branch had its own copy of the context: b's prompt does not show a's response.
+    assert "response.a" not in fake.requests[1]["messages"][1]["content"]
+
+
+def test_first_success_fails_when_no_branch_succeeds(delta: Delta, fake: FakeLLM) -> None:
+    fake.reply(status("fail")).reply(status("fail"))
+    r = _run(delta, _graph(delta, FAN % ", join_policy=first_success"))
+    assert r.code == 1 and "node fan failed: no branch succeeded" in delta.metadata()["error"]
+
+
+GATED_FAN = """\
+fan [shape=component]
+join [shape=tripleoctagon]
+ok [shape=hexagon, label="Go on with a?"]
+start -> fan
+fan -> ok
+fan -> b
+ok -> a [label="[Y] Yes"]
+a -> join
+b -> join
+join -> exit
+"""
+
+
+def test_a_gate_in_a_branch_pauses_only_that_branch(delta: Delta, fake: FakeLLM) -> None:
+    fake.reply("b done")
+    dot = _graph(delta, GATED_FAN)
+    assert _run(delta, dot).code == 101
+    # The other branch ran to its end before the run paused at the gate.
+    assert _path(delta) == ["start", "fan", "b", "ok"] and len(fake.requests) == 1
+    assert delta.request()["node_id"] == "ok"
+    delta.answer("Y")
+    fake.reply("a done")
+    r = delta("run")
+    assert r.code == 0, r.err
+    assert _path(delta) == ["start", "fan", "b", "ok", "a", "join"]
+    assert len(fake.requests) == 2  # b never ran again
+    assert [x["branch"] for x in _branch_results(delta)] == ["ok", "b"]
+
+
+def test_kill_mid_branch_resumes_without_rerunning_finished_nodes(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    fake.reply("a done").hang(60)  # b's model call never answers
+    proc = delta.popen(
+        "run", "--pipeline", str(_graph(delta, FAN % "")), "--agent", str(delta.agent)
+    )
+    try:
+        wait_for(lambda: len(fake.requests) == 2, "branch b's model call")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.kill()
+    assert delta.status() == "RUNNING" and delta.metadata()["current_node"] == "b"
+    fake.reply("b done")
+    r = delta("run")
+    assert r.code == 0, r.err
+    assert _path(delta) == ["start", "fan", "a", "b", "join"]
+    assert len(delta.events("THOUGHT")) == 2  # a's once, b's once
+    assert len(fake.requests) == 3  # the killed call is asked again, nothing else

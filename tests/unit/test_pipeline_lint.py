@@ -46,7 +46,7 @@ def warnings_in(body: str) -> list[str]:
         ("node", "fidelity", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
         ("node", "thread_id", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
         ("node", "auto_status", Kind.TOOL, Code.IGNORED_ATTRIBUTE, "§2.6"),
-        ("node", "join_policy", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.8"),
+        ("node", "max_parallel", Kind.PARALLEL, Code.IGNORED_ATTRIBUTE, "one at a time"),
         ("node", "manager.max_cycles", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.11"),
         ("node", "tool_hooks.pre", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§9.7"),
         ("node", "timeout", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "timeout has no effect here"),
