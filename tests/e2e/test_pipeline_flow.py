@@ -319,3 +319,29 @@ def test_kill_mid_branch_resumes_without_rerunning_finished_nodes(
     assert _path(delta) == ["start", "fan", "a", "b", "join"]
     assert len(delta.events("THOUGHT")) == 2  # a's once, b's once
     assert len(fake.requests) == 3  # the killed call is asked again, nothing else
+
+
+def test_kill_after_a_retry_outcome_begins_the_next_attempt_on_resume(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    body = """\
+    flaky [max_retries=1]
+    check [shape=diamond]
+    good
+    start -> flaky -> check
+    check -> good [condition="context.tried=once"]
+    good -> exit
+    """
+    dot = _graph(delta, body)
+    fake.reply(status("retry", context_updates={"tried": "once"}))
+    fault = {"DELTA_FAULT": "after_outcome"}
+    assert _run(delta, dot, env=fault).code == -signal.SIGKILL  # after start's outcome
+    assert delta("run", env=fault).code == -signal.SIGKILL  # after flaky's retry
+    assert _outcomes(delta)[-1] == ("flaky", "retry")
+    fake.reply("ok").reply("good")
+    r = delta("run")
+    assert r.code == 0, r.err
+    starts = [e["payload"] for e in delta.events("NODE_START") if e["payload"]["node"] == "flaky"]
+    assert [s["attempt"] for s in starts] == [1, 2]
+    assert _path(delta) == ["start", "flaky", "flaky", "check", "good"]
+    assert len(fake.requests) == 3  # attempt 1 once, attempt 2, good
