@@ -128,28 +128,30 @@ class PipelineEngine(Engine):
                 return stop
 
     def _step(self, state: State) -> RunOutcome | None:
-        if state.visit is not None and (kind := self.graph.nodes[state.visit.node].kind) in (
-            Kind.PARALLEL,
-            Kind.FAN_IN,
-        ):
-            if kind == Kind.FAN_IN:
-                self._record(state.visit, parallel.fan_in(state.context))
-                return None
-            return self._parallel(state, state.visit)
         if state.visit is not None:
-            result = run_node(
-                NodeRun(self.ctx, self.interviewer, self.graph, state.visit, self.agents)
-            )
-            if isinstance(result, RunOutcome):
-                return result
-            self._record(state.visit, result)
-            return None
+            return self._run_visit(state, state.visit)
         if state.decided is not None:
             return self._route(state.decided, state)
         assert state.at is not None
         if self.graph.nodes[state.at].kind == Kind.EXIT:
             return self._exit(state)
         return self._begin(state.at, 1, state)
+
+    def _run_visit(
+        self, state: State, visit: Visit, branch: int | None = None
+    ) -> RunOutcome | None:
+        """Run the node in progress to its outcome (journaled), or to a pause."""
+        match self.graph.nodes[visit.node].kind:
+            case Kind.PARALLEL if branch is None:
+                return self._parallel(state, visit)
+            case Kind.FAN_IN if branch is None:
+                self._record(visit, parallel.fan_in(state.context))
+                return None
+        result = run_node(NodeRun(self.ctx, self.interviewer, self.graph, visit, self.agents))
+        if isinstance(result, RunOutcome):
+            return result  # paused; in a branch, the other branches' steps are journaled
+        self._record(visit, result, branch)
+        return None
 
     # -- parallel branches (parallel.py decides; here they are journaled) --------------------
     def _parallel(self, state: State, visit: Visit) -> RunOutcome | None:
@@ -174,11 +176,7 @@ class PipelineEngine(Engine):
 
     def _branch_step(self, state: State, b: Branch, i: int) -> RunOutcome | None:
         if b.visit is not None:
-            result = run_node(NodeRun(self.ctx, self.interviewer, self.graph, b.visit, self.agents))
-            if isinstance(result, RunOutcome):
-                return result  # a pause inside a branch: the other branches' steps are journaled
-            self._record(b.visit, result, i)
-            return None
+            return self._run_visit(state, b.visit, i)
         if b.decided is None:
             assert b.at is not None
             return self._begin(b.at, 1, state, branch=i, context=b.context)
