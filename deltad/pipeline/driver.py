@@ -179,32 +179,39 @@ class PipelineEngine(Engine):
             return self._run_visit(state, b.visit, i)
         if b.decided is None:
             assert b.at is not None
+            if self._ends_branch(b.at):  # an edge straight to the fan-in: an empty branch
+                self._end_branch(b, i, b.at, b.at, Outcome(Status.SUCCESS, notes="empty branch"))
+                return None
             return self._begin(b.at, 1, state, branch=i, context=b.context)
         node, outcome = self.graph.nodes[b.decided.node], b.decided.outcome
         if outcome.status == Status.RETRY:
             return self._retry(node.id, b.decided.attempt + 1, state, i, b.context)
         sel = select_edge(self.graph, node.id, outcome, b.context)
         target = sel.edge.target if sel.edge else ""
-        ends = (outcome.status == Status.FAIL and sel.step != Step.CONDITION) or (
-            not target or self.graph.nodes[target].kind in (Kind.FAN_IN, Kind.EXIT)
-        )
-        if not ends:
+        failed = outcome.status == Status.FAIL and sel.step != Step.CONDITION
+        if failed or not target or self._ends_branch(target):
+            self._end_branch(b, i, node.id, target, outcome)
+        else:
             self._take(node.id, target, str(sel.step), sel.reason, i)
-            return None
+        return None
+
+    def _ends_branch(self, node_id: str) -> bool:
+        return self.graph.nodes[node_id].kind in (Kind.FAN_IN, Kind.EXIT)
+
+    def _end_branch(self, b: Branch, i: int, last: str, target: str, outcome: Outcome) -> None:
+        """The branch is over: its result, for the join, in the line that ends it."""
         self.ctx.ensure_running()
-        why = f"branch {b.start} ended at {node.id} ({outcome.status})"
         self.ctx.journal.append(
             EventType.EDGE_TAKEN,
             {
-                "source": node.id,
+                "source": last,
                 "target": target,
                 "step": "branch_end",
-                "reason": why,
+                "reason": f"branch {b.start} ended at {last} ({outcome.status})",
                 "branch": i,
-                "result": parallel.branch_result(b.start, node.id, outcome),
+                "result": parallel.branch_result(b.start, last, outcome),
             },
         )
-        return None
 
     def _exit(self, state: State) -> RunOutcome | None:
         """The exit: done, unless a goal gate that ran did not succeed (attractor §3.4): then

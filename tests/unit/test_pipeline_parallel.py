@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from deltad.engine.interviewers import QueueInterviewer
 from deltad.pipeline.outcome import Status
 from deltad.pipeline.parallel import Lane, fan_in, fan_in_of, join, schedule
+from deltad.protocol import RunStatus
+from deltad.testing import ScriptedModel
 
-from .helpers import pipeline_graph
+from .helpers import Run, pipeline_graph
 
 GRAPH = pipeline_graph(
     """\
@@ -95,3 +99,25 @@ def test_fan_in_picks_the_best_branch(results: list[dict[str, Any]], best: str |
     else:
         assert got.status == Status.SUCCESS
         assert got.context_updates["parallel.fan_in.best_id"] == best
+
+
+def test_an_edge_straight_to_the_fan_in_is_an_empty_branch(tmp_path: Path) -> None:
+    graph = pipeline_graph(
+        """\
+        digraph p {
+            start [shape=Mdiamond]
+            exit [shape=Msquare]
+            fan [shape=component]
+            join [shape=tripleoctagon]
+            start -> fan
+            fan -> a -> join
+            fan -> join
+            join -> exit
+        }
+        """
+    )
+    run = Run(tmp_path, graph, ScriptedModel().reply("a done"))
+    assert run.drive(QueueInterviewer([])).status == RunStatus.COMPLETED
+    assert run.path() == ["start", "fan", "a", "join"]
+    results = run.outcome("fan")["context_updates"]["parallel.results"]
+    assert [(r["branch"], r["status"]) for r in results] == [("a", "success"), ("join", "success")]
