@@ -31,7 +31,7 @@ from deltad.protocol import EventType, RunStatus, save_metadata
 from . import parallel
 from .gates import one_line
 from .model import Graph, Kind, Node
-from .nodes import AgentLoader, NodeRun, run_node
+from .nodes import AgentLoader, NodeRun, codergen, run_node
 from .outcome import Outcome, Status
 from .routing import Step, select_edge
 from .state import Branch, Decided, State, Visit, outcome_payload, replay
@@ -145,8 +145,7 @@ class PipelineEngine(Engine):
             case Kind.PARALLEL if branch is None:
                 return self._parallel(state, visit)
             case Kind.FAN_IN if branch is None:
-                self._record(visit, parallel.fan_in(state.context))
-                return None
+                return self._fan_in(state, visit)
         result = run_node(NodeRun(self.ctx, self.interviewer, self.graph, visit, self.agents))
         if isinstance(result, RunOutcome):
             return result  # paused; in a branch, the other branches' steps are journaled
@@ -173,6 +172,21 @@ class PipelineEngine(Engine):
             self._record(visit, parallel.join(results, policy))
             return None
         return self._branch_step(state, fan.branches[pick], pick)
+
+    def _fan_in(self, state: State, visit: Visit) -> RunOutcome | None:
+        """The heuristic's pick (§4.9); with a `prompt`, the model ranks the branches (their
+        results are in its prompt) and its reply's outcome and context updates prevail."""
+        picked = parallel.fan_in(state.context)
+        if not self.graph.nodes[visit.node].prompt or picked.status == Status.FAIL:
+            self._record(visit, picked)
+            return None
+        run = NodeRun(self.ctx, self.interviewer, self.graph, visit, self.agents)
+        said = codergen(run)
+        if isinstance(said, RunOutcome):
+            return said
+        updates = {**picked.context_updates, **said.context_updates}
+        self._record(visit, replace(said, context_updates=updates))
+        return None
 
     def _branch_step(self, state: State, b: Branch, i: int) -> RunOutcome | None:
         if b.visit is not None:
@@ -265,7 +279,8 @@ class PipelineEngine(Engine):
             return self.finish(RunStatus.FAILED, f"{why}; next was {node_id}")
         ctx.ensure_running()
         context = state.context if context is None else context
-        prompt = compose_prompt(node, ctx.meta.task, context) if node.kind == Kind.CODERGEN else ""
+        asks_model = node.kind == Kind.CODERGEN or (node.kind == Kind.FAN_IN and node.prompt)
+        prompt = compose_prompt(node, ctx.meta.task, context) if asks_model else ""
         ctx.journal.append(
             EventType.NODE_START,
             {

@@ -345,3 +345,19 @@ def test_kill_after_a_retry_outcome_begins_the_next_attempt_on_resume(
     assert [s["attempt"] for s in starts] == [1, 2]
     assert _path(delta) == ["start", "flaky", "flaky", "check", "good"]
     assert len(fake.requests) == 3  # attempt 1 once, attempt 2, good
+
+
+def test_a_fan_in_with_a_prompt_lets_the_model_pick(delta: Delta, fake: FakeLLM) -> None:
+    body = FAN.replace(
+        "join [shape=tripleoctagon]", 'join [shape=tripleoctagon, prompt="Pick one"]'
+    )
+    pick = status("success", context_updates={"parallel.fan_in.best_id": "b"})
+    fake.reply("a done").reply("b done").reply(pick)
+    r = _run(delta, _graph(delta, body % ""))
+    assert r.code == 0, r.err
+    asked = fake.requests[2]["messages"][1]["content"]
+    assert asked.startswith("Pick one") and "parallel.results" in asked and "b done" in asked
+    [joined] = [
+        e["payload"] for e in delta.events("NODE_OUTCOME") if e["payload"]["node"] == "join"
+    ]
+    assert joined["context_updates"]["parallel.fan_in.best_id"] == "b"  # the heuristic says a
