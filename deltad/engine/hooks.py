@@ -23,6 +23,7 @@ class Point(StrEnum):
     AFTER_DISCARD_ANSWER = "after_discard_answer"  # the answer file is gone, the question not
     AFTER_RESULT = "after_result"  # the ACTION_RESULT is journaled
     AFTER_POST = "after_post"  # request.json is posted, the status not yet WAITING
+    AFTER_OUTCOME = "after_outcome"  # a pipeline node's NODE_OUTCOME is journaled, not routed
 
 
 class Checkpoints(Protocol):

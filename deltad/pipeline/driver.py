@@ -1,36 +1,54 @@
 """Driving a pipeline run: node after node, each step journaled before the next begins.
 
-Each turn replays the journal (`state.replay`) and does the one next thing: begin a node
-(NODE_START), run the node in progress to its outcome (NODE_OUTCOME, with its context
-changes), or route that outcome (EDGE_TAKEN; a retry begins the node again). A crash between
-any two of these resumes at the right step; a node that finished is never run again.
+Each turn folds the journal's new events into the state (`State.add`, once each, never a
+replay of the whole journal per step) and does the one next thing: begin a node (NODE_START),
+run the node in progress to its outcome (NODE_OUTCOME, with its context changes), or route
+that outcome (EDGE_TAKEN; a retry begins the node again). A crash between any two of these
+resumes at the right step; a node that finished is never run again.
 
-Routing follows the attractor spec: a RETRY begins the node again while `max_retries` allows,
-then is a FAIL; a FAIL takes only an edge whose condition holds, else the node's (then the
-graph's) `retry_target` / `fallback_retry_target`, else the run FAILS with the reason.
+Routing follows the attractor spec: a RETRY begins the node again, after the spec's backoff,
+while `max_retries` allows, then is a FAIL (a PARTIAL_SUCCESS with `allow_partial`); a FAIL
+takes only an edge whose condition holds, else the node's (then the graph's) `retry_target` /
+`fallback_retry_target`, else the run FAILS with the reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from deltad.daemon.backoff import exponential, jittered
 from deltad.engine import Engine, RunContext
 from deltad.engine import Outcome as RunOutcome
+from deltad.engine.hooks import Point
 from deltad.engine.interviewers import Interviewer
 from deltad.engine.limits import over_steps
 from deltad.protocol import EventType, RunStatus, save_metadata
 
+from . import parallel
 from .gates import one_line
 from .model import Graph, Kind, Node
-from .nodes import AgentLoader, NodeRun, run_node
+from .nodes import AgentLoader, NodeRun, codergen, run_node
 from .outcome import Outcome, Status
 from .routing import Step, select_edge
-from .state import Decided, State, Visit, outcome_payload, replay
+from .state import Branch, Decided, State, Visit, outcome_payload, replay
 
 SHOWN_CONTEXT_CHARS = 2000  # per context value, in a later node's prompt
-HIDDEN_KEYS = ("last_stage", "last_response")  # repeated under response.<node>
+# Repeated under response.<node>, or the engine's bookkeeping (§5.1): not shown to the model.
+HIDDEN_KEYS = ("last_stage", "last_response", "outcome", "preferred_label", "current_node")
+HIDDEN_PREFIXES = ("graph.", "internal.")
+# The spec's standard retry policy (§3.6): 200 ms, doubled per attempt, at most 60 s. Short
+# enough to wait in-process: a crash during a wait waits again on resume.
+BACKOFF_INITIAL_SECONDS = 0.2
+BACKOFF_CAP_SECONDS = 60.0
+
+
+def backoff_seconds(attempt: int, r: float) -> float:
+    """The wait before attempt `attempt` (2, 3, ...) of a node, jittered by `r` in [0, 1)."""
+    return jittered(exponential(BACKOFF_INITIAL_SECONDS, BACKOFF_CAP_SECONDS, attempt - 1), r)
 
 
 def compose_prompt(node: Node, goal: str, context: Mapping[str, Any]) -> str:
@@ -39,11 +57,27 @@ def compose_prompt(node: Node, goal: str, context: Mapping[str, Any]) -> str:
     earlier = [
         f"- {key}: {str(value)[:SHOWN_CONTEXT_CHARS]}"
         for key, value in context.items()
-        if key not in HIDDEN_KEYS
+        if key not in HIDDEN_KEYS and not key.startswith(HIDDEN_PREFIXES)
     ]
     if not earlier:
         return text
     return text + "\n\nContext from earlier steps of the pipeline:\n" + "\n".join(earlier)
+
+
+def after_attempt(outcome: Outcome, attempt: int, max_retries: int, allow_partial: bool) -> Outcome:
+    """The outcome to record (§3.5): a RETRY with no retry left is a FAIL that says so, or a
+    PARTIAL_SUCCESS when the node allows partial results; anything else as it is."""
+    if outcome.status != Status.RETRY or attempt <= max_retries:
+        return outcome
+    why = outcome.failure_reason or "retry"
+    spent = f"after {attempt} attempt(s) (max_retries {max_retries})"
+    if allow_partial:
+        return replace(
+            outcome,
+            status=Status.PARTIAL_SUCCESS,
+            notes=f"{why}; retries exhausted {spent}, partial accepted",
+        )
+    return replace(outcome, status=Status.FAIL, failure_reason=f"{why}; gave up {spent}")
 
 
 class PipelineEngine(Engine):
@@ -58,6 +92,19 @@ class PipelineEngine(Engine):
         assert start is not None  # validation refuses a graph without one start
         self.start = start.id
         self.max_steps = ctx.meta.max_steps or graph.max_steps  # delta run --max-steps first
+        self._state = State()
+        self._seen = -1  # events folded into _state: the journal is read once, not per step
+        self.sleep: Callable[[float], None] = time.sleep
+
+    def state(self) -> State:
+        """Where the run stands: the journal's events folded in once each, in order."""
+        events = self.ctx.journal.events
+        if self._seen < 0:
+            self._state, self._seen = replay((), self.start, self.ctx.meta.task), 0
+        for e in events[self._seen :]:
+            self._state.add(e)
+        self._seen = len(events)
+        return self._state
 
     def drive(self) -> RunOutcome:
         ctx = self.ctx
@@ -77,24 +124,108 @@ class PipelineEngine(Engine):
             if (end := ctx.history.ended()) is not None:
                 p = end.payload  # crashed after RUN_END but before the status write
                 return self.finish(RunStatus(p["status"]), p.get("reason", ""), journal=False)
-            if (stop := self._step(replay(ctx.journal.events, self.start))) is not None:
+            if (stop := self._step(self.state())) is not None:
                 return stop
 
     def _step(self, state: State) -> RunOutcome | None:
         if state.visit is not None:
-            result = run_node(
-                NodeRun(self.ctx, self.interviewer, self.graph, state.visit, self.agents)
-            )
-            if isinstance(result, RunOutcome):
-                return result
-            self._record(state.visit, result)
-            return None
+            return self._run_visit(state, state.visit)
         if state.decided is not None:
             return self._route(state.decided, state)
         assert state.at is not None
         if self.graph.nodes[state.at].kind == Kind.EXIT:
             return self._exit(state)
         return self._begin(state.at, 1, state)
+
+    def _run_visit(
+        self, state: State, visit: Visit, branch: int | None = None
+    ) -> RunOutcome | None:
+        """Run the node in progress to its outcome (journaled), or to a pause."""
+        match self.graph.nodes[visit.node].kind:
+            case Kind.PARALLEL if branch is None:
+                return self._parallel(state, visit)
+            case Kind.FAN_IN if branch is None:
+                return self._fan_in(state, visit)
+        result = run_node(NodeRun(self.ctx, self.interviewer, self.graph, visit, self.agents))
+        if isinstance(result, RunOutcome):
+            return result  # paused; in a branch, the other branches' steps are journaled
+        self._record(visit, result, branch)
+        return None
+
+    # -- parallel branches (parallel.py decides; here they are journaled) --------------------
+    def _parallel(self, state: State, visit: Visit) -> RunOutcome | None:
+        """One step of a parallel node: fan out (an EDGE_TAKEN per branch), step the branch
+        `schedule` picks, or, every branch over, join them into the node's outcome."""
+        edges, fan = self.graph.outgoing(visit.node), state.fan
+        begun = len(fan.branches) if fan is not None and fan.node == visit.node else 0
+        if fan is None or begun < len(edges):
+            for i, e in enumerate(edges[begun:], start=begun):
+                self._take(visit.node, e.target, "fan_out", f"branch {i + 1} of {len(edges)}", i)
+            return None
+        lanes = [
+            parallel.Lane(b.visit is not None or b.decided is not None, b.at, b.result is not None)
+            for b in fan.branches
+        ]
+        if (pick := parallel.schedule(lanes, self.graph)) is None:
+            policy = self.graph.nodes[visit.node].attrs.get("join_policy", "wait_all")
+            results = [b.result or {} for b in fan.branches]
+            self._record(visit, parallel.join(results, policy))
+            return None
+        return self._branch_step(state, fan.branches[pick], pick)
+
+    def _fan_in(self, state: State, visit: Visit) -> RunOutcome | None:
+        """The heuristic's pick (§4.9); with a `prompt`, the model ranks the branches (their
+        results are in its prompt) and its reply's outcome and context updates prevail."""
+        picked = parallel.fan_in(state.context)
+        if not self.graph.nodes[visit.node].prompt or picked.status == Status.FAIL:
+            self._record(visit, picked)
+            return None
+        run = NodeRun(self.ctx, self.interviewer, self.graph, visit, self.agents)
+        said = codergen(run)
+        if isinstance(said, RunOutcome):
+            return said
+        updates = {**picked.context_updates, **said.context_updates}
+        self._record(visit, replace(said, context_updates=updates))
+        return None
+
+    def _branch_step(self, state: State, b: Branch, i: int) -> RunOutcome | None:
+        if b.visit is not None:
+            return self._run_visit(state, b.visit, i)
+        if b.decided is None:
+            assert b.at is not None
+            if self._ends_branch(b.at):  # an edge straight to the fan-in: an empty branch
+                self._end_branch(b, i, b.at, b.at, Outcome(Status.SUCCESS, notes="empty branch"))
+                return None
+            return self._begin(b.at, 1, state, branch=i, context=b.context)
+        node, outcome = self.graph.nodes[b.decided.node], b.decided.outcome
+        if outcome.status == Status.RETRY:
+            return self._retry(node.id, b.decided.attempt + 1, state, i, b.context)
+        sel = select_edge(self.graph, node.id, outcome, b.context)
+        target = sel.edge.target if sel.edge else ""
+        failed = outcome.status == Status.FAIL and sel.step != Step.CONDITION
+        if failed or not target or self._ends_branch(target):
+            self._end_branch(b, i, node.id, target, outcome)
+        else:
+            self._take(node.id, target, str(sel.step), sel.reason, i)
+        return None
+
+    def _ends_branch(self, node_id: str) -> bool:
+        return self.graph.nodes[node_id].kind in (Kind.FAN_IN, Kind.EXIT)
+
+    def _end_branch(self, b: Branch, i: int, last: str, target: str, outcome: Outcome) -> None:
+        """The branch is over: its result, for the join, in the line that ends it."""
+        self.ctx.ensure_running()
+        self.ctx.journal.append(
+            EventType.EDGE_TAKEN,
+            {
+                "source": last,
+                "target": target,
+                "step": "branch_end",
+                "reason": f"branch {b.start} ended at {last} ({outcome.status})",
+                "branch": i,
+                "result": parallel.branch_result(b.start, last, outcome),
+            },
+        )
 
     def _exit(self, state: State) -> RunOutcome | None:
         """The exit: done, unless a goal gate that ran did not succeed (attractor §3.4): then
@@ -117,14 +248,39 @@ class PipelineEngine(Engine):
         self._take(state.at, target, "goal_gate", why)
         return None
 
-    def _begin(self, node_id: str, attempt: int, state: State) -> RunOutcome | None:
+    def _retry(
+        self,
+        node_id: str,
+        attempt: int,
+        state: State,
+        branch: int | None = None,
+        context: Mapping[str, Any] | None = None,
+    ) -> RunOutcome | None:
+        """Wait the backoff (§3.6), then begin the node again. The wait is in-process: at most
+        60 s, and a signal still stops the run at the checkpoint after it."""
+        delay = backoff_seconds(attempt, random.random())
+        if over_steps(state.steps, self.max_steps) is None:
+            self.sleep(delay)
+            self.ctx.guard.checkpoint()
+        return self._begin(node_id, attempt, state, delay, branch, context)
+
+    def _begin(
+        self,
+        node_id: str,
+        attempt: int,
+        state: State,
+        backoff: float = 0.0,
+        branch: int | None = None,
+        context: Mapping[str, Any] | None = None,
+    ) -> RunOutcome | None:
         """Begin a visit of `node_id`, unless the run has made all the visits it may."""
         ctx, node = self.ctx, self.graph.nodes[node_id]
         if (why := over_steps(state.steps, self.max_steps)) is not None:
             return self.finish(RunStatus.FAILED, f"{why}; next was {node_id}")
         ctx.ensure_running()
-        context = state.context
-        prompt = compose_prompt(node, ctx.meta.task, context) if node.kind == Kind.CODERGEN else ""
+        context = state.context if context is None else context
+        asks_model = node.kind == Kind.CODERGEN or (node.kind == Kind.FAN_IN and node.prompt)
+        prompt = compose_prompt(node, ctx.meta.task, context) if asks_model else ""
         ctx.journal.append(
             EventType.NODE_START,
             {
@@ -133,29 +289,33 @@ class PipelineEngine(Engine):
                 "attempt": attempt,
                 "prompt": prompt,
                 "iterations_before": ctx.history.thoughts,
+                **({"backoff_seconds": round(backoff, 3)} if backoff else {}),
+                **({} if branch is None else {"branch": branch}),
             },
         )
         ctx.meta.current_node = node_id
         save_metadata(ctx.paths.metadata, ctx.meta)
         return None
 
-    def _record(self, visit: Visit, outcome: Outcome) -> None:
+    def _record(self, visit: Visit, outcome: Outcome, branch: int | None = None) -> None:
         node = self.graph.nodes[visit.node]
-        if outcome.status == Status.RETRY and visit.attempt > node.max_retries:
-            why = outcome.failure_reason or "retry"
-            outcome = replace(
-                outcome,
-                status=Status.FAIL,
-                failure_reason=f"{why}; gave up after {visit.attempt} attempt(s) "
-                f"(max_retries {node.max_retries})",
-            )
+        outcome = after_attempt(outcome, visit.attempt, node.max_retries, node.allow_partial)
         self.ctx.ensure_running()
-        self.ctx.journal.append(EventType.NODE_OUTCOME, outcome_payload(node.id, outcome))
+        payload = outcome_payload(node.id, outcome)
+        self.ctx.journal.append(
+            EventType.NODE_OUTCOME, payload if branch is None else {**payload, "branch": branch}
+        )
+        self.ctx.hooks.reached(Point.AFTER_OUTCOME)
 
     def _route(self, decided: Decided, state: State) -> RunOutcome | None:
         node, outcome, context = self.graph.nodes[decided.node], decided.outcome, state.context
         if outcome.status == Status.RETRY:  # _record made it a FAIL once retries ran out
-            return self._begin(node.id, decided.attempt + 1, state)
+            return self._retry(node.id, decided.attempt + 1, state)
+        if node.kind == Kind.PARALLEL and outcome.status != Status.FAIL:
+            target = parallel.fan_in_of(self.graph, node.id)
+            assert target is not None  # validation refuses a parallel node without one
+            self._take(node.id, target, "fan_in", outcome.notes or "branches joined")
+            return None
         sel = select_edge(self.graph, node.id, outcome, context)
         if outcome.status == Status.FAIL and sel.step != Step.CONDITION:
             target = self._retry_target(node)
@@ -180,9 +340,11 @@ class PipelineEngine(Engine):
         )
         return found if found in g.nodes else None
 
-    def _take(self, source: str, target: str, step: str, reason: str) -> None:
+    def _take(
+        self, source: str, target: str, step: str, reason: str, branch: int | None = None
+    ) -> None:
         self.ctx.ensure_running()
+        payload = {"source": source, "target": target, "step": step, "reason": one_line(reason)}
         self.ctx.journal.append(
-            EventType.EDGE_TAKEN,
-            {"source": source, "target": target, "step": step, "reason": one_line(reason)},
+            EventType.EDGE_TAKEN, payload if branch is None else {**payload, "branch": branch}
         )

@@ -31,6 +31,8 @@ class Kind(StrEnum):
     WAIT_HUMAN = "wait.human"
     CONDITIONAL = "conditional"
     TOOL = "tool"
+    PARALLEL = "parallel"
+    FAN_IN = "parallel.fan_in"
 
 
 SHAPES: Mapping[str, Kind] = {
@@ -40,11 +42,11 @@ SHAPES: Mapping[str, Kind] = {
     "hexagon": Kind.WAIT_HUMAN,
     "diamond": Kind.CONDITIONAL,
     "parallelogram": Kind.TOOL,
+    "component": Kind.PARALLEL,
+    "tripleoctagon": Kind.FAN_IN,
 }
 # Shapes of the attractor spec that this runner does not run (yet).
 NOT_SUPPORTED: Mapping[str, str] = {
-    "component": "parallel",
-    "tripleoctagon": "parallel.fan_in",
     "house": "stack.manager_loop",
 }
 # With no shape, these ids are the start and exit nodes (spec §3.2, §4.4).
@@ -73,6 +75,7 @@ class Node:
     attrs: Mapping[str, str] = field(default_factory=dict)
     attr_pos: Mapping[str, Pos] = field(default_factory=dict)
     declared: bool = True  # False: only mentioned in edges (it has the defaults in force there)
+    allow_partial: bool = False  # exhausted retries are a PARTIAL_SUCCESS, not a FAIL (§3.5)
 
     @property
     def interactive(self) -> bool:
@@ -236,6 +239,7 @@ def _node(raw: RawNode, g: Graph, base_dir: Path | None, problems: list[Problem]
         attrs={k: a.value for k, a in raw.attrs.items()},
         attr_pos={k: a.pos for k, a in raw.attrs.items()},
         declared=raw.declared,
+        allow_partial=bool(r.typed("allow_partial", values.boolean)),
     )
 
 

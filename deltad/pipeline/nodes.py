@@ -4,7 +4,8 @@ Each handler returns the node's `Outcome`, or the run's (`RunOutcome`) when the 
 here: paused for a human (request.json, exit 101), interrupted, or ended by the model.
 
     codergen      the agent's Think-Act-Observe loop on the node's prompt; its final message
-                  goes into the context. Its tools, approvals and ask_human pause as in a run.
+                  goes into the context, and states the outcome when it holds a status
+                  block. Its tools, approvals and ask_human pause as in a run.
     interactive   each agent message is a free-text question; /done and /approve end the
                   node SUCCESS, /reject FAIL, anything else goes back to the agent. Every
                   human turn is journaled (the commit point of its answer, then a NODE_MESSAGE)
@@ -43,7 +44,7 @@ from deltad.protocol.replies import Reply
 from .gates import Gate, gate
 from .interactive import AUTO_APPROVE_REPLY, ending
 from .model import Graph, Kind, Node
-from .outcome import Outcome, Status
+from .outcome import Outcome, Status, parse_reply
 from .state import Visit
 
 AgentLoader = Callable[[Path], tuple[Agent, ChatModel]]
@@ -119,6 +120,9 @@ def run_node(run: NodeRun) -> Result:
             return tool(run)
         case Kind.START | Kind.CONDITIONAL | Kind.EXIT:
             return Outcome(Status.SUCCESS)
+        case Kind.PARALLEL | Kind.FAN_IN:  # the driver runs these; here: inside a branch
+            why = f"a {run.node.kind} node inside a parallel branch is not supported"
+            return Outcome(Status.FAIL, failure_reason=why)
         case _:
             assert_never(run.node.kind)
 
@@ -134,6 +138,18 @@ def responded(node: Node, message: str, status: Status = Status.SUCCESS, why: st
     )
 
 
+def from_reply(node: Node, message: str) -> Outcome:
+    """The outcome the model's final message states (plain prose: SUCCESS), with its context
+    updates beside the node's response."""
+    said = parse_reply(message)
+    kept = responded(node, message, said.status, said.failure_reason)
+    return replace(
+        said,
+        context_updates={**said.context_updates, **kept.context_updates},
+        notes=said.notes or kept.notes,
+    )
+
+
 def codergen(run: NodeRun) -> Result:
     ctx = run.context_for_node()
     while True:
@@ -142,7 +158,7 @@ def codergen(run: NodeRun) -> Result:
         if out.status != RunStatus.RUNNING:
             return out  # paused, interrupted, or the run ended (max_iterations, a refusal)
         if not run.node.interactive:
-            return responded(run.node, out.message)
+            return from_reply(run.node, out.message)
         said = converse(run, engine, out.message)
         if said is not None:
             return said

@@ -4,7 +4,9 @@ The journal records each step once: NODE_START (a node began; its seq names the 
 the questions asked in it), NODE_OUTCOME (its outcome and the context changes it makes, in
 one line), EDGE_TAKEN (where it goes next). Replaying them gives the context and the one
 next thing to do, so a process that crashed anywhere resumes at the right node and never runs
-again what had finished.
+again what had finished. The spec's built-in context keys (§5.1: `graph.goal`, `current_node`,
+`outcome`, `preferred_label`, `internal.retry_count.<node>`) are derived from the same lines,
+so a resume sees the values the crashed process saw.
 """
 
 from __future__ import annotations
@@ -39,36 +41,79 @@ class Decided:
 
 
 @dataclass
-class State:
+class Lane:
+    """A line of nodes: the run's own, or one branch of a parallel node."""
+
     context: dict[str, Any] = field(default_factory=dict)
     at: str | None = None  # the node to begin next
     visit: Visit | None = None
     decided: Decided | None = None
+
+
+@dataclass
+class Branch(Lane):
+    start: str = ""  # the branch's first node (its id in parallel.results)
+    result: dict[str, Any] | None = None  # set when the branch ended
+
+
+@dataclass
+class Fan:
+    """A parallel node's branches, while they run (until its own NODE_OUTCOME)."""
+
+    node: str
+    branches: list[Branch] = field(default_factory=list)
+
+
+@dataclass
+class State(Lane):
     path: list[str] = field(default_factory=list)  # nodes begun, in order (first attempts)
     last: dict[str, Status] = field(default_factory=dict)  # each node's latest outcome
     steps: int = 0  # node visits begun (every NODE_START, retries too): what max_steps bounds
+    fan: Fan | None = None
+
+    def lane(self, p: dict[str, Any]) -> Lane:
+        """The lane an event belongs to: a branch's (its `branch` index), else the run's."""
+        if "branch" in p and self.fan is not None and p.get("step") != "fan_out":
+            return self.fan.branches[int(p["branch"])]
+        return self
 
     def add(self, e: JournalEvent) -> None:
         p = e.payload
+        lane = self.lane(p)
         match e.type:
             case EventType.NODE_START:
-                self.at, self.decided = None, None
-                self.visit = Visit(
+                lane.at, lane.decided = None, None
+                lane.context["current_node"] = p["node"]  # built-in keys (§5.1)
+                lane.context[f"internal.retry_count.{p['node']}"] = int(p.get("attempt", 1)) - 1
+                lane.visit = Visit(
                     p["node"],
                     e.seq,
                     int(p.get("attempt", 1)),
                     str(p.get("prompt", "")),
                 )
                 self.steps += 1
-                if self.visit.attempt == 1:
+                if lane.visit.attempt == 1:
                     self.path.append(p["node"])
             case EventType.NODE_OUTCOME:
-                self.context.update(p.get("context_updates") or {})
-                attempt = self.visit.attempt if self.visit else 1
-                self.visit, self.decided = None, Decided(p["node"], attempt, outcome_of(p))
-                self.last[p["node"]] = self.decided.outcome.status
+                lane.context.update(p.get("context_updates") or {})
+                lane.context["outcome"] = p["status"]
+                lane.context["preferred_label"] = p.get("preferred_label", "")
+                attempt = lane.visit.attempt if lane.visit else 1
+                lane.visit, lane.decided = None, Decided(p["node"], attempt, outcome_of(p))
+                self.last[p["node"]] = lane.decided.outcome.status
+                if lane is self:
+                    self.fan = None  # a parallel node's outcome: its branches are over
+            case EventType.EDGE_TAKEN if p.get("step") == "fan_out":
+                if self.fan is None or self.fan.node != p["source"]:
+                    self.fan = Fan(p["source"])
+                self.fan.branches.append(
+                    Branch(context=dict(self.context), at=p["target"], start=p["target"])
+                )
+            case EventType.EDGE_TAKEN if p.get("step") == "branch_end":
+                assert isinstance(lane, Branch)
+                lane.result, lane.decided, lane.at = p.get("result") or {}, None, None
             case EventType.EDGE_TAKEN:
-                self.decided, self.at = None, p["target"]
+                lane.decided, lane.at = None, p["target"]
             case _:
                 pass
 
@@ -96,9 +141,10 @@ def outcome_payload(node: str, outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def replay(events: Iterable[JournalEvent], start: str) -> State:
-    """The state after `events`; a run with none begins at `start`."""
-    state = State(at=start)
+def replay(events: Iterable[JournalEvent], start: str, goal: str = "") -> State:
+    """The state after `events`; a run with none begins at `start`, its goal in the
+    context as `graph.goal`."""
+    state = State(context={"graph.goal": goal}, at=start)
     for e in events:
         state.add(e)
     return state

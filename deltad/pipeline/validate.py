@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from . import parallel
 from .gates import gate
 from .model import Graph, Kind, Node
 from .problems import Code, Problem
@@ -117,6 +118,7 @@ def _node_attrs(n: Node, check_files: bool) -> Iterator[Problem]:
     yield from _misplaced(n, "agent.mode", (Kind.CODERGEN,), "box (LLM)")
     yield from _misplaced(n, "agent", (Kind.CODERGEN,), "box (LLM)")
     yield from _misplaced(n, "tool_command", (Kind.TOOL,), "parallelogram (tool)")
+    yield from _misplaced(n, "join_policy", (Kind.PARALLEL,), "component (parallel)")
     if n.kind == Kind.TOOL and "command" in n.attrs:
         yield Problem(
             "the attribute is tool_command, not command",
@@ -165,7 +167,7 @@ def _retry_targets(graph: Graph) -> Iterator[Problem]:
 def validate(graph: Graph, *, check_files: bool = True) -> list[Problem]:
     """Every problem of the graph as a whole; empty when it can run. `check_files` also checks
     that `agent` directories exist."""
-    problems = [*_ends(graph), *_reachable(graph), *_gates(graph)]
+    problems = [*_ends(graph), *_reachable(graph), *_gates(graph), *parallel.problems(graph)]
     for n in graph.nodes.values():
         problems += _node_attrs(n, check_files)
     return problems + list(_retry_targets(graph))

@@ -22,7 +22,8 @@ from deltad.engine.interviewers import (
     QueueInterviewer,
 )
 from deltad.errors import UsageError
-from deltad.pipeline.driver import compose_prompt
+from deltad.pipeline.driver import after_attempt, backoff_seconds, compose_prompt
+from deltad.pipeline.outcome import Outcome, Status
 from deltad.pipeline.state import replay
 from deltad.protocol import (
     EventType,
@@ -448,6 +449,74 @@ def test_replay_finds_the_node_in_progress_and_the_context() -> None:
         type="NODE_OUTCOME",
         payload={"node": "w", "status": "success", "context_updates": {"k": "v"}},
     )
-    state = replay([*events, done], "start")
-    assert state.visit is None and state.decided is not None and state.context == {"k": "v"}
+    state = replay([*events, done], "start", "ship it")
+    assert state.visit is None and state.decided is not None and state.context["k"] == "v"
+    # The spec's built-in keys (§5.1), derived from the same lines.
+    builtins = {k: v for k, v in state.context.items() if k != "k"}
+    assert builtins == {
+        "graph.goal": "ship it",
+        "current_node": "w",
+        "outcome": "success",
+        "preferred_label": "",
+        "internal.retry_count.start": 0,
+        "internal.retry_count.w": 1,
+    }
     assert replay([], "start").at == "start"
+
+
+# -- each step costs the same: the journal is folded once, not replayed per step --------------
+def test_a_long_chain_folds_each_journal_event_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltad.pipeline import state as pipeline_state
+
+    n = 200
+    chain = " -> ".join(f"n{i}" for i in range(n))
+    nodes = "\n".join(f"n{i} [shape=diamond]" for i in range(n))
+    graph = pipeline_graph(
+        f"digraph c {{\nstart [shape=Mdiamond]\nexit [shape=Msquare]\n{nodes}\n"
+        f"start -> {chain} -> exit\n}}\n"
+    )
+    folded = 0
+    add = pipeline_state.State.add
+
+    def counting(self: Any, e: Any) -> None:
+        nonlocal folded
+        folded += 1
+        add(self, e)
+
+    monkeypatch.setattr(pipeline_state.State, "add", counting)
+    run = Run(tmp_path, graph, ScriptedModel())
+    assert run.drive(_queue()).status == RunStatus.COMPLETED
+    assert len(run.path()) == n + 1
+    assert folded <= len(run.journal.events)  # replaying per step would fold ~n²/2 * 3
+
+
+@pytest.mark.parametrize(
+    ("status", "attempt", "max_retries", "allow_partial", "expected"),
+    [
+        (Status.RETRY, 1, 1, False, Status.RETRY),  # a retry left
+        (Status.RETRY, 2, 1, False, Status.FAIL),
+        (Status.RETRY, 2, 1, True, Status.PARTIAL_SUCCESS),
+        (Status.RETRY, 1, 0, True, Status.PARTIAL_SUCCESS),
+        (Status.FAIL, 5, 1, True, Status.FAIL),  # allow_partial is about retries only
+        (Status.SUCCESS, 9, 0, False, Status.SUCCESS),
+    ],
+)
+def test_after_attempt(
+    status: Status, attempt: int, max_retries: int, allow_partial: bool, expected: Status
+) -> None:
+    got = after_attempt(Outcome(status), attempt, max_retries, allow_partial)
+    assert got.status == expected
+    if expected != status:
+        assert f"after {attempt} attempt(s) (max_retries {max_retries})" in (
+            got.failure_reason + got.notes
+        )
+
+
+@pytest.mark.parametrize(
+    ("attempt", "r", "expected"),
+    [(2, 0.0, 0.1), (2, 0.5, 0.15), (3, 0.0, 0.2), (4, 0.0, 0.4), (30, 0.0, 30.0)],
+)
+def test_backoff_follows_the_spec_standard_policy(attempt: int, r: float, expected: float) -> None:
+    assert backoff_seconds(attempt, r) == pytest.approx(expected)

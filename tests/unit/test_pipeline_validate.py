@@ -8,7 +8,7 @@ import pytest
 
 from deltad.pipeline import GraphError, Kind, load_pipeline, parse_pipeline
 
-from .helpers import graph_of, only, problems_in
+from .helpers import graph_of, only, pipeline_graph, problems_in
 
 ENDS = "start [shape=Mdiamond]\nexit [shape=Msquare]\n"
 
@@ -96,8 +96,30 @@ def test_unknown_shape() -> None:
 
 
 def test_spec_shapes_this_runner_does_not_run_are_refused() -> None:
-    line = only(problems_in(f"{ENDS}p [shape=component]\nstart -> p -> exit"), "component")
-    assert "(parallel) is not supported" in line
+    line = only(problems_in(f"{ENDS}m [shape=house]\nstart -> m -> exit"), "house")
+    assert "(stack.manager_loop) is not supported" in line
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("p [shape=component]\nstart -> p -> exit", "lead to no fan-in node"),
+        (
+            "p [shape=component, join_policy=any]\nj [shape=tripleoctagon]\n"
+            "start -> p -> a -> j -> exit",
+            "join_policy 'any': use wait_all or first_success",
+        ),
+        ("w [join_policy=wait_all]\nstart -> w -> exit", "join_policy applies to component"),
+    ],
+)
+def test_parallel_nodes_need_a_fan_in_and_a_known_policy(body: str, expected: str) -> None:
+    only(problems_in(f"{ENDS}{body}"), expected)
+
+
+def test_a_parallel_node_with_a_fan_in_is_accepted() -> None:
+    body = "p [shape=component]\nj [shape=tripleoctagon]\nstart -> p\np -> a -> j\np -> b -> j"
+    graph = pipeline_graph(f"digraph t {{\n{ENDS}{body}\nj -> exit\n}}")
+    assert (graph.nodes["p"].kind, graph.nodes["j"].kind) == (Kind.PARALLEL, Kind.FAN_IN)
 
 
 def test_unknown_type() -> None:
