@@ -11,6 +11,14 @@ class UsageError(DeltaError):
     exit_code = 2
 
 
+class UsageErrors(UsageError):
+    """Several problems at once (a refused pipeline's): one `delta: error:` line each."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
 class ConfigError(UsageError):
     """The agent definition is missing or invalid; names the file and the field."""
 

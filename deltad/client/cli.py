@@ -16,7 +16,7 @@ import click
 from deltad import __version__, inbox, logs
 from deltad.engine import EnvCheckpoints
 from deltad.engine.signals import InterruptGuard
-from deltad.errors import DeltaError, UsageError
+from deltad.errors import DeltaError, UsageError, UsageErrors
 from deltad.pipeline.cli import pipeline as pipeline_group
 from deltad.protocol import (
     Busy,
@@ -45,8 +45,9 @@ WORK_DIR = click.option(
 )
 
 
-def _fail(message: str, code: int) -> None:
-    click.echo(f"delta: error: {show(message)}", err=True)
+def _fail(message: str, code: int, lines: list[str] | None = None) -> None:
+    for line in lines or [message]:  # each line escaped: a file cannot add lines of its own
+        click.echo(f"delta: error: {show(line)}", err=True)
     sys.exit(code)
 
 
@@ -59,6 +60,8 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except Busy as e:
             _fail(f"{e} (exit {exitcodes.BUSY}: try again when it is done)", exitcodes.BUSY)
+        except UsageErrors as e:
+            _fail(str(e), e.exit_code, e.lines)
         except DeltaError as e:
             _fail(str(e), e.exit_code)
         except inbox.SubmitError as e:

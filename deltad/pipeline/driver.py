@@ -20,12 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from deltad.daemon.backoff import exponential, jittered
 from deltad.engine import Engine, RunContext
 from deltad.engine import Outcome as RunOutcome
 from deltad.engine.hooks import Point
 from deltad.engine.interviewers import Interviewer
 from deltad.engine.limits import over_steps
+from deltad.pacing import Pacing, equal_jitter
 from deltad.protocol import EventType, RunStatus, save_metadata
 
 from . import parallel
@@ -48,7 +48,7 @@ BACKOFF_CAP_SECONDS = 60.0
 
 def backoff_seconds(attempt: int, r: float) -> float:
     """The wait before attempt `attempt` (2, 3, ...) of a node, jittered by `r` in [0, 1)."""
-    return jittered(exponential(BACKOFF_INITIAL_SECONDS, BACKOFF_CAP_SECONDS, attempt - 1), r)
+    return equal_jitter(Pacing(BACKOFF_INITIAL_SECONDS, BACKOFF_CAP_SECONDS).delay(attempt - 1), r)
 
 
 def compose_prompt(node: Node, goal: str, context: Mapping[str, Any]) -> str:

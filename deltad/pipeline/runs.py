@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TextIO
 
-from deltad.errors import UsageError
+from deltad.errors import UsageError, UsageErrors
 from deltad.protocol import RunMetadata, RunPaths
 from deltad.protocol.errors import ProtocolError
 from deltad.protocol.fsio import atomic_write, read_regular_text
@@ -20,7 +20,7 @@ COPY_NAME = "pipeline.dot"
 
 def refused(e: GraphError) -> UsageError:
     """Every problem of the graph, one `delta: error:` line each (exit 2)."""
-    return UsageError("\ndelta: error: ".join(e.lines()))
+    return UsageErrors(list(e.lines()))
 
 
 def load_new(path: Path, err: TextIO | None = None) -> tuple[Graph, str]:
