@@ -24,6 +24,10 @@ MEANING = {
     INTERRUPTED: "interrupted",
 }
 
+# Set by deltad in every resume's environment (value "deltad"): a resume that finds the run
+# already taken or finished by another process exits BUSY, not USAGE (docs/daemon.md).
+RESUMED_BY = "DELTA_RESUMED_BY"
+
 # A verdict on the run, not a failure to resume it.
 RUN_OUTCOMES = frozenset({COMPLETED, FAILED, CANCELED, MODEL_UNAVAILABLE, WAITING, INTERRUPTED})
 
