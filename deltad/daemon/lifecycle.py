@@ -197,6 +197,7 @@ def _say_standby(path: Path, lease: Lease, active: Holder | None, t0: float) -> 
         "active": active.__dict__ if active is not None else None,
     }
     try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_status_file(path, doc)
     except OSError as e:
         log.warning("status_write_failed", error=e.strerror)

@@ -1,0 +1,165 @@
+"""Two daemons on one fleet: active/standby through a lease (docs/daemon.md, "Two daemons, one
+fleet"). Real `deltad serve` processes sharing one root, one state dir and one lease; real
+stub resumes whose record lines are counted across both."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deltad.testing.daemon import (
+    DELTAD,
+    Daemon,
+    answer,
+    metadata_status,
+    paused_workspace,
+    records,
+    stub_command,
+    wait_for,
+)
+
+
+@contextlib.contextmanager
+def pair(tmp: Path, root: Path, **settings: Any) -> Iterator[tuple[Daemon, Daemon]]:
+    """An active daemon (started first) and a standby, sharing root, state dir, lease and the
+    stub's record file; each logs to its own file."""
+    shared = tmp / "shared"
+    common = {
+        "state_dir": str(shared / "state"),
+        "ha": {"lease": str(shared / "deltad.lease"), "poll_seconds": 0.1},
+        **settings,
+    }
+    a_dir, b_dir = tmp / "a", tmp / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    record = tmp / "resumes.jsonl"
+    a = Daemon(a_dir, [root], **common)
+    b = Daemon(b_dir, [root], **common)
+    for d in (a, b):
+        d.record = record
+        d.write_config(resume_command=stub_command(record))
+    a.start()
+    b.start(wait=False)
+    try:
+        b.wait_event("standby")
+        yield a, b
+    finally:
+        for d in (a, b):
+            with contextlib.suppress(Exception):
+                d.stop()
+            d.kill_children()
+
+
+def status(state_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DELTAD, "status", "--state-dir", str(state_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def status_doc(state_dir: Path) -> dict[str, Any]:
+    done = status(state_dir)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def resumes_of(d: Daemon) -> list[str]:
+    return [e["workspace"] for e in d.events("resume_spawned")]
+
+
+def test_each_answer_is_resumed_once_and_only_by_the_active(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    spaces = [root / f"ws{i}" for i in range(6)]
+    for ws in spaces:
+        paused_workspace(ws)
+    with pair(tmp_path, root) as (a, b):
+        for ws in spaces:
+            answer(ws, f"answer for {ws.name}")
+        wait_for(lambda: len(records(a.record)) >= len(spaces), "every answer resumed")
+        for ws in spaces:
+            wait_for(lambda ws=ws: metadata_status(ws) == "COMPLETED", f"{ws} completed")
+        doc = status_doc(tmp_path / "shared" / "state")
+        assert doc["role"] == "active" and doc["pid"] == a.proc.pid  # type: ignore[union-attr]
+        assert [s["pid"] for s in doc["standbys"]] == [b.proc.pid]  # type: ignore[union-attr]
+        assert sorted(resumes_of(a)) == sorted(map(str, spaces))
+        assert resumes_of(b) == []  # the standby watched nothing and resumed nothing
+        assert not b.events("daemon_ready") and not b.events("reconcile_full")
+    assert sorted(r["workspace"] for r in records(a.record)) == sorted(map(str, spaces))
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_the_standby_takes_over_and_resumes_what_comes_after(
+    tmp_path: Path, how: signal.Signals
+) -> None:
+    root = tmp_path / "root"
+    before, during, after = root / "before", root / "during", root / "after"
+    for ws in (before, during, after):
+        paused_workspace(ws)
+    state = tmp_path / "shared" / "state"
+    with pair(tmp_path, root) as (a, b):
+        answer(before)
+        wait_for(lambda: metadata_status(before) == "COMPLETED", "the active's resume")
+        a.signal(how)
+        assert a.proc is not None
+        a.proc.wait(60)
+        answer(during)  # in the gap: found by the takeover's reconcile
+        [taken] = b.wait_event("lease_taken")
+        assert taken["waited_ms"] >= 0
+        b.wait_event("daemon_ready")
+        answer(after)  # after the takeover: an event
+        for ws in (during, after):
+            wait_for(lambda ws=ws: metadata_status(ws) == "COMPLETED", f"{ws} resumed")
+        doc = status_doc(state)
+        assert doc["role"] == "active" and doc["pid"] == b.proc.pid  # type: ignore[union-attr]
+        assert doc["lease"]["pid"] == b.proc.pid  # type: ignore[union-attr]
+        assert "standbys" not in doc
+    workspaces = [r["workspace"] for r in records(a.record)]
+    assert sorted(workspaces) == sorted(map(str, (before, during, after)))  # once each
+    assert resumes_of(a) == [str(before)]
+
+
+def test_a_standby_alone_says_so(tmp_path: Path) -> None:
+    """A standby's own state dir holds no status.json (the active uses another): `deltad
+    status` still says what it is, and the lease's holder file names the active."""
+    root = tmp_path / "root"
+    paused_workspace(root / "ws")
+    lease = tmp_path / "deltad.lease"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = Daemon(tmp_path / "a", [root], ha={"lease": str(lease)})
+    b = Daemon(tmp_path / "b", [root], ha={"lease": str(lease)})
+    a.start()
+    b.start(wait=False)
+    try:
+        b.wait_event("standby")
+        done = status(b.state_dir)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(done.stdout)
+        assert doc["role"] == "standby"
+        assert doc["standbys"][0]["active"]["pid"] == a.proc.pid  # type: ignore[union-attr]
+        holder = json.loads((tmp_path / "deltad.lease.holder").read_text())
+        assert holder["pid"] == a.proc.pid  # type: ignore[union-attr]
+        plain = subprocess.run(
+            [DELTAD, "status", "--state-dir", str(b.state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert plain.returncode == 0 and "standby: deltad pid" in plain.stdout
+    finally:
+        for d in (a, b):
+            with contextlib.suppress(Exception):
+                d.stop()
+            d.kill_children()
+    assert b.events("standby_stopped")  # SIGTERM while standing by: a clean exit
