@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from deltad.protocol import Workspace, load_metadata, save_metadata
+from deltad.protocol.models import OwnerProcess
+from deltad.protocol.states import RunStatus
 from deltad.testing.daemon import (
     DELTAD,
     Daemon,
@@ -163,3 +167,33 @@ def test_a_standby_alone_says_so(tmp_path: Path) -> None:
                 d.stop()
             d.kill_children()
     assert b.events("standby_stopped")  # SIGTERM while standing by: a clean exit
+
+
+def _running_as(ws: Path, owner: OwnerProcess) -> None:
+    w = Workspace.at(ws)
+    path = w.run(w.latest_run_id() or "").metadata
+    meta = load_metadata(path)
+    meta.status, meta.owner = RunStatus.RUNNING, owner
+    save_metadata(path, meta)
+
+
+def test_a_run_on_another_host_is_not_marked_interrupted(tmp_path: Path) -> None:
+    """Its pid is not on this host (here: no such process at all), which says nothing about a
+    process on node-17; a run of this host with the same dead pid is marked, as the control."""
+    root = tmp_path / "root"
+    there, here = root / "there", root / "here"
+    paused_workspace(there)
+    paused_workspace(here)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid nobody has now
+    _running_as(there, OwnerProcess(pid=gone.pid, hostname="node-17.cluster.invalid"))
+    _running_as(here, OwnerProcess(pid=gone.pid, hostname=socket.gethostname()))
+    d = Daemon(tmp_path, [root], liveness_sweep_seconds=0.2)
+    d.start()
+    try:
+        wait_for(lambda: metadata_status(here) == "INTERRUPTED", "the local dead owner marked")
+        d.reload()  # one more full look at both, after the control was marked
+        assert metadata_status(there) == "RUNNING"
+    finally:
+        d.stop()
+        d.kill_children()
