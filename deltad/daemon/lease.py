@@ -56,6 +56,7 @@ class Lease:
         self.path = path
         self._fd: int | None = None
         self.holder: Holder | None = None
+        self.lost = False  # another daemon holds it now: this one stops (exit 1)
 
     @property
     def held(self) -> bool:
@@ -81,6 +82,15 @@ class Lease:
         doc: dict[str, Any] = {"host": holder.host, "pid": holder.pid, "since": holder.since}
         # Durable: after a host dies, this is what the next holder and `deltad status` read.
         atomic_write(holder_path(self.path), (json.dumps(doc) + "\n").encode(), 0o644)
+
+    def still_mine(self) -> bool:
+        """False once the holder file names someone else: on NFS a host cut off for longer than
+        the server's lease loses its lock without being told, and the daemon that took it over
+        has written itself there. An unreadable holder file proves nothing (storage away)."""
+        if self.holder is None:
+            return False
+        now = read_holder(self.path)
+        return now is None or now == self.holder
 
     def release(self) -> None:
         if self._fd is not None:

@@ -48,6 +48,7 @@ log = structlog.get_logger("deltad.service")
 
 STATUS_EVERY = 1.0  # seconds between status.json / STATUS= updates, when something changed
 CHILD_POLL = 0.2  # without pidfds, how often to look for exited children
+LEASE_CHECK_EVERY = 5.0  # seconds between an active's looks at the lease's holder file
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Ticks:
     last_ping: float = 0.0
     next_rescan: float = 0.0
     next_sweep: float = 0.0
+    next_lease_check: float = 0.0
 
     def __post_init__(self) -> None:
         self.started = utcnow()
@@ -131,7 +133,7 @@ def _run_active(svc: Service, sig_r: int) -> int:
     finally:
         _stop_inbox(svc)
         lock.release()
-    return 0
+    return 1 if svc.lease is not None and svc.lease.lost else 0
 
 
 # -- active/standby --------------------------------------------------------------------------
@@ -330,6 +332,8 @@ def _timeout(svc: Service) -> float:
     times = svc.ticks.due(svc.dirty)
     if svc.timers:
         times.append(svc.timers[0][0])
+    if svc.lease is not None:
+        times.append(svc.ticks.next_lease_check)
     if (deadline := svc.resumer.next_deadline()) is not None:
         times.append(deadline)
     if any(c.pidfd is None for c in svc.resumer.children.values()):
@@ -506,14 +510,34 @@ def status_line(svc: Service) -> str:
 
 
 def tick(svc: Service, now: float) -> None:
-    """The end of a loop turn: status.json when something changed, the systemd watchdog."""
+    """The end of a loop turn: status.json when something changed, the systemd watchdog, and
+    whether the lease is still this daemon's."""
     write(svc)
+    _check_lease(svc, now)
     interval = watchdog_interval()
     if interval is None or now - svc.ticks.last_ping < interval:
         return
     if all(b.healthy() for b in svc.backends):  # a dead watcher must let systemd restart us
         sd_notify("WATCHDOG=1")
         svc.ticks.last_ping = now
+
+
+def _check_lease(svc: Service, now: float) -> None:
+    lease = svc.lease
+    if lease is None or now < svc.ticks.next_lease_check:
+        return
+    svc.ticks.next_lease_check = now + LEASE_CHECK_EVERY
+    if lease.still_mine():
+        return
+    taken_by = read_holder(lease.path)
+    log.error(
+        "lease_lost",
+        lease=str(lease.path),
+        held_by=taken_by.describe() if taken_by else None,
+        detail="another daemon holds the lease now; stopping (exit 1) to come back as standby",
+    )
+    lease.lost = True
+    svc.stop = True
 
 
 def write(svc: Service, force: bool = False) -> None:

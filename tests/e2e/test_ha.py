@@ -197,3 +197,25 @@ def test_a_run_on_another_host_is_not_marked_interrupted(tmp_path: Path) -> None
     finally:
         d.stop()
         d.kill_children()
+
+
+def test_an_active_that_lost_its_lease_stops(tmp_path: Path) -> None:
+    """NFS: a host cut off for longer than the server's lease loses its lock without being
+    told, and the daemon that took over says so in the holder file. The old active must stop
+    (exit 1, for systemd to restart it as a standby) rather than go on resuming."""
+    root = tmp_path / "root"
+    paused_workspace(root / "ws")
+    lease = tmp_path / "deltad.lease"
+    d = Daemon(tmp_path, [root], ha={"lease": str(lease)})
+    d.start()
+    try:
+        holder = {"host": "node-2.invalid", "pid": 4242, "since": "2026-01-01T00:00:00Z"}
+        (tmp_path / "deltad.lease.holder").write_text(json.dumps(holder))
+        assert d.proc is not None
+        assert d.proc.wait(60) == 1
+        [lost] = d.events("lease_lost")
+        assert "node-2.invalid" in lost["held_by"]
+    finally:
+        with contextlib.suppress(Exception):
+            d.stop()
+        d.kill_children()
