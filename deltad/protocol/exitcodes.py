@@ -38,7 +38,8 @@ Exit codes:
   2    usage or config error
   4    canceled by a human
   69   model endpoint unavailable (outage): the run is INTERRUPTED, resumable
-  75   busy: another process is driving a run in this workspace
+  75   busy: another process is driving a run in this workspace (or, for a
+       resume deltad started, already took or finished the run)
   101  waiting for input
   130  interrupted (SIGINT/SIGTERM)
 """

@@ -31,7 +31,9 @@ from deltad.testing.daemon import (
 
 
 @contextlib.contextmanager
-def pair(tmp: Path, root: Path, **settings: Any) -> Iterator[tuple[Daemon, Daemon]]:
+def pair(
+    tmp: Path, root: Path, mode: str = "consume", **settings: Any
+) -> Iterator[tuple[Daemon, Daemon]]:
     """An active daemon (started first) and a standby, sharing root, state dir, lease and the
     stub's record file; each logs to its own file."""
     shared = tmp / "shared"
@@ -48,7 +50,7 @@ def pair(tmp: Path, root: Path, **settings: Any) -> Iterator[tuple[Daemon, Daemo
     b = Daemon(b_dir, [root], **common)
     for d in (a, b):
         d.record = record
-        d.write_config(resume_command=stub_command(record))
+        d.write_config(resume_command=stub_command(record, mode))
     a.start()
     b.start(wait=False)
     try:
@@ -219,3 +221,24 @@ def test_an_active_that_lost_its_lease_stops(tmp_path: Path) -> None:
         with contextlib.suppress(Exception):
             d.stop()
         d.kill_children()
+
+
+def test_the_new_active_adopts_a_resume_the_killed_one_left_running(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    ws = root / "ws"
+    paused_workspace(ws)
+    with pair(tmp_path, root, mode="hold") as (a, b):
+        answer(ws)
+        [spawned] = a.wait_event("resume_spawned", workspace=str(ws))
+        a.signal(signal.SIGKILL)
+        assert a.proc is not None
+        a.proc.wait(60)
+        b.wait_event("daemon_ready")
+        [adopted] = b.wait_event("resume_adopted", workspace=str(ws))
+        assert adopted["pid"] == spawned["pid"]
+        go = a.record.with_name(a.record.name + ".go")
+        go.write_text("")  # the held resume may now ingest the answer and complete
+        b.wait_event("resume_exited", workspace=str(ws))
+        assert metadata_status(ws) == "COMPLETED"
+        assert b.events("resume_spawned") == []  # watched to its end, never started again
+    assert [r["workspace"] for r in records(a.record)] == [str(ws)]
