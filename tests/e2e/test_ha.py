@@ -80,6 +80,15 @@ def status_doc(state_dir: Path) -> dict[str, Any]:
     return doc
 
 
+def in_flight(tmp: Path) -> list[int]:
+    """The pids the active has recorded in the shared state dir (what a takeover adopts)."""
+    try:
+        rows = json.loads((tmp / "shared" / "state" / "resumes.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [int(r["pid"]) for r in rows]
+
+
 def resumes_of(d: Daemon) -> list[str]:
     return [e["workspace"] for e in d.events("resume_spawned")]
 
@@ -230,6 +239,7 @@ def test_the_new_active_adopts_a_resume_the_killed_one_left_running(tmp_path: Pa
     with pair(tmp_path, root, mode="hold") as (a, b):
         answer(ws)
         [spawned] = a.wait_event("resume_spawned", workspace=str(ws))
+        wait_for(lambda: spawned["pid"] in in_flight(tmp_path), "the resume recorded in flight")
         a.signal(signal.SIGKILL)
         assert a.proc is not None
         a.proc.wait(60)
