@@ -252,3 +252,37 @@ def test_the_new_active_adopts_a_resume_the_killed_one_left_running(tmp_path: Pa
         assert metadata_status(ws) == "COMPLETED"
         assert b.events("resume_spawned") == []  # watched to its end, never started again
     assert [r["workspace"] for r in records(a.record)] == [str(ws)]
+
+
+def test_a_standby_tells_systemd_it_is_standing_by(tmp_path: Path) -> None:
+    """READY=1 at once (a Type=notify unit must not time out while it waits) with a STATUS=
+    saying standby and who holds the lease."""
+    root = tmp_path / "root"
+    paused_workspace(root / "ws")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock_path = tmp_path / "notify.sock"
+    sock.bind(str(sock_path))
+    sock.settimeout(60)
+    try:
+        with pair(tmp_path, root) as (a, _):
+            (tmp_path / "c").mkdir()
+            b = Daemon(tmp_path / "c", [root], **_common_of(a))  # a second standby
+            b.start(env={"NOTIFY_SOCKET": str(sock_path)}, wait=False)
+            try:
+                seen = _until(sock, "READY=1", [])
+                assert any("STATUS=standby: waiting for the lease" in m for m in seen), seen
+                assert any(f"pid {a.proc.pid}" in m for m in seen)  # type: ignore[union-attr]
+            finally:
+                b.stop()
+    finally:
+        sock.close()
+
+
+def _common_of(d: Daemon) -> dict[str, Any]:
+    return {k: d.settings[k] for k in ("state_dir", "ha", "resume_command")}
+
+
+def _until(sock: socket.socket, wanted: str, seen: list[str]) -> list[str]:
+    while not any(wanted in m for m in seen):
+        seen.append(sock.recv(65536).decode())
+    return seen
