@@ -148,8 +148,8 @@ def stand_by(svc: Service, lease: Lease, sig_r: int) -> bool:
     seen = read_holder(lease.path)
     log.info("standby", lease=str(lease.path), active=seen.describe() if seen else None)
     sd_notify("READY=1", _standby_line(lease, seen))
-    mine = standby_path(svc.config.state_dir)
-    _say_standby(mine, lease, seen, t0)
+    mine, since = standby_path(svc.config.state_dir), iso(utcnow())
+    _say_standby(mine, lease, seen, since)
     try:
         while not svc.stop:
             try:
@@ -168,7 +168,7 @@ def stand_by(svc: Service, lease: Lease, sig_r: int) -> bool:
             if (now_seen := read_holder(lease.path)) != seen:
                 seen = now_seen
                 sd_notify(_standby_line(lease, seen))
-                _say_standby(mine, lease, seen, t0)
+                _say_standby(mine, lease, seen, since)
         log.info("standby_stopped", lease=str(lease.path))
         return False
     finally:
@@ -189,12 +189,12 @@ def _standby_line(lease: Lease, active: Holder | None) -> str:
     return f"STATUS=standby: waiting for the lease {lease.path}{who}"
 
 
-def _say_standby(path: Path, lease: Lease, active: Holder | None, t0: float) -> None:
+def _say_standby(path: Path, lease: Lease, active: Holder | None, since: str) -> None:
     doc = {
         "role": "standby",
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "started_at": iso(utcnow()),
+        "started_at": since,
         "lease": show_path(lease.path),
         "active": active.__dict__ if active is not None else None,
     }
