@@ -57,7 +57,7 @@ def pair(
         b.wait_event("standby")
         yield a, b
     finally:
-        for d in (a, b):
+        for d in (b, a):  # a standby stopped last would take over for nothing
             with contextlib.suppress(Exception):
                 d.stop()
             d.kill_children()
@@ -173,7 +173,7 @@ def test_a_standby_alone_says_so(tmp_path: Path) -> None:
         )
         assert plain.returncode == 0 and "standby: deltad pid" in plain.stdout
     finally:
-        for d in (a, b):
+        for d in (b, a):  # the standby first: stopped after a, it could take over meanwhile
             with contextlib.suppress(Exception):
                 d.stop()
             d.kill_children()
