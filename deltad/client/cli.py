@@ -29,6 +29,7 @@ from deltad.protocol import (
     load_metadata,
     read_regular_text,
 )
+from deltad.protocol.exitcodes import RESUMED_BY
 from deltad.protocol.fsio import MAX_MAILBOX_BYTES
 from deltad.protocol.printable import shell_quote, show, show_path
 
@@ -166,6 +167,7 @@ def run_cmd(
         pipeline=pipeline,
         max_steps=max_steps,
         hooks=EnvCheckpoints.from_env(os.environ),  # DELTA_FAULT / DELTA_HOLD, for tests
+        by_daemon=os.environ.get(RESUMED_BY) == "deltad",
     )
     sys.exit(drive(opts, guard, sys.stdout, sys.stderr))
 

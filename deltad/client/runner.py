@@ -80,6 +80,7 @@ class RunOptions:
     log_to_run: bool = True  # the CLI sends all logging to the run's engine.log; a library not
     pipeline: str | None = None  # a new pipeline run: the DOT file (delta run --pipeline)
     max_steps: int | None = None  # a pipeline run's node visits, over the graph's max_steps
+    by_daemon: bool = False  # deltad started this resume (DELTA_RESUMED_BY=deltad)
 
     @property
     def starts(self) -> bool:
@@ -272,10 +273,7 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -
         return _create(ws, opts, prepared, warn)
     paths, meta = found
     if judge(meta) is RunFact.ELSEWHERE:
-        raise UsageError(
-            f"run {meta.run_id} is RUNNING on host {meta.owner.hostname if meta.owner else '?'}; "
-            "it cannot be checked from here"
-        )
+        raise nothing_to_do(meta, opts, RunFact.ELSEWHERE)
     if opts.retry:
         _check_retry(meta)
         return _take_over(ws, paths, meta, opts, warn)
@@ -285,8 +283,8 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -
         return _create(ws, opts, prepared, warn)
     if _resumable(meta):
         return _take_over(ws, paths, meta, opts, warn)
-    if opts.run_id:
-        raise UsageError(f"run {meta.run_id} is {meta.status}; there is nothing to resume")
+    if opts.run_id or opts.by_daemon:
+        raise nothing_to_do(meta, opts, RunFact.FINISHED)
     if not opts.starts:
         raise UsageError(
             f"the latest run {meta.run_id} is {meta.status}; start a new run with "
@@ -294,6 +292,30 @@ def _select(ws: Workspace, opts: RunOptions, warn: TextIO, prepared: Prepared) -
             + (" (or `delta run --retry`: the model failed it)" if _retryable(meta) else "")
         )
     return _create(ws, opts, prepared, warn)
+
+
+class AlreadyTaken(UsageError):
+    """A daemon's resume found the run already taken or finished by another process (another
+    daemon of the fleet, a person): busy, not a failure, so the daemon does not back off."""
+
+    exit_code = exitcodes.BUSY
+
+
+def nothing_to_do(meta: RunMetadata, opts: RunOptions, fact: RunFact) -> UsageError:
+    """What `delta run` says when the run it would resume has nothing left to resume: for a
+    resume deltad started, someone else got there first (exit 75); for a person, a usage error
+    (exit 2) as always."""
+    if fact is RunFact.ELSEWHERE:
+        host = meta.owner.hostname if meta.owner else "?"
+        text = f"run {meta.run_id} is RUNNING on host {host}; it cannot be checked from here"
+    elif opts.by_daemon:
+        text = (
+            f"run {meta.run_id} is {meta.status}: another process already took or finished it; "
+            "nothing to do"
+        )
+    else:
+        text = f"run {meta.run_id} is {meta.status}; there is nothing to resume"
+    return AlreadyTaken(text) if opts.by_daemon else UsageError(text)
 
 
 def _take_over(

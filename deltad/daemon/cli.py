@@ -17,7 +17,7 @@ from deltad.protocol.printable import show, show_path
 from .config import ConfigError, DaemonConfig, load_config
 from .discovery import walk
 from .shared_roots import shared_root_warnings
-from .status import daemon_running, read_status
+from .status import daemon_running, read_standbys, read_status
 
 EXIT_CONFIG = 2
 EXIT_NOT_RUNNING = 3
@@ -210,13 +210,29 @@ def status(config_path: Path | None, state_dir: Path | None, as_json: bool) -> N
     if state_dir is None:
         state_dir = (_load(config_path, ()) if config_path else DaemonConfig()).state_dir
     snap = read_status(state_dir)
+    standbys = read_standbys(state_dir)
     if not daemon_running(state_dir) or snap is None:
+        if standbys:  # only standbys here: the active daemon (if any) uses another state dir
+            _print_standbys(standbys, as_json)
+            return
         click.echo(f"deltad is not running (state dir {state_dir})", err=True)
         sys.exit(EXIT_NOT_RUNNING)
     if as_json:
-        click.echo(json.dumps(snap, indent=2))
+        click.echo(json.dumps(snap | ({"standbys": standbys} if standbys else {}), indent=2))
         return
     _print_status(snap)
+    _print_standbys(standbys, False)
+
+
+def _print_standbys(standbys: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"role": "standby", "standbys": standbys}, indent=2))
+        return
+    for doc in standbys:
+        click.echo(
+            f"standby: deltad pid {doc.get('pid')} on {doc.get('host')} since "
+            f"{doc.get('started_at')}, waiting for the lease {doc.get('lease')}"
+        )
 
 
 def _print_status(snap: dict[str, Any]) -> None:
@@ -225,6 +241,11 @@ def _print_status(snap: dict[str, Any]) -> None:
         f"deltad pid {snap['pid']}, up since {snap['started_at']}, "
         f"ready: {'yes' if snap['ready'] else 'no'}, status at {snap['updated_at']}"
     )
+    if lease := snap.get("lease"):
+        click.echo(
+            f"role: {snap.get('role')}, holding the lease {lease['path']} "
+            f"(host {lease['host']}, since {lease['since']})"
+        )
     if snap.get("http"):
         click.echo(f"inbox: {snap['http']}")
     click.echo("watches: " + ", ".join(f"{k} {v}" for k, v in snap["watches"].items()))

@@ -104,6 +104,19 @@ class ModelRetryConfig(_Strict):
     give_up_after_seconds: float = Field(default=86400.0, gt=0)
 
 
+class HaConfig(_Strict):
+    """Active/standby (docs/daemon.md, "Two daemons, one fleet"): the daemon holding `lease`
+    acts; any other daemon configured with the same lease waits as a standby."""
+
+    lease: Path
+    poll_seconds: float = Field(default=0.5, gt=0, le=60)  # a standby's tries at the lease
+
+    @field_validator("lease")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        return Path(os.path.abspath(os.path.expanduser(v)))
+
+
 class DaemonConfig(_Strict):
     roots: list[RootConfig] = Field(default_factory=list)
     discovery_depth: int = Field(default=2, ge=0, le=8)
@@ -134,6 +147,7 @@ class DaemonConfig(_Strict):
     # The inbox (docs/inbox.md): off unless configured or `deltad serve --listen`.
     http: HttpConfig | None = None
     notify: NotifyConfig | None = None
+    ha: HaConfig | None = None  # off: this daemon acts alone (its state-dir lock says so)
 
     @model_validator(mode="after")
     def _tenants(self) -> DaemonConfig:

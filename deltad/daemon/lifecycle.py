@@ -8,12 +8,15 @@ reconcile; anything after, by an event.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import select
 import signal
+import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -25,9 +28,17 @@ from deltad.protocol.printable import show_path
 from .backends import Backend, PollingBackend, event_backend
 from .config import ConfigError, DaemonConfig, load_config
 from .decide import Rules
+from .lease import Holder, Lease, read_holder
 from .notify import monotonic_usec, sd_notify, watchdog_interval
 from .reconcile import State
-from .status import AlreadyRunning, StateDirLock, capped, write_status
+from .status import (
+    AlreadyRunning,
+    StateDirLock,
+    capped,
+    standby_path,
+    write_status,
+    write_status_file,
+)
 from .sweep import Sweep
 
 if TYPE_CHECKING:
@@ -37,6 +48,7 @@ log = structlog.get_logger("deltad.service")
 
 STATUS_EVERY = 1.0  # seconds between status.json / STATUS= updates, when something changed
 CHILD_POLL = 0.2  # without pidfds, how often to look for exited children
+LEASE_CHECK_EVERY = 5.0  # seconds between an active's looks at the lease's holder file
 
 
 @dataclass
@@ -48,6 +60,7 @@ class Ticks:
     last_ping: float = 0.0
     next_rescan: float = 0.0
     next_sweep: float = 0.0
+    next_lease_check: float = 0.0
 
     def __post_init__(self) -> None:
         self.started = utcnow()
@@ -79,6 +92,28 @@ class Ticks:
 
 
 def run(svc: Service) -> int:
+    sig_r = _install_signals(svc)
+    lease = Lease(svc.config.ha.lease) if svc.config.ha is not None else None
+    try:
+        # A standby holds nothing else until the lease is its own: not the state-dir lock
+        # (the fleet may share one state dir), not the inbox's port.
+        if lease is not None:
+            try:
+                lease.try_take()  # the first try: a lease that cannot be opened is an error
+            except OSError as e:
+                log.error("lease_unusable", lease=str(lease.path), error=e.strerror)
+                print(f"deltad: error: ha.lease {lease.path}: {e.strerror}", file=sys.stderr)
+                return 1
+            if not stand_by(svc, lease, sig_r):
+                return 0
+        svc.lease = lease
+        return _run_active(svc, sig_r)
+    finally:
+        if lease is not None:
+            lease.release()  # last: the next daemon finds the state-dir lock free
+
+
+def _run_active(svc: Service, sig_r: int) -> int:
     lock = StateDirLock(svc.config.state_dir)
     try:
         lock.acquire()
@@ -89,7 +124,6 @@ def run(svc: Service) -> int:
     except OSError as e:
         log.error("state_dir_unusable", path=str(svc.config.state_dir), error=e.strerror)
         return 1
-    sig_r = _install_signals(svc)
     try:
         if not _start_inbox(svc):
             return 2
@@ -99,7 +133,76 @@ def run(svc: Service) -> int:
     finally:
         _stop_inbox(svc)
         lock.release()
-    return 0
+    return 1 if svc.lease is not None and svc.lease.lost else 0
+
+
+# -- active/standby --------------------------------------------------------------------------
+def stand_by(svc: Service, lease: Lease, sig_r: int) -> bool:
+    """Wait for the lease, doing nothing else; True once held, False if told to stop first.
+    The active's death frees the flock at once, so a takeover costs at most one poll."""
+    if lease.held:
+        log.info("lease_taken", lease=str(lease.path), waited_ms=0)
+        return True
+    assert svc.config.ha is not None
+    t0 = svc.clock.monotonic()
+    seen = read_holder(lease.path)
+    log.info("standby", lease=str(lease.path), active=seen.describe() if seen else None)
+    sd_notify("READY=1", _standby_line(lease, seen))
+    mine, since = standby_path(svc.config.state_dir), iso(utcnow())
+    _say_standby(mine, lease, seen, since)
+    try:
+        while not svc.stop:
+            try:
+                readable, _, _ = select.select([sig_r], [], [], svc.config.ha.poll_seconds)
+            except InterruptedError:
+                readable = []
+            if readable:
+                _drain(sig_r)
+            if svc.stop:
+                break
+            if _try_take(lease):
+                waited = int((svc.clock.monotonic() - t0) * 1000)
+                previous = seen.describe() if seen else None
+                log.info("lease_taken", lease=str(lease.path), waited_ms=waited, after=previous)
+                return True
+            if (now_seen := read_holder(lease.path)) != seen:
+                seen = now_seen
+                sd_notify(_standby_line(lease, seen))
+                _say_standby(mine, lease, seen, since)
+        log.info("standby_stopped", lease=str(lease.path))
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            mine.unlink()
+
+
+def _try_take(lease: Lease) -> bool:
+    try:
+        return lease.try_take()
+    except OSError as e:  # shared storage away for a moment: a standby keeps waiting
+        log.warning("lease_try_failed", lease=str(lease.path), error=e.strerror)
+        return False
+
+
+def _standby_line(lease: Lease, active: Holder | None) -> str:
+    who = f", held by {active.describe()}" if active is not None else ""
+    return f"STATUS=standby: waiting for the lease {lease.path}{who}"
+
+
+def _say_standby(path: Path, lease: Lease, active: Holder | None, since: str) -> None:
+    doc = {
+        "role": "standby",
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started_at": since,
+        "lease": show_path(lease.path),
+        "active": active.__dict__ if active is not None else None,
+    }
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_status_file(path, doc)
+    except OSError as e:
+        log.warning("status_write_failed", error=e.strerror)
 
 
 def _start_inbox(svc: Service) -> bool:
@@ -229,6 +332,8 @@ def _timeout(svc: Service) -> float:
     times = svc.ticks.due(svc.dirty)
     if svc.timers:
         times.append(svc.timers[0][0])
+    if svc.lease is not None:
+        times.append(svc.ticks.next_lease_check)
     if (deadline := svc.resumer.next_deadline()) is not None:
         times.append(deadline)
     if any(c.pidfd is None for c in svc.resumer.children.values()):
@@ -288,6 +393,9 @@ def reload(svc: Service) -> None:
     if new.http != svc.config.http or new.notify != svc.config.notify:
         log.warning("inbox_change_ignored", detail="http: and notify: change on a restart")
         new.http, new.notify = svc.config.http, svc.config.notify
+    if new.ha != svc.config.ha:
+        log.warning("ha_change_ignored", detail="ha: changes on a restart")
+        new.ha = svc.config.ha
     svc.config = new
     svc.launcher = new.launcher()
     svc.rules = Rules.of(new)  # what decide() remembers is kept: only the rules change
@@ -354,6 +462,8 @@ def snapshot(svc: Service) -> dict[str, Any]:
     pending = [show_path(ws) for ws, _, _ in svc.resumer.pending]
     return {
         "pid": os.getpid(),
+        "role": "active",
+        "lease": _lease_doc(svc),
         "ready": svc.ticks.ready,
         "started_at": iso(svc.ticks.started),
         "updated_at": iso(utcnow()),
@@ -381,10 +491,18 @@ def snapshot(svc: Service) -> dict[str, Any]:
     }
 
 
+def _lease_doc(svc: Service) -> dict[str, Any] | None:
+    lease = svc.lease
+    if lease is None or lease.holder is None:
+        return None
+    return {"path": show_path(lease.path), **lease.holder.__dict__}
+
+
 def status_line(svc: Service) -> str:
     c = svc.registry.counts()
+    role = "active: " if svc.lease is not None else ""
     return (
-        f"STATUS=watching {len(svc.registry)} workspaces; "
+        f"STATUS={role}watching {len(svc.registry)} workspaces; "
         f"{c['waiting']} waiting, {len(svc.resumer.pending)} pending, "
         f"{len(svc.resumer.children)} resuming, {c['interrupted']} interrupted, "
         f"{c['problem']} with problems"
@@ -392,14 +510,34 @@ def status_line(svc: Service) -> str:
 
 
 def tick(svc: Service, now: float) -> None:
-    """The end of a loop turn: status.json when something changed, the systemd watchdog."""
+    """The end of a loop turn: status.json when something changed, the systemd watchdog, and
+    whether the lease is still this daemon's."""
     write(svc)
+    _check_lease(svc, now)
     interval = watchdog_interval()
     if interval is None or now - svc.ticks.last_ping < interval:
         return
     if all(b.healthy() for b in svc.backends):  # a dead watcher must let systemd restart us
         sd_notify("WATCHDOG=1")
         svc.ticks.last_ping = now
+
+
+def _check_lease(svc: Service, now: float) -> None:
+    lease = svc.lease
+    if lease is None or now < svc.ticks.next_lease_check:
+        return
+    svc.ticks.next_lease_check = now + LEASE_CHECK_EVERY
+    if lease.still_mine():
+        return
+    taken_by = read_holder(lease.path)
+    log.error(
+        "lease_lost",
+        lease=str(lease.path),
+        held_by=taken_by.describe() if taken_by else None,
+        detail="another daemon holds the lease now; stopping (exit 1) to come back as standby",
+    )
+    lease.lost = True
+    svc.stop = True
 
 
 def write(svc: Service, force: bool = False) -> None:

@@ -24,6 +24,7 @@ from .clock import SYSTEM, Clock
 from .config import DaemonConfig
 from .discovery import is_workspace
 from .feed import Feed
+from .lease import Lease
 from .queue import HintQueue, Why
 from .reconcile import State, inspect, mark_interrupted
 from .registry import Registry
@@ -64,6 +65,7 @@ class Service:
         self.stop = self.reload = False
         self.dirty = True
         self.ticks = lifecycle.Ticks()
+        self.lease: Lease | None = None  # held while active, when `ha:` is configured
 
     def run(self) -> int:
         return lifecycle.run(self)

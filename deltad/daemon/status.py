@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
@@ -18,9 +19,11 @@ from typing import Any
 from deltad.protocol import Busy, WorkspaceLock
 from deltad.protocol.fsio import atomic_write
 from deltad.protocol.printable import json_safe
+from deltad.protocol.process import alive
 
 LOCK_NAME = "deltad.lock"
 STATUS_NAME = "status.json"
+STANDBY_PREFIX = "standby."
 LIST_CAP = 1000  # entries per list in status.json; counts are always complete
 
 
@@ -65,11 +68,44 @@ def daemon_running(state_dir: Path) -> bool:
 
 
 def write_status(state_dir: Path, snapshot: dict[str, Any]) -> None:
+    write_status_file(state_dir / STATUS_NAME, snapshot)
+
+
+def write_status_file(path: Path, snapshot: dict[str, Any]) -> None:
     # 0600: it lists every workspace and its problems; `deltad status` runs as the daemon's user.
     # Not fsynced: it is rewritten every second while anything changes and nothing is decided
     # from it; two fsyncs a second were the loop's time on a busy disk.
     data = (json.dumps(json_safe(snapshot), indent=2, ensure_ascii=False) + "\n").encode()
-    atomic_write(state_dir / STATUS_NAME, data, 0o600, durable=False)
+    atomic_write(path, data, 0o600, durable=False)
+
+
+def standby_path(state_dir: Path) -> Path:
+    """A standby's own status file: the fleet may share the state dir (and status.json is the
+    active's), so each standby writes one named by its host and pid, removed when it ends."""
+    return state_dir / f"{STANDBY_PREFIX}{socket.gethostname()}.{os.getpid()}.json"
+
+
+def read_standbys(state_dir: Path) -> list[dict[str, Any]]:
+    """The standbys' status files; on this host, one whose process is gone (kill -9) is
+    skipped. One on another host is shown as it says (its age is in `started_at`)."""
+    found = []
+    here = socket.gethostname()
+    try:
+        names = sorted(p for p in state_dir.glob(f"{STANDBY_PREFIX}*.json"))
+    except OSError:
+        return []
+    for path in names:
+        try:
+            doc = json.loads(path.read_bytes()[:65536])
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict):
+            continue
+        pid = doc.get("pid")
+        if doc.get("host") == here and not (isinstance(pid, int) and alive(pid, None)):
+            continue
+        found.append(doc)
+    return found
 
 
 def read_status(state_dir: Path) -> dict[str, Any] | None:

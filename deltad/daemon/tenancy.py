@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deltad.protocol import safefs
+from deltad.protocol import exitcodes, safefs
 from deltad.protocol.errors import UnsafeFile
 from deltad.protocol.layout import Workspace
 
@@ -205,6 +205,7 @@ def resume_env(
         env |= {k: v for k, v in daemon_env.items() if k.startswith(MODEL_PREFIXES)}
     else:
         env |= dict(credentials)
+    env[exitcodes.RESUMED_BY] = "deltad"  # "nothing to do" is then busy (75), not a failure
     return env
 
 

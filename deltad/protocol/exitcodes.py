@@ -24,6 +24,10 @@ MEANING = {
     INTERRUPTED: "interrupted",
 }
 
+# Set by deltad in every resume's environment (value "deltad"): a resume that finds the run
+# already taken or finished by another process exits BUSY, not USAGE (docs/daemon.md).
+RESUMED_BY = "DELTA_RESUMED_BY"
+
 # A verdict on the run, not a failure to resume it.
 RUN_OUTCOMES = frozenset({COMPLETED, FAILED, CANCELED, MODEL_UNAVAILABLE, WAITING, INTERRUPTED})
 
@@ -34,7 +38,8 @@ Exit codes:
   2    usage or config error
   4    canceled by a human
   69   model endpoint unavailable (outage): the run is INTERRUPTED, resumable
-  75   busy: another process is driving a run in this workspace
+  75   busy: another process is driving a run in this workspace (or, for a
+       resume deltad started, already took or finished the run)
   101  waiting for input
   130  interrupted (SIGINT/SIGTERM)
 """

@@ -173,6 +173,12 @@ ROWS = [
         ["Observe", "Log:resume_busy", "Schedule@+30", "Remember"],
     ),
     Row(
+        "exit 75 and the run already finished (another daemon or a person took it): busy, "
+        "no warning, nothing to resume",
+        Facts(DONE, exited=Exited("r1", exitcodes.BUSY, failed=False)),
+        ["Observe", "Log:resume_busy", "Remember"],
+    ),
+    Row(
         "exit 75 after a timeout is a failure",
         Facts(DONE, exited=Exited("r1", exitcodes.BUSY, failed=True, timed_out=True)),
         ["Observe", "Log:resume_backoff", "Remember"],
