@@ -112,7 +112,8 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
         click.echo(f"  {key}: {value}")
     for note in config.notes():
         click.echo(f"  note: {note}")
-    click.echo(f"resumes start with the {_executor_kind(config)} executor")
+    kind = _executor_kind(config)
+    click.echo(f"resumes start with the {kind} executor ({_executor_where(kind)})")
     total_watches = 0
     for root in config.roots:
         layout = walk(root.path, config.discovery_depth)
@@ -361,6 +362,12 @@ def token_revoke(name: str, config_path: Path | None, state_dir: Path | None) ->
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
     click.echo(f"token {name} revoked in {store.path}")
+
+
+def _executor_where(kind: str) -> str:
+    from .executors import registry
+
+    return registry.where(kind) or "unknown"
 
 
 def _executor_kind(config: DaemonConfig) -> str:

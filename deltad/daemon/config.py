@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -43,7 +43,6 @@ class _Strict(BaseModel):
 
 
 BackendName = Literal["auto", "fanotify", "inotify", "watchdog", "polling"]
-ExecutorName = Literal["auto", "fresh", "fork", "command"]
 
 
 def auto_backend(root: Path) -> Literal["fanotify", "inotify", "watchdog"]:
@@ -111,7 +110,10 @@ class DaemonConfig(_Strict):
     # One owner's share of those (None: all of them); see slots.py.
     max_parallel_resumes_per_owner: int | None = Field(default=None, ge=1, le=256, strict=True)
     resume_command: list[str] = Field(default_factory=lambda: list(DEFAULT_RESUME_COMMAND))
-    executor: ExecutorName = "auto"  # how a resume is started: deltad/daemon/executors/
+    # How a resume is started: a name in deltad/daemon/executors/registry.py, an entry point
+    # in `deltad.executors`, or `module:factory`; its options under `executors: {NAME: ...}`.
+    executor: str = "auto"
+    executors: dict[str, dict[str, Any]] = Field(default_factory=dict)
     resume_timeout_seconds: float = Field(default=3600.0, gt=0)
     rescan_interval_seconds: float = Field(default=300.0, gt=0)
     liveness_sweep_seconds: float = Field(default=30.0, gt=0)
@@ -134,6 +136,15 @@ class DaemonConfig(_Strict):
     # The inbox (docs/inbox.md): off unless configured or `deltad serve --listen`.
     http: HttpConfig | None = None
     notify: NotifyConfig | None = None
+
+    @model_validator(mode="after")
+    def _executor(self) -> DaemonConfig:
+        """The chosen executor must load and take its options (checked without starting it)."""
+        if self.executor != "auto":
+            from .executors import registry
+
+            registry.check_options(self.executor, self.executors.get(self.executor, {}))
+        return self
 
     @model_validator(mode="after")
     def _tenants(self) -> DaemonConfig:

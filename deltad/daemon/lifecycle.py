@@ -231,8 +231,8 @@ def _timeout(svc: Service) -> float:
         times.append(svc.timers[0][0])
     if (deadline := svc.resumer.next_deadline()) is not None:
         times.append(deadline)
-    if any(c.pidfd is None for c in svc.resumer.children.values()):
-        times.append(now + CHILD_POLL)
+    if (poll := svc.resumer.next_poll(now)) is not None:
+        times.append(poll)
     return max(0.0, min(times) - now)
 
 
@@ -323,7 +323,7 @@ def shutdown(svc: Service) -> None:
     while resumer.children and svc.clock.monotonic() < deadline:
         fds = resumer.fds()
         wait = min(
-            CHILD_POLL if len(fds) < len(resumer.children) else 1.0,
+            CHILD_POLL if resumer.executor.needs_polling() else 1.0,
             max(0.0, deadline - svc.clock.monotonic()),
         )
         select.select(fds, [], [], wait)
