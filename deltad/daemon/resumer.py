@@ -125,7 +125,7 @@ class Resumer:
                 "resume_adopted",
                 workspace=str(child.workspace),
                 run_id=child.run_id,
-                pid=child.pid,
+                pid=child.pid or None,
                 detail="left running by an earlier deltad; watched to its exit",
             )
         self._save()
@@ -224,7 +224,7 @@ class Resumer:
             "resume_spawned",
             workspace=str(ws),
             run_id=run_id,
-            pid=child.pid,
+            pid=child.pid or None,
             uid=who.runs_as.uid,
             user=who.runs_as.name,
             executor=self.executor.started_by(child),
@@ -249,7 +249,7 @@ class Resumer:
                 "resume_exited",
                 workspace=str(child.workspace),
                 run_id=child.run_id,
-                pid=child.pid,
+                pid=child.pid or None,
                 exit_code=rc,
                 outcome=fin.meaning,
                 timed_out=child.timed_out,
@@ -269,7 +269,7 @@ class Resumer:
                     "resume_timeout",
                     workspace=str(child.workspace),
                     run_id=child.run_id,
-                    pid=child.pid,
+                    pid=child.pid or None,
                     timeout_s=self._timeout,
                 )
                 self._executor.cancel(child, KILL_GRACE_SECONDS)

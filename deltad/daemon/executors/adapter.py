@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from ..clock import SYSTEM, Clock
 from .base import Child, Finished, Job, Orphan
 from .seam import Exit, Handle, Identity, JobExecutor, JobSpec, RequestKey, Started, SubmitError
 
@@ -29,6 +29,8 @@ log = structlog.get_logger("deltad.resumer")
 
 @dataclass
 class JobChild(Child):
+    """A resume run as a job: no pid (0, logged as none), the engine's handle instead."""
+
     handle: Handle | None = None
     timeout: float = math.inf  # seconds of running allowed, counted from Started
 
@@ -48,14 +50,16 @@ def spec_of(job: Job, attempt: int) -> JobSpec:
 class SeamExecutor:
     """The resumer's `Executor` on top of a `JobExecutor`."""
 
-    def __init__(self, inner: JobExecutor, max_parallel: int = 1) -> None:
+    def __init__(self, inner: JobExecutor, max_parallel: int = 1, clock: Clock = SYSTEM) -> None:
         self.inner = inner
+        self.clock = clock
         self.name = inner.name
         self.max_parallel = max_parallel
         self.poll_every = inner.poll_every
         self.children: dict[Path, Child] = {}
-        # Each resume of a workspace is a new key (attempt): a job that ended is never reused.
-        self._attempts = itertools.count(int(time.time() * 1000))
+        # Each resume is a new key (attempt, 32 bits): a job that ended is never found again.
+        # Seconds since the epoch to start with, so a restarted daemon does not reuse them.
+        self._attempts = itertools.count(int(clock.time()) % (1 << 32))
         self._ended: list[Finished] = []
 
     def slots(self) -> int:
@@ -69,7 +73,11 @@ class SeamExecutor:
         except SubmitError as e:
             log.error("resume_spawn_failed", workspace=str(job.workspace), error=str(e))
             return None
-        now = time.monotonic()
+        except Exception as e:  # a third-party executor's bug must not stop the daemon
+            error = f"{type(e).__name__}: {e}"
+            log.error("resume_spawn_failed", workspace=str(job.workspace), error=error)
+            return None
+        now = self.clock.monotonic()
         child = JobChild(job.workspace, job.run_id, 0, None, now, math.inf, timeout=job.timeout)
         child.handle = handle
         self.children[job.workspace] = child
@@ -82,13 +90,13 @@ class SeamExecutor:
         return bool(self.children) and self.poll_every is not None
 
     def reap(self) -> list[Finished]:
-        for event in self.inner.poll(time.time()):
+        for event in self.inner.poll(self.clock.time()):
             child = self._child_of(event.handle)
             if child is None:
                 continue
             if isinstance(event, Started):
                 # wall clock -> monotonic: the timeout runs from when the job began running
-                started = time.monotonic() - max(0.0, time.time() - event.at)
+                started = self.clock.monotonic() - max(0.0, self.clock.time() - event.at)
                 child.started, child.deadline = started, started + child.timeout
             elif isinstance(event, Exit):
                 self._ended.append(self._finish(child, event))
@@ -105,11 +113,11 @@ class SeamExecutor:
         del self.children[child.workspace]
         child.exited, child.exit_code = True, event.rc
         child.timed_out = child.timed_out or event.timed_out
-        ms = int((time.monotonic() - child.started) * 1000) if child.started else 0
+        ms = int((self.clock.monotonic() - child.started) * 1000) if child.started else 0
         return Finished(child, event.rc, max(0, ms))
 
     def cancel(self, child: Child, grace: float) -> None:
-        child.term_sent = time.monotonic()
+        child.term_sent = self.clock.monotonic()
         if isinstance(child, JobChild) and child.handle is not None:
             self.inner.cancel(child.handle, grace)
 
@@ -121,7 +129,7 @@ class SeamExecutor:
 
     def adopt(self, orphans: Iterable[Orphan]) -> list[Child]:
         adopted: list[Child] = []
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for handle in self.inner.adopt():
             ws = handle.key.workspace
             if ws in self.children:
