@@ -6,6 +6,10 @@ An entry says how an answer is read (`read`), what a timeout means (`timeout`), 
 `kind_of` dispatches with `match` and `assert_never`, so a new `InputType` without an entry
 fails the type check instead of silently falling through to "text".
 
+The edges are generated from these entries: the model's `ask_human` tool (the `input_type`
+enum, its description, each kind's arguments), the HTTP API's question document (each kind's
+request `fields`) and the inbox page's answer field (`form`: the input's type and attributes).
+
 Adding a type: a member of `InputType` (models.py), any request fields it needs (models.py),
 and its entry here.
 """
@@ -31,6 +35,8 @@ class Kind:
 
     expects = "text"
     asked_by_model = True  # offered to the model through ask_human
+    fields: tuple[str, ...] = ()  # the request fields it adds (in the HTTP question document)
+    input = "text"  # the page's <input type> for a typed answer
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         if not text.strip() and not req.allow_empty:
@@ -71,9 +77,18 @@ class Kind:
         """Request fields from ask_human's arguments, or what is wrong (told to the model)."""
         return {}
 
+    def form(self, req: InteractionRequest) -> dict[str, Any]:
+        """How the inbox page asks for a typed answer: the input's type and its attributes
+        (the browser's own hints; the answer is checked again by `read`)."""
+        return {"type": self.input, "attrs": self.attrs(req)}
+
+    def attrs(self, req: InteractionRequest) -> dict[str, Any]:
+        return {}
+
 
 class Password(Kind):
     expects = "a password (typing hidden)"
+    input = "password"
 
     def example(self, req: InteractionRequest) -> str | None:
         return None
@@ -102,6 +117,7 @@ class YesNo(Kind):
 
 class Choice(Kind):
     expects = "one of the options, by key or label"
+    fields = ("options",)
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         wanted = text.strip().lower()
@@ -192,6 +208,8 @@ class Number(Kind):
     """A number, optionally within `minimum`..`maximum`."""
 
     expects = "a number"
+    fields = ("minimum", "maximum")
+    input = "number"
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         try:
@@ -231,6 +249,9 @@ class Number(Kind):
         if low is not None and high is not None and low > high:
             return "Error: minimum is larger than maximum"
         return {"minimum": low, "maximum": high}
+
+    def attrs(self, req: InteractionRequest) -> dict[str, Any]:
+        return {"step": "any", "min": req.minimum, "max": req.maximum}
 
 
 TEXT, PASSWORD, YES_NO, CHOICE, APPROVAL = Kind(), Password(), YesNo(), Choice(), Approval()
@@ -272,3 +293,18 @@ def auto_reply(req: InteractionRequest) -> Reply:
 
 def model_kinds() -> list[InputType]:
     return [t for t in InputType if kind_of(t).asked_by_model]
+
+
+def model_description() -> str:
+    """The `input_type` argument's description for the model: every kind it may ask."""
+    return "; ".join(f"{t.value}: {kind_of(t).expects}" for t in model_kinds()) + " (default text)"
+
+
+def question_fields(req: InteractionRequest) -> dict[str, Any]:
+    """Every kind's own request fields, as JSON (null where they do not apply)."""
+    names = {f for t in InputType for f in kind_of(t).fields}
+    return req.model_dump(mode="json", include=names)
+
+
+def form(req: InteractionRequest) -> dict[str, Any]:
+    return kind_of(req.input_type).form(req)
