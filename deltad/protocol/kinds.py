@@ -16,6 +16,8 @@ and its entry here.
 
 from __future__ import annotations
 
+import re
+from datetime import date
 from typing import Any, assert_never
 
 from .accelerators import build_options
@@ -254,8 +256,69 @@ class Number(Kind):
         return {"step": "any", "min": req.minimum, "max": req.maximum}
 
 
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def iso_date(text: object) -> date | None:
+    """A calendar date written YYYY-MM-DD, or None."""
+    if not isinstance(text, str) or not ISO_DATE.fullmatch(text.strip()):
+        return None
+    try:
+        return date.fromisoformat(text.strip())
+    except ValueError:
+        return None
+
+
+class Date(Kind):
+    """A calendar date (ISO, YYYY-MM-DD), optionally within `earliest`..`latest`."""
+
+    expects = "a date, YYYY-MM-DD"
+    fields = ("earliest", "latest")
+    input = "date"
+
+    def read(self, req: InteractionRequest, text: str) -> Reply:
+        day = iso_date(text)
+        if day is None:
+            raise AnswerRejected(f"{shown(req, text)} is not a date written YYYY-MM-DD")
+        if req.earliest is not None and day < req.earliest:
+            raise AnswerRejected(f"{shown(req, text)} is before the earliest, {req.earliest}")
+        if req.latest is not None and day > req.latest:
+            raise AnswerRejected(f"{shown(req, text)} is after the latest, {req.latest}")
+        return Reply(value=day.isoformat())
+
+    def stand_in(self, req: InteractionRequest) -> Reply:
+        return self.read(req, self.example(req))
+
+    def example(self, req: InteractionRequest) -> str:
+        return str(req.earliest or req.latest or "2030-01-31")
+
+    def hints(self, req: InteractionRequest) -> list[str]:
+        low = "" if req.earliest is None else f" from {req.earliest}"
+        high = "" if req.latest is None else f" to {req.latest}"
+        return [f"Please answer with a date, YYYY-MM-DD{low}{high}."]
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            name: {"type": "string", "format": "date", "description": f"For date: the {name}."}
+            for name in ("earliest", "latest")
+        }
+
+    def from_args(self, args: dict[str, Any]) -> dict[str, Any] | str:
+        low, high = iso_date(args.get("earliest")), iso_date(args.get("latest"))
+        for name, day in (("earliest", low), ("latest", high)):
+            if args.get(name) is not None and day is None:
+                return f"Error: {name} must be a date written YYYY-MM-DD"
+        if low is not None and high is not None and low > high:
+            return "Error: earliest is after latest"
+        return {"earliest": low, "latest": high}
+
+    def attrs(self, req: InteractionRequest) -> dict[str, Any]:
+        bounds = req.model_dump(mode="json", include={"earliest", "latest"})
+        return {"min": bounds["earliest"], "max": bounds["latest"]}
+
+
 TEXT, PASSWORD, YES_NO, CHOICE, APPROVAL = Kind(), Password(), YesNo(), Choice(), Approval()
-NUMBER = Number()
+NUMBER, DATE = Number(), Date()
 
 
 def kind_of(t: InputType) -> Kind:
@@ -272,6 +335,8 @@ def kind_of(t: InputType) -> Kind:
             return APPROVAL
         case InputType.NUMBER:
             return NUMBER
+        case InputType.DATE:
+            return DATE
         case _:
             assert_never(t)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -74,6 +74,7 @@ class InputType(StrEnum):
     CHOICE = "choice"
     APPROVAL = "approval"
     NUMBER = "number"
+    DATE = "date"
 
 
 class Option(_Model):
@@ -156,6 +157,8 @@ class InteractionRequest(_Model):
     calls: list[GatedCall] = Field(default_factory=list)
     minimum: float | None = None  # number: the smallest answer accepted
     maximum: float | None = None  # number: the largest answer accepted
+    earliest: date | None = None  # date: the earliest answer accepted
+    latest: date | None = None  # date: the latest answer accepted
     node_id: str | None = None  # a pipeline's question: the node that asks it
     # Who may answer over HTTP: token names and group:NAMEs; empty is anyone the scope allows.
     respondents: Annotated[list[str], AfterValidator(_respondents)] = Field(default_factory=list)
