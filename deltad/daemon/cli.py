@@ -11,7 +11,7 @@ from typing import Any
 import click
 import structlog
 
-from deltad import __version__, logs
+from deltad import __version__, logs, platform
 from deltad.protocol.printable import show, show_path
 
 from .config import ConfigError, DaemonConfig, load_config
@@ -150,7 +150,7 @@ def root_watches(backend: str, dirs: int, workspaces: int) -> int:
 
 
 def _linux() -> bool:
-    return sys.platform.startswith("linux")
+    return platform.LINUX
 
 
 def _report_watch_budget(needed: int, own_cap: int | None) -> None:

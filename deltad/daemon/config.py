@@ -6,7 +6,6 @@ Every key is documented in `config/deltad.yaml`; defaults here are the ones docu
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from deltad import platform
 from deltad.api.config import HttpConfig, NotifyConfig
 
 from .tenancy import Launcher, Policy
@@ -48,7 +48,7 @@ BackendName = Literal["auto", "fanotify", "inotify", "watchdog", "polling"]
 def auto_backend(root: Path) -> Literal["fanotify", "inotify", "watchdog"]:
     """fanotify where a filesystem mark works for `root` (Linux, root, kernel >= 5.9), else
     inotify on Linux (one fd, no thread per watch), watchdog's native observer elsewhere."""
-    if not sys.platform.startswith("linux"):
+    if not platform.LINUX:
         return "watchdog"
     from .backends.fanotify import probe
 
@@ -75,7 +75,7 @@ class RootConfig(_Strict):
 
             if (reason := probe(self.path)) is not None:
                 raise ValueError(f"backend: fanotify is impossible here: {reason}")
-        if self.backend == "inotify" and not sys.platform.startswith("linux"):
+        if self.backend == "inotify" and not platform.LINUX:
             raise ValueError("backend: inotify exists only on Linux (use auto or watchdog)")
         self.polling = self.backend == "polling"
         return self

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from deltad import logs
+from deltad import logs, platform
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
 
@@ -165,7 +165,7 @@ def start(svc: Service) -> None:
 
 
 def _install_signals(svc: Service) -> int:
-    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    r, w = platform.nonblocking_pipe()
     signal.set_wakeup_fd(w, warn_on_full_buffer=False)
 
     def stop(signum: int, frame: object) -> None:

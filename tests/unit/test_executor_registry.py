@@ -24,6 +24,7 @@ from deltad.daemon.resumer import Resumer
 from deltad.daemon.tenancy import Identity, Launch, Owner
 
 HERE = "tests.unit.test_executor_registry"
+LINUX_ONLY = pytest.mark.linux_only
 
 
 class FakeJobs:
@@ -137,7 +138,9 @@ def test_a_missing_optional_dependency_fails_only_when_chosen(
     ("executor", "options", "says"),
     [
         ("fresh", {"colour": "red"}, "executors.fresh: takes no options (got colour)"),
-        ("fork", {"x": 1}, "executors.fork: takes no options (got x)"),
+        pytest.param(
+            "fork", {"x": 1}, "executors.fork: takes no options (got x)", marks=LINUX_ONLY
+        ),
         ("kubernetes", {"image": "i"}, "executors.kubernetes: unknown option"),
         ("kubernetes", {"image": "i", "pvc": "p"}, "executors.kubernetes.mount_path is required"),
         (f"{HERE}:make_fake", {"size": 1}, "executors.fakejobs: unknown option"),

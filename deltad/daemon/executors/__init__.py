@@ -16,9 +16,10 @@ other template, and `fresh` elsewhere.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
+
+from deltad import platform
 
 from . import orphans, registry
 from .adapter import SeamExecutor
@@ -43,7 +44,7 @@ def resolve(choice: str, argv: list[str]) -> str:
     """The executor `executor: CHOICE` means for the resume command `argv` (resolved)."""
     if choice != "auto":
         return choice
-    if not sys.platform.startswith("linux"):
+    if not platform.LINUX:  # no fork server: a fresh process per resume
         return "fresh" if is_warm(argv) else "command"
     return "fork" if is_warm(argv) else "command"
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from deltad import platform
 from deltad.protocol import exitcodes
 from deltad.protocol.process import alive, proc_start_ticks
 
@@ -260,10 +261,7 @@ class Tracker:
 
 
 def pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None  # old kernel, or already gone: the main loop falls back to polling
+    return platform.pidfd_open(pid)  # None: the main loop falls back to polling
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:

@@ -432,4 +432,4 @@ class ForkExecutor(Tracker):
         self.server, self._draining = None, []
 
 
-make_fork = LocalFactory("fork", ForkExecutor)
+make_fork = LocalFactory("fork", ForkExecutor, linux_only=True)

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
+from deltad import platform
+
 GROUP = "deltad.executors"
 
 # One line per executor: a new built-in is a module plus a line here, and nothing in the daemon.
@@ -87,10 +89,12 @@ class LocalFactory:
     """The factory of a local executor class (it takes no options; the resumer sets its
     `max_parallel`)."""
 
-    def __init__(self, name: str, make: Callable[[int], Any]) -> None:
-        self.name, self._make = name, make
+    def __init__(self, name: str, make: Callable[[int], Any], linux_only: bool = False) -> None:
+        self.name, self._make, self.linux_only = name, make, linux_only
 
     def check_options(self, options: Mapping[str, Any]) -> None:
+        if self.linux_only and not platform.LINUX:
+            raise ValueError(f"executor: {self.name} needs Linux (use fresh or command)")
         if options:  # any key is a misspelling
             keys = ", ".join(sorted(map(str, options)))
             raise ValueError(f"executors.{self.name}: takes no options (got {keys})")
