@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
 from .process import OwnerProcess
 from .states import RunStatus
@@ -199,3 +199,25 @@ class JournalEvent(_Model):
     timestamp: Timestamp
     type: EventType | str  # a reader refuses unknown types, naming the line (journal.py)
     payload: dict[str, Any] = Field(default_factory=dict)
+    # The payload as its model (events.py), made when the line was checked; not serialised.
+    _typed: Any = PrivateAttr(default=None)
+
+    @property
+    def typed_payload(self) -> Any:
+        return self._typed
+
+    @typed_payload.setter
+    def typed_payload(self, value: Any) -> None:
+        self._typed = value
+
+    def __eq__(self, other: object) -> bool:  # the kept model is a cache, not a part of it
+        if not isinstance(other, JournalEvent):
+            return NotImplemented
+        return (self.seq, self.timestamp, self.type, self.payload) == (
+            other.seq,
+            other.timestamp,
+            other.type,
+            other.payload,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
