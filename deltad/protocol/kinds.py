@@ -38,6 +38,7 @@ class Kind:
     expects = "text"
     asked_by_model = True  # offered to the model through ask_human
     fields: tuple[str, ...] = ()  # the request fields it adds (in the HTTP question document)
+    per_call = False  # answered with a decision per gated tool call (response.json decisions)
     input = "text"  # the page's <input type> for a typed answer
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
@@ -62,6 +63,10 @@ class Kind:
 
     def stand_in(self, req: InteractionRequest) -> Reply:
         return Reply(value="auto-approved")
+
+    def after_deadline(self, req: InteractionRequest) -> str:
+        """What a timeout answers, in words (the guidance's `Deadline:` line)."""
+        return f"the default, {req.default!r}" if req.default is not None else "TIMEOUT"
 
     def example(self, req: InteractionRequest) -> str | None:
         """An answer to show on a command line (None: never on one)."""
@@ -165,6 +170,7 @@ class Approval(Kind):
 
     expects = "a decision for each tool call"
     asked_by_model = False
+    per_call = True
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         """Plain text: one word for every call; `reject: reason` carries a reason."""
@@ -201,6 +207,9 @@ class Approval(Kind):
 
     def auto(self, req: InteractionRequest) -> Reply:
         return self.everyone(req, Decision.APPROVE, None)
+
+    def after_deadline(self, req: InteractionRequest) -> str:
+        return "rejected"
 
     def example(self, req: InteractionRequest) -> str | None:
         return "approve"
