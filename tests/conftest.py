@@ -194,3 +194,20 @@ GATED_TOOLS_FOR_DAEMON = """
   - name: deploy
     shell: "echo ${env} > deployed.txt; echo deployed ${env}"
 """
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "linux_only: needs what deltad/platform.py hides off Linux (DELTAD_PLATFORM)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from deltad import platform
+
+    if platform.LINUX:
+        return
+    skip = pytest.mark.skip(reason="Linux only (DELTAD_PLATFORM=other)")
+    for item in items:
+        if "linux_only" in item.keywords:
+            item.add_marker(skip)

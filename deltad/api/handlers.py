@@ -24,7 +24,7 @@ from typing import Any
 
 from deltad import inbox
 from deltad.daemon.feed import Feed, Listed
-from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, safefs, utcnow
+from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, kinds, safefs, utcnow
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import json_safe, show_path, unshow
 
@@ -217,14 +217,13 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "prompt": r.prompt,
         "input_type": str(r.input_type),
         "expects": kind_of(r.input_type).expects,
-        "options": [o.model_dump() for o in r.options],
         "calls": [c.model_dump(mode="json") for c in r.calls],
         "default": r.default,
         "expires_at": iso(r.expires_at) if r.expires_at else None,
         "sensitive": r.is_secret,
         "allow_empty": r.allow_empty,
-        "minimum": r.minimum,
-        "maximum": r.maximum,
+        **kinds.question_fields(r),  # options, minimum, maximum, ...: each kind's own
+        "form": kinds.form(r),  # the page's answer field, from the kind
         "timestamp": iso(r.timestamp),
         "agent": p.agent,
         "task": p.task,

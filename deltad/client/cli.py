@@ -20,7 +20,6 @@ from deltad.errors import DeltaError, UsageError, UsageErrors
 from deltad.pipeline.cli import pipeline as pipeline_group
 from deltad.protocol import (
     Busy,
-    InputType,
     InteractionRequest,
     ProtocolError,
     Workspace,
@@ -31,6 +30,7 @@ from deltad.protocol import (
 )
 from deltad.protocol.exitcodes import RESUMED_BY
 from deltad.protocol.fsio import MAX_MAILBOX_BYTES
+from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import shell_quote, show, show_path
 
 from . import display
@@ -314,10 +314,11 @@ def respond_cmd(
     ws = Workspace.at(work_dir)
     req = inbox.open_question(ws)
     structured = bool(everyone or decide or edit or choice or answered_by)
-    if req.input_type == InputType.APPROVAL and not structured and text is None and file is None:
+    per_call = kind_of(req.input_type).per_call
+    if per_call and not structured and text is None and file is None:
         raise UsageError("this question needs --approve, --reject, --cancel or --decide")
     if structured:
-        if req.input_type == InputType.APPROVAL:
+        if per_call:
             body = inbox.AnswerIn.parse(
                 {"decisions": _decisions(req, everyone, decide, edit, reason)}
             )

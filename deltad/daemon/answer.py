@@ -10,15 +10,13 @@ back to "closed-after-write event seen, or unchanged for `settle_seconds`".
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import os
 from enum import Enum
 from pathlib import Path
 
 import structlog
 
+from deltad import platform
 from deltad.protocol import Mailbox, Workspace, safefs
 from deltad.protocol.errors import ProtocolError
 
@@ -37,15 +35,10 @@ def open_writers(path: Path) -> Writers:
     except (OSError, ProtocolError):
         return Writers.UNKNOWN  # gone, a symlink, unreadable: the reader reports which
     try:
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-    except OSError as e:
-        return Writers.OPEN if e.errno == errno.EAGAIN else Writers.UNKNOWN
-    else:
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-        return Writers.NONE
+        free = platform.read_lease_free(fd)
     finally:
         os.close(fd)
+    return Writers.UNKNOWN if free is None else Writers.NONE if free else Writers.OPEN
 
 
 def log_refusals(ws: Path, run_id: str | None, spawned_at: float) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import click
 import structlog
 
-from deltad import __version__, logs
+from deltad import __version__, logs, platform
 from deltad.protocol.printable import show, show_path
 
 from .config import ConfigError, DaemonConfig, load_config
@@ -112,7 +112,8 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
         click.echo(f"  {key}: {value}")
     for note in config.notes():
         click.echo(f"  note: {note}")
-    click.echo(f"resumes start with the {_executor_kind(config)} executor")
+    kind = _executor_kind(config)
+    click.echo(f"resumes start with the {kind} executor ({_executor_where(kind)})")
     total_watches = 0
     for root in config.roots:
         layout = walk(root.path, config.discovery_depth)
@@ -149,7 +150,7 @@ def root_watches(backend: str, dirs: int, workspaces: int) -> int:
 
 
 def _linux() -> bool:
-    return sys.platform.startswith("linux")
+    return platform.LINUX
 
 
 def _report_watch_budget(needed: int, own_cap: int | None) -> None:
@@ -382,6 +383,12 @@ def token_revoke(name: str, config_path: Path | None, state_dir: Path | None) ->
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
     click.echo(f"token {name} revoked in {store.path}")
+
+
+def _executor_where(kind: str) -> str:
+    from .executors import registry
+
+    return registry.where(kind) or "unknown"
 
 
 def _executor_kind(config: DaemonConfig) -> str:

@@ -6,9 +6,8 @@ Every key is documented in `config/deltad.yaml`; defaults here are the ones docu
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -20,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from deltad import platform
 from deltad.api.config import HttpConfig, NotifyConfig
 
 from .tenancy import Launcher, Policy
@@ -43,13 +43,12 @@ class _Strict(BaseModel):
 
 
 BackendName = Literal["auto", "fanotify", "inotify", "watchdog", "polling"]
-ExecutorName = Literal["auto", "fresh", "fork", "command"]
 
 
 def auto_backend(root: Path) -> Literal["fanotify", "inotify", "watchdog"]:
     """fanotify where a filesystem mark works for `root` (Linux, root, kernel >= 5.9), else
     inotify on Linux (one fd, no thread per watch), watchdog's native observer elsewhere."""
-    if not sys.platform.startswith("linux"):
+    if not platform.LINUX:
         return "watchdog"
     from .backends.fanotify import probe
 
@@ -76,7 +75,7 @@ class RootConfig(_Strict):
 
             if (reason := probe(self.path)) is not None:
                 raise ValueError(f"backend: fanotify is impossible here: {reason}")
-        if self.backend == "inotify" and not sys.platform.startswith("linux"):
+        if self.backend == "inotify" and not platform.LINUX:
             raise ValueError("backend: inotify exists only on Linux (use auto or watchdog)")
         self.polling = self.backend == "polling"
         return self
@@ -124,7 +123,10 @@ class DaemonConfig(_Strict):
     # One owner's share of those (None: all of them); see slots.py.
     max_parallel_resumes_per_owner: int | None = Field(default=None, ge=1, le=256, strict=True)
     resume_command: list[str] = Field(default_factory=lambda: list(DEFAULT_RESUME_COMMAND))
-    executor: ExecutorName = "auto"  # how a resume is started: deltad/daemon/executors/
+    # How a resume is started: a name in deltad/daemon/executors/registry.py, an entry point
+    # in `deltad.executors`, or `module:factory`; its options under `executors: {NAME: ...}`.
+    executor: str = "auto"
+    executors: dict[str, dict[str, Any]] = Field(default_factory=dict)
     resume_timeout_seconds: float = Field(default=3600.0, gt=0)
     rescan_interval_seconds: float = Field(default=300.0, gt=0)
     liveness_sweep_seconds: float = Field(default=30.0, gt=0)
@@ -148,6 +150,15 @@ class DaemonConfig(_Strict):
     http: HttpConfig | None = None
     notify: NotifyConfig | None = None
     ha: HaConfig | None = None  # off: this daemon acts alone (its state-dir lock says so)
+
+    @model_validator(mode="after")
+    def _executor(self) -> DaemonConfig:
+        """The chosen executor must load and take its options (checked without starting it)."""
+        if self.executor != "auto":
+            from .executors import registry
+
+            registry.check_options(self.executor, self.executors.get(self.executor, {}))
+        return self
 
     @model_validator(mode="after")
     def _tenants(self) -> DaemonConfig:

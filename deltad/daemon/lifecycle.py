@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from deltad import logs
+from deltad import logs, platform
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
 
@@ -268,7 +268,7 @@ def start(svc: Service) -> None:
 
 
 def _install_signals(svc: Service) -> int:
-    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    r, w = platform.nonblocking_pipe()
     signal.set_wakeup_fd(w, warn_on_full_buffer=False)
 
     def stop(signum: int, frame: object) -> None:
@@ -336,8 +336,8 @@ def _timeout(svc: Service) -> float:
         times.append(svc.ticks.next_lease_check)
     if (deadline := svc.resumer.next_deadline()) is not None:
         times.append(deadline)
-    if any(c.pidfd is None for c in svc.resumer.children.values()):
-        times.append(now + CHILD_POLL)
+    if (poll := svc.resumer.next_poll(now)) is not None:
+        times.append(poll)
     return max(0.0, min(times) - now)
 
 
@@ -431,7 +431,7 @@ def shutdown(svc: Service) -> None:
     while resumer.children and svc.clock.monotonic() < deadline:
         fds = resumer.fds()
         wait = min(
-            CHILD_POLL if len(fds) < len(resumer.children) else 1.0,
+            CHILD_POLL if resumer.executor.needs_polling() else 1.0,
             max(0.0, deadline - svc.clock.monotonic()),
         )
         select.select(fds, [], [], wait)

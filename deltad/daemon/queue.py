@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import Flag, auto
 from pathlib import Path
 
+from deltad import platform
+
 
 class Why(Flag):
     CHECK = 0  # something changed (or a sweep): just look
@@ -37,7 +39,7 @@ class Waker:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._r, self._w = platform.nonblocking_pipe()
         self._woken = False
 
     def fileno(self) -> int:

@@ -24,7 +24,6 @@ from deltad.protocol import exitcodes
 
 from .config import DaemonConfig
 from .executors import Child, Executor, Finished, Job, exit_meaning, make_executor, orphans, resolve
-from .executors.fork import ForkExecutor
 from .slots import Slots, held_by_owner_cap, pick_next
 from .tenancy import Launch
 
@@ -91,6 +90,7 @@ class Resumer:
         kind = resolve(config.executor, build_argv(self._template, Path("/"), None))
         if self._executor is None:
             self._kind = kind
+            self._options = config.executors.get(kind, {})
             return
         self._executor.max_parallel = self._max
         if kind != self._kind:
@@ -100,15 +100,15 @@ class Resumer:
                 configured=kind,
                 detail="changing the executor needs a restart",
             )
-        elif isinstance(self._executor, ForkExecutor):
-            self._executor.restart("reload")
+        else:
+            self._executor.reload()
 
     @property
     def executor(self) -> Executor:
         """Made at first use, after the daemon holds its state-dir lock: a second daemon that
         is refused never starts a fork server or adopts anything."""
         if self._executor is None:
-            self._executor = make_executor(self._kind, self._max)
+            self._executor = make_executor(self._kind, self._options, self._max)
             log.info("executor_ready", executor=self._executor.name)
             self._adopt()
         return self._executor
@@ -125,7 +125,7 @@ class Resumer:
                 "resume_adopted",
                 workspace=str(child.workspace),
                 run_id=child.run_id,
-                pid=child.pid,
+                pid=child.pid or None,
                 detail="left running by an earlier deltad; watched to its exit",
             )
         self._save()
@@ -224,18 +224,12 @@ class Resumer:
             "resume_spawned",
             workspace=str(ws),
             run_id=run_id,
-            pid=child.pid,
+            pid=child.pid or None,
             uid=who.runs_as.uid,
             user=who.runs_as.name,
-            executor=self._executor_of(child),
+            executor=self.executor.started_by(child),
         )
         return True
-
-    def _executor_of(self, child: Child) -> str:
-        ex = self.executor
-        if isinstance(ex, ForkExecutor) and not ex.forked(child):
-            return "fresh"  # the fork server was unhealthy: this one fell back
-        return ex.name
 
     def _log(self, ws: Path) -> Path:
         """The child's stdout/stderr: one append-only file per workspace in the state dir."""
@@ -255,7 +249,7 @@ class Resumer:
                 "resume_exited",
                 workspace=str(child.workspace),
                 run_id=child.run_id,
-                pid=child.pid,
+                pid=child.pid or None,
                 exit_code=rc,
                 outcome=fin.meaning,
                 timed_out=child.timed_out,
@@ -275,11 +269,18 @@ class Resumer:
                     "resume_timeout",
                     workspace=str(child.workspace),
                     run_id=child.run_id,
-                    pid=child.pid,
+                    pid=child.pid or None,
                     timeout_s=self._timeout,
                 )
                 self._executor.cancel(child, KILL_GRACE_SECONDS)
         self._executor.tick(now)
+
+    def next_poll(self, now: float) -> float | None:
+        """When `reap` must look again although no fd is readable (engines without fds)."""
+        ex = self._executor
+        if ex is None or ex.poll_every is None or not ex.needs_polling():
+            return None
+        return now + ex.poll_every
 
     def next_deadline(self) -> float | None:
         if self._executor is None:

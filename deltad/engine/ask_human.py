@@ -9,7 +9,7 @@ from typing import Any
 
 from deltad.protocol import ActionStatus, InputType, InteractionRequest, atomic_write_text, utcnow
 from deltad.protocol.history import Call
-from deltad.protocol.kinds import NOT_CONSENT, kind_of, model_kinds
+from deltad.protocol.kinds import NOT_CONSENT, kind_of, model_description, model_kinds
 from deltad.protocol.models import respondent_problem
 from deltad.protocol.replies import AnswerRejected, Reply
 
@@ -26,10 +26,7 @@ def _schema() -> dict[str, Any]:
         "input_type": {
             "type": "string",
             "enum": [t.value for t in model_kinds()],
-            "description": (
-                "text (default), password (hidden), confirmation or yes_no (yes/no), "
-                "choice (pick one of options)."
-            ),
+            "description": model_description(),
         },
         "default": {
             "type": "string",

@@ -15,6 +15,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from deltad.protocol import EventType, JournalEvent
+from deltad.protocol.events import (
+    ActionRequest,
+    ActionResult,
+    NodeOutcome,
+    NodeStart,
+    Thought,
+    typed,
+)
 from deltad.protocol.models import QuestionContext, ToolStep
 
 from .context import ASK_HUMAN
@@ -54,24 +62,27 @@ def tool_steps(events: Sequence[JournalEvent]) -> list[ToolStep]:
     """Every tool call (ask_human aside) since the previous question, with its result."""
     steps: dict[str, ToolStep] = {}
     for e in _since_last_question(events):
-        p = e.payload
-        if e.type == EventType.ACTION_REQUEST and p.get("tool_name") != ASK_HUMAN:
-            steps[p["action_id"]] = ToolStep(
-                action_id=p["action_id"],
-                tool_name=str(p.get("tool_name", "")),
-                arguments=_arguments(p.get("tool_args")),
-            )
-        elif e.type == EventType.ACTION_RESULT and (step := steps.get(p["action_id"])):
-            step.status = str(p.get("status"))
-            step.result = bounded(str(p.get("observation_content", "")), RESULT_CHARS)
+        if e.type == EventType.ACTION_REQUEST:
+            req = typed(e, ActionRequest)
+            if req.tool_name != ASK_HUMAN:
+                steps[req.action_id] = ToolStep(
+                    action_id=req.action_id,
+                    tool_name=req.tool_name,
+                    arguments=_arguments(req.tool_args),
+                )
+        elif e.type == EventType.ACTION_RESULT:
+            res = typed(e, ActionResult)
+            if step := steps.get(res.action_id):
+                step.status = str(res.status)
+                step.result = bounded(res.observation_content, RESULT_CHARS)
     return list(steps.values())
 
 
 def last_message(events: Sequence[JournalEvent]) -> str | None:
     """The agent's latest words (a THOUGHT's text), if it said anything."""
     for e in reversed(events):
-        if e.type == EventType.THOUGHT and (text := e.payload.get("content")):
-            return bounded(str(text), MESSAGE_CHARS)
+        if e.type == EventType.THOUGHT and (text := typed(e, Thought).content):
+            return bounded(text, MESSAGE_CHARS)
     return None
 
 
@@ -80,14 +91,14 @@ def reviewed(events: Sequence[JournalEvent]) -> tuple[str, str] | None:
     at_gate = False
     for e in reversed(events):
         if e.type == EventType.NODE_START and not at_gate:
-            if e.payload.get("kind") != GATE_KIND:
+            if typed(e, NodeStart).kind != GATE_KIND:
                 return None  # the question is asked inside a working node, not at a gate
             at_gate = True
         elif e.type == EventType.NODE_OUTCOME and at_gate:
-            updates = e.payload.get("context_updates") or {}
+            outcome = typed(e, NodeOutcome)
             for key in OUTPUT_KEYS:
-                if isinstance(found := updates.get(key), str) and found:
-                    return str(e.payload.get("node", "")), bounded(found, REVIEWED_CHARS)
+                if isinstance(found := outcome.context_updates.get(key), str) and found:
+                    return outcome.node, bounded(found, REVIEWED_CHARS)
     return None
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from deltad.agent import LLMSettings
 from deltad.protocol import EventType, JournalEvent
+from deltad.protocol.events import ActionResult, NodeMessage, Thought, typed
 
 CHARS_PER_TOKEN = 4
 PER_MESSAGE = 4  # role and framing
@@ -118,21 +119,22 @@ def last_cut(events: Sequence[JournalEvent]) -> Cut | None:
 
 
 def _turn(thought: JournalEvent, results: list[JournalEvent]) -> Turn:
-    m: dict[str, Any] = {"role": "assistant", "content": thought.payload.get("content")}
-    calls = thought.payload.get("tool_calls") or []
+    m: dict[str, Any] = {"role": "assistant", "content": typed(thought, Thought).content}
+    calls = thought.payload.get("tool_calls") or []  # as the model sent them: the wire form
     if calls:
         m["tool_calls"] = calls
     turn = Turn(thought.seq, results[-1].seq if results else thought.seq, [m])
     turn.tools.update(_tool_names(thought))
     for r in results:
         if r.type == EventType.NODE_MESSAGE:  # a person's turn in an interactive node
-            turn.messages.append({"role": "user", "content": r.payload["text"]})
+            turn.messages.append({"role": "user", "content": typed(r, NodeMessage).text})
             continue
+        result = typed(r, ActionResult)
         turn.messages.append(
             {
                 "role": "tool",
-                "tool_call_id": r.payload["action_id"],
-                "content": r.payload["observation_content"],
+                "tool_call_id": result.action_id,
+                "content": result.observation_content,
             }
         )
     turn.tokens = sum(estimate(x) for x in turn.messages)
@@ -140,10 +142,7 @@ def _turn(thought: JournalEvent, results: list[JournalEvent]) -> Turn:
 
 
 def _tool_names(thought: JournalEvent) -> list[str]:
-    return [
-        str((c.get("function") or {}).get("name", ""))
-        for c in thought.payload.get("tool_calls") or []
-    ]
+    return [c.function.name for c in typed(thought, Thought).tool_calls]
 
 
 def turns_after(

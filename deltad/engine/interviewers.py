@@ -31,7 +31,6 @@ from deltad.errors import UsageError
 from deltad.protocol import (
     AnswerState,
     CorruptFile,
-    InputType,
     InteractionRequest,
     Mailbox,
     UnsafeFile,
@@ -297,7 +296,7 @@ class ConsoleInterviewer(_Quiet):
                 + ")\n"
             )
         try:
-            reply = self._approval(req) if req.input_type == InputType.APPROVAL else self._one(req)
+            reply = self._approval(req) if kind_of(req.input_type).per_call else self._one(req)
         except _Timeout:
             self._say("\n(no answer in time)\n")
             return Reply(outcome="timeout", source="console")

@@ -17,7 +17,6 @@ from deltad.protocol import (
     ActionStatus,
     CorruptFile,
     EventType,
-    InputType,
     InteractionRequest,
     RunStatus,
     UnsafeFile,
@@ -26,6 +25,7 @@ from deltad.protocol import (
     utcnow,
 )
 from deltad.protocol.history import Call
+from deltad.protocol.kinds import kind_of
 from deltad.protocol.replies import Reply
 
 from . import ask_human, gate
@@ -190,7 +190,7 @@ class Engine:
         if reply is None:
             return
         ids = [c.action_id for c in req.calls] or [req.action_id]
-        if all(a in ctx.history.results for a in ids) or req.input_type == InputType.APPROVAL:
+        if all(a in ctx.history.results for a in ids) or kind_of(req.input_type).per_call:
             if reply.source == "mailbox":
                 ctx.mailbox.discard_answer()  # the very answer that was recorded
             else:  # answered elsewhere: a file here is a second answer, kept and reported

@@ -11,7 +11,6 @@ from typing import Any
 from pydantic import BaseModel
 
 from deltad.protocol import (
-    InputType,
     InteractionRequest,
     Mailbox,
     RunMetadata,
@@ -141,17 +140,11 @@ def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:
     if req.is_secret:
         lines.append("  Sensitive: kept in a 0600 file under the run, never shown to the model.")
     if req.expires_at is not None:
-        then = (
-            "rejected"
-            if req.input_type == InputType.APPROVAL
-            else f"the default, {req.default!r}"
-            if req.default is not None
-            else "TIMEOUT"
-        )
+        then = kind.after_deadline(req)
         lines.append(f"  Deadline: {iso(req.expires_at)} (then: {then})")
     respond = f"delta respond --work-dir {wd}"
     example = None if req.is_secret else kind.example(req)
-    if req.input_type == InputType.APPROVAL:
+    if kind.per_call:
         first = q(req.calls[0].action_id)
         lines += [
             f"  Answer:   {respond} --approve        (or --reject --reason TEXT, --cancel)",

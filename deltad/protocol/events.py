@@ -8,11 +8,11 @@ An unknown event type is refused by the reader (journal.py). Extra fields are al
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .models import ActionStatus, EventType, InteractionRequest
+from .models import ActionStatus, EventType, InteractionRequest, JournalEvent
 from .questions import Reply
 from .states import RunStatus
 
@@ -122,12 +122,27 @@ PAYLOADS: dict[str, type[BaseModel]] = {
 }
 
 
-def check_payload(type_: str, payload: dict[str, Any]) -> None:
-    """Raise ValueError (pydantic's ValidationError) when `payload` does not fit `type_`."""
+def check_payload(type_: str, payload: dict[str, Any]) -> BaseModel | None:
+    """The payload as its type's model; raise ValueError (pydantic's ValidationError) when
+    `payload` does not fit `type_`. None for a type without a model."""
     if type_ == EventType.HUMAN_INTERACTION:
         model: type[BaseModel] = Asked if payload.get("phase") == "asked" else Answered
     elif (found := PAYLOADS.get(type_)) is not None:
         model = found
     else:
-        return
-    model.model_validate(payload)
+        return None
+    return model.model_validate(payload)
+
+
+P = TypeVar("P", bound=BaseModel)
+
+
+def typed(event: JournalEvent, model: type[P]) -> P:
+    """`event`'s payload as `model`: the one the journal reader made when it checked the line,
+    else made now (and kept). Consumers read fields, not dict keys."""
+    kept = event.typed_payload
+    if isinstance(kept, model):
+        return kept
+    made = model.model_validate(event.payload)
+    event.typed_payload = made
+    return made

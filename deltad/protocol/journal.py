@@ -203,7 +203,7 @@ def _scan(
         else:
             try:  # the common case in one step: pydantic parses and checks the JSON itself
                 event = JournalEvent.model_validate_json(line)
-                check_payload(str(event.type), event.payload)
+                event.typed_payload = check_payload(str(event.type), event.payload)
             except (ValidationError, RecursionError):
                 if data.find(b"\n", stop + 1) == -1 and stop + 1 == end and _unparsable(line):
                     return JournalRead(events, offset, data[offset:], last_seq, offsets)
@@ -261,7 +261,7 @@ def _event(path: Path, n: int, obj: object) -> JournalEvent:
     valid JSON that is not a valid event was edited by hand, not torn by a crash."""
     try:
         event = JournalEvent.model_validate(obj)
-        check_payload(str(event.type), event.payload)
+        event.typed_payload = check_payload(str(event.type), event.payload)
         _known(path, n, event)
     except ValidationError as e:
         first = e.errors()[0]

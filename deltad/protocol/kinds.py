@@ -6,12 +6,18 @@ An entry says how an answer is read (`read`), what a timeout means (`timeout`), 
 `kind_of` dispatches with `match` and `assert_never`, so a new `InputType` without an entry
 fails the type check instead of silently falling through to "text".
 
+The edges are generated from these entries: the model's `ask_human` tool (the `input_type`
+enum, its description, each kind's arguments), the HTTP API's question document (each kind's
+request `fields`) and the inbox page's answer field (`form`: the input's type and attributes).
+
 Adding a type: a member of `InputType` (models.py), any request fields it needs (models.py),
 and its entry here.
 """
 
 from __future__ import annotations
 
+import re
+from datetime import date
 from typing import Any, assert_never
 
 from .accelerators import build_options
@@ -31,6 +37,9 @@ class Kind:
 
     expects = "text"
     asked_by_model = True  # offered to the model through ask_human
+    fields: tuple[str, ...] = ()  # the request fields it adds (in the HTTP question document)
+    per_call = False  # answered with a decision per gated tool call (response.json decisions)
+    input = "text"  # the page's <input type> for a typed answer
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         if not text.strip() and not req.allow_empty:
@@ -55,6 +64,10 @@ class Kind:
     def stand_in(self, req: InteractionRequest) -> Reply:
         return Reply(value="auto-approved")
 
+    def after_deadline(self, req: InteractionRequest) -> str:
+        """What a timeout answers, in words (the guidance's `Deadline:` line)."""
+        return f"the default, {req.default!r}" if req.default is not None else "TIMEOUT"
+
     def example(self, req: InteractionRequest) -> str | None:
         """An answer to show on a command line (None: never on one)."""
         return "your answer"
@@ -71,9 +84,18 @@ class Kind:
         """Request fields from ask_human's arguments, or what is wrong (told to the model)."""
         return {}
 
+    def form(self, req: InteractionRequest) -> dict[str, Any]:
+        """How the inbox page asks for a typed answer: the input's type and its attributes
+        (the browser's own hints; the answer is checked again by `read`)."""
+        return {"type": self.input, "attrs": self.attrs(req)}
+
+    def attrs(self, req: InteractionRequest) -> dict[str, Any]:
+        return {}
+
 
 class Password(Kind):
     expects = "a password (typing hidden)"
+    input = "password"
 
     def example(self, req: InteractionRequest) -> str | None:
         return None
@@ -102,6 +124,7 @@ class YesNo(Kind):
 
 class Choice(Kind):
     expects = "one of the options, by key or label"
+    fields = ("options",)
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         wanted = text.strip().lower()
@@ -147,6 +170,7 @@ class Approval(Kind):
 
     expects = "a decision for each tool call"
     asked_by_model = False
+    per_call = True
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         """Plain text: one word for every call; `reject: reason` carries a reason."""
@@ -184,6 +208,9 @@ class Approval(Kind):
     def auto(self, req: InteractionRequest) -> Reply:
         return self.everyone(req, Decision.APPROVE, None)
 
+    def after_deadline(self, req: InteractionRequest) -> str:
+        return "rejected"
+
     def example(self, req: InteractionRequest) -> str | None:
         return "approve"
 
@@ -192,6 +219,8 @@ class Number(Kind):
     """A number, optionally within `minimum`..`maximum`."""
 
     expects = "a number"
+    fields = ("minimum", "maximum")
+    input = "number"
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         try:
@@ -232,9 +261,73 @@ class Number(Kind):
             return "Error: minimum is larger than maximum"
         return {"minimum": low, "maximum": high}
 
+    def attrs(self, req: InteractionRequest) -> dict[str, Any]:
+        return {"step": "any", "min": req.minimum, "max": req.maximum}
+
+
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def iso_date(text: object) -> date | None:
+    """A calendar date written YYYY-MM-DD, or None."""
+    if not isinstance(text, str) or not ISO_DATE.fullmatch(text.strip()):
+        return None
+    try:
+        return date.fromisoformat(text.strip())
+    except ValueError:
+        return None
+
+
+class Date(Kind):
+    """A calendar date (ISO, YYYY-MM-DD), optionally within `earliest`..`latest`."""
+
+    expects = "a date, YYYY-MM-DD"
+    fields = ("earliest", "latest")
+    input = "date"
+
+    def read(self, req: InteractionRequest, text: str) -> Reply:
+        day = iso_date(text)
+        if day is None:
+            raise AnswerRejected(f"{shown(req, text)} is not a date written YYYY-MM-DD")
+        if req.earliest is not None and day < req.earliest:
+            raise AnswerRejected(f"{shown(req, text)} is before the earliest, {req.earliest}")
+        if req.latest is not None and day > req.latest:
+            raise AnswerRejected(f"{shown(req, text)} is after the latest, {req.latest}")
+        return Reply(value=day.isoformat())
+
+    def stand_in(self, req: InteractionRequest) -> Reply:
+        return self.read(req, self.example(req))
+
+    def example(self, req: InteractionRequest) -> str:
+        return str(req.earliest or req.latest or "2030-01-31")
+
+    def hints(self, req: InteractionRequest) -> list[str]:
+        low = "" if req.earliest is None else f" from {req.earliest}"
+        high = "" if req.latest is None else f" to {req.latest}"
+        return [f"Please answer with a date, YYYY-MM-DD{low}{high}."]
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            name: {"type": "string", "format": "date", "description": f"For date: the {name}."}
+            for name in ("earliest", "latest")
+        }
+
+    def from_args(self, args: dict[str, Any]) -> dict[str, Any] | str:
+        low, high = iso_date(args.get("earliest")), iso_date(args.get("latest"))
+        for name, day in (("earliest", low), ("latest", high)):
+            if args.get(name) is not None and day is None:
+                return f"Error: {name} must be a date written YYYY-MM-DD"
+        if low is not None and high is not None and low > high:
+            return "Error: earliest is after latest"
+        return {"earliest": low, "latest": high}
+
+    def attrs(self, req: InteractionRequest) -> dict[str, Any]:
+        bounds = req.model_dump(mode="json", include={"earliest", "latest"})
+        return {"min": bounds["earliest"], "max": bounds["latest"]}
+
 
 TEXT, PASSWORD, YES_NO, CHOICE, APPROVAL = Kind(), Password(), YesNo(), Choice(), Approval()
-NUMBER = Number()
+NUMBER, DATE = Number(), Date()
 
 
 def kind_of(t: InputType) -> Kind:
@@ -251,6 +344,8 @@ def kind_of(t: InputType) -> Kind:
             return APPROVAL
         case InputType.NUMBER:
             return NUMBER
+        case InputType.DATE:
+            return DATE
         case _:
             assert_never(t)
 
@@ -272,3 +367,18 @@ def auto_reply(req: InteractionRequest) -> Reply:
 
 def model_kinds() -> list[InputType]:
     return [t for t in InputType if kind_of(t).asked_by_model]
+
+
+def model_description() -> str:
+    """The `input_type` argument's description for the model: every kind it may ask."""
+    return "; ".join(f"{t.value}: {kind_of(t).expects}" for t in model_kinds()) + " (default text)"
+
+
+def question_fields(req: InteractionRequest) -> dict[str, Any]:
+    """Every kind's own request fields, as JSON (null where they do not apply)."""
+    names = {f for t in InputType for f in kind_of(t).fields}
+    return req.model_dump(mode="json", include=names)
+
+
+def form(req: InteractionRequest) -> dict[str, Any]:
+    return kind_of(req.input_type).form(req)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
 from .process import OwnerProcess
 from .states import RunStatus
@@ -74,6 +74,7 @@ class InputType(StrEnum):
     CHOICE = "choice"
     APPROVAL = "approval"
     NUMBER = "number"
+    DATE = "date"
 
 
 class Option(_Model):
@@ -156,6 +157,8 @@ class InteractionRequest(_Model):
     calls: list[GatedCall] = Field(default_factory=list)
     minimum: float | None = None  # number: the smallest answer accepted
     maximum: float | None = None  # number: the largest answer accepted
+    earliest: date | None = None  # date: the earliest answer accepted
+    latest: date | None = None  # date: the latest answer accepted
     node_id: str | None = None  # a pipeline's question: the node that asks it
     # Who may answer over HTTP: token names and group:NAMEs; empty is anyone the scope allows.
     respondents: Annotated[list[str], AfterValidator(_respondents)] = Field(default_factory=list)
@@ -196,3 +199,25 @@ class JournalEvent(_Model):
     timestamp: Timestamp
     type: EventType | str  # a reader refuses unknown types, naming the line (journal.py)
     payload: dict[str, Any] = Field(default_factory=dict)
+    # The payload as its model (events.py), made when the line was checked; not serialised.
+    _typed: Any = PrivateAttr(default=None)
+
+    @property
+    def typed_payload(self) -> Any:
+        return self._typed
+
+    @typed_payload.setter
+    def typed_payload(self, value: Any) -> None:
+        self._typed = value
+
+    def __eq__(self, other: object) -> bool:  # the kept model is a cache, not a part of it
+        if not isinstance(other, JournalEvent):
+            return NotImplemented
+        return (self.seq, self.timestamp, self.type, self.payload) == (
+            other.seq,
+            other.timestamp,
+            other.type,
+            other.payload,
+        )
+
+    __hash__ = None  # type: ignore[assignment]

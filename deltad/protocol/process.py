@@ -13,6 +13,8 @@ from functools import cache
 
 from pydantic import BaseModel
 
+from deltad import platform
+
 
 class OwnerProcess(BaseModel):
     pid: int
@@ -23,6 +25,8 @@ class OwnerProcess(BaseModel):
 
 @cache
 def boot_id() -> str | None:
+    if not platform.has_proc():
+        return None
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
@@ -42,7 +46,7 @@ class ProcStat:
 
 def proc_stat(pid: int) -> ProcStat | None:
     """/proc/PID/stat, read once: the one parser of it (owner liveness, the executors)."""
-    if not 0 < pid <= MAX_PID:
+    if not 0 < pid <= MAX_PID or not platform.has_proc():
         return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -66,7 +70,10 @@ def proc_start_ticks(pid: int) -> int | None:
 
 
 def alive(pid: int, ticks: int | None) -> bool:
-    """Alive and not a zombie; with `ticks`, also the same process (not a recycled pid)."""
+    """Alive and not a zombie; with `ticks`, also the same process (not a recycled pid).
+    Without /proc: the pid alone."""
+    if not platform.has_proc():
+        return 0 < pid <= MAX_PID and _pid_exists(pid)
     st = proc_stat(pid)
     if st is None or st.dead:
         return False

@@ -12,8 +12,8 @@ import json
 from pydantic import ValidationError
 
 from .accelerators import build_options, parse_accelerator
-from .kinds import read_text, shown
-from .models import InputType, InteractionRequest
+from .kinds import kind_of, read_text, shown
+from .models import InteractionRequest
 from .replies import AnswerRejected, CallDecision, Decision, Reply, StructuredAnswer
 
 __all__ = [
@@ -69,12 +69,13 @@ def interpret_json(req: InteractionRequest, raw: str) -> Reply:
             f"response.json answers request {doc.request_id}, but the pending question is "
             f"{req.request_id}"
         )
-    if req.input_type == InputType.APPROVAL and doc.decisions is not None:
+    per_call = kind_of(req.input_type).per_call
+    if per_call and doc.decisions is not None:
         reply = Reply(decisions=_check_decisions(req, doc.decisions))
     elif doc.answer is not None:
         reply = interpret_text(req, doc.answer)
     else:
-        need = "decisions" if req.input_type == InputType.APPROVAL else "answer"
+        need = "decisions" if per_call else "answer"
         raise AnswerRejected(f"response.json has no {need!r}")
     reply.answered_by = doc.answered_by
     reply.comment = doc.comment

@@ -199,6 +199,8 @@ class Daemon:
     def kill_children(self) -> None:
         """Resume children run in their own session: end any still alive after a test."""
         for e in self.events("resume_spawned"):
+            if not isinstance(e.get("pid"), int) or e["pid"] <= 0:
+                continue  # a job, not a local process (killpg(0) would be our own group)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(e["pid"], signal.SIGKILL)
 

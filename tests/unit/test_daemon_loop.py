@@ -61,6 +61,7 @@ def _answer(ws: Path) -> None:
     os.replace(p.with_name(".tmp"), p)
 
 
+@pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)
 def test_a_failed_resume_is_paced_and_its_timer_brings_it_back(service: Service) -> None:
     resumer = service.resumer
     assert isinstance(resumer, ScriptedResumer) and isinstance(service.clock, ManualClock)

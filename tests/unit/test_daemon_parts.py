@@ -43,6 +43,7 @@ def test_waiting_then_answered(tmp_path: Path) -> None:
     assert v.owner is not None and v.owner.uid == os.getuid()
 
 
+@pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)
 def test_an_answer_still_open_for_writing_is_looked_at_again_not_left_to_an_event(
     tmp_path: Path,
 ) -> None:

@@ -125,6 +125,9 @@ class Recorder:
     def finish(self, ws: Path) -> None:
         del self.children[ws]
 
+    def started_by(self, child: Child) -> str:
+        return self.name
+
 
 def _resumer(tmp_path: Path, **settings: object) -> tuple[Resumer, Recorder]:
     config = DaemonConfig.model_validate({"state_dir": str(tmp_path), **settings})

@@ -149,6 +149,7 @@ def _built(svc: Service, root: Path, n: int) -> list[Path]:
     return spaces
 
 
+@pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)
 def test_each_turn_does_a_bounded_slice_and_serves_answers_in_between(
     service: Service, tmp_path: Path
 ) -> None:
@@ -176,6 +177,7 @@ def test_each_turn_does_a_bounded_slice_and_serves_answers_in_between(
     lifecycle.close_backends(service)
 
 
+@pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)
 def test_what_changes_during_a_sweep_is_kept_true_at_its_end(
     service: Service, tmp_path: Path
 ) -> None:

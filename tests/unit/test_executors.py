@@ -35,6 +35,7 @@ def test_plans() -> None:
         assert plan(other)["kind"] == "exec"
 
 
+@pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)
 def test_auto_forks_what_can_run_warm_and_runs_wrappers_as_commands() -> None:
     delta = [str(HERE / "delta"), "run", "--work-dir", "/w"]
     assert resolve("auto", delta) == "fork"
@@ -48,6 +49,7 @@ def test_an_unknown_exit_code_is_not_a_failure() -> None:
     assert exit_meaning(-9) == "killed_by_SIGKILL"
 
 
+@pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)
 def test_orphans_round_trip_and_adoption(tmp_path: Path) -> None:
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:

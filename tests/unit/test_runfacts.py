@@ -78,6 +78,7 @@ def test_a_dead_owner_is_marked_with_one_wording(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)
 def test_one_proc_parser_sees_liveness_and_start_ticks() -> None:
     me = proc_stat(os.getpid())
     assert me is not None and not me.dead and me.start_ticks is not None

@@ -423,11 +423,12 @@ function answerControls(r, error) {
 function freeText(r, error) {
   const secret = r.input_type === "password" || r.sensitive;
   const field = el("input", {
-    class: "answer", type: secret ? "password" : (r.input_type === "number" ? "number" : "text"),
+    class: "answer", type: secret ? "password" : r.form.type,
     autocomplete: secret ? "new-password" : "off", placeholder: r.default ? `default: ${r.default}` : "",
     "aria-label": `Answer: ${r.prompt}`,
-    // A number's bounds as the browser's own hints; the API checks them again (422).
-    ...(r.input_type === "number" ? { step: "any", min: r.minimum, max: r.maximum } : {}),
+    // The kind's own field (deltad/protocol/kinds.py, `form`): a number's or a date's bounds
+    // as the browser's hints; the API checks them again (422).
+    ...r.form.attrs,
   });
   const form = el("form", { class: "actions" }, field, el("button", { type: "submit", class: "primary" }, "Send"));
   form.addEventListener("submit", (ev) => {

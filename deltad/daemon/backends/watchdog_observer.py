@@ -22,7 +22,6 @@ import errno
 import logging
 import os
 import stat
-import sys
 import threading
 from pathlib import Path
 
@@ -47,6 +46,8 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
+from deltad import platform
+
 from ..queue import HintQueue, Waker
 from . import events as F
 from .tree import Kind, PollingLike, WatchTree
@@ -63,7 +64,7 @@ _FILE_EVENTS: list[type[FileSystemEvent]] = [
     FileCreatedEvent,
     FileDeletedEvent,
 ]
-if not sys.platform.startswith("linux"):
+if not platform.LINUX:
     # Only watchdog's inotify emitter reports a close; elsewhere a write is only a Modified
     # (a plain look: reconcile's settle rule decides when the writer is done).
     _FILE_EVENTS.append(FileModifiedEvent)

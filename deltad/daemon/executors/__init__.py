@@ -1,10 +1,13 @@
-"""How resumes are started: the `Executor` seam and its three implementations.
+"""How resumes are started: the `Executor` seam, its local implementations and the registry.
 
 - `fresh`: a new process per resume running `resume_command` (`delta run --work-dir WS`).
 - `fork`: the warm fork server (`forkserver.py`): the client pre-imported, one fork per resume;
   falls back to `fresh` while the server is unhealthy. The default on Linux.
 - `command`: `resume_command` as a new process, for a template that wraps the client
   (`systemd-run --wait ...`); the same mechanism as `fresh`.
+- anything else by name through `registry.py` (`slurm`, `kubernetes`, an entry point in
+  `deltad.executors`, or `module:factory`): a `JobExecutor` (seam.py) driven through
+  `SeamExecutor` (adapter.py).
 
 `executor: auto` (the default) is `fork` on Linux when the server can run `resume_command`
 warm (the `delta` beside deltad, or `python -m MODULE` with deltad's Python), `command` for any
@@ -13,22 +16,22 @@ other template, and `fresh` elsewhere.
 
 from __future__ import annotations
 
-import sys
-from typing import Literal, assert_never
+from collections.abc import Mapping
+from typing import Any
 
-from . import orphans
+from deltad import platform
+
+from . import orphans, registry
+from .adapter import SeamExecutor
 from .base import Child, Executor, Finished, Job, Orphan, exit_meaning
-from .fork import ForkExecutor, is_warm
-from .fresh import CommandExecutor, FreshExecutor
-
-Kind = Literal["fresh", "fork", "command"]
+from .fork import is_warm
+from .seam import JobExecutor
 
 __all__ = [
     "Child",
     "Executor",
     "Finished",
     "Job",
-    "Kind",
     "Orphan",
     "exit_meaning",
     "make_executor",
@@ -37,25 +40,19 @@ __all__ = [
 ]
 
 
-def resolve(choice: str, argv: list[str]) -> Kind:
+def resolve(choice: str, argv: list[str]) -> str:
     """The executor `executor: CHOICE` means for the resume command `argv` (resolved)."""
-    match choice:
-        case "fresh" | "fork" | "command":
-            return choice
-        case "auto" if not sys.platform.startswith("linux"):
-            return "fresh" if is_warm(argv) else "command"
-        case "auto":
-            return "fork" if is_warm(argv) else "command"
-    raise ValueError(f"unknown executor {choice!r}")
+    if choice != "auto":
+        return choice
+    if not platform.LINUX:  # no fork server: a fresh process per resume
+        return "fresh" if is_warm(argv) else "command"
+    return "fork" if is_warm(argv) else "command"
 
 
-def make_executor(kind: Kind, max_parallel: int) -> Executor:
-    match kind:
-        case "fresh":
-            return FreshExecutor(max_parallel)
-        case "command":
-            return CommandExecutor(max_parallel)
-        case "fork":
-            return ForkExecutor(max_parallel)
-        case _:
-            assert_never(kind)
+def make_executor(name: str, options: Mapping[str, Any], max_parallel: int) -> Executor:
+    """The executor registered as `name`, made from its options; a `JobExecutor` is driven
+    through `SeamExecutor`. Raises ValueError (one line) when it cannot be made."""
+    made = registry.make(name, options)
+    executor: Executor = SeamExecutor(made) if isinstance(made, JobExecutor) else made
+    executor.max_parallel = max_parallel
+    return executor

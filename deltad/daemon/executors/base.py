@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from deltad import platform
 from deltad.protocol import exitcodes
 from deltad.protocol.process import alive, proc_start_ticks
 
@@ -103,6 +104,7 @@ class Executor(Protocol):
     name: str
     max_parallel: int
     children: dict[Path, Child]
+    poll_every: float | None  # how often `reap` must be called while `needs_polling()`
 
     def slots(self) -> int:
         """How many more resumes may start now."""
@@ -143,6 +145,14 @@ class Executor(Protocol):
         """Forget every child, leaving it running (its own session keeps it alive)."""
         ...
 
+    def started_by(self, child: Child) -> str:
+        """The executor name to log for `child` (a fallback may have started it)."""
+        ...
+
+    def reload(self) -> None:
+        """The configuration was reloaded (the fork server restarts for new resumes)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -151,6 +161,7 @@ class Tracker:
     adopting orphans. Subclasses start children and learn exit codes."""
 
     name = "base"
+    poll_every: float | None = 0.2  # without pidfds, how often to look for exited children
 
     def __init__(self, max_parallel: int) -> None:
         self.max_parallel = max_parallel
@@ -239,15 +250,18 @@ class Tracker:
         self.children.clear()
         return pids
 
+    def started_by(self, child: Child) -> str:
+        return self.name
+
+    def reload(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
 def pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None  # old kernel, or already gone: the main loop falls back to polling
+    return platform.pidfd_open(pid)  # None: the main loop falls back to polling
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:

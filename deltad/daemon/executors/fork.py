@@ -32,6 +32,7 @@ from deltad.pacing import Pacing
 from ..tenancy import SAFE_PATH
 from .base import Child, Finished, Job, Tracker, signal_group
 from .fresh import FreshExecutor, open_log, spawn_failed
+from .registry import LocalFactory
 from .wire import receive, send
 
 log = structlog.get_logger("deltad.resumer")
@@ -342,6 +343,12 @@ class ForkExecutor(Tracker):
         """Started by the server (not a fresh-process fallback)."""
         return child.pid in self._owner
 
+    def started_by(self, child: Child) -> str:
+        return self.name if self.forked(child) else "fresh"  # the server was unhealthy
+
+    def reload(self) -> None:
+        self.restart("reload")
+
     def fds(self) -> list[int]:
         servers = [s.fileno() for s in self._servers() if not s.dead]
         watched = [
@@ -423,3 +430,6 @@ class ForkExecutor(Tracker):
             server.children.clear()
             self._bury(server)
         self.server, self._draining = None, []
+
+
+make_fork = LocalFactory("fork", ForkExecutor, linux_only=True)

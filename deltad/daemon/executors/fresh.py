@@ -14,6 +14,7 @@ import structlog
 from deltad.protocol.printable import show_path
 
 from .base import Child, Job, Tracker
+from .registry import LocalFactory
 
 log = structlog.get_logger("deltad.resumer")
 
@@ -105,3 +106,7 @@ def _now() -> str:
     import time
 
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+make_fresh = LocalFactory("fresh", FreshExecutor)
+make_command = LocalFactory("command", CommandExecutor)

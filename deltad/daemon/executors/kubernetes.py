@@ -684,3 +684,6 @@ def make_kubernetes_executor(options: Mapping[str, Any]) -> KubernetesExecutor:
             "executor: kubernetes needs the kubernetes package: pip install 'deltad[kubernetes]'"
         ) from e
     return KubernetesExecutor(parsed, api_client(parsed))
+
+
+make_kubernetes_executor.check_options = parse_options  # type: ignore[attr-defined]

@@ -1,0 +1,104 @@
+"""Which executor `executor: NAME` means: built-ins by name, others by entry point or path.
+
+A name is looked up in this order (like gunicorn's `worker_class`):
+
+1. a built-in below (`fresh`, `fork`, `command`, and the cluster ones, which are imported
+   only when chosen, so a missing optional dependency fails only then);
+2. an entry point in the group `deltad.executors` (`toy = "toy_executor:make"`);
+3. a dotted path `module:factory`.
+
+A factory is called as `factory(options)` with the mapping under `executors: {NAME: ...}`
+and returns either a local `Executor` (base.py) or a `JobExecutor` (seam.py), which the
+resumer drives through `SeamExecutor` (adapter.py). It raises ValueError (one line) for
+options it cannot use. A factory may carry `check_options(options)`, called by the config
+and `deltad check` without starting anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from deltad import platform
+
+GROUP = "deltad.executors"
+
+# One line per executor: a new built-in is a module plus a line here, and nothing in the daemon.
+BUILTINS: dict[str, str] = {
+    "fresh": "deltad.daemon.executors.fresh:make_fresh",
+    "command": "deltad.daemon.executors.fresh:make_command",
+    "fork": "deltad.daemon.executors.fork:make_fork",
+    "slurm": "deltad.daemon.executors.slurm:make_slurm_executor",
+    "kubernetes": "deltad.daemon.executors.kubernetes:make_kubernetes_executor",
+}
+
+Factory = Callable[[Mapping[str, Any]], Any]
+
+
+class UnknownExecutor(ValueError):
+    """`executor: NAME` names nothing that can be loaded; the message is one line."""
+
+
+def is_dotted(name: str) -> bool:
+    return ":" in name
+
+
+def where(name: str) -> str | None:
+    """The `module:factory` that `name` stands for, or None when nothing is registered."""
+    if name in BUILTINS:
+        return BUILTINS[name]
+    if is_dotted(name):
+        return name
+    for ep in entry_points(group=GROUP, name=name):
+        return str(ep.value)
+    return None
+
+
+def find(name: str) -> Factory:
+    """The factory `executor: NAME` means. Raises UnknownExecutor with one line."""
+    target = where(name)
+    if target is None:
+        known = ", ".join(sorted({*BUILTINS, *(ep.name for ep in entry_points(group=GROUP))}))
+        raise UnknownExecutor(f"executor: unknown executor {name!r} (known: {known})")
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UnknownExecutor(f"executor: {name} cannot be loaded: {e}") from e
+    factory = getattr(module, attr, None) if attr else None
+    if not callable(factory):
+        raise UnknownExecutor(f"executor: {name}: {target} is not a factory")
+    return factory  # type: ignore[no-any-return]
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+    """Validate `executors: {NAME: options}` without starting anything; ValueError (one line)."""
+    factory = find(name)
+    if (check := getattr(factory, "check_options", None)) is not None:
+        check(options)
+
+
+def make(name: str, options: Mapping[str, Any]) -> Any:
+    """The executor itself: a local `Executor` or a `JobExecutor`."""
+    return find(name)(options)
+
+
+class LocalFactory:
+    """The factory of a local executor class (it takes no options; the resumer sets its
+    `max_parallel`)."""
+
+    def __init__(self, name: str, make: Callable[[int], Any], linux_only: bool = False) -> None:
+        self.name, self._make, self.linux_only = name, make, linux_only
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        if self.linux_only and not platform.LINUX:
+            raise ValueError(f"executor: {self.name} needs Linux (use fresh or command)")
+        if options:  # any key is a misspelling
+            keys = ", ".join(sorted(map(str, options)))
+            raise ValueError(f"executors.{self.name}: takes no options (got {keys})")
+
+    def __call__(self, options: Mapping[str, Any]) -> Any:
+        self.check_options(options)
+        return self._make(1)
