@@ -46,8 +46,13 @@ def _unb64(text: str) -> bytes:
 
 
 def load_key(state_dir: Path) -> bytes:
-    """The link key, made on first use (0600, O_EXCL: two makers never disagree)."""
-    path = state_dir / KEY_NAME
+    """The link key, made on first use."""
+    return key_file(state_dir / KEY_NAME)
+
+
+def key_file(path: Path) -> bytes:
+    """A 32-byte HMAC key kept in `path`, made on first use (0600, O_EXCL: two makers never
+    disagree; never through a symlink). The links' and the sessions' keys."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:

@@ -21,6 +21,8 @@ from typing import Any
 
 from deltad.protocol import atomic_write_json
 
+from .links import key_file
+
 KEY_NAME = "session.key"
 CLOSED_NAME = "sessions-closed.json"
 DIGEST_PREFIX = 16  # hex characters of the token's SHA-256: enough to tell tokens apart
@@ -92,21 +94,9 @@ def matches(claims: Claims, token_digest: str) -> bool:
 
 # -- the shell: the key file and the logouts ------------------------------------------------------
 def load_key(state_dir: Path) -> bytes:
-    """The session key, made on first use (0600, O_EXCL: two makers never disagree)."""
-    path = state_dir / KEY_NAME
+    """The session key, made on first use (as the links' key is)."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(32).hex().encode())
-            f.flush()
-            os.fsync(f.fileno())
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        return bytes.fromhex(f.read(256).decode())
+    return key_file(state_dir / KEY_NAME)
 
 
 class Sessions:
