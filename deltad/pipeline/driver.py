@@ -22,28 +22,20 @@ from deltad.engine.interviewers import Interviewer
 from deltad.engine.limits import over_steps
 from deltad.protocol import EventType, RunStatus, save_metadata
 
+from .fidelity import DEFAULT, compose
 from .gates import one_line
+from .llmnode import start_payload
 from .model import Graph, Kind, Node
 from .nodes import AgentLoader, NodeRun, run_node
 from .outcome import Outcome, Status
 from .routing import Step, select_edge
 from .state import Decided, State, Visit, outcome_payload, replay
 
-SHOWN_CONTEXT_CHARS = 2000  # per context value, in a later node's prompt
-HIDDEN_KEYS = ("last_stage", "last_response")  # repeated under response.<node>
-
 
 def compose_prompt(node: Node, goal: str, context: Mapping[str, Any]) -> str:
-    """A codergen node's prompt ($goal expanded) and what earlier nodes left in the context."""
+    """A codergen node's prompt ($goal expanded) at the default fidelity (compact)."""
     text = (node.attrs.get("prompt") or node.label).replace("$goal", goal)
-    earlier = [
-        f"- {key}: {str(value)[:SHOWN_CONTEXT_CHARS]}"
-        for key, value in context.items()
-        if key not in HIDDEN_KEYS
-    ]
-    if not earlier:
-        return text
-    return text + "\n\nContext from earlier steps of the pipeline:\n" + "\n".join(earlier)
+    return compose(text, DEFAULT, goal, "", context, ())
 
 
 class PipelineEngine(Engine):
@@ -123,15 +115,13 @@ class PipelineEngine(Engine):
         if (why := over_steps(state.steps, self.max_steps)) is not None:
             return self.finish(RunStatus.FAILED, f"{why}; next was {node_id}")
         ctx.ensure_running()
-        context = state.context
-        prompt = compose_prompt(node, ctx.meta.task, context) if node.kind == Kind.CODERGEN else ""
         ctx.journal.append(
             EventType.NODE_START,
             {
                 "node": node_id,
                 "kind": str(node.kind),
                 "attempt": attempt,
-                "prompt": prompt,
+                **start_payload(self.graph, node, state, ctx.meta.task, ctx.meta.run_id),
                 "iterations_before": ctx.history.thoughts,
             },
         )

@@ -19,14 +19,16 @@ from .problems import Code, Pos, Problem
 # What this runner reads (docs/pipelines.md).
 GRAPH_ATTRS = frozenset(
     {"goal", "label", "default_max_retries", "default_max_retry", "retry_target"}
-    | {"fallback_retry_target", "max_steps"}
+    | {"fallback_retry_target", "max_steps", "model_stylesheet", "default_fidelity"}
+    | {"thread_id", "llm_model", "llm_provider", "reasoning_effort", "temperature"}
 )
 NODE_ATTRS = frozenset(
     {"label", "shape", "type", "prompt", "max_retries", "timeout", "human.default_choice"}
     | {"agent.mode", "agent", "tool_command", "goal_gate", "retry_target"}
-    | {"fallback_retry_target", "respondents"}
+    | {"fallback_retry_target", "respondents", "llm_model", "llm_provider"}
+    | {"reasoning_effort", "temperature", "class", "fidelity", "thread_id"}
 )
-EDGE_ATTRS = frozenset({"label", "condition", "weight"})
+EDGE_ATTRS = frozenset({"label", "condition", "weight", "fidelity", "thread_id"})
 # Graphviz drawing attributes: they change how a graph looks, never what it does.
 DRAWING = frozenset(
     {"rankdir", "color", "fillcolor", "fontcolor", "fontname", "fontsize", "style", "penwidth"}
@@ -35,27 +37,17 @@ DRAWING = frozenset(
     | {"arrowtail", "arrowsize", "dir", "constraint", "compound", "concentrate", "newrank"}
     | {"ordering", "size", "ratio", "group", "rank", "minlen", "headport", "tailport"}
 )
-_LLM = "model settings come from the agent directory (--agent, or the node's agent)"
 _PARALLEL = "parallel shapes are refused"
 _MANAGER = "the manager loop (house) is refused"
 _HOOKS = "tool approvals and hooks come from the agent directory"
-_FIDELITY = "each node is a conversation of its own; context passes as response.<node>"
 # Attributes the attractor spec defines and this runner does not carry out: why, by section.
 SPEC_IGNORED: Mapping[str, Mapping[str, str]] = {
     "graph": {
-        "model_stylesheet": f"§8: {_LLM}",
-        "default_fidelity": f"§2.5: {_FIDELITY}",
         "stack.child_dotfile": f"§4.11: {_MANAGER}",
         "tool_hooks.pre": f"§9.7: {_HOOKS}",
         "tool_hooks.post": f"§9.7: {_HOOKS}",
     },
     "node": {
-        "llm_model": f"§2.6: {_LLM}",
-        "llm_provider": f"§2.6: {_LLM}",
-        "reasoning_effort": f"§2.6: {_LLM}",
-        "class": "§2.12: it selects model_stylesheet rules, which are not applied",
-        "fidelity": f"§2.6: {_FIDELITY}",
-        "thread_id": f"§2.6: {_FIDELITY}",
         "auto_status": "§2.6: a codergen node ends SUCCESS with its final message",
         "allow_partial": "§2.6: exhausted retries are a FAIL",
         "join_policy": f"§4.8: {_PARALLEL}",
@@ -70,8 +62,6 @@ SPEC_IGNORED: Mapping[str, Mapping[str, str]] = {
         "tool_hooks.post": f"§9.7: {_HOOKS}",
     },
     "edge": {
-        "fidelity": f"§2.7: {_FIDELITY}",
-        "thread_id": f"§2.7: {_FIDELITY}",
         "loop_restart": "§2.7: a run is never restarted from an edge",
     },
 }

@@ -26,9 +26,9 @@ from deltad.engine import Engine, RunContext
 from deltad.engine import Outcome as RunOutcome
 from deltad.engine.asking import Asking
 from deltad.engine.interviewers import Interviewer
-from deltad.engine.llm import ChatModel
+from deltad.engine.llm import ChatModel, tuned
 from deltad.engine.tools import kill_orphan, run_tool, write_record
-from deltad.errors import UsageError
+from deltad.errors import LLMError, UsageError
 from deltad.protocol import (
     ActionStatus,
     EventType,
@@ -84,11 +84,19 @@ class NodeRun:
         return self.graph.nodes[self.visit.node]
 
     def context_for_node(self) -> RunContext:
-        """The run's context with this node's agent (its `agent` attribute, if any)."""
-        if self.node.agent is None:
-            return self.ctx
-        agent, model = self.agents(self.node.agent)
-        return replace(self.ctx, agent=agent, model=model)
+        """The run's context with this node's agent (its `agent` attribute, if any) and the
+        model settings its NODE_START recorded (stylesheet and attributes)."""
+        ctx = self.ctx
+        if self.node.agent is not None:
+            agent, model = self.agents(self.node.agent)
+            ctx = replace(ctx, agent=agent, model=model)
+        if not self.visit.llm:
+            return ctx
+        try:
+            model = tuned(ctx.model, self.visit.llm, ctx.agent.config.providers)
+        except LLMError as e:  # the agent's providers changed since the run was checked
+            raise UsageError(f"node {self.node.id}: {e}") from None
+        return replace(ctx, model=model)
 
     def engine(self, ctx: RunContext) -> NodeEngine:
         run = self.ctx  # the run's own agent sets the cap, not a node's `agent`

@@ -16,6 +16,7 @@ from typing import Any
 from deltad.protocol import EventType
 from deltad.protocol.models import JournalEvent
 
+from .fidelity import Stage
 from .outcome import Outcome, Status
 
 
@@ -27,6 +28,9 @@ class Visit:
     seq: int  # its NODE_START: names the visit (and its questions) for good
     attempt: int
     prompt: str
+    llm: dict[str, str] = field(default_factory=dict)  # the node's model settings, as recorded
+    thread: str = ""  # the conversation it belongs to (fidelity full continues one)
+    history: tuple[tuple[int, int], ...] = ()  # the thread's earlier visits: (start, outcome)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,10 @@ class State:
     path: list[str] = field(default_factory=list)  # nodes begun, in order (first attempts)
     last: dict[str, Status] = field(default_factory=dict)  # each node's latest outcome
     steps: int = 0  # node visits begun (every NODE_START, retries too): what max_steps bounds
+    stages: list[Stage] = field(default_factory=list)  # finished visits, for summaries
+    came_from: str | None = None  # the source of the edge taken to `at` (None: no edge)
+    thread: str | None = None  # the latest visit's thread
+    threads: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # its visits
 
     def add(self, e: JournalEvent) -> None:
         p = e.payload
@@ -58,17 +66,27 @@ class State:
                     e.seq,
                     int(p.get("attempt", 1)),
                     str(p.get("prompt", "")),
+                    dict(p.get("llm") or {}),
+                    str(p.get("thread") or p["node"]),
+                    tuple((int(a), int(b)) for a, b in p.get("thread_history") or ()),
                 )
+                self.thread = self.visit.thread
                 self.steps += 1
                 if self.visit.attempt == 1:
                     self.path.append(p["node"])
             case EventType.NODE_OUTCOME:
                 self.context.update(p.get("context_updates") or {})
                 attempt = self.visit.attempt if self.visit else 1
+                if self.visit is not None:
+                    ran = (self.visit.seq, e.seq)
+                    self.threads.setdefault(self.visit.thread, []).append(ran)
                 self.visit, self.decided = None, Decided(p["node"], attempt, outcome_of(p))
                 self.last[p["node"]] = self.decided.outcome.status
+                self.stages.append(Stage(p["node"], p["status"], str(p.get("notes") or "")))
             case EventType.EDGE_TAKEN:
                 self.decided, self.at = None, p["target"]
+                jumped = p.get("step") in ("retry_target", "goal_gate")  # not along an edge
+                self.came_from = None if jumped else p["source"]
             case _:
                 pass
 
