@@ -111,9 +111,7 @@ def test_warnings_name_the_place_and_the_code_and_do_not_refuse() -> None:
 
 
 def test_a_default_block_warns_once_not_once_per_node() -> None:
-    warnings = warnings_in(
-        f"{ENDS}node [tool_hooks.pre=x]\na\nb\nc\nstart -> a -> b -> c -> exit"
-    )
+    warnings = warnings_in(f"{ENDS}node [tool_hooks.pre=x]\na\nb\nc\nstart -> a -> b -> c -> exit")
     [line] = warnings
     assert line.startswith("t.dot:4:22: node a and 2 more: tool_hooks.pre is ignored")
 
