@@ -65,9 +65,9 @@ SPEC_IGNORED: Mapping[str, Mapping[str, str]] = {
         "loop_restart": "§2.7: a run is never restarted from an edge",
     },
 }
-# `timeout` is carried out on these kinds only (a codergen node's is not enforced yet).
-TIMEOUT_KINDS = (Kind.WAIT_HUMAN, Kind.TOOL)
-NO_TIMEOUT = "timeout has no effect here: only a gate's and a tool node's are enforced"
+# `timeout` is carried out on these kinds only.
+TIMEOUT_KINDS = (Kind.WAIT_HUMAN, Kind.TOOL, Kind.CODERGEN)
+NO_TIMEOUT = "timeout has no effect here: only a gate's, a tool's and an LLM node's are enforced"
 
 
 _KNOWN = {"graph": GRAPH_ATTRS, "node": NODE_ATTRS, "edge": EDGE_ATTRS}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import assert_never
 
@@ -42,6 +42,7 @@ from deltad.protocol.replies import Reply
 
 from .gates import Gate, gate
 from .interactive import AUTO_APPROVE_REPLY, ending
+from .llmnode import Bounded, NodeTimedOut
 from .model import Graph, Kind, Node
 from .outcome import Outcome, Status
 from .state import Visit
@@ -144,6 +145,16 @@ def responded(node: Node, message: str, status: Status = Status.SUCCESS, why: st
 
 def codergen(run: NodeRun) -> Result:
     ctx = run.context_for_node()
+    if run.visit.deadline and run.node.timeout is not None:  # the recorded deadline stands
+        deadline = datetime.fromisoformat(run.visit.deadline)
+        ctx = replace(ctx, model=Bounded(ctx.model, deadline, run.node.timeout))
+    try:
+        return _codergen(run, ctx)
+    except NodeTimedOut as e:
+        return Outcome(Status.FAIL, failure_reason=str(e))
+
+
+def _codergen(run: NodeRun, ctx: RunContext) -> Result:
     while True:
         engine = run.engine(ctx)
         out = engine.drive()

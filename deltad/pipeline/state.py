@@ -31,6 +31,7 @@ class Visit:
     llm: dict[str, str] = field(default_factory=dict)  # the node's model settings, as recorded
     thread: str = ""  # the conversation it belongs to (fidelity full continues one)
     history: tuple[tuple[int, int], ...] = ()  # the thread's earlier visits: (start, outcome)
+    deadline: str = ""  # a codergen node's timeout, as an ISO time ("" for none)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class State:
                     dict(p.get("llm") or {}),
                     str(p.get("thread") or p["node"]),
                     tuple((int(a), int(b)) for a, b in p.get("thread_history") or ()),
+                    str(p.get("deadline") or ""),
                 )
                 self.thread = self.visit.thread
                 self.steps += 1

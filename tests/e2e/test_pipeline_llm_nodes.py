@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import textwrap
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +297,55 @@ def test_thread_id_shares_a_conversation_and_a_resume_sends_the_same(
     polish = starts["polish"]["payload"]
     assert polish["thread"] == "writing"
     assert polish["thread_history"][0][0] == starts["draft"]["seq"]
+
+
+TIMED = """\
+    digraph timed {
+        start [shape=Mdiamond]
+        exit [shape=Msquare]
+        w [prompt="think hard", timeout="%s"]
+        done [shape=parallelogram, tool_command="echo done"]
+        handle [shape=parallelogram, tool_command="echo handled"]
+        start -> w
+        w -> done [condition="outcome=success"]
+        w -> handle [condition="outcome=fail"]
+        done -> exit
+        handle -> exit
+    }
+"""
+
+
+def _outcome(d: Delta, node: str) -> dict[str, Any]:
+    [found] = [e["payload"] for e in d.events("NODE_OUTCOME") if e["payload"]["node"] == node]
+    return found
+
+
+def test_an_llm_nodes_timeout_bounds_its_model_call(delta: Delta, fake: FakeLLM) -> None:
+    fake.hang(120)  # the model never answers in time
+    r = _pipeline(delta, _write(delta, "t.dot", TIMED % "3s"), timeout=100)
+    assert r.code == 0, r.err
+    w = _outcome(delta, "w")
+    assert w["status"] == "fail" and w["failure_reason"].startswith("timed out: the node's")
+    assert [e["payload"]["node"] for e in delta.events("NODE_START")][-1] == "handle"
+    assert "W001" not in r.err
+
+
+def test_an_llm_nodes_deadline_survives_a_kill(delta: Delta, fake: FakeLLM) -> None:
+    """Killed in the call; resumed after the recorded deadline: the timeout path, no new call."""
+    fake.hang(120)
+    dot = _write(delta, "t.dot", TIMED % "10s")
+    proc = delta.popen("run", "--pipeline", str(dot), "--agent", str(delta.agent))
+    try:
+        wait_for(lambda: len(fake.requests) == 1, "w's model call", timeout=60)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.kill()
+    [start] = [e["payload"] for e in delta.events("NODE_START") if e["payload"]["node"] == "w"]
+    deadline = datetime.fromisoformat(start["deadline"])
+    wait_for(lambda: datetime.now(UTC) > deadline, "w's deadline", timeout=60)
+    fake.reply("too late")  # would be taken if the resume called the model again
+    r = delta("run")
+    assert r.code == 0, r.err
+    assert _outcome(delta, "w")["status"] == "fail" and len(fake.requests) == 1
+    assert [e["payload"]["node"] for e in delta.events("NODE_START")][-1] == "handle"

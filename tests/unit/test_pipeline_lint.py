@@ -42,8 +42,8 @@ def warnings_in(body: str) -> list[str]:
         ("node", "join_policy", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.8"),
         ("node", "manager.max_cycles", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.11"),
         ("node", "tool_hooks.pre", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§9.7"),
-        ("node", "timeout", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "timeout has no effect here"),
-        ("node", "timeout", Kind.EXIT, Code.IGNORED_ATTRIBUTE, "only a gate's and a tool node's"),
+        ("node", "timeout", Kind.EXIT, Code.IGNORED_ATTRIBUTE, "timeout has no effect here"),
+        ("node", "timeout", Kind.CONDITIONAL, Code.IGNORED_ATTRIBUTE, "an LLM node's are"),
         ("edge", "loop_restart", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
         ("node", "promt", Kind.CODERGEN, Code.UNKNOWN_ATTRIBUTE, "did you mean prompt?"),
         ("edge", "conditon", None, Code.UNKNOWN_ATTRIBUTE, "did you mean condition?"),
@@ -77,6 +77,7 @@ def test_an_attribute_not_carried_out_is_a_warning(
         ("edge", "thread_id", None),
         ("node", "timeout", Kind.WAIT_HUMAN),
         ("node", "timeout", Kind.TOOL),
+        ("node", "timeout", Kind.CODERGEN),
         ("node", "human.default_choice", Kind.WAIT_HUMAN),
         ("node", "color", Kind.CODERGEN),
         ("node", "command", Kind.TOOL),  # an error there (E008), not a warning too
@@ -121,15 +122,16 @@ def test_a_timeout_default_warns_once_for_all_kinds_it_has_no_effect_on() -> Non
         f"node [timeout=5m]\n{ENDS}w\nc [shape=diamond]\ng [shape=hexagon]\n"
         "start -> w -> c -> g -> exit"
     )
-    assert warnings == [f"t.dot:2:15: node start and 3 more: {NO_TIMEOUT} [W001 ignored-attribute]"]
+    assert warnings == [f"t.dot:2:15: node start and 2 more: {NO_TIMEOUT} [W001 ignored-attribute]"]
 
 
-def test_a_codergen_timeout_warns_but_a_gate_timeout_does_not() -> None:
+def test_a_conditional_timeout_warns_but_a_gate_or_llm_timeout_does_not() -> None:
     warnings = warnings_in(
-        f"{ENDS}w [timeout=5m]\ng [shape=hexagon, timeout=5m]\nstart -> w -> g -> exit"
+        f"{ENDS}w [timeout=5m]\ng [shape=hexagon, timeout=5m]\nc [shape=diamond, timeout=1s]\n"
+        "start -> w -> g -> c -> exit"
     )
     assert [w.split(": ", 2)[1:] for w in warnings] == [
-        ["node w", f"{NO_TIMEOUT} [W001 ignored-attribute]"]
+        ["node c", f"{NO_TIMEOUT} [W001 ignored-attribute]"]
     ]
 
 
