@@ -57,7 +57,7 @@ def messages(ctx: RunContext, tools: list[dict[str, Any]]) -> list[dict[str, Any
         *thread,
         {"role": "user", "content": task},
     ]
-    cut = budget.last_cut(events)
+    cut = budget.last_cut(events, since)
     if cut is not None and cut.through_seq < since:
         cut = None
     limit = budget.budget_of(ctx.agent.config.llm, tools)

@@ -9,7 +9,7 @@ again what had finished.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +114,14 @@ def outcome_payload(node: str, outcome: Outcome) -> dict[str, Any]:
         "notes": outcome.notes,
         "failure_reason": outcome.failure_reason,
     }
+
+
+def feed(state: State, events: Sequence[JournalEvent], fed: int) -> int:
+    """Add the events after the first `fed` to `state` (the journal's list only grows while a
+    process drives the run); returns how many are in now."""
+    for i in range(fed, len(events)):
+        state.add(events[i])
+    return len(events)
 
 
 def replay(events: Iterable[JournalEvent], start: str) -> State:
