@@ -9,6 +9,7 @@ sharing a conversation between two nodes.
 
 from __future__ import annotations
 
+import json
 import signal
 import textwrap
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from typing import Any
 
 from deltad.testing import FakeLLM
 
-from ..conftest import Delta, wait_for, write_agent
+from ..conftest import EXAMPLES, Delta, wait_for, write_agent
 
 
 def _write(d: Delta, name: str, text: str) -> Path:
@@ -349,3 +350,22 @@ def test_an_llm_nodes_deadline_survives_a_kill(delta: Delta, fake: FakeLLM) -> N
     assert r.code == 0, r.err
     assert _outcome(delta, "w")["status"] == "fail" and len(fake.requests) == 1
     assert [e["payload"]["node"] for e in delta.events("NODE_START")][-1] == "handle"
+
+
+def test_every_example_pipeline_checks_without_warnings(delta: Delta) -> None:
+    for dot in sorted((EXAMPLES / "pipelines").glob("*.dot")):
+        r = delta("pipeline", "check", "--strict", str(dot))
+        assert r.code == 0, (dot.name, r.err)
+
+
+def test_the_model_settings_example_runs(delta: Delta, fake: FakeLLM) -> None:
+    fake.reply("DRAFT").reply("PROBLEMS").reply("FINAL")
+    r = _pipeline(delta, EXAMPLES / "pipelines" / "model-settings.dot")
+    assert r.code == 0, r.err
+    assert r.out.strip() == "FINAL"
+    assert [q.get("reasoning_effort") for q in fake.requests] == [None, "high", None]
+    assert [q.get("temperature") for q in fake.requests] == [None, None, 0.2]
+    polish = [(m["role"], m["content"]) for m in fake.requests[2]["messages"]]
+    assert polish[1:3] == [("user", "Draft: Write a release note for version 1.4"),
+                           ("assistant", "DRAFT")]  # fmt: skip
+    assert "PROBLEMS" not in json.dumps(polish)  # a thread of its own, not review's digest
