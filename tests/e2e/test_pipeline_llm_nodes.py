@@ -369,3 +369,23 @@ def test_the_model_settings_example_runs(delta: Delta, fake: FakeLLM) -> None:
     assert polish[1:3] == [("user", "Draft: Write a release note for version 1.4"),
                            ("assistant", "DRAFT")]  # fmt: skip
     assert "PROBLEMS" not in json.dumps(polish)  # a thread of its own, not review's digest
+
+
+def test_a_summary_is_the_same_after_a_kill(delta: Delta, fake: FakeLLM) -> None:
+    """The digest is composed once, into NODE_START: the call asked again after a kill -9
+    sends the same messages."""
+    fake.reply("FIRST-OUTPUT").hang(120)
+    dot = _write(delta, "f.dot", FIDELITY % "summary:medium")
+    proc = delta.popen("run", "--pipeline", str(dot), "--agent", str(delta.agent))
+    try:
+        wait_for(lambda: len(fake.requests) == 2, "second's model call", timeout=60)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.kill()
+    fake.reply("done")
+    r = delta("run")
+    assert r.code == 0, r.err
+    assert fake.requests[2]["messages"] == fake.requests[1]["messages"]
+    assert "- first: success" in _second_prompt(fake)
+    assert "- response.first: FIRST-OUTPUT" in _second_prompt(fake)
