@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from deltad.engine import budget
 from deltad.engine.interviewers import AutoApproveInterviewer, Chain
 from deltad.pipeline import state as pipeline_state
 from deltad.pipeline.fidelity import Stage, compose, resolve_fidelity, resolve_thread
@@ -16,7 +17,8 @@ from deltad.pipeline.stylesheet import (
     offset_pos,
     parse_stylesheet,
 )
-from deltad.protocol import RunStatus
+from deltad.protocol import EventType, RunStatus, utcnow
+from deltad.protocol.models import JournalEvent
 from deltad.testing import ScriptedModel
 
 from .helpers import Run, pipeline_graph
@@ -168,3 +170,18 @@ def test_a_step_reads_only_the_new_journal_events(
     assert run.drive(Chain(AutoApproveInterviewer())).status == RunStatus.COMPLETED
     assert len(run.path()) == n + 1
     assert len(added) <= len(run.journal.events)  # each event once (replaying: ~n² / 2)
+
+
+def test_a_context_cut_is_looked_for_only_since_the_node_began() -> None:
+    """A model call in a pipeline node reads back to its NODE_START, not the whole run."""
+    cut = budget.Cut(3, 2, {}, "left out").payload(1000, 10)
+    events = [
+        JournalEvent(seq=1, timestamp=utcnow(), type=EventType.NODE_START, payload={}),
+        JournalEvent(seq=5, timestamp=utcnow(), type=EventType.SYSTEM_MESSAGE, payload=cut),
+        JournalEvent(seq=9, timestamp=utcnow(), type=EventType.NODE_START, payload={}),
+        JournalEvent(seq=10, timestamp=utcnow(), type=EventType.THOUGHT, payload={}),
+    ]
+    found = budget.last_cut(events)
+    assert found is not None and found.through_seq == 3
+    assert budget.last_cut(events, 9) is None  # an earlier node's cut
+    assert budget.last_cut(events, 4) is not None
