@@ -140,11 +140,21 @@ def test_a_provider_names_an_endpoint_of_the_agent(tmp_path: Path, fake: FakeLLM
         )
         assert not d.delta_dir.exists()
         fake.reply("from the default endpoint")
+        other.hang(120)  # killed in second's call; the resume asks the same endpoint again
+        argv = ["run", "--pipeline", str(dot), "--agent", str(agent)]
+        proc = d.popen(*argv, env={"OTHER_KEY": "k2"})
+        try:
+            wait_for(lambda: len(other.requests) == 1, "second's model call", timeout=60)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        finally:
+            proc.kill()
         other.reply("from the other endpoint")
-        r = _pipeline(d, dot, env={"OTHER_KEY": "k2"})
+        r = d("run", env={"OTHER_KEY": "k2"})
         assert r.code == 0, r.err
         assert r.out.strip() == "from the other endpoint"
-        assert len(fake.requests) == 1 and len(other.requests) == 1
+        assert len(fake.requests) == 1 and len(other.requests) == 2
+        assert other.requests[1] == other.requests[0]
 
 
 def test_an_unknown_provider_is_one_line_before_the_run(delta: Delta, fake: FakeLLM) -> None:
