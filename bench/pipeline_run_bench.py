@@ -1,14 +1,15 @@
-"""A long pipeline run (a script, not a timed test): does a step cost more as the run grows?
+"""A long pipeline run's cost per step (a script, not timed tests): does node N cost what node
+100 costs?
 
-    .venv/bin/python bench/pipeline_run_bench.py                 # a 2,000-node chain
-    .venv/bin/python bench/pipeline_run_bench.py --nodes 500     # quick look
+    .venv/bin/python bench/pipeline_run_bench.py --nodes 5000
+    .venv/bin/python bench/pipeline_run_bench.py --nodes 2000 --old /tmp/old   # beside the old code
 
-A real `delta run --pipeline` of a chain of conditional nodes (no model calls: what is timed is
-the driver, its journal and its metadata writes). The per-node time comes from the journal's
-own NODE_START timestamps: the median over the first and the last 10% of the nodes. Before
-the driver folded each journal line once, it replayed the whole journal at every step, so the
-late nodes cost several times the early ones. Results: Markdown on stdout, JSON in
-bench/results/.
+The graph is a chain start -> t0 -> ... -> t(N-1) -> exit of tool nodes (`true`), run by one
+real `delta run --pipeline` process against the fake model (no node calls it). The time of a
+node is the gap between consecutive NODE_START timestamps in the journal; the figure at node K
+is the median over the 100 nodes ending at K. `--old DIR` runs the same with the deltad package
+of another checkout (e.g. `git worktree add /tmp/old cc2f931`) on PYTHONPATH.
+Results: Markdown on stdout and JSON in bench/results/.
 """
 
 from __future__ import annotations
@@ -16,80 +17,113 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
-DELTA = str(Path(sys.executable).parent / "delta")
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from deltad.testing import FakeLLM  # noqa: E402
+
+WINDOW = 100
+# `delta` from the given checkout: the venv's editable install would otherwise win the import.
+LAUNCH = (
+    "import sys; root = sys.argv.pop(1); "
+    "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
+    "sys.path.insert(0, root); sys.argv[0] = 'delta'; "
+    "import deltad; assert deltad.__file__.startswith(root), deltad.__file__; "
+    "from deltad.client.cli import main; main()"
+)
 
 
 def chain(n: int) -> str:
-    lines = ["digraph chain {", "start [shape=Mdiamond]", "exit [shape=Msquare]"]
-    lines += [f"n{i} [shape=diamond]" for i in range(n)]
-    lines += ["start -> n0"] + [f"n{i} -> n{i + 1}" for i in range(n - 1)] + [f"n{n - 1} -> exit"]
-    return "\n".join([*lines, "}"])
+    tools = "\n".join(f'  t{i} [shape=parallelogram, tool_command="true"]' for i in range(n))
+    path = " -> ".join(f"t{i}" for i in range(n))
+    return (
+        f'digraph chain {{\n  graph [goal="bench", max_steps={n + 10}]\n'
+        f"  start [shape=Mdiamond]\n  exit [shape=Msquare]\n{tools}\n"
+        f"  start -> {path} -> exit\n}}\n"
+    )
 
 
-def agent(root: Path) -> Path:
-    home = root / "agent"
-    home.mkdir()
-    (home / "config.yaml").write_text("name: bench\nllm:\n  model: none\ntools: []\n")
-    (home / "system_prompt.md").write_text("bench\n")
-    return home
+def run(code_root: Path, nodes: int, fake: FakeLLM) -> list[float]:
+    """Seconds per node, in order, from the journal of one run."""
+    with tempfile.TemporaryDirectory(prefix="pipebench-") as tmp:
+        base = Path(tmp)
+        agent = base / "agent"
+        agent.mkdir()
+        (agent / "config.yaml").write_text("name: bench\nllm:\n  model: fake\ntools: []\n")
+        (agent / "system_prompt.md").write_text("bench\n")
+        dot = base / "chain.dot"
+        dot.write_text(chain(nodes))
+        ws = base / "ws"
+        ws.mkdir()
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": fake.url,
+            "OPENAI_API_KEY": "bench",
+        }
+        argv = [sys.executable, "-c", LAUNCH, str(code_root)]
+        argv += ["run", "--pipeline", str(dot), "--agent", str(agent), "-w", str(ws)]
+        started = time.monotonic()
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        print(f"  {code_root}: exit {done.returncode} in {time.monotonic() - started:.0f} s",
+              file=sys.stderr)  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(done.stderr[-2000:])
+        runs = ws / ".delta" / "runs"
+        rid = (runs / "LATEST").read_text().strip()
+        lines = (runs / rid / "execution" / "journal.jsonl").read_text().splitlines()
+        starts = [
+            datetime.fromisoformat(e["timestamp"])
+            for e in map(json.loads, lines)
+            if e["type"] == "NODE_START"
+        ]
+        return [(b - a).total_seconds() for a, b in itertools.pairwise(starts)]
 
 
-def node_starts(ws: Path) -> list[float]:
-    runs = ws / ".delta" / "runs"
-    run = (runs / "LATEST").read_text().strip()
-    stamps = []
-    for line in (runs / run / "execution" / "journal.jsonl").read_text().splitlines():
-        e = json.loads(line)
-        if e["type"] == "NODE_START":
-            stamps.append(datetime.fromisoformat(e["timestamp"]).timestamp())
-    return stamps
+def at(gaps: list[float], k: int) -> float:
+    """Median ms per node over the WINDOW nodes ending at node k."""
+    window = gaps[max(0, k - WINDOW) : k]
+    return statistics.median(window) * 1000
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=int, default=2000)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--old", type=Path, help="another checkout's root, run beside this one")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        dot = root / "chain.dot"
-        dot.write_text(chain(args.nodes))
-        ws = root / "ws"
-        ws.mkdir()
-        argv = [DELTA, "run", "--pipeline", str(dot), "--agent", str(agent(root))]
-        argv += ["--max-steps", str(args.nodes + 10), "-w", str(ws)]
-        began = time.monotonic()
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-        wall = time.monotonic() - began
-        if done.returncode != 0:
-            sys.exit(f"delta run failed ({done.returncode}): {done.stderr.strip()}")
-        stamps = node_starts(ws)
-    gaps = [b - a for a, b in itertools.pairwise(stamps)]
-    tenth = max(1, len(gaps) // 10)
-    early, late = statistics.median(gaps[:tenth]), statistics.median(gaps[-tenth:])
-    result = {
+    points = sorted({100, args.nodes // 4, args.nodes // 2, args.nodes})
+    roots = [("this", ROOT)] + ([("old", args.old)] if args.old else [])
+    table: dict[str, dict[int, float]] = {}
+    with FakeLLM() as fake:
+        for name, root in roots:
+            gaps = run(root, args.nodes, fake)
+            table[name] = {k: round(at(gaps, k), 2) for k in points}
+    head = "| code | " + " | ".join(f"ms/node at {k}" for k in points) + " |"
+    print(head)
+    print("|" + "---|" * (len(points) + 1))
+    for name, row in table.items():
+        print(f"| {name} | " + " | ".join(f"{row[k]:.1f}" for k in points) + " |")
+    out: dict[str, Any] = {
         "nodes": args.nodes,
-        "wall_seconds": round(wall, 2),
-        "early_ms_per_node": round(early * 1000, 2),
-        "late_ms_per_node": round(late * 1000, 2),
-        "late_over_early": round(late / early, 2) if early else None,
+        "window": WINDOW,
+        "ms_per_node": table,
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
     }
-    print("| nodes | wall s | ms/node (first 10%) | ms/node (last 10%) | last / first |")
-    print("|---|---|---|---|---|")
-    print(
-        f"| {args.nodes} | {result['wall_seconds']} | {result['early_ms_per_node']} "
-        f"| {result['late_ms_per_node']} | {result['late_over_early']} |"
-    )
-    out = HERE / "results" / f"pipeline-run-{datetime.now():%Y%m%dT%H%M%S}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    dest = HERE / "results" / f"pipeline-run-{stamp}.json"
+    dest.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"\nwritten to {dest.relative_to(ROOT)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

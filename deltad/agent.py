@@ -114,6 +114,15 @@ class LLMSettings(_Strict):
     # less max_tokens and the tools' schemas). Older turns beyond it are left out, on record.
     context_window: int | None = Field(default=None, gt=0)
     context_budget: int | None = Field(default=None, gt=0)
+    # Sent as `reasoning_effort` when set (a pipeline node's own setting overrides it).
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+
+
+class ProviderSettings(_Strict):
+    """An OpenAI-compatible endpoint a pipeline node's `llm_provider` names."""
+
+    base_url: str = Field(min_length=1)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ApprovalPolicy(_Strict):
@@ -144,6 +153,7 @@ class AgentConfig(_Strict):
     max_iterations: int = Field(default=30, gt=0)
     tool_timeout_seconds: float = Field(default=120, gt=0)
     approval: ApprovalPolicy | None = None
+    providers: dict[str, ProviderSettings] = {}  # llm_provider name -> endpoint
 
 
 # Stands for an inherited pipe's /dev/fd/N in argv until the tool is started.

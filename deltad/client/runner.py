@@ -179,8 +179,10 @@ def _prepare(opts: RunOptions, err: TextIO) -> Ready:
     agent = load_agent(opts.agent)
     for note in agent.notes:
         print(f"delta: note: {note}", file=err)
-    for home in pipeline_runs.node_agents(pipeline[0]) if pipeline else []:
-        load_agent(home)  # a node's own agent must be sound too
+    homes = pipeline_runs.node_agents(pipeline[0]) if pipeline else []
+    agents = {home: load_agent(home) for home in homes}  # a node's own agent must be sound too
+    if pipeline:
+        pipeline_runs.check_providers(pipeline[0], agent, agents)
     return Ready(agent, _model(agent, err), pipeline)
 
 

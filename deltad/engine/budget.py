@@ -111,8 +111,13 @@ class Cut:
         return cls(int(c["through_seq"]), int(c["turns"]), dict(c["tools"]), str(c["note"]))
 
 
-def last_cut(events: Sequence[JournalEvent]) -> Cut | None:
-    for e in reversed(events):
+def last_cut(events: Sequence[JournalEvent], after: int = 0) -> Cut | None:
+    """The latest cut recorded after event `after` (a pipeline node's start: an earlier
+    node's cut does not apply, and the scan stops there instead of reading the whole run)."""
+    for i in range(
+        len(events) - 1, bisect.bisect_right(events, after, key=lambda e: e.seq) - 1, -1
+    ):
+        e = events[i]
         if e.type == EventType.SYSTEM_MESSAGE and isinstance(e.payload.get("context_cut"), dict):
             return Cut.of(e.payload)
     return None

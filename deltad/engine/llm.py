@@ -21,7 +21,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from functools import cached_property
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import openai
 
-from deltad.agent import LLMSettings
+from deltad.agent import LLMSettings, ProviderSettings
 from deltad.errors import LLMError, UsageError
 from deltad.pacing import Pacing
 from deltad.protocol.fsio import compact_json
@@ -120,6 +120,38 @@ def retries_from_env(default: int) -> int:
     return value
 
 
+def provider_endpoint(name: str, provider: ProviderSettings) -> Endpoint:
+    """A named provider's endpoint: its base URL, its key from `api_key_env` (none: "unused",
+    as local servers take)."""
+    var = provider.api_key_env
+    key = os.environ.get(var) if var else None
+    if var and not key:
+        raise LLMError(f"llm_provider {name}: its key variable {var} is not set")
+    return Endpoint(provider.base_url, key or "unused", var)
+
+
+def tuned(
+    model: ChatModel, props: Mapping[str, str], providers: Mapping[str, ProviderSettings]
+) -> ChatModel:
+    """`model` with a pipeline node's settings (llm_model, llm_provider, reasoning_effort,
+    temperature; checked before the run started). A model that is not ours is kept as is."""
+    if not props or not isinstance(model, OpenAIChatModel):
+        return model
+    update: dict[str, Any] = {}
+    if "llm_model" in props:
+        update["model"] = props["llm_model"]
+    if "reasoning_effort" in props:
+        update["reasoning_effort"] = props["reasoning_effort"]
+    if "temperature" in props:
+        update["temperature"] = float(props["temperature"])
+    endpoint = model.endpoint
+    if (name := props.get("llm_provider")) is not None:
+        if name not in providers:
+            raise LLMError(f"llm_provider {name!r} is not in the agent's providers")
+        endpoint = provider_endpoint(name, providers[name])
+    return OpenAIChatModel(model.settings.model_copy(update=update), model.say, endpoint)
+
+
 # -- what went wrong ---------------------------------------------------------------------------
 @dataclass
 class Failure:
@@ -205,11 +237,16 @@ def parse_completion(raw: bytes) -> ChatReply:
 
 
 class OpenAIChatModel:
-    def __init__(self, settings: LLMSettings, say: Callable[[str], None] = lambda _: None) -> None:
+    def __init__(
+        self,
+        settings: LLMSettings,
+        say: Callable[[str], None] = lambda _: None,
+        endpoint: Endpoint | None = None,
+    ) -> None:
         # Check the endpoint now (a resume must fail before touching the run), but build the
         # SDK client on first use: `import openai` costs ~0.9 s of CPU, and many runs never
         # call out (a resume that asks again, a busy workspace, an ingested crash repair).
-        self.endpoint = endpoint_from_env()
+        self.endpoint = endpoint or endpoint_from_env()
         self.settings = settings
         self.retries = retries_from_env(settings.max_retries)
         self.say = say  # one line to the person (stderr) and the run's log
@@ -235,6 +272,8 @@ class OpenAIChatModel:
             body["temperature"] = self.settings.temperature
         if self.settings.max_tokens is not None:
             body["max_tokens"] = self.settings.max_tokens
+        if self.settings.reasoning_effort is not None:
+            body["reasoning_effort"] = self.settings.reasoning_effort
         return body
 
     def complete(

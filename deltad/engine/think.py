@@ -8,13 +8,16 @@ truncated tool call never runs.
 
 from __future__ import annotations
 
+import bisect
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from deltad.errors import LLMError
 from deltad.protocol import EventType, iso, safefs, save_metadata, utcnow
 from deltad.protocol.fsio import compact_json, write_record
+from deltad.protocol.models import JournalEvent
 
 from . import budget
 from .ask_human import ASK_HUMAN_TOOL
@@ -43,20 +46,22 @@ def messages(ctx: RunContext, tools: list[dict[str, Any]]) -> list[dict[str, Any
     conversation: its prompt (from its NODE_START) and what followed it; a cut made in an
     earlier node does not apply."""
     events = ctx.journal.events
-    task, since = ctx.meta.task, 0
+    task, since, thread = ctx.meta.task, 0, []
     for e in reversed(events):
         if e.type == EventType.NODE_START:
             task, since = e.payload.get("prompt") or task, e.seq
+            thread = thread_messages(events, e.payload.get("thread_history") or [])
             break
     head: list[dict[str, Any]] = [
         {"role": "system", "content": ctx.agent.system_prompt},
+        *thread,
         {"role": "user", "content": task},
     ]
-    cut = budget.last_cut(events)
+    cut = budget.last_cut(events, since)
     if cut is not None and cut.through_seq < since:
         cut = None
     limit = budget.budget_of(ctx.agent.config.llm, tools)
-    fixed = sum(budget.estimate(m) for m in head)
+    fixed = sum(budget.estimate(m) for m in head)  # a thread's history is never cut
     note = budget.estimate(budget.note_message(cut)) if cut else 0
     after = max(since, cut.through_seq if cut else 0)
     turns = budget.turns_after(events, after, stop_above=limit)
@@ -68,6 +73,22 @@ def messages(ctx: RunContext, tools: list[dict[str, Any]]) -> list[dict[str, Any
         cut = new
     notes = [budget.note_message(cut)] if cut else []
     return head + notes + [m for t in turns for m in t.messages]
+
+
+def thread_messages(
+    events: Sequence[JournalEvent], history: Sequence[Sequence[int]]
+) -> list[dict[str, Any]]:
+    """A pipeline thread's earlier conversation (fidelity full): for each earlier visit, from
+    its NODE_START to its NODE_OUTCOME, its prompt and its turns, message for message."""
+    out: list[dict[str, Any]] = []
+    for start, end in history:
+        lo = bisect.bisect_left(events, start, key=lambda e: e.seq)
+        hi = bisect.bisect_right(events, end, key=lambda e: e.seq)
+        if lo >= hi:
+            continue
+        out.append({"role": "user", "content": events[lo].payload.get("prompt") or ""})
+        out += [m for t in budget.turns_after(events[lo:hi], start) for m in t.messages]
+    return out
 
 
 def think(ctx: RunContext) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """Driving a pipeline run: node after node, each step journaled before the next begins.
 
-Each turn folds the journal's new events into the state (`State.add`, once each, never a
-replay of the whole journal per step) and does the one next thing: begin a node (NODE_START),
-run the node in progress to its outcome (NODE_OUTCOME, with its context changes), or route
-that outcome (EDGE_TAKEN; a retry begins the node again). A crash between any two of these
-resumes at the right step; a node that finished is never run again.
+Each turn folds the journal's new events into the run's state (`PipelineEngine.state`: each
+event once, never a replay per step, so a step costs the same at node 10 and at node 10,000)
+and does the one next thing: begin a node (NODE_START), run the node in progress to its
+outcome (NODE_OUTCOME, with its context changes), or route that outcome (EDGE_TAKEN; a retry
+begins the node again). A crash between any two of these resumes at the right step; a node
+that finished is never run again.
 
 Routing follows the attractor spec: a RETRY begins the node again, after the spec's backoff,
 while `max_retries` allows, then is a FAIL (a PARTIAL_SUCCESS with `allow_partial`); a FAIL
@@ -29,17 +30,15 @@ from deltad.pacing import Pacing, equal_jitter
 from deltad.protocol import EventType, RunStatus, save_metadata
 
 from . import parallel
+from .fidelity import DEFAULT, compose
 from .gates import one_line
+from .llmnode import start_payload
 from .model import Graph, Kind, Node
 from .nodes import AgentLoader, NodeRun, codergen, run_node
 from .outcome import Outcome, Status
 from .routing import Step, select_edge
-from .state import Branch, Decided, State, Visit, outcome_payload, replay
+from .state import Branch, Decided, Lane, State, Visit, outcome_payload, replay
 
-SHOWN_CONTEXT_CHARS = 2000  # per context value, in a later node's prompt
-# Repeated under response.<node>, or the engine's bookkeeping (§5.1): not shown to the model.
-HIDDEN_KEYS = ("last_stage", "last_response", "outcome", "preferred_label", "current_node")
-HIDDEN_PREFIXES = ("graph.", "internal.")
 # The spec's standard retry policy (§3.6): 200 ms, doubled per attempt, at most 60 s. Short
 # enough to wait in-process: a crash during a wait waits again on resume.
 BACKOFF_INITIAL_SECONDS = 0.2
@@ -52,16 +51,9 @@ def backoff_seconds(attempt: int, r: float) -> float:
 
 
 def compose_prompt(node: Node, goal: str, context: Mapping[str, Any]) -> str:
-    """A codergen node's prompt ($goal expanded) and what earlier nodes left in the context."""
+    """A codergen node's prompt ($goal expanded) at the default fidelity (compact)."""
     text = (node.attrs.get("prompt") or node.label).replace("$goal", goal)
-    earlier = [
-        f"- {key}: {str(value)[:SHOWN_CONTEXT_CHARS]}"
-        for key, value in context.items()
-        if key not in HIDDEN_KEYS and not key.startswith(HIDDEN_PREFIXES)
-    ]
-    if not earlier:
-        return text
-    return text + "\n\nContext from earlier steps of the pipeline:\n" + "\n".join(earlier)
+    return compose(text, DEFAULT, goal, "", context, ())
 
 
 def after_attempt(outcome: Outcome, attempt: int, max_retries: int, allow_partial: bool) -> Outcome:
@@ -196,10 +188,10 @@ class PipelineEngine(Engine):
             if self._ends_branch(b.at):  # an edge straight to the fan-in: an empty branch
                 self._end_branch(b, i, b.at, b.at, Outcome(Status.SUCCESS, notes="empty branch"))
                 return None
-            return self._begin(b.at, 1, state, branch=i, context=b.context)
+            return self._begin(b.at, 1, state, branch=i)
         node, outcome = self.graph.nodes[b.decided.node], b.decided.outcome
         if outcome.status == Status.RETRY:
-            return self._retry(node.id, b.decided.attempt + 1, state, i, b.context)
+            return self._retry(node.id, b.decided.attempt + 1, state, i)
         sel = select_edge(self.graph, node.id, outcome, b.context)
         target = sel.edge.target if sel.edge else ""
         failed = outcome.status == Status.FAIL and sel.step != Step.CONDITION
@@ -254,7 +246,6 @@ class PipelineEngine(Engine):
         attempt: int,
         state: State,
         branch: int | None = None,
-        context: Mapping[str, Any] | None = None,
     ) -> RunOutcome | None:
         """Wait the backoff (§3.6), then begin the node again. The wait is in-process: at most
         60 s, and a signal still stops the run at the checkpoint after it."""
@@ -262,7 +253,7 @@ class PipelineEngine(Engine):
         if over_steps(state.steps, self.max_steps) is None:
             self.sleep(delay)
             self.ctx.guard.checkpoint()
-        return self._begin(node_id, attempt, state, delay, branch, context)
+        return self._begin(node_id, attempt, state, delay, branch)
 
     def _begin(
         self,
@@ -271,23 +262,23 @@ class PipelineEngine(Engine):
         state: State,
         backoff: float = 0.0,
         branch: int | None = None,
-        context: Mapping[str, Any] | None = None,
     ) -> RunOutcome | None:
         """Begin a visit of `node_id`, unless the run has made all the visits it may."""
         ctx, node = self.ctx, self.graph.nodes[node_id]
         if (why := over_steps(state.steps, self.max_steps)) is not None:
             return self.finish(RunStatus.FAILED, f"{why}; next was {node_id}")
         ctx.ensure_running()
-        context = state.context if context is None else context
-        asks_model = node.kind == Kind.CODERGEN or (node.kind == Kind.FAN_IN and node.prompt)
-        prompt = compose_prompt(node, ctx.meta.task, context) if asks_model else ""
+        lane: Lane = state
+        if branch is not None:
+            assert state.fan is not None  # a branch runs only while its parallel node does
+            lane = state.fan.branches[branch]
         ctx.journal.append(
             EventType.NODE_START,
             {
                 "node": node_id,
                 "kind": str(node.kind),
                 "attempt": attempt,
-                "prompt": prompt,
+                **start_payload(self.graph, node, state, lane, ctx.meta.task, ctx.meta.run_id),
                 "iterations_before": ctx.history.thoughts,
                 **({"backoff_seconds": round(backoff, 3)} if backoff else {}),
                 **({} if branch is None else {"branch": branch}),

@@ -19,14 +19,17 @@ from .problems import Code, Pos, Problem
 # What this runner reads (docs/pipelines.md).
 GRAPH_ATTRS = frozenset(
     {"goal", "label", "default_max_retries", "default_max_retry", "retry_target"}
-    | {"fallback_retry_target", "max_steps"}
+    | {"fallback_retry_target", "max_steps", "model_stylesheet", "default_fidelity"}
+    | {"thread_id", "llm_model", "llm_provider", "reasoning_effort", "temperature"}
 )
 NODE_ATTRS = frozenset(
     {"label", "shape", "type", "prompt", "max_retries", "timeout", "human.default_choice"}
     | {"agent.mode", "agent", "tool_command", "goal_gate", "retry_target"}
     | {"fallback_retry_target", "respondents", "allow_partial", "join_policy"}
+    | {"llm_model", "llm_provider", "reasoning_effort", "temperature", "class", "fidelity"}
+    | {"thread_id"}
 )
-EDGE_ATTRS = frozenset({"label", "condition", "weight"})
+EDGE_ATTRS = frozenset({"label", "condition", "weight", "fidelity", "thread_id"})
 # Graphviz drawing attributes: they change how a graph looks, never what it does.
 DRAWING = frozenset(
     {"rankdir", "color", "fillcolor", "fontcolor", "fontname", "fontsize", "style", "penwidth"}
@@ -35,27 +38,17 @@ DRAWING = frozenset(
     | {"arrowtail", "arrowsize", "dir", "constraint", "compound", "concentrate", "newrank"}
     | {"ordering", "size", "ratio", "group", "rank", "minlen", "headport", "tailport"}
 )
-_LLM = "model settings come from the agent directory (--agent, or the node's agent)"
 _PARALLEL = "branches run one at a time, in this process"
 _MANAGER = "the manager loop (house) is refused"
 _HOOKS = "tool approvals and hooks come from the agent directory"
-_FIDELITY = "each node is a conversation of its own; context passes as response.<node>"
 # Attributes the attractor spec defines and this runner does not carry out: why, by section.
 SPEC_IGNORED: Mapping[str, Mapping[str, str]] = {
     "graph": {
-        "model_stylesheet": f"§8: {_LLM}",
-        "default_fidelity": f"§2.5: {_FIDELITY}",
         "stack.child_dotfile": f"§4.11: {_MANAGER}",
         "tool_hooks.pre": f"§9.7: {_HOOKS}",
         "tool_hooks.post": f"§9.7: {_HOOKS}",
     },
     "node": {
-        "llm_model": f"§2.6: {_LLM}",
-        "llm_provider": f"§2.6: {_LLM}",
-        "reasoning_effort": f"§2.6: {_LLM}",
-        "class": "§2.12: it selects model_stylesheet rules, which are not applied",
-        "fidelity": f"§2.6: {_FIDELITY}",
-        "thread_id": f"§2.6: {_FIDELITY}",
         "auto_status": "§2.6: a codergen reply without a status block is a SUCCESS already",
         "error_policy": "§4.8: a failed branch ends only itself; the join policy decides",
         "max_parallel": f"§4.8: {_PARALLEL}",
@@ -68,14 +61,12 @@ SPEC_IGNORED: Mapping[str, Mapping[str, str]] = {
         "tool_hooks.post": f"§9.7: {_HOOKS}",
     },
     "edge": {
-        "fidelity": f"§2.7: {_FIDELITY}",
-        "thread_id": f"§2.7: {_FIDELITY}",
         "loop_restart": "§2.7: a run is never restarted from an edge",
     },
 }
-# `timeout` is carried out on these kinds only (a codergen node's is not enforced yet).
-TIMEOUT_KINDS = (Kind.WAIT_HUMAN, Kind.TOOL)
-NO_TIMEOUT = "timeout has no effect here: only a gate's and a tool node's are enforced"
+# `timeout` is carried out on these kinds only.
+TIMEOUT_KINDS = (Kind.WAIT_HUMAN, Kind.TOOL, Kind.CODERGEN)
+NO_TIMEOUT = "timeout has no effect here: only a gate's, a tool's and an LLM node's are enforced"
 
 
 _KNOWN = {"graph": GRAPH_ATTRS, "node": NODE_ATTRS, "edge": EDGE_ATTRS}

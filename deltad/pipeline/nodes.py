@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import assert_never
 
@@ -27,9 +27,9 @@ from deltad.engine import Engine, RunContext
 from deltad.engine import Outcome as RunOutcome
 from deltad.engine.asking import Asking
 from deltad.engine.interviewers import Interviewer
-from deltad.engine.llm import ChatModel
+from deltad.engine.llm import ChatModel, tuned
 from deltad.engine.tools import kill_orphan, run_tool, write_record
-from deltad.errors import UsageError
+from deltad.errors import LLMError, UsageError
 from deltad.protocol import (
     ActionStatus,
     EventType,
@@ -43,6 +43,7 @@ from deltad.protocol.replies import Reply
 
 from .gates import Gate, gate
 from .interactive import AUTO_APPROVE_REPLY, ending
+from .llmnode import Bounded, NodeTimedOut
 from .model import Graph, Kind, Node
 from .outcome import Outcome, Status, parse_reply
 from .state import Visit
@@ -85,11 +86,19 @@ class NodeRun:
         return self.graph.nodes[self.visit.node]
 
     def context_for_node(self) -> RunContext:
-        """The run's context with this node's agent (its `agent` attribute, if any)."""
-        if self.node.agent is None:
-            return self.ctx
-        agent, model = self.agents(self.node.agent)
-        return replace(self.ctx, agent=agent, model=model)
+        """The run's context with this node's agent (its `agent` attribute, if any) and the
+        model settings its NODE_START recorded (stylesheet and attributes)."""
+        ctx = self.ctx
+        if self.node.agent is not None:
+            agent, model = self.agents(self.node.agent)
+            ctx = replace(ctx, agent=agent, model=model)
+        if not self.visit.llm:
+            return ctx
+        try:
+            model = tuned(ctx.model, self.visit.llm, ctx.agent.config.providers)
+        except LLMError as e:  # the agent's providers changed since the run was checked
+            raise UsageError(f"node {self.node.id}: {e}") from None
+        return replace(ctx, model=model)
 
     def engine(self, ctx: RunContext) -> NodeEngine:
         run = self.ctx  # the run's own agent sets the cap, not a node's `agent`
@@ -152,6 +161,16 @@ def from_reply(node: Node, message: str) -> Outcome:
 
 def codergen(run: NodeRun) -> Result:
     ctx = run.context_for_node()
+    if run.visit.deadline and run.node.timeout is not None:  # the recorded deadline stands
+        deadline = datetime.fromisoformat(run.visit.deadline)
+        ctx = replace(ctx, model=Bounded(ctx.model, deadline, run.node.timeout))
+    try:
+        return _codergen(run, ctx)
+    except NodeTimedOut as e:
+        return Outcome(Status.FAIL, failure_reason=str(e))
+
+
+def _codergen(run: NodeRun, ctx: RunContext) -> Result:
     while True:
         engine = run.engine(ctx)
         out = engine.drive()

@@ -3,17 +3,22 @@ read back from that copy on every resume (editing the original changes no run in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from deltad.errors import UsageError, UsageErrors
+from deltad.agent import Agent
+from deltad.engine.llm import provider_endpoint
+from deltad.errors import LLMError, UsageError, UsageErrors
 from deltad.protocol import RunMetadata, RunPaths
 from deltad.protocol.errors import ProtocolError
 from deltad.protocol.fsio import atomic_write, read_regular_text
 
+from .llmnode import asks_model
 from .load import MAX_DOT_BYTES, check_pipeline, parse_pipeline, read_dot
 from .model import Graph
 from .problems import GraphError
+from .stylesheet import node_settings
 
 COPY_NAME = "pipeline.dot"
 
@@ -43,6 +48,27 @@ def goal_of(graph: Graph, task: str | None) -> str:
 
 def node_agents(graph: Graph) -> list[Path]:
     return sorted({n.agent for n in graph.nodes.values() if n.agent is not None})
+
+
+def check_providers(graph: Graph, run_agent: Agent, agents: Mapping[Path, Agent]) -> None:
+    """Every model-calling node's `llm_provider` (its own, or from the stylesheet) must be one
+    of its agent's `providers`, its key variable set: else one line, before the run starts."""
+    for n in (n for n in graph.nodes.values() if asks_model(n)):
+        name = node_settings(n.id, n.shape, n.attrs, graph.attrs).get("llm_provider")
+        if name is None:
+            continue
+        agent = agents[n.agent] if n.agent is not None else run_agent
+        provider = agent.config.providers.get(name)
+        if provider is None:
+            known = ", ".join(sorted(agent.config.providers)) or "none"
+            raise UsageError(
+                f"node {n.id}: llm_provider {name!r} is not one of the providers in "
+                f"{agent.config_file} ({known}); add it under providers: with its base_url"
+            )
+        try:
+            provider_endpoint(name, provider)
+        except LLMError as e:
+            raise UsageError(f"node {n.id}: {e}") from None
 
 
 def save_copy(paths: RunPaths, text: str) -> None:

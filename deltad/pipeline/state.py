@@ -18,6 +18,7 @@ from typing import Any
 from deltad.protocol import EventType
 from deltad.protocol.models import JournalEvent
 
+from .fidelity import Stage
 from .outcome import Outcome, Status
 
 
@@ -29,6 +30,10 @@ class Visit:
     seq: int  # its NODE_START: names the visit (and its questions) for good
     attempt: int
     prompt: str
+    llm: dict[str, str] = field(default_factory=dict)  # the node's model settings, as recorded
+    thread: str = ""  # the conversation it belongs to (fidelity full continues one)
+    history: tuple[tuple[int, int], ...] = ()  # the thread's earlier visits: (start, outcome)
+    deadline: str = ""  # a codergen node's timeout, as an ISO time ("" for none)
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class Lane:
     at: str | None = None  # the node to begin next
     visit: Visit | None = None
     decided: Decided | None = None
+    came_from: str | None = None  # the source of the edge taken to `at` (None: no edge)
+    thread: str | None = None  # the latest visit's thread
 
 
 @dataclass
@@ -69,6 +76,8 @@ class State(Lane):
     path: list[str] = field(default_factory=list)  # nodes begun, in order (first attempts)
     last: dict[str, Status] = field(default_factory=dict)  # each node's latest outcome
     steps: int = 0  # node visits begun (every NODE_START, retries too): what max_steps bounds
+    stages: list[Stage] = field(default_factory=list)  # finished visits, for summaries
+    threads: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # their visits
     fan: Fan | None = None
 
     def lane(self, p: dict[str, Any]) -> Lane:
@@ -90,7 +99,12 @@ class State(Lane):
                     e.seq,
                     int(p.get("attempt", 1)),
                     str(p.get("prompt", "")),
+                    dict(p.get("llm") or {}),
+                    str(p.get("thread") or p["node"]),
+                    tuple((int(a), int(b)) for a, b in p.get("thread_history") or ()),
+                    str(p.get("deadline") or ""),
                 )
+                lane.thread = lane.visit.thread
                 self.steps += 1
                 if lane.visit.attempt == 1:
                     self.path.append(p["node"])
@@ -99,6 +113,10 @@ class State(Lane):
                 lane.context["outcome"] = p["status"]
                 lane.context["preferred_label"] = p.get("preferred_label", "")
                 attempt = lane.visit.attempt if lane.visit else 1
+                if lane.visit is not None:
+                    ran = (lane.visit.seq, e.seq)
+                    self.threads.setdefault(lane.visit.thread, []).append(ran)
+                self.stages.append(Stage(p["node"], p["status"], str(p.get("notes") or "")))
                 lane.visit, lane.decided = None, Decided(p["node"], attempt, outcome_of(p))
                 self.last[p["node"]] = lane.decided.outcome.status
                 if lane is self:
@@ -107,13 +125,21 @@ class State(Lane):
                 if self.fan is None or self.fan.node != p["source"]:
                     self.fan = Fan(p["source"])
                 self.fan.branches.append(
-                    Branch(context=dict(self.context), at=p["target"], start=p["target"])
+                    Branch(
+                        context=dict(self.context),
+                        at=p["target"],
+                        came_from=p["source"],
+                        thread=self.thread,
+                        start=p["target"],
+                    )
                 )
             case EventType.EDGE_TAKEN if p.get("step") == "branch_end":
                 assert isinstance(lane, Branch)
                 lane.result, lane.decided, lane.at = p.get("result") or {}, None, None
             case EventType.EDGE_TAKEN:
                 lane.decided, lane.at = None, p["target"]
+                jumped = p.get("step") in ("retry_target", "goal_gate")  # not along an edge
+                lane.came_from = None if jumped else p["source"]
             case _:
                 pass
 

@@ -15,6 +15,7 @@ from . import parallel
 from .gates import gate
 from .model import Graph, Kind, Node
 from .problems import Code, Problem
+from .settings_check import settings_problems
 
 _TARGET_KEYS = ("retry_target", "fallback_retry_target")
 
@@ -170,4 +171,4 @@ def validate(graph: Graph, *, check_files: bool = True) -> list[Problem]:
     problems = [*_ends(graph), *_reachable(graph), *_gates(graph), *parallel.problems(graph)]
     for n in graph.nodes.values():
         problems += _node_attrs(n, check_files)
-    return problems + list(_retry_targets(graph))
+    return problems + list(_retry_targets(graph)) + settings_problems(graph)

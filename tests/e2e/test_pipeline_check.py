@@ -154,10 +154,10 @@ def test_pipeline_help_lists_check() -> None:
 # -- warnings ----------------------------------------------------------------------------------
 WARNED = """\
 digraph g {
-  graph [model_stylesheet="* { llm_model: x; }"]
+  graph [tool_hooks.pre="audit.sh"]
   start [shape=Mdiamond]
   exit [shape=Msquare]
-  w [prompt="p", reasoning_effort=high, timeout=5m]
+  w [shape=diamond, auto_status=true, timeout=5m]
   start -> w -> exit
 }
 """
@@ -168,14 +168,14 @@ def test_warnings_go_to_stderr_with_codes_and_exit_0(tmp_path: Path) -> None:
     r = check("g.dot", cwd=tmp_path)
     assert r.code == 0 and r.out.startswith("Pipeline g (g.dot)")
     assert r.err.splitlines() == [
-        "delta: warning: g.dot:2:27: graph: model_stylesheet is ignored by this runner (attractor "
-        "spec §8: model settings come from the agent directory (--agent, or the node's agent)) "
+        "delta: warning: g.dot:2:25: graph: tool_hooks.pre is ignored by this runner (attractor "
+        "spec §9.7: tool approvals and hooks come from the agent directory) "
         "[W001 ignored-attribute]",
-        "delta: warning: g.dot:5:35: node w: reasoning_effort is ignored by this runner "
-        "(attractor spec §2.6: model settings come from the agent directory (--agent, or the "
-        "node's agent)) [W001 ignored-attribute]",
-        "delta: warning: g.dot:5:49: node w: timeout has no effect here: only a gate's and a "
-        "tool node's are enforced [W001 ignored-attribute]",
+        "delta: warning: g.dot:5:33: node w: auto_status is ignored by this runner (attractor "
+        "spec §2.6: a codergen reply without a status block is a SUCCESS already) "
+        "[W001 ignored-attribute]",
+        "delta: warning: g.dot:5:47: node w: timeout has no effect here: only a gate's, a "
+        "tool's and an LLM node's are enforced [W001 ignored-attribute]",
     ]
 
 

@@ -157,7 +157,7 @@ def test_refused_graphs_exit_2_and_leave_nothing(delta: Delta, fake: FakeLLM) ->
 
 def test_the_spec_human_gate_runs_and_warns_once_at_start(delta: Delta, fake: FakeLLM) -> None:
     """Attractor spec §2.13: nodes only named in edges run as LLM steps; the warnings (those
-    two, and an llm_model that is not carried out) are printed when the run starts, not when
+    two, and a tool_hooks.pre that is not carried out) are printed when the run starts, not when
     it resumes."""
     dot = _write(
         delta,
@@ -167,7 +167,7 @@ def test_the_spec_human_gate_runs_and_warns_once_at_start(delta: Delta, fake: Fa
             start [shape=Mdiamond, label="Start"]
             exit  [shape=Msquare, label="Exit"]
             review_gate [shape=hexagon, label="Review Changes", type="wait.human"]
-            node [llm_model="gpt-5.2"]
+            node [tool_hooks.pre="audit.sh"]
             start -> review_gate
             review_gate -> ship_it [label="[A] Approve"]
             review_gate -> fixes   [label="[F] Fix"]
@@ -184,7 +184,7 @@ def test_the_spec_human_gate_runs_and_warns_once_at_start(delta: Delta, fake: Fa
         "W003 edge-only-node]",
         "W003 edge-only-node]",
     ]
-    assert "node ship_it and 1 more: llm_model is ignored" in warnings[0]
+    assert "node ship_it and 1 more: tool_hooks.pre is ignored" in warnings[0]
     fake.reply("shipped")
     assert delta("respond", "--choice", "A").code == 0
     r = delta("run")

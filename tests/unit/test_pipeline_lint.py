@@ -37,23 +37,13 @@ def warnings_in(body: str) -> list[str]:
 @pytest.mark.parametrize(
     ("what", "key", "kind", "code", "says"),
     [
-        ("graph", "model_stylesheet", None, Code.IGNORED_ATTRIBUTE, "(attractor spec §8:"),
-        ("graph", "default_fidelity", None, Code.IGNORED_ATTRIBUTE, "§2.5"),
-        ("node", "llm_model", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "llm_model is ignored"),
-        ("node", "llm_provider", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
-        ("node", "reasoning_effort", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
-        ("node", "class", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.12"),
-        ("node", "fidelity", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
-        ("node", "thread_id", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§2.6"),
         ("node", "auto_status", Kind.TOOL, Code.IGNORED_ATTRIBUTE, "§2.6"),
         ("node", "max_parallel", Kind.PARALLEL, Code.IGNORED_ATTRIBUTE, "one at a time"),
         ("node", "manager.max_cycles", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.11"),
         ("node", "tool_hooks.pre", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§9.7"),
-        ("node", "timeout", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "timeout has no effect here"),
-        ("node", "timeout", Kind.EXIT, Code.IGNORED_ATTRIBUTE, "only a gate's and a tool node's"),
+        ("node", "timeout", Kind.EXIT, Code.IGNORED_ATTRIBUTE, "timeout has no effect here"),
+        ("node", "timeout", Kind.CONDITIONAL, Code.IGNORED_ATTRIBUTE, "an LLM node's are"),
         ("edge", "loop_restart", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
-        ("edge", "fidelity", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
-        ("edge", "thread_id", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
         ("node", "promt", Kind.CODERGEN, Code.UNKNOWN_ATTRIBUTE, "did you mean prompt?"),
         ("edge", "conditon", None, Code.UNKNOWN_ATTRIBUTE, "did you mean condition?"),
         ("graph", "gaol", None, Code.UNKNOWN_ATTRIBUTE, "did you mean goal?"),
@@ -74,8 +64,21 @@ def test_an_attribute_not_carried_out_is_a_warning(
         ("graph", "goal", None),
         ("graph", "default_max_retry", None),
         ("graph", "rankdir", None),  # Graphviz drawing: no effect on a run, and none expected
+        ("graph", "model_stylesheet", None),  # model settings and fidelity are carried out
+        ("graph", "default_fidelity", None),
+        ("node", "llm_model", Kind.CODERGEN),
+        ("node", "llm_provider", Kind.CODERGEN),
+        ("node", "reasoning_effort", Kind.CODERGEN),
+        ("node", "class", Kind.CODERGEN),
+        ("node", "fidelity", Kind.CODERGEN),
+        ("node", "thread_id", Kind.CODERGEN),
+        ("edge", "fidelity", None),
+        ("edge", "thread_id", None),
+        ("node", "allow_partial", Kind.CODERGEN),  # retries, parallel branches: carried out
+        ("node", "join_policy", Kind.PARALLEL),
         ("node", "timeout", Kind.WAIT_HUMAN),
         ("node", "timeout", Kind.TOOL),
+        ("node", "timeout", Kind.CODERGEN),
         ("node", "human.default_choice", Kind.WAIT_HUMAN),
         ("node", "color", Kind.CODERGEN),
         ("node", "command", Kind.TOOL),  # an error there (E008), not a warning too
@@ -92,19 +95,17 @@ def test_an_attribute_carried_out_or_only_drawn_is_no_warning(
 def test_warnings_name_the_place_and_the_code_and_do_not_refuse() -> None:
     warnings = warnings_in(
         f"""\
-        graph [model_stylesheet="this {{ does not parse"]
-        {ENDS}w [prompt=p, llm_model="gpt-x", promt=q]
+        graph [tool_hooks.pre="audit.sh"]
+        {ENDS}w [prompt=p, stack.child_autostart="x", promt=q]
         start -> w -> exit [loop_restart=true]
         """
     )
     assert warnings == [
-        "t.dot:2:33: graph: model_stylesheet is ignored by this runner (attractor spec §8: model "
-        "settings come from the agent directory (--agent, or the node's agent)) "
-        "[W001 ignored-attribute]",
-        "t.dot:5:24: node w: llm_model is ignored by this runner (attractor spec §2.6: model "
-        "settings come from the agent directory (--agent, or the node's agent)) "
-        "[W001 ignored-attribute]",
-        "t.dot:5:39: node w: unknown attribute 'promt': it has no effect: did you mean prompt? "
+        "t.dot:2:31: graph: tool_hooks.pre is ignored by this runner (attractor spec §9.7: tool "
+        "approvals and hooks come from the agent directory) [W001 ignored-attribute]",
+        "t.dot:5:36: node w: stack.child_autostart is ignored by this runner (attractor spec "
+        "§4.11: the manager loop (house) is refused) [W001 ignored-attribute]",
+        "t.dot:5:47: node w: unknown attribute 'promt': it has no effect: did you mean prompt? "
         "[W002 unknown-attribute]",
         "t.dot:6:42: edge start -> w and 1 more: loop_restart is ignored by this runner "
         "(attractor spec §2.7: a run is never restarted from an edge) [W001 ignored-attribute]",
@@ -112,11 +113,9 @@ def test_warnings_name_the_place_and_the_code_and_do_not_refuse() -> None:
 
 
 def test_a_default_block_warns_once_not_once_per_node() -> None:
-    warnings = warnings_in(
-        f"{ENDS}node [reasoning_effort=low]\na\nb\nc\nstart -> a -> b -> c -> exit"
-    )
+    warnings = warnings_in(f"{ENDS}node [tool_hooks.pre=x]\na\nb\nc\nstart -> a -> b -> c -> exit")
     [line] = warnings
-    assert line.startswith("t.dot:4:24: node a and 2 more: reasoning_effort is ignored")
+    assert line.startswith("t.dot:4:22: node a and 2 more: tool_hooks.pre is ignored")
 
 
 def test_a_timeout_default_warns_once_for_all_kinds_it_has_no_effect_on() -> None:
@@ -124,31 +123,33 @@ def test_a_timeout_default_warns_once_for_all_kinds_it_has_no_effect_on() -> Non
         f"node [timeout=5m]\n{ENDS}w\nc [shape=diamond]\ng [shape=hexagon]\n"
         "start -> w -> c -> g -> exit"
     )
-    assert warnings == [f"t.dot:2:15: node start and 3 more: {NO_TIMEOUT} [W001 ignored-attribute]"]
+    assert warnings == [f"t.dot:2:15: node start and 2 more: {NO_TIMEOUT} [W001 ignored-attribute]"]
 
 
-def test_a_codergen_timeout_warns_but_a_gate_timeout_does_not() -> None:
+def test_a_conditional_timeout_warns_but_a_gate_or_llm_timeout_does_not() -> None:
     warnings = warnings_in(
-        f"{ENDS}w [timeout=5m]\ng [shape=hexagon, timeout=5m]\nstart -> w -> g -> exit"
+        f"{ENDS}w [timeout=5m]\ng [shape=hexagon, timeout=5m]\nc [shape=diamond, timeout=1s]\n"
+        "start -> w -> g -> c -> exit"
     )
     assert [w.split(": ", 2)[1:] for w in warnings] == [
-        ["node w", f"{NO_TIMEOUT} [W001 ignored-attribute]"]
+        ["node c", f"{NO_TIMEOUT} [W001 ignored-attribute]"]
     ]
 
 
 def test_strict_refuses_warnings_as_errors() -> None:
-    text = f"digraph t {{\n{ENDS}w [llm_model=x]\nstart -> w -> exit\n}}"
+    text = f"digraph t {{\n{ENDS}w [tool_hooks.pre=x]\nstart -> w -> exit\n}}"
     assert check_pipeline(text, "t.dot").graph.nodes["w"].kind == Kind.CODERGEN
     with pytest.raises(GraphError) as err:
         check_pipeline(text, "t.dot", strict=True)
     [line] = err.value.lines()
-    assert line.startswith("t.dot:4:14: node w: llm_model is ignored") and "W001" in line
+    assert line.startswith("t.dot:4:19: node w: tool_hooks.pre is ignored") and "W001" in line
 
 
 def test_errors_and_warnings_are_kept_apart() -> None:
     with pytest.raises(GraphError) as err:
         check_pipeline(
-            f"digraph t {{\n{ENDS}w [llm_model=x, shape=star]\nstart -> w -> exit\n}}", "t.dot"
+            f"digraph t {{\n{ENDS}w [tool_hooks.pre=x, shape=star]\nstart -> w -> exit\n}}",
+            "t.dot",
         )
     assert [line.rsplit("[", 1)[1] for line in err.value.lines()] == ["E003 bad-value]"]
     assert [line.rsplit("[", 1)[1] for line in err.value.warning_lines()] == [
