@@ -48,6 +48,12 @@ class WsInfo:
         return View(ws, self.state.value, self.run_id, status, self.request_id, self.input_type)
 
 
+def settled_waiting(info: WsInfo) -> bool:
+    """Read before and found waiting, without a problem, for a named question: a later glance
+    that still shows that question unanswered needs no read (its deadline has its timer)."""
+    return info.state is State.WAITING and info.problem is None and info.request_id is not None
+
+
 Changed = Callable[[Path, View | None, View | None], None]
 
 
