@@ -72,7 +72,7 @@ def _drain_unread(svc: Service) -> None:
     raise AssertionError(f"{len(svc.unread)} workspaces still unread")
 
 
-def test_ready_reads_no_question_of_a_paused_workspace_and_a_deadline_passed_while_down_is_honoured_after(
+def test_ready_reads_no_unanswered_question_and_a_deadline_passed_while_down_is_honoured_after(
     service: Service, tmp_path: Path
 ) -> None:
     root = tmp_path / "root"
