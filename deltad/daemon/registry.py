@@ -7,6 +7,7 @@ taken from disk by `reconcile.inspect`.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ def _say(quiet: bool) -> Callable[..., Any] | None:
     return say
 
 
-@dataclass
+@dataclass(slots=True)  # one per workspace: no per-instance dict
 class WsInfo:
     state: State = State.IDLE
     run_id: str | None = None
@@ -46,6 +47,11 @@ class WsInfo:
     def view(self, ws: Path) -> View:
         status = str(self.status) if self.status is not None else None
         return View(ws, self.state.value, self.run_id, status, self.request_id, self.input_type)
+
+
+def _interned(name: str | None) -> str | None:
+    """A handful of input types shared by 100,000 workspaces: one string each."""
+    return sys.intern(name) if name is not None else None
 
 
 def settled_waiting(info: WsInfo) -> bool:
@@ -112,7 +118,7 @@ class Registry:
         self._unfile(ws, info)
         info.state, info.run_id, info.status = v.state, v.run_id, v.status
         info.problem, info.owner_pid = v.problem, v.owner_pid
-        info.request_id, info.input_type = v.request_id, v.input_type
+        info.request_id, info.input_type = v.request_id, _interned(v.input_type)
         self._file(ws, info)
         self._changed(ws, seen, info.view(ws))
         return before != (info.state, info.run_id, info.status, info.problem, info.owner_pid)

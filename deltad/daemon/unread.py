@@ -44,4 +44,6 @@ class Unread:
             self._paths.pop(ws)
             read(ws)
             done += 1
+        if not self._paths:
+            self._paths = {}  # a drained dict keeps its table: 100,000 slots, let them go
         return done

@@ -86,7 +86,7 @@ class Kind(Enum):
     RUNS = "runs"  # only where watches are free (fanotify): `LATEST` changes
 
 
-@dataclass
+@dataclass(slots=True)  # two or three per workspace: no per-instance dict
 class _Watch:
     path: Path
     kind: Kind
