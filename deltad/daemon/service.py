@@ -160,6 +160,8 @@ class Service:
             self.unread.step(self._read, self.clock, SWEEP_BUDGET, SWEEP_SLICE)
         finally:
             self.feed.priming = False
+        if read := self.unread.emptied():
+            log.info("questions_read", workspaces=read)  # every deadline is now timed
 
     def _read(self, ws: Path) -> None:
         if ws in self.registry:

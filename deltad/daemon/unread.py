@@ -21,6 +21,7 @@ class Unread:
 
     def __init__(self) -> None:
         self._paths: dict[Path, None] = {}
+        self.added = 0  # since the list was last empty (for the log line when it empties)
 
     def __len__(self) -> int:
         return len(self._paths)
@@ -29,7 +30,9 @@ class Unread:
         return ws in self._paths
 
     def add(self, ws: Path) -> None:
-        self._paths[ws] = None
+        if ws not in self._paths:
+            self.added += 1
+            self._paths[ws] = None
 
     def discard(self, ws: Path) -> None:
         self._paths.pop(ws, None)
@@ -44,6 +47,12 @@ class Unread:
             self._paths.pop(ws)
             read(ws)
             done += 1
-        if not self._paths:
-            self._paths = {}  # a drained dict keeps its table: 100,000 slots, let them go
         return done
+
+    def emptied(self) -> int:
+        """How many were read since the list was last empty, once it is empty again (else 0);
+        the drained table is let go (a dict keeps its 100,000 slots after its pops)."""
+        if self._paths or not self.added:
+            return 0
+        added, self.added, self._paths = self.added, 0, {}
+        return added
