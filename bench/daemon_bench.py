@@ -537,7 +537,7 @@ def main() -> None:
                 lines.emit("built", n=n, seconds=time.monotonic() - t0)
             for kind in (Deltad,) if args.only_deltad else (Deltad, Baseline):
                 sub = work / f"n{n}" / kind.__name__.lower()
-                sub.mkdir()
+                sub.mkdir(parents=True)
                 r = run_size(kind, sub, root, spaces, args, n == max(sizes), lines)
                 results.append(r)
         e2e_result = e2e(work, args.e2e) if args.e2e else None
