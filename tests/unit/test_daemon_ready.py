@@ -6,6 +6,7 @@ own), not by instrumenting the daemon."""
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -114,4 +115,28 @@ def test_a_periodic_reconcile_does_not_read_a_question_again_that_is_still_unans
         service.turn()
     assert opens.since() == {paused[0] / MAILBOX / "request.json"}
     assert resumed(service) == [paused[0]]
+    lifecycle.close_backends(service)
+
+
+def test_the_loop_does_not_wait_while_questions_are_left_to_read(
+    service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paused_workspace(tmp_path / "root" / "ws")
+    lifecycle.start(service)
+    service.ticks.start(service.clock.monotonic(), service.config)  # as the loop does
+    assert len(service.unread) == 1
+    waits: list[float] = []
+
+    def select(r: list[int], w: list[int], x: list[int], timeout: float) -> tuple[list[int], ...]:
+        waits.append(timeout)
+        return [], [], []
+
+    monkeypatch.setattr("deltad.daemon.lifecycle.select.select", select)
+    sig_r, sig_w = os.pipe()
+    lifecycle._wait(service, sig_r)
+    _drain_unread(service)
+    lifecycle._wait(service, sig_r)  # nothing left: back to waiting for the next duty
+    assert waits[0] == 0.0 and waits[1] > 0.0
+    os.close(sig_r)
+    os.close(sig_w)
     lifecycle.close_backends(service)
