@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import os
+import pwd
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,10 @@ from tests.slurm import slurm_cluster  # noqa: F401
 from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
 
 DEADLINE = 60.0
+
+
+def owner_home(user: User) -> str:
+    return pwd.getpwuid(user.uid).pw_dir
 
 
 @pytest.fixture
@@ -50,6 +55,22 @@ def jobs_of(c: Cluster, daemon_id: str) -> list[tuple[str, str, str, Path]]:
         if key is not None:
             rows.append((job, state, user, key.workspace))
     return rows
+
+
+def held_job_process(ws: Path) -> tuple[int, dict[str, str]] | None:
+    """(uid, environment) of the stand-in client holding in `ws`, once its job runs it."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"deltad.testing.stub" not in argv or os.fsencode(ws) not in argv:
+                continue
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue
+        env = dict(v.partition(b"=")[::2] for v in raw.split(b"\0") if v)
+        return uid, {k.decode(): v.decode(errors="replace") for k, v in env.items()}
+    return None
 
 
 def test_daemon_resumes_through_slurm_and_adopts_its_jobs_after_kill_9(
@@ -103,6 +124,13 @@ def test_daemon_resumes_through_slurm_and_adopts_its_jobs_after_kill_9(
             except AssertionError as e:
                 log = d.log_path.read_text(errors="replace")[-4000:]
                 raise AssertionError(f"{e}\n{jobs_of(c, daemon_id)}\n{log}") from None
+            held = next(ws for _, st, _, ws in jobs_of(c, daemon_id) if st == "RUNNING")
+            found = wait_for(lambda: held_job_process(held), "the running job's process", DEADLINE)
+            uid, job_env = found
+            assert uid == owner.uid
+            assert job_env["DELTA_RESUMED_BY"] == "deltad"  # what `delta run` needs from deltad
+            assert {k: job_env.get(k) for k in env} == env  # the model endpoint, as for local
+            assert job_env["USER"] == owner.name and job_env["HOME"] == owner_home(owner)
             d.signal(signal.SIGKILL)
             assert d.proc is not None
             d.proc.wait(DEADLINE)
