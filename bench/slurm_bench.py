@@ -9,7 +9,10 @@ cluster is `deltad.testing.slurmcluster` (a private network namespace, loopback 
   job's first command (its own clock) and to the `Started` event seen by `poll` (poll_every).
 - once: 200 keys submitted by a process that is SIGKILLed half-way (a daemon crashing while
   submitting), then all 200 again by a fresh executor (the restarted daemon): jobs per key.
-  Through the executor only: the daemon's loop does not drive executors yet.
+- daemon (`--daemon 200`): a real `deltad serve` with `executor: slurm` in the cluster's
+  namespace, 200 paused workspaces owned by nobody, all answered at once, the daemon killed
+  with SIGKILL once half of the runs were ingested and started again: jobs per workspace
+  (missed, doubled) and answer → the job's command running (the stub's ingest record).
 """
 
 from __future__ import annotations
@@ -129,6 +132,88 @@ def _jobs_per_name(c: Cluster) -> dict[str, int]:
     return counts
 
 
+def through_daemon(c: Cluster, root: Path, n: int) -> dict[str, object]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from deltad.daemon.executors.slurm import key_from_comment
+    from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command
+    from deltad.testing.stub import paused_workspace
+    from tests.users import executable_by_all
+
+    home = root / "daemon"
+    home.mkdir()
+    wss = [home / "root" / f"ws{i}" for i in range(n)]
+    for ws in wss:
+        paused_workspace(ws)
+        for p in [ws, *ws.rglob("*")]:
+            os.lchown(p, NOBODY.uid, NOBODY.gid)
+    rec = home / "records"
+    rec.mkdir()
+    os.chown(rec, NOBODY.uid, NOBODY.gid)
+    record = rec / "resumes.jsonl"
+    state = home / "state"
+    state.mkdir(mode=0o700)
+    options = {"log_dir": str(home / "logs"), "slurm_conf": str(c.conf), "daemon_id": "bench-d"}
+    d = Daemon(
+        state,
+        [home / "root"],
+        wrapper=["nsenter", f"--net={c.netns()}", "--"],
+        executor="slurm",
+        executors={"slurm": {**options, "poll_every": 0.3}},
+        resume_command=stub_command(record),
+        max_parallel_resumes=64,
+        log_level="info",
+    )
+
+    def wait(cond: object, what: str, timeout: float = 900) -> None:
+        assert callable(cond)
+        end = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > end:
+                raise SystemExit(f"timed out waiting for {what}")
+            time.sleep(0.2)
+
+    with executable_by_all():
+        d.start()
+        answered = {}
+        for ws in wss:
+            answer(ws, "ok")
+            answered[str(ws)] = time.time()
+        wait(lambda: len(records(record)) >= n // 2, "half of the runs ingested")
+        d.signal(signal.SIGKILL)
+        assert d.proc is not None
+        d.proc.wait()
+        killed_at = len(records(record))
+        t_restart = time.monotonic()
+        d.start()
+        wait(lambda: all(metadata_status(ws) == "COMPLETED" for ws in wss), "every run COMPLETED")
+        after_restart = time.monotonic() - t_restart
+        adopted = len(d.events("resume_adopted"))
+        d.stop()
+    out = c.run("squeue", "-h", "--states=all", "-O", "Comment:0")
+    per_ws: dict[str, int] = {}
+    for line in out.stdout.splitlines():
+        key = key_from_comment(line.strip(), "bench-d")
+        if key is not None:
+            per_ws[str(key.workspace)] = per_ws.get(str(key.workspace), 0) + 1
+    ingested = records(record)
+    lat = sorted(r["t"] - answered[r["workspace"]] for r in ingested)
+    return {
+        "answers": n,
+        "jobs": sum(per_ws.values()),
+        "missed": sum(1 for ws in wss if per_ws.get(str(ws), 0) == 0),
+        "doubled": sum(1 for v in per_ws.values() if v > 1),
+        "ingested": len(ingested),
+        "ingested_twice": len(ingested) - len({r["workspace"] for r in ingested}),
+        "ingested_when_killed": killed_at,
+        "adopted_after_restart": adopted,
+        "restart_to_all_completed_s": round(after_restart, 1),
+        "answer_to_job_running_p50_s": round(statistics.median(lat), 2),
+        "answer_to_job_running_p90_s": round(lat[int(len(lat) * 0.9)], 2),
+        "answer_to_job_running_max_s": round(lat[-1], 2),
+        "node_cpus": 2,
+    }
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_submit":
         submit_all(sys.argv[2], sys.argv[3], int(sys.argv[4]))
@@ -136,18 +221,23 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--latency", type=int, default=20)
     p.add_argument("--burst", type=int, default=200)
+    p.add_argument("--daemon", type=int, default=200, help="answers through a real daemon")
+    p.add_argument("--only-daemon", action="store_true")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     a = p.parse_args()
     with cluster() as c, c.entered():
         root = c.dir / "bench"
         root.mkdir()
         os.chmod(root, 0o755)
-        result = {
+        result: dict[str, object] = {
             "when": datetime.now(UTC).strftime("%Y%m%dT%H%M%S"),
             "load_avg": os.getloadavg(),
-            "latency": latency(c, root, a.latency),
-            "once": once(c, root, a.burst),
         }
+        if not a.only_daemon:
+            result["latency"] = latency(c, root, a.latency)
+            result["once"] = once(c, root, a.burst)
+        if a.daemon:
+            result["daemon"] = through_daemon(c, root, a.daemon)
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"slurm-{result['when']}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -192,6 +192,17 @@ def test_the_resume_timeout_counts_from_started_not_from_the_submit(tmp_path: Pa
     assert child.deadline == clock.monotonic() - 2 + 60.0
 
 
+def test_a_job_gets_no_daemon_side_log_path(tmp_path: Path) -> None:
+    # The daemon's resume log is in its own state dir; the owner's job on another node cannot
+    # write it (every Slurm job FAILED with it): the engine keeps the job's output instead.
+    executor, jobs = _seam()
+    launch = Launch(Identity(Owner.of_uid(0)), {"PATH": "/usr/bin", "DELTA_RESUMED_BY": "deltad"})
+    job = Job(tmp_path, "run1", ["delta", "run"], launch, 60.0, tmp_path / "state" / "x.log")
+    assert executor.submit(job) is not None
+    [spec] = jobs.submitted
+    assert spec.log is None and spec.env["DELTA_RESUMED_BY"] == "deltad"
+
+
 def test_an_exit_is_a_finished_resume_and_frees_the_slot(tmp_path: Path) -> None:
     executor, jobs = _seam()
     child = executor.submit(_job(tmp_path))

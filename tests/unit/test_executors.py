@@ -47,6 +47,7 @@ def test_auto_forks_what_can_run_warm_and_runs_wrappers_as_commands() -> None:
 def test_an_unknown_exit_code_is_not_a_failure() -> None:
     assert exit_meaning(None) == "unknown"
     assert exit_meaning(-9) == "killed_by_SIGKILL"
+    assert exit_meaning(-53) == "killed"  # a real-time signal has no name (a Slurm status had it)
 
 
 @pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)

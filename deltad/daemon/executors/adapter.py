@@ -44,7 +44,10 @@ def spec_of(job: Job, attempt: int) -> JobSpec:
         user=who.runs_as.name,
     )
     key = RequestKey(job.workspace, job.run_id or "", "resume", attempt)
-    return JobSpec(key, list(job.argv), identity, dict(job.launch.env), job.timeout, job.log)
+    # No `log`: the daemon's resume log lives in its own state dir (root's, on its host), which
+    # the job (the owner, on a compute node) cannot write; the engine keeps the job's output
+    # (Slurm: `log_dir`, per owner).
+    return JobSpec(key, list(job.argv), identity, dict(job.launch.env), job.timeout, None)
 
 
 class SeamExecutor:

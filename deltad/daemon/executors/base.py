@@ -92,9 +92,10 @@ def exit_meaning(rc: int | None) -> str:
     if rc is None:
         return "unknown"
     if rc < 0:
-        return (
-            f"killed_by_{signal.Signals(-rc).name}" if -rc in signal.valid_signals() else "killed"
-        )
+        try:  # a real-time signal (or an engine's odd status) has no name: "killed"
+            return f"killed_by_{signal.Signals(-rc).name}"
+        except ValueError:
+            return "killed"
     return exitcodes.MEANING.get(rc, "unexpected")
 
 

@@ -1,0 +1,169 @@
+"""A real `deltad serve` with `executor: slurm` against a real one-node Slurm cluster.
+
+The daemon runs inside the cluster's network namespace (`nsenter --net=`), as root; the
+workspaces belong to a real unprivileged user, and each resume is one Slurm job run as that
+user. The stub client (`deltad.testing.stub`, mode `hold`) ingests the answer once released,
+so jobs are provably running when the daemon is killed with SIGKILL; the restarted daemon
+adopts them from Slurm and resumes the answers written while it was down. Every check is a
+condition with a generous deadline (a loaded 2-core machine), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pwd
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deltad.daemon.executors.slurm import key_from_comment
+from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command, wait_for
+from deltad.testing.slurmcluster import Cluster
+from deltad.testing.stub import paused_workspace
+from tests.slurm import slurm_cluster  # noqa: F401
+from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
+
+DEADLINE = 60.0
+
+
+def owner_home(user: User) -> str:
+    return pwd.getpwuid(user.uid).pw_dir
+
+
+@pytest.fixture
+def owner() -> Iterator[User]:
+    with accounts() as a:
+        yield a.user()
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    with shared_tmp() as d:
+        yield d
+
+
+def jobs_of(c: Cluster, daemon_id: str) -> list[tuple[str, str, str, Path]]:
+    """(job id, state, user name, workspace) of every job this daemon submitted."""
+    out = c.run("squeue", "-h", "--states=all", "-O", "JobID:|,State:|,UserName:|,Comment:0")
+    rows = []
+    for line in out.stdout.splitlines():
+        job, state, user, comment = (p.strip() for p in line.split("|", 3))
+        key = key_from_comment(comment, daemon_id)
+        if key is not None:
+            rows.append((job, state, user, key.workspace))
+    return rows
+
+
+def held_job_process(ws: Path) -> tuple[int, dict[str, str]] | None:
+    """(uid, environment) of the stand-in client holding in `ws`, once its job runs it."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"deltad.testing.stub" not in argv or os.fsencode(ws) not in argv:
+                continue
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue
+        env = dict(v.partition(b"=")[::2] for v in raw.split(b"\0") if v)
+        return uid, {k.decode(): v.decode(errors="replace") for k, v in env.items()}
+    return None
+
+
+def test_daemon_resumes_through_slurm_and_adopts_its_jobs_after_kill_9(
+    slurm_cluster: Cluster,  # noqa: F811
+    owner: User,
+    shared: Path,
+) -> None:
+    c = slurm_cluster
+    daemon_id = f"d{os.getpid()}"
+    root = shared / "root"
+    root.mkdir()
+    wss = [root / f"ws{i}" for i in range(4)]
+    run_ids = [paused_workspace(ws) for ws in wss]
+    for ws in wss:
+        chown_tree(ws, owner)
+    rec_dir = shared / "records"
+    rec_dir.mkdir()
+    os.chown(rec_dir, owner.uid, owner.gid)
+    record = rec_dir / "resumes.jsonl"
+    state = shared / "daemon"
+    state.mkdir(mode=0o700)
+    d = Daemon(
+        state,
+        [root],
+        wrapper=["nsenter", f"--net={c.netns()}", "--"],
+        executor="slurm",
+        executors={
+            "slurm": {
+                "log_dir": str(shared / "logs"),
+                "slurm_conf": str(c.conf),
+                "daemon_id": daemon_id,
+                "poll_every": 0.3,
+            }
+        },
+        resume_command=stub_command(record, "hold"),
+        max_parallel_resumes=8,
+    )
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "sk-test"}
+    try:
+        with executable_by_all():
+            d.start(env=env)
+            for ws in wss[:2]:
+                answer(ws, f"answer {ws.name}")
+
+            def running_two() -> bool:  # the node runs one at a time: the other is queued
+                states = [s for _, s, _, _ in jobs_of(c, daemon_id)]
+                return len(states) == 2 and "RUNNING" in states
+
+            try:
+                wait_for(running_two, "two jobs in Slurm, one running", DEADLINE)
+            except AssertionError as e:
+                log = d.log_path.read_text(errors="replace")[-4000:]
+                raise AssertionError(f"{e}\n{jobs_of(c, daemon_id)}\n{log}") from None
+            held = next(ws for _, st, _, ws in jobs_of(c, daemon_id) if st == "RUNNING")
+            found = wait_for(lambda: held_job_process(held), "the running job's process", DEADLINE)
+            uid, job_env = found
+            assert uid == owner.uid
+            assert job_env["DELTA_RESUMED_BY"] == "deltad"  # what `delta run` needs from deltad
+            assert {k: job_env.get(k) for k in env} == env  # the model endpoint, as for local
+            assert job_env["USER"] == owner.name and job_env["HOME"] == owner_home(owner)
+            d.signal(signal.SIGKILL)
+            assert d.proc is not None
+            d.proc.wait(DEADLINE)
+            d._log.close()
+            for ws in wss[2:]:
+                answer(ws, f"answer {ws.name}")
+
+            d.start(env=env)
+            d.wait_event("resume_adopted", count=2, timeout=DEADLINE)
+            (rec_dir / "resumes.jsonl.go").touch()  # release every held stub
+            os.chown(rec_dir / "resumes.jsonl.go", owner.uid, owner.gid)
+
+            def all_done() -> bool:
+                return all(metadata_status(ws) == "COMPLETED" for ws in wss)
+
+            wait_for(all_done, "every run COMPLETED", DEADLINE)
+            done = lambda: all(s == "COMPLETED" for _, s, _, _ in jobs_of(c, daemon_id))  # noqa: E731
+            wait_for(done, "every job COMPLETED in Slurm", DEADLINE)
+    finally:
+        d.stop()
+        out = c.run("squeue", "-h", "--states=all", "-O", "JobID:|,Comment:0")
+        for line in out.stdout.splitlines():
+            job, _, comment = line.partition("|")
+            if f":{daemon_id}:" in comment:
+                c.run("scancel", "--signal=KILL", "--full", job.strip(), check=False)
+
+    jobs = jobs_of(c, daemon_id)
+    per_ws = collections.Counter(ws for _, _, _, ws in jobs)
+    assert per_ws == {ws: 1 for ws in wss}, jobs  # one job per answer: none missed, none doubled
+    assert {user for _, _, user, _ in jobs} == {owner.name}
+    ingested = {r["workspace"]: (r["run_id"], r["answer"]) for r in records(record)}
+    assert ingested == {
+        str(ws): (rid, f"answer {ws.name}") for ws, rid in zip(wss, run_ids, strict=True)
+    }
+    assert len(records(record)) == 4
+    assert os.stat(record).st_uid == owner.uid  # written by the jobs, as the owner
