@@ -149,8 +149,8 @@ def test_watch_limit_falls_back_to_polling(tmp_path: Path, monkeypatch: pytest.M
     spaces = [root / f"ws{i}" for i in range(6)]
     for ws in spaces:
         paused_workspace(ws)
-    # 1 root + 3 per workspace: the cap is spent after two workspaces.
-    with running(tmp_path, [root], max_inotify_watches=7, poll_interval_seconds=0.2) as d:
+    # 1 root + 1 per workspace (its mailbox): the cap is spent after three workspaces.
+    with running(tmp_path, [root], max_inotify_watches=4, poll_interval_seconds=0.2) as d:
         [limit] = d.events("watch_limit_reached")
         assert "max_user_watches" in limit["hint"] and limit["fallback"] == "polling"
         for ws in spaces:
