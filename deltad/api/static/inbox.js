@@ -148,7 +148,10 @@ function follow() {
   let dropped = false;
   s.onopen = () => {
     setLive("live", "live");
-    if (dropped) { refresh(); loadHistory(); }  // what happened while away
+    // What happened before the stream was open (between the first listing and now, or while
+    // away) came as no event: list again.
+    refresh();
+    if (dropped) loadHistory();
   };
   s.onerror = () => {
     if (source !== s) return;
@@ -180,14 +183,20 @@ async function probe() {
 }
 
 // -- the list ------------------------------------------------------------------------------------
+let listings = 0;
 async function refresh() {
   const params = {};
   const ws = $("f-workspace").value.trim();
   const type = $("f-type").value;
   if (ws) params.workspace = ws;
   if (type) params.input_type = type;
+  const mine = ++listings;
   try {
-    items = await listAll("v1/requests", "requests", params);
+    const got = await listAll("v1/requests", "requests", params);
+    // Listings overlap when events come in bursts and may finish out of order: only the newest
+    // one is shown, or an older answer would take away a question (and the card being typed in).
+    if (mine !== listings) return;
+    items = got;
     render();
   } catch (e) { /* a 401 asks to log in; anything else: the stream brings the next try */ }
 }
@@ -498,9 +507,12 @@ function historySoon() {
   historyTimer = setTimeout(loadHistory, 300);  // a burst of events: one reload
 }
 
+let historyLoads = 0;
 async function loadHistory() {
+  const mine = ++historyLoads;
   try {
     const doc = await api("GET", "v1/history?limit=100");
+    if (mine !== historyLoads) return;  // a newer load is on its way
     $("activity").replaceChildren(...doc.history.map(historyItem));
     $("history-empty").hidden = doc.history.length > 0;
   } catch (e) { /* kept as it was */ }
