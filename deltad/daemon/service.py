@@ -55,7 +55,7 @@ class Service:
         self.registry = Registry(on_change=self.feed.changed)
         self.http: Any = None  # deltad.api.server.HttpServer, imported only when configured
         self.notifier: Any = None
-        self.resumer = resumer if resumer is not None else Resumer(config)
+        self.resumer = resumer if resumer is not None else Resumer(config, clock)
         self.launcher = config.launcher()
         self.rules = core.Rules.of(config)
         self.memory: dict[Path, core.Memory] = {}  # what decide() remembers, per workspace
@@ -153,12 +153,12 @@ class Service:
         self._look(ws, why, None, quiet)
 
     def after_resume(self, fin: Finished) -> None:
-        """The child exited: look at once (a dead owner is marked now, not at the next sweep),
+        """The resume ended: look at once (a dead owner is marked now, not at the next sweep),
         and let `decide` judge whether that attempt failed."""
-        c = fin.child
+        r = fin.resume
         self.dirty = True
-        log_refusals(c.workspace, c.run_id, c.spawned_at)
-        self._look(c.workspace, Why.CHECK, core.Exited(c.run_id, fin.rc, fin.failed, c.timed_out))
+        log_refusals(r.workspace, r.run_id, r.spawned_at)
+        self._look(r.workspace, Why.CHECK, core.Exited(r.run_id, fin.rc, fin.failed, r.timed_out))
 
     def _look(self, ws: Path, why: Why, exited: core.Exited | None, quiet: bool = False) -> None:
         """Whatever is in a workspace, an exception here is that workspace's problem."""

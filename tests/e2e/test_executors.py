@@ -131,11 +131,12 @@ def test_a_restarted_daemon_adopts_the_resume_left_running(tmp_path: Path, execu
         answer(ws, "only once")
         [spawned] = first.wait_event("resume_spawned", workspace=str(ws))
         assert first.stop() == 0
-        assert first.events("resume_detached")[0]["pids"] == [spawned["pid"]]
+        [detached] = first.events("resume_detached")[0]["jobs"]
+        assert (detached["pid"], detached["job"]) == (spawned["pid"], spawned["job"])
         second = Daemon(tmp_path, [root], mode="hold", executor=executor).start()
         try:
             [adopted] = second.wait_event("resume_adopted", workspace=str(ws))
-            assert adopted["pid"] == spawned["pid"]
+            assert (adopted["pid"], adopted["job"]) == (spawned["pid"], spawned["job"])
             second.record.with_name(second.record.name + ".go").touch()
             [exited] = second.wait_event("resume_exited", workspace=str(ws))
             assert exited["pid"] == spawned["pid"]

@@ -13,9 +13,9 @@ import pytest
 from deltad.daemon import lifecycle
 from deltad.daemon.clock import ManualClock
 from deltad.daemon.config import DaemonConfig, load_config
-from deltad.daemon.executors import Child, Finished
+from deltad.daemon.executors.seam import Handle, RequestKey
 from deltad.daemon.queue import Why
-from deltad.daemon.resumer import Resumer
+from deltad.daemon.resumer import Finished, InFlight, Resumer
 from deltad.daemon.service import Service
 from deltad.daemon.tenancy import Launch
 from deltad.testing.stub import paused_workspace
@@ -34,7 +34,8 @@ class ScriptedResumer(Resumer):
         return True
 
     def exit(self, ws: Path, rc: int) -> None:
-        self._exits.append(Finished(Child(ws, None, 0, None, 0.0, 0.0), rc, 1))
+        handle = Handle(RequestKey(ws, "", "resume"), "scripted", "1")
+        self._exits.append(Finished(InFlight(handle, 0.0), rc, 1))
 
     def reap(self) -> list[Finished]:
         done, self._exits = self._exits, []
