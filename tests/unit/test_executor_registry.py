@@ -26,8 +26,9 @@ from deltad.daemon.executors.seam import (
     Started,
     SubmitError,
 )
-from deltad.daemon.resumer import KILL_GRACE_SECONDS, Resumer
-from deltad.daemon.tenancy import Identity, Launch, Owner
+from deltad.daemon.executors.seam import Identity as JobIdentity
+from deltad.daemon.resumer import KILL_GRACE_SECONDS, Resumer, spec_of, started_at
+from deltad.daemon.tenancy import Identity, Launch, Owner, Policy
 
 HERE = "tests.unit.test_executor_registry"
 LINUX_ONLY = pytest.mark.linux_only
@@ -318,3 +319,43 @@ def test_the_loop_polls_when_the_executor_says_something_is_due(tmp_path: Path) 
     assert resumer.next_poll(100.0) is None
     jobs.due_at = clock.time() + 7.0  # a SIGKILL after a grace, say
     assert resumer.next_poll(100.0) == 107.0
+
+
+# -- the resumer's decisions, from tables ------------------------------------------------------
+ALICE = Owner(1001, 1002, "alice", "/home/alice", (1002, 27))
+DAEMON = Owner(1000, 1000, "deltad", "/var/lib/deltad", (1000,))
+
+
+@pytest.mark.parametrize(
+    ("owner", "policy", "identity"),
+    [
+        # root runs a resume as its owner: uid, gid and every group
+        (ALICE, Policy(daemon_uid=0), JobIdentity(1001, 1002, (1002, 27), "alice")),
+        # a non-root daemon runs a trusted owner's resume as itself
+        (ALICE, Policy(daemon_uid=1000), JobIdentity(1000, 1000, (), "deltad")),
+        # its own workspace: as itself
+        (DAEMON, Policy(daemon_uid=1000), JobIdentity(1000, 1000, (), "deltad")),
+    ],
+)
+def test_a_job_runs_as_tenancy_decided(
+    owner: Owner, policy: Policy, identity: JobIdentity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Owner, "of_uid", classmethod(lambda cls, uid: DAEMON))
+    launch = Launch(Identity.for_owner(owner, policy), {"HOME": "/h"})
+    spec = spec_of(Path("/w"), None, ["delta"], launch, 60.0, 3)
+    assert spec.identity == identity
+    assert spec.key == RequestKey(Path("/w"), "", "resume", 3) and spec.log is None
+
+
+@pytest.mark.parametrize(
+    ("now_mono", "now_wall", "at_wall", "started"),
+    [
+        (100.0, 1000.0, 990.0, 90.0),  # began ten seconds ago
+        (100.0, 1000.0, 1000.0, 100.0),
+        (100.0, 1000.0, 1005.0, 100.0),  # an engine's clock ahead of ours: not in the future
+    ],
+)
+def test_a_start_on_the_wall_clock_is_placed_on_the_monotonic_one(
+    now_mono: float, now_wall: float, at_wall: float, started: float
+) -> None:
+    assert started_at(now_mono, now_wall, at_wall) == started
