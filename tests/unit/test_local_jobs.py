@@ -24,7 +24,7 @@ from deltad.daemon.executors.seam import Exit, Identity, JobSpec, RequestKey, St
 from deltad.protocol.process import proc_start_ticks
 from deltad.testing.daemon import next_exit, wait_for
 
-pytestmark = pytest.mark.linux_only  # /proc and pidfds
+LINUX_ONLY = pytest.mark.linux_only  # /proc start ticks, pidfds (elsewhere: pid and polling)
 
 ME = Identity(os.geteuid(), os.getegid())
 
@@ -182,6 +182,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
+@LINUX_ONLY
 def test_a_restarted_executor_adopts_what_resumes_json_names_and_proc_confirms(
     tmp_path: Path, clock: ManualClock, sleeper: subprocess.Popen[bytes]
 ) -> None:
@@ -220,6 +221,7 @@ def test_a_restarted_executor_adopts_what_resumes_json_names_and_proc_confirms(
         ex.close()
 
 
+@LINUX_ONLY
 def test_close_leaves_the_job_running_and_the_next_executor_adopts_it(
     fresh: FreshExecutor, tmp_path: Path, clock: ManualClock
 ) -> None:
@@ -262,6 +264,7 @@ def test_without_pidfds_the_executor_asks_to_be_polled(
     assert ex.poll_every is None
 
 
+@LINUX_ONLY
 def test_with_pidfds_the_exit_is_readable(fresh: FreshExecutor, tmp_path: Path) -> None:
     import select
 
