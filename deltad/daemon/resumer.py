@@ -99,7 +99,13 @@ def started_at(now_mono: float, now_wall: float, at_wall: float) -> float:
 
 
 def spec_of(
-    ws: Path, run_id: str | None, argv: list[str], launch: Launch, timeout: float, attempt: int
+    ws: Path,
+    run_id: str | None,
+    argv: list[str],
+    launch: Launch,
+    timeout: float,
+    attempt: int,
+    request: str = "resume",
 ) -> JobSpec:
     who = launch.identity
     identity = Identity(
@@ -108,7 +114,7 @@ def spec_of(
         groups=tuple(who.extra_groups or ()),
         user=who.runs_as.name,
     )
-    key = RequestKey(ws, run_id or "", "resume", attempt)
+    key = RequestKey(ws, run_id or "", request, attempt)
     # No `log`: a local executor keeps its resume logs in the daemon's state dir; a job on
     # another host (the owner, on a compute node) cannot write there, the engine keeps its output.
     return JobSpec(key, list(argv), identity, dict(launch.env), timeout, None)
@@ -152,6 +158,7 @@ class Resumer:
         self._arrivals = itertools.count()
         self._told: dict[int, int] = {}  # owner -> how many of its first waiting were logged
         self._owner_of: dict[Path, int] = {}  # a running resume's owner
+        self._requests: dict[Path, str] = {}  # a queued resume's request (its key's part)
         self._in_flight: dict[Path, InFlight] = {}
         # Each resume is a new key (attempt, 32 bits): a job that ended is never found again.
         # Seconds since the epoch to start with, so a restarted daemon does not reuse them.
@@ -226,11 +233,15 @@ class Resumer:
     def busy_with(self, ws: Path) -> bool:
         return ws in self._queued or ws in self.children
 
-    def submit(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
-        """Queue a resume of `ws`; `owner` (the workspace owner's uid) is whose slot it takes."""
+    def submit(
+        self, ws: Path, run_id: str | None, launch: Launch, owner: int, request: str = "resume"
+    ) -> bool:
+        """Queue a resume of `ws`; `owner` (the workspace owner's uid) is whose slot it takes;
+        `request` (the request id answered, or why: "interrupted") goes into the job's key."""
         if self.busy_with(ws):
             return False
         self._queued[ws] = (ws, run_id, launch)
+        self._requests[ws] = request
         self._waiting.setdefault(owner, deque()).append((next(self._arrivals), ws))
         return True
 
@@ -248,7 +259,7 @@ class Resumer:
             if owner is None:
                 break
             ws, run_id, launch = self._queued.pop(self._dequeue(owner))
-            self._spawn(ws, run_id, launch, owner)
+            self._spawn(ws, run_id, launch, owner, self._requests.pop(ws, "resume"))
         self._tell_waits()
 
     def _heads(self) -> dict[int, int]:
@@ -293,11 +304,14 @@ class Resumer:
             self._told[owner] = len(queue)
 
     # -- jobs -------------------------------------------------------------------------------
-    def _spawn(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
+    def _spawn(
+        self, ws: Path, run_id: str | None, launch: Launch, owner: int, request: str
+    ) -> bool:
         if ws in self.children:
             return False  # already running (adopted): say nothing
         argv = build_argv(self._template, ws, run_id)
-        spec = spec_of(ws, run_id, argv, launch, self._timeout, next(self._attempts))
+        attempt = next(self._attempts)
+        spec = spec_of(ws, run_id, argv, launch, self._timeout, attempt, request)
         try:
             handle = self.executor.submit(spec)
         except SubmitError as e:

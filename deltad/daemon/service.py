@@ -216,7 +216,7 @@ class Service:
             problem = replace(r.seen, state=State.PROBLEM, problem=str(e))
             self.dirty |= self.registry.observe(ws, problem)
             return
-        self.resumer.submit(ws, r.run_id, launch, r.owner.uid)
+        self.resumer.submit(ws, r.run_id, launch, r.owner.uid, r.seen.request_id or r.reason)
         log.info("resume_queued", workspace=str(ws), run_id=r.run_id, reason=r.reason)
         self.dirty = True
 

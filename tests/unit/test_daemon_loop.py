@@ -4,6 +4,7 @@ resume paced, its timer bringing the workspace back once the clock has moved."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +28,14 @@ class ScriptedResumer(Resumer):
     def __init__(self, config: DaemonConfig) -> None:
         super().__init__(config)
         self.resumed: list[Path] = []
+        self.requests: list[str] = []
         self._exits: list[Finished] = []
 
-    def submit(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
+    def submit(
+        self, ws: Path, run_id: str | None, launch: Launch, owner: int, request: str = "resume"
+    ) -> bool:
         self.resumed.append(ws)
+        self.requests.append(request)
         return True
 
     def exit(self, ws: Path, rc: int) -> None:
@@ -72,6 +77,8 @@ def test_a_failed_resume_is_paced_and_its_timer_brings_it_back(service: Service)
     service.queue.put(ws, Why.ANSWER_CLOSED)
     service.turn()
     assert resumer.resumed == [ws]
+    asked = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
+    assert resumer.requests == [asked["request_id"]]  # the job's key names what is answered
 
     resumer.exit(ws, 1)  # it failed and the same answer is still there
     service.turn()

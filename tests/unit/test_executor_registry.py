@@ -230,6 +230,17 @@ def test_the_resume_timeout_counts_from_started_not_from_the_submit(tmp_path: Pa
     assert fin.resume.timed_out and fin.failed and fin.meaning == "killed_by_SIGTERM"
 
 
+def test_the_key_names_the_request_answered(tmp_path: Path) -> None:
+    resumer, jobs, _ = _resumer(tmp_path)
+    assert resumer.submit(tmp_path / "a", "run1", LAUNCH, 0, request="q-7")
+    assert resumer.submit(tmp_path / "b", "run2", LAUNCH, 0)
+    resumer.start_ready()
+    assert [(s.key.run_id, s.key.request) for s in jobs.submitted] == [
+        ("run1", "q-7"),
+        ("run2", "resume"),  # nothing named: the default
+    ]
+
+
 def test_a_job_gets_no_daemon_side_log_path(tmp_path: Path) -> None:
     # The daemon's resume log is in its own state dir; the owner's job on another node cannot
     # write it (every Slurm job FAILED with it): the engine keeps the job's output instead.
