@@ -40,6 +40,7 @@ class Kind:
     fields: tuple[str, ...] = ()  # the request fields it adds (in the HTTP question document)
     per_call = False  # answered with a decision per gated tool call (response.json decisions)
     input = "text"  # the page's <input type> for a typed answer
+    secret = False  # the answer is a secret whatever the question's `sensitive` says
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         if not text.strip() and not req.allow_empty:
@@ -96,6 +97,7 @@ class Kind:
 class Password(Kind):
     expects = "a password (typing hidden)"
     input = "password"
+    secret = True
 
     def example(self, req: InteractionRequest) -> str | None:
         return None
