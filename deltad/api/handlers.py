@@ -232,7 +232,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "sensitive": r.is_secret,
         "allow_empty": r.allow_empty,
         **kinds.question_fields(r),  # options, minimum, maximum, ...: each kind's own
-        "form": kinds.form(r),  # the page's answer field, from the kind
+        "form": kinds.form(r).model_dump(mode="json"),  # the page's answer form, from the kind
         "timestamp": iso(r.timestamp),
         "agent": p.agent,
         "task": p.task,
