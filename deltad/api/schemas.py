@@ -180,16 +180,7 @@ def answer_examples() -> dict[str, dict[str, Any]]:
         word = kind_of(t).example(req)
         value: dict[str, Any] = {"answer": word if word is not None else "s3cret"}
         out[str(t)] = {"summary": f"a {t} question", "value": value}
-    out["approval per call"] = {
-        "summary": "an approval, call by call",
-        "value": {
-            "decisions": [
-                {"action_id": "call_1", "decision": "edit", "arguments": {"path": "x"}},
-                {"action_id": "call_2", "decision": "reject", "reason": "not now"},
-            ],
-            "comment": "the first one, edited",
-        },
-    }
+        out |= kind_of(t).body_examples()  # a kind's other shapes of answer
     return out
 
 

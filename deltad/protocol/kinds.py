@@ -127,6 +127,10 @@ class Kind:
         """The API answer body's fields this kind is answered with: name → (type, Field)."""
         return {"answer": (str | None, Field(default=None, description="The answer, as text."))}
 
+    def body_examples(self) -> dict[str, dict[str, Any]]:
+        """API answer bodies other than `{"answer": example}` (OpenAPI `examples`)."""
+        return {}
+
     def attrs(self, req: InteractionRequest) -> dict[str, Any]:
         return {}
 
@@ -277,6 +281,12 @@ class Approval(Kind):
             "with a `reason`).",
         )
         return super().answer_fields() | {"decisions": (list[CallDecision] | None, decisions)}
+
+    def body_examples(self) -> dict[str, dict[str, Any]]:
+        edit = {"action_id": "call_1", "decision": "edit", "arguments": {"path": "x"}}
+        reject = {"action_id": "call_2", "decision": "reject", "reason": "not now"}
+        body = {"decisions": [edit, reject], "comment": "the first one, edited"}
+        return {"approval per call": {"summary": "an approval, call by call", "value": body}}
 
 
 class Number(Kind):

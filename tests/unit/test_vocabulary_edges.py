@@ -138,3 +138,19 @@ def test_two_kinds_cannot_give_one_ask_human_argument_two_meanings(
     monkeypatch.setitem(kinds.KINDS, InputType.CONFIRMATION, Clash())
     with pytest.raises(ValueError, match="'minimum' is defined twice"):
         model_arguments()
+
+
+BRANCH = re.compile(
+    r"(==|!=)\s*InputType\.|InputType\.\w+\s*(==|!=)|case InputType\.|\bin \(?InputType\."
+    r"|input_type\s*(==|!=)\s*[\"']|[\"']\s*(==|!=)\s*\w*\.?input_type"
+)
+
+
+def test_no_product_file_but_the_vocabulary_branches_on_an_input_type() -> None:
+    """What differs between kinds is the kind's to say: `kind_of(t).per_call`, `.secret`, ..."""
+    branching = sorted(
+        str(p.relative_to(PRODUCT))
+        for p in PRODUCT.rglob("*.py")
+        if BRANCH.search(p.read_text(encoding="utf-8"))
+    )
+    assert branching == ["protocol/kinds.py"]
