@@ -11,6 +11,9 @@ and moves the run to COMPLETED (exit 0). Modes:
            consume (a person's `delta run`)
   probe    record what the process is (identity, environment, session, signals, fds,
            stdio), then consume: the executors' tests compare a forked resume with a fresh one
+  elsewhere  ingest, stay RUNNING as a process on another host (`ELSEWHERE_HOST`) until
+           killed; an INTERRUPTED run is resumed and completed (as `delta run` resumes one from
+           its journal): a run on a cluster node whose job is killed under it
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from deltad.protocol import (
     utcnow,
 )
 from deltad.protocol.printable import show_path
+
+ELSEWHERE_HOST = "node-elsewhere.invalid"  # the host mode `elsewhere` claims to run on
 
 
 def paused_workspace(
@@ -123,6 +128,20 @@ def _ingest(ws: Workspace, record: Path) -> tuple[Path, RunMetadata] | None:
     return path, meta
 
 
+def _resume_interrupted(ws: Workspace, record: Path) -> int | None:
+    """An INTERRUPTED latest run: record it and complete it (exit 0); else None."""
+    run_id = ws.latest_run_id()
+    assert run_id is not None, "no run"
+    path = ws.run(run_id).metadata
+    meta = load_metadata(path)
+    if meta.status is not RunStatus.INTERRUPTED:
+        return None
+    _record(record, workspace=str(ws.root), run_id=run_id, resumed=str(meta.error))
+    meta = transition(path, meta, RunStatus.RUNNING, workspace=str(ws.root), owner=current_owner())
+    transition(path, meta, RunStatus.COMPLETED, workspace=str(ws.root), end_time=utcnow())
+    return 0
+
+
 def facts() -> dict[str, object]:
     """What a resume process is, as far as its program can tell (nothing pid-specific)."""
     import locale
@@ -176,10 +195,16 @@ def stub(workspace: str, record: Path, mode: str) -> int:
         mine = record.with_name(f"{go.name}.{Path(workspace).name}")  # releases this one only
         while not (go.exists() or mine.exists()):
             time.sleep(0.02)
+    if mode == "elsewhere" and (resumed := _resume_interrupted(ws, record)) is not None:
+        return resumed
     ingested = _ingest(ws, record)
     if ingested is None:
         return 101
     path, meta = ingested
+    if mode == "elsewhere":
+        meta.owner = current_owner().model_copy(update={"hostname": ELSEWHERE_HOST})
+        save_metadata(path, meta)
+        mode = "hang"
     if mode == "hang":
         while True:
             time.sleep(3600)
@@ -195,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("stub", help="act as `delta run --work-dir WS`")
     s.add_argument("workspace")
     s.add_argument("--record", type=Path, required=True)
-    modes = ["consume", "hang", "fail", "slow", "hold", "probe"]
+    modes = ["consume", "hang", "fail", "slow", "hold", "probe", "elsewhere"]
     s.add_argument("--mode", default="consume", choices=modes)
     p = sub.add_parser("pause", help="create a paused workspace")
     p.add_argument("workspace", type=Path)
