@@ -23,7 +23,7 @@ import pytest
 
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command, wait_for
-from deltad.testing.stub import paused_workspace
+from deltad.testing.stub import ELSEWHERE_HOST, paused_workspace
 from tests.kube import Emulator, Kubelet, emulator
 from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
 
@@ -205,3 +205,87 @@ def test_a_resume_past_its_timeout_has_its_job_deleted_with_a_grace_period(
     assert params == {"gracePeriodSeconds": "10", "propagationPolicy": "Foreground"}
     assert kubelet.graces == {job: 10}
     assert kubelet.pods[job].ended == -signal.SIGTERM
+
+
+def run_elsewhere_status(ws: Path) -> tuple[str, str | None]:
+    """(status, owner's host) of the workspace's latest run."""
+    from deltad.protocol import Workspace, load_metadata
+
+    w = Workspace.at(ws)
+    run_id = w.latest_run_id()
+    assert run_id
+    meta = load_metadata(w.run(run_id).metadata)
+    return str(meta.status), meta.owner.hostname if meta.owner else None
+
+
+def test_a_run_on_another_host_whose_job_ends_under_it_is_interrupted_and_resumed(
+    base: Path, owner: User, emu: Emulator, kubelet: Kubelet
+) -> None:
+    """The run says RUNNING on another host (the pod's node), so this host's /proc cannot judge
+    it: its Job can. The client killed with SIGKILL in its pod, or the Job deleted by hand →
+    INTERRUPTED (one logged transition naming the Job), then resumed by a new Job."""
+    root, killed, record = stub_world(base, owner, "killed")
+    deleted = root / "deleted"
+    paused_workspace(deleted)
+    chown_tree(deleted, owner)
+    d = kube_daemon(
+        base,
+        emu,
+        root,
+        resume_command=stub_command(record, "elsewhere"),
+        auto_resume_interrupted=True,
+        liveness_sweep_seconds=0.5,  # the deleted Job's client still holds the lock at first
+    )
+    d.start()
+    try:
+        for ws in (killed, deleted):
+            answer(ws, f"answer {ws.name}")
+            claimed = lambda w=ws: run_elsewhere_status(w) == ("RUNNING", ELSEWHERE_HOST)  # noqa: E731
+            wait_for(claimed, "RUNNING elsewhere", DEADLINE)
+            [job] = [j for j in job_creates(emu) if kubelet.running(j)]
+            if ws == killed:
+                os.killpg(kubelet.pods[job].proc.pid, signal.SIGKILL)
+            else:
+                emu.batch.delete_namespaced_job(job, "default")  # kubectl delete job
+            done = lambda w=ws: metadata_status(w) == "COMPLETED"  # noqa: E731
+            wait_for(done, f"{ws.name}: INTERRUPTED, then resumed", DEADLINE)
+    finally:
+        d.stop()
+    marks = [e for e in d.events("status_transition", to="INTERRUPTED") if e["from"] == "RUNNING"]
+    assert {e["workspace"] for e in marks} == {str(killed), str(deleted)} and len(marks) == 2
+    reasons = {e["workspace"]: e["reason"] for e in marks}
+    assert "ended: killed_by_SIGKILL" in reasons[str(killed)]
+    assert "ended: unknown" in reasons[str(deleted)]  # gone: no pod said how it ended
+    assert all(
+        f"on {ELSEWHERE_HOST} stopped without finishing: job deltad-" in r for r in reasons.values()
+    )
+    resumed = [r["workspace"] for r in records(record) if "resumed" in r]
+    assert sorted(resumed) == sorted([str(killed), str(deleted)])
+    assert len(job_creates(emu)) == 4  # each: the Job that ended under it, then its resume
+
+
+def test_an_unreachable_api_server_leaves_a_run_on_another_host_alone_and_says_so_once(
+    base: Path,
+) -> None:
+    from deltad.protocol import Workspace, current_owner, load_metadata, transition
+    from deltad.protocol.states import RunStatus
+
+    with emulator(base) as emu:
+        pass  # the server is gone now: its kubeconfig names a closed port
+    root = base / "root"
+    ws = root / "ws"
+    run_id = paused_workspace(ws)
+    path = Workspace.at(ws).run(run_id).metadata
+    elsewhere = current_owner().model_copy(update={"hostname": ELSEWHERE_HOST})
+    transition(path, load_metadata(path), RunStatus.RUNNING, owner=elsewhere)
+    d = kube_daemon(base, emu, root, rescan_interval_seconds=0.5)
+    d.start()
+    try:
+        [failed] = d.wait_event("resume_adopt_failed", timeout=DEADLINE)
+        assert "cannot list this daemon's jobs" in failed["error"]
+        d.wait_event("reconcile_full_started", count=3, reason="periodic", timeout=DEADLINE)
+        [unknown] = d.events("run_elsewhere_unknown")  # once, however often it is looked at
+        assert unknown["workspace"] == str(ws) and unknown["host"] == ELSEWHERE_HOST
+        assert metadata_status(ws) == "RUNNING"  # nothing is decided without the engine
+    finally:
+        d.stop()
