@@ -98,13 +98,21 @@ def job_fact(
     owner: RemoteOwner, *, in_flight: bool, ended: JobEnd | None, engine_answered: bool
 ) -> JobFact:
     """The job fact of the run `owner` names. The job's end counts only for the owner the run
-    named when the job ended: a `delta run` that took the run over since is another process.
-    A job that ended busy (75) found another process driving the run, so its end says nothing."""
+    named when the job ended (a `delta run` that took the run over since is another process),
+    and only when the job died under the client (`died_under_client`)."""
     if in_flight:
         return JobFact.ACTIVE
-    if ended is not None and ended.owner == owner and ended.rc != exitcodes.BUSY:
+    if ended is not None and ended.owner == owner and died_under_client(ended.rc):
         return JobFact.ENDED
     return JobFact.NONE if engine_answered else JobFact.UNREACHABLE
+
+
+def died_under_client(rc: int | None) -> bool:
+    """A job's exit that says its client did not finish its turn: killed by a signal, an
+    unknown end (a lost node, a deleted or purged job), a code that is not `delta`'s. With one
+    of `delta`'s own codes the client settled the run itself (or, busy, never took it): a run
+    still seen RUNNING then is another process's, or a stale read of a network filesystem."""
+    return rc is None or rc not in exitcodes.MEANING
 
 
 def judge_elsewhere(job: JobFact) -> RunFact:

@@ -241,6 +241,11 @@ ROWS = [
         ["Observe", "Log:resume_busy", "Remember"],
     ),
     Row(
+        "elsewhere, its job exited 101 (the client settled the run): RUNNING is a stale read",
+        Facts(REMOTE, exited=Exited("r1", exitcodes.WAITING, failed=False, job="job done")),
+        ["Observe", "Remember"],
+    ),
+    Row(
         "elsewhere, a later owner (a person's `delta run` there) than the job's: left alone",
         Facts(replace(REMOTE, owner_pid=5, elsewhere=replace(NODE_B, pid=5))),
         ["Observe"],

@@ -112,8 +112,14 @@ B = RemoteOwner("r1", "node-b", 42)
         (True, JobEnd(B, -9), False, JobFact.ACTIVE),  # a new job for it runs
         (False, JobEnd(B, -9), True, JobFact.ENDED),
         (False, JobEnd(B, None), True, JobFact.ENDED),  # the engine lost it
-        (False, JobEnd(B, 0), False, JobFact.ENDED),  # seen ending: the engine is not needed
+        (False, JobEnd(B, -15), False, JobFact.ENDED),  # seen ending: the engine is not needed
+        (False, JobEnd(B, 127), True, JobFact.ENDED),  # not delta's code: it never ran
         (False, JobEnd(B, 75), True, JobFact.NONE),  # busy: another process drove the run
+        # delta's own codes: the client settled the run itself (RUNNING: a stale read)
+        (False, JobEnd(B, 0), True, JobFact.NONE),
+        (False, JobEnd(B, 1), True, JobFact.NONE),
+        (False, JobEnd(B, 101), True, JobFact.NONE),
+        (False, JobEnd(B, 130), True, JobFact.NONE),
         (False, JobEnd(RemoteOwner("r0", "node-b", 42), -9), True, JobFact.NONE),  # other run
         (False, JobEnd(RemoteOwner("r1", "node-c", 42), -9), True, JobFact.NONE),  # other host
         (False, JobEnd(RemoteOwner("r1", "node-b", 7), -9), True, JobFact.NONE),  # taken over
