@@ -11,9 +11,10 @@ and moves the run to COMPLETED (exit 0). Modes:
            consume (a person's `delta run`)
   probe    record what the process is (identity, environment, session, signals, fds,
            stdio), then consume: the executors' tests compare a forked resume with a fresh one
-  elsewhere  ingest, stay RUNNING as a process on another host (`ELSEWHERE_HOST`) until
-           killed; an INTERRUPTED run is resumed and completed (as `delta run` resumes one from
-           its journal): a run on a cluster node whose job is killed under it
+  elsewhere  a run on a cluster node whose job is killed under it: ingest the first answer and
+           stay RUNNING as a process on another host (`ELSEWHERE_HOST`) until killed; an
+           INTERRUPTED run is resumed and asks again (WAITING, exit 101); the later answer is
+           consumed
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def _ingest(ws: Workspace, record: Path) -> tuple[Path, RunMetadata] | None:
 
 
 def _resume_interrupted(ws: Workspace, record: Path) -> int | None:
-    """An INTERRUPTED latest run: record it and complete it (exit 0); else None."""
+    """An INTERRUPTED latest run: record why it was interrupted, then ask again (exit 101, as a
+    resumed run that reaches its next question); else None."""
     run_id = ws.latest_run_id()
     assert run_id is not None, "no run"
     path = ws.run(run_id).metadata
@@ -137,9 +139,21 @@ def _resume_interrupted(ws: Workspace, record: Path) -> int | None:
     if meta.status is not RunStatus.INTERRUPTED:
         return None
     _record(record, workspace=str(ws.root), run_id=run_id, resumed=str(meta.error))
-    meta = transition(path, meta, RunStatus.RUNNING, workspace=str(ws.root), owner=current_owner())
-    transition(path, meta, RunStatus.COMPLETED, workspace=str(ws.root), end_time=utcnow())
-    return 0
+    transition(path, meta, RunStatus.RUNNING, workspace=str(ws.root), owner=current_owner())
+    paused_workspace(ws.root, prompt="again?", run_id=run_id)
+    return 101
+
+
+def _resumed_before(record: Path, run_id: str) -> bool:
+    try:
+        lines = record.read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    return any(
+        (r := json.loads(line)).get("run_id") == run_id and "resumed" in r
+        for line in lines
+        if line.strip()
+    )
 
 
 def facts() -> dict[str, object]:
@@ -201,7 +215,7 @@ def stub(workspace: str, record: Path, mode: str) -> int:
     if ingested is None:
         return 101
     path, meta = ingested
-    if mode == "elsewhere":
+    if mode == "elsewhere" and not _resumed_before(record, meta.run_id):
         meta.owner = current_owner().model_copy(update={"hostname": ELSEWHERE_HOST})
         save_metadata(path, meta)
         mode = "hang"

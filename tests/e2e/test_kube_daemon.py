@@ -223,7 +223,8 @@ def test_a_run_on_another_host_whose_job_ends_under_it_is_interrupted_and_resume
 ) -> None:
     """The run says RUNNING on another host (the pod's node), so this host's /proc cannot judge
     it: its Job can. The client killed with SIGKILL in its pod, or the Job deleted by hand →
-    INTERRUPTED (one logged transition naming the Job), then resumed by a new Job."""
+    INTERRUPTED (one logged transition naming the Job), resumed by a new Job; the run asks
+    again, and a later answer resumes it to the end."""
     root, killed, record = stub_world(base, owner, "killed")
     deleted = root / "deleted"
     paused_workspace(deleted)
@@ -247,8 +248,12 @@ def test_a_run_on_another_host_whose_job_ends_under_it_is_interrupted_and_resume
                 os.killpg(kubelet.pods[job].proc.pid, signal.SIGKILL)
             else:
                 emu.batch.delete_namespaced_job(job, "default")  # kubectl delete job
+            # INTERRUPTED, resumable: resumed, the run asks again; the later answer resumes it.
+            asks = lambda w=ws: metadata_status(w) == "WAITING_FOR_INPUT"  # noqa: E731
+            wait_for(asks, f"{ws.name}: INTERRUPTED, resumed, asking again", DEADLINE)
+            answer(ws, f"later answer {ws.name}")
             done = lambda w=ws: metadata_status(w) == "COMPLETED"  # noqa: E731
-            wait_for(done, f"{ws.name}: INTERRUPTED, then resumed", DEADLINE)
+            wait_for(done, f"{ws.name}: the later answer resumed", DEADLINE)
     finally:
         d.stop()
     marks = [e for e in d.events("status_transition", to="INTERRUPTED") if e["from"] == "RUNNING"]
@@ -261,7 +266,8 @@ def test_a_run_on_another_host_whose_job_ends_under_it_is_interrupted_and_resume
     )
     resumed = [r["workspace"] for r in records(record) if "resumed" in r]
     assert sorted(resumed) == sorted([str(killed), str(deleted)])
-    assert len(job_creates(emu)) == 4  # each: the Job that ended under it, then its resume
+    # each: the Job that ended under the run, the resume of the INTERRUPTED run, the later answer's
+    assert len(job_creates(emu)) == 6
 
 
 def test_an_unreachable_api_server_leaves_a_run_on_another_host_alone_and_says_so_once(

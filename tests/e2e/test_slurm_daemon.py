@@ -211,7 +211,8 @@ def test_a_run_on_another_host_whose_job_is_killed_is_interrupted_and_resumed(
     """A RUNNING run owned by another host is judged from its Slurm job, not from this host's
     /proc: the job cancelled hard (scancel --signal=KILL), or its client killed with SIGKILL
     inside it, while the run says RUNNING on another host → the daemon marks it INTERRUPTED
-    (one logged transition naming the job) and resumes it (`auto_resume_interrupted`)."""
+    (one logged transition naming the job) and resumes it (`auto_resume_interrupted`); the run
+    asks again, and a later answer resumes it to the end."""
     c = slurm_cluster
     daemon_id = f"e{os.getpid()}"
     root = shared / "root"
@@ -261,8 +262,12 @@ def test_a_run_on_another_host_whose_job_is_killed_is_interrupted_and_resumed(
                 answer(ws, f"answer {ws.name}")
                 wait_for(partial(claims_elsewhere, ws), f"{ws.name}: RUNNING elsewhere", DEADLINE)
                 end_hard(ws)
+                # INTERRUPTED, resumable: resumed, the run asks again; the later answer resumes it.
+                asks = partial(lambda w: metadata_status(w) == "WAITING_FOR_INPUT", ws)
+                wait_for(asks, f"{ws.name}: INTERRUPTED, resumed, asking again", DEADLINE)
+                answer(ws, f"later answer {ws.name}")
                 done = partial(lambda w: metadata_status(w) == "COMPLETED", ws)
-                wait_for(done, f"{ws.name} INTERRUPTED, then resumed", DEADLINE)
+                wait_for(done, f"{ws.name}: the later answer resumed", DEADLINE)
     finally:
         d.stop()
         out = c.run("squeue", "-h", "--states=all", "-O", "JobID:|,Comment:0")
@@ -282,4 +287,9 @@ def test_a_run_on_another_host_whose_job_is_killed_is_interrupted_and_resumed(
     assert resumed.keys() == {str(cancelled), str(killed)}
     assert all(ELSEWHERE_HOST in str(why) for why in resumed.values())
     per_ws = collections.Counter(ws for _, _, _, ws in jobs_of(c, daemon_id))
-    assert per_ws == {cancelled: 2, killed: 2}  # the killed job, then the resume of the run
+    # the job killed under the run, the resume of the INTERRUPTED run, the later answer's
+    assert per_ws == {cancelled: 3, killed: 3}
+    answers = [r["answer"] for r in records(record) if "answer" in r]
+    assert sorted(answers) == sorted(
+        f"{a} {ws.name}" for a in ("answer", "later answer") for ws in (cancelled, killed)
+    )
