@@ -281,3 +281,14 @@ def test_an_engine_that_cannot_be_asked_leaves_the_jobs_unknown_until_it_answers
     clock.advance(0.05)
     assert executor.reap() == [] and executor.jobs_known
     assert executor.children[tmp_path / "b"].adopted
+
+
+def test_of_two_jobs_left_for_one_workspace_the_newest_is_adopted(tmp_path: Path) -> None:
+    """An old ended job (its delete failed) and the resume running now: the running one stands
+    for the workspace, so its run is judged by it, not by the old one's end."""
+    executor, jobs = _seam()
+    old = Handle(RequestKey(tmp_path, "r", "resume", 5), "fakejobs", "old")
+    new = Handle(RequestKey(tmp_path, "r", "resume", 9), "fakejobs", "new")
+    jobs.left = [old, new]
+    [adopted] = executor.adopt([])
+    assert adopted.handle == new  # type: ignore[attr-defined]

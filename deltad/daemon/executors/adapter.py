@@ -150,7 +150,9 @@ class SeamExecutor:
         self.jobs_known = True
         adopted: list[Child] = []
         now = self.clock.monotonic()
-        for handle in handles:
+        # Newest first (attempts count up across restarts): an ended Job a daemon failed to
+        # delete must not stand for the workspace in place of the resume that runs now.
+        for handle in sorted(handles, key=lambda h: h.key.attempt, reverse=True):
             ws = handle.key.workspace
             if ws in self.children:
                 continue
