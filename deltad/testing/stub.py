@@ -139,8 +139,13 @@ def _resume_interrupted(ws: Workspace, record: Path) -> int | None:
     if meta.status is not RunStatus.INTERRUPTED:
         return None
     _record(record, workspace=str(ws.root), run_id=run_id, resumed=str(meta.error))
-    transition(path, meta, RunStatus.RUNNING, workspace=str(ws.root), owner=current_owner())
-    paused_workspace(ws.root, prompt="again?", run_id=run_id)
+    meta = transition(path, meta, RunStatus.RUNNING, workspace=str(ws.root), owner=current_owner())
+    # As the client does: the question first, then the status (an answer written as soon as
+    # the run says WAITING_FOR_INPUT is newer than the question, never set aside by it).
+    request = InteractionRequest(prompt="again?", run_id=run_id, action_id="act_2")
+    _record_asked(ws.run(run_id).journal, request)
+    Mailbox(ws).post(request)
+    transition(path, meta, RunStatus.WAITING_FOR_INPUT, workspace=str(ws.root))
     return 101
 
 
