@@ -210,15 +210,16 @@ def test_a_run_on_another_host_whose_job_is_killed_is_interrupted_and_resumed(
 ) -> None:
     """A RUNNING run owned by another host is judged from its Slurm job, not from this host's
     /proc: the job cancelled hard (scancel --signal=KILL), or its client killed with SIGKILL
-    inside it, while the run says RUNNING on another host → the daemon marks it INTERRUPTED
-    (one logged transition naming the job) and resumes it (`auto_resume_interrupted`); the run
-    asks again, and a later answer resumes it to the end."""
+    inside it, or cancelled hard while no daemon ran (the restarted daemon adopts the ended job
+    and reads its exit), while the run says RUNNING on another host → the daemon marks it
+    INTERRUPTED (one logged transition naming the job) and resumes it
+    (`auto_resume_interrupted`); the run asks again, and a later answer resumes it to the end."""
     c = slurm_cluster
     daemon_id = f"e{os.getpid()}"
     root = shared / "root"
     root.mkdir()
-    cancelled, killed = root / "cancelled", root / "killed"
-    run_ids = {ws: paused_workspace(ws) for ws in (cancelled, killed)}
+    cancelled, killed, offline = root / "cancelled", root / "killed", root / "offline"
+    run_ids = {ws: paused_workspace(ws) for ws in (cancelled, killed, offline)}
     for ws in run_ids:
         chown_tree(ws, owner)
     rec_dir = shared / "records"
@@ -246,10 +247,20 @@ def test_a_run_on_another_host_whose_job_is_killed_is_interrupted_and_resumed(
     env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "sk-test"}
 
     def end_hard(ws: Path) -> None:
-        if ws == cancelled:
+        if ws in (cancelled, offline):
             job = job_of(c, daemon_id, ws, "RUNNING")
             assert job is not None
+            if ws == offline:  # the daemon dies first; the job ends while none runs
+                d.signal(signal.SIGKILL)
+                assert d.proc is not None
+                d.proc.wait(DEADLINE)
+                d._log.close()
             c.run("scancel", "--signal=KILL", "--full", job)
+            if ws == offline:
+                ended = partial(lambda j: job_of(c, daemon_id, offline, "CANCELLED") == j, job)
+                wait_for(ended, "the job ended in Slurm", DEADLINE)
+                d.start(env=env)
+                d.wait_event("resume_adopted", workspace=str(ws), timeout=DEADLINE)
         else:
             found = wait_for(lambda: held_job_process(ws), "the job's client", DEADLINE)
             assert found[0] == owner.uid
@@ -258,7 +269,7 @@ def test_a_run_on_another_host_whose_job_is_killed_is_interrupted_and_resumed(
     try:
         with executable_by_all():
             d.start(env=env)
-            for ws in (cancelled, killed):
+            for ws in (cancelled, killed, offline):
                 answer(ws, f"answer {ws.name}")
                 wait_for(partial(claims_elsewhere, ws), f"{ws.name}: RUNNING elsewhere", DEADLINE)
                 end_hard(ws)
@@ -279,17 +290,18 @@ def test_a_run_on_another_host_whose_job_is_killed_is_interrupted_and_resumed(
     marks = [
         e for e in d.events("status_transition", to="INTERRUPTED") if e.get("from") == "RUNNING"
     ]
-    assert {e["run_id"] for e in marks} == set(run_ids.values()) and len(marks) == 2
+    assert {e["run_id"] for e in marks} == set(run_ids.values()) and len(marks) == 3
     for e in marks:
         assert e["reason"].startswith("process ")
         assert f" on {ELSEWHERE_HOST} stopped without finishing: job deltad-" in e["reason"]
+    every = (cancelled, killed, offline)
     resumed = {r["workspace"]: r.get("resumed") for r in records(record) if "resumed" in r}
-    assert resumed.keys() == {str(cancelled), str(killed)}
+    assert resumed.keys() == {str(ws) for ws in every}
     assert all(ELSEWHERE_HOST in str(why) for why in resumed.values())
     per_ws = collections.Counter(ws for _, _, _, ws in jobs_of(c, daemon_id))
     # the job killed under the run, the resume of the INTERRUPTED run, the later answer's
-    assert per_ws == {cancelled: 3, killed: 3}
+    assert per_ws == {ws: 3 for ws in every}
     answers = [r["answer"] for r in records(record) if "answer" in r]
     assert sorted(answers) == sorted(
-        f"{a} {ws.name}" for a in ("answer", "later answer") for ws in (cancelled, killed)
+        f"{a} {ws.name}" for a in ("answer", "later answer") for ws in every
     )
