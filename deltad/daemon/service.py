@@ -16,6 +16,8 @@ from typing import Any, assert_never
 
 import structlog
 
+from deltad.protocol.runfacts import Elsewhere
+
 from . import decide as core
 from . import lifecycle
 from .answer import log_refusals
@@ -23,6 +25,7 @@ from .backends import Backend
 from .clock import SYSTEM, Clock
 from .config import DaemonConfig
 from .discovery import is_workspace
+from .executors.adapter import JobChild, SeamExecutor
 from .feed import Feed
 from .lease import Lease
 from .queue import HintQueue, Why
@@ -158,14 +161,20 @@ class Service:
         c = fin.child
         self.dirty = True
         log_refusals(c.workspace, c.run_id, c.spawned_at)
-        self._look(c.workspace, Why.CHECK, core.Exited(c.run_id, fin.rc, fin.failed, c.timed_out))
+        job = None
+        if isinstance(c, JobChild) and c.handle is not None:  # its end judges a run elsewhere
+            job = f"job {c.handle.key.name} ({c.handle.ref}) ended: {fin.meaning}"
+        exited = core.Exited(c.run_id, fin.rc, fin.failed, c.timed_out, job=job)
+        self._look(c.workspace, Why.CHECK, exited)
 
     def _look(self, ws: Path, why: Why, exited: core.Exited | None, quiet: bool = False) -> None:
         """Whatever is in a workspace, an exception here is that workspace's problem."""
         memory = self.memory.get(ws, core.FRESH)
         try:
             seen = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
-            facts = core.Facts(seen, busy=self.resumer.busy_with(ws), exited=exited)
+            facts = core.Facts(
+                seen, busy=self.resumer.busy_with(ws), exited=exited, jobs_known=self._jobs_known()
+            )
             self._carry_out(ws, core.decide(facts, memory, self._now(), self.rules), quiet)
         except Exception as e:
             first = str(e).splitlines()[0][:300] if str(e) else ""
@@ -184,8 +193,8 @@ class Service:
                     self.dirty |= self.registry.observe(ws, seen, quiet=quiet)
                 case core.Resume():
                     self._resume(ws, effect)
-                case core.MarkInterrupted(run_id, then):
-                    if self._interrupt(ws, run_id):
+                case core.MarkInterrupted(run_id, then, elsewhere):
+                    if self._interrupt(ws, run_id, elsewhere):
                         self._carry_out(ws, then)
                 case core.Schedule(at) | core.Quarantine(at):
                     self.wake_at(ws, at)
@@ -197,9 +206,14 @@ class Service:
                 case _:
                     assert_never(effect)
 
-    def _interrupt(self, ws: Path, run_id: str) -> bool:
+    def _jobs_known(self) -> bool:
+        """False while the executor's engine cannot say which of its jobs exist."""
+        ex = self.resumer.executor
+        return ex.jobs_known if isinstance(ex, SeamExecutor) else True
+
+    def _interrupt(self, ws: Path, run_id: str, elsewhere: Elsewhere | None = None) -> bool:
         try:
-            meta = mark_interrupted(ws, run_id)
+            meta = mark_interrupted(ws, run_id, elsewhere)
         except Exception as e:  # a damaged file here must not stop the daemon
             log.warning("mark_interrupted_failed", workspace=str(ws), run_id=run_id, error=str(e))
             return False

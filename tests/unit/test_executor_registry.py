@@ -19,7 +19,15 @@ from deltad.daemon.executors import make_executor, registry
 from deltad.daemon.executors.adapter import SeamExecutor
 from deltad.daemon.executors.base import Job
 from deltad.daemon.executors.fresh import CommandExecutor, FreshExecutor
-from deltad.daemon.executors.seam import Event, Exit, Handle, JobSpec, Started, SubmitError
+from deltad.daemon.executors.seam import (
+    Event,
+    Exit,
+    Handle,
+    JobSpec,
+    RequestKey,
+    Started,
+    SubmitError,
+)
 from deltad.daemon.resumer import Resumer
 from deltad.daemon.tenancy import Identity, Launch, Owner
 
@@ -54,6 +62,8 @@ class FakeJobs:
         self.cancelled.append((handle, grace))
 
     def adopt(self) -> list[Handle]:
+        if self.refuse:
+            raise SubmitError("the engine is away")
         return self.left
 
     def fds(self) -> list[int]:
@@ -251,3 +261,34 @@ def test_the_loop_polls_as_often_as_the_executor_asks(tmp_path: Path) -> None:
     assert resumer.next_poll(100.0) is None  # nothing running: nothing to poll
     resumer.executor.submit(_job(tmp_path / "ws"))
     assert resumer.next_poll(100.0) == 100.05
+
+
+def test_an_engine_that_cannot_be_asked_leaves_the_jobs_unknown_until_it_answers(
+    tmp_path: Path,
+) -> None:
+    """adopt() failing is no crash: `jobs_known` is False (runs on other hosts are left as
+    they are), the loop keeps polling, and adoption is tried again every `poll_every`."""
+    executor, jobs = _seam()
+    clock = executor.clock
+    assert isinstance(clock, ManualClock)
+    jobs.refuse = True
+    assert executor.adopt([]) == [] and not executor.jobs_known
+    assert executor.needs_polling()  # nothing running, yet there is something to ask again
+    jobs.refuse = False
+    left = Handle(RequestKey(tmp_path / "b", "r", "resume", 1), "fakejobs", "j")
+    jobs.left = [left]
+    assert executor.reap() == [] and executor.children == {}  # not before poll_every
+    clock.advance(0.05)
+    assert executor.reap() == [] and executor.jobs_known
+    assert executor.children[tmp_path / "b"].adopted
+
+
+def test_of_two_jobs_left_for_one_workspace_the_newest_is_adopted(tmp_path: Path) -> None:
+    """An old ended job (its delete failed) and the resume running now: the running one stands
+    for the workspace, so its run is judged by it, not by the old one's end."""
+    executor, jobs = _seam()
+    old = Handle(RequestKey(tmp_path, "r", "resume", 5), "fakejobs", "old")
+    new = Handle(RequestKey(tmp_path, "r", "resume", 9), "fakejobs", "new")
+    jobs.left = [old, new]
+    [adopted] = executor.adopt([])
+    assert adopted.handle == new  # type: ignore[attr-defined]

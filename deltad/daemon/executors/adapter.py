@@ -7,7 +7,9 @@ instead of a process. Rules that differ from local processes:
   queued on a busy cluster is not timed out for waiting;
 - `poll` is called every `poll_every` seconds (engines without descriptors), else when
   one of `fds()` is readable;
-- adoption asks the engine (`adopt()`), not `resumes.json` (a handle has no pid to record).
+- adoption asks the engine (`adopt()`), not `resumes.json` (a handle has no pid to record);
+  while the engine cannot be asked, `jobs_known` is False (runs on other hosts are then left
+  as they are: decide.py) and adoption is tried again every `poll_every`.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class SeamExecutor:
         # Seconds since the epoch to start with, so a restarted daemon does not reuse them.
         self._attempts = itertools.count(int(clock.time()) % (1 << 32))
         self._ended: list[Finished] = []
+        self.jobs_known = True  # False while adopt() could not ask the engine
+        self._adopt_again = 0.0  # monotonic: when to try adopt() again
 
     def slots(self) -> int:
         return max(0, self.max_parallel - len(self.children))
@@ -90,9 +94,11 @@ class SeamExecutor:
         return self.inner.fds()
 
     def needs_polling(self) -> bool:
-        return bool(self.children) and self.poll_every is not None
+        return (bool(self.children) or not self.jobs_known) and self.poll_every is not None
 
     def reap(self) -> list[Finished]:
+        if not self.jobs_known and self.clock.monotonic() >= self._adopt_again:
+            self._adopt_late()
         for event in self.inner.poll(self.clock.time()):
             child = self._child_of(event.handle)
             if child is None:
@@ -131,9 +137,22 @@ class SeamExecutor:
         return None
 
     def adopt(self, orphans: Iterable[Orphan]) -> list[Child]:
+        try:
+            handles = self.inner.adopt()
+        except Exception as e:  # the engine away (SubmitError), or a third-party bug
+            error = str(e) if isinstance(e, SubmitError) else f"{type(e).__name__}: {e}"
+            if self.jobs_known:
+                detail = "runs on other hosts are left as they are until it answers"
+                log.warning("resume_adopt_failed", error=error, detail=detail)
+            self.jobs_known = False
+            self._adopt_again = self.clock.monotonic() + (self.poll_every or 5.0)
+            return []
+        self.jobs_known = True
         adopted: list[Child] = []
         now = self.clock.monotonic()
-        for handle in self.inner.adopt():
+        # Newest first (attempts count up across restarts): an ended Job a daemon failed to
+        # delete must not stand for the workspace in place of the resume that runs now.
+        for handle in sorted(handles, key=lambda h: h.key.attempt, reverse=True):
             ws = handle.key.workspace
             if ws in self.children:
                 continue
@@ -142,6 +161,16 @@ class SeamExecutor:
             self.children[ws] = child
             adopted.append(child)
         return adopted
+
+    def _adopt_late(self) -> None:
+        for child in self.adopt(()):
+            log.info(
+                "resume_adopted",
+                workspace=str(child.workspace),
+                run_id=child.run_id,
+                pid=None,
+                detail="found once the engine answered; watched to its exit",
+            )
 
     def detach_all(self) -> list[int]:
         self.children.clear()
