@@ -1,8 +1,9 @@
 """The web page in a real headless Chromium against a real `deltad serve`: it goes on after a
 daemon restart and asks to log in again after a revoke; questions grouped by workspace and run
-are answered from the keyboard; it reads at phone width; it works under a reverse proxy's path
-prefix; axe-core finds no serious or critical violation in any state. Screenshots are written
-to `$DELTAD_SCREENSHOTS` when set (`docs/img` for the docs)."""
+are answered from the keyboard; a finished run's outcome (final message, duration, who answered
+what) is in the history after a reload and a restart; it reads at phone width; it works under a
+reverse proxy's path prefix; axe-core finds no serious or critical violation in any state.
+Screenshots are written to `$DELTAD_SCREENSHOTS` when set (`docs/img` for the docs)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,13 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from deltad.api import links
 from deltad.protocol import Mailbox, Workspace
-from deltad.testing.daemon import DELTAD, Daemon
+from deltad.testing import FakeLLM
+from deltad.testing.daemon import DELTAD, Daemon, metadata_status, wait_for
 from deltad.testing.inbox import http_url, make_token
 from deltad.testing.stub import paused_workspace
 
+from ..conftest import llm_env, write_agent
+from .test_inbox_api import REAL_CLIENT, _delta
 from .test_inbox_browser import WAIT, _until, browser  # noqa: F401 - the fixture is used
 
 SHOTS = os.environ.get("DELTAD_SCREENSHOTS")
@@ -319,6 +323,85 @@ def test_the_context_of_a_question_is_shown_folded_open(
     browser.set_window_size(375, 812)
     until(browser, "the phone layout", no_horizontal_scroll)
     shot(browser, "question-context-phone")
+
+
+# -- a finished run's outcome ---------------------------------------------------------------------
+# Markup and two lines: the page must show it as text, never as HTML.
+FINAL = 'Hello Ada! <b>Welcome</b> & <img src=x onerror="window.pwned=1">\nSee you soon.'
+
+
+def run_end(driver: WebDriver) -> Any:
+    """The history's entry for the run's end, once it is there."""
+    css = '#activity li.ended[data-to="COMPLETED"]'
+    _until(driver, "the run's end in the history", css)
+    return driver.find_element(By.CSS_SELECTOR, css)
+
+
+def outcome_shown(driver: WebDriver) -> dict[str, Any]:
+    """What the run's end shows, its outcome unfolded."""
+    end = run_end(driver)
+    details = end.find_element(By.CSS_SELECTOR, "details.outcome")
+    if details.get_attribute("open") is None:
+        details.find_element(By.TAG_NAME, "summary").click()
+    until(driver, "the outcome unfolded", lambda b: details.get_attribute("open") is not None)
+    message = details.find_element(By.CSS_SELECTOR, ".final-message")
+    return {
+        "what": end.find_element(By.CSS_SELECTOR, ".what").text,
+        "message": message.get_attribute("textContent"),
+        "markup": len(message.find_elements(By.CSS_SELECTOR, "*")),
+        "answers": [a.text for a in details.find_elements(By.CSS_SELECTOR, ".answers li")],
+        "pwned": driver.execute_script("return window.pwned === 1"),
+    }
+
+
+def test_a_finished_runs_outcome_is_on_the_page_after_a_reload_and_a_restart(
+    tmp_path: Path,
+    fake: FakeLLM,
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    root = tmp_path / "root"
+    ws = root / "greeter"
+    ws.mkdir(parents=True)
+    d = Daemon(
+        tmp_path,
+        [root],
+        resume_command=REAL_CLIENT,
+        http={"listen": f"127.0.0.1:{free_port()}"},
+    ).start(env=llm_env(fake))
+    try:
+        fake.call("ask_human", {"prompt": "What is your name?"}, id="ask1")
+        fake.reply(FINAL)
+        agent = write_agent(tmp_path)
+        out = _delta(fake, "run", "--agent", str(agent), "--task", "greet", "--work-dir", str(ws))
+        assert out.returncode == 101, out.stderr
+        url = http_url(d)
+        browser.set_window_size(1280, 900)
+        browser.get(url)
+        log_in(browser, make_token(d.state_dir, "ada"))
+        _until(browser, "the question", '.item[data-input-type="text"] input.answer')
+        field = browser.find_element(By.CSS_SELECTOR, ".item input.answer")
+        field.send_keys("Ada", Keys.ENTER)
+        wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed", timeout=WAIT)
+
+        for when in ("live", "after a reload", "after a restart"):
+            if when == "after a reload":
+                browser.refresh()
+            elif when == "after a restart":
+                assert d.stop() == 0
+                d.start(env=llm_env(fake), wait=False)
+                d.wait_event("daemon_ready", count=2)
+                browser.refresh()
+            shown = outcome_shown(browser)
+            assert shown["message"] == FINAL, when  # as text: its markup is not made elements
+            assert shown["markup"] == 0 and not shown["pwned"], when
+            assert shown["what"].startswith("run completed in "), when
+            assert shown["what"].endswith(" s"), when
+            assert shown["answers"] == ["ada: “Ada” (What is your name?)"], when
+        assert serious_violations(browser) == [], "a finished run's outcome unfolded"
+        shot(browser, "history-outcome")
+    finally:
+        d.stop()
+        d.kill_children()
 
 
 # -- a reverse proxy under a path prefix ----------------------------------------------------------
