@@ -145,9 +145,12 @@ def page_times(c: Contender, calls: int) -> dict[str, Any]:
     with c.client() as http:
         pager = Pager(http)
         pager.next()  # warm
-        times = [pager.next()[0] for _ in range(calls)]
-        first = [Pager(http).next()[0] for _ in range(calls)]
+        rounds = [pager.next() for _ in range(calls)]
+        firsts = [Pager(http).next() for _ in range(calls)]
+    times, first = [t for t, _ in rounds], [t for t, _ in firsts]
     return {
+        # Pages that were not a 200 (timed like the others: there must be none).
+        "page_failures": sum(not ok for _, ok in rounds + firsts),
         "page_p50_ms": 1000 * pct(times, 50),
         "page_p99_ms": 1000 * pct(times, 99),
         "first_page_p50_ms": 1000 * pct(first, 50),
