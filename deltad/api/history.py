@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from deltad import inbox
-from deltad.protocol import Workspace
+from deltad.protocol import InteractionRequest, JournalEvent, RunStatus, Workspace
 from deltad.protocol.errors import ProtocolError
+from deltad.protocol.events import Answered, Asked, RunEnd
 from deltad.protocol.models import iso
 from deltad.protocol.printable import json_safe, show_path
+from deltad.protocol.viewing import payload_of
 
 from .handlers import Context, journal_tail, visible
 from .tokens import Identity
@@ -39,16 +41,10 @@ def bounded(text: str | None, cap: int = FINAL_MESSAGE_MAX) -> tuple[str | None,
     return text[: cap - 1] + "…", True
 
 
-def duration_seconds(started: datetime | None, at: object) -> float | None:
-    """Seconds from the run's start to an end recorded at `at` (an ISO time), if both are
-    known: the outcome's `duration_seconds` rule (start to end), for each end in a journal."""
-    if started is None or not isinstance(at, str):
-        return None
-    try:
-        ended = datetime.fromisoformat(at)
-    except ValueError:
-        return None
-    if ended.tzinfo is None or started.tzinfo is None:
+def duration_seconds(started: datetime | None, ended: datetime) -> float | None:
+    """Seconds from the run's start to an end at `ended`, if the start is known: the
+    outcome's `duration_seconds` rule (start to end), for each end in a journal."""
+    if started is None:
         return None
     return max(0.0, (ended - started).total_seconds())
 
@@ -56,68 +52,61 @@ def duration_seconds(started: datetime | None, at: object) -> float | None:
 def entries(
     workspace: str,
     run_id: str,
-    events: Iterable[dict[str, Any]],
+    events: Iterable[JournalEvent],
     started: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """History entries of one run's journal events, oldest first (pure: tested from tables);
-    `started` is the run's start time (its metadata's), for the durations."""
-    asked: dict[str, dict[str, Any]] = {}
+    `started` is the run's start time (its metadata's), for the durations. Events the reader
+    could not type are skipped."""
+    asked: dict[str, InteractionRequest] = {}
     out: list[dict[str, Any]] = []
     for e in events:
-        payload = e.get("payload") or {}
-        if e.get("type") == "HUMAN_INTERACTION" and payload.get("phase") == "asked":
-            request = payload.get("request") or {}
-            asked[str(request.get("request_id"))] = request
-        elif e.get("type") == "HUMAN_INTERACTION" and payload.get("phase") == "answered":
-            out.append(_answered(workspace, run_id, e, asked.get(str(payload.get("request_id")))))
-        elif e.get("type") == "RUN_END":
-            out.append(_ended(workspace, run_id, e, started))
+        if (q := payload_of(e, Asked)) is not None:
+            asked[q.request.request_id] = q.request
+        elif (a := payload_of(e, Answered)) is not None:
+            out.append(_answered(workspace, run_id, e, a, asked.get(a.request_id)))
+        elif (end := payload_of(e, RunEnd)) is not None:
+            out.append(_ended(workspace, run_id, e, end, started))
     return out
 
 
 def _ended(
-    workspace: str, run_id: str, e: dict[str, Any], started: datetime | None
+    workspace: str, run_id: str, e: JournalEvent, end: RunEnd, started: datetime | None
 ) -> dict[str, Any]:
-    payload = e.get("payload") or {}
-    status = payload.get("status")
-    said = payload.get("reason")
-    final, cut = bounded(said if isinstance(said, str) else None)
+    final, cut = bounded(end.reason or None)
     return {
         "kind": "run_ended",
-        "at": e.get("timestamp"),
+        "at": iso(e.timestamp),
         "workspace": workspace,
         "run_id": run_id,
-        "status": status,
+        "status": str(end.status),
         # Why it stopped, for a run that did not complete; a completed run's is its message.
-        "reason": None if status == "COMPLETED" else final,
+        "reason": None if end.status == RunStatus.COMPLETED else final,
         "final_message": final,
         "final_message_truncated": cut,
-        "duration_seconds": duration_seconds(started, e.get("timestamp")),
+        "duration_seconds": duration_seconds(started, e.timestamp),
     }
 
 
 def _answered(
-    workspace: str, run_id: str, e: dict[str, Any], request: dict[str, Any] | None
+    workspace: str, run_id: str, e: JournalEvent, a: Answered, request: InteractionRequest | None
 ) -> dict[str, Any]:
-    payload = e.get("payload") or {}
-    reply = payload.get("reply") or {}
-    secret = request is None or request.get("sensitive") or request.get("input_type") == "password"
+    reply = a.reply
+    secret = request is None or request.is_secret
     return {
         "kind": "answered",
-        "at": reply.get("at") or e.get("timestamp"),
+        "at": iso(reply.at or e.timestamp),
         "workspace": workspace,
         "run_id": run_id,
-        "request_id": payload.get("request_id"),
-        "input_type": payload.get("input_type"),
-        "prompt": request.get("prompt") if request else None,
-        "outcome": reply.get("outcome"),
-        "answered_by": reply.get("answered_by"),
-        "channel": reply.get("channel") or reply.get("source"),
-        "answer": None if secret else reply.get("value"),
+        "request_id": a.request_id,
+        "input_type": a.input_type,
+        "prompt": request.prompt if request else None,
+        "outcome": reply.outcome,
+        "answered_by": reply.answered_by,
+        "channel": reply.channel or reply.source,
+        "answer": None if secret else reply.value,
         "decisions": [
-            {"action_id": d.get("action_id"), "decision": d.get("decision")}
-            for d in reply.get("decisions") or []
-            if isinstance(d, dict)
+            {"action_id": d.action_id, "decision": str(d.decision)} for d in reply.decisions
         ],
     }
 
