@@ -239,7 +239,20 @@ class HistoryEntry(_Out):
     answer: str | None = Field(default=None, description="Never shown for a sensitive question.")
     decisions: list[HistoryDecision] = Field(default_factory=list)
     status: str | None = None
-    reason: str | None = None
+    reason: str | None = Field(
+        default=None, description="Why a run that did not complete stopped (run_ended)."
+    )
+    final_message: str | None = Field(
+        default=None,
+        description="run_ended: the outcome's final message (the last message at COMPLETED, the "
+        "reason otherwise), at most 2,000 characters; the whole of it is in GET /v1/runs/{id}.",
+    )
+    final_message_truncated: bool | None = Field(
+        default=None, description="run_ended: whether final_message was cut."
+    )
+    duration_seconds: float | None = Field(
+        default=None, description="run_ended: from the run's start to this end."
+    )
 
 
 class History(_Out):

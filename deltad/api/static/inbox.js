@@ -526,23 +526,66 @@ async function loadHistory() {
   try {
     const doc = await api("GET", "v1/history?limit=100");
     if (mine !== historyLoads) return;  // a newer load is on its way
-    $("activity").replaceChildren(...doc.history.map(historyItem));
+    const byRun = answersByRun(doc.history);
+    $("activity").replaceChildren(...doc.history.map((h) => historyItem(h, byRun)));
     $("history-empty").hidden = doc.history.length > 0;
   } catch (e) { /* kept as it was */ }
 }
 
-function historyItem(h) {
-  if (h.kind === "run_ended") {
-    return el("li", { class: `ended ${String(h.status).toLowerCase()}`, "data-type": "run.status", "data-to": h.status },
-      el("span", { class: "what" }, `run ${h.status.toLowerCase()}`, h.reason ? `: ${h.reason}` : ""),
-      el("span", { class: "where" }, h.workspace), when(h.at));
+const runKey = (h) => `${h.workspace}\u0000${h.run_id}`;
+
+// The answers of each run in this history, oldest first: shown again with the run's end.
+function answersByRun(history) {
+  const out = new Map();
+  for (const h of [...history].reverse()) {
+    if (h.kind !== "answered") continue;
+    if (!out.has(runKey(h))) out.set(runKey(h), []);
+    out.get(runKey(h)).push(h);
   }
-  const said = h.answer !== null && h.answer !== undefined ? `“${h.answer}”`
-    : h.decisions?.length ? h.decisions.map((d) => d.decision).join(", ") : h.outcome;
+  return out;
+}
+
+function historyItem(h, byRun) {
+  if (h.kind === "run_ended") {
+    const status = String(h.status);
+    const took = typeof h.duration_seconds === "number" ? ` in ${duration(h.duration_seconds)}` : "";
+    return el("li", { class: `ended ${status.toLowerCase()}`, "data-type": "run.status", "data-to": status, "data-run": h.run_id },
+      el("span", { class: "what" }, `run ${status.toLowerCase()}${took}`, h.reason ? `: ${h.reason}` : ""),
+      el("span", { class: "where" }, h.workspace), when(h.at),
+      outcomeView(h, byRun.get(runKey(h)) || []));
+  }
   return el("li", { class: "answered", "data-type": "request.answered" },
-    el("span", { class: "what" }, `${h.answered_by || "someone"} answered `, el("strong", {}, said || "")),
+    el("span", { class: "what" }, `${h.answered_by || "someone"} answered `, el("strong", {}, said(h) || "")),
     h.prompt ? el("span", { class: "asked" }, h.prompt) : null,
     el("span", { class: "where" }, h.workspace), when(h.at));
+}
+
+// A finished run, folded: its final message (as text, never markup; a long one is cut by the
+// server, the whole of it is in `delta status`) and who answered what in it.
+function outcomeView(h, answers) {
+  const message = h.status === "COMPLETED" && h.final_message ? h.final_message : null;
+  if (!message && !answers.length) return null;
+  return el("details", { class: "outcome" },
+    el("summary", {}, message ? "Final message" : "Answers", message && answers.length ? " and answers" : ""),
+    message ? el("div", { class: "final-message" }, message) : null,
+    h.final_message_truncated ? el("p", { class: "hint" }, "(cut: delta status shows all of it)") : null,
+    answers.length ? el("ol", { class: "answers" }, ...answers.map((a) => el("li", {},
+      `${a.answered_by || "someone"}: `, el("strong", {}, said(a) || ""),
+      a.prompt ? ` (${a.prompt})` : ""))) : null);
+}
+
+function said(h) {
+  return h.answer !== null && h.answer !== undefined ? `“${h.answer}”`
+    : h.decisions?.length ? h.decisions.map((d) => d.decision).join(", ") : h.outcome;
+}
+
+// As `delta status` says it: "4.2 s", "3 min 05 s", "1 h 02 min 00 s".
+function duration(seconds) {
+  const s = Math.round(seconds);
+  if (s < 60) return `${seconds.toFixed(1)} s`;
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
+  const pad = (n) => String(n).padStart(2, "0");
+  return h ? `${h} h ${pad(m)} min ${pad(r)} s` : `${m} min ${pad(r)} s`;
 }
 
 function activity(e) {
