@@ -61,6 +61,7 @@ class Lane:
 class Branch(Lane):
     start: str = ""  # the branch's first node (its id in parallel.results)
     result: dict[str, Any] | None = None  # set when the branch ended
+    begun: bool = False  # a node of it began (it counts against the node's max_parallel)
 
 
 @dataclass
@@ -79,6 +80,8 @@ class State(Lane):
     stages: list[Stage] = field(default_factory=list)  # finished visits, for summaries
     threads: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # their visits
     fan: Fan | None = None
+    child: ChildRun | None = None  # a manager node's child pipeline, while it runs
+    ended: tuple[str, str] | None = None  # a child pipeline's end: (completed|failed, why)
 
     def lane(self, p: dict[str, Any]) -> Lane:
         """The lane an event belongs to: a branch's (its `branch` index), else the run's."""
@@ -88,10 +91,21 @@ class State(Lane):
 
     def add(self, e: JournalEvent) -> None:
         p = e.payload
+        if e.type == EventType.EDGE_TAKEN and p.get("step") == "child_start":
+            child = State(context={"graph.goal": p.get("goal", "")}, at=p["target"])
+            child.steps = self.steps  # max_steps bounds the run's visits, the child's too
+            self.child = ChildRun(p["source"], child)
+            return
+        if "child" in p and self.child is not None:
+            self.child.state.add(e)
+            self.steps = max(self.steps, self.child.state.steps)
+            return
         lane = self.lane(p)
         match e.type:
             case EventType.NODE_START:
                 lane.at, lane.decided = None, None
+                if isinstance(lane, Branch):
+                    lane.begun = True
                 lane.context["current_node"] = p["node"]  # built-in keys (§5.1)
                 lane.context[f"internal.retry_count.{p['node']}"] = int(p.get("attempt", 1)) - 1
                 lane.visit = Visit(
@@ -121,6 +135,7 @@ class State(Lane):
                 self.last[p["node"]] = lane.decided.outcome.status
                 if lane is self:
                     self.fan = None  # a parallel node's outcome: its branches are over
+                    self.child = None  # a manager node's: its child is over
             case EventType.EDGE_TAKEN if p.get("step") == "fan_out":
                 if self.fan is None or self.fan.node != p["source"]:
                     self.fan = Fan(p["source"])
@@ -136,12 +151,34 @@ class State(Lane):
             case EventType.EDGE_TAKEN if p.get("step") == "branch_end":
                 assert isinstance(lane, Branch)
                 lane.result, lane.decided, lane.at = p.get("result") or {}, None, None
+            case EventType.EDGE_TAKEN if p.get("step") == "child_end":
+                self.ended = (str(p.get("status") or "failed"), str(p.get("reason") or ""))
+                lane.decided, lane.visit, lane.at = None, None, None
+            case EventType.EDGE_TAKEN if p.get("step") == "loop_restart":
+                self.restart(p["target"])
             case EventType.EDGE_TAKEN:
                 lane.decided, lane.at = None, p["target"]
                 jumped = p.get("step") in ("retry_target", "goal_gate")  # not along an edge
                 lane.came_from = None if jumped else p["source"]
             case _:
                 pass
+
+    def restart(self, target: str) -> None:
+        """A loop_restart edge (§2.7): the pipeline begins afresh at `target`: a new context
+        (the goal kept), no outcomes, stages or threads of the earlier pass."""
+        goal = self.context.get("graph.goal", "")
+        self.context, self.last, self.stages, self.threads = {"graph.goal": goal}, {}, [], {}
+        self.decided, self.visit, self.at, self.came_from, self.thread = (None,) * 5
+        self.at = target
+
+
+@dataclass
+class ChildRun:
+    """A manager node's child pipeline: its own state, folded from the events marked
+    `child`."""
+
+    node: str  # the manager node
+    state: State
 
 
 def outcome_of(payload: dict[str, Any]) -> Outcome:

@@ -1,0 +1,163 @@
+"""The manager loop (attractor §4.11), for real: `delta run --pipeline` processes against the
+fake model. A `house` node runs the child pipeline of `stack.child_dotfile` inside the run,
+node by node, its journal lines marked `child`; the child's gate asks in the run's mailbox;
+a kill -9 in the middle of the child resumes it without running a finished child node again;
+the manager judges the child (completed, failed, its stop condition, its max cycles).
+"""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from deltad.testing import FakeLLM
+from deltad.testing.daemon import wait_for
+
+from ..conftest import EXAMPLES, Delta
+from .test_pipeline_flow import _run, status
+
+MANAGER = EXAMPLES / "pipelines" / "manager.dot"
+
+
+def _path(d: Delta) -> list[str]:
+    """The run's own node visits (the child's aside)."""
+    return [e["payload"]["node"] for e in d.events("NODE_START") if "child" not in e["payload"]]
+
+
+def _child_starts(d: Delta) -> list[str]:
+    return [e["payload"]["node"] for e in d.events("NODE_START") if "child" in e["payload"]]
+
+
+def _outcome(d: Delta, node: str) -> dict[str, Any]:
+    found = [e["payload"] for e in d.events("NODE_OUTCOME") if e["payload"]["node"] == node]
+    return found[-1]
+
+
+def _graphs(d: Delta, parent: str, child: str) -> Path:
+    """A parent graph (start, exit and `body`) whose manager supervises `child`'s graph."""
+    (d.ws.parent / "child.dot").write_text(textwrap.dedent(child))
+    path = d.ws.parent / "parent.dot"
+    path.write_text(
+        'digraph parent {\n    graph [stack.child_dotfile="child.dot"]\n'
+        "    start [shape=Mdiamond]\n    exit [shape=Msquare]\n"
+        + textwrap.indent(textwrap.dedent(parent), "    ")
+        + "}\n"
+    )
+    return path
+
+
+def test_the_manager_runs_its_child_and_the_childs_gate_asks_in_the_mailbox(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    fake.reply("the plan").reply("built it")
+    assert _run(delta, MANAGER).code == 101
+    assert _child_starts(delta) == ["start", "plan", "build", "accept"]
+    request = delta.request()
+    assert request["node_id"] == "accept" and request["context"]["reviewed_node"] == "build"
+    # The child's prompts have the child's goal; its start is journaled under the manager.
+    assert "One sprint of the feature" in fake.requests[0]["messages"][1]["content"]
+    [started] = [
+        e["payload"] for e in delta.events("EDGE_TAKEN") if e["payload"]["step"] == "child_start"
+    ]
+    assert (started["source"], started["target"]) == ("supervise", "start")
+    delta.answer("A")
+    fake.reply("the report")
+    r = delta("run")
+    assert r.code == 0, r.err
+    assert _path(delta) == ["start", "supervise", "report"]
+    supervised = _outcome(delta, "supervise")
+    assert supervised["status"] == "success" and supervised["notes"] == "child completed"
+    seen = supervised["context_updates"]
+    assert seen["stack.child.status"] == "completed" and seen["stack.child.cycles"] == 3
+    # The report's prompt (compact fidelity) sees what the manager observed.
+    assert "stack.child.status: completed" in fake.requests[2]["messages"][1]["content"]
+    assert len(fake.requests) == 3
+
+
+def test_kill_mid_child_resumes_the_child_without_rerunning_its_finished_nodes(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    fake.reply("the plan").hang(60)  # build's model call never answers
+    proc = delta.popen("run", "--pipeline", str(MANAGER), "--agent", str(delta.agent))
+    try:
+        wait_for(lambda: len(fake.requests) == 2, "the child's build node's model call")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.kill()
+    assert delta.status() == "RUNNING" and delta.metadata()["current_node"] == "build"
+    fake.reply("built it").reply("the report")
+    r = delta("run", "--auto-approve")
+    assert r.code == 0, r.err
+    assert _child_starts(delta) == ["start", "plan", "build", "accept"]  # plan ran once
+    assert len(delta.events("THOUGHT")) == 3  # plan, build, report: once each
+    assert len(fake.requests) == 4  # the killed call asked again, nothing else
+
+
+LOOPING_CHILD = """\
+digraph child {
+    start [shape=Mdiamond]
+    exit [shape=Msquare]
+    work [prompt="work"]
+    start -> work
+    work -> work [condition="outcome!=fail"]
+    work -> exit [condition="outcome=fail"]
+}
+"""
+
+
+def test_a_child_that_fails_fails_the_manager_and_routes_its_fail_edge(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    dot = _graphs(
+        delta,
+        """\
+        m [shape=house]
+        after_fail [prompt="handle it"]
+        start -> m
+        m -> exit [condition="outcome=success"]
+        m -> after_fail [condition="outcome=fail"]
+        after_fail -> exit
+        """,
+        LOOPING_CHILD.replace("outcome!=fail", "outcome=retry").replace(
+            'work -> exit [condition="outcome=fail"]', 'work -> exit [condition="outcome=success"]'
+        ),
+    )
+    fake.reply(status("fail", failure_reason="the build is red")).reply("handled")
+    r = _run(delta, dot)
+    assert r.code == 0, r.err
+    assert _path(delta) == ["start", "m", "after_fail"]
+    failed = _outcome(delta, "m")
+    assert failed["status"] == "fail"
+    assert failed["failure_reason"] == "child failed: node work failed: the build is red"
+
+
+def test_the_stop_condition_ends_the_manager_with_success(delta: Delta, fake: FakeLLM) -> None:
+    dot = _graphs(
+        delta,
+        """\
+        m [shape=house, manager.stop_condition="context.stack.child.outcome=partial_success"]
+        start -> m -> exit
+        """,
+        LOOPING_CHILD,
+    )
+    fake.reply("first").reply(status("partial_success")).reply("never asked")
+    r = _run(delta, dot)
+    assert r.code == 0, r.err
+    assert _child_starts(delta) == ["start", "work", "work"]
+    stopped = _outcome(delta, "m")
+    assert stopped["status"] == "success" and "stop condition" in stopped["notes"]
+    assert len(fake.requests) == 2
+
+
+def test_max_cycles_fails_the_manager(delta: Delta, fake: FakeLLM) -> None:
+    dot = _graphs(
+        delta, "m [shape=house, manager.max_cycles=3]\nstart -> m -> exit\n", LOOPING_CHILD
+    )
+    fake.always("again")
+    r = _run(delta, dot)
+    assert r.code == 1
+    assert "node m failed: max cycles (3) exceeded" in delta.metadata()["error"]
+    assert _child_starts(delta) == ["start", "work", "work", "work"]
