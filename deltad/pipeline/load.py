@@ -113,13 +113,18 @@ def load_child(path: Path) -> Graph:
 
 
 def load_child_text(text: str, source: str, base_dir: Path) -> Graph:
-    graph = check_pipeline(text, source, base_dir, child=False).graph
-    if nested := graph.of_kind(Kind.MANAGER):
+    try:  # a manager loop in the child is the reason, before what it would lack
+        nested = build_graph(parse_dot(text.removeprefix("\ufeff")), base_dir)[0].of_kind(
+            Kind.MANAGER
+        )
+    except DotSyntaxError:
+        nested = []  # check_pipeline says where
+    if nested:
         why = "a manager loop in a child pipeline is not supported"
         raise GraphError(
             [Problem(why, nested[0].pos, nested[0].subject, code=Code.NODE_ATTR)], source
         )
-    return graph
+    return check_pipeline(text, source, base_dir, child=False).graph
 
 
 def _child_problems(graph: Graph) -> list[Problem]:

@@ -63,7 +63,9 @@ def schedule(
     if (busy := next((i for i, b in enumerate(lanes) if b.busy), None)) is not None:
         return busy
     under_way = sum(1 for b in lanes if b.begun and not b.done)
-    open_ = [i for i, b in enumerate(lanes) if not b.done and (b.begun or under_way < max_parallel)]
+    waiting = [i for i, b in enumerate(lanes) if not b.done and not b.begun]
+    may_begin = set(waiting[: max(0, max_parallel - under_way)])  # in the order written
+    open_ = [i for i, b in enumerate(lanes) if not b.done and (b.begun or i in may_begin)]
     free = [i for i in open_ if not _at_gate(lanes[i], graph)]
     found = free or open_
     return found[0] if found else None

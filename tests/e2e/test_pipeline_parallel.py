@@ -11,7 +11,7 @@ from __future__ import annotations
 from deltad.testing import FakeLLM
 
 from ..conftest import Delta
-from .test_pipeline_flow import _graph, _path, _run
+from .test_pipeline_flow import _graph, _path, _run, status
 
 REVIEWED_FAN = """\
 fan [shape=component]
@@ -37,3 +37,55 @@ def test_a_gate_in_a_branch_reviews_its_own_branchs_output(delta: Delta, fake: F
     context = delta.request()["context"]
     assert context["reviewed_node"] == "a"
     assert context["reviewed_output"] == "the output of a"
+
+
+GATED_FAN = """\
+fan [shape=component%s]
+join [shape=tripleoctagon]
+ok [shape=hexagon, label="Go on with a?"]
+start -> fan
+fan -> ok
+fan -> b
+ok -> a [label="[Y] Yes"]
+a -> join
+b -> join
+join -> exit
+"""
+
+
+def test_max_parallel_bounds_the_branches_under_way(delta: Delta, fake: FakeLLM) -> None:
+    # Without a bound, b runs while the first branch waits at its gate (test_pipeline_flow);
+    # with max_parallel=1 the first branch is under way until it ends: b has not begun.
+    assert _run(delta, _graph(delta, GATED_FAN % ", max_parallel=1")).code == 101
+    assert _path(delta) == ["start", "fan", "ok"] and not fake.requests
+    delta.answer("Y")
+    fake.reply("a done").reply("b done")
+    r = delta("run")
+    assert r.code == 0, r.err
+    assert _path(delta) == ["start", "fan", "ok", "a", "b", "join"]
+
+
+RESTART = """\
+a [prompt="write a"]
+b [prompt="check a"]
+start -> a -> b
+b -> a [condition="outcome=fail", loop_restart=true]
+b -> exit [condition="outcome=success"]
+"""
+
+
+def test_a_loop_restart_edge_starts_the_pipeline_afresh(delta: Delta, fake: FakeLLM) -> None:
+    fake.reply("first a").reply(status("fail", context_updates={"kept": "no"}))
+    fake.reply("second a").reply(status("success"))
+    r = _run(delta, _graph(delta, RESTART))
+    assert r.code == 0, r.err
+    assert _path(delta) == ["start", "a", "b", "a", "b"]
+    [restart] = [
+        e["payload"] for e in delta.events("EDGE_TAKEN") if e["payload"]["step"] == "loop_restart"
+    ]
+    assert (restart["source"], restart["target"]) == ("b", "a")
+    # The second pass begins with a fresh context: nothing of the first pass in a's prompt.
+    first, second = fake.requests[0], fake.requests[2]
+    assert first["messages"][1]["content"] == second["messages"][1]["content"]
+    assert "first a" not in second["messages"][1]["content"]
+    assert "first a" in fake.requests[1]["messages"][1]["content"]  # b saw it, in its pass
