@@ -161,3 +161,22 @@ def test_max_cycles_fails_the_manager(delta: Delta, fake: FakeLLM) -> None:
     assert r.code == 1
     assert "node m failed: max cycles (3) exceeded" in delta.metadata()["error"]
     assert _child_starts(delta) == ["start", "work", "work", "work"]
+
+
+def test_the_childs_visits_count_toward_the_runs_max_steps(delta: Delta, fake: FakeLLM) -> None:
+    dot = _graphs(delta, "m [shape=house]\nstart -> m -> exit\n", LOOPING_CHILD)
+    fake.always("again")
+    r = _run(delta, dot, "--max-steps", "5")
+    assert r.code == 1
+    # start, m, then the child's start and two visits of work: the fifth visit was the last.
+    assert delta.metadata()["error"] == (
+        "stopped after max_steps (5): the pipeline made 5 node visits; next was work"
+    )
+    assert _child_starts(delta) == ["start", "work", "work"]
+
+
+def test_check_lists_the_child_pipeline(delta: Delta) -> None:
+    r = delta("pipeline", "check", str(MANAGER))
+    assert r.code == 0, r.err
+    assert "Child pipeline: children/sprint.dot" in r.out
+    assert 'manager.max_cycles="12"' in r.out
