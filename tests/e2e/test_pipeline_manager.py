@@ -180,3 +180,21 @@ def test_check_lists_the_child_pipeline(delta: Delta) -> None:
     assert r.code == 0, r.err
     assert "Child pipeline: children/sprint.dot" in r.out
     assert 'manager.max_cycles="12"' in r.out
+
+
+def test_a_kill_after_every_outcome_runs_each_node_once(delta: Delta, fake: FakeLLM) -> None:
+    """Killed right after each NODE_OUTCOME (the child's and the run's), every resume routes
+    the recorded outcome and goes on: no node, of the child or the run, runs twice."""
+    fake.always("done")
+    fault = {"DELTA_FAULT": "after_outcome"}
+    r = _run(delta, MANAGER, "--auto-approve", env=fault)
+    kills = 0
+    while r.code == -signal.SIGKILL and kills < 30:
+        kills += 1
+        r = delta("run", "--auto-approve", env=fault)
+    assert r.code == 0, r.err
+    # start, supervise, report; the child's start, plan, build, accept: each killed once
+    assert kills == 7
+    assert _path(delta) == ["start", "supervise", "report"]
+    assert _child_starts(delta) == ["start", "plan", "build", "accept"]
+    assert len(delta.events("THOUGHT")) == len(fake.requests) == 3
