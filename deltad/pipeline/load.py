@@ -74,10 +74,15 @@ def check_pipeline(
 
 
 def parse_pipeline(
-    text: str, source: str = "<pipeline>", base_dir: Path | None = None, *, check_files: bool = True
+    text: str,
+    source: str = "<pipeline>",
+    base_dir: Path | None = None,
+    *,
+    check_files: bool = True,
+    child: bool = True,
 ) -> Graph:
     """The graph only (warnings do not stop it); see `check_pipeline`."""
-    return check_pipeline(text, source, base_dir, check_files=check_files).graph
+    return check_pipeline(text, source, base_dir, check_files=check_files, child=child).graph
 
 
 def read_dot(path: Path) -> str:

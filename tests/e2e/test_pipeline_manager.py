@@ -198,3 +198,41 @@ def test_a_kill_after_every_outcome_runs_each_node_once(delta: Delta, fake: Fake
     assert _path(delta) == ["start", "supervise", "report"]
     assert _child_starts(delta) == ["start", "plan", "build", "accept"]
     assert len(delta.events("THOUGHT")) == len(fake.requests) == 3
+
+
+def test_a_child_nodes_own_question_pauses_the_run_and_resumes_in_the_child(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    dot = _graphs(
+        delta,
+        "m [shape=house]\nafter [prompt=after]\nstart -> m -> after -> exit\n",
+        'digraph c {\nstart [shape=Mdiamond]\nexit [shape=Msquare]\nw [prompt="ask"]\n'
+        "start -> w -> exit\n}\n",
+    )
+    fake.call("ask_human", {"prompt": "Which colour?"})
+    assert _run(delta, dot).code == 101
+    assert delta.request()["prompt"] == "Which colour?"
+    delta("respond", "blue")
+    fake.reply("blue it is").reply("after done")
+    r = delta("run")
+    assert r.code == 0, r.err
+    assert _child_starts(delta) == ["start", "w"] and _path(delta) == ["start", "m", "after"]
+    assert fake.tool_results(1) and "blue" in str(fake.tool_results(1))
+    assert _outcome(delta, "m")["context_updates"]["stack.child.last_response"] == "blue it is"
+
+
+def test_a_resume_reads_the_runs_copy_of_the_child(delta: Delta, fake: FakeLLM) -> None:
+    dot = _graphs(
+        delta,
+        "m [shape=house]\nstart -> m -> exit\n",
+        "digraph c {\nstart [shape=Mdiamond]\nexit [shape=Msquare]\nok [shape=hexagon]\n"
+        'start -> ok\nok -> exit [label="[Y] Yes"]\n}\n',
+    )
+    assert _run(delta, dot).code == 101
+    copy = delta.run_dir / "configuration" / "child.m.dot"
+    assert "ok [shape=hexagon]" in copy.read_text()
+    (delta.ws.parent / "child.dot").write_text("digraph broken {")  # edited in flight
+    delta.answer("Y")
+    r = delta("run")
+    assert r.code == 0, r.err
+    assert _child_starts(delta) == ["start", "ok"]
