@@ -374,43 +374,33 @@ class PipelineEngine(Engine):
         """One step of a manager node: start its child, judge the child as it stands (the
         node's outcome), or step the child once (a node begun, run, or routed)."""
         node = self.graph.nodes[visit.node]
-        child = state.child if state.child is not None and state.child.node == node.id else None
-        if child is None:
-            return self._start_child(node)
         sub = self._child_engine(node)
-        if isinstance(sub, str):
+        if isinstance(sub, str):  # the child's file went bad since the check: the node fails
             self._record(visit, Outcome(Status.FAIL, failure_reason=sub))
             return None
-        verdict = manager.judge(
-            manager.settings_of(node), telemetry(child.state, sub.start), state.context
-        )
-        if verdict is not None:
+        child = state.child if state.child is not None and state.child.node == node.id else None
+        if child is None:
+            self._start_child(node, sub)
+            return None
+        seen = telemetry(child.state, sub.start)
+        if (verdict := manager.judge(manager.settings_of(node), seen, state.context)) is not None:
             self._record(visit, verdict)
             return None
         return sub._step(child.state)
 
-    def _start_child(self, node: Node) -> RunOutcome | None:
-        sub = self._child_engine(node)
-        if isinstance(sub, str):  # the child's file went bad since the check: the node fails
-            self._record_now(node.id, Outcome(Status.FAIL, failure_reason=sub))
-            return None
-        goal = sub.graph.goal or self.goal
+    def _start_child(self, node: Node, sub: ChildEngine) -> None:
         self.ctx.ensure_running()
+        name = f" {sub.graph.name}" if sub.graph.name else ""
         self._append(
             EventType.EDGE_TAKEN,
             {
                 "source": node.id,
                 "target": sub.start,
                 "step": "child_start",
-                "reason": f"the child pipeline {sub.graph.name or ''} starts".replace("  ", " "),
-                "goal": goal,
+                "reason": f"the child pipeline{name} starts",
+                "goal": sub.goal,
             },
         )
-        sub.goal = goal
-        return None
-
-    def _record_now(self, node_id: str, outcome: Outcome) -> None:
-        self._append(EventType.NODE_OUTCOME, outcome_payload(node_id, outcome))
 
     def _child_engine(self, node: Node) -> ChildEngine | str:
         """The engine of the node's child pipeline, from the run's copy of the child's file

@@ -236,3 +236,21 @@ def test_a_resume_reads_the_runs_copy_of_the_child(delta: Delta, fake: FakeLLM) 
     r = delta("run")
     assert r.code == 0, r.err
     assert _child_starts(delta) == ["start", "ok"]
+
+
+def test_a_child_file_broken_before_the_manager_starts_fails_the_node(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    dot = _graphs(
+        delta,
+        'g [shape=hexagon]\nm [shape=house]\nstart -> g\ng -> m [label="[Y] Yes"]\nm -> exit\n',
+        "digraph c {\nstart [shape=Mdiamond]\nexit [shape=Msquare]\nstart -> exit\n}\n",
+    )
+    assert _run(delta, dot).code == 101
+    (delta.ws.parent / "child.dot").write_text("digraph broken {")
+    delta.answer("Y")
+    r = delta("run")
+    assert r.code == 1
+    error = delta.metadata()["error"]
+    assert error.startswith("node m failed: the child pipeline cannot run: ")
+    assert "never closed [E002 syntax]" in error and not _child_starts(delta)
