@@ -382,7 +382,7 @@ class PipelineEngine(Engine):
         if child is None:
             self._start_child(node, sub)
             return None
-        seen = telemetry(child.state, sub.start)
+        seen = manager.observe(child.state, sub.start)
         if (verdict := manager.judge(manager.settings_of(node), seen, state.context)) is not None:
             self._record(visit, verdict)
             return None
@@ -436,20 +436,6 @@ class ChildEngine(PipelineEngine):
             {"source": at, "target": "", "step": "child_end", "status": ended, "reason": why},
         )
         return None
-
-
-def telemetry(child: State, start: str) -> manager.Child:
-    """What the manager observes of its child, from the child's state: a cycle is a child
-    node that finished (its start node aside)."""
-    last = child.stages[-1].status if child.stages else ""
-    current = child.visit.node if child.visit else child.at or ""
-    said = str(child.context.get("last_response") or "")
-    cycles = sum(1 for s in child.stages if s.node != start)
-    if child.ended is not None:
-        status, why = child.ended
-        outcome = "success" if status == "completed" else "fail"
-        return manager.Child(status, outcome, current, cycles, said, why)
-    return manager.Child("running", last, current, cycles, said)
 
 
 def child_graph(configuration: Path, node_id: str, parent: Graph) -> Graph:

@@ -22,6 +22,7 @@ from .conditions import Condition, ConditionError, parse_condition
 from .model import Graph, Kind, Node
 from .outcome import Outcome, Status
 from .problems import Code, Problem
+from .state import State
 
 ACTIONS = ("observe", "steer", "wait")
 DEFAULT_MAX_CYCLES = 1000  # the spec's default
@@ -90,6 +91,21 @@ class Child:
         if self.reason:
             found["stack.child.failure_reason"] = self.reason
         return found
+
+
+def observe(child: State, start: str) -> Child:
+    """What the manager observes of its child, from the child's state: a cycle is a child
+    node that finished (its start node aside)."""
+    last = child.stages[-1].status if child.stages else ""
+    finished = child.stages[-1].node if child.stages else ""  # an outcome not routed yet
+    current = child.visit.node if child.visit else child.at or finished
+    said = str(child.context.get("last_response") or "")
+    cycles = sum(1 for s in child.stages if s.node != start)
+    if child.ended is not None:
+        status, why = child.ended
+        outcome = "success" if status == "completed" else "fail"
+        return Child(status, outcome, current, cycles, said, why)
+    return Child("running", last, current, cycles, said)
 
 
 def judge(settings: Settings, child: Child, context: Mapping[str, Any]) -> Outcome | None:

@@ -168,7 +168,7 @@ class State(Lane):
         (the goal kept), no outcomes, stages or threads of the earlier pass."""
         goal = self.context.get("graph.goal", "")
         self.context, self.last, self.stages, self.threads = {"graph.goal": goal}, {}, [], {}
-        self.decided, self.visit, self.at, self.came_from, self.thread = (None,) * 5
+        self.decided, self.visit, self.came_from, self.thread = None, None, None, None
         self.at = target
 
 

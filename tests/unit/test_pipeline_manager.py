@@ -3,6 +3,7 @@ the child after each cycle, and what `check` refuses or warns about."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +11,52 @@ import pytest
 
 from deltad.pipeline import GraphError, check_pipeline
 from deltad.pipeline.conditions import parse_condition
-from deltad.pipeline.manager import Child, Settings, judge
+from deltad.pipeline.manager import Child, Settings, judge, observe
 from deltad.pipeline.outcome import Status
+from deltad.pipeline.state import replay
+from deltad.protocol import EventType, JournalEvent
 
 from .helpers import problems_in
 
 RUNNING = Child("running", "success", "work", 2)
+_seq = iter(range(1, 1_000_000))
+
+
+def ev(type_: EventType, **payload: Any) -> JournalEvent:
+    return JournalEvent(seq=next(_seq), timestamp=datetime.now(UTC), type=type_, payload=payload)
+
+
+START = [
+    ev(EventType.NODE_START, node="start", kind="start"),
+    ev(EventType.NODE_OUTCOME, node="start", status="success"),
+    ev(EventType.EDGE_TAKEN, source="start", target="work", step="lexical"),
+]
+WORKED = [
+    *START,
+    ev(EventType.NODE_START, node="work", kind="codergen"),
+    ev(EventType.NODE_OUTCOME, node="work", status="fail", context_updates={"last_response": "x"}),
+]
+ENDED = [
+    *WORKED,
+    ev(EventType.EDGE_TAKEN, source="work", target="", step="child_end", status="failed",
+       reason="node work failed: red"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        ([], Child("running", "", "start", 0)),
+        (START, Child("running", "success", "work", 0)),  # the start node is no cycle
+        (WORKED[:-1], Child("running", "success", "work", 0)),
+        (WORKED, Child("running", "fail", "work", 1, "x")),  # an outcome not routed yet
+        (ENDED, Child("failed", "fail", "work", 1, "x", "node work failed: red")),
+    ],
+)
+def test_observe(events: list[JournalEvent], expected: Child) -> None:
+    assert observe(replay(events, "start"), "start") == expected
+
+
 STOP = parse_condition("context.stack.child.outcome=partial_success")
 
 
