@@ -8,9 +8,11 @@ parallel node is refused by `check`.
 
 from __future__ import annotations
 
+import signal
+
 from deltad.testing import FakeLLM
 
-from ..conftest import Delta
+from ..conftest import EXAMPLES, Delta
 from .test_pipeline_flow import _graph, _path, _run, status
 
 REVIEWED_FAN = """\
@@ -89,3 +91,31 @@ def test_a_loop_restart_edge_starts_the_pipeline_afresh(delta: Delta, fake: Fake
     assert first["messages"][1]["content"] == second["messages"][1]["content"]
     assert "first a" not in second["messages"][1]["content"]
     assert "first a" in fake.requests[1]["messages"][1]["content"]  # b saw it, in its pass
+
+
+PARALLEL_REVIEW = EXAMPLES / "pipelines" / "parallel-review.dot"
+
+
+def test_the_parallel_review_example_reworks_afresh_after_a_kill(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    fake.always("looks fine")
+    assert _run(delta, PARALLEL_REVIEW).code == 101  # at the merge gate
+    assert _path(delta) == ["start", "review", "security", "style", "tests", "pick", "merge"]
+    delta.answer("R")
+    # Killed right after the rework's outcome: the resume takes the loop_restart edge.
+    fault = {"DELTA_FAULT": "after_outcome"}
+    assert delta("run", env=fault).code == -signal.SIGKILL  # after the gate's outcome
+    assert delta("run", env=fault).code == -signal.SIGKILL  # after rework's
+    assert delta("run").code == 101  # the second pass, at the merge gate again
+    [restart] = [
+        e["payload"] for e in delta.events("EDGE_TAKEN") if e["payload"]["step"] == "loop_restart"
+    ]
+    assert (restart["source"], restart["target"]) == ("rework", "review")
+    # The second pass's reviews start from a fresh context: no earlier response in them.
+    second_security = fake.requests[3]["messages"][1]["content"]
+    assert "response.rework" not in second_security and "looks fine" not in second_security
+    delta.answer("M")
+    r = delta("run")
+    assert r.code == 0, r.err
+    assert len(fake.requests) == 5  # security, style, rework; security, style: once each
