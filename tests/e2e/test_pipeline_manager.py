@@ -1,6 +1,7 @@
 """The manager loop (attractor §4.11), for real: `delta run --pipeline` processes against the
 fake model. A `house` node runs the child pipeline of `stack.child_dotfile` inside the run,
-node by node, its journal lines marked `child`; the child's gate asks in the run's mailbox;
+node by node, its journal lines marked `child`; the child's gate asks in the run's mailbox
+(and is answered over the inbox, `deltad` resuming the run);
 a kill -9 in the middle of the child resumes it without running a finished child node again;
 the manager judges the child (completed, failed, its stop condition, its max cycles).
 """
@@ -8,14 +9,17 @@ the manager judges the child (completed, failed, its stop condition, its max cyc
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import wait_for
+from deltad.testing.daemon import Daemon, metadata_status, wait_for
+from deltad.testing.inbox import client, http_url, make_token
 
-from ..conftest import EXAMPLES, Delta
+from ..conftest import EXAMPLES, Delta, llm_env, write_agent
 from .test_pipeline_flow import _run, status
 
 MANAGER = EXAMPLES / "pipelines" / "manager.dot"
@@ -254,3 +258,33 @@ def test_a_child_file_broken_before_the_manager_starts_fails_the_node(
     error = delta.metadata()["error"]
     assert error.startswith("node m failed: the child pipeline cannot run: ")
     assert "never closed [E002 syntax]" in error and not _child_starts(delta)
+
+
+def test_the_childs_gate_is_answered_over_http_and_deltad_resumes_the_run(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    """The child's gate is a question like any: the inbox lists it, an answer over HTTP
+    makes `deltad` resume the run, which finishes the child and then the run."""
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    ws.mkdir(parents=True)
+    fake.reply("the plan").reply("built it").reply("the report")
+    agent = write_agent(tmp_path)
+    resume = ["delta", "run", "--work-dir", "{workspace}"]
+    d = Daemon(tmp_path, [root], resume_command=resume, http={"listen": "127.0.0.1:0"})
+    d.start(env=llm_env(fake))
+    try:
+        delta = str(Path(sys.executable).parent / "delta")
+        args = [delta, "run", "--pipeline", str(MANAGER), "--agent", str(agent), "-w", str(ws)]
+        out = subprocess.run(args, env=llm_env(fake), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 101, out.stderr
+        with client(http_url(d), make_token(d.state_dir, "alice")) as http:
+            [gate] = wait_for(lambda: http.get("/v1/requests").json()["requests"], "the gate")
+            assert (gate["node_id"], gate["prompt"]) == ("accept", "Accept the sprint?")
+            r = http.post(f"/v1/requests/{gate['request_id']}/answer", json={"answer": "A"})
+            assert r.status_code == 202, r.text
+        wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run to finish")
+    finally:
+        d.stop()
+        d.kill_children()
+    assert len(fake.requests) == 3  # plan, build, report: each once
