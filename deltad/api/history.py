@@ -13,10 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from deltad.protocol import Workspace
+from deltad.protocol import InteractionRequest, JournalEvent, Workspace
 from deltad.protocol.errors import ProtocolError
+from deltad.protocol.events import Answered, Asked, RunEnd
 from deltad.protocol.models import iso
 from deltad.protocol.printable import json_safe, show_path
+from deltad.protocol.viewing import payload_of
 
 from .handlers import Context, journal_tail, visible
 from .tokens import Identity
@@ -26,53 +28,49 @@ LIMIT_MAX = 500
 JOURNALS_MAX = 64  # journal tails read per call at most (each up to JOURNAL_TAIL_BYTES)
 
 
-def entries(workspace: str, run_id: str, events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """History entries of one run's journal events, oldest first (pure: tested from tables)."""
-    asked: dict[str, dict[str, Any]] = {}
+def entries(workspace: str, run_id: str, events: Iterable[JournalEvent]) -> list[dict[str, Any]]:
+    """History entries of one run's journal events, oldest first (pure: tested from tables).
+    Events the reader could not type are skipped."""
+    asked: dict[str, InteractionRequest] = {}
     out: list[dict[str, Any]] = []
     for e in events:
-        payload = e.get("payload") or {}
-        if e.get("type") == "HUMAN_INTERACTION" and payload.get("phase") == "asked":
-            request = payload.get("request") or {}
-            asked[str(request.get("request_id"))] = request
-        elif e.get("type") == "HUMAN_INTERACTION" and payload.get("phase") == "answered":
-            out.append(_answered(workspace, run_id, e, asked.get(str(payload.get("request_id")))))
-        elif e.get("type") == "RUN_END":
+        if (q := payload_of(e, Asked)) is not None:
+            asked[q.request.request_id] = q.request
+        elif (a := payload_of(e, Answered)) is not None:
+            out.append(_answered(workspace, run_id, e, a, asked.get(a.request_id)))
+        elif (end := payload_of(e, RunEnd)) is not None:
             out.append(
                 {
                     "kind": "run_ended",
-                    "at": e.get("timestamp"),
+                    "at": iso(e.timestamp),
                     "workspace": workspace,
                     "run_id": run_id,
-                    "status": payload.get("status"),
-                    "reason": payload.get("reason"),
+                    "status": str(end.status),
+                    "reason": end.reason,
                 }
             )
     return out
 
 
 def _answered(
-    workspace: str, run_id: str, e: dict[str, Any], request: dict[str, Any] | None
+    workspace: str, run_id: str, e: JournalEvent, a: Answered, request: InteractionRequest | None
 ) -> dict[str, Any]:
-    payload = e.get("payload") or {}
-    reply = payload.get("reply") or {}
-    secret = request is None or request.get("sensitive") or request.get("input_type") == "password"
+    reply = a.reply
+    secret = request is None or request.is_secret
     return {
         "kind": "answered",
-        "at": reply.get("at") or e.get("timestamp"),
+        "at": iso(reply.at or e.timestamp),
         "workspace": workspace,
         "run_id": run_id,
-        "request_id": payload.get("request_id"),
-        "input_type": payload.get("input_type"),
-        "prompt": request.get("prompt") if request else None,
-        "outcome": reply.get("outcome"),
-        "answered_by": reply.get("answered_by"),
-        "channel": reply.get("channel") or reply.get("source"),
-        "answer": None if secret else reply.get("value"),
+        "request_id": a.request_id,
+        "input_type": a.input_type,
+        "prompt": request.prompt if request else None,
+        "outcome": reply.outcome,
+        "answered_by": reply.answered_by,
+        "channel": reply.channel or reply.source,
+        "answer": None if secret else reply.value,
         "decisions": [
-            {"action_id": d.get("action_id"), "decision": d.get("decision")}
-            for d in reply.get("decisions") or []
-            if isinstance(d, dict)
+            {"action_id": d.action_id, "decision": str(d.decision)} for d in reply.decisions
         ],
     }
 

@@ -29,6 +29,7 @@ from deltad.engine.interviewers import Interviewer
 from deltad.engine.limits import over_steps
 from deltad.pacing import Pacing, equal_jitter
 from deltad.protocol import EventType, RunStatus, save_metadata
+from deltad.protocol.events import RunEnd, typed
 from deltad.protocol.fsio import atomic_write
 
 from . import manager, parallel
@@ -121,8 +122,8 @@ class PipelineEngine(Engine):
         while True:
             ctx.guard.checkpoint()
             if (end := ctx.history.ended()) is not None:
-                p = end.payload  # crashed after RUN_END but before the status write
-                return self.finish(RunStatus(p["status"]), p.get("reason", ""), journal=False)
+                p = typed(end, RunEnd)  # crashed after RUN_END but before the status write
+                return self.finish(p.status, p.reason, journal=False)
             if (stop := self._step(self.state())) is not None:
                 return stop
 

@@ -101,8 +101,8 @@ def observe(child: State, start: str) -> Child:
     current = child.visit.node if child.visit else child.at or finished
     said = str(child.context.get("last_response") or "")
     cycles = sum(1 for s in child.stages if s.node != start)
-    if child.ended is not None:
-        status, why = child.ended
+    if child.finished is not None:
+        status, why = child.finished
         outcome = "success" if status == "completed" else "fail"
         return Child(status, outcome, current, cycles, said, why)
     return Child("running", last, current, cycles, said)

@@ -38,6 +38,7 @@ from deltad.protocol import (
     RunStatus,
     utcnow,
 )
+from deltad.protocol.events import ActionResult, typed
 from deltad.protocol.history import Call
 from deltad.protocol.replies import Reply
 
@@ -283,8 +284,11 @@ def tool(run: NodeRun) -> Result:
 
 def _result_status(run: NodeRun, action_id: str) -> ActionStatus:
     for e in reversed(run.ctx.journal.events):
-        if e.type == EventType.ACTION_RESULT and e.payload["action_id"] == action_id:
-            return ActionStatus(e.payload["status"])
+        if (
+            e.type == EventType.ACTION_RESULT
+            and (r := typed(e, ActionResult)).action_id == action_id
+        ):
+            return r.status
     return ActionStatus.ERROR
 
 

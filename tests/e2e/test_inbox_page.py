@@ -26,7 +26,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from deltad.api import links
-from deltad.protocol import Mailbox, Workspace
+from deltad.protocol import InputType, Mailbox, Workspace
 from deltad.testing.daemon import DELTAD, Daemon
 from deltad.testing.inbox import http_url, make_token
 from deltad.testing.stub import paused_workspace
@@ -453,3 +453,36 @@ def test_the_page_follows_next_through_every_page_of_a_list(
     )
     assert got.get("requests") == [1, 2, 3, 4], got
     assert got["runs"] == [9]
+
+
+def test_each_kind_s_controls_come_from_its_form_and_the_filter_lists_every_type(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    """The page builds a question's controls from the API's `form`: a date picker within the
+    date's bounds, yes/no buttons with their keys; the type filter lists the API's types."""
+    d, url, root = served
+    paused_workspace(root / "trip", "When do you leave?", input_type="date", earliest="2030-01-01")
+    paused_workspace(root / "ship", "Ship it?", input_type="yes_no")
+    browser.set_window_size(1280, 900)
+    browser.get(url)
+    log_in(browser, make_token(d.state_dir, "alice"))
+    until(browser, "two questions", lambda b: len(b.find_elements(By.CSS_SELECTOR, ".item")) == 2)
+    types = [t.value for t in InputType]
+    until(
+        browser,
+        "the filter's types",
+        lambda b: (
+            [o.text for o in b.find_elements(By.CSS_SELECTOR, "#f-type option")] == ["all", *types]
+        ),
+    )
+    day = browser.find_element(By.CSS_SELECTOR, '.item[data-input-type="date"] input.answer')
+    assert (day.get_attribute("type"), day.get_attribute("min")) == ("date", "2030-01-01")
+    ship = browser.find_element(By.CSS_SELECTOR, '.item[data-input-type="yes_no"]')
+    keys = [b.get_attribute("data-key") for b in ship.find_elements(By.CSS_SELECTOR, "button")]
+    assert keys == ["y", "n"]
+    assert serious_violations(browser) == [], "a date and a yes/no question"
+    ship.click()
+    browser.switch_to.active_element.send_keys("y")
+    [resumed] = d.wait_resumed(root / "ship")
+    assert json.loads(resumed["answer"])["answer"] == "yes"

@@ -19,6 +19,8 @@ from deltad.inbox.outcome import SENSITIVE, answer_shown, answers_of
 from deltad.inbox.respondents import Answerer, may_answer, refusal
 from deltad.protocol import EventType, InteractionRequest, JournalEvent
 from deltad.protocol.models import respondent_problem
+from deltad.protocol.replies import Reply
+from deltad.protocol.viewing import event_of
 
 from ..conftest import write_agent
 from .test_pipeline_gates import gate_with
@@ -233,21 +235,28 @@ def test_a_gate_reads_its_respondents_attribute() -> None:
     ],
 )  # fmt: skip
 def test_answer_shown(reply: dict[str, Any], secret: bool, shown: str) -> None:
-    assert answer_shown(reply, secret) == shown
+    assert answer_shown(Reply.model_validate(reply), secret) == shown
 
 
 def test_answers_of_pairs_answers_with_their_questions() -> None:
-    asked = {"request_id": "r1", "prompt": "Key?", "input_type": "password"}
-    events = [
+    asked = {"request_id": "r1", "prompt": "Key?", "input_type": "password", "run_id": "r",
+             "action_id": "a"}  # fmt: skip
+    lines = [
         {"type": "HUMAN_INTERACTION", "payload": {"phase": "asked", "request": asked}},
+        {"type": "NEWER_EVENT", "payload": {}},  # not typed: skipped
         {
             "type": "HUMAN_INTERACTION",
-            "payload": {"phase": "answered", "request_id": "r1", "reply": {"value": "${secret:a}",
-                        "answered_by": "alice", "source": "mailbox"}},
+            "payload": {"phase": "answered", "request_id": "r1", "action_id": "a",
+                        "reply": {"value": "${secret:a}", "answered_by": "alice",
+                                  "source": "mailbox"}},
         },
         {"type": "RUN_END", "payload": {"status": "COMPLETED", "reason": "all done"}},
     ]  # fmt: skip
-    answers, reason = answers_of(iter(events))
+    events = [
+        event_of(json.dumps({"seq": i, "timestamp": "2030-01-01T00:00:00Z", **x}).encode())
+        for i, x in enumerate(lines, start=1)
+    ]
+    answers, reason = answers_of(e for e in events if e is not None)
     assert reason == "all done"
     assert [(a["prompt"], a["answered_by"], a["answer"]) for a in answers] == [
         ("Key?", "alice", SENSITIVE)

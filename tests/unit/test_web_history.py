@@ -3,32 +3,41 @@ sensitive value), run ends with their status."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from deltad.api.history import complete, entries
+from deltad.protocol import JournalEvent
+from deltad.protocol.viewing import event_of
+
+T1, T2, T3 = "2026-01-01T00:00:01Z", "2026-01-01T00:00:02Z", "2026-01-01T00:00:03Z"
 
 
-def asked(rid: str, **request: Any) -> dict[str, Any]:
-    doc = {"request_id": rid, "prompt": f"{rid}?", "input_type": "text", "sensitive": False}
-    return {
-        "type": "HUMAN_INTERACTION",
-        "timestamp": "2026-01-01T00:00:00Z",
-        "payload": {"phase": "asked", "request": {**doc, **request}},
-    }
+def line(type_: str, at: str, payload: dict[str, Any]) -> JournalEvent:
+    """An event as the views' reader makes it from a journal line (typed when it fits)."""
+    doc = {"seq": 1, "timestamp": at, "type": type_, "payload": payload}
+    e = event_of(json.dumps(doc).encode())
+    assert e is not None
+    return e
 
 
-def answered(rid: str, value: Any = "Ada", **reply: Any) -> dict[str, Any]:
-    doc = {"outcome": "answered", "value": value, "answered_by": "alice", "at": "T2"}
-    return {
-        "type": "HUMAN_INTERACTION",
-        "timestamp": "T1",
-        "payload": {"phase": "answered", "request_id": rid, "reply": {**doc, **reply}},
-    }
+def asked(rid: str, **request: Any) -> JournalEvent:
+    doc = {"request_id": rid, "prompt": f"{rid}?", "input_type": "text", "sensitive": False,
+           "run_id": "r", "action_id": "a"}  # fmt: skip
+    return line("HUMAN_INTERACTION", "2026-01-01T00:00:00Z",
+                {"phase": "asked", "request": {**doc, **request}})  # fmt: skip
 
 
-END = {"type": "RUN_END", "timestamp": "T3", "payload": {"status": "COMPLETED", "reason": "done"}}
+def answered(rid: str, value: Any = "Ada", **reply: Any) -> JournalEvent:
+    doc = {"outcome": "answered", "value": value, "answered_by": "alice", "at": T2}
+    return line("HUMAN_INTERACTION", T1,
+                {"phase": "answered", "request_id": rid, "action_id": "a",
+                 "reply": {**doc, **reply}})  # fmt: skip
+
+
+END = line("RUN_END", T3, {"status": "COMPLETED", "reason": "done"})
 
 
 @pytest.mark.parametrize(
@@ -50,23 +59,29 @@ END = {"type": "RUN_END", "timestamp": "T3", "payload": {"status": "COMPLETED", 
             [asked("q"), answered("q"), END],
             [("answered", "alice", "Ada", "q?"), ("run_ended", None, None, None)],
         ),
-        ([{"type": "THOUGHT", "payload": {"content": "hm"}}], []),
+        ([line("THOUGHT", T1, {"content": "hm"})], []),
+        # what the reader could not type is skipped: an unknown type, a payload that misfits
+        (
+            [asked("q"), line("NEWER_EVENT", T1, {}), answered("q")],
+            [("answered", "alice", "Ada", "q?")],
+        ),
+        ([asked("q"), line("HUMAN_INTERACTION", T1, {"phase": "answered"})], []),
     ],
 )
 def test_history_entries_from_a_journal(
-    events: list[dict[str, Any]], expected: list[tuple[Any, ...]]
+    events: list[JournalEvent], expected: list[tuple[Any, ...]]
 ) -> None:
     got = entries("/srv/ws/a", "20260101_000000_abcdef", events)
     assert [
         (e["kind"], e.get("answered_by"), e.get("answer"), e.get("prompt")) for e in got
     ] == expected
     for e in got:
-        assert e["workspace"] == "/srv/ws/a" and e["at"] in ("T2", "T3")
+        assert e["workspace"] == "/srv/ws/a" and e["at"] in (T2, T3)
 
 
 def test_a_run_end_carries_its_status_and_reason() -> None:
     [e] = entries("/w", "r", [END])
-    assert (e["status"], e["reason"], e["at"]) == ("COMPLETED", "done", "T3")
+    assert (e["status"], e["reason"], e["at"]) == ("COMPLETED", "done", T3)
 
 
 def _at(*times: str) -> list[dict[str, Any]]:
