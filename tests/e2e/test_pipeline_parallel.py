@@ -100,22 +100,29 @@ def test_the_parallel_review_example_reworks_afresh_after_a_kill(
     delta: Delta, fake: FakeLLM
 ) -> None:
     fake.always("looks fine")
-    assert _run(delta, PARALLEL_REVIEW).code == 101  # at the merge gate
-    assert _path(delta) == ["start", "review", "security", "style", "tests", "pick", "merge"]
+    assert _run(delta, PARALLEL_REVIEW).code == 101  # the sign-off waits; the checks ran
+    assert _path(delta) == ["start", "review", "lint", "tests", "signoff"]
+    delta.answer("S")
+    assert delta("run").code == 101  # the fan-in's summary, then the merge gate
     delta.answer("R")
-    # Killed right after the rework's outcome: the resume takes the loop_restart edge.
+    # Killed right after the gate's outcome, then the rework's: the resume takes the
+    # loop_restart edge and runs the second pass to the sign-off.
     fault = {"DELTA_FAULT": "after_outcome"}
-    assert delta("run", env=fault).code == -signal.SIGKILL  # after the gate's outcome
+    assert delta("run", env=fault).code == -signal.SIGKILL  # after the merge gate's outcome
     assert delta("run", env=fault).code == -signal.SIGKILL  # after rework's
-    assert delta("run").code == 101  # the second pass, at the merge gate again
+    assert delta("run").code == 101
     [restart] = [
         e["payload"] for e in delta.events("EDGE_TAKEN") if e["payload"]["step"] == "loop_restart"
     ]
     assert (restart["source"], restart["target"]) == ("rework", "review")
-    # The second pass's reviews start from a fresh context: no earlier response in them.
-    second_security = fake.requests[3]["messages"][1]["content"]
-    assert "response.rework" not in second_security and "looks fine" not in second_security
+    assert _path(delta)[-5:] == ["rework", "review", "lint", "tests", "signoff"]
+    delta.answer("S")
+    assert delta("run").code == 101
+    # The second pass's summary starts from a fresh context: nothing of the first pass.
+    second_pick = fake.requests[2]["messages"][1]["content"]
+    assert second_pick.startswith("Summarise the reviews")
+    assert "response.rework" not in second_pick and "response.pick" not in second_pick
     delta.answer("M")
     r = delta("run")
     assert r.code == 0, r.err
-    assert len(fake.requests) == 5  # security, style, rework; security, style: once each
+    assert len(fake.requests) == 3  # pick, rework, pick: each once
