@@ -130,8 +130,8 @@ def run_node(run: NodeRun) -> Result:
             return tool(run)
         case Kind.START | Kind.CONDITIONAL | Kind.EXIT:
             return Outcome(Status.SUCCESS)
-        case Kind.PARALLEL | Kind.FAN_IN:  # the driver runs these; here: inside a branch
-            why = f"a {run.node.kind} node inside a parallel branch is not supported"
+        case Kind.PARALLEL | Kind.FAN_IN | Kind.MANAGER:  # the driver runs these; not here
+            why = f"a {run.node.kind} node inside a branch or a child is not supported"
             return Outcome(Status.FAIL, failure_reason=why)
         case _:
             assert_never(run.node.kind)

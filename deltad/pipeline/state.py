@@ -62,6 +62,7 @@ class Lane:
 class Branch(Lane):
     start: str = ""  # the branch's first node (its id in parallel.results)
     result: dict[str, Any] | None = None  # set when the branch ended
+    begun: bool = False  # a node of it began (it counts against the node's max_parallel)
 
 
 @dataclass
@@ -80,6 +81,8 @@ class State(Lane):
     stages: list[Stage] = field(default_factory=list)  # finished visits, for summaries
     threads: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # their visits
     fan: Fan | None = None
+    child: ChildRun | None = None  # a manager node's child pipeline, while it runs
+    finished: tuple[str, str] | None = None  # a child pipeline's end: (completed|failed, why)
 
     def lane(self, branch: int | None, fan_out: bool = False) -> Lane:
         """The lane an event belongs to: a branch's (its `branch` index), else the run's."""
@@ -88,6 +91,16 @@ class State(Lane):
         return self
 
     def add(self, e: JournalEvent) -> None:
+        if e.type == EventType.EDGE_TAKEN and e.payload.get("step") == "child_start":
+            p = typed(e, EdgeTaken)
+            child = State(context={"graph.goal": p.goal}, at=p.target)
+            child.steps = self.steps  # max_steps bounds the run's visits, the child's too
+            self.child = ChildRun(p.source, child)
+            return
+        if e.payload.get("child") is not None and self.child is not None:
+            self.child.state.add(e)
+            self.steps = max(self.steps, self.child.state.steps)
+            return
         match e.type:
             case EventType.NODE_START:
                 self.began(e.seq, typed(e, NodeStart))
@@ -114,6 +127,8 @@ class State(Lane):
             p.deadline or "",
         )
         lane.thread = lane.visit.thread
+        if isinstance(lane, Branch):
+            lane.begun = True
         self.steps += 1
         if lane.visit.attempt == 1:
             self.path.append(p.node)
@@ -131,6 +146,7 @@ class State(Lane):
         self.last[p.node] = lane.decided.outcome.status
         if lane is self:
             self.fan = None  # a parallel node's outcome: its branches are over
+            self.child = None  # a manager node's: its child is over
 
     def went(self, p: EdgeTaken) -> None:
         lane = self.lane(p.branch, fan_out=p.step == "fan_out")
@@ -149,10 +165,32 @@ class State(Lane):
         elif p.step == "branch_end":
             assert isinstance(lane, Branch)
             lane.result, lane.decided, lane.at = p.result or {}, None, None
+        elif p.step == "child_end":
+            self.finished = (p.status or "failed", p.reason)
+            lane.decided, lane.visit, lane.at = None, None, None
+        elif p.step == "loop_restart":
+            self.restart(p.target)
         else:
             lane.decided, lane.at = None, p.target
             jumped = p.step in ("retry_target", "goal_gate")  # not along an edge
             lane.came_from = None if jumped else p.source
+
+    def restart(self, target: str) -> None:
+        """A loop_restart edge (§2.7): the pipeline begins afresh at `target`: a new context
+        (the goal kept), no outcomes, stages or threads of the earlier pass."""
+        goal = self.context.get("graph.goal", "")
+        self.context, self.last, self.stages, self.threads = {"graph.goal": goal}, {}, [], {}
+        self.decided, self.visit, self.came_from, self.thread = None, None, None, None
+        self.at = target
+
+
+@dataclass
+class ChildRun:
+    """A manager node's child pipeline: its own state, folded from the events marked
+    `child`."""
+
+    node: str  # the manager node
+    state: State
 
 
 def outcome_of(p: NodeOutcome) -> Outcome:

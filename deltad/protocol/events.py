@@ -92,6 +92,7 @@ class NodeStart(_Payload):
     thread_history: list[tuple[int, int]] | None = None  # the thread's visits: (start, outcome)
     deadline: str | None = None  # a codergen node's timeout, as an ISO time
     branch: int | None = None  # in a parallel node's branch: its index
+    child: str | None = None  # in a child pipeline: its manager node
 
 
 class NodeOutcome(_Payload):
@@ -103,6 +104,7 @@ class NodeOutcome(_Payload):
     notes: str = ""
     failure_reason: str = ""
     branch: int | None = None
+    child: str | None = None  # in a child pipeline: its manager node
 
 
 class EdgeTaken(_Payload):
@@ -112,6 +114,9 @@ class EdgeTaken(_Payload):
     reason: str = ""
     branch: int | None = None
     result: dict[str, Any] | None = None  # a branch's end: what it hands to its fan-in
+    child: str | None = None  # in a child pipeline: its manager node
+    goal: str = ""  # a child pipeline's start: its goal
+    status: str = ""  # a child pipeline's end: completed or failed
 
 
 class NodeMessage(_Payload):

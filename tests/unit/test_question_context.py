@@ -98,12 +98,17 @@ def test_huge_arguments_are_cut_to_a_string() -> None:
     assert isinstance(shown, str) and "[cut: " in shown and len(shown) < 1100
 
 
-def node_start(node: str, kind: str) -> JournalEvent:
-    return ev(EventType.NODE_START, node=node, kind=kind)
+def node_start(node: str, kind: str, **lane: Any) -> JournalEvent:
+    return ev(EventType.NODE_START, node=node, kind=kind, **lane)
 
 
-def node_outcome(node: str, **updates: str) -> JournalEvent:
-    return ev(EventType.NODE_OUTCOME, node=node, status="success", context_updates=updates)
+def node_outcome(
+    node: str, branch: int | None = None, child: str = "", **updates: str
+) -> JournalEvent:
+    """A node's outcome, in a parallel branch or a child pipeline when given."""
+    lane: dict[str, Any] = {"branch": branch} if branch is not None else {}
+    lane |= {"child": child} if child else {}
+    return ev(EventType.NODE_OUTCOME, node=node, status="success", context_updates=updates, **lane)
 
 
 @pytest.mark.parametrize(
@@ -122,6 +127,27 @@ def node_outcome(node: str, **updates: str) -> JournalEvent:
         ([node_outcome("plan", last_response="P"), node_start("work", "codergen")], (None, None)),
         # a gate first thing: nothing to review
         ([node_start("gate", "wait.human")], (None, None)),
+        # a gate in branch 0 reviews its branch's node, not branch 1's that ran last
+        (
+            [node_outcome("pre", last_response="PRE"),
+             node_outcome("a", last_response="A", branch=0),
+             node_outcome("b", last_response="B", branch=1),
+             node_start("gate", "wait.human", branch=0)],
+            ("a", "A"),
+        ),
+        # first in its branch: the node before the fan-out
+        (
+            [node_outcome("pre", last_response="PRE"),
+             node_outcome("b", last_response="B", branch=1),
+             node_start("gate", "wait.human", branch=0)],
+            ("pre", "PRE"),
+        ),
+        # in a child pipeline: the child's node
+        (
+            [node_outcome("a", last_response="A", child="m"),
+             node_start("gate", "wait.human", child="m")],
+            ("a", "A"),
+        ),
     ],
 )  # fmt: skip
 def test_a_gate_reviews_the_last_node_output(
