@@ -128,7 +128,9 @@ class Index:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._views: dict[Path, View] = {}
-        self._requests: dict[str, set[Path]] = {}
+        # Holders as tuples, not sets: almost always one, and a set of one costs 216 bytes
+        # against a tuple's 48 (two per open question: the bench's index RSS per question).
+        self._requests: dict[str, tuple[Path, ...]] = {}
         # Questions seen open and gone since: a late answer gets 409 (or 410), not 404. The
         # order bounds the memory; the second map answers `closed` without a scan.
         self._closed: OrderedDict[tuple[str, Path], None] = OrderedDict()
@@ -138,14 +140,10 @@ class Index:
         self._questions: list[Listed] = []
         self._runs: list[Listed] = []
         self._filed: dict[Path, tuple[Listed | None, Listed | None]] = {}
-        self._run_ids: dict[str, set[Path]] = {}
+        self._run_ids: dict[str, tuple[Path, ...]] = {}
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
-        holders = self._requests.get(request_id)
-        if holders is not None:
-            holders.discard(ws)
-            if not holders:
-                del self._requests[request_id]
+        _drop(self._requests, request_id, ws)
         self._closed[(request_id, ws)] = None
         self._closed.move_to_end((request_id, ws))
         self._closed_by_id.setdefault(request_id, {})[ws] = expired
@@ -167,10 +165,7 @@ class Index:
                 if i < len(order) and order[i] is e:
                     del order[i]
         if run is not None and run.run_id is not None:
-            holders = self._run_ids.get(run.run_id, set())
-            holders.discard(ws)
-            if not holders:
-                self._run_ids.pop(run.run_id, None)
+            _drop(self._run_ids, run.run_id, ws)
 
     def _file(self, view: View, real: str, owner: int | None) -> None:
         question, run = question_of(view, real, owner), run_of(view, real, owner)
@@ -178,7 +173,7 @@ class Index:
             if e is not None:
                 bisect.insort(order, e, key=_listed_key)
         if view.run_id is not None:
-            self._run_ids.setdefault(view.run_id, set()).add(view.workspace)
+            _add(self._run_ids, view.run_id, view.workspace)
         self._filed[view.workspace] = (question, run)
 
     def put(self, view: View) -> None:
@@ -189,7 +184,7 @@ class Index:
                 self._close(old.request_id, view.workspace, old.state == "expired")
             self._views[view.workspace] = view
             if view.request_id:
-                self._requests.setdefault(view.request_id, set()).add(view.workspace)
+                _add(self._requests, view.request_id, view.workspace)
                 self._forget(view.request_id, view.workspace)  # open again (a re-posted copy)
             self._unfile(view.workspace)
             self._file(view, real, owner)
@@ -233,6 +228,22 @@ class Index:
         """Every workspace whose latest run is `run_id`, sorted."""
         with self._lock:
             return sorted(self._run_ids.get(run_id, ()))
+
+
+def _add(holders: dict[str, tuple[Path, ...]], key: str, ws: Path) -> None:
+    """`ws` among `key`'s holders (once)."""
+    have = holders.get(key, ())
+    if ws not in have:
+        holders[key] = (*have, ws)
+
+
+def _drop(holders: dict[str, tuple[Path, ...]], key: str, ws: Path) -> None:
+    """`ws` no longer among `key`'s holders; a key with none left is gone."""
+    rest = tuple(h for h in holders.get(key, ()) if h != ws)
+    if rest:
+        holders[key] = rest
+    else:
+        holders.pop(key, None)
 
 
 def _where(ws: Path) -> tuple[str, int | None]:

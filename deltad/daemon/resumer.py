@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 from collections import Counter, deque
-from collections.abc import ValuesView
+from collections.abc import Iterable, ValuesView
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,13 @@ def shown(handle: Handle) -> dict[str, Any]:
     return {"job": handle.ref, **dict(handle.shown)}
 
 
+def newest_first(handles: Iterable[Handle]) -> list[Handle]:
+    """Of the jobs an engine lists, the newest first (attempts count up across restarts): an
+    ended job a daemon failed to delete must not stand for its workspace in place of the
+    resume that runs now."""
+    return sorted(handles, key=lambda h: h.key.attempt, reverse=True)
+
+
 def resolve_program(name: str) -> str:
     """`delta` next to this interpreter first (the same virtualenv), then PATH."""
     if os.sep in name:
@@ -163,6 +170,8 @@ class Resumer:
         # Each resume is a new key (attempt, 32 bits): a job that ended is never found again.
         # Seconds since the epoch to start with, so a restarted daemon does not reuse them.
         self._attempts = itertools.count(int(clock.time()) % (1 << 32))
+        self.jobs_known = True  # False while the executor's adopt() could not ask its engine
+        self._adopt_again = 0.0  # monotonic: when to try adopt() again
 
     def configure(self, config: DaemonConfig) -> None:
         self._template = config.resume_command
@@ -209,9 +218,23 @@ class Resumer:
         self.executor  # noqa: B018 - made (and adopting) on first use
         return self._in_flight
 
-    def _adopt(self) -> None:
+    def _adopt(self, late: bool = False) -> None:
+        """Take over the jobs the engine still lists for this daemon. An engine that cannot be
+        asked is no crash: `jobs_known` is False (runs on other hosts are then left as they
+        are: decide.py), said once, and adoption is tried again every `poll_every`."""
         assert self._executor is not None
-        for handle in self._executor.adopt():
+        try:
+            handles = self._executor.adopt()
+        except Exception as e:  # the engine away (SubmitError), or a third-party bug
+            self._adopt_failed(str(e) if isinstance(e, SubmitError) else f"{type(e).__name__}: {e}")
+            return
+        self.jobs_known = True
+        detail = (
+            "found once the engine answered; watched to its exit"
+            if late
+            else "left running by an earlier deltad; watched to its exit"
+        )
+        for handle in newest_first(handles):
             ws = handle.key.workspace
             if ws in self._in_flight:
                 continue
@@ -221,8 +244,17 @@ class Resumer:
                 workspace=str(ws),
                 run_id=handle.key.run_id or None,
                 **shown(handle),
-                detail="left running by an earlier deltad; watched to its exit",
+                detail=detail,
             )
+
+    def _adopt_failed(self, error: str) -> None:
+        if self.jobs_known:
+            detail = "runs on other hosts are left as they are until it answers"
+            log.warning("resume_adopt_failed", error=error, detail=detail)
+        self.jobs_known = False
+        assert self._executor is not None
+        every = self._executor.poll_every
+        self._adopt_again = self.clock.monotonic() + (every if every is not None else 5.0)
 
     # -- queue ------------------------------------------------------------------------------
     @property
@@ -350,6 +382,8 @@ class Resumer:
         finished resume."""
         if self._executor is None:
             return []
+        if not self.jobs_known and self.clock.monotonic() >= self._adopt_again:
+            self._adopt(late=True)
         done: list[Finished] = []
         for event in self._executor.poll(self.clock.time()):
             resume = self._in_flight.get(event.handle.key.workspace)
@@ -412,6 +446,8 @@ class Resumer:
         times = []
         if ex.poll_every is not None and self._in_flight:
             times.append(now + ex.poll_every)
+        if not self.jobs_known:  # adopt() to be tried again
+            times.append(max(now, self._adopt_again))
         wall = self.clock.time()
         if (when := due(ex, wall)) is not None:
             times.append(now + max(0.0, when - wall))

@@ -16,6 +16,8 @@ from typing import Any, assert_never
 
 import structlog
 
+from deltad.protocol.runfacts import Elsewhere
+
 from . import decide as core
 from . import lifecycle
 from .answer import log_refusals
@@ -158,14 +160,18 @@ class Service:
         r = fin.resume
         self.dirty = True
         log_refusals(r.workspace, r.run_id, r.spawned_at)
-        self._look(r.workspace, Why.CHECK, core.Exited(r.run_id, fin.rc, fin.failed, r.timed_out))
+        # Its end judges a run on another host the job ran (decide.py, runfacts.py).
+        job = f"job {r.handle.key.name} ({r.handle.ref}) ended: {fin.meaning}"
+        exited = core.Exited(r.run_id, fin.rc, fin.failed, r.timed_out, job=job)
+        self._look(r.workspace, Why.CHECK, exited)
 
     def _look(self, ws: Path, why: Why, exited: core.Exited | None, quiet: bool = False) -> None:
         """Whatever is in a workspace, an exception here is that workspace's problem."""
         memory = self.memory.get(ws, core.FRESH)
         try:
             seen = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
-            facts = core.Facts(seen, busy=self.resumer.busy_with(ws), exited=exited)
+            busy = self.resumer.busy_with(ws)  # first: the first look adopts
+            facts = core.Facts(seen, busy=busy, exited=exited, jobs_known=self.resumer.jobs_known)
             self._carry_out(ws, core.decide(facts, memory, self._now(), self.rules), quiet)
         except Exception as e:
             first = str(e).splitlines()[0][:300] if str(e) else ""
@@ -184,8 +190,8 @@ class Service:
                     self.dirty |= self.registry.observe(ws, seen, quiet=quiet)
                 case core.Resume():
                     self._resume(ws, effect)
-                case core.MarkInterrupted(run_id, then):
-                    if self._interrupt(ws, run_id):
+                case core.MarkInterrupted(run_id, then, elsewhere):
+                    if self._interrupt(ws, run_id, elsewhere):
                         self._carry_out(ws, then)
                 case core.Schedule(at) | core.Quarantine(at):
                     self.wake_at(ws, at)
@@ -197,9 +203,9 @@ class Service:
                 case _:
                     assert_never(effect)
 
-    def _interrupt(self, ws: Path, run_id: str) -> bool:
+    def _interrupt(self, ws: Path, run_id: str, elsewhere: Elsewhere | None = None) -> bool:
         try:
-            meta = mark_interrupted(ws, run_id)
+            meta = mark_interrupted(ws, run_id, elsewhere)
         except Exception as e:  # a damaged file here must not stop the daemon
             log.warning("mark_interrupted_failed", workspace=str(ws), run_id=run_id, error=str(e))
             return False

@@ -113,3 +113,40 @@ def test_a_dropped_workspace_is_forgotten_whole(service: Service) -> None:
     service.queue.put(ws)
     service.turn()
     assert ws not in service.memory and ws not in service.registry
+
+
+def _running_elsewhere(ws: Path) -> Path:
+    """The workspace's run says RUNNING, owned by a process on another host; its metadata."""
+    from deltad.protocol import Workspace, current_owner, load_metadata, transition
+    from deltad.protocol.states import RunStatus
+
+    run_id = paused_workspace(ws)
+    path = Workspace.at(ws).run(run_id).metadata
+    owner = current_owner().model_copy(update={"hostname": "node-b.invalid", "pid": 4242})
+    transition(path, load_metadata(path), RunStatus.RUNNING, owner=owner)
+    return path
+
+
+def test_a_job_that_ended_under_a_run_elsewhere_gets_it_marked(service: Service) -> None:
+    """The loop's wiring of the rule (decide, runfacts): a job's end reaches `decide` as a
+    job's, and the mark is written under the lock with the job in its reason."""
+    from deltad.protocol import load_metadata
+
+    resumer = service.resumer
+    assert isinstance(resumer, ScriptedResumer)
+    ws = service.config.roots[0].path / "ws"
+    meta = _running_elsewhere(ws)
+    run_id = load_metadata(meta).run_id
+    service.queue.put(ws)
+    service.turn()
+    assert load_metadata(meta).status == "RUNNING"  # no job known for it: left alone
+
+    key = RequestKey(ws, run_id, "resume", 1)
+    resumer._exits.append(Finished(InFlight(Handle(key, "fakejobs", "77"), 0.0), -9, 1))
+    service.turn()
+    after = load_metadata(meta)
+    assert after.status == "INTERRUPTED"
+    assert after.error == (
+        f"process 4242 on node-b.invalid stopped without finishing: job {key.name} (77) "
+        "ended: killed_by_SIGKILL"
+    )

@@ -41,6 +41,7 @@ class FakeJobs:
     poll_every: float | None = 0.05
 
     left_over: ClassVar[list[Handle]] = []  # what `adopt` finds (set before the resumer makes one)
+    away: ClassVar[bool] = False  # `adopt` cannot ask the engine
 
     def __init__(self) -> None:
         self.submitted: list[JobSpec] = []
@@ -48,6 +49,8 @@ class FakeJobs:
         self.cancelled: list[tuple[Handle, float]] = []
         self.refuse = False
         self.due_at: float | None = None
+        self.found = list(self.left_over)  # what `adopt` lists from now on
+        self.unreachable = self.away
 
     def submit(self, spec: JobSpec) -> Handle:
         if self.refuse:
@@ -63,7 +66,9 @@ class FakeJobs:
         self.cancelled.append((handle, grace))
 
     def adopt(self) -> list[Handle]:
-        return list(self.left_over)
+        if self.unreachable:
+            raise SubmitError("the engine is away")
+        return list(self.found)
 
     def due(self, now: float) -> float | None:
         return self.due_at
@@ -370,3 +375,41 @@ def test_a_start_on_the_wall_clock_is_placed_on_the_monotonic_one(
     now_mono: float, now_wall: float, at_wall: float, started: float
 ) -> None:
     assert started_at(now_mono, now_wall, at_wall) == started
+
+
+def test_an_engine_that_cannot_be_asked_leaves_the_jobs_unknown_until_it_answers(
+    tmp_path: Path,
+) -> None:
+    """adopt() failing is no crash: `jobs_known` is False (runs on other hosts are left as
+    they are), the loop keeps polling, and adoption is tried again every `poll_every`."""
+    FakeJobs.away = True
+    try:
+        resumer, jobs, clock = _resumer(tmp_path)
+    finally:
+        FakeJobs.away = False
+    assert resumer.children == {} and not resumer.jobs_known
+    # nothing running, yet there is something to ask again: at poll_every
+    assert resumer.next_poll(clock.monotonic()) == clock.monotonic() + 0.05
+    clock.advance(0.05)
+    assert resumer.reap() == [] and not resumer.jobs_known  # still away: said once
+    jobs.unreachable = False
+    jobs.found = [Handle(RequestKey(tmp_path / "b", "r", "resume", 1), "fakejobs", "j")]
+    assert resumer.reap() == [] and resumer.children == {}  # not before poll_every
+    clock.advance(0.05)
+    assert resumer.reap() == [] and resumer.jobs_known
+    assert resumer.children[tmp_path / "b"].adopted
+    assert resumer.next_poll(clock.monotonic()) == clock.monotonic() + 0.05  # watching it
+
+
+def test_of_two_jobs_left_for_one_workspace_the_newest_is_adopted(tmp_path: Path) -> None:
+    """An old ended job (its delete failed) and the resume running now: the running one stands
+    for the workspace, so its run is judged by it, not by the old one's end."""
+    old = Handle(RequestKey(tmp_path, "r", "resume", 5), "fakejobs", "old")
+    new = Handle(RequestKey(tmp_path, "r", "resume", 9), "fakejobs", "new")
+    FakeJobs.left_over = [old, new]
+    try:
+        resumer, _, _ = _resumer(tmp_path)
+    finally:
+        FakeJobs.left_over = []
+    [adopted] = resumer.children.values()
+    assert adopted.handle == new
