@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 from pydantic import ValidationError
+from structlog.testing import capture_logs
 
 from deltad.daemon.clock import ManualClock
 from deltad.daemon.config import DaemonConfig
@@ -384,14 +385,17 @@ def test_an_engine_that_cannot_be_asked_leaves_the_jobs_unknown_until_it_answers
     they are), the loop keeps polling, and adoption is tried again every `poll_every`."""
     FakeJobs.away = True
     try:
-        resumer, jobs, clock = _resumer(tmp_path)
+        with capture_logs() as logs:
+            resumer, jobs, clock = _resumer(tmp_path)
+            assert resumer.children == {} and not resumer.jobs_known
+            # nothing running, yet there is something to ask again: at poll_every
+            assert resumer.next_poll(clock.monotonic()) == clock.monotonic() + 0.05
+            clock.advance(0.05)
+            assert resumer.reap() == [] and not resumer.jobs_known  # still away
     finally:
         FakeJobs.away = False
-    assert resumer.children == {} and not resumer.jobs_known
-    # nothing running, yet there is something to ask again: at poll_every
-    assert resumer.next_poll(clock.monotonic()) == clock.monotonic() + 0.05
-    clock.advance(0.05)
-    assert resumer.reap() == [] and not resumer.jobs_known  # still away: said once
+    [failed] = [e for e in logs if e["event"] == "resume_adopt_failed"]  # said once
+    assert failed["error"] == "the engine is away"
     jobs.unreachable = False
     jobs.found = [Handle(RequestKey(tmp_path / "b", "r", "resume", 1), "fakejobs", "j")]
     assert resumer.reap() == [] and resumer.children == {}  # not before poll_every
