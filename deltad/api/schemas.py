@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from deltad import inbox
 from deltad.protocol import kinds
 from deltad.protocol.kinds import Form, kind_of
 from deltad.protocol.models import InputType, InteractionRequest, Option, QuestionContext
@@ -151,23 +152,9 @@ class QuestionPage(_Out):
 
 
 # -- answers ---------------------------------------------------------------------------------------
-class _AnswerBase(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    comment: str | None = Field(default=None, description="A note kept with the answer.")
-
-
 # The body of an answer: each kind's answer fields (what `response.json` holds, minus the
-# `request_id`). The inbox reads it again with its own model (inbox.AnswerIn).
-if TYPE_CHECKING:
-    AnswerBody = _AnswerBase  # a route's annotation: the fields below are the kinds'
-else:
-    AnswerBody = create_model(
-        "AnswerIn",
-        __base__=_AnswerBase,
-        __doc__="An answer: `answer` (text, a key, yes/no, ...) or `decisions` (one per "
-        "gated call).",
-        **kinds.answer_fields(),
-    )
+# `request_id`); the inbox's own model, so the document and the check are one.
+AnswerBody = inbox.AnswerIn
 
 
 def answer_examples() -> dict[str, dict[str, Any]]:

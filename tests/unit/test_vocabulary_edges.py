@@ -47,6 +47,7 @@ class Rating(kinds.Kind):
 
 kinds.KINDS[InputType.CONFIRMATION] = Rating()
 
+from deltad import inbox
 from deltad.api import schemas
 from deltad.engine.ask_human import ASK_HUMAN_TOOL
 
@@ -56,6 +57,7 @@ json.dump({
     "answer": schemas.AnswerBody.model_json_schema(),
     "ask_human": ASK_HUMAN_TOOL["function"]["parameters"]["properties"],
     "form": kinds.form(req).model_dump(mode="json"),
+    "read": inbox.AnswerIn.parse({"stars": 4}).model_dump(exclude_none=True),
 }, sys.stdout)
 """
 
@@ -74,6 +76,9 @@ def test_a_kind_of_its_own_shows_up_at_every_edge() -> None:
     assert "confirmation: a rating, 1 to 5 stars" in args["input_type"]["description"]
     assert edges["form"]["control"] == "keys"
     assert [k["key"] for k in edges["form"]["keys"]] == ["1", "2", "3", "4", "5"]
+    assert edges["read"] == {
+        "stars": 4
+    }  # the inbox reads the kind's own field (delta respond, HTTP)
 
 
 def _names_the_date_kind(path: Path) -> bool:
