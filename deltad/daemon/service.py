@@ -25,7 +25,6 @@ from .backends import Backend
 from .clock import SYSTEM, Clock
 from .config import DaemonConfig
 from .discovery import is_workspace
-from .executors.adapter import JobChild, SeamExecutor
 from .feed import Feed
 from .lease import Lease
 from .queue import HintQueue, Why
@@ -58,7 +57,7 @@ class Service:
         self.registry = Registry(on_change=self.feed.changed)
         self.http: Any = None  # deltad.api.server.HttpServer, imported only when configured
         self.notifier: Any = None
-        self.resumer = resumer if resumer is not None else Resumer(config)
+        self.resumer = resumer if resumer is not None else Resumer(config, clock)
         self.launcher = config.launcher()
         self.rules = core.Rules.of(config)
         self.memory: dict[Path, core.Memory] = {}  # what decide() remembers, per workspace
@@ -156,25 +155,23 @@ class Service:
         self._look(ws, why, None, quiet)
 
     def after_resume(self, fin: Finished) -> None:
-        """The child exited: look at once (a dead owner is marked now, not at the next sweep),
+        """The resume ended: look at once (a dead owner is marked now, not at the next sweep),
         and let `decide` judge whether that attempt failed."""
-        c = fin.child
+        r = fin.resume
         self.dirty = True
-        log_refusals(c.workspace, c.run_id, c.spawned_at)
-        job = None
-        if isinstance(c, JobChild) and c.handle is not None:  # its end judges a run elsewhere
-            job = f"job {c.handle.key.name} ({c.handle.ref}) ended: {fin.meaning}"
-        exited = core.Exited(c.run_id, fin.rc, fin.failed, c.timed_out, job=job)
-        self._look(c.workspace, Why.CHECK, exited)
+        log_refusals(r.workspace, r.run_id, r.spawned_at)
+        # Its end judges a run on another host the job ran (decide.py, runfacts.py).
+        job = f"job {r.handle.key.name} ({r.handle.ref}) ended: {fin.meaning}"
+        exited = core.Exited(r.run_id, fin.rc, fin.failed, r.timed_out, job=job)
+        self._look(r.workspace, Why.CHECK, exited)
 
     def _look(self, ws: Path, why: Why, exited: core.Exited | None, quiet: bool = False) -> None:
         """Whatever is in a workspace, an exception here is that workspace's problem."""
         memory = self.memory.get(ws, core.FRESH)
         try:
             seen = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
-            facts = core.Facts(
-                seen, busy=self.resumer.busy_with(ws), exited=exited, jobs_known=self._jobs_known()
-            )
+            busy = self.resumer.busy_with(ws)  # first: the first look adopts
+            facts = core.Facts(seen, busy=busy, exited=exited, jobs_known=self.resumer.jobs_known)
             self._carry_out(ws, core.decide(facts, memory, self._now(), self.rules), quiet)
         except Exception as e:
             first = str(e).splitlines()[0][:300] if str(e) else ""
@@ -206,11 +203,6 @@ class Service:
                 case _:
                     assert_never(effect)
 
-    def _jobs_known(self) -> bool:
-        """False while the executor's engine cannot say which of its jobs exist."""
-        ex = self.resumer.executor
-        return ex.jobs_known if isinstance(ex, SeamExecutor) else True
-
     def _interrupt(self, ws: Path, run_id: str, elsewhere: Elsewhere | None = None) -> bool:
         try:
             meta = mark_interrupted(ws, run_id, elsewhere)
@@ -230,7 +222,7 @@ class Service:
             problem = replace(r.seen, state=State.PROBLEM, problem=str(e))
             self.dirty |= self.registry.observe(ws, problem)
             return
-        self.resumer.submit(ws, r.run_id, launch, r.owner.uid)
+        self.resumer.submit(ws, r.run_id, launch, r.owner.uid, r.seen.request_id or r.reason)
         log.info("resume_queued", workspace=str(ws), run_id=r.run_id, reason=r.reason)
         self.dirty = True
 

@@ -122,7 +122,8 @@ def test_one_answer_is_one_job_that_resumes_the_run_as_its_owner(
         [exited] = d.wait_event("resume_exited", workspace=str(ws), timeout=DEADLINE)
         assert exited["exit_code"] == 0 and exited["outcome"] == "completed"
         [spawned] = d.events("resume_spawned", workspace=str(ws))
-        assert spawned["executor"] == "kubernetes" and spawned["pid"] is None
+        # A cluster job: named by its ref (the Job's uid), no pid.
+        assert spawned["executor"] == "kubernetes" and spawned["job"] and "pid" not in spawned
         assert spawned["uid"] == owner.uid
         # The key came from the Secret, not the Job's plain environment.
         [withheld] = d.events("kubernetes_env_withheld")
@@ -167,7 +168,7 @@ def test_a_daemon_killed_while_its_job_runs_adopts_the_job_by_label_and_reads_it
 
         d.start()
         [adopted] = d.wait_event("resume_adopted", workspace=str(ws), timeout=DEADLINE)
-        assert adopted["pid"] is None
+        assert adopted["job"] and "pid" not in adopted
         go = record.with_name(record.name + ".go")
         go.touch()  # release the held client: its Job ends with exit 0
         os.chown(go, owner.uid, owner.gid)
