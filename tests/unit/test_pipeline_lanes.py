@@ -138,3 +138,36 @@ def test_a_gates_context_is_its_own_branchs(tmp_path: Path) -> None:
     context = asked["request"]["context"]
     assert context["reviewed_output"] == "the output of a"
     assert context["last_message"] != "the output of b"  # b's words are not a's context
+
+
+def test_an_interactive_turn_in_a_branch_waits_while_the_other_goes_on(tmp_path: Path) -> None:
+    graph = pipeline_graph(
+        """\
+        digraph p {
+            start [shape=Mdiamond]
+            exit [shape=Msquare]
+            fan [shape=component]
+            join [shape=tripleoctagon]
+            a [prompt="talk", agent.mode="interactive"]
+            b [prompt="write b"]
+            start -> fan
+            fan -> a -> join
+            fan -> b -> join
+            join -> exit
+        }
+        """
+    )
+    model = ScriptedModel().reply("shall I go on?").reply("b done")
+    run = Run(tmp_path, graph, model)
+    asked: list[str] = []
+
+    def nobody(req: Any) -> None:
+        asked.append(req.prompt)
+
+    assert run.drive(CallbackInterviewer(nobody)).status == RunStatus.WAITING_FOR_INPUT
+    # b ran to its outcome before a's turn was put to the human.
+    assert [p["node"] for p in run.events("NODE_OUTCOME")] == ["start", "b"]
+    assert len(asked) == 1 and asked[0].startswith("shall I go on?")
+    assert "shall I go on?" not in str(model.calls[1])
+    assert run.resume(QueueInterviewer(["/done"])).status == RunStatus.COMPLETED
+    assert run.path() == ["start", "fan", "a", "b", "join"]
