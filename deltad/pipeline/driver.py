@@ -94,6 +94,7 @@ class PipelineEngine(Engine):
         self.tag: dict[str, str] = {}  # marks the journal lines of a child pipeline
         self._children: dict[str, ChildEngine] = {}
         self._lanes: dict[tuple[int, int], LaneJournal] = {}  # the branches' journal views
+        self._held: dict[tuple[int, int], str] = {}  # branch -> the question it is blocked on
         self._state = State()
         self._seen = -1  # events folded into _state: the journal is read once, not per step
         self.sleep: Callable[[float], None] = time.sleep
@@ -158,8 +159,11 @@ class PipelineEngine(Engine):
         else:
             holding = Holding(self.interviewer, may_ask)
             lane_ctx = replace(self.ctx, journal=self._lane_journal(state, branch))
+            key = self._lane_key(state, branch)
+            self._held.pop(key, None)
             result = run_node(NodeRun(lane_ctx, holding, self.graph, visit, self.agents))
-            if isinstance(result, RunOutcome) and holding.held:
+            if isinstance(result, RunOutcome) and holding.held and result.request is not None:
+                self._held[key] = result.request.request_id
                 return None  # blocked on its question (journaled): the other branches go on
         if isinstance(result, RunOutcome):
             return result  # paused; in a branch, the other branches' steps are journaled
@@ -168,14 +172,18 @@ class PipelineEngine(Engine):
 
     def _lane_journal(self, state: State, branch: int) -> LaneJournal:
         """Branch `branch`'s lane of the journal (kept for the fan-out's life: read once)."""
-        assert state.fan is not None  # a branch runs only while its parallel node does
-        key = (state.fan.seq, branch)
+        key = self._lane_key(state, branch)
         if (found := self._lanes.get(key)) is None:
-            found = LaneJournal(self.ctx.journal, {"branch": branch, **self.tag}, state.fan.seq)
+            found = LaneJournal(self.ctx.journal, {"branch": branch, **self.tag}, key[0])
             self._lanes = {k: v for k, v in self._lanes.items() if k[0] == key[0]}
             self._lanes[key] = found
         found.refresh()
         return found
+
+    @staticmethod
+    def _lane_key(state: State, branch: int) -> tuple[int, int]:
+        assert state.fan is not None  # a branch runs only while its parallel node does
+        return state.fan.seq, branch
 
     def _posted(self) -> str | None:
         """The request id of the question in the mailbox (the mailbox is the truth)."""
@@ -201,9 +209,11 @@ class PipelineEngine(Engine):
                 b.at,
                 b.result is not None,
                 b.begun,
-                b.asking,
+                # A question asked before a context cut is not in the events read at open:
+                # stepping the branch again finds it (held, nothing journaled twice).
+                b.asking or self._held.get((fan.seq, i)),
             )
-            for b in fan.branches
+            for i, b in enumerate(fan.branches)
         ]
         limit = parallel.max_parallel_of(self.graph.nodes[visit.node])
         posted = self._posted() if any(b.asking for b in lanes) else None

@@ -18,6 +18,7 @@ from typing import Any
 from deltad.engine.interviewers import Interviewer
 from deltad.protocol import EventType, InteractionRequest, Journal, JournalEvent
 from deltad.protocol.history import History
+from deltad.protocol.journal import read_journal
 from deltad.protocol.replies import Reply
 
 # Events about the run as a whole, journaled untagged while branches run: every lane sees them.
@@ -38,8 +39,9 @@ def in_lane(e: JournalEvent, tag: dict[str, Any], since: int) -> bool:
 
 class LaneJournal(Journal):
     """The journal as one branch sees it (a filter over the run's `Journal`, which it writes
-    through, tagging each line with the branch). The count of model calls and the tool call
-    ids stay the run's: `max_iterations` bounds the run, ids are unique in the run."""
+    through, tagging each line with the branch). What is the run's stays the run's: whether it
+    started or ended, the count of model calls (`max_iterations` bounds the run) and the tool
+    call ids (unique in the run)."""
 
     def __init__(self, base: Journal, tag: dict[str, Any], since: int) -> None:
         # Not Journal.__init__: nothing is read from disk, the run's journal is filtered.
@@ -48,18 +50,40 @@ class LaneJournal(Journal):
         self.restored_bytes = base.restored_bytes
         self.events: list[JournalEvent] = []
         self.history = History()
-        self._seen = 0
+        self._seen, self._read_through = 0, 0
+        if self._cut_after(base.events, since):
+            # Opening kept only the events after the latest context cut; a cut made in
+            # another branch would leave out this branch's earlier turns: read them again.
+            for e in read_journal(base.path).events:
+                self._fold(e)
+                self._read_through = e.seq
         self.refresh()
+
+    @staticmethod
+    def _cut_after(events: list[JournalEvent], since: int) -> bool:
+        """Whether a context cut after the fan-out may have left lines out of `events`."""
+        return any(
+            e.type == EventType.SYSTEM_MESSAGE
+            and isinstance(cut := e.payload.get("context_cut"), dict)
+            and int(cut.get("through_seq", 0)) >= since
+            for e in events
+        )
+
+    def _fold(self, e: JournalEvent) -> None:
+        if in_lane(e, self.tag, self.since):
+            self.events.append(e)
+            self.history.add(e)
 
     def refresh(self) -> None:
         """Fold in what the run journaled since (other branches' lines are skipped)."""
         for e in self.base.events[self._seen :]:
-            if in_lane(e, self.tag, self.since):
-                self.events.append(e)
-                self.history.add(e)
+            if e.seq > self._read_through:
+                self._fold(e)
         self._seen = len(self.base.events)
-        self.history.thoughts = self.base.history.thoughts
-        self.history.call_ids = self.base.history.call_ids
+        run = self.base.history  # the run's, whatever the lines read at open held
+        self.history.started, self.history.thoughts = run.started, run.thoughts
+        self.history.last_end, self.history.last_retry_seq = run.last_end, run.last_retry_seq
+        self.history.call_ids = run.call_ids
 
     @property
     def next_seq(self) -> int:

@@ -171,3 +171,34 @@ def test_an_interactive_turn_in_a_branch_waits_while_the_other_goes_on(tmp_path:
     assert "shall I go on?" not in str(model.calls[1])
     assert run.resume(QueueInterviewer(["/done"])).status == RunStatus.COMPLETED
     assert run.path() == ["start", "fan", "a", "b", "join"]
+
+
+def test_a_context_cut_in_one_branch_keeps_the_others_turns(tmp_path: Path) -> None:
+    graph = pipeline_graph(
+        """\
+        digraph p {
+            start [shape=Mdiamond]
+            exit [shape=Msquare]
+            fan [shape=component]
+            join [shape=tripleoctagon]
+            start -> fan
+            fan -> a -> join
+            fan -> b -> join
+            join -> exit
+        }
+        """
+    )
+    model = ScriptedModel().reply(None, tool_call("ask_human", {"prompt": "A?"}, "qa"))
+    for i in range(4):  # b's long turns: its conversation is cut
+        model.reply(None, tool_call("echo", {"text": f"{i}" * 600}, f"e{i}"))
+    model.reply("b done").reply("a done")
+    run = Run(tmp_path, graph, model)
+    run.agent.config.llm.context_budget = 500
+    assert run.drive(CallbackInterviewer(lambda req: None)).status == RunStatus.WAITING_FOR_INPUT
+    cuts = [p for p in run.events("SYSTEM_MESSAGE") if p.get("context_cut")]
+    assert cuts and all(c["branch"] == 1 for c in cuts)
+    # A new process reads the journal from b's cut on; a's turns before it are still a's.
+    assert run.resume(QueueInterviewer(["x"])).status == RunStatus.COMPLETED
+    a_again = model.calls[-1]
+    assert a_again[-1] == {"role": "tool", "tool_call_id": "qa", "content": "x"}
+    assert a_again[-2]["role"] == "assistant" and "0000" not in str(a_again)
