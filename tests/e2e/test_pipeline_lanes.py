@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from deltad.testing import FakeLLM, tool_call
+from deltad.testing.daemon import Daemon, metadata_status, wait_for
+from deltad.testing.inbox import client, http_url, make_token
 
-from ..conftest import Delta, write_agent
+from ..conftest import Delta, llm_env, write_agent
 from .test_pipeline_flow import _graph, _path, _run
 
 TWO_BRANCHES = """\
@@ -143,3 +147,42 @@ def test_an_approval_in_a_branch_pauses_only_its_branch(tmp_path: Path, fake: Fa
     r = d("run")
     assert r.code == 0, r.err
     assert "deploying prod" in fake.tool_results(2)["d1"]
+
+
+def test_deltad_resumes_each_branchs_question_in_turn(tmp_path: Path, fake: FakeLLM) -> None:
+    """Both branches ask: the inbox lists one question at a time; each answer over HTTP makes
+    `deltad` resume the run, which asks the other branch's question, then finishes."""
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    ws.mkdir(parents=True)
+    fake.reply(None, _asks("A?", "qa")).reply(None, _asks("B?", "qb"))
+    fake.reply("a done").reply("b done")
+    agent = write_agent(tmp_path)
+    dot = tmp_path / "two.dot"
+    dot.write_text(
+        "digraph two {\n start [shape=Mdiamond]\n exit [shape=Msquare]\n" + TWO_BRANCHES + "}\n"
+    )
+    resume = ["delta", "run", "--work-dir", "{workspace}"]
+    d = Daemon(tmp_path, [root], resume_command=resume, http={"listen": "127.0.0.1:0"})
+    d.start(env=llm_env(fake))
+    try:
+        delta = str(Path(sys.executable).parent / "delta")
+        args = [delta, "run", "--pipeline", str(dot), "--agent", str(agent), "-w", str(ws)]
+        out = subprocess.run(args, env=llm_env(fake), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 101, out.stderr
+        with client(http_url(d), make_token(d.state_dir, "alice")) as http:
+            for prompt, answer in (("A?", "x"), ("B?", "y")):
+
+                def listed(p: str = prompt) -> list[dict[str, Any]]:
+                    found = http.get("/v1/requests").json()["requests"]
+                    return found if [q["prompt"] for q in found] == [p] else []
+
+                [q] = wait_for(listed, f"the question {prompt}")
+                r = http.post(f"/v1/requests/{q['request_id']}/answer", json={"answer": answer})
+                assert r.status_code == 202, r.text
+        wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run to finish")
+    finally:
+        d.stop()
+        d.kill_children()
+    assert len(fake.requests) == 4  # each branch's two turns, each once
+    assert fake.tool_results(2) == {"qa": "x"} and fake.tool_results(3) == {"qb": "y"}
