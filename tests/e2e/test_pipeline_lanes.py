@@ -170,6 +170,11 @@ def test_deltad_resumes_each_branchs_question_in_turn(tmp_path: Path, fake: Fake
         args = [delta, "run", "--pipeline", str(dot), "--agent", str(agent), "-w", str(ws)]
         out = subprocess.run(args, env=llm_env(fake), capture_output=True, text=True, timeout=60)
         assert out.returncode == 101, out.stderr
+        # Both branches' models asked before the run paused; only A? is in the mailbox.
+        [journal] = (ws / ".delta" / "runs").glob("*/execution/journal.jsonl")
+        lines = [json.loads(line) for line in journal.read_text().splitlines()]
+        asked = [e["payload"] for e in lines if e["payload"].get("phase") == "asked"]
+        assert [(a["branch"], a["request"]["prompt"]) for a in asked] == [(0, "A?"), (1, "B?")]
         with client(http_url(d), make_token(d.state_dir, "alice")) as http:
             for prompt, answer in (("A?", "x"), ("B?", "y")):
 
