@@ -28,13 +28,14 @@ from deltad.engine.hooks import Point
 from deltad.engine.interviewers import Interviewer
 from deltad.engine.limits import over_steps
 from deltad.pacing import Pacing, equal_jitter
-from deltad.protocol import EventType, RunStatus, save_metadata
+from deltad.protocol import CorruptFile, EventType, RunStatus, UnsafeFile, save_metadata
 from deltad.protocol.events import RunEnd, typed
 from deltad.protocol.fsio import atomic_write
 
 from . import manager, parallel
 from .fidelity import DEFAULT, compose
 from .gates import one_line
+from .lanes import Holding, LaneJournal
 from .llmnode import start_payload
 from .load import load_child_text, read_dot
 from .model import Graph, Kind, Node
@@ -92,6 +93,8 @@ class PipelineEngine(Engine):
         self.goal = ctx.meta.task  # what `$goal` means in this graph's prompts
         self.tag: dict[str, str] = {}  # marks the journal lines of a child pipeline
         self._children: dict[str, ChildEngine] = {}
+        self._lanes: dict[tuple[int, int], LaneJournal] = {}  # the branches' journal views
+        self._held: dict[tuple[int, int], str] = {}  # branch -> the question it is blocked on
         self._state = State()
         self._seen = -1  # events folded into _state: the journal is read once, not per step
         self.sleep: Callable[[float], None] = time.sleep
@@ -138,9 +141,11 @@ class PipelineEngine(Engine):
         return self._begin(state.at, 1, state)
 
     def _run_visit(
-        self, state: State, visit: Visit, branch: int | None = None
+        self, state: State, visit: Visit, branch: int | None = None, may_ask: bool = True
     ) -> RunOutcome | None:
-        """Run the node in progress to its outcome (journaled), or to a pause."""
+        """Run the node in progress to its outcome (journaled), or to a pause. In a branch the
+        node sees its own lane of the journal, and its question waits (the branch is blocked
+        on it) unless it `may_ask`."""
         match self.graph.nodes[visit.node].kind:
             case Kind.PARALLEL if branch is None:
                 return self._parallel(state, visit)
@@ -148,11 +153,45 @@ class PipelineEngine(Engine):
                 return self._fan_in(state, visit)
             case Kind.MANAGER if branch is None and not self.tag:
                 return self._manager(state, visit)
-        result = run_node(NodeRun(self.ctx, self.interviewer, self.graph, visit, self.agents))
+        if branch is None:
+            run = NodeRun(self.ctx, self.interviewer, self.graph, visit, self.agents)
+            result = run_node(run)
+        else:
+            holding = Holding(self.interviewer, may_ask)
+            lane_ctx = replace(self.ctx, journal=self._lane_journal(state, branch))
+            key = self._lane_key(state, branch)
+            self._held.pop(key, None)
+            result = run_node(NodeRun(lane_ctx, holding, self.graph, visit, self.agents))
+            if isinstance(result, RunOutcome) and holding.held and result.request is not None:
+                self._held[key] = result.request.request_id
+                return None  # blocked on its question (journaled): the other branches go on
         if isinstance(result, RunOutcome):
             return result  # paused; in a branch, the other branches' steps are journaled
         self._record(visit, result, branch)
         return None
+
+    def _lane_journal(self, state: State, branch: int) -> LaneJournal:
+        """Branch `branch`'s lane of the journal (kept for the fan-out's life: read once)."""
+        key = self._lane_key(state, branch)
+        if (found := self._lanes.get(key)) is None:
+            found = LaneJournal(self.ctx.journal, {"branch": branch, **self.tag}, key[0])
+            self._lanes = {k: v for k, v in self._lanes.items() if k[0] == key[0]}
+            self._lanes[key] = found
+        found.refresh()
+        return found
+
+    @staticmethod
+    def _lane_key(state: State, branch: int) -> tuple[int, int]:
+        assert state.fan is not None  # a branch runs only while its parallel node does
+        return state.fan.seq, branch
+
+    def _posted(self) -> str | None:
+        """The request id of the question in the mailbox (the mailbox is the truth)."""
+        try:
+            req = self.ctx.mailbox.read_request()
+        except (CorruptFile, UnsafeFile):
+            return None
+        return req.request_id if req is not None and req.run_id == self.ctx.meta.run_id else None
 
     # -- parallel branches (parallel.py decides; here they are journaled) --------------------
     def _parallel(self, state: State, visit: Visit) -> RunOutcome | None:
@@ -166,17 +205,25 @@ class PipelineEngine(Engine):
             return None
         lanes = [
             parallel.Lane(
-                b.visit is not None or b.decided is not None, b.at, b.result is not None, b.begun
+                b.visit is not None or b.decided is not None,
+                b.at,
+                b.result is not None,
+                b.begun,
+                # A question asked before a context cut is not in the events read at open:
+                # stepping the branch again finds it (held, nothing journaled twice).
+                b.asking or self._held.get((fan.seq, i)),
             )
-            for b in fan.branches
+            for i, b in enumerate(fan.branches)
         ]
         limit = parallel.max_parallel_of(self.graph.nodes[visit.node])
-        if (pick := parallel.schedule(lanes, self.graph, limit or 1)) is None:
+        posted = self._posted() if any(b.asking for b in lanes) else None
+        if (pick := parallel.next_step(lanes, self.graph, limit or 1, posted)) is None:
             policy = self.graph.nodes[visit.node].attrs.get("join_policy", "wait_all")
             results = [b.result or {} for b in fan.branches]
             self._record(visit, parallel.join(results, policy))
             return None
-        return self._branch_step(state, fan.branches[pick], pick)
+        i, may_ask = pick
+        return self._branch_step(state, fan.branches[i], i, may_ask)
 
     def _fan_in(self, state: State, visit: Visit) -> RunOutcome | None:
         """The heuristic's pick (§4.9); with a `prompt`, the model ranks the branches (their
@@ -193,9 +240,9 @@ class PipelineEngine(Engine):
         self._record(visit, replace(said, context_updates=updates))
         return None
 
-    def _branch_step(self, state: State, b: Branch, i: int) -> RunOutcome | None:
+    def _branch_step(self, state: State, b: Branch, i: int, may_ask: bool) -> RunOutcome | None:
         if b.visit is not None:
-            return self._run_visit(state, b.visit, i)
+            return self._run_visit(state, b.visit, i, may_ask)
         if b.decided is None:
             assert b.at is not None
             if self._ends_branch(b.at):  # an edge straight to the fan-in: an empty branch

@@ -1,11 +1,10 @@
 """Warnings: what a graph says that this runner does not carry out. The graph still runs (each is
 a `W` code; `--strict` refuses them): an attribute of the attractor spec this runner ignores
 (W001), an attribute nobody defines (W002, likely a typo), a node only mentioned in edges
-(W003, it runs with default attributes), a goal gate with nowhere to go back to (W004), LLM
-nodes in parallel branches whose own questions pause the whole run (W005).
+(W003, it runs with default attributes), a goal gate with nowhere to go back to (W004).
+(W005 is retired: an LLM node's own question in a parallel branch pauses only its branch.)
 
-Pure and linear (but for W005: a walk of each parallel node's branches): one pass over nodes,
-edges and their attributes. An attribute set by a
+Pure and linear: one pass over nodes, edges and their attributes. An attribute set by a
 `node [...]`/`edge [...]` default is reported once, at the default, not once per node.
 """
 
@@ -17,7 +16,6 @@ from functools import cache
 
 from .manager import actions_of
 from .model import Graph, Kind, Node
-from .parallel import inside_branches
 from .problems import Code, Pos, Problem
 
 # What this runner reads (docs/pipelines.md).
@@ -131,23 +129,6 @@ def _goal_gate_without_retry(graph: Graph, n: Node) -> Problem | None:
     )
 
 
-def _branch_questions(graph: Graph, n: Node) -> Problem | None:
-    """The spec runs branches concurrently; here an LLM node's own question (ask_human, an
-    approval, an interactive turn) in a branch pauses the whole run, not only its branch."""
-    asking = sorted(x for x in inside_branches(graph, n.id) if graph.nodes[x].kind == Kind.CODERGEN)
-    if not asking:
-        return None
-    more = f" and {len(asking) - 3} more" if len(asking) > 3 else ""
-    return Problem(
-        f"an LLM node's own question (ask_human, an approval) in its branches "
-        f"({', '.join(asking[:3])}{more}) pauses the whole run, not only its branch (a gate "
-        "pauses only its branch)",
-        n.pos,
-        n.subject,
-        code=Code.BRANCH_QUESTION,
-    )
-
-
 def _once_per_default(problems: Iterable[Problem]) -> list[Problem]:
     """One warning per place an attribute was written: a default block's attribute would
     otherwise warn once for every node it applies to."""
@@ -174,8 +155,6 @@ def lint(graph: Graph) -> list[Problem]:
         found += _attr_problems("node", n.subject, n.attrs, n.attr_pos, n.kind)
         if goal := _goal_gate_without_retry(graph, n):
             found.append(goal)
-        if n.kind == Kind.PARALLEL and (asks := _branch_questions(graph, n)):
-            found.append(asks)
         if n.kind == Kind.MANAGER and "steer" in actions_of(n):
             found.append(Problem(STEER, n.where("manager.actions"), n.subject, code=_W001))
     for e in graph.edges:

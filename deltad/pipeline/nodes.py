@@ -36,6 +36,7 @@ from deltad.protocol import (
     InputType,
     InteractionRequest,
     RunStatus,
+    exitcodes,
     utcnow,
 )
 from deltad.protocol.events import ActionResult, typed
@@ -44,6 +45,7 @@ from deltad.protocol.replies import Reply
 
 from .gates import Gate, gate
 from .interactive import AUTO_APPROVE_REPLY, ending
+from .lanes import Holding
 from .llmnode import Bounded, NodeTimedOut
 from .model import Graph, Kind, Node
 from .outcome import Outcome, Status, parse_reply
@@ -63,6 +65,7 @@ class NodeEngine(Engine):
 
     def __init__(self, ctx: RunContext, interviewer: Interviewer, max_iterations: int) -> None:
         super().__init__(ctx, interviewer)
+        self.interviewer = interviewer
         self.max_iterations = max_iterations
 
     def completed(self, message: str) -> RunOutcome:
@@ -70,6 +73,12 @@ class NodeEngine(Engine):
 
     def pause(self, req: InteractionRequest) -> RunOutcome:
         return self._pause(req)
+
+    def _pause(self, req: InteractionRequest) -> RunOutcome:
+        if isinstance(self.interviewer, Holding) and self.interviewer.held:
+            # A branch's question held back: the branch stops, the run does not (no status).
+            return RunOutcome(RunStatus.WAITING_FOR_INPUT, exitcodes.WAITING, req.prompt, req)
+        return super()._pause(req)
 
 
 @dataclass

@@ -3,10 +3,12 @@
 A `component` node's outgoing edges are its branches. Each branch runs from its edge's target,
 with a copy of the context, until it reaches the fan-in (`tripleoctagon`) node the branches
 lead to, or has nowhere to go. The branches run one at a time in this one process (the spec
-allows concurrency; a workspace has one driver), interleaved by `schedule`: a branch whose
-next node is a human gate waits while another branch can go on, so a gate pauses the run
-only when no branch can proceed. The join policy then makes the parallel node's outcome and
-`parallel.results`; the run goes on at the fan-in node, which picks the best branch.
+allows concurrency; a workspace has one driver), interleaved by `next_step`: a branch whose
+next node is a human gate, or whose node asked a question (`ask_human`, an approval, an
+interactive turn), waits while another branch can go on, so a question pauses the run only
+when no branch can proceed, and the mailbox holds one question at a time. The join policy
+then makes the parallel node's outcome and `parallel.results`; the run goes on at the fan-in
+node, which picks the best branch.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Lane:
     at: str | None  # the node it begins next
     done: bool
     begun: bool = True  # a node of it has begun (it counts against max_parallel until done)
+    asking: str | None = None  # the request id of its node's unanswered question: blocked
 
 
 def fan_in_of(graph: Graph, node_id: str) -> str | None:
@@ -56,19 +59,36 @@ def fan_in_of(graph: Graph, node_id: str) -> str | None:
 def schedule(
     lanes: Sequence[Lane], graph: Graph, max_parallel: int = DEFAULT_MAX_PARALLEL
 ) -> int | None:
-    """The branch to step next: one in the middle of a node; else the first that can go on
-    without a human; else the first waiting at a gate (its question pauses the run); None
-    when every branch is done. At most `max_parallel` branches are under way (begun, not
-    done) at a time: a branch not begun waits for one of them to end (§4.8)."""
-    if (busy := next((i for i, b in enumerate(lanes) if b.busy), None)) is not None:
-        return busy
+    """The branch `next_step` picks (with nothing in the mailbox)."""
+    found = next_step(lanes, graph, max_parallel)
+    return None if found is None else found[0]
+
+
+def next_step(
+    lanes: Sequence[Lane],
+    graph: Graph,
+    max_parallel: int = DEFAULT_MAX_PARALLEL,
+    posted: str | None = None,
+) -> tuple[int, bool] | None:
+    """The branch to step next, and whether it may put a question in the mailbox; None when
+    every branch is done. In order: the branch whose question is in the mailbox (`posted`:
+    its answer may be there); one in the middle of a node and not blocked on a question (it
+    must finish first); the first that can go on without a human; else the first waiting (at
+    a gate, or blocked on its question): it asks, and the run pauses for it. At most
+    `max_parallel` branches are under way (begun, not done) at a time: a branch not begun
+    waits for one of them to end (§4.8)."""
+    live = [i for i, b in enumerate(lanes) if not b.done]
+    if posted is not None and (mine := [i for i in live if lanes[i].asking == posted]):
+        return mine[0], True
+    if busy := [i for i in live if lanes[i].busy and lanes[i].asking is None]:
+        return busy[0], False
     under_way = sum(1 for b in lanes if b.begun and not b.done)
-    waiting = [i for i, b in enumerate(lanes) if not b.done and not b.begun]
+    waiting = [i for i in live if not lanes[i].begun]
     may_begin = set(waiting[: max(0, max_parallel - under_way)])  # in the order written
-    open_ = [i for i, b in enumerate(lanes) if not b.done and (b.begun or i in may_begin)]
-    free = [i for i in open_ if not _at_gate(lanes[i], graph)]
-    found = free or open_
-    return found[0] if found else None
+    open_ = [i for i in live if lanes[i].begun or i in may_begin]
+    if free := [i for i in open_ if not _at_gate(lanes[i], graph) and lanes[i].asking is None]:
+        return free[0], False
+    return (open_[0], True) if open_ else None
 
 
 def _at_gate(lane: Lane, graph: Graph) -> bool:

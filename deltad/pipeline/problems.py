@@ -28,7 +28,6 @@ class Code(StrEnum):
     UNKNOWN_ATTRIBUTE = "W002 unknown-attribute"
     EDGE_ONLY_NODE = "W003 edge-only-node"
     GOAL_GATE_NO_RETRY = "W004 goal-gate-without-retry"
-    BRANCH_QUESTION = "W005 branch-question"
 
     @property
     def warning(self) -> bool:

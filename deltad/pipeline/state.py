@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deltad.protocol import EventType
-from deltad.protocol.events import EdgeTaken, NodeOutcome, NodeStart, typed
+from deltad.protocol.events import Asked, EdgeTaken, NodeOutcome, NodeStart, typed
 from deltad.protocol.models import JournalEvent
 
 from .fidelity import Stage
@@ -63,6 +63,7 @@ class Branch(Lane):
     start: str = ""  # the branch's first node (its id in parallel.results)
     result: dict[str, Any] | None = None  # set when the branch ended
     begun: bool = False  # a node of it began (it counts against the node's max_parallel)
+    asking: str | None = None  # the request id of its node's unanswered question
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Fan:
     """A parallel node's branches, while they run (until its own NODE_OUTCOME)."""
 
     node: str
+    seq: int = 0  # its first fan_out line: the branches' lanes of the journal begin there
     branches: list[Branch] = field(default_factory=list)
 
 
@@ -107,7 +109,9 @@ class State(Lane):
             case EventType.NODE_OUTCOME:
                 self.ended(e.seq, typed(e, NodeOutcome))
             case EventType.EDGE_TAKEN:
-                self.went(typed(e, EdgeTaken))
+                self.went(typed(e, EdgeTaken), e.seq)
+            case EventType.HUMAN_INTERACTION if e.payload.get("branch") is not None:
+                self.asked_in(e)
             case _:
                 pass
 
@@ -148,11 +152,21 @@ class State(Lane):
             self.fan = None  # a parallel node's outcome: its branches are over
             self.child = None  # a manager node's: its child is over
 
-    def went(self, p: EdgeTaken) -> None:
+    def asked_in(self, e: JournalEvent) -> None:
+        """A question of a branch's node: the branch is blocked on it until it is answered."""
+        lane = self.lane(e.payload.get("branch"))
+        if not isinstance(lane, Branch):
+            return
+        if e.payload.get("phase") == "asked":
+            lane.asking = typed(e, Asked).request.request_id
+        elif lane.asking == e.payload.get("request_id"):
+            lane.asking = None
+
+    def went(self, p: EdgeTaken, seq: int = 0) -> None:
         lane = self.lane(p.branch, fan_out=p.step == "fan_out")
         if p.step == "fan_out":
             if self.fan is None or self.fan.node != p.source:
-                self.fan = Fan(p.source)
+                self.fan = Fan(p.source, seq)
             self.fan.branches.append(
                 Branch(
                     context=dict(self.context),
