@@ -318,7 +318,7 @@ def _wait(svc: Service, sig_r: int) -> list[int]:
     fds = [sig_r, svc.queue.fileno(), *svc.resumer.fds()]
     fds += [fd for b in svc.backends if (fd := b.fileno()) is not None]
     urgent = len(svc.queue) or svc.stop or svc.reload or svc.resumer.can_start()
-    urgent = urgent or svc.sweep is not None
+    urgent = urgent or svc.sweep is not None or len(svc.unread) > 0  # reads left: no nap
     timeout = 0.0 if urgent else _timeout(svc)
     try:
         readable, _, _ = select.select(fds, [], [], timeout)

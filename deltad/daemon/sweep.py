@@ -30,15 +30,23 @@ class Sweep:
     quiet: bool
     started: float  # monotonic
     walks: list[SyncSteps]
+    glance: bool = False  # an unanswered question is known by its mailbox's names (unread.py)
     layout: Layout = field(default_factory=Layout)
     visited: int = 0  # workspaces reconciled so far
 
     @classmethod
     def start(
-        cls, backends: list[Backend], reason: str, clock: Clock, *, force: bool, quiet: bool
+        cls,
+        backends: list[Backend],
+        reason: str,
+        clock: Clock,
+        *,
+        force: bool,
+        quiet: bool,
+        glance: bool = False,
     ) -> Sweep:
         walks = [b.sync_steps(force=force) for b in backends]
-        return cls(reason, quiet, clock.monotonic(), walks)
+        return cls(reason, quiet, clock.monotonic(), walks, glance)
 
     def step(
         self, found: Callable[[Path], None], clock: Clock, budget: int, slice_s: float
