@@ -52,6 +52,9 @@ OPEN_WRITER_RECHECK_SECONDS = 0.05
 OPEN_WRITER_PATIENCE_SECONDS = 1.0
 # How soon to look again at a live run that has just posted a question.
 PAUSE_RECHECK_SECONDS = 1.0
+# Looks that each disagree with the one before (files rewritten under every look) before a
+# resume is put off (`inspect`).
+CONFIRMING_LOOKS = 3
 
 
 class Action(Enum):
@@ -100,6 +103,39 @@ def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = Non
 def inspect(
     ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock = SYSTEM
 ) -> Verdict:
+    """What is on disk now. A resume is decided only by two looks in a row that agree: the
+    files a look reads one after another (LATEST, metadata.json, request.json, the answer) can
+    be written in between, and a look that read the state files before they were broken and
+    the answer after it was written would resume what the disk no longer holds. The second
+    look starts after the first saw the answer, so it sees every file written before it."""
+    seen = _look_once(ws_path, why, settle, policy, clock)
+    for _ in range(CONFIRMING_LOOKS):
+        if seen.action is not Action.RESUME:
+            return seen
+        again = _look_once(ws_path, why, settle, policy, clock)
+        if _same_resume(seen, again):
+            return again
+        seen = again
+    return _unsettled(seen, clock)
+
+
+def _same_resume(first: Verdict, second: Verdict) -> bool:
+    return second.action is Action.RESUME and (
+        first.state,
+        first.run_id,
+        first.request_id,
+        first.answer_sig,
+    ) == (second.state, second.run_id, second.request_id, second.answer_sig)
+
+
+def _unsettled(seen: Verdict, clock: Clock) -> Verdict:
+    """Files still changing under every look: resume nothing now, look again shortly."""
+    v = Verdict(Action.NONE, State.WAITING, seen.run_id, seen.status, owner=seen.owner)
+    v.wake_at = clock.time() + OPEN_WRITER_RECHECK_SECONDS
+    return v
+
+
+def _look_once(ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock) -> Verdict:
     if not is_workspace(ws_path):
         return Verdict(Action.GONE, State.GONE)
     ws = Workspace(ws_path)

@@ -1,0 +1,123 @@
+"""A look reads a workspace's files one after another; another process may write between two
+of those reads. Here a person breaks a state file and then answers exactly between the look's
+read of the state files and its read of the answer (the interleaving behind a flaky failure of
+tests/e2e/test_daemon_bad_input.py under load): the look has seen the old, valid state and the
+new answer, a view the disk never held. Broken state files are never resumed, so no resume
+may come of it (reconcile.inspect: a resume needs two looks that agree)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from deltad.daemon.clock import ManualClock
+from deltad.daemon.queue import Why
+from deltad.daemon.reconcile import Action, State, inspect
+from deltad.daemon.tenancy import Policy
+from deltad.protocol import Mailbox, Workspace
+from deltad.testing.stub import paused_workspace
+
+POLICY = Policy()
+
+
+def _mailbox(ws: Path) -> Path:
+    return ws / ".delta" / "interaction"
+
+
+def _metadata(ws: Path) -> Path:
+    return Workspace(ws).run(Workspace(ws).latest_run_id() or "").metadata
+
+
+def _break_request(ws: Path) -> None:
+    (_mailbox(ws) / "request.json").write_text('{"prompt": 42}')
+
+
+def _break_metadata(ws: Path) -> None:
+    _metadata(ws).write_text("{not json")
+
+
+def _break_latest(ws: Path) -> None:
+    (ws / ".delta" / "runs" / "LATEST").write_text("../../etc")
+
+
+def _answer(ws: Path) -> None:
+    tmp = _mailbox(ws) / ".tmp"
+    tmp.write_text("an answer")
+    os.replace(tmp, _mailbox(ws) / "response.txt")
+
+
+def _between_state_and_answer(
+    monkeypatch: pytest.MonkeyPatch, writes: Callable[[], None]
+) -> list[int]:
+    """Run `writes` once, at the moment a look goes from the state files to the answer: the
+    other process's turn, placed where the scheduler can place it."""
+    reads = [0]
+    read_answer = Mailbox.read_answer
+
+    def torn(self: Mailbox, *args: object, **kwargs: object) -> object:
+        reads[0] += 1
+        if reads[0] == 1:
+            writes()
+        return read_answer(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Mailbox, "read_answer", torn)
+    return reads
+
+
+@pytest.mark.parametrize(
+    ("broken", "said"),
+    [(_break_request, "request.json"), (_break_metadata, "metadata.json"), (_break_latest, "")],
+    ids=["request", "metadata", "latest"],
+)
+def test_a_state_file_broken_between_the_reads_of_one_look_is_never_resumed(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    broken: Callable[[Path], None],
+    said: str,
+) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+
+    def person() -> None:
+        broken(ws)
+        _answer(ws)
+
+    reads = _between_state_and_answer(monkeypatch, person)
+    clock = ManualClock(wall=__import__("time").time())
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+    assert reads[0] == 1  # the person's writes did land between the look's reads
+    assert v.action is Action.NONE
+    assert v.state is State.PROBLEM and v.problem is not None and said in v.problem
+
+
+def test_an_answer_with_nothing_broken_is_resumed_after_the_confirming_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    reads = _between_state_and_answer(monkeypatch, lambda: _answer(ws))
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, ManualClock(wall=__import__("time").time()))
+    assert (v.action, v.state) == (Action.RESUME, State.ANSWERED)
+    assert reads[0] == 2  # one look saw the answer, a second one confirmed it
+
+
+def test_files_rewritten_under_every_look_put_the_resume_off_and_look_again_soon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    read_answer = Mailbox.read_answer
+    sizes = iter(range(1, 100))
+
+    def rewritten(self: Mailbox, *args: object, **kwargs: object) -> object:
+        (_mailbox(ws) / "response.txt").write_text("x" * next(sizes))  # a new answer each time
+        return read_answer(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Mailbox, "read_answer", rewritten)
+    clock = ManualClock(wall=__import__("time").time())
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+    assert v.action is Action.NONE and v.state is State.WAITING
+    assert v.wake_at is not None and 0 < v.wake_at - clock.time() <= 0.1
