@@ -6,6 +6,7 @@ for a dead owner, is `mark_interrupted`, done under the workspace lock after re-
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -111,12 +112,12 @@ def inspect(
     seen = _look_once(ws_path, why, settle, policy, clock)
     for _ in range(CONFIRMING_LOOKS):
         if seen.action is not Action.RESUME:
-            return seen
+            return _unless_being_written(ws_path, seen, clock)
         again = _look_once(ws_path, why, settle, policy, clock)
         if _same_resume(seen, again):
             return again
         seen = again
-    return _unsettled(seen, clock)
+    return _unsettled(seen, clock, OPEN_WRITER_RECHECK_SECONDS)
 
 
 def _same_resume(first: Verdict, second: Verdict) -> bool:
@@ -128,11 +129,29 @@ def _same_resume(first: Verdict, second: Verdict) -> bool:
     ) == (second.state, second.run_id, second.request_id, second.answer_sig)
 
 
-def _unsettled(seen: Verdict, clock: Clock) -> Verdict:
-    """Files still changing under every look: resume nothing now, look again shortly."""
+def _unsettled(seen: Verdict, clock: Clock, after: float) -> Verdict:
+    """Files still changing under the look: judge nothing now, look again `after` seconds."""
     v = Verdict(Action.NONE, State.WAITING, seen.run_id, seen.status, owner=seen.owner)
-    v.wake_at = clock.time() + OPEN_WRITER_RECHECK_SECONDS
+    v.wake_at = clock.time() + after
     return v
+
+
+def _unless_being_written(ws_path: Path, seen: Verdict, clock: Clock) -> Verdict:
+    """A state file written in place (`echo ... > request.json`) is empty or half there until
+    its writer closes it, and a look not brought by that close (the background read after
+    READY, a sweep, another file's event) may read it then: a problem is said only once no one
+    has the file open for writing (as for an answer: "When is an answer complete")."""
+    if seen.state is not State.PROBLEM or not _being_written(Workspace(ws_path)):
+        return seen
+    return _unsettled(seen, clock, OPEN_WRITER_PATIENCE_SECONDS)
+
+
+def _being_written(ws: Workspace) -> bool:
+    files = [ws.latest_file, ws.request_file]
+    with contextlib.suppress(ProtocolError, OSError):
+        if (run_id := ws.latest_run_id()) is not None:
+            files.append(ws.run(run_id).metadata)
+    return any(open_writers(f) is Writers.OPEN for f in files)
 
 
 def _look_once(ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock) -> Verdict:

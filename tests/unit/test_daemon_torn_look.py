@@ -121,3 +121,32 @@ def test_files_rewritten_under_every_look_put_the_resume_off_and_look_again_soon
     v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
     assert v.action is Action.NONE and v.state is State.WAITING
     assert v.wake_at is not None and 0 < v.wake_at - clock.time() <= 0.1
+
+
+def _latest(ws: Path) -> Path:
+    return ws / ".delta" / "runs" / "LATEST"
+
+
+@pytest.mark.linux_only  # read leases (deltad/platform.py)
+@pytest.mark.parametrize(
+    "path",
+    [_latest, _metadata, lambda ws: _mailbox(ws) / "request.json"],
+    ids=["latest", "metadata", "request"],
+)
+def test_a_state_file_half_written_in_place_is_judged_once_its_writer_closes_it(
+    tmp_path: Path, path: Callable[[Path], Path]
+) -> None:
+    """`echo ... > request.json`: truncated, then written, then closed. A look in between (the
+    background read after READY, a sweep) reads an empty file: not a problem to report (a
+    second, different one would follow at the close), but a look again shortly."""
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    target = path(ws)
+    clock = ManualClock(wall=__import__("time").time())
+    with open(target, "w") as writer:  # truncated; nothing written yet
+        v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+        assert v.action is Action.NONE and v.problem is None
+        assert v.wake_at is not None and 0 < v.wake_at - clock.time() <= 1.0
+        writer.write("{not json")
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+    assert v.state is State.PROBLEM and v.problem is not None and target.name in v.problem
