@@ -27,6 +27,7 @@ from deltad.protocol import (
     safefs,
 )
 from deltad.protocol.deadline import judge_expiry
+from deltad.protocol.errors import CorruptFile
 from deltad.protocol.journal import asked_request
 from deltad.protocol.runfacts import RunFact, judge, mark_owner_dead
 
@@ -95,10 +96,17 @@ class Verdict:
     # When to look again even without an event: an answer still settling, or the pending
     # question's `expires_at` (the client applies the timeout rule when it is resumed then).
     wake_at: float | None = None
+    unparsed: bool = False  # the problem: a state file did not parse (it may be half written)
 
 
 def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
     return Verdict(Action.NONE, State.PROBLEM, run_id, status, problem=msg)
+
+
+def _unparsed(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
+    v = _problem(msg, run_id, status)
+    v.unparsed = True
+    return v
 
 
 def inspect(
@@ -112,7 +120,7 @@ def inspect(
     seen = _look_once(ws_path, why, settle, policy, clock)
     for _ in range(CONFIRMING_LOOKS):
         if seen.action is not Action.RESUME:
-            return _unless_being_written(ws_path, seen, clock)
+            return _unless_being_written(ws_path, seen, settle, clock)
         again = _look_once(ws_path, why, settle, policy, clock)
         if _same_resume(seen, again):
             return again
@@ -136,22 +144,37 @@ def _unsettled(seen: Verdict, clock: Clock, after: float) -> Verdict:
     return v
 
 
-def _unless_being_written(ws_path: Path, seen: Verdict, clock: Clock) -> Verdict:
+def _unless_being_written(ws_path: Path, seen: Verdict, settle: float, clock: Clock) -> Verdict:
     """A state file written in place (`echo ... > request.json`) is empty or half there until
-    its writer closes it, and a look not brought by that close (the background read after
-    READY, a sweep, another file's event) may read it then: a problem is said only once no one
-    has the file open for writing (as for an answer: "When is an answer complete")."""
-    if seen.state is not State.PROBLEM or not _being_written(Workspace(ws_path)):
+    its writer is done, and a look not brought by its close (the background read after READY,
+    a sweep, another file's event) may read it then. As for an answer ("When is an answer
+    complete"), one that does not parse is judged once nobody has it open for writing and it
+    has not changed for `settle` seconds; until then the workspace is looked at again."""
+    if not seen.unparsed:
         return seen
-    return _unsettled(seen, clock, OPEN_WRITER_PATIENCE_SECONDS)
+    files = _state_files(Workspace(ws_path))
+    if any(open_writers(f) is Writers.OPEN for f in files):
+        return _unsettled(seen, clock, OPEN_WRITER_PATIENCE_SECONDS)
+    age = clock.time() - max(_mtimes(files), default=0.0)
+    if 0 <= age < settle:
+        return _unsettled(seen, clock, settle - age)
+    return seen
 
 
-def _being_written(ws: Workspace) -> bool:
+def _state_files(ws: Workspace) -> list[Path]:
     files = [ws.latest_file, ws.request_file]
     with contextlib.suppress(ProtocolError, OSError):
         if (run_id := ws.latest_run_id()) is not None:
             files.append(ws.run(run_id).metadata)
-    return any(open_writers(f) is Writers.OPEN for f in files)
+    return files
+
+
+def _mtimes(files: list[Path]) -> list[float]:
+    out = []
+    for f in files:
+        with contextlib.suppress(OSError):
+            out.append(os.lstat(f).st_mtime_ns / 1e9)
+    return out
 
 
 def _look_once(ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock) -> Verdict:
@@ -170,6 +193,8 @@ def _look_once(ws_path: Path, why: Why, settle: float, policy: Policy, clock: Cl
         return _problem(f"{e.filename or 'a run file'} is missing")
     except tenancy.Refused as e:
         return _problem(str(e))
+    except CorruptFile as e:
+        return _unparsed(str(e))
     except ProtocolError as e:
         return _problem(str(e))
     except OSError as e:
@@ -224,6 +249,8 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
     mailbox = Mailbox(ws)
     try:
         request = mailbox.read_request()
+    except CorruptFile as e:
+        return _unparsed(str(e), run_id, status)
     except ProtocolError as e:
         return _problem(str(e), run_id, status)
     except OSError as e:

@@ -164,6 +164,7 @@ class Service:
             self.feed.priming = False
         if read := self.unread.emptied():
             log.info("questions_read", workspaces=read)  # every deadline is now timed
+            lifecycle.settle_heap()  # what the reads added lives on too
 
     def _read(self, ws: Path) -> None:
         if ws in self.registry:

@@ -133,12 +133,13 @@ def _latest(ws: Path) -> Path:
     [_latest, _metadata, lambda ws: _mailbox(ws) / "request.json"],
     ids=["latest", "metadata", "request"],
 )
-def test_a_state_file_half_written_in_place_is_judged_once_its_writer_closes_it(
+def test_a_state_file_half_written_in_place_is_judged_once_its_writer_is_done(
     tmp_path: Path, path: Callable[[Path], Path]
 ) -> None:
     """`echo ... > request.json`: truncated, then written, then closed. A look in between (the
     background read after READY, a sweep) reads an empty file: not a problem to report (a
-    second, different one would follow at the close), but a look again shortly."""
+    second, different one would follow), but a look again once the writer is done: it has
+    closed the file and left it unchanged for `settle` seconds."""
     ws = tmp_path / "ws"
     paused_workspace(ws)
     target = path(ws)
@@ -148,5 +149,20 @@ def test_a_state_file_half_written_in_place_is_judged_once_its_writer_closes_it(
         assert v.action is Action.NONE and v.problem is None
         assert v.wake_at is not None and 0 < v.wake_at - clock.time() <= 1.0
         writer.write("{not json")
+    written = target.stat().st_mtime
+    clock.advance(written - clock.time() + 0.5)  # closed, but changed half a second ago
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+    assert v.action is Action.NONE and v.problem is None
+    assert v.wake_at is not None and abs(v.wake_at - (written + 1.0)) < 0.01
+    clock.advance(0.51)
     v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
     assert v.state is State.PROBLEM and v.problem is not None and target.name in v.problem
+
+
+def test_a_broken_state_file_written_long_ago_is_said_at_once(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    _break_request(ws)
+    clock = ManualClock(wall=__import__("time").time() + 5)
+    v = inspect(ws, Why.CHECK, 1.0, POLICY, clock)
+    assert v.state is State.PROBLEM and v.problem is not None and "request.json" in v.problem
