@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from deltad import platform
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
 
@@ -34,7 +35,7 @@ DEFAULT_BUFFER = 1000
 CLOSED_MEMORY = 10_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per workspace: no per-instance dict
 class View:
     """The loop's latest belief about one workspace (`state` is reconcile's State value)."""
 
@@ -128,7 +129,9 @@ class Index:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._views: dict[Path, View] = {}
-        self._requests: dict[str, set[Path]] = {}
+        # id -> the workspaces holding it: nearly always one, so a tuple (a set per id cost
+        # 216 bytes per workspace, twice)
+        self._requests: dict[str, tuple[Path, ...]] = {}
         # Questions seen open and gone since: a late answer gets 409 (or 410), not 404. The
         # order bounds the memory; the second map answers `closed` without a scan.
         self._closed: OrderedDict[tuple[str, Path], None] = OrderedDict()
@@ -138,14 +141,10 @@ class Index:
         self._questions: list[Listed] = []
         self._runs: list[Listed] = []
         self._filed: dict[Path, tuple[Listed | None, Listed | None]] = {}
-        self._run_ids: dict[str, set[Path]] = {}
+        self._run_ids: dict[str, tuple[Path, ...]] = {}
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
-        holders = self._requests.get(request_id)
-        if holders is not None:
-            holders.discard(ws)
-            if not holders:
-                del self._requests[request_id]
+        _release(self._requests, request_id, ws)
         self._closed[(request_id, ws)] = None
         self._closed.move_to_end((request_id, ws))
         self._closed_by_id.setdefault(request_id, {})[ws] = expired
@@ -167,10 +166,7 @@ class Index:
                 if i < len(order) and order[i] is e:
                     del order[i]
         if run is not None and run.run_id is not None:
-            holders = self._run_ids.get(run.run_id, set())
-            holders.discard(ws)
-            if not holders:
-                self._run_ids.pop(run.run_id, None)
+            _release(self._run_ids, run.run_id, ws)
 
     def _file(self, view: View, real: str, owner: int | None) -> None:
         question, run = question_of(view, real, owner), run_of(view, real, owner)
@@ -178,7 +174,7 @@ class Index:
             if e is not None:
                 bisect.insort(order, e, key=_listed_key)
         if view.run_id is not None:
-            self._run_ids.setdefault(view.run_id, set()).add(view.workspace)
+            _hold(self._run_ids, view.run_id, view.workspace)
         self._filed[view.workspace] = (question, run)
 
     def put(self, view: View) -> None:
@@ -189,7 +185,7 @@ class Index:
                 self._close(old.request_id, view.workspace, old.state == "expired")
             self._views[view.workspace] = view
             if view.request_id:
-                self._requests.setdefault(view.request_id, set()).add(view.workspace)
+                _hold(self._requests, view.request_id, view.workspace)
                 self._forget(view.request_id, view.workspace)  # open again (a re-posted copy)
             self._unfile(view.workspace)
             self._file(view, real, owner)
@@ -235,14 +231,48 @@ class Index:
             return sorted(self._run_ids.get(run_id, ()))
 
 
+def _hold(holders: dict[str, tuple[Path, ...]], key: str, ws: Path) -> None:
+    held = holders.get(key, ())
+    if ws not in held:
+        holders[key] = (*held, ws)
+
+
+def _release(holders: dict[str, tuple[Path, ...]], key: str, ws: Path) -> None:
+    held = tuple(w for w in holders.get(key, ()) if w != ws)
+    if held:
+        holders[key] = held
+    else:
+        holders.pop(key, None)
+
+
 def _where(ws: Path) -> tuple[str, int | None]:
     """The workspace's real path (scopes check it too) and its owner's uid (None if gone)."""
-    try:
-        owner: int | None = os.stat(ws).st_uid
-    except OSError:
-        owner = None
-    name, real = str(ws), os.path.realpath(ws)
+    name = str(ws)
+    real, owner = _resolved(name) if platform.LINUX else (None, None)
+    if real is None:
+        try:
+            owner = os.stat(ws).st_uid
+        except OSError:
+            owner = None
+        real = os.path.realpath(ws)
     return (name if real == name else real), owner  # one string, not two, when they agree
+
+
+def _resolved(name: str) -> tuple[str | None, int | None]:
+    """The kernel's own resolution of `name` (one open, not an lstat per component as
+    `realpath` does: this runs for every workspace at startup), and its owner; (None, None)
+    if it cannot tell."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        real, owner = os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_uid
+    except OSError:
+        return None, None
+    finally:
+        os.close(fd)
+    return (None, None) if real.endswith(" (deleted)") else (real, owner)
 
 
 Subscriber = Callable[[FeedEvent], None]
