@@ -397,8 +397,14 @@ def run_size(
         )
         if kind is Deltad:
             out["questions_read_s"] = contender.questions_read_s()
-            lines.emit("questions_read", **about, after_ready_s=out["questions_read_s"])
             out["watches"] = inotify_watches(contender.pid)
+            lines.emit(
+                "questions_read",
+                **about,
+                after_ready_s=out["questions_read_s"],
+                inotify_watches=out["watches"],
+                rss_mb=rss_mb(contender.pid),
+            )
         samples = args.samples if kind is Deltad else args.baseline_samples
         jitter = 1.0 if kind is Baseline else 0.0
         # The baseline's answers wait for its poll loop (1 s plus jitter): never "late".
