@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +48,7 @@ class View:
     created: float | None = None  # the open question's timestamp (the inbox's order)
 
 
+Holders = Path | set[Path]  # the workspaces showing one request id or run id
 QuestionKey = tuple[float, str, str]  # (created, workspace, request id)
 RunKey = tuple[str, str]  # (run id, workspace): run ids start with their start time
 
@@ -129,9 +130,9 @@ class Index:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._views: dict[Path, View] = {}
-        # id -> the workspaces holding it: nearly always one, so a tuple (a set per id cost
-        # 216 bytes per workspace, twice)
-        self._requests: dict[str, tuple[Path, ...]] = {}
+        # id -> the workspace holding it, or a set once several do (copies: 100,000 may
+        # share one); a set for each id cost 216 bytes per workspace, twice
+        self._requests: dict[str, Holders] = {}
         # Questions seen open and gone since: a late answer gets 409 (or 410), not 404. The
         # order bounds the memory; the second map answers `closed` without a scan.
         self._closed: OrderedDict[tuple[str, Path], None] = OrderedDict()
@@ -141,7 +142,7 @@ class Index:
         self._questions: list[Listed] = []
         self._runs: list[Listed] = []
         self._filed: dict[Path, tuple[Listed | None, Listed | None]] = {}
-        self._run_ids: dict[str, tuple[Path, ...]] = {}
+        self._run_ids: dict[str, Holders] = {}
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
         _release(self._requests, request_id, ws)
@@ -204,7 +205,7 @@ class Index:
     def find(self, request_id: str) -> list[Path]:
         """Every workspace where question `request_id` is open, sorted."""
         with self._lock:
-            return sorted(self._requests.get(request_id, ()))
+            return sorted(_holding(self._requests.get(request_id)))
 
     def closed(self, request_id: str) -> dict[Path, bool]:
         """Where question `request_id` was seen open and is gone: workspace -> expired."""
@@ -228,21 +229,31 @@ class Index:
     def run_holders(self, run_id: str) -> list[Path]:
         """Every workspace whose latest run is `run_id`, sorted."""
         with self._lock:
-            return sorted(self._run_ids.get(run_id, ()))
+            return sorted(_holding(self._run_ids.get(run_id)))
 
 
-def _hold(holders: dict[str, tuple[Path, ...]], key: str, ws: Path) -> None:
-    held = holders.get(key, ())
-    if ws not in held:
-        holders[key] = (*held, ws)
+def _hold(holders: dict[str, Holders], key: str, ws: Path) -> None:
+    held = holders.get(key)
+    if held is None:
+        holders[key] = ws
+    elif isinstance(held, set):
+        held.add(ws)
+    elif held != ws:
+        holders[key] = {held, ws}
 
 
-def _release(holders: dict[str, tuple[Path, ...]], key: str, ws: Path) -> None:
-    held = tuple(w for w in holders.get(key, ()) if w != ws)
-    if held:
-        holders[key] = held
-    else:
-        holders.pop(key, None)
+def _release(holders: dict[str, Holders], key: str, ws: Path) -> None:
+    held = holders.get(key)
+    if isinstance(held, set):
+        held.discard(ws)
+        if len(held) == 1:
+            holders[key] = next(iter(held))
+    elif held == ws:
+        del holders[key]
+
+
+def _holding(held: Holders | None) -> Iterable[Path]:
+    return () if held is None else held if isinstance(held, set) else (held,)
 
 
 def _where(ws: Path) -> tuple[str, int | None]:

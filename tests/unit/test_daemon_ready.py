@@ -18,6 +18,7 @@ from deltad.daemon import lifecycle
 from deltad.daemon.clock import ManualClock
 from deltad.daemon.config import load_config
 from deltad.daemon.discovery import unanswered
+from deltad.daemon.feed import Index, View
 from deltad.daemon.service import Service
 from deltad.protocol import utcnow
 from deltad.testing.stub import paused_workspace
@@ -140,3 +141,22 @@ def test_the_loop_does_not_wait_while_questions_are_left_to_read(
     os.close(sig_r)
     os.close(sig_w)
     lifecycle.close_backends(service)
+
+
+def test_the_index_keeps_every_copy_that_shows_one_request_and_run(tmp_path: Path) -> None:
+    """Copies of one paused workspace show the same run id and request id (the bench's 100,000
+    do): each id keeps one workspace without a set, and a set only once several share it."""
+    index = Index()
+    copies = [tmp_path / f"copy{i}" for i in range(3)]
+    for ws in copies:
+        ws.mkdir()
+        index.put(View(ws, "waiting", "20261124_000000_abcdef", "WAITING", "r1", "text", 1.0))
+    assert index.find("r1") == sorted(copies)
+    assert index.run_holders("20261124_000000_abcdef") == sorted(copies)
+    for gone in range(3):
+        index.remove(copies[gone])
+        assert index.find("r1") == sorted(copies[gone + 1 :])
+        assert index.run_holders("20261124_000000_abcdef") == sorted(copies[gone + 1 :])
+    index.put(View(copies[0], "waiting", "20261124_000000_abcdef", "WAITING", "r1", "text", 1.0))
+    index.put(View(copies[0], "waiting", "20261124_000000_abcdef", "WAITING", "r2", "text", 2.0))
+    assert (index.find("r1"), index.find("r2")) == ([], [copies[0]])
