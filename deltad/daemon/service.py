@@ -124,8 +124,17 @@ class Service:
         )
         log.info("reconcile_full_started", reason=reason)
         if at_once:
-            self.sweep.finish(self._swept, self.clock)
+            self.sweep.finish(self._swept, self.clock, self._read_events)
             self._sweep_done(self.sweep)
+
+    def _read_events(self) -> None:
+        """Between slices of a walk that runs to its end (at startup): the kernel's event
+        queue holds 16,384 events, and a fanotify mark fills it with every write on the
+        filesystem; a walk of 100,000 workspaces (30 s) let it overflow on a busy one, and the
+        overflow started a second full reconcile, reading every workspace, right after READY.
+        What the events say is queued as hints, served after READY."""
+        for b in self.backends:
+            lifecycle.process(self, b)
 
     def sweep_step(self) -> None:
         sweep = self.sweep
@@ -155,13 +164,13 @@ class Service:
     def read_step(self) -> None:
         """Read a slice of the workspaces known only by a glance (not announced as new
         questions: they were there before the daemon started)."""
-        if not self.unread:
-            return
-        self.feed.priming = True
-        try:
-            self.unread.step(self._read, self.clock, SWEEP_BUDGET, SWEEP_SLICE)
-        finally:
-            self.feed.priming = False
+        if self.unread:
+            self.feed.priming = True
+            try:
+                self.unread.step(self._read, self.clock, SWEEP_BUDGET, SWEEP_SLICE)
+            finally:
+                self.feed.priming = False
+        # Also when other looks emptied the list (an overflow's or a reload's full reconcile)
         if read := self.unread.emptied():
             log.info("questions_read", workspaces=read)  # every deadline is now timed
             lifecycle.settle_heap()  # what the reads added lives on too

@@ -67,10 +67,13 @@ class Sweep:
                 found(ws)
         return not self.walks
 
-    def finish(self, found: Callable[[Path], None], clock: Clock) -> None:
-        """Run to the end in one go (the startup reconcile, before READY=1)."""
+    def finish(
+        self, found: Callable[[Path], None], clock: Clock, between: Callable[[], None]
+    ) -> None:
+        """Run to the end in one go (the startup reconcile, before READY=1), calling `between`
+        after each slice (the service reads the backends' events there)."""
         while not self.step(found, clock, SWEEP_BUDGET, float("inf")):
-            pass
+            between()
 
     def abandon(self) -> None:
         """Stop the walks where they are (a newer full reconcile replaces this one)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from inotify_simple import INotify
 from inotify_simple import flags as IN
+from structlog.testing import capture_logs
 
 from deltad.daemon import lifecycle
 from deltad.daemon.clock import ManualClock
@@ -160,3 +161,47 @@ def test_the_index_keeps_every_copy_that_shows_one_request_and_run(tmp_path: Pat
     index.put(View(copies[0], "waiting", "20261124_000000_abcdef", "WAITING", "r1", "text", 1.0))
     index.put(View(copies[0], "waiting", "20261124_000000_abcdef", "WAITING", "r2", "text", 2.0))
     assert (index.find("r1"), index.find("r2")) == ([], [copies[0]])
+
+
+def test_the_startup_walk_reads_the_backends_events_between_its_slices(
+    service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's event queue must not overflow while a long startup walk runs (a fanotify
+    mark fills it with every write on the filesystem; an overflow starts a second full
+    reconcile that reads every workspace): events are read between the walk's slices."""
+    total = 450  # more than two slices of 200
+    for i in range(total):
+        paused_workspace(tmp_path / "root" / f"ws{i:03d}")
+    seen_at: list[int] = []
+    process = lifecycle.process
+
+    def reading(svc: Service, backend: object) -> None:
+        seen_at.append(len(svc.registry))
+        process(svc, backend)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lifecycle, "process", reading)
+    lifecycle.start(service)
+    assert any(0 < found < total for found in seen_at), seen_at  # during the walk, not after
+    assert len(service.registry) == total
+    lifecycle.close_backends(service)
+
+
+def test_the_end_of_the_reads_is_said_when_a_full_reconcile_read_them_first(
+    service: Service, tmp_path: Path
+) -> None:
+    """An overflow (or a reload) right after READY reads every workspace itself: the
+    `questions_read` line still comes, once, when the list of workspaces to read is empty."""
+    for i in range(5):
+        paused_workspace(tmp_path / "root" / f"ws{i}")
+    lifecycle.start(service)
+    assert len(service.unread) == 5
+    with capture_logs() as logs:
+        service.full_reconcile("overflow", force=True)
+        for _ in range(1000):
+            service.turn()
+            if service.sweep is None and not service.unread:
+                break
+        service.turn()
+    said = [e for e in logs if e["event"] == "questions_read"]
+    assert [e["workspaces"] for e in said] == [5]
+    lifecycle.close_backends(service)
