@@ -8,7 +8,10 @@ stub-paused workspaces, real HTTP with httpx.
 Per N: a page of 100 (`GET /v1/requests?limit=100`, following `next` round the list) p50/p99;
 20 clients × 10 pages at once, total time and failures; an answer posted as that load starts,
 the time until the stub resume has run; the daemon's RSS growth per question against the same
-daemon over an empty root, right after READY (the index) and after paging (documents kept).
+daemon over an empty root, right after READY and after paging (documents kept); and the index's
+own cost: the RSS at READY of the same daemon over the same workspaces with the index on and
+with it off (`bench/noindex`: the registry's change hook does nothing), the difference per
+question. The load average (/proc/loadavg) is recorded before and after each measurement.
 Once (at the first N): 500 open event streams, the time from writing a new question until
 every stream has its `request.created`. `--old DIR` runs the same against
 the code in DIR (`git worktree add DIR <commit>`; it is put first on the daemon's PYTHONPATH),
@@ -35,6 +38,7 @@ from typing import Any
 import httpx
 
 HERE = Path(__file__).resolve().parent
+NO_INDEX = HERE / "noindex"  # a sitecustomize that turns the inbox's index off
 sys.path.insert(0, str(HERE.parent))
 
 from deltad.testing.daemon import Daemon, wait_for  # noqa: E402
@@ -61,6 +65,11 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages now (the machine is shared)."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def build(root: Path, n: int) -> list[Path]:
     spaces = [root / f"g{i // 1000:02}" / f"ws{i:05}" for i in range(n)]
     for ws in spaces:
@@ -73,6 +82,7 @@ class Contender:
     """One daemon (this checkout, or `pythonpath`'s) over `root`, its URL and a token."""
 
     def __init__(self, work: Path, root: Path, pythonpath: str | None) -> None:
+        self.started = time.perf_counter()
         work.mkdir(parents=True, exist_ok=True)
         self.daemon = Daemon(
             work, [root], http={"listen": "127.0.0.1:0"}, log_level="info", settle_seconds=0.2
@@ -80,6 +90,7 @@ class Contender:
         env = {"PYTHONPATH": pythonpath} if pythonpath else {}
         self.daemon.start(env=env, wait=False)
         self.daemon.wait_event("daemon_ready", timeout=STARTUP_DEADLINE)
+        self.ready_s = time.perf_counter() - self.started
         self.url = http_url(self.daemon)
         self.token = make_token(self.daemon.state_dir, "bench")
         self.headers = {"Authorization": f"Bearer {self.token}"}
@@ -134,9 +145,12 @@ def page_times(c: Contender, calls: int) -> dict[str, Any]:
     with c.client() as http:
         pager = Pager(http)
         pager.next()  # warm
-        times = [pager.next()[0] for _ in range(calls)]
-        first = [Pager(http).next()[0] for _ in range(calls)]
+        rounds = [pager.next() for _ in range(calls)]
+        firsts = [Pager(http).next() for _ in range(calls)]
+    times, first = [t for t, _ in rounds], [t for t, _ in firsts]
     return {
+        # Pages that were not a 200 (timed like the others: there must be none).
+        "page_failures": sum(not ok for _, ok in rounds + firsts),
         "page_p50_ms": 1000 * pct(times, 50),
         "page_p99_ms": 1000 * pct(times, 99),
         "first_page_p50_ms": 1000 * pct(first, 50),
@@ -239,12 +253,24 @@ def measure(label: str, work: Path, root: Path, n: int, args: argparse.Namespace
     base.stop()
 
     spaces = build(root, n)
+    out: dict[str, Any] = {"contender": label, "pending": n, "loadavg_before": loadavg()}
+    if args.index_off:  # the same daemon over the same workspaces, its index off
+        off_path = os.pathsep.join(p for p in (str(NO_INDEX), pythonpath) if p)
+        off = Contender(work / f"{label}-{n}-noindex", root, off_path)
+        with off.client() as http:
+            assert http.get("/v1/requests", params={"limit": 1}).json()["requests"] == []
+        rss_off = rss_kb(off.pid)
+        off.stop()
     c = Contender(work / f"{label}-{n}", root, pythonpath)
-    out: dict[str, Any] = {"contender": label, "pending": n}
+    out["ready_s"] = c.ready_s
     try:
         with c.client() as http:
             http.get("/v1/requests", params={"limit": 1})  # READY: the index is full
-            out["rss_growth_index_bytes_per_question"] = 1024 * (rss_kb(c.pid) - rss_empty) / n
+            rss_on = rss_kb(c.pid)
+            out["rss_growth_at_ready_bytes_per_question"] = 1024 * (rss_on - rss_empty) / n
+            if args.index_off:
+                out["rss_index_off_kb"], out["rss_index_on_kb"] = rss_off, rss_on
+                out["rss_index_bytes_per_question"] = 1024 * (rss_on - rss_off) / n
             wait_for(lambda: listed(http) >= n, f"{n} questions listed", timeout=STARTUP_DEADLINE)
         # Fewer calls where one takes seconds (the old code lists 10,000 from disk each time).
         out |= page_times(c, CALLS if n <= 1000 else (20 if label == "new" else 5))
@@ -257,6 +283,7 @@ def measure(label: str, work: Path, root: Path, n: int, args: argparse.Namespace
             out |= asyncio.run(streams_reached(c, root, args.streams))
     finally:
         c.stop()
+    out["loadavg_after"] = loadavg()
     return out
 
 
@@ -265,6 +292,12 @@ def main() -> None:
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1000, 10000])
     ap.add_argument("--streams", type=int, default=500)
     ap.add_argument("--load-max", type=int, default=1000, help="the 20x10 load up to this N")
+    ap.add_argument(
+        "--no-index-off",
+        dest="index_off",
+        action="store_false",
+        help="skip the daemon with its index off (the index's own RSS cost)",
+    )
     ap.add_argument("--old", help="a checkout of the old code, run side by side")
     ap.add_argument("--work", type=Path, default=None, help="where to build (default: a temp dir)")
     args = ap.parse_args()

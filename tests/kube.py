@@ -5,16 +5,24 @@ runs no controllers: a test plays the Job controller and the kubelet by writing 
 and statuses they would (`play_pod`, `set_job_status`). Two things it does not do that a real
 server does, both covered by the executor: it ignores `labelSelector` (the executor filters
 what it lists again) and it assigns no `metadata.uid` (the handle then carries the Job's name).
+`Kubelet` plays the node for a real `deltad` process: it runs each Job's command as the pod's
+user and reports its exit (tests/e2e/test_kube_daemon.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import math
 import os
+import signal
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +160,132 @@ def emulator(tmp: Path) -> Iterator[Emulator]:
         emu.api.close()
         box["loop"].call_soon_threadsafe(box["stop"].set)
         thread.join(60)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Pod:
+    """One Job's process, as the kubelet runs it."""
+
+    job: str
+    proc: subprocess.Popen[bytes]
+    uid: int
+    kill_at: float | None = None  # monotonic: SIGKILL then (a delete's grace period)
+    ended: int | None = None  # the process's return code once reaped
+
+
+@dataclass
+class Kubelet:
+    """The node, for a real `deltad` talking to the emulator: each new Job's command runs as
+    its pod's `runAsUser`/`runAsGroup`/`supplementalGroups`, in its `workingDir` (the claim is
+    mounted at the same path as on the daemon's host), with the Job's environment and its
+    `envFrom` Secret; the Job's status says it runs; at the process's exit the pod is written
+    with the container's terminated exit code (128+n for a signal, as a container runtime
+    reports it) and the Job gets its Complete/Failed condition. A Job deleted while its process
+    runs gets SIGTERM, then SIGKILL after the delete's `gracePeriodSeconds`. A loop in its own
+    thread, as a node's agent is; the tests wait on what it reports."""
+
+    emu: Emulator
+    log: Path  # every process's stdout and stderr, appended
+    ns: str = "default"
+    pods: dict[str, _Pod] = field(default_factory=dict)
+    graces: dict[str, int] = field(default_factory=dict)  # a deleted Job's grace period
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    error: BaseException | None = None
+
+    def __enter__(self) -> Kubelet:
+        self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
+        for pod in self.pods.values():
+            if pod.proc.poll() is None:
+                os.killpg(pod.proc.pid, signal.SIGKILL)
+                pod.proc.wait(60)
+
+    def running(self, job: str) -> bool:
+        pod = self.pods.get(job)
+        return pod is not None and pod.ended is None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                self._turn()
+            except Exception as e:  # an emulator hiccup: said by `error`, tried again
+                self.error = e
+
+    def _turn(self) -> None:
+        jobs = {j.metadata.name: j for j in self.emu.batch.list_namespaced_job(self.ns).items}
+        for name, job in jobs.items():
+            if name not in self.pods and not (job.status and job.status.conditions):
+                self._start(job)
+        for name, pod in list(self.pods.items()):
+            if pod.ended is not None:
+                continue
+            if name not in jobs and pod.kill_at is None:
+                self._delete(name, pod)
+            if pod.kill_at is not None and time.monotonic() >= pod.kill_at:
+                os.killpg(pod.proc.pid, signal.SIGKILL)
+                pod.kill_at = math.inf
+            if (rc := pod.proc.poll()) is not None:
+                pod.ended = rc
+                if name in jobs:
+                    self._report(name, rc)
+
+    def _start(self, job: Any) -> None:
+        pod = job.spec.template.spec
+        [c] = pod.containers
+        ctx = pod.security_context
+        env = {e.name: e.value for e in c.env or []}
+        for source in c.env_from or []:
+            secret = self.emu.core.read_namespaced_secret(source.secret_ref.name, self.ns)
+            env.update({k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()})
+        with open(self.log, "ab") as out:
+            proc = subprocess.Popen(
+                c.command,
+                cwd=c.working_dir,
+                env=env,
+                user=ctx.run_as_user,
+                group=ctx.run_as_group,
+                extra_groups=ctx.supplemental_groups or [],
+                umask=0o022,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.pods[job.metadata.name] = _Pod(job.metadata.name, proc, ctx.run_as_user)
+        status = {"startTime": _now_iso(), "active": 1, "ready": 1}
+        self.emu.set_job_status(job.metadata.name, status, self.ns)
+
+    def _delete(self, name: str, pod: _Pod) -> None:
+        """The Job is gone (deleted): stop its process as a kubelet stops a pod's container."""
+        deletes = [
+            r
+            for r in list(self.emu.handler)
+            if r.method.name == "DELETE" and r.url.path.endswith(f"/jobs/{name}")
+        ]
+        grace = int(dict(deletes[-1].params).get("gracePeriodSeconds", 30)) if deletes else 30
+        self.graces[name] = grace
+        os.killpg(pod.proc.pid, signal.SIGTERM)
+        pod.kill_at = time.monotonic() + grace
+
+    def _report(self, name: str, rc: int) -> None:
+        code, reason = (rc, "Completed" if rc == 0 else "Error") if rc >= 0 else (128 - rc, "Error")
+        self.emu.play_pod(name, code, reason, self.ns)
+        condition = (
+            {"type": "Complete", "status": "True", "reason": "CompletionsReached"}
+            if rc == 0
+            else {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}
+        )
+        done = {"succeeded": 1} if rc == 0 else {"failed": 1}
+        status = {"active": 0, "ready": 0, **done, "conditions": [condition]}
+        self.emu.set_job_status(name, status, self.ns)

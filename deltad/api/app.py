@@ -25,7 +25,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deltad import __version__
 from deltad.daemon.feed import EVENT_TYPES, EventType, FeedEvent
-from deltad.inbox import AnswerIn
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
@@ -343,7 +342,7 @@ def create_app(
     def answer(
         request_id: str,
         who: Who,
-        body: Annotated[AnswerIn, Body(openapi_examples=schemas.answer_examples())],
+        body: Annotated[schemas.AnswerBody, Body(openapi_examples=schemas.answer_examples())],
         idempotency_key: Annotated[str | None, Header()] = None,
         workspace: str | None = None,
     ) -> dict[str, Any]:
@@ -463,7 +462,8 @@ def create_app(
         responses=errors(400, 403, 404, 409, 410, 413, 422),
     )
     def link_answer(
-        token: str, body: Annotated[AnswerIn, Body(openapi_examples=schemas.answer_examples())]
+        token: str,
+        body: Annotated[schemas.AnswerBody, Body(openapi_examples=schemas.answer_examples())],
     ) -> dict[str, Any]:
         """Answer the question behind a signed link; single use."""
         sent = body.model_dump(mode="json", exclude_unset=True)

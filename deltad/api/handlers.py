@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -24,7 +23,17 @@ from typing import Any
 
 from deltad import inbox
 from deltad.daemon.feed import Feed, Listed
-from deltad.protocol import Mailbox, ProtocolError, Workspace, iso, kinds, safefs, utcnow
+from deltad.protocol import (
+    JournalEvent,
+    Mailbox,
+    ProtocolError,
+    Workspace,
+    iso,
+    kinds,
+    utcnow,
+    viewing,
+)
+from deltad.protocol.events import Thought
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import json_safe, show_path, unshow
 
@@ -223,7 +232,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "sensitive": r.is_secret,
         "allow_empty": r.allow_empty,
         **kinds.question_fields(r),  # options, minimum, maximum, ...: each kind's own
-        "form": kinds.form(r),  # the page's answer field, from the kind
+        "form": kinds.form(r).model_dump(mode="json"),  # the page's answer form, from the kind
         "timestamp": iso(r.timestamp),
         "agent": p.agent,
         "task": p.task,
@@ -528,10 +537,11 @@ def get_run(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> 
     except (ProtocolError, OSError):
         raise ApiError(404, "unknown_run", f"no run {run_id} in {ws}") from None
     events = journal_tail(Workspace(ws).run(run_id).journal)
-    thoughts = [e for e in events if e.get("type") == "THOUGHT"]
-    last = thoughts[-1]["payload"].get("content") if thoughts else None
+    thoughts = [t for e in events if (t := viewing.payload_of(e, Thought)) is not None]
+    last = thoughts[-1].content if thoughts else None
     outcome = inbox.run_outcome(Workspace(ws), meta)
-    return {**_run_summary(ws, meta), "last_message": last, "outcome": outcome, "journal": events}
+    journal = [shown_event(e) for e in events]
+    return {**_run_summary(ws, meta), "last_message": last, "outcome": outcome, "journal": journal}
 
 
 def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> Path:
@@ -561,33 +571,15 @@ def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | No
     return ws
 
 
-def journal_tail(path: Path) -> list[dict[str, Any]]:
-    """The last events of a journal, read from its end within a fixed budget. The journal
-    holds secrets only as handles (`${secret:ID}`), so it is shown as it is."""
-    try:
-        fd = safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (OSError, ProtocolError):
-        return []
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return []
-        start = max(0, st.st_size - JOURNAL_TAIL_BYTES)
-        data = os.pread(fd, st.st_size - start, start)
-    finally:
-        os.close(fd)
-    lines = data.split(b"\n")
-    if start > 0:
-        lines = lines[1:]  # the first is a part line
-    out = []
-    for line in lines[-JOURNAL_TAIL_EVENTS:]:
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
+def journal_tail(path: Path) -> list[JournalEvent]:
+    """The last events of a journal, read from its end within a fixed budget, typed. The
+    journal holds secrets only as handles (`${secret:ID}`), so it is shown as it is."""
+    return viewing.tail(path, JOURNAL_TAIL_BYTES, JOURNAL_TAIL_EVENTS)
+
+
+def shown_event(e: JournalEvent) -> dict[str, Any]:
+    """An event as the run view shows it: as its journal line has it."""
+    return {"seq": e.seq, "timestamp": iso(e.timestamp), "type": str(e.type), "payload": e.payload}
 
 
 # -- signed links ---------------------------------------------------------------------------------

@@ -3,7 +3,9 @@ survives a reload of the page and a restart of the daemon). Bounded: the latest 
 workspace the token may see, the most recently written journals first, at most JOURNALS_MAX
 of them, each read from its end within `journal_tail`'s budget; the newest `limit` entries
 are returned. An answer's value is not shown when the question was sensitive (a password is
-never echoed); who answered and when always are."""
+never echoed); who answered and when always are. A run's end carries its final message (what
+`/v1/runs/{id}`'s outcome calls `final_message`: the RUN_END's reason — the last message at
+COMPLETED, why it stopped otherwise), cut to FINAL_MESSAGE_MAX characters, and its duration."""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from deltad.protocol import Workspace
+from deltad import inbox
+from deltad.protocol import InteractionRequest, JournalEvent, RunStatus, Workspace
 from deltad.protocol.errors import ProtocolError
+from deltad.protocol.events import Answered, Asked, RunEnd
 from deltad.protocol.models import iso
 from deltad.protocol.printable import json_safe, show_path
+from deltad.protocol.viewing import payload_of
 
 from .handlers import Context, journal_tail, visible
 from .tokens import Identity
@@ -24,55 +29,84 @@ from .tokens import Identity
 LIMIT_DEFAULT = 50
 LIMIT_MAX = 500
 JOURNALS_MAX = 64  # journal tails read per call at most (each up to JOURNAL_TAIL_BYTES)
+# A final message in the history is a preview: 100 entries stay small; the whole message is in
+# `/v1/runs/{id}` and `delta status`.
+FINAL_MESSAGE_MAX = 2000
 
 
-def entries(workspace: str, run_id: str, events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """History entries of one run's journal events, oldest first (pure: tested from tables)."""
-    asked: dict[str, dict[str, Any]] = {}
+def bounded(text: str | None, cap: int = FINAL_MESSAGE_MAX) -> tuple[str | None, bool]:
+    """`text` cut to `cap` characters, and whether it was cut."""
+    if text is None or len(text) <= cap:
+        return text, False
+    return text[: cap - 1] + "…", True
+
+
+def duration_seconds(started: datetime | None, ended: datetime) -> float | None:
+    """Seconds from the run's start to an end at `ended`, if the start is known: the
+    outcome's `duration_seconds` rule (start to end), for each end in a journal."""
+    if started is None:
+        return None
+    return max(0.0, (ended - started).total_seconds())
+
+
+def entries(
+    workspace: str,
+    run_id: str,
+    events: Iterable[JournalEvent],
+    started: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """History entries of one run's journal events, oldest first (pure: tested from tables);
+    `started` is the run's start time (its metadata's), for the durations. Events the reader
+    could not type are skipped."""
+    asked: dict[str, InteractionRequest] = {}
     out: list[dict[str, Any]] = []
     for e in events:
-        payload = e.get("payload") or {}
-        if e.get("type") == "HUMAN_INTERACTION" and payload.get("phase") == "asked":
-            request = payload.get("request") or {}
-            asked[str(request.get("request_id"))] = request
-        elif e.get("type") == "HUMAN_INTERACTION" and payload.get("phase") == "answered":
-            out.append(_answered(workspace, run_id, e, asked.get(str(payload.get("request_id")))))
-        elif e.get("type") == "RUN_END":
-            out.append(
-                {
-                    "kind": "run_ended",
-                    "at": e.get("timestamp"),
-                    "workspace": workspace,
-                    "run_id": run_id,
-                    "status": payload.get("status"),
-                    "reason": payload.get("reason"),
-                }
-            )
+        if (q := payload_of(e, Asked)) is not None:
+            asked[q.request.request_id] = q.request
+        elif (a := payload_of(e, Answered)) is not None:
+            out.append(_answered(workspace, run_id, e, a, asked.get(a.request_id)))
+        elif (end := payload_of(e, RunEnd)) is not None:
+            out.append(_ended(workspace, run_id, e, end, started))
     return out
 
 
-def _answered(
-    workspace: str, run_id: str, e: dict[str, Any], request: dict[str, Any] | None
+def _ended(
+    workspace: str, run_id: str, e: JournalEvent, end: RunEnd, started: datetime | None
 ) -> dict[str, Any]:
-    payload = e.get("payload") or {}
-    reply = payload.get("reply") or {}
-    secret = request is None or request.get("sensitive") or request.get("input_type") == "password"
+    final, cut = bounded(end.reason or None)
     return {
-        "kind": "answered",
-        "at": reply.get("at") or e.get("timestamp"),
+        "kind": "run_ended",
+        "at": iso(e.timestamp),
         "workspace": workspace,
         "run_id": run_id,
-        "request_id": payload.get("request_id"),
-        "input_type": payload.get("input_type"),
-        "prompt": request.get("prompt") if request else None,
-        "outcome": reply.get("outcome"),
-        "answered_by": reply.get("answered_by"),
-        "channel": reply.get("channel") or reply.get("source"),
-        "answer": None if secret else reply.get("value"),
+        "status": str(end.status),
+        # Why it stopped, for a run that did not complete; a completed run's is its message.
+        "reason": None if end.status == RunStatus.COMPLETED else final,
+        "final_message": final,
+        "final_message_truncated": cut,
+        "duration_seconds": duration_seconds(started, e.timestamp),
+    }
+
+
+def _answered(
+    workspace: str, run_id: str, e: JournalEvent, a: Answered, request: InteractionRequest | None
+) -> dict[str, Any]:
+    reply = a.reply
+    secret = request is None or request.is_secret
+    return {
+        "kind": "answered",
+        "at": iso(reply.at or e.timestamp),
+        "workspace": workspace,
+        "run_id": run_id,
+        "request_id": a.request_id,
+        "input_type": a.input_type,
+        "prompt": request.prompt if request else None,
+        "outcome": reply.outcome,
+        "answered_by": reply.answered_by,
+        "channel": reply.channel or reply.source,
+        "answer": None if secret else reply.value,
         "decisions": [
-            {"action_id": d.get("action_id"), "decision": d.get("decision")}
-            for d in reply.get("decisions") or []
-            if isinstance(d, dict)
+            {"action_id": d.action_id, "decision": str(d.decision)} for d in reply.decisions
         ],
     }
 
@@ -85,7 +119,7 @@ def history(ctx: Context, who: Identity, limit: int) -> dict[str, Any]:
     for read, (mtime, ws, run_id, journal) in enumerate(journals):
         if read >= JOURNALS_MAX or complete(found, mtime, limit):
             break
-        found += entries(show_path(ws), run_id, journal_tail(journal))
+        found += entries(show_path(ws), run_id, journal_tail(journal), _started(ws, run_id))
         found.sort(key=lambda d: str(d.get("at") or ""), reverse=True)
     return {"history": json_safe(found[:limit])}
 
@@ -97,6 +131,14 @@ def complete(found: list[dict[str, Any]], next_mtime: float, limit: int) -> bool
         return False
     last = str(found[limit - 1].get("at") or "")
     return last >= iso(datetime.fromtimestamp(next_mtime, UTC))
+
+
+def _started(ws: Path, run_id: str) -> datetime | None:
+    """The run's start time from its metadata (None if it cannot be read: no durations)."""
+    try:
+        return inbox.load_run(ws, run_id).start_time
+    except (ProtocolError, OSError, ValueError):
+        return None
 
 
 def _journals(ctx: Context, who: Identity) -> Iterator[tuple[float, Path, str, Path]]:

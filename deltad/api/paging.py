@@ -73,11 +73,12 @@ def owner_uid(owner: str | None) -> int | None:
     """`?owner=` as a uid: a number is one, a name is looked up (an unknown name: BadPage)."""
     if owner is None:
         return None
-    if owner.isdigit():
+    # isascii: "²" is a digit to str.isdigit but not to int(); a uid has at most 10 digits.
+    if owner.isascii() and owner.isdigit() and len(owner) <= 10:
         return int(owner)
     try:
         return pwd.getpwnam(owner).pw_uid
-    except KeyError:
+    except (KeyError, ValueError):  # ValueError: a NUL byte in the name
         raise BadPage(f"owner: no user {owner!r} on this host") from None
 
 

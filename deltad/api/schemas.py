@@ -2,8 +2,10 @@
 which status codes each route can answer, the security schemes and the OpenAPI links that let
 a client (or a fuzzer) go from a list to one question, its answer and its run.
 
-The question's vocabulary comes from the protocol (`InputType`, `kinds.kind_of`), so a new
-input type shows up here — in the enum, `expects` and the answer examples — without an edit.
+The question's vocabulary comes from the protocol (`InputType`, `kinds`), so a new input type
+shows up here without an edit: in the `input_type` enum, `expects`, the question's fields
+(each kind's own request fields, typed as the request types them), its `form` (the page's
+controls), the answer body's fields (each kind's `answer_fields`) and the answer examples.
 
 Response models keep fields they do not name (`extra="allow"`): a newer daemon may add fields
 to a document, and a typed client must not lose them. The routes send only what the handler
@@ -12,11 +14,13 @@ set (`response_model_exclude_unset`): a field a document leaves out stays out.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from deltad.protocol.kinds import kind_of
+from deltad import inbox
+from deltad.protocol import kinds
+from deltad.protocol.kinds import Form, kind_of
 from deltad.protocol.models import InputType, InteractionRequest, Option, QuestionContext
 from deltad.protocol.states import RunStatus
 
@@ -84,13 +88,8 @@ class GatedCallOut(_Out):
     )
 
 
-class OptionOut(_Out):
-    key: str = Field(description="The accelerator key (one character).")
-    label: str
-
-
-class Question(_Out):
-    """A pending question, as `GET /v1/requests/{request_id}` shows it."""
+class QuestionBase(_Out):
+    """What every question has; `Question` adds each kind's own fields."""
 
     request_id: str
     workspace: str = Field(description="Escaped when the name is not plain UTF-8 text.")
@@ -106,14 +105,12 @@ class Question(_Out):
     prompt: str
     input_type: InputType
     expects: str = Field(description="What the answer is, in words.", examples=_expects())
-    options: list[OptionOut] = Field(description="For `choice`: the options.")
-    calls: list[GatedCallOut] = Field(description="For `approval`: every gated call.")
+    form: Form = Field(description="How the web page asks for the answer (from its kind).")
+    calls: list[GatedCallOut] = Field(description="The gated calls a decision is asked on.")
     default: str | None
     expires_at: str | None = Field(description="RFC 3339 (UTC), or null for never.")
     sensitive: bool = Field(description="The answer is a secret (a password is always).")
     allow_empty: bool
-    minimum: float | None = Field(description="For `number`: the smallest answer.")
-    maximum: float | None = Field(description="For `number`: the largest answer.")
     timestamp: str = Field(description="When it was asked, RFC 3339 (UTC).")
     agent: str
     task: str
@@ -125,12 +122,41 @@ class Question(_Out):
     )
 
 
+def _kind_fields() -> dict[str, Any]:
+    """Each kind's request fields, typed as the request types them (null or empty for a
+    question of another kind)."""
+    fields: dict[str, Any] = {}
+    for name in kinds.request_fields():
+        if name in QuestionBase.model_fields:
+            raise ValueError(f"a kind's request field {name!r} is already a question field")
+        users = ", ".join(f"`{t}`" for t in kinds.kinds_with(name))
+        annotation = InteractionRequest.model_fields[name].annotation
+        fields[name] = (annotation, Field(description=f"For {users}."))
+    return fields
+
+
+if TYPE_CHECKING:
+    Question = QuestionBase  # an annotation: the kinds' fields are added below
+else:
+    Question = create_model(
+        "Question",
+        __base__=QuestionBase,
+        __doc__="A pending question, as `GET /v1/requests/{request_id}` shows it.",
+        **_kind_fields(),
+    )
+
+
 class QuestionPage(_Out):
     requests: list[Question]
     next: str | None = Field(default=None, description="The cursor of the next page, if any.")
 
 
 # -- answers ---------------------------------------------------------------------------------------
+# The body of an answer: each kind's answer fields (what `response.json` holds, minus the
+# `request_id`); the inbox's own model, so the document and the check are one.
+AnswerBody = inbox.AnswerIn
+
+
 def answer_examples() -> dict[str, dict[str, Any]]:
     """An answer to each input type, in the words its kind suggests (OpenAPI `examples`)."""
     out: dict[str, dict[str, Any]] = {}
@@ -141,16 +167,7 @@ def answer_examples() -> dict[str, dict[str, Any]]:
         word = kind_of(t).example(req)
         value: dict[str, Any] = {"answer": word if word is not None else "s3cret"}
         out[str(t)] = {"summary": f"a {t} question", "value": value}
-    out["approval per call"] = {
-        "summary": "an approval, call by call",
-        "value": {
-            "decisions": [
-                {"action_id": "call_1", "decision": "edit", "arguments": {"path": "x"}},
-                {"action_id": "call_2", "decision": "reject", "reason": "not now"},
-            ],
-            "comment": "the first one, edited",
-        },
-    }
+        out |= kind_of(t).body_examples()  # a kind's other shapes of answer
     return out
 
 
@@ -209,7 +226,20 @@ class HistoryEntry(_Out):
     answer: str | None = Field(default=None, description="Never shown for a sensitive question.")
     decisions: list[HistoryDecision] = Field(default_factory=list)
     status: str | None = None
-    reason: str | None = None
+    reason: str | None = Field(
+        default=None, description="Why a run that did not complete stopped (run_ended)."
+    )
+    final_message: str | None = Field(
+        default=None,
+        description="run_ended: the outcome's final message (the last message at COMPLETED, the "
+        "reason otherwise), at most 2,000 characters; the whole of it is in GET /v1/runs/{id}.",
+    )
+    final_message_truncated: bool | None = Field(
+        default=None, description="run_ended: whether final_message was cut."
+    )
+    duration_seconds: float | None = Field(
+        default=None, description="run_ended: from the run's start to this end."
+    )
 
 
 class History(_Out):

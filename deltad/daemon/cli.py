@@ -257,7 +257,8 @@ def _print_status(snap: dict[str, Any]) -> None:
     )
     for item in snap["resuming"]:
         run = show(str(item["run_id"]))
-        click.echo(f"  resuming     {item['workspace']} (run {run}, pid {item['pid']})")
+        job = f"pid {item['pid']}" if "pid" in item else f"job {show(str(item.get('job')))}"
+        click.echo(f"  resuming     {item['workspace']} (run {run}, {job})")
     for label in ("pending", "waiting", "interrupted"):
         for ws in snap[label]:
             click.echo(f"  {label:<12} {ws}")

@@ -15,6 +15,7 @@ from typing import Literal
 
 from deltad.pacing import Pacing
 from deltad.protocol import exitcodes
+from deltad.protocol.runfacts import Elsewhere, JobEnd, RunFact, job_fact, judge_elsewhere
 
 from .backoff import AnswerKey, ExpiredKey, InterruptedKey, ModelRetryKey, ResumeKey
 from .config import DaemonConfig
@@ -65,6 +66,8 @@ class Memory:
     gave_up: bool = False  # the model-outage give-up was said
     quarantines: int = 0  # looks in a row that raised
     quarantined_until: float = 0.0  # monotonic
+    job_end: JobEnd | None = None  # the last job of this workspace seen ending (runs elsewhere)
+    told_unknown: bool = False  # "its job's engine cannot be asked" was logged for this run
 
 
 FRESH = Memory()
@@ -78,6 +81,7 @@ class Exited:
     rc: int | None
     failed: bool
     timed_out: bool = False
+    job: str | None = None  # a job on an engine (a cluster) ended: how, in one line
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class Facts:
     busy: bool = False  # a resume of it is queued or running
     exited: Exited | None = None
     error: str | None = None  # one line: looking (or acting) raised this
+    jobs_known: bool = True  # False: the executor's engine could not say which jobs exist
 
 
 # -- effects -----------------------------------------------------------------------------------
@@ -119,6 +124,7 @@ class MarkInterrupted:
 
     run_id: str
     then: tuple[Effect, ...] = ()
+    elsewhere: Elsewhere | None = None  # on another host, its job ended: re-checked under lock
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,12 @@ def decide(facts: Facts, memory: Memory, now: Now, rules: Rules) -> list[Effect]
     mem = replace(memory, quarantines=0, quarantined_until=0.0)
     if facts.exited is not None:
         mem = _judge(facts.exited, v, mem, now, rules, out)
+        if (ex := facts.exited).job is not None:  # bound to the owner the run names now
+            mem = replace(mem, job_end=JobEnd(v.elsewhere, ex.rc, ex.job))
+    if v.elsewhere is not None:
+        mem = _elsewhere(v, facts, mem, now, rules, out)
+    elif mem.job_end is not None or mem.told_unknown:  # the run moved on
+        mem = replace(mem, job_end=None, told_unknown=False)
     mem = _act(v, facts.busy, mem, now, rules, out)
     if v.wake_at is not None:
         out.append(Schedule(now.mono + max(0.0, v.wake_at - now.wall)))
@@ -192,6 +204,31 @@ def _act(v: Verdict, busy: bool, mem: Memory, now: Now, rules: Rules, out: list[
         mem = _resume(v, key, "interrupted", busy, mem, now, out)
     if not outage:  # the run moved on (or a person took it): the next outage starts afresh
         mem = replace(mem, model_attempts=0, model_not_before=None, gave_up=False)
+    return mem
+
+
+def _elsewhere(
+    v: Verdict, facts: Facts, mem: Memory, now: Now, rules: Rules, out: list[Effect]
+) -> Memory:
+    """A RUNNING run on another host, judged from the executor's job for it (never from this
+    host's /proc): its job ended → INTERRUPTED, like a dead local owner; the engine cannot be
+    asked → left alone, said once per run."""
+    owner = v.elsewhere
+    assert owner is not None
+    job = job_fact(owner, in_flight=facts.busy, ended=mem.job_end, engine_answered=facts.jobs_known)
+    fact = judge_elsewhere(job)
+    if fact is RunFact.JOB_ENDED:
+        why = mem.job_end.detail if mem.job_end and mem.job_end.detail else "its job ended"
+        then: list[Effect] = []
+        if rules.auto_resume_interrupted:
+            key = InterruptedKey(owner.run_id)
+            mem = _resume(v, key, "interrupted", facts.busy, mem, now, then)
+        out.append(MarkInterrupted(owner.run_id, tuple(then), Elsewhere(owner, why)))
+    elif fact is RunFact.UNKNOWN and not mem.told_unknown:
+        detail = "its executor's engine cannot say whether its job still runs; left as it is"
+        fields = {"run_id": owner.run_id, "host": owner.host, "detail": detail}
+        out.append(Log("warning", "run_elsewhere_unknown", fields))
+        return replace(mem, told_unknown=True)
     return mem
 
 

@@ -31,6 +31,7 @@ from .decide import Rules
 from .lease import Holder, Lease, read_holder
 from .notify import monotonic_usec, sd_notify, watchdog_interval
 from .reconcile import State
+from .resumer import shown
 from .status import (
     AlreadyRunning,
     StateDirLock,
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("deltad.service")
 
 STATUS_EVERY = 1.0  # seconds between status.json / STATUS= updates, when something changed
-CHILD_POLL = 0.2  # without pidfds, how often to look for exited children
 LEASE_CHECK_EVERY = 5.0  # seconds between an active's looks at the lease's holder file
 
 
@@ -433,19 +433,16 @@ def shutdown(svc: Service) -> None:
     log.info("daemon_stopping", in_flight=len(resumer.children), not_started=len(resumer.pending))
     close_backends(svc)  # stop watching first
     deadline = svc.clock.monotonic() + svc.config.shutdown_grace_seconds
-    while resumer.children and svc.clock.monotonic() < deadline:
-        fds = resumer.fds()
-        wait = min(
-            CHILD_POLL if resumer.executor.needs_polling() else 1.0,
-            max(0.0, deadline - svc.clock.monotonic()),
-        )
-        select.select(fds, [], [], wait)
+    while resumer.children and (now := svc.clock.monotonic()) < deadline:
+        poll = resumer.next_poll(now)
+        wait = min(1.0 if poll is None else poll - now, deadline - now)
+        select.select(resumer.fds(), [], [], max(0.0, wait))
         for fin in resumer.reap():
             svc.after_resume(fin)
-    if pids := resumer.detach_all():
+    if jobs := resumer.detach_all():
         log.warning(
             "resume_detached",
-            pids=pids,
+            jobs=jobs,
             detail="still running after the shutdown budget; left running",
         )
     svc.ticks.ready = False
@@ -461,8 +458,8 @@ def watch_counts(svc: Service) -> dict[str, int]:
 def snapshot(svc: Service) -> dict[str, Any]:
     r = svc.registry
     resuming = [
-        {"workspace": show_path(c.workspace), "run_id": c.run_id, "pid": c.pid}
-        for c in svc.resumer.children.values()
+        {"workspace": show_path(r.workspace), "run_id": r.run_id, **shown(r.handle)}
+        for r in svc.resumer.children.values()
     ]
     pending = [show_path(ws) for ws, _, _ in svc.resumer.pending]
     return {

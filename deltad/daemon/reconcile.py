@@ -29,7 +29,16 @@ from deltad.protocol import (
 from deltad.protocol.deadline import judge_expiry
 from deltad.protocol.errors import CorruptFile
 from deltad.protocol.journal import asked_request
-from deltad.protocol.runfacts import RunFact, judge, mark_owner_dead
+from deltad.protocol.runfacts import (
+    Elsewhere,
+    RemoteOwner,
+    RunFact,
+    judge,
+    mark_job_ended,
+    mark_owner_dead,
+    remote_owner,
+    still_elsewhere,
+)
 
 from . import tenancy
 from .answer import Writers, open_writers
@@ -87,6 +96,7 @@ class Verdict:
     problem: str | None = None
     answer_sig: AnswerSig | None = None
     owner_pid: int | None = None
+    elsewhere: RemoteOwner | None = None  # RUNNING on another host (judged from its job)
     request_id: str | None = None
     input_type: str | None = None  # of the pending question (the inbox's filters)
     created: float | None = None  # the pending question's timestamp (the inbox's order)
@@ -213,6 +223,7 @@ def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock:
         if judge(meta) is RunFact.OWNER_DEAD:
             return Verdict(Action.MARK_INTERRUPTED, State.RUNNING, meta.run_id, s, owner_pid=pid)
         v = Verdict(Action.NONE, State.RUNNING, meta.run_id, s, owner_pid=pid)
+        v.elsewhere = remote_owner(meta)
         v.wake_at = _pausing_soon(ws, meta, clock)
         return v
     if s is RunStatus.INTERRUPTED:
@@ -352,8 +363,11 @@ def _complete_answer(
     return Verdict(Action.RESUME, State.ANSWERED, run_id, status, answer_sig=sig)
 
 
-def mark_interrupted(ws_path: Path, run_id: str) -> RunMetadata | None:
-    """RUNNING → INTERRUPTED if its owner is dead, decided again under the workspace lock.
+def mark_interrupted(
+    ws_path: Path, run_id: str, elsewhere: Elsewhere | None = None
+) -> RunMetadata | None:
+    """RUNNING → INTERRUPTED if its owner is dead, decided again under the workspace lock
+    (`elsewhere`: the run is on another host and its job ended; the owner must be unchanged).
 
     Returns the new metadata, or None if nothing was changed (someone holds the lock, i.e.
     a live `delta` is driving the workspace; or the run moved on meanwhile).
@@ -369,6 +383,10 @@ def mark_interrupted(ws_path: Path, run_id: str) -> RunMetadata | None:
     try:
         path = ws.run(run_id).metadata
         meta = load_metadata(path)
+        if elsewhere is not None:
+            if not still_elsewhere(meta, elsewhere):
+                return None
+            return mark_job_ended(path, meta, ws_path, elsewhere.why)
         if judge(meta) is not RunFact.OWNER_DEAD:
             return None
         return mark_owner_dead(path, meta, ws_path)

@@ -1,29 +1,34 @@
 """Resuming `delta run --work-dir WS`: queued, bounded, timed, reaped, with backoff.
 
 Single-threaded by design: the main loop calls `start_ready`, selects on `fds()` (readable when
-a child may have exited: pidfds, the fork server's socket), and calls `reap` and
-`enforce_timeouts`. The executor (`executors/`) starts each child in its own session, so a
-daemon restart or a Ctrl-C on its terminal does not take it down, with no fd of the daemon's
-(it never holds the daemon's lock).
+a job may have changed: pidfds, the fork server's socket), calls `reap` every turn and
+`enforce_timeouts`. The resumer speaks only the job-handle seam (`executors/seam.py`): it
+submits a `JobSpec` under a `RequestKey` it chose, keeps the `Handle`, and learns from `poll`
+when the job started running (its timeout counts from then) and how it ended. Pids, pidfds and
+`resumes.json` are the local executors' own business (`executors/local.py`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
+import math
 import os
 import shutil
 import sys
 from collections import Counter, deque
-from collections.abc import ValuesView
+from collections.abc import Iterable, ValuesView
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from deltad.protocol import exitcodes
 
+from .clock import SYSTEM, Clock
 from .config import DaemonConfig
-from .executors import Child, Executor, Finished, Job, exit_meaning, make_executor, orphans, resolve
+from .executors import Exit, Handle, JobExecutor, Started, exit_meaning, make_executor, resolve
+from .executors.seam import Identity, JobSpec, RequestKey, SubmitError, due, reload
 from .slots import Slots, held_by_owner_cap, pick_next
 from .tenancy import Launch
 
@@ -37,7 +42,94 @@ Queued = tuple[Path, str | None, Launch]
 BUSY = exitcodes.BUSY
 WAITING = exitcodes.WAITING
 
-__all__ = ["BUSY", "WAITING", "Child", "Finished", "Resumer", "build_argv", "exit_meaning"]
+__all__ = ["BUSY", "WAITING", "Finished", "InFlight", "Resumer", "build_argv", "exit_meaning"]
+
+
+@dataclass
+class InFlight:
+    """A resume submitted (or adopted) and not yet ended, as the daemon sees it: a handle."""
+
+    handle: Handle
+    spawned_at: float  # wall clock: submitted (adopted: when it started), to compare with files
+    started: float | None = None  # monotonic: the job began running (Started)
+    deadline: float = math.inf  # monotonic: the resume timeout; none while queued
+    term_sent: float | None = None
+    timed_out: bool = False
+    adopted: bool = False  # left by an earlier daemon: its exit code may be unknown
+
+    @property
+    def workspace(self) -> Path:
+        return self.handle.key.workspace
+
+    @property
+    def run_id(self) -> str | None:
+        return self.handle.key.run_id or None
+
+
+@dataclass(frozen=True)
+class Finished:
+    resume: InFlight
+    rc: int | None  # None: the exit code is not known (an adopted job, a purged record)
+    duration_ms: int
+    detail: str = ""  # the engine's words
+
+    @property
+    def meaning(self) -> str:
+        """completed, failed, busy, waiting, killed_by_SIGTERM, ... or unknown."""
+        return exit_meaning(self.rc)
+
+    @property
+    def failed(self) -> bool:
+        return failed(self.rc, self.resume.timed_out)
+
+
+def failed(rc: int | None, timed_out: bool) -> bool:
+    """A timeout, or an exit code that is no outcome of a run; 75 (busy) is not a failure, and
+    an unknown code leaves it to what the run left on disk."""
+    if timed_out:
+        return True
+    if rc is None:
+        return False
+    return rc not in exitcodes.RUN_OUTCOMES and rc != exitcodes.BUSY
+
+
+def started_at(now_mono: float, now_wall: float, at_wall: float) -> float:
+    """The monotonic time of a wall-clock start reported at `at_wall` (never in the future)."""
+    return now_mono - max(0.0, now_wall - at_wall)
+
+
+def spec_of(
+    ws: Path,
+    run_id: str | None,
+    argv: list[str],
+    launch: Launch,
+    timeout: float,
+    attempt: int,
+    request: str = "resume",
+) -> JobSpec:
+    who = launch.identity
+    identity = Identity(
+        uid=who.runs_as.uid if who.user is None else who.user,
+        gid=who.runs_as.gid if who.group is None else who.group,
+        groups=tuple(who.extra_groups or ()),
+        user=who.runs_as.name,
+    )
+    key = RequestKey(ws, run_id or "", request, attempt)
+    # No `log`: a local executor keeps its resume logs in the daemon's state dir; a job on
+    # another host (the owner, on a compute node) cannot write there, the engine keeps its output.
+    return JobSpec(key, list(argv), identity, dict(launch.env), timeout, None)
+
+
+def shown(handle: Handle) -> dict[str, Any]:
+    """What a log line says of a job: its executor's id for it, and what the executor adds."""
+    return {"job": handle.ref, **dict(handle.shown)}
+
+
+def newest_first(handles: Iterable[Handle]) -> list[Handle]:
+    """Of the jobs an engine lists, the newest first (attempts count up across restarts): an
+    ended job a daemon failed to delete must not stand for its workspace in place of the
+    resume that runs now."""
+    return sorted(handles, key=lambda h: h.key.attempt, reverse=True)
 
 
 def resolve_program(name: str) -> str:
@@ -62,16 +154,24 @@ def build_argv(template: list[str], workspace: Path, run_id: str | None) -> list
 class Resumer:
     """The resume queue (a workspace at most once, served fairly by owner: `slots.py`), the
     parallelism caps, timeouts and logging; how a resume is started is its executor's business
-    (`executors/`)."""
+    (`executors/`), reached only through the job-handle seam."""
 
-    def __init__(self, config: DaemonConfig) -> None:
-        self._executor: Executor | None = None
+    def __init__(self, config: DaemonConfig, clock: Clock = SYSTEM) -> None:
+        self.clock = clock
+        self._executor: JobExecutor | None = None
         self.configure(config)
         self._queued: dict[Path, Queued] = {}  # in arrival order
         self._waiting: dict[int, deque[tuple[int, Path]]] = {}  # owner -> (arrival, ws)
         self._arrivals = itertools.count()
         self._told: dict[int, int] = {}  # owner -> how many of its first waiting were logged
         self._owner_of: dict[Path, int] = {}  # a running resume's owner
+        self._requests: dict[Path, str] = {}  # a queued resume's request (its key's part)
+        self._in_flight: dict[Path, InFlight] = {}
+        # Each resume is a new key (attempt, 32 bits): a job that ended is never found again.
+        # Seconds since the epoch to start with, so a restarted daemon does not reuse them.
+        self._attempts = itertools.count(int(clock.time()) % (1 << 32))
+        self.jobs_known = True  # False while the executor's adopt() could not ask its engine
+        self._adopt_again = 0.0  # monotonic: when to try adopt() again
 
     def configure(self, config: DaemonConfig) -> None:
         self._template = config.resume_command
@@ -86,13 +186,11 @@ class Resumer:
             )
         self._timeout = config.resume_timeout_seconds
         self._state_dir = config.state_dir
-        self._logs = config.state_dir / "resume-logs"
         kind = resolve(config.executor, build_argv(self._template, Path("/"), None))
         if self._executor is None:
             self._kind = kind
             self._options = config.executors.get(kind, {})
             return
-        self._executor.max_parallel = self._max
         if kind != self._kind:
             log.warning(
                 "executor_change_ignored",
@@ -101,37 +199,62 @@ class Resumer:
                 detail="changing the executor needs a restart",
             )
         else:
-            self._executor.reload()
+            reload(self._executor)
 
     @property
-    def executor(self) -> Executor:
+    def executor(self) -> JobExecutor:
         """Made at first use, after the daemon holds its state-dir lock: a second daemon that
         is refused never starts a fork server or adopts anything."""
         if self._executor is None:
-            self._executor = make_executor(self._kind, self._options, self._max)
+            self._executor = make_executor(self._kind, self._options, self._state_dir)
             log.info("executor_ready", executor=self._executor.name)
             self._adopt()
         return self._executor
 
     @property
-    def children(self) -> dict[Path, Child]:
-        # The first look (the startup reconcile) adopts what an earlier daemon left running.
-        return self.executor.children
+    def children(self) -> dict[Path, InFlight]:
+        """The resumes in flight, by workspace. The first look (the startup reconcile) adopts
+        what an earlier daemon left running."""
+        self.executor  # noqa: B018 - made (and adopting) on first use
+        return self._in_flight
 
-    def _adopt(self) -> None:
+    def _adopt(self, late: bool = False) -> None:
+        """Take over the jobs the engine still lists for this daemon. An engine that cannot be
+        asked is no crash: `jobs_known` is False (runs on other hosts are then left as they
+        are: decide.py), said once, and adoption is tried again every `poll_every`."""
         assert self._executor is not None
-        for child in self._executor.adopt(orphans.load(self._state_dir)):
+        try:
+            handles = self._executor.adopt()
+        except Exception as e:  # the engine away (SubmitError), or a third-party bug
+            self._adopt_failed(str(e) if isinstance(e, SubmitError) else f"{type(e).__name__}: {e}")
+            return
+        self.jobs_known = True
+        detail = (
+            "found once the engine answered; watched to its exit"
+            if late
+            else "left running by an earlier deltad; watched to its exit"
+        )
+        for handle in newest_first(handles):
+            ws = handle.key.workspace
+            if ws in self._in_flight:
+                continue
+            self._in_flight[ws] = InFlight(handle, self.clock.time(), adopted=True)
             log.info(
                 "resume_adopted",
-                workspace=str(child.workspace),
-                run_id=child.run_id,
-                pid=child.pid or None,
-                detail="left running by an earlier deltad; watched to its exit",
+                workspace=str(ws),
+                run_id=handle.key.run_id or None,
+                **shown(handle),
+                detail=detail,
             )
-        self._save()
 
-    def _save(self) -> None:
-        orphans.save(self._state_dir, self.children.values())
+    def _adopt_failed(self, error: str) -> None:
+        if self.jobs_known:
+            detail = "runs on other hosts are left as they are until it answers"
+            log.warning("resume_adopt_failed", error=error, detail=detail)
+        self.jobs_known = False
+        assert self._executor is not None
+        every = self._executor.poll_every
+        self._adopt_again = self.clock.monotonic() + (every if every is not None else 5.0)
 
     # -- queue ------------------------------------------------------------------------------
     @property
@@ -142,11 +265,15 @@ class Resumer:
     def busy_with(self, ws: Path) -> bool:
         return ws in self._queued or ws in self.children
 
-    def submit(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
-        """Queue a resume of `ws`; `owner` (the workspace owner's uid) is whose slot it takes."""
+    def submit(
+        self, ws: Path, run_id: str | None, launch: Launch, owner: int, request: str = "resume"
+    ) -> bool:
+        """Queue a resume of `ws`; `owner` (the workspace owner's uid) is whose slot it takes;
+        `request` (the request id answered, or why: "interrupted") goes into the job's key."""
         if self.busy_with(ws):
             return False
         self._queued[ws] = (ws, run_id, launch)
+        self._requests[ws] = request
         self._waiting.setdefault(owner, deque()).append((next(self._arrivals), ws))
         return True
 
@@ -155,17 +282,17 @@ class Resumer:
             return False
         return pick_next(self._heads(), self._running(), self._slots) is not None
 
+    def slots(self) -> int:
+        return max(0, self._max - len(self.children))
+
     def start_ready(self) -> None:
-        started = False
-        while self._waiting and self.executor.slots() > 0:
+        while self._waiting and self.slots() > 0:
             owner = pick_next(self._heads(), self._running(), self._slots)
             if owner is None:
                 break
             ws, run_id, launch = self._queued.pop(self._dequeue(owner))
-            started |= self._spawn(ws, run_id, launch, owner)
+            self._spawn(ws, run_id, launch, owner, self._requests.pop(ws, "resume"))
         self._tell_waits()
-        if started:
-            self._save()
 
     def _heads(self) -> dict[int, int]:
         """Each owner with a resume waiting -> the arrival number of its oldest."""
@@ -208,95 +335,135 @@ class Resumer:
                 )
             self._told[owner] = len(queue)
 
-    # -- children ---------------------------------------------------------------------------
-    def _spawn(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
-        job = Job(
-            ws, run_id, build_argv(self._template, ws, run_id), launch, self._timeout, self._log(ws)
-        )
+    # -- jobs -------------------------------------------------------------------------------
+    def _spawn(
+        self, ws: Path, run_id: str | None, launch: Launch, owner: int, request: str
+    ) -> bool:
         if ws in self.children:
-            return False  # already running (adopted): submit is idempotent, say nothing
-        child = self.executor.submit(job)
-        if child is None:
-            return False
+            return False  # already running (adopted): say nothing
+        argv = build_argv(self._template, ws, run_id)
+        attempt = next(self._attempts)
+        spec = spec_of(ws, run_id, argv, launch, self._timeout, attempt, request)
+        try:
+            handle = self.executor.submit(spec)
+        except SubmitError as e:
+            return self._spawn_failed(spec, str(e))
+        except Exception as e:  # a third-party executor's bug must not stop the daemon
+            return self._spawn_failed(spec, f"{type(e).__name__}: {e}")
+        self._in_flight[ws] = InFlight(handle, self.clock.time())
         self._owner_of[ws] = owner
         who = launch.identity
         log.info(
             "resume_spawned",
             workspace=str(ws),
             run_id=run_id,
-            pid=child.pid or None,
+            **shown(handle),
             uid=who.runs_as.uid,
             user=who.runs_as.name,
-            executor=self.executor.started_by(child),
+            executor=handle.executor,
         )
         return True
 
-    def _log(self, ws: Path) -> Path:
-        """The child's stdout/stderr: one append-only file per workspace in the state dir."""
-        return self._logs / (hashlib.sha256(os.fsencode(ws)).hexdigest()[:16] + ".log")
+    def _spawn_failed(self, spec: JobSpec, error: str) -> bool:
+        log.error(
+            "resume_spawn_failed",
+            workspace=str(spec.key.workspace),
+            run_id=spec.key.run_id or None,
+            program=spec.argv[0],
+            error=error,
+        )
+        return False
 
     def fds(self) -> list[int]:
         return self.executor.fds()
 
     def reap(self) -> list[Finished]:
+        """Poll the executor (every loop turn): a Started sets the timeout, an Exit is a
+        finished resume."""
         if self._executor is None:
             return []
-        done = self._executor.reap()
-        for fin in done:
-            child, rc = fin.child, fin.rc
-            self._owner_of.pop(child.workspace, None)
-            log.info(
-                "resume_exited",
-                workspace=str(child.workspace),
-                run_id=child.run_id,
-                pid=child.pid or None,
-                exit_code=rc,
-                outcome=fin.meaning,
-                timed_out=child.timed_out,
-                duration_ms=fin.duration_ms,
-            )
-        if done:
-            self._save()
+        if not self.jobs_known and self.clock.monotonic() >= self._adopt_again:
+            self._adopt(late=True)
+        done: list[Finished] = []
+        for event in self._executor.poll(self.clock.time()):
+            resume = self._in_flight.get(event.handle.key.workspace)
+            if resume is None or resume.handle != event.handle:
+                continue  # not ours (any more)
+            if isinstance(event, Started):
+                self._started(resume, event.at)
+            elif isinstance(event, Exit):
+                done.append(self._ended(resume, event))
         return done
+
+    def _started(self, resume: InFlight, at: float) -> None:
+        resume.started = started_at(self.clock.monotonic(), self.clock.time(), at)
+        resume.deadline = resume.started + self._timeout
+        if resume.adopted:
+            resume.spawned_at = at
+
+    def _ended(self, resume: InFlight, event: Exit) -> Finished:
+        del self._in_flight[resume.workspace]
+        self._owner_of.pop(resume.workspace, None)
+        resume.timed_out = resume.timed_out or event.timed_out
+        began = resume.started
+        ms = int((self.clock.monotonic() - began) * 1000) if began is not None else 0
+        fin = Finished(resume, event.rc, max(0, ms), event.detail)
+        log.info(
+            "resume_exited",
+            workspace=str(resume.workspace),
+            run_id=resume.run_id,
+            **shown(resume.handle),
+            exit_code=fin.rc,
+            outcome=fin.meaning,
+            timed_out=resume.timed_out,
+            duration_ms=fin.duration_ms,
+            **({"detail": event.detail} if event.detail else {}),
+        )
+        return fin
 
     def enforce_timeouts(self, now: float) -> None:
         if self._executor is None:
             return
-        for child in self.children.values():
-            if child.term_sent is None and now >= child.deadline:
-                child.timed_out = True
+        for resume in self._in_flight.values():
+            if resume.term_sent is None and now >= resume.deadline:
+                resume.timed_out = True
+                resume.term_sent = now
                 log.warning(
                     "resume_timeout",
-                    workspace=str(child.workspace),
-                    run_id=child.run_id,
-                    pid=child.pid or None,
+                    workspace=str(resume.workspace),
+                    run_id=resume.run_id,
+                    **shown(resume.handle),
                     timeout_s=self._timeout,
                 )
-                self._executor.cancel(child, KILL_GRACE_SECONDS)
-        self._executor.tick(now)
+                self._executor.cancel(resume.handle, KILL_GRACE_SECONDS)
 
     def next_poll(self, now: float) -> float | None:
-        """When `reap` must look again although no fd is readable (engines without fds)."""
+        """When `reap` must look again although no fd is readable: every `poll_every` while a
+        job is in flight (engines without fds), or when the executor says something is due."""
         ex = self._executor
-        if ex is None or ex.poll_every is None or not ex.needs_polling():
+        if ex is None:
             return None
-        return now + ex.poll_every
-
-    def next_deadline(self) -> float | None:
-        if self._executor is None:
-            return None
-        times = [c.deadline for c in self.children.values() if c.term_sent is None]
-        if (due := self._executor.next_due()) is not None:
-            times.append(due)
+        times = []
+        if ex.poll_every is not None and self._in_flight:
+            times.append(now + ex.poll_every)
+        if not self.jobs_known:  # adopt() to be tried again
+            times.append(max(now, self._adopt_again))
+        wall = self.clock.time()
+        if (when := due(ex, wall)) is not None:
+            times.append(now + max(0.0, when - wall))
         return min(times, default=None)
 
-    def detach_all(self) -> list[int]:
-        """On shutdown after the grace budget: leave the children running (their own session
-        keeps them alive) and forget them; the next daemon adopts them (`resumes.json`)."""
+    def next_deadline(self) -> float | None:
+        times = [r.deadline for r in self._in_flight.values() if r.term_sent is None]
+        return min((t for t in times if t != math.inf), default=None)
+
+    def detach_all(self) -> list[dict[str, Any]]:
+        """On shutdown after the grace budget: leave the jobs running (a local process's own
+        session keeps it alive) and let go of the executor; the next daemon adopts them."""
         if self._executor is None:
             return []
-        self._save()
+        left = [{"workspace": str(ws), **shown(r.handle)} for ws, r in self._in_flight.items()]
+        self._in_flight.clear()
         self._owner_of.clear()
-        pids = self._executor.detach_all()
         self._executor.close()
-        return pids
+        return left

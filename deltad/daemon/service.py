@@ -16,6 +16,8 @@ from typing import Any, assert_never
 
 import structlog
 
+from deltad.protocol.runfacts import Elsewhere
+
 from . import decide as core
 from . import lifecycle
 from .answer import log_refusals
@@ -56,7 +58,7 @@ class Service:
         self.registry = Registry(on_change=self.feed.changed)
         self.http: Any = None  # deltad.api.server.HttpServer, imported only when configured
         self.notifier: Any = None
-        self.resumer = resumer if resumer is not None else Resumer(config)
+        self.resumer = resumer if resumer is not None else Resumer(config, clock)
         self.launcher = config.launcher()
         self.rules = core.Rules.of(config)
         self.memory: dict[Path, core.Memory] = {}  # what decide() remembers, per workspace
@@ -201,12 +203,15 @@ class Service:
         self._look(ws, why, None, quiet)
 
     def after_resume(self, fin: Finished) -> None:
-        """The child exited: look at once (a dead owner is marked now, not at the next sweep),
+        """The resume ended: look at once (a dead owner is marked now, not at the next sweep),
         and let `decide` judge whether that attempt failed."""
-        c = fin.child
+        r = fin.resume
         self.dirty = True
-        log_refusals(c.workspace, c.run_id, c.spawned_at)
-        self._look(c.workspace, Why.CHECK, core.Exited(c.run_id, fin.rc, fin.failed, c.timed_out))
+        log_refusals(r.workspace, r.run_id, r.spawned_at)
+        # Its end judges a run on another host the job ran (decide.py, runfacts.py).
+        job = f"job {r.handle.key.name} ({r.handle.ref}) ended: {fin.meaning}"
+        exited = core.Exited(r.run_id, fin.rc, fin.failed, r.timed_out, job=job)
+        self._look(r.workspace, Why.CHECK, exited)
 
     def _look(self, ws: Path, why: Why, exited: core.Exited | None, quiet: bool = False) -> None:
         """Whatever is in a workspace, an exception here is that workspace's problem."""
@@ -214,7 +219,8 @@ class Service:
         memory = self.memory.get(ws, core.FRESH)
         try:
             seen = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
-            facts = core.Facts(seen, busy=self.resumer.busy_with(ws), exited=exited)
+            busy = self.resumer.busy_with(ws)  # first: the first look adopts
+            facts = core.Facts(seen, busy=busy, exited=exited, jobs_known=self.resumer.jobs_known)
             self._carry_out(ws, core.decide(facts, memory, self._now(), self.rules), quiet)
         except Exception as e:
             first = str(e).splitlines()[0][:300] if str(e) else ""
@@ -233,8 +239,8 @@ class Service:
                     self.dirty |= self.registry.observe(ws, seen, quiet=quiet)
                 case core.Resume():
                     self._resume(ws, effect)
-                case core.MarkInterrupted(run_id, then):
-                    if self._interrupt(ws, run_id):
+                case core.MarkInterrupted(run_id, then, elsewhere):
+                    if self._interrupt(ws, run_id, elsewhere):
                         self._carry_out(ws, then)
                 case core.Schedule(at) | core.Quarantine(at):
                     self.wake_at(ws, at)
@@ -246,9 +252,9 @@ class Service:
                 case _:
                     assert_never(effect)
 
-    def _interrupt(self, ws: Path, run_id: str) -> bool:
+    def _interrupt(self, ws: Path, run_id: str, elsewhere: Elsewhere | None = None) -> bool:
         try:
-            meta = mark_interrupted(ws, run_id)
+            meta = mark_interrupted(ws, run_id, elsewhere)
         except Exception as e:  # a damaged file here must not stop the daemon
             log.warning("mark_interrupted_failed", workspace=str(ws), run_id=run_id, error=str(e))
             return False
@@ -265,7 +271,7 @@ class Service:
             problem = replace(r.seen, state=State.PROBLEM, problem=str(e))
             self.dirty |= self.registry.observe(ws, problem)
             return
-        self.resumer.submit(ws, r.run_id, launch, r.owner.uid)
+        self.resumer.submit(ws, r.run_id, launch, r.owner.uid, r.seen.request_id or r.reason)
         log.info("resume_queued", workspace=str(ws), run_id=r.run_id, reason=r.reason)
         self.dirty = True
 

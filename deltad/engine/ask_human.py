@@ -9,7 +9,14 @@ from typing import Any
 
 from deltad.protocol import ActionStatus, InputType, InteractionRequest, atomic_write_text, utcnow
 from deltad.protocol.history import Call
-from deltad.protocol.kinds import NOT_CONSENT, kind_of, model_description, model_kinds
+from deltad.protocol.kinds import (
+    NOT_CONSENT,
+    asked_type,
+    kind_of,
+    model_arguments,
+    model_description,
+    model_kinds,
+)
 from deltad.protocol.models import respondent_problem
 from deltad.protocol.replies import AnswerRejected, Reply
 
@@ -52,8 +59,7 @@ def _schema() -> dict[str, Any]:
             "(default: anyone allowed to see the question).",
         },
     }
-    for t in model_kinds():
-        properties |= kind_of(t).schema()
+    properties |= model_arguments()
     return {
         "type": "function",
         "function": {
@@ -83,7 +89,7 @@ def question_from_args(raw: str, run_id: str, action_id: str) -> InteractionRequ
     if not args["prompt"].strip():
         return "Error: ask_human needs a non-empty string 'prompt'"
     allowed = [t.value for t in model_kinds()]
-    name = args.get("input_type") or ("choice" if args.get("options") else "text")
+    name = args.get("input_type") or asked_type(args)
     if name not in allowed:
         return f"Error: input_type must be one of {', '.join(allowed)}"
     kind = kind_of(InputType(name))

@@ -86,15 +86,27 @@ def last_message(events: Sequence[JournalEvent]) -> str | None:
     return None
 
 
+def _lane(e: JournalEvent) -> tuple[object, object]:
+    """The pipeline lane of a node event: its child pipeline and parallel branch, if any."""
+    return e.payload.get("child"), e.payload.get("branch")
+
+
+def _in_view(outcome: tuple[object, object], gate: tuple[object, object]) -> bool:
+    """Whether a gate in lane `gate` reviews an outcome of lane `outcome`: in a branch (or a
+    child pipeline), its own lane's or the enclosing one's, never a sibling branch's."""
+    return all(g is None or o is None or o == g for o, g in zip(outcome, gate, strict=True))
+
+
 def reviewed(events: Sequence[JournalEvent]) -> tuple[str, str] | None:
-    """At a pipeline gate: (node, output) of the last node before it that left an output."""
-    at_gate = False
+    """At a pipeline gate: (node, output) of the last node before it, in its own lane, that
+    left an output (a gate in a parallel branch reviews its branch, not another's)."""
+    gate: tuple[object, object] | None = None
     for e in reversed(events):
-        if e.type == EventType.NODE_START and not at_gate:
+        if e.type == EventType.NODE_START and gate is None:
             if typed(e, NodeStart).kind != GATE_KIND:
                 return None  # the question is asked inside a working node, not at a gate
-            at_gate = True
-        elif e.type == EventType.NODE_OUTCOME and at_gate:
+            gate = _lane(e)
+        elif e.type == EventType.NODE_OUTCOME and gate is not None and _in_view(_lane(e), gate):
             outcome = typed(e, NodeOutcome)
             for key in OUTPUT_KEYS:
                 if isinstance(found := outcome.context_updates.get(key), str) and found:

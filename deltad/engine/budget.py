@@ -28,7 +28,7 @@ from typing import Any
 
 from deltad.agent import LLMSettings
 from deltad.protocol import EventType, JournalEvent
-from deltad.protocol.events import ActionResult, NodeMessage, Thought, typed
+from deltad.protocol.events import ActionResult, NodeMessage, SystemMessage, Thought, typed
 
 CHARS_PER_TOKEN = 4
 PER_MESSAGE = 4  # role and framing
@@ -106,8 +106,7 @@ class Cut:
         }
 
     @classmethod
-    def of(cls, payload: dict[str, Any]) -> Cut:
-        c = payload["context_cut"]
+    def of(cls, c: dict[str, Any]) -> Cut:
         return cls(int(c["through_seq"]), int(c["turns"]), dict(c["tools"]), str(c["note"]))
 
 
@@ -118,8 +117,8 @@ def last_cut(events: Sequence[JournalEvent], after: int = 0) -> Cut | None:
         len(events) - 1, bisect.bisect_right(events, after, key=lambda e: e.seq) - 1, -1
     ):
         e = events[i]
-        if e.type == EventType.SYSTEM_MESSAGE and isinstance(e.payload.get("context_cut"), dict):
-            return Cut.of(e.payload)
+        if e.type == EventType.SYSTEM_MESSAGE and (c := typed(e, SystemMessage).context_cut):
+            return Cut.of(c)
     return None
 
 

@@ -24,6 +24,7 @@ from deltad.protocol import (
     save_metadata,
     utcnow,
 )
+from deltad.protocol.events import RunEnd, Thought, typed
 from deltad.protocol.history import Call
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.replies import Reply
@@ -92,15 +93,15 @@ class Engine:
             ctx.guard.checkpoint()
             if (end := history.ended()) is not None:
                 # Crashed after RUN_END but before the status write: finish that write.
-                p = end.payload
-                return self.finish(RunStatus(p["status"]), p.get("reason", ""), journal=False)
+                p = typed(end, RunEnd)
+                return self.finish(p.status, p.reason, journal=False)
             if pending := history.pending_calls():
                 if (stop := self._turn(pending)) is not None:
                     return stop
                 continue
             last = history.last_thought
-            if last is not None and not last.payload.get("tool_calls"):
-                return self.completed(last.payload.get("content") or "")
+            if last is not None and not (thought := typed(last, Thought)).tool_calls:
+                return self.completed(thought.content or "")
             if (why := over_iterations(history.thoughts, self.max_iterations)) is not None:
                 return self.finish(RunStatus.FAILED, why)
             think(ctx)

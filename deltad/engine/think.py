@@ -16,6 +16,7 @@ from typing import Any
 
 from deltad.errors import LLMError
 from deltad.protocol import EventType, iso, safefs, save_metadata, utcnow
+from deltad.protocol.events import NodeStart, typed
 from deltad.protocol.fsio import compact_json, write_record
 from deltad.protocol.models import JournalEvent
 
@@ -49,8 +50,9 @@ def messages(ctx: RunContext, tools: list[dict[str, Any]]) -> list[dict[str, Any
     task, since, thread = ctx.meta.task, 0, []
     for e in reversed(events):
         if e.type == EventType.NODE_START:
-            task, since = e.payload.get("prompt") or task, e.seq
-            thread = thread_messages(events, e.payload.get("thread_history") or [])
+            start = typed(e, NodeStart)
+            task, since = start.prompt or task, e.seq
+            thread = thread_messages(events, start.thread_history or [])
             break
     head: list[dict[str, Any]] = [
         {"role": "system", "content": ctx.agent.system_prompt},
@@ -86,7 +88,7 @@ def thread_messages(
         hi = bisect.bisect_right(events, end, key=lambda e: e.seq)
         if lo >= hi:
             continue
-        out.append({"role": "user", "content": events[lo].payload.get("prompt") or ""})
+        out.append({"role": "user", "content": typed(events[lo], NodeStart).prompt})
         out += [m for t in budget.turns_after(events[lo:hi], start) for m in t.messages]
     return out
 

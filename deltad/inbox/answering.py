@@ -13,13 +13,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from deltad.agent import Agent, check_edits, load_agent
 from deltad.errors import UsageError
-from deltad.protocol import InteractionRequest, Mailbox, Workspace
+from deltad.protocol import InteractionRequest, Mailbox, Workspace, kinds
 from deltad.protocol.journal import replied
 from deltad.protocol.mailbox import MAX_MAILBOX_BYTES, structured_bytes
 from deltad.protocol.questions import interpret_json, interpret_text
@@ -66,16 +66,16 @@ class Misfit(SubmitError):
     code, http = "misfit", 422
 
 
-class AnswerIn(BaseModel):
-    """What `response.json` holds, minus `request_id` (the question it answers is named apart)."""
+class _AnswerBase(BaseModel):
+    """What `response.json` holds, minus `request_id` (the question it answers is named apart):
+    the fields below plus each kind's own (`kinds.answer_fields`), so a kind answered with a
+    field of its own is read here, in the API document and by `delta respond` alike."""
 
     model_config = ConfigDict(extra="forbid")
-    answer: str | None = None
-    decisions: list[CallDecision] | None = None
-    comment: str | None = None
+    comment: str | None = Field(default=None, description="A note kept with the answer.")
 
     @classmethod
-    def parse(cls, obj: object) -> AnswerIn:
+    def parse(cls, obj: object) -> Self:
         """From a JSON-like document; Misfit (one line) when it is not an answer."""
         try:
             return cls.model_validate(obj)
@@ -83,6 +83,22 @@ class AnswerIn(BaseModel):
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(top level)"
             raise Misfit(f"{where}: {first['msg']}") from None
+
+
+if TYPE_CHECKING:
+
+    class AnswerIn(_AnswerBase):  # what mypy sees: the built-in kinds' fields
+        answer: str | None = None
+        decisions: list[CallDecision] | None = None
+
+else:
+    AnswerIn = create_model(
+        "AnswerIn",
+        __base__=_AnswerBase,
+        __doc__="An answer: `answer` (text, a key, yes/no, ...) or `decisions` (one per "
+        "gated call).",
+        **kinds.answer_fields(),
+    )
 
 
 @dataclass(frozen=True)

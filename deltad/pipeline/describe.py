@@ -24,6 +24,9 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+_SHOWN = ("max_parallel", "manager.max_cycles", "manager.stop_condition")
+
+
 def _details(n: Node) -> str:
     parts = []
     if n.timeout is not None:
@@ -36,6 +39,7 @@ def _details(n: Node) -> str:
         parts.append(f"tool_command={quoted(n.tool_command)}")
     if n.goal_gate:
         parts.append("goal_gate")
+    parts += [f"{k}={quoted(n.attrs[k])}" for k in _SHOWN if k in n.attrs]
     return "  ".join(parts)
 
 
@@ -65,6 +69,8 @@ def describe(graph: Graph, source: str) -> str:
     lines = [f"Pipeline {graph.name or '(unnamed)'} ({source})"]
     if graph.goal:
         lines.append(f"Goal: {quoted(graph.goal)}")
+    if graph.child_dotfile is not None and graph.of_kind(Kind.MANAGER):
+        lines.append(f"Child pipeline: {plain(str(graph.attrs['stack.child_dotfile']))}")
     lines += ["", f"Nodes ({len(graph.nodes)}):"]
     lines += _table(
         [[n.id, n.shape, _kind(n), quoted(n.label), _details(n)] for n in graph.nodes.values()]

@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from deltad.engine import Engine, RunContext
@@ -28,14 +29,18 @@ from deltad.engine.interviewers import Interviewer
 from deltad.engine.limits import over_steps
 from deltad.pacing import Pacing, equal_jitter
 from deltad.protocol import EventType, RunStatus, save_metadata
+from deltad.protocol.events import RunEnd, typed
+from deltad.protocol.fsio import atomic_write
 
-from . import parallel
+from . import manager, parallel
 from .fidelity import DEFAULT, compose
 from .gates import one_line
 from .llmnode import start_payload
+from .load import load_child_text, read_dot
 from .model import Graph, Kind, Node
 from .nodes import AgentLoader, NodeRun, codergen, run_node
 from .outcome import Outcome, Status
+from .problems import GraphError
 from .routing import Step, select_edge
 from .state import Branch, Decided, Lane, State, Visit, outcome_payload, replay
 
@@ -84,6 +89,9 @@ class PipelineEngine(Engine):
         assert start is not None  # validation refuses a graph without one start
         self.start = start.id
         self.max_steps = ctx.meta.max_steps or graph.max_steps  # delta run --max-steps first
+        self.goal = ctx.meta.task  # what `$goal` means in this graph's prompts
+        self.tag: dict[str, str] = {}  # marks the journal lines of a child pipeline
+        self._children: dict[str, ChildEngine] = {}
         self._state = State()
         self._seen = -1  # events folded into _state: the journal is read once, not per step
         self.sleep: Callable[[float], None] = time.sleep
@@ -114,8 +122,8 @@ class PipelineEngine(Engine):
         while True:
             ctx.guard.checkpoint()
             if (end := ctx.history.ended()) is not None:
-                p = end.payload  # crashed after RUN_END but before the status write
-                return self.finish(RunStatus(p["status"]), p.get("reason", ""), journal=False)
+                p = typed(end, RunEnd)  # crashed after RUN_END but before the status write
+                return self.finish(p.status, p.reason, journal=False)
             if (stop := self._step(self.state())) is not None:
                 return stop
 
@@ -138,6 +146,8 @@ class PipelineEngine(Engine):
                 return self._parallel(state, visit)
             case Kind.FAN_IN if branch is None:
                 return self._fan_in(state, visit)
+            case Kind.MANAGER if branch is None and not self.tag:
+                return self._manager(state, visit)
         result = run_node(NodeRun(self.ctx, self.interviewer, self.graph, visit, self.agents))
         if isinstance(result, RunOutcome):
             return result  # paused; in a branch, the other branches' steps are journaled
@@ -155,10 +165,13 @@ class PipelineEngine(Engine):
                 self._take(visit.node, e.target, "fan_out", f"branch {i + 1} of {len(edges)}", i)
             return None
         lanes = [
-            parallel.Lane(b.visit is not None or b.decided is not None, b.at, b.result is not None)
+            parallel.Lane(
+                b.visit is not None or b.decided is not None, b.at, b.result is not None, b.begun
+            )
             for b in fan.branches
         ]
-        if (pick := parallel.schedule(lanes, self.graph)) is None:
+        limit = parallel.max_parallel_of(self.graph.nodes[visit.node])
+        if (pick := parallel.schedule(lanes, self.graph, limit or 1)) is None:
             policy = self.graph.nodes[visit.node].attrs.get("join_policy", "wait_all")
             results = [b.result or {} for b in fan.branches]
             self._record(visit, parallel.join(results, policy))
@@ -207,7 +220,7 @@ class PipelineEngine(Engine):
     def _end_branch(self, b: Branch, i: int, last: str, target: str, outcome: Outcome) -> None:
         """The branch is over: its result, for the join, in the line that ends it."""
         self.ctx.ensure_running()
-        self.ctx.journal.append(
+        self._append(
             EventType.EDGE_TAKEN,
             {
                 "source": last,
@@ -229,14 +242,16 @@ class PipelineEngine(Engine):
             for n in self.graph.nodes.values()
             if n.goal_gate and state.last.get(n.id, Status.SUCCESS) not in met
         ]
+        assert state.at is not None
         if not unmet:
             last = str(state.context.get("last_response") or "")
-            return self.finish(RunStatus.COMPLETED, last or f"the pipeline reached {state.at}")
+            return self._end(
+                RunStatus.COMPLETED, last or f"the pipeline reached {state.at}", state.at
+            )
         gate, target = unmet[0], self._retry_target(unmet[0])
         why = f"goal gate {gate.id} did not succeed ({state.last[gate.id]})"
         if target is None:
-            return self.finish(RunStatus.FAILED, why)
-        assert state.at is not None
+            return self._end(RunStatus.FAILED, why, state.at)
         self._take(state.at, target, "goal_gate", why)
         return None
 
@@ -272,13 +287,13 @@ class PipelineEngine(Engine):
         if branch is not None:
             assert state.fan is not None  # a branch runs only while its parallel node does
             lane = state.fan.branches[branch]
-        ctx.journal.append(
+        self._append(
             EventType.NODE_START,
             {
                 "node": node_id,
                 "kind": str(node.kind),
                 "attempt": attempt,
-                **start_payload(self.graph, node, state, lane, ctx.meta.task, ctx.meta.run_id),
+                **start_payload(self.graph, node, state, lane, self.goal, ctx.meta.run_id),
                 "iterations_before": ctx.history.thoughts,
                 **({"backoff_seconds": round(backoff, 3)} if backoff else {}),
                 **({} if branch is None else {"branch": branch}),
@@ -293,7 +308,7 @@ class PipelineEngine(Engine):
         outcome = after_attempt(outcome, visit.attempt, node.max_retries, node.allow_partial)
         self.ctx.ensure_running()
         payload = outcome_payload(node.id, outcome)
-        self.ctx.journal.append(
+        self._append(
             EventType.NODE_OUTCOME, payload if branch is None else {**payload, "branch": branch}
         )
         self.ctx.hooks.reached(Point.AFTER_OUTCOME)
@@ -312,12 +327,20 @@ class PipelineEngine(Engine):
             target = self._retry_target(node)
             why = outcome.failure_reason or "it failed"
             if target is None:
-                return self.finish(RunStatus.FAILED, f"node {node.id} failed: {one_line(why)}")
+                return self._end(
+                    RunStatus.FAILED, f"node {node.id} failed: {one_line(why)}", node.id
+                )
             self._take(node.id, target, "retry_target", f"{node.id} failed: {why}")
             return None
         if sel.edge is None:
             last = str(context.get("last_response") or "")
-            return self.finish(RunStatus.COMPLETED, last or f"the pipeline ended at {node.id}")
+            return self._end(
+                RunStatus.COMPLETED, last or f"the pipeline ended at {node.id}", node.id
+            )
+        if sel.edge.loop_restart:  # §2.7: the pipeline starts afresh at the edge's target
+            why = f"loop_restart: {sel.reason}; the pipeline starts afresh at {sel.edge.target}"
+            self._take(node.id, sel.edge.target, "loop_restart", why)
+            return None
         self._take(node.id, sel.edge.target, str(sel.step), sel.reason)
         return None
 
@@ -336,6 +359,92 @@ class PipelineEngine(Engine):
     ) -> None:
         self.ctx.ensure_running()
         payload = {"source": source, "target": target, "step": step, "reason": one_line(reason)}
-        self.ctx.journal.append(
+        self._append(
             EventType.EDGE_TAKEN, payload if branch is None else {**payload, "branch": branch}
         )
+
+    def _append(self, kind: EventType, payload: dict[str, Any]) -> None:
+        self.ctx.journal.append(kind, {**payload, **self.tag})
+
+    def _end(self, status: RunStatus, why: str, at: str) -> RunOutcome | None:
+        """The pipeline is over at node `at`: the run ends (a child pipeline's manager goes on)."""
+        return self.finish(status, why)
+
+    # -- the manager loop (manager.py judges; here the child is stepped and journaled) --------
+    def _manager(self, state: State, visit: Visit) -> RunOutcome | None:
+        """One step of a manager node: start its child, judge the child as it stands (the
+        node's outcome), or step the child once (a node begun, run, or routed)."""
+        node = self.graph.nodes[visit.node]
+        sub = self._child_engine(node)
+        if isinstance(sub, str):  # the child's file went bad since the check: the node fails
+            self._record(visit, Outcome(Status.FAIL, failure_reason=sub))
+            return None
+        child = state.child if state.child is not None and state.child.node == node.id else None
+        if child is None:
+            self._start_child(node, sub)
+            return None
+        seen = manager.observe(child.state, sub.start)
+        if (verdict := manager.judge(manager.settings_of(node), seen, state.context)) is not None:
+            self._record(visit, verdict)
+            return None
+        return sub._step(child.state)
+
+    def _start_child(self, node: Node, sub: ChildEngine) -> None:
+        self.ctx.ensure_running()
+        name = f" {sub.graph.name}" if sub.graph.name else ""
+        self._append(
+            EventType.EDGE_TAKEN,
+            {
+                "source": node.id,
+                "target": sub.start,
+                "step": "child_start",
+                "reason": f"the child pipeline{name} starts",
+                "goal": sub.goal,
+            },
+        )
+
+    def _child_engine(self, node: Node) -> ChildEngine | str:
+        """The engine of the node's child pipeline, from the run's copy of the child's file
+        (made when the child first starts); a reason when it cannot be read."""
+        if (found := self._children.get(node.id)) is not None:
+            return found
+        try:
+            graph = child_graph(self.ctx.paths.configuration, node.id, self.graph)
+        except GraphError as e:
+            return f"the child pipeline cannot run: {e.lines()[0]}"
+        sub = ChildEngine(self, graph, node.id)
+        self._children[node.id] = sub
+        return sub
+
+
+class ChildEngine(PipelineEngine):
+    """A manager node's child pipeline, driven a step at a time by its parent: its journal
+    lines are marked `child`, and its end is a journal line the manager judges, not the
+    run's end."""
+
+    def __init__(self, parent: PipelineEngine, graph: Graph, manager_node: str) -> None:
+        super().__init__(parent.ctx, parent.interviewer, graph, parent.agents)
+        self.max_steps = parent.max_steps
+        self.goal = graph.goal or parent.goal
+        self.tag = {"child": manager_node}
+        self.sleep = parent.sleep
+
+    def _end(self, status: RunStatus, why: str, at: str) -> RunOutcome | None:
+        self.ctx.ensure_running()
+        ended = "completed" if status == RunStatus.COMPLETED else "failed"
+        self._append(
+            EventType.EDGE_TAKEN,
+            {"source": at, "target": "", "step": "child_end", "status": ended, "reason": why},
+        )
+        return None
+
+
+def child_graph(configuration: Path, node_id: str, parent: Graph) -> Graph:
+    """The child pipeline as the run first read it: the run's copy of `stack.child_dotfile`
+    (`configuration/child.<node>.dot`), made from the original on first use."""
+    assert parent.child_dotfile is not None  # validation refuses a manager without one
+    copy = configuration / f"child.{node_id}.dot"
+    if not copy.exists():
+        atomic_write(copy, read_dot(parent.child_dotfile).encode("utf-8"))
+    text = read_dot(copy)
+    return load_child_text(text, str(copy), parent.child_dotfile.resolve().parent)

@@ -1,9 +1,11 @@
 """Warnings: what a graph says that this runner does not carry out. The graph still runs (each is
 a `W` code; `--strict` refuses them): an attribute of the attractor spec this runner ignores
 (W001), an attribute nobody defines (W002, likely a typo), a node only mentioned in edges
-(W003, it runs with default attributes), a goal gate with nowhere to go back to (W004).
+(W003, it runs with default attributes), a goal gate with nowhere to go back to (W004), LLM
+nodes in parallel branches whose own questions pause the whole run (W005).
 
-Pure and linear: one pass over nodes, edges and their attributes. An attribute set by a
+Pure and linear (but for W005: a walk of each parallel node's branches): one pass over nodes,
+edges and their attributes. An attribute set by a
 `node [...]`/`edge [...]` default is reported once, at the default, not once per node.
 """
 
@@ -13,7 +15,9 @@ import difflib
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 
+from .manager import actions_of
 from .model import Graph, Kind, Node
+from .parallel import inside_branches
 from .problems import Code, Pos, Problem
 
 # What this runner reads (docs/pipelines.md).
@@ -21,15 +25,17 @@ GRAPH_ATTRS = frozenset(
     {"goal", "label", "default_max_retries", "default_max_retry", "retry_target"}
     | {"fallback_retry_target", "max_steps", "model_stylesheet", "default_fidelity"}
     | {"thread_id", "llm_model", "llm_provider", "reasoning_effort", "temperature"}
+    | {"stack.child_dotfile"}
 )
 NODE_ATTRS = frozenset(
     {"label", "shape", "type", "prompt", "max_retries", "timeout", "human.default_choice"}
     | {"agent.mode", "agent", "tool_command", "goal_gate", "retry_target"}
     | {"fallback_retry_target", "respondents", "allow_partial", "join_policy"}
     | {"llm_model", "llm_provider", "reasoning_effort", "temperature", "class", "fidelity"}
-    | {"thread_id"}
+    | {"thread_id", "max_parallel", "auto_status"}
+    | {"manager.max_cycles", "manager.stop_condition", "manager.actions"}
 )
-EDGE_ATTRS = frozenset({"label", "condition", "weight", "fidelity", "thread_id"})
+EDGE_ATTRS = frozenset({"label", "condition", "weight", "fidelity", "thread_id", "loop_restart"})
 # Graphviz drawing attributes: they change how a graph looks, never what it does.
 DRAWING = frozenset(
     {"rankdir", "color", "fillcolor", "fontcolor", "fontname", "fontsize", "style", "penwidth"}
@@ -38,32 +44,28 @@ DRAWING = frozenset(
     | {"arrowtail", "arrowsize", "dir", "constraint", "compound", "concentrate", "newrank"}
     | {"ordering", "size", "ratio", "group", "rank", "minlen", "headport", "tailport"}
 )
-_PARALLEL = "branches run one at a time, in this process"
-_MANAGER = "the manager loop (house) is refused"
+_CHILD = "the child pipeline runs in this run, node by node"
 _HOOKS = "tool approvals and hooks come from the agent directory"
 # Attributes the attractor spec defines and this runner does not carry out: why, by section.
 SPEC_IGNORED: Mapping[str, Mapping[str, str]] = {
     "graph": {
-        "stack.child_dotfile": f"§4.11: {_MANAGER}",
+        "stack.child_workdir": f"§4.11: {_CHILD}, in the run's workspace",
         "tool_hooks.pre": f"§9.7: {_HOOKS}",
         "tool_hooks.post": f"§9.7: {_HOOKS}",
     },
     "node": {
-        "auto_status": "§2.6: a codergen reply without a status block is a SUCCESS already",
-        "error_policy": "§4.8: a failed branch ends only itself; the join policy decides",
-        "max_parallel": f"§4.8: {_PARALLEL}",
-        "manager.poll_interval": f"§4.11: {_MANAGER}",
-        "manager.max_cycles": f"§4.11: {_MANAGER}",
-        "manager.stop_condition": f"§4.11: {_MANAGER}",
-        "manager.actions": f"§4.11: {_MANAGER}",
-        "stack.child_autostart": f"§4.11: {_MANAGER}",
+        "manager.poll_interval": f"§4.11: {_CHILD}; the manager observes after each one",
+        "stack.child_autostart": f"§4.11: {_CHILD}; the manager always starts it",
         "tool_hooks.pre": f"§9.7: {_HOOKS}",
         "tool_hooks.post": f"§9.7: {_HOOKS}",
     },
-    "edge": {
-        "loop_restart": "§2.7: a run is never restarted from an edge",
-    },
+    "edge": {},
 }
+STEER = (
+    "manager.actions steer is ignored by this runner (attractor spec §4.11 leaves what a "
+    "steer writes to the implementation; this manager observes and judges only)"
+)
+_W001 = Code.IGNORED_ATTRIBUTE
 # `timeout` is carried out on these kinds only.
 TIMEOUT_KINDS = (Kind.WAIT_HUMAN, Kind.TOOL, Kind.CODERGEN)
 NO_TIMEOUT = "timeout has no effect here: only a gate's, a tool's and an LLM node's are enforced"
@@ -129,6 +131,23 @@ def _goal_gate_without_retry(graph: Graph, n: Node) -> Problem | None:
     )
 
 
+def _branch_questions(graph: Graph, n: Node) -> Problem | None:
+    """The spec runs branches concurrently; here an LLM node's own question (ask_human, an
+    approval, an interactive turn) in a branch pauses the whole run, not only its branch."""
+    asking = sorted(x for x in inside_branches(graph, n.id) if graph.nodes[x].kind == Kind.CODERGEN)
+    if not asking:
+        return None
+    more = f" and {len(asking) - 3} more" if len(asking) > 3 else ""
+    return Problem(
+        f"an LLM node's own question (ask_human, an approval) in its branches "
+        f"({', '.join(asking[:3])}{more}) pauses the whole run, not only its branch (a gate "
+        "pauses only its branch)",
+        n.pos,
+        n.subject,
+        code=Code.BRANCH_QUESTION,
+    )
+
+
 def _once_per_default(problems: Iterable[Problem]) -> list[Problem]:
     """One warning per place an attribute was written: a default block's attribute would
     otherwise warn once for every node it applies to."""
@@ -155,6 +174,10 @@ def lint(graph: Graph) -> list[Problem]:
         found += _attr_problems("node", n.subject, n.attrs, n.attr_pos, n.kind)
         if goal := _goal_gate_without_retry(graph, n):
             found.append(goal)
+        if n.kind == Kind.PARALLEL and (asks := _branch_questions(graph, n)):
+            found.append(asks)
+        if n.kind == Kind.MANAGER and "steer" in actions_of(n):
+            found.append(Problem(STEER, n.where("manager.actions"), n.subject, code=_W001))
     for e in graph.edges:
         found += _attr_problems("edge", e.subject, e.attrs, e.attr_pos, None)
     return _once_per_default(found)

@@ -13,7 +13,7 @@ from deltad.protocol.fsio import read_regular_text
 
 from .dot import DotSyntaxError, parse_dot
 from .lint import lint
-from .model import Graph, build_graph
+from .model import Graph, Kind, build_graph
 from .problems import Code, GraphError, Problem, errors_of, in_order
 from .validate import validate
 
@@ -52,10 +52,13 @@ def check_pipeline(
     *,
     check_files: bool = True,
     strict: bool = False,
+    child: bool = True,
 ) -> Checked:
     """Parse, type, validate and lint; raises GraphError when there is an error (a syntax error
     stops at itself, every other problem is collected), or under `strict` any warning.
-    `base_dir` resolves `agent` attributes (the DOT file's directory)."""
+    `base_dir` resolves `agent` attributes (the DOT file's directory). With `check_files`, a
+    manager loop's child pipeline (`stack.child_dotfile`) is checked too (unless `child` is
+    off: a child is checked without its own child)."""
     with _no_cycle_collector():
         try:
             dot = parse_dot(text.removeprefix("\ufeff"))
@@ -63,16 +66,23 @@ def check_pipeline(
             raise GraphError([Problem(e.message, e.pos, code=Code.SYNTAX)], source) from None
         graph, problems = build_graph(dot, base_dir)
         problems += validate(graph, check_files=check_files) + lint(graph)
+        if check_files and child and graph.child_dotfile and graph.of_kind(Kind.MANAGER):
+            problems += _child_problems(graph)
     if errors_of(problems, strict=strict):
         raise GraphError(problems, source, strict=strict)
     return Checked(graph, in_order(problems), source)
 
 
 def parse_pipeline(
-    text: str, source: str = "<pipeline>", base_dir: Path | None = None, *, check_files: bool = True
+    text: str,
+    source: str = "<pipeline>",
+    base_dir: Path | None = None,
+    *,
+    check_files: bool = True,
+    child: bool = True,
 ) -> Graph:
     """The graph only (warnings do not stop it); see `check_pipeline`."""
-    return check_pipeline(text, source, base_dir, check_files=check_files).graph
+    return check_pipeline(text, source, base_dir, check_files=check_files, child=child).graph
 
 
 def read_dot(path: Path) -> str:
@@ -99,3 +109,42 @@ def check_file(path: Path, *, strict: bool = False) -> Checked:
 def load_pipeline(path: Path) -> Graph:
     """The graph in `path`, checked (warnings do not stop it)."""
     return check_file(path).graph
+
+
+def load_child(path: Path) -> Graph:
+    """The child pipeline of a manager loop, checked; GraphError when it cannot run (a manager
+    loop of its own included: a child cannot supervise another)."""
+    return load_child_text(read_dot(path), str(path), path.resolve().parent)
+
+
+def load_child_text(text: str, source: str, base_dir: Path) -> Graph:
+    try:  # a manager loop in the child is the reason, before what it would lack
+        nested = build_graph(parse_dot(text.removeprefix("\ufeff")), base_dir)[0].of_kind(
+            Kind.MANAGER
+        )
+    except DotSyntaxError:
+        nested = []  # check_pipeline says where
+    if nested:
+        why = "a manager loop in a child pipeline is not supported"
+        raise GraphError(
+            [Problem(why, nested[0].pos, nested[0].subject, code=Code.NODE_ATTR)], source
+        )
+    return check_pipeline(text, source, base_dir, child=False).graph
+
+
+def _child_problems(graph: Graph) -> list[Problem]:
+    """The child pipeline's refusal, as one problem at `stack.child_dotfile`."""
+    assert graph.child_dotfile is not None
+    try:
+        load_child(graph.child_dotfile)
+    except GraphError as e:
+        more = f" (and {len(e.refusing) - 1} more)" if len(e.refusing) > 1 else ""
+        return [
+            Problem(
+                f"the child pipeline does not run: {e.lines()[0]}{more}",
+                graph.attr_pos.get("stack.child_dotfile"),
+                "graph",
+                code=Code.CHILD_PIPELINE,
+            )
+        ]
+    return []

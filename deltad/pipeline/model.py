@@ -33,6 +33,7 @@ class Kind(StrEnum):
     TOOL = "tool"
     PARALLEL = "parallel"
     FAN_IN = "parallel.fan_in"
+    MANAGER = "stack.manager_loop"
 
 
 SHAPES: Mapping[str, Kind] = {
@@ -44,10 +45,7 @@ SHAPES: Mapping[str, Kind] = {
     "parallelogram": Kind.TOOL,
     "component": Kind.PARALLEL,
     "tripleoctagon": Kind.FAN_IN,
-}
-# Shapes of the attractor spec that this runner does not run (yet).
-NOT_SUPPORTED: Mapping[str, str] = {
-    "house": "stack.manager_loop",
+    "house": Kind.MANAGER,
 }
 # With no shape, these ids are the start and exit nodes (spec §3.2, §4.4).
 START_IDS = ("start", "Start")
@@ -76,6 +74,7 @@ class Node:
     attr_pos: Mapping[str, Pos] = field(default_factory=dict)
     declared: bool = True  # False: only mentioned in edges (it has the defaults in force there)
     allow_partial: bool = False  # exhausted retries are a PARTIAL_SUCCESS, not a FAIL (§3.5)
+    auto_status: bool = False  # §2.6: every handler here records an outcome; read, validated
 
     @property
     def interactive(self) -> bool:
@@ -101,6 +100,7 @@ class Edge:
     pos: Pos
     attrs: Mapping[str, str] = field(default_factory=dict)
     attr_pos: Mapping[str, Pos] = field(default_factory=dict)
+    loop_restart: bool = False  # taking it starts the pipeline afresh at its target (§2.7)
 
     @property
     def conditional(self) -> bool:
@@ -127,6 +127,7 @@ class Graph:
     attrs: Mapping[str, str] = field(default_factory=dict)
     attr_pos: Mapping[str, Pos] = field(default_factory=dict)
     max_steps: int = values.DEFAULT_MAX_STEPS  # node visits a run may make (engine/limits.py)
+    child_dotfile: Path | None = None  # `stack.child_dotfile`, resolved against the DOT file's
 
     def outgoing(self, node_id: str) -> Sequence[Edge]:
         """The node's edges out, in the order written."""
@@ -198,8 +199,6 @@ def _kind(raw: RawNode, r: _Reader) -> tuple[Kind, str]:
         kind = Kind.START
     elif not shape and raw.id in EXIT_IDS:
         kind = Kind.EXIT
-    elif shape in NOT_SUPPORTED:
-        r.problem("shape", f"shape {shape} ({NOT_SUPPORTED[shape]}) is not supported")
     elif kind is None:
         known = ", ".join(f"{s} ({k})" for s, k in SHAPES.items())
         r.problem("shape", f"unknown shape {shape[:30]!r}: use one of {known}")
@@ -240,6 +239,7 @@ def _node(raw: RawNode, g: Graph, base_dir: Path | None, problems: list[Problem]
         attr_pos={k: a.pos for k, a in raw.attrs.items()},
         declared=raw.declared,
         allow_partial=bool(r.typed("allow_partial", values.boolean)),
+        auto_status=bool(r.typed("auto_status", values.boolean)),
     )
 
 
@@ -266,11 +266,13 @@ def _edge(raw: RawEdge, problems: list[Problem]) -> Edge:
         pos=raw.pos,
         attrs={k: a.value for k, a in raw.attrs.items()},
         attr_pos={k: a.pos for k, a in raw.attrs.items()},
+        loop_restart=bool(r.typed("loop_restart", values.boolean)),
     )
 
 
-def _graph_attrs(dot: DotGraph, problems: list[Problem]) -> Graph:
+def _graph_attrs(dot: DotGraph, problems: list[Problem], base_dir: Path | None) -> Graph:
     r = _Reader(dot.attrs, "graph", problems)
+    child = r.optional("stack.child_dotfile")
     key = "default_max_retries" if "default_max_retries" in dot.attrs else "default_max_retry"
     return Graph(
         name=dot.name,
@@ -284,6 +286,7 @@ def _graph_attrs(dot: DotGraph, problems: list[Problem]) -> Graph:
         attrs={k: a.value for k, a in dot.attrs.items()},
         attr_pos={k: a.pos for k, a in dot.attrs.items()},
         max_steps=r.typed("max_steps", values.steps) or values.DEFAULT_MAX_STEPS,
+        child_dotfile=(base_dir / child if base_dir else Path(child)) if child else None,
     )
 
 
@@ -292,7 +295,7 @@ def build_graph(dot: DotGraph, base_dir: Path | None = None) -> tuple[Graph, lis
     edges is a node too, with the defaults in force there (attractor spec §2.13's human gate);
     validation warns about it."""
     problems: list[Problem] = []
-    g = _graph_attrs(dot, problems)
+    g = _graph_attrs(dot, problems, base_dir)
     nodes = {n.id: _node(n, g, base_dir, problems) for n in dot.nodes.values()}
     edges = tuple(_edge(e, problems) for e in dot.edges)
     return replace(g, nodes=nodes, edges=edges), problems

@@ -38,6 +38,7 @@ from deltad.protocol import (
     RunStatus,
     utcnow,
 )
+from deltad.protocol.events import ActionResult, typed
 from deltad.protocol.history import Call
 from deltad.protocol.replies import Reply
 
@@ -129,8 +130,8 @@ def run_node(run: NodeRun) -> Result:
             return tool(run)
         case Kind.START | Kind.CONDITIONAL | Kind.EXIT:
             return Outcome(Status.SUCCESS)
-        case Kind.PARALLEL | Kind.FAN_IN:  # the driver runs these; here: inside a branch
-            why = f"a {run.node.kind} node inside a parallel branch is not supported"
+        case Kind.PARALLEL | Kind.FAN_IN | Kind.MANAGER:  # the driver runs these; not here
+            why = f"a {run.node.kind} node inside a branch or a child is not supported"
             return Outcome(Status.FAIL, failure_reason=why)
         case _:
             assert_never(run.node.kind)
@@ -283,8 +284,11 @@ def tool(run: NodeRun) -> Result:
 
 def _result_status(run: NodeRun, action_id: str) -> ActionStatus:
     for e in reversed(run.ctx.journal.events):
-        if e.type == EventType.ACTION_RESULT and e.payload["action_id"] == action_id:
-            return ActionStatus(e.payload["status"])
+        if (
+            e.type == EventType.ACTION_RESULT
+            and (r := typed(e, ActionResult)).action_id == action_id
+        ):
+            return r.status
     return ActionStatus.ERROR
 
 

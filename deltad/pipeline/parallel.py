@@ -16,12 +16,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .model import Graph, Kind
+from . import values
+from .model import Graph, Kind, Node
 from .outcome import Outcome, Status
 from .problems import Code, Problem
 
-JOIN_POLICIES = ("wait_all", "first_success")
 _RANK = {Status.SUCCESS: 0, Status.PARTIAL_SUCCESS: 1, Status.RETRY: 2, Status.SKIPPED: 3}
+
+
+JOIN_POLICIES = ("wait_all", "first_success")
+DEFAULT_MAX_PARALLEL = 4  # the spec's default (§4.8)
+MAX_PARALLEL_LIMIT = 1000
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,7 @@ class Lane:
     busy: bool  # a node begun and not routed yet: it must finish first
     at: str | None  # the node it begins next
     done: bool
+    begun: bool = True  # a node of it has begun (it counts against max_parallel until done)
 
 
 def fan_in_of(graph: Graph, node_id: str) -> str | None:
@@ -47,13 +53,19 @@ def fan_in_of(graph: Graph, node_id: str) -> str | None:
     return None
 
 
-def schedule(lanes: Sequence[Lane], graph: Graph) -> int | None:
+def schedule(
+    lanes: Sequence[Lane], graph: Graph, max_parallel: int = DEFAULT_MAX_PARALLEL
+) -> int | None:
     """The branch to step next: one in the middle of a node; else the first that can go on
     without a human; else the first waiting at a gate (its question pauses the run); None
-    when every branch is done."""
+    when every branch is done. At most `max_parallel` branches are under way (begun, not
+    done) at a time: a branch not begun waits for one of them to end (§4.8)."""
     if (busy := next((i for i, b in enumerate(lanes) if b.busy), None)) is not None:
         return busy
-    open_ = [i for i, b in enumerate(lanes) if not b.done]
+    under_way = sum(1 for b in lanes if b.begun and not b.done)
+    waiting = [i for i, b in enumerate(lanes) if not b.done and not b.begun]
+    may_begin = set(waiting[: max(0, max_parallel - under_way)])  # in the order written
+    open_ = [i for i, b in enumerate(lanes) if not b.done and (b.begun or i in may_begin)]
     free = [i for i in open_ if not _at_gate(lanes[i], graph)]
     found = free or open_
     return found[0] if found else None
@@ -124,6 +136,14 @@ def problems(graph: Graph) -> Iterator[Problem]:
                 n.subject,
                 code=Code.NODE_ATTR,
             )
+        yield from _nested(graph, n)
+        if (limit := n.attrs.get("max_parallel")) is not None and max_parallel_of(n) is None:
+            yield Problem(
+                f"max_parallel {limit[:30]!r}: a whole number from 1 to {MAX_PARALLEL_LIMIT}",
+                n.where("max_parallel"),
+                n.subject,
+                code=Code.BAD_VALUE,
+            )
         policy = n.attrs.get("join_policy", "wait_all")
         if policy not in JOIN_POLICIES:
             yield Problem(
@@ -131,4 +151,56 @@ def problems(graph: Graph) -> Iterator[Problem]:
                 n.where("join_policy"),
                 n.subject,
                 code=Code.BAD_VALUE,
+            )
+
+
+def max_parallel_of(node: Node) -> int | None:
+    """The node's `max_parallel` (default 4); None when it is not a number from 1 to 1000."""
+    try:
+        n = values.integer(node.attrs.get("max_parallel", str(DEFAULT_MAX_PARALLEL)))
+    except ValueError:
+        return None
+    return n if 1 <= n <= MAX_PARALLEL_LIMIT else None
+
+
+def inside_branches(graph: Graph, node_id: str) -> set[str]:
+    """The nodes a branch of parallel node `node_id` may visit: from its edges' targets up to
+    (not including) a fan-in or the exit, where a branch ends."""
+    seen: set[str] = set()
+    todo = [e.target for e in graph.outgoing(node_id)]
+    while todo:
+        here = todo.pop()
+        if here in seen or graph.nodes[here].kind in (Kind.FAN_IN, Kind.EXIT):
+            continue
+        seen.add(here)
+        todo.extend(e.target for e in graph.outgoing(here))
+    return seen
+
+
+# Kinds a branch cannot run: they drive lanes of their own.
+_NOT_IN_BRANCH = {Kind.PARALLEL: "a parallel node", Kind.MANAGER: "a manager loop (house)"}
+
+
+def _nested(graph: Graph, n: Node) -> Iterator[Problem]:
+    """A parallel node or a manager loop inside a branch is refused: one set of branches
+    runs at a time (a nested fan-out would need branches within a branch)."""
+    inside = inside_branches(graph, n.id)
+    for e in graph.edges:
+        if e.loop_restart and e.source in inside:
+            yield Problem(
+                f"loop_restart inside a branch of parallel node {n.id} is not supported: a "
+                "branch cannot restart the pipeline",
+                e.where("loop_restart"),
+                e.subject,
+                code=Code.NODE_ATTR,
+            )
+    for inner in sorted(inside):
+        node = graph.nodes[inner]
+        if (what := _NOT_IN_BRANCH.get(node.kind)) is not None:
+            yield Problem(
+                f"{what} inside a branch of parallel node {n.id} is not supported: move it "
+                f"after the fan-in, or make it a separate pipeline step",
+                node.pos,
+                node.subject,
+                code=Code.NODE_ATTR,
             )

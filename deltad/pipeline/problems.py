@@ -23,10 +23,12 @@ class Code(StrEnum):
     NODE_ATTR = "E008 node-attribute"
     NO_AGENT_DIR = "E009 missing-agent"
     RETRY_TARGET = "E010 retry-target"
+    CHILD_PIPELINE = "E011 child-pipeline"
     IGNORED_ATTRIBUTE = "W001 ignored-attribute"
     UNKNOWN_ATTRIBUTE = "W002 unknown-attribute"
     EDGE_ONLY_NODE = "W003 edge-only-node"
     GOAL_GATE_NO_RETRY = "W004 goal-gate-without-retry"
+    BRANCH_QUESTION = "W005 branch-question"
 
     @property
     def warning(self) -> bool:

@@ -84,7 +84,7 @@ def load_for_run(paths: RunPaths, meta: RunMetadata) -> Graph:
         text = read_regular_text(copy, MAX_DOT_BYTES)  # under .delta/: no symlink followed
     except (OSError, ProtocolError) as e:
         raise UsageError(f"cannot read the run's pipeline {copy}: {e}") from None
-    try:
-        return parse_pipeline(text, str(copy), Path(meta.pipeline).parent)
+    try:  # a manager's child is read from its own copy, made when it starts (driver.py)
+        return parse_pipeline(text, str(copy), Path(meta.pipeline).parent, child=False)
     except GraphError as e:
         raise refused(e) from None

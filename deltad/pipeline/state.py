@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deltad.protocol import EventType
+from deltad.protocol.events import EdgeTaken, NodeOutcome, NodeStart, typed
 from deltad.protocol.models import JournalEvent
 
 from .fidelity import Stage
@@ -61,6 +62,7 @@ class Lane:
 class Branch(Lane):
     start: str = ""  # the branch's first node (its id in parallel.results)
     result: dict[str, Any] | None = None  # set when the branch ended
+    begun: bool = False  # a node of it began (it counts against the node's max_parallel)
 
 
 @dataclass
@@ -79,79 +81,126 @@ class State(Lane):
     stages: list[Stage] = field(default_factory=list)  # finished visits, for summaries
     threads: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # their visits
     fan: Fan | None = None
+    child: ChildRun | None = None  # a manager node's child pipeline, while it runs
+    finished: tuple[str, str] | None = None  # a child pipeline's end: (completed|failed, why)
 
-    def lane(self, p: dict[str, Any]) -> Lane:
+    def lane(self, branch: int | None, fan_out: bool = False) -> Lane:
         """The lane an event belongs to: a branch's (its `branch` index), else the run's."""
-        if "branch" in p and self.fan is not None and p.get("step") != "fan_out":
-            return self.fan.branches[int(p["branch"])]
+        if branch is not None and self.fan is not None and not fan_out:
+            return self.fan.branches[branch]
         return self
 
     def add(self, e: JournalEvent) -> None:
-        p = e.payload
-        lane = self.lane(p)
+        if e.type == EventType.EDGE_TAKEN and e.payload.get("step") == "child_start":
+            p = typed(e, EdgeTaken)
+            child = State(context={"graph.goal": p.goal}, at=p.target)
+            child.steps = self.steps  # max_steps bounds the run's visits, the child's too
+            self.child = ChildRun(p.source, child)
+            return
+        if e.payload.get("child") is not None and self.child is not None:
+            self.child.state.add(e)
+            self.steps = max(self.steps, self.child.state.steps)
+            return
         match e.type:
             case EventType.NODE_START:
-                lane.at, lane.decided = None, None
-                lane.context["current_node"] = p["node"]  # built-in keys (§5.1)
-                lane.context[f"internal.retry_count.{p['node']}"] = int(p.get("attempt", 1)) - 1
-                lane.visit = Visit(
-                    p["node"],
-                    e.seq,
-                    int(p.get("attempt", 1)),
-                    str(p.get("prompt", "")),
-                    dict(p.get("llm") or {}),
-                    str(p.get("thread") or p["node"]),
-                    tuple((int(a), int(b)) for a, b in p.get("thread_history") or ()),
-                    str(p.get("deadline") or ""),
-                )
-                lane.thread = lane.visit.thread
-                self.steps += 1
-                if lane.visit.attempt == 1:
-                    self.path.append(p["node"])
+                self.began(e.seq, typed(e, NodeStart))
             case EventType.NODE_OUTCOME:
-                lane.context.update(p.get("context_updates") or {})
-                lane.context["outcome"] = p["status"]
-                lane.context["preferred_label"] = p.get("preferred_label", "")
-                attempt = lane.visit.attempt if lane.visit else 1
-                if lane.visit is not None:
-                    ran = (lane.visit.seq, e.seq)
-                    self.threads.setdefault(lane.visit.thread, []).append(ran)
-                self.stages.append(Stage(p["node"], p["status"], str(p.get("notes") or "")))
-                lane.visit, lane.decided = None, Decided(p["node"], attempt, outcome_of(p))
-                self.last[p["node"]] = lane.decided.outcome.status
-                if lane is self:
-                    self.fan = None  # a parallel node's outcome: its branches are over
-            case EventType.EDGE_TAKEN if p.get("step") == "fan_out":
-                if self.fan is None or self.fan.node != p["source"]:
-                    self.fan = Fan(p["source"])
-                self.fan.branches.append(
-                    Branch(
-                        context=dict(self.context),
-                        at=p["target"],
-                        came_from=p["source"],
-                        thread=self.thread,
-                        start=p["target"],
-                    )
-                )
-            case EventType.EDGE_TAKEN if p.get("step") == "branch_end":
-                assert isinstance(lane, Branch)
-                lane.result, lane.decided, lane.at = p.get("result") or {}, None, None
+                self.ended(e.seq, typed(e, NodeOutcome))
             case EventType.EDGE_TAKEN:
-                lane.decided, lane.at = None, p["target"]
-                jumped = p.get("step") in ("retry_target", "goal_gate")  # not along an edge
-                lane.came_from = None if jumped else p["source"]
+                self.went(typed(e, EdgeTaken))
             case _:
                 pass
 
+    def began(self, seq: int, p: NodeStart) -> None:
+        lane = self.lane(p.branch)
+        lane.at, lane.decided = None, None
+        lane.context["current_node"] = p.node  # built-in keys (§5.1)
+        lane.context[f"internal.retry_count.{p.node}"] = p.attempt - 1
+        lane.visit = Visit(
+            p.node,
+            seq,
+            p.attempt,
+            p.prompt,
+            {k: str(v) for k, v in (p.llm or {}).items()},
+            p.thread or p.node,
+            tuple(p.thread_history or ()),
+            p.deadline or "",
+        )
+        lane.thread = lane.visit.thread
+        if isinstance(lane, Branch):
+            lane.begun = True
+        self.steps += 1
+        if lane.visit.attempt == 1:
+            self.path.append(p.node)
 
-def outcome_of(payload: dict[str, Any]) -> Outcome:
+    def ended(self, seq: int, p: NodeOutcome) -> None:
+        lane = self.lane(p.branch)
+        lane.context.update(p.context_updates)
+        lane.context["outcome"] = p.status
+        lane.context["preferred_label"] = p.preferred_label
+        attempt = lane.visit.attempt if lane.visit else 1
+        if lane.visit is not None:
+            self.threads.setdefault(lane.visit.thread, []).append((lane.visit.seq, seq))
+        self.stages.append(Stage(p.node, p.status, p.notes))
+        lane.visit, lane.decided = None, Decided(p.node, attempt, outcome_of(p))
+        self.last[p.node] = lane.decided.outcome.status
+        if lane is self:
+            self.fan = None  # a parallel node's outcome: its branches are over
+            self.child = None  # a manager node's: its child is over
+
+    def went(self, p: EdgeTaken) -> None:
+        lane = self.lane(p.branch, fan_out=p.step == "fan_out")
+        if p.step == "fan_out":
+            if self.fan is None or self.fan.node != p.source:
+                self.fan = Fan(p.source)
+            self.fan.branches.append(
+                Branch(
+                    context=dict(self.context),
+                    at=p.target,
+                    came_from=p.source,
+                    thread=self.thread,
+                    start=p.target,
+                )
+            )
+        elif p.step == "branch_end":
+            assert isinstance(lane, Branch)
+            lane.result, lane.decided, lane.at = p.result or {}, None, None
+        elif p.step == "child_end":
+            self.finished = (p.status or "failed", p.reason)
+            lane.decided, lane.visit, lane.at = None, None, None
+        elif p.step == "loop_restart":
+            self.restart(p.target)
+        else:
+            lane.decided, lane.at = None, p.target
+            jumped = p.step in ("retry_target", "goal_gate")  # not along an edge
+            lane.came_from = None if jumped else p.source
+
+    def restart(self, target: str) -> None:
+        """A loop_restart edge (§2.7): the pipeline begins afresh at `target`: a new context
+        (the goal kept), no outcomes, stages or threads of the earlier pass."""
+        goal = self.context.get("graph.goal", "")
+        self.context, self.last, self.stages, self.threads = {"graph.goal": goal}, {}, [], {}
+        self.decided, self.visit, self.came_from, self.thread = None, None, None, None
+        self.at = target
+
+
+@dataclass
+class ChildRun:
+    """A manager node's child pipeline: its own state, folded from the events marked
+    `child`."""
+
+    node: str  # the manager node
+    state: State
+
+
+def outcome_of(p: NodeOutcome) -> Outcome:
     return Outcome(
-        Status(payload["status"]),
-        preferred_label=payload.get("preferred_label", ""),
-        suggested_next_ids=tuple(payload.get("suggested_next_ids") or ()),
-        context_updates=payload.get("context_updates") or {},
-        notes=payload.get("notes", ""),
-        failure_reason=payload.get("failure_reason", ""),
+        Status(p.status),
+        preferred_label=p.preferred_label,
+        suggested_next_ids=tuple(p.suggested_next_ids),
+        context_updates=dict(p.context_updates),
+        notes=p.notes,
+        failure_reason=p.failure_reason,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from . import parallel
+from . import manager, parallel
 from .gates import gate
 from .model import Graph, Kind, Node
 from .problems import Code, Problem
@@ -169,6 +169,7 @@ def validate(graph: Graph, *, check_files: bool = True) -> list[Problem]:
     """Every problem of the graph as a whole; empty when it can run. `check_files` also checks
     that `agent` directories exist."""
     problems = [*_ends(graph), *_reachable(graph), *_gates(graph), *parallel.problems(graph)]
+    problems += manager.problems(graph)
     for n in graph.nodes.values():
         problems += _node_attrs(n, check_files)
     return problems + list(_retry_targets(graph)) + settings_problems(graph)

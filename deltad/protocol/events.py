@@ -59,6 +59,7 @@ class ActionResult(_Payload):
 class SystemMessage(_Payload):
     level: str = "INFO"
     content: str
+    context_cut: dict[str, Any] | None = None  # engine/budget.py: what a model call left out
 
 
 class Asked(_Payload):
@@ -71,6 +72,8 @@ class Answered(_Payload):
     request_id: str
     action_id: str
     reply: Reply
+    input_type: str | None = None  # as it was asked (absent in older journals)
+    node_id: str | None = None  # a pipeline's question: the node that asked it
 
 
 class RunEnd(_Payload):
@@ -84,6 +87,12 @@ class NodeStart(_Payload):
     attempt: int = 1
     prompt: str = ""  # a codergen node's whole prompt, as the model is given it
     iterations_before: int = 0  # the run's iterations when the node began (its own cap)
+    llm: dict[str, Any] | None = None  # the node's model settings
+    thread: str | None = None  # the conversation it belongs to (None: its own, the node's)
+    thread_history: list[tuple[int, int]] | None = None  # the thread's visits: (start, outcome)
+    deadline: str | None = None  # a codergen node's timeout, as an ISO time
+    branch: int | None = None  # in a parallel node's branch: its index
+    child: str | None = None  # in a child pipeline: its manager node
 
 
 class NodeOutcome(_Payload):
@@ -94,6 +103,8 @@ class NodeOutcome(_Payload):
     context_updates: dict[str, Any] = Field(default_factory=dict)
     notes: str = ""
     failure_reason: str = ""
+    branch: int | None = None
+    child: str | None = None  # in a child pipeline: its manager node
 
 
 class EdgeTaken(_Payload):
@@ -101,6 +112,11 @@ class EdgeTaken(_Payload):
     target: str
     step: str
     reason: str = ""
+    branch: int | None = None
+    result: dict[str, Any] | None = None  # a branch's end: what it hands to its fan-in
+    child: str | None = None  # in a child pipeline: its manager node
+    goal: str = ""  # a child pipeline's start: its goal
+    status: str = ""  # a child pipeline's end: completed or failed
 
 
 class NodeMessage(_Payload):

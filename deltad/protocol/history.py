@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .events import Answered, Asked, typed
 from .models import EventType, InputType, InteractionRequest, JournalEvent
 from .replies import Reply
 
@@ -126,11 +127,11 @@ class History:
                 self.answered.add(p["action_id"])
                 self.results.add(p["action_id"])
             case EventType.HUMAN_INTERACTION if p.get("phase") == "asked":
-                self.asked_requests.append(InteractionRequest.model_validate(p["request"]))
+                self.asked_requests.append(typed(e, Asked).request)
             case EventType.HUMAN_INTERACTION if p.get("phase") == "answered":
-                reply = Reply.model_validate(p["reply"])
-                self.replies.setdefault(p["request_id"], reply)
-                self.sources[reply.source] += 1
+                answered = typed(e, Answered)
+                self.replies.setdefault(answered.request_id, answered.reply)
+                self.sources[answered.reply.source] += 1
             case EventType.RUN_END:
                 self.last_end = e
             case EventType.NODE_START:

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from . import safefs, snapshot
 from .errors import CorruptFile, UnsafeFile
-from .events import check_payload
+from .events import SystemMessage, check_payload, typed
 from .fsio import append_durable, atomic_write, fsync_dir, read_regular
 from .history import History
 from .models import EventType, InteractionRequest, JournalEvent, iso, utcnow
@@ -386,8 +386,7 @@ class Journal:
 def _cut_through(events: list[JournalEvent]) -> int:
     """`through_seq` of the latest context cut among `events` (0 if none)."""
     for e in reversed(events):
-        cut = e.payload.get("context_cut") if e.type == EventType.SYSTEM_MESSAGE else None
-        if isinstance(cut, dict):
+        if e.type == EventType.SYSTEM_MESSAGE and (cut := typed(e, SystemMessage).context_cut):
             return int(cut["through_seq"])
     return 0
 

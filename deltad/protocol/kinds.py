@@ -18,13 +18,45 @@ from __future__ import annotations
 
 import re
 from datetime import date
-from typing import Any, assert_never
+from typing import Any, Literal, assert_never
+
+from pydantic import BaseModel, Field
 
 from .accelerators import build_options
 from .models import InputType, InteractionRequest
 from .replies import AnswerRejected, CallDecision, Decision, Reply
 
 NOT_CONSENT = "A timeout is not consent and not a refusal: do not retry the same action"
+
+
+class FormKey(BaseModel):
+    """A button of the page's answer form, with its accelerator key."""
+
+    key: str = Field(description="Shown on the button; pressing it (any case) presses it.")
+    label: str
+    answer: str | None = Field(default=None, description="`keys`: the answer it sends.")
+    decision: Decision | None = Field(
+        default=None,
+        description="`decisions`: the decision it sends for every call (`edit` first opens "
+        "each call's arguments to edit).",
+    )
+    style: Literal["", "primary", "danger", "edit"] = ""
+    reason: bool = Field(default=False, description="`decisions`: a reason field goes with it.")
+
+
+class Form(BaseModel):
+    """How the inbox page asks for the answer; the page knows these controls, not the kinds,
+    so a new kind that uses them needs no page change."""
+
+    control: Literal["input", "keys", "decisions"] = Field(
+        description="`input`: a typed answer (`type`, `attrs`); `keys`: one button per answer; "
+        "`decisions`: one button per decision on every gated call (`calls`)."
+    )
+    type: str | None = Field(default=None, description="`input`: the HTML input type.")
+    attrs: dict[str, Any] = Field(
+        default_factory=dict, description="`input`: its attributes (the browser's own hints)."
+    )
+    keys: list[FormKey] = Field(default_factory=list, description="`keys`, `decisions`.")
 
 
 def shown(req: InteractionRequest, text: str) -> str:
@@ -40,6 +72,7 @@ class Kind:
     fields: tuple[str, ...] = ()  # the request fields it adds (in the HTTP question document)
     per_call = False  # answered with a decision per gated tool call (response.json decisions)
     input = "text"  # the page's <input type> for a typed answer
+    secret = False  # the answer is a secret whatever the question's `sensitive` says
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         if not text.strip() and not req.allow_empty:
@@ -84,10 +117,19 @@ class Kind:
         """Request fields from ask_human's arguments, or what is wrong (told to the model)."""
         return {}
 
-    def form(self, req: InteractionRequest) -> dict[str, Any]:
-        """How the inbox page asks for a typed answer: the input's type and its attributes
-        (the browser's own hints; the answer is checked again by `read`)."""
-        return {"type": self.input, "attrs": self.attrs(req)}
+    def form(self, req: InteractionRequest) -> Form:
+        """How the inbox page asks for the answer; for a typed one, the input's type (hidden
+        for a secret) and its attributes (the browser's own hints; `read` checks again)."""
+        kind = "password" if req.is_secret else self.input
+        return Form(control="input", type=kind, attrs=self.attrs(req))
+
+    def answer_fields(self) -> dict[str, Any]:
+        """The API answer body's fields this kind is answered with: name → (type, Field)."""
+        return {"answer": (str | None, Field(default=None, description="The answer, as text."))}
+
+    def body_examples(self) -> dict[str, dict[str, Any]]:
+        """API answer bodies other than `{"answer": example}` (OpenAPI `examples`)."""
+        return {}
 
     def attrs(self, req: InteractionRequest) -> dict[str, Any]:
         return {}
@@ -96,6 +138,7 @@ class Kind:
 class Password(Kind):
     expects = "a password (typing hidden)"
     input = "password"
+    secret = True
 
     def example(self, req: InteractionRequest) -> str | None:
         return None
@@ -121,6 +164,10 @@ class YesNo(Kind):
     def hints(self, req: InteractionRequest) -> list[str]:
         return ["Please answer yes or no."]
 
+    def form(self, req: InteractionRequest) -> Form:
+        yes = FormKey(key="y", label="Yes", answer="yes", style="primary")
+        return Form(control="keys", keys=[yes, FormKey(key="n", label="No", answer="no")])
+
 
 class Choice(Kind):
     expects = "one of the options, by key or label"
@@ -144,6 +191,10 @@ class Choice(Kind):
 
     def hints(self, req: InteractionRequest) -> list[str]:
         return [f"  [{o.key}] {o.label}" for o in req.options]
+
+    def form(self, req: InteractionRequest) -> Form:
+        keys = [FormKey(key=o.key, label=o.label, answer=o.key) for o in req.options]
+        return Form(control="keys", keys=keys)
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -213,6 +264,29 @@ class Approval(Kind):
 
     def example(self, req: InteractionRequest) -> str | None:
         return "approve"
+
+    def form(self, req: InteractionRequest) -> Form:
+        keys = [
+            FormKey(key="a", label="Approve", decision=Decision.APPROVE, style="primary"),
+            FormKey(key="r", label="Reject", decision=Decision.REJECT, style="danger", reason=True),
+            FormKey(key="e", label="Edit", decision=Decision.EDIT, style="edit"),
+            FormKey(key="c", label="Cancel run", decision=Decision.CANCEL),
+        ]
+        return Form(control="decisions", keys=keys)
+
+    def answer_fields(self) -> dict[str, Any]:
+        decisions = Field(
+            default=None,
+            description="A decision per gated call (`edit` with its `arguments`, `reject` "
+            "with a `reason`).",
+        )
+        return super().answer_fields() | {"decisions": (list[CallDecision] | None, decisions)}
+
+    def body_examples(self) -> dict[str, dict[str, Any]]:
+        edit = {"action_id": "call_1", "decision": "edit", "arguments": {"path": "x"}}
+        reject = {"action_id": "call_2", "decision": "reject", "reason": "not now"}
+        body = {"decisions": [edit, reject], "comment": "the first one, edited"}
+        return {"approval per call": {"summary": "an approval, call by call", "value": body}}
 
 
 class Number(Kind):
@@ -330,7 +404,7 @@ TEXT, PASSWORD, YES_NO, CHOICE, APPROVAL = Kind(), Password(), YesNo(), Choice()
 NUMBER, DATE = Number(), Date()
 
 
-def kind_of(t: InputType) -> Kind:
+def _entry(t: InputType) -> Kind:
     match t:
         case InputType.TEXT:
             return TEXT
@@ -348,6 +422,19 @@ def kind_of(t: InputType) -> Kind:
             return DATE
         case _:
             assert_never(t)
+
+
+# Every type's entry, made once (a test may put a kind of its own in a type's place).
+KINDS: dict[InputType, Kind] = {t: _entry(t) for t in InputType}
+
+
+def kind_of(t: InputType) -> Kind:
+    return KINDS[t]
+
+
+def asked_type(args: dict[str, Any]) -> str:
+    """The input type of an ask_human call that names none: a choice if it gives options."""
+    return str(InputType.CHOICE if args.get("options") else InputType.TEXT)
 
 
 def read_text(req: InteractionRequest, text: str) -> Reply:
@@ -376,9 +463,37 @@ def model_description() -> str:
 
 def question_fields(req: InteractionRequest) -> dict[str, Any]:
     """Every kind's own request fields, as JSON (null where they do not apply)."""
-    names = {f for t in InputType for f in kind_of(t).fields}
-    return req.model_dump(mode="json", include=names)
+    return req.model_dump(mode="json", include=set(request_fields()))
 
 
-def form(req: InteractionRequest) -> dict[str, Any]:
+def form(req: InteractionRequest) -> Form:
     return kind_of(req.input_type).form(req)
+
+
+def kinds_with(name: str) -> list[InputType]:
+    """The input types whose kind adds request field `name`."""
+    return [t for t in InputType if name in kind_of(t).fields]
+
+
+def request_fields() -> list[str]:
+    """Every kind's own request fields, in the vocabulary's order (the API's question)."""
+    return list(dict.fromkeys(f for t in InputType for f in kind_of(t).fields))
+
+
+def model_arguments() -> dict[str, Any]:
+    """The ask_human arguments the kinds add; two kinds naming one argument must mean the
+    same by it (a clash would silently give one kind's schema to the other)."""
+    merged: dict[str, Any] = {}
+    for t in model_kinds():
+        for name, schema in kind_of(t).schema().items():
+            if merged.setdefault(name, schema) != schema:
+                raise ValueError(f"ask_human argument {name!r} is defined twice ({t})")
+    return merged
+
+
+def answer_fields() -> dict[str, Any]:
+    """The API answer body's fields, from every kind (name → (type, Field))."""
+    fields: dict[str, Any] = {}
+    for t in InputType:
+        fields |= kind_of(t).answer_fields()
+    return fields

@@ -166,7 +166,9 @@ class InteractionRequest(_Model):
 
     @property
     def is_secret(self) -> bool:
-        return self.sensitive or self.input_type == InputType.PASSWORD
+        from .kinds import kind_of  # the vocabulary says which kinds are secret (it imports us)
+
+        return self.sensitive or kind_of(self.input_type).secret
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and (now or utcnow()) >= self.expires_at

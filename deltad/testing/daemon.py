@@ -19,7 +19,7 @@ import yaml
 from deltad.testing.stub import paused_workspace
 
 if TYPE_CHECKING:
-    from deltad.daemon.executors import Executor, Finished
+    from deltad.daemon.executors import Exit, JobExecutor
 
 BIN = Path(sys.executable).parent
 DELTAD = str(BIN / "deltad")
@@ -32,7 +32,7 @@ ROOT_BACKEND: str | None = None
 # (or fork, command) runs the whole daemon suite against it; unset: the config's default.
 EXECUTOR: str | None = os.environ.get("DELTAD_TEST_EXECUTOR") or None
 
-__all__ = ["DELTAD", "Daemon", "paused_workspace", "reap_one", "records", "wait_for"]
+__all__ = ["DELTAD", "Daemon", "next_exit", "paused_workspace", "records", "wait_for"]
 
 
 def wait_for(cond: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
@@ -46,10 +46,16 @@ def wait_for(cond: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
         time.sleep(0.02)
 
 
-def reap_one(ex: Executor) -> Finished:
-    """The next child `ex` reaps (exactly one: the tests start one at a time)."""
-    [fin] = wait_for(ex.reap, "a resume child to exit")
-    return fin
+def next_exit(ex: JobExecutor) -> Exit:
+    """The next job `ex` reports ended (exactly one: the tests start one at a time)."""
+
+    from deltad.daemon.executors.seam import Exit
+
+    def exits() -> list[Exit]:
+        return [e for e in ex.poll(time.time()) if isinstance(e, Exit)]
+
+    [end] = wait_for(exits, "a resume job to end")
+    return end
 
 
 def stub_command(record: Path, mode: str = "consume") -> list[str]:

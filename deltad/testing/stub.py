@@ -11,6 +11,10 @@ and moves the run to COMPLETED (exit 0). Modes:
            consume (a person's `delta run`)
   probe    record what the process is (identity, environment, session, signals, fds,
            stdio), then consume: the executors' tests compare a forked resume with a fresh one
+  elsewhere  a run on a cluster node whose job is killed under it: ingest the first answer and
+           stay RUNNING as a process on another host (`ELSEWHERE_HOST`) until killed; an
+           INTERRUPTED run is resumed and asks again (WAITING, exit 101); the later answer is
+           consumed
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from deltad.protocol import (
     utcnow,
 )
 from deltad.protocol.printable import show_path
+
+ELSEWHERE_HOST = "node-elsewhere.invalid"  # the host mode `elsewhere` claims to run on
 
 
 def paused_workspace(
@@ -123,6 +129,38 @@ def _ingest(ws: Workspace, record: Path) -> tuple[Path, RunMetadata] | None:
     return path, meta
 
 
+def _resume_interrupted(ws: Workspace, record: Path) -> int | None:
+    """An INTERRUPTED latest run: record why it was interrupted, then ask again (exit 101, as a
+    resumed run that reaches its next question); else None."""
+    run_id = ws.latest_run_id()
+    assert run_id is not None, "no run"
+    path = ws.run(run_id).metadata
+    meta = load_metadata(path)
+    if meta.status is not RunStatus.INTERRUPTED:
+        return None
+    _record(record, workspace=str(ws.root), run_id=run_id, resumed=str(meta.error))
+    meta = transition(path, meta, RunStatus.RUNNING, workspace=str(ws.root), owner=current_owner())
+    # As the client does: the question first, then the status (an answer written as soon as
+    # the run says WAITING_FOR_INPUT is newer than the question, never set aside by it).
+    request = InteractionRequest(prompt="again?", run_id=run_id, action_id="act_2")
+    _record_asked(ws.run(run_id).journal, request)
+    Mailbox(ws).post(request)
+    transition(path, meta, RunStatus.WAITING_FOR_INPUT, workspace=str(ws.root))
+    return 101
+
+
+def _resumed_before(record: Path, run_id: str) -> bool:
+    try:
+        lines = record.read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    return any(
+        (r := json.loads(line)).get("run_id") == run_id and "resumed" in r
+        for line in lines
+        if line.strip()
+    )
+
+
 def facts() -> dict[str, object]:
     """What a resume process is, as far as its program can tell (nothing pid-specific)."""
     import locale
@@ -176,10 +214,16 @@ def stub(workspace: str, record: Path, mode: str) -> int:
         mine = record.with_name(f"{go.name}.{Path(workspace).name}")  # releases this one only
         while not (go.exists() or mine.exists()):
             time.sleep(0.02)
+    if mode == "elsewhere" and (resumed := _resume_interrupted(ws, record)) is not None:
+        return resumed
     ingested = _ingest(ws, record)
     if ingested is None:
         return 101
     path, meta = ingested
+    if mode == "elsewhere" and not _resumed_before(record, meta.run_id):
+        meta.owner = current_owner().model_copy(update={"hostname": ELSEWHERE_HOST})
+        save_metadata(path, meta)
+        mode = "hang"
     if mode == "hang":
         while True:
             time.sleep(3600)
@@ -195,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("stub", help="act as `delta run --work-dir WS`")
     s.add_argument("workspace")
     s.add_argument("--record", type=Path, required=True)
-    modes = ["consume", "hang", "fail", "slow", "hold", "probe"]
+    modes = ["consume", "hang", "fail", "slow", "hold", "probe", "elsewhere"]
     s.add_argument("--mode", default="consume", choices=modes)
     p = sub.add_parser("pause", help="create a paused workspace")
     p.add_argument("workspace", type=Path)

@@ -131,11 +131,12 @@ def test_a_restarted_daemon_adopts_the_resume_left_running(tmp_path: Path, execu
         answer(ws, "only once")
         [spawned] = first.wait_event("resume_spawned", workspace=str(ws))
         assert first.stop() == 0
-        assert first.events("resume_detached")[0]["pids"] == [spawned["pid"]]
+        [detached] = first.events("resume_detached")[0]["jobs"]
+        assert (detached["pid"], detached["job"]) == (spawned["pid"], spawned["job"])
         second = Daemon(tmp_path, [root], mode="hold", executor=executor).start()
         try:
             [adopted] = second.wait_event("resume_adopted", workspace=str(ws))
-            assert adopted["pid"] == spawned["pid"]
+            assert (adopted["pid"], adopted["job"]) == (spawned["pid"], spawned["job"])
             second.record.with_name(second.record.name + ".go").touch()
             [exited] = second.wait_event("resume_exited", workspace=str(ws))
             assert exited["pid"] == spawned["pid"]
@@ -154,3 +155,34 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_daemon_killed_with_sigkill_leaves_its_resume_to_the_next_one(
+    tmp_path: Path, executor: str
+) -> None:
+    """No shutdown runs on kill -9: the next daemon adopts what the executor recorded when it
+    started the job (the same job: pid and start time), and the answer is used once."""
+    root = tmp_path / "root"
+    ws = root / "ws"
+    paused_workspace(ws)
+    first = Daemon(tmp_path, [root], mode="hold", executor=executor).start()
+    try:
+        answer(ws, "only once")
+        [spawned] = first.wait_event("resume_spawned", workspace=str(ws))
+        first.signal(signal.SIGKILL)
+        assert first.stop() == -signal.SIGKILL
+        second = Daemon(tmp_path, [root], mode="hold", executor=executor).start()
+        try:
+            [adopted] = second.wait_event("resume_adopted", workspace=str(ws))
+            assert (adopted["pid"], adopted["job"]) == (spawned["pid"], spawned["job"])
+            second.record.with_name(second.record.name + ".go").touch()
+            [exited] = second.wait_event("resume_exited", workspace=str(ws))
+            assert (exited["job"], exited["outcome"]) == (spawned["job"], "unknown")
+            assert [r["answer"] for r in second.resumed(ws)] == ["only once"]
+            assert not second.events("resume_spawned")
+        finally:
+            second.stop()
+            second.kill_children()
+    finally:
+        first.kill_children()

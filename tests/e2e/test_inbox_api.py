@@ -96,6 +96,15 @@ def test_answer_over_http_resumes_the_run_and_the_stream_says_so(
         assert [x["workspace"] for x in runs] == [str(ws)]
         detail = http.get(f"/v1/runs/{runs[0]['run_id']}", params={"workspace": str(ws)}).json()
         assert detail["last_message"] == "painted" and detail["journal"]
+        # The page's history: the run's end with its outcome's final message and duration.
+        [end] = [h for h in http.get("/v1/history").json()["history"] if h["kind"] == "run_ended"]
+        assert (end["status"], end["final_message"], end["reason"]) == (
+            "COMPLETED",
+            "painted",
+            None,
+        )
+        assert end["final_message"] == detail["outcome"]["final_message"]
+        assert 0 <= end["duration_seconds"] <= detail["outcome"]["duration_seconds"] + 1
     stream.close()
     assert metadata_status(ws) == "COMPLETED"
     answered = [

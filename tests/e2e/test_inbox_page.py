@@ -1,8 +1,9 @@
 """The web page in a real headless Chromium against a real `deltad serve`: it goes on after a
 daemon restart and asks to log in again after a revoke; questions grouped by workspace and run
-are answered from the keyboard; it reads at phone width; it works under a reverse proxy's path
-prefix; axe-core finds no serious or critical violation in any state. Screenshots are written
-to `$DELTAD_SCREENSHOTS` when set (`docs/img` for the docs)."""
+are answered from the keyboard; a finished run's outcome (final message, duration, who answered
+what) is in the history after a reload and a restart; it reads at phone width; it works under a
+reverse proxy's path prefix; axe-core finds no serious or critical violation in any state.
+Screenshots are written to `$DELTAD_SCREENSHOTS` when set (`docs/img` for the docs)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,14 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from deltad.api import links
-from deltad.protocol import Mailbox, Workspace
-from deltad.testing.daemon import DELTAD, Daemon
+from deltad.protocol import InputType, Mailbox, Workspace
+from deltad.testing import FakeLLM
+from deltad.testing.daemon import DELTAD, Daemon, metadata_status, wait_for
 from deltad.testing.inbox import http_url, make_token
 from deltad.testing.stub import paused_workspace
 
+from ..conftest import llm_env, write_agent
+from .test_inbox_api import REAL_CLIENT, _delta
 from .test_inbox_browser import WAIT, _until, browser  # noqa: F401 - the fixture is used
 
 SHOTS = os.environ.get("DELTAD_SCREENSHOTS")
@@ -72,12 +76,26 @@ def shot(driver: WebDriver, name: str) -> None:
 
 
 # -- axe-core ---------------------------------------------------------------------------------
+# axe-core 4.x from the npm registry, pinned in tests/e2e/axe/package-lock.json (`.ci/run`:
+# `npm ci --prefix tests/e2e/axe`). Outside CI without it, the 3.1 build that
+# axe-selenium-python ships (the dev extra) stands in.
+AXE_4 = Path(__file__).parent / "axe" / "node_modules" / "axe-core" / "axe.min.js"
+
+
 def axe_source() -> str:
-    import axe_selenium_python  # the dev extra: axe-core's own build, shipped on PyPI
+    if AXE_4.is_file():
+        return AXE_4.read_text()
+    assert not os.environ.get("CI"), f"no {AXE_4}: run npm ci --prefix tests/e2e/axe"
+    import axe_selenium_python
 
     return (
         Path(axe_selenium_python.__file__).parent / "node_modules" / "axe-core" / "axe.min.js"
     ).read_text()
+
+
+def axe_version(driver: WebDriver) -> str:
+    driver.execute_script(axe_source())
+    return str(driver.execute_script("return axe.version"))
 
 
 def serious_violations(driver: WebDriver) -> list[str]:
@@ -93,6 +111,14 @@ def serious_violations(driver: WebDriver) -> list[str]:
         for v in result["violations"]
         if v["impact"] in ("serious", "critical")
     ]
+
+
+def aside_scrolls(driver: WebDriver) -> bool:
+    return bool(
+        driver.execute_script(
+            "const a = document.querySelector('aside'); return a.scrollHeight > a.clientHeight"
+        )
+    )
 
 
 def no_horizontal_scroll(driver: WebDriver) -> bool:
@@ -206,6 +232,7 @@ def test_keyboard_phone_width_history_and_no_serious_accessibility_violations(
     browser.get(url)
     _until(browser, "the login form", "#token")
     assert serious_violations(browser) == [], "the login form"
+    assert axe_version(browser).startswith("4.") or not AXE_4.is_file()  # the pinned one is used
     shot(browser, "login")
     log_in(browser, token)
     ws = ask_some(root)
@@ -215,6 +242,9 @@ def test_keyboard_phone_width_history_and_no_serious_accessibility_violations(
     assert len(groups) == 3 and any("billing-api" in g.text for g in groups)
     assert serious_violations(browser) == [], "the list"
     shot(browser, "inbox-desktop")
+    browser.set_window_size(1280, 250)  # the history scrolls on its own: a keyboard must reach it
+    until(browser, "the history scrolling", aside_scrolls)
+    assert serious_violations(browser) == [], "the history scrolling"
     browser.set_window_size(375, 812)  # phone width, with all three waiting
     until(browser, "the phone layout", no_horizontal_scroll)
     assert serious_violations(browser) == [], "phone width"
@@ -319,6 +349,85 @@ def test_the_context_of_a_question_is_shown_folded_open(
     browser.set_window_size(375, 812)
     until(browser, "the phone layout", no_horizontal_scroll)
     shot(browser, "question-context-phone")
+
+
+# -- a finished run's outcome ---------------------------------------------------------------------
+# Markup and two lines: the page must show it as text, never as HTML.
+FINAL = 'Hello Ada! <b>Welcome</b> & <img src=x onerror="window.pwned=1">\nSee you soon.'
+
+
+def run_end(driver: WebDriver) -> Any:
+    """The history's entry for the run's end, once it is there."""
+    css = '#activity li.ended[data-to="COMPLETED"]'
+    _until(driver, "the run's end in the history", css)
+    return driver.find_element(By.CSS_SELECTOR, css)
+
+
+def outcome_shown(driver: WebDriver) -> dict[str, Any]:
+    """What the run's end shows, its outcome unfolded."""
+    end = run_end(driver)
+    details = end.find_element(By.CSS_SELECTOR, "details.outcome")
+    if details.get_attribute("open") is None:
+        details.find_element(By.TAG_NAME, "summary").click()
+    until(driver, "the outcome unfolded", lambda b: details.get_attribute("open") is not None)
+    message = details.find_element(By.CSS_SELECTOR, ".final-message")
+    return {
+        "what": end.find_element(By.CSS_SELECTOR, ".what").text,
+        "message": message.get_attribute("textContent"),
+        "markup": len(message.find_elements(By.CSS_SELECTOR, "*")),
+        "answers": [a.text for a in details.find_elements(By.CSS_SELECTOR, ".answers li")],
+        "pwned": driver.execute_script("return window.pwned === 1"),
+    }
+
+
+def test_a_finished_runs_outcome_is_on_the_page_after_a_reload_and_a_restart(
+    tmp_path: Path,
+    fake: FakeLLM,
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    root = tmp_path / "root"
+    ws = root / "greeter"
+    ws.mkdir(parents=True)
+    d = Daemon(
+        tmp_path,
+        [root],
+        resume_command=REAL_CLIENT,
+        http={"listen": f"127.0.0.1:{free_port()}"},
+    ).start(env=llm_env(fake))
+    try:
+        fake.call("ask_human", {"prompt": "What is your name?"}, id="ask1")
+        fake.reply(FINAL)
+        agent = write_agent(tmp_path)
+        out = _delta(fake, "run", "--agent", str(agent), "--task", "greet", "--work-dir", str(ws))
+        assert out.returncode == 101, out.stderr
+        url = http_url(d)
+        browser.set_window_size(1280, 900)
+        browser.get(url)
+        log_in(browser, make_token(d.state_dir, "ada"))
+        _until(browser, "the question", '.item[data-input-type="text"] input.answer')
+        field = browser.find_element(By.CSS_SELECTOR, ".item input.answer")
+        field.send_keys("Ada", Keys.ENTER)
+        wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed", timeout=WAIT)
+
+        for when in ("live", "after a reload", "after a restart"):
+            if when == "after a reload":
+                browser.refresh()
+            elif when == "after a restart":
+                assert d.stop() == 0
+                d.start(env=llm_env(fake), wait=False)
+                d.wait_event("daemon_ready", count=2)
+                browser.refresh()
+            shown = outcome_shown(browser)
+            assert shown["message"] == FINAL, when  # as text: its markup is not made elements
+            assert shown["markup"] == 0 and not shown["pwned"], when
+            assert shown["what"].startswith("run completed in "), when
+            assert shown["what"].endswith(" s"), when
+            assert shown["answers"] == ["ada: “Ada” (What is your name?)"], when
+        assert serious_violations(browser) == [], "a finished run's outcome unfolded"
+        shot(browser, "history-outcome")
+    finally:
+        d.stop()
+        d.kill_children()
 
 
 # -- a reverse proxy under a path prefix ----------------------------------------------------------
@@ -453,3 +562,36 @@ def test_the_page_follows_next_through_every_page_of_a_list(
     )
     assert got.get("requests") == [1, 2, 3, 4], got
     assert got["runs"] == [9]
+
+
+def test_each_kind_s_controls_come_from_its_form_and_the_filter_lists_every_type(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    """The page builds a question's controls from the API's `form`: a date picker within the
+    date's bounds, yes/no buttons with their keys; the type filter lists the API's types."""
+    d, url, root = served
+    paused_workspace(root / "trip", "When do you leave?", input_type="date", earliest="2030-01-01")
+    paused_workspace(root / "ship", "Ship it?", input_type="yes_no")
+    browser.set_window_size(1280, 900)
+    browser.get(url)
+    log_in(browser, make_token(d.state_dir, "alice"))
+    until(browser, "two questions", lambda b: len(b.find_elements(By.CSS_SELECTOR, ".item")) == 2)
+    types = [t.value for t in InputType]
+    until(
+        browser,
+        "the filter's types",
+        lambda b: (
+            [o.text for o in b.find_elements(By.CSS_SELECTOR, "#f-type option")] == ["all", *types]
+        ),
+    )
+    day = browser.find_element(By.CSS_SELECTOR, '.item[data-input-type="date"] input.answer')
+    assert (day.get_attribute("type"), day.get_attribute("min")) == ("date", "2030-01-01")
+    ship = browser.find_element(By.CSS_SELECTOR, '.item[data-input-type="yes_no"]')
+    keys = [b.get_attribute("data-key") for b in ship.find_elements(By.CSS_SELECTOR, "button")]
+    assert keys == ["y", "n"]
+    assert serious_violations(browser) == [], "a date and a yes/no question"
+    ship.click()
+    browser.switch_to.active_element.send_keys("y")
+    [resumed] = d.wait_resumed(root / "ship")
+    assert json.loads(resumed["answer"])["answer"] == "yes"

@@ -39,7 +39,9 @@ def test_a_date_question_answered_over_http(tmp_path: Path, fake: FakeLLM) -> No
         with client(http_url(d), make_token(d.state_dir, "alice")) as http:
             [q] = wait_for(lambda: http.get("/v1/requests").json()["requests"], "the question")
             assert (q["input_type"], q["earliest"], q["latest"]) == ("date", "2030-01-01", None)
-            assert q["form"] == {"type": "date", "attrs": {"min": "2030-01-01", "max": None}}
+            form = {key: q["form"][key] for key in ("control", "type", "attrs")}
+            assert form == {"control": "input", "type": "date",
+                            "attrs": {"min": "2030-01-01", "max": None}}  # fmt: skip
             path = f"/v1/requests/{q['request_id']}/answer"
             early = http.post(path, json={"answer": "2029-12-31"})
             assert early.status_code == 422 and "before the earliest" in early.text

@@ -157,7 +157,7 @@ digraph g {
   graph [tool_hooks.pre="audit.sh"]
   start [shape=Mdiamond]
   exit [shape=Msquare]
-  w [shape=diamond, auto_status=true, timeout=5m]
+  w [shape=diamond, tool_hooks.post=x, timeout=5m]
   start -> w -> exit
 }
 """
@@ -171,10 +171,10 @@ def test_warnings_go_to_stderr_with_codes_and_exit_0(tmp_path: Path) -> None:
         "delta: warning: g.dot:2:25: graph: tool_hooks.pre is ignored by this runner (attractor "
         "spec §9.7: tool approvals and hooks come from the agent directory) "
         "[W001 ignored-attribute]",
-        "delta: warning: g.dot:5:33: node w: auto_status is ignored by this runner (attractor "
-        "spec §2.6: a codergen reply without a status block is a SUCCESS already) "
+        "delta: warning: g.dot:5:37: node w: tool_hooks.post is ignored by this runner "
+        "(attractor spec §9.7: tool approvals and hooks come from the agent directory) "
         "[W001 ignored-attribute]",
-        "delta: warning: g.dot:5:47: node w: timeout has no effect here: only a gate's, a "
+        "delta: warning: g.dot:5:48: node w: timeout has no effect here: only a gate's, a "
         "tool's and an LLM node's are enforced [W001 ignored-attribute]",
     ]
 

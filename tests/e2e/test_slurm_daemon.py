@@ -15,6 +15,7 @@ import os
 import pwd
 import signal
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ import pytest
 from deltad.daemon.executors.slurm import key_from_comment
 from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command, wait_for
 from deltad.testing.slurmcluster import Cluster
-from deltad.testing.stub import paused_workspace
+from deltad.testing.stub import ELSEWHERE_HOST, paused_workspace
 from tests.slurm import slurm_cluster  # noqa: F401
 from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
 
@@ -167,3 +168,140 @@ def test_daemon_resumes_through_slurm_and_adopts_its_jobs_after_kill_9(
     }
     assert len(records(record)) == 4
     assert os.stat(record).st_uid == owner.uid  # written by the jobs, as the owner
+
+
+def held_pid(ws: Path) -> int:
+    """The pid of the stand-in client running in `ws` (on this machine: the cluster's node)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"deltad.testing.stub" in argv and os.fsencode(ws) in argv:
+            return int(pid)
+    raise AssertionError(f"no client runs in {ws}")
+
+
+def job_of(c: Cluster, daemon_id: str, ws: Path, state: str) -> str | None:
+    """The id of this daemon's job for `ws` in `state` (None while there is none)."""
+    found = [j for j, s, _, w in jobs_of(c, daemon_id) if w == ws and s == state]
+    return found[-1] if found else None
+
+
+def claims_elsewhere(ws: Path) -> bool:
+    """The run says RUNNING, owned by a process on another host (the stub's claim)."""
+    from deltad.protocol import Workspace, load_metadata
+
+    w = Workspace.at(ws)
+    run_id = w.latest_run_id()
+    assert run_id
+    meta = load_metadata(w.run(run_id).metadata)
+    return (
+        meta.status == "RUNNING"
+        and meta.owner is not None
+        and (meta.owner.hostname == ELSEWHERE_HOST)
+    )
+
+
+def test_a_run_on_another_host_whose_job_is_killed_is_interrupted_and_resumed(
+    slurm_cluster: Cluster,  # noqa: F811
+    owner: User,
+    shared: Path,
+) -> None:
+    """A RUNNING run owned by another host is judged from its Slurm job, not from this host's
+    /proc: the job cancelled hard (scancel --signal=KILL), or its client killed with SIGKILL
+    inside it, or cancelled hard while no daemon ran (the restarted daemon adopts the ended job
+    and reads its exit), while the run says RUNNING on another host → the daemon marks it
+    INTERRUPTED (one logged transition naming the job) and resumes it
+    (`auto_resume_interrupted`); the run asks again, and a later answer resumes it to the end."""
+    c = slurm_cluster
+    daemon_id = f"e{os.getpid()}"
+    root = shared / "root"
+    root.mkdir()
+    cancelled, killed, offline = root / "cancelled", root / "killed", root / "offline"
+    run_ids = {ws: paused_workspace(ws) for ws in (cancelled, killed, offline)}
+    for ws in run_ids:
+        chown_tree(ws, owner)
+    rec_dir = shared / "records"
+    rec_dir.mkdir()
+    os.chown(rec_dir, owner.uid, owner.gid)
+    record = rec_dir / "resumes.jsonl"
+    state = shared / "daemon"
+    state.mkdir(mode=0o700)
+    d = Daemon(
+        state,
+        [root],
+        wrapper=["nsenter", f"--net={c.netns()}", "--"],
+        executor="slurm",
+        executors={
+            "slurm": {
+                "log_dir": str(shared / "logs"),
+                "slurm_conf": str(c.conf),
+                "daemon_id": daemon_id,
+                "poll_every": 0.3,
+            }
+        },
+        resume_command=stub_command(record, "elsewhere"),
+        auto_resume_interrupted=True,
+    )
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "sk-test"}
+
+    def end_hard(ws: Path) -> None:
+        if ws in (cancelled, offline):
+            job = job_of(c, daemon_id, ws, "RUNNING")
+            assert job is not None
+            if ws == offline:  # the daemon dies first; the job ends while none runs
+                d.signal(signal.SIGKILL)
+                assert d.proc is not None
+                d.proc.wait(DEADLINE)
+                d._log.close()
+            c.run("scancel", "--signal=KILL", "--full", job)
+            if ws == offline:
+                ended = partial(lambda j: job_of(c, daemon_id, offline, "CANCELLED") == j, job)
+                wait_for(ended, "the job ended in Slurm", DEADLINE)
+                d.start(env=env)
+                d.wait_event("resume_adopted", workspace=str(ws), timeout=DEADLINE)
+        else:
+            found = wait_for(lambda: held_job_process(ws), "the job's client", DEADLINE)
+            assert found[0] == owner.uid
+            os.kill(held_pid(ws), signal.SIGKILL)  # the client inside the job, not the job
+
+    try:
+        with executable_by_all():
+            d.start(env=env)
+            for ws in (cancelled, killed, offline):
+                answer(ws, f"answer {ws.name}")
+                wait_for(partial(claims_elsewhere, ws), f"{ws.name}: RUNNING elsewhere", DEADLINE)
+                end_hard(ws)
+                # INTERRUPTED, resumable: resumed, the run asks again; the later answer resumes it.
+                asks = partial(lambda w: metadata_status(w) == "WAITING_FOR_INPUT", ws)
+                wait_for(asks, f"{ws.name}: INTERRUPTED, resumed, asking again", DEADLINE)
+                answer(ws, f"later answer {ws.name}")
+                done = partial(lambda w: metadata_status(w) == "COMPLETED", ws)
+                wait_for(done, f"{ws.name}: the later answer resumed", DEADLINE)
+    finally:
+        d.stop()
+        out = c.run("squeue", "-h", "--states=all", "-O", "JobID:|,Comment:0")
+        for line in out.stdout.splitlines():
+            job, _, comment = line.partition("|")
+            if f":{daemon_id}:" in comment:
+                c.run("scancel", "--signal=KILL", "--full", job.strip(), check=False)
+
+    marks = [
+        e for e in d.events("status_transition", to="INTERRUPTED") if e.get("from") == "RUNNING"
+    ]
+    assert {e["run_id"] for e in marks} == set(run_ids.values()) and len(marks) == 3
+    for e in marks:
+        assert e["reason"].startswith("process ")
+        assert f" on {ELSEWHERE_HOST} stopped without finishing: job deltad-" in e["reason"]
+    every = (cancelled, killed, offline)
+    resumed = {r["workspace"]: r.get("resumed") for r in records(record) if "resumed" in r}
+    assert resumed.keys() == {str(ws) for ws in every}
+    assert all(ELSEWHERE_HOST in str(why) for why in resumed.values())
+    per_ws = collections.Counter(ws for _, _, _, ws in jobs_of(c, daemon_id))
+    # the job killed under the run, the resume of the INTERRUPTED run, the later answer's
+    assert per_ws == {ws: 3 for ws in every}
+    answers = [r["answer"] for r in records(record) if "answer" in r]
+    assert sorted(answers) == sorted(
+        f"{a} {ws.name}" for a in ("answer", "later answer") for ws in every
+    )

@@ -4,6 +4,7 @@ resume paced, its timer bringing the workspace back once the clock has moved."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,9 +14,9 @@ import pytest
 from deltad.daemon import lifecycle
 from deltad.daemon.clock import ManualClock
 from deltad.daemon.config import DaemonConfig, load_config
-from deltad.daemon.executors import Child, Finished
+from deltad.daemon.executors.seam import Handle, RequestKey
 from deltad.daemon.queue import Why
-from deltad.daemon.resumer import Resumer
+from deltad.daemon.resumer import Finished, InFlight, Resumer
 from deltad.daemon.service import Service
 from deltad.daemon.tenancy import Launch
 from deltad.testing.stub import paused_workspace
@@ -27,14 +28,19 @@ class ScriptedResumer(Resumer):
     def __init__(self, config: DaemonConfig) -> None:
         super().__init__(config)
         self.resumed: list[Path] = []
+        self.requests: list[str] = []
         self._exits: list[Finished] = []
 
-    def submit(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
+    def submit(
+        self, ws: Path, run_id: str | None, launch: Launch, owner: int, request: str = "resume"
+    ) -> bool:
         self.resumed.append(ws)
+        self.requests.append(request)
         return True
 
     def exit(self, ws: Path, rc: int) -> None:
-        self._exits.append(Finished(Child(ws, None, 0, None, 0.0, 0.0), rc, 1))
+        handle = Handle(RequestKey(ws, "", "resume"), "scripted", "1")
+        self._exits.append(Finished(InFlight(handle, 0.0), rc, 1))
 
     def reap(self) -> list[Finished]:
         done, self._exits = self._exits, []
@@ -71,6 +77,8 @@ def test_a_failed_resume_is_paced_and_its_timer_brings_it_back(service: Service)
     service.queue.put(ws, Why.ANSWER_CLOSED)
     service.turn()
     assert resumer.resumed == [ws]
+    asked = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
+    assert resumer.requests == [asked["request_id"]]  # the job's key names what is answered
 
     resumer.exit(ws, 1)  # it failed and the same answer is still there
     service.turn()
@@ -105,3 +113,40 @@ def test_a_dropped_workspace_is_forgotten_whole(service: Service) -> None:
     service.queue.put(ws)
     service.turn()
     assert ws not in service.memory and ws not in service.registry
+
+
+def _running_elsewhere(ws: Path) -> Path:
+    """The workspace's run says RUNNING, owned by a process on another host; its metadata."""
+    from deltad.protocol import Workspace, current_owner, load_metadata, transition
+    from deltad.protocol.states import RunStatus
+
+    run_id = paused_workspace(ws)
+    path = Workspace.at(ws).run(run_id).metadata
+    owner = current_owner().model_copy(update={"hostname": "node-b.invalid", "pid": 4242})
+    transition(path, load_metadata(path), RunStatus.RUNNING, owner=owner)
+    return path
+
+
+def test_a_job_that_ended_under_a_run_elsewhere_gets_it_marked(service: Service) -> None:
+    """The loop's wiring of the rule (decide, runfacts): a job's end reaches `decide` as a
+    job's, and the mark is written under the lock with the job in its reason."""
+    from deltad.protocol import load_metadata
+
+    resumer = service.resumer
+    assert isinstance(resumer, ScriptedResumer)
+    ws = service.config.roots[0].path / "ws"
+    meta = _running_elsewhere(ws)
+    run_id = load_metadata(meta).run_id
+    service.queue.put(ws)
+    service.turn()
+    assert load_metadata(meta).status == "RUNNING"  # no job known for it: left alone
+
+    key = RequestKey(ws, run_id, "resume", 1)
+    resumer._exits.append(Finished(InFlight(Handle(key, "fakejobs", "77"), 0.0), -9, 1))
+    service.turn()
+    after = load_metadata(meta)
+    assert after.status == "INTERRUPTED"
+    assert after.error == (
+        f"process 4242 on node-b.invalid stopped without finishing: job {key.name} (77) "
+        "ended: killed_by_SIGKILL"
+    )

@@ -11,7 +11,7 @@ import pytest
 import structlog
 
 from deltad.daemon.config import DaemonConfig
-from deltad.daemon.executors import Child, Job
+from deltad.daemon.executors.seam import Event, Exit, Handle, JobSpec, RequestKey
 from deltad.daemon.resumer import Resumer
 from deltad.daemon.slots import Slots, held_by_owner_cap, pick_next
 from deltad.daemon.tenancy import Identity, Launch, Owner
@@ -104,36 +104,52 @@ def test_held_by_owner_cap(
 
 # -- the resumer's queue ------------------------------------------------------------------------
 class Recorder:
-    """An executor that starts nothing: it records each job and holds it until `finish`."""
+    """A job executor that starts nothing: it records each job and holds it until `finish`."""
 
     name = "recorder"
+    poll_every: float | None = None
 
-    def __init__(self, max_parallel: int) -> None:
-        self.max_parallel = max_parallel
-        self.children: dict[Path, Child] = {}
+    def __init__(self) -> None:
         self.started: list[Path] = []
+        self.running: dict[Path, Handle] = {}
+        self.ended: list[Event] = []
+        self.left: list[Handle] = []
 
-    def slots(self) -> int:
-        return max(0, self.max_parallel - len(self.children))
-
-    def submit(self, job: Job) -> Child:
-        self.started.append(job.workspace)
-        child = Child(job.workspace, job.run_id, 1, None, 0.0, 1e9)
-        self.children[job.workspace] = child
-        return child
+    def submit(self, spec: JobSpec) -> Handle:
+        self.started.append(spec.key.workspace)
+        handle = Handle(spec.key, self.name, str(len(self.started)))
+        self.running[spec.key.workspace] = handle
+        return handle
 
     def finish(self, ws: Path) -> None:
-        del self.children[ws]
+        self.ended.append(Exit(self.running.pop(ws), 0))
 
-    def started_by(self, child: Child) -> str:
-        return self.name
+    def poll(self, now: float) -> list[Event]:
+        ended, self.ended = self.ended, []
+        return ended
+
+    def cancel(self, handle: Handle, grace: float) -> None:
+        pass
+
+    def adopt(self) -> list[Handle]:
+        return self.left
+
+    def fds(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        pass
 
 
-def _resumer(tmp_path: Path, **settings: object) -> tuple[Resumer, Recorder]:
+def _resumer(
+    tmp_path: Path, left: tuple[Path, ...] = (), **settings: object
+) -> tuple[Resumer, Recorder]:
     config = DaemonConfig.model_validate({"state_dir": str(tmp_path), **settings})
     resumer = Resumer(config)
-    recorder = Recorder(config.max_parallel_resumes)
-    resumer._executor = recorder  # type: ignore[assignment]
+    recorder = Recorder()
+    recorder.left = [Handle(RequestKey(ws, "", "resume"), "recorder", "left") for ws in left]
+    resumer._executor = recorder
+    resumer._adopt()
     return resumer, recorder
 
 
@@ -159,6 +175,7 @@ def test_the_resumer_serves_owners_in_turn_and_logs_a_wait_once(tmp_path: Path) 
     waits = [e for e in logged if e["event"] == "resume_waits_for_owner_slot"]
     assert [(e["workspace"], e["uid"]) for e in waits] == [(str(ws), MALLORY) for ws in theirs[1:]]
     ex.finish(theirs[0])
+    resumer.reap()
     resumer.start_ready()
     assert ex.started == [theirs[0], mine, theirs[1]]
     assert [q[0] for q in resumer.pending] == [theirs[2]]
@@ -174,6 +191,7 @@ def test_the_resumer_with_one_owner_and_the_defaults_is_first_come_first_served(
     with structlog.testing.capture_logs() as logged:
         resumer.start_ready()
         ex.finish(spaces[1])
+        resumer.reap()
         resumer.start_ready()
     assert ex.started == spaces[:4]
     assert not [e for e in logged if e["event"] == "resume_waits_for_owner_slot"]
@@ -181,10 +199,12 @@ def test_the_resumer_with_one_owner_and_the_defaults_is_first_come_first_served(
 
 def test_an_adopted_resume_counts_for_its_workspaces_owner(tmp_path: Path) -> None:
     """A resume an earlier daemon left running has no recorded owner: the workspace's is used."""
-    resumer, ex = _resumer(tmp_path, max_parallel_resumes=2, max_parallel_resumes_per_owner=1)
     left = tmp_path / "left-running"
     left.mkdir()
-    ex.children[left] = Child(left, None, 1, None, 0.0, 1e9, adopted=True)
+    resumer, ex = _resumer(
+        tmp_path, (left,), max_parallel_resumes=2, max_parallel_resumes_per_owner=1
+    )
+    assert resumer.children[left].adopted
     mine, theirs = tmp_path / "mine", tmp_path / "theirs"
     resumer.submit(mine, None, LAUNCH, os.getuid())  # the adopted one's owner: at its share
     resumer.submit(theirs, None, LAUNCH, ALICE)

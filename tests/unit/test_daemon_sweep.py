@@ -120,7 +120,9 @@ class RecordingResumer(Resumer):
         super().__init__(config)
         self.resumed: list[Path] = []
 
-    def submit(self, ws: Path, run_id: str | None, launch: Launch, owner: int) -> bool:
+    def submit(
+        self, ws: Path, run_id: str | None, launch: Launch, owner: int, request: str = "resume"
+    ) -> bool:
         self.resumed.append(ws)
         return True
 

@@ -31,6 +31,7 @@ from deltad.daemon.reconcile import Action, State, Verdict
 from deltad.daemon.tenancy import Owner
 from deltad.pacing import Pacing
 from deltad.protocol import exitcodes
+from deltad.protocol.runfacts import Elsewhere, JobEnd, RemoteOwner
 
 OWNER = Owner(1000, 1000, "ann", "/home/ann")
 SIG = (1, 2, 3)
@@ -54,6 +55,11 @@ OUTAGE = seen(State.INTERRUPTED, error_kind="model_unavailable", failing_since=N
 LONG_OUTAGE = replace(OUTAGE, failing_since=NOW.wall - 100)
 NO_OWNER = replace(ANSWERED, owner=None)
 DONE = seen(State.DONE)
+# RUNNING on another host (a Slurm or Kubernetes job's node): judged from its job only
+NODE_B = RemoteOwner("r1", "node-b", 4242)
+REMOTE = seen(State.RUNNING, owner_pid=4242, elsewhere=NODE_B)
+KILLED = Exited("r1", -9, failed=True, job="job deltad-1 (77) ended: killed_by_SIGKILL")
+ENDED_B = Memory(job_end=JobEnd(NODE_B, -9, "job deltad-1 (77) ended: killed_by_SIGKILL"))
 
 ANSWER = AnswerKey(SIG)
 FAILED_ANSWER = Memory(key=ANSWER, failures=1, not_before=NOW.mono + 5)
@@ -208,6 +214,77 @@ ROWS = [
         FAILED_ANSWER,
     ),
     Row(
+        "elsewhere, its job just ended (killed) and it still says RUNNING: marked",
+        Facts(REMOTE, exited=KILLED),
+        ["Observe", "Log:resume_backoff", "MarkInterrupted[]", "Remember"],
+    ),
+    Row(
+        "elsewhere, its job ended, auto-resume: marked, then resumed",
+        Facts(REMOTE, exited=KILLED),
+        ["Observe", "Log:resume_backoff", "MarkInterrupted['Resume:interrupted']", "Remember"],
+        rules=AUTO,
+    ),
+    Row(
+        "elsewhere, its job ended earlier (the mark was refused: lock held): marked again",
+        Facts(REMOTE),
+        ["Observe", "MarkInterrupted[]"],
+        ENDED_B,
+    ),
+    Row(
+        "elsewhere, its job lost by the engine (exit unknown): marked",
+        Facts(REMOTE, exited=Exited("r1", None, failed=False, job="job gone")),
+        ["Observe", "MarkInterrupted[]", "Remember"],
+    ),
+    Row(
+        "elsewhere, its job exited 75 (another process drives the run): left alone",
+        Facts(REMOTE, exited=Exited("r1", exitcodes.BUSY, failed=False, job="job busy")),
+        ["Observe", "Log:resume_busy", "Remember"],
+    ),
+    Row(
+        "elsewhere, its job exited 101 (the client settled the run): RUNNING is a stale read",
+        Facts(REMOTE, exited=Exited("r1", exitcodes.WAITING, failed=False, job="job done")),
+        ["Observe", "Remember"],
+    ),
+    Row(
+        "elsewhere, a later owner (a person's `delta run` there) than the job's: left alone",
+        Facts(replace(REMOTE, owner_pid=5, elsewhere=replace(NODE_B, pid=5))),
+        ["Observe"],
+        ENDED_B,
+    ),
+    Row(
+        "elsewhere, no job of this daemon's known (a person's run there): left alone",
+        Facts(REMOTE),
+        ["Observe"],
+    ),
+    Row(
+        "elsewhere, its job queued or running: alive",
+        Facts(REMOTE, busy=True),
+        ["Observe"],
+        ENDED_B,
+    ),
+    Row(
+        "elsewhere, the engine cannot be asked: left alone, said once",
+        Facts(REMOTE, jobs_known=False),
+        ["Observe", "Log:run_elsewhere_unknown", "Remember"],
+    ),
+    Row(
+        "elsewhere, the engine still cannot be asked: silent",
+        Facts(REMOTE, jobs_known=False),
+        ["Observe"],
+        Memory(told_unknown=True),
+    ),
+    Row(
+        "a job's end is remembered only while the run is elsewhere: moved on, forgotten",
+        Facts(WAITING),
+        ["Observe", "Schedule@+30", "Remember"],
+        replace(ENDED_B, told_unknown=True),
+    ),
+    Row(
+        "a local run's job ended: the local rule (its /proc) judges it, not the job",
+        Facts(seen(State.RUNNING, owner_pid=1), exited=Exited("r1", 0, False, job="job x")),
+        ["Observe"],
+    ),
+    Row(
         "looking raised: quarantined",
         Facts(error="ValueError: bad"),
         ["Log:workspace_problem", "Quarantine@+5", "Remember"],
@@ -300,3 +377,14 @@ def test_a_problem_is_observed_not_acted_on() -> None:
     effects = decide(Facts(seen(State.PROBLEM, problem="x")), FRESH, NOW, RULES)
     assert effects == [Observe(seen(State.PROBLEM, problem="x"))]
     assert Drop() not in effects
+
+
+def test_a_run_elsewhere_is_marked_for_the_owner_it_was_judged_by() -> None:
+    """The mark carries the owner and the job's end: re-checked under the workspace lock."""
+    [mark] = [
+        e
+        for e in decide(Facts(REMOTE, exited=KILLED), FRESH, NOW, RULES)
+        if isinstance(e, MarkInterrupted)
+    ]
+    assert mark.elsewhere == Elsewhere(NODE_B, "job deltad-1 (77) ended: killed_by_SIGKILL")
+    assert mark.run_id == "r1"

@@ -1,27 +1,35 @@
 """The executor registry (names, entry points, dotted paths, options) and a `JobExecutor`
-driven by the resumer: the timeout counts from Started, `poll_every` is honoured."""
+driven by the resumer: the timeout counts from Started, `poll_every` is honoured, exits free
+slots, cancel and adopt go to the executor."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from importlib.metadata import EntryPoint
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import ValidationError
+from structlog.testing import capture_logs
 
 from deltad.daemon.clock import ManualClock
 from deltad.daemon.config import DaemonConfig
 from deltad.daemon.executors import make_executor, registry
-from deltad.daemon.executors.adapter import SeamExecutor
-from deltad.daemon.executors.base import Job
 from deltad.daemon.executors.fresh import CommandExecutor, FreshExecutor
-from deltad.daemon.executors.seam import Event, Exit, Handle, JobSpec, Started, SubmitError
-from deltad.daemon.resumer import Resumer
-from deltad.daemon.tenancy import Identity, Launch, Owner
+from deltad.daemon.executors.seam import (
+    Event,
+    Exit,
+    Handle,
+    JobSpec,
+    RequestKey,
+    Started,
+    SubmitError,
+)
+from deltad.daemon.executors.seam import Identity as JobIdentity
+from deltad.daemon.resumer import KILL_GRACE_SECONDS, Resumer, spec_of, started_at
+from deltad.daemon.tenancy import Identity, Launch, Owner, Policy
 
 HERE = "tests.unit.test_executor_registry"
 LINUX_ONLY = pytest.mark.linux_only
@@ -33,12 +41,17 @@ class FakeJobs:
     name = "fakejobs"
     poll_every: float | None = 0.05
 
+    left_over: ClassVar[list[Handle]] = []  # what `adopt` finds (set before the resumer makes one)
+    away: ClassVar[bool] = False  # `adopt` cannot ask the engine
+
     def __init__(self) -> None:
         self.submitted: list[JobSpec] = []
         self.events: list[Event] = []
         self.cancelled: list[tuple[Handle, float]] = []
-        self.left: list[Handle] = []
         self.refuse = False
+        self.due_at: float | None = None
+        self.found = list(self.left_over)  # what `adopt` lists from now on
+        self.unreachable = self.away
 
     def submit(self, spec: JobSpec) -> Handle:
         if self.refuse:
@@ -54,7 +67,12 @@ class FakeJobs:
         self.cancelled.append((handle, grace))
 
     def adopt(self) -> list[Handle]:
-        return self.left
+        if self.unreachable:
+            raise SubmitError("the engine is away")
+        return list(self.found)
+
+    def due(self, now: float) -> float | None:
+        return self.due_at
 
     def fds(self) -> list[int]:
         return []
@@ -81,9 +99,9 @@ not_a_factory = 42
 
 # -- names ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("name", "cls"), [("fresh", FreshExecutor), ("command", CommandExecutor)])
-def test_a_built_in_is_found_by_name(name: str, cls: type) -> None:
-    executor = make_executor(name, {}, 3)
-    assert type(executor) is cls and executor.max_parallel == 3
+def test_a_built_in_is_found_by_name(name: str, cls: type, tmp_path: Path) -> None:
+    executor = make_executor(name, {}, tmp_path)
+    assert type(executor) is cls and executor.name == name
 
 
 def test_an_unknown_name_is_one_line_naming_the_known_ones() -> None:
@@ -92,7 +110,9 @@ def test_an_unknown_name_is_one_line_naming_the_known_ones() -> None:
     assert "\n" not in str(e.value) and "'nope'" in str(e.value) and "fresh" in str(e.value)
 
 
-def test_an_entry_point_in_the_group_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_entry_point_in_the_group_is_found(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     points = [EntryPoint("fakejobs", f"{HERE}:make_fake", registry.GROUP)]
 
     def entry_points(*, group: str, name: str | None = None) -> list[EntryPoint]:
@@ -100,14 +120,24 @@ def test_an_entry_point_in_the_group_is_found(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(registry, "entry_points", entry_points)
     assert registry.where("fakejobs") == f"{HERE}:make_fake"
-    assert isinstance(make_executor("fakejobs", {}, 1), SeamExecutor)
+    assert isinstance(make_executor("fakejobs", {}, tmp_path), FakeJobs)
     with pytest.raises(registry.UnknownExecutor, match="fakejobs"):  # listed among the known
         registry.find("other")
 
 
-def test_a_dotted_path_is_a_factory() -> None:
-    executor = make_executor(f"{HERE}:make_fake", {"colour": "red"}, 2)
-    assert isinstance(executor, SeamExecutor) and executor.name == "fakejobs"
+def test_a_dotted_path_is_a_factory(tmp_path: Path) -> None:
+    executor = make_executor(f"{HERE}:make_fake", {"colour": "red"}, tmp_path)
+    assert isinstance(executor, FakeJobs) and executor.name == "fakejobs"
+
+
+def make_nothing(options: Mapping[str, Any]) -> object:
+    return object()
+
+
+def test_a_factory_that_makes_no_job_executor_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(registry.UnknownExecutor, match="made no job executor") as e:
+        make_executor(f"{HERE}:make_nothing", {}, tmp_path)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -163,91 +193,227 @@ def test_options_of_an_executor_not_chosen_are_not_its_business(tmp_path: Path) 
 
 
 # -- a JobExecutor through the resumer ------------------------------------------------------------
-def _job(ws: Path, timeout: float = 60.0) -> Job:
-    launch = Launch(Identity(Owner.of_uid(0)), {"PATH": "/usr/bin"})
-    return Job(ws, "run1", ["delta", "run"], launch, timeout, None)
+LAUNCH = Launch(Identity(Owner.of_uid(0)), {"PATH": "/usr/bin", "DELTA_RESUMED_BY": "deltad"})
 
 
-def _seam() -> tuple[SeamExecutor, FakeJobs]:
-    executor = make_executor(f"{HERE}:make_fake", {}, 4)
-    assert isinstance(executor, SeamExecutor) and isinstance(executor.inner, FakeJobs)
-    executor.clock = ManualClock()
-    return executor, executor.inner
+def _resumer(tmp_path: Path, **settings: Any) -> tuple[Resumer, FakeJobs, ManualClock]:
+    config = DaemonConfig.model_validate(
+        {"state_dir": str(tmp_path), "executor": f"{HERE}:make_fake", **settings}
+    )
+    clock = ManualClock()
+    resumer = Resumer(config, clock)
+    jobs = resumer.executor
+    assert isinstance(jobs, FakeJobs)
+    return resumer, jobs, clock
+
+
+def _start(resumer: Resumer, ws: Path) -> Handle:
+    assert resumer.submit(ws, "run1", LAUNCH, 0)
+    resumer.start_ready()
+    return resumer.children[ws].handle
 
 
 def test_the_resume_timeout_counts_from_started_not_from_the_submit(tmp_path: Path) -> None:
-    executor, jobs = _seam()
-    child = executor.submit(_job(tmp_path, timeout=60.0))
-    assert child is not None and child.deadline == math.inf  # queued: no timeout yet
+    resumer, jobs, clock = _resumer(tmp_path, resume_timeout_seconds=60)
+    handle = _start(resumer, tmp_path)
     [spec] = jobs.submitted
     assert spec.key.workspace == tmp_path and spec.timeout == 60.0 and spec.identity.uid == 0
-    clock = executor.clock
-    assert isinstance(clock, ManualClock)
-    clock.advance(500)  # queued for longer than the timeout: still no deadline
-    assert executor.reap() == [] and child.deadline == math.inf
+    assert resumer.next_deadline() is None  # queued: no timeout yet
+    clock.advance(500)  # queued for longer than the timeout: still none
+    assert resumer.reap() == [] and resumer.next_deadline() is None
+    resumer.enforce_timeouts(clock.monotonic())
+    assert jobs.cancelled == []
     began = clock.time()
     clock.advance(2)  # seen two seconds after it began running
-    jobs.events.append(Started(child.handle, began))  # type: ignore[attr-defined]
-    assert executor.reap() == []
-    assert child.deadline == clock.monotonic() - 2 + 60.0
+    jobs.events.append(Started(handle, began))
+    assert resumer.reap() == []
+    assert resumer.next_deadline() == clock.monotonic() - 2 + 60.0
+    clock.advance(58)
+    resumer.enforce_timeouts(clock.monotonic())
+    assert jobs.cancelled == [(handle, KILL_GRACE_SECONDS)]
+    jobs.events.append(Exit(handle, -15))
+    [fin] = resumer.reap()
+    assert fin.resume.timed_out and fin.failed and fin.meaning == "killed_by_SIGTERM"
+
+
+def test_the_key_names_the_request_answered(tmp_path: Path) -> None:
+    resumer, jobs, _ = _resumer(tmp_path)
+    assert resumer.submit(tmp_path / "a", "run1", LAUNCH, 0, request="q-7")
+    assert resumer.submit(tmp_path / "b", "run2", LAUNCH, 0)
+    resumer.start_ready()
+    assert [(s.key.run_id, s.key.request) for s in jobs.submitted] == [
+        ("run1", "q-7"),
+        ("run2", "resume"),  # nothing named: the default
+    ]
 
 
 def test_a_job_gets_no_daemon_side_log_path(tmp_path: Path) -> None:
     # The daemon's resume log is in its own state dir; the owner's job on another node cannot
     # write it (every Slurm job FAILED with it): the engine keeps the job's output instead.
-    executor, jobs = _seam()
-    launch = Launch(Identity(Owner.of_uid(0)), {"PATH": "/usr/bin", "DELTA_RESUMED_BY": "deltad"})
-    job = Job(tmp_path, "run1", ["delta", "run"], launch, 60.0, tmp_path / "state" / "x.log")
-    assert executor.submit(job) is not None
+    resumer, jobs, _ = _resumer(tmp_path)
+    _start(resumer, tmp_path)
     [spec] = jobs.submitted
     assert spec.log is None and spec.env["DELTA_RESUMED_BY"] == "deltad"
 
 
 def test_an_exit_is_a_finished_resume_and_frees_the_slot(tmp_path: Path) -> None:
-    executor, jobs = _seam()
-    child = executor.submit(_job(tmp_path))
-    assert child is not None and executor.slots() == 3
-    assert executor.submit(_job(tmp_path)) is child and len(jobs.submitted) == 1  # idempotent
-    handle = child.handle  # type: ignore[attr-defined]
+    resumer, jobs, _ = _resumer(tmp_path, max_parallel_resumes=4)
+    handle = _start(resumer, tmp_path)
+    assert resumer.slots() == 3
+    assert not resumer.submit(tmp_path, "run1", LAUNCH, 0)  # one resume per workspace
     jobs.events.append(Exit(Handle(handle.key, "fakejobs", "another"), 0))  # not ours: ignored
     jobs.events.append(Exit(handle, 3, detail="FAILED"))
-    [fin] = executor.reap()
-    assert fin.child is child and fin.rc == 3 and executor.children == {}
+    [fin] = resumer.reap()
+    assert fin.resume.handle == handle and fin.rc == 3 and fin.detail == "FAILED"
+    assert resumer.children == {} and resumer.slots() == 4
+
+
+@pytest.mark.parametrize(
+    ("rc", "timed_out", "failed", "meaning"),
+    [
+        (0, False, False, "completed"),
+        (75, False, False, "busy"),  # another process drives the run: not a failure
+        (101, False, False, "waiting"),
+        (2, False, True, "usage_error"),
+        (-9, False, True, "killed_by_SIGKILL"),
+        (None, False, False, "unknown"),  # what the run left on disk decides
+        (0, True, True, "completed"),  # timed out, whatever the code
+    ],
+)
+def test_an_exit_has_a_meaning_and_a_verdict(
+    tmp_path: Path, rc: int | None, timed_out: bool, failed: bool, meaning: str
+) -> None:
+    resumer, jobs, _ = _resumer(tmp_path)
+    handle = _start(resumer, tmp_path)
+    jobs.events.append(Exit(handle, rc, timed_out=timed_out))
+    [fin] = resumer.reap()
+    assert (fin.failed, fin.meaning) == (failed, meaning)
 
 
 def test_a_second_resume_of_a_workspace_is_a_new_key(tmp_path: Path) -> None:
-    executor, jobs = _seam()
-    first = executor.submit(_job(tmp_path))
-    assert first is not None
-    jobs.events.append(Exit(first.handle, 0))  # type: ignore[attr-defined]
-    executor.reap()
-    executor.submit(_job(tmp_path))
+    resumer, jobs, _ = _resumer(tmp_path)
+    first = _start(resumer, tmp_path)
+    jobs.events.append(Exit(first, 0))
+    resumer.reap()
+    _start(resumer, tmp_path)
     assert len({s.key for s in jobs.submitted}) == 2
 
 
-def test_cancel_and_adopt_go_to_the_engine(tmp_path: Path) -> None:
-    executor, jobs = _seam()
-    child = executor.submit(_job(tmp_path / "a"))
-    assert child is not None
-    executor.cancel(child, 7.0)
-    assert jobs.cancelled == [(child.handle, 7.0)]  # type: ignore[attr-defined]
-    left = Handle(jobs.submitted[0].key.__class__(tmp_path / "b", "r", "resume", 1), "f", "j")
-    jobs.left = [left]
-    [adopted] = executor.adopt([])
-    assert adopted.adopted and adopted.workspace == tmp_path / "b"
-
-
-def test_a_refused_submit_starts_nothing(tmp_path: Path) -> None:
-    executor, jobs = _seam()
-    jobs.refuse = True
-    assert executor.submit(_job(tmp_path)) is None and executor.children == {}
-
-
-def test_the_loop_polls_as_often_as_the_executor_asks(tmp_path: Path) -> None:
+def test_adopt_asks_the_executor_and_the_adopted_job_is_not_started_again(tmp_path: Path) -> None:
     config = DaemonConfig.model_validate(
         {"state_dir": str(tmp_path), "executor": f"{HERE}:make_fake"}
     )
-    resumer = Resumer(config)
+    resumer = Resumer(config, ManualClock())
+    left = Handle(RequestKey(tmp_path / "b", "r", "resume", 1), "fakejobs", "j")
+    FakeJobs.left_over = [left]
+    try:
+        [adopted] = resumer.children.values()
+    finally:
+        FakeJobs.left_over = []
+    assert adopted.adopted and adopted.workspace == tmp_path / "b" and adopted.run_id == "r"
+    assert not resumer.submit(tmp_path / "b", "r", LAUNCH, 0)
+
+
+def test_a_refused_submit_starts_nothing(tmp_path: Path) -> None:
+    resumer, jobs, _ = _resumer(tmp_path)
+    jobs.refuse = True
+    assert resumer.submit(tmp_path, "run1", LAUNCH, 0)
+    resumer.start_ready()
+    assert resumer.children == {} and resumer.slots() > 0
+
+
+def test_the_loop_polls_as_often_as_the_executor_asks(tmp_path: Path) -> None:
+    resumer, _, _ = _resumer(tmp_path)
     assert resumer.next_poll(100.0) is None  # nothing running: nothing to poll
-    resumer.executor.submit(_job(tmp_path / "ws"))
+    _start(resumer, tmp_path / "ws")
     assert resumer.next_poll(100.0) == 100.05
+
+
+def test_the_loop_polls_when_the_executor_says_something_is_due(tmp_path: Path) -> None:
+    resumer, jobs, clock = _resumer(tmp_path)
+    jobs.poll_every = None
+    _start(resumer, tmp_path / "ws")
+    assert resumer.next_poll(100.0) is None
+    jobs.due_at = clock.time() + 7.0  # a SIGKILL after a grace, say
+    assert resumer.next_poll(100.0) == 107.0
+
+
+# -- the resumer's decisions, from tables ------------------------------------------------------
+ALICE = Owner(1001, 1002, "alice", "/home/alice", (1002, 27))
+DAEMON = Owner(1000, 1000, "deltad", "/var/lib/deltad", (1000,))
+
+
+@pytest.mark.parametrize(
+    ("owner", "policy", "identity"),
+    [
+        # root runs a resume as its owner: uid, gid and every group
+        (ALICE, Policy(daemon_uid=0), JobIdentity(1001, 1002, (1002, 27), "alice")),
+        # a non-root daemon runs a trusted owner's resume as itself
+        (ALICE, Policy(daemon_uid=1000), JobIdentity(1000, 1000, (), "deltad")),
+        # its own workspace: as itself
+        (DAEMON, Policy(daemon_uid=1000), JobIdentity(1000, 1000, (), "deltad")),
+    ],
+)
+def test_a_job_runs_as_tenancy_decided(
+    owner: Owner, policy: Policy, identity: JobIdentity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Owner, "of_uid", classmethod(lambda cls, uid: DAEMON))
+    launch = Launch(Identity.for_owner(owner, policy), {"HOME": "/h"})
+    spec = spec_of(Path("/w"), None, ["delta"], launch, 60.0, 3)
+    assert spec.identity == identity
+    assert spec.key == RequestKey(Path("/w"), "", "resume", 3) and spec.log is None
+
+
+@pytest.mark.parametrize(
+    ("now_mono", "now_wall", "at_wall", "started"),
+    [
+        (100.0, 1000.0, 990.0, 90.0),  # began ten seconds ago
+        (100.0, 1000.0, 1000.0, 100.0),
+        (100.0, 1000.0, 1005.0, 100.0),  # an engine's clock ahead of ours: not in the future
+    ],
+)
+def test_a_start_on_the_wall_clock_is_placed_on_the_monotonic_one(
+    now_mono: float, now_wall: float, at_wall: float, started: float
+) -> None:
+    assert started_at(now_mono, now_wall, at_wall) == started
+
+
+def test_an_engine_that_cannot_be_asked_leaves_the_jobs_unknown_until_it_answers(
+    tmp_path: Path,
+) -> None:
+    """adopt() failing is no crash: `jobs_known` is False (runs on other hosts are left as
+    they are), the loop keeps polling, and adoption is tried again every `poll_every`."""
+    FakeJobs.away = True
+    try:
+        with capture_logs() as logs:
+            resumer, jobs, clock = _resumer(tmp_path)
+            assert resumer.children == {} and not resumer.jobs_known
+            # nothing running, yet there is something to ask again: at poll_every
+            assert resumer.next_poll(clock.monotonic()) == clock.monotonic() + 0.05
+            clock.advance(0.05)
+            assert resumer.reap() == [] and not resumer.jobs_known  # still away
+    finally:
+        FakeJobs.away = False
+    [failed] = [e for e in logs if e["event"] == "resume_adopt_failed"]  # said once
+    assert failed["error"] == "the engine is away"
+    jobs.unreachable = False
+    jobs.found = [Handle(RequestKey(tmp_path / "b", "r", "resume", 1), "fakejobs", "j")]
+    assert resumer.reap() == [] and resumer.children == {}  # not before poll_every
+    clock.advance(0.05)
+    assert resumer.reap() == [] and resumer.jobs_known
+    assert resumer.children[tmp_path / "b"].adopted
+    assert resumer.next_poll(clock.monotonic()) == clock.monotonic() + 0.05  # watching it
+
+
+def test_of_two_jobs_left_for_one_workspace_the_newest_is_adopted(tmp_path: Path) -> None:
+    """An old ended job (its delete failed) and the resume running now: the running one stands
+    for the workspace, so its run is judged by it, not by the old one's end."""
+    old = Handle(RequestKey(tmp_path, "r", "resume", 5), "fakejobs", "old")
+    new = Handle(RequestKey(tmp_path, "r", "resume", 9), "fakejobs", "new")
+    FakeJobs.left_over = [old, new]
+    try:
+        resumer, _, _ = _resumer(tmp_path)
+    finally:
+        FakeJobs.left_over = []
+    [adopted] = resumer.children.values()
+    assert adopted.handle == new

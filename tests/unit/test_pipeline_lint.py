@@ -37,13 +37,14 @@ def warnings_in(body: str) -> list[str]:
 @pytest.mark.parametrize(
     ("what", "key", "kind", "code", "says"),
     [
-        ("node", "auto_status", Kind.TOOL, Code.IGNORED_ATTRIBUTE, "§2.6"),
-        ("node", "max_parallel", Kind.PARALLEL, Code.IGNORED_ATTRIBUTE, "one at a time"),
-        ("node", "manager.max_cycles", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§4.11"),
+        ("node", "manager.poll_interval", Kind.MANAGER, Code.IGNORED_ATTRIBUTE, "§4.11"),
+        ("node", "stack.child_autostart", Kind.MANAGER, Code.IGNORED_ATTRIBUTE, "starts it"),
+        ("graph", "stack.child_workdir", None, Code.IGNORED_ATTRIBUTE, "workspace"),
         ("node", "tool_hooks.pre", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§9.7"),
         ("node", "timeout", Kind.EXIT, Code.IGNORED_ATTRIBUTE, "timeout has no effect here"),
         ("node", "timeout", Kind.CONDITIONAL, Code.IGNORED_ATTRIBUTE, "an LLM node's are"),
-        ("edge", "loop_restart", None, Code.IGNORED_ATTRIBUTE, "§2.7"),
+        # Not in the spec (§4.8 has join_policy and max_parallel only): a typo's warning.
+        ("node", "error_policy", Kind.PARALLEL, Code.UNKNOWN_ATTRIBUTE, "no effect"),
         ("node", "promt", Kind.CODERGEN, Code.UNKNOWN_ATTRIBUTE, "did you mean prompt?"),
         ("edge", "conditon", None, Code.UNKNOWN_ATTRIBUTE, "did you mean condition?"),
         ("graph", "gaol", None, Code.UNKNOWN_ATTRIBUTE, "did you mean goal?"),
@@ -76,6 +77,13 @@ def test_an_attribute_not_carried_out_is_a_warning(
         ("edge", "thread_id", None),
         ("node", "allow_partial", Kind.CODERGEN),  # retries, parallel branches: carried out
         ("node", "join_policy", Kind.PARALLEL),
+        ("node", "max_parallel", Kind.PARALLEL),
+        ("node", "auto_status", Kind.CODERGEN),
+        ("edge", "loop_restart", None),
+        ("graph", "stack.child_dotfile", None),  # the manager loop: carried out
+        ("node", "manager.max_cycles", Kind.MANAGER),
+        ("node", "manager.stop_condition", Kind.MANAGER),
+        ("node", "manager.actions", Kind.MANAGER),
         ("node", "timeout", Kind.WAIT_HUMAN),
         ("node", "timeout", Kind.TOOL),
         ("node", "timeout", Kind.CODERGEN),
@@ -96,19 +104,19 @@ def test_warnings_name_the_place_and_the_code_and_do_not_refuse() -> None:
     warnings = warnings_in(
         f"""\
         graph [tool_hooks.pre="audit.sh"]
-        {ENDS}w [prompt=p, stack.child_autostart="x", promt=q]
-        start -> w -> exit [loop_restart=true]
+        {ENDS}w [prompt=p, tool_hooks.post="x", promt=q]
+        start -> w -> exit [loop_restrat=true]
         """
     )
     assert warnings == [
         "t.dot:2:31: graph: tool_hooks.pre is ignored by this runner (attractor spec §9.7: tool "
         "approvals and hooks come from the agent directory) [W001 ignored-attribute]",
-        "t.dot:5:36: node w: stack.child_autostart is ignored by this runner (attractor spec "
-        "§4.11: the manager loop (house) is refused) [W001 ignored-attribute]",
-        "t.dot:5:47: node w: unknown attribute 'promt': it has no effect: did you mean prompt? "
+        "t.dot:5:30: node w: tool_hooks.post is ignored by this runner (attractor spec "
+        "§9.7: tool approvals and hooks come from the agent directory) [W001 ignored-attribute]",
+        "t.dot:5:41: node w: unknown attribute 'promt': it has no effect: did you mean prompt? "
         "[W002 unknown-attribute]",
-        "t.dot:6:42: edge start -> w and 1 more: loop_restart is ignored by this runner "
-        "(attractor spec §2.7: a run is never restarted from an edge) [W001 ignored-attribute]",
+        "t.dot:6:42: edge start -> w and 1 more: unknown attribute 'loop_restrat': it has no "
+        "effect: did you mean loop_restart? [W002 unknown-attribute]",
     ]
 
 
@@ -337,3 +345,33 @@ def test_an_unreadable_file_has_its_code(tmp_path: Path) -> None:
     with pytest.raises(GraphError) as err:
         check_file(tmp_path / "missing.dot")
     assert err.value.lines() == [f"{tmp_path}/missing.dot: no such file [E001 unreadable-file]"]
+
+
+def test_llm_nodes_in_branches_warn_that_their_own_questions_pause_the_whole_run() -> None:
+    warnings = warnings_in(
+        f"""\
+        {ENDS}fan [shape=component]
+        join [shape=tripleoctagon]
+        a [prompt=a]
+        b [prompt=b]
+        g [shape=hexagon]
+        t [shape=parallelogram, tool_command=true]
+        start -> fan
+        fan -> a -> g
+        g -> join [label=Go]
+        fan -> t -> b -> join
+        join -> after -> exit
+        """
+    )
+    [line] = [w for w in warnings if "W005" in w]
+    assert line == (
+        "t.dot:4:1: node fan: an LLM node's own question (ask_human, an approval) in its "
+        "branches (a, b) pauses the whole run, not only its branch (a gate pauses only its "
+        "branch) [W005 branch-question]"
+    )
+    # Tool nodes and gates only in the branches: nothing to warn about.
+    no_llm = warnings_in(
+        f"{ENDS}fan [shape=component]\njoin [shape=tripleoctagon]\ng [shape=hexagon]\n"
+        "start -> fan -> g\ng -> join [label=Go]\njoin -> exit"
+    )
+    assert not [w for w in no_llm if "W005" in w]

@@ -13,7 +13,7 @@ from deltad.pipeline.parallel import Lane, fan_in, fan_in_of, join, schedule
 from deltad.protocol import RunStatus
 from deltad.testing import ScriptedModel
 
-from .helpers import Run, pipeline_graph
+from .helpers import Run, pipeline_graph, problems_in
 
 GRAPH = pipeline_graph(
     """\
@@ -56,6 +56,62 @@ def test_the_fan_in_is_the_nearest_one() -> None:
 )
 def test_schedule(lanes: list[Lane], expected: int | None) -> None:
     assert schedule(lanes, GRAPH) == expected
+
+
+NEW = False  # a branch not begun yet
+
+
+@pytest.mark.parametrize(
+    ("lanes", "max_parallel", "expected"),
+    [
+        # max_parallel=1: the first branch, at its gate, is the one under way: c waits.
+        ([Lane(False, "gate", False, NEW), Lane(False, "c", False, NEW)], 1, 0),
+        ([Lane(False, "gate", False, True), Lane(False, "c", False, NEW)], 1, 0),
+        ([Lane(False, "gate", False, True), Lane(False, "c", False, NEW)], 2, 1),
+        # One ended: the next may begin.
+        ([Lane(False, None, True, True), Lane(False, "gate", False, NEW)], 1, 1),
+        ([Lane(False, "gate", False, NEW), Lane(False, "c", False, NEW)], 4, 1),
+    ],
+)
+def test_schedule_keeps_at_most_max_parallel_branches_under_way(
+    lanes: list[Lane], max_parallel: int, expected: int
+) -> None:
+    assert schedule(lanes, GRAPH, max_parallel) == expected
+
+
+FANNED = """\
+start [shape=Mdiamond]
+exit [shape=Msquare]
+fan [shape=component%s]
+join [shape=tripleoctagon]
+start -> fan
+fan -> a -> join
+fan -> %s -> join
+join -> exit
+%s
+"""
+
+
+@pytest.mark.parametrize(
+    ("attrs", "second", "extra", "expected"),
+    [
+        (", max_parallel=0", "b", "", "max_parallel '0': a whole number from 1 to 1000"),
+        (", max_parallel=x", "b", "", "max_parallel 'x'"),
+        (
+            "",
+            "inner",
+            "inner [shape=component]\nj2 [shape=tripleoctagon]\ninner -> c -> j2",
+            "node inner: a parallel node inside a branch of parallel node fan is not supported",
+        ),
+        ("", "m", "m [shape=house]", "node m: a manager loop (house) inside a branch"),
+        ("", "b", "b -> a [loop_restart=true]", "loop_restart inside a branch of parallel node"),
+    ],
+)
+def test_check_refuses_what_a_branch_cannot_run(
+    attrs: str, second: str, extra: str, expected: str
+) -> None:
+    problems = problems_in(FANNED % (attrs, second, extra))
+    assert any(expected in p for p in problems), problems
 
 
 def _r(branch: str, status: Status) -> dict[str, Any]:

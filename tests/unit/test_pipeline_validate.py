@@ -95,9 +95,9 @@ def test_unknown_shape() -> None:
     assert line.startswith("t.dot:4:10: node w: unknown shape 'circle'")
 
 
-def test_spec_shapes_this_runner_does_not_run_are_refused() -> None:
-    line = only(problems_in(f"{ENDS}m [shape=house]\nstart -> m -> exit"), "house")
-    assert "(stack.manager_loop) is not supported" in line
+def test_a_manager_loop_without_a_child_pipeline_is_refused() -> None:
+    line = only(problems_in(f"{ENDS}m [shape=house]\nstart -> m -> exit"), "child_dotfile")
+    assert "a manager loop needs the graph attribute stack.child_dotfile" in line
 
 
 @pytest.mark.parametrize(

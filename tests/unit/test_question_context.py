@@ -19,6 +19,8 @@ from deltad.inbox.outcome import SENSITIVE, answer_shown, answers_of
 from deltad.inbox.respondents import Answerer, may_answer, refusal
 from deltad.protocol import EventType, InteractionRequest, JournalEvent
 from deltad.protocol.models import respondent_problem
+from deltad.protocol.replies import Reply
+from deltad.protocol.viewing import event_of
 
 from ..conftest import write_agent
 from .test_pipeline_gates import gate_with
@@ -96,12 +98,17 @@ def test_huge_arguments_are_cut_to_a_string() -> None:
     assert isinstance(shown, str) and "[cut: " in shown and len(shown) < 1100
 
 
-def node_start(node: str, kind: str) -> JournalEvent:
-    return ev(EventType.NODE_START, node=node, kind=kind)
+def node_start(node: str, kind: str, **lane: Any) -> JournalEvent:
+    return ev(EventType.NODE_START, node=node, kind=kind, **lane)
 
 
-def node_outcome(node: str, **updates: str) -> JournalEvent:
-    return ev(EventType.NODE_OUTCOME, node=node, status="success", context_updates=updates)
+def node_outcome(
+    node: str, branch: int | None = None, child: str = "", **updates: str
+) -> JournalEvent:
+    """A node's outcome, in a parallel branch or a child pipeline when given."""
+    lane: dict[str, Any] = {"branch": branch} if branch is not None else {}
+    lane |= {"child": child} if child else {}
+    return ev(EventType.NODE_OUTCOME, node=node, status="success", context_updates=updates, **lane)
 
 
 @pytest.mark.parametrize(
@@ -120,6 +127,27 @@ def node_outcome(node: str, **updates: str) -> JournalEvent:
         ([node_outcome("plan", last_response="P"), node_start("work", "codergen")], (None, None)),
         # a gate first thing: nothing to review
         ([node_start("gate", "wait.human")], (None, None)),
+        # a gate in branch 0 reviews its branch's node, not branch 1's that ran last
+        (
+            [node_outcome("pre", last_response="PRE"),
+             node_outcome("a", last_response="A", branch=0),
+             node_outcome("b", last_response="B", branch=1),
+             node_start("gate", "wait.human", branch=0)],
+            ("a", "A"),
+        ),
+        # first in its branch: the node before the fan-out
+        (
+            [node_outcome("pre", last_response="PRE"),
+             node_outcome("b", last_response="B", branch=1),
+             node_start("gate", "wait.human", branch=0)],
+            ("pre", "PRE"),
+        ),
+        # in a child pipeline: the child's node
+        (
+            [node_outcome("a", last_response="A", child="m"),
+             node_start("gate", "wait.human", child="m")],
+            ("a", "A"),
+        ),
     ],
 )  # fmt: skip
 def test_a_gate_reviews_the_last_node_output(
@@ -207,21 +235,28 @@ def test_a_gate_reads_its_respondents_attribute() -> None:
     ],
 )  # fmt: skip
 def test_answer_shown(reply: dict[str, Any], secret: bool, shown: str) -> None:
-    assert answer_shown(reply, secret) == shown
+    assert answer_shown(Reply.model_validate(reply), secret) == shown
 
 
 def test_answers_of_pairs_answers_with_their_questions() -> None:
-    asked = {"request_id": "r1", "prompt": "Key?", "input_type": "password"}
-    events = [
+    asked = {"request_id": "r1", "prompt": "Key?", "input_type": "password", "run_id": "r",
+             "action_id": "a"}  # fmt: skip
+    lines = [
         {"type": "HUMAN_INTERACTION", "payload": {"phase": "asked", "request": asked}},
+        {"type": "NEWER_EVENT", "payload": {}},  # not typed: skipped
         {
             "type": "HUMAN_INTERACTION",
-            "payload": {"phase": "answered", "request_id": "r1", "reply": {"value": "${secret:a}",
-                        "answered_by": "alice", "source": "mailbox"}},
+            "payload": {"phase": "answered", "request_id": "r1", "action_id": "a",
+                        "reply": {"value": "${secret:a}", "answered_by": "alice",
+                                  "source": "mailbox"}},
         },
         {"type": "RUN_END", "payload": {"status": "COMPLETED", "reason": "all done"}},
     ]  # fmt: skip
-    answers, reason = answers_of(iter(events))
+    events = [
+        event_of(json.dumps({"seq": i, "timestamp": "2030-01-01T00:00:00Z", **x}).encode())
+        for i, x in enumerate(lines, start=1)
+    ]
+    answers, reason = answers_of(e for e in events if e is not None)
     assert reason == "all done"
     assert [(a["prompt"], a["answered_by"], a["answer"]) for a in answers] == [
         ("Key?", "alice", SENSITIVE)

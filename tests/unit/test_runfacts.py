@@ -19,7 +19,21 @@ from deltad.protocol import (
     save_metadata,
 )
 from deltad.protocol.process import OwnerProcess, alive, current_owner, proc_stat
-from deltad.protocol.runfacts import RunFact, judge, mark_owner_dead, owner_gone
+from deltad.protocol.runfacts import (
+    Elsewhere,
+    JobEnd,
+    JobFact,
+    RemoteOwner,
+    RunFact,
+    job_fact,
+    judge,
+    judge_elsewhere,
+    mark_job_ended,
+    mark_owner_dead,
+    owner_gone,
+    remote_owner,
+    still_elsewhere,
+)
 from deltad.protocol.states import RunStatus
 
 
@@ -86,3 +100,78 @@ def test_one_proc_parser_sees_liveness_and_start_ticks() -> None:
     assert not alive(os.getpid(), me.start_ticks + 1)  # a recycled pid has later ticks
     assert not alive(dead_owner().pid, None)
     assert proc_stat(0) is None and proc_stat(1 << 30) is None
+
+
+B = RemoteOwner("r1", "node-b", 42)
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "ended", "answered", "fact"),
+    [
+        (True, None, True, JobFact.ACTIVE),
+        (True, JobEnd(B, -9), False, JobFact.ACTIVE),  # a new job for it runs
+        (False, JobEnd(B, -9), True, JobFact.ENDED),
+        (False, JobEnd(B, None), True, JobFact.ENDED),  # the engine lost it
+        (False, JobEnd(B, -15), False, JobFact.ENDED),  # seen ending: the engine is not needed
+        (False, JobEnd(B, 127), True, JobFact.ENDED),  # not delta's code: it never ran
+        (False, JobEnd(B, 75), True, JobFact.NONE),  # busy: another process drove the run
+        # delta's own codes: the client settled the run itself (RUNNING: a stale read)
+        (False, JobEnd(B, 0), True, JobFact.NONE),
+        (False, JobEnd(B, 1), True, JobFact.NONE),
+        (False, JobEnd(B, 101), True, JobFact.NONE),
+        (False, JobEnd(B, 130), True, JobFact.NONE),
+        (False, JobEnd(RemoteOwner("r0", "node-b", 42), -9), True, JobFact.NONE),  # other run
+        (False, JobEnd(RemoteOwner("r1", "node-c", 42), -9), True, JobFact.NONE),  # other host
+        (False, JobEnd(RemoteOwner("r1", "node-b", 7), -9), True, JobFact.NONE),  # taken over
+        (False, JobEnd(None, -9), True, JobFact.NONE),  # the run was not elsewhere when it ended
+        (False, None, True, JobFact.NONE),
+        (False, None, False, JobFact.UNREACHABLE),
+    ],
+)
+def test_job_fact(in_flight: bool, ended: JobEnd | None, answered: bool, fact: JobFact) -> None:
+    assert job_fact(B, in_flight=in_flight, ended=ended, engine_answered=answered) is fact
+
+
+@pytest.mark.parametrize(
+    ("job", "fact"),
+    [
+        (JobFact.ACTIVE, RunFact.RUNNING),
+        (JobFact.ENDED, RunFact.JOB_ENDED),
+        (JobFact.NONE, RunFact.ELSEWHERE),
+        (JobFact.UNREACHABLE, RunFact.UNKNOWN),
+    ],
+)
+def test_judge_elsewhere(job: JobFact, fact: RunFact) -> None:
+    assert judge_elsewhere(job) is fact
+
+
+def elsewhere_owner(pid: int = 42, host: str = "node-b.invalid") -> OwnerProcess:
+    return current_owner().model_copy(update={"hostname": host, "pid": pid})
+
+
+def test_only_a_running_run_on_another_host_has_a_remote_owner() -> None:
+    meta = meta_with(RunStatus.RUNNING, elsewhere_owner())
+    assert remote_owner(meta) == RemoteOwner(meta.run_id, "node-b.invalid", 42)
+    assert remote_owner(meta_with(RunStatus.RUNNING, current_owner())) is None
+    assert remote_owner(meta_with(RunStatus.WAITING_FOR_INPUT, elsewhere_owner())) is None
+
+
+def test_a_run_whose_job_ended_is_marked_once_for_the_same_owner(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path)
+    meta = meta_with(RunStatus.RUNNING, elsewhere_owner())
+    paths = ws.run(meta.run_id)
+    paths.dir.mkdir(parents=True)
+    save_metadata(paths.metadata, meta)
+    judged = remote_owner(meta)
+    assert judged is not None
+    seen = Elsewhere(judged, "job deltad-1 (7) ended: killed_by_SIGKILL")
+    assert not still_elsewhere(meta_with(RunStatus.RUNNING, elsewhere_owner(pid=43)), seen)
+    assert still_elsewhere(meta, seen)
+    mark_job_ended(paths.metadata, meta, tmp_path, seen.why)
+    saved = load_metadata(paths.metadata)
+    assert saved.status is RunStatus.INTERRUPTED
+    assert saved.error == (
+        "process 42 on node-b.invalid stopped without finishing: "
+        "job deltad-1 (7) ended: killed_by_SIGKILL"
+    )
+    assert not still_elsewhere(saved, seen)  # marked: nothing to mark again

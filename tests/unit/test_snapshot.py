@@ -47,7 +47,12 @@ def _long_run(path: Path, turns: int = 30) -> Journal:
     j.append(EventType.HUMAN_INTERACTION, {"phase": "asked", "request": request})
     j.append(
         EventType.HUMAN_INTERACTION,
-        {"phase": "answered", "request_id": "req_1", "reply": {"value": "this one"}},
+        {
+            "phase": "answered",
+            "request_id": "req_1",
+            "action_id": "call_0001",
+            "reply": {"value": "this one"},
+        },
     )
     for i in range(1, turns):
         _turn(j, i)

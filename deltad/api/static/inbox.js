@@ -73,6 +73,17 @@ async function listAll(path, key, params) {
 }
 
 // -- login ------------------------------------------------------------------------------------
+// The type filter lists the input types the API's document names (its `InputType` enum).
+async function listTypes() {
+  if ($("f-type")?.options.length > 1) return;  // listed at an earlier login
+  try {
+    const doc = await api("GET", "openapi.json");
+    const types = doc.components?.schemas?.InputType?.enum || [];
+    $("f-type")?.replaceChildren(el("option", { value: "" }, "all"),
+      ...types.map((t) => el("option", {}, t)));
+  } catch (e) { /* the filter offers "all" alone */ }
+}
+
 async function start() {
   if (mode === "link") return loadLink();
   try {
@@ -109,6 +120,7 @@ function signedIn(me) {
   refresh();
   loadHistory();
   follow();
+  listTypes();
 }
 
 $("login-form")?.addEventListener("submit", async (ev) => {
@@ -412,42 +424,42 @@ function keyButton(key, label, onclick, cls) {
     el("kbd", { "aria-hidden": "true" }, key), " ", label);
 }
 
+// The answer form is the question's kind's (the API's `form`, deltad/protocol/kinds.py): the
+// page knows the controls — a typed input, a button per answer, a button per decision on the
+// gated calls — and never the kinds, so a new input type needs no change here.
 function answerControls(r, error) {
-  const say = (answer) => send(r, { answer }, error);
-  switch (r.input_type) {
-    case "choice":
-      return el("div", { class: "actions" }, ...r.options.map((o) => keyButton(o.key, o.label, () => say(o.key))));
-    case "yes_no":
-    case "confirmation":
-      return el("div", { class: "actions" },
-        keyButton("y", "Yes", () => say("yes"), "primary"),
-        keyButton("n", "No", () => say("no")));
-    case "approval":
-      return approvalControls(r, error);
+  const form = r.form || { control: "input", type: "text" };
+  switch (form.control) {
+    case "keys":
+      return el("div", { class: "actions" }, ...form.keys.map((k) =>
+        keyButton(k.key, k.label, () => send(r, { answer: k.answer }, error), k.style)));
+    case "decisions":
+      return decisionControls(r, form.keys, error);
     default:
-      return freeText(r, error);
+      return freeText(r, form, error);
   }
 }
 
-function freeText(r, error) {
-  const secret = r.input_type === "password" || r.sensitive;
+function freeText(r, form, error) {
+  const secret = form.type === "password";  // the kind hides every secret's answer
   const field = el("input", {
-    class: "answer", type: secret ? "password" : r.form.type,
-    autocomplete: secret ? "new-password" : "off", placeholder: r.default ? `default: ${r.default}` : "",
+    class: "answer", type: form.type || "text",
+    // "off" only where it is allowed: a text field (a date's or a number's would be invalid).
+    autocomplete: secret ? "new-password" : form.type === "text" ? "off" : null, placeholder: r.default ? `default: ${r.default}` : "",
     "aria-label": `Answer: ${r.prompt}`,
-    // The kind's own field (deltad/protocol/kinds.py, `form`): a number's or a date's bounds
-    // as the browser's hints; the API checks them again (422).
-    ...r.form.attrs,
+    // The kind's own attributes: a number's or a date's bounds as the browser's hints; the
+    // API checks them again (422).
+    ...form.attrs,
   });
-  const form = el("form", { class: "actions" }, field, el("button", { type: "submit", class: "primary" }, "Send"));
-  form.addEventListener("submit", (ev) => {
+  const sending = el("form", { class: "actions" }, field, el("button", { type: "submit", class: "primary" }, "Send"));
+  sending.addEventListener("submit", (ev) => {
     ev.preventDefault();
     send(r, { answer: field.value }, error, field);
   });
-  return form;
+  return sending;
 }
 
-function approvalControls(r, error) {
+function decisionControls(r, keys, error) {
   const reason = el("input", { class: "reason", placeholder: "reason (for a reject)", "aria-label": "Reason for a reject" });
   const editors = el("div", { class: "editors" });
   const decide = (decision, extra = {}) => send(r, {
@@ -472,14 +484,15 @@ function approvalControls(r, error) {
     }
     send(r, { decisions }, error);
   };
-  return el("div", {},
-    el("div", { class: "actions" },
-      keyButton("a", "Approve", () => decide("approve"), "primary"),
-      keyButton("r", "Reject", () => decide("reject", reason.value ? { reason: reason.value } : {}), "danger"),
-      reason,
-      keyButton("e", "Edit", openEditors, "edit"),
-      keyButton("c", "Cancel run", () => decide("cancel"))),
-    editors);
+  // A button per decision, in the kind's order; `edit` opens the arguments first, and a
+  // decision that takes a reason has the reason field beside it.
+  const buttons = keys.flatMap((k) => {
+    const onclick = k.decision === "edit" ? openEditors
+      : () => decide(k.decision, k.reason && reason.value ? { reason: reason.value } : {});
+    const button = keyButton(k.key, k.label, onclick, k.style);
+    return k.reason ? [button, reason] : [button];
+  });
+  return el("div", {}, el("div", { class: "actions" }, ...buttons), editors);
 }
 
 // The tool's parameter schema (JSON Schema, as the model sees it), checked before sending.
@@ -513,23 +526,66 @@ async function loadHistory() {
   try {
     const doc = await api("GET", "v1/history?limit=100");
     if (mine !== historyLoads) return;  // a newer load is on its way
-    $("activity").replaceChildren(...doc.history.map(historyItem));
+    const byRun = answersByRun(doc.history);
+    $("activity").replaceChildren(...doc.history.map((h) => historyItem(h, byRun)));
     $("history-empty").hidden = doc.history.length > 0;
   } catch (e) { /* kept as it was */ }
 }
 
-function historyItem(h) {
-  if (h.kind === "run_ended") {
-    return el("li", { class: `ended ${String(h.status).toLowerCase()}`, "data-type": "run.status", "data-to": h.status },
-      el("span", { class: "what" }, `run ${h.status.toLowerCase()}`, h.reason ? `: ${h.reason}` : ""),
-      el("span", { class: "where" }, h.workspace), when(h.at));
+const runKey = (h) => `${h.workspace}\u0000${h.run_id}`;
+
+// The answers of each run in this history, oldest first: shown again with the run's end.
+function answersByRun(history) {
+  const out = new Map();
+  for (const h of [...history].reverse()) {
+    if (h.kind !== "answered") continue;
+    if (!out.has(runKey(h))) out.set(runKey(h), []);
+    out.get(runKey(h)).push(h);
   }
-  const said = h.answer !== null && h.answer !== undefined ? `“${h.answer}”`
-    : h.decisions?.length ? h.decisions.map((d) => d.decision).join(", ") : h.outcome;
+  return out;
+}
+
+function historyItem(h, byRun) {
+  if (h.kind === "run_ended") {
+    const status = String(h.status);
+    const took = typeof h.duration_seconds === "number" ? ` in ${duration(h.duration_seconds)}` : "";
+    return el("li", { class: `ended ${status.toLowerCase()}`, "data-type": "run.status", "data-to": status, "data-run": h.run_id },
+      el("span", { class: "what" }, `run ${status.toLowerCase()}${took}`, h.reason ? `: ${h.reason}` : ""),
+      el("span", { class: "where" }, h.workspace), when(h.at),
+      outcomeView(h, byRun.get(runKey(h)) || []));
+  }
   return el("li", { class: "answered", "data-type": "request.answered" },
-    el("span", { class: "what" }, `${h.answered_by || "someone"} answered `, el("strong", {}, said || "")),
+    el("span", { class: "what" }, `${h.answered_by || "someone"} answered `, el("strong", {}, said(h) || "")),
     h.prompt ? el("span", { class: "asked" }, h.prompt) : null,
     el("span", { class: "where" }, h.workspace), when(h.at));
+}
+
+// A finished run, folded: its final message (as text, never markup; a long one is cut by the
+// server, the whole of it is in `delta status`) and who answered what in it.
+function outcomeView(h, answers) {
+  const message = h.status === "COMPLETED" && h.final_message ? h.final_message : null;
+  if (!message && !answers.length) return null;
+  return el("details", { class: "outcome" },
+    el("summary", {}, message ? "Final message" : "Answers", message && answers.length ? " and answers" : ""),
+    message ? el("div", { class: "final-message" }, message) : null,
+    h.final_message_truncated ? el("p", { class: "hint" }, "(cut: delta status shows all of it)") : null,
+    answers.length ? el("ol", { class: "answers" }, ...answers.map((a) => el("li", {},
+      `${a.answered_by || "someone"}: `, el("strong", {}, said(a) || ""),
+      a.prompt ? ` (${a.prompt})` : ""))) : null);
+}
+
+function said(h) {
+  return h.answer !== null && h.answer !== undefined ? `“${h.answer}”`
+    : h.decisions?.length ? h.decisions.map((d) => d.decision).join(", ") : h.outcome;
+}
+
+// As `delta status` says it: "4.2 s", "3 min 05 s", "1 h 02 min 00 s".
+function duration(seconds) {
+  const s = Math.round(seconds);
+  if (s < 60) return `${seconds.toFixed(1)} s`;
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
+  const pad = (n) => String(n).padStart(2, "0");
+  return h ? `${h} h ${pad(m)} min ${pad(r)} s` : `${m} min ${pad(r)} s`;
 }
 
 function activity(e) {

@@ -1,13 +1,15 @@
-"""How resumes are started: the `Executor` seam, its local implementations and the registry.
+"""How resumes are started: executors behind one job-handle seam (`seam.py`), and the registry.
 
 - `fresh`: a new process per resume running `resume_command` (`delta run --work-dir WS`).
 - `fork`: the warm fork server (`forkserver.py`): the client pre-imported, one fork per resume;
-  falls back to `fresh` while the server is unhealthy. The default on Linux.
+  falls back to a fresh process while the server is unhealthy. The default on Linux.
 - `command`: `resume_command` as a new process, for a template that wraps the client
   (`systemd-run --wait ...`); the same mechanism as `fresh`.
 - anything else by name through `registry.py` (`slurm`, `kubernetes`, an entry point in
-  `deltad.executors`, or `module:factory`): a `JobExecutor` (seam.py) driven through
-  `SeamExecutor` (adapter.py).
+  `deltad.executors`, or `module:factory`).
+
+All are `JobExecutor`s; the local three share `local.py` (pids, pidfds, `resumes.json`), which
+nothing outside this package sees.
 
 `executor: auto` (the default) is `fork` on Linux when the server can run `resume_command`
 warm (the `delta` beside deltad, or `python -m MODULE` with deltad's Python), `command` for any
@@ -17,25 +19,24 @@ other template, and `fresh` elsewhere.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from deltad import platform
 
-from . import orphans, registry
-from .adapter import SeamExecutor
-from .base import Child, Executor, Finished, Job, Orphan, exit_meaning
+from . import registry
 from .fork import is_warm
-from .seam import JobExecutor
+from .seam import Event, Exit, Handle, JobExecutor, JobSpec, Started, exit_meaning
 
 __all__ = [
-    "Child",
-    "Executor",
-    "Finished",
-    "Job",
-    "Orphan",
+    "Event",
+    "Exit",
+    "Handle",
+    "JobExecutor",
+    "JobSpec",
+    "Started",
     "exit_meaning",
     "make_executor",
-    "orphans",
     "resolve",
 ]
 
@@ -49,10 +50,7 @@ def resolve(choice: str, argv: list[str]) -> str:
     return "fork" if is_warm(argv) else "command"
 
 
-def make_executor(name: str, options: Mapping[str, Any], max_parallel: int) -> Executor:
-    """The executor registered as `name`, made from its options; a `JobExecutor` is driven
-    through `SeamExecutor`. Raises ValueError (one line) when it cannot be made."""
-    made = registry.make(name, options)
-    executor: Executor = SeamExecutor(made) if isinstance(made, JobExecutor) else made
-    executor.max_parallel = max_parallel
-    return executor
+def make_executor(name: str, options: Mapping[str, Any], state_dir: Path) -> JobExecutor:
+    """The executor registered as `name`, made from its options. Raises ValueError (one line)
+    when it cannot be made."""
+    return registry.make(name, options, state_dir)

@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -29,10 +30,12 @@ import structlog
 
 from deltad.pacing import Pacing
 
+from ..clock import SYSTEM, Clock
 from ..tenancy import SAFE_PATH
-from .base import Child, Finished, Job, Tracker, signal_group
-from .fresh import FreshExecutor, open_log, spawn_failed
+from .fresh import FreshExecutor
+from .local import Proc, signal_group, switch_to
 from .registry import LocalFactory
+from .seam import Event, Handle, JobSpec, SubmitError
 from .wire import receive, send
 
 log = structlog.get_logger("deltad.resumer")
@@ -181,26 +184,22 @@ class ServerProcess:
                 raise Unhealthy(f"the fork server did not answer within {timeout:g} s {what}")
             self.pump(wait=min(left, 1.0))
 
-    def start(self, job: Job, request_id: int) -> int:
+    def start(self, spec: JobSpec, log_fd: int, request_id: int) -> int:
         """Fork the resume; its pid. Raises Unhealthy, or OSError for this job alone."""
         self.wait_for("while starting up", lambda: self.ready, READY_TIMEOUT)
-        who = job.launch.identity
+        switch = switch_to(spec.identity, os.geteuid())
         msg = {
             "op": "start",
             "id": request_id,
-            "plan": plan(job.argv),
-            "cwd": str(job.workspace),
-            "env": job.launch.env,
-            "uid": who.user,
-            "gid": who.group,
-            "groups": list(who.extra_groups) if who.extra_groups is not None else None,
+            "plan": plan(list(spec.argv)),
+            "cwd": str(spec.key.workspace),
+            "env": dict(spec.env),
+            "uid": switch.uid if switch else None,
+            "gid": switch.gid if switch else None,
+            "groups": list(switch.groups) if switch else None,
         }
-        out = open_log(job)
-        try:
-            if not self._send(msg, [out]):
-                raise Unhealthy("the fork server cannot be reached")
-        finally:
-            os.close(out)
+        if not self._send(msg, [log_fd]):
+            raise Unhealthy("the fork server cannot be reached")
         self.wait_for("to a start", lambda: request_id in self.replies, ANSWER_TIMEOUT)
         reply = self.replies.pop(request_id)
         if reply["op"] == "failed":
@@ -237,16 +236,16 @@ def server_env() -> dict[str, str]:
     return {"PATH": SAFE_PATH} | {k: os.environ[k] for k in SERVER_ENV if k in os.environ}
 
 
-class ForkExecutor(Tracker):
+class ForkExecutor(FreshExecutor):
+    """Forked by the server; a fresh process (the parent's `start`) while it is unhealthy."""
+
     name = "fork"
 
-    def __init__(self, max_parallel: int) -> None:
-        super().__init__(max_parallel)
-        self._fresh = FreshExecutor(max_parallel)
-        self._fresh.children = self.children  # one table: a fallback child is a child too
+    def __init__(self, state_dir: Path, clock: Clock = SYSTEM) -> None:
+        super().__init__(state_dir, clock)
         self.server: ServerProcess | None = None
         self._draining: list[ServerProcess] = []
-        self._owner: dict[int, ServerProcess] = {}
+        self._owner: dict[int, ServerProcess] = {}  # a forked child's pid -> its server
         self._ids = 0
         self._failures = 0
         self._retry_at = 0.0
@@ -315,56 +314,46 @@ class ForkExecutor(Tracker):
     def _lost(self, pid: int) -> None:
         """A child whose server is gone: watched by pidfd from now on, exit code unknown."""
         self._owner.pop(pid, None)
-        for child in self.children.values():
-            if child.pid == pid and not child.exited:
-                child.adopted = True
+        for proc in self.procs.values():
+            if proc.pid == pid and not proc.exited:
+                proc.adopted = True
+        self.refresh_polling()
 
     # -- the executor -------------------------------------------------------------------------
-    def submit(self, job: Job) -> Child | None:
-        if (running := self.children.get(job.workspace)) is not None:
-            return running
+    def start(self, spec: JobSpec, log_fd: int) -> tuple[int, str]:
         server = self._ensure_server()
         if server is not None:
             self._ids += 1
             try:
-                pid = server.start(job, self._ids)
+                pid = server.start(spec, log_fd, self._ids)
             except Unhealthy as e:
                 self._unhealthy(str(e))
             except OSError as e:
-                spawn_failed(job, str(e))
-                return None
+                raise SubmitError(str(e)) from None
             else:
                 self._failures = 0
                 self._owner[pid] = server
-                return self.track(job, pid)
-        return self._fresh.submit(job)
+                return pid, self.name
+        return self.popen(spec, log_fd), "fresh"  # the server is unhealthy: a fresh process
 
-    def forked(self, child: Child) -> bool:
-        """Started by the server (not a fresh-process fallback)."""
-        return child.pid in self._owner
-
-    def started_by(self, child: Child) -> str:
-        return self.name if self.forked(child) else "fresh"  # the server was unhealthy
+    def forked(self, handle: Handle) -> bool:
+        """Started by the server (not a fresh-process fallback) and still its child."""
+        proc = self.procs.get(handle.key.name)
+        return proc is not None and proc.pid in self._owner
 
     def reload(self) -> None:
         self.restart("reload")
 
-    def fds(self) -> list[int]:
-        servers = [s.fileno() for s in self._servers() if not s.dead]
-        watched = [
-            c.pidfd
-            for c in self.children.values()
-            if c.pidfd is not None and c.pid not in self._owner
-        ]
-        return servers + watched
+    def watched(self, proc: Proc) -> bool:
+        return proc.pid not in self._owner  # else the server's socket tells its exit
 
-    def needs_polling(self) -> bool:
-        return any(c.pidfd is None and c.pid not in self._owner for c in self.children.values())
+    def fds(self) -> list[int]:
+        return [s.fileno() for s in self._servers() if not s.dead] + super().fds()
 
     def _servers(self) -> list[ServerProcess]:
         return [*([self.server] if self.server else []), *self._draining]
 
-    def reap(self) -> list[Finished]:
+    def poll(self, now: float) -> list[Event]:
         for server in self._servers():
             server.pump()
             if server.dead or server.proc.poll() is not None:
@@ -373,7 +362,9 @@ class ForkExecutor(Tracker):
             if not server.children:
                 self._draining.remove(server)
                 self._bury(server)
-        return super().reap()
+        if self.server is None and time.monotonic() >= self._retry_at:
+            self._ensure_server()  # warm again before the next resume needs it
+        return super().poll(now)
 
     def _server_died(self, server: ServerProcess) -> None:
         for pid, rc in server.exits.items():
@@ -385,51 +376,45 @@ class ForkExecutor(Tracker):
             self._draining.remove(server)
             self._bury(server)
 
-    def collect(self, child: Child) -> None:
-        server = self._owner.get(child.pid)
-        if server is not None and child.pid in server.exits:
-            self._deliver(child.pid, server.exits.pop(child.pid))
+    def collect(self, proc: Proc) -> None:
+        server = self._owner.get(proc.pid)
+        if server is not None and proc.pid in server.exits:
+            self._deliver(proc.pid, server.exits.pop(proc.pid))
         elif server is None:
-            self._fresh.collect(child)
+            super().collect(proc)
 
     def _deliver(self, pid: int, rc: int) -> None:
         self._owner.pop(pid, None)
-        for child in self.children.values():
-            if child.pid == pid:
-                child.exit_code, child.exited = rc, True
+        for proc in self.procs.values():
+            if proc.pid == pid:
+                proc.rc, proc.exited = rc, True
 
-    def cancel(self, child: Child, grace: float) -> None:
-        server = self._owner.get(child.pid)
-        if server is None or not server.cancel(child.pid, grace):
-            super().cancel(child, grace)
+    def cancel(self, handle: Handle, grace: float) -> None:
+        proc = self.procs.get(handle.key.name)
+        if proc is None or proc.handle != handle:
             return
-        child.term_sent = time.monotonic()  # the server sends SIGKILL after the grace
+        server = self._owner.get(proc.pid)
+        if server is None or not server.cancel(proc.pid, grace):
+            super().cancel(handle, grace)  # the server sends SIGKILL after the grace itself
 
-    def tick(self, now: float) -> None:
-        super().tick(now)
-        if self.server is None and now >= self._retry_at:
-            self._ensure_server()  # warm again before the next resume needs it
-
-    def next_due(self) -> float | None:
-        due = super().next_due()
-        if self.server is None:
-            due = self._retry_at if due is None else min(due, self._retry_at)
+    def due(self, now: float) -> float | None:
+        due = super().due(now)
+        if self.server is None:  # when to try a new server
+            retry = now + max(0.0, self._retry_at - time.monotonic())
+            due = retry if due is None else min(due, retry)
         return due
 
-    def signal(self, child: Child, sig: Any) -> None:
-        if child.pid not in self._owner:
-            signal_group(child.pid, sig)
-
-    def detach_all(self) -> list[int]:
-        self._owner.clear()
-        self._fresh.forget_processes()
-        return super().detach_all()
+    def signal(self, proc: Proc, sig: signal.Signals) -> None:
+        if proc.pid not in self._owner:  # the server signals its own children
+            signal_group(proc.pid, sig)
 
     def close(self) -> None:
+        self._owner.clear()
         for server in self._servers():
             server.children.clear()
             self._bury(server)
         self.server, self._draining = None, []
+        super().close()
 
 
 make_fork = LocalFactory("fork", ForkExecutor, linux_only=True)

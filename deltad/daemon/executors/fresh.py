@@ -8,104 +8,63 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
-import structlog
-
-from deltad.protocol.printable import show_path
-
-from .base import Child, Job, Tracker
+from ..clock import SYSTEM, Clock
+from .local import LocalJobs, Proc, switch_to
 from .registry import LocalFactory
+from .seam import JobSpec, SubmitError
 
-log = structlog.get_logger("deltad.resumer")
 
-
-class FreshExecutor(Tracker):
+class FreshExecutor(LocalJobs):
     name = "fresh"
 
-    def __init__(self, max_parallel: int) -> None:
-        super().__init__(max_parallel)
-        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+    def __init__(self, state_dir: Path, clock: Clock = SYSTEM) -> None:
+        super().__init__(state_dir, clock)
+        self._popen: dict[int, subprocess.Popen[bytes]] = {}  # our children, by pid
 
-    def submit(self, job: Job) -> Child | None:
-        if (running := self.children.get(job.workspace)) is not None:
-            return running
-        out = open_log(job)
-        who = job.launch.identity
+    def start(self, spec: JobSpec, log_fd: int) -> tuple[int, str]:
+        return self.popen(spec, log_fd), self.name
+
+    def popen(self, spec: JobSpec, log_fd: int) -> int:
+        switch = switch_to(spec.identity, os.geteuid())
         try:
             proc = subprocess.Popen(
-                job.argv,
+                list(spec.argv),
                 stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                cwd=job.workspace,
-                env=job.launch.env,
-                user=who.user,
-                group=who.group,
-                extra_groups=who.extra_groups,
+                stdout=log_fd,
+                stderr=log_fd,
+                cwd=spec.key.workspace,
+                env=dict(spec.env),
+                user=switch.uid if switch else None,
+                group=switch.gid if switch else None,
+                extra_groups=list(switch.groups) if switch else None,
                 umask=0o077,
                 start_new_session=True,
                 close_fds=True,
             )
         except OSError as e:
-            spawn_failed(job, e.strerror or str(e))
-            return None
-        finally:
-            if out >= 0:
-                os.close(out)
-        self._procs[proc.pid] = proc
-        return self.track(job, proc.pid)
+            raise SubmitError(f"{spec.argv[0]}: {e.strerror or e}") from None
+        self._popen[proc.pid] = proc
+        return proc.pid
 
-    def collect(self, child: Child) -> None:
-        proc = self._procs.get(child.pid)
-        if proc is None:
-            super().collect(child)
+    def collect(self, proc: Proc) -> None:
+        child = self._popen.get(proc.pid)
+        if child is None:
+            super().collect(proc)
             return
-        rc = proc.poll()
+        rc = child.poll()
         if rc is not None:
-            del self._procs[child.pid]
-            child.exit_code, child.exited = rc, True
+            del self._popen[proc.pid]
+            proc.rc, proc.exited = rc, True
 
-    def forget_processes(self) -> None:
-        self._procs.clear()
-
-    def detach_all(self) -> list[int]:
-        self.forget_processes()
-        return super().detach_all()
+    def close(self) -> None:
+        self._popen.clear()  # they run on; the next daemon adopts them
+        super().close()
 
 
 class CommandExecutor(FreshExecutor):
     name = "command"
-
-
-def open_log(job: Job) -> int:
-    """The child's stdout/stderr: the append-only resume log, or /dev/null if it cannot be
-    opened (logged). The caller closes it once the child has its copy."""
-    if job.log is not None:
-        try:
-            job.log.parent.mkdir(parents=True, exist_ok=True)
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-            fd = os.open(job.log, flags, 0o600)
-            os.write(fd, f"--- {_now()} resume {show_path(job.workspace)}\n".encode())
-            return fd
-        except OSError as e:
-            log.error("resume_log_unavailable", workspace=str(job.workspace), error=e.strerror)
-    return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-
-
-def spawn_failed(job: Job, error: str) -> None:
-    log.error(
-        "resume_spawn_failed",
-        workspace=str(job.workspace),
-        run_id=job.run_id,
-        program=job.argv[0],
-        error=error,
-    )
-
-
-def _now() -> str:
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 make_fresh = LocalFactory("fresh", FreshExecutor)

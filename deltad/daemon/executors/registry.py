@@ -8,10 +8,11 @@ A name is looked up in this order (like gunicorn's `worker_class`):
 3. a dotted path `module:factory`.
 
 A factory is called as `factory(options)` with the mapping under `executors: {NAME: ...}`
-and returns either a local `Executor` (base.py) or a `JobExecutor` (seam.py), which the
-resumer drives through `SeamExecutor` (adapter.py). It raises ValueError (one line) for
-options it cannot use. A factory may carry `check_options(options)`, called by the config
-and `deltad check` without starting anything.
+and returns a `JobExecutor` (seam.py), the one interface the resumer speaks. It raises
+ValueError (one line) for options it cannot use. A factory may carry `check_options(options)`,
+called by the config and `deltad check` without starting anything. The local executors'
+factories (`LocalFactory`) are also given the daemon's state dir: their resume logs and
+`resumes.json` live there.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from deltad import platform
+
+from .seam import JobExecutor
 
 GROUP = "deltad.executors"
 
@@ -34,7 +38,29 @@ BUILTINS: dict[str, str] = {
     "kubernetes": "deltad.daemon.executors.kubernetes:make_kubernetes_executor",
 }
 
-Factory = Callable[[Mapping[str, Any]], Any]
+
+class LocalFactory:
+    """The factory of a local executor class: it takes no options, and keeps its files (resume
+    logs, `resumes.json`) in the daemon's state dir."""
+
+    def __init__(
+        self, name: str, make: Callable[[Path], JobExecutor], linux_only: bool = False
+    ) -> None:
+        self.name, self._make, self.linux_only = name, make, linux_only
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        if self.linux_only and not platform.LINUX:
+            raise ValueError(f"executor: {self.name} needs Linux (use fresh or command)")
+        if options:  # any key is a misspelling
+            keys = ", ".join(sorted(map(str, options)))
+            raise ValueError(f"executors.{self.name}: takes no options (got {keys})")
+
+    def build(self, options: Mapping[str, Any], state_dir: Path) -> JobExecutor:
+        self.check_options(options)
+        return self._make(state_dir)
+
+
+Factory = Callable[[Mapping[str, Any]], Any] | LocalFactory
 
 
 class UnknownExecutor(ValueError):
@@ -68,9 +94,9 @@ def find(name: str) -> Factory:
     except ImportError as e:
         raise UnknownExecutor(f"executor: {name} cannot be loaded: {e}") from e
     factory = getattr(module, attr, None) if attr else None
-    if not callable(factory):
+    if not (callable(factory) or isinstance(factory, LocalFactory)):
         raise UnknownExecutor(f"executor: {name}: {target} is not a factory")
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def check_options(name: str, options: Mapping[str, Any]) -> None:
@@ -80,25 +106,12 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
         check(options)
 
 
-def make(name: str, options: Mapping[str, Any]) -> Any:
-    """The executor itself: a local `Executor` or a `JobExecutor`."""
-    return find(name)(options)
-
-
-class LocalFactory:
-    """The factory of a local executor class (it takes no options; the resumer sets its
-    `max_parallel`)."""
-
-    def __init__(self, name: str, make: Callable[[int], Any], linux_only: bool = False) -> None:
-        self.name, self._make, self.linux_only = name, make, linux_only
-
-    def check_options(self, options: Mapping[str, Any]) -> None:
-        if self.linux_only and not platform.LINUX:
-            raise ValueError(f"executor: {self.name} needs Linux (use fresh or command)")
-        if options:  # any key is a misspelling
-            keys = ", ".join(sorted(map(str, options)))
-            raise ValueError(f"executors.{self.name}: takes no options (got {keys})")
-
-    def __call__(self, options: Mapping[str, Any]) -> Any:
-        self.check_options(options)
-        return self._make(1)
+def make(name: str, options: Mapping[str, Any], state_dir: Path) -> JobExecutor:
+    """The executor itself. Raises ValueError (one line) when it cannot be made."""
+    factory = find(name)
+    made = (
+        factory.build(options, state_dir) if isinstance(factory, LocalFactory) else factory(options)
+    )
+    if not isinstance(made, JobExecutor):
+        raise UnknownExecutor(f"executor: {name}: its factory made no job executor (seam.py)")
+    return made

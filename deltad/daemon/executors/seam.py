@@ -13,19 +13,25 @@ a pidfd or a job id, only a `Handle` it got back for a `RequestKey` it chose bef
 - `adopt()` asks the engine itself which of this daemon's jobs still exist after a restart.
 - `poll_every` is how often `poll` must be called when nothing is readable on `fds()` (engines
   without file descriptors); None when `fds()` tells everything.
+
+Two optional methods, looked up with `due` and `reload` below (an executor without them needs
+neither): `due(now)`, the wall-clock time at which `poll` has something to do that no fd will
+announce (a cancel's SIGKILL after its grace, a Started not yet reported), and `reload()`, the
+daemon's configuration was reloaded (SIGHUP: the fork server starts afresh for new jobs).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from .base import exit_meaning
+from deltad.protocol import exitcodes
 
 
 @dataclass(frozen=True, order=True)
@@ -83,6 +89,9 @@ class Handle:
     key: RequestKey
     executor: str  # the registry name of the executor that made it
     ref: str  # the engine's id: a pid and start ticks, a Slurm job id, a Job's uid
+    # What the daemon's log lines say of the job besides its ref (a local process's `pid`);
+    # not part of its identity.
+    shown: tuple[tuple[str, int | str], ...] = field(default=(), compare=False)
 
 
 class JobState(Enum):
@@ -153,3 +162,28 @@ class JobExecutor(Protocol):
 
 class SubmitError(Exception):
     """The engine refused a job; the message is one line for the log."""
+
+
+def exit_meaning(rc: int | None) -> str:
+    """completed, failed, busy, waiting, killed_by_SIGTERM, ... or unknown (rc None)."""
+    if rc is None:
+        return "unknown"
+    if rc < 0:
+        try:  # a real-time signal (or an engine's odd status) has no name: "killed"
+            return f"killed_by_{signal.Signals(-rc).name}"
+        except ValueError:
+            return "killed"
+    return exitcodes.MEANING.get(rc, "unexpected")
+
+
+def due(executor: JobExecutor, now: float) -> float | None:
+    """When (wall clock) `poll` must be called although no fd is readable: the executor's
+    optional `due(now)`; None when it has none or nothing is due."""
+    hook = getattr(executor, "due", None)
+    return hook(now) if hook is not None else None
+
+
+def reload(executor: JobExecutor) -> None:
+    """Tell the executor the configuration was reloaded, when it wants to know."""
+    if (hook := getattr(executor, "reload", None)) is not None:
+        hook()

@@ -460,7 +460,9 @@ class SlurmExecutor:
                     log.warning("slurm_cancel_failed", job=ref, error=str(e))
 
     def adopt(self) -> list[Handle]:
-        """This daemon's queued or running jobs; each reports `Started` at its next poll."""
+        """This daemon's jobs Slurm still lists: queued or running ones report `Started` at
+        their next poll, and ended ones (within `MinJobAge`) their `Exit`, so a job that ended
+        while no daemon ran still judges the run it left RUNNING on its node."""
         try:
             rows = self._squeue()
         except SlurmError as e:
@@ -468,7 +470,7 @@ class SlurmExecutor:
         handles = []
         for row in rows:
             key = key_from_comment(row.comment, self.opts.daemon_id)
-            if key is not None and (row.state in QUEUED or row.state in RUNNING):
+            if key is not None:
                 handles.append(self._track(key, row.job_id))
         return handles
 
