@@ -10,7 +10,10 @@ spawned (deltad's `resume_spawned` log time) and → first instruction of the re
 1,000 answers (time until all resumed, missed, doubled). At the largest N also the kernel's
 inotify watch count before/after 100,000 files are added to one workspace. Separately, end to
 end with the real `delta` client and the fake OpenAI server: close → ACTION_RESULT journaled.
-Results: a Markdown table on stdout and JSON in bench/results/.
+Results are written as they are measured, one JSON line per step (with the 1-minute load average
+at that moment) to bench/results/daemon-<time>.jsonl, so a crash or a kill keeps what was
+measured; a Markdown table on stdout at the end. Every wait is for a condition, with a deadline
+that grows with N (`deadline`), never a fixed one.
 """
 
 from __future__ import annotations
@@ -39,6 +42,32 @@ from deltad.testing.daemon import Daemon  # noqa: E402
 from deltad.testing.stub import paused_workspace  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+RESULTS = HERE / "results"
+
+
+def deadline(n: int) -> float:
+    """How long a step over N workspaces may take before the bench calls it failed: a minute,
+    plus 5 ms per workspace (READY took 1.5 ms per workspace before it was made lazy; a reload
+    reads every workspace)."""
+    return 60.0 + 0.005 * n
+
+
+class Lines:
+    """The results file, one JSON object per line, flushed and fsynced per line."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(exist_ok=True)
+        self.path = path
+
+    def emit(self, step: str, **fields: Any) -> None:
+        load = [round(x, 2) for x in os.getloadavg()]  # 1, 5, 15 min: other jobs share the VM
+        row = {"step": step, "at": time.time(), "load1": load[0], "loadavg": load, **fields}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
 STUB = """#!/bin/bash
 printf '%s %s\\n' "$EPOCHREALTIME" "$1" >> {record}
 rm -f -- "$1/.delta/interaction/response.txt"
@@ -108,7 +137,7 @@ class Record:
         self.seen += new
         return new
 
-    def wait_for(self, ws: set[str], timeout: float = 120) -> bool:
+    def wait_for(self, ws: set[str], timeout: float) -> bool:
         pending = set(ws)
         end = time.monotonic() + timeout
         while pending and time.monotonic() < end:
@@ -135,13 +164,16 @@ def write_answer(ws: Path, text: str = "yes") -> float:
 class Deltad:
     name = "deltad"
 
-    def __init__(self, work: Path, root: Path, stub: Path) -> None:
+    def __init__(
+        self, work: Path, root: Path, stub: Path, n: int, backend: str | None = None
+    ) -> None:
+        self.n = n
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock_path = work / "notify.sock"
         self.sock.bind(str(self.sock_path))
         self.d = Daemon(
             work,
-            [root],
+            [{"path": str(root), "backend": backend} if backend else root],
             resume_command=[str(stub), "{workspace}"],
             log_level="info",
             settle_seconds=1.0,
@@ -151,10 +183,25 @@ class Deltad:
     def start(self) -> float:
         t0 = time.monotonic()
         self.d.start(env={"NOTIFY_SOCKET": str(self.sock_path)}, wait=False)
-        self.sock.settimeout(120)
-        while b"READY=1" not in self.sock.recv(65536):
-            pass
-        return time.monotonic() - t0
+        end = t0 + deadline(self.n)
+        while True:
+            self.sock.settimeout(max(0.1, end - time.monotonic()))
+            if b"READY=1" in self.sock.recv(65536):  # a timeout raises: READY never came
+                return time.monotonic() - t0
+
+    def backend(self) -> str:
+        ready = self.d.wait_event("daemon_ready", timeout=deadline(self.n))[0]
+        return ",".join(k for k, v in ready["watches"].items() if v)
+
+    def questions_read_s(self) -> float:
+        """From READY to the end of the background reads of questions known by a glance."""
+        ready = self.d.wait_event("daemon_ready", timeout=deadline(self.n))[0]
+        done = self.d.wait_event("questions_read", timeout=deadline(self.n))[0]
+        return _ts(done) - _ts(ready)
+
+    def reconciles(self) -> dict[str, int]:
+        """Full reconciles started, by reason (a second one must never start on its own)."""
+        return dict(Counter(e["reason"] for e in self.d.events("reconcile_full_started")))
 
     @property
     def pid(self) -> int:
@@ -162,27 +209,30 @@ class Deltad:
         return self.d.proc.pid
 
     def rescan(self) -> None:
-        self.d.reload()
+        self.d.reload(timeout=deadline(self.n))
 
     def spawn_times(self) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}
         for e in self.d.events("resume_spawned"):
-            ts = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
-            out.setdefault(e["workspace"], []).append(ts)
+            out.setdefault(e["workspace"], []).append(_ts(e))
         return out
 
     def about(self, ws: Path) -> list[dict[str, Any]]:
         return [e for e in self.d.lines() if e.get("workspace") == str(ws)]
 
     def stop(self) -> None:
-        self.d.stop(timeout=120)
+        self.d.stop(timeout=deadline(self.n))
         self.sock.close()
+
+
+def _ts(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
 class Baseline:
     name = "1 s polling loop"
 
-    def __init__(self, work: Path, root: Path, stub: Path) -> None:
+    def __init__(self, work: Path, root: Path, stub: Path, n: int) -> None:
         self.argv = [
             sys.executable,
             str(HERE / "baseline_poller.py"),
@@ -278,7 +328,7 @@ def burst(contender: Any, record: Record, spaces: list[Path], size: int) -> dict
     t0 = time.time()
     for ws in chosen:
         write_answer(ws)
-    complete = record.wait_for({str(ws) for ws in chosen}, timeout=300)
+    complete = record.wait_for({str(ws) for ws in chosen}, timeout=deadline(len(spaces)))
     took = max(t for t, w in record.seen if w in {str(x) for x in chosen}) - t0
     contender.rescan()
     record.poll()
@@ -297,7 +347,7 @@ def many_files(contender: Deltad, record: Record, ws: Path, files: int) -> dict[
     per_dir = 1000
     for i in range(0, files, per_dir):
         d = ws / "work" / f"d{i // per_dir:04d}"
-        d.mkdir(parents=True)
+        d.mkdir(parents=True, exist_ok=True)  # a reused root may have them
         for j in range(min(per_dir, files - i)):
             (d / f"f{j}.txt").write_bytes(b"x")
     time.sleep(1)
@@ -314,17 +364,47 @@ def many_files(contender: Deltad, record: Record, ws: Path, files: int) -> dict[
 
 
 def run_size(
-    kind: type, work: Path, root: Path, spaces: list[Path], args: argparse.Namespace, largest: bool
+    kind: type,
+    work: Path,
+    root: Path,
+    spaces: list[Path],
+    args: argparse.Namespace,
+    largest: bool,
+    lines: Lines,
 ) -> dict[str, Any]:
     record_path = work / f"{kind.__name__}.record"
     stub = work / f"{kind.__name__}-stub.sh"
     stub.write_text(STUB.format(record=record_path))
     stub.chmod(0o755)
     record = Record(record_path)
-    contender = kind(work, root, stub)
+    n = len(spaces)
+    extra = (args.backend,) if kind is Deltad else ()
+    contender = kind(work, root, stub, n, *extra)
     out: dict[str, Any] = {"contender": contender.name, "n": len(spaces)}
+    about = {"contender": contender.name, "n": len(spaces)}
     try:
         out["ready_s"] = contender.start()
+        # CPU seconds to READY: what READY would take on an idle machine with a warm cache
+        # (the wall time above also holds other jobs' share of the 2 cores, and disk reads).
+        out["ready_cpu_s"] = cpu_seconds(contender.pid)
+        lines.emit(
+            "ready",
+            **about,
+            ready_s=out["ready_s"],
+            ready_cpu_s=out["ready_cpu_s"],
+            rss_mb=rss_mb(contender.pid),
+            backend=contender.backend() if kind is Deltad else "scan",
+        )
+        if kind is Deltad:
+            out["questions_read_s"] = contender.questions_read_s()
+            out["watches"] = inotify_watches(contender.pid)
+            lines.emit(
+                "questions_read",
+                **about,
+                after_ready_s=out["questions_read_s"],
+                inotify_watches=out["watches"],
+                rss_mb=rss_mb(contender.pid),
+            )
         samples = args.samples if kind is Deltad else args.baseline_samples
         jitter = 1.0 if kind is Baseline else 0.0
         # The baseline's answers wait for its poll loop (1 s plus jitter): never "late".
@@ -333,11 +413,18 @@ def run_size(
         out["detection"] = detection(
             contender, record, spaces, n, jitter, wait=args.wait, late_after=late_after
         )
+        lines.emit("detection", **about, **out["detection"])
         out["idle_cpu_pct"], out["rss_mb"] = idle(contender.pid, args.idle)
+        lines.emit("idle", **about, cpu_pct=out["idle_cpu_pct"], rss_mb=out["rss_mb"])
         if args.burst and len(spaces) >= args.burst:
             out["burst"] = burst(contender, record, spaces, args.burst)
+            lines.emit("burst", **about, **out["burst"])
         if largest and kind is Deltad and args.files:
             out["many_files"] = many_files(contender, record, spaces[0], args.files)
+            lines.emit("many_files", **about, **out["many_files"])
+        if kind is Deltad:
+            out["reconciles"] = contender.reconciles()
+            lines.emit("reconciles", **about, started=out["reconciles"])
     finally:
         contender.stop()
     return out
@@ -399,9 +486,10 @@ def _wait_action_result(ws: Path, timeout: float = 60) -> float:
 # -- report ---------------------------------------------------------------------------------
 def table(results: list[dict[str, Any]], e2e_result: dict[str, Any] | None) -> str:
     rows = [
-        "| N | contender | READY s | close→spawn p50 / p99 ms | close→stub p50 / p99 ms "
-        "| idle CPU % | RSS MB | burst 1,000: all resumed s (missed / doubled) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| N | contender | READY s | questions read s after | close→spawn p50 / p99 ms "
+        "| close→stub p50 / p99 ms | idle CPU % | RSS MB "
+        "| burst 1,000: all resumed s (missed / doubled) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         det = r["detection"]
@@ -413,7 +501,8 @@ def table(results: list[dict[str, Any]], e2e_result: dict[str, Any] | None) -> s
         b = r.get("burst")
         burst_cell = f"{b['all_resumed_s']:.2f} ({b['missed']} / {b['doubled']})" if b else "–"
         rows.append(
-            f"| {r['n']:,} | {r['contender']} | {r['ready_s']:.2f} | {spawn} | "
+            f"| {r['n']:,} | {r['contender']} | {r['ready_s']:.2f} | "
+            f"{r.get('questions_read_s', float('nan')):.1f} | {spawn} | "
             f"{det['stub_p50_ms']:.1f} / {det['stub_p99_ms']:.1f} ({det['samples']} samples) | "
             f"{r['idle_cpu_pct']:.2f} | {r['rss_mb']:.0f} | {burst_cell} |"
         )
@@ -450,32 +539,41 @@ def main() -> None:
         "--wait", type=float, default=120.0, help="seconds an answer may wait before it is missed"
     )
     ap.add_argument("--only-deltad", action="store_true", help="skip the polling baseline")
+    ap.add_argument(
+        "--backend", choices=("fanotify", "inotify"), help="deltad's backend (default: auto)"
+    )
+    ap.add_argument(
+        "--reuse",
+        type=Path,
+        help="keep the paused workspaces in DIR/root<N> and use them again (built if missing)",
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="deltad-bench-", dir=os.environ.get("BENCH_DIR")))
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    lines = Lines(RESULTS / f"daemon-{stamp}.jsonl")
+    print(f"results: {lines.path}", file=sys.stderr)
     results = []
     try:
         for n in sizes:
-            root = work / f"n{n}" / "root"
+            root = args.reuse / f"root{n}" if args.reuse else work / f"n{n}" / "root"
             t0 = time.monotonic()
-            spaces = build(root, n)
-            print(f"built {n} paused workspaces in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+            if root.is_dir():  # built by an earlier run (building 100,000 takes many minutes)
+                spaces = [root / f"ws{i:05d}" for i in range(n)]
+            else:
+                spaces = build(root, n)
+                lines.emit("built", n=n, seconds=time.monotonic() - t0)
             for kind in (Deltad,) if args.only_deltad else (Deltad, Baseline):
                 sub = work / f"n{n}" / kind.__name__.lower()
-                sub.mkdir()
-                r = run_size(kind, sub, root, spaces, args, largest=n == max(sizes))
-                print(json.dumps(r), file=sys.stderr)
+                sub.mkdir(parents=True)
+                r = run_size(kind, sub, root, spaces, args, n == max(sizes), lines)
                 results.append(r)
         e2e_result = e2e(work, args.e2e) if args.e2e else None
+        if e2e_result:
+            lines.emit("e2e", **e2e_result)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    out_dir = HERE / "results"
-    out_dir.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    (out_dir / f"daemon-{stamp}.json").write_text(
-        json.dumps({"results": results, "e2e": e2e_result}, indent=2)
-    )
     print(table(results, e2e_result))
 
 

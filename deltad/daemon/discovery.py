@@ -13,6 +13,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deltad.protocol.layout import ANSWER_FILES, INTERACTION_DIR, REQUEST_FILE
 from deltad.protocol.layout import DELTA_DIR as DELTA_DIR
 
 
@@ -62,3 +63,20 @@ def walk(top: Path, levels_left: int, layout: Layout | None = None) -> Layout:
     for child in children:
         walk(child, levels_left - 1, layout)
     return layout
+
+
+def mailbox_names(ws: Path) -> frozenset[str] | None:
+    """The names in a workspace's `.delta/interaction/` (one scandir, no stat, no read), or
+    None if there is none or it cannot be listed."""
+    try:
+        with os.scandir(f"{ws}/{DELTA_DIR}/{INTERACTION_DIR}") as it:
+            return frozenset(e.name for e in it)
+    except OSError:
+        return None
+
+
+def unanswered(names: frozenset[str] | None) -> bool:
+    """A question is posted and no answer file is there: nothing in the workspace needs the
+    daemon until an answer arrives (an event says so) or the question's deadline passes
+    (found when `request.json` is read, lazily). Anything else is looked at in full."""
+    return names is not None and REQUEST_FILE in names and names.isdisjoint(ANSWER_FILES)

@@ -15,11 +15,12 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from deltad import platform
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
 
@@ -34,7 +35,7 @@ DEFAULT_BUFFER = 1000
 CLOSED_MEMORY = 10_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per workspace: no per-instance dict
 class View:
     """The loop's latest belief about one workspace (`state` is reconcile's State value)."""
 
@@ -47,6 +48,7 @@ class View:
     created: float | None = None  # the open question's timestamp (the inbox's order)
 
 
+Holders = Path | set[Path]  # the workspaces showing one request id or run id
 QuestionKey = tuple[float, str, str]  # (created, workspace, request id)
 RunKey = tuple[str, str]  # (run id, workspace): run ids start with their start time
 
@@ -128,9 +130,9 @@ class Index:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._views: dict[Path, View] = {}
-        # Holders as tuples, not sets: almost always one, and a set of one costs 216 bytes
-        # against a tuple's 48 (two per open question: the bench's index RSS per question).
-        self._requests: dict[str, tuple[Path, ...]] = {}
+        # id -> the workspace holding it, or a set once several do (copies: 100,000 may
+        # share one); a set for each id cost 216 bytes per workspace, twice
+        self._requests: dict[str, Holders] = {}
         # Questions seen open and gone since: a late answer gets 409 (or 410), not 404. The
         # order bounds the memory; the second map answers `closed` without a scan.
         self._closed: OrderedDict[tuple[str, Path], None] = OrderedDict()
@@ -140,10 +142,10 @@ class Index:
         self._questions: list[Listed] = []
         self._runs: list[Listed] = []
         self._filed: dict[Path, tuple[Listed | None, Listed | None]] = {}
-        self._run_ids: dict[str, tuple[Path, ...]] = {}
+        self._run_ids: dict[str, Holders] = {}
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
-        _drop(self._requests, request_id, ws)
+        _release(self._requests, request_id, ws)
         self._closed[(request_id, ws)] = None
         self._closed.move_to_end((request_id, ws))
         self._closed_by_id.setdefault(request_id, {})[ws] = expired
@@ -165,7 +167,7 @@ class Index:
                 if i < len(order) and order[i] is e:
                     del order[i]
         if run is not None and run.run_id is not None:
-            _drop(self._run_ids, run.run_id, ws)
+            _release(self._run_ids, run.run_id, ws)
 
     def _file(self, view: View, real: str, owner: int | None) -> None:
         question, run = question_of(view, real, owner), run_of(view, real, owner)
@@ -173,7 +175,7 @@ class Index:
             if e is not None:
                 bisect.insort(order, e, key=_listed_key)
         if view.run_id is not None:
-            _add(self._run_ids, view.run_id, view.workspace)
+            _hold(self._run_ids, view.run_id, view.workspace)
         self._filed[view.workspace] = (question, run)
 
     def put(self, view: View) -> None:
@@ -184,7 +186,7 @@ class Index:
                 self._close(old.request_id, view.workspace, old.state == "expired")
             self._views[view.workspace] = view
             if view.request_id:
-                _add(self._requests, view.request_id, view.workspace)
+                _hold(self._requests, view.request_id, view.workspace)
                 self._forget(view.request_id, view.workspace)  # open again (a re-posted copy)
             self._unfile(view.workspace)
             self._file(view, real, owner)
@@ -203,7 +205,7 @@ class Index:
     def find(self, request_id: str) -> list[Path]:
         """Every workspace where question `request_id` is open, sorted."""
         with self._lock:
-            return sorted(self._requests.get(request_id, ()))
+            return sorted(_holding(self._requests.get(request_id)))
 
     def closed(self, request_id: str) -> dict[Path, bool]:
         """Where question `request_id` was seen open and is gone: workspace -> expired."""
@@ -227,33 +229,61 @@ class Index:
     def run_holders(self, run_id: str) -> list[Path]:
         """Every workspace whose latest run is `run_id`, sorted."""
         with self._lock:
-            return sorted(self._run_ids.get(run_id, ()))
+            return sorted(_holding(self._run_ids.get(run_id)))
 
 
-def _add(holders: dict[str, tuple[Path, ...]], key: str, ws: Path) -> None:
-    """`ws` among `key`'s holders (once)."""
-    have = holders.get(key, ())
-    if ws not in have:
-        holders[key] = (*have, ws)
+def _hold(holders: dict[str, Holders], key: str, ws: Path) -> None:
+    held = holders.get(key)
+    if held is None:
+        holders[key] = ws
+    elif isinstance(held, set):
+        held.add(ws)
+    elif held != ws:
+        holders[key] = {held, ws}
 
 
-def _drop(holders: dict[str, tuple[Path, ...]], key: str, ws: Path) -> None:
-    """`ws` no longer among `key`'s holders; a key with none left is gone."""
-    rest = tuple(h for h in holders.get(key, ()) if h != ws)
-    if rest:
-        holders[key] = rest
-    else:
-        holders.pop(key, None)
+def _release(holders: dict[str, Holders], key: str, ws: Path) -> None:
+    held = holders.get(key)
+    if isinstance(held, set):
+        held.discard(ws)
+        if len(held) == 1:
+            holders[key] = next(iter(held))
+    elif held == ws:
+        del holders[key]
+
+
+def _holding(held: Holders | None) -> Iterable[Path]:
+    return () if held is None else held if isinstance(held, set) else (held,)
 
 
 def _where(ws: Path) -> tuple[str, int | None]:
     """The workspace's real path (scopes check it too) and its owner's uid (None if gone)."""
-    try:
-        owner: int | None = os.stat(ws).st_uid
-    except OSError:
-        owner = None
-    name, real = str(ws), os.path.realpath(ws)
+    name = str(ws)
+    real, owner = _resolved(name) if platform.LINUX else (None, None)
+    if real is None:
+        try:
+            owner = os.stat(ws).st_uid
+        except OSError:
+            owner = None
+        real = os.path.realpath(ws)
     return (name if real == name else real), owner  # one string, not two, when they agree
+
+
+def _resolved(name: str) -> tuple[str | None, int | None]:
+    """The kernel's own resolution of `name` (one open, not an lstat per component as
+    `realpath` does: this runs for every workspace at startup), and its owner; (None, None)
+    if it cannot tell."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        real, owner = os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_uid
+    except OSError:
+        return None, None
+    finally:
+        os.close(fd)
+    return (None, None) if real.endswith(" (deleted)") else (real, owner)
 
 
 Subscriber = Callable[[FeedEvent], None]

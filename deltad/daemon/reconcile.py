@@ -6,6 +6,7 @@ for a dead owner, is `mark_interrupted`, done under the workspace lock after re-
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ from deltad.protocol import (
     safefs,
 )
 from deltad.protocol.deadline import judge_expiry
+from deltad.protocol.errors import CorruptFile
 from deltad.protocol.journal import asked_request
 from deltad.protocol.runfacts import (
     Elsewhere,
@@ -61,6 +63,9 @@ OPEN_WRITER_RECHECK_SECONDS = 0.05
 OPEN_WRITER_PATIENCE_SECONDS = 1.0
 # How soon to look again at a live run that has just posted a question.
 PAUSE_RECHECK_SECONDS = 1.0
+# Looks that each disagree with the one before (files rewritten under every look) before a
+# resume is put off (`inspect`).
+CONFIRMING_LOOKS = 3
 
 
 class Action(Enum):
@@ -101,15 +106,88 @@ class Verdict:
     # When to look again even without an event: an answer still settling, or the pending
     # question's `expires_at` (the client applies the timeout rule when it is resumed then).
     wake_at: float | None = None
+    unparsed: bool = False  # the problem: a state file did not parse (it may be half written)
 
 
 def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
     return Verdict(Action.NONE, State.PROBLEM, run_id, status, problem=msg)
 
 
+def _unparsed(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
+    v = _problem(msg, run_id, status)
+    v.unparsed = True
+    return v
+
+
 def inspect(
     ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock = SYSTEM
 ) -> Verdict:
+    """What is on disk now. A resume is decided only by two looks in a row that agree: the
+    files a look reads one after another (LATEST, metadata.json, request.json, the answer) can
+    be written in between, and a look that read the state files before they were broken and
+    the answer after it was written would resume what the disk no longer holds. The second
+    look starts after the first saw the answer, so it sees every file written before it."""
+    seen = _look_once(ws_path, why, settle, policy, clock)
+    for _ in range(CONFIRMING_LOOKS):
+        if seen.action is not Action.RESUME:
+            return _unless_being_written(ws_path, seen, settle, clock)
+        again = _look_once(ws_path, why, settle, policy, clock)
+        if _same_resume(seen, again):
+            return again
+        seen = again
+    return _unsettled(seen, clock, OPEN_WRITER_RECHECK_SECONDS)
+
+
+def _same_resume(first: Verdict, second: Verdict) -> bool:
+    return second.action is Action.RESUME and (
+        first.state,
+        first.run_id,
+        first.request_id,
+        first.answer_sig,
+    ) == (second.state, second.run_id, second.request_id, second.answer_sig)
+
+
+def _unsettled(seen: Verdict, clock: Clock, after: float) -> Verdict:
+    """Files still changing under the look: judge nothing now, look again `after` seconds."""
+    v = Verdict(Action.NONE, State.WAITING, seen.run_id, seen.status, owner=seen.owner)
+    v.wake_at = clock.time() + after
+    return v
+
+
+def _unless_being_written(ws_path: Path, seen: Verdict, settle: float, clock: Clock) -> Verdict:
+    """A state file written in place (`echo ... > request.json`) is empty or half there until
+    its writer is done, and a look not brought by its close (the background read after READY,
+    a sweep, another file's event) may read it then. As for an answer ("When is an answer
+    complete"), one that does not parse is judged once nobody has it open for writing and it
+    has not changed for `settle` seconds; until then the workspace is looked at again."""
+    if not seen.unparsed:
+        return seen
+    files = _state_files(Workspace(ws_path))
+    if any(open_writers(f) is Writers.OPEN for f in files):
+        return _unsettled(seen, clock, OPEN_WRITER_PATIENCE_SECONDS)
+    age = clock.time() - max(_mtimes(files), default=0.0)
+    if 0 <= age < settle:
+        return _unsettled(seen, clock, settle - age)
+    return seen
+
+
+def _state_files(ws: Workspace) -> list[Path]:
+    files = [ws.latest_file, ws.request_file]
+    with contextlib.suppress(ProtocolError, OSError):
+        if (run_id := ws.latest_run_id()) is not None:
+            files.append(ws.run(run_id).metadata)
+    return files
+
+
+def _mtimes(files: list[Path]) -> list[float]:
+    out = []
+    for f in files:
+        with contextlib.suppress(OSError):
+            out.append(os.lstat(f).st_mtime_ns / 1e9)
+    return out
+
+
+def _look_once(ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock) -> Verdict:
     if not is_workspace(ws_path):
         return Verdict(Action.GONE, State.GONE)
     ws = Workspace(ws_path)
@@ -125,6 +203,8 @@ def inspect(
         return _problem(f"{e.filename or 'a run file'} is missing")
     except tenancy.Refused as e:
         return _problem(str(e))
+    except CorruptFile as e:
+        return _unparsed(str(e))
     except ProtocolError as e:
         return _problem(str(e))
     except OSError as e:
@@ -180,6 +260,8 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
     mailbox = Mailbox(ws)
     try:
         request = mailbox.read_request()
+    except CorruptFile as e:
+        return _unparsed(str(e), run_id, status)
     except ProtocolError as e:
         return _problem(str(e), run_id, status)
     except OSError as e:

@@ -7,6 +7,7 @@ taken from disk by `reconcile.inspect`.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ def _say(quiet: bool) -> Callable[..., Any] | None:
     return say
 
 
-@dataclass
+@dataclass(slots=True)  # one per workspace: no per-instance dict
 class WsInfo:
     state: State = State.IDLE
     run_id: str | None = None
@@ -55,6 +56,17 @@ class WsInfo:
             self.input_type,
             self.created,
         )
+
+
+def _interned(name: str | None) -> str | None:
+    """A handful of input types shared by 100,000 workspaces: one string each."""
+    return sys.intern(name) if name is not None else None
+
+
+def settled_waiting(info: WsInfo) -> bool:
+    """Read before and found waiting, without a problem, for a named question: a later glance
+    that still shows that question unanswered needs no read (its deadline has its timer)."""
+    return info.state is State.WAITING and info.problem is None and info.request_id is not None
 
 
 Changed = Callable[[Path, View | None, View | None], None]
@@ -115,7 +127,8 @@ class Registry:
         self._unfile(ws, info)
         info.state, info.run_id, info.status = v.state, v.run_id, v.status
         info.problem, info.owner_pid = v.problem, v.owner_pid
-        info.request_id, info.input_type, info.created = v.request_id, v.input_type, v.created
+        info.request_id, info.input_type = v.request_id, _interned(v.input_type)
+        info.created = v.created
         self._file(ws, info)
         self._changed(ws, seen, info.view(ws))
         return before != (info.state, info.run_id, info.status, info.problem, info.owner_pid)

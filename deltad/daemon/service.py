@@ -24,15 +24,16 @@ from .answer import log_refusals
 from .backends import Backend
 from .clock import SYSTEM, Clock
 from .config import DaemonConfig
-from .discovery import is_workspace
+from .discovery import is_workspace, mailbox_names, unanswered
 from .feed import Feed
 from .lease import Lease
 from .queue import HintQueue, Why
 from .reconcile import State, inspect, mark_interrupted
-from .registry import Registry
+from .registry import Registry, settled_waiting
 from .resumer import Finished, Resumer
 from .sweep import SWEEP_BUDGET, SWEEP_SLICE, Sweep
 from .tenancy import Refused
+from .unread import Unread
 
 log = structlog.get_logger("deltad.service")
 
@@ -64,6 +65,7 @@ class Service:
         self.backends: list[Backend] = []
         self.timers: list[tuple[float, str]] = []
         self.sweep: Sweep | None = None  # a full reconcile in progress (deltad/daemon/sweep.py)
+        self.unread = Unread()  # found by a glance, read after READY (deltad/daemon/unread.py)
         self.stop = self.reload = False
         self.dirty = True
         self.ticks = lifecycle.Ticks()
@@ -84,6 +86,7 @@ class Service:
             self.reconcile(hint.workspace, hint.why)
         self.start_resumes()  # an answer's resume does not wait for the sweep's slice
         self.sweep_step()
+        self.read_step()
         for fin in self.resumer.reap():
             self.after_resume(fin)
         now = self.clock.monotonic()
@@ -117,11 +120,23 @@ class Service:
             if reason == "periodic" and not force:
                 return
             self.sweep.abandon()
-        self.sweep = Sweep.start(self.backends, reason, self.clock, force=force, quiet=quiet)
+        glance = reason in ("startup", "periodic")  # a reload or an overflow reads everything
+        self.sweep = Sweep.start(
+            self.backends, reason, self.clock, force=force, quiet=quiet, glance=glance
+        )
         log.info("reconcile_full_started", reason=reason)
         if at_once:
-            self.sweep.finish(self._swept, self.clock)
+            self.sweep.finish(self._swept, self.clock, self._read_events)
             self._sweep_done(self.sweep)
+
+    def _read_events(self) -> None:
+        """Between slices of a walk that runs to its end (at startup): the kernel's event
+        queue holds 16,384 events, and a fanotify mark fills it with every write on the
+        filesystem; a walk of 100,000 workspaces (30 s) let it overflow on a busy one, and the
+        overflow started a second full reconcile, reading every workspace, right after READY.
+        What the events say is queued as hints, served after READY."""
+        for b in self.backends:
+            lifecycle.process(self, b)
 
     def sweep_step(self) -> None:
         sweep = self.sweep
@@ -129,9 +144,42 @@ class Service:
             self._sweep_done(sweep)
 
     def _swept(self, ws: Path) -> None:
-        quiet = self.sweep is not None and self.sweep.quiet
+        sweep = self.sweep
+        quiet = sweep is not None and sweep.quiet
+        new = ws not in self.registry
         self.registry.add(ws, quiet=quiet)
+        if sweep is not None and sweep.glance and self._glanced(ws, new):
+            return
         self.reconcile(ws, Why.CHECK, quiet=quiet)
+
+    def _glanced(self, ws: Path, new: bool) -> bool:
+        """Is a glance at the mailbox's names enough for now (`discovery.unanswered`)? A new
+        workspace is then read later (`read_step`); one already read waiting for this same
+        question keeps its timer for the deadline."""
+        if not unanswered(mailbox_names(ws)):
+            return False
+        if new or ws in self.unread:
+            self.unread.add(ws)
+            return True
+        return settled_waiting(self.registry.workspaces[ws])
+
+    def read_step(self) -> None:
+        """Read a slice of the workspaces known only by a glance (not announced as new
+        questions: they were there before the daemon started)."""
+        if self.unread:
+            self.feed.priming = True
+            try:
+                self.unread.step(self._read, self.clock, SWEEP_BUDGET, SWEEP_SLICE)
+            finally:
+                self.feed.priming = False
+        # Also when other looks emptied the list (an overflow's or a reload's full reconcile)
+        if read := self.unread.emptied():
+            log.info("questions_read", workspaces=read)  # every deadline is now timed
+            lifecycle.settle_heap()  # what the reads added lives on too
+
+    def _read(self, ws: Path) -> None:
+        if ws in self.registry:
+            self.reconcile(ws, Why.CHECK, quiet=True)
 
     def _sweep_done(self, sweep: Sweep) -> None:
         self.sweep = None
@@ -167,6 +215,7 @@ class Service:
 
     def _look(self, ws: Path, why: Why, exited: core.Exited | None, quiet: bool = False) -> None:
         """Whatever is in a workspace, an exception here is that workspace's problem."""
+        self.unread.discard(ws)
         memory = self.memory.get(ws, core.FRESH)
         try:
             seen = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
@@ -233,6 +282,7 @@ class Service:
 
     def _drop(self, ws: Path) -> None:
         self.memory.pop(ws, None)  # the one memory of it: pacing, retries, quarantine
+        self.unread.discard(ws)
         self.registry.drop(ws)
         for b in self.backends:
             b.forget(ws)

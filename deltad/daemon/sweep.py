@@ -30,15 +30,23 @@ class Sweep:
     quiet: bool
     started: float  # monotonic
     walks: list[SyncSteps]
+    glance: bool = False  # an unanswered question is known by its mailbox's names (unread.py)
     layout: Layout = field(default_factory=Layout)
     visited: int = 0  # workspaces reconciled so far
 
     @classmethod
     def start(
-        cls, backends: list[Backend], reason: str, clock: Clock, *, force: bool, quiet: bool
+        cls,
+        backends: list[Backend],
+        reason: str,
+        clock: Clock,
+        *,
+        force: bool,
+        quiet: bool,
+        glance: bool = False,
     ) -> Sweep:
         walks = [b.sync_steps(force=force) for b in backends]
-        return cls(reason, quiet, clock.monotonic(), walks)
+        return cls(reason, quiet, clock.monotonic(), walks, glance)
 
     def step(
         self, found: Callable[[Path], None], clock: Clock, budget: int, slice_s: float
@@ -59,10 +67,13 @@ class Sweep:
                 found(ws)
         return not self.walks
 
-    def finish(self, found: Callable[[Path], None], clock: Clock) -> None:
-        """Run to the end in one go (the startup reconcile, before READY=1)."""
+    def finish(
+        self, found: Callable[[Path], None], clock: Clock, between: Callable[[], None]
+    ) -> None:
+        """Run to the end in one go (the startup reconcile, before READY=1), calling `between`
+        after each slice (the service reads the backends' events there)."""
         while not self.step(found, clock, SWEEP_BUDGET, float("inf")):
-            pass
+            between()
 
     def abandon(self) -> None:
         """Stop the walks where they are (a newer full reconcile replaces this one)."""

@@ -184,10 +184,12 @@ class Daemon:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
-    def reload(self) -> None:
+    def reload(self, timeout: float = DEADLINE) -> None:
+        """SIGHUP, then wait for the reload's full reconcile (`timeout`: a bench at 100,000
+        workspaces passes one that grows with them)."""
         n = len(self.events("reconcile_full", reason="reload"))
         self.signal(signal.SIGHUP)
-        self.wait_event("reconcile_full", count=n + 1, reason="reload")
+        self.wait_event("reconcile_full", count=n + 1, timeout=timeout, reason="reload")
 
     def stop(self, timeout: float = DEADLINE) -> int:
         assert self.proc is not None

@@ -86,7 +86,7 @@ class Kind(Enum):
     RUNS = "runs"  # only where watches are free (fanotify): `LATEST` changes
 
 
-@dataclass
+@dataclass(slots=True)  # two or three per workspace: no per-instance dict
 class _Watch:
     path: Path
     kind: Kind
@@ -262,6 +262,10 @@ class WatchTree:
         if (delta in self._by_path or mailbox in self._by_path) and not force:
             return False
         try:
+            # Usually `interaction/` is there: watch it at once (half the system calls of
+            # watching `.delta/` first; startup pays them per workspace). Else as below.
+            if not self.FREE_WATCHES and self._add(_Watch(mailbox, Kind.INTERACTION, ws)):
+                return True
             self._add(_Watch(delta, Kind.DELTA, ws))
             self._watch_mailbox(ws)
         except WatchLimit:
