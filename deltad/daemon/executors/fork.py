@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,14 +76,31 @@ def _same_interpreter(program: str, here: Path) -> bool:
 
 def package_signature() -> str:
     """Changes when the installed deltad or openai changes: a pip install or a checkout
-    replaces files, which changes their directories' mtimes; openai's version file names its
-    release. Cheap (a stat per directory, ~15): it runs before a resume. Looked up without
-    importing openai: deltad itself never loads the SDK."""
+    replaces, adds or removes source files; openai's version file names its release. Looked
+    up without importing openai: deltad itself never loads the SDK."""
+    return signature_of(_watched_paths())
+
+
+def signature_of(paths: Iterable[Path]) -> str:
+    """Each directory's source files (name, size, mtime) and subdirectory names; a file's own
+    stat. Not a directory's mtime: Python writing `__pycache__/` into a fresh tree changes
+    that, and the first resumes after a checkout would each restart the server (a 1 s wait)."""
     digest = hashlib.sha256()
-    for path in _watched_paths():
+    for path in paths:
         with contextlib.suppress(OSError):
-            st = path.stat()
-            digest.update(f"{path}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
+            if not path.is_dir():
+                st = path.stat()
+                digest.update(f"{path}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
+                continue
+            with os.scandir(path) as entries:
+                for e in sorted(entries, key=lambda e: e.name):
+                    if e.name == "__pycache__" or e.name.endswith(".pyc"):
+                        continue
+                    if e.is_dir(follow_symlinks=False):
+                        digest.update(f"{path}/{e.name}/\n".encode())
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                    digest.update(f"{path}/{e.name}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
     return digest.hexdigest()
 
 
