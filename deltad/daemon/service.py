@@ -2,7 +2,7 @@
 queue, the signal pipe and the resume children's fds, looks at workspaces (`reconcile.inspect`),
 asks `decide.decide` what to do, and carries the effects out (`_carry_out`). No rule of when to
 resume lives here; lock, signals, the HTTP threads, reload, shutdown and status are in
-`lifecycle.py`. The only other threads are the polling backend's and watchdog's, which only
+`lifecycle.py`; full reconciles and the reads after READY in `walking.py`. The only other threads are the polling backend's and watchdog's, which only
 produce hints.
 """
 
@@ -19,19 +19,19 @@ import structlog
 from deltad.protocol.runfacts import Elsewhere
 
 from . import decide as core
-from . import lifecycle
+from . import lifecycle, walking
 from .answer import log_refusals
 from .backends import Backend
 from .clock import SYSTEM, Clock
 from .config import DaemonConfig
-from .discovery import is_workspace, mailbox_names, unanswered
+from .discovery import is_workspace
 from .feed import Feed
 from .lease import Lease
 from .queue import HintQueue, Why
 from .reconcile import State, inspect, mark_interrupted
-from .registry import Registry, settled_waiting
+from .registry import Registry
 from .resumer import Finished, Resumer
-from .sweep import SWEEP_BUDGET, SWEEP_SLICE, Sweep
+from .sweep import Sweep
 from .tenancy import Refused
 from .unread import Unread
 
@@ -85,8 +85,8 @@ class Service:
                 break
             self.reconcile(hint.workspace, hint.why)
         self.start_resumes()  # an answer's resume does not wait for the sweep's slice
-        self.sweep_step()
-        self.read_step()
+        walking.sweep_step(self)
+        walking.read_step(self)
         for fin in self.resumer.reap():
             self.after_resume(fin)
         now = self.clock.monotonic()
@@ -109,83 +109,10 @@ class Service:
     def wake_at(self, ws: Path, when_monotonic: float) -> None:
         heapq.heappush(self.timers, (when_monotonic, str(ws)))
 
-    # -- full reconcile ------------------------------------------------------------------------
     def full_reconcile(
         self, reason: str, *, force: bool = False, quiet: bool = False, at_once: bool = False
     ) -> None:
-        """Start a full reconcile, done a bounded slice per loop turn (`sweep_step`) so that
-        events are served meanwhile; `at_once` runs it to the end now (at startup). A periodic
-        one while another runs is left to that one; any other replaces it."""
-        if self.sweep is not None:
-            if reason == "periodic" and not force:
-                return
-            self.sweep.abandon()
-        glance = reason in ("startup", "periodic")  # a reload or an overflow reads everything
-        self.sweep = Sweep.start(
-            self.backends, reason, self.clock, force=force, quiet=quiet, glance=glance
-        )
-        log.info("reconcile_full_started", reason=reason)
-        if at_once:
-            self.sweep.finish(self._swept, self.clock, self._read_events)
-            self._sweep_done(self.sweep)
-
-    def _read_events(self) -> None:
-        """Between slices of a walk that runs to its end (at startup): the kernel's event
-        queue holds 16,384 events, and a fanotify mark fills it with every write on the
-        filesystem; a walk of 100,000 workspaces (30 s) let it overflow on a busy one, and the
-        overflow started a second full reconcile, reading every workspace, right after READY.
-        What the events say is queued as hints, served after READY."""
-        for b in self.backends:
-            lifecycle.process(self, b)
-
-    def sweep_step(self) -> None:
-        sweep = self.sweep
-        if sweep is not None and sweep.step(self._swept, self.clock, SWEEP_BUDGET, SWEEP_SLICE):
-            self._sweep_done(sweep)
-
-    def _swept(self, ws: Path) -> None:
-        sweep = self.sweep
-        quiet = sweep is not None and sweep.quiet
-        new = ws not in self.registry
-        self.registry.add(ws, quiet=quiet)
-        if sweep is not None and sweep.glance and self._glanced(ws, new):
-            return
-        self.reconcile(ws, Why.CHECK, quiet=quiet)
-
-    def _glanced(self, ws: Path, new: bool) -> bool:
-        """Is a glance at the mailbox's names enough for now (`discovery.unanswered`)? A new
-        workspace is then read later (`read_step`); one already read waiting for this same
-        question keeps its timer for the deadline."""
-        if not unanswered(mailbox_names(ws)):
-            return False
-        if new or ws in self.unread:
-            self.unread.add(ws)
-            return True
-        return settled_waiting(self.registry.workspaces[ws])
-
-    def read_step(self) -> None:
-        """Read a slice of the workspaces known only by a glance (not announced as new
-        questions: they were there before the daemon started)."""
-        if self.unread:
-            self.feed.priming = True
-            try:
-                self.unread.step(self._read, self.clock, SWEEP_BUDGET, SWEEP_SLICE)
-            finally:
-                self.feed.priming = False
-        # Also when other looks emptied the list (an overflow's or a reload's full reconcile)
-        if read := self.unread.emptied():
-            log.info("questions_read", workspaces=read)  # every deadline is now timed
-            lifecycle.settle_heap()  # what the reads added lives on too
-
-    def _read(self, ws: Path) -> None:
-        if ws in self.registry:
-            self.reconcile(ws, Why.CHECK, quiet=True)
-
-    def _sweep_done(self, sweep: Sweep) -> None:
-        self.sweep = None
-        for ws in [w for w in self.registry.workspaces if w not in sweep.layout.workspaces]:
-            self._drop(ws)
-        lifecycle.swept(self, sweep)
+        walking.full_reconcile(self, reason, force=force, quiet=quiet, at_once=at_once)
 
     # -- one workspace: look, decide, act -------------------------------------------------------
     def _now(self) -> core.Now:
@@ -234,7 +161,7 @@ class Service:
         for effect in effects:
             match effect:
                 case core.Drop():
-                    self._drop(ws)
+                    self.drop(ws)
                 case core.Observe(seen):
                     self.dirty |= self.registry.observe(ws, seen, quiet=quiet)
                 case core.Resume():
@@ -280,7 +207,7 @@ class Service:
             self.resumer.start_ready()
             self.dirty = True
 
-    def _drop(self, ws: Path) -> None:
+    def drop(self, ws: Path) -> None:
         self.memory.pop(ws, None)  # the one memory of it: pacing, retries, quarantine
         self.unread.discard(ws)
         self.registry.drop(ws)

@@ -75,6 +75,7 @@ def _drain_unread(svc: Service) -> None:
     raise AssertionError(f"{len(svc.unread)} workspaces still unread")
 
 
+@pytest.mark.linux_only  # done by its read lease (deltad/platform.py); elsewhere: settle_seconds
 def test_ready_reads_no_unanswered_question_and_a_deadline_passed_while_down_is_honoured_after(
     service: Service, tmp_path: Path
 ) -> None:
@@ -101,6 +102,7 @@ def test_ready_reads_no_unanswered_question_and_a_deadline_passed_while_down_is_
     lifecycle.close_backends(service)
 
 
+@pytest.mark.linux_only  # done by its read lease (deltad/platform.py); elsewhere: settle_seconds
 def test_a_periodic_reconcile_does_not_read_a_question_again_that_is_still_unanswered(
     service: Service, tmp_path: Path
 ) -> None:

@@ -130,7 +130,7 @@ class RecordingResumer(Resumer):
 @pytest.fixture
 def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Service:
     monkeypatch.delenv("DELTAD_CONFIG", raising=False)
-    monkeypatch.setattr("deltad.daemon.service.SWEEP_BUDGET", BUDGET)
+    monkeypatch.setattr("deltad.daemon.walking.SWEEP_BUDGET", BUDGET)
     config = load_config(None, (str(tmp_path / "root"),))
     config.state_dir = tmp_path / "state"
     config.state_dir.mkdir()

@@ -67,6 +67,7 @@ def _between_state_and_answer(
     return reads
 
 
+@pytest.mark.linux_only  # done by its read lease (deltad/platform.py); elsewhere: settle_seconds
 @pytest.mark.parametrize(
     ("broken", "said"),
     [(_break_request, "request.json"), (_break_metadata, "metadata.json"), (_break_latest, "")],
@@ -93,6 +94,7 @@ def test_a_state_file_broken_between_the_reads_of_one_look_is_never_resumed(
     assert v.state is State.PROBLEM and v.problem is not None and said in v.problem
 
 
+@pytest.mark.linux_only  # done by its read lease (deltad/platform.py); elsewhere: settle_seconds
 def test_an_answer_with_nothing_broken_is_resumed_after_the_confirming_look(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,6 +106,7 @@ def test_an_answer_with_nothing_broken_is_resumed_after_the_confirming_look(
     assert reads[0] == 2  # one look saw the answer, a second one confirmed it
 
 
+@pytest.mark.linux_only  # done by its read lease (deltad/platform.py); elsewhere: settle_seconds
 def test_files_rewritten_under_every_look_put_the_resume_off_and_look_again_soon(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
