@@ -11,6 +11,9 @@ without following a symlink, with a size cap. Pure where it can be: `resolve` ta
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -28,7 +31,7 @@ LAYERS = ("role", "persona", "personality", "task")  # the order the prompt is c
 AGENT_KEYS = frozenset({*LAYERS, "model", "provider"})
 CONFIG_KEYS = frozenset({"providers", "agents"})
 
-Reader = Callable[[Path], str]
+Reader = Callable[[Path, PurePosixPath], str]  # (the config's directory, a path under it)
 
 
 class OrchestraError(Exception):
@@ -101,12 +104,12 @@ def load_config(path: Path) -> Config:
     return parse_config(read_file(path, MAX_CONFIG_BYTES), path)
 
 
-def confined(base: Path, relative: str) -> Path:
-    """`relative` under `base`; an absolute path or a `..` part is refused."""
+def confined(base: Path, relative: str) -> PurePosixPath:
+    """`relative` as a path under `base`; an absolute path or a `..` part is refused."""
     p = PurePosixPath(relative)
-    if not relative or p.is_absolute() or ".." in p.parts:
+    if not relative or p.is_absolute() or ".." in p.parts or not p.parts:
         raise OrchestraError(f"{relative!r} must be a path inside {base}")
-    return base.joinpath(*p.parts)
+    return p
 
 
 def layer_text(text: str, source: str) -> str:
@@ -154,12 +157,53 @@ def resolve(config: Config, name: str, read: Reader) -> Given:
         if (relative := entry.get(layer)) is None:
             continue
         path = confined(base, str(relative))
-        layers.append(layer_text(read(path), str(path)))
+        layers.append(layer_text(read(base, path), str(base / path)))
     prompt = compose(layers)
     if not prompt:
         raise OrchestraError(f"{config.path}: agents.{name} composes an empty system prompt")
     return Given(prompt, model_settings(config, entry))
 
 
-def read_prompt(path: Path) -> str:
-    return read_file(path, MAX_PROMPT_BYTES)
+def read_prompt(base: Path, relative: PurePosixPath) -> str:
+    """A prompt file under `base`, opened one component at a time without following a
+    symlink (a linked directory could lead out of it), with a size cap."""
+    where = base / relative
+    try:
+        return _read_beneath(base, relative.parts).decode("utf-8")
+    except FileNotFoundError:
+        raise OrchestraError(f"{where}: no such file") from None
+    except UnicodeDecodeError:
+        raise OrchestraError(f"{where}: not valid UTF-8") from None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise OrchestraError(f"{where}: a symlink on the way; write a regular file") from None
+        raise OrchestraError(f"{where}: {e.strerror or e}") from None
+
+
+_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _read_beneath(base: Path, parts: tuple[str, ...]) -> bytes:
+    fds = [os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for part in parts[:-1]:
+            fds.append(os.open(part, _NOFOLLOW | os.O_DIRECTORY, dir_fd=fds[-1]))
+        fds.append(os.open(parts[-1], _NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1]))
+        return _capped(fds[-1], base.joinpath(*parts))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _capped(fd: int, path: Path) -> bytes:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise OrchestraError(f"{path}: not a regular file")
+    data = b""
+    while st.st_size <= MAX_PROMPT_BYTES and (chunk := os.read(fd, 1 << 16)):
+        data += chunk
+        if len(data) > MAX_PROMPT_BYTES:  # grew while we read it
+            break
+    if st.st_size > MAX_PROMPT_BYTES or len(data) > MAX_PROMPT_BYTES:
+        raise OrchestraError(f"{path}: over the {MAX_PROMPT_BYTES}-byte limit")
+    return data
