@@ -140,3 +140,8 @@ def test_check_names_each_refusal_at_the_nodes_agent(tmp_path: Path, fake: FakeL
     assert "model alias 'genius' is not in providers.local.models (quick, smart)" in text
     assert "'../outside.yaml' must be a path inside" in text
     assert f"{config}: backend is ignored [W006 ignored-config-key]" in text
+
+
+def test_the_example_checks_without_warnings(tmp_path: Path, fake: FakeLLM) -> None:
+    d, _ = _setup(tmp_path, fake)
+    assert _check(d, EXAMPLE / "design-review.dot", "--strict") == (0, [])

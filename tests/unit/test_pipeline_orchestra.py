@@ -165,3 +165,25 @@ def test_a_name_in_the_table_is_resolved_when_the_graph_is_checked(tmp_path: Pat
     (tmp_path / "orchestra.yaml").write_text("agents: {analyst: {task: t.yaml}}\n")
     graph = check_pipeline(DOT % "analyst", "g.dot", tmp_path).graph
     assert graph.orchestra == {"a": Given("TASK", {})}
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        ("agents: [unclosed\n", "orchestra.yaml:2:1: not valid YAML [E012 orchestra-agent]"),
+        ("- a list\n", "orchestra.yaml: must be a YAML mapping [E012 orchestra-agent]"),
+        (None, "is a symlink; write a regular file instead [E012 orchestra-agent]"),
+    ],
+)
+def test_an_orchestra_yaml_that_does_not_read_is_one_line(
+    tmp_path: Path, config: str | None, why: str
+) -> None:
+    if config is None:
+        (tmp_path / "elsewhere.yaml").write_text("agents: {}\n")
+        os.symlink(tmp_path / "elsewhere.yaml", tmp_path / "orchestra.yaml")
+    else:
+        (tmp_path / "orchestra.yaml").write_text(config)
+    with pytest.raises(GraphError) as e:
+        check_pipeline(DOT % "analyst", "g.dot", tmp_path)
+    [line] = [x for x in e.value.lines() if "E012" in x]
+    assert line.startswith("g.dot: ") and line.endswith(why)
