@@ -142,6 +142,14 @@ def test_check_names_each_refusal_at_the_nodes_agent(tmp_path: Path, fake: FakeL
     assert f"{config}: backend is ignored [W006 ignored-config-key]" in text
 
 
-def test_the_example_checks_without_warnings(tmp_path: Path, fake: FakeLLM) -> None:
+def test_the_example_checks_without_warnings_listing_each_nodes_agent(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
     d, _ = _setup(tmp_path, fake)
-    assert _check(d, EXAMPLE / "design-review.dot", "--strict") == (0, [])
+    r = d("pipeline", "check", "--strict", str(EXAMPLE / "design-review.dot"))
+    assert (r.code, r.err) == (0, "")
+    listed = {line.split()[0]: line.split()[-2:] for line in r.out.splitlines() if "agent=" in line}
+    assert listed == {
+        "requirements": ["agent=requirements-analyst", "(orchestra.yaml)"],
+        "design_doc": ["agent=technical-writer", "(orchestra.yaml)"],
+    }
