@@ -16,9 +16,9 @@ def with_orchestra(graph: Graph, base_dir: Path) -> tuple[Graph, list[Problem]]:
     """The graph with what its orchestra-resolved nodes are given, and the problems found.
     Without an orchestra.yaml beside the DOT file nothing changes (agent directories)."""
     path = config_beside(base_dir)
-    users = [n for n in graph.nodes.values() if n.kind == Kind.CODERGEN and "agent" in n.attrs]
     if path is None:
         return graph, []
+    users = [n for n in graph.nodes.values() if n.kind == Kind.CODERGEN and "agent" in n.attrs]
     try:
         config = load_config(path)
     except OrchestraError as e:
