@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Container
 
 from .gates import gate
 from .model import Edge, Graph, Kind, Node
@@ -27,13 +28,15 @@ def seconds_text(seconds: float) -> str:
 _SHOWN = ("max_parallel", "manager.max_cycles", "manager.stop_condition")
 
 
-def _details(n: Node) -> str:
+def _details(n: Node, orchestra: Container[str]) -> str:
     parts = []
     if n.timeout is not None:
         parts.append(f"timeout={seconds_text(n.timeout)}")
     if n.max_retries:
         parts.append(f"max_retries={n.max_retries}")
-    if n.agent is not None:
+    if n.agent is not None and n.id in orchestra:
+        parts.append(f"agent={n.attrs['agent']} (orchestra.yaml)")
+    elif n.agent is not None:
         parts.append(f"agent={n.agent}")
     if n.tool_command is not None:
         parts.append(f"tool_command={quoted(n.tool_command)}")
@@ -73,7 +76,10 @@ def describe(graph: Graph, source: str) -> str:
         lines.append(f"Child pipeline: {plain(str(graph.attrs['stack.child_dotfile']))}")
     lines += ["", f"Nodes ({len(graph.nodes)}):"]
     lines += _table(
-        [[n.id, n.shape, _kind(n), quoted(n.label), _details(n)] for n in graph.nodes.values()]
+        [
+            [n.id, n.shape, _kind(n), quoted(n.label), _details(n, graph.orchestra)]
+            for n in graph.nodes.values()
+        ]
     )
     lines += ["", f"Edges ({len(graph.edges)}):"] + [f"  {_edge(e)}" for e in graph.edges]
     gates = graph.of_kind(Kind.WAIT_HUMAN)

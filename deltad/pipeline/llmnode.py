@@ -47,12 +47,26 @@ def start_payload(
     history = state.threads.get(thread, []) if fidelity == "full" else []
     return {
         "prompt": compose(prompt, fidelity, goal, run_id, lane.context, state.stages),
-        "llm": node_settings(node.id, node.shape, node.attrs, graph.attrs),
+        "llm": given_settings(graph, node),
         "fidelity": fidelity,
         "thread": thread,
         "thread_history": [list(h) for h in history],
         **deadline_field(node),
+        **given_prompt(graph, node),
     }
+
+
+def given_settings(graph: Graph, node: Node) -> dict[str, str]:
+    """The node's model settings: its own and the stylesheet's over its orchestra agent's."""
+    given = graph.orchestra.get(node.id)
+    own = node_settings(node.id, node.shape, node.attrs, graph.attrs)
+    return {**(given.llm if given else {}), **own}
+
+
+def given_prompt(graph: Graph, node: Node) -> dict[str, Any]:
+    """NODE_START's `system_prompt` for a node with an orchestra agent (a resume sends it)."""
+    given = graph.orchestra.get(node.id)
+    return {"system_prompt": given.system_prompt} if given else {}
 
 
 # -- a codergen node's timeout: a durable deadline ------------------------------------------

@@ -14,6 +14,7 @@ from deltad.protocol.fsio import read_regular_text
 from .dot import DotSyntaxError, parse_dot
 from .lint import lint
 from .model import Graph, Kind, build_graph
+from .orchestra_check import with_orchestra
 from .problems import Code, GraphError, Problem, errors_of, in_order
 from .validate import validate
 
@@ -65,6 +66,9 @@ def check_pipeline(
         except DotSyntaxError as e:
             raise GraphError([Problem(e.message, e.pos, code=Code.SYNTAX)], source) from None
         graph, problems = build_graph(dot, base_dir)
+        if base_dir is not None and check_files:
+            graph, found = with_orchestra(graph, base_dir)
+            problems += found
         problems += validate(graph, check_files=check_files) + lint(graph)
         if check_files and child and graph.child_dotfile and graph.of_kind(Kind.MANAGER):
             problems += _child_problems(graph)

@@ -17,6 +17,7 @@ from typing import TypeVar
 from . import values
 from .conditions import Condition, ConditionError, parse_condition
 from .dot import Attrs, DotGraph, RawEdge, RawNode
+from .orchestra import Given
 from .problems import Code, Pos, Problem
 
 T = TypeVar("T")
@@ -128,6 +129,8 @@ class Graph:
     attr_pos: Mapping[str, Pos] = field(default_factory=dict)
     max_steps: int = values.DEFAULT_MAX_STEPS  # node visits a run may make (engine/limits.py)
     child_dotfile: Path | None = None  # `stack.child_dotfile`, resolved against the DOT file's
+    # nodes whose `agent` names an entry of orchestra.yaml: what they are given (None: refused)
+    orchestra: Mapping[str, Given | None] = field(default_factory=dict)
 
     def outgoing(self, node_id: str) -> Sequence[Edge]:
         """The node's edges out, in the order written."""

@@ -99,9 +99,11 @@ class NodeRun:
         """The run's context with this node's agent (its `agent` attribute, if any) and the
         model settings its NODE_START recorded (stylesheet and attributes)."""
         ctx = self.ctx
-        if self.node.agent is not None:
+        if self.node.agent is not None and self.node.id not in self.graph.orchestra:
             agent, model = self.agents(self.node.agent)
             ctx = replace(ctx, agent=agent, model=model)
+        if self.visit.system_prompt:  # an orchestra agent: the run agent's tools, its prompt
+            ctx = replace(ctx, agent=replace(ctx.agent, system_prompt=self.visit.system_prompt))
         if not self.visit.llm:
             return ctx
         try:

@@ -24,10 +24,12 @@ class Code(StrEnum):
     NO_AGENT_DIR = "E009 missing-agent"
     RETRY_TARGET = "E010 retry-target"
     CHILD_PIPELINE = "E011 child-pipeline"
+    ORCHESTRA_AGENT = "E012 orchestra-agent"
     IGNORED_ATTRIBUTE = "W001 ignored-attribute"
     UNKNOWN_ATTRIBUTE = "W002 unknown-attribute"
     EDGE_ONLY_NODE = "W003 edge-only-node"
     GOAL_GATE_NO_RETRY = "W004 goal-gate-without-retry"
+    IGNORED_CONFIG = "W006 ignored-config-key"
 
     @property
     def warning(self) -> bool:

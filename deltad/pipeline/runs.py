@@ -14,11 +14,10 @@ from deltad.protocol import RunMetadata, RunPaths
 from deltad.protocol.errors import ProtocolError
 from deltad.protocol.fsio import atomic_write, read_regular_text
 
-from .llmnode import asks_model
+from .llmnode import asks_model, given_settings
 from .load import MAX_DOT_BYTES, check_pipeline, parse_pipeline, read_dot
 from .model import Graph
 from .problems import GraphError
-from .stylesheet import node_settings
 
 COPY_NAME = "pipeline.dot"
 
@@ -47,17 +46,23 @@ def goal_of(graph: Graph, task: str | None) -> str:
 
 
 def node_agents(graph: Graph) -> list[Path]:
-    return sorted({n.agent for n in graph.nodes.values() if n.agent is not None})
+    return sorted(
+        {
+            n.agent
+            for n in graph.nodes.values()
+            if n.agent is not None and n.id not in graph.orchestra
+        }
+    )
 
 
 def check_providers(graph: Graph, run_agent: Agent, agents: Mapping[Path, Agent]) -> None:
     """Every model-calling node's `llm_provider` (its own, or from the stylesheet) must be one
     of its agent's `providers`, its key variable set: else one line, before the run starts."""
     for n in (n for n in graph.nodes.values() if asks_model(n)):
-        name = node_settings(n.id, n.shape, n.attrs, graph.attrs).get("llm_provider")
+        name = given_settings(graph, n).get("llm_provider")
         if name is None:
             continue
-        agent = agents[n.agent] if n.agent is not None else run_agent
+        agent = agents.get(n.agent, run_agent) if n.agent is not None else run_agent
         provider = agent.config.providers.get(name)
         if provider is None:
             known = ", ".join(sorted(agent.config.providers)) or "none"

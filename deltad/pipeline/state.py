@@ -35,6 +35,7 @@ class Visit:
     thread: str = ""  # the conversation it belongs to (fidelity full continues one)
     history: tuple[tuple[int, int], ...] = ()  # the thread's earlier visits: (start, outcome)
     deadline: str = ""  # a codergen node's timeout, as an ISO time ("" for none)
+    system_prompt: str = ""  # an orchestra.yaml agent's, as recorded ("" for the run agent's)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class State(Lane):
             p.thread or p.node,
             tuple(p.thread_history or ()),
             p.deadline or "",
+            p.system_prompt or "",
         )
         lane.thread = lane.visit.thread
         if isinstance(lane, Branch):

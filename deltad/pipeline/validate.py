@@ -9,7 +9,7 @@ Linear in nodes and edges: edges are looked up through the graph's index, never 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 
 from . import manager, parallel
 from .gates import gate
@@ -114,7 +114,7 @@ def _misplaced(n: Node, key: str, kinds: tuple[Kind, ...], shapes: str) -> Itera
         )
 
 
-def _node_attrs(n: Node, check_files: bool) -> Iterator[Problem]:
+def _node_attrs(n: Node, check_files: bool, claimed: Container[str]) -> Iterator[Problem]:
     yield from _misplaced(n, "human.default_choice", (Kind.WAIT_HUMAN,), "hexagon (gate)")
     yield from _misplaced(n, "agent.mode", (Kind.CODERGEN,), "box (LLM)")
     yield from _misplaced(n, "agent", (Kind.CODERGEN,), "box (LLM)")
@@ -134,7 +134,13 @@ def _node_attrs(n: Node, check_files: bool) -> Iterator[Problem]:
             n.subject,
             code=Code.NODE_ATTR,
         )
-    if check_files and n.agent is not None and n.kind == Kind.CODERGEN and not n.agent.is_dir():
+    if (
+        check_files
+        and n.agent is not None
+        and n.kind == Kind.CODERGEN
+        and n.id not in claimed  # orchestra.yaml's agents: load.py checks them
+        and not n.agent.is_dir()
+    ):
         yield Problem(
             f"agent directory {n.agent} does not exist",
             n.where("agent"),
@@ -171,5 +177,5 @@ def validate(graph: Graph, *, check_files: bool = True) -> list[Problem]:
     problems = [*_ends(graph), *_reachable(graph), *_gates(graph), *parallel.problems(graph)]
     problems += manager.problems(graph)
     for n in graph.nodes.values():
-        problems += _node_attrs(n, check_files)
+        problems += _node_attrs(n, check_files, graph.orchestra)
     return problems + list(_retry_targets(graph)) + settings_problems(graph)

@@ -88,6 +88,7 @@ class NodeStart(_Payload):
     prompt: str = ""  # a codergen node's whole prompt, as the model is given it
     iterations_before: int = 0  # the run's iterations when the node began (its own cap)
     llm: dict[str, Any] | None = None  # the node's model settings
+    system_prompt: str | None = None  # an orchestra.yaml agent's, as composed when it began
     thread: str | None = None  # the conversation it belongs to (None: its own, the node's)
     thread_history: list[tuple[int, int]] | None = None  # the thread's visits: (start, outcome)
     deadline: str | None = None  # a codergen node's timeout, as an ISO time
