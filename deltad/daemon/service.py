@@ -2,8 +2,8 @@
 queue, the signal pipe and the resume children's fds, looks at workspaces (`reconcile.inspect`),
 asks `decide.decide` what to do, and carries the effects out (`_carry_out`). No rule of when to
 resume lives here; lock, signals, the HTTP threads, reload, shutdown and status are in
-`lifecycle.py`; full reconciles and the reads after READY in `walking.py`. The only other threads are the polling backend's and watchdog's, which only
-produce hints.
+`lifecycle.py`; full reconciles and the reads after READY in `walking.py`. The only other
+threads are the polling backend's and watchdog's, which only produce hints.
 """
 
 from __future__ import annotations
