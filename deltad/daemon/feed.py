@@ -68,11 +68,23 @@ class Listed:
     input_type: str | None = None
 
 
-def question_of(view: View, real: str, owner: int | None) -> Listed | None:
-    """The listed open question of a workspace's view, if it is waiting on one."""
+def question_key(view: View) -> QuestionKey | None:
+    """Where a workspace's view files its open question, if it is waiting on one."""
     if view.state != "waiting" or not view.request_id:
         return None
-    key: QuestionKey = (view.created or 0.0, str(view.workspace), view.request_id)
+    return (view.created or 0.0, str(view.workspace), view.request_id)
+
+
+def run_key(view: View) -> RunKey | None:
+    """Where a workspace's view files its latest run, if it has one."""
+    return None if view.run_id is None else (view.run_id, str(view.workspace))
+
+
+def question_of(view: View, real: str, owner: int | None) -> Listed | None:
+    """The listed open question of a workspace's view, if it is waiting on one."""
+    key = question_key(view)
+    if key is None:
+        return None
     return Listed(
         key,
         view.workspace,
@@ -87,9 +99,9 @@ def question_of(view: View, real: str, owner: int | None) -> Listed | None:
 
 def run_of(view: View, real: str, owner: int | None) -> Listed | None:
     """The listed latest run of a workspace's view, if it has one."""
-    if view.run_id is None:
+    key = run_key(view)
+    if key is None or view.run_id is None:
         return None
-    key: RunKey = (view.run_id, str(view.workspace))
     return Listed(key, view.workspace, real, owner, view.run_id, view.status)
 
 
@@ -137,11 +149,11 @@ class Index:
         # order bounds the memory; the second map answers `closed` without a scan.
         self._closed: OrderedDict[tuple[str, Path], None] = OrderedDict()
         self._closed_by_id: dict[str, dict[Path, bool]] = {}  # -> expired
-        # Listing from memory: open questions and latest runs, each sorted by its key, and
-        # what is filed where, to take it out again.
+        # Listing from memory: open questions and latest runs, each sorted by its key. What
+        # a workspace filed is found again from its view's keys (a table of it cost 150
+        # bytes per workspace).
         self._questions: list[Listed] = []
         self._runs: list[Listed] = []
-        self._filed: dict[Path, tuple[Listed | None, Listed | None]] = {}
         self._run_ids: dict[str, Holders] = {}
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
@@ -159,15 +171,17 @@ class Index:
         if not gone:
             self._closed_by_id.pop(request_id, None)
 
-    def _unfile(self, ws: Path) -> None:
-        question, run = self._filed.pop(ws, (None, None))
-        for order, e in ((self._questions, question), (self._runs, run)):
-            if e is not None:
-                i = bisect.bisect_left(order, e.key, key=_listed_key)
-                if i < len(order) and order[i] is e:
+    def _unfile(self, old: View | None) -> None:
+        """Take out what `old`, the workspace's view until now, filed: its keys say where."""
+        if old is None:
+            return
+        for order, key in ((self._questions, question_key(old)), (self._runs, run_key(old))):
+            if key is not None:
+                i = bisect.bisect_left(order, key, key=_listed_key)
+                if i < len(order) and order[i].key == key:
                     del order[i]
-        if run is not None and run.run_id is not None:
-            _release(self._run_ids, run.run_id, ws)
+        if old.run_id is not None:
+            _release(self._run_ids, old.run_id, old.workspace)
 
     def _file(self, view: View, real: str, owner: int | None) -> None:
         question, run = question_of(view, real, owner), run_of(view, real, owner)
@@ -176,7 +190,6 @@ class Index:
                 bisect.insort(order, e, key=_listed_key)
         if view.run_id is not None:
             _hold(self._run_ids, view.run_id, view.workspace)
-        self._filed[view.workspace] = (question, run)
 
     def put(self, view: View) -> None:
         real, owner = _where(view.workspace)  # outside the lock: the file system is slow
@@ -188,7 +201,7 @@ class Index:
             if view.request_id:
                 _hold(self._requests, view.request_id, view.workspace)
                 self._forget(view.request_id, view.workspace)  # open again (a re-posted copy)
-            self._unfile(view.workspace)
+            self._unfile(old)
             self._file(view, real, owner)
 
     def remove(self, ws: Path) -> None:
@@ -196,7 +209,7 @@ class Index:
             old = self._views.pop(ws, None)
             if old is not None and old.request_id:
                 self._close(old.request_id, ws, old.state == "expired")
-            self._unfile(ws)
+            self._unfile(old)
 
     def get(self, ws: Path) -> View | None:
         with self._lock:

@@ -21,6 +21,7 @@ import grp
 import os
 import pwd
 import stat
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,31 @@ class Owner:
             return cls(uid, uid, f"uid {uid}", "/")
         groups = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
         return cls(uid, pw.pw_gid, pw.pw_name, pw.pw_dir, groups)
+
+
+class OwnerCache:
+    """`Owner.of_uid` reads /etc/passwd and /etc/group (getpwuid, getgrouplist) each call: a
+    read of every one of 100,000 workspaces paid that for a handful of owners. Kept for
+    `ttl` seconds only, since accounts and group memberships can change."""
+
+    def __init__(self, ttl: float = 10.0, size: int = 1024) -> None:
+        self.ttl = ttl
+        self.size = size
+        self._owners: dict[int, tuple[float, Owner]] = {}
+
+    def get(self, uid: int, now: float | None = None) -> Owner:
+        now = time.monotonic() if now is None else now
+        hit = self._owners.get(uid)
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1]
+        if len(self._owners) >= self.size:  # many owners: start over rather than grow
+            self._owners.clear()
+        owner = Owner.of_uid(uid)
+        self._owners[uid] = (now, owner)
+        return owner
+
+
+OWNERS = OwnerCache()
 
 
 @dataclass(frozen=True)
@@ -115,7 +141,7 @@ def check(ws: Path, run_id: str | None, policy: Policy) -> Owner:
         raise Refused(f"{ws} is not a real directory")
     owner = top.st_uid
     if not policy.is_root and owner != policy.daemon_uid and owner not in policy.trusted_uids:
-        name = Owner.of_uid(owner).name
+        name = OWNERS.get(owner).name
         raise Refused(
             f"{ws} belongs to {name}; this deltad runs as uid {policy.daemon_uid} and resumes "
             f"only its own workspaces (list {name} in trusted_owners to resume theirs as uid "
@@ -136,7 +162,7 @@ def check(ws: Path, run_id: str | None, policy: Policy) -> Owner:
             continue  # not made yet: the client makes it with the rule's modes
         if problem := _dir_problem(path, st, owner, policy):
             raise Refused(problem)
-    return Owner.of_uid(owner)
+    return OWNERS.get(owner)
 
 
 # -- the resume's identity and environment ----------------------------------------------------

@@ -81,7 +81,7 @@ def test_two_paths_on_one_descriptor_keep_it_until_the_last_goes(
     tree.sync()
     wd = tree._by_path[_mailbox(a)]
     assert tree._by_path[_mailbox(b)] == wd
-    assert set(tree._by_wd[wd]) == {_mailbox(a), _mailbox(b)}
+    assert set(tree.holders(wd)) == {_mailbox(a), _mailbox(b)}
     _drain(tree._queue)
 
     tree._event(wd, F.CLOSE_WRITE, "response.txt")  # reported to both paths' owners
@@ -92,7 +92,7 @@ def test_two_paths_on_one_descriptor_keep_it_until_the_last_goes(
     tree._event(tree._by_path[root], F.DELETE | F.ISDIR, gone.name)
     _drain(tree._queue)
     assert wd not in tree.removed  # still the other path's watch
-    assert set(tree._by_wd[wd]) == {_mailbox(kept)}
+    assert set(tree.holders(wd)) == {_mailbox(kept)}
     tree._event(wd, F.CLOSE_WRITE, "response.txt")
     assert _drain(tree._queue) == {kept: Why.ANSWER_CLOSED}
 
@@ -171,7 +171,7 @@ def test_a_symlinked_mailbox_is_refused_once_and_never_takes_the_watch(
     ]
     assert "symlink" in refused[0]["reason"]
     assert _mailbox(mallory) not in backend._by_path
-    assert set(backend._by_wd[backend._by_path[_mailbox(victim)]]) == {_mailbox(victim)}
+    assert set(backend.holders(backend._by_path[_mailbox(victim)])) == {_mailbox(victim)}
     _drain(backend._queue)
     answer(victim, "mine")
     hints = _hints_until(backend, victim)
@@ -201,7 +201,7 @@ def test_a_symlink_swapped_in_above_the_watched_directory_is_caught(
     assert [e["path"] for e in refused] == [str(mallory / ".delta")]
     assert _mailbox(mallory) not in backend._by_path
     wd = backend._by_path[_mailbox(victim)]
-    assert set(backend._by_wd[wd]) == {_mailbox(victim)}
+    assert set(backend.holders(wd)) == {_mailbox(victim)}
     _drain(backend._queue)
     answer(victim, "still mine")  # the kernel watch the link shared is still in place
     assert _hints_until(backend, victim)[victim] & Why.ANSWER_CLOSED

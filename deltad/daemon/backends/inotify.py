@@ -13,7 +13,16 @@ from inotify_simple import INotify
 
 from ..queue import HintQueue
 from . import events as F
-from .tree import DELTA_MASK, DIR_MASK, INTERACTION_MASK, RUNS_MASK, Kind, PollingLike, WatchTree
+from .tree import (
+    DELTA_MASK,
+    DIR_MASK,
+    INTERACTION_MASK,
+    RUNS_MASK,
+    Kind,
+    PollingLike,
+    WatchTree,
+    unkept,
+)
 
 log = structlog.get_logger("deltad.watch")
 
@@ -60,7 +69,7 @@ class InotifyBackend(WatchTree):
         mask = self.MASKS[kind] | F.MASK_ADD
         if self._is_root(path):
             mask &= ~F.DONT_FOLLOW
-        return int(self._ino.add_watch(path, mask))
+        return int(self._ino.add_watch(unkept(path), mask))
 
     def _rm_watch(self, wd: int) -> None:
         self._ino.rm_watch(wd)

@@ -114,8 +114,10 @@ class WatchTree:
         self._max = max_watches
         # The kernel keeps one watch per inode: two paths reaching one directory (a bind mount,
         # a directory moved while watched) share its descriptor, so a descriptor maps to every
-        # path using it, and its kernel watch ends only with the last of them.
-        self._by_wd: dict[int, dict[Path, _Watch]] = {}
+        # path using it, and its kernel watch ends only with the last of them. Almost always
+        # one path: that watch itself, a dict by path only while several share it (a dict per
+        # workspace was a third of the watch table's memory).
+        self._by_wd: dict[int, _Watch | dict[Path, _Watch]] = {}
         self._by_path: dict[Path, int] = {}
         self._refused: set[Path] = set()  # workspaces whose refused watch is logged already
         self._roots: dict[Path, int] = {}
@@ -307,15 +309,28 @@ class WatchTree:
             return False
         return True
 
+    def holders(self, wd: int) -> dict[Path, _Watch]:
+        """Every path using descriptor `wd`, with its watch (a copy when there is one)."""
+        entry = self._by_wd.get(wd)
+        if entry is None:
+            return {}
+        return {entry.path: entry} if isinstance(entry, _Watch) else entry
+
+    def _watch_at(self, path: Path) -> _Watch | None:
+        wd = self._by_path.get(path)
+        return None if wd is None else self.holders(wd).get(path)
+
     def _bind(self, wd: int, watch: _Watch) -> None:
         path = watch.path
         old = self._by_path.get(path)
         if old is not None and old != wd:  # replaced (the directory was made anew)
             self._unbind(path, old)
-        sharing = self._by_wd.setdefault(wd, {})
+        sharing = self.holders(wd)
         if sharing and path not in sharing:
             log.info("watch_shared", path=str(path), others=sorted(str(p) for p in sharing))
-        sharing[path] = watch
+        self._by_wd[wd] = (
+            watch if not sharing or set(sharing) == {path} else {**sharing, path: watch}
+        )
         self._by_path[path] = wd
         self._reindex(path)
 
@@ -326,7 +341,7 @@ class WatchTree:
             if self._is_root(path):
                 continue
             try:
-                reason = refusal(os.lstat(path).st_mode)
+                reason = refusal(os.lstat(unkept(path)).st_mode)
             except OSError:
                 continue  # gone: the events of its parent say so
             if reason is not None:
@@ -367,11 +382,15 @@ class WatchTree:
 
     def _unbind(self, path: Path, wd: int) -> None:
         """`path` no longer uses `wd`; the kernel watch ends when no other path does."""
-        sharing = self._by_wd.get(wd)
-        if sharing is None:
+        sharing = self.holders(wd)
+        if path not in sharing:
             return
-        sharing.pop(path, None)
-        if sharing:
+        rest = [w for p, w in sharing.items() if p != path]
+        if len(rest) > 1:
+            self._by_wd[wd] = {w.path: w for w in rest}
+            return
+        if rest:
+            self._by_wd[wd] = rest[0]
             return
         del self._by_wd[wd]
         with contextlib.suppress(OSError):  # already gone with its directory
@@ -394,8 +413,8 @@ class WatchTree:
     def _indexed(self, path: Path) -> bool:
         if path in self._ws_levels:
             return True
-        wd = self._by_path.get(path)
-        return wd is not None and self._by_wd[wd][path].kind is Kind.DIR
+        watch = self._watch_at(path)
+        return watch is not None and watch.kind is Kind.DIR
 
     def _reindex(self, path: Path) -> None:
         """Bring `path`'s entry in the index in line with what is watched now."""
@@ -423,7 +442,7 @@ class WatchTree:
         for ws in [w for w in self._ws_levels if w not in wanted_ws]:
             self._unwatch_workspace(ws)
             self._queue.put(ws)
-        for path in [p for p, wd in self._by_path.items() if self._by_wd[wd][p].kind is Kind.DIR]:
+        for path in [p for p, wd in self._by_path.items() if self.holders(wd)[p].kind is Kind.DIR]:
             if path not in layout.dirs:
                 self._rm(path)
 
@@ -433,8 +452,8 @@ class WatchTree:
             log.warning("inotify_overflow", action="full_reconcile")
             self._queue.request_rescan()
             return
-        sharing = self._by_wd.get(wd)
-        if sharing is None:
+        sharing = self.holders(wd)
+        if not sharing:
             return
         if mask & F.IGNORED:
             self._forget_wd(wd, sharing)
@@ -577,3 +596,10 @@ def _must_be_real(watch: _Watch) -> tuple[Path, ...]:
 def _mailbox(delta: Path) -> Path:
     """The one watched child of a workspace's `.delta/` directory."""
     return delta / MAILBOX
+
+
+def unkept(path: Path) -> str:
+    """The path as a string, not cached on the Path: a `Path` keeps its string once made, and
+    a mailbox's (watched, never shown) would cost 100 bytes per workspace for the one system
+    call that needs it."""
+    return os.path.join(str(path.parent), path.name)

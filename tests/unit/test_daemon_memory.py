@@ -1,0 +1,88 @@
+"""What the daemon keeps per idle workspace, counted by tracemalloc in-process (deterministic:
+no timing): the watch table (a real walk of real directories, over a fake kernel that keeps
+nothing), the registry and the inbox index, for paused workspaces each waiting on a question.
+The issue's target is ≤ 1 KB per idle workspace beyond the kernel's; docs/daemon.md has where
+it stands. The budget is what these structures cost now, with a margin: a regression fails."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import tracemalloc
+from pathlib import Path
+
+from deltad.daemon.backends.tree import Kind, WatchTree
+from deltad.daemon.feed import Feed
+from deltad.daemon.queue import HintQueue
+from deltad.daemon.reconcile import Action, State, Verdict
+from deltad.daemon.registry import Registry
+from deltad.protocol import RunStatus
+
+WORKSPACES = 2000
+BUDGET = 1900  # bytes per idle workspace, allocations only (2,281 before the cut, 1,785 after)
+
+
+class NoFallback:
+    def adopt_workspace(self, ws: Path) -> None:
+        raise AssertionError("no watch limit here")
+
+    def adopt_dir(self, path: Path, levels: int) -> None:
+        raise AssertionError("no watch limit here")
+
+
+class Kernel(WatchTree):
+    """A descriptor per watch, and nothing kept for it: only the table's own cost counts."""
+
+    def __init__(self) -> None:
+        super().__init__(HintQueue(), NoFallback(), None)
+        self._next = itertools.count(1)
+
+    def _add_watch(self, path: Path, kind: Kind) -> int:
+        return next(self._next)
+
+    def _rm_watch(self, wd: int) -> None:
+        pass
+
+
+def paused(root: Path, n: int) -> list[Verdict]:
+    """`n` workspaces on disk, and what a read of each finds (strings made before counting:
+    they come from the state files, not from these structures)."""
+    verdicts = []
+    for i in range(n):
+        (root / f"ws{i:05}" / ".delta" / "interaction").mkdir(parents=True)
+        verdicts.append(
+            Verdict(
+                Action.NONE,
+                State.WAITING,
+                run_id=f"20261124_060000_{i:06x}",
+                status=RunStatus.WAITING_FOR_INPUT,
+                request_id=f"req_{i:032x}",
+                input_type="text",
+                created=1.7e9 + i,
+            )
+        )
+    return verdicts
+
+
+def test_an_idle_workspace_costs_under_the_budget(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    verdicts = paused(root, WORKSPACES)
+    tree, feed = Kernel(), Feed()
+    feed.priming = True  # the startup reconcile: filled quietly
+    registry = Registry(feed.changed)
+    tree.add_root(root, 1)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        layout = tree.sync()
+        for ws in sorted(layout.workspaces):
+            registry.add(ws, quiet=True)
+            registry.observe(ws, verdicts[int(ws.name[2:])], quiet=True)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(registry) == WORKSPACES == len(feed.index.questions())
+    assert tree.watch_count() == WORKSPACES + 1  # one per workspace, and the root
+    assert kept / WORKSPACES <= BUDGET, f"{kept / WORKSPACES:.0f} bytes per idle workspace"
