@@ -48,24 +48,9 @@ class View:
     created: float | None = None  # the open question's timestamp (the inbox's order)
 
 
-Holders = Path | set[Path]  # the workspaces showing one request id or run id
+Holders = Path | set[Path]  # the workspaces showing one request id
 QuestionKey = tuple[float, str, str]  # (created, workspace, request id)
 RunKey = tuple[str, str]  # (run id, workspace): run ids start with their start time
-
-
-@dataclass(frozen=True, slots=True)
-class Listed:
-    """What listing needs of one open question or one run, kept in memory: the sort key and
-    the filters' fields. The document itself is read from disk, only for a page's items."""
-
-    key: tuple[Any, ...]
-    workspace: Path
-    real: str  # the workspace's real path when the loop last saw it change (scopes)
-    owner: int | None  # the workspace's owner uid
-    run_id: str | None
-    status: str | None
-    request_id: str | None = None
-    input_type: str | None = None
 
 
 def question_key(view: View) -> QuestionKey | None:
@@ -80,29 +65,70 @@ def run_key(view: View) -> RunKey | None:
     return None if view.run_id is None else (view.run_id, str(view.workspace))
 
 
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """What listing needs of one open question or one run, kept in memory: the view it was
+    filed from, and where the workspace really is and whose it is (scopes and filters). The
+    sort key is computed from the view, not kept (a tuple per entry cost ~60 bytes per
+    workspace, twice). The document itself is read from disk, only for a page's items."""
+
+    view: View
+    real: str  # the workspace's real path when the loop last saw it change (scopes)
+    owner: int | None  # the workspace's owner uid
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    @property
+    def workspace(self) -> Path:
+        return self.view.workspace
+
+    @property
+    def run_id(self) -> str | None:
+        return self.view.run_id
+
+    @property
+    def status(self) -> str | None:
+        return self.view.status
+
+    @property
+    def request_id(self) -> str | None:
+        return self.view.request_id
+
+    @property
+    def input_type(self) -> str | None:
+        return self.view.input_type
+
+
+class ListedQuestion(Listed):
+    """An open question, by (created, workspace, request id)."""
+
+    __slots__ = ()
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return question_key(self.view) or ()
+
+
+class ListedRun(Listed):
+    """A workspace's latest run, by (run id, workspace)."""
+
+    __slots__ = ()
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return run_key(self.view) or ()
+
+
 def question_of(view: View, real: str, owner: int | None) -> Listed | None:
     """The listed open question of a workspace's view, if it is waiting on one."""
-    key = question_key(view)
-    if key is None:
-        return None
-    return Listed(
-        key,
-        view.workspace,
-        real,
-        owner,
-        view.run_id,
-        view.status,
-        view.request_id,
-        view.input_type,
-    )
+    return None if question_key(view) is None else ListedQuestion(view, real, owner)
 
 
 def run_of(view: View, real: str, owner: int | None) -> Listed | None:
     """The listed latest run of a workspace's view, if it has one."""
-    key = run_key(view)
-    if key is None or view.run_id is None:
-        return None
-    return Listed(key, view.workspace, real, owner, view.run_id, view.status)
+    return None if run_key(view) is None else ListedRun(view, real, owner)
 
 
 def _listed_key(e: Listed) -> tuple[Any, ...]:
@@ -151,10 +177,10 @@ class Index:
         self._closed_by_id: dict[str, dict[Path, bool]] = {}  # -> expired
         # Listing from memory: open questions and latest runs, each sorted by its key. What
         # a workspace filed is found again from its view's keys (a table of it cost 150
-        # bytes per workspace).
+        # bytes per workspace); the holders of a run id by bisecting the runs, sorted by run
+        # id first (a table of them cost ~100 bytes per workspace).
         self._questions: list[Listed] = []
         self._runs: list[Listed] = []
-        self._run_ids: dict[str, Holders] = {}
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
         _release(self._requests, request_id, ws)
@@ -180,16 +206,12 @@ class Index:
                 i = bisect.bisect_left(order, key, key=_listed_key)
                 if i < len(order) and order[i].key == key:
                     del order[i]
-        if old.run_id is not None:
-            _release(self._run_ids, old.run_id, old.workspace)
 
     def _file(self, view: View, real: str, owner: int | None) -> None:
         question, run = question_of(view, real, owner), run_of(view, real, owner)
         for order, e in ((self._questions, question), (self._runs, run)):
             if e is not None:
                 bisect.insort(order, e, key=_listed_key)
-        if view.run_id is not None:
-            _hold(self._run_ids, view.run_id, view.workspace)
 
     def put(self, view: View) -> None:
         real, owner = _where(view.workspace)  # outside the lock: the file system is slow
@@ -210,6 +232,12 @@ class Index:
             if old is not None and old.request_id:
                 self._close(old.request_id, ws, old.state == "expired")
             self._unfile(old)
+
+    @property
+    def table(self) -> dict[Path, View]:
+        """The views by workspace, for the loop, their one writer (through `put` and
+        `remove`), to read without the lock: the registry's beliefs are this same table."""
+        return self._views
 
     def get(self, ws: Path) -> View | None:
         with self._lock:
@@ -242,7 +270,10 @@ class Index:
     def run_holders(self, run_id: str) -> list[Path]:
         """Every workspace whose latest run is `run_id`, sorted."""
         with self._lock:
-            return sorted(_holding(self._run_ids.get(run_id)))
+            i = end = bisect.bisect_left(self._runs, (run_id,), key=_listed_key)
+            while end < len(self._runs) and self._runs[end].run_id == run_id:
+                end += 1
+            return sorted(e.workspace for e in self._runs[i:end])
 
 
 def _hold(holders: dict[str, Holders], key: str, ws: Path) -> None:
@@ -279,7 +310,12 @@ def _where(ws: Path) -> tuple[str, int | None]:
         except OSError:
             owner = None
         real = os.path.realpath(ws)
+    if owner is not None:  # an int per workspace from stat: one per owner instead
+        owner = _UIDS.setdefault(owner, owner)
     return (name if real == name else real), owner  # one string, not two, when they agree
+
+
+_UIDS: dict[int, int] = {}
 
 
 def _resolved(name: str) -> tuple[str | None, int | None]:

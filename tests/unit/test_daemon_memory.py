@@ -69,7 +69,7 @@ def test_an_idle_workspace_costs_under_the_budget(tmp_path: Path) -> None:
     verdicts = paused(root, WORKSPACES)
     tree, feed = Kernel(), Feed()
     feed.priming = True  # the startup reconcile: filled quietly
-    registry = Registry(feed.changed)
+    registry = Registry(feed)  # as the service has them: one table
     tree.add_root(root, 1)
     gc.collect()
     tracemalloc.start()
