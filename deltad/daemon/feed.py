@@ -355,7 +355,10 @@ class Feed:
         # before a restart is recognised as older than anything buffered.
         self._next_id = time.time_ns() // 1000
         self._subscribers: list[Subscriber] = []
-        self._open: dict[Path, str] = {}  # workspace -> request id announced as created
+        # The question announced as open in a workspace is its view's while that view is
+        # waiting (a table of them cost ~50 bytes per waiting workspace); only while a
+        # workspace shows a problem is it kept here (a problem announces nothing).
+        self._held: dict[Path, str] = {}
 
     # -- publishing (the loop) -------------------------------------------------------------
     def publish(self, type_: EventType, data: dict[str, Any]) -> FeedEvent:
@@ -370,21 +373,28 @@ class Feed:
 
     def changed(self, ws: Path, before: View | None, after: View | None) -> None:
         """The registry's hook: update the index, announce what changed."""
+        announced = self._announced(ws, before)
         if after is None:
             self.index.remove(ws)
-            self._open.pop(ws, None)
+            self._held.pop(ws, None)
             return
         self.index.put(after)
-        if self.priming:
-            if after.state == "waiting" and after.request_id:
-                self._open[ws] = after.request_id
-            return
-        for type_, data in transitions(before, after, self._open.get(ws)):
-            if type_ == "request.created":
-                self._open[ws] = str(data["request_id"])
-            elif type_ in ("request.answered", "request.expired"):
-                self._open.pop(ws, None)
-            self.publish(type_, data)
+        if after.state == "problem" and announced is not None:
+            self._held[ws] = announced
+        else:
+            self._held.pop(ws, None)
+        if not self.priming:
+            for type_, data in transitions(before, after, announced):
+                self.publish(type_, data)
+
+    def _announced(self, ws: Path, before: View | None) -> str | None:
+        """The question announced (or primed) as open in `ws` before this change: the one it
+        was waiting on, kept while it shows a problem; `transitions` keeps that true."""
+        if before is None:
+            return None
+        if before.state == "problem":
+            return self._held.get(ws)
+        return before.request_id if before.state == "waiting" else None
 
     # -- reading (other threads) -------------------------------------------------------------
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
