@@ -15,8 +15,8 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +46,10 @@ class View:
     request_id: str | None = None
     input_type: str | None = None
     created: float | None = None  # the open question's timestamp (the inbox's order)
+    # Set by the index when it files the view (scopes and the owner filter); not part of
+    # the belief, so not compared.
+    real: str | None = field(default=None, compare=False)  # the real path, if not the name
+    owner: int | None = field(default=None, compare=False)  # the owner's uid
 
 
 Holders = Path | set[Path]  # the workspaces showing one request id
@@ -67,14 +71,12 @@ def run_key(view: View) -> RunKey | None:
 
 @dataclass(frozen=True, slots=True)
 class Listed:
-    """What listing needs of one open question or one run, kept in memory: the view it was
-    filed from, and where the workspace really is and whose it is (scopes and filters). The
-    sort key is computed from the view, not kept (a tuple per entry cost ~60 bytes per
-    workspace, twice). The document itself is read from disk, only for a page's items."""
+    """An open question or a run as listing sees it: the view it was filed from, which the
+    index keeps in its sorted lists (an entry object and its key tuple cost ~150 bytes per
+    workspace, twice). Made as a page is read, not kept. The document itself is read from
+    disk, only for a page's items."""
 
     view: View
-    real: str  # the workspace's real path when the loop last saw it change (scopes)
-    owner: int | None  # the workspace's owner uid
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -83,6 +85,15 @@ class Listed:
     @property
     def workspace(self) -> Path:
         return self.view.workspace
+
+    @property
+    def real(self) -> str:
+        """The workspace's real path when the loop last saw it change (scopes)."""
+        return self.view.real or str(self.view.workspace)
+
+    @property
+    def owner(self) -> int | None:
+        return self.view.owner
 
     @property
     def run_id(self) -> str | None:
@@ -108,7 +119,7 @@ class ListedQuestion(Listed):
 
     @property
     def key(self) -> tuple[Any, ...]:
-        return question_key(self.view) or ()
+        return _question_order(self.view)
 
 
 class ListedRun(Listed):
@@ -118,26 +129,23 @@ class ListedRun(Listed):
 
     @property
     def key(self) -> tuple[Any, ...]:
-        return run_key(self.view) or ()
+        return _run_order(self.view)
 
 
-def question_of(view: View, real: str, owner: int | None) -> Listed | None:
-    """The listed open question of a workspace's view, if it is waiting on one."""
-    return None if question_key(view) is None else ListedQuestion(view, real, owner)
+def _question_order(view: View) -> tuple[Any, ...]:
+    return question_key(view) or ()
 
 
-def run_of(view: View, real: str, owner: int | None) -> Listed | None:
-    """The listed latest run of a workspace's view, if it has one."""
-    return None if run_key(view) is None else ListedRun(view, real, owner)
+def _run_order(view: View) -> tuple[Any, ...]:
+    return run_key(view) or ()
 
 
-def _listed_key(e: Listed) -> tuple[Any, ...]:
-    return e.key
+Order = Callable[[View], tuple[Any, ...]]
 
 
-def newest_first(order: list[Listed], before: tuple[Any, ...] | None) -> list[Listed]:
-    """Entries of an ascending list with a key below `before` (all if None), newest first."""
-    end = len(order) if before is None else bisect.bisect_left(order, before, key=_listed_key)
+def newest_first(order: list[View], by: Order, before: tuple[Any, ...] | None) -> list[View]:
+    """Views of an ascending list with a key below `before` (all if None), newest first."""
+    end = len(order) if before is None else bisect.bisect_left(order, before, key=by)
     return order[:end][::-1]
 
 
@@ -179,8 +187,8 @@ class Index:
         # a workspace filed is found again from its view's keys (a table of it cost 150
         # bytes per workspace); the holders of a run id by bisecting the runs, sorted by run
         # id first (a table of them cost ~100 bytes per workspace).
-        self._questions: list[Listed] = []
-        self._runs: list[Listed] = []
+        self._questions: list[View] = []
+        self._runs: list[View] = []
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
         _release(self._requests, request_id, ws)
@@ -201,20 +209,20 @@ class Index:
         """Take out what `old`, the workspace's view until now, filed: its keys say where."""
         if old is None:
             return
-        for order, key in ((self._questions, question_key(old)), (self._runs, run_key(old))):
-            if key is not None:
-                i = bisect.bisect_left(order, key, key=_listed_key)
-                if i < len(order) and order[i].key == key:
+        for order, by in ((self._questions, _question_order), (self._runs, _run_order)):
+            if key := by(old):
+                i = bisect.bisect_left(order, key, key=by)
+                if i < len(order) and by(order[i]) == key:
                     del order[i]
 
-    def _file(self, view: View, real: str, owner: int | None) -> None:
-        question, run = question_of(view, real, owner), run_of(view, real, owner)
-        for order, e in ((self._questions, question), (self._runs, run)):
-            if e is not None:
-                bisect.insort(order, e, key=_listed_key)
+    def _file(self, view: View) -> None:
+        for order, by in ((self._questions, _question_order), (self._runs, _run_order)):
+            if by(view):
+                bisect.insort(order, view, key=by)
 
     def put(self, view: View) -> None:
         real, owner = _where(view.workspace)  # outside the lock: the file system is slow
+        view = replace(view, real=real, owner=owner)
         with self._lock:
             old = self._views.get(view.workspace)
             if old is not None and old.request_id and old.request_id != view.request_id:
@@ -224,7 +232,7 @@ class Index:
                 _hold(self._requests, view.request_id, view.workspace)
                 self._forget(view.request_id, view.workspace)  # open again (a re-posted copy)
             self._unfile(old)
-            self._file(view, real, owner)
+            self._file(view)
 
     def remove(self, ws: Path) -> None:
         with self._lock:
@@ -257,20 +265,22 @@ class Index:
         with self._lock:
             return list(self._views.values())
 
-    def questions(self, before: tuple[Any, ...] | None = None) -> list[Listed]:
+    def questions(self, before: tuple[Any, ...] | None = None) -> Iterator[Listed]:
         """Open questions newest first, from below the key `before` (a cursor) on."""
         with self._lock:
-            return newest_first(self._questions, before)
+            views = newest_first(self._questions, _question_order, before)
+        return map(ListedQuestion, views)
 
-    def runs(self, before: tuple[Any, ...] | None = None) -> list[Listed]:
+    def runs(self, before: tuple[Any, ...] | None = None) -> Iterator[Listed]:
         """Each workspace's latest run, newest first, from below the key `before` on."""
         with self._lock:
-            return newest_first(self._runs, before)
+            views = newest_first(self._runs, _run_order, before)
+        return map(ListedRun, views)
 
     def run_holders(self, run_id: str) -> list[Path]:
         """Every workspace whose latest run is `run_id`, sorted."""
         with self._lock:
-            i = end = bisect.bisect_left(self._runs, (run_id,), key=_listed_key)
+            i = end = bisect.bisect_left(self._runs, (run_id,), key=_run_order)
             while end < len(self._runs) and self._runs[end].run_id == run_id:
                 end += 1
             return sorted(e.workspace for e in self._runs[i:end])
@@ -300,8 +310,9 @@ def _holding(held: Holders | None) -> Iterable[Path]:
     return () if held is None else held if isinstance(held, set) else (held,)
 
 
-def _where(ws: Path) -> tuple[str, int | None]:
-    """The workspace's real path (scopes check it too) and its owner's uid (None if gone)."""
+def _where(ws: Path) -> tuple[str | None, int | None]:
+    """The workspace's real path (scopes check it too; None when it is its name) and its
+    owner's uid (None if gone)."""
     name = str(ws)
     real, owner = _resolved(name) if platform.LINUX else (None, None)
     if real is None:
@@ -312,7 +323,7 @@ def _where(ws: Path) -> tuple[str, int | None]:
         real = os.path.realpath(ws)
     if owner is not None:  # an int per workspace from stat: one per owner instead
         owner = _UIDS.setdefault(owner, owner)
-    return (name if real == name else real), owner  # one string, not two, when they agree
+    return (None if real == name else real), owner  # no second string when they agree
 
 
 _UIDS: dict[int, int] = {}

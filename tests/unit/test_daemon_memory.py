@@ -83,6 +83,6 @@ def test_an_idle_workspace_costs_under_the_budget(tmp_path: Path) -> None:
         kept = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert len(registry) == WORKSPACES == len(feed.index.questions())
+    assert len(registry) == WORKSPACES == len(list(feed.index.questions()))
     assert tree.watch_count() == WORKSPACES + 1  # one per workspace, and the root
     assert kept / WORKSPACES <= BUDGET, f"{kept / WORKSPACES:.0f} bytes per idle workspace"

@@ -47,7 +47,7 @@ def test_the_index_keeps_under_260_bytes_per_open_question() -> None:
         kept = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert len(feed.index.questions()) == QUESTIONS
+    assert len(list(feed.index.questions())) == QUESTIONS
     assert kept / QUESTIONS <= BUDGET, f"{kept / QUESTIONS:.0f} bytes per open question"
 
 

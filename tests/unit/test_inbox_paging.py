@@ -153,8 +153,7 @@ def test_a_page_skips_what_is_gone_and_reads_a_bounded_number(
     readable: str, limit: int, docs: list[str], next_after: str | None
 ) -> None:
     entries = [
-        ListedRun(View(Path(f"/ws/{i}"), "done", str(i)), f"/ws/{i}", 0)
-        for i in range(len(readable))
+        ListedRun(View(Path(f"/ws/{i}"), "done", str(i), owner=0)) for i in range(len(readable))
     ]
 
     def read(e: Listed) -> str | None:
@@ -169,14 +168,24 @@ def test_a_page_skips_what_is_gone_and_reads_a_bounded_number(
 
 # -- filters ---------------------------------------------------------------------------------------
 ENTRY = ListedQuestion(
-    View(Path("/srv/ws/alice/p"), "waiting", "r1", "WAITING_FOR_INPUT", "q1", "choice", 1.0),
-    "/srv/ws/alice/p",
-    1000,
+    View(
+        Path("/srv/ws/alice/p"),
+        "waiting",
+        "r1",
+        "WAITING_FOR_INPUT",
+        "q1",
+        "choice",
+        1.0,
+        owner=1000,
+    )
 )
-MOVED = ListedQuestion(
-    View(Path("/srv/ws/alice/l"), "waiting", "r2", "RUNNING", "q2", "text", 1.0),
-    "/srv/ws/bob/p",
-    1000,
+MOVED = ListedQuestion(  # a symlink: its real path is elsewhere
+    View(
+        Path("/srv/ws/alice/l"),
+        *("waiting", "r2", "RUNNING", "q2", "text", 1.0),
+        real="/srv/ws/bob/p",
+        owner=1000,
+    )
 )
 
 
