@@ -241,6 +241,11 @@ class Index:
                 self._close(old.request_id, ws, old.state == "expired")
             self._unfile(old)
 
+    def asking(self) -> Iterator[View]:
+        """For the loop, the writer (no lock): the views with an open question, oldest
+        first."""
+        return iter(self._questions)
+
     @property
     def table(self) -> dict[Path, View]:
         """The views by workspace, for the loop, their one writer (through `put` and

@@ -6,6 +6,7 @@ taken from disk by `reconcile.inspect`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 from collections.abc import Callable, Iterator
@@ -48,7 +49,8 @@ def view_of(ws: Path, v: Verdict) -> View:
     )
 
 
-Changed = Callable[[Path, View | None, View | None], None]
+# States whose workspaces are listed (status.json) or walked (the liveness sweep) by state.
+INDEXED = (State.WAITING, State.RUNNING, State.INTERRUPTED)
 
 
 class Registry:
@@ -56,21 +58,21 @@ class Registry:
     written every second while anything changes, costs what it shows, not a walk over 50,000
     workspaces (a tenth of a second of the loop's time, each second).
 
-    A belief is the workspace's `View`, the one the inbox index keeps: with a feed, the
-    registry's table is the index's (written through the feed's hook, by this loop only), so
-    an idle workspace costs one entry and one object, not a copy in each (issue 20: ~250 bytes
-    per workspace). The rare fields live beside it: a problem, a live owner's pid."""
+    A belief is the workspace's `View`, the one the inbox index keeps: the registry's table
+    is the index's, written through the feed's hook (by this loop only), so an idle workspace
+    costs one entry and one object, not a copy in each (issue 20: ~250 bytes per workspace).
+    The rare fields live beside it: a problem, a live owner's pid."""
 
     def __init__(self, feed: Feed | None = None) -> None:
-        self.on_change: Changed | None = None if feed is None else feed.changed
-        self._own = feed is None  # without a feed the registry keeps its own table
-        self.workspaces: dict[Path, View] = {} if feed is None else feed.index.table
-        self._by_state: dict[State, dict[Path, None]] = {s: {} for s in State}
+        self.feed = Feed() if feed is None else feed  # a quiet one of its own, in tests
+        self.workspaces: dict[Path, View] = self.feed.index.table
+        self._counts = dict.fromkeys(State, 0)
+        # Workspaces by state, in the order they reached it, for the states whose members are
+        # shown or walked; a waiting one with a question is found in the index's questions
+        # (a table entry per idle workspace cost ~60 bytes).
+        self._by_state: dict[State, dict[Path, None]] = {s: {} for s in INDEXED}
         self._problems: dict[Path, str] = {}
         self._pids: dict[Path, int] = {}  # RUNNING with a local owner
-
-    def state(self, ws: Path) -> State:
-        return State(self.workspaces[ws].state)
 
     def problem(self, ws: Path) -> str | None:
         return self._problems.get(ws)
@@ -83,24 +85,29 @@ class Registry:
         return view.state == State.WAITING and ws not in self._problems and bool(view.request_id)
 
     def _unfile(self, ws: Path, view: View) -> None:
-        self._by_state[State(view.state)].pop(ws, None)
+        state = State(view.state)
+        self._counts[state] -= 1
+        if (members := self._members(view)) is not None:
+            members.pop(ws, None)
         self._problems.pop(ws, None)
 
     def _file(self, ws: Path, view: View, problem: str | None) -> None:
-        self._by_state[State(view.state)][ws] = None
+        self._counts[State(view.state)] += 1
+        if (members := self._members(view)) is not None:
+            members[ws] = None
         if problem:
             self._problems[ws] = problem
 
+    def _members(self, view: View) -> dict[Path, None] | None:
+        """The table that lists `view`'s workspace by its state, if one does."""
+        if view.state == State.WAITING and view.request_id:
+            return None  # the index's questions list it
+        return self._by_state.get(State(view.state))
+
     def _set(self, ws: Path, before: View | None, after: View | None) -> None:
-        """Keep `after` (None: forget the workspace) and tell the feed, which keeps it in the
-        shared table when there is one."""
-        if self._own:
-            if after is None:
-                self.workspaces.pop(ws, None)
-            else:
-                self.workspaces[ws] = after
-        if self.on_change is not None and before != after:
-            self.on_change(ws, before, after)
+        """Tell the feed, which keeps `after` in the table (None: forgets the workspace)."""
+        if before != after:
+            self.feed.changed(ws, before, after)
 
     def __contains__(self, ws: Path) -> bool:
         return ws in self.workspaces
@@ -179,11 +186,18 @@ class Registry:
         return list(self._by_state[State.RUNNING])
 
     def in_state(self, state: State) -> Iterator[Path]:
-        """In the order they reached it (take what you need: it is not copied)."""
-        return iter(self._by_state[state])
+        """Take what you need: it is not copied. Running and interrupted ones in the order
+        they reached it; waiting ones without a question so, then those with one oldest
+        question first; other states by a walk over every workspace (nothing shows them)."""
+        if state is State.WAITING:
+            asking = (v.workspace for v in self.feed.index.asking())
+            return itertools.chain(self._by_state[state], asking)
+        if state in self._by_state:
+            return iter(self._by_state[state])
+        return (ws for ws, v in self.workspaces.items() if v.state == state)
 
     def counts(self) -> dict[str, int]:
-        return {s.value: len(self._by_state[s]) for s in State if s is not State.GONE}
+        return {s.value: self._counts[s] for s in State if s is not State.GONE}
 
     def problems(self) -> Iterator[dict[str, Any]]:
         """For status.json: names and reasons shown escaped (a reason may quote a file)."""
