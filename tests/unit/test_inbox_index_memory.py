@@ -1,8 +1,10 @@
 """The inbox's index at fleet size: what it keeps per open question, counted by tracemalloc
 in-process (deterministic: no timing). The target is the daemon's RSS growth for the index at
 10,000 questions ≤ 2 KB each (docs/inbox.md; bench/inbox_bench.py measures that). The Python
-objects are most of it: about 490 bytes on CPython 3.11, 583 while what each workspace filed had
-a table of its own, 1,015 while holders were sets."""
+objects are most of it: about 220 bytes on CPython 3.11 (the index's own view of each, its
+entries in the tables and lists); 490 while listed entries copied the view's fields and kept
+their keys, 583 while what each workspace filed had a table of its own, 1,015 while holders were
+sets."""
 
 from __future__ import annotations
 
