@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import gc
 import itertools
+import sys
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
+from deltad.daemon import tenancy
 from deltad.daemon.backends.tree import Kind, WatchTree
 from deltad.daemon.feed import Feed
 from deltad.daemon.queue import HintQueue
 from deltad.daemon.reconcile import Action, State, Verdict
 from deltad.daemon.registry import Registry
-from deltad.protocol import RunStatus
+from deltad.daemon.tenancy import Policy
+from deltad.protocol import RunStatus, Workspace
+from deltad.protocol.errors import CorruptFile
+from deltad.protocol.layout import new_run_id
+from deltad.testing.stub import paused_workspace
 
 WORKSPACES = 2000
 # bytes per idle workspace, allocations only: 2,281 before the watch table's cut, 1,785 after,
@@ -88,3 +96,17 @@ def test_an_idle_workspace_costs_under_the_budget(tmp_path: Path) -> None:
     assert len(registry) == WORKSPACES == len(list(feed.index.questions()))
     assert tree.watch_count() == WORKSPACES + 1  # one per workspace, and the root
     assert kept / WORKSPACES <= BUDGET, f"{kept / WORKSPACES:.0f} bytes per idle workspace"
+
+
+def test_reading_a_paused_workspace_interns_no_run_id(tmp_path: Path) -> None:
+    """pathlib interns every part it parses: a run id per read grew the interpreter's table of
+    interned strings for good. The owner check and the run's paths join it unparsed."""
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    run_id = new_run_id()  # made at run time, as one read from LATEST: not interned
+    tenancy.check(ws, run_id, Policy())  # its directory may be missing: not made yet
+    paths = tenancy.run_paths(Workspace(ws), run_id)
+    assert sys.intern("".join(run_id)) is not run_id, "the run id was interned"
+    assert str(paths.metadata) == f"{ws}/.delta/runs/{run_id}/execution/metadata.json"
+    with pytest.raises(CorruptFile, match="is not a run id"):
+        tenancy.run_paths(Workspace(ws), "../elsewhere")
