@@ -25,7 +25,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 from deltad.protocol import exitcodes, safefs
 from deltad.protocol.errors import UnsafeFile
@@ -151,7 +150,7 @@ def check(ws: Path, run_id: str | None, policy: Policy) -> Owner:
     w = Workspace(ws)
     chain = [ws, w.delta_dir, w.interaction_dir, w.runs_dir]
     if run_id is not None:
-        chain.append(child(w.runs_dir, run_id))
+        chain.append(safefs.child(w.runs_dir, run_id))
     for i, path in enumerate(chain):
         try:
             st = top if i == 0 else safefs.lstat(path)
@@ -166,18 +165,14 @@ def check(ws: Path, run_id: str | None, policy: Policy) -> Owner:
     return OWNERS.get(owner)
 
 
-def child(path: Path, name: str) -> Path:
-    """`path / name` without interning `name`. pathlib interns every part it parses; a run id
-    joined so at each read of a workspace, though let go at once, grew the interpreter's table
-    of interned strings, which never shrinks (~190 bytes per workspace at 10,000 in-process).
-    CPython's pathlib has an unparsed child; where it has not, the plain join."""
-    unparsed = getattr(path, "_make_child_relpath", None)
-    return path / name if unparsed is None else cast(Path, unparsed(name))
-
-
 def run_paths(ws: Workspace, run_id: str) -> RunPaths:
-    """`ws.run(run_id)` (CorruptFile for what is not a run id) without interning the run id."""
-    return ws.run(run_id) if not RUN_ID_RE.match(run_id) else RunPaths(child(ws.runs_dir, run_id))
+    """`ws.run(run_id)` (CorruptFile for what is not a run id) without interning the run id
+    (`safefs.child`)."""
+    return (
+        ws.run(run_id)
+        if not RUN_ID_RE.match(run_id)
+        else RunPaths(safefs.child(ws.runs_dir, run_id))
+    )
 
 
 # -- the resume's identity and environment ----------------------------------------------------

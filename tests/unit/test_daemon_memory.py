@@ -21,9 +21,8 @@ from deltad.daemon.queue import HintQueue
 from deltad.daemon.reconcile import Action, State, Verdict
 from deltad.daemon.registry import Registry
 from deltad.daemon.tenancy import Policy
-from deltad.protocol import RunStatus, Workspace
+from deltad.protocol import RunStatus, Workspace, load_metadata
 from deltad.protocol.errors import CorruptFile
-from deltad.protocol.layout import new_run_id
 from deltad.testing.stub import paused_workspace
 
 WORKSPACES = 2000
@@ -100,13 +99,14 @@ def test_an_idle_workspace_costs_under_the_budget(tmp_path: Path) -> None:
 
 def test_reading_a_paused_workspace_interns_no_run_id(tmp_path: Path) -> None:
     """pathlib interns every part it parses: a run id per read grew the interpreter's table of
-    interned strings for good. The owner check and the run's paths join it unparsed."""
+    interned strings for good. The owner check, the run's paths and the safe walk down to its
+    metadata join it unparsed."""
     ws = tmp_path / "ws"
-    paused_workspace(ws)
-    run_id = new_run_id()  # made at run time, as one read from LATEST: not interned
-    tenancy.check(ws, run_id, Policy())  # its directory may be missing: not made yet
-    paths = tenancy.run_paths(Workspace(ws), run_id)
-    assert sys.intern("".join(run_id)) is not run_id, "the run id was interned"
-    assert str(paths.metadata) == f"{ws}/.delta/runs/{run_id}/execution/metadata.json"
+    chars = list(paused_workspace(ws))  # the string pathlib interned while making it is let go
+    run_id = "".join(chars)  # one of its own, as read from LATEST
+    tenancy.check(ws, run_id, Policy())
+    meta = load_metadata(tenancy.run_paths(Workspace(ws), run_id).metadata)
+    assert sys.intern("".join(chars)) is not run_id, "the run id was interned"
+    assert meta.run_id == run_id
     with pytest.raises(CorruptFile, match="is not a run id"):
         tenancy.run_paths(Workspace(ws), "../elsewhere")
