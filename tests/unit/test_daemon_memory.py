@@ -27,8 +27,9 @@ from deltad.testing.stub import paused_workspace
 
 WORKSPACES = 2000
 # bytes per idle workspace, allocations only: 2,281 before the watch table's cut, 1,785 after,
-# 1,128 since the registry and the index share one view per workspace
-BUDGET = 1200
+# 1,128 since the registry and the index share one view per workspace (1,208 seen in a worker
+# that ran other tests first: the interpreter's own tables resize in steps)
+BUDGET = 1300
 
 
 class NoFallback:
