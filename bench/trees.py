@@ -198,11 +198,13 @@ def _write_chunk(job: Job) -> int:
     return hi - lo
 
 
-def _base(root: Path) -> datetime:
-    """The build's first time, kept beside the markers: a resumed build writes the same."""
+def _base(root: Path, n: int) -> datetime:
+    """The first workspace's time, kept beside the markers (a resumed build writes the same):
+    N ms before the build started, so the last question too was asked in the past."""
     path = building_dir(root) / "base"
     if not path.exists():
-        path.write_text(datetime.now(UTC).replace(microsecond=0).isoformat())
+        start = datetime.now(UTC).replace(microsecond=0) - timedelta(milliseconds=n)
+        path.write_text(start.isoformat())
     return datetime.fromisoformat(path.read_text())
 
 
@@ -241,7 +243,7 @@ def build(
         return 0.0
     building_dir(root).mkdir(parents=True, exist_ok=True)
     root.mkdir(exist_ok=True)
-    base = _base(root)
+    base = _base(root, n)
     template = Template.taken()
     chunks = [c for c in range(-(-n // CHUNK)) if not _marker(root, c).exists()]
     todo = sum(min(n, (c + 1) * CHUNK) - c * CHUNK for c in chunks)

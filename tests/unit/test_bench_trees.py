@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,13 @@ def test_a_build_that_would_fill_the_disk_stops_before_writing(tmp_path: Path) -
     assert os.listdir(root) == [] and not trees.complete(root)
     trees.build(root, 5, jobs=1)  # with room, the same build goes on
     assert trees.complete(root) and len(os.listdir(root)) == 5
+
+
+def test_every_question_of_a_tree_was_asked_before_the_build(tmp_path: Path) -> None:
+    root = tmp_path / "root1000000"
+    trees.building_dir(root).mkdir()
+    started = datetime.now(UTC)
+    base = trees._base(root, 1_000_000)
+    last = datetime.fromisoformat(trees.Template.taken().fields(999_999, base)["time"])
+    assert last <= started
+    assert trees._base(root, 1_000_000) == base  # kept: a resumed build writes the same times
