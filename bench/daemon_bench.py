@@ -633,7 +633,10 @@ def main() -> None:
         for n in sizes:
             root = args.reuse / f"root{n}" if args.reuse else work / f"n{n}" / "root"
             if not trees.complete(root):  # a tree an earlier build left half done is finished
-                lines.emit("built", n=n, seconds=trees.build(root, n))
+                try:
+                    lines.emit("built", n=n, seconds=trees.build(root, n))
+                except trees.DiskFull as e:
+                    sys.exit(f"daemon_bench: no room for {n:,} workspaces: {e}")
             spaces = trees.Spaces(root, n)
             for kind in (Deltad,) if args.only_deltad else (Deltad, Baseline):
                 sub = work / f"n{n}" / kind.__name__.lower()

@@ -233,7 +233,7 @@ class Reserve:
 
 
 def build(
-    root: Path, n: int, jobs: int = 2, out: TextIO = sys.stderr, reserve: Reserve = Reserve(0, 0)
+    root: Path, n: int, jobs: int = 2, out: TextIO = sys.stderr, reserve: Reserve = Reserve()
 ) -> float:
     """Build (or finish building) the tree of N at `root`; return the seconds it took. Before
     each chunk the disk must hold what is left to write plus `reserve`, else `DiskFull` (the

@@ -15,6 +15,7 @@ from deltad.protocol import Mailbox, RunStatus, Workspace, load_metadata
 from deltad.testing.stub import paused_workspace
 
 RUN_ID = re.compile(r"\d{8}_\d{6}_[0-9a-f]{6}")
+NONE = trees.Reserve(0, 0)  # a test's few workspaces fit whatever else is on the disk
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
@@ -38,7 +39,7 @@ def test_a_built_workspace_is_a_paused_workspace_but_for_ids_and_times(tmp_path:
     slow, fast = tmp_path / "slow", tmp_path / "fast"
     for i in range(3):
         paused_workspace(slow / trees.workspace_name(i, 3))
-    trees.build(fast, 3, jobs=1)
+    trees.build(fast, 3, jobs=1, reserve=NONE)
     assert trees.complete(fast)
     assert sorted(os.listdir(fast)) == sorted(os.listdir(slow)) == ["ws00000", "ws00001", "ws00002"]
     for name in os.listdir(slow):
@@ -84,7 +85,7 @@ def test_an_interrupted_build_is_finished_not_redone(tmp_path: Path) -> None:
     (half / "request.json").write_text('{"request_id": "trunc')
     assert not trees.complete(root)
 
-    trees.build(root, n, jobs=2)
+    trees.build(root, n, jobs=2, reserve=NONE)
 
     assert trees.complete(root) and not state.exists()
     names = sorted(os.listdir(root))  # chunks marked done were not written again
@@ -102,7 +103,7 @@ def test_a_build_that_would_fill_the_disk_stops_before_writing(tmp_path: Path) -
     with pytest.raises(trees.DiskFull, match="must stay free"):
         trees.build(root, 5, jobs=1, reserve=everything)
     assert os.listdir(root) == [] and not trees.complete(root)
-    trees.build(root, 5, jobs=1)  # with room, the same build goes on
+    trees.build(root, 5, jobs=1, reserve=NONE)  # with room, the same build goes on
     assert trees.complete(root) and len(os.listdir(root)) == 5
 
 
