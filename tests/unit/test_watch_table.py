@@ -113,6 +113,26 @@ def test_ignored_frees_every_path_of_the_descriptor(tmp_path: Path) -> None:
     assert _mailbox(a) not in tree.paths() and _mailbox(b) not in tree.paths()
 
 
+@pytest.mark.parametrize("where", ["below", "root"])
+def test_a_workspace_without_delta_is_watched_again_down_to_the_depth(
+    tmp_path: Path, where: str
+) -> None:
+    """Its levels are its parent directory's less one (a root's: the root's depth): a
+    workspace made below it afterwards is still found."""
+    root = tmp_path / "root"
+    ws = _workspace(root / "g" / "ws") if where == "below" else _workspace(root)
+    tree = BindMounts({})
+    tree.add_root(root, 3 if where == "below" else 1)
+    tree.sync()
+    shutil.rmtree(ws / ".delta")
+    tree.forget(ws)  # as the daemon does when its reconcile finds no `.delta/`
+    assert ws in tree.paths() and ws not in tree.workspaces()
+    _workspace(ws / "sub")
+    tree._event(tree.paths()[ws], F.CREATE | F.ISDIR, "sub")
+    assert tree.workspaces() == [ws / "sub"]
+    assert _drain(tree._queue) == {ws / "sub": Why.DISCOVERED}
+
+
 @pytest.mark.parametrize(
     ("mode", "reason"),
     [
