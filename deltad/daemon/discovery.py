@@ -66,11 +66,11 @@ def walk(top: Path, levels_left: int, layout: Layout | None = None) -> Layout:
 
 
 def mailbox_names(ws: Path) -> frozenset[str] | None:
-    """The names in a workspace's `.delta/interaction/` (one scandir, no stat, no read), or
-    None if there is none or it cannot be listed."""
+    """The names in a workspace's `.delta/interaction/` (one listing, no stat, no read), or
+    None if there is none or it cannot be listed. A plain listing: no DirEntry objects, no
+    generator (whose two resumptions per call a profile counts as two calls)."""
     try:
-        with os.scandir(f"{ws}/{DELTA_DIR}/{INTERACTION_DIR}") as it:
-            return frozenset(e.name for e in it)
+        return frozenset(os.listdir(f"{ws}/{DELTA_DIR}/{INTERACTION_DIR}"))
     except OSError:
         return None
 
