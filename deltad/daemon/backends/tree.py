@@ -119,10 +119,17 @@ class _Marks:
     runs: int | None = None
 
     def get(self, kind: Kind) -> int | None:
-        return self.interaction if kind is Kind.INTERACTION else getattr(self, kind.value)
+        if kind is Kind.DELTA:
+            return self.delta
+        return self.runs if kind is Kind.RUNS else self.interaction
 
     def put(self, kind: Kind, wd: int | None) -> None:
-        setattr(self, kind.value, wd)
+        if kind is Kind.DELTA:
+            self.delta = wd
+        elif kind is Kind.RUNS:
+            self.runs = wd
+        else:
+            self.interaction = wd
 
 
 # What the table keeps per workspace: the mailbox's descriptor alone (the common case), or
@@ -333,7 +340,9 @@ class WatchTree:
         its own. Returns False if it was watched."""
         if self._sweeping is not None:
             self._sweeping.workspaces.add(ws)
-        box = self._spaces.setdefault(parent, {})
+        box = self._spaces.get(parent)
+        if box is None:
+            self._spaces[parent] = box = {}
         marks = box.get(ws)
         if marks is not None and _watched(marks) and not force:
             return False
@@ -368,21 +377,22 @@ class WatchTree:
             and self._wd_held(holder, parent) is None
         ):
             self._limit_reached(f"max_inotify_watches={self._max} (deltad configuration)")
-        where = _where(holder)
+        kind = _kind(holder)
+        where = f"{_owner(holder)}{_SUFFIX[kind]}"
         try:
-            wd = self._add_watch(where, _kind(holder))
+            wd = self._add_watch(where, kind)
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 self._limit_reached("fs.inotify.max_user_watches")
             if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                 log.warning("watch_failed", path=where, error=e.strerror)
-            self._real_dirs(holder, itself=True)  # a symlink or a file in the way is said
+            self._real_dirs(holder, where, itself=True)  # a symlink or a file in the way is said
             return False
         self._bind(wd, holder, parent)
         # The kernel follows symlinks above the last component: one swapped in between the
         # look and the watch is caught here, and the holder dropped (any other holder of that
         # descriptor keeps it).
-        if not self._real_dirs(holder, itself=not self.REFUSES_LINKS):
+        if not self._real_dirs(holder, where, itself=not self.REFUSES_LINKS):
             self._rm(holder)
             return False
         return True
@@ -405,19 +415,19 @@ class WatchTree:
                 self._by_wd[wd] = [*sharing, holder]
         self._record(holder, wd, parent)
 
-    def _real_dirs(self, holder: Holder, *, itself: bool) -> bool:
+    def _real_dirs(self, holder: Holder, where: str, *, itself: bool) -> bool:
         """Are the watched directory (if `itself`), and for a workspace's watch its parent,
         real directories (not symlinks)? A workspace's refusal is logged once."""
-        for where in _must_be_real(holder, itself):
-            if self._is_root(where):
+        for path in _must_be_real(holder, where, itself):
+            if self._is_root(path):
                 continue
             try:
-                reason = refusal(os.lstat(where).st_mode)
+                reason = refusal(os.lstat(path).st_mode)
             except OSError:
                 continue  # gone: the events of its parent say so
             if reason is not None:
                 if not isinstance(holder, _Dir):
-                    self._refuse(_owner(holder), where, reason)
+                    self._refuse(_owner(holder), path, reason)
                 return False
         return True
 
@@ -723,10 +733,10 @@ def _path(holder: Holder) -> Path:
     return Path(_where(holder))
 
 
-def _must_be_real(holder: Holder, itself: bool) -> tuple[str, ...]:
-    """What must be a real directory for `holder` to watch its own path: the directory (if
-    asked), and for a workspace's watch its parent (`.delta/`, or the workspace)."""
-    where = _where(holder)
+def _must_be_real(holder: Holder, where: str, itself: bool) -> tuple[str, ...]:
+    """What must be a real directory for `holder` to watch `where`, its own path: the
+    directory (if asked), and for a workspace's watch its parent (`.delta/`, or the
+    workspace)."""
     if isinstance(holder, _Dir):
         return (where,) if itself else ()
     above = where.rpartition("/")[0]
