@@ -40,8 +40,11 @@ def is_workspace(path: Path) -> bool:
 
 
 def subdirs(path: Path) -> list[Path]:
+    # `path / name` parses the name only, not each child's whole path again.
     with os.scandir(path) as it:
-        return [Path(e.path) for e in it if e.name != DELTA_DIR and e.is_dir(follow_symlinks=False)]
+        return [
+            path / e.name for e in it if e.name != DELTA_DIR and e.is_dir(follow_symlinks=False)
+        ]
 
 
 def walk(top: Path, levels_left: int, layout: Layout | None = None) -> Layout:
