@@ -3,17 +3,20 @@
     .venv/bin/python bench/daemon_bench.py                 # N = 100, 1000, 10000 (~6 min)
     .venv/bin/python bench/daemon_bench.py --sizes 100 --e2e 5 --files 1000   # quick look
 
-Per N paused workspaces (built with the protocol package): startup → READY (deltad: READY=1 on
-a notify socket; baseline: first full scan), detection latency close(response.txt) → resume
-spawned (deltad's `resume_spawned` log time) and → first instruction of the resume command
-(a bash stub recording $EPOCHREALTIME and removing the answer), idle CPU and RSS, a burst of
-1,000 answers (time until all resumed, missed, doubled). At the largest N also the kernel's
+Per N paused workspaces (bench/trees.py): startup → READY (deltad: READY=1 on a notify socket;
+baseline: first full scan), detection latency close(response.txt) → resume spawned (deltad's
+`resume_spawned` log time) and → first instruction of the resume command (a bash stub recording
+$EPOCHREALTIME and removing the answer), idle CPU and RSS, a burst of 1,000 answers (time until
+all resumed, missed, doubled). At the largest N also the kernel's
 inotify watch count before/after 100,000 files are added to one workspace. Separately, end to
 end with the real `delta` client and the fake OpenAI server: close → ACTION_RESULT journaled.
 Results are written as they are measured, one JSON line per step (with the 1-minute load average
 at that moment) to bench/results/daemon-<time>.jsonl, so a crash or a kill keeps what was
 measured; a Markdown table on stdout at the end. Every wait is for a condition, with a deadline
-that grows with N (`deadline`), never a fixed one.
+that grows with N (`deadline`), never a fixed one. With two sizes or more, each size after the
+first adds a `slope` line: per-workspace RSS and READY time between it and the size before, and
+their projection to `--project` workspaces (1,000,000). Built for 1,000,000: the workspaces are
+named on demand (`trees.Spaces`), only the sampled ones are touched, nothing is O(N²).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -30,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -37,9 +42,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench import trees  # noqa: E402
 from deltad.testing import FakeLLM  # noqa: E402
 from deltad.testing.daemon import Daemon  # noqa: E402
-from deltad.testing.stub import paused_workspace  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 RESULTS = HERE / "results"
@@ -61,7 +66,16 @@ class Lines:
 
     def emit(self, step: str, **fields: Any) -> None:
         load = [round(x, 2) for x in os.getloadavg()]  # 1, 5, 15 min: other jobs share the VM
-        row = {"step": step, "at": time.time(), "load1": load[0], "loadavg": load, **fields}
+        # The bench's own peak RSS: at 1,000,000 workspaces it must stay small (no list of them).
+        bench_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        row = {
+            "step": step,
+            "at": time.time(),
+            "load1": load[0],
+            "loadavg": load,
+            "bench_maxrss_mb": round(bench_mb, 1),
+            **fields,
+        }
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
@@ -116,10 +130,13 @@ def pct(values: list[float], p: float) -> float:
 
 # -- the stub's record ----------------------------------------------------------------------
 class Record:
+    """The stub's lines, read incrementally: per workspace the latest time and how many."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
-        self.seen: list[tuple[float, str]] = []
+        self.last: dict[str, float] = {}
+        self.count: Counter[str] = Counter()
 
     def poll(self) -> list[tuple[float, str]]:
         try:
@@ -134,7 +151,9 @@ class Record:
             (float(t.replace(",", ".")), ws)
             for t, ws in (line.split(" ", 1) for line in complete.splitlines())
         ]
-        self.seen += new
+        for t, ws in new:
+            self.last[ws] = max(t, self.last.get(ws, t))
+            self.count[ws] += 1
         return new
 
     def wait_for(self, ws: set[str], timeout: float) -> bool:
@@ -271,17 +290,10 @@ class Baseline:
 
 
 # -- one size -------------------------------------------------------------------------------
-def build(root: Path, n: int) -> list[Path]:
-    spaces = [root / f"ws{i:05d}" for i in range(n)]
-    for ws in spaces:
-        paused_workspace(ws)
-    return spaces
-
-
 def detection(
     contender: Any,
     record: Record,
-    spaces: list[Path],
+    spaces: Sequence[Path],
     samples: int,
     jitter: float = 0.0,
     wait: float = 120.0,
@@ -301,7 +313,7 @@ def detection(
             # logged about that workspace so the cause can be read afterwards.
             missed.append({"workspace": str(ws), "closed": t, "log": contender.about(ws)})
             continue
-        took = max(t0 for t0, w in record.seen if w == str(ws)) - t
+        took = record.last[str(ws)] - t
         to_stub.append(took)
         if took > late_after:  # resumed, but by something slower than its close event
             late.append(
@@ -321,19 +333,18 @@ def detection(
     }
 
 
-def burst(contender: Any, record: Record, spaces: list[Path], size: int) -> dict[str, Any]:
-    chosen = random.sample(spaces, size)
+def burst(contender: Any, record: Record, spaces: Sequence[Path], size: int) -> dict[str, Any]:
+    chosen = [str(ws) for ws in random.sample(spaces, size)]
     record.poll()
-    before = Counter(w for _, w in record.seen)
+    before = {ws: record.count[ws] for ws in chosen}
     t0 = time.time()
     for ws in chosen:
-        write_answer(ws)
-    complete = record.wait_for({str(ws) for ws in chosen}, timeout=deadline(len(spaces)))
-    took = max(t for t, w in record.seen if w in {str(x) for x in chosen}) - t0
+        write_answer(Path(ws))
+    complete = record.wait_for(set(chosen), timeout=deadline(len(spaces)))
+    took = max(record.last.get(ws, t0) for ws in chosen) - t0
     contender.rescan()
     record.poll()
-    after = Counter(w for _, w in record.seen)
-    counts = [after[str(ws)] - before[str(ws)] for ws in chosen]
+    counts = [record.count[ws] - before[ws] for ws in chosen]
     return {
         "answers": size,
         "all_resumed_s": took if complete else float("nan"),
@@ -342,7 +353,9 @@ def burst(contender: Any, record: Record, spaces: list[Path], size: int) -> dict
     }
 
 
-def many_files(contender: Deltad, record: Record, ws: Path, files: int) -> dict[str, Any]:
+def many_files(
+    contender: Deltad, record: Record, ws: Path, files: int, wait: float
+) -> dict[str, Any]:
     before = inotify_watches(contender.pid)
     per_dir = 1000
     for i in range(0, files, per_dir):
@@ -354,7 +367,7 @@ def many_files(contender: Deltad, record: Record, ws: Path, files: int) -> dict[
     after = inotify_watches(contender.pid)
     record.poll()
     write_answer(ws)
-    still_detected = record.wait_for({str(ws)}, timeout=30)
+    still_detected = record.wait_for({str(ws)}, timeout=wait)
     return {
         "files": files,
         "watches_before": before,
@@ -367,7 +380,7 @@ def run_size(
     kind: type,
     work: Path,
     root: Path,
-    spaces: list[Path],
+    spaces: Sequence[Path],
     args: argparse.Namespace,
     largest: bool,
     lines: Lines,
@@ -387,23 +400,25 @@ def run_size(
         # CPU seconds to READY: what READY would take on an idle machine with a warm cache
         # (the wall time above also holds other jobs' share of the 2 cores, and disk reads).
         out["ready_cpu_s"] = cpu_seconds(contender.pid)
+        out["ready_rss_mb"] = rss_mb(contender.pid)
         lines.emit(
             "ready",
             **about,
             ready_s=out["ready_s"],
             ready_cpu_s=out["ready_cpu_s"],
-            rss_mb=rss_mb(contender.pid),
+            rss_mb=out["ready_rss_mb"],
             backend=contender.backend() if kind is Deltad else "scan",
         )
         if kind is Deltad:
             out["questions_read_s"] = contender.questions_read_s()
             out["watches"] = inotify_watches(contender.pid)
+            out["read_rss_mb"] = rss_mb(contender.pid)
             lines.emit(
                 "questions_read",
                 **about,
                 after_ready_s=out["questions_read_s"],
                 inotify_watches=out["watches"],
-                rss_mb=rss_mb(contender.pid),
+                rss_mb=out["read_rss_mb"],
             )
         samples = args.samples if kind is Deltad else args.baseline_samples
         jitter = 1.0 if kind is Baseline else 0.0
@@ -420,7 +435,7 @@ def run_size(
             out["burst"] = burst(contender, record, spaces, args.burst)
             lines.emit("burst", **about, **out["burst"])
         if largest and kind is Deltad and args.files:
-            out["many_files"] = many_files(contender, record, spaces[0], args.files)
+            out["many_files"] = many_files(contender, record, spaces[0], args.files, args.wait)
             lines.emit("many_files", **about, **out["many_files"])
         if kind is Deltad:
             out["reconciles"] = contender.reconciles()
@@ -483,6 +498,58 @@ def _wait_action_result(ws: Path, timeout: float = 60) -> float:
     raise TimeoutError(f"no ACTION_RESULT in {journal}")
 
 
+# -- per-workspace costs ----------------------------------------------------------------------
+# What grows with N, measured at two sizes in one run: (name, field in a result, unit factor).
+# The slope between the sizes is the cost of one more workspace (what is paid once, the
+# interpreter and the modules, cancels out); the projection extends it from the larger size.
+GROWING = (
+    ("rss_at_ready", "ready_rss_mb", 2**20),  # bytes per workspace
+    ("rss_questions_read", "read_rss_mb", 2**20),
+    ("rss_idle", "rss_mb", 2**20),
+    ("ready", "ready_s", 1e6),  # microseconds per workspace
+    ("ready_cpu", "ready_cpu_s", 1e6),
+    ("questions_read", "questions_read_s", 1e6),
+)
+
+
+def slope(a: dict[str, Any], b: dict[str, Any], project_to: int) -> dict[str, Any]:
+    """Per-workspace costs between results `a` and `b` (bytes or microseconds per workspace)
+    and each value projected to `project_to` workspaces (MB or seconds, as measured)."""
+    small, large = sorted((a, b), key=lambda r: int(r["n"]))
+    dn = large["n"] - small["n"]
+    if dn <= 0:
+        raise ValueError(f"two different sizes are needed, not {a['n']} and {b['n']}")
+    row: dict[str, Any] = {"from_n": small["n"], "to_n": large["n"], "project_to": project_to}
+    for name, field, unit in GROWING:
+        if field not in small or field not in large:
+            continue
+        per = (large[field] - small[field]) / dn
+        unit_name = "bytes" if unit == 2**20 else "us"
+        row[f"{name}_{unit_name}_per_ws"] = round(per * unit, 3)
+        row[f"projected_{field}"] = round(large[field] + per * (project_to - large["n"]), 3)
+    return row
+
+
+def slope_table(slopes: list[dict[str, Any]]) -> str:
+    if not slopes:
+        return ""
+    rows = [
+        "| sizes | RSS B/ws at READY / read / idle | READY µs/ws (CPU) | projected at N: "
+        "READY s, RSS MB at READY / idle |",
+        "|---|---|---|---|",
+    ]
+    for s in slopes:
+        rows.append(
+            f"| {s['from_n']:,} → {s['to_n']:,} | {s.get('rss_at_ready_bytes_per_ws', 'n/a')} / "
+            f"{s.get('rss_questions_read_bytes_per_ws', 'n/a')} / "
+            f"{s.get('rss_idle_bytes_per_ws', 'n/a')} | {s.get('ready_us_per_ws', 'n/a')} "
+            f"({s.get('ready_cpu_us_per_ws', 'n/a')}) | N={s['project_to']:,}: "
+            f"{s.get('projected_ready_s', 'n/a')}, {s.get('projected_ready_rss_mb', 'n/a')} / "
+            f"{s.get('projected_rss_mb', 'n/a')} |"
+        )
+    return "\n".join(rows)
+
+
 # -- report ---------------------------------------------------------------------------------
 def table(results: list[dict[str, Any]], e2e_result: dict[str, Any] | None) -> str:
     rows = [
@@ -538,6 +605,12 @@ def main() -> None:
     ap.add_argument(
         "--wait", type=float, default=120.0, help="seconds an answer may wait before it is missed"
     )
+    ap.add_argument(
+        "--project",
+        type=int,
+        default=1_000_000,
+        help="the size the per-workspace slopes are projected to (default 1,000,000)",
+    )
     ap.add_argument("--only-deltad", action="store_true", help="skip the polling baseline")
     ap.add_argument(
         "--backend", choices=("fanotify", "inotify"), help="deltad's backend (default: auto)"
@@ -545,7 +618,8 @@ def main() -> None:
     ap.add_argument(
         "--reuse",
         type=Path,
-        help="keep the paused workspaces in DIR/root<N> and use them again (built if missing)",
+        help="keep the paused workspaces in DIR/root<N> and use them again (built, or a "
+        "half-built tree finished, by bench/trees.py)",
     )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -553,21 +627,25 @@ def main() -> None:
     stamp = time.strftime("%Y%m%dT%H%M%S")
     lines = Lines(RESULTS / f"daemon-{stamp}.jsonl")
     print(f"results: {lines.path}", file=sys.stderr)
-    results = []
+    results: list[dict[str, Any]] = []
+    slopes: list[dict[str, Any]] = []
     try:
         for n in sizes:
             root = args.reuse / f"root{n}" if args.reuse else work / f"n{n}" / "root"
-            t0 = time.monotonic()
-            if root.is_dir():  # built by an earlier run (building 100,000 takes many minutes)
-                spaces = [root / f"ws{i:05d}" for i in range(n)]
-            else:
-                spaces = build(root, n)
-                lines.emit("built", n=n, seconds=time.monotonic() - t0)
+            if not trees.complete(root):  # a tree an earlier build left half done is finished
+                try:
+                    lines.emit("built", n=n, seconds=trees.build(root, n))
+                except trees.DiskFull as e:
+                    sys.exit(f"daemon_bench: no room for {n:,} workspaces: {e}")
+            spaces = trees.Spaces(root, n)
             for kind in (Deltad,) if args.only_deltad else (Deltad, Baseline):
                 sub = work / f"n{n}" / kind.__name__.lower()
                 sub.mkdir(parents=True)
                 r = run_size(kind, sub, root, spaces, args, n == max(sizes), lines)
                 results.append(r)
+            if (ours := [r for r in results if r["contender"] == Deltad.name])[1:]:
+                slopes.append(slope(ours[-2], ours[-1], project_to=args.project))
+                lines.emit("slope", **slopes[-1])
         e2e_result = e2e(work, args.e2e) if args.e2e else None
         if e2e_result:
             lines.emit("e2e", **e2e_result)
@@ -575,6 +653,7 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(table(results, e2e_result))
+    print(slope_table(slopes))
 
 
 if __name__ == "__main__":

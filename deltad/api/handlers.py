@@ -138,12 +138,12 @@ def qualifier(ctx: Context, workspace: str | None) -> Path | None:
     return Path(path)
 
 
-def holder(
-    seen: list[Path], mine: list[Path], gone: dict[Path, bool], request_id: str
-) -> Path | ApiError:
-    """Which workspace a caller means by `request_id`, from where it is open (`seen`), those
-    of them the caller may see (`mine`) and where it was and is gone (those the caller may
-    see, with whether it expired). Never a guess: several visible holders are a 409."""
+def holder(mine: list[Path], gone: dict[Path, bool], request_id: str) -> Path | ApiError:
+    """Which workspace a caller means by `request_id`, from where it is open that the caller
+    may see (`mine`) and where it was and is gone (those the caller may see, with whether it
+    expired). Never a guess: several visible holders are a 409. Where it is open only outside
+    the caller's scope is the same 404 as nowhere: a token cannot learn what other tenants are
+    asked by trying ids."""
     if len(mine) == 1:
         return mine[0]
     if mine:
@@ -159,8 +159,6 @@ def holder(
         return ApiError(410, "expired", f"question {request_id} expired")
     if gone:
         return ApiError(409, "already_answered", f"question {request_id} was answered")
-    if seen:
-        return ApiError(403, "forbidden", f"question {request_id} is outside this token's scope")
     return ApiError(404, "unknown_request", f"no pending question {request_id}")
 
 
@@ -180,7 +178,7 @@ def _workspace_of(
         mine = [w for w in mine if w not in gone]
     if not mine:
         mine = read_through(ctx, who, request_id, want)
-    found = holder(seen, mine, gone, request_id)
+    found = holder(mine, gone, request_id)
     if isinstance(found, ApiError):
         raise found
     return found

@@ -40,8 +40,11 @@ def is_workspace(path: Path) -> bool:
 
 
 def subdirs(path: Path) -> list[Path]:
+    # `path / name` parses the name only, not each child's whole path again.
     with os.scandir(path) as it:
-        return [Path(e.path) for e in it if e.name != DELTA_DIR and e.is_dir(follow_symlinks=False)]
+        return [
+            path / e.name for e in it if e.name != DELTA_DIR and e.is_dir(follow_symlinks=False)
+        ]
 
 
 def walk(top: Path, levels_left: int, layout: Layout | None = None) -> Layout:
@@ -66,11 +69,11 @@ def walk(top: Path, levels_left: int, layout: Layout | None = None) -> Layout:
 
 
 def mailbox_names(ws: Path) -> frozenset[str] | None:
-    """The names in a workspace's `.delta/interaction/` (one scandir, no stat, no read), or
-    None if there is none or it cannot be listed."""
+    """The names in a workspace's `.delta/interaction/` (one listing, no stat, no read), or
+    None if there is none or it cannot be listed. A plain listing: no DirEntry objects, no
+    generator (whose two resumptions per call a profile counts as two calls)."""
     try:
-        with os.scandir(f"{ws}/{DELTA_DIR}/{INTERACTION_DIR}") as it:
-            return frozenset(e.name for e in it)
+        return frozenset(os.listdir(f"{ws}/{DELTA_DIR}/{INTERACTION_DIR}"))
     except OSError:
         return None
 

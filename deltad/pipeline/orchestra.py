@@ -12,8 +12,6 @@ without following a symlink, with a size cap. Pure where it can be: `resolve` ta
 from __future__ import annotations
 
 import errno
-import os
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -21,8 +19,9 @@ from typing import Any
 
 import yaml
 
-from deltad.protocol.errors import ProtocolError
+from deltad.protocol.errors import ProtocolError, UnsafeFile
 from deltad.protocol.fsio import lstat_or_none, read_regular_text
+from deltad.protocol.safefs import read_beneath
 
 CONFIG_NAME = "orchestra.yaml"
 MAX_CONFIG_BYTES = 256 * 1024
@@ -169,41 +168,14 @@ def read_prompt(base: Path, relative: PurePosixPath) -> str:
     symlink (a linked directory could lead out of it), with a size cap."""
     where = base / relative
     try:
-        return _read_beneath(base, relative.parts).decode("utf-8")
+        return read_beneath(base, relative.parts, MAX_PROMPT_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise OrchestraError(f"{where}: no such file") from None
     except UnicodeDecodeError:
         raise OrchestraError(f"{where}: not valid UTF-8") from None
+    except UnsafeFile as e:  # not a regular file, or over the limit: the message names it
+        raise OrchestraError(str(e)) from None
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             raise OrchestraError(f"{where}: a symlink on the way; write a regular file") from None
         raise OrchestraError(f"{where}: {e.strerror or e}") from None
-
-
-_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _read_beneath(base: Path, parts: tuple[str, ...]) -> bytes:
-    fds = [os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
-    try:
-        for part in parts[:-1]:
-            fds.append(os.open(part, _NOFOLLOW | os.O_DIRECTORY, dir_fd=fds[-1]))
-        fds.append(os.open(parts[-1], _NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1]))
-        return _capped(fds[-1], base.joinpath(*parts))
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def _capped(fd: int, path: Path) -> bytes:
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise OrchestraError(f"{path}: not a regular file")
-    data = b""
-    while st.st_size <= MAX_PROMPT_BYTES and (chunk := os.read(fd, 1 << 16)):
-        data += chunk
-        if len(data) > MAX_PROMPT_BYTES:  # grew while we read it
-            break
-    if st.st_size > MAX_PROMPT_BYTES or len(data) > MAX_PROMPT_BYTES:
-        raise OrchestraError(f"{path}: over the {MAX_PROMPT_BYTES}-byte limit")
-    return data

@@ -319,6 +319,22 @@ def _read_fd(fd: int, path: Path, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_beneath(base: Path, parts: tuple[str, ...], limit: int) -> bytes:
+    """A regular file of at most `limit` bytes at `base/parts...`, opened one component at a
+    time without following a symlink below `base` (a linked directory could lead out of it).
+    Raises FileNotFoundError, UnsafeFile, or OSError (ELOOP/ENOTDIR: a link on the way)."""
+    nofollow = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fds = [os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for part in parts[:-1]:
+            fds.append(os.open(part, nofollow | os.O_DIRECTORY, dir_fd=fds[-1]))
+        fds.append(os.open(parts[-1], nofollow | os.O_NONBLOCK, dir_fd=fds[-1]))
+        return _read_fd(fds[-1], base.joinpath(*parts), limit)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def read(path: Path, limit: int, *, follow: bool = False) -> bytes:
     """A regular file of at most `limit` bytes, opened non-blocking (a FIFO never blocks).
     Beneath `.delta` no symlink is followed anywhere; elsewhere only the last component is

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from deltad.daemon.executors.kubernetes import (
     RBAC_NEEDS,
@@ -211,7 +212,11 @@ def test_an_unreachable_server_is_a_one_line_submit_error_and_a_quiet_poll(tmp_p
     with pytest.raises(SubmitError, match="kubernetes: cannot submit deltad-") as e:
         ex.submit(spec("/srv/ws/alice/b"))
     assert "\n" not in str(e.value)
-    assert ex.poll(10.0) == []  # tried again at the next poll; nothing invented meanwhile
+    with capture_logs() as logs:
+        assert ex.poll(10.0) == []  # tried again at the next poll; nothing invented meanwhile
+        assert ex.poll(20.0) == []
+    # An outage is said once, not at every poll (the daemon polls every `poll_every`).
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["kubernetes_poll_failed"]
     with pytest.raises(SubmitError, match="cannot list this daemon's jobs"):
         ex.adopt()
     assert handle.key == spec("/srv/ws/alice/a").key

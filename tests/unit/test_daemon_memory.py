@@ -47,7 +47,7 @@ class Kernel(WatchTree):
         super().__init__(HintQueue(), NoFallback(), None)
         self._next = itertools.count(1)
 
-    def _add_watch(self, path: Path, kind: Kind) -> int:
+    def _add_watch(self, path: str, kind: Kind) -> int:
         return next(self._next)
 
     def _rm_watch(self, wd: int) -> None:

@@ -48,14 +48,14 @@ class CountingTree(WatchTree):
         self._wds = itertools.count(1)
         self.removed: list[int] = []
 
-    def _add_watch(self, path: Path, kind: Kind) -> int:
+    def _add_watch(self, path: str, kind: Kind) -> int:
         return next(self._wds)
 
     def _rm_watch(self, wd: int) -> None:
         self.removed.append(wd)
 
     def wd_of(self, path: Path) -> int:
-        return self._by_path[path]
+        return self.paths()[path]
 
 
 def _farm(root: Path, groups: int, per_group: int) -> list[Path]:
@@ -81,7 +81,7 @@ def test_a_removed_directory_drops_exactly_the_watches_below_it(tmp_path: Path) 
     assert tree.watch_count() == 1 + 2 + 8
     assert not tree._subtree(root / "g1")[1:]  # nothing left indexed below it
     kept = [ws for ws in spaces if ws.parent.name != "g1"]
-    assert sorted(tree._ws_levels) == sorted(kept)
+    assert sorted(tree.workspaces()) == sorted(kept)
     gone = [h.workspace for h in iter(tree._queue.pop, None)]
     assert sorted(gone) == sorted(ws for ws in spaces if ws.parent.name == "g1")
 
@@ -105,10 +105,11 @@ def test_a_directory_that_becomes_a_workspace_is_reindexed(tmp_path: Path) -> No
     tree.sync()
     (root / "d" / ".delta" / "interaction").mkdir(parents=True)
     tree._event(tree.wd_of(root / "d"), F.CREATE | F.ISDIR, ".delta")
-    assert root / "d" in tree._ws_levels
+    assert root / "d" in tree.workspaces()
     assert tree._subtree(root) == [root, root / "d"]
     tree._event(tree.wd_of(root), F.DELETE | F.ISDIR, "d")
-    assert tree.watch_count() == 1 and tree._kids == {root.parent: {root}}
+    assert tree.watch_count() == 1 and tree._subtree(root) == [root]
+    assert not tree.workspaces()
 
 
 # -- the stepped full reconcile -----------------------------------------------------------

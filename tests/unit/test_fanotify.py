@@ -115,18 +115,18 @@ def test_table_add_move_remove(tmp_path: Path, backend: tuple[FanotifyBackend, H
     mailbox, delta, runs = ws / ".delta" / "interaction", ws / ".delta", ws / ".delta" / "runs"
     b.sync()
     # Handles, not kernel watches: free, so `.delta/` and `runs/` are kept as well.
-    assert set(b._by_path) == {tmp_path / "root", delta, mailbox, runs}
+    assert set(b.paths()) == {tmp_path / "root", delta, mailbox, runs}
     (mailbox / "response.txt").write_text("yes")
     assert _hint(b, queue, ws) & Why.ANSWER_CLOSED
 
     # Moved out: `.delta/`'s MOVED_FROM drops its handle; its MOVED_TO brings it back.
     os.rename(mailbox, tmp_path / "away")
     _hint(b, queue, ws)
-    assert set(b._by_path) == {tmp_path / "root", delta, runs}
+    assert set(b.paths()) == {tmp_path / "root", delta, runs}
     (tmp_path / "away" / "response.txt").write_text("not here")
     (tmp_path / "away").rename(mailbox)
     _hint(b, queue, ws)
-    assert set(b._by_path) == {tmp_path / "root", delta, mailbox, runs}
+    assert set(b.paths()) == {tmp_path / "root", delta, mailbox, runs}
     (mailbox / "response.json").write_text("{}")
     assert _hint(b, queue, ws) & Why.ANSWER_CLOSED
 
@@ -137,7 +137,7 @@ def test_table_add_move_remove(tmp_path: Path, backend: tuple[FanotifyBackend, H
         d.rmdir()
     _hint(b, queue, ws)
     b.forget(ws)  # as the daemon does when its reconcile finds no `.delta/`
-    assert set(b._by_path) == {tmp_path / "root", ws}  # ws1 as a plain directory
+    assert set(b.paths()) == {tmp_path / "root", ws}  # ws1 as a plain directory
 
 
 def test_a_symlinked_mailbox_has_its_own_handle(

@@ -138,7 +138,7 @@ def test_a_prompt_is_read_without_following_a_symlink_on_the_way(tmp_path: Path)
         with pytest.raises(OrchestraError, match="symlink"):
             read_prompt(base, PurePosixPath(relative))
     (base / "big.yaml").write_text("x" * (300 * 1024))
-    with pytest.raises(OrchestraError, match="byte limit"):
+    with pytest.raises(OrchestraError, match="the limit is 262144"):
         read_prompt(base, PurePosixPath("big.yaml"))
 
 

@@ -59,8 +59,8 @@ class BindMounts(WatchTree):
         self._next = itertools.count(1)
         self.removed: list[int] = []
 
-    def _add_watch(self, path: Path, kind: Kind) -> int:
-        key = self.same.get(path, path)
+    def _add_watch(self, path: str, kind: Kind) -> int:
+        key = self.same.get(Path(path), Path(path))
         if key not in self._wds:
             self._wds[key] = next(self._next)
         return self._wds[key]
@@ -79,8 +79,8 @@ def test_two_paths_on_one_descriptor_keep_it_until_the_last_goes(
     tree = BindMounts({_mailbox(b): _mailbox(a)})
     tree.add_root(root, 1)
     tree.sync()
-    wd = tree._by_path[_mailbox(a)]
-    assert tree._by_path[_mailbox(b)] == wd
+    wd = tree.paths()[_mailbox(a)]
+    assert tree.paths()[_mailbox(b)] == wd
     assert set(tree.holders(wd)) == {_mailbox(a), _mailbox(b)}
     _drain(tree._queue)
 
@@ -89,7 +89,7 @@ def test_two_paths_on_one_descriptor_keep_it_until_the_last_goes(
 
     gone, kept = (a, b) if leaving == "first" else (b, a)
     shutil.rmtree(gone)
-    tree._event(tree._by_path[root], F.DELETE | F.ISDIR, gone.name)
+    tree._event(tree.paths()[root], F.DELETE | F.ISDIR, gone.name)
     _drain(tree._queue)
     assert wd not in tree.removed  # still the other path's watch
     assert set(tree.holders(wd)) == {_mailbox(kept)}
@@ -97,7 +97,7 @@ def test_two_paths_on_one_descriptor_keep_it_until_the_last_goes(
     assert _drain(tree._queue) == {kept: Why.ANSWER_CLOSED}
 
     shutil.rmtree(kept)
-    tree._event(tree._by_path[root], F.DELETE | F.ISDIR, kept.name)
+    tree._event(tree.paths()[root], F.DELETE | F.ISDIR, kept.name)
     assert wd in tree.removed and wd not in tree._by_wd
 
 
@@ -107,10 +107,30 @@ def test_ignored_frees_every_path_of_the_descriptor(tmp_path: Path) -> None:
     tree = BindMounts({_mailbox(b): _mailbox(a)})
     tree.add_root(root, 1)
     tree.sync()
-    wd = tree._by_path[_mailbox(a)]
+    wd = tree.paths()[_mailbox(a)]
     tree._event(wd, F.IGNORED, "")
     assert wd not in tree._by_wd
-    assert _mailbox(a) not in tree._by_path and _mailbox(b) not in tree._by_path
+    assert _mailbox(a) not in tree.paths() and _mailbox(b) not in tree.paths()
+
+
+@pytest.mark.parametrize("where", ["below", "root"])
+def test_a_workspace_without_delta_is_watched_again_down_to_the_depth(
+    tmp_path: Path, where: str
+) -> None:
+    """Its levels are its parent directory's less one (a root's: the root's depth): a
+    workspace made below it afterwards is still found."""
+    root = tmp_path / "root"
+    ws = _workspace(root / "g" / "ws") if where == "below" else _workspace(root)
+    tree = BindMounts({})
+    tree.add_root(root, 3 if where == "below" else 1)
+    tree.sync()
+    shutil.rmtree(ws / ".delta")
+    tree.forget(ws)  # as the daemon does when its reconcile finds no `.delta/`
+    assert ws in tree.paths() and ws not in tree.workspaces()
+    _workspace(ws / "sub")
+    tree._event(tree.paths()[ws], F.CREATE | F.ISDIR, "sub")
+    assert tree.workspaces() == [ws / "sub"]
+    assert _drain(tree._queue) == {ws / "sub": Why.DISCOVERED}
 
 
 @pytest.mark.parametrize(
@@ -170,8 +190,8 @@ def test_a_symlinked_mailbox_is_refused_once_and_never_takes_the_watch(
         (str(mallory), str(_mailbox(mallory)))
     ]
     assert "symlink" in refused[0]["reason"]
-    assert _mailbox(mallory) not in backend._by_path
-    assert set(backend.holders(backend._by_path[_mailbox(victim)])) == {_mailbox(victim)}
+    assert _mailbox(mallory) not in backend.paths()
+    assert set(backend.holders(backend.paths()[_mailbox(victim)])) == {_mailbox(victim)}
     _drain(backend._queue)
     answer(victim, "mine")
     hints = _hints_until(backend, victim)
@@ -186,8 +206,8 @@ def test_a_symlink_swapped_in_above_the_watched_directory_is_caught(
     victim, mallory = _workspace(tmp_path / "a" / "victim"), _workspace(tmp_path / "b" / "mallory")
     real_add = backend._add_watch
 
-    def racing_add(path: Path, kind: Kind) -> int:
-        if path == _mailbox(mallory):
+    def racing_add(path: str, kind: Kind) -> int:
+        if path == str(_mailbox(mallory)):
             os.rename(mallory / ".delta", mallory / ".delta-old")
             os.symlink(victim / ".delta", mallory / ".delta")
         return real_add(path, kind)
@@ -199,8 +219,8 @@ def test_a_symlink_swapped_in_above_the_watched_directory_is_caught(
         backend.sync()
     refused = [e for e in logs if e["event"] == "watch_refused"]
     assert [e["path"] for e in refused] == [str(mallory / ".delta")]
-    assert _mailbox(mallory) not in backend._by_path
-    wd = backend._by_path[_mailbox(victim)]
+    assert _mailbox(mallory) not in backend.paths()
+    wd = backend.paths()[_mailbox(victim)]
     assert set(backend.holders(wd)) == {_mailbox(victim)}
     _drain(backend._queue)
     answer(victim, "still mine")  # the kernel watch the link shared is still in place
@@ -211,8 +231,8 @@ def test_a_second_add_on_one_directory_never_narrows_its_mask(
     tmp_path: Path, backend: InotifyBackend
 ) -> None:
     box = _mailbox(_workspace(tmp_path / "ws"))
-    wd = backend._add_watch(box, Kind.INTERACTION)
-    assert backend._add_watch(box, Kind.DIR) == wd  # the kernel's one watch per inode
+    wd = backend._add_watch(str(box), Kind.INTERACTION)
+    assert backend._add_watch(str(box), Kind.DIR) == wd  # the kernel's one watch per inode
     fdinfo = Path(f"/proc/self/fdinfo/{backend.fileno()}").read_text()
     [line] = [ln for ln in fdinfo.splitlines() if ln.startswith(f"inotify wd:{wd:x} ")]
     mask = int(line.split(" mask:")[1].split()[0], 16)
@@ -230,10 +250,10 @@ def test_a_mailbox_moved_to_another_workspace_reports_only_there(
     _hints_until(backend, b)
     os.rename(_mailbox(a), _mailbox(b))  # the kernel's watch follows the directory to b
     _hints_until(backend, b)
-    assert _mailbox(a) not in backend._by_path
+    assert _mailbox(a) not in backend.paths()
     _mailbox(a).mkdir()  # a's new mailbox: a new watch, b's stays
     _hints_until(backend, a)
-    assert backend._by_path[_mailbox(a)] != backend._by_path[_mailbox(b)]
+    assert backend.paths()[_mailbox(a)] != backend.paths()[_mailbox(b)]
     answer(b, "moved")
     assert _hints_until(backend, b) == {b: Why.ANSWER_CLOSED}
     answer(a, "new")
@@ -252,7 +272,7 @@ def test_a_root_may_be_a_symlink_but_nothing_below_it_is_followed(
     backend.add_root(root, 1)
     layout = backend.sync()
     assert layout.workspaces == {root / "ws"}
-    assert root in backend._by_path and _mailbox(root / "ws") in backend._by_path
+    assert root in backend.paths() and _mailbox(root / "ws") in backend.paths()
     _drain(backend._queue)
     answer(ws, "through the root's link")
     assert _hints_until(backend, root / "ws") == {root / "ws": Why.ANSWER_CLOSED}
@@ -265,12 +285,12 @@ def test_one_watch_per_workspace_the_mailbox_or_else_its_parent(
     ws = _workspace(root / "ws")
     backend.add_root(root, 1)
     backend.sync()
-    assert set(backend._by_path) == {root, _mailbox(ws)}  # not `.delta/`, not `runs/`
+    assert set(backend.paths()) == {root, _mailbox(ws)}  # not `.delta/`, not `runs/`
     shutil.rmtree(_mailbox(ws))  # no mailbox: `.delta/` is watched, to see the next one
     _hints_until(backend, ws)
-    assert set(backend._by_path) == {root, ws / ".delta"}
+    assert set(backend.paths()) == {root, ws / ".delta"}
     _mailbox(ws).mkdir()
     _hints_until(backend, ws)
-    assert set(backend._by_path) == {root, _mailbox(ws)}
+    assert set(backend.paths()) == {root, _mailbox(ws)}
     answer(ws, "in the new mailbox")
     assert _hints_until(backend, ws) == {ws: Why.ANSWER_CLOSED}

@@ -164,13 +164,13 @@ class Fanotify:
             _raise("fanotify_init")
         self.fd = int(fd)
 
-    def mark_filesystem(self, path: Path) -> None:
+    def mark_filesystem(self, path: str | Path) -> None:
         if self._libc.fanotify_mark(
             self.fd, FAN_MARK_ADD | FAN_MARK_FILESYSTEM, MARK_MASK, AT_FDCWD, os.fsencode(path)
         ):
             _raise("fanotify_mark")
 
-    def handle(self, path: Path, follow: bool) -> tuple[int, bytes]:
+    def handle(self, path: str | Path, follow: bool) -> tuple[int, bytes]:
         """(handle_type, handle) of `path`; a final symlink is followed only if asked."""
         fh = _FileHandle(handle_bytes=MAX_HANDLE_SZ)
         mount_id = ctypes.c_int()
@@ -264,7 +264,7 @@ class FanotifyBackend(WatchTree):
     def close(self) -> None:
         self._fan.close()
 
-    def _add_watch(self, path: Path, kind: Kind) -> int:
+    def _add_watch(self, path: str, kind: Kind) -> int:
         root = self._is_root(path)
         st = os.stat(path) if root else os.lstat(path)
         if not stat.S_ISDIR(st.st_mode):  # inotify's ONLYDIR | DONT_FOLLOW
@@ -280,7 +280,7 @@ class FanotifyBackend(WatchTree):
             self._key_of[wd] = key
         return wd
 
-    def _mark(self, path: Path, dev: int) -> int:
+    def _mark(self, path: str | Path, dev: int) -> int:
         try:
             self._fan.mark_filesystem(path)
         except OSError as e:

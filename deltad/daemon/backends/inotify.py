@@ -5,7 +5,6 @@ same bit values through `events`."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import ClassVar
 
 import structlog
@@ -21,7 +20,6 @@ from .tree import (
     Kind,
     PollingLike,
     WatchTree,
-    unkept,
 )
 
 log = structlog.get_logger("deltad.watch")
@@ -31,6 +29,7 @@ class InotifyBackend(WatchTree):
     """One inotify fd for every watch, read by the main loop between selects."""
 
     name = "inotify"
+    REFUSES_LINKS = True  # IN_DONT_FOLLOW | IN_ONLYDIR (a root's own link is the exception)
     MASKS: ClassVar[dict[Kind, int]] = {
         Kind.DIR: DIR_MASK,
         Kind.DELTA: DELTA_MASK,
@@ -63,13 +62,13 @@ class InotifyBackend(WatchTree):
     def close(self) -> None:
         self._ino.close()
 
-    def _add_watch(self, path: Path, kind: Kind) -> int:
+    def _add_watch(self, path: str, kind: Kind) -> int:
         # IN_MASK_ADD: a second path on the same directory adds to its events, never narrows
         # what the first path's watch reports.
         mask = self.MASKS[kind] | F.MASK_ADD
-        if self._is_root(path):
+        if kind is Kind.DIR and self._is_root(path):
             mask &= ~F.DONT_FOLLOW
-        return int(self._ino.add_watch(unkept(path), mask))
+        return int(self._ino.add_watch(path, mask))
 
     def _rm_watch(self, wd: int) -> None:
         self._ino.rm_watch(wd)

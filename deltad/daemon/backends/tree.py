@@ -24,7 +24,7 @@ import errno
 import os
 import stat
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -86,12 +86,55 @@ class Kind(Enum):
     RUNS = "runs"  # only where watches are free (fanotify): `LATEST` changes
 
 
-@dataclass(slots=True)  # two or three per workspace: no per-instance dict
-class _Watch:
+@dataclass(slots=True)
+class _Dir:
+    """A watched plain directory, and how many levels below it may still hold a workspace."""
+
     path: Path
+    levels: int = field(default=0, compare=False)  # one directory, one watch: by path
+
+
+@dataclass(frozen=True, slots=True)
+class _Sub:
+    """A workspace's `.delta/` or `.delta/runs/` watch (its mailbox's is the workspace's own
+    path: the one almost every workspace has, at no cost beyond the table's entry)."""
+
     kind: Kind
-    owner: Path  # the workspace (or, for DIR, the dir itself)
-    levels: int = 0  # DIR: levels below it that may still hold a workspace
+    owner: Path
+
+
+# Who holds a descriptor: a plain directory, a workspace (its mailbox), or a workspace's
+# `.delta/` or `runs/`. No `Path` of a watched directory inside a workspace is kept: its string
+# is made for the system call only (a mailbox's `Path` cost 200 bytes per workspace).
+Holder = _Dir | Path | _Sub
+
+
+@dataclass(slots=True)
+class _Marks:
+    """The descriptors of a workspace whose watches are not just its mailbox's (no
+    `interaction/` yet, fanotify's three, or none: refused)."""
+
+    delta: int | None = None
+    interaction: int | None = None
+    runs: int | None = None
+
+    def get(self, kind: Kind) -> int | None:
+        if kind is Kind.DELTA:
+            return self.delta
+        return self.runs if kind is Kind.RUNS else self.interaction
+
+    def put(self, kind: Kind, wd: int | None) -> None:
+        if kind is Kind.DELTA:
+            self.delta = wd
+        elif kind is Kind.RUNS:
+            self.runs = wd
+        else:
+            self.interaction = wd
+
+
+# What the table keeps per workspace: the mailbox's descriptor alone (the common case), or
+# its `_Marks`.
+Marks = int | _Marks
 
 
 class WatchLimit(Exception):
@@ -107,6 +150,9 @@ class WatchTree:
     # A watch costs nothing (fanotify's handle table): keep `.delta/` and `.delta/runs/` as
     # well, so that a run started by hand is known at once. Else one watch per workspace.
     FREE_WATCHES: ClassVar[bool] = False
+    # `_add_watch` itself refuses a symlink or a non-directory as the last component (inotify's
+    # IN_DONT_FOLLOW | IN_ONLYDIR): after a watch only its parent needs a look.
+    REFUSES_LINKS: ClassVar[bool] = False
 
     def __init__(self, queue: HintQueue, fallback: PollingLike, max_watches: int | None) -> None:
         self._queue = queue
@@ -114,23 +160,26 @@ class WatchTree:
         self._max = max_watches
         # The kernel keeps one watch per inode: two paths reaching one directory (a bind mount,
         # a directory moved while watched) share its descriptor, so a descriptor maps to every
-        # path using it, and its kernel watch ends only with the last of them. Almost always
-        # one path: that watch itself, a dict by path only while several share it (a dict per
-        # workspace was a third of the watch table's memory).
-        self._by_wd: dict[int, _Watch | dict[Path, _Watch]] = {}
-        self._by_path: dict[Path, int] = {}
+        # holder using it, and its kernel watch ends only with the last of them. Almost always
+        # one holder: that holder itself, a list only while several share it.
+        self._by_wd: dict[int, Holder | list[Holder]] = {}
+        # Watched plain directories, and below each parent the watched plain directories
+        # (few: only those down to the discovery depth that are not workspaces).
+        self._dirs: dict[Path, int] = {}
+        self._subdirs: dict[Path, set[Path]] = {}
+        # parent -> workspace -> its descriptors: the workspace table and the index of what is
+        # below a removed directory in one (one entry per workspace, keyed by the workspace's
+        # own `Path`, the one the registry keeps too).
+        self._spaces: dict[Path, dict[Path, Marks]] = {}
         self._refused: set[Path] = set()  # workspaces whose refused watch is logged already
         self._roots: dict[Path, int] = {}
-        self._ws_levels: dict[Path, int] = {}
-        # parent -> watched dirs and workspaces directly below it: what is at or below a
-        # removed directory is found by walking this, not by scanning every watch.
-        self._kids: dict[Path, set[Path]] = {}
+        self._root_names: set[str] = set()
         self._sweeping: Layout | None = None  # the layout of a sync in progress
         self._limit_logged = False
         self._failed = False
 
     # -- what a subclass provides ------------------------------------------------------------
-    def _add_watch(self, path: Path, kind: Kind) -> int:
+    def _add_watch(self, path: str, kind: Kind) -> int:
         """Watch one directory (non-recursively); return its descriptor. Raises OSError."""
         raise NotImplementedError
 
@@ -138,10 +187,10 @@ class WatchTree:
         """Stop watching; may raise OSError if the watch is already gone."""
         raise NotImplementedError
 
-    def _is_root(self, path: Path) -> bool:
+    def _is_root(self, path: str) -> bool:
         """A configured root may be a symlink (the admin's choice); nothing below one is
         followed."""
-        return path in self._roots
+        return path in self._root_names
 
     def _released(self, wd: int) -> None:
         """The watch ended by itself (its directory went away): free what is left of it."""
@@ -149,6 +198,7 @@ class WatchTree:
     # -- interface ------------------------------------------------------------------------
     def add_root(self, root: Path, depth: int) -> None:
         self._roots[root] = depth
+        self._root_names.add(str(root))
 
     def sync(self, force: bool = False) -> Layout:
         """Walk every root and make the watches match; `force` re-adds existing ones (after an
@@ -166,7 +216,7 @@ class WatchTree:
                 if not root.is_dir():
                     layout.problems.append((root, "root directory does not exist"))
                     continue
-                yield from self._walk(root, depth, layout, force=force, announce=False)
+                yield from self._walk(root, root.parent, depth, layout, force=force, announce=False)
             self._drop_stale(layout)
         finally:
             if self._sweeping is layout:
@@ -176,21 +226,27 @@ class WatchTree:
     def forget(self, workspace: Path) -> None:
         """The daemon found `workspace` gone. If only its `.delta/` went, the directory is
         watched again as a plain one, so that a new `.delta/` there is seen."""
-        if workspace not in self._ws_levels:
+        parent = workspace.parent
+        if workspace not in self._spaces.get(parent, ()):
             return
-        levels = self._ws_levels[workspace]
-        self._unwatch_workspace(workspace)
+        levels = self._levels(workspace, parent)
+        self._unwatch_workspace(workspace, parent)
         self._gone_from_sweep(workspace)
         if workspace.is_dir():
-            self._discover(workspace, levels, Layout())
+            self._discover(workspace, parent, levels, Layout())
 
-    def _unwatch_workspace(self, workspace: Path) -> None:
-        delta = workspace / DELTA_DIR
-        for path in (delta, _mailbox(delta), delta / RUNS):
-            self._rm(path)
-        self._ws_levels.pop(workspace, None)
-        self._refused.discard(workspace)
-        self._reindex(workspace)
+    def _unwatch_workspace(self, ws: Path, parent: Path) -> None:
+        box = self._spaces.get(parent, {})
+        marks = box.get(ws)
+        if marks is None:
+            return
+        for kind in (Kind.DELTA, Kind.INTERACTION, Kind.RUNS):
+            if _get(marks, kind) is not None:
+                self._rm(_holder(ws, kind))
+        del box[ws]
+        if not box:
+            del self._spaces[parent]
+        self._refused.discard(ws)
 
     def _gone_from_sweep(self, workspace: Path) -> None:
         """A workspace removed while a sync is in progress is not part of its layout (one that
@@ -201,14 +257,39 @@ class WatchTree:
     def watch_count(self) -> int:
         return len(self._by_wd)
 
+    # -- what is watched (built on demand: for tests and diagnostics) ------------------------
+    def paths(self) -> dict[Path, int]:
+        """Every watched directory's path and its descriptor."""
+        return {_path(h): wd for wd in self._by_wd for h in self._holders(wd)}
+
+    def holders(self, wd: int) -> set[Path]:
+        """Every path using descriptor `wd`."""
+        return {_path(h) for h in self._holders(wd)}
+
+    def workspaces(self) -> list[Path]:
+        return [ws for box in self._spaces.values() for ws in box]
+
+    def _holders(self, wd: int) -> list[Holder]:
+        entry = self._by_wd.get(wd)
+        if entry is None:
+            return []
+        return list(entry) if isinstance(entry, list) else [entry]
+
     # -- adding watches ---------------------------------------------------------------------
     def _discover(
-        self, top: Path, levels: int, layout: Layout, *, force: bool = False, announce: bool = True
+        self,
+        top: Path,
+        parent: Path,
+        levels: int,
+        layout: Layout,
+        *,
+        force: bool = False,
+        announce: bool = True,
     ) -> None:
-        _exhaust(self._walk(top, levels, layout, force=force, announce=announce))
+        _exhaust(self._walk(top, parent, levels, layout, force=force, announce=announce))
 
     def _walk(
-        self, top: Path, levels: int, layout: Layout, *, force: bool, announce: bool
+        self, top: Path, parent: Path, levels: int, layout: Layout, *, force: bool, announce: bool
     ) -> Iterator[Path | None]:
         """Watch-then-look, recursively: whatever appears after a watch is in place is reported
         by it, whatever appeared before is found by the look. One step per directory."""
@@ -221,11 +302,13 @@ class WatchTree:
                     self._sweeping.dirs[top] = levels
                 yield None
                 for child in self._children(top, levels, layout):
-                    yield from self._walk(child, levels - 1, layout, force=force, announce=announce)
+                    yield from self._walk(
+                        child, top, levels - 1, layout, force=force, announce=announce
+                    )
                 return
-            self._rm(top)
+            self._rm(_Dir(top))
         layout.workspaces.add(top)
-        if self._watch_workspace(top, levels, force) and announce:
+        if self._watch_workspace(top, parent, force) and announce:
             self._queue.put(top, Why.DISCOVERED)
         yield top
 
@@ -242,121 +325,117 @@ class WatchTree:
             return []
 
     def _watch_dir(self, path: Path, levels: int, force: bool) -> bool:
-        if path in self._by_path and not force:
+        if path in self._dirs and not force:
             return True
         try:
-            return self._add(_Watch(path, Kind.DIR, path, levels))
+            return self._add(_Dir(path, levels))
         except WatchLimit:
             self._fallback.adopt_dir(path, levels)
             return False
 
-    def _watch_workspace(self, ws: Path, levels: int, force: bool) -> bool:
+    def _watch_workspace(self, ws: Path, parent: Path, force: bool) -> bool:
         """One watch: `.delta/interaction/`, or `.delta/` while there is none (to see it made).
         `.delta/` is watched first, then `interaction/` looked for: one made in between is
         seen by the one or the other; the `.delta/` watch is dropped once `interaction/` has
         its own. Returns False if it was watched."""
-        self._ws_levels[ws] = levels
-        self._reindex(ws)
         if self._sweeping is not None:
             self._sweeping.workspaces.add(ws)
-        delta = ws / DELTA_DIR
-        mailbox = _mailbox(delta)
-        if (delta in self._by_path or mailbox in self._by_path) and not force:
+        box = self._spaces.get(parent)
+        if box is None:
+            self._spaces[parent] = box = {}
+        marks = box.get(ws)
+        if marks is not None and _watched(marks) and not force:
             return False
+        if marks is None:
+            box[ws] = _Marks()
         try:
             # Usually `interaction/` is there: watch it at once (half the system calls of
             # watching `.delta/` first; startup pays them per workspace). Else as below.
-            if not self.FREE_WATCHES and self._add(_Watch(mailbox, Kind.INTERACTION, ws)):
+            if not self.FREE_WATCHES and self._add(ws, parent):
                 return True
-            self._add(_Watch(delta, Kind.DELTA, ws))
-            self._watch_mailbox(ws)
+            self._add(_Sub(Kind.DELTA, ws), parent)
+            self._watch_mailbox(ws, parent)
         except WatchLimit:
-            self._unwatch_workspace(ws)
+            self._unwatch_workspace(ws, parent)
             self._fallback.adopt_workspace(ws)
         return True
 
-    def _watch_mailbox(self, ws: Path) -> None:
+    def _watch_mailbox(self, ws: Path, parent: Path) -> None:
         """Watch `interaction/` if it is there (a symlink too: refused, and said so), and then
         no longer `.delta/`. Raises WatchLimit."""
-        delta = ws / DELTA_DIR
-        mailbox = _mailbox(delta)
-        watched = os.path.lexists(mailbox) and self._add(_Watch(mailbox, Kind.INTERACTION, ws))
+        watched = os.path.lexists(_where(ws)) and self._add(ws, parent)
         if not self.FREE_WATCHES:
             if watched:
-                self._rm(delta)
-        elif os.path.lexists(runs := delta / RUNS):
-            self._add(_Watch(runs, Kind.RUNS, ws))
+                self._rm(_Sub(Kind.DELTA, ws))
+        elif os.path.lexists(_where(runs := _Sub(Kind.RUNS, ws))):
+            self._add(runs, parent)
 
-    def _add(self, watch: _Watch) -> bool:
-        path = watch.path
-        if self._max is not None and len(self._by_wd) >= self._max and path not in self._by_path:
+    def _add(self, holder: Holder, parent: Path | None = None) -> bool:
+        if (
+            self._max is not None
+            and len(self._by_wd) >= self._max
+            and self._wd_held(holder, parent) is None
+        ):
             self._limit_reached(f"max_inotify_watches={self._max} (deltad configuration)")
+        kind = _kind(holder)
+        where = f"{_owner(holder)}{_SUFFIX[kind]}"
         try:
-            wd = self._add_watch(path, watch.kind)
+            wd = self._add_watch(where, kind)
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 self._limit_reached("fs.inotify.max_user_watches")
             if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                log.warning("watch_failed", path=str(path), error=e.strerror)
-            self._real_dirs(watch)  # a symlink or a file in the way is said; else it is gone
+                log.warning("watch_failed", path=where, error=e.strerror)
+            self._real_dirs(holder, where, itself=True)  # a symlink or a file in the way is said
             return False
-        self._bind(wd, watch)
+        self._bind(wd, holder, parent)
         # The kernel follows symlinks above the last component: one swapped in between the
-        # look and the watch is caught here, and the path dropped (any other path on that
+        # look and the watch is caught here, and the holder dropped (any other holder of that
         # descriptor keeps it).
-        if not self._real_dirs(watch):
-            self._rm(path)
+        if not self._real_dirs(holder, where, itself=not self.REFUSES_LINKS):
+            self._rm(holder)
             return False
         return True
 
-    def holders(self, wd: int) -> dict[Path, _Watch]:
-        """Every path using descriptor `wd`, with its watch (a copy when there is one)."""
-        entry = self._by_wd.get(wd)
-        if entry is None:
-            return {}
-        return {entry.path: entry} if isinstance(entry, _Watch) else entry
-
-    def _watch_at(self, path: Path) -> _Watch | None:
-        wd = self._by_path.get(path)
-        return None if wd is None else self.holders(wd).get(path)
-
-    def _bind(self, wd: int, watch: _Watch) -> None:
-        path = watch.path
-        old = self._by_path.get(path)
+    def _bind(self, wd: int, holder: Holder, parent: Path | None) -> None:
+        old = self._wd_held(holder, parent)
         if old is not None and old != wd:  # replaced (the directory was made anew)
-            self._unbind(path, old)
-        sharing = self.holders(wd)
-        if sharing and path not in sharing:
-            log.info("watch_shared", path=str(path), others=sorted(str(p) for p in sharing))
-        self._by_wd[wd] = (
-            watch if not sharing or set(sharing) == {path} else {**sharing, path: watch}
-        )
-        self._by_path[path] = wd
-        self._reindex(path)
+            self._unbind(holder, old)
+        entry = self._by_wd.get(wd)
+        if entry is None or entry == holder:
+            self._by_wd[wd] = holder
+        else:
+            sharing = entry if isinstance(entry, list) else [entry]
+            if holder not in sharing:
+                log.info(
+                    "watch_shared",
+                    path=_where(holder),
+                    others=sorted(_where(h) for h in sharing),
+                )
+                self._by_wd[wd] = [*sharing, holder]
+        self._record(holder, wd, parent)
 
-    def _real_dirs(self, watch: _Watch) -> bool:
-        """Are the watch's directory, and for a workspace's watch its parent too, real
-        directories (not symlinks)? A workspace's refusal is logged once."""
-        for path in _must_be_real(watch):
+    def _real_dirs(self, holder: Holder, where: str, *, itself: bool) -> bool:
+        """Are the watched directory (if `itself`), and for a workspace's watch its parent,
+        real directories (not symlinks)? A workspace's refusal is logged once."""
+        for path in _must_be_real(holder, where, itself):
             if self._is_root(path):
                 continue
             try:
-                reason = refusal(os.lstat(unkept(path)).st_mode)
+                reason = refusal(os.lstat(path).st_mode)
             except OSError:
                 continue  # gone: the events of its parent say so
             if reason is not None:
-                if watch.kind is not Kind.DIR:
-                    self._refuse(watch.owner, path, reason)
+                if not isinstance(holder, _Dir):
+                    self._refuse(_owner(holder), path, reason)
                 return False
         return True
 
-    def _refuse(self, ws: Path, path: Path, reason: str) -> None:
+    def _refuse(self, ws: Path, path: str, reason: str) -> None:
         if ws in self._refused:
             return
         self._refused.add(ws)
-        log.warning(
-            "watch_refused", workspace=str(ws), path=str(path), reason=f"{path} is {reason}"
-        )
+        log.warning("watch_refused", workspace=str(ws), path=path, reason=f"{path} is {reason}")
 
     def _limit_reached(self, which: str) -> None:
         if not self._limit_logged:
@@ -370,24 +449,71 @@ class WatchTree:
             )
         raise WatchLimit
 
+    # -- the tables by holder ----------------------------------------------------------------
+    def _marks(self, ws: Path, parent: Path | None) -> Marks | None:
+        box = self._spaces.get(ws.parent if parent is None else parent)
+        return None if box is None else box.get(ws)
+
+    def _wd_held(self, holder: Holder, parent: Path | None = None) -> int | None:
+        if isinstance(holder, _Dir):
+            return self._dirs.get(holder.path)
+        marks = self._marks(_owner(holder), parent)
+        return None if marks is None else _get(marks, _kind(holder))
+
+    def _record(self, holder: Holder, wd: int | None, parent: Path | None) -> None:
+        """Say in the tables that `holder` uses `wd` (None: no longer watched)."""
+        if isinstance(holder, _Dir):
+            self._record_dir(holder.path, wd)
+            return
+        ws = _owner(holder)
+        box = self._spaces.get(ws.parent if parent is None else parent)
+        if box is None or ws not in box:
+            return  # no longer a workspace of the table
+        box[ws] = _put(box[ws], _kind(holder), wd)
+
+    def _record_dir(self, path: Path, wd: int | None) -> None:
+        kids = self._subdirs.get(path.parent)
+        if wd is not None:
+            self._dirs[path] = wd
+            if kids is None:
+                self._subdirs[path.parent] = kids = set()
+            kids.add(path)
+            return
+        self._dirs.pop(path, None)
+        if kids is not None:
+            kids.discard(path)
+            if not kids:
+                del self._subdirs[path.parent]
+
+    def _levels(self, ws: Path, parent: Path) -> int:
+        """How many levels below `ws` may hold a workspace: a root's depth, else one less
+        than its parent directory's."""
+        if ws in self._roots:
+            return self._roots[ws]
+        wd = self._dirs.get(parent)
+        for h in self._holders(wd) if wd is not None else ():
+            if isinstance(h, _Dir) and h.path == parent:
+                return h.levels - 1
+        return 0
+
     # -- removing watches -------------------------------------------------------------------
-    def _rm(self, path: Path) -> None:
-        wd = self._by_path.pop(path, None)
+    def _rm(self, holder: Holder) -> None:
+        wd = self._wd_held(holder)
         if wd is None:
             return
-        self._unbind(path, wd)
-        self._reindex(path)
-        if self._sweeping is not None:
-            self._sweeping.dirs.pop(path, None)
+        self._record(holder, None, None)
+        self._unbind(holder, wd)
+        if isinstance(holder, _Dir) and self._sweeping is not None:
+            self._sweeping.dirs.pop(holder.path, None)
 
-    def _unbind(self, path: Path, wd: int) -> None:
-        """`path` no longer uses `wd`; the kernel watch ends when no other path does."""
-        sharing = self.holders(wd)
-        if path not in sharing:
+    def _unbind(self, holder: Holder, wd: int) -> None:
+        """`holder` no longer uses `wd`; the kernel watch ends when no other holder does."""
+        sharing = self._holders(wd)
+        if holder not in sharing:
             return
-        rest = [w for p, w in sharing.items() if p != path]
+        rest = [h for h in sharing if h != holder]
         if len(rest) > 1:
-            self._by_wd[wd] = {w.path: w for w in rest}
+            self._by_wd[wd] = rest
             return
         if rest:
             self._by_wd[wd] = rest[0]
@@ -400,51 +526,42 @@ class WatchTree:
         """Drop every watch at or below `top`; return the workspaces that were there. Costs
         what is below `top`, not the number of watches: removing 1,000 of 10,000 workspaces
         is 1,000 small steps, not 1,000 scans of 30,000 watches."""
-        below = self._subtree(top)
-        gone = [ws for ws in below if ws in self._ws_levels]
+        dirs = self._dir_subtree(top)
+        gone = self._spaces_below(top, dirs)
         for ws in gone:
-            self._unwatch_workspace(ws)
+            self._unwatch_workspace(ws, ws.parent)
             self._gone_from_sweep(ws)
-        for path in below:
-            self._rm(path)
+        for path in dirs:
+            self._rm(_Dir(path))
         return gone
 
-    # -- the index of watched dirs and workspaces by parent ----------------------------------
-    def _indexed(self, path: Path) -> bool:
-        if path in self._ws_levels:
-            return True
-        watch = self._watch_at(path)
-        return watch is not None and watch.kind is Kind.DIR
-
-    def _reindex(self, path: Path) -> None:
-        """Bring `path`'s entry in the index in line with what is watched now."""
-        if self._indexed(path):
-            self._kids.setdefault(path.parent, set()).add(path)
-            return
-        kids = self._kids.get(path.parent)
-        if kids is not None:
-            kids.discard(path)
-            if not kids:
-                del self._kids[path.parent]
-
-    def _subtree(self, top: Path) -> list[Path]:
-        """`top` and every indexed path below it (dirs are watched down to each workspace, so
-        the index has no gaps between a watched directory and what is watched below it)."""
+    def _dir_subtree(self, top: Path) -> list[Path]:
+        """`top` and every watched plain directory below it (dirs are watched down to each
+        workspace, so the index has no gaps between a watched directory and what is below)."""
         out, stack = [], [top]
         while stack:
             path = stack.pop()
             out.append(path)
-            stack.extend(self._kids.get(path, ()))
+            stack.extend(self._subdirs.get(path, ()))
         return out
+
+    def _spaces_below(self, top: Path, dirs: list[Path]) -> list[Path]:
+        own = [top] if top in self._spaces.get(top.parent, ()) else []
+        return own + [ws for d in dirs for ws in self._spaces.get(d, ())]
+
+    def _subtree(self, top: Path) -> list[Path]:
+        """`top` and every watched directory and workspace below it."""
+        dirs = self._dir_subtree(top)
+        return dirs + [ws for ws in self._spaces_below(top, dirs) if ws != top]
 
     def _drop_stale(self, layout: Layout) -> None:
         wanted_ws = layout.workspaces
-        for ws in [w for w in self._ws_levels if w not in wanted_ws]:
-            self._unwatch_workspace(ws)
-            self._queue.put(ws)
-        for path in [p for p, wd in self._by_path.items() if self.holders(wd)[p].kind is Kind.DIR]:
-            if path not in layout.dirs:
-                self._rm(path)
+        for parent, box in list(self._spaces.items()):
+            for ws in [w for w in box if w not in wanted_ws]:
+                self._unwatch_workspace(ws, parent)
+                self._queue.put(ws)
+        for path in [p for p in self._dirs if p not in layout.dirs]:
+            self._rm(_Dir(path))
 
     # -- events -----------------------------------------------------------------------------
     def _event(self, wd: int, mask: int, name: str) -> None:
@@ -452,114 +569,110 @@ class WatchTree:
             log.warning("inotify_overflow", action="full_reconcile")
             self._queue.request_rescan()
             return
-        sharing = self.holders(wd)
+        sharing = self._holders(wd)
         if not sharing:
             return
         if mask & F.IGNORED:
             self._forget_wd(wd, sharing)
             return
-        for watch in list(sharing.values()):  # every path that reaches this directory
-            if self._by_path.get(watch.path) == wd:  # not dropped by the one before
-                self._route(watch, mask, name)
+        for holder in sharing:  # every path that reaches this directory
+            if self._wd_held(holder) == wd:  # not dropped by the one before
+                self._route(holder, mask, name)
 
-    def _route(self, watch: _Watch, mask: int, name: str) -> None:
+    def _route(self, holder: Holder, mask: int, name: str) -> None:
         if mask & (F.DELETE_SELF | F.MOVE_SELF):
-            self._self_gone(watch)
-            return
-        handler = {
-            Kind.DIR: self._dir_event,
-            Kind.DELTA: self._delta_event,
-            Kind.INTERACTION: self._interaction_event,
-            Kind.RUNS: self._runs_event,
-        }[watch.kind]
-        handler(watch, mask, name)
+            self._self_gone(holder)
+        elif isinstance(holder, _Dir):
+            self._dir_event(holder, mask, name)
+        elif isinstance(holder, Path):
+            self._interaction_event(holder, mask, name)
+        elif holder.kind is Kind.DELTA:
+            self._delta_event(holder.owner, mask, name)
+        elif name == LATEST:  # `runs/`
+            self._queue.put(holder.owner)
 
-    def _forget_wd(self, wd: int, sharing: dict[Path, _Watch]) -> None:
+    def _forget_wd(self, wd: int, sharing: list[Holder]) -> None:
         del self._by_wd[wd]
-        for path in sharing:
-            if self._by_path.get(path) == wd:
-                del self._by_path[path]
-                self._reindex(path)
+        for holder in sharing:
+            if self._wd_held(holder) == wd:
+                self._record(holder, None, None)
         self._released(wd)
 
-    def _self_gone(self, watch: _Watch) -> None:
-        if watch.kind is Kind.DIR:
-            for ws in self._rm_under(watch.path):
+    def _self_gone(self, holder: Holder) -> None:
+        if isinstance(holder, _Dir):
+            for ws in self._rm_under(holder.path):
                 self._queue.put(ws)
-            if watch.path in self._roots:
-                log.warning("root_gone", path=str(watch.path), action="rescan_will_retry")
-        elif watch.kind is Kind.DELTA:
-            self._workspace_gone(watch.owner)
+            if holder.path in self._roots:
+                log.warning("root_gone", path=str(holder.path), action="rescan_will_retry")
+        elif _kind(holder) is Kind.DELTA:
+            self._workspace_gone(_owner(holder))
         else:  # `interaction/` removed or moved away: back to watching `.delta/` for a new one
-            self._rm(watch.path)
-            self._rewatch(watch.owner)
-            self._queue.put(watch.owner)
+            ws = _owner(holder)
+            self._rm(holder)
+            self._rewatch(ws)
+            self._queue.put(ws)
 
     def _rewatch(self, ws: Path) -> None:
-        levels = self._ws_levels.get(ws)
-        if levels is None:
+        parent = ws.parent
+        if ws not in self._spaces.get(parent, ()):
             return
         try:
-            self._add(_Watch(ws / DELTA_DIR, Kind.DELTA, ws))
-            self._watch_mailbox(ws)
+            self._add(_Sub(Kind.DELTA, ws), parent)
+            self._watch_mailbox(ws, parent)
         except WatchLimit:
-            self._unwatch_workspace(ws)
+            self._unwatch_workspace(ws, parent)
             self._fallback.adopt_workspace(ws)
 
     def _workspace_gone(self, ws: Path) -> None:
         self.forget(ws)
         self._queue.put(ws)
 
-    def _dir_event(self, watch: _Watch, mask: int, name: str) -> None:
+    def _dir_event(self, d: _Dir, mask: int, name: str) -> None:
         if not mask & F.ISDIR:
             return
-        child = watch.path / name
+        child = d.path / name
         if mask & (F.CREATE | F.MOVED_TO):
             if name == DELTA_DIR:
-                self._became_workspace(watch)
-            elif watch.levels > 0:
-                self._discover(child, watch.levels - 1, Layout())
+                self._became_workspace(d)
+            elif d.levels > 0:
+                self._discover(child, d.path, d.levels - 1, Layout())
         elif mask & (F.DELETE | F.MOVED_FROM):
             for ws in self._rm_under(child):
                 self._queue.put(ws)
 
-    def _became_workspace(self, watch: _Watch) -> None:
+    def _became_workspace(self, d: _Dir) -> None:
         # Its own dir watch would report every file the agent creates: drop it.
-        self._rm_under(watch.path)
-        if self._watch_workspace(watch.path, watch.levels, force=True):
-            self._queue.put(watch.path, Why.DISCOVERED)
+        self._rm_under(d.path)
+        if self._watch_workspace(d.path, d.path.parent, force=True):
+            self._queue.put(d.path, Why.DISCOVERED)
 
-    def _delta_event(self, watch: _Watch, mask: int, name: str) -> None:
+    def _delta_event(self, ws: Path, mask: int, name: str) -> None:
         """`interaction/` (or, with free watches, `runs/`) made, moved or removed. Without
         free watches `.delta/` is watched only while it has no `interaction/`."""
         if not mask & F.ISDIR or name not in (MAILBOX, RUNS):
             return
         if mask & (F.CREATE | F.MOVED_TO):
             try:
-                self._watch_mailbox(watch.owner)
+                self._watch_mailbox(ws, ws.parent)
             except WatchLimit:
-                self._unwatch_workspace(watch.owner)
-                self._fallback.adopt_workspace(watch.owner)
+                self._unwatch_workspace(ws, ws.parent)
+                self._fallback.adopt_workspace(ws)
         elif mask & (F.DELETE | F.MOVED_FROM):
             # A watch follows its directory, not the path: moved into another workspace, it
             # must not keep reporting to this one. Said before the move's MOVED_TO.
-            self._rm(watch.path / name)
-        self._queue.put(watch.owner)
+            self._rm(ws if name == MAILBOX else _Sub(Kind.RUNS, ws))
+        self._queue.put(ws)
 
-    def _runs_event(self, watch: _Watch, mask: int, name: str) -> None:
-        if name == LATEST:
-            self._queue.put(watch.owner)
-
-    def _interaction_event(self, watch: _Watch, mask: int, name: str) -> None:
+    def _interaction_event(self, ws: Path, mask: int, name: str) -> None:
         if name in ANSWERS:
             if mask & (F.CLOSE_WRITE | F.MOVED_TO):
-                self._queue.put(watch.owner, Why.ANSWER_CLOSED)
+                self._queue.put(ws, Why.ANSWER_CLOSED)
             elif mask & F.CREATE:
-                self._queue.put(watch.owner, Why.ANSWER_CREATED)
+                self._queue.put(ws, Why.ANSWER_CREATED)
             else:
-                self._queue.put(watch.owner)
+                self._queue.put(ws)
         elif name == REQUEST:
-            self._queue.put(watch.owner)
+            self._queue.put(ws)
 
 
 class PollingLike(Protocol):
@@ -585,21 +698,69 @@ def refusal(mode: int) -> str | None:
     return None
 
 
-def _must_be_real(watch: _Watch) -> tuple[Path, ...]:
-    """What must be a real directory for `watch` to watch its own path: the directory, and
-    for a workspace's watch its parent (`.delta/`, or the workspace for `.delta/` itself)."""
-    if watch.kind is Kind.DIR:
-        return (watch.path,)
-    return (watch.path.parent, watch.path)
+# -- holders: pure ---------------------------------------------------------------------------
+def _holder(ws: Path, kind: Kind) -> Holder:
+    return ws if kind is Kind.INTERACTION else _Sub(kind, ws)
 
 
-def _mailbox(delta: Path) -> Path:
-    """The one watched child of a workspace's `.delta/` directory."""
-    return delta / MAILBOX
+def _kind(holder: Holder) -> Kind:
+    if isinstance(holder, _Dir):
+        return Kind.DIR
+    return Kind.INTERACTION if isinstance(holder, Path) else holder.kind
 
 
-def unkept(path: Path) -> str:
-    """The path as a string, not cached on the Path: a `Path` keeps its string once made, and
-    a mailbox's (watched, never shown) would cost 100 bytes per workspace for the one system
-    call that needs it."""
-    return os.path.join(str(path.parent), path.name)
+def _owner(holder: Holder) -> Path:
+    """The workspace of a workspace's watch (the directory itself for a plain one)."""
+    if isinstance(holder, _Dir):
+        return holder.path
+    return holder if isinstance(holder, Path) else holder.owner
+
+
+_SUFFIX = {
+    Kind.DIR: "",
+    Kind.DELTA: f"/{DELTA_DIR}",
+    Kind.INTERACTION: f"/{DELTA_DIR}/{MAILBOX}",
+    Kind.RUNS: f"/{DELTA_DIR}/{RUNS}",
+}
+
+
+def _where(holder: Holder) -> str:
+    """The watched directory's path, as a string made for the system call and not kept."""
+    return f"{_owner(holder)}{_SUFFIX[_kind(holder)]}"
+
+
+def _path(holder: Holder) -> Path:
+    return Path(_where(holder))
+
+
+def _must_be_real(holder: Holder, where: str, itself: bool) -> tuple[str, ...]:
+    """What must be a real directory for `holder` to watch `where`, its own path: the
+    directory (if asked), and for a workspace's watch its parent (`.delta/`, or the
+    workspace)."""
+    if isinstance(holder, _Dir):
+        return (where,) if itself else ()
+    above = where.rpartition("/")[0]
+    return (above, where) if itself else (above,)
+
+
+def _get(marks: Marks, kind: Kind) -> int | None:
+    if isinstance(marks, int):
+        return marks if kind is Kind.INTERACTION else None
+    return marks.get(kind)
+
+
+def _put(marks: Marks, kind: Kind, wd: int | None) -> Marks:
+    """`marks` with `kind` now on `wd` (None: not watched), as compact as it can be."""
+    if isinstance(marks, int):
+        if kind is Kind.INTERACTION and wd is not None:
+            return wd
+        marks = _Marks(interaction=marks)
+    marks.put(kind, wd)
+    if marks.interaction is not None and marks.delta is None and marks.runs is None:
+        return marks.interaction
+    return marks
+
+
+def _watched(marks: Marks) -> bool:
+    """Is the workspace watched: its mailbox, or its `.delta/` waiting for one?"""
+    return isinstance(marks, int) or marks.interaction is not None or marks.delta is not None

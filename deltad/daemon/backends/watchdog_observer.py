@@ -23,7 +23,6 @@ import logging
 import os
 import stat
 import threading
-from pathlib import Path
 
 import structlog
 from watchdog.events import (
@@ -165,7 +164,7 @@ class WatchdogBackend(WatchTree):
         self._observer: BaseObserver = Observer()
         self._observer.start()
         self._scheduled: dict[int, tuple[ObservedWatch, tuple[int, int]]] = {}
-        self._wd_of: dict[Path, int] = {}
+        self._wd_of: dict[str, int] = {}
         self._next_wd = 1
         self._hook = _OverflowHook(queue)
         overflow_log = logging.getLogger(OVERFLOW_LOGGER)
@@ -191,7 +190,7 @@ class WatchdogBackend(WatchTree):
         self._inbox.waker.close()
 
     # -- one directory ------------------------------------------------------------------------
-    def _add_watch(self, path: Path, kind: Kind) -> int:
+    def _add_watch(self, path: str, kind: Kind) -> int:
         root = self._is_root(path)
         ident = _identity(path, follow=root)
         old = self._wd_of.get(path)
@@ -213,8 +212,8 @@ class WatchdogBackend(WatchTree):
         if entry is None:
             return
         watch = entry[0]
-        if self._wd_of.get(Path(watch.path)) == wd:
-            del self._wd_of[Path(watch.path)]
+        if self._wd_of.get(watch.path) == wd:
+            del self._wd_of[watch.path]
         with contextlib.suppress(KeyError):  # already unscheduled
             self._observer.unschedule(watch)
 
@@ -222,7 +221,7 @@ class WatchdogBackend(WatchTree):
         self._rm_watch(wd)  # the emitter stopped itself; the observer still holds it
 
 
-def _identity(path: Path, follow: bool) -> tuple[int, int]:
+def _identity(path: str, follow: bool) -> tuple[int, int]:
     """Raises like a failed add_watch would: FileNotFoundError when gone, ENOTDIR for a
     symlink (never followed below a root: not every platform's observer can be told so)."""
     st = os.stat(path) if follow else os.lstat(path)

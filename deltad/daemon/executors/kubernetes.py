@@ -451,6 +451,7 @@ class KubernetesExecutor:
         self._jobs: dict[str, _Tracked] = {}  # by Job name
         self._cancels: dict[str, float] = {}  # Job name: grace, for cancels not yet delivered
         self._last_poll: float | None = None
+        self._poll_error = ""  # the failure last logged: an outage is said once, not every poll
 
     # The seam ----------------------------------------------------------------------------------
 
@@ -488,8 +489,11 @@ class KubernetesExecutor:
         try:
             jobs = {j.metadata.name: j for j in self._list_jobs()}
         except Exception as e:  # an outage: try again at the next poll
-            log.warning("kubernetes_poll_failed", error=_one_line(e))
+            if _one_line(e) != self._poll_error:
+                log.warning("kubernetes_poll_failed", error=_one_line(e))
+            self._poll_error = _one_line(e)
             return []
+        self._poll_error = ""
         events: list[Event] = []
         for name, tracked in list(self._jobs.items()):
             try:
