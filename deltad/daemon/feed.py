@@ -15,8 +15,8 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,26 +46,15 @@ class View:
     request_id: str | None = None
     input_type: str | None = None
     created: float | None = None  # the open question's timestamp (the inbox's order)
+    # Set by the index when it files the view (scopes and the owner filter); not part of
+    # the belief, so not compared.
+    real: str | None = field(default=None, compare=False)  # the real path, if not the name
+    owner: int | None = field(default=None, compare=False)  # the owner's uid
 
 
-Holders = Path | set[Path]  # the workspaces showing one request id or run id
+Holders = Path | set[Path]  # the workspaces showing one request id
 QuestionKey = tuple[float, str, str]  # (created, workspace, request id)
 RunKey = tuple[str, str]  # (run id, workspace): run ids start with their start time
-
-
-@dataclass(frozen=True, slots=True)
-class Listed:
-    """What listing needs of one open question or one run, kept in memory: the sort key and
-    the filters' fields. The document itself is read from disk, only for a page's items."""
-
-    key: tuple[Any, ...]
-    workspace: Path
-    real: str  # the workspace's real path when the loop last saw it change (scopes)
-    owner: int | None  # the workspace's owner uid
-    run_id: str | None
-    status: str | None
-    request_id: str | None = None
-    input_type: str | None = None
 
 
 def question_key(view: View) -> QuestionKey | None:
@@ -80,38 +69,83 @@ def run_key(view: View) -> RunKey | None:
     return None if view.run_id is None else (view.run_id, str(view.workspace))
 
 
-def question_of(view: View, real: str, owner: int | None) -> Listed | None:
-    """The listed open question of a workspace's view, if it is waiting on one."""
-    key = question_key(view)
-    if key is None:
-        return None
-    return Listed(
-        key,
-        view.workspace,
-        real,
-        owner,
-        view.run_id,
-        view.status,
-        view.request_id,
-        view.input_type,
-    )
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """An open question or a run as listing sees it: the view it was filed from, which the
+    index keeps in its sorted lists (an entry object and its key tuple cost ~150 bytes per
+    workspace, twice). Made as a page is read, not kept. The document itself is read from
+    disk, only for a page's items."""
+
+    view: View
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    @property
+    def workspace(self) -> Path:
+        return self.view.workspace
+
+    @property
+    def real(self) -> str:
+        """The workspace's real path when the loop last saw it change (scopes)."""
+        return self.view.real or str(self.view.workspace)
+
+    @property
+    def owner(self) -> int | None:
+        return self.view.owner
+
+    @property
+    def run_id(self) -> str | None:
+        return self.view.run_id
+
+    @property
+    def status(self) -> str | None:
+        return self.view.status
+
+    @property
+    def request_id(self) -> str | None:
+        return self.view.request_id
+
+    @property
+    def input_type(self) -> str | None:
+        return self.view.input_type
 
 
-def run_of(view: View, real: str, owner: int | None) -> Listed | None:
-    """The listed latest run of a workspace's view, if it has one."""
-    key = run_key(view)
-    if key is None or view.run_id is None:
-        return None
-    return Listed(key, view.workspace, real, owner, view.run_id, view.status)
+class ListedQuestion(Listed):
+    """An open question, by (created, workspace, request id)."""
+
+    __slots__ = ()
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return _question_order(self.view)
 
 
-def _listed_key(e: Listed) -> tuple[Any, ...]:
-    return e.key
+class ListedRun(Listed):
+    """A workspace's latest run, by (run id, workspace)."""
+
+    __slots__ = ()
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return _run_order(self.view)
 
 
-def newest_first(order: list[Listed], before: tuple[Any, ...] | None) -> list[Listed]:
-    """Entries of an ascending list with a key below `before` (all if None), newest first."""
-    end = len(order) if before is None else bisect.bisect_left(order, before, key=_listed_key)
+def _question_order(view: View) -> tuple[Any, ...]:
+    return question_key(view) or ()
+
+
+def _run_order(view: View) -> tuple[Any, ...]:
+    return run_key(view) or ()
+
+
+Order = Callable[[View], tuple[Any, ...]]
+
+
+def newest_first(order: list[View], by: Order, before: tuple[Any, ...] | None) -> list[View]:
+    """Views of an ascending list with a key below `before` (all if None), newest first."""
+    end = len(order) if before is None else bisect.bisect_left(order, before, key=by)
     return order[:end][::-1]
 
 
@@ -151,10 +185,10 @@ class Index:
         self._closed_by_id: dict[str, dict[Path, bool]] = {}  # -> expired
         # Listing from memory: open questions and latest runs, each sorted by its key. What
         # a workspace filed is found again from its view's keys (a table of it cost 150
-        # bytes per workspace).
-        self._questions: list[Listed] = []
-        self._runs: list[Listed] = []
-        self._run_ids: dict[str, Holders] = {}
+        # bytes per workspace); the holders of a run id by bisecting the runs, sorted by run
+        # id first (a table of them cost ~100 bytes per workspace).
+        self._questions: list[View] = []
+        self._runs: list[View] = []
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
         _release(self._requests, request_id, ws)
@@ -175,24 +209,20 @@ class Index:
         """Take out what `old`, the workspace's view until now, filed: its keys say where."""
         if old is None:
             return
-        for order, key in ((self._questions, question_key(old)), (self._runs, run_key(old))):
-            if key is not None:
-                i = bisect.bisect_left(order, key, key=_listed_key)
-                if i < len(order) and order[i].key == key:
+        for order, by in ((self._questions, _question_order), (self._runs, _run_order)):
+            if key := by(old):
+                i = bisect.bisect_left(order, key, key=by)
+                if i < len(order) and by(order[i]) == key:
                     del order[i]
-        if old.run_id is not None:
-            _release(self._run_ids, old.run_id, old.workspace)
 
-    def _file(self, view: View, real: str, owner: int | None) -> None:
-        question, run = question_of(view, real, owner), run_of(view, real, owner)
-        for order, e in ((self._questions, question), (self._runs, run)):
-            if e is not None:
-                bisect.insort(order, e, key=_listed_key)
-        if view.run_id is not None:
-            _hold(self._run_ids, view.run_id, view.workspace)
+    def _file(self, view: View) -> None:
+        for order, by in ((self._questions, _question_order), (self._runs, _run_order)):
+            if by(view):
+                bisect.insort(order, view, key=by)
 
     def put(self, view: View) -> None:
         real, owner = _where(view.workspace)  # outside the lock: the file system is slow
+        view = replace(view, real=real, owner=owner)
         with self._lock:
             old = self._views.get(view.workspace)
             if old is not None and old.request_id and old.request_id != view.request_id:
@@ -202,7 +232,7 @@ class Index:
                 _hold(self._requests, view.request_id, view.workspace)
                 self._forget(view.request_id, view.workspace)  # open again (a re-posted copy)
             self._unfile(old)
-            self._file(view, real, owner)
+            self._file(view)
 
     def remove(self, ws: Path) -> None:
         with self._lock:
@@ -210,6 +240,17 @@ class Index:
             if old is not None and old.request_id:
                 self._close(old.request_id, ws, old.state == "expired")
             self._unfile(old)
+
+    def asking(self) -> Iterator[View]:
+        """For the loop, the writer (no lock): the views with an open question, oldest
+        first."""
+        return iter(self._questions)
+
+    @property
+    def table(self) -> dict[Path, View]:
+        """The views by workspace, for the loop, their one writer (through `put` and
+        `remove`), to read without the lock: the registry's beliefs are this same table."""
+        return self._views
 
     def get(self, ws: Path) -> View | None:
         with self._lock:
@@ -229,20 +270,25 @@ class Index:
         with self._lock:
             return list(self._views.values())
 
-    def questions(self, before: tuple[Any, ...] | None = None) -> list[Listed]:
+    def questions(self, before: tuple[Any, ...] | None = None) -> Iterator[Listed]:
         """Open questions newest first, from below the key `before` (a cursor) on."""
         with self._lock:
-            return newest_first(self._questions, before)
+            views = newest_first(self._questions, _question_order, before)
+        return map(ListedQuestion, views)
 
-    def runs(self, before: tuple[Any, ...] | None = None) -> list[Listed]:
+    def runs(self, before: tuple[Any, ...] | None = None) -> Iterator[Listed]:
         """Each workspace's latest run, newest first, from below the key `before` on."""
         with self._lock:
-            return newest_first(self._runs, before)
+            views = newest_first(self._runs, _run_order, before)
+        return map(ListedRun, views)
 
     def run_holders(self, run_id: str) -> list[Path]:
         """Every workspace whose latest run is `run_id`, sorted."""
         with self._lock:
-            return sorted(_holding(self._run_ids.get(run_id)))
+            i = end = bisect.bisect_left(self._runs, (run_id,), key=_run_order)
+            while end < len(self._runs) and self._runs[end].run_id == run_id:
+                end += 1
+            return sorted(e.workspace for e in self._runs[i:end])
 
 
 def _hold(holders: dict[str, Holders], key: str, ws: Path) -> None:
@@ -269,8 +315,9 @@ def _holding(held: Holders | None) -> Iterable[Path]:
     return () if held is None else held if isinstance(held, set) else (held,)
 
 
-def _where(ws: Path) -> tuple[str, int | None]:
-    """The workspace's real path (scopes check it too) and its owner's uid (None if gone)."""
+def _where(ws: Path) -> tuple[str | None, int | None]:
+    """The workspace's real path (scopes check it too; None when it is its name) and its
+    owner's uid (None if gone)."""
     name = str(ws)
     real, owner = _resolved(name) if platform.LINUX else (None, None)
     if real is None:
@@ -279,7 +326,12 @@ def _where(ws: Path) -> tuple[str, int | None]:
         except OSError:
             owner = None
         real = os.path.realpath(ws)
-    return (name if real == name else real), owner  # one string, not two, when they agree
+    if owner is not None:  # an int per workspace from stat: one per owner instead
+        owner = _UIDS.setdefault(owner, owner)
+    return (None if real == name else real), owner  # no second string when they agree
+
+
+_UIDS: dict[int, int] = {}
 
 
 def _resolved(name: str) -> tuple[str | None, int | None]:
@@ -319,7 +371,10 @@ class Feed:
         # before a restart is recognised as older than anything buffered.
         self._next_id = time.time_ns() // 1000
         self._subscribers: list[Subscriber] = []
-        self._open: dict[Path, str] = {}  # workspace -> request id announced as created
+        # The question announced as open in a workspace is its view's while that view is
+        # waiting (a table of them cost ~50 bytes per waiting workspace); only while a
+        # workspace shows a problem is it kept here (a problem announces nothing).
+        self._held: dict[Path, str] = {}
 
     # -- publishing (the loop) -------------------------------------------------------------
     def publish(self, type_: EventType, data: dict[str, Any]) -> FeedEvent:
@@ -334,21 +389,28 @@ class Feed:
 
     def changed(self, ws: Path, before: View | None, after: View | None) -> None:
         """The registry's hook: update the index, announce what changed."""
+        announced = self._announced(ws, before)
         if after is None:
             self.index.remove(ws)
-            self._open.pop(ws, None)
+            self._held.pop(ws, None)
             return
         self.index.put(after)
-        if self.priming:
-            if after.state == "waiting" and after.request_id:
-                self._open[ws] = after.request_id
-            return
-        for type_, data in transitions(before, after, self._open.get(ws)):
-            if type_ == "request.created":
-                self._open[ws] = str(data["request_id"])
-            elif type_ in ("request.answered", "request.expired"):
-                self._open.pop(ws, None)
-            self.publish(type_, data)
+        if after.state == "problem" and announced is not None:
+            self._held[ws] = announced
+        else:
+            self._held.pop(ws, None)
+        if not self.priming:
+            for type_, data in transitions(before, after, announced):
+                self.publish(type_, data)
+
+    def _announced(self, ws: Path, before: View | None) -> str | None:
+        """The question announced (or primed) as open in `ws` before this change: the one it
+        was waiting on, kept while it shows a problem; `transitions` keeps that true."""
+        if before is None:
+            return None
+        if before.state == "problem":
+            return self._held.get(ws)
+        return before.request_id if before.state == "waiting" else None
 
     # -- reading (other threads) -------------------------------------------------------------
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:

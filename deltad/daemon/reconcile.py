@@ -175,7 +175,7 @@ def _state_files(ws: Workspace) -> list[Path]:
     files = [ws.latest_file, ws.request_file]
     with contextlib.suppress(ProtocolError, OSError):
         if (run_id := ws.latest_run_id()) is not None:
-            files.append(ws.run(run_id).metadata)
+            files.append(tenancy.run_paths(ws, run_id).metadata)
     return files
 
 
@@ -196,7 +196,7 @@ def _look_once(ws_path: Path, why: Why, settle: float, policy: Policy, clock: Cl
         owner = tenancy.check(ws_path, run_id, policy)  # before anything is acted on
         if run_id is None:
             return Verdict(Action.NONE, State.IDLE)
-        meta = load_metadata(ws.run(run_id).metadata)
+        meta = load_metadata(tenancy.run_paths(ws, run_id).metadata)
     except FileNotFoundError as e:
         if not is_workspace(ws_path):  # deleted while we read it
             return Verdict(Action.GONE, State.GONE)
@@ -322,7 +322,7 @@ def _expiry(ws: Workspace, request: InteractionRequest, expired: Verdict, clock:
     that says otherwise is reported, once, and the run waits for the journal's deadline."""
     run_id, status = expired.run_id, expired.status
     try:
-        asked = asked_request(ws.run(request.run_id).journal, request.request_id)
+        asked = asked_request(tenancy.run_paths(ws, request.run_id).journal, request.request_id)
     except ProtocolError as e:
         return _problem(str(e), run_id, status)
     except OSError as e:

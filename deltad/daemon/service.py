@@ -55,7 +55,7 @@ class Service:
         self.extra_roots = extra_roots
         self.queue = HintQueue()
         self.feed = Feed(config.http.event_buffer if config.http else 1000)
-        self.registry = Registry(on_change=self.feed.changed)
+        self.registry = Registry(self.feed)  # its beliefs are the index's views
         self.http: Any = None  # deltad.api.server.HttpServer, imported only when configured
         self.notifier: Any = None
         self.resumer = resumer if resumer is not None else Resumer(config, clock)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from deltad.protocol import exitcodes, safefs
 from deltad.protocol.errors import UnsafeFile
-from deltad.protocol.layout import Workspace
+from deltad.protocol.layout import RUN_ID_RE, RunPaths, Workspace
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 MODEL_PREFIXES = ("OPENAI_", "DELTA_")
@@ -150,7 +150,7 @@ def check(ws: Path, run_id: str | None, policy: Policy) -> Owner:
     w = Workspace(ws)
     chain = [ws, w.delta_dir, w.interaction_dir, w.runs_dir]
     if run_id is not None:
-        chain.append(w.runs_dir / run_id)
+        chain.append(safefs.child(w.runs_dir, run_id))
     for i, path in enumerate(chain):
         try:
             st = top if i == 0 else safefs.lstat(path)
@@ -163,6 +163,16 @@ def check(ws: Path, run_id: str | None, policy: Policy) -> Owner:
         if problem := _dir_problem(path, st, owner, policy):
             raise Refused(problem)
     return OWNERS.get(owner)
+
+
+def run_paths(ws: Workspace, run_id: str) -> RunPaths:
+    """`ws.run(run_id)` (CorruptFile for what is not a run id) without interning the run id
+    (`safefs.child`)."""
+    return (
+        ws.run(run_id)
+        if not RUN_ID_RE.match(run_id)
+        else RunPaths(safefs.child(ws.runs_dir, run_id))
+    )
 
 
 # -- the resume's identity and environment ----------------------------------------------------

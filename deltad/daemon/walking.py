@@ -14,7 +14,6 @@ import structlog
 from . import lifecycle
 from .discovery import mailbox_names, unanswered
 from .queue import Why
-from .registry import settled_waiting
 from .sweep import SWEEP_BUDGET, SWEEP_SLICE, Sweep
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ def _glanced(svc: Service, ws: Path, new: bool) -> bool:
     if new or ws in svc.unread:
         svc.unread.add(ws)
         return True
-    return settled_waiting(svc.registry.workspaces[ws])
+    return svc.registry.settled_waiting(ws)
 
 
 def read_step(svc: Service) -> None:

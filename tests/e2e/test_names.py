@@ -73,10 +73,15 @@ def test_a_workspace_named_in_bytes_is_watched_listed_and_resumed(tmp_path: Path
                     r = alice.get(f"/v1/runs/{run.json()['run_id']}", params=where)
                     assert r.status_code == 403 and show_path(bad) in r.json()["error"]
 
-                out = _deltad_status(d)
-                assert out.returncode == 0, out.stderr
-                text = out.stdout.decode("utf-8")  # strict: nothing undecodable printed
-                assert show_path(bad) in text and show_path(twin) in text
+                def status_lists_them() -> str | None:
+                    # status.json is rewritten at most once a second: the reads after READY
+                    # that the listing above saw may not be in it yet
+                    out = _deltad_status(d)
+                    assert out.returncode == 0, out.stderr
+                    text = out.stdout.decode("utf-8")  # strict: nothing undecodable printed
+                    return text if show_path(bad) in text and show_path(twin) in text else None
+
+                wait_for(status_lists_them, "deltad status listing both names escaped")
                 doc = json.loads(_deltad_status(d, "--json").stdout)
                 assert set(doc["workspaces"]) == shown
                 argv = [DELTAD, "check", "--config", str(d.config_path)]

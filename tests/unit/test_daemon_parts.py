@@ -171,8 +171,8 @@ def test_the_registry_s_state_index_follows_every_change(tmp_path: Path) -> None
 
     def walked(r: Registry) -> dict[str, int]:
         out = {s.value: 0 for s in State if s is not State.GONE}
-        for info in r.workspaces.values():
-            out[info.state.value] += 1
+        for view in r.workspaces.values():
+            out[view.state] += 1
         return out
 
     r = Registry()
@@ -187,9 +187,9 @@ def test_the_registry_s_state_index_follows_every_change(tmp_path: Path) -> None
         r.observe(ws, v)
         assert r.counts() == walked(r)
         for s in State:
-            assert set(r.in_state(s)) == {w for w, i in r.workspaces.items() if i.state is s}
+            assert set(r.in_state(s)) == {w for w, i in r.workspaces.items() if i.state == s}
         assert [p["workspace"] for p in r.problems()] == [
-            str(w) for w, i in r.workspaces.items() if i.problem
+            str(w) for w in r.workspaces if r.problem(w)
         ]
     r.interrupted(c)
     assert list(r.in_state(State.INTERRUPTED)) == [c] and r.counts() == walked(r)

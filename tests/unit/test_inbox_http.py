@@ -407,3 +407,27 @@ def test_an_expired_question_is_410_not_answered(
     (root / "a" / ".delta" / "interaction" / "request.json").unlink()
     assert http.get(f"/v1/links/{token}").status_code == 410
     assert http.post(f"/v1/links/{token}/answer", json={"answer": "x"}).status_code == 410
+
+
+def test_a_question_announced_stays_announced_while_its_workspace_shows_a_problem() -> None:
+    """The announced question is the view's while it waits, and is held across a problem:
+    waiting again on it says nothing; its answer after the problem is said once."""
+    feed = Feed(buffer=10)
+    seen: list[str] = []
+    feed.subscribe(
+        lambda e: (
+            seen.append(f"{e.type} {e.data['request_id']}") if e.type != "run.status" else None
+        )
+    )
+    ws, waiting = Path("/ws"), v("waiting", "q1", "WAITING_FOR_INPUT")
+    broken = v("problem", "q1", "WAITING_FOR_INPUT")
+    feed.changed(ws, None, waiting)
+    feed.changed(ws, waiting, broken)
+    feed.changed(ws, broken, broken)
+    feed.changed(ws, broken, waiting)  # fixed: the same question, not a new one
+    feed.changed(ws, waiting, broken)
+    feed.changed(ws, broken, v("answered", "q1", "WAITING_FOR_INPUT"))
+    assert seen == ["request.created q1", "request.answered q1"]
+    feed.changed(ws, v("answered", "q1"), broken)  # nothing was open: nothing to hold
+    feed.changed(ws, broken, v("waiting", "q2", "WAITING_FOR_INPUT"))
+    assert seen[2:] == ["request.created q2"]

@@ -17,7 +17,7 @@ from deltad.api.app import create_app
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import Context
 from deltad.api.tokens import TokenStore
-from deltad.daemon.feed import Feed, Index, Listed, View
+from deltad.daemon.feed import Feed, Index, Listed, ListedQuestion, ListedRun, View
 from deltad.protocol import InteractionRequest, Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
 
@@ -153,8 +153,7 @@ def test_a_page_skips_what_is_gone_and_reads_a_bounded_number(
     readable: str, limit: int, docs: list[str], next_after: str | None
 ) -> None:
     entries = [
-        Listed((str(i),), Path(f"/ws/{i}"), f"/ws/{i}", 0, f"r{i}", None)
-        for i in range(len(readable))
+        ListedRun(View(Path(f"/ws/{i}"), "done", str(i), owner=0)) for i in range(len(readable))
     ]
 
     def read(e: Listed) -> str | None:
@@ -162,29 +161,31 @@ def test_a_page_skips_what_is_gone_and_reads_a_bounded_number(
         return str(i) if readable[i] == "y" else None
 
     got, after = paging.collect(entries, lambda e: True, read, limit)
-    assert got == docs and after == (None if next_after is None else (next_after,))
+    assert got == docs and after == (
+        None if next_after is None else (next_after, f"/ws/{next_after}")
+    )
 
 
 # -- filters ---------------------------------------------------------------------------------------
-ENTRY = Listed(
-    (1.0, "/srv/ws/alice/p", "q1"),
-    Path("/srv/ws/alice/p"),
-    "/srv/ws/alice/p",
-    1000,
-    "r1",
-    "WAITING_FOR_INPUT",
-    "q1",
-    "choice",
+ENTRY = ListedQuestion(
+    View(
+        Path("/srv/ws/alice/p"),
+        "waiting",
+        "r1",
+        "WAITING_FOR_INPUT",
+        "q1",
+        "choice",
+        1.0,
+        owner=1000,
+    )
 )
-MOVED = Listed(
-    (1.0, "/srv/ws/alice/l", "q2"),
-    Path("/srv/ws/alice/l"),
-    "/srv/ws/bob/p",
-    1000,
-    "r2",
-    "RUNNING",
-    "q2",
-    "text",
+MOVED = ListedQuestion(  # a symlink: its real path is elsewhere
+    View(
+        Path("/srv/ws/alice/l"),
+        *("waiting", "r2", "RUNNING", "q2", "text", 1.0),
+        real="/srv/ws/bob/p",
+        owner=1000,
+    )
 )
 
 
