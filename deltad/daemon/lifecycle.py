@@ -352,6 +352,8 @@ def build_backends(svc: Service) -> None:
     config = svc.config
     poller = PollingBackend(svc.queue, config.poll_interval_seconds)
     backends: list[Backend] = []
+    for r in config.roots:
+        log.info("backend_chosen", root=str(r.path), backend=r.backend, reason=r.why)
     for kind in ("fanotify", "inotify", "watchdog"):
         roots = [r for r in config.roots if r.backend == kind]
         if roots:
