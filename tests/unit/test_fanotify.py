@@ -4,6 +4,7 @@ tables, and its handle table over the real kernel (tests run as root)."""
 from __future__ import annotations
 
 import os
+import select
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,3 +203,78 @@ def test_check_warns_over_the_watch_budget(
     from deltad.daemon.cli import over_watch_budget
 
     assert over_watch_budget(needed, in_use, limit, own_cap) is over
+
+
+# -- others' records: dropped before anything is built, then the fd rests ----------------------
+OURS = key_of(FSID, 1, b"\7" * 8)
+
+
+class Dispatched(FanotifyBackend):
+    """The record dispatch alone (no kernel): what reaches the watch tree."""
+
+    def __init__(self) -> None:  # no fanotify group: `_records` needs none
+        self._wd_of, self._key_of, self.dropped = {OURS: 5}, {5: OURS}, 0
+        self.events: list[tuple[int, int, str]] = []
+
+    def _event(self, wd: int, mask: int, name: str) -> None:
+        self.events.append((wd, mask, name))
+
+
+@pytest.mark.parametrize(
+    ("buf", "events", "dropped"),
+    [
+        (event(F.CREATE, info(b"noise")) * 3, [], 3),  # others': no event, counted
+        (
+            event(F.CREATE, info(b"noise")) + event(F.CLOSE_WRITE, info(b"a", handle=b"\7" * 8)),
+            [(5, F.CLOSE_WRITE, "a")],
+            1,
+        ),
+        (
+            event(F.DELETE_SELF | F.ISDIR, info(b".", handle=b"\7" * 8)),
+            [
+                (5, F.DELETE_SELF, ""),
+                (5, F.IGNORED, ""),
+            ],
+            0,
+        ),
+        (event(F.Q_OVERFLOW) + event(F.CREATE, info(b"noise")), [(0, F.Q_OVERFLOW, "")], 1),
+        (event(F.CREATE, info(b"noise")) + event(F.Q_OVERFLOW), [(0, F.Q_OVERFLOW, "")], 1),
+        (  # an unknown info type first: not the usual shape, parsed in full
+            event(F.CREATE, struct.pack("=BBHI", 99, 0, 8, 0), info(b"x", handle=b"\7" * 8)),
+            [(5, F.CREATE, "x")],
+            0,
+        ),
+        (event(F.CREATE, info(b"noise")) + event(F.CREATE, info(b"x"))[:-3], [], 1),  # truncated
+        (event(F.CREATE, info(b"noise"))[:30], [], 0),
+    ],
+)
+def test_records_are_dispatched_as_parsed(
+    buf: bytes, events: list[tuple[int, int, str]], dropped: int
+) -> None:
+    b = Dispatched()
+    b._records(buf)
+    assert (b.events, b.dropped) == (events, dropped)
+    reference = Dispatched()
+    for rec in parse(buf):  # the fast path agrees with the full parse, record by record
+        reference._record(rec)
+    assert (reference.events, reference.dropped) == (events, dropped)
+
+
+def test_others_writes_alone_rest_the_fd(
+    tmp_path: Path, backend: tuple[FanotifyBackend, HintQueue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltad.daemon.backends import fanotify
+
+    monkeypatch.setattr(fanotify, "REST_SECONDS", 3600.0)  # no race with the clock here
+    b, queue = backend
+    ws = _workspace(tmp_path / "root" / "ws1")
+    b.sync()
+    fd = b.fileno()
+    assert fd is not None and b.rests_for() is None
+    (tmp_path / "elsewhere").write_text("not ours")
+    wait_for(lambda: select.select([fd], [], [], 0)[0], "others' records to read")
+    b.process()
+    assert b.fileno() is None and 0 < (b.rests_for() or 0) <= 3600  # the loop wakes then
+    (ws / ".delta" / "interaction" / "response.txt").write_text("yes")
+    assert _hint(b, queue, ws) & Why.ANSWER_CLOSED
+    assert b.fileno() == fd and b.rests_for() is None  # ours seen: read as usual
