@@ -16,6 +16,7 @@ from deltad.daemon.backends.fanotify import (
     INFO_DFID,
     INFO_DFID_NAME,
     FanotifyBackend,
+    Handles,
     Record,
     key_of,
     parse,
@@ -213,7 +214,8 @@ class Dispatched(FanotifyBackend):
     """The record dispatch alone (no kernel): what reaches the watch tree."""
 
     def __init__(self) -> None:  # no fanotify group: `_records` needs none
-        self._wd_of, self._key_of, self.dropped = {OURS: 5}, {5: OURS}, 0
+        self._handles, self.dropped = Handles(), 0
+        assert self._handles.add(OURS) == 1
         self.events: list[tuple[int, int, str]] = []
 
     def _event(self, wd: int, mask: int, name: str) -> None:
@@ -226,14 +228,14 @@ class Dispatched(FanotifyBackend):
         (event(F.CREATE, info(b"noise")) * 3, [], 3),  # others': no event, counted
         (
             event(F.CREATE, info(b"noise")) + event(F.CLOSE_WRITE, info(b"a", handle=b"\7" * 8)),
-            [(5, F.CLOSE_WRITE, "a")],
+            [(1, F.CLOSE_WRITE, "a")],
             1,
         ),
         (
             event(F.DELETE_SELF | F.ISDIR, info(b".", handle=b"\7" * 8)),
             [
-                (5, F.DELETE_SELF, ""),
-                (5, F.IGNORED, ""),
+                (1, F.DELETE_SELF, ""),
+                (1, F.IGNORED, ""),
             ],
             0,
         ),
@@ -241,7 +243,7 @@ class Dispatched(FanotifyBackend):
         (event(F.CREATE, info(b"noise")) + event(F.Q_OVERFLOW), [(0, F.Q_OVERFLOW, "")], 1),
         (  # an unknown info type first: not the usual shape, parsed in full
             event(F.CREATE, struct.pack("=BBHI", 99, 0, 8, 0), info(b"x", handle=b"\7" * 8)),
-            [(5, F.CREATE, "x")],
+            [(1, F.CREATE, "x")],
             0,
         ),
         (event(F.CREATE, info(b"noise")) + event(F.CREATE, info(b"x"))[:-3], [], 1),  # truncated
@@ -278,3 +280,17 @@ def test_others_writes_alone_rest_the_fd(
     (ws / ".delta" / "interaction" / "response.txt").write_text("yes")
     assert _hint(b, queue, ws) & Why.ANSWER_CLOSED
     assert b.fileno() == fd and b.rests_for() is None  # ours seen: read as usual
+
+
+def test_the_handle_table_gives_freed_descriptors_again() -> None:
+    other_fs = key_of(FSID + 1, 1, HANDLE)  # the same handle bytes on another filesystem
+    table = Handles()
+    assert [table.add(KEY), table.add(OURS), table.add(other_fs), table.add(KEY)] == [1, 2, 3, 1]
+    assert (table.get(KEY), table.get(OURS), table.get(other_fs), len(table)) == (1, 2, 3, 3)
+    assert table.get(key_of(FSID, 2, HANDLE)) is None  # another handle type: another key
+    table.remove(1)
+    table.remove(1)  # twice: nothing more
+    assert table.get(KEY) is None and table.get(other_fs) == 3 and 1 not in table
+    assert table.add(key_of(FSID, 1, b"\1" * 8)) == 1 and len(table) == 3  # 1 given again
+    table.remove(99)
+    assert 2 in table and 0 not in table

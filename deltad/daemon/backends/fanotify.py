@@ -76,6 +76,7 @@ _FID_HEAD = _INFO_HEADER.size + 8  # + fsid
 _USUAL = struct.Struct("=I2xHQ8xBxH8xI")
 _KEY_AT = _METADATA.size + _INFO_HEADER.size  # fsid + file_handle, the table's key
 _HANDLE_AT = _KEY_AT + 8 + _HANDLE_HEAD.size  # the handle's bytes
+_NONE: dict[bytes, int] = {}  # the table of a filesystem we did not mark
 UNMARKABLE = (errno.EXDEV, errno.EOPNOTSUPP, errno.ENODEV, errno.ENOSYS, errno.EINVAL)
 
 
@@ -129,6 +130,57 @@ def _dir_info(buf: bytes, off: int, end: int) -> tuple[bytes, str] | None:
 def key_of(fsid: int, handle_type: int, handle: bytes) -> bytes:
     """The table key of a directory: the bytes its events carry (fsid, then `file_handle`)."""
     return struct.pack("=QIi", fsid, len(handle), handle_type) + handle
+
+
+_HEAD = 8 + _HANDLE_HEAD.size  # a key's fsid, handle_bytes and handle_type
+
+
+class Handles:
+    """The handle table, `key -> descriptor` and back, kept small (three per workspace): keys
+    are split into their head (fsid, handle size and type: the same for every directory of a
+    filesystem), one table each, and the handle's own bytes; a descriptor is an index into a
+    list of handles, and one freed is given again (events are mapped by key when read, so a
+    stale record never reaches a reused descriptor)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[bytes, dict[bytes, int]] = {}  # head -> handle -> descriptor
+        self._handles: list[bytes | None] = [None]  # descriptor -> handle (0: none given)
+        self._free: list[int] = []
+
+    def get(self, key: bytes) -> int | None:
+        table = self.tables.get(key[:_HEAD])
+        return None if table is None else table.get(key[_HEAD:])
+
+    def add(self, key: bytes) -> int:
+        """The descriptor of `key`, given now if it has none."""
+        table = self.tables.setdefault(key[:_HEAD], {})
+        handle = key[_HEAD:]
+        wd = table.get(handle)
+        if wd is None:
+            wd = self._free.pop() if self._free else len(self._handles)
+            if wd == len(self._handles):
+                self._handles.append(handle)
+            else:
+                self._handles[wd] = handle
+            table[handle] = wd
+        return wd
+
+    def remove(self, wd: int) -> None:
+        handle = self._handles[wd] if 0 < wd < len(self._handles) else None
+        if handle is None:
+            return
+        for table in self.tables.values():  # one per filesystem: a few at most
+            if table.get(handle) == wd:
+                del table[handle]
+                break
+        self._handles[wd] = None
+        self._free.append(wd)
+
+    def __contains__(self, wd: int) -> bool:
+        return 0 < wd < len(self._handles) and self._handles[wd] is not None
+
+    def __len__(self) -> int:
+        return len(self._handles) - 1 - len(self._free)
 
 
 class _FileHandle(ctypes.Structure):
@@ -230,10 +282,8 @@ class FanotifyBackend(WatchTree):
     def __init__(self, queue: HintQueue, fallback: PollingLike) -> None:
         super().__init__(queue, fallback, None)  # no kernel watch to budget
         self._fan = Fanotify()
-        self._wd_of: dict[bytes, int] = {}
-        self._key_of: dict[int, bytes] = {}
+        self._handles = Handles()
         self._fsid: dict[int, int] = {}  # st_dev -> fsid of each marked filesystem
-        self._next_wd = 1
         self.dropped = 0  # records for directories we do not know (the busy rest of the fs)
         self._awake_at = 0.0  # monotonic time until which the fd rests (REST_SECONDS)
 
@@ -266,20 +316,21 @@ class FanotifyBackend(WatchTree):
         usual record (one directory info first) whose key is not in the table is dropped after
         one unpack, one slice and one lookup; nothing is built for it. Ours, and anything
         unusual, go through `parse`."""
-        wd_of, usual, off, end = self._wd_of, _USUAL.unpack_from, 0, len(buf)
+        tables, usual, off, end = self._handles.tables, _USUAL.unpack_from, 0, len(buf)
         dropped = seen = 0
         while off + _METADATA.size <= end:
             seen += 1
             event_len = _METADATA.unpack_from(buf, off)[0] if off + _USUAL.size > end else 0
             if not event_len:
                 event_len, meta_len, mask, info_type, _info_len, size = usual(buf, off)
-                key_end = off + _HANDLE_AT + size
+                handle_end = off + _HANDLE_AT + size
                 if (
                     meta_len == _METADATA.size
                     and not mask & F.Q_OVERFLOW
                     and info_type in (INFO_DFID_NAME, INFO_DFID)
-                    and key_end <= off + event_len <= end
-                    and buf[off + _KEY_AT : key_end] not in wd_of
+                    and handle_end <= off + event_len <= end
+                    and buf[off + _HANDLE_AT : handle_end]
+                    not in tables.get(buf[off + _KEY_AT : off + _HANDLE_AT], _NONE)
                 ):
                     dropped += 1
                     off += event_len
@@ -293,7 +344,7 @@ class FanotifyBackend(WatchTree):
         return seen
 
     def _record(self, rec: Record) -> None:
-        wd = self._wd_of.get(rec.key)
+        wd = self._handles.get(rec.key)
         if wd is None:
             if rec.mask & F.Q_OVERFLOW:
                 self._event(0, F.Q_OVERFLOW, "")
@@ -301,7 +352,7 @@ class FanotifyBackend(WatchTree):
                 self.dropped += 1
         elif rec.name == ".":  # the directory itself
             self._event(wd, rec.mask & (F.DELETE_SELF | F.MOVE_SELF), "")
-            if rec.mask & F.DELETE_SELF and wd in self._key_of:
+            if rec.mask & F.DELETE_SELF and self._handles.get(rec.key) == wd:  # still ours
                 self._event(wd, F.IGNORED, "")  # as inotify says after DELETE_SELF
         else:
             self._event(wd, rec.mask & ~(F.DELETE_SELF | F.MOVE_SELF), rec.name)
@@ -320,13 +371,7 @@ class FanotifyBackend(WatchTree):
         fsid = self._fsid.get(st.st_dev)
         if fsid is None:
             fsid = self._mark(path, st.st_dev)
-        key = key_of(fsid, *self._fan.handle(path, follow=root))
-        wd = self._wd_of.get(key)
-        if wd is None:
-            wd, self._next_wd = self._next_wd, self._next_wd + 1
-            self._wd_of[key] = wd
-            self._key_of[wd] = key
-        return wd
+        return self._handles.add(key_of(fsid, *self._fan.handle(path, follow=root)))
 
     def _mark(self, path: Path, dev: int) -> int:
         try:
@@ -342,9 +387,7 @@ class FanotifyBackend(WatchTree):
         return fsid
 
     def _rm_watch(self, wd: int) -> None:
-        key = self._key_of.pop(wd, None)
-        if key is not None:
-            self._wd_of.pop(key, None)
+        self._handles.remove(wd)
 
     def _released(self, wd: int) -> None:
         self._rm_watch(wd)
