@@ -159,9 +159,8 @@ def plan(
         return [(r.backend, "configured", 0) for r in roots]
     spends = ("inotify", "watchdog") if linux else ()
     left = watch_budget(own_cap) if linux else None
-    needs = [
-        estimate_watches(r.path, depth) if r.backend in ("auto", *spends) else 0 for r in roots
-    ]
+    counted = ("auto", *spends) if linux else ()  # off Linux: watchdog, no count needed
+    needs = [estimate_watches(r.path, depth) if r.backend in counted else 0 for r in roots]
     for r, need in zip(roots, needs, strict=True):
         if left is not None and r.backend in spends:
             left -= need

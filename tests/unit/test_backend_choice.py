@@ -141,3 +141,12 @@ def test_the_config_resolves_auto_with_the_budget(tmp_path: Path) -> None:
         {"roots": [{"path": str(root), "backend": "inotify"}], "max_inotify_watches": 20}
     )
     assert asked.roots[0].backend == "inotify" and asked.roots[0].why == "configured"
+
+
+def test_off_linux_auto_is_watchdog_without_a_count(tmp_path: Path) -> None:
+    def no_probe(path: Path) -> str | None:
+        raise AssertionError("no fanotify off Linux")
+
+    _ws(tmp_path / "root" / "w")
+    chosen = plan([PlannedRoot(tmp_path / "root", "auto")], 2, None, False, no_probe)
+    assert chosen == [("watchdog", "not Linux: watchdog's native observer", 0)]
