@@ -14,6 +14,7 @@ import structlog
 from deltad import __version__, logs, platform
 from deltad.protocol.printable import show, show_path
 
+from .backend_choice import inotify_watches_in_use
 from .config import ConfigError, DaemonConfig, load_config
 from .discovery import walk
 from .shared_roots import shared_root_warnings
@@ -125,6 +126,8 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
             f"{len(layout.dirs)} directories watched for new ones, ~{watches} watches"
             + _BACKEND_NOTES.get(root.backend, "")
         )
+        if root.why != "configured":
+            click.echo(f"  backend: auto: {show(root.why)}")
         for ws in sorted(layout.workspaces):
             click.echo(f"  workspace {show_path(ws)}")
         if not root.path.is_dir():
@@ -158,7 +161,7 @@ def _report_watch_budget(needed: int, own_cap: int | None) -> None:
         limit = int(Path("/proc/sys/fs/inotify/max_user_watches").read_text())
     except (OSError, ValueError):
         return
-    in_use = inotify_watches_in_use(os.geteuid())
+    in_use = inotify_watches_in_use(os.geteuid())  # a running deltad's own too
     click.echo(
         f"inotify watches needed: ~{needed} (in use by this user now: {in_use}, a running "
         f"deltad's own included; fs.inotify.max_user_watches = {limit}"
@@ -174,28 +177,6 @@ def _report_watch_budget(needed: int, own_cap: int | None) -> None:
 def over_watch_budget(needed: int, in_use: int, limit: int, own_cap: int | None) -> bool:
     """The kernel's limit is per user (what others use counts); deltad's own cap is its own."""
     return needed + in_use > limit or (own_cap is not None and needed > own_cap)
-
-
-def inotify_watches_in_use(uid: int) -> int:
-    """The inotify watches of `uid`'s processes: one `inotify wd:` line each in the fdinfo of
-    their inotify descriptors (only those are read). Processes we cannot see count 0."""
-    total = 0
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:inotify":
-                    continue
-                text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
-            except OSError:
-                continue
-            total += sum(line.startswith("inotify wd:") for line in text.splitlines())
-    return total
 
 
 @main.command()

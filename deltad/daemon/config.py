@@ -14,6 +14,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -45,14 +46,19 @@ class _Strict(BaseModel):
 BackendName = Literal["auto", "fanotify", "inotify", "watchdog", "polling"]
 
 
-def auto_backend(root: Path) -> Literal["fanotify", "inotify", "watchdog"]:
-    """fanotify where a filesystem mark works for `root` (Linux, root, kernel >= 5.9), else
-    inotify on Linux (one fd, no thread per watch), watchdog's native observer elsewhere."""
-    if not platform.LINUX:
-        return "watchdog"
+def auto_backend(roots: list[RootConfig], depth: int, own_cap: int | None) -> None:
+    """Resolve each `backend: auto` root (backend_choice.py: inotify while the roots' watches
+    fit the kernel's budget with room to spare, else fanotify where a filesystem mark works,
+    else inotify with polling for the rest); every root keeps why it has its backend."""
+    from .backend_choice import PlannedRoot, plan
     from .backends.fanotify import probe
 
-    return "fanotify" if probe(root) is None else "inotify"
+    planned = [PlannedRoot(r.path, r.backend) for r in roots]
+    for r, (name, why, _need) in zip(
+        roots, plan(planned, depth, own_cap, platform.LINUX, probe), strict=True
+    ):
+        r.backend = name  # type: ignore[assignment]  # plan keeps names or picks a real one
+        r._why = why
 
 
 class RootConfig(_Strict):
@@ -61,6 +67,11 @@ class RootConfig(_Strict):
     polling: bool = False  # alias of `backend: polling` (NFS, some container mounts)
     credentials: Path | None = None  # model endpoint settings for this root's resumes
     notify: bool = True  # false: no notifications for this root's workspaces
+    _why: str = PrivateAttr(default="configured")  # why it has its backend (auto says)
+
+    @property
+    def why(self) -> str:
+        return self._why
 
     @model_validator(mode="after")
     def _resolve_backend(self) -> RootConfig:
@@ -68,8 +79,6 @@ class RootConfig(_Strict):
             if self.backend not in ("auto", "polling"):
                 raise ValueError(f"polling: true contradicts backend: {self.backend}")
             self.backend = "polling"
-        elif self.backend == "auto":
-            self.backend = auto_backend(self.path)
         elif self.backend == "fanotify":
             from .backends.fanotify import probe
 
@@ -158,6 +167,13 @@ class DaemonConfig(_Strict):
             from .executors import registry
 
             registry.check_options(self.executor, self.executors.get(self.executor, {}))
+        return self
+
+    @model_validator(mode="after")
+    def _auto_backends(self) -> DaemonConfig:
+        # Here, not per root: the roots share the kernel's watch budget.
+        if any(r.backend == "auto" for r in self.roots):
+            auto_backend(self.roots, self.discovery_depth, self.max_inotify_watches)
         return self
 
     @model_validator(mode="after")

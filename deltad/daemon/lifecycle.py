@@ -26,6 +26,7 @@ from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
 
 from .backends import Backend, PollingBackend, event_backend
+from .backends.fanotify import FanotifyBackend
 from .config import ConfigError, DaemonConfig, load_config
 from .decide import Rules
 from .lease import Holder, Lease, read_holder
@@ -343,7 +344,13 @@ def _timeout(svc: Service) -> float:
         times.append(deadline)
     if (poll := svc.resumer.next_poll(now)) is not None:
         times.append(poll)
+    times.extend(now + rest for b in svc.backends if (rest := _rests_for(b)) is not None)
     return max(0.0, min(times) - now)
+
+
+def _rests_for(backend: Backend) -> float | None:
+    # fanotify leaves its fd unread for a moment while others' writes are all it sees.
+    return backend.rests_for() if isinstance(backend, FanotifyBackend) else None
 
 
 def build_backends(svc: Service) -> None:
@@ -352,6 +359,8 @@ def build_backends(svc: Service) -> None:
     config = svc.config
     poller = PollingBackend(svc.queue, config.poll_interval_seconds)
     backends: list[Backend] = []
+    for r in config.roots:
+        log.info("backend_chosen", root=str(r.path), backend=r.backend, reason=r.why)
     for kind in ("fanotify", "inotify", "watchdog"):
         roots = [r for r in config.roots if r.backend == kind]
         if roots:

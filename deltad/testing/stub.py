@@ -80,8 +80,10 @@ def paused_workspace(
         prompt=prompt, run_id=run_id, action_id="act_1", expires_at=expires_at, **question
     )
     _record_asked(paths.journal, request)
-    Mailbox(ws).post(request)
+    # LATEST before the question, as `delta` sets it when the run starts: a watcher that sees
+    # only the mailbox (inotify: one watch per workspace) reads the run the question belongs to.
     ws.set_latest(run_id)
+    Mailbox(ws).post(request)
     return run_id
 
 

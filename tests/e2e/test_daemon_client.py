@@ -13,7 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from deltad.testing import FakeLLM
+from deltad.testing import daemon as harness
 from deltad.testing.daemon import Daemon, answer, metadata_status, wait_for
 
 from ..conftest import llm_env, write_agent
@@ -123,7 +126,12 @@ def test_daemon_and_a_person_race_on_one_run(tmp_path: Path, fake: FakeLLM) -> N
         assert by_hand.returncode in (0, 75, 2), by_hand.stderr
 
 
-def test_killed_delta_is_marked_interrupted(tmp_path: Path, fake: FakeLLM) -> None:
+def test_killed_delta_is_marked_interrupted(
+    tmp_path: Path, fake: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run started by hand is known at once only where `.delta/runs/` is watched: the fanotify
+    # mark (with inotify, at the next full reconcile; docs/daemon.md, "Watching").
+    monkeypatch.setattr(harness, "ROOT_BACKEND", "fanotify")
     tools = '[{name: wait, description: "wait", command: ["sleep", "60"]}]'
     fake.call("wait", {}, id="w1").reply("done")
     root = tmp_path / "root"

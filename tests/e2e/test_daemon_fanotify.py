@@ -128,10 +128,14 @@ def test_check_says_which_path_each_root_takes(tmp_path: Path) -> None:
         paused_workspace(root / "a")
         paused_workspace(root / "g" / "b")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"roots:\n  - {fan}\n  - path: {ino}\n    backend: inotify\n")
+    # The configured inotify root takes the 4 watches allowed; `auto` has none left for its 4.
+    cfg.write_text(
+        f"roots:\n  - {fan}\n  - path: {ino}\n    backend: inotify\nmax_inotify_watches: 4\n"
+    )
     out = _check(cfg)
     assert out.returncode == 0, out.stderr
     assert f"root {fan} (fanotify)" in out.stdout and "no inotify watch" in out.stdout
+    assert "backend: auto: ~4 inotify watches do not fit the 0 left" in out.stdout
     assert f"root {ino} (inotify)" in out.stdout and "~4 watches" in out.stdout  # root, g, a, b
     assert "inotify watches needed: ~4 (in use by this user now: " in out.stdout
     assert "fs.inotify.max_user_watches = " in out.stdout
@@ -142,11 +146,20 @@ def test_auto_falls_back_to_inotify_and_fanotify_asked_for_says_why_not(tmp_path
     root = tmp_path / "root"
     paused_workspace(root / "a")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"roots: [{root}]\n")
+    cfg.write_text(f"roots: [{root}]\nmax_inotify_watches: 1\n")  # its 2 do not fit
     no_admin = ("setpriv", "--inh-caps=-sys_admin", "--bounding-set", "-sys_admin")
+    out = _check(cfg)
+    assert out.returncode == 0, out.stderr
+    assert f"root {root} (fanotify)" in out.stdout
     out = _check(cfg, *no_admin)  # root without CAP_SYS_ADMIN: no filesystem mark
     assert out.returncode == 0, out.stderr
     assert f"root {root} (inotify)" in out.stdout
+    assert "no fanotify (fanotify filesystem marks need CAP_SYS_ADMIN): the rest is polled" in (
+        out.stdout
+    )
+    cfg.write_text(f"roots: [{root}]\n")
+    out = _check(cfg)  # room for its watches: inotify, though the mark would work
+    assert f"root {root} (inotify)" in out.stdout and "fit the" in out.stdout
     cfg.write_text(f"roots:\n  - path: {root}\n    backend: fanotify\n")
     out = _check(cfg, *no_admin)
     assert out.returncode == 2
@@ -184,3 +197,23 @@ def test_a_workspace_on_another_filesystem_gets_its_own_mark(
         for ws in (here, there):
             answer(ws, f"from {ws.name}")
             assert d.wait_resumed(ws)[0]["answer"] == f"from {ws.name}"
+
+
+def test_auto_says_in_the_log_which_backend_and_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(harness, "ROOT_BACKEND", None)  # auto
+    small, big = tmp_path / "small", tmp_path / "big"
+    paused_workspace(small / "a")
+    for name in ("a", "b", "c"):
+        paused_workspace(big / name)
+    # small's 2 watches fit the 3 allowed with a quarter to spare; big's 4 do not fit the 1 left
+    with running(tmp_path, [small, big], max_inotify_watches=3) as d:
+        [first] = d.wait_event("backend_chosen", root=str(small))
+        [second] = d.wait_event("backend_chosen", root=str(big))
+        assert first["backend"] == "inotify" and "fit the 3 left" in first["reason"]
+        assert second["backend"] == "fanotify" and "the 1 left" in second["reason"]
+        answer(big / "b", "through the mark")
+        assert d.wait_resumed(big / "b")[0]["answer"] == "through the mark"
+        answer(small / "a", "through a watch")
+        assert d.wait_resumed(small / "a")[0]["answer"] == "through a watch"

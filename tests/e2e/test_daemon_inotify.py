@@ -1,5 +1,5 @@
-"""The inotify backend (`backend: inotify`) where fanotify would be picked: tests run as root,
-where `auto` means fanotify, so the inotify path is run here explicitly.
+"""The inotify backend (`backend: inotify`), set explicitly: whatever `auto` picks (tests run
+as root, where a fanotify mark is possible), the inotify path is run here.
 
 The detection scenarios of `test_daemon_detect.py` and the symlinked-mailbox scenarios of
 `test_tenant_watches.py` run again with every plain root set to `backend: inotify`

@@ -73,7 +73,10 @@ def _asked_in_journal(ws: Path) -> str:
 def served(tmp_path: Path, fake: FakeLLM) -> Iterator[tuple[Daemon, str, Path]]:
     root = tmp_path / "root"
     root.mkdir()
-    d = Daemon(tmp_path, [root], resume_command=REAL_CLIENT, http={"listen": "127.0.0.1:0"}).start(
+    # Runs started by hand are known at once only where `.delta/runs/` is watched: the fanotify
+    # mark (with inotify, at the next full reconcile; docs/daemon.md, "Watching").
+    roots = [{"path": str(root), "backend": "fanotify"}]
+    d = Daemon(tmp_path, roots, resume_command=REAL_CLIENT, http={"listen": "127.0.0.1:0"}).start(
         env=llm_env(fake)
     )
     try:

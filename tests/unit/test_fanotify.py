@@ -4,6 +4,7 @@ tables, and its handle table over the real kernel (tests run as root)."""
 from __future__ import annotations
 
 import os
+import select
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from deltad.daemon.backends.fanotify import (
     INFO_DFID,
     INFO_DFID_NAME,
     FanotifyBackend,
+    Handles,
     Record,
     key_of,
     parse,
@@ -202,3 +204,93 @@ def test_check_warns_over_the_watch_budget(
     from deltad.daemon.cli import over_watch_budget
 
     assert over_watch_budget(needed, in_use, limit, own_cap) is over
+
+
+# -- others' records: dropped before anything is built, then the fd rests ----------------------
+OURS = key_of(FSID, 1, b"\7" * 8)
+
+
+class Dispatched(FanotifyBackend):
+    """The record dispatch alone (no kernel): what reaches the watch tree."""
+
+    def __init__(self) -> None:  # no fanotify group: `_records` needs none
+        self._handles, self.dropped = Handles(), 0
+        assert self._handles.add(OURS) == 1
+        self.events: list[tuple[int, int, str]] = []
+
+    def _event(self, wd: int, mask: int, name: str) -> None:
+        self.events.append((wd, mask, name))
+
+
+@pytest.mark.parametrize(
+    ("buf", "events", "dropped"),
+    [
+        (event(F.CREATE, info(b"noise")) * 3, [], 3),  # others': no event, counted
+        (
+            event(F.CREATE, info(b"noise")) + event(F.CLOSE_WRITE, info(b"a", handle=b"\7" * 8)),
+            [(1, F.CLOSE_WRITE, "a")],
+            1,
+        ),
+        (
+            event(F.DELETE_SELF | F.ISDIR, info(b".", handle=b"\7" * 8)),
+            [
+                (1, F.DELETE_SELF, ""),
+                (1, F.IGNORED, ""),
+            ],
+            0,
+        ),
+        (event(F.Q_OVERFLOW) + event(F.CREATE, info(b"noise")), [(0, F.Q_OVERFLOW, "")], 1),
+        (event(F.CREATE, info(b"noise")) + event(F.Q_OVERFLOW), [(0, F.Q_OVERFLOW, "")], 1),
+        (  # an unknown info type first: not the usual shape, parsed in full
+            event(F.CREATE, struct.pack("=BBHI", 99, 0, 8, 0), info(b"x", handle=b"\7" * 8)),
+            [(1, F.CREATE, "x")],
+            0,
+        ),
+        (event(F.CREATE, info(b"noise")) + event(F.CREATE, info(b"x"))[:-3], [], 1),  # truncated
+        (event(F.CREATE, info(b"noise"))[:30], [], 0),
+    ],
+)
+def test_records_are_dispatched_as_parsed(
+    buf: bytes, events: list[tuple[int, int, str]], dropped: int
+) -> None:
+    b = Dispatched()
+    b._records(buf)
+    assert (b.events, b.dropped) == (events, dropped)
+    reference = Dispatched()
+    for rec in parse(buf):  # the fast path agrees with the full parse, record by record
+        reference._record(rec)
+    assert (reference.events, reference.dropped) == (events, dropped)
+
+
+def test_others_writes_alone_rest_the_fd(
+    tmp_path: Path, backend: tuple[FanotifyBackend, HintQueue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltad.daemon.backends import fanotify
+
+    monkeypatch.setattr(fanotify, "REST_SECONDS", 3600.0)  # no race with the clock here
+    b, queue = backend
+    ws = _workspace(tmp_path / "root" / "ws1")
+    b.sync()
+    fd = b.fileno()
+    assert fd is not None and b.rests_for() is None
+    (tmp_path / "elsewhere").write_text("not ours")
+    wait_for(lambda: select.select([fd], [], [], 0)[0], "others' records to read")
+    b.process()
+    assert b.fileno() is None and 0 < (b.rests_for() or 0) <= 3600  # the loop wakes then
+    (ws / ".delta" / "interaction" / "response.txt").write_text("yes")
+    assert _hint(b, queue, ws) & Why.ANSWER_CLOSED
+    assert b.fileno() == fd and b.rests_for() is None  # ours seen: read as usual
+
+
+def test_the_handle_table_gives_freed_descriptors_again() -> None:
+    other_fs = key_of(FSID + 1, 1, HANDLE)  # the same handle bytes on another filesystem
+    table = Handles()
+    assert [table.add(KEY), table.add(OURS), table.add(other_fs), table.add(KEY)] == [1, 2, 3, 1]
+    assert (table.get(KEY), table.get(OURS), table.get(other_fs), len(table)) == (1, 2, 3, 3)
+    assert table.get(key_of(FSID, 2, HANDLE)) is None  # another handle type: another key
+    table.remove(1)
+    table.remove(1)  # twice: nothing more
+    assert table.get(KEY) is None and table.get(other_fs) == 3 and 1 not in table
+    assert table.add(key_of(FSID, 1, b"\1" * 8)) == 1 and len(table) == 3  # 1 given again
+    table.remove(99)
+    assert 2 in table and 0 not in table

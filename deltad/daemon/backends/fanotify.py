@@ -23,6 +23,7 @@ import os
 import stat
 import struct
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,13 +60,23 @@ MARK_MASK = (
 AT_FDCWD = -100
 AT_SYMLINK_FOLLOW = 0x400
 MAX_HANDLE_SZ = 128
-READ_SIZE = 64 * 1024
+READ_SIZE = 256 * 1024  # ~3,500 records
 READS_PER_TURN = 16  # then back to the loop; select says the fd is still readable
+# After a turn whose records were all others' (the filesystem is busy elsewhere), the fd is
+# left unread this long: each wake of the loop costs more than a record, and others' writes
+# would wake it thousands of times a second. Our own events wait at most this long meanwhile.
+REST_SECONDS = 0.01
 
 _METADATA = struct.Struct("=IBBHQii")  # fanotify_event_metadata
 _INFO_HEADER = struct.Struct("=BBH")  # fanotify_event_info_header
 _HANDLE_HEAD = struct.Struct("=Ii")  # file_handle: handle_bytes, handle_type
 _FID_HEAD = _INFO_HEADER.size + 8  # + fsid
+# The usual record's fixed part in one unpack: event_len, metadata_len, mask (metadata), then
+# the first info's type and length, and its file_handle's handle_bytes (after the fsid).
+_USUAL = struct.Struct("=I2xHQ8xBxH8xI")
+_KEY_AT = _METADATA.size + _INFO_HEADER.size  # fsid + file_handle, the table's key
+_HANDLE_AT = _KEY_AT + 8 + _HANDLE_HEAD.size  # the handle's bytes
+_NONE: dict[bytes, int] = {}  # the table of a filesystem we did not mark
 UNMARKABLE = (errno.EXDEV, errno.EOPNOTSUPP, errno.ENODEV, errno.ENOSYS, errno.EINVAL)
 
 
@@ -119,6 +130,57 @@ def _dir_info(buf: bytes, off: int, end: int) -> tuple[bytes, str] | None:
 def key_of(fsid: int, handle_type: int, handle: bytes) -> bytes:
     """The table key of a directory: the bytes its events carry (fsid, then `file_handle`)."""
     return struct.pack("=QIi", fsid, len(handle), handle_type) + handle
+
+
+_HEAD = 8 + _HANDLE_HEAD.size  # a key's fsid, handle_bytes and handle_type
+
+
+class Handles:
+    """The handle table, `key -> descriptor` and back, kept small (three per workspace): keys
+    are split into their head (fsid, handle size and type: the same for every directory of a
+    filesystem), one table each, and the handle's own bytes; a descriptor is an index into a
+    list of handles, and one freed is given again (events are mapped by key when read, so a
+    stale record never reaches a reused descriptor)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[bytes, dict[bytes, int]] = {}  # head -> handle -> descriptor
+        self._handles: list[bytes | None] = [None]  # descriptor -> handle (0: none given)
+        self._free: list[int] = []
+
+    def get(self, key: bytes) -> int | None:
+        table = self.tables.get(key[:_HEAD])
+        return None if table is None else table.get(key[_HEAD:])
+
+    def add(self, key: bytes) -> int:
+        """The descriptor of `key`, given now if it has none."""
+        table = self.tables.setdefault(key[:_HEAD], {})
+        handle = key[_HEAD:]
+        wd = table.get(handle)
+        if wd is None:
+            wd = self._free.pop() if self._free else len(self._handles)
+            if wd == len(self._handles):
+                self._handles.append(handle)
+            else:
+                self._handles[wd] = handle
+            table[handle] = wd
+        return wd
+
+    def remove(self, wd: int) -> None:
+        handle = self._handles[wd] if 0 < wd < len(self._handles) else None
+        if handle is None:
+            return
+        for table in self.tables.values():  # one per filesystem: a few at most
+            if table.get(handle) == wd:
+                del table[handle]
+                break
+        self._handles[wd] = None
+        self._free.append(wd)
+
+    def __contains__(self, wd: int) -> bool:
+        return 0 < wd < len(self._handles) and self._handles[wd] is not None
+
+    def __len__(self) -> int:
+        return len(self._handles) - 1 - len(self._free)
 
 
 class _FileHandle(ctypes.Structure):
@@ -220,43 +282,80 @@ class FanotifyBackend(WatchTree):
     def __init__(self, queue: HintQueue, fallback: PollingLike) -> None:
         super().__init__(queue, fallback, None)  # no kernel watch to budget
         self._fan = Fanotify()
-        self._wd_of: dict[bytes, int] = {}
-        self._key_of: dict[int, bytes] = {}
+        self._handles = Handles()
         self._fsid: dict[int, int] = {}  # st_dev -> fsid of each marked filesystem
-        self._next_wd = 1
         self.dropped = 0  # records for directories we do not know (the busy rest of the fs)
+        self._awake_at = 0.0  # monotonic time until which the fd rests (REST_SECONDS)
 
     def fileno(self) -> int | None:
-        return self._fan.fd
+        return None if self.rests_for() is not None else self._fan.fd
+
+    def rests_for(self) -> float | None:
+        """Seconds left of a rest (the loop wakes then), None when the fd is read as usual."""
+        left = self._awake_at - time.monotonic()
+        return left if left > 0 else None
 
     def process(self) -> None:
+        before, seen = self.dropped, 0
         for _ in range(READS_PER_TURN):
             try:
                 buf = os.read(self._fan.fd, READ_SIZE)
             except BlockingIOError:
-                return
+                break
             except OSError as e:
                 self._failed = True
                 log.error("fanotify_read_failed", error=e.strerror)
                 return
-            self._records(buf)
+            seen += self._records(buf)
+        if seen:  # rest only after others' records alone
+            others_only = seen == self.dropped - before
+            self._awake_at = time.monotonic() + REST_SECONDS if others_only else 0.0
 
-    def _records(self, buf: bytes) -> None:
-        wd_of = self._wd_of
-        for rec in parse(buf):
-            wd = wd_of.get(rec.key)
-            if wd is None:  # the hot path: not one of ours
-                if rec.mask & F.Q_OVERFLOW:
-                    self._event(0, F.Q_OVERFLOW, "")
-                else:
-                    self.dropped += 1
-                continue
-            if rec.name == ".":  # the directory itself
-                self._event(wd, rec.mask & (F.DELETE_SELF | F.MOVE_SELF), "")
-                if rec.mask & F.DELETE_SELF and wd in self._key_of:
-                    self._event(wd, F.IGNORED, "")  # as inotify says after DELETE_SELF
+    def _records(self, buf: bytes) -> int:
+        """Dispatch one read's records; return how many. The hot path is others' writes: a
+        usual record (one directory info first) whose key is not in the table is dropped after
+        one unpack, one slice and one lookup; nothing is built for it. Ours, and anything
+        unusual, go through `parse`."""
+        tables, usual, off, end = self._handles.tables, _USUAL.unpack_from, 0, len(buf)
+        dropped = seen = 0
+        while off + _METADATA.size <= end:
+            seen += 1
+            event_len = _METADATA.unpack_from(buf, off)[0] if off + _USUAL.size > end else 0
+            if not event_len:
+                event_len, meta_len, mask, info_type, _info_len, size = usual(buf, off)
+                handle_end = off + _HANDLE_AT + size
+                if (
+                    meta_len == _METADATA.size
+                    and not mask & F.Q_OVERFLOW
+                    and info_type in (INFO_DFID_NAME, INFO_DFID)
+                    and handle_end <= off + event_len <= end
+                    and buf[off + _HANDLE_AT : handle_end]
+                    not in tables.get(buf[off + _KEY_AT : off + _HANDLE_AT], _NONE)
+                ):
+                    dropped += 1
+                    off += event_len
+                    continue
+            if event_len < _METADATA.size or off + event_len > end:
+                break  # truncated: as `parse`
+            for rec in parse(buf[off : off + event_len]):
+                self._record(rec)
+            off += event_len
+        self.dropped += dropped
+        return seen
+
+    def _record(self, rec: Record) -> None:
+        wd = self._handles.get(rec.key)
+        if wd is None:
+            if rec.mask & F.Q_OVERFLOW:
+                self._event(0, F.Q_OVERFLOW, "")
             else:
-                self._event(wd, rec.mask & ~(F.DELETE_SELF | F.MOVE_SELF), rec.name)
+                self.dropped += 1
+        elif rec.name == ".":  # the directory itself
+            self._event(wd, rec.mask & (F.DELETE_SELF | F.MOVE_SELF), "")
+            if rec.mask & F.DELETE_SELF and self._handles.get(rec.key) == wd:  # still ours
+                self._event(wd, F.IGNORED, "")  # as inotify says after DELETE_SELF
+        else:
+            self._event(wd, rec.mask & ~(F.DELETE_SELF | F.MOVE_SELF), rec.name)
 
     def healthy(self) -> bool:
         return not self._failed
@@ -272,13 +371,7 @@ class FanotifyBackend(WatchTree):
         fsid = self._fsid.get(st.st_dev)
         if fsid is None:
             fsid = self._mark(path, st.st_dev)
-        key = key_of(fsid, *self._fan.handle(path, follow=root))
-        wd = self._wd_of.get(key)
-        if wd is None:
-            wd, self._next_wd = self._next_wd, self._next_wd + 1
-            self._wd_of[key] = wd
-            self._key_of[wd] = key
-        return wd
+        return self._handles.add(key_of(fsid, *self._fan.handle(path, follow=root)))
 
     def _mark(self, path: str | Path, dev: int) -> int:
         try:
@@ -294,9 +387,7 @@ class FanotifyBackend(WatchTree):
         return fsid
 
     def _rm_watch(self, wd: int) -> None:
-        key = self._key_of.pop(wd, None)
-        if key is not None:
-            self._wd_of.pop(key, None)
+        self._handles.remove(wd)
 
     def _released(self, wd: int) -> None:
         self._rm_watch(wd)
