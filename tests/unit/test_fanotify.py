@@ -258,7 +258,7 @@ def test_records_are_dispatched_as_parsed(
     assert (b.events, b.dropped) == (events, dropped)
     reference = Dispatched()
     for rec in parse(buf):  # the fast path agrees with the full parse, record by record
-        reference._record(rec)
+        reference._on_record(rec)
     assert (reference.events, reference.dropped) == (events, dropped)
 
 

@@ -338,12 +338,12 @@ class FanotifyBackend(WatchTree):
             if event_len < _METADATA.size or off + event_len > end:
                 break  # truncated: as `parse`
             for rec in parse(buf[off : off + event_len]):
-                self._record(rec)
+                self._on_record(rec)
             off += event_len
         self.dropped += dropped
         return seen
 
-    def _record(self, rec: Record) -> None:
+    def _on_record(self, rec: Record) -> None:
         wd = self._handles.get(rec.key)
         if wd is None:
             if rec.mask & F.Q_OVERFLOW:
