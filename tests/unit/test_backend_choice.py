@@ -128,6 +128,7 @@ def test_no_auto_root_counts_nothing(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.linux_only
 @pytest.mark.skipif(os.geteuid() != 0, reason="a fanotify filesystem mark needs root")
 def test_the_config_resolves_auto_with_the_budget(tmp_path: Path) -> None:
     root = tmp_path / "root"
