@@ -221,8 +221,11 @@ class Index:
                 bisect.insort(order, view, key=by)
 
     def put(self, view: View) -> None:
-        real, owner = _where(view.workspace)  # outside the lock: the file system is slow
-        view = replace(view, real=real, owner=owner)
+        if view.run_id is not None or view.request_id:  # listed: scopes need both
+            real, owner = _where(view.workspace)  # outside the lock: the file system is slow
+            view = replace(view, real=real, owner=owner)
+        # else never listed: no open and readlink for each of 100,000 workspaces found at
+        # startup before READY; their reads after READY file them with both
         with self._lock:
             old = self._views.get(view.workspace)
             if old is not None and old.request_id and old.request_id != view.request_id:

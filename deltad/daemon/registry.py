@@ -23,16 +23,17 @@ from .feed import Feed, View
 from .reconcile import State, Verdict
 
 log = structlog.get_logger("deltad.registry")
+_stdlib = logging.getLogger("deltad.registry")  # its level check is cached by logging
 
 
 def _say(quiet: bool) -> Callable[..., Any] | None:
     """info, or debug when `quiet`; None if that would be filtered out anyway (a full
     reconcile of 10,000 workspaces must not pay for 20,000 discarded debug lines)."""
-    say: Callable[..., Any] | None = log.info
-    if quiet:
-        debug = logging.getLogger("deltad.registry").isEnabledFor(logging.DEBUG)
-        say = log.debug if debug else None
-    return say
+    if not quiet:
+        say: Callable[..., Any] = log.info
+        return say
+    # Before touching `log`: each attribute of structlog's lazy proxy binds a new logger.
+    return log.debug if _stdlib.isEnabledFor(logging.DEBUG) else None
 
 
 def _interned(name: str | None) -> str | None:

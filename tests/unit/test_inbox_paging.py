@@ -367,3 +367,28 @@ def test_a_workspace_linked_from_inside_a_scope_is_not_listed_to_it(
     assert every_page(http, "/v1/runs", alice) == []
     both = {"Authorization": f"Bearer {store.add('both', [str(root)], 'reader')}"}
     assert len(every_page(http, "/v1/requests", both)) == 2
+
+
+def test_a_workspace_only_found_is_filed_without_resolving_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Startup files 100,000 found workspaces before READY: none may cost an open and a
+    readlink. What is listed (a run or a question) is filed with its real path and owner, for
+    the scopes and the owner filter."""
+    from deltad.daemon import feed
+
+    resolved: list[Path] = []
+
+    def where(ws: Path) -> tuple[str, int | None]:
+        resolved.append(ws)
+        return "/real" + str(ws), 7
+
+    monkeypatch.setattr(feed, "_where", where)
+    index, ws = Index(), tmp_path / "w"
+    index.put(View(ws, "idle"))
+    assert resolved == [] and index.get(ws) == View(ws, "idle")
+    index.put(View(ws, "waiting", None, None, "q1", "text", 1.0))  # a question, its run unnamed
+    index.put(View(ws, "running", "r1", "RUNNING"))
+    assert resolved == [ws, ws]
+    [run] = list(index.runs())
+    assert (run.real, run.owner) == ("/real" + str(ws), 7)
