@@ -7,7 +7,6 @@ it stands. The budget is what these structures cost now, with a margin: a regres
 from __future__ import annotations
 
 import gc
-import itertools
 import sys
 import tracemalloc
 from pathlib import Path
@@ -15,14 +14,13 @@ from pathlib import Path
 import pytest
 
 from deltad.daemon import tenancy
-from deltad.daemon.backends.tree import Kind, WatchTree
 from deltad.daemon.feed import Feed
-from deltad.daemon.queue import HintQueue
 from deltad.daemon.reconcile import Action, State, Verdict
 from deltad.daemon.registry import Registry
 from deltad.daemon.tenancy import Policy
 from deltad.protocol import RunStatus, Workspace, load_metadata
 from deltad.protocol.errors import CorruptFile
+from deltad.testing.kernel import FakeKernelTree
 from deltad.testing.stub import paused_workspace
 
 WORKSPACES = 2000
@@ -31,28 +29,6 @@ WORKSPACES = 2000
 # watch table keyed by the workspace too (781 in a worker that ran other tests first: the
 # interpreter's own tables resize in steps)
 BUDGET = 880
-
-
-class NoFallback:
-    def adopt_workspace(self, ws: Path) -> None:
-        raise AssertionError("no watch limit here")
-
-    def adopt_dir(self, path: Path, levels: int) -> None:
-        raise AssertionError("no watch limit here")
-
-
-class Kernel(WatchTree):
-    """A descriptor per watch, and nothing kept for it: only the table's own cost counts."""
-
-    def __init__(self) -> None:
-        super().__init__(HintQueue(), NoFallback(), None)
-        self._next = itertools.count(1)
-
-    def _add_watch(self, path: str, kind: Kind) -> int:
-        return next(self._next)
-
-    def _rm_watch(self, wd: int) -> None:
-        pass
 
 
 def paused(root: Path, n: int) -> list[Verdict]:
@@ -78,7 +54,7 @@ def paused(root: Path, n: int) -> list[Verdict]:
 def test_an_idle_workspace_costs_under_the_budget(tmp_path: Path) -> None:
     root = tmp_path / "root"
     verdicts = paused(root, WORKSPACES)
-    tree, feed = Kernel(), Feed()
+    tree, feed = FakeKernelTree(), Feed()
     feed.priming = True  # the startup reconcile: filled quietly
     registry = Registry(feed)  # as the service has them: one table
     tree.add_root(root, 1)

@@ -3,7 +3,6 @@ watch index that makes a removed directory cost what was below it (backends/tree
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 from pathlib import Path
@@ -12,13 +11,13 @@ import pytest
 
 from deltad.daemon import lifecycle
 from deltad.daemon.backends import events as F
-from deltad.daemon.backends.tree import Kind, WatchTree
 from deltad.daemon.clock import ManualClock
 from deltad.daemon.config import DaemonConfig, load_config
-from deltad.daemon.queue import HintQueue, Why
+from deltad.daemon.queue import Why
 from deltad.daemon.resumer import Resumer
 from deltad.daemon.service import Service
 from deltad.daemon.tenancy import Launch
+from deltad.testing.kernel import FakeKernelTree
 from deltad.testing.stub import paused_workspace
 
 BUDGET = 10  # steps per turn in these tests (the daemon's is larger)
@@ -32,27 +31,8 @@ def _answer(ws: Path, text: str = "yes") -> None:
 
 
 # -- the watch index ------------------------------------------------------------------------
-class NoFallback:
-    def adopt_workspace(self, ws: Path) -> None:
-        raise AssertionError("no watch limit here")
-
-    def adopt_dir(self, path: Path, levels: int) -> None:
-        raise AssertionError("no watch limit here")
-
-
-class CountingTree(WatchTree):
+class CountingTree(FakeKernelTree):
     """Watches kept in a dict; counts what is removed."""
-
-    def __init__(self) -> None:
-        super().__init__(HintQueue(), NoFallback(), None)
-        self._wds = itertools.count(1)
-        self.removed: list[int] = []
-
-    def _add_watch(self, path: str, kind: Kind) -> int:
-        return next(self._wds)
-
-    def _rm_watch(self, wd: int) -> None:
-        self.removed.append(wd)
 
     def wd_of(self, path: Path) -> int:
         return self.paths()[path]

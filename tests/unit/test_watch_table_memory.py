@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import inspect
-import itertools
 import pathlib
 import tracemalloc
 from pathlib import Path
@@ -17,43 +16,20 @@ from pathlib import Path
 import pytest
 
 from deltad.daemon.backends.fanotify import FanotifyBackend
-from deltad.daemon.backends.tree import Kind, WatchTree
-from deltad.daemon.queue import HintQueue
+from deltad.testing.kernel import FakeKernelTree
 
 WORKSPACES = 2000
 BUDGET = 120  # bytes per workspace: 100 now (two dict entries, the descriptor), 480 before
 FREE_BUDGET = 450  # with three watches per workspace (fanotify): 420 now, 1,540 before
 
 
-class NoFallback:
-    def adopt_workspace(self, ws: Path) -> None:
-        raise AssertionError("no watch limit here")
-
-    def adopt_dir(self, path: Path, levels: int) -> None:
-        raise AssertionError("no watch limit here")
-
-
-class Kernel(WatchTree):
-    """A descriptor per watch, and nothing kept for it."""
-
-    def __init__(self) -> None:
-        super().__init__(HintQueue(), NoFallback(), None)
-        self._next = itertools.count(1)
-
-    def _add_watch(self, path: str, kind: Kind) -> int:
-        return next(self._next)
-
-    def _rm_watch(self, wd: int) -> None:
-        pass
-
-
-class FreeKernel(Kernel):
+class FreeKernel(FakeKernelTree):
     """As fanotify: a watch costs nothing, so `.delta/` and `runs/` are kept as well."""
 
     FREE_WATCHES = FanotifyBackend.FREE_WATCHES
 
 
-def _table_bytes(tree: Kernel, root: Path) -> int:
+def _table_bytes(tree: FakeKernelTree, root: Path) -> int:
     """What a sync leaves allocated, less what the walk made for the workspaces themselves."""
     tree.add_root(root, 1)
     gc.collect()
@@ -90,7 +66,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_watched_workspace_costs_under_the_budget(root: Path) -> None:
-    tree = Kernel()
+    tree = FakeKernelTree()
     kept = _table_bytes(tree, root)
     assert tree.watch_count() == WORKSPACES + 1  # one per workspace, and the root
     assert kept / WORKSPACES <= BUDGET, f"{kept / WORKSPACES:.0f} bytes per workspace"
