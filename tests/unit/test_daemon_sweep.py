@@ -198,3 +198,31 @@ def test_a_periodic_reconcile_does_not_restart_one_in_progress(
     service.full_reconcile("overflow", force=True)
     assert service.sweep is not first and first is not None and first.walks == []
     lifecycle.close_backends(service)
+
+
+# -- when the next periodic full reconcile is due --------------------------------------------
+@pytest.mark.parametrize(
+    ("took", "due_in"),
+    [
+        (0.5, 300.0),  # 10,000 workspaces: every interval, as configured
+        (30.0, 300.0),  # at a tenth of the interval, still every interval
+        (234.0, 2340.0),  # 1,000,000: not 80 % of a core on a safety net
+    ],
+)
+def test_a_long_walk_pushes_the_next_periodic_one(took: float, due_in: float) -> None:
+    assert lifecycle.rescan_after(1000.0, 300.0, took) == 1000.0 + due_in
+
+
+def test_a_long_startup_walk_pushes_the_first_periodic_one(tmp_path: Path) -> None:
+    config = DaemonConfig.model_validate(
+        {"roots": [{"path": str(tmp_path), "backend": "polling"}], "rescan_interval_seconds": 300}
+    )
+    ticks = lifecycle.Ticks()
+    ticks.walked(ended=500.0, took=290.0, config=config)  # the startup walk, before the loop
+    ticks.start(500.0, config)
+    assert not ticks.rescan_due(500.0 + 2899.0, config)
+    assert ticks.rescan_due(500.0 + 2900.0, config)
+    quick = lifecycle.Ticks()
+    quick.walked(ended=500.0, took=2.0, config=config)
+    quick.start(500.0, config)
+    assert not quick.rescan_due(799.0, config) and quick.rescan_due(800.0, config)
