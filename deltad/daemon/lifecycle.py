@@ -353,8 +353,8 @@ def _wait(svc: Service, sig_r: int) -> list[int]:
 def _timeout(svc: Service) -> float:
     now = svc.clock.monotonic()
     times = svc.ticks.due(svc.dirty)
-    if svc.timers:
-        times.append(svc.timers[0][0])
+    if (due := svc.timers.next_due()) is not None:
+        times.append(due)
     if svc.lease is not None:
         times.append(svc.ticks.next_lease_check)
     if (deadline := svc.resumer.next_deadline()) is not None:

@@ -8,7 +8,6 @@ threads are the polling backend's and watchdog's, which only produce hints.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +32,7 @@ from .registry import Registry
 from .resumer import Finished, Resumer
 from .sweep import Sweep
 from .tenancy import Refused
+from .timers import Timers
 from .unread import Unread
 
 log = structlog.get_logger("deltad.service")
@@ -63,7 +63,7 @@ class Service:
         self.rules = core.Rules.of(config)
         self.memory: dict[Path, core.Memory] = {}  # what decide() remembers, per workspace
         self.backends: list[Backend] = []
-        self.timers: list[tuple[float, str]] = []
+        self.timers = Timers()
         self.sweep: Sweep | None = None  # a full reconcile in progress (deltad/daemon/sweep.py)
         self.unread = Unread()  # found by a glance, read after READY (deltad/daemon/unread.py)
         self.stop = self.reload = False
@@ -96,9 +96,8 @@ class Service:
         lifecycle.tick(self, now)
 
     def _fire_timers(self, now: float) -> None:
-        while self.timers and self.timers[0][0] <= now:
-            _, key = heapq.heappop(self.timers)
-            self.queue.put(Path(key))
+        for ws in self.timers.due(now):
+            self.queue.put(ws)
         if self.ticks.sweep_due(now, self.config):
             for ws in self.registry.running():
                 if ws not in self.resumer.children:
@@ -107,7 +106,7 @@ class Service:
             self.full_reconcile("periodic")
 
     def wake_at(self, ws: Path, when_monotonic: float) -> None:
-        heapq.heappush(self.timers, (when_monotonic, str(ws)))
+        self.timers.wake(ws, when_monotonic)
 
     def full_reconcile(
         self, reason: str, *, force: bool = False, quiet: bool = False, at_once: bool = False

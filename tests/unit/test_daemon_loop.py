@@ -84,7 +84,7 @@ def test_a_failed_resume_is_paced_and_its_timer_brings_it_back(service: Service)
     service.turn()
     assert service.memory[ws].failures == 1
     delay = service.config.backoff_initial_seconds
-    assert service.timers and service.timers[0][0] == service.clock.monotonic() + delay
+    assert service.timers.next_due() == service.clock.monotonic() + delay
 
     service.queue.put(ws, Why.ANSWER_CLOSED)  # another look before the backoff ends
     service.turn()
