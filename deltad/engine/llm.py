@@ -350,7 +350,7 @@ class OpenAIChatModel:
         try:
             resp = self.client.post(
                 "/chat/completions",
-                body=body,
+                content=body,
                 cast_to=httpx2.Response,
                 options={"timeout": timeout, "headers": JSON_HEADERS},
             )
