@@ -28,8 +28,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from deltad.daemon.executors.seam import Identity, JobSpec, RequestKey, Started
-from deltad.daemon.executors.slurm import SlurmExecutor, make_slurm_executor
+from deltad.executors.seam import Identity, JobSpec, RequestKey, Started
+from deltad.executors.slurm import SlurmExecutor, make_slurm_executor
 from deltad.testing.slurmcluster import Cluster, cluster
 
 NOBODY = Identity(65534, 65534, user="nobody")
@@ -134,7 +134,7 @@ def _jobs_per_name(c: Cluster) -> dict[str, int]:
 
 def through_daemon(c: Cluster, root: Path, n: int) -> dict[str, object]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from deltad.daemon.executors.slurm import key_from_comment
+    from deltad.executors.slurm import key_from_comment
     from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command
     from deltad.testing.stub import paused_workspace
     from tests.users import executable_by_all

@@ -23,6 +23,8 @@ import fcntl
 import os
 import sys
 
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
 SWITCH = "DELTAD_PLATFORM"
 
 

@@ -8,7 +8,7 @@ two over the same workspaces is what the index costs. Bench only."""
 from pathlib import Path
 from typing import Any
 
-from deltad.daemon.feed import Feed
+from deltad.inbox.feed import Feed
 
 
 def _changed(self: Feed, ws: Path, before: Any, after: Any) -> None:

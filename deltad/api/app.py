@@ -24,7 +24,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deltad import __version__
-from deltad.daemon.feed import EVENT_TYPES, EventType, FeedEvent
+from deltad.inbox.feed import EVENT_TYPES, EventType, FeedEvent
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from deltad import inbox
-from deltad.daemon.feed import Feed, Listed
+from deltad.inbox.feed import Feed, Listed
 from deltad.protocol import (
     JournalEvent,
     Mailbox,

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import structlog
 
-from deltad.daemon.feed import Feed, FeedEvent
+from deltad.inbox.feed import Feed, FeedEvent
 from deltad.protocol import Workspace
 
 from . import handlers, scopes, webhooks

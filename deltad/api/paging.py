@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from deltad.daemon.feed import Listed
+from deltad.inbox.feed import Listed
 from deltad.protocol.printable import show_path
 
 from . import scopes

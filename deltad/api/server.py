@@ -15,7 +15,7 @@ import anyio.to_thread
 import structlog
 import uvicorn
 
-from deltad.daemon.feed import Feed
+from deltad.inbox.feed import Feed
 
 from . import links, sessions
 from .app import create_app

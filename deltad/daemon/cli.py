@@ -13,10 +13,10 @@ import structlog
 
 from deltad import __version__, logs, platform
 from deltad.protocol.printable import show, show_path
+from deltad.watch.choice import inotify_watches_in_use
+from deltad.watch.discovery import walk
 
-from .backend_choice import inotify_watches_in_use
 from .config import ConfigError, DaemonConfig, load_config
-from .discovery import walk
 from .shared_roots import shared_root_warnings
 from .status import daemon_running, read_standbys, read_status
 
@@ -368,13 +368,14 @@ def token_revoke(name: str, config_path: Path | None, state_dir: Path | None) ->
 
 
 def _executor_where(kind: str) -> str:
-    from .executors import registry
+    from deltad.executors import registry
 
     return registry.where(kind) or "unknown"
 
 
 def _executor_kind(config: DaemonConfig) -> str:
-    from .executors import resolve
+    from deltad.executors import resolve
+
     from .resumer import build_argv
 
     return resolve(config.executor, build_argv(config.resume_command, Path("/"), None))

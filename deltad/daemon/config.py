@@ -50,8 +50,8 @@ def auto_backend(roots: list[RootConfig], depth: int, own_cap: int | None) -> No
     """Resolve each `backend: auto` root (backend_choice.py: inotify while the roots' watches
     fit the kernel's budget with room to spare, else fanotify where a filesystem mark works,
     else inotify with polling for the rest); every root keeps why it has its backend."""
-    from .backend_choice import PlannedRoot, plan
-    from .backends.fanotify import probe
+    from deltad.watch.choice import PlannedRoot, plan
+    from deltad.watch.fanotify import probe
 
     planned = [PlannedRoot(r.path, r.backend) for r in roots]
     for r, (name, why, _need) in zip(
@@ -80,7 +80,7 @@ class RootConfig(_Strict):
                 raise ValueError(f"polling: true contradicts backend: {self.backend}")
             self.backend = "polling"
         elif self.backend == "fanotify":
-            from .backends.fanotify import probe
+            from deltad.watch.fanotify import probe
 
             if (reason := probe(self.path)) is not None:
                 raise ValueError(f"backend: fanotify is impossible here: {reason}")
@@ -132,7 +132,7 @@ class DaemonConfig(_Strict):
     # One owner's share of those (None: all of them); see slots.py.
     max_parallel_resumes_per_owner: int | None = Field(default=None, ge=1, le=256, strict=True)
     resume_command: list[str] = Field(default_factory=lambda: list(DEFAULT_RESUME_COMMAND))
-    # How a resume is started: a name in deltad/daemon/executors/registry.py, an entry point
+    # How a resume is started: a name in deltad/executors/registry.py, an entry point
     # in `deltad.executors`, or `module:factory`; its options under `executors: {NAME: ...}`.
     executor: str = "auto"
     executors: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -164,7 +164,7 @@ class DaemonConfig(_Strict):
     def _executor(self) -> DaemonConfig:
         """The chosen executor must load and take its options (checked without starting it)."""
         if self.executor != "auto":
-            from .executors import registry
+            from deltad.executors import registry
 
             registry.check_options(self.executor, self.executors.get(self.executor, {}))
         return self

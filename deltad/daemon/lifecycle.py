@@ -24,9 +24,9 @@ import structlog
 from deltad import logs, platform
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
+from deltad.watch import Backend, PollingBackend, event_backend
+from deltad.watch.fanotify import FanotifyBackend
 
-from .backends import Backend, PollingBackend, event_backend
-from .backends.fanotify import FanotifyBackend
 from .config import ConfigError, DaemonConfig, load_config
 from .decide import Rules
 from .lease import Holder, Lease, read_holder

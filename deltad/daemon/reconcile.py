@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from enum import Enum, StrEnum
 from pathlib import Path
 
+from deltad.clock import SYSTEM, Clock
 from deltad.protocol import (
     AnswerState,
     Busy,
@@ -39,13 +40,12 @@ from deltad.protocol.runfacts import (
     remote_owner,
     still_elsewhere,
 )
+from deltad.watch.discovery import is_workspace
+from deltad.watch.hints import Why
 
 from . import tenancy
 from .answer import Writers, open_writers
 from .backoff import AnswerSig
-from .clock import SYSTEM, Clock
-from .discovery import is_workspace
-from .queue import Why
 from .tenancy import Policy
 
 # An answer file this young, reported only by IN_CREATE, may be an open(O_CREAT) whose writer

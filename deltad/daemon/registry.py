@@ -16,10 +16,10 @@ from typing import Any
 
 import structlog
 
+from deltad.inbox.feed import Feed, View
 from deltad.protocol import RunStatus
 from deltad.protocol.printable import show, show_path
 
-from .feed import Feed, View
 from .reconcile import State, Verdict
 
 log = structlog.get_logger("deltad.registry")

@@ -23,12 +23,20 @@ from typing import Any
 
 import structlog
 
+from deltad.clock import SYSTEM, Clock
+from deltad.executors import (
+    Exit,
+    Handle,
+    JobExecutor,
+    Started,
+    exit_meaning,
+    make_executor,
+    resolve,
+)
+from deltad.executors.seam import Identity, JobSpec, RequestKey, SubmitError, due, reload
 from deltad.protocol import exitcodes
 
-from .clock import SYSTEM, Clock
 from .config import DaemonConfig
-from .executors import Exit, Handle, JobExecutor, Started, exit_meaning, make_executor, resolve
-from .executors.seam import Identity, JobSpec, RequestKey, SubmitError, due, reload
 from .slots import Slots, held_by_owner_cap, pick_next
 from .tenancy import Launch
 

@@ -15,18 +15,18 @@ from typing import Any, assert_never
 
 import structlog
 
+from deltad.clock import SYSTEM, Clock
+from deltad.inbox.feed import Feed
 from deltad.protocol.runfacts import Elsewhere
+from deltad.watch import Backend
+from deltad.watch.discovery import is_workspace
+from deltad.watch.hints import HintQueue, Why
 
 from . import decide as core
 from . import lifecycle, walking
 from .answer import log_refusals
-from .backends import Backend
-from .clock import SYSTEM, Clock
 from .config import DaemonConfig
-from .discovery import is_workspace
-from .feed import Feed
 from .lease import Lease
-from .queue import HintQueue, Why
 from .reconcile import State, inspect, mark_interrupted
 from .registry import Registry
 from .resumer import Finished, Resumer

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends import Backend
-from .backends.tree import SyncSteps
-from .clock import Clock
-from .discovery import Layout
+from deltad.clock import Clock
+from deltad.watch import Backend
+from deltad.watch.discovery import Layout
+from deltad.watch.tree import SyncSteps
 
 SWEEP_BUDGET = 200  # directories and workspaces per loop turn
 SWEEP_SLICE = 0.02  # seconds per loop turn, whichever comes first

@@ -26,11 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deltad.platform import SAFE_PATH
 from deltad.protocol import exitcodes, safefs
 from deltad.protocol.errors import UnsafeFile
 from deltad.protocol.layout import RUN_ID_RE, RunPaths, Workspace
 
-SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 MODEL_PREFIXES = ("OPENAI_", "DELTA_")
 MAX_CREDENTIALS_BYTES = 64 * 1024
 

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from .clock import Clock
+from deltad.clock import Clock
 
 
 class Unread:

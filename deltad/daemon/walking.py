@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from deltad.watch.discovery import mailbox_names, unanswered
+from deltad.watch.hints import Why
+
 from . import lifecycle
-from .discovery import mailbox_names, unanswered
-from .queue import Why
 from .sweep import SWEEP_BUDGET, SWEEP_SLICE, Sweep
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import yaml
 from deltad.testing.stub import paused_workspace
 
 if TYPE_CHECKING:
-    from deltad.daemon.executors import Exit, JobExecutor
+    from deltad.executors import Exit, JobExecutor
 
 BIN = Path(sys.executable).parent
 DELTAD = str(BIN / "deltad")
@@ -49,7 +49,7 @@ def wait_for(cond: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
 def next_exit(ex: JobExecutor) -> Exit:
     """The next job `ex` reports ended (exactly one: the tests start one at a time)."""
 
-    from deltad.daemon.executors.seam import Exit
+    from deltad.executors.seam import Exit
 
     def exits() -> list[Exit]:
         return [e for e in ex.poll(time.time()) if isinstance(e, Exit)]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from deltad.daemon.backends.tree import Kind, WatchTree
-from deltad.daemon.queue import HintQueue
+from deltad.watch.hints import HintQueue
+from deltad.watch.tree import Kind, WatchTree
 
 
 class NoFallback:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from deltad.daemon.executors import fork as forkmod
-from deltad.daemon.executors.fork import ForkExecutor
-from deltad.daemon.executors.seam import Identity, JobSpec, RequestKey
 from deltad.daemon.tenancy import SAFE_PATH, Owner
+from deltad.executors import fork as forkmod
+from deltad.executors.fork import ForkExecutor
+from deltad.executors.seam import Identity, JobSpec, RequestKey
 from deltad.testing.daemon import answer, next_exit
 from deltad.testing.stub import paused_workspace
 

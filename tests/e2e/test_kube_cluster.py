@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from deltad.daemon.executors.kubernetes import KubernetesExecutor, make_kubernetes_executor
-from deltad.daemon.executors.seam import Event, Exit, Identity, JobSpec, RequestKey, Started
+from deltad.executors.kubernetes import KubernetesExecutor, make_kubernetes_executor
+from deltad.executors.seam import Event, Exit, Identity, JobSpec, RequestKey, Started
 from deltad.testing.daemon import wait_for
 
 KUBECONFIG = os.environ.get("DELTAD_TEST_KUBECONFIG")

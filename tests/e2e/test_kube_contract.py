@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from deltad.daemon.executors.kubernetes import (
+from deltad.executors.kubernetes import (
     RBAC_NEEDS,
     KubernetesExecutor,
     job_manifest,
     make_kubernetes_executor,
     parse_options,
 )
-from deltad.daemon.executors.seam import (
+from deltad.executors.seam import (
     Exit,
     Handle,
     Identity,

@@ -13,9 +13,9 @@ class Hide:
         if name == "inotify_simple" or name.startswith("inotify_simple."):
             raise ImportError("no inotify_simple on this platform")
 sys.meta_path.insert(0, Hide())
-import deltad.daemon.cli, deltad.daemon.service, deltad.daemon.backends.watchdog_observer
-from deltad.daemon.backends import event_backend, PollingBackend
-from deltad.daemon.queue import HintQueue
+import deltad.daemon.cli, deltad.daemon.service, deltad.watch.watchdog_observer
+from deltad.watch import event_backend, PollingBackend
+from deltad.watch.hints import HintQueue
 q = HintQueue()
 b = event_backend("watchdog", q, PollingBackend(q, 1.0), None)
 b.close()

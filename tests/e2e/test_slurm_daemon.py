@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.executors.slurm import key_from_comment
+from deltad.executors.slurm import key_from_comment
 from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command, wait_for
 from deltad.testing.slurmcluster import Cluster
 from deltad.testing.stub import ELSEWHERE_HOST, paused_workspace

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.executors.seam import (
+from deltad.executors.seam import (
     Event,
     Exit,
     Handle,
@@ -28,7 +28,7 @@ from deltad.daemon.executors.seam import (
     RequestKey,
     Started,
 )
-from deltad.daemon.executors.slurm import SlurmExecutor, make_slurm_executor
+from deltad.executors.slurm import SlurmExecutor, make_slurm_executor
 from deltad.testing.daemon import answer, metadata_status
 from deltad.testing.slurmcluster import Cluster
 from deltad.testing.stub import paused_workspace
@@ -387,7 +387,7 @@ def test_a_missing_slurm_or_an_unreachable_controller_is_a_one_line_error(
     owner: User,
     tmp_shared: Path,
 ) -> None:
-    from deltad.daemon.executors.seam import SubmitError
+    from deltad.executors.seam import SubmitError
 
     ws = workspace(tmp_shared, owner)
     spec = spec_for(ws, owner, "/bin/true")

@@ -21,7 +21,7 @@ from deltad.api.app import PUBLIC, WRITES, create_app, validation_refusal
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import Context
 from deltad.api.tokens import TokenStore
-from deltad.daemon.feed import Feed, View
+from deltad.inbox.feed import Feed, View
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, utcnow
 from deltad.protocol.models import InputType, Option
 from deltad.testing.stub import paused_workspace

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from deltad.clock import ManualClock
 from deltad.daemon import lifecycle
-from deltad.daemon.clock import ManualClock
 from deltad.daemon.config import DaemonConfig, load_config
-from deltad.daemon.executors.seam import Handle, RequestKey
-from deltad.daemon.queue import Why
 from deltad.daemon.resumer import Finished, InFlight, Resumer
 from deltad.daemon.service import Service
 from deltad.daemon.tenancy import Launch
+from deltad.executors.seam import Handle, RequestKey
 from deltad.testing.stub import paused_workspace
+from deltad.watch.hints import Why
 
 
 class ScriptedResumer(Resumer):

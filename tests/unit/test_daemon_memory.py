@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from deltad.daemon import tenancy
-from deltad.daemon.feed import Feed
 from deltad.daemon.reconcile import Action, State, Verdict
 from deltad.daemon.registry import Registry
 from deltad.daemon.tenancy import Policy
+from deltad.inbox.feed import Feed
 from deltad.protocol import RunStatus, Workspace, load_metadata
 from deltad.protocol.errors import CorruptFile
 from deltad.testing.kernel import FakeKernelTree

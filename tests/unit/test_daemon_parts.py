@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.clock import ManualClock
-from deltad.daemon.queue import HintQueue, Why
+from deltad.clock import ManualClock
 from deltad.daemon.reconcile import Action, State, inspect
 from deltad.daemon.registry import Registry
 from deltad.daemon.tenancy import Policy
@@ -19,6 +18,7 @@ from deltad.protocol import Workspace, load_metadata, save_metadata
 from deltad.protocol.models import OwnerProcess
 from deltad.protocol.states import RunStatus
 from deltad.testing.stub import paused_workspace
+from deltad.watch.hints import HintQueue, Why
 
 POLICY = Policy()
 

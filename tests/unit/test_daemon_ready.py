@@ -15,14 +15,14 @@ from inotify_simple import INotify
 from inotify_simple import flags as IN
 from structlog.testing import capture_logs
 
+from deltad.clock import ManualClock
 from deltad.daemon import lifecycle
-from deltad.daemon.clock import ManualClock
 from deltad.daemon.config import load_config
-from deltad.daemon.discovery import unanswered
-from deltad.daemon.feed import Index, View
 from deltad.daemon.service import Service
+from deltad.inbox.feed import Index, View
 from deltad.protocol import utcnow
 from deltad.testing.stub import paused_workspace
+from deltad.watch.discovery import unanswered
 
 from .test_daemon_sweep import RecordingResumer, resumed
 

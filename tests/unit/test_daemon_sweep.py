@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from deltad.clock import ManualClock
 from deltad.daemon import lifecycle
-from deltad.daemon.backends import events as F
-from deltad.daemon.clock import ManualClock
 from deltad.daemon.config import DaemonConfig, load_config
-from deltad.daemon.queue import Why
 from deltad.daemon.resumer import Resumer
 from deltad.daemon.service import Service
 from deltad.daemon.tenancy import Launch
 from deltad.testing.kernel import FakeKernelTree
 from deltad.testing.stub import paused_workspace
+from deltad.watch import events as F
+from deltad.watch.hints import Why
 
 BUDGET = 10  # steps per turn in these tests (the daemon's is larger)
 

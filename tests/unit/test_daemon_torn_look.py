@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.clock import ManualClock
-from deltad.daemon.queue import Why
+from deltad.clock import ManualClock
 from deltad.daemon.reconcile import Action, State, inspect
 from deltad.daemon.tenancy import Policy
 from deltad.protocol import Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
+from deltad.watch.hints import Why
 
 POLICY = Policy()
 

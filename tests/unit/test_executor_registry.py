@@ -14,11 +14,13 @@ import pytest
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
-from deltad.daemon.clock import ManualClock
+from deltad.clock import ManualClock
 from deltad.daemon.config import DaemonConfig
-from deltad.daemon.executors import make_executor, registry
-from deltad.daemon.executors.fresh import CommandExecutor, FreshExecutor
-from deltad.daemon.executors.seam import (
+from deltad.daemon.resumer import KILL_GRACE_SECONDS, Resumer, spec_of, started_at
+from deltad.daemon.tenancy import Identity, Launch, Owner, Policy
+from deltad.executors import make_executor, registry
+from deltad.executors.fresh import CommandExecutor, FreshExecutor
+from deltad.executors.seam import (
     Event,
     Exit,
     Handle,
@@ -27,9 +29,7 @@ from deltad.daemon.executors.seam import (
     Started,
     SubmitError,
 )
-from deltad.daemon.executors.seam import Identity as JobIdentity
-from deltad.daemon.resumer import KILL_GRACE_SECONDS, Resumer, spec_of, started_at
-from deltad.daemon.tenancy import Identity, Launch, Owner, Policy
+from deltad.executors.seam import Identity as JobIdentity
 
 HERE = "tests.unit.test_executor_registry"
 LINUX_ONLY = pytest.mark.linux_only

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.executors.seam import RequestKey
+from deltad.executors.seam import RequestKey
 
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.executors import exit_meaning, fork, resolve
-from deltad.daemon.executors.fork import plan
+from deltad.executors import exit_meaning, fork, resolve
+from deltad.executors.fork import plan
 
 HERE = Path(sys.executable).parent
 

@@ -1,4 +1,4 @@
-"""The fanotify backend (deltad/daemon/backends/fanotify.py): its record parser from byte
+"""The fanotify backend (deltad/watch/fanotify.py): its record parser from byte
 tables, and its handle table over the real kernel (tests run as root)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.backends import events as F
-from deltad.daemon.backends.fanotify import (
+from deltad.testing.daemon import wait_for
+from deltad.watch import events as F
+from deltad.watch.fanotify import (
     INFO_DFID,
     INFO_DFID_NAME,
     FanotifyBackend,
@@ -22,8 +23,7 @@ from deltad.daemon.backends.fanotify import (
     parse,
     probe,
 )
-from deltad.daemon.queue import HintQueue, Why
-from deltad.testing.daemon import wait_for
+from deltad.watch.hints import HintQueue, Why
 
 FSID = 0x219CE831329B3837
 HANDLE = bytes.fromhex("13c42000299c0997")
@@ -265,7 +265,7 @@ def test_records_are_dispatched_as_parsed(
 def test_others_writes_alone_rest_the_fd(
     tmp_path: Path, backend: tuple[FanotifyBackend, HintQueue], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from deltad.daemon.backends import fanotify
+    from deltad.watch import fanotify
 
     monkeypatch.setattr(fanotify, "REST_SECONDS", 3600.0)  # no race with the clock here
     b, queue = backend

@@ -20,7 +20,7 @@ from deltad.api.config import HttpConfig
 from deltad.api.handlers import Context
 from deltad.api.limits import ANSWER_BODY_MAX, SMALL_BODY_MAX, BodyLimit, Refusal, Rule
 from deltad.api.tokens import TokenStore
-from deltad.daemon.feed import Feed
+from deltad.inbox.feed import Feed
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from deltad.api.app import create_app
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import ApiError, Context, holder
 from deltad.api.tokens import TokenError, TokenStore
-from deltad.daemon.feed import Feed, Index, View, transitions
+from deltad.inbox.feed import Feed, Index, View, transitions
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, utcnow
 from deltad.protocol.models import Option
 from deltad.testing.stub import paused_workspace

@@ -12,7 +12,7 @@ import gc
 import tracemalloc
 from pathlib import Path
 
-from deltad.daemon.feed import Feed, View
+from deltad.inbox.feed import Feed, View
 
 QUESTIONS = 4000
 BUDGET = 260  # bytes per open question, allocations only

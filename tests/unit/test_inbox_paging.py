@@ -17,7 +17,7 @@ from deltad.api.app import create_app
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import Context
 from deltad.api.tokens import TokenStore
-from deltad.daemon.feed import Feed, Index, Listed, ListedQuestion, ListedRun, View
+from deltad.inbox.feed import Feed, Index, Listed, ListedQuestion, ListedRun, View
 from deltad.protocol import InteractionRequest, Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
 
@@ -375,7 +375,7 @@ def test_a_workspace_only_found_is_filed_without_resolving_its_path(
     """Startup files 100,000 found workspaces before READY: none may cost an open and a
     readlink. What is listed (a run or a question) is filed with its real path and owner, for
     the scopes and the owner filter."""
-    from deltad.daemon import feed
+    from deltad.inbox import feed
 
     resolved: list[Path] = []
 

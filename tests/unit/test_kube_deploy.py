@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from deltad.daemon.config import DaemonConfig
-from deltad.daemon.executors.kubernetes import RBAC_NEEDS, parse_options
+from deltad.executors.kubernetes import RBAC_NEEDS, parse_options
 
 k8s = pytest.importorskip("kubernetes.client")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from deltad.daemon.executors.kubernetes import (
+from deltad.executors.kubernetes import (
     KEY_ANNOTATION,
     ExecutorConfigError,
     JobView,
@@ -25,7 +25,7 @@ from deltad.daemon.executors.kubernetes import (
     parse_options,
     split_env,
 )
-from deltad.daemon.executors.seam import Identity, JobSpec, RequestKey, SubmitError
+from deltad.executors.seam import Identity, JobSpec, RequestKey, SubmitError
 
 k8s = pytest.importorskip("kubernetes.client")
 
@@ -289,7 +289,7 @@ def test_mount_path_is_kept_as_a_posix_path() -> None:
 def test_without_the_kubernetes_package_the_config_error_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from deltad.daemon.executors.kubernetes import make_kubernetes_executor
+    from deltad.executors.kubernetes import make_kubernetes_executor
 
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if not installed
     with pytest.raises(ExecutorConfigError, match=r"pip install 'deltad\[kubernetes\]'"):
@@ -297,7 +297,7 @@ def test_without_the_kubernetes_package_the_config_error_says_what_to_install(
 
 
 def test_a_kubeconfig_that_cannot_be_read_is_a_one_line_config_error(tmp_path: Path) -> None:
-    from deltad.daemon.executors.kubernetes import make_kubernetes_executor
+    from deltad.executors.kubernetes import make_kubernetes_executor
 
     with pytest.raises(ExecutorConfigError, match="no cluster to talk to") as e:
         make_kubernetes_executor({**RAW, "kubeconfig": str(tmp_path / "missing")})

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.clock import ManualClock
-from deltad.daemon.executors import local
-from deltad.daemon.executors.fresh import FreshExecutor
-from deltad.daemon.executors.local import Left, Switch, may_adopt, ref_of, switch_to
-from deltad.daemon.executors.seam import Exit, Identity, JobSpec, RequestKey, Started
+from deltad.clock import ManualClock
+from deltad.executors import local
+from deltad.executors.fresh import FreshExecutor
+from deltad.executors.local import Left, Switch, may_adopt, ref_of, switch_to
+from deltad.executors.seam import Exit, Identity, JobSpec, RequestKey, Started
 from deltad.protocol.process import proc_start_ticks
 from deltad.testing.daemon import next_exit, wait_for
 
@@ -138,7 +138,7 @@ def test_the_job_runs_in_the_workspace_with_its_environment_and_log(
 def test_a_job_that_cannot_start_is_a_one_line_refusal(
     fresh: FreshExecutor, tmp_path: Path
 ) -> None:
-    from deltad.daemon.executors.seam import SubmitError
+    from deltad.executors.seam import SubmitError
 
     spec = _spec(tmp_path / "ws", "exit 0")
     missing = JobSpec(spec.key, [str(tmp_path / "no-such-program")], ME, {}, 60.0)

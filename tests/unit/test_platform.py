@@ -18,8 +18,8 @@ FALLBACKS = """
 import os, deltad.daemon.service, deltad.api.app, deltad.client.cli
 from deltad import platform
 from deltad.daemon.config import DaemonConfig
-from deltad.daemon.executors import resolve
-from deltad.daemon.executors.registry import check_options
+from deltad.executors import resolve
+from deltad.executors.registry import check_options
 from deltad.protocol.process import alive, current_owner
 assert not platform.LINUX
 r, w = platform.nonblocking_pipe()

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from deltad.daemon.executors.seam import Exit, Handle, Identity, JobSpec, RequestKey, Started
-from deltad.daemon.executors.slurm import (
+from deltad.executors.seam import Exit, Handle, Identity, JobSpec, RequestKey, Started
+from deltad.executors.slurm import (
     JobRow,
     SlurmConfigError,
     SlurmError,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.clock import ManualClock
+from deltad.clock import ManualClock
 from deltad.daemon.unread import Unread
 
 

@@ -1,4 +1,4 @@
-"""The watch table (deltad/daemon/backends/tree.py): one workspace's directories never take
+"""The watch table (deltad/watch/tree.py): one workspace's directories never take
 another's watch. A fake kernel for the table's bookkeeping (two paths on one descriptor, as a
 bind mount makes them); the real inotify for what the kernel does (IN_DONT_FOLLOW,
 IN_MASK_ADD, one descriptor per inode)."""
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from deltad.daemon.backends import events as F
-from deltad.daemon.backends.inotify import InotifyBackend
-from deltad.daemon.backends.tree import Kind, WatchTree, refusal
-from deltad.daemon.queue import HintQueue, Why
 from deltad.testing.daemon import answer, wait_for
+from deltad.watch import events as F
+from deltad.watch.hints import HintQueue, Why
+from deltad.watch.inotify import InotifyBackend
+from deltad.watch.tree import Kind, WatchTree, refusal
 
 
 class NoFallback:

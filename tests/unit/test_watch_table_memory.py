@@ -1,4 +1,4 @@
-"""What the watch table (deltad/daemon/backends/tree.py) keeps per idle workspace, counted by
+"""What the watch table (deltad/watch/tree.py) keeps per idle workspace, counted by
 tracemalloc in-process (deterministic: no timing): a real walk of real directories over a fake
 kernel that keeps nothing, so only the table's own cost counts. The workspaces' own `Path`s
 are made by the walk (`discovery.py`) and kept by the registry as well: not counted here.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.backends.fanotify import FanotifyBackend
 from deltad.testing.kernel import FakeKernelTree
+from deltad.watch.fanotify import FanotifyBackend
 
 WORKSPACES = 2000
 BUDGET = 120  # bytes per workspace: 100 now (two dict entries, the descriptor), 480 before
@@ -53,7 +53,7 @@ def _theirs() -> list[tracemalloc.Filter]:
         tracemalloc.Filter(False, pathlib.__file__, lineno=n)
         for n in range(first, first + len(lines))
     ]
-    return [tracemalloc.Filter(False, "*/deltad/daemon/discovery.py", all_frames=True), *hashing]
+    return [tracemalloc.Filter(False, "*/deltad/watch/discovery.py", all_frames=True), *hashing]
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """A toy `JobExecutor`: each job a local process, found again by its key, seen only by polling.
 
-It knows nothing of the daemon but the seam (`deltad.daemon.executors.seam`): it is what a
+It knows nothing of the daemon but the seam (`deltad.executors.seam`): it is what a
 third-party executor looks like. Option `journal`: a file where it appends one JSON line per
 thing it did (submitted, started, ended), so a test can tell it was used.
 """
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from deltad.daemon.executors.seam import Event, Exit, Handle, JobSpec, Started, SubmitError
+from deltad.executors.seam import Event, Exit, Handle, JobSpec, Started, SubmitError
 
 OPTIONS = {"journal"}
 

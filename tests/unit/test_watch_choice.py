@@ -1,4 +1,4 @@
-"""Which backend `backend: auto` takes (deltad/daemon/backend_choice.py): the decision from a
+"""Which backend `backend: auto` takes (deltad/watch/choice.py): the decision from a
 table, the watch count over real trees, and the config resolving its roots with it."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.backend_choice import (
+from deltad.daemon.config import DaemonConfig
+from deltad.watch.choice import (
     PlannedRoot,
     RootFacts,
     choose_backend,
@@ -16,7 +17,6 @@ from deltad.daemon.backend_choice import (
     plan,
     scaled,
 )
-from deltad.daemon.config import DaemonConfig
 
 CAN = None  # fanotify_problem: a filesystem mark works
 NO_ROOT = "fanotify filesystem marks need root (CAP_SYS_ADMIN)"

@@ -25,10 +25,10 @@ from pathlib import Path
 import structlog
 
 from deltad import platform
+from deltad.clock import SYSTEM, Clock
 from deltad.protocol.printable import show_path
 from deltad.protocol.process import alive, proc_start_ticks
 
-from ..clock import SYSTEM, Clock
 from .seam import Event, Exit, Handle, Identity, JobSpec, RequestKey, Started
 
 log = structlog.get_logger("deltad.resumer")

@@ -10,8 +10,8 @@ from typing import ClassVar
 import structlog
 from inotify_simple import INotify
 
-from ..queue import HintQueue
 from . import events as F
+from .hints import HintQueue
 from .tree import (
     DELTA_MASK,
     DIR_MASK,

@@ -14,7 +14,7 @@ from .polling import PollingBackend
 from .tree import Backend, PollingLike
 
 if TYPE_CHECKING:
-    from ..queue import HintQueue
+    from .hints import HintQueue
 
 __all__ = ["Backend", "PollingBackend", "PollingLike", "event_backend"]
 

@@ -29,10 +29,10 @@ from typing import Any
 
 import structlog
 
+from deltad.clock import SYSTEM, Clock
 from deltad.pacing import Pacing
+from deltad.platform import SAFE_PATH
 
-from ..clock import SYSTEM, Clock
-from ..tenancy import SAFE_PATH
 from .fresh import FreshExecutor
 from .local import Proc, signal_group, switch_to
 from .registry import LocalFactory
@@ -45,7 +45,7 @@ READY_TIMEOUT = 30.0  # importing openai on a loaded 2-core machine can take sec
 ANSWER_TIMEOUT = 5.0  # a fork takes milliseconds; this long means the server is stuck
 SIGNATURE_EVERY = 2.0  # seconds between looks at the installed package
 RETRY_PACING = Pacing(1.0, 60.0)
-SERVER_MODULE = "deltad.daemon.executors.forkserver"
+SERVER_MODULE = "deltad.executors.forkserver"
 SERVER_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")  # what start-up reads; children get their own
 
 

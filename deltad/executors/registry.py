@@ -31,11 +31,11 @@ GROUP = "deltad.executors"
 
 # One line per executor: a new built-in is a module plus a line here, and nothing in the daemon.
 BUILTINS: dict[str, str] = {
-    "fresh": "deltad.daemon.executors.fresh:make_fresh",
-    "command": "deltad.daemon.executors.fresh:make_command",
-    "fork": "deltad.daemon.executors.fork:make_fork",
-    "slurm": "deltad.daemon.executors.slurm:make_slurm_executor",
-    "kubernetes": "deltad.daemon.executors.kubernetes:make_kubernetes_executor",
+    "fresh": "deltad.executors.fresh:make_fresh",
+    "command": "deltad.executors.fresh:make_command",
+    "fork": "deltad.executors.fork:make_fork",
+    "slurm": "deltad.executors.slurm:make_slurm_executor",
+    "kubernetes": "deltad.executors.kubernetes:make_kubernetes_executor",
 }
 
 

@@ -1,4 +1,4 @@
-"""The warm fork server: `python -m deltad.daemon.executors.forkserver` (started by deltad).
+"""The warm fork server: `python -m deltad.executors.forkserver` (started by deltad).
 
 It imports what a resume needs once (the client's CLI, openai), freezes those objects out of
 the garbage collector's way, and forks one child per resume. Each child becomes what a fresh
@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from deltad.daemon.executors.wire import receive, send
+from deltad.executors.wire import receive, send
 from deltad.protocol.printable import show
 
 PRELOAD = ("deltad.client.cli", "deltad.engine.llm", "openai")

@@ -10,7 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from ..clock import SYSTEM, Clock
+from deltad.clock import SYSTEM, Clock
+
 from .local import LocalJobs, Proc, switch_to
 from .registry import LocalFactory
 from .seam import JobSpec, SubmitError

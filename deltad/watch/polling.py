@@ -19,8 +19,8 @@ import structlog
 
 from deltad.protocol.layout import Workspace
 
-from ..discovery import Layout, walk
-from ..queue import HintQueue, Why
+from .discovery import Layout, walk
+from .hints import HintQueue, Why
 
 log = structlog.get_logger("deltad.poll")
 

@@ -47,8 +47,8 @@ from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from deltad import platform
 
-from ..queue import HintQueue, Waker
 from . import events as F
+from .hints import HintQueue, Waker
 from .tree import Kind, PollingLike, WatchTree
 
 log = structlog.get_logger("deltad.wdog")

@@ -33,9 +33,9 @@ import structlog
 
 from deltad.protocol.layout import ANSWER_FILES, INTERACTION_DIR, REQUEST_FILE, RUNS_DIR
 
-from ..discovery import DELTA_DIR, Layout, is_workspace, subdirs
-from ..queue import HintQueue, Why
 from . import events as F
+from .discovery import DELTA_DIR, Layout, is_workspace, subdirs
+from .hints import HintQueue, Why
 
 log = structlog.get_logger("deltad.watch")
 

@@ -31,8 +31,8 @@ from typing import ClassVar
 
 import structlog
 
-from ..queue import HintQueue
 from . import events as F
+from .hints import HintQueue
 from .tree import Kind, PollingLike, WatchLimit, WatchTree
 
 log = structlog.get_logger("deltad.watch")
