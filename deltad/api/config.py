@@ -135,7 +135,7 @@ class Target(_Strict):
 class Webhook(Target):
     url: str
     signing: Secret | None = None
-    timeout_seconds: float = Field(default=10.0, gt=0)  # each attempt
+    timeout_seconds: float = Field(default=10.0, gt=0)  # each attempt, whole
     max_attempts: int = Field(default=5, ge=1, le=50)
     backoff_seconds: float = Field(default=2.0, gt=0)
     backoff_max_seconds: float = Field(default=300.0, gt=0)
