@@ -106,31 +106,41 @@ def load_key(state_dir: Path) -> bytes:
 
 @dataclass(frozen=True)
 class Closed:
-    """The logouts: ids (sid -> token name, issued, expires) and per token a cut-off (every
-    session of that token issued at or before it is closed)."""
+    """The logouts: ids (sid -> token name, issued, expires), and per token a cut-off (every
+    session of that token issued at or before it is closed) with when the last session it
+    stands for expires."""
 
     ids: dict[str, tuple[str, int, int]]
-    before: dict[str, int]
+    before: dict[str, tuple[int, int]]  # name -> (issued at or before, until)
 
     def shut(self, c: Claims) -> bool:
-        return c.sid in self.ids or c.issued <= self.before.get(c.name, -1)
+        return c.sid in self.ids or c.issued <= self.before.get(c.name, (-1, 0))[0]
 
-    def add(self, c: Claims, now: int, ttl: int) -> Closed:
-        """With `c`'s logout, what had expired dropped, and per token at most
-        CLOSED_PER_TOKEN ids (the oldest folded into the cut-off, never forgotten)."""
-        ids = {s: v for s, v in self.ids.items() if min(v[2], v[1] + ttl) > now}
+    def add(self, c: Claims, now: int) -> Closed:
+        """With `c`'s logout: what had expired dropped (by its own expiry: a TTL raised later
+        must not bring a logout back), and per token at most CLOSED_PER_TOKEN ids, the oldest
+        folded into the cut-off, never forgotten."""
+        ids = {s: v for s, v in self.ids.items() if v[2] > now}
         ids[c.sid] = (c.name, c.issued, c.expires)
-        before = {n: t for n, t in self.before.items() if t + ttl > now}
+        before = {n: cut for n, cut in self.before.items() if cut[1] > now}
         mine = sorted((v[1], s) for s, v in ids.items() if v[0] == c.name)
         if not c.name:
             mine = []  # ids carried over from the old file (no name): they only age out
         for issued, sid in mine[: max(0, len(mine) - CLOSED_PER_TOKEN)]:
-            before[c.name] = max(before.get(c.name, -1), issued)
+            cut, until = before.get(c.name, (-1, 0))
+            before[c.name] = (max(cut, issued), max(until, ids[sid][2]))
             del ids[sid]
         return Closed(ids, before)
 
     def document(self) -> dict[str, Any]:
-        return {"ids": {s: list(v) for s, v in self.ids.items()}, "before": self.before}
+        return {
+            "ids": {s: list(v) for s, v in self.ids.items()},
+            "before": {n: list(cut) for n, cut in self.before.items()},
+        }
+
+
+def _ints(v: object, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(isinstance(x, int) for x in v)
 
 
 def closed_from(doc: Any, now: float) -> Closed:
@@ -143,19 +153,14 @@ def closed_from(doc: Any, now: float) -> Closed:
     ids: dict[str, tuple[str, int, int]] = {}
     raw_ids = doc.get("ids", {})
     for sid, v in raw_ids.items() if isinstance(raw_ids, dict) else ():
-        if (
-            isinstance(v, list)
-            and len(v) == 3
-            and isinstance(v[0], str)
-            and all(isinstance(x, int) for x in v[1:])
-            and v[2] > now
-        ):
+        named = isinstance(v, list) and len(v) == 3 and isinstance(v[0], str)
+        if named and _ints(v[1:], 2) and v[2] > now:
             ids[sid] = (v[0], v[1], v[2])
     raw_before = doc.get("before", {})
     before = {
-        n: t
-        for n, t in (raw_before.items() if isinstance(raw_before, dict) else ())
-        if isinstance(n, str) and isinstance(t, int)
+        n: (cut[0], cut[1])
+        for n, cut in (raw_before.items() if isinstance(raw_before, dict) else ())
+        if isinstance(n, str) and _ints(cut, 2) and cut[1] > now
     }
     return Closed(ids, before)
 
@@ -199,7 +204,7 @@ class Sessions:
         if claims is None:
             return
         with self._lock:
-            self._closed = self._closed.add(claims, int(at), int(self.ttl))
+            self._closed = self._closed.add(claims, int(at))
             if self.closed_path is not None:
                 atomic_write_json(self.closed_path, self._closed.document(), 0o600)
 

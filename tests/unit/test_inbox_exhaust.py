@@ -158,16 +158,31 @@ def test_what_logouts_keep_is_small_and_outlives_a_restart(tmp_path: Path) -> No
     closed = tmp_path / sessions.CLOSED_NAME
     s = Sessions(sessions.load_key(tmp_path), 3600, closed)
     digest = hashlib.sha256(b"token").hexdigest()
-    stolen, _ = s.open("alice", digest, now=1000)
-    s.close(stolen, now=1000)
-    other, _ = s.open("bob", digest, now=1000)
-    pairs(s, "alice", 3 * sessions.CLOSED_PER_TOKEN, 1001)
+    t = int(time.time())  # the file is read back at the real time
+    stolen, _ = s.open("alice", digest, now=t)
+    s.close(stolen, now=t)
+    other, _ = s.open("bob", digest, now=t)
+    pairs(s, "alice", 3 * sessions.CLOSED_PER_TOKEN, t + 1)
     doc = json.loads(closed.read_bytes())
     assert len(doc["ids"]) == sessions.CLOSED_PER_TOKEN  # at most that many per token
-    assert doc["before"]["alice"] >= 1000  # the rest folded into one cut-off
+    cut, until = doc["before"]["alice"]  # the rest folded into one cut-off
+    assert cut >= t and until >= t + 3600
     again = Sessions(sessions.load_key(tmp_path), 3600, closed)  # a restarted daemon
-    assert again.get(stolen, now=1010) is None
-    assert again.get(other, now=1010) is not None
+    assert again.get(stolen, now=t + 10) is None
+    assert again.get(other, now=t + 10) is not None
+
+
+def test_a_logout_outlives_a_lowered_then_raised_ttl(tmp_path: Path) -> None:
+    key = sessions.load_key(tmp_path)
+    closed = tmp_path / sessions.CLOSED_NAME
+    digest = hashlib.sha256(b"token").hexdigest()
+    t = int(time.time())
+    cookie, _ = Sessions(key, 43200, closed).open("alice", digest, now=t)  # expires t + 12 h
+    low = Sessions(key, 3600, closed)  # restarted with 1 h
+    low.close(cookie, now=t)
+    low.close(low.open("alice", digest, now=t + 7200)[0], now=t + 7200)  # prunes what expired
+    high = Sessions(key, 43200, closed)  # and with 12 h again
+    assert high.get(cookie, now=t + 7201) is None
 
 
 def test_a_lower_ttl_shortens_sessions_already_issued(tmp_path: Path) -> None:
