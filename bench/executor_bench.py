@@ -200,6 +200,7 @@ def main() -> None:
                     log_level="info",
                     executor=ex,
                     max_parallel_resumes=args.parallel,
+                    max_parallel_resumes_per_owner=args.parallel,  # one owner: every slot
                     resume_command=["delta", "run", "--work-dir", "{workspace}"],
                 ).start(env=env)
             for d in daemons.values():  # the fork server warm before the first sample

@@ -161,6 +161,7 @@ def through_daemon(c: Cluster, root: Path, n: int) -> dict[str, object]:
         executors={"slurm": {**options, "poll_every": 0.3}},
         resume_command=stub_command(record),
         max_parallel_resumes=64,
+        max_parallel_resumes_per_owner=64,  # one owner: every slot, as measured before
         log_level="info",
     )
 

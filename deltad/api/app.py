@@ -214,7 +214,12 @@ def create_app(
             return limits.Refusal(e.http, e.code, str(e))
         return None
 
-    app.add_middleware(limits.BodyLimit, check=credential_first, headers=SECURITY_HEADERS)
+    app.add_middleware(
+        limits.BodyLimit,
+        check=credential_first,
+        headers=SECURITY_HEADERS,
+        timeout=ctx.config.body_timeout_seconds,
+    )
 
     @app.middleware("http")
     async def _headers(request: Request, call_next: Any) -> Response:

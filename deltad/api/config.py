@@ -49,6 +49,16 @@ class HttpConfig(_Strict):
     keepalive_seconds: float = Field(default=15.0, gt=0)
     link_ttl_seconds: float = Field(default=86400.0, gt=0)
     session_ttl_seconds: float = Field(default=43200.0, gt=0)
+    # What a peer may hold (docs/inbox.md, "Limits"): connections open at once in all and from
+    # one address (behind a proxy every client is the proxy's address: raise it), descriptors
+    # kept free for the daemon's own work, and deadlines on a request's headers, its body and
+    # an idle keep-alive connection.
+    max_connections: int = Field(default=512, ge=1, le=1_000_000)
+    max_connections_per_source: int = Field(default=128, ge=1, le=1_000_000)
+    fd_reserve: int = Field(default=256, ge=0, le=1_000_000)
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    idle_timeout_seconds: float = Field(default=5.0, gt=0, le=3600)
 
     @field_validator("listen")
     @classmethod
@@ -125,7 +135,7 @@ class Target(_Strict):
 class Webhook(Target):
     url: str
     signing: Secret | None = None
-    timeout_seconds: float = Field(default=10.0, gt=0)  # each attempt
+    timeout_seconds: float = Field(default=10.0, gt=0)  # each attempt, whole
     max_attempts: int = Field(default=5, ge=1, le=50)
     backoff_seconds: float = Field(default=2.0, gt=0)
     backoff_max_seconds: float = Field(default=300.0, gt=0)

@@ -128,12 +128,14 @@ def glob_names(glob: str, ws: Path) -> bool:
     return scopes.matches(glob, str(ws)) or scopes.matches(glob, show_path(ws))
 
 
-def qualifier(ctx: Context, workspace: str | None) -> Path | None:
-    """The workspace a caller named (`?workspace=PATH`, exact): it must be a watched one."""
+def qualifier(ctx: Context, who: Identity, workspace: str | None) -> Path | None:
+    """The workspace a caller named (`?workspace=PATH`, exact): it must be a watched one the
+    caller may see. One answer for both misses, so a token cannot probe which paths outside
+    its scope are workspaces."""
     if workspace is None:
         return None
     path = scopes.normal(_unshown(workspace))
-    if path is None or ctx.feed.index.get(Path(path)) is None:
+    if path is None or ctx.feed.index.get(Path(path)) is None or not visible(who, Path(path)):
         raise ApiError(404, "unknown_workspace", f"{workspace} is not a watched workspace")
     return Path(path)
 
@@ -165,7 +167,7 @@ def holder(mine: list[Path], gone: dict[Path, bool], request_id: str) -> Path | 
 def _workspace_of(
     ctx: Context, who: Identity, request_id: str, workspace: str | None = None
 ) -> Path:
-    want = qualifier(ctx, workspace)
+    want = qualifier(ctx, who, workspace)
     seen = [w for w in ctx.feed.index.find(request_id) if want is None or w == want]
     mine = [w for w in seen if visible(who, w)]
     gone = {
@@ -420,7 +422,7 @@ def answer(
         raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
     body_digest = digest_of(body)
     if idempotency_key:
-        want = qualifier(ctx, workspace)
+        want = qualifier(ctx, who, workspace)
         repeat = ctx.idempotency.seen(who.name, idempotency_key, request_id, want, body_digest)
         if repeat is not None:
             return repeat
@@ -559,11 +561,9 @@ def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | No
             )
         ws = mine[0]
     else:
-        found = qualifier(ctx, workspace)
+        found = qualifier(ctx, who, workspace)
         assert found is not None
         ws = found
-    if not visible(who, ws):
-        raise ApiError(403, "forbidden", f"{show_path(ws)} is outside this token's scope")
     if "/" in run_id or run_id in (".", ".."):
         raise ApiError(404, "unknown_run", f"no run {run_id}")
     return ws

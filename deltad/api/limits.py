@@ -1,17 +1,20 @@
 """Bounded work per request, before the app sees it: an ASGI middleware that checks the caller's
 credential from the headers first, then the body's size against the route's cap, and only then
-reads the body (counted, so a chunked body is cut off at the cap too). An unauthenticated 99 MB
-POST gets its 401 after the headers, and is never read.
+reads the body (counted, so a chunked body is cut off at the cap too, and within a deadline, so
+a body sent a byte at a time is cut off with a 408). An unauthenticated 99 MB POST gets its 401
+after the headers, and is never read.
 
 `rule_for` is the decision (a pure function of method and path); `BodyLimit` is the shell."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 KIB = 1024
@@ -77,15 +80,19 @@ def too_large(max_body: int) -> Refusal:
     return Refusal(413, "too_large", f"the body is over this route's limit ({size})")
 
 
+SLOW_BODY = Refusal(408, "slow_body", "the body did not arrive within this server's deadline")
+
 Check = Callable[[Scope, Rule], Refusal | None]
 
 
 class BodyLimit:
     """`check(scope, rule)` verifies the credential from the headers (a Refusal, or None);
-    `headers` go on every refusal."""
+    `headers` go on every refusal; the whole body must arrive within `timeout` seconds."""
 
-    def __init__(self, app: ASGIApp, check: Check, headers: dict[str, str]) -> None:
-        self.app, self.check, self.headers = app, check, headers
+    def __init__(
+        self, app: ASGIApp, check: Check, headers: dict[str, str], timeout: float = math.inf
+    ) -> None:
+        self.app, self.check, self.headers, self.timeout = app, check, headers, timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not has_body(scope["headers"]):
@@ -100,8 +107,12 @@ class BodyLimit:
             await self._refuse(send, refusal)
             return
         try:
-            body = await _read(receive, rule.max_body)
+            with anyio.fail_after(self.timeout):
+                body = await _read(receive, rule.max_body)
         except _ClientLeft:
+            return
+        except TimeoutError:
+            await self._refuse(send, SLOW_BODY)
             return
         if body is None:
             await self._refuse(send, too_large(rule.max_body))

@@ -15,6 +15,7 @@ import contextlib
 import json
 import queue
 import random
+import socket
 import subprocess
 import threading
 import time
@@ -37,6 +38,72 @@ from .outbox import Dead, Delivery, Outbox, Policy, after_failure, bury_orphans,
 log = structlog.get_logger("deltad.notify")
 QUEUE_CAP = 10_000
 STOP_WAIT = 10.0  # seconds a stop waits for queued events to reach the outbox
+# A delivery's body at most: with `outbox_max` it bounds what one target holds on disk.
+DELIVERY_MAX = 64 * 1024
+CONTEXT_TEXT_MAX = 2048  # characters of each text in a question's `context`, in a delivery
+CONTEXT_CALLS_MAX = 5  # the latest tool calls of a `context`, in a delivery
+RESPONSE_MAX = 64 * 1024  # bytes of a receiver's answer read at most; the rest is never read
+
+
+# -- what a delivery carries (pure) ---------------------------------------------------------
+def _cut(text: str, limit: int) -> tuple[str, bool]:
+    return (text, False) if len(text) <= limit else (text[:limit] + "\u2026", True)
+
+
+def trimmed_context(context: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A question's `context` as a delivery carries it: each text cut to CONTEXT_TEXT_MAX
+    characters (ending in an ellipsis) and the latest CONTEXT_CALLS_MAX tool calls (the rest
+    counted in `tool_calls_omitted`); and whether anything was cut. A tenant writes it: the
+    full one is what `GET /v1/requests/{id}` answers."""
+    out, cut = dict(context), False
+    for key in ("task", "last_message", "reviewed_output"):
+        if isinstance(out.get(key), str):
+            out[key], was = _cut(out[key], CONTEXT_TEXT_MAX)
+            cut |= was
+    calls = out.get("tool_calls")
+    if isinstance(calls, list):
+        kept = calls[-CONTEXT_CALLS_MAX:]
+        if len(kept) < len(calls):
+            omitted = out.get("tool_calls_omitted")
+            out["tool_calls_omitted"] = (
+                (omitted if isinstance(omitted, int) else 0) + len(calls) - len(kept)
+            )
+            cut = True
+        steps = []
+        for step in kept:
+            if isinstance(step, dict):
+                step = dict(step)
+                for key in ("result", "arguments"):
+                    v = step.get(key)
+                    text = v if isinstance(v, str) else json.dumps(v)
+                    if len(text) > CONTEXT_TEXT_MAX:
+                        step[key], _ = _cut(text, CONTEXT_TEXT_MAX)
+                        cut = True
+            steps.append(step)
+        out["tool_calls"] = steps
+    return out, cut
+
+
+def delivery_body(doc: dict[str, Any]) -> str:
+    """The JSON a webhook delivery sends, at most DELIVERY_MAX bytes: the question's `context`
+    trimmed (then `request.context_truncated: true`); if still too large, the question itself
+    left out (then `request_truncated: true`: the receiver fetches it from `url`)."""
+    request = doc.get("request")
+    if isinstance(request, dict) and isinstance(request.get("context"), dict):
+        context, cut = trimmed_context(request["context"])
+        if cut:
+            doc = {**doc, "request": {**request, "context": context, "context_truncated": True}}
+    body = json.dumps(doc)
+    if len(body.encode()) <= DELIVERY_MAX:
+        return body
+    slim = {k: v for k, v in doc.items() if k not in ("request",)}
+    slim["request_truncated"] = True
+    body = json.dumps(slim)
+    if len(body.encode()) <= DELIVERY_MAX:
+        return body
+    # What is left is the daemon's own (ids, paths, links): only a workspace path this long.
+    keep = ("id", "type", "at", "request_id", "run_id", "url")
+    return json.dumps({k: doc[k] for k in keep if k in doc} | {"truncated": True})
 
 
 class _Worker:
@@ -85,7 +152,12 @@ class _WebhookWorker(_Worker):
             target.backoff_max_seconds,
         )
         self.outbox = Outbox(state_dir, target.url)
-        self.client = httpx.Client(timeout=target.timeout_seconds, follow_redirects=False)
+        # No pooled connections: each attempt connects, so its deadline can cut it off.
+        self.client = httpx.Client(
+            timeout=target.timeout_seconds,
+            follow_redirects=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
         self._cond = threading.Condition()
         self._pending: dict[str, Delivery] = {}
         self._replay()
@@ -110,7 +182,7 @@ class _WebhookWorker(_Worker):
             event_id=int(doc["id"]),
             event=str(doc["type"]),
             url=self.target.url,
-            body=json.dumps(doc),
+            body=delivery_body(doc),
             created_at=now,
             next_at=now,
         )
@@ -160,15 +232,15 @@ class _WebhookWorker(_Worker):
             return
         body = d.body.encode()
         headers = webhooks.headers(d.msg_id, int(time.time()), body, self.key, d.event)
-        try:
-            r = self.client.post(self.target.url, content=body, headers=headers)
-        except httpx.HTTPError as e:
-            self._failed(d, type(e).__name__)
-            return
-        if 200 <= r.status_code < 300:
+        status = post_within(
+            self.client, self.target.url, body, headers, self.target.timeout_seconds
+        )
+        if isinstance(status, str):
+            self._failed(d, status)
+        elif 200 <= status < 300:
             self._delivered(d)
         else:
-            self._failed(d, f"HTTP {r.status_code}")
+            self._failed(d, f"HTTP {status}")
 
     def _delivered(self, d: Delivery) -> None:
         with self._cond:
@@ -232,6 +304,67 @@ class _WebhookWorker(_Worker):
             self.client.close()
 
 
+class _Cutoff:
+    """Ends one attempt at its deadline, whatever it is waiting for (a status line dripped a
+    byte at a time passes every per-read timeout): the attempt's socket, learnt from the
+    client's trace as it connects, is shut down, and the blocked read returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.fired = False
+
+    def trace(self, name: str, info: dict[str, Any]) -> None:
+        if name not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sock = sock  # under TLS, the TLS socket (the plain one is detached)
+                if self.fired:
+                    _shut(sock)
+
+    def fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            if self._sock is not None:
+                _shut(self._sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def post_within(
+    client: httpx.Client, url: str, body: bytes, headers: dict[str, str], deadline: float
+) -> int | str:
+    """POST `body`; the status code, or why there is none. The whole attempt (connect, send,
+    status line, headers, body) ends within `deadline` seconds, and at most RESPONSE_MAX bytes
+    of the answer are read: only its status counts."""
+    cutoff = _Cutoff()
+    timer = threading.Timer(deadline, cutoff.fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        with client.stream(
+            "POST", url, content=body, headers=headers, extensions={"trace": cutoff.trace}
+        ) as r:
+            status = r.status_code
+            read = 0
+            with contextlib.suppress(httpx.HTTPError):
+                for chunk in r.iter_raw(RESPONSE_MAX):
+                    read += len(chunk)
+                    if read >= RESPONSE_MAX or cutoff.fired:
+                        break  # the rest is never read: the connection closes
+            return status
+    except httpx.HTTPError as e:
+        return "deadline" if cutoff.fired else type(e).__name__
+    finally:
+        timer.cancel()
+
+
 class _CommandWorker(_Worker):
     """Runs its command once per event, in order (not kept across restarts: a command is a
     local action, not a delivery to wait for)."""
@@ -260,7 +393,9 @@ class _CommandWorker(_Worker):
             done = subprocess.run(
                 self.target.argv,
                 input=json.dumps(doc).encode(),
-                capture_output=True,
+                # Its output is not wanted: never read into the daemon's memory.
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
                 timeout=self.target.timeout_seconds,
                 check=False,
             )

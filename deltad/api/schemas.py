@@ -49,10 +49,11 @@ STATUS_MEANING: dict[int, str] = {
     400: "Malformed JSON (`bad_json`) or a malformed request line or header.",
     401: "No credential, or one that is not valid (`unauthorized`). Sent with "
     "`WWW-Authenticate: Bearer`.",
-    403: "A workspace named outside the token's scope, a reader's answer, an answer from "
+    403: "A reader's answer, an answer from "
     "someone the question does not name, or a session write without its `X-CSRF-Token` "
     "(`forbidden`, `not_a_respondent`, `csrf`).",
-    404: "Unknown question (or one open only outside the token's scope), run, workspace or "
+    404: "Unknown question (or one open only outside the token's scope), run, workspace (or "
+    "one outside the token's scope: the same answer) or "
     "link (`unknown_request`, `unknown_run`, `unknown_workspace`, `bad_link`, `not_found`).",
     405: "Method not allowed; `Allow` lists those that are (`method_not_allowed`).",
     409: "Answered already, an answer waiting, or an id held by several workspaces "

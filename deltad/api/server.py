@@ -17,7 +17,7 @@ import uvicorn
 
 from deltad.inbox.feed import Feed
 
-from . import links, sessions
+from . import gate, links, sessions
 from .app import create_app
 from .config import HttpConfig, split_listen
 from .handlers import Context
@@ -65,6 +65,18 @@ class HttpServer:
             base_url=self.url,
         )
         self._stopping = threading.Event()
+        soft, in_use = gate.descriptors()
+        cap = gate.connection_cap(config.max_connections, soft, in_use, config.fd_reserve)
+        if cap < config.max_connections:
+            log.warning(
+                "http_connections_clamped",
+                max_connections=config.max_connections,
+                allowed=cap,
+                nofile=soft,
+                fds_in_use=in_use,
+                fd_reserve=config.fd_reserve,
+            )
+        self.gate = gate.Gate(gate.Caps(cap, config.max_connections_per_source))
         self._server = uvicorn.Server(
             uvicorn.Config(
                 create_app(
@@ -83,9 +95,11 @@ class HttpServer:
                 ssl_keyfile=str(config.tls_key) if config.tls_key else None,
                 timeout_graceful_shutdown=2,
                 # h11 on purpose: uvicorn applies this limit on a request's headers to h11 only
-                # (httptools, if installed, would be picked by "auto" and ignores it).
-                http="h11",
+                # (httptools, if installed, would be picked by "auto" and ignores it); counted
+                # at the gate, with a deadline on the headers (deltad/api/gate.py).
+                http=gate.gated(self.gate, config.header_timeout_seconds),
                 h11_max_incomplete_event_size=HEADERS_MAX,
+                timeout_keep_alive=config.idle_timeout_seconds,  # type: ignore[arg-type]
             )
         )
         self._thread = threading.Thread(target=self._serve, name="deltad-http", daemon=True)

@@ -2,8 +2,13 @@
 with a key kept in the state dir (`session.key`, 0600, made on first use). It carries the
 token's name, a prefix of the token's digest (so a revoked, or revoked and re-added, token ends
 its sessions at once), when it was issued, when it expires and a random id. The CSRF token is
-derived from the cookie, so it too outlives a restart. A logout is remembered by id in
-`sessions-closed.json` (0600, atomic replace) until the cookie would have expired anyway."""
+derived from the cookie, so it too outlives a restart. `session_ttl_seconds` is applied at
+each check to when a session was issued, so lowering it shortens sessions already out.
+
+A logout is remembered by id in `sessions-closed.json` (0600, atomic replace) until the cookie
+would have expired anyway, at most `CLOSED_PER_TOKEN` ids per token: past that, the token's
+oldest remembered logout is not forgotten but folded into a cut-off (every session of that
+token issued at or before it is refused), so no number of logouts brings a closed one back."""
 
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from .links import key_file
 KEY_NAME = "session.key"
 CLOSED_NAME = "sessions-closed.json"
 DIGEST_PREFIX = 16  # hex characters of the token's SHA-256: enough to tell tokens apart
-CLOSED_MAX = 10_000  # logouts remembered at most (oldest forgotten first)
+CLOSED_PER_TOKEN = 100  # logout ids kept per token; older ones become the token's cut-off
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,67 @@ def load_key(state_dir: Path) -> bytes:
     return key_file(state_dir / KEY_NAME)
 
 
+@dataclass(frozen=True)
+class Closed:
+    """The logouts: ids (sid -> token name, issued, expires), and per token a cut-off (every
+    session of that token issued at or before it is closed) with when the last session it
+    stands for expires."""
+
+    ids: dict[str, tuple[str, int, int]]
+    before: dict[str, tuple[int, int]]  # name -> (issued at or before, until)
+
+    def shut(self, c: Claims) -> bool:
+        return c.sid in self.ids or c.issued <= self.before.get(c.name, (-1, 0))[0]
+
+    def add(self, c: Claims, now: int) -> Closed:
+        """With `c`'s logout: what had expired dropped (by its own expiry: a TTL raised later
+        must not bring a logout back), and per token at most CLOSED_PER_TOKEN ids, the oldest
+        folded into the cut-off, never forgotten."""
+        ids = {s: v for s, v in self.ids.items() if v[2] > now}
+        ids[c.sid] = (c.name, c.issued, c.expires)
+        before = {n: cut for n, cut in self.before.items() if cut[1] > now}
+        mine = sorted((v[1], s) for s, v in ids.items() if v[0] == c.name)
+        if not c.name:
+            mine = []  # ids carried over from the old file (no name): they only age out
+        for issued, sid in mine[: max(0, len(mine) - CLOSED_PER_TOKEN)]:
+            cut, until = before.get(c.name, (-1, 0))
+            before[c.name] = (max(cut, issued), max(until, ids[sid][2]))
+            del ids[sid]
+        return Closed(ids, before)
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "ids": {s: list(v) for s, v in self.ids.items()},
+            "before": {n: list(cut) for n, cut in self.before.items()},
+        }
+
+
+def _ints(v: object, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(isinstance(x, int) for x in v)
+
+
+def closed_from(doc: Any, now: float) -> Closed:
+    """The logouts a file holds (what does not fit the form is skipped)."""
+    if not isinstance(doc, dict):
+        return Closed({}, {})
+    if "ids" not in doc:  # the old form, {sid: expires}: kept by id until they expire
+        old = {s: ("", e, e) for s, e in doc.items() if isinstance(e, int) and e > now}
+        return Closed(old, {})
+    ids: dict[str, tuple[str, int, int]] = {}
+    raw_ids = doc.get("ids", {})
+    for sid, v in raw_ids.items() if isinstance(raw_ids, dict) else ():
+        named = isinstance(v, list) and len(v) == 3 and isinstance(v[0], str)
+        if named and _ints(v[1:], 2) and v[2] > now:
+            ids[sid] = (v[0], v[1], v[2])
+    raw_before = doc.get("before", {})
+    before = {
+        n: (cut[0], cut[1])
+        for n, cut in (raw_before.items() if isinstance(raw_before, dict) else ())
+        if isinstance(n, str) and _ints(cut, 2) and cut[1] > now
+    }
+    return Closed(ids, before)
+
+
 class Sessions:
     """Opens and checks session cookies; `closed` (logouts) is kept in a file when a state dir
     is given, in memory otherwise (in-process tests)."""
@@ -106,7 +172,7 @@ class Sessions:
     def __init__(self, key: bytes, ttl: float, closed_path: Path | None = None) -> None:
         self.key, self.ttl, self.closed_path = key, ttl, closed_path
         self._lock = threading.Lock()
-        self._closed: dict[str, int] = self._load_closed()
+        self._closed = self._load_closed()
 
     def open(self, name: str, token_digest: str, now: float | None = None) -> tuple[str, str]:
         """A new session cookie for this token, and its CSRF token."""
@@ -115,44 +181,46 @@ class Sessions:
         cookie = seal(self.key, claims)
         return cookie, csrf_for(self.key, cookie)
 
-    def get(self, cookie: str | None) -> Claims | None:
-        claims = unseal(self.key, cookie, time.time())
+    def get(self, cookie: str | None, now: float | None = None) -> Claims | None:
+        claims = self._live(cookie, time.time() if now is None else now)
         if claims is None:
             return None
         with self._lock:
-            return None if claims.sid in self._closed else claims
+            return None if self._closed.shut(claims) else claims
+
+    def _live(self, cookie: str | None, now: float) -> Claims | None:
+        """Sealed by us and within both its own expiry and the TTL configured now."""
+        claims = unseal(self.key, cookie, now)
+        if claims is None or now >= claims.issued + self.ttl:
+            return None
+        return claims
 
     def csrf(self, cookie: str) -> str:
         return csrf_for(self.key, cookie)
 
-    def close(self, cookie: str | None) -> None:
-        claims = unseal(self.key, cookie, time.time())
+    def close(self, cookie: str | None, now: float | None = None) -> None:
+        at = time.time() if now is None else now
+        claims = self._live(cookie, at)
         if claims is None:
             return
-        now = int(time.time())
         with self._lock:
-            live = {s: e for s, e in self._closed.items() if e > now}
-            live[claims.sid] = claims.expires
-            self._closed = dict(sorted(live.items(), key=lambda kv: kv[1])[-CLOSED_MAX:])
+            self._closed = self._closed.add(claims, int(at))
             if self.closed_path is not None:
-                atomic_write_json(self.closed_path, self._closed, 0o600)
+                atomic_write_json(self.closed_path, self._closed.document(), 0o600)
 
-    def _load_closed(self) -> dict[str, int]:
+    def _load_closed(self) -> Closed:
         if self.closed_path is None:
-            return {}
+            return Closed({}, {})
         try:
             fd = os.open(self.closed_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
-            return {}
+            return Closed({}, {})
         with os.fdopen(fd, "rb") as f:
             try:
                 doc: Any = json.loads(f.read(1 << 22))
             except ValueError:
                 doc = {}  # a torn file cannot happen (atomic replace); a foreign one is ignored
-        if not isinstance(doc, dict):
-            return {}
-        now = time.time()
-        return {s: e for s, e in doc.items() if isinstance(e, int) and e > now}
+        return closed_from(doc, time.time())
 
 
 def _sid() -> str:

@@ -1,6 +1,8 @@
 """Bearer tokens: `deltad token add|list|revoke`. Only a token's SHA-256 is stored (the token is
 32 random bytes, so a slow hash buys nothing), in `tokens.json` in the state dir, 0600. The
-server re-reads the file when it changes, so an added or revoked token counts at once."""
+server re-reads the file when it changes, so an added or revoked token counts at once; a file
+that is over `FILE_MAX`, not JSON or not a token file is refused in one log line (once per
+change) and the last good table keeps serving."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import structlog
+
 from deltad.protocol import atomic_write_json, iso, utcnow
 
 from .scopes import ALL, GlobError, check, normal
@@ -24,6 +28,8 @@ ROLES: tuple[Role, ...] = ("reader", "answerer", "admin")
 TOKENS_NAME = "tokens.json"
 PREFIX = "dlt_"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
+FILE_MAX = 4 * 1024 * 1024  # bytes: some 10,000 tokens; anything bigger is not ours
+log = structlog.get_logger("deltad.http")
 
 
 class TokenError(Exception):
@@ -85,7 +91,7 @@ class TokenStore:
                 "role": d["role"],
                 "scopes": d["scopes"],
                 "groups": d.get("groups", []),
-                "created_at": d["created_at"],
+                "created_at": d.get("created_at", ""),
             }
             for n, d in sorted(self._read().items())
         ]
@@ -128,11 +134,17 @@ class TokenStore:
         with self._lock:
             if seen == self._seen:
                 return
-        doc = self._read() if seen else {}
+        try:
+            doc = self._read() if seen else {}
+        except TokenError as e:
+            # Once per change of the file, not per request; what was good keeps serving.
+            log.error("tokens_refused", error=str(e), kept=len(self._by_digest))
+            with self._lock:
+                self._seen = seen
+            return
         table = {
             d["sha256"]: Identity(n, d["role"], tuple(d["scopes"]), tuple(d.get("groups") or ()))
             for n, d in doc.items()
-            if d.get("role") in ROLES
         }
         with self._lock:
             self._by_digest, self._seen = table, seen
@@ -146,16 +158,39 @@ class TokenStore:
         except OSError as e:
             raise TokenError(f"{self.path}: {e.strerror}") from None
         with os.fdopen(fd, "rb") as f:
-            if os.fstat(f.fileno()).st_mode & 0o077:
+            st = os.fstat(f.fileno())
+            if st.st_mode & 0o077:
                 raise TokenError(f"{self.path} is readable by others; chmod 600 it")
+            if st.st_size > FILE_MAX:
+                raise TokenError(f"{self.path} is over {FILE_MAX // (1024 * 1024)} MiB")
             try:
-                doc = json.loads(f.read(1 << 22))
+                doc = json.loads(f.read(FILE_MAX + 1))
             except ValueError:
                 raise TokenError(f"{self.path} is not a token file (not JSON)") from None
-        if not isinstance(doc, dict):
-            raise TokenError(f"{self.path} is not a token file")
-        return doc
+        why = malformed(doc)
+        if why is not None:
+            raise TokenError(f"{self.path} is not a token file ({why})")
+        table: dict[str, dict[str, Any]] = doc
+        return table
 
     def _write(self, doc: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_write_json(self.path, doc, 0o600)
+
+
+def malformed(doc: object) -> str | None:
+    """Why a parsed tokens.json is not one (every entry as `add` writes it), or None."""
+    if not isinstance(doc, dict):
+        return "not an object"
+    for name, d in doc.items():
+        if not isinstance(d, dict):
+            return f"{name[:64]!r} is not an object"
+        if not isinstance(d.get("sha256"), str) or d.get("role") not in ROLES:
+            return f"{name[:64]!r} has no sha256 or role"
+        for key, absent in (("scopes", None), ("groups", [])):
+            v = d.get(key, absent)
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                return f"{name[:64]!r}: {key} is not a list of strings"
+        if not isinstance(d.get("created_at", ""), str):
+            return f"{name[:64]!r}: created_at is not a string"
+    return None

@@ -125,11 +125,16 @@ class HaConfig(_Strict):
         return Path(os.path.abspath(os.path.expanduser(v)))
 
 
+def default_per_owner(total: int) -> int:
+    """One owner's share of `total` resume slots when none is set: half, rounded up."""
+    return (total + 1) // 2
+
+
 class DaemonConfig(_Strict):
     roots: list[RootConfig] = Field(default_factory=list)
     discovery_depth: int = Field(default=2, ge=0, le=8)
     max_parallel_resumes: int = Field(default=4, ge=1, le=256)
-    # One owner's share of those (None: all of them); see slots.py.
+    # One owner's share of those (None: half of them, rounded up); see slots.py.
     max_parallel_resumes_per_owner: int | None = Field(default=None, ge=1, le=256, strict=True)
     resume_command: list[str] = Field(default_factory=lambda: list(DEFAULT_RESUME_COMMAND))
     # How a resume is started: a name in deltad/executors/registry.py, an entry point
@@ -183,9 +188,10 @@ class DaemonConfig(_Strict):
 
     @model_validator(mode="after")
     def _owner_share(self) -> DaemonConfig:
-        # Unset: every slot, so a one-user server loses nothing (shown as the number).
+        # Unset: half the slots, rounded up (shown as the number), so on a fresh install one
+        # owner's long resumes never hold every slot; a one-user server sets it to the total.
         if self.max_parallel_resumes_per_owner is None:
-            self.max_parallel_resumes_per_owner = self.max_parallel_resumes
+            self.max_parallel_resumes_per_owner = default_per_owner(self.max_parallel_resumes)
         return self
 
     def notes(self) -> list[str]:

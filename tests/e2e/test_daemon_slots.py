@@ -97,15 +97,16 @@ def test_one_owners_slow_resumes_leave_a_slot_for_another_owner(
 def test_one_owners_backlog_does_not_delay_another_owners_first_resume(
     world: tuple[Accounts, Path],
 ) -> None:
-    """The default per-owner share (every slot): mallory fills both slots and queues two more;
-    alice's answer comes after, and still takes the first slot that frees."""
+    """A per-owner share of every slot (set: the default is half): mallory fills both slots
+    and queues two more; alice's answer comes after, and still takes the first slot that
+    frees."""
     acc, base = world
     mallory, alice = acc.user(), acc.user()
     root = base / "root"
     root.mkdir()
     theirs = _workspaces(root, mallory, 4)
     [mine] = _workspaces(root, alice, 1)
-    d = _daemon(base, root, max_parallel_resumes=2)
+    d = _daemon(base, root, max_parallel_resumes=2, max_parallel_resumes_per_owner=2)
     try:
         for ws in theirs:
             _answer_as(ws, mallory)
@@ -118,7 +119,7 @@ def test_one_owners_backlog_does_not_delay_another_owners_first_resume(
         d.wait_event("resume_exited", workspace=first[0]["workspace"])
         d.wait_event("resume_spawned", count=3)
         assert _spawned(d)[2] == str(mine)
-        assert not d.events("resume_waits_for_owner_slot")  # the default share never binds
+        assert not d.events("resume_waits_for_owner_slot")  # a share of every slot never binds
         (d.record.parent / (d.record.name + ".go")).touch()
         wait_for(lambda: len(records(d.record)) == 5, "every resume to finish")
         assert sorted(r["workspace"] for r in records(d.record)) == sorted(
@@ -139,10 +140,10 @@ def _check(tmp_path: Path, settings: str) -> subprocess.CompletedProcess[str]:
 def test_check_shows_each_owners_share_and_notes_one_above_the_total(tmp_path: Path) -> None:
     out = _check(tmp_path, "")
     assert out.returncode == 0, out.stderr
-    assert "  max_parallel_resumes_per_owner: 4\n" in out.stdout  # unset: every slot
+    assert "  max_parallel_resumes_per_owner: 2\n" in out.stdout  # unset: half, rounded up
     assert "note:" not in out.stdout
-    out = _check(tmp_path, "max_parallel_resumes_per_owner: 2\n")
-    assert "  max_parallel_resumes_per_owner: 2\n" in out.stdout and "note:" not in out.stdout
+    out = _check(tmp_path, "max_parallel_resumes_per_owner: 4\n")
+    assert "  max_parallel_resumes_per_owner: 4\n" in out.stdout and "note:" not in out.stdout
     out = _check(tmp_path, "max_parallel_resumes_per_owner: 8\n")
     assert out.returncode == 0, out.stderr
     assert (

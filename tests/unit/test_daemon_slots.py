@@ -181,10 +181,10 @@ def test_the_resumer_serves_owners_in_turn_and_logs_a_wait_once(tmp_path: Path) 
     assert [q[0] for q in resumer.pending] == [theirs[2]]
 
 
-def test_the_resumer_with_one_owner_and_the_defaults_is_first_come_first_served(
+def test_the_resumer_with_one_owner_and_every_slot_is_first_come_first_served(
     tmp_path: Path,
 ) -> None:
-    resumer, ex = _resumer(tmp_path, max_parallel_resumes=3)
+    resumer, ex = _resumer(tmp_path, max_parallel_resumes=3, max_parallel_resumes_per_owner=3)
     spaces = [tmp_path / f"ws{i}" for i in range(5)]
     for ws in spaces:
         resumer.submit(ws, None, LAUNCH, MALLORY)
@@ -211,3 +211,26 @@ def test_an_adopted_resume_counts_for_its_workspaces_owner(tmp_path: Path) -> No
     resumer.start_ready()
     assert ex.started == [theirs]
     assert [q[0] for q in resumer.pending] == [mine]
+
+
+@pytest.mark.parametrize(("total", "share"), [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (256, 128)])
+def test_an_unset_share_is_half_the_slots_rounded_up(
+    tmp_path: Path, total: int, share: int
+) -> None:
+    config = DaemonConfig.model_validate(
+        {"state_dir": str(tmp_path), "max_parallel_resumes": total}
+    )
+    assert config.max_parallel_resumes_per_owner == share
+
+
+def test_on_a_fresh_install_one_owner_cannot_hold_every_slot(tmp_path: Path) -> None:
+    resumer, ex = _resumer(tmp_path)  # the defaults: 4 slots, 2 an owner
+    mallory = [tmp_path / f"m{i}" for i in range(4)]
+    for ws in mallory:
+        resumer.submit(ws, None, LAUNCH, MALLORY)
+    with structlog.testing.capture_logs() as logged:
+        resumer.start_ready()
+    assert ex.started == mallory[:2]  # two slots stay free for anyone else
+    waits = [e for e in logged if e["event"] == "resume_waits_for_owner_slot"]
+    assert [e["workspace"] for e in waits] == [str(ws) for ws in mallory[2:]]
+    assert resumer.slots() == 2
