@@ -145,7 +145,8 @@ def test_a_timeout_default_says_nothing_on_the_kinds_it_cannot_apply_to() -> Non
 
 def test_a_conditional_timeout_warns_but_a_gate_or_llm_timeout_does_not() -> None:
     warnings = warnings_in(
-        f"{ENDS}w [prompt=p, timeout=5m]\ng [shape=hexagon, timeout=5m]\nc [shape=diamond, timeout=1s]\n"
+        f"{ENDS}w [prompt=p, timeout=5m]\ng [shape=hexagon, timeout=5m]\n"
+        "c [shape=diamond, timeout=1s]\n"
         "start -> w -> g -> c -> exit"
     )
     assert [w.split(": ", 2)[1:] for w in warnings] == [
@@ -165,7 +166,8 @@ def test_strict_refuses_warnings_as_errors() -> None:
 def test_errors_and_warnings_are_kept_apart() -> None:
     with pytest.raises(GraphError) as err:
         check_pipeline(
-            f"digraph t {{\n{ENDS}w [tool_hooks.pre=x, shape=star, prompt=p]\nstart -> w -> exit\n}}",
+            f"digraph t {{\n{ENDS}w [tool_hooks.pre=x, shape=star, prompt=p]\n"
+            "start -> w -> exit\n}}",
             "t.dot",
         )
     assert [line.rsplit("[", 1)[1] for line in err.value.lines()] == ["E003 bad-value]"]
