@@ -167,7 +167,7 @@ def test_errors_and_warnings_are_kept_apart() -> None:
     with pytest.raises(GraphError) as err:
         check_pipeline(
             f"digraph t {{\n{ENDS}w [tool_hooks.pre=x, shape=star, prompt=p]\n"
-            "start -> w -> exit\n}}",
+            "start -> w -> exit\n}",
             "t.dot",
         )
     assert [line.rsplit("[", 1)[1] for line in err.value.lines()] == ["E003 bad-value]"]
