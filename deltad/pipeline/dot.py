@@ -189,6 +189,7 @@ class RawNode:
     pos: Pos  # its first declaration, else its first mention in an edge
     attrs: Attrs
     declared: bool = False  # named in a node statement, not only in edges
+    own: set[str] = field(default_factory=set)  # keys its own statements set (not defaults)
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass is slow to build, and there are many
@@ -339,6 +340,7 @@ class _Parser:
             if not node.declared:
                 node.declared, node.pos = True, ends[0].pos
             node.attrs.update(attrs)
+            node.own.update(attrs)
             return
         for src, dst in itertools.pairwise(ends):
             self.touch(dot, scope, src)

@@ -1,16 +1,21 @@
 """Warnings: what a graph says that this runner does not carry out. The graph still runs (each is
 a `W` code; `--strict` refuses them): an attribute of the attractor spec this runner ignores
 (W001), an attribute nobody defines (W002, likely a typo), a node only mentioned in edges
-(W003, it runs with default attributes), a goal gate with nowhere to go back to (W004).
-(W005 is retired: an LLM node's own question in a parallel branch pauses only its branch.)
+(W003, it runs with default attributes), a goal gate with nowhere to go back to (W004), an LLM
+node with neither prompt nor label (W007, spec §7.2 `prompt_on_llm_nodes`), prompt text in a
+template convention the spec does not have (W008: `$context.x`, `$name`, `@file`; only `$goal`
+is expanded, spec §9). (W005 is retired: an LLM node's own question in a parallel branch pauses
+only its branch.)
 
 Pure and linear: one pass over nodes, edges and their attributes. An attribute set by a
-`node [...]`/`edge [...]` default is reported once, at the default, not once per node.
+`node [...]`/`edge [...]` default is reported once, at the default, not once per node; a
+`timeout` default says nothing on the nodes it cannot apply to (start, exit, diamond, ...).
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 
@@ -30,7 +35,7 @@ NODE_ATTRS = frozenset(
     | {"agent.mode", "agent", "tool_command", "goal_gate", "retry_target"}
     | {"fallback_retry_target", "respondents", "allow_partial", "join_policy"}
     | {"llm_model", "llm_provider", "reasoning_effort", "temperature", "class", "fidelity"}
-    | {"thread_id", "max_parallel", "auto_status"}
+    | {"thread_id", "max_parallel", "auto_status", "error_policy"}
     | {"manager.max_cycles", "manager.stop_condition", "manager.actions"}
 )
 EDGE_ATTRS = frozenset({"label", "condition", "weight", "fidelity", "thread_id", "loop_restart"})
@@ -67,6 +72,23 @@ _W001 = Code.IGNORED_ATTRIBUTE
 # `timeout` is carried out on these kinds only.
 TIMEOUT_KINDS = (Kind.WAIT_HUMAN, Kind.TOOL, Kind.CODERGEN)
 NO_TIMEOUT = "timeout has no effect here: only a gate's, a tool's and an LLM node's are enforced"
+# §4.8 (spec 1.0): branches here run one at a time and every result is collected: `continue`.
+ERROR_POLICY_DONE = "continue"
+NO_ERROR_POLICY = (
+    "error_policy {value!r} is ignored by this runner (attractor spec 1.0 §4.8; its 2026-03 "
+    "revision drops the attribute): branches run one at a time and every branch's result is "
+    "collected, as error_policy=continue does"
+)
+NO_PROMPT = (
+    "an LLM node with neither prompt nor label (attractor spec §7.2 prompt_on_llm_nodes): the "
+    "model is asked the node id {id!r}"
+)
+# Template conventions of other runners: `$context.key`, `$name` (not `$goal`), `@path/file`.
+_TEMPLATE = re.compile(r"\$(?!goal\b)[A-Za-z_][\w.]*|(?:(?<=\s)|^)@[\w.-]*[/.][\w./-]+")
+NO_TEMPLATE = (
+    "prompt text {found!r} reaches the model as written: only $goal is expanded (attractor "
+    "spec §9 variable expansion)"
+)
 
 
 _KNOWN = {"graph": GRAPH_ATTRS, "node": NODE_ATTRS, "edge": EDGE_ATTRS}
@@ -146,13 +168,49 @@ def _once_per_default(problems: Iterable[Problem]) -> list[Problem]:
     ]
 
 
+def _node_attrs(n: Node) -> list[str]:
+    """The node's attributes that can warn: a `timeout` from a `node [...]` default is meant for
+    the nodes that have one, so it says nothing on the others (start, exit, diamond, ...)."""
+    return [
+        k
+        for k in n.attrs
+        if not (k == "timeout" and k not in n.own_attrs and n.kind not in TIMEOUT_KINDS)
+    ]
+
+
+def _error_policy(n: Node) -> Problem | None:
+    value = n.attrs.get("error_policy")
+    if value is None or value.strip() == ERROR_POLICY_DONE:
+        return None
+    message = NO_ERROR_POLICY.format(value=value[:30])
+    return Problem(message, n.where("error_policy"), n.subject, code=_W001)
+
+
+def _prompt_problems(n: Node) -> Iterator[Problem]:
+    if n.kind != Kind.CODERGEN:
+        return
+    said = ("prompt", "label", "agent")  # an agent's own task file is a prompt too
+    if n.declared and not any(n.attrs.get(k, "").strip() for k in said):
+        code = Code.PROMPT_ON_LLM_NODE
+        yield Problem(NO_PROMPT.format(id=n.id), n.pos, n.subject, code=code)
+    for key in ("prompt", "label"):
+        for m in dict.fromkeys(f.rstrip(".") for f in _TEMPLATE.findall(n.attrs.get(key, ""))):
+            message = NO_TEMPLATE.format(found=m[:60])
+            yield Problem(message, n.where(key), n.subject, code=Code.PROMPT_TEMPLATE)
+        if n.attrs.get("prompt", "").strip():
+            return  # the label is the prompt only when there is none (§2.6)
+
+
 def lint(graph: Graph) -> list[Problem]:
     """Every warning of the graph (none refuses it)."""
     found = list(_attr_problems("graph", "graph", graph.attrs, graph.attr_pos, None))
     for n in graph.nodes.values():
         if not n.declared:
             found.append(_edge_only(n))
-        found += _attr_problems("node", n.subject, n.attrs, n.attr_pos, n.kind)
+        found += _attr_problems("node", n.subject, _node_attrs(n), n.attr_pos, n.kind)
+        if policy := _error_policy(n):
+            found.append(policy)
+        found += _prompt_problems(n)
         if goal := _goal_gate_without_retry(graph, n):
             found.append(goal)
         if n.kind == Kind.MANAGER and "steer" in actions_of(n):

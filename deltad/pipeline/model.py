@@ -76,6 +76,7 @@ class Node:
     declared: bool = True  # False: only mentioned in edges (it has the defaults in force there)
     allow_partial: bool = False  # exhausted retries are a PARTIAL_SUCCESS, not a FAIL (§3.5)
     auto_status: bool = False  # §2.6: every handler here records an outcome; read, validated
+    own_attrs: frozenset[str] = frozenset()  # set by its own statements, not by `node [...]`
 
     @property
     def interactive(self) -> bool:
@@ -243,6 +244,7 @@ def _node(raw: RawNode, g: Graph, base_dir: Path | None, problems: list[Problem]
         declared=raw.declared,
         allow_partial=bool(r.typed("allow_partial", values.boolean)),
         auto_status=bool(r.typed("auto_status", values.boolean)),
+        own_attrs=frozenset(raw.own),
     )
 
 

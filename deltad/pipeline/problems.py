@@ -30,6 +30,8 @@ class Code(StrEnum):
     EDGE_ONLY_NODE = "W003 edge-only-node"
     GOAL_GATE_NO_RETRY = "W004 goal-gate-without-retry"
     IGNORED_CONFIG = "W006 ignored-config-key"
+    PROMPT_ON_LLM_NODE = "W007 prompt-on-llm-node"
+    PROMPT_TEMPLATE = "W008 prompt-template"
 
     @property
     def warning(self) -> bool:

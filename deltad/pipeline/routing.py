@@ -4,7 +4,10 @@ In order: (1) edges whose condition holds, best by weight then target id; (2) th
 unconditional edge whose label matches the outcome's preferred label (case, whitespace and
 accelerator prefixes ignored); (3) the first unconditional edge to a suggested next id; (4) the
 unconditional edge of highest weight; (5) among equal weights, the first target id in lexical
-order. No edge (none at all, or only conditional ones and none holds) ends the pipeline there.
+order; (6) when every edge has a condition and none holds: any edge, by the same weight and id
+order (the spec's "Fallback: any edge", attractor spec 1.0 §3.3; its 2026-03 revision ends the run
+there instead, which let a graph whose conditions read a key nobody sets skip its release gate).
+Only a node with no outgoing edge at all ends the pipeline there.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class Step(StrEnum):
     SUGGESTED_ID = "suggested_next_id"
     WEIGHT = "weight"
     LEXICAL = "lexical"
+    FALLBACK = "fallback"
     NONE = "none"
 
 
@@ -78,4 +82,10 @@ def select_edge(
             return Selection(found, Step.SUGGESTED_ID, f"suggested next node {target}")
     if plain:
         return _by_weight(plain, "unconditional")
-    return Selection(None, Step.NONE, "no condition holds and every edge has one")
+    best = _best(edges)
+    return Selection(
+        best,
+        Step.FALLBACK,
+        f"no condition holds and every edge has one: fallback to any edge, {best.target} "
+        f"(highest weight {best.weight}, then id)",
+    )

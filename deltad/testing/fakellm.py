@@ -4,8 +4,9 @@ Each POST to /v1/chat/completions pops the next scripted reply and records the r
 When the script runs out it answers 500 with a clear message, so a test fails loudly instead
 of hanging. Faults can be scripted too: errors with headers (Retry-After), raw broken bodies,
 `finish_reason` cut-offs, a hang, and the server going away (`down()`: connection refused)
-and coming back on the same port (`up()`). Run standalone (for benchmarks) with
-`python -m deltad.testing.fakellm --help`.
+and coming back on the same port (`up()`). Run standalone with
+`python -m deltad.testing.fakellm --help`: a fixed reply (benchmarks), the name demo, or a
+YAML script of questions, tool calls and pipeline outcomes (`--script`; see fakescript.py).
 """
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ import argparse
 import contextlib
 import itertools
 import json
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .fakescript import Script
 
 _ids = itertools.count(1)
 
@@ -132,6 +138,14 @@ class FakeLLM:
         self._responder = _demo_reply
         return self
 
+    def scripted(self, script: Script) -> FakeLLM:
+        """Answer by a script (deltad/testing/fakescript.py): each reply a pure function of
+        the conversation, so pauses, resumes and many runs at once all get the right step."""
+        from .fakescript import reply
+
+        self._responder = lambda body: reply(script, body)
+        return self
+
     # -- the server going away and coming back ------------------------------------------
     def down(self) -> None:
         """Stop listening: connections are refused until `up()`."""
@@ -241,10 +255,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Serve a fake OpenAI-compatible endpoint.")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--final", default="done", help="content of every reply")
-    ap.add_argument("--demo", action="store_true", help="ask for a name, then greet it")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--demo", action="store_true", help="ask for a name, then greet it")
+    how.add_argument(
+        "--script",
+        type=Path,
+        metavar="FILE",
+        help="a YAML script: questions of any kind, tool calls, pipeline outcomes "
+        "(examples/fake-model/)",
+    )
     args = ap.parse_args()
     fake = FakeLLM(args.port)
-    (fake.demo() if args.demo else fake.always(args.final)).start()
+    if args.script is not None:
+        from .fakescript import ScriptError, load
+
+        try:
+            fake.scripted(load(args.script))
+        except ScriptError as e:
+            print(f"fakellm: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+    elif args.demo:
+        fake.demo()
+    else:
+        fake.always(args.final)
+    fake.start()
     print(fake.url, flush=True)
     threading.Event().wait()
 

@@ -361,3 +361,34 @@ def test_a_fan_in_with_a_prompt_lets_the_model_pick(delta: Delta, fake: FakeLLM)
         e["payload"] for e in delta.events("NODE_OUTCOME") if e["payload"]["node"] == "join"
     ]
     assert joined["context_updates"]["parallel.fan_in.best_id"] == "b"  # the heuristic says a
+
+
+def test_no_condition_holding_falls_back_to_the_heaviest_edge_and_asks_the_gate_after_it(
+    delta: Delta, fake: FakeLLM
+) -> None:
+    """A corpus graph (every edge out of its test gate reads `context.tool.last_line`, which
+    nothing sets) ended COMPLETED at that gate and never asked "Approve for release?". Attractor
+    spec 1.0 §3.3's "Fallback: any edge" takes the heaviest edge instead: the release gate is
+    asked, and the journal says why the edge was taken."""
+    body = """\
+    test [prompt="run the tests"]
+    test_gate [shape=diamond]
+    fix [prompt="fix them"]
+    final_review [prompt="review everything"]
+    release [shape=hexagon, label="Approve for release?"]
+    start -> test -> test_gate
+    test_gate -> fix [condition="context.tool.last_line=fail"]
+    test_gate -> final_review [condition="context.tool.last_line=pass", weight=10]
+    fix -> test
+    final_review -> release
+    release -> exit [label="[A] Approve"]
+    release -> fix [label="[F] Fix"]
+    """
+    fake.reply("tests ran").reply("reviewed")
+    assert _run(delta, _graph(delta, body)).code == 101
+    assert delta.request()["node_id"] == "release"
+    assert _path(delta) == ["start", "test", "test_gate", "final_review", "release"]
+    [taken] = [
+        e["payload"] for e in delta.events("EDGE_TAKEN") if e["payload"]["target"] == "final_review"
+    ]
+    assert taken["step"] == "fallback" and "no condition holds" in taken["reason"], taken

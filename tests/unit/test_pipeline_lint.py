@@ -43,8 +43,6 @@ def warnings_in(body: str) -> list[str]:
         ("node", "tool_hooks.pre", Kind.CODERGEN, Code.IGNORED_ATTRIBUTE, "§9.7"),
         ("node", "timeout", Kind.EXIT, Code.IGNORED_ATTRIBUTE, "timeout has no effect here"),
         ("node", "timeout", Kind.CONDITIONAL, Code.IGNORED_ATTRIBUTE, "an LLM node's are"),
-        # Not in the spec (§4.8 has join_policy and max_parallel only): a typo's warning.
-        ("node", "error_policy", Kind.PARALLEL, Code.UNKNOWN_ATTRIBUTE, "no effect"),
         ("node", "promt", Kind.CODERGEN, Code.UNKNOWN_ATTRIBUTE, "did you mean prompt?"),
         ("edge", "conditon", None, Code.UNKNOWN_ATTRIBUTE, "did you mean condition?"),
         ("graph", "gaol", None, Code.UNKNOWN_ATTRIBUTE, "did you mean goal?"),
@@ -121,22 +119,34 @@ def test_warnings_name_the_place_and_the_code_and_do_not_refuse() -> None:
 
 
 def test_a_default_block_warns_once_not_once_per_node() -> None:
-    warnings = warnings_in(f"{ENDS}node [tool_hooks.pre=x]\na\nb\nc\nstart -> a -> b -> c -> exit")
+    warnings = warnings_in(
+        f"{ENDS}node [tool_hooks.pre=x, prompt=p]\na\nb\nc\nstart -> a -> b -> c -> exit"
+    )
     [line] = warnings
     assert line.startswith("t.dot:4:22: node a and 2 more: tool_hooks.pre is ignored")
 
 
-def test_a_timeout_default_warns_once_for_all_kinds_it_has_no_effect_on() -> None:
+def test_a_timeout_default_says_nothing_on_the_kinds_it_cannot_apply_to() -> None:
+    """`node [timeout=...]` is meant for the LLM nodes and gates; start, exit and a diamond
+    inheriting it is no mistake of the author's (four corpus graphs warned on it)."""
     warnings = warnings_in(
-        f"node [timeout=5m]\n{ENDS}w\nc [shape=diamond]\ng [shape=hexagon]\n"
+        f"node [timeout=5m]\n{ENDS}w [prompt=p]\nc [shape=diamond]\ng [shape=hexagon]\n"
         "start -> w -> c -> g -> exit"
     )
-    assert warnings == [f"t.dot:2:15: node start and 2 more: {NO_TIMEOUT} [W001 ignored-attribute]"]
+    assert warnings == []
+    # written on the node itself it still warns
+    warnings = warnings_in(
+        f"node [timeout=5m]\n{ENDS}c [shape=diamond, timeout=1s]\nstart -> c -> exit"
+    )
+    assert [w.split(": ", 2)[1:] for w in warnings] == [
+        ["node c", f"{NO_TIMEOUT} [W001 ignored-attribute]"]
+    ]
 
 
 def test_a_conditional_timeout_warns_but_a_gate_or_llm_timeout_does_not() -> None:
     warnings = warnings_in(
-        f"{ENDS}w [timeout=5m]\ng [shape=hexagon, timeout=5m]\nc [shape=diamond, timeout=1s]\n"
+        f"{ENDS}w [prompt=p, timeout=5m]\ng [shape=hexagon, timeout=5m]\n"
+        "c [shape=diamond, timeout=1s]\n"
         "start -> w -> g -> c -> exit"
     )
     assert [w.split(": ", 2)[1:] for w in warnings] == [
@@ -145,7 +155,7 @@ def test_a_conditional_timeout_warns_but_a_gate_or_llm_timeout_does_not() -> Non
 
 
 def test_strict_refuses_warnings_as_errors() -> None:
-    text = f"digraph t {{\n{ENDS}w [tool_hooks.pre=x]\nstart -> w -> exit\n}}"
+    text = f"digraph t {{\n{ENDS}w [tool_hooks.pre=x, prompt=p]\nstart -> w -> exit\n}}"
     assert check_pipeline(text, "t.dot").graph.nodes["w"].kind == Kind.CODERGEN
     with pytest.raises(GraphError) as err:
         check_pipeline(text, "t.dot", strict=True)
@@ -156,7 +166,8 @@ def test_strict_refuses_warnings_as_errors() -> None:
 def test_errors_and_warnings_are_kept_apart() -> None:
     with pytest.raises(GraphError) as err:
         check_pipeline(
-            f"digraph t {{\n{ENDS}w [tool_hooks.pre=x, shape=star]\nstart -> w -> exit\n}}",
+            f"digraph t {{\n{ENDS}w [tool_hooks.pre=x, shape=star, prompt=p]\n"
+            "start -> w -> exit\n}",
             "t.dot",
         )
     assert [line.rsplit("[", 1)[1] for line in err.value.lines()] == ["E003 bad-value]"]
@@ -177,7 +188,7 @@ def test_errors_and_warnings_are_kept_apart() -> None:
     ],
 )
 def test_a_goal_gate_without_a_retry_target_warns(body: str, warned: bool) -> None:
-    warnings = warnings_in(f"{ENDS}{body}\nstart -> w -> exit")
+    warnings = warnings_in(f"{ENDS}w [prompt=p]\n{body}\nstart -> w -> exit")
     expected = ["goal_gate=true without a retry_target"] if warned else []
     assert [w.split(": ", 2)[2][:37] for w in warnings] == expected
     assert all(w.endswith("[W004 goal-gate-without-retry]") for w in warnings)
@@ -364,3 +375,51 @@ def test_llm_nodes_in_branches_no_longer_warn() -> None:
         """
     )
     assert not [w for w in warnings if "W005" in w]
+
+
+# -- §4.8 error_policy, §7.2 prompt_on_llm_nodes, §9 variable expansion ---------------------
+def test_error_policy_continue_is_what_runs_and_the_others_are_w001() -> None:
+    body = f"{ENDS}p [shape=component, error_policy={{}}]\na [prompt=x]\nb [prompt=y]\n"
+    body += "f [shape=tripleoctagon]\nstart -> p\np -> a -> f\np -> b -> f\nf -> exit"
+    assert warnings_in(body.format("continue")) == []
+    for policy in ("fail_fast", "ignore"):
+        [line] = warnings_in(body.format(policy))
+        assert f"node p: error_policy '{policy}' is ignored by this runner" in line
+        assert line.endswith("[W001 ignored-attribute]"), line
+
+
+def test_an_llm_node_with_neither_prompt_nor_label_warns() -> None:
+    [line] = warnings_in(
+        f"{ENDS}w\nv [label=Summarize]\nu [prompt=go]\nstart -> w -> v -> u -> exit"
+    )
+    assert line == (
+        "t.dot:4:1: node w: an LLM node with neither prompt nor label (attractor spec §7.2 "
+        "prompt_on_llm_nodes): the model is asked the node id 'w' [W007 prompt-on-llm-node]"
+    )
+
+
+def test_prompt_templates_other_than_goal_are_named_one_warning_each() -> None:
+    body = (
+        f'{ENDS}w [prompt="Plan $goal with $context.plan, then read @prompts/review.md. '
+        'Cost $5, mail a@b.com, $context.plan again"]\n'
+        'v [label="Use $name"]\nu [prompt=ok, label="$ignored as the prompt is set"]\n'
+        "start -> w -> v -> u -> exit"
+    )
+    found = [w.split(": ", 2)[1:] for w in warnings_in(body)]
+    assert found == [
+        [
+            "node w",
+            "prompt text '$context.plan' reaches the model as written: only $goal is "
+            "expanded (attractor spec §9 variable expansion) [W008 prompt-template]",
+        ],
+        [
+            "node w",
+            "prompt text '@prompts/review.md' reaches the model as written: only $goal "
+            "is expanded (attractor spec §9 variable expansion) [W008 prompt-template]",
+        ],
+        [
+            "node v",
+            "prompt text '$name' reaches the model as written: only $goal is "
+            "expanded (attractor spec §9 variable expansion) [W008 prompt-template]",
+        ],
+    ]

@@ -126,9 +126,28 @@ def test_step5_lexical_by_target_when_weights_tie() -> None:
     assert route("n -> b [weight=2]\nn -> a [weight=2]\nn -> c [weight=1]") == ("a", Step.LEXICAL)
 
 
-def test_no_edge_when_there_is_none_or_no_condition_holds() -> None:
+def test_no_edge_only_when_the_node_has_none() -> None:
     assert route("m -> n") == (None, Step.NONE)
-    assert route('n -> a [condition="outcome=fail"]') == (None, Step.NONE)
+
+
+def test_step6_every_edge_conditional_and_none_holds_falls_back_to_any_edge() -> None:
+    """Attractor spec 1.0 §3.3 "Fallback: any edge": a graph whose conditions read a key nobody
+    sets (`context.tool.last_line`) goes on to its heaviest edge instead of ending there and
+    skipping the gates after it."""
+    assert route('n -> a [condition="outcome=fail"]') == ("a", Step.FALLBACK)
+    body = (
+        'n -> fix [condition="context.tool.last_line=fail"]\n'
+        'n -> final_review [condition="context.tool.last_line=pass", weight=10]\n'
+        'n -> abort [condition="context.tool.last_line=abort", weight=10]'
+    )
+    assert route(body) == ("abort", Step.FALLBACK)  # weight 10 tied: `abort` first by id
+    sel = select_edge(raw_graph(body), "n", OK, {})
+    assert sel.reason == (
+        "no condition holds and every edge has one: fallback to any edge, abort "
+        "(highest weight 10, then id)"
+    )
+    # a condition that holds still wins over the fallback
+    assert route(body, **{"tool.last_line": "fail"}) == ("fix", Step.CONDITION)
 
 
 def test_the_reason_names_what_decided() -> None:
