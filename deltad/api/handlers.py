@@ -455,6 +455,10 @@ def submit(
     except inbox.NotPending:
         # Only questions the daemon's index saw open get here: a resume has taken it since.
         raise ApiError(409, "already_answered", f"question {request_id} was answered") from None
+    except inbox.AnswerWaiting:
+        # `delta respond`'s line names the mailbox file and its --force: neither is the API's
+        why = "an answer to this question is already waiting to be taken by the run"
+        raise ApiError(409, "answer_waiting", why) from None
     except inbox.SubmitError as e:
         raise ApiError(e.http, e.code, str(e)) from None
     except (ProtocolError, OSError) as e:

@@ -25,6 +25,8 @@ from deltad.protocol.models import InputType, InteractionRequest, Option, Questi
 from deltad.protocol.states import RunStatus
 
 JSON = "application/json"
+PROBLEM = "application/problem+json"  # RFC 9457, every refusal (deltad/api/problems.py)
+ERROR_REF = "#/components/schemas/ErrorOut"
 EVENT_STREAM = "text/event-stream"
 
 
@@ -34,9 +36,14 @@ class _Out(BaseModel):
 
 # -- errors ----------------------------------------------------------------------------------------
 class ErrorOut(BaseModel):
-    """Every refusal: one line for a person, a stable code for a program."""
+    """Every refusal, as an RFC 9457 problem document (`application/problem+json`): one line for
+    a person, a stable code for a program."""
 
-    error: str = Field(description="One line saying what is wrong.")
+    type: str = Field(default="about:blank", description="RFC 9457: always `about:blank`.")
+    title: str = Field(default="", description="RFC 9457: the HTTP status's phrase.")
+    status: int = Field(default=0, description="RFC 9457: the HTTP status code.")
+    detail: str = Field(default="", description="RFC 9457: what is wrong, in one line.")
+    error: str = Field(description="The same line as `detail` (kept for older clients).")
     code: str = Field(description="Stable, machine-readable: `unknown_request`, `misfit`, ...")
     workspaces: list[str] | None = Field(
         default=None,
@@ -340,9 +347,8 @@ def finish(doc: dict[str, Any], writes: set[str], public: set[str]) -> dict[str,
             if op_id not in public:
                 op["security"] = WRITE_SECURITY if op_id in writes else READ_SECURITY
             for status, response in op.get("responses", {}).items():
-                content = response.get("content", {})
-                if status.startswith("4") and EVENT_STREAM in content:
-                    content[JSON] = content.pop(EVENT_STREAM)  # a refusal is JSON on any route
+                if status.startswith("4"):  # a refusal is a problem document on any route
+                    response["content"] = {PROBLEM: {"schema": {"$ref": ERROR_REF}}}
             for link_status in ("200", "202"):
                 if op_id in LINKS and link_status in op.get("responses", {}):
                     op["responses"][link_status]["links"] = LINKS[op_id]
