@@ -116,6 +116,11 @@ class QuestionBase(_Out):
     calls: list[GatedCallOut] = Field(description="The gated calls a decision is asked on.")
     default: str | None
     expires_at: str | None = Field(description="RFC 3339 (UTC), or null for never.")
+    after_deadline: str | None = Field(
+        default=None,
+        description="What an unanswered question gets at `expires_at`, in words: "
+        "`the default, 'beta'`, `TIMEOUT` (reported to the agent; not consent) or `rejected`.",
+    )
     sensitive: bool = Field(description="The answer is a secret (a password is always).")
     allow_empty: bool
     timestamp: str = Field(description="When it was asked, RFC 3339 (UTC).")
@@ -215,6 +220,14 @@ class RunPage(_Out):
 class HistoryDecision(_Out):
     action_id: str | None
     decision: str | None
+    tool_name: str | None = None
+    asked_arguments: dict[str, Any] | None = Field(
+        default=None, description="With `edit`: the call's arguments as the model asked."
+    )
+    arguments: dict[str, Any] | None = Field(
+        default=None, description="With `edit`: the arguments it ran with instead."
+    )
+    reason: str | None = None
 
 
 class HistoryEntry(_Out):
