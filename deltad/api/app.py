@@ -28,7 +28,7 @@ from deltad.inbox.feed import EVENT_TYPES, EventType, FeedEvent
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
-from . import handlers, history, limits, links, paging, schemas, scopes
+from . import handlers, history, limits, links, paging, problems, schemas, scopes
 from .handlers import ApiError, Context, unauthorized
 from .schemas import errors
 from .sessions import Sessions, matches
@@ -175,7 +175,9 @@ def create_app(
     # -- errors and headers -----------------------------------------------------------------------
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.document(), e.http, headers=refusal_headers(e.http))
+        doc = e.document()  # its line made JSON-safe (a workspace named in bytes)
+        headers = refusal_headers(e.http)
+        return problems.response(e.http, e.code, doc["error"], headers, workspaces=e.workspaces)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -186,12 +188,12 @@ def create_app(
         headers = refusal_headers(e.status_code)
         if e.status_code == 405:
             headers["Allow"] = ", ".join(allowed_methods(app, request.scope))
-        return JSONResponse({"error": str(e.detail), "code": code}, e.status_code, headers=headers)
+        return problems.response(e.status_code, code, str(e.detail), headers)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, e: RequestValidationError) -> JSONResponse:
         status, doc = validation_refusal(request.url.path, list(e.errors()))
-        return JSONResponse(doc, status, headers=refusal_headers(status))
+        return problems.response(status, doc["code"], doc["error"], refusal_headers(status))
 
     def credential_first(scope: Scope, rule: limits.Rule) -> limits.Refusal | None:
         """The route's credential, checked from the headers before its body is read."""

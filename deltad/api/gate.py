@@ -24,12 +24,14 @@ import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+rom . import problems
+
 log = structlog.get_logger("deltad.http")
 Why = Literal["max_connections", "max_connections_per_source"]
 LOG_EVERY = 10.0  # seconds: refusals are logged at most this often, as counts
-_BUSY_BODY = b'{"error": "too many connections; try again later", "code": "busy"}'
+_BUSY_BODY = problems.encoded(503, "busy", "too many connections; try again later")
 BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\n"
     b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
     % (len(_BUSY_BODY), _BUSY_BODY)
 )

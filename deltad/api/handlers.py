@@ -229,6 +229,8 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "calls": [c.model_dump(mode="json") for c in r.calls],
         "default": r.default,
         "expires_at": iso(r.expires_at) if r.expires_at else None,
+        # what the deadline answers, as `delta status` says it ("the default, 'beta'")
+        "after_deadline": kind_of(r.input_type).after_deadline(r) if r.expires_at else None,
         "sensitive": r.is_secret,
         "allow_empty": r.allow_empty,
         **kinds.question_fields(r),  # options, minimum, maximum, ...: each kind's own
@@ -457,6 +459,10 @@ def submit(
     except inbox.NotPending:
         # Only questions the daemon's index saw open get here: a resume has taken it since.
         raise ApiError(409, "already_answered", f"question {request_id} was answered") from None
+    except inbox.AnswerWaiting:
+        # `delta respond`'s line names the mailbox file and its --force: neither is the API's
+        why = "an answer to this question is already waiting to be taken by the run"
+        raise ApiError(409, "answer_waiting", why) from None
     except inbox.SubmitError as e:
         raise ApiError(e.http, e.code, str(e)) from None
     except (ProtocolError, OSError) as e:

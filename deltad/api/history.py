@@ -21,6 +21,7 @@ from deltad.protocol.errors import ProtocolError
 from deltad.protocol.events import Answered, Asked, RunEnd
 from deltad.protocol.models import iso
 from deltad.protocol.printable import json_safe, show_path
+from deltad.protocol.replies import CallDecision, Decision
 from deltad.protocol.viewing import payload_of
 
 from .handlers import Context, journal_tail, visible
@@ -88,6 +89,20 @@ def _ended(
     }
 
 
+def _decision(d: CallDecision, request: InteractionRequest | None) -> dict[str, Any]:
+    """A decision on a gated call; an edit with what it changed (the call as asked and as run),
+    so a person can see what was approved. Never for a sensitive question (no request: none)."""
+    out: dict[str, Any] = {"action_id": d.action_id, "decision": str(d.decision)}
+    call = next((c for c in request.calls if c.action_id == d.action_id), None) if request else None
+    if call is not None:
+        out["tool_name"] = call.tool_name
+        if d.decision == Decision.EDIT and d.arguments is not None:
+            out["asked_arguments"], out["arguments"] = call.arguments, d.arguments
+    if d.reason:
+        out["reason"] = d.reason
+    return out
+
+
 def _answered(
     workspace: str, run_id: str, e: JournalEvent, a: Answered, request: InteractionRequest | None
 ) -> dict[str, Any]:
@@ -105,9 +120,7 @@ def _answered(
         "answered_by": reply.answered_by,
         "channel": reply.channel or reply.source,
         "answer": None if secret else reply.value,
-        "decisions": [
-            {"action_id": d.action_id, "decision": str(d.decision)} for d in reply.decisions
-        ],
+        "decisions": [_decision(d, request) for d in reply.decisions],
     }
 
 

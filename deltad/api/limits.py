@@ -8,7 +8,6 @@ after the headers, and is never read.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,8 @@ from typing import Literal
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from . import problems
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -121,10 +122,10 @@ class BodyLimit:
 
     async def _refuse(self, send: Send, r: Refusal) -> None:
         """The body stays unread: the connection closes after the answer."""
-        doc = json.dumps({"error": r.message, "code": r.code}).encode()
+        doc = problems.encoded(r.http, r.code, r.message)
         headers = [(k.lower().encode(), v.encode()) for k, v in self.headers.items()]
         headers += [
-            (b"content-type", b"application/json"),
+            (b"content-type", problems.PROBLEM.encode()),
             (b"content-length", str(len(doc)).encode()),
             (b"connection", b"close"),
         ]

@@ -25,6 +25,8 @@ from deltad.protocol.models import InputType, InteractionRequest, Option, Questi
 from deltad.protocol.states import RunStatus
 
 JSON = "application/json"
+PROBLEM = "application/problem+json"  # RFC 9457, every refusal (deltad/api/problems.py)
+ERROR_REF = "#/components/schemas/ErrorOut"
 EVENT_STREAM = "text/event-stream"
 
 
@@ -34,9 +36,14 @@ class _Out(BaseModel):
 
 # -- errors ----------------------------------------------------------------------------------------
 class ErrorOut(BaseModel):
-    """Every refusal: one line for a person, a stable code for a program."""
+    """Every refusal, as an RFC 9457 problem document (`application/problem+json`): one line for
+    a person, a stable code for a program."""
 
-    error: str = Field(description="One line saying what is wrong.")
+    type: str = Field(default="about:blank", description="RFC 9457: always `about:blank`.")
+    title: str = Field(default="", description="RFC 9457: the HTTP status's phrase.")
+    status: int = Field(default=0, description="RFC 9457: the HTTP status code.")
+    detail: str = Field(default="", description="RFC 9457: what is wrong, in one line.")
+    error: str = Field(description="The same line as `detail` (kept for older clients).")
     code: str = Field(description="Stable, machine-readable: `unknown_request`, `misfit`, ...")
     workspaces: list[str] | None = Field(
         default=None,
@@ -110,6 +117,11 @@ class QuestionBase(_Out):
     calls: list[GatedCallOut] = Field(description="The gated calls a decision is asked on.")
     default: str | None
     expires_at: str | None = Field(description="RFC 3339 (UTC), or null for never.")
+    after_deadline: str | None = Field(
+        default=None,
+        description="What an unanswered question gets at `expires_at`, in words: "
+        "`the default, 'beta'`, `TIMEOUT` (reported to the agent; not consent) or `rejected`.",
+    )
     sensitive: bool = Field(description="The answer is a secret (a password is always).")
     allow_empty: bool
     timestamp: str = Field(description="When it was asked, RFC 3339 (UTC).")
@@ -209,6 +221,14 @@ class RunPage(_Out):
 class HistoryDecision(_Out):
     action_id: str | None
     decision: str | None
+    tool_name: str | None = None
+    asked_arguments: dict[str, Any] | None = Field(
+        default=None, description="With `edit`: the call's arguments as the model asked."
+    )
+    arguments: dict[str, Any] | None = Field(
+        default=None, description="With `edit`: the arguments it ran with instead."
+    )
+    reason: str | None = None
 
 
 class HistoryEntry(_Out):
@@ -341,9 +361,8 @@ def finish(doc: dict[str, Any], writes: set[str], public: set[str]) -> dict[str,
             if op_id not in public:
                 op["security"] = WRITE_SECURITY if op_id in writes else READ_SECURITY
             for status, response in op.get("responses", {}).items():
-                content = response.get("content", {})
-                if status.startswith("4") and EVENT_STREAM in content:
-                    content[JSON] = content.pop(EVENT_STREAM)  # a refusal is JSON on any route
+                if status.startswith("4"):  # a refusal is a problem document on any route
+                    response["content"] = {PROBLEM: {"schema": {"$ref": ERROR_REF}}}
             for link_status in ("200", "202"):
                 if op_id in LINKS and link_status in op.get("responses", {}):
                     op["responses"][link_status]["links"] = LINKS[op_id]

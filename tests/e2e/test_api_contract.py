@@ -114,10 +114,11 @@ def test_the_event_stream_serves_what_it_declares(live: tuple[Daemon, str, str])
             first = next(r.iter_lines())
             assert first.startswith(":")  # the stream's opening comment
         for status in ("401", "422"):
-            assert list(declared[status]["content"]) == ["application/json"]
+            assert list(declared[status]["content"]) == ["application/problem+json"]
     r = httpx.get(f"{url}/v1/events", timeout=30)
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
-    assert set(r.json()) == {"error", "code"}
+    assert r.headers["content-type"] == "application/problem+json"  # RFC 9457
+    assert set(r.json()) == {"type", "title", "status", "detail", "error", "code"}
 
 
 def test_a_client_generated_from_the_document_is_typed_and_its_errors_too(

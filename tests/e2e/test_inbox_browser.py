@@ -112,7 +112,9 @@ def test_the_web_inbox_answers_a_choice_by_key_and_an_approval_with_an_edit(
         item = browser.find_element(By.CSS_SELECTOR, '.item[data-input-type="approval"]')
         assert "deploy" in item.text and "production" in item.text
         item.find_element(By.CSS_SELECTOR, "button.edit").click()
-        editor = item.find_element(By.CSS_SELECTOR, "textarea")
+        # the edit is a form from the tool's schema; its JSON view takes what a form cannot
+        item.find_element(By.CSS_SELECTOR, "button.json-toggle").click()
+        editor = item.find_element(By.CSS_SELECTOR, "textarea.raw")
         editor.clear()
         editor.send_keys('{"env": 5}')  # wrong type: the page refuses before sending
         item.find_element(By.CSS_SELECTOR, "button.send-edit").click()
@@ -192,7 +194,8 @@ def test_the_web_inbox_shows_a_questions_context_and_who_may_answer(
         item = browser.find_element(By.CSS_SELECTOR, ".item")
         assert "For alice" in item.find_element(By.CSS_SELECTOR, ".respondents").text
         context = item.find_element(By.CSS_SELECTOR, "details.context")
-        assert context.get_attribute("open") is not None  # folded open: nothing to click
+        assert context.get_attribute("open") is None  # folded to one line until opened
+        context.find_element(By.TAG_NAME, "summary").click()
         WebDriverWait(browser, WAIT).until(
             lambda b: "said ok" in context.text, "the tool call's result"
         )

@@ -100,7 +100,7 @@ def test_every_success_is_a_named_model_and_every_refusal_the_error_model(api: A
         for status, response in op["responses"].items():
             content = response["content"]
             if status.startswith("4"):
-                assert content == {"application/json": {"schema": error}}, (path, status)
+                assert content == {"application/problem+json": {"schema": error}}, (path, status)
             elif path == "/v1/events":
                 assert content == {"text/event-stream": {"schema": {"type": "string"}}}
             else:

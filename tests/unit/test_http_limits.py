@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,12 @@ def test_bodies_over_a_routes_cap_are_413_and_a_stranger_gets_401_first(
     r = http.post("/v1/requests/q1/answer", content=big)
     assert r.status_code == 401 and r.json()["code"] == "unauthorized"
     r = http.post("/v1/requests/q1/answer", content=big, headers=auth)
-    assert r.status_code == 413 and r.json() == {
+    assert r.status_code == 413 and r.headers["content-type"] == "application/problem+json"
+    assert r.json() == {  # RFC 9457, with the API's code and its older `error` line
+        "type": "about:blank",
+        "title": HTTPStatus(413).phrase,
+        "status": 413,
+        "detail": "the body is over this route's limit (1 MiB)",
         "error": "the body is over this route's limit (1 MiB)",
         "code": "too_large",
     }

@@ -248,6 +248,8 @@ def test_api_answers_with_the_codes_a_client_can_act_on(
     assert written["channel"] == "http" and written["answered_by"] == "alice"
     r = http.post(f"/v1/requests/{choice}/answer", json={"answer": "r"}, headers=auth)
     assert r.status_code == 409 and r.json()["code"] == "answer_waiting"
+    # no server path and no command-line hint in an API's refusal
+    assert "--force" not in r.json()["detail"] and str(root) not in r.json()["detail"]
     assert "/v1/requests/{request_id}/answer" in http.get("/openapi.json").json()["paths"]
 
 

@@ -175,3 +175,32 @@ def test_journals_are_read_until_the_newest_entries_are_known(
     found: list[dict[str, Any]], next_mtime: float, limit: int, expected: bool
 ) -> None:
     assert complete(found, next_mtime, limit) is expected
+
+
+def test_an_edited_approval_says_what_changed_and_a_rejection_why() -> None:
+    call = {"action_id": "c1", "tool_name": "deploy", "arguments": {"channel": "beta"}}
+    reply = {"outcome": "answered", "value": None, "answered_by": "alice", "at": T2,
+             "decisions": [{"action_id": "c1", "decision": "edit",
+                            "arguments": {"channel": "stable"}}]}  # fmt: skip
+    events = [
+        asked("q", input_type="approval", calls=[call], action_id="c1"),
+        line("HUMAN_INTERACTION", T1,
+             {"phase": "answered", "request_id": "q", "action_id": "c1", "reply": reply}),
+    ]  # fmt: skip
+    [got] = entries("/srv/ws/a", "20260101_000000_abcdef", events)
+    assert got["decisions"] == [
+        {
+            "action_id": "c1",
+            "decision": "edit",
+            "tool_name": "deploy",
+            "asked_arguments": {"channel": "beta"},
+            "arguments": {"channel": "stable"},
+        }
+    ]
+    reply["decisions"] = [{"action_id": "c1", "decision": "reject", "reason": "not today"}]
+    payload = {"phase": "answered", "request_id": "q", "action_id": "c1", "reply": reply}
+    events[1] = line("HUMAN_INTERACTION", T1, payload)
+    [got] = entries("/srv/ws/a", "20260101_000000_abcdef", events)
+    assert got["decisions"] == [
+        {"action_id": "c1", "decision": "reject", "tool_name": "deploy", "reason": "not today"}
+    ]

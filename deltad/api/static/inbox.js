@@ -349,14 +349,36 @@ function card(r) {
       el("span", {}, r.task),
       r.node_id ? el("span", {}, `node ${r.node_id}`) : null,
       r.timestamp ? el("span", {}, "asked ", when(r.timestamp)) : null,
-      r.expires_at ? el("span", { class: "due" }, `answer before ${new Date(r.expires_at).toLocaleString()}`) : null),
+      r.run_id && !linkToken ? runLink(r.workspace, r.run_id, "run view") : null),
     el("p", { class: "prompt", id: promptId }, r.prompt),
     respondents(r.respondents),
-    contextView(r.context),
+    factsView(r),
     ...(r.calls || []).map(callView),
     answerControls(r, error),
     error,
+    contextView(r.context),
   );
+}
+
+// What `delta status` says of a question, on its card: the answer's bounds or window, the
+// default, the deadline (in UTC, as the CLI and API say it) and what happens at it.
+function factsView(r) {
+  const facts = [];
+  const fmt = (v) => String(v);
+  if (r.minimum !== undefined && r.minimum !== null && r.maximum !== undefined && r.maximum !== null) facts.push(`a number from ${fmt(r.minimum)} to ${fmt(r.maximum)}`);
+  else if (r.minimum !== undefined && r.minimum !== null) facts.push(`a number of at least ${fmt(r.minimum)}`);
+  else if (r.maximum !== undefined && r.maximum !== null) facts.push(`a number of at most ${fmt(r.maximum)}`);
+  if (r.earliest || r.latest) {
+    facts.push(`a date (YYYY-MM-DD) ${r.earliest ? `from ${r.earliest} ` : ""}${r.latest ? `to ${r.latest}` : ""}`.trim());
+  }
+  if (r.default !== null && r.default !== undefined && !r.sensitive) facts.push(`default: ${r.default}`);
+  if (r.sensitive) facts.push("secret: kept in a 0600 file, never shown to the agent's model");
+  if (r.expires_at) {
+    const utc = r.expires_at.replace("T", " ").replace(/(\.\d+)?Z$/, " UTC");
+    facts.push(`answer by ${utc}${r.after_deadline ? `, then ${r.after_deadline}` : ""}`);
+  }
+  if (!facts.length) return null;
+  return el("ul", { class: "facts" }, ...facts.map((f) => el("li", {}, f)));
 }
 
 function respondents(list) {
@@ -364,14 +386,22 @@ function respondents(list) {
   return el("p", { class: "respondents" }, "For ", list.map(String).join(", "));
 }
 
-// The question's context (task, last agent message, recent tool calls, reviewed output...):
-// optional, shown folded open, whatever keys it has.
+// The question's context (last agent message, recent tool calls, reviewed output...): folded,
+// its summary the first lines of what matters most; whatever keys it has, none empty. The task
+// is on the card's first line already.
 function contextView(ctx) {
-  if (!ctx || typeof ctx !== "object" || !Object.keys(ctx).length) return null;
-  const rows = Object.entries(ctx).filter(([, v]) => v !== null && v !== undefined && v !== "");
+  if (!ctx || typeof ctx !== "object") return null;
+  const empty = (k, v) => v === null || v === undefined || v === "" || k === "task"
+    || (Array.isArray(v) && !v.length) || (k.endsWith("_omitted") && !v);
+  const rows = Object.entries(ctx).filter(([k, v]) => !empty(k, v));
   if (!rows.length) return null;
-  return el("details", { class: "context", open: "" },
-    el("summary", {}, "Context"),
+  const lead = ctx.reviewed_output || ctx.last_message || "";
+  const first = String(lead).split("\n").filter((l) => l.trim()).slice(0, 2).join(" · ");
+  const calls = Array.isArray(ctx.tool_calls) && ctx.tool_calls.length
+    ? `${ctx.tool_calls.length} tool call${ctx.tool_calls.length > 1 ? "s" : ""}` : "";
+  const preview = [first.length > 160 ? `${first.slice(0, 160)}…` : first, calls].filter(Boolean).join(" — ");
+  return el("details", { class: "context" },
+    el("summary", {}, el("span", { class: "ctx-title" }, "Context"), preview ? el("span", { class: "preview" }, preview) : null),
     ...rows.map(([k, v]) => el("div", { class: "ctx-row" },
       el("h4", {}, k.replaceAll("_", " ")), valueView(v))));
 }
@@ -389,9 +419,8 @@ function toolLine(x) {
   for (const k of ["tool_name", "name", "tool"]) delete rest[k];
   return el("span", {}, name ? el("strong", {}, name) : null, " ",
     el("code", {}, JSON.stringify(rest.arguments ?? rest)),
-    rest.result !== undefined || rest.status !== undefined
-      ? el("span", { class: "hint" }, ` → ${rest.status ?? ""} ${typeof rest.result === "string" ? rest.result : ""}`)
-      : null);
+    rest.status !== undefined ? el("span", { class: "hint" }, ` → ${rest.status}`) : null,
+    typeof rest.result === "string" && rest.result ? el("pre", { class: "output" }, rest.result) : null);
 }
 
 function callView(c) {
@@ -430,9 +459,15 @@ function keyButton(key, label, onclick, cls) {
 function answerControls(r, error) {
   const form = r.form || { control: "input", type: "text" };
   switch (form.control) {
-    case "keys":
-      return el("div", { class: "actions" }, ...form.keys.map((k) =>
-        keyButton(k.key, k.label, () => send(r, { answer: k.answer }, error), k.style)));
+    case "keys": {
+      const isDefault = (k) => r.default !== null && r.default !== undefined
+        && [k.answer, k.label, k.key].some((v) => v && String(v).toLowerCase() === String(r.default).toLowerCase());
+      return el("div", { class: "actions" }, ...form.keys.map((k) => {
+        const b = keyButton(k.key, k.label, () => send(r, { answer: k.answer }, error), k.style);
+        if (isDefault(k)) { b.classList.add("default"); b.append(el("span", { class: "badge" }, " (default)")); }
+        return b;
+      }));
+    }
     case "decisions":
       return decisionControls(r, form.keys, error);
     default:
@@ -466,18 +501,16 @@ function decisionControls(r, keys, error) {
     decisions: r.calls.map((c) => ({ action_id: c.action_id, decision, ...extra })),
   }, error);
   const openEditors = () => {
-    editors.replaceChildren(...r.calls.map((c) => el("label", {},
-      `${c.tool_name} arguments (JSON)`,
-      el("textarea", { "data-action-id": c.action_id }, JSON.stringify(c.arguments, null, 2)))),
+    editors.replaceChildren(...r.calls.map(callEditor),
       el("button", { type: "button", class: "send-edit primary", onclick: sendEdit }, "Send edit"));
-    editors.querySelector("textarea")?.focus();
+    editors.querySelector("input, select, textarea")?.focus();
   };
   const sendEdit = () => {
     const decisions = [];
     for (const c of r.calls) {
-      const text = editors.querySelector(`textarea[data-action-id="${c.action_id}"]`).value;
+      const box = editors.querySelector(`fieldset[data-action-id="${CSS.escape(c.action_id)}"]`);
       let args;
-      try { args = JSON.parse(text); } catch (e) { error.textContent = `${c.tool_name}: not JSON: ${e.message}`; return; }
+      try { args = editedArguments(box, c); } catch (e) { error.textContent = `${c.tool_name}: ${e.message}`; return; }
       const problem = checkSchema(c.schema, args);
       if (problem) { error.textContent = `${c.tool_name}: ${problem}`; return; }
       decisions.push({ action_id: c.action_id, decision: "edit", arguments: args });
@@ -493,6 +526,75 @@ function decisionControls(r, keys, error) {
     return k.reason ? [button, reason] : [button];
   });
   return el("div", {}, el("div", { class: "actions" }, ...buttons), editors);
+}
+
+// One gated call's arguments as a form made from the tool's JSON schema (as the model sees
+// it): a text box per string, a number box per number, a checkbox per boolean, a list per
+// enum; anything else (objects, arrays, a tool with no schema) as JSON. "JSON" shows the
+// whole call as JSON instead, for what the form cannot say.
+function callEditor(c) {
+  const props = c.schema?.properties || {};
+  const names = [...new Set([...Object.keys(props), ...Object.keys(c.arguments || {})])];
+  const fields = names.map((name) => argField(name, props[name], (c.arguments || {})[name], (c.schema?.required || []).includes(name)));
+  const raw = el("textarea", { class: "raw", "aria-label": `${c.tool_name} arguments as JSON`, hidden: "" }, JSON.stringify(c.arguments, null, 2));
+  const form = el("div", { class: "arg-fields" }, ...fields);
+  const toggle = el("button", { type: "button", class: "quiet json-toggle", onclick: () => {
+    const toJson = raw.hidden;
+    if (toJson) { try { raw.value = JSON.stringify(formArguments(form), null, 2); } catch (e) { /* as it was */ } }
+    raw.hidden = !toJson; form.hidden = toJson;
+    toggle.textContent = toJson ? "Form" : "JSON";
+  } }, "JSON");
+  return el("fieldset", { class: "call-editor", "data-action-id": c.action_id },
+    el("legend", {}, `${c.tool_name}: arguments`, " ", toggle), form, raw);
+}
+
+function argField(name, spec, value, required) {
+  const id = `arg-${Math.abs(hash(name + Math.random()))}`;
+  const label = el("label", { for: id }, name, required ? " *" : "", spec?.description ? el("span", { class: "hint" }, ` ${spec.description}`) : null);
+  const t = spec?.type;
+  let input;
+  if (Array.isArray(spec?.enum)) {
+    input = el("select", { id }, ...spec.enum.map((v) => el("option", { value: JSON.stringify(v), selected: v === value ? "" : null }, String(v))));
+  } else if (t === "boolean") {
+    input = el("input", { id, type: "checkbox", checked: value ? "" : null });
+  } else if (t === "integer" || t === "number") {
+    input = el("input", { id, type: "number", step: t === "integer" ? "1" : "any", value: value ?? "" });
+  } else if (t === "string" || (t === undefined && typeof value === "string")) {
+    input = el("input", { id, type: "text", value: value ?? "" });
+  } else {
+    input = el("textarea", { id, "data-json": "" }, value === undefined ? "" : JSON.stringify(value, null, 2));
+  }
+  input.dataset.arg = name;
+  input.dataset.kind = Array.isArray(spec?.enum) ? "enum" : t || (typeof value === "string" ? "string" : "json");
+  return el("div", { class: "arg" }, label, input);
+}
+
+function formArguments(form) {
+  const args = {};
+  for (const input of form.querySelectorAll("[data-arg]")) {
+    const name = input.dataset.arg, kind = input.dataset.kind;
+    if (kind === "boolean") args[name] = input.checked;
+    else if (kind === "enum") args[name] = JSON.parse(input.value);
+    else if (kind === "integer" || kind === "number") {
+      if (input.value === "") continue;
+      args[name] = Number(input.value);
+    } else if (kind === "string") {
+      if (input.value === "" && !input.closest(".arg").querySelector("label").textContent.includes("*")) continue;
+      args[name] = input.value;
+    } else {
+      if (!input.value.trim()) continue;
+      try { args[name] = JSON.parse(input.value); } catch (e) { throw new Error(`${name}: not JSON: ${e.message}`); }
+    }
+  }
+  return args;
+}
+
+function editedArguments(box, c) {
+  const raw = box.querySelector("textarea.raw");
+  if (!raw.hidden) {
+    try { return JSON.parse(raw.value); } catch (e) { throw new Error(`not JSON: ${e.message}`); }
+  }
+  return formArguments(box.querySelector(".arg-fields"));
 }
 
 // The tool's parameter schema (JSON Schema, as the model sees it), checked before sending.
@@ -551,13 +653,55 @@ function historyItem(h, byRun) {
     const took = typeof h.duration_seconds === "number" ? ` in ${duration(h.duration_seconds)}` : "";
     return el("li", { class: `ended ${status.toLowerCase()}`, "data-type": "run.status", "data-to": status, "data-run": h.run_id },
       el("span", { class: "what" }, `run ${status.toLowerCase()}${took}`, h.reason ? `: ${h.reason}` : ""),
-      el("span", { class: "where" }, h.workspace), when(h.at),
+      el("span", { class: "where" }, h.workspace, " ", runLink(h.workspace, h.run_id, "run view")), when(h.at),
       outcomeView(h, byRun.get(runKey(h)) || []));
   }
-  return el("li", { class: "answered", "data-type": "request.answered" },
-    el("span", { class: "what" }, `${h.answered_by || "someone"} answered `, el("strong", {}, said(h) || "")),
+  return el("li", { class: `answered ${timedOut(h) ? "timeout" : ""}`, "data-type": "request.answered" },
+    el("span", { class: "what" }, ...happened(h)),
+    ...editsView(h),
     h.prompt ? el("span", { class: "asked" }, h.prompt) : null,
-    el("span", { class: "where" }, h.workspace), when(h.at));
+    el("span", { class: "where" }, h.workspace, " ", runLink(h.workspace, h.run_id, "run view")), when(h.at));
+}
+
+// A timeout's default is the deadline's answer, not a person's.
+function timedOut(h) {
+  return ["timeout", "default"].includes(h.channel) || ["timeout", "timed_out"].includes(h.outcome);
+}
+
+// One line for what happened: "alice approved", "timed out → default “beta”", "bob answered
+// (a secret, not shown)", "carol approved deploy with edits".
+function happened(h) {
+  if (timedOut(h)) {
+    return h.answer !== null && h.answer !== undefined
+      ? ["timed out → default ", el("strong", {}, `“${h.answer}”`)]
+      : ["timed out: no answer (the agent was told TIMEOUT)"];
+  }
+  const who = h.answered_by || "someone";
+  const via = h.channel && !["http", "file"].includes(h.channel) ? ` (${h.channel})` : "";
+  if (h.decisions?.length) {
+    const words = { approve: "approved", reject: "rejected", edit: "approved with edits", cancel: "canceled the run at" };
+    const parts = h.decisions.map((d) => `${words[d.decision] || d.decision} ${d.tool_name || d.action_id || ""}`.trim()
+      + (d.reason ? `: “${d.reason}”` : ""));
+    return [`${who}${via} `, el("strong", {}, parts.join("; "))];
+  }
+  if (h.answer === null || h.answer === undefined) {
+    return h.outcome === "answered" ? [`${who}${via} answered `, el("em", {}, "(a secret, not shown)")]
+      : [`${who}${via}: `, el("strong", {}, String(h.outcome || ""))];
+  }
+  return [`${who}${via} answered `, el("strong", {}, `“${h.answer}”`)];
+}
+
+// What an edit changed: one line per argument, as asked → as run.
+function editsView(h) {
+  return (h.decisions || []).filter((d) => d.decision === "edit" && d.arguments).map((d) => {
+    const before = d.asked_arguments || {}, after = d.arguments;
+    const keys = [...new Set([...Object.keys(before), ...Object.keys(after)])]
+      .filter((k) => JSON.stringify(before[k]) !== JSON.stringify(after[k]));
+    return el("ul", { class: "diff", "aria-label": `what the edit of ${d.tool_name || "the call"} changed` },
+      ...keys.map((k) => el("li", {}, el("code", {}, k), ": ",
+        k in before ? el("del", {}, JSON.stringify(before[k])) : el("em", {}, "(not set)"), " → ",
+        k in after ? el("ins", {}, JSON.stringify(after[k])) : el("em", {}, "(removed)"))));
+  });
 }
 
 // A finished run, folded: its final message (as text, never markup; a long one is cut by the
@@ -570,13 +714,7 @@ function outcomeView(h, answers) {
     message ? el("div", { class: "final-message" }, message) : null,
     h.final_message_truncated ? el("p", { class: "hint" }, "(cut: delta status shows all of it)") : null,
     answers.length ? el("ol", { class: "answers" }, ...answers.map((a) => el("li", {},
-      `${a.answered_by || "someone"}: `, el("strong", {}, said(a) || ""),
-      a.prompt ? ` (${a.prompt})` : ""))) : null);
-}
-
-function said(h) {
-  return h.answer !== null && h.answer !== undefined ? `“${h.answer}”`
-    : h.decisions?.length ? h.decisions.map((d) => d.decision).join(", ") : h.outcome;
+      ...happened(a), a.prompt ? ` (${a.prompt})` : ""))) : null);
 }
 
 // As `delta status` says it: "4.2 s", "3 min 05 s", "1 h 02 min 00 s".
@@ -599,11 +737,75 @@ function activity(e) {
   $("history-empty").hidden = true;
 }
 
+// -- a run's view: its messages, tool calls with their output, questions and answers, and how
+// its status moved (the API's run document, the journal's last events) -------------------------
+function runLink(workspace, runId, text) {
+  if (!runId || linkToken) return null;
+  return el("button", { type: "button", class: "link run-link", "data-run": runId,
+    onclick: (ev) => { ev.stopPropagation(); showRun(workspace, runId); } }, text);
+}
+
+async function showRun(workspace, runId) {
+  const dialog = $("run-view");
+  const body = $("run-body");
+  $("run-title").textContent = `Run ${runId}`;
+  body.replaceChildren(el("p", { class: "hint" }, "loading…"));
+  if (!dialog.open) dialog.showModal();
+  try {
+    const run = await api("GET", `v1/runs/${encodeURIComponent(runId)}?workspace=${encodeURIComponent(workspace)}`);
+    body.replaceChildren(runView(run));
+  } catch (e) {
+    body.replaceChildren(el("p", { class: "error", role: "alert" }, e.message));
+  }
+}
+
+function runView(run) {
+  const facts = el("dl", { class: "run-facts" },
+    ...[["status", run.status], ["task", run.task], ["agent", run.agent], ["workspace", run.workspace],
+      ["started", run.start_time], ["ended", run.end_time], ["error", run.error]]
+      .filter(([, v]) => v).flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]));
+  const steps = (run.journal || []).map(journalItem).filter(Boolean);
+  return el("div", {}, facts,
+    el("h3", {}, "What happened", el("span", { class: "hint" }, ` (the last ${steps.length} steps)`)),
+    el("ol", { class: "transcript" }, ...steps));
+}
+
+function journalItem(e) {
+  const p = e.payload || {};
+  const at = e.timestamp ? when(e.timestamp) : null;
+  const item = (cls, title, ...rest) => el("li", { class: `step ${cls}`, "data-type": e.type },
+    el("div", { class: "step-head" }, el("strong", {}, title), " ", at), ...rest);
+  switch (e.type) {
+    case "RUN_START": return item("status", "run started", p.task ? el("div", {}, p.task) : null);
+    case "THOUGHT": {
+      const calls = (p.tool_calls || []).map((c) => `${c.function?.name}(${c.function?.arguments ?? ""})`);
+      if (!p.content && !calls.length) return null;
+      return item("message", "the model", p.content ? el("div", { class: "text" }, p.content) : null,
+        calls.length ? el("div", { class: "hint" }, "calls ", calls.join(", ")) : null);
+    }
+    case "ACTION_REQUEST": return item("call", `tool call: ${p.tool_name}`,
+      el("code", {}, JSON.stringify(p.tool_args ?? {})), p.resolved_command ? el("div", { class: "hint" }, "runs: ", el("code", {}, p.resolved_command)) : null);
+    case "ACTION_RESULT": return item("result", `tool result: ${p.status}`, el("pre", { class: "output" }, p.observation_content || ""));
+    case "HUMAN_INTERACTION":
+      if (p.phase === "asked") return item("question", `asked (${p.request?.input_type || "text"})`, el("div", {}, p.request?.prompt || ""));
+      if (p.phase === "answered") return item("answer", "answered", el("div", {}, ...happened({
+        ...(p.reply || {}), channel: p.reply?.channel || p.reply?.source,
+        answer: p.reply?.value ?? null, decisions: p.reply?.decisions || [] })));
+      return null;
+    case "SYSTEM": return item("system", `note (${(p.level || "info").toLowerCase()})`, el("div", { class: "text" }, p.content || ""));
+    case "NODE_START": return item("status", `node ${p.node} (${p.kind})`);
+    case "NODE_OUTCOME": return item("status", `node ${p.node}: ${p.status}`, p.failure_reason ? el("div", {}, p.failure_reason) : null);
+    case "EDGE_TAKEN": return item("status", `${p.source} → ${p.target}`, p.reason ? el("div", { class: "hint" }, p.reason) : null);
+    case "RUN_END": return item("status", `run ${String(p.status).toLowerCase()}`, p.reason ? el("div", { class: "text" }, p.reason) : null);
+    default: return item("other", e.type.toLowerCase().replaceAll("_", " "));
+  }
+}
+
 // -- the keyboard ---------------------------------------------------------------------------------
 document.addEventListener("keydown", (ev) => {
   if (ev.ctrlKey || ev.metaKey || ev.altKey) return;
   const help = $("help");
-  if (help?.open) return;  // the dialog handles Esc itself
+  if (help?.open || $("run-view")?.open) return;  // a dialog handles Esc itself
   const typing = ["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement?.tagName);
   if (typing) {
     if (ev.key === "Escape") { document.activeElement.blur(); selectedNode()?.focus(); }
