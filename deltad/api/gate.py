@@ -24,7 +24,7 @@ import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-rom . import problems
+from . import problems
 
 log = structlog.get_logger("deltad.http")
 Why = Literal["max_connections", "max_connections_per_source"]
