@@ -231,6 +231,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "expires_at": iso(r.expires_at) if r.expires_at else None,
         # what the deadline answers, as `delta status` says it ("the default, 'beta'")
         "after_deadline": kind_of(r.input_type).after_deadline(r) if r.expires_at else None,
+        "bounds": kind_of(r.input_type).bounds(r),  # "a number from 1 to 20", from the kind
         "sensitive": r.is_secret,
         "allow_empty": r.allow_empty,
         **kinds.question_fields(r),  # options, minimum, maximum, ...: each kind's own

@@ -117,6 +117,11 @@ class QuestionBase(_Out):
     calls: list[GatedCallOut] = Field(description="The gated calls a decision is asked on.")
     default: str | None
     expires_at: str | None = Field(description="RFC 3339 (UTC), or null for never.")
+    bounds: str | None = Field(
+        default=None,
+        description="What the answer must lie within, in words (a number's range, a date's "
+        "window), or null.",
+    )
     after_deadline: str | None = Field(
         default=None,
         description="What an unanswered question gets at `expires_at`, in words: "

@@ -109,6 +109,10 @@ class Kind:
         """Lines a terminal shows before its prompt."""
         return []
 
+    def bounds(self, req: InteractionRequest) -> str | None:
+        """What an answer must lie within, in words (the page's card shows it); None: no bound."""
+        return None
+
     def schema(self) -> dict[str, Any]:
         """The ask_human arguments this kind adds (JSON schema properties)."""
         return {}
@@ -316,9 +320,14 @@ class Number(Kind):
         return f"{req.minimum:g}" if req.minimum is not None else "42"
 
     def hints(self, req: InteractionRequest) -> list[str]:
+        return [f"Please answer with {self.bounds(req) or 'a number'}."]
+
+    def bounds(self, req: InteractionRequest) -> str | None:
+        if req.minimum is None and req.maximum is None:
+            return None
         low = "" if req.minimum is None else f" from {req.minimum:g}"
         high = "" if req.maximum is None else f" to {req.maximum:g}"
-        return [f"Please answer with a number{low}{high}."]
+        return f"a number{low}{high}"
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -376,9 +385,15 @@ class Date(Kind):
         return str(req.earliest or req.latest or "2030-01-31")
 
     def hints(self, req: InteractionRequest) -> list[str]:
+        return [f"Please answer with {self._window(req)}."]
+
+    def bounds(self, req: InteractionRequest) -> str | None:
+        return None if req.earliest is None and req.latest is None else self._window(req)
+
+    def _window(self, req: InteractionRequest) -> str:
         low = "" if req.earliest is None else f" from {req.earliest}"
         high = "" if req.latest is None else f" to {req.latest}"
-        return [f"Please answer with a date, YYYY-MM-DD{low}{high}."]
+        return f"a date, YYYY-MM-DD{low}{high}"
 
     def schema(self) -> dict[str, Any]:
         return {

@@ -99,7 +99,7 @@ def test_each_card_shows_what_delta_status_shows_and_folds_its_context(
         marked = browser.find_element(By.CSS_SELECTOR, '.item[data-input-type="choice"] .default')
         assert "beta" in marked.text and "(default)" in marked.text
         assert "a number from 1 to 20" in card(browser, "number")
-        assert "a date (YYYY-MM-DD) from 2026-12-01 to 2027-01-31" in card(browser, "date")
+        assert "a date, YYYY-MM-DD from 2026-12-01 to 2027-01-31" in card(browser, "date")
         assert "secret: kept in a 0600 file" in card(browser, "password")
         approval = card(browser, "approval")
         assert "answer by 2031-05-04 12:30:00 UTC, then rejected" in approval

@@ -360,17 +360,11 @@ function card(r) {
   );
 }
 
-// What `delta status` says of a question, on its card: the answer's bounds or window, the
+// What `delta status` says of a question, on its card: the answer's bounds (the kind's words), the
 // default, the deadline (in UTC, as the CLI and API say it) and what happens at it.
 function factsView(r) {
   const facts = [];
-  const fmt = (v) => String(v);
-  if (r.minimum !== undefined && r.minimum !== null && r.maximum !== undefined && r.maximum !== null) facts.push(`a number from ${fmt(r.minimum)} to ${fmt(r.maximum)}`);
-  else if (r.minimum !== undefined && r.minimum !== null) facts.push(`a number of at least ${fmt(r.minimum)}`);
-  else if (r.maximum !== undefined && r.maximum !== null) facts.push(`a number of at most ${fmt(r.maximum)}`);
-  if (r.earliest || r.latest) {
-    facts.push(`a date (YYYY-MM-DD) ${r.earliest ? `from ${r.earliest} ` : ""}${r.latest ? `to ${r.latest}` : ""}`.trim());
-  }
+  if (r.bounds) facts.push(r.bounds);  // the kind's words: "a number from 1 to 20"
   if (r.default !== null && r.default !== undefined && !r.sensitive) facts.push(`default: ${r.default}`);
   if (r.sensitive) facts.push("secret: kept in a 0600 file, never shown to the agent's model");
   if (r.expires_at) {
