@@ -288,7 +288,7 @@ def token() -> None:
 )
 @click.option(
     "--role",
-    type=click.Choice(["reader", "answerer", "admin"]),
+    type=click.Choice(["reader", "answerer", "admin", "metrics"]),
     default="answerer",
     show_default=True,
 )
