@@ -29,16 +29,25 @@ def _held_env(hold: Path) -> dict[str, str]:
     return {"PYTHONPATH": path, "DELTAD_TEST_HOLD": str(hold)}
 
 
-def _status(d: Daemon) -> dict[str, Any]:
+def _status_out(d: Daemon, *extra: str) -> str:
     out = subprocess.run(
-        [DELTAD, "status", "--json", "--state-dir", str(d.state_dir)],
+        [DELTAD, "status", *extra, "--state-dir", str(d.state_dir)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    doc: dict[str, Any] = json.loads(out.stdout)
+    return out.stdout
+
+
+def _status(d: Daemon) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(_status_out(d, "--json"))
     return doc
+
+
+def _health_line(d: Daemon) -> str:
+    [line] = [x for x in _status_out(d).splitlines() if x.startswith("health: ")]
+    return line
 
 
 def _failing(url: str, path: str) -> list[str]:
@@ -93,6 +102,9 @@ def test_readyz_is_503_until_all_1000_workspaces_are_indexed_then_200(tmp_path: 
             False,
             ["index"],
         )
+        assert _health_line(d) == (
+            f"health: not ready (index: {N} of {N} workspaces still to read), live"
+        )
         (hold / "reads").unlink()
         with client(url) as http:
             wait_for(lambda: http.get("/readyz").status_code == 200, "/readyz 200")
@@ -106,6 +118,7 @@ def test_readyz_is_503_until_all_1000_workspaces_are_indexed_then_200(tmp_path: 
         assert sum(v for (name, _), v in got.items() if name == "deltad_requests_pending") == N
         assert got[("deltad_workspaces", (("state", "waiting"),))] == N
         wait_for(lambda: _status(d)["health"]["ready"], "deltad status: ready")
+        assert _health_line(d) == "health: ready, live"
     finally:
         d.stop()
 
