@@ -312,3 +312,58 @@ def test_one_access_line_per_request_naming_the_route_and_token_never_the_secret
 def test_fixed_vitals_serve_what_they_hold() -> None:
     v = Fixed(READY, b"x 1\n")
     assert v.health() is READY and v.core_metrics() == b"x 1\n"
+
+
+# -- the service's own vitals, in-process --------------------------------------------------------
+@pytest.mark.linux_only  # the glance defers a read by the read lease (deltad/platform.py)
+def test_the_services_vitals_follow_the_walk_the_reads_and_the_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltad.clock import ManualClock
+    from deltad.daemon import lifecycle
+    from deltad.daemon.config import HaConfig, load_config
+    from deltad.daemon.lease import Lease
+    from deltad.daemon.service import Service
+    from deltad.testing.stub import paused_workspace
+
+    from .test_daemon_sweep import RecordingResumer
+
+    monkeypatch.delenv("DELTAD_CONFIG", raising=False)
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    root = tmp_path / "root"
+    for i in range(3):
+        paused_workspace(root / f"ws{i}", input_type="text")
+    config = load_config(None, (str(root),))
+    config.state_dir = tmp_path / "state"
+    config.state_dir.mkdir()
+    config.ha = HaConfig(lease=tmp_path / "lease")
+    clock = ManualClock(wall=__import__("time").time())
+    svc = Service(config, None, (), clock=clock, resumer=RecordingResumer(config))
+    assert health.ready_checks(svc.vitals.health())[0].ok is False
+    svc.lease = Lease(config.ha.lease)
+    assert svc.lease.try_take()
+    lifecycle.start(svc)
+    try:
+        h = svc.vitals.health()
+        assert (h.ready, h.index_complete, h.unread, h.lease_held) == (True, False, 3, True)
+        for _ in range(100):
+            svc.turn()
+            if svc.vitals.health().index_complete:
+                break
+        h = svc.vitals.health()
+        assert health.passing(health.ready_checks(h)) and h.workspaces == 3
+        assert h.last_turn == clock.monotonic()
+        got = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(svc.vitals.core_metrics().decode())
+            for s in f.samples
+        }
+        assert got[("deltad_requests_pending", (("input_type", "text"),))] == 3.0
+        assert got[("deltad_workspaces", (("state", "waiting"),))] == 3.0
+        assert got[("deltad_ha_lease_held", ())] == 1.0
+        assert got[("deltad_reconcile_full_duration_seconds_count", (("reason", "startup"),))] == 1
+        svc.lease.lost = True
+        assert [c.name for c in health.ready_checks(svc.vitals.health()) if not c.ok] == ["lease"]
+    finally:
+        lifecycle.close_backends(svc)
+        svc.lease.release()
