@@ -367,3 +367,35 @@ def test_the_services_vitals_follow_the_walk_the_reads_and_the_lease(
     finally:
         lifecycle.close_backends(svc)
         svc.lease.release()
+
+
+def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
+    tmp_path: Path,
+) -> None:
+    from deltad.api.config import Webhook
+    from deltad.api.notify import _WebhookWorker
+    from deltad.testing.webhooks import Receiver
+
+    counted = CoreMetrics().deliveries
+    with Receiver(answers=[500, 500, 204]) as receiver:
+        hook = Webhook(url=receiver.url, backoff_seconds=0.01, max_attempts=2)
+        worker = _WebhookWorker(hook, "webhook0", [], tmp_path, counted)  # no thread started
+
+        def attempt() -> None:
+            due = None
+            while due is None:
+                due = worker._next_due()  # waits for the backoff
+            worker._attempt(due)
+
+        worker.submit({"id": 1, "type": "run.status", "workspace": "/w"})
+        assert worker.depth() == 1
+        attempt()  # 500: a retry
+        assert worker.depth() == 1
+        attempt()  # 500 again: the second of max_attempts, dead
+        assert worker.depth() == 0
+        worker.submit({"id": 2, "type": "run.status", "workspace": "/w"})
+        attempt()  # 204: delivered
+        worker.client.close()
+    assert worker.depth() == 0
+    by = {s.labels["result"]: s.value for s in counted.collect()[0].samples if "_total" in s.name}
+    assert by == {"retry": 1.0, "dead": 1.0, "delivered": 1.0}
