@@ -9,6 +9,7 @@ import hashlib
 import json
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from pathlib import Path
@@ -19,16 +20,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deltad import __version__
+from deltad import __version__, health
 from deltad.inbox.feed import EVENT_TYPES, EventType, FeedEvent
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
 from . import handlers, history, limits, links, paging, problems, schemas, scopes
+from .access import AccessLog, RateLimit, note_token
 from .handlers import ApiError, Context, unauthorized
 from .schemas import errors
 from .sessions import Sessions, matches
@@ -87,7 +90,7 @@ def _invalid_token() -> Identity:
 def identity(request: Request) -> Identity:
     # Read from the headers here, not declared as parameters: the document declares them
     # once, as security schemes (schemas.SECURITY_SCHEMES).
-    return authenticate(
+    who = authenticate(
         request.app.state.ctx,
         request.app.state.sessions,
         request.method,
@@ -95,6 +98,10 @@ def identity(request: Request) -> Identity:
         request.cookies.get(SESSION_COOKIE),
         request.headers.get("x-csrf-token"),
     )
+    note_token(request.scope, who.name)
+    if who.role == "metrics":
+        raise ApiError(403, "forbidden", f"token {who.name} may only read /metrics")
+    return who
 
 
 def still_allowed(request: Request, who: Identity) -> Callable[[], bool]:
@@ -138,7 +145,7 @@ class EventStream(StreamingResponse):
 
 # Operations that write (a session needs its X-CSRF-Token) and those without a credential.
 WRITES = {"logout", "answer_request"}
-PUBLIC = {"login", "link_request", "link_answer", "healthz"}
+PUBLIC = {"login", "link_request", "link_answer", "healthz", "livez", "readyz", "metrics"}
 
 
 def create_app(
@@ -231,6 +238,13 @@ def create_app(
         return response
 
     app.add_middleware(HeadAsGet)
+    # Outermost: it sees every answer, the refusals of the layers above included.
+    app.add_middleware(
+        AccessLog,
+        routes=lambda: app.router.routes,
+        metrics=ctx.http_metrics,
+        failed_auth=RateLimit(),
+    )
 
     # -- sessions (the web page) ---------------------------------------------------------------
     @app.post(
@@ -241,11 +255,14 @@ def create_app(
         response_model_exclude_unset=True,
         responses=errors(400, 401, 413, 422),
     )
-    def login(body: schemas.LoginIn, response: Response) -> dict[str, Any]:
+    def login(request: Request, body: schemas.LoginIn, response: Response) -> dict[str, Any]:
         """Exchange a token for an HttpOnly, SameSite=Strict session cookie."""
         who = ctx.tokens.verify(body.token)
         if who is None:
             raise unauthorized("this token is not valid (revoked, or never issued)")
+        note_token(request.scope, who.name)
+        if who.role == "metrics":
+            raise ApiError(403, "forbidden", f"token {who.name} may only read /metrics")
         cookie, csrf = sessions.open(who.name, digest(body.token))
         # No Path attribute: the cookie belongs to the directory the page was served from,
         # so the page works under a reverse proxy's path prefix.
@@ -491,12 +508,63 @@ def create_app(
         operation_id="healthz",
         response_model=schemas.Health,
         response_model_exclude_unset=True,
+        responses={503: {"model": schemas.Health, "description": "Not ready yet."}},
     )
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    def healthz(request: Request) -> JSONResponse:
+        """Kept for existing health checks: the same as /readyz."""
+        return _health(health.ready_checks(ctx.vitals.health()), request)
+
+    @app.get(
+        "/livez",
+        tags=["health"],
+        operation_id="livez",
+        response_model=schemas.Health,
+        response_model_exclude_unset=True,
+        responses={503: {"model": schemas.Health, "description": "The loop is stuck."}},
+    )
+    def livez(request: Request) -> JSONResponse:
+        """200 while the daemon's loop turns (it turned within the last few seconds), else
+        503; `?verbose` lists the checks. Decided by the status code."""
+        now = time.monotonic()
+        return _health(health.live_checks(ctx.vitals.health(), now), request)
+
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        operation_id="readyz",
+        response_model=schemas.Health,
+        response_model_exclude_unset=True,
+        responses={503: {"model": schemas.Health, "description": "Not ready yet."}},
+    )
+    def readyz(request: Request) -> JSONResponse:
+        """200 once the startup reconcile is done and every workspace found is in the index
+        (and, under `ha:`, the lease is held), else 503; `?verbose` lists the checks."""
+        return _health(health.ready_checks(ctx.vitals.health()), request)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(request: Request) -> Response:
+        """Prometheus' text format; a bearer token with the role `metrics` (or `admin`)."""
+        authorization = request.headers.get("authorization")
+        if not authorization:
+            raise unauthorized()
+        who = ctx.tokens.verify(_bearer(authorization)) or _invalid_token()
+        note_token(request.scope, who.name)
+        if who.role not in ("metrics", "admin"):
+            raise ApiError(403, "forbidden", f"token {who.name} may not read /metrics")
+        body = ctx.vitals.core_metrics() + ctx.http_metrics.exposition()
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
+
+
+def _health(checks: list[health.Check], request: Request) -> JSONResponse:
+    """`?verbose` (read here, not declared: a health check has no bad request) adds each
+    check; the status code is the answer."""
+    doc = health.document(checks)
+    if "verbose" not in request.query_params:
+        doc = {"status": doc["status"]}
+    return JSONResponse(doc, 200 if health.passing(checks) else 503)
 
 
 # -- HTTP semantics (RFC 9110) ---------------------------------------------------------------------

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from deltad import inbox
+from deltad.health import Standalone, Vitals
 from deltad.inbox.feed import Feed, Listed
 from deltad.protocol import (
     JournalEvent,
@@ -38,6 +39,7 @@ from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import json_safe, show_path, unshow
 
 from . import links, paging, scopes
+from .access import HttpMetrics
 from .config import HttpConfig
 from .tokens import Identity, TokenStore
 
@@ -116,6 +118,9 @@ class Context:
     base_url: str = ""
     idempotency: Idempotency = field(default_factory=Idempotency)
     documents: Documents = field(default_factory=lambda: Documents())
+    # Health and the core's metrics as plain data (deltad/health.py: the seam to the loop).
+    vitals: Vitals = field(default_factory=lambda: Standalone())
+    http_metrics: HttpMetrics = field(default_factory=lambda: HttpMetrics())
 
 
 # -- who may see what -----------------------------------------------------------------------------

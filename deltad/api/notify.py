@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 import structlog
+from prometheus_client import Counter
 
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.protocol import Workspace
@@ -139,8 +140,16 @@ class _WebhookWorker(_Worker):
 
     target: Webhook
 
-    def __init__(self, target: Webhook, name: str, quiet: list[Path], state_dir: Path) -> None:
+    def __init__(
+        self,
+        target: Webhook,
+        name: str,
+        quiet: list[Path],
+        state_dir: Path,
+        counted: Counter | None = None,
+    ) -> None:
         super().__init__(target, name, quiet)
+        self.counted = counted  # deliveries by result (deltad/metrics.py)
         try:
             self.key = webhooks.signing_key(target.signing.read()) if target.signing else None
         except webhooks.SecretError as e:
@@ -191,6 +200,13 @@ class _WebhookWorker(_Worker):
             self.outbox.save(d)  # on disk before the first attempt
             self._pending[d.msg_id] = d
             self._cond.notify()
+
+    def depth(self) -> int:
+        return len(self._pending)  # a plain length: read by the metrics' scrape
+
+    def _count(self, result: str) -> None:
+        if self.counted is not None:
+            self.counted.labels(result).inc()
 
     def _make_room(self) -> None:
         while len(self._pending) >= self.target.outbox_max:
@@ -246,6 +262,7 @@ class _WebhookWorker(_Worker):
         with self._cond:
             self.outbox.remove(d)  # first: a delivery that got a 2xx is never sent again
             self._pending.pop(d.msg_id, None)
+        self._count("delivered")
         log.info(
             "notify_sent",
             target=self.name,
@@ -266,6 +283,7 @@ class _WebhookWorker(_Worker):
                 return  # pushed out meanwhile (outbox_full)
             self._pending[d.msg_id] = d  # first: a disk that fails must not mean a busy loop
             self.outbox.save(d)
+        self._count("retry")
         log.warning(
             "notify_retry",
             target=self.name,
@@ -282,6 +300,7 @@ class _WebhookWorker(_Worker):
                 return
             self.outbox.bury(d, reason)
             pruned = self.outbox.prune_dead(self.target.outbox_max)
+        self._count("dead")
         log.error(
             "notify_dead_letter",
             target=self.name,
@@ -424,13 +443,14 @@ class Notifier:
         quiet_roots: list[Path],
         context: handlers.Context | None,
         state_dir: Path,
+        deliveries: Counter | None = None,
     ) -> None:
         self.config, self.feed, self.context = config, feed, context
         moved = bury_orphans(state_dir, [w.url for w in config.webhooks])
         if moved:
             log.warning("notify_dead_letter", reason="target_removed", deliveries=moved)
         self.workers: list[_Worker] = [
-            _WebhookWorker(w, f"webhook{i}", quiet_roots, state_dir)
+            _WebhookWorker(w, f"webhook{i}", quiet_roots, state_dir, deliveries)
             for i, w in enumerate(config.webhooks)
         ]
         self.workers += [
@@ -439,6 +459,10 @@ class Notifier:
         self._queue: queue.Queue[FeedEvent | None] = queue.Queue(QUEUE_CAP)
         self._intake = threading.Thread(target=self._take_all, name="deltad-notify", daemon=True)
         self._unsubscribe: Callable[[], None] | None = None
+
+    def outbox_depth(self) -> int:
+        """Deliveries waiting in every webhook's outbox (metrics)."""
+        return sum(w.depth() for w in self.workers if isinstance(w, _WebhookWorker))
 
     def start(self) -> None:
         for w in self.workers:

@@ -297,8 +297,17 @@ class LoggedOut(_Out):
     status: Literal["logged out"]
 
 
+class HealthCheck(_Out):
+    name: str
+    ok: bool
+    detail: str
+
+
 class Health(_Out):
-    status: Literal["ok"]
+    """The status code decides (Kubernetes' convention); the body is for people."""
+
+    status: Literal["ok", "failing"]
+    checks: list[HealthCheck] | None = None  # with ?verbose
 
 
 # -- OpenAPI: security and links -------------------------------------------------------------------

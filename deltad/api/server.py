@@ -15,6 +15,7 @@ import anyio.to_thread
 import structlog
 import uvicorn
 
+from deltad.health import Standalone, Vitals
 from deltad.inbox.feed import Feed
 
 from . import gate, links, sessions
@@ -51,7 +52,9 @@ def bind(listen: str) -> socket.socket:
 
 
 class HttpServer:
-    def __init__(self, config: HttpConfig, feed: Feed, state_dir: Path) -> None:
+    def __init__(
+        self, config: HttpConfig, feed: Feed, state_dir: Path, vitals: Vitals | None = None
+    ) -> None:
         self.config = config
         _check_tls(config)
         self.sock = bind(config.listen)
@@ -63,6 +66,7 @@ class HttpServer:
             config=config,
             link_key=links.load_key(state_dir),
             base_url=self.url,
+            vitals=vitals if vitals is not None else Standalone(),
         )
         self._stopping = threading.Event()
         soft, in_use = gate.descriptors()

@@ -23,8 +23,9 @@ from deltad.protocol import atomic_write_json, iso, utcnow
 
 from .scopes import ALL, GlobError, check, normal
 
-Role = Literal["reader", "answerer", "admin"]
-ROLES: tuple[Role, ...] = ("reader", "answerer", "admin")
+# `metrics`: may read /metrics and nothing else (Prometheus' credentials_file).
+Role = Literal["reader", "answerer", "admin", "metrics"]
+ROLES: tuple[Role, ...] = ("reader", "answerer", "admin", "metrics")
 TOKENS_NAME = "tokens.json"
 PREFIX = "dlt_"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")

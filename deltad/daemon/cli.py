@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import click
 import structlog
 
 from deltad import __version__, logs, platform
+from deltad.protocol import utcnow
 from deltad.protocol.printable import show, show_path
 from deltad.watch.choice import inotify_watches_in_use
 from deltad.watch.discovery import walk
@@ -223,6 +225,8 @@ def _print_status(snap: dict[str, Any]) -> None:
         f"deltad pid {snap['pid']}, up since {snap['started_at']}, "
         f"ready: {'yes' if snap['ready'] else 'no'}, status at {snap['updated_at']}"
     )
+    if (h := snap.get("health")) is not None:
+        click.echo(f"health: {_health_line(h, snap['updated_at'])}")
     if lease := snap.get("lease"):
         click.echo(
             f"role: {snap.get('role')}, holding the lease {lease['path']} "
@@ -245,6 +249,19 @@ def _print_status(snap: dict[str, Any]) -> None:
             click.echo(f"  {label:<12} {ws}")
     for item in snap["problems"]:
         click.echo(f"  problem      {item['workspace']}: {item['problem']}")  # shown at the source
+
+
+def _health_line(h: dict[str, Any], updated_at: str) -> str:
+    """The /readyz checks as the daemon last wrote them, and /livez's fact from the file's age
+    (the loop rewrites it at least every few seconds)."""
+    failing = [f"{c['name']}: {c['detail']}" for c in h.get("checks", []) if not c.get("ok")]
+    ready = "ready" if h.get("ready") else "not ready (" + "; ".join(failing) + ")"
+    try:
+        age = (utcnow() - datetime.fromisoformat(updated_at.replace("Z", "+00:00"))).total_seconds()
+    except (TypeError, ValueError):
+        return ready
+    live = age <= float(h.get("live_within_seconds", 15))
+    return f"{ready}, {'live' if live else f'not live (status {age:.0f}s old)'}"
 
 
 # -- tokens ---------------------------------------------------------------------------------------
@@ -288,7 +305,7 @@ def token() -> None:
 )
 @click.option(
     "--role",
-    type=click.Choice(["reader", "answerer", "admin"]),
+    type=click.Choice(["reader", "answerer", "admin", "metrics"]),
     default="answerer",
     show_default=True,
 )

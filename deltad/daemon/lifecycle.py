@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from deltad import logs, platform
+from deltad import health, logs, platform
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
 from deltad.watch import Backend, PollingBackend, event_backend
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("deltad.service")
 
 STATUS_EVERY = 1.0  # seconds between status.json / STATUS= updates, when something changed
+STATUS_HEARTBEAT = 5.0  # seconds between status.json rewrites at most, changed or not
 LEASE_CHECK_EVERY = 5.0  # seconds between an active's looks at the lease's holder file
 
 
@@ -57,6 +58,9 @@ class Ticks:
     """The loop's periodic duties: when each is next due (monotonic)."""
 
     ready: bool = False
+    # Every workspace found is in the index (the reads after READY are done): /readyz.
+    indexed: bool = False
+    last_turn: float | None = None  # monotonic: the loop's last turn (/livez)
     last_status: float = 0.0
     last_ping: float = 0.0
     next_rescan: float = 0.0
@@ -77,6 +81,8 @@ class Ticks:
 
     def due(self, dirty: bool) -> list[float]:
         times = [self.next_rescan, self.next_sweep]
+        if self.last_turn is not None:  # a heartbeat, so that /livez can tell stuck from idle
+            times.append(self.last_turn + health.HEARTBEAT_SECONDS)
         if (interval := watchdog_interval()) is not None:
             times.append(self.last_ping + interval)
         if dirty:
@@ -232,7 +238,7 @@ def _start_inbox(svc: Service) -> bool:
         from deltad.api.server import HttpServer, ListenError
 
         try:
-            svc.http = HttpServer(http, svc.feed, svc.config.state_dir)
+            svc.http = HttpServer(http, svc.feed, svc.config.state_dir, svc.vitals)
         except (ListenError, OSError, ValueError) as e:
             log.error("http_unusable", error=str(e))
             print(f"deltad: error: {e}", file=sys.stderr)
@@ -244,7 +250,9 @@ def _start_inbox(svc: Service) -> bool:
 
         quiet = [r.path for r in svc.config.roots if not r.notify]
         try:
-            svc.notifier = Notifier(notify, svc.feed, quiet, context, svc.config.state_dir)
+            svc.notifier = Notifier(
+                notify, svc.feed, quiet, context, svc.config.state_dir, svc.metrics.deliveries
+            )
         except (OSError, ValueError) as e:
             log.error("notify_unusable", error=str(e))
             print(f"deltad: error: notify: {e}", file=sys.stderr)
@@ -268,6 +276,7 @@ def start(svc: Service) -> None:
         roots=[str(r.path) for r in svc.config.roots],
         state_dir=str(svc.config.state_dir),
     )
+    svc.ticks.last_turn = t0  # starting counts as turning (/livez); each walk slice does too
     build_backends(svc)
     svc.feed.priming = True  # a restart does not announce every waiting question again
     # The walk makes long-lived objects only (a workspace's entry and watches): collections
@@ -280,6 +289,7 @@ def start(svc: Service) -> None:
         svc.feed.priming = False
         gc.enable()
     svc.ticks.ready = True
+    svc.ticks.last_turn = svc.clock.monotonic()
     write(svc, force=True)
     sd_notify("READY=1", status_line(svc))
     log.info(
@@ -403,6 +413,7 @@ def swept(svc: Service, sweep: Sweep) -> None:
         log.warning("discovery_problem", path=str(path), problem=problem)
     now = svc.clock.monotonic()
     svc.ticks.walked(now, now - sweep.started, svc.config)
+    svc.metrics.reconcile.labels(sweep.reason).observe(now - sweep.started)
     log.info(
         "reconcile_full",
         reason=sweep.reason,
@@ -496,6 +507,7 @@ def snapshot(svc: Service) -> dict[str, Any]:
         "role": "active",
         "lease": _lease_doc(svc),
         "ready": svc.ticks.ready,
+        "health": _health_doc(svc.vitals.health()),
         "started_at": iso(svc.ticks.started),
         "updated_at": iso(utcnow()),
         "state_dir": show_path(svc.config.state_dir),
@@ -522,6 +534,16 @@ def snapshot(svc: Service) -> dict[str, Any]:
     }
 
 
+def _health_doc(h: health.Health) -> dict[str, Any]:
+    """What /readyz decides from, for `deltad status` (which judges liveness by the file's
+    `updated_at`: it is rewritten at least every STATUS_HEARTBEAT seconds)."""
+    return {
+        "ready": health.passing(health.ready_checks(h)),
+        "checks": health.document(health.ready_checks(h))["checks"],
+        "live_within_seconds": health.LIVE_WITHIN + STATUS_HEARTBEAT,
+    }
+
+
 def _lease_doc(svc: Service) -> dict[str, Any] | None:
     lease = svc.lease
     if lease is None or lease.holder is None:
@@ -543,6 +565,11 @@ def status_line(svc: Service) -> str:
 def tick(svc: Service, now: float) -> None:
     """The end of a loop turn: status.json when something changed, the systemd watchdog, and
     whether the lease is still this daemon's."""
+    svc.ticks.last_turn = now
+    if svc.ticks.ready and not svc.ticks.indexed and not svc.unread:
+        svc.ticks.indexed = True  # stays: a workspace found later is read as any other
+        svc.dirty = True
+        log.info("index_complete", workspaces=len(svc.registry))
     write(svc)
     _check_lease(svc, now)
     interval = watchdog_interval()
@@ -573,7 +600,8 @@ def _check_lease(svc: Service, now: float) -> None:
 
 def write(svc: Service, force: bool = False) -> None:
     now = svc.clock.monotonic()
-    if not force and (not svc.dirty or now - svc.ticks.last_status < STATUS_EVERY):
+    since = now - svc.ticks.last_status
+    if not force and (not svc.dirty or since < STATUS_EVERY) and since < STATUS_HEARTBEAT:
         return
     svc.dirty = False
     svc.ticks.last_status = now

@@ -14,6 +14,7 @@ from enum import Enum, StrEnum
 from pathlib import Path
 
 from deltad.clock import SYSTEM, Clock
+from deltad.metrics import channel_of
 from deltad.protocol import (
     AnswerState,
     Busy,
@@ -107,6 +108,7 @@ class Verdict:
     # question's `expires_at` (the client applies the timeout rule when it is resumed then).
     wake_at: float | None = None
     unparsed: bool = False  # the problem: a state file did not parse (it may be half written)
+    channel: str | None = None  # an answer's: who wrote the file (the metrics' label)
 
 
 def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
@@ -309,6 +311,9 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
         return v
     v = _complete_answer(answer.path, run_id, status, why, settle, clock)
     _name(v, request)
+    if v.action is Action.RESUME:
+        # Only the `channel` field is taken, and only a known name: nothing of the answer.
+        v.channel = channel_of(answer.path.name, answer.text)
     if answer.state is AnswerState.REFUSED:
         v.problem = f"{answer.reason} (the resume sets it aside)"
     if v.action is Action.NONE and deadline is not None:

@@ -19,7 +19,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, ValuesView
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -39,6 +39,9 @@ from deltad.protocol import exitcodes
 from .config import DaemonConfig
 from .slots import Slots, held_by_owner_cap, pick_next
 from .tenancy import Launch
+
+if TYPE_CHECKING:
+    from deltad.metrics import CoreMetrics
 
 log = structlog.get_logger("deltad.resumer")
 
@@ -180,6 +183,8 @@ class Resumer:
         self._attempts = itertools.count(int(clock.time()) % (1 << 32))
         self.jobs_known = True  # False while the executor's adopt() could not ask its engine
         self._adopt_again = 0.0  # monotonic: when to try adopt() again
+        self.metrics: CoreMetrics | None = None  # set by the service (deltad/metrics.py)
+        self._answered_at: dict[Path, float] = {}  # a queued answer's file time (wall)
 
     def configure(self, config: DaemonConfig) -> None:
         self._template = config.resume_command
@@ -259,6 +264,8 @@ class Resumer:
         if self.jobs_known:
             detail = "runs on other hosts are left as they are until it answers"
             log.warning("resume_adopt_failed", error=error, detail=detail)
+            if self.metrics is not None and self._executor is not None:
+                self.metrics.executor_errors.labels(self._executor.name, "adopt").inc()
         self.jobs_known = False
         assert self._executor is not None
         every = self._executor.poll_every
@@ -270,16 +277,29 @@ class Resumer:
         """The queued resumes, (workspace, run id, launch), in arrival order."""
         return self._queued.values()
 
+    def counts(self) -> tuple[int, int]:
+        """(in flight, queued): plain lengths, read by the metrics' scrape from its thread."""
+        return len(self._in_flight), len(self._queued)
+
     def busy_with(self, ws: Path) -> bool:
         return ws in self._queued or ws in self.children
 
     def submit(
-        self, ws: Path, run_id: str | None, launch: Launch, owner: int, request: str = "resume"
+        self,
+        ws: Path,
+        run_id: str | None,
+        launch: Launch,
+        owner: int,
+        request: str = "resume",
+        answered_at: float | None = None,
     ) -> bool:
         """Queue a resume of `ws`; `owner` (the workspace owner's uid) is whose slot it takes;
-        `request` (the request id answered, or why: "interrupted") goes into the job's key."""
+        `request` (the request id answered, or why: "interrupted") goes into the job's key;
+        `answered_at` (wall time of the answer file's last write) times answer → start."""
         if self.busy_with(ws):
             return False
+        if answered_at is not None:
+            self._answered_at[ws] = answered_at
         self._queued[ws] = (ws, run_id, launch)
         self._requests[ws] = request
         self._waiting.setdefault(owner, deque()).append((next(self._arrivals), ws))
@@ -299,7 +319,11 @@ class Resumer:
             if owner is None:
                 break
             ws, run_id, launch = self._queued.pop(self._dequeue(owner))
-            self._spawn(ws, run_id, launch, owner, self._requests.pop(ws, "resume"))
+            answered_at = self._answered_at.pop(ws, None)
+            spawned = self._spawn(ws, run_id, launch, owner, self._requests.pop(ws, "resume"))
+            if spawned and self.metrics is not None:
+                ex = self._in_flight[ws].handle.executor
+                self.metrics.resume_started(ex, answered_at, self.clock.time())
         self._tell_waits()
 
     def _heads(self) -> dict[int, int]:
@@ -373,6 +397,8 @@ class Resumer:
         return True
 
     def _spawn_failed(self, spec: JobSpec, error: str) -> bool:
+        if self.metrics is not None:
+            self.metrics.executor_errors.labels(self._kind, "submit").inc()
         log.error(
             "resume_spawn_failed",
             workspace=str(spec.key.workspace),
@@ -416,6 +442,8 @@ class Resumer:
         began = resume.started
         ms = int((self.clock.monotonic() - began) * 1000) if began is not None else 0
         fin = Finished(resume, event.rc, max(0, ms), event.detail)
+        if self.metrics is not None:
+            self.metrics.resume_ended(resume.handle.executor, fin.failed, resume.timed_out)
         log.info(
             "resume_exited",
             workspace=str(resume.workspace),

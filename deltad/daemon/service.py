@@ -17,6 +17,7 @@ import structlog
 
 from deltad.clock import SYSTEM, Clock
 from deltad.inbox.feed import Feed
+from deltad.metrics import CoreMetrics, CoreVitals, Scraped
 from deltad.protocol.runfacts import Elsewhere
 from deltad.watch import Backend
 from deltad.watch.discovery import is_workspace
@@ -70,6 +71,12 @@ class Service:
         self.dirty = True
         self.ticks = lifecycle.Ticks()
         self.lease: Lease | None = None  # held while active, when `ha:` is configured
+        # The core's metrics, and what the HTTP layer is handed next to the feed (health and
+        # the metrics' exposition as plain data: deltad/health.py, deltad/metrics.py).
+        self.metrics = CoreMetrics()
+        self.vitals = CoreVitals(self)
+        self.metrics.registry.register(Scraped(self.vitals))
+        self.resumer.metrics = self.metrics
 
     def run(self) -> int:
         return lifecycle.run(self)
@@ -197,7 +204,14 @@ class Service:
             problem = replace(r.seen, state=State.PROBLEM, problem=str(e))
             self.dirty |= self.registry.observe(ws, problem)
             return
-        self.resumer.submit(ws, r.run_id, launch, r.owner.uid, r.seen.request_id or r.reason)
+        sig = r.seen.answer_sig if r.reason == "answer" else None
+        answered_at = sig[2] / 1e9 if sig is not None else None
+        queued = self.resumer.submit(
+            ws, r.run_id, launch, r.owner.uid, r.seen.request_id or r.reason, answered_at
+        )
+        # An answer counts once: a retry of the same resume key is not a new answer.
+        if queued and sig is not None and self.memory.get(ws, core.FRESH).key != r.key:
+            self.metrics.answers.labels(r.seen.channel or "file").inc()
         log.info("resume_queued", workspace=str(ws), run_id=r.run_id, reason=r.reason)
         self.dirty = True
 

@@ -50,7 +50,9 @@ def _read_events(svc: Service) -> None:
     queue holds 16,384 events, and a fanotify mark fills it with every write on the
     filesystem; a walk of 100,000 workspaces (30 s) let it overflow on a busy one, and the
     overflow started a second full reconcile, reading every workspace, right after READY.
-    What the events say is queued as hints, served after READY."""
+    What the events say is queued as hints, served after READY. A slice counts as a turn of
+    the loop for /livez: a walk of 1,000,000 workspaces takes minutes."""
+    svc.ticks.last_turn = svc.clock.monotonic()
     for b in svc.backends:
         lifecycle.process(svc, b)
 

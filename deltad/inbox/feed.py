@@ -189,6 +189,7 @@ class Index:
         # id first (a table of them cost ~100 bytes per workspace).
         self._questions: list[View] = []
         self._runs: list[View] = []
+        self._kinds: dict[str, int] = {}  # open questions by input type (metrics)
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
         _release(self._requests, request_id, ws)
@@ -214,11 +215,20 @@ class Index:
                 i = bisect.bisect_left(order, key, key=by)
                 if i < len(order) and by(order[i]) == key:
                     del order[i]
+        if question_key(old) is not None:
+            kind = old.input_type or "unknown"
+            if (left := self._kinds.get(kind, 0) - 1) > 0:
+                self._kinds[kind] = left
+            else:
+                self._kinds.pop(kind, None)
 
     def _file(self, view: View) -> None:
         for order, by in ((self._questions, _question_order), (self._runs, _run_order)):
             if by(view):
                 bisect.insort(order, view, key=by)
+        if question_key(view) is not None:
+            kind = view.input_type or "unknown"
+            self._kinds[kind] = self._kinds.get(kind, 0) + 1
 
     def put(self, view: View) -> None:
         if view.run_id is not None or view.request_id:  # listed: scopes need both
@@ -243,6 +253,12 @@ class Index:
             if old is not None and old.request_id:
                 self._close(old.request_id, ws, old.state == "expired")
             self._unfile(old)
+
+    def pending_summary(self) -> tuple[dict[str, int], float | None]:
+        """Open questions by input type, and the oldest one's timestamp (metrics: O(kinds))."""
+        with self._lock:
+            oldest = self._questions[0].created if self._questions else None
+            return dict(self._kinds), oldest
 
     def asking(self) -> Iterator[View]:
         """For the loop, the writer (no lock): the views with an open question, oldest

@@ -32,7 +32,13 @@ class ScriptedResumer(Resumer):
         self._exits: list[Finished] = []
 
     def submit(
-        self, ws: Path, run_id: str | None, launch: Launch, owner: int, request: str = "resume"
+        self,
+        ws: Path,
+        run_id: str | None,
+        launch: Launch,
+        owner: int,
+        request: str = "resume",
+        answered_at: float | None = None,
     ) -> bool:
         self.resumed.append(ws)
         self.requests.append(request)

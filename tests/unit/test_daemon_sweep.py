@@ -102,7 +102,13 @@ class RecordingResumer(Resumer):
         self.resumed: list[Path] = []
 
     def submit(
-        self, ws: Path, run_id: str | None, launch: Launch, owner: int, request: str = "resume"
+        self,
+        ws: Path,
+        run_id: str | None,
+        launch: Launch,
+        owner: int,
+        request: str = "resume",
+        answered_at: float | None = None,
     ) -> bool:
         self.resumed.append(ws)
         return True

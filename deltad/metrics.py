@@ -1,0 +1,270 @@
+"""The core's Prometheus metrics (the loop's side), in a `CollectorRegistry` of its own.
+
+Two kinds, chosen by cost on the loop:
+- counters and histograms for events the loop already handles one at a time (an answer taken
+  up, a resume started or ended, an executor error, a full reconcile, a webhook delivery):
+  one `inc()`/`observe()` each, a lock and an add;
+- everything that is a count the core already keeps (workspaces by state, questions waiting by
+  kind, the oldest question, resumes running and queued, watches, the backends' health, the
+  outbox's depth, readiness, the lease) is read at scrape time by `Scraped`, a custom collector,
+  from a `Source`: nothing is maintained per event for them.
+
+The seam (see deltad/health.py): the HTTP layer never sees this module's objects. It is handed
+a `health.Vitals`, whose `core_metrics()` returns this registry's exposition as bytes and whose
+`health()` returns a plain `Health`. `CoreVitals` is that object in one process; an HTTP layer
+in another process asks the core for the same two answers over its socket. The HTTP layer
+keeps its own registry for what only it sees (requests by route and code: deltad/api/access.py)
+and `/metrics` is the two expositions one after the other (no name is in both).
+
+Labels never carry a workspace path or a request id: state, input type, channel, executor,
+result, backend, the configured roots (a handful), a full reconcile's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from deltad import __version__
+from deltad.health import HEARTBEAT_SECONDS, Health
+
+if TYPE_CHECKING:
+    from deltad.daemon.service import Service
+
+# What an answer file's `channel` may say, as a label; anything else is "other". A plain
+# response.txt (written by a person's editor or `echo`) is "file".
+CHANNELS = frozenset({"cli", "http", "link", "pipeline", "mcp", "slack", "email", "file"})
+RESULTS = ("succeeded", "failed", "timed_out")
+
+# answer file closed → resume started: the promise is tens of milliseconds, a stuck queue is
+# minutes.
+RESUME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+RECONCILE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+
+
+def channel_of(file_name: str, text: str | None) -> str:
+    """The label for an answer: response.json's `channel` when it names a known one."""
+    if file_name != "response.json" or not text:
+        return "file"
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return "other"
+    channel = doc.get("channel") if isinstance(doc, dict) else None
+    if channel is None:
+        return "file"
+    return channel if isinstance(channel, str) and channel in CHANNELS else "other"
+
+
+class CoreMetrics:
+    """The loop's counters and histograms, and the registry `Scraped` joins them in."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.answers = Counter(
+            "deltad_answers",
+            "Answers the daemon took up for a resume, by the channel that wrote the file.",
+            ["channel"],
+            registry=r,
+        )
+        self.resumes = Counter(
+            "deltad_resumes",
+            "Resumes that ended, by executor and result (succeeded, failed, timed_out).",
+            ["executor", "result"],
+            registry=r,
+        )
+        self.resumes_started = Counter(
+            "deltad_resumes_started", "Resumes started, by executor.", ["executor"], registry=r
+        )
+        self.answer_to_resume = Histogram(
+            "deltad_answer_to_resume_seconds",
+            "From the answer file's last write to its resume's start.",
+            buckets=RESUME_BUCKETS,
+            registry=r,
+        )
+        self.executor_errors = Counter(
+            "deltad_executor_errors",
+            "An executor refused or failed an operation (submit, adopt).",
+            ["executor", "operation"],
+            registry=r,
+        )
+        self.reconcile = Histogram(
+            "deltad_reconcile_full_duration_seconds",
+            "How long a full reconcile (a walk of every root) took, by why it ran.",
+            ["reason"],
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.deliveries = Counter(
+            "deltad_webhook_deliveries",
+            "Webhook delivery attempts by result (delivered, retry, dead).",
+            ["result"],
+            registry=r,
+        )
+        Gauge("deltad_build_info", "deltad's version.", ["version"], registry=r).labels(
+            __version__
+        ).set(1)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def resume_ended(self, executor: str, failed: bool, timed_out: bool) -> None:
+        result = "timed_out" if timed_out else "failed" if failed else "succeeded"
+        self.resumes.labels(executor, result).inc()
+
+    def resume_started(self, executor: str, answered_at: float | None, now: float) -> None:
+        self.resumes_started.labels(executor).inc()
+        if answered_at is not None:
+            self.answer_to_resume.observe(max(0.0, now - answered_at))
+
+
+class Source(Protocol):
+    """Plain reads of counts the core keeps, for the collector (from the scraping thread)."""
+
+    def health(self) -> Health: ...
+    def workspaces_by_state(self) -> dict[str, int]: ...
+    def questions(self) -> tuple[dict[str, int], float | None]: ...
+    def resumes(self) -> tuple[int, int]: ...
+    def roots(self) -> list[tuple[str, str]]: ...
+    def backends(self) -> list[tuple[str, int, bool]]: ...
+    def outbox_depth(self) -> int | None: ...
+
+
+class Scraped:
+    """The gauges computed when Prometheus asks (a custom collector)."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+
+    def describe(self) -> list[Metric]:
+        return []  # registered without a first collect
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(list(gauges(self.source, time.monotonic(), time.time())))
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=float(value))
+
+
+def _by(name: str, doc: str, label: str, values: Iterable[tuple[str, float]]) -> Metric:
+    g = GaugeMetricFamily(name, doc, labels=[label])
+    for key, value in values:
+        g.add_metric([key], value)
+    return g
+
+
+def gauges(s: Source, mono: float, wall: float) -> Iterator[Metric]:
+    h = s.health()
+    yield _gauge(
+        "deltad_ready", "1 once /readyz would say 200 (lease aside).", h.ready and h.index_complete
+    )
+    yield _gauge(
+        "deltad_index_complete", "1 once every workspace found is in the index.", h.index_complete
+    )
+    if h.last_turn is not None:
+        yield _gauge(
+            "deltad_loop_last_turn_age_seconds",
+            "Seconds since the loop last turned (it wakes every "
+            f"{HEARTBEAT_SECONDS:g} s at least).",
+            max(0.0, mono - h.last_turn),
+        )
+    if h.lease_held is not None:
+        yield _gauge(
+            "deltad_ha_lease_held", "1 while this daemon holds the HA lease.", h.lease_held
+        )
+    yield _by(
+        "deltad_workspaces",
+        "Workspaces by the daemon's belief about them.",
+        "state",
+        sorted(s.workspaces_by_state().items()),
+    )
+    kinds, oldest = s.questions()
+    yield _by(
+        "deltad_requests_pending",
+        "Questions waiting for an answer, by input type.",
+        "input_type",
+        sorted(kinds.items()),
+    )
+    yield _gauge(
+        "deltad_request_oldest_pending_age_seconds",
+        "Age of the oldest question still waiting (0 when none).",
+        0.0 if oldest is None else max(0.0, wall - oldest),
+    )
+    running, queued = s.resumes()
+    yield _gauge("deltad_resumes_running", "Resumes in flight.", running)
+    yield _gauge("deltad_resumes_queued", "Resumes waiting for a slot.", queued)
+    root = GaugeMetricFamily(
+        "deltad_root_backend_info", "The watch backend of each root.", labels=["root", "backend"]
+    )
+    for path, backend in s.roots():
+        root.add_metric([path, backend], 1)
+    yield root
+    backends = s.backends()
+    yield _by(
+        "deltad_watches",
+        "Kernel watches or marks (polled directories for the poller), by backend.",
+        "backend",
+        [(name, n) for name, n, _ in backends],
+    )
+    yield _by(
+        "deltad_watch_backend_healthy",
+        "1 while a watch backend works (0: events are lost until a restart).",
+        "backend",
+        [(name, ok) for name, _, ok in backends],
+    )
+    if (depth := s.outbox_depth()) is not None:
+        yield _gauge(
+            "deltad_webhook_outbox_depth", "Webhook deliveries waiting in the outbox.", depth
+        )
+
+
+@dataclass
+class CoreVitals:
+    """`health.Vitals` and `Source` in the daemon's own process: plain reads of the service's
+    counts, from the HTTP thread. Each read is of a number or a copy made under the lock that
+    guards it (the index's), never a walk over workspaces."""
+
+    svc: Service
+
+    def health(self) -> Health:
+        svc = self.svc
+        lease = svc.lease
+        return Health(
+            ready=svc.ticks.ready,
+            index_complete=svc.ticks.indexed,
+            unread=len(svc.unread),
+            last_turn=svc.ticks.last_turn,
+            lease_held=None if svc.config.ha is None else bool(lease and not lease.lost),
+            workspaces=len(svc.registry),
+        )
+
+    def core_metrics(self) -> bytes:
+        return self.svc.metrics.exposition()
+
+    def workspaces_by_state(self) -> dict[str, int]:
+        return self.svc.registry.counts()
+
+    def questions(self) -> tuple[dict[str, int], float | None]:
+        return self.svc.feed.index.pending_summary()
+
+    def resumes(self) -> tuple[int, int]:
+        return self.svc.resumer.counts()
+
+    def roots(self) -> list[tuple[str, str]]:
+        return [(str(r.path), r.backend) for r in self.svc.config.roots]
+
+    def backends(self) -> list[tuple[str, int, bool]]:
+        return [(b.name, b.watch_count(), b.healthy()) for b in list(self.svc.backends)]
+
+    def outbox_depth(self) -> int | None:
+        notifier = self.svc.notifier
+        return None if notifier is None else int(notifier.outbox_depth())
