@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
-python="${PYTHON:-python3}"
+python="${PYTHON:-python3}"  # one with pip (CI passes the venv's)
 pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 if [ "$pyver" != 3.11 ]; then
   echo "build.sh: $python is Python $pyver; the wheels must be built by 3.11 (bookworm's)" >&2
@@ -63,8 +63,14 @@ cp -a "$deps" "$cache/context/wheels/deps"
 "$python" -m pip wheel --quiet --disable-pip-version-check --no-deps \
   --wheel-dir "$cache/context/wheels/app" "$repo"
 
+previous="$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
 podman build --quiet --isolation=chroot --build-arg "BASE=$base" \
   --build-context "wheels=$cache/context" --file "$here/Containerfile" \
   --label "org.opencontainers.image.version=$version" \
   --tag "$tag" "$cache/context" >/dev/null
+# The image this tag named before, now nameless: removed unless a container still uses it.
+current="$(podman image inspect --format '{{.Id}}' "$tag")"
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+  podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 echo "$tag"
