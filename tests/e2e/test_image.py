@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import tomllib
 import urllib.error
@@ -33,7 +34,7 @@ from ..users import User, accounts, chown_tree, executable_by_all, shared_tmp
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERS_CONF = REPO / "deploy" / "image" / "containers.conf"
-DELTA = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "delta")
+DELTA = str(Path(sys.executable).parent / "delta")  # the host's: it pauses the run
 DEADLINE = 180.0  # seconds: a container start and a resume on a loaded 2-core machine
 PROBE = """name: probe
 llm: {model: fake}
