@@ -147,6 +147,7 @@ def _container(image: str, name: str, base: Path, config: Path, fake: FakeLLM) -
         _podman("rm", "--force", "--time", "5", name, check=False)
 
 
+@pytest.mark.timeout(3 * DEADLINE + 120)  # three waits, the pause and podman's start and stop
 def test_the_image_resumes_an_answered_workspace_as_its_owner_then_is_ready(
     image: str, fake: FakeLLM
 ) -> None:
