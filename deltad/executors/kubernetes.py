@@ -31,7 +31,7 @@ import structlog
 from deltad.protocol import exitcodes
 from deltad.protocol.printable import show_path
 
-from .seam import Event, Exit, Handle, JobSpec, RequestKey, Started, SubmitError
+from .seam import Event, Exit, Handle, Identity, JobSpec, RequestKey, Started, SubmitError
 
 if TYPE_CHECKING:
     from kubernetes import client as k8s
@@ -79,6 +79,7 @@ class KubeOptions:
     resources: Mapping[str, dict[str, str]] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     image_pull_secrets: tuple[str, ...] = ()
+    supplemental_groups: tuple[int, ...] = ()  # gids every Job gets besides the owner's own
     fs_group: bool = False  # set the pod's fsGroup to the owner's gid (see docs: it can chown)
     cancel_grace: float = 10.0  # terminationGracePeriodSeconds
     deadline_margin: float = 600.0  # activeDeadlineSeconds = resume timeout + this
@@ -163,6 +164,13 @@ def parse_options(raw: Mapping[str, Any]) -> KubeOptions:
     pull = raw.get("image_pull_secrets") or []
     if not isinstance(pull, list) or not all(isinstance(p, str) and p for p in pull):
         raise ExecutorConfigError("executors.kubernetes.image_pull_secrets: expected a list")
+    groups = raw.get("supplemental_groups") or []
+    if not isinstance(groups, list) or not all(
+        isinstance(g, int) and not isinstance(g, bool) and 0 < g < 1 << 32 for g in groups
+    ):
+        raise ExecutorConfigError(
+            "executors.kubernetes.supplemental_groups: expected a list of numeric gids (not 0)"
+        )
     fs_group = raw.get("fs_group", False)
     if not isinstance(fs_group, bool):
         raise ExecutorConfigError("executors.kubernetes.fs_group: expected true or false")
@@ -177,6 +185,7 @@ def parse_options(raw: Mapping[str, Any]) -> KubeOptions:
         resources=_resources(raw),
         node_selector=_str_map(raw, "node_selector"),
         image_pull_secrets=tuple(pull),
+        supplemental_groups=tuple(groups),
         fs_group=fs_group,
         cancel_grace=_number(raw, "cancel_grace", 10.0, 0),
         deadline_margin=_number(raw, "deadline_margin", 600.0, 0),
@@ -265,13 +274,41 @@ def workspace_sub_path(workspace: Path, mount_path: PurePosixPath) -> str:
     return "" if text == "." else text
 
 
-def job_manifest(spec: JobSpec, options: KubeOptions) -> k8s.V1Job:
-    """One Job for one resume (pure: the client's models only). SubmitError when the resume
-    cannot run as a Job (a root-owned workspace, a workspace off the claim)."""
+@dataclass(frozen=True)
+class PodIds:
+    """runAsUser, runAsGroup and supplementalGroups of a Job's pod."""
+
+    user: int
+    group: int
+    supplemental: tuple[int, ...]
+
+
+def pod_ids(ident: Identity, workspace_gid: int | None, options: KubeOptions) -> PodIds:
+    """Whom a Job's pod runs as, in numbers only, so the image needs no site accounts.
+
+    The user is the workspace's owner (its directory's uid). Where the daemon knows the owner's
+    account (its group list, from getgrouplist, is never empty then), the Job gets the owner's
+    primary group and groups, as a local resume would. Where it does not (a daemon in an image
+    without the site's accounts), the group is the workspace directory's (`workspace_gid`,
+    unless root's, then the owner's uid as before) and it is the one supplementary group: the
+    owner's files there carry it, a shared workspace's setgid group included. Configured
+    `supplemental_groups` are added either way; group 0 never is."""
+    extra = set(ident.groups) | set(options.supplemental_groups)
+    if ident.groups or not workspace_gid:  # an account the daemon knows; or nothing better
+        return PodIds(ident.uid, ident.gid, tuple(sorted(extra - {0})))
+    return PodIds(ident.uid, workspace_gid, tuple(sorted((extra | {workspace_gid}) - {0})))
+
+
+def job_manifest(
+    spec: JobSpec, options: KubeOptions, workspace_gid: int | None = None
+) -> k8s.V1Job:
+    """One Job for one resume (pure: the client's models only). `workspace_gid` is the group of
+    the workspace directory (`pod_ids`). SubmitError when the resume cannot run as a Job (a
+    root-owned workspace, a workspace off the claim)."""
     from kubernetes import client as k8s
 
-    ident = spec.identity
-    if ident.uid == 0 or ident.gid == 0:
+    ids = pod_ids(spec.identity, workspace_gid, options)
+    if ids.user == 0 or ids.group == 0:
         raise SubmitError(
             f"workspace {show_path(spec.key.workspace)} is owned by root: never run as a Job"
         )
@@ -309,11 +346,13 @@ def job_manifest(spec: JobSpec, options: KubeOptions) -> k8s.V1Job:
         image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in options.image_pull_secrets]
         or None,
         security_context=k8s.V1PodSecurityContext(
-            run_as_user=ident.uid,
-            run_as_group=ident.gid,
+            run_as_user=ids.user,
+            run_as_group=ids.group,
             run_as_non_root=True,
-            supplemental_groups=sorted(set(ident.groups) - {0}) or None,
-            fs_group=ident.gid if options.fs_group else None,
+            supplemental_groups=list(ids.supplemental) or None,
+            fs_group=ids.group if options.fs_group else None,
+            # With the container's settings, what Pod Security "restricted" asks of a pod.
+            seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
         ),
         volumes=[
             k8s.V1Volume(
@@ -459,7 +498,7 @@ class KubernetesExecutor:
         tracked = self._jobs.get(spec.key.name)
         if tracked is not None:
             return tracked.handle
-        manifest = job_manifest(spec, self.options)
+        manifest = job_manifest(spec, self.options, _workspace_gid(spec.key.workspace))
         _, withheld = split_env(spec.env)
         if withheld:
             log.info("kubernetes_env_withheld", names=withheld, secret=self.options.env_from_secret)
@@ -641,6 +680,15 @@ class KubernetesExecutor:
 
     def _refusal(self, name: str, e: Any) -> str:
         return f"kubernetes refused job {name}: {_api_words(e)}"
+
+
+def _workspace_gid(workspace: Path) -> int | None:
+    """The workspace directory's group, as the daemon sees it on the claim (None: unreadable;
+    the Job then gets the owner's group as the daemon knows it)."""
+    try:
+        return os.stat(workspace, follow_symlinks=False).st_gid
+    except OSError:
+        return None
 
 
 def _error_words(e: Exception) -> str:

@@ -1,5 +1,7 @@
-"""deploy/kubernetes: every manifest is what the official client's models say it is, the Role
-grants exactly what the executor calls, and the pieces name each other consistently."""
+"""deploy/kubernetes: every manifest is what the official client's models say it is and valid
+against the Kubernetes API schemas of the versions we support (kubernetes-validate, whose
+schemas are bundled: no network), the Role grants exactly what the executor calls, and the
+pieces name each other consistently."""
 
 from __future__ import annotations
 
@@ -10,17 +12,23 @@ import pytest
 import yaml
 
 from deltad.daemon.config import DaemonConfig
-from deltad.executors.kubernetes import RBAC_NEEDS, parse_options
+from deltad.executors.kubernetes import RBAC_NEEDS, job_manifest, parse_options
+from deltad.executors.seam import Identity, JobSpec, RequestKey
 
 k8s = pytest.importorskip("kubernetes.client")
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy" / "kubernetes"
+# The Kubernetes versions the manifests and the executor's Jobs are checked against: the oldest
+# and newest supported, and one between (docs/daemon.md, "Kubernetes").
+SUPPORTED = ("1.30.0", "1.34.0", "1.37.0")
 MODELS = {
     ("v1", "Namespace"): "V1Namespace",
     ("v1", "ServiceAccount"): "V1ServiceAccount",
     ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
     ("v1", "ConfigMap"): "V1ConfigMap",
     ("apps/v1", "Deployment"): "V1Deployment",
+    ("v1", "Service"): "V1Service",
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
 }
@@ -126,3 +134,78 @@ def test_the_configmaps_deltad_yaml_is_a_valid_daemon_config() -> None:
         if v["name"] == "state"
     ]
     assert [Path(v["mountPath"]) for v in state] == [daemon.state_dir]
+
+
+def _documents() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{name}:{doc['kind']}", doc)
+        for name in kustomization()["resources"]
+        for doc in yaml.safe_load_all((DEPLOY / name).read_text())
+    ]
+
+
+def _a_job() -> dict[str, Any]:
+    options = parse_options(
+        yaml.safe_load(objects()["ConfigMap"]["data"]["deltad.yaml"])["executors"]["kubernetes"]
+    )
+    ws = Path(str(options.mount_path)) / "alice" / "proj"
+    key = RequestKey(ws, "20261124_010203_abcdef", "r1", 0)
+    spec = JobSpec(key, ["delta", "run", "--work-dir", str(ws)], Identity(1001, 3000), {})
+    job: dict[str, Any] = k8s.ApiClient().sanitize_for_serialization(
+        job_manifest(spec, options, 3000)
+    )
+    return job
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_every_manifest_and_the_executors_job_validate_against_the_api_schemas(
+    version: str,
+) -> None:
+    kv = pytest.importorskip("kubernetes_validate")
+    for where, doc in [*_documents(), ("the executor's Job", _a_job())]:
+        try:
+            kv.validate(doc, version, strict=True)  # strict: no field the schema lacks
+        except kv.ValidationError as e:
+            problem = f"{e.caught.json_path}: {e.caught.message}"
+            raise AssertionError(f"{where}, Kubernetes {version}: {problem}") from None
+
+
+def test_the_schema_check_can_fail() -> None:
+    kv = pytest.importorskip("kubernetes_validate")
+    deployment = yaml.safe_load((DEPLOY / "deployment.yaml").read_text())
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}  # misspelt
+    with pytest.raises(kv.ValidationError):
+        kv.validate(deployment, SUPPORTED[0], strict=True)
+
+
+def test_the_image_is_the_one_deploy_image_builds_in_the_daemon_and_in_every_job() -> None:
+    version = next(
+        line.split('"')[1]
+        for line in (REPO / "pyproject.toml").read_text().splitlines()
+        if line.startswith("version = ")
+    )
+    [container] = objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    config = yaml.safe_load(objects()["ConfigMap"]["data"]["deltad.yaml"])
+    assert container["image"] == config["executors"]["kubernetes"]["image"]
+    assert container["image"] == f"localhost/deltad:{version}"
+
+
+def test_the_inbox_listens_beyond_loopback_behind_the_service_with_probes() -> None:
+    found = objects()
+    config = yaml.safe_load(found["ConfigMap"]["data"]["deltad.yaml"])
+    host, _, port = config["http"]["listen"].rpartition(":")
+    assert host == "0.0.0.0"
+    [container] = found["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["ports"] == [{"name": "http", "containerPort": int(port)}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    service = found["Service"]["spec"]
+    pod_labels = found["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert service["selector"].items() <= pod_labels.items()
+    assert [(p["port"], p["targetPort"]) for p in service["ports"]] == [(int(port), "http")]
+
+
+def test_the_workspaces_claim_names_its_storage_class() -> None:
+    claim = _pvc("delta-workspaces")
+    assert claim["spec"]["storageClassName"] == "nfs-client"  # the documented parameter

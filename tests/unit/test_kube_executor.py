@@ -4,6 +4,7 @@ The manifest is checked as the official client's models and as the JSON the clie
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path, PurePosixPath
@@ -16,6 +17,7 @@ from deltad.executors.kubernetes import (
     ExecutorConfigError,
     JobView,
     KubeOptions,
+    KubernetesExecutor,
     exit_code,
     job_exit,
     job_manifest,
@@ -23,6 +25,7 @@ from deltad.executors.kubernetes import (
     key_annotation,
     key_from_annotation,
     parse_options,
+    pod_ids,
     split_env,
 )
 from deltad.executors.seam import Identity, JobSpec, RequestKey, SubmitError
@@ -81,6 +84,7 @@ def test_the_job_runs_once_as_the_owner_in_the_workspace_at_the_same_path() -> N
         "runAsGroup": 1001,
         "runAsNonRoot": True,
         "supplementalGroups": [1001, 2000],
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert pod["volumes"] == [
         {"name": "workspace", "persistentVolumeClaim": {"claimName": "workspaces"}}
@@ -140,6 +144,69 @@ def test_each_option_lands_in_its_field(
     for step in path:
         node = node[step]
     assert node == expected
+
+
+# An account the daemon cannot look up (an image without the site's accounts): tenancy gives
+# the owner's uid as its group and no groups at all.
+NO_ACCOUNT = Identity(uid=1001, gid=1001, groups=())
+
+
+@pytest.mark.parametrize(
+    ("ident", "workspace_gid", "extra", "ids"),
+    [
+        # The daemon knows the account: the owner's own groups, as a local resume has them.
+        (ALICE, 3000, (), (1001, 1001, (1001, 2000))),
+        (ALICE, None, (4000,), (1001, 1001, (1001, 2000, 4000))),
+        # It does not: the workspace directory's group, never the uid's number, and no other.
+        (NO_ACCOUNT, 3000, (), (1001, 3000, (3000,))),
+        (NO_ACCOUNT, 3000, (4000,), (1001, 3000, (3000, 4000))),
+        # ...unless the directory is root's group or unreadable: the uid, as before.
+        (NO_ACCOUNT, 0, (), (1001, 1001, ())),
+        (NO_ACCOUNT, None, (4000,), (1001, 1001, (4000,))),
+        # Group 0 is never a supplementary group.
+        (Identity(1001, 1001, (0, 1001)), None, (), (1001, 1001, (1001,))),
+    ],
+)
+def test_the_pod_runs_as_numbers_taken_from_the_workspace_and_the_config(
+    ident: Identity,
+    workspace_gid: int | None,
+    extra: tuple[int, ...],
+    ids: tuple[int, int, tuple[int, ...]],
+) -> None:
+    options = parse_options({**RAW, "supplemental_groups": list(extra)})
+    found = pod_ids(ident, workspace_gid, options)
+    assert (found.user, found.group, found.supplemental) == ids
+    body = k8s.ApiClient().sanitize_for_serialization(
+        job_manifest(spec(identity=ident), options, workspace_gid)
+    )
+    context = body["spec"]["template"]["spec"]["securityContext"]
+    assert context["runAsUser"] == ids[0] and context["runAsGroup"] == ids[1]
+    assert context.get("supplementalGroups", []) == list(ids[2])
+
+
+class _Batch:
+    """The API server's Job endpoint, recording what is created."""
+
+    def __init__(self) -> None:
+        self.created: list[Any] = []
+
+    def create_namespaced_job(self, namespace: str, body: Any, **_: Any) -> Any:
+        self.created.append(body)
+        return body
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: chgrp to a group it is not in")
+def test_the_submitted_job_takes_the_workspace_directorys_group(tmp_path: Path) -> None:
+    ws = tmp_path / "alice" / "proj"
+    ws.mkdir(parents=True)
+    os.chown(ws, -1, 3000)
+    ex = KubernetesExecutor(parse_options({**RAW, "mount_path": str(tmp_path)}), k8s.ApiClient())
+    ex._batch = batch = _Batch()
+    ex.submit(spec(workspace=str(ws), identity=NO_ACCOUNT))
+    [job] = batch.created
+    context = job.spec.template.spec.security_context
+    assert (context.run_as_user, context.run_as_group) == (1001, 3000)
+    assert context.supplemental_groups == [3000]
 
 
 def test_no_fs_group_unless_asked_it_would_chown_a_shared_volume() -> None:
@@ -213,6 +280,9 @@ def test_a_key_that_is_not_the_jobs_name_is_not_adopted() -> None:
         ({**RAW, "poll_every": 0}, "poll_every: expected a number >= 0.1"),
         ({**RAW, "cancel_grace": "10"}, "cancel_grace: expected a number"),
         ({**RAW, "fs_group": "yes"}, "fs_group: expected true or false"),
+        ({**RAW, "supplemental_groups": ["staff"]}, "supplemental_groups: expected a list of nu"),
+        ({**RAW, "supplemental_groups": [0]}, "supplemental_groups: expected a list of nu"),
+        ({**RAW, "supplemental_groups": 2000}, "supplemental_groups: expected a list of nu"),
         ({**RAW, "node_selector": ["a"]}, "node_selector: expected a map of strings"),
         ({**RAW, "image_pull_secrets": "regcred"}, "image_pull_secrets: expected a list"),
         ({**RAW, "resources": {"limit": {}}}, "resources: expected"),
