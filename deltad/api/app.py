@@ -567,6 +567,19 @@ def _sse(e: FeedEvent) -> bytes:
     return f"id: {e.id}\nevent: {e.type}\ndata: {json.dumps(e.document())}\n\n".encode()
 
 
+RESET_DETAIL = (
+    "events after Last-Event-ID are no longer kept (older than the event log, or from before "
+    "a restart without it): list the requests and runs again, then carry on from this id"
+)
+
+
+def _reset(now: int, since: int) -> bytes:
+    """The `reset` event (docs/inbox.md): a gap `Last-Event-ID` cannot fill. Its id is the
+    newest event's, so a client that re-lists and reconnects from it misses nothing."""
+    doc = {"id": now, "type": "reset", "last_event_id": since, "detail": RESET_DETAIL}
+    return f"id: {now}\nevent: reset\ndata: {json.dumps(doc)}\n\n".encode()
+
+
 async def _stream(
     ctx: Context,
     request: Request,
@@ -584,6 +597,11 @@ async def _stream(
     unsubscribe = ctx.feed.subscribe(deliver)
     try:
         yield b": deltad event stream\nretry: 2000\n\n"
+        if ctx.feed.gap(since):  # events after Last-Event-ID are gone: say so, never skip
+            assert since is not None
+            now = ctx.feed.last_id()
+            yield _reset(now, since)
+            since = now
         for e in ctx.feed.since(since):
             if shown(e):
                 yield _sse(e)
