@@ -20,7 +20,7 @@ from deltad.inbox.feed import Feed
 from . import links, sessions
 from .app import create_app
 from .config import HttpConfig, split_listen
-from .handlers import Context
+from .handlers import Context, Idempotency
 from .limits import HEADERS_MAX
 from .tokens import TokenStore
 
@@ -63,6 +63,7 @@ class HttpServer:
             config=config,
             link_key=links.load_key(state_dir),
             base_url=self.url,
+            idempotency=Idempotency(state_dir),  # kept across restarts (docs/inbox.md)
         )
         self._stopping = threading.Event()
         self._server = uvicorn.Server(

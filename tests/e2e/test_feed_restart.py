@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from deltad.testing.daemon import Daemon, answer, paused_workspace, wait_for
-from deltad.testing.inbox import EventReader, http_url, make_token
+from deltad.testing.inbox import EventReader, client, http_url, make_token
 from deltad.testing.webhooks import Receiver
 
 
@@ -93,5 +93,34 @@ def test_a_short_resume_is_told_as_running_then_its_end(tmp_path: Path) -> None:
         said: list[tuple[Any, Any]] = [(e["from"], e["to"]) for e in events.events]
         assert said == [("WAITING_FOR_INPUT", "RUNNING"), ("RUNNING", "COMPLETED")]
         events.close()
+    finally:
+        d.stop()
+
+
+def test_an_idempotent_answer_retried_after_a_restart_gets_its_first_202(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    ws = root / "ws1"
+    paused_workspace(ws)
+    rid = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())["request_id"]
+    d = Daemon(tmp_path, [root], http={"listen": "127.0.0.1:0"}).start()
+    token = make_token(d.state_dir, "ann")
+    key = {"Idempotency-Key": "retry-me"}
+    try:
+        with client(http_url(d), token) as http:
+            path = f"/v1/requests/{rid}/answer"
+            first = http.post(path, json={"answer": "yes"}, headers=key)
+            assert first.status_code == 202, first.text
+        d.wait_resumed(ws)  # answered and taken: the question is gone from the mailbox
+    finally:
+        d.stop()
+    d = Daemon(tmp_path, [root], http={"listen": "127.0.0.1:0"}).start()
+    try:
+        with client(http_url(d), token) as http:
+            again = http.post(path, json={"answer": "yes"}, headers=key)
+            assert again.status_code == 202 and again.json() == first.json()
+            other = http.post(path, json={"answer": "no"}, headers=key)
+            assert other.status_code == 422 and other.json()["code"] == "idempotency_mismatch"
+            fresh = http.post(path, json={"answer": "yes"}, headers={"Idempotency-Key": "new"})
+            assert fresh.status_code in (404, 409, 410)  # a new key is a new answer: refused
     finally:
         d.stop()
