@@ -423,8 +423,10 @@ def create_app(
         type: Annotated[list[EventType] | None, Query()] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> StreamingResponse:
-        """Server-Sent Events; `Last-Event-ID` replays what is still buffered. Filters as for
-        the list (`input_type` applies to request events; run.status always passes)."""
+        """Server-Sent Events; `Last-Event-ID` replays what the event log still keeps (across
+        restarts), and a `reset` event first says when it no longer keeps all of it (list
+        again). Filters as for the list (`input_type` applies to request events; run.status
+        always passes)."""
         wanted: set[str] = set(type or EVENT_TYPES)
 
         def shown(e: FeedEvent) -> bool:
