@@ -447,8 +447,10 @@ def create_app(
         type: Annotated[list[EventType] | None, Query()] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> StreamingResponse:
-        """Server-Sent Events; `Last-Event-ID` replays what is still buffered. Filters as for
-        the list (`input_type` applies to request events; run.status always passes)."""
+        """Server-Sent Events; `Last-Event-ID` replays what the event log still keeps (across
+        restarts), and a `reset` event first says when it no longer keeps all of it (list
+        again). Filters as for the list (`input_type` applies to request events; run.status
+        always passes)."""
         wanted: set[str] = set(type or EVENT_TYPES)
 
         def shown(e: FeedEvent) -> bool:
@@ -642,6 +644,19 @@ def _sse(e: FeedEvent) -> bytes:
     return f"id: {e.id}\nevent: {e.type}\ndata: {json.dumps(e.document())}\n\n".encode()
 
 
+RESET_DETAIL = (
+    "events after Last-Event-ID are no longer kept (older than the event log, or from before "
+    "a restart without it): list the requests and runs again, then carry on from this id"
+)
+
+
+def _reset(now: int, since: int) -> bytes:
+    """The `reset` event (docs/inbox.md): a gap `Last-Event-ID` cannot fill. Its id is the
+    newest event's, so a client that re-lists and reconnects from it misses nothing."""
+    doc = {"id": now, "type": "reset", "last_event_id": since, "detail": RESET_DETAIL}
+    return f"id: {now}\nevent: reset\ndata: {json.dumps(doc)}\n\n".encode()
+
+
 async def _stream(
     ctx: Context,
     request: Request,
@@ -659,6 +674,11 @@ async def _stream(
     unsubscribe = ctx.feed.subscribe(deliver)
     try:
         yield b": deltad event stream\nretry: 2000\n\n"
+        if ctx.feed.gap(since):  # events after Last-Event-ID are gone: say so, never skip
+            assert since is not None
+            now = ctx.feed.last_id()
+            yield _reset(now, since)
+            since = now
         for e in ctx.feed.since(since):
             if shown(e):
                 yield _sse(e)

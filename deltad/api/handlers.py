@@ -11,15 +11,19 @@ page's items), and every answer goes through `deltad.inbox.submit`.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from deltad import inbox
 from deltad.health import Standalone, Vitals
@@ -41,11 +45,15 @@ from deltad.protocol.printable import json_safe, show_path, unshow
 from . import links, paging, scopes
 from .access import HttpMetrics
 from .config import HttpConfig
+from .idempotency import FILE as KEYS_FILE
+from .idempotency import KeyLog
+from .idempotency import Record as KeyRecord
 from .tokens import Identity, TokenStore
+
+log = structlog.get_logger("deltad.api")
 
 JOURNAL_TAIL_BYTES = 256 * 1024
 JOURNAL_TAIL_EVENTS = 50
-IDEMPOTENCY_KEYS = 10_000
 READ_THROUGH_LIMIT = 256  # workspaces whose request.json a miss may read
 DOCUMENT_CACHE = 2048  # question documents kept for list pages
 
@@ -69,30 +77,26 @@ def unauthorized(message: str = "a bearer token is needed (Authorization: Bearer
     return ApiError(401, "unauthorized", message)
 
 
-@dataclass(frozen=True)
-class Remembered:
-    workspace: str
-    body_digest: str
-    doc: dict[str, Any]
-
-
-@dataclass
 class Idempotency:
     """(token, Idempotency-Key, request id) → the workspace answered, the body's digest and
-    the response it got, most recent 10,000. A repeat to the same question gets the same
-    response, a different body a 422; the key on another question is another answer."""
+    the response it got: kept 24 hours, at most 10,000, in the state dir when `state_dir` is
+    given (idempotency.py), so a retry after a restart gets the same 202. A repeat to the same
+    question gets the same response, a different body a 422; the key on another question is
+    another answer."""
 
-    keys: OrderedDict[tuple[str, str, str], Remembered] = field(default_factory=OrderedDict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self, state_dir: Path | None = None) -> None:
+        self.lock = threading.Lock()
+        self.log = KeyLog(state_dir / KEYS_FILE if state_dir is not None else None)
 
     def seen(
         self, who: str, key: str, request_id: str, workspace: Path | None, body_digest: str
     ) -> dict[str, Any] | None:
         with self.lock:
-            hit = self.keys.get((who, key, request_id))
+            hit = self.log.get((who, key, request_id), time.time())
+            sealed = self.log.seal(body_digest)
         if hit is None or (workspace is not None and hit.workspace != str(workspace)):
             return None
-        if hit.body_digest != body_digest:
+        if not hmac.compare_digest(hit.sealed, sealed):
             raise ApiError(
                 422, "idempotency_mismatch", "this Idempotency-Key was used with another body"
             )
@@ -102,9 +106,11 @@ class Idempotency:
         self, who: str, key: str, request_id: str, body_digest: str, doc: dict[str, Any]
     ) -> None:
         with self.lock:
-            self.keys[(who, key, request_id)] = Remembered(doc["workspace"], body_digest, doc)
-            while len(self.keys) > IDEMPOTENCY_KEYS:
-                self.keys.popitem(last=False)
+            rec = KeyRecord(doc["workspace"], self.log.seal(body_digest), doc, time.time())
+            try:
+                self.log.put((who, key, request_id), rec)
+            except OSError as e:  # the answer is delivered; only a retry's 202 is at risk
+                log.warning("idempotency_not_kept", error=str(e))
 
 
 @dataclass
@@ -116,7 +122,7 @@ class Context:
     config: HttpConfig
     link_key: bytes
     base_url: str = ""
-    idempotency: Idempotency = field(default_factory=Idempotency)
+    idempotency: Idempotency = field(default_factory=Idempotency)  # in memory: tests
     documents: Documents = field(default_factory=lambda: Documents())
     # Health and the core's metrics as plain data (deltad/health.py: the seam to the loop).
     vitals: Vitals = field(default_factory=lambda: Standalone())

@@ -21,7 +21,7 @@ from deltad.inbox.feed import Feed
 from . import gate, links, sessions
 from .app import create_app
 from .config import HttpConfig, split_listen
-from .handlers import Context
+from .handlers import Context, Idempotency
 from .limits import HEADERS_MAX
 from .tokens import TokenStore
 
@@ -67,6 +67,7 @@ class HttpServer:
             link_key=links.load_key(state_dir),
             base_url=self.url,
             vitals=vitals if vitals is not None else Standalone(),
+            idempotency=Idempotency(state_dir),  # kept across restarts (docs/inbox.md)
         )
         self._stopping = threading.Event()
         soft, in_use = gate.descriptors()

@@ -56,6 +56,7 @@ from deltad.protocol import (
     transition,
 )
 from deltad.protocol.fsio import atomic_write, read_regular
+from deltad.protocol.live import Live
 from deltad.protocol.mailbox import Mailbox
 from deltad.protocol.printable import shell_quote, show
 from deltad.protocol.runfacts import RunFact, judge, mark_owner_dead, owner_gone
@@ -369,25 +370,32 @@ def drive(opts: RunOptions, guard: InterruptGuard, out: TextIO, err: TextIO) -> 
             )
         prepared = _prepare(opts, err)  # a bad agent or key must leave no trace in the workspace
         ws.root.mkdir(parents=True, exist_ok=True)
-    with WorkspaceLock(ws.lock_file):
-        sel = _select(ws, opts, err, prepared)
-        warn = _warner(err)
-        hooks = opts.hooks or NoCheckpoints()
-        ctx = RunContext(
-            ws, sel.paths, sel.meta, sel.journal, sel.agent, sel.model, guard, warn, hooks
-        )
-        queued = sel.journal.history.replies_from("queue")
-        interviewer = opts.interviewer or _interviewer(opts, ws, warn, guard, queued, hooks)
-        try:
-            outcome = _engine(ctx, interviewer, err).drive()
-        except Interrupted as e:
-            return _interrupted(ctx, e, err)
-        except (UsageError, ProtocolError) as e:
-            return _stopped(ctx, e, err)
-        except Exception as e:
-            return _internal_error(ctx, e, err)
-        finally:
-            _snapshot(sel.journal)
+    # The mailbox's `live` file, held from just after the lock is taken until just after it
+    # is released: its close (the kernel's own at a kill -9) tells the daemon to look now.
+    live = Live(ws)
+    try:
+        with WorkspaceLock(ws.lock_file):
+            live.open()
+            sel = _select(ws, opts, err, prepared)
+            warn = _warner(err)
+            hooks = opts.hooks or NoCheckpoints()
+            ctx = RunContext(
+                ws, sel.paths, sel.meta, sel.journal, sel.agent, sel.model, guard, warn, hooks
+            )
+            queued = sel.journal.history.replies_from("queue")
+            interviewer = opts.interviewer or _interviewer(opts, ws, warn, guard, queued, hooks)
+            try:
+                outcome = _engine(ctx, interviewer, err).drive()
+            except Interrupted as e:
+                return _interrupted(ctx, e, err)
+            except (UsageError, ProtocolError) as e:
+                return _stopped(ctx, e, err)
+            except Exception as e:
+                return _internal_error(ctx, e, err)
+            finally:
+                _snapshot(sel.journal)
+    finally:
+        live.close()
     return _report(ws, sel.meta, outcome, out, err)
 
 

@@ -23,6 +23,11 @@ from .reconcile import Action, State, Verdict
 from .tenancy import Owner
 
 MODEL_UNAVAILABLE = "model_unavailable"  # an INTERRUPTED run's error_kind that deltad retries
+# A dead owner's run is marked under the workspace lock, which a dying client may still hold
+# for a moment after its `live` file's close brought the look (the kernel reports that close
+# before it drops the flock), and no later event comes: look again soon, then less often.
+MARK_RECHECK_SECONDS = 0.05
+MARK_RECHECK_MAX_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class Memory:
     quarantined_until: float = 0.0  # monotonic
     job_end: JobEnd | None = None  # the last job of this workspace seen ending (runs elsewhere)
     told_unknown: bool = False  # "its job's engine cannot be asked" was logged for this run
+    mark_tries: int = 0  # looks in a row that found a dead owner to mark (see `_recheck_mark`)
 
 
 FRESH = Memory()
@@ -194,6 +200,9 @@ def _act(v: Verdict, busy: bool, mem: Memory, now: Now, rules: Rules, out: list[
         if rules.auto_resume_interrupted:
             mem = _resume(v, key, "interrupted", busy, mem, now, then)
         out.append(MarkInterrupted(v.run_id, tuple(then)))
+        mem = _recheck_mark(mem, now, out)
+    elif mem.mark_tries:
+        mem = replace(mem, mark_tries=0)
     elif v.action is Action.RESUME and v.state is State.EXPIRED:
         mem = _resume(v, key, "question_expired", busy, mem, now, out)
     elif v.action is Action.RESUME:
@@ -205,6 +214,15 @@ def _act(v: Verdict, busy: bool, mem: Memory, now: Now, rules: Rules, out: list[
     if not outage:  # the run moved on (or a person took it): the next outage starts afresh
         mem = replace(mem, model_attempts=0, model_not_before=None, gave_up=False)
     return mem
+
+
+def _recheck_mark(mem: Memory, now: Now, out: list[Effect]) -> Memory:
+    """A look after the mark: nothing if it was written (the run is INTERRUPTED then), the
+    mark again if the lock was still held. Paced, doubling: a lock held for long (a person's
+    `delta run` about to take the run over) is not asked for 20 times a second."""
+    delay = min(MARK_RECHECK_SECONDS * 2**mem.mark_tries, MARK_RECHECK_MAX_SECONDS)
+    out.append(Schedule(now.mono + delay))
+    return replace(mem, mark_tries=mem.mark_tries + 1)
 
 
 def _elsewhere(

@@ -149,6 +149,7 @@ def _run_active(svc: Service, sig_r: int) -> int:
         log.error("state_dir_unusable", path=str(svc.config.state_dir), error=e.strerror)
         return 1
     try:
+        _attach_feed(svc)
         if not _start_inbox(svc):
             return 2
         start(svc)
@@ -156,6 +157,7 @@ def _run_active(svc: Service, sig_r: int) -> int:
         shutdown(svc)
     finally:
         _stop_inbox(svc)
+        svc.feed.close()
         lock.release()
     return 1 if svc.lease is not None and svc.lease.lost else 0
 
@@ -227,6 +229,15 @@ def _say_standby(path: Path, lease: Lease, active: Holder | None, since: str) ->
         write_status_file(path, doc)
     except OSError as e:
         log.warning("status_write_failed", error=e.strerror)
+
+
+def _attach_feed(svc: Service) -> None:
+    """The feed's event log and announced questions, kept in the state dir (held under its
+    lock: one active daemon writes them)."""
+    try:
+        svc.feed.attach(svc.config.state_dir)
+    except OSError as e:
+        log.warning("feed_log_unusable", path=str(svc.config.state_dir), error=str(e))
 
 
 def _start_inbox(svc: Service) -> bool:

@@ -11,6 +11,7 @@ looks at the disk again (the answering path does).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import threading
 import time
@@ -20,9 +21,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import structlog
+
 from deltad import platform
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
+
+from .feedlog import Announced, EventLog
+
+log = structlog.get_logger("deltad.feed")
 
 EventType = Literal["request.created", "request.answered", "request.expired", "run.status"]
 EVENT_TYPES: tuple[EventType, ...] = (
@@ -386,32 +393,85 @@ class Feed:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._events: deque[FeedEvent] = deque(maxlen=self.buffer)
-        # Ids grow across restarts (microseconds at start), so a client's Last-Event-ID from
-        # before a restart is recognised as older than anything buffered.
+        # Ids grow across restarts (microseconds at start, or past the durable log's last),
+        # so a client's Last-Event-ID from before a restart is older than anything new.
         self._next_id = time.time_ns() // 1000
+        # Events at or below the floor are not kept: a Last-Event-ID below it has a gap
+        # (`gap`). Without a durable log, whatever came before this process is gone.
+        self._floor = self._next_id
+        self._log: EventLog | None = None
+        self._announced: Announced | None = None
         self._subscribers: list[Subscriber] = []
         # The question announced as open in a workspace is its view's while that view is
         # waiting (a table of them cost ~50 bytes per waiting workspace); only while a
         # workspace shows a problem is it kept here (a problem announces nothing).
         self._held: dict[Path, str] = {}
 
+    # -- durability (the core side: the feed's producer) -----------------------------------
+    def attach(self, state_dir: Path) -> None:
+        """Keep the event log and the announced questions in `state_dir/feed/` (feedlog.py):
+        load what an earlier daemon left, then write through. Called once, before the first
+        reconcile; a feed never attached keeps both in memory only."""
+        events, announced = EventLog(state_dir, self.buffer), Announced(state_dir)
+        with self._lock:
+            kept = events.load(self._next_id)
+            announced.load()
+            for doc in kept:
+                self._events.append(
+                    FeedEvent(doc["id"], doc["type"], str(doc.get("at", "")), doc.get("data", {}))
+                )
+            last = kept[-1]["id"] if kept else events.floor
+            self._next_id = max(self._next_id, last)
+            self._floor = events.floor
+            self._log, self._announced = events, announced
+
+    def close(self) -> None:
+        with self._lock:
+            if self._log is not None:
+                self._log.close()
+            if self._announced is not None:
+                self._announced.close()
+
     # -- publishing (the loop) -------------------------------------------------------------
     def publish(self, type_: EventType, data: dict[str, Any]) -> FeedEvent:
         with self._lock:
             self._next_id += 1
             event = FeedEvent(self._next_id, type_, iso(utcnow()), data)
+            if len(self._events) == self._events.maxlen:
+                self._floor = max(self._floor, self._events[0].id)
             self._events.append(event)
+            self._record(event)
             subscribers = list(self._subscribers)
         for fn in subscribers:
             fn(event)
         return event
 
+    def _record(self, e: FeedEvent) -> None:
+        """Write the event through (under the lock: ids reach the log in order), and what it
+        says of the workspace's announced question."""
+        try:
+            if self._log is not None:
+                self._log.append({"id": e.id, "type": e.type, "at": e.at, "data": e.data})
+                self._floor = max(self._floor, self._log.floor)
+            if self._announced is not None and e.workspace:
+                rid = e.data.get("request_id")
+                if e.type == "request.created" and isinstance(rid, str):
+                    self._announced.put(e.workspace, rid)
+                elif (
+                    e.type in ("request.answered", "request.expired")
+                    and self._announced.open.get(e.workspace) == rid
+                ):
+                    self._announced.drop(e.workspace)
+        except (OSError, ValueError) as err:  # a full disk must not stop the loop
+            log.warning("feed_log_write_failed", error=str(err))
+
     def changed(self, ws: Path, before: View | None, after: View | None) -> None:
         """The registry's hook: update the index, announce what changed."""
-        announced = self._announced(ws, before)
+        announced = self._announced_in(ws, before)
         if after is None:
             self.index.remove(ws)
             self._held.pop(ws, None)
+            self._forget_announced(ws)
             return
         self.index.put(after)
         if after.state == "problem" and announced is not None:
@@ -421,8 +481,39 @@ class Feed:
         if not self.priming:
             for type_, data in transitions(before, after, announced):
                 self.publish(type_, data)
+        else:
+            self._primed(after)
 
-    def _announced(self, ws: Path, before: View | None) -> str | None:
+    def _primed(self, after: View) -> None:
+        """A look before the daemon is live (startup, the reads after READY): announce only a
+        question the state dir says was never announced in this workspace (written while the
+        daemon was down, or found before the crash that would have announced it); forget a
+        question that closed meanwhile. A state dir without the record (the first start with
+        it) takes what it finds as announced: an upgrade does not re-announce a fleet."""
+        store, ws = self._announced, str(after.workspace)
+        if store is None:
+            return
+        if after.state == "waiting" and after.request_id:
+            if store.open.get(ws) == after.request_id:
+                return
+            if not store.existed:
+                with self._lock, contextlib.suppress(OSError):
+                    store.put(ws, after.request_id)
+                return
+            base = {"workspace": ws, "run_id": after.run_id}
+            created = {**base, "request_id": after.request_id, "input_type": after.input_type}
+            self.publish("request.created", created)
+        elif after.run_id is not None and after.state not in ("problem", "answered", "expired"):
+            # A run read and found past its question (not a workspace only just found, whose
+            # view is a placeholder, nor a question answered but not yet taken).
+            self._forget_announced(after.workspace)
+
+    def _forget_announced(self, ws: Path) -> None:
+        if self._announced is not None:
+            with self._lock, contextlib.suppress(OSError):
+                self._announced.drop(str(ws))
+
+    def _announced_in(self, ws: Path, before: View | None) -> str | None:
         """The question announced (or primed) as open in `ws` before this change: the one it
         was waiting on, kept while it shows a problem; `transitions` keeps that true."""
         if before is None:
@@ -450,6 +541,14 @@ class Feed:
         with self._lock:
             return [e for e in self._events if e.id > last_id]
 
+    def gap(self, last_id: int | None) -> bool:
+        """Some event after `last_id` is no longer kept (older than the log, or from before a
+        restart without one): `since` cannot fill the gap, and the client must list again."""
+        if last_id is None:
+            return False
+        with self._lock:
+            return last_id < self._floor
+
     def last_id(self) -> int:
         with self._lock:
             return self._next_id
@@ -475,6 +574,27 @@ def transitions(
     if after.status is not None:
         same_run = before is not None and before.run_id == after.run_id
         was = before.status if same_run and before is not None else None
+        if before is not None and same_run and _went_through_running(before, after):
+            # A resume shorter than the time between two looks (the daemon's own, which it
+            # does not look at while it runs, or a person's): it ran all the same.
+            out.append(("run.status", {**base, "from": was, "to": RUNNING}))
+            was = RUNNING
         if was != after.status:
             out.append(("run.status", {**base, "from": was, "to": after.status}))
     return out
+
+
+RUNNING = "RUNNING"
+# Statuses a run leaves only by running again, and those it reaches only from RUNNING (the
+# protocol's TRANSITIONS): a change from one to the other went through RUNNING.
+_RESTING = ("WAITING_FOR_INPUT", "INTERRUPTED", "FAILED")
+_ONLY_FROM_RUNNING = ("WAITING_FOR_INPUT", "COMPLETED", "FAILED")
+
+
+def _went_through_running(before: View, after: View) -> bool:
+    if before.status not in _RESTING or after.status not in _ONLY_FROM_RUNNING:
+        return False
+    if before.status != after.status:
+        return True
+    # WAITING_FOR_INPUT again, on another question: the run took the answer and asked again
+    return bool(before.request_id and after.request_id and before.request_id != after.request_id)

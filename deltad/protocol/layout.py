@@ -2,6 +2,7 @@
 
 <ws>/.delta/lock                               workspace lock (one driver at a time)
 <ws>/.delta/interaction/request.json|response.txt
+<ws>/.delta/interaction/live                   held open for writing by the driving `delta run`
 <ws>/.delta/runs/LATEST                        plain file holding the newest run id
 <ws>/.delta/runs/<RUN_ID>/execution/{journal.jsonl,metadata.json,engine.log}
 <ws>/.delta/runs/<RUN_ID>/io/{invocations,tool_executions}/...
@@ -30,6 +31,7 @@ LATEST_FILE = "LATEST"
 REQUEST_FILE = "request.json"
 RESPONSE_TXT = "response.txt"
 RESPONSE_JSON = "response.json"
+LIVE_FILE = "live"  # held open by the driving client: its close is the watched mailbox's event
 ANSWER_FILES = (RESPONSE_TXT, RESPONSE_JSON)
 RUN_ID_RE = re.compile(r"^\d{8}_\d{6}_[0-9a-f]{6}$")
 
@@ -111,6 +113,10 @@ class Workspace:
     @cached_property
     def interaction_dir(self) -> Path:
         return self.delta_dir / INTERACTION_DIR
+
+    @cached_property
+    def live_file(self) -> Path:
+        return self.interaction_dir / LIVE_FILE
 
     @cached_property
     def request_file(self) -> Path:

@@ -34,14 +34,26 @@ def boot_id() -> str | None:
         return None
 
 
+# The kernel sets PF_EXITING (field 9's flags) as a process starts to exit, before it closes
+# its files: a process seen with it never runs its own code again. A dying `delta run`'s
+# `live` file close (protocol/live.py) can be read before the process is a zombie.
+PF_EXITING = 0x4
+
+
 @dataclass(frozen=True)
 class ProcStat:
     state: bytes  # field 3: R, S, D, Z (zombie), X (dead), ...
     start_ticks: int | None  # field 22: the start time in clock ticks since boot
+    flags: int = 0  # field 9: the kernel's PF_* flags
 
     @property
     def dead(self) -> bool:
         return self.state in (b"Z", b"X")
+
+    @property
+    def exiting(self) -> bool:
+        """Dead, or on its way there: it will never run its own code again."""
+        return self.dead or bool(self.flags & PF_EXITING)
 
 
 def proc_stat(pid: int) -> ProcStat | None:
@@ -61,7 +73,11 @@ def proc_stat(pid: int) -> ProcStat | None:
         ticks: int | None = int(fields[19])  # field 22 overall; 3 is the first after comm
     except (ValueError, IndexError):
         ticks = None
-    return ProcStat(fields[0], ticks)
+    try:
+        flags = int(fields[6])  # field 9
+    except (ValueError, IndexError):
+        flags = 0
+    return ProcStat(fields[0], ticks, flags)
 
 
 def proc_start_ticks(pid: int) -> int | None:
@@ -103,7 +119,7 @@ def owner_alive(owner: OwnerProcess | None) -> bool | None:
     st = proc_stat(owner.pid)
     if st is None or st.start_ticks is None:
         return _pid_exists(owner.pid)  # no /proc: fall back to the pid alone
-    if st.dead:
+    if st.exiting:
         return False
     return owner.start_ticks is None or st.start_ticks == owner.start_ticks
 

@@ -38,12 +38,15 @@ def client(url: str, token: str | None = None) -> httpx.Client:
 class EventReader:
     """Reads `/v1/events` on a thread; `wait(pred)` waits for a matching event."""
 
-    def __init__(self, url: str, token: str, **params: Any) -> None:
+    def __init__(
+        self, url: str, token: str, *, last_event_id: int | None = None, **params: Any
+    ) -> None:
         self.events: list[dict[str, Any]] = []
         self.raw: list[str] = []
         self._lock = threading.Lock()
         self._client = client(url, token)
         self._params = params
+        self._headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
         self._stop = False
         self._connected = threading.Event()
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -57,7 +60,9 @@ class EventReader:
             self._read_stream()
 
     def _read_stream(self) -> None:
-        with self._client.stream("GET", "/v1/events", params=self._params, timeout=None) as r:
+        with self._client.stream(
+            "GET", "/v1/events", params=self._params, headers=self._headers, timeout=None
+        ) as r:
             self._connected.set()
             data: list[str] = []
             for line in r.iter_lines():

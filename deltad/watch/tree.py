@@ -31,7 +31,13 @@ from typing import ClassVar, Protocol
 
 import structlog
 
-from deltad.protocol.layout import ANSWER_FILES, INTERACTION_DIR, REQUEST_FILE, RUNS_DIR
+from deltad.protocol.layout import (
+    ANSWER_FILES,
+    INTERACTION_DIR,
+    LIVE_FILE,
+    REQUEST_FILE,
+    RUNS_DIR,
+)
 
 from . import events as F
 from .discovery import DELTA_DIR, Layout, is_workspace, subdirs
@@ -51,6 +57,7 @@ RUNS_MASK = _BASE | F.CLOSE_WRITE | F.MOVED_TO
 
 ANSWERS = ANSWER_FILES  # the protocol's two answer files
 REQUEST = REQUEST_FILE
+LIVE = LIVE_FILE  # held open by the driving client (protocol/live.py): its close is its end
 MAILBOX = INTERACTION_DIR
 RUNS = RUNS_DIR
 LATEST = "LATEST"
@@ -671,7 +678,7 @@ class WatchTree:
                 self._queue.put(ws, Why.ANSWER_CREATED)
             else:
                 self._queue.put(ws)
-        elif name == REQUEST:
+        elif name in (REQUEST, LIVE):  # LIVE: a client started (CREATE) or ended (its close)
             self._queue.put(ws)
 
 

@@ -129,8 +129,8 @@ def test_daemon_and_a_person_race_on_one_run(tmp_path: Path, fake: FakeLLM) -> N
 def test_killed_delta_is_marked_interrupted(
     tmp_path: Path, fake: FakeLLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A run started by hand is known at once only where `.delta/runs/` is watched: the fanotify
-    # mark (with inotify, at the next full reconcile; docs/daemon.md, "Watching").
+    # Under fanotify `.delta/runs/` is watched too; under every backend the client's `live`
+    # file tells its start and its death (tests/e2e/test_daemon_liveness.py).
     monkeypatch.setattr(harness, "ROOT_BACKEND", "fanotify")
     tools = '[{name: wait, description: "wait", command: ["sleep", "60"]}]'
     fake.call("wait", {}, id="w1").reply("done")

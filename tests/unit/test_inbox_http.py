@@ -58,7 +58,8 @@ def v(
             v("waiting", "q1", "WAITING_FOR_INPUT"),
             v("waiting", "q2", "WAITING_FOR_INPUT"),
             "q1",
-            ["request.answered", "request.created"],
+            # the answer was taken and the run asked again: it ran in between
+            ["request.answered", "request.created", "run.status", "run.status"],
         ),
         (
             v("waiting", "q1", "WAITING_FOR_INPUT"),
@@ -73,6 +74,39 @@ def test_transitions(
     before: View | None, after: View, announced: str | None, expected: list[str]
 ) -> None:
     assert [t for t, _ in transitions(before, after, announced)] == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "statuses"),
+    [
+        (
+            v("waiting", "q1", "WAITING_FOR_INPUT"),
+            v("done", None, "COMPLETED"),
+            ["RUNNING", "COMPLETED"],
+        ),
+        (
+            v("answered", "q1", "WAITING_FOR_INPUT"),
+            v("waiting", "q2", "WAITING_FOR_INPUT"),
+            ["RUNNING", "WAITING_FOR_INPUT"],
+        ),
+        (v("interrupted", None, "INTERRUPTED"), v("done", None, "FAILED"), ["RUNNING", "FAILED"]),
+        (v("waiting", "q1", "WAITING_FOR_INPUT"), v("running", None, "RUNNING"), ["RUNNING"]),
+        # superseded or canceled while waiting: no run in between
+        (
+            v("waiting", "q1", "WAITING_FOR_INPUT"),
+            v("interrupted", None, "INTERRUPTED"),
+            ["INTERRUPTED"],
+        ),
+        (v("waiting", "q1", "WAITING_FOR_INPUT"), v("done", None, "CANCELED"), ["CANCELED"]),
+        (v("waiting", "q1", "WAITING_FOR_INPUT"), v("problem", None, "WAITING_FOR_INPUT"), []),
+    ],
+)
+def test_a_resume_between_two_looks_is_told_as_running_then_its_end(
+    before: View, after: View, statuses: list[str]
+) -> None:
+    said = [d for t, d in transitions(before, after, None) if t == "run.status"]
+    assert [d["to"] for d in said] == statuses
+    assert [d["from"] for d in said] == ([before.status, *statuses[:-1]] if statuses else [])
 
 
 def test_run_status_says_from_and_to_and_a_new_run_comes_from_nothing() -> None:

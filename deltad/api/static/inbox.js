@@ -173,6 +173,11 @@ function follow() {
     // (a 401 after the token was revoked): find out which, then log in again or retry.
     if (s.readyState === EventSource.CLOSED) probe();
   };
+  // Events after the browser's Last-Event-ID are gone (docs/inbox.md, `reset`): list again.
+  s.addEventListener("reset", () => {
+    refresh();
+    loadHistory();
+  });
   for (const type of EVENT_TYPES) {
     s.addEventListener(type, (msg) => {
       const e = JSON.parse(msg.data);
