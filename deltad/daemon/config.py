@@ -118,6 +118,10 @@ class HaConfig(_Strict):
 
     lease: Path
     poll_seconds: float = Field(default=0.5, gt=0, le=60)  # a standby's tries at the lease
+    # A standby takes over from an active whose record has not changed for this long (a
+    # frozen or cut-off active); the active renews every fifth of it and acts only within
+    # half of it after its last renewal (deltad/daemon/lease.py).
+    lease_seconds: float = Field(default=10.0, ge=1, le=300)
 
     @field_validator("lease")
     @classmethod
