@@ -17,7 +17,7 @@ import shutil
 import sys
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, ValuesView
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -358,7 +358,9 @@ class Resumer:
             return False  # already running (adopted): say nothing
         argv = build_argv(self._template, ws, run_id)
         attempt = next(self._attempts)
-        spec = spec_of(ws, run_id, argv, launch, self._timeout, attempt, request)
+        spec = replace(
+            spec_of(ws, run_id, argv, launch, self._timeout, attempt, request), fence=self.fence
+        )
         try:
             handle = self.executor.submit(spec)
         except SubmitError as e:
