@@ -239,11 +239,16 @@ def _print_status(snap: dict[str, Any]) -> None:
     if lease := snap.get("lease"):
         click.echo(
             f"role: {snap.get('role')}, holding the lease {lease['path']} "
-            f"(host {lease['host']}, since {lease['since']})"
+            f"(host {lease['host']}, since {lease['since']}, epoch {lease.get('epoch')})"
         )
     if snap.get("http"):
         click.echo(f"inbox: {snap['http']}")
     click.echo("watches: " + ", ".join(f"{k} {v}" for k, v in snap["watches"].items()))
+    for uid, n in (snap.get("watch_capped_owners") or {}).items():
+        click.echo(
+            f"  uid {uid}: at max_watches_per_owner ({n['watches']} watches); "
+            f"{n['polled']} more of its directories polled"
+        )
     click.echo(
         f"workspaces: {c['workspaces']}  waiting: {c['waiting']}  pending: {c['pending']}  "
         f"resuming: {c['resuming']}  running: {c['running']}  "

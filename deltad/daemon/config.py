@@ -151,6 +151,10 @@ class DaemonConfig(_Strict):
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     settle_seconds: float = Field(default=1.0, ge=0)
     max_inotify_watches: int | None = Field(default=None, ge=1)
+    # The inotify watches the directories of one owner (uid; not root's or the daemon's own)
+    # may take; beyond, that owner's further directories are polled (said once, and in
+    # `deltad status`). None: no cap. Not fanotify's: it takes no watch per directory.
+    max_watches_per_owner: int | None = Field(default=1000, ge=1)
     state_dir: Path = Field(default_factory=_default_state_dir)
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -26,6 +26,7 @@ from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
 from deltad.watch import Backend, PollingBackend, event_backend
 from deltad.watch.fanotify import FanotifyBackend
+from deltad.watch.tree import WatchTree
 
 from .config import ConfigError, DaemonConfig, load_config
 from .decide import Rules
@@ -422,7 +423,9 @@ def build_backends(svc: Service) -> None:
     for kind in ("fanotify", "inotify", "watchdog"):
         roots = [r for r in config.roots if r.backend == kind]
         if roots:
-            tree = event_backend(kind, svc.queue, poller, config.max_inotify_watches)
+            tree = event_backend(
+                kind, svc.queue, poller, config.max_inotify_watches, config.max_watches_per_owner
+            )
             for r in roots:
                 tree.add_root(r.path, config.discovery_depth)
             backends.append(tree)
@@ -525,6 +528,16 @@ def watch_counts(svc: Service) -> dict[str, int]:
     return {b.name: b.watch_count() for b in svc.backends}
 
 
+def capped_owners(svc: Service) -> dict[str, dict[str, int]]:
+    """Owners whose directories reached `max_watches_per_owner`, by uid: the rest is polled."""
+    out: dict[str, dict[str, int]] = {}
+    for b in svc.backends:
+        if isinstance(b, WatchTree):
+            for uid, n in b.capped_owners().items():
+                out[str(uid)] = n
+    return out
+
+
 def snapshot(svc: Service) -> dict[str, Any]:
     r = svc.registry
     resuming = [
@@ -546,6 +559,7 @@ def snapshot(svc: Service) -> dict[str, Any]:
             for x in svc.config.roots
         ],
         "watches": watch_counts(svc),
+        "watch_capped_owners": capped_owners(svc),
         "counts": {
             "workspaces": len(r),
             **r.counts(),
