@@ -253,6 +253,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one renewal at a time (the thread, or `renew`)
+        self._failing = False  # renewals fail (said once, until one works again)
 
     @property
     def held(self) -> bool:
@@ -319,8 +320,7 @@ class Lease:
             if me is None or self.lost:
                 return False
             try:
-                if not self.locked:
-                    self._flock_lease()
+                self._flock_lease()  # taken over without it, or the file made anew: try it
                 with self._record(wait=True) as (fd, record):
                     if renewal(record, me) is Verdict.LOST:
                         self.lost = True
@@ -329,9 +329,13 @@ class Lease:
                     me = replace(me, seq=me.seq + 1, locked=self.locked, ino=self._ino)
                     _write(fd, me)
             except (OSError, LeaseError) as e:
-                log.warning("lease_renew_failed", lease=str(self.path), error=_error(e))
+                if not self._failing:
+                    log.warning("lease_renew_failed", lease=str(self.path), error=_error(e))
+                self._failing = True
                 return False
-            self.holder, self._renewed = me, began
+            if self._failing:
+                log.info("lease_renewed", lease=str(self.path), detail="after failures")
+            self.holder, self._renewed, self._failing = me, began, False
             return True
 
     def may_act(self, now: float) -> bool:

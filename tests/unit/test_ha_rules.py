@@ -238,3 +238,17 @@ def test_nothing_to_do(
     err = nothing_to_do(meta, opts, fact)
     assert err.exit_code == code and says in str(err)
     assert isinstance(err, AlreadyTaken) is (code == exitcodes.BUSY)
+
+
+def test_a_deleted_lease_file_makes_no_second_active(tmp_path: Path) -> None:
+    """Removing the lease file while the active holds it used to give the next daemon a fresh
+    file to lock: two actives. The record still names the active, on the old inode."""
+    path = tmp_path / "deltad.lease"
+    active, standby = Lease(path, L), Lease(path, L)
+    assert active.try_take(0.0)
+    path.unlink()
+    assert not standby.try_take(0.1)  # its flock on the new file proves nothing
+    assert active.renew(2.0) and active.locked  # the active locks the new file ...
+    record = read_holder(path)
+    assert record is not None and record.ino == os.stat(path).st_ino  # ... and says so
+    assert not standby.try_take(5.0)
