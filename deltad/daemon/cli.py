@@ -19,6 +19,7 @@ from deltad.watch.choice import inotify_watches_in_use
 from deltad.watch.discovery import walk
 
 from .config import ConfigError, DaemonConfig, load_config
+from .lease import lease_problem
 from .shared_roots import shared_root_warnings
 from .status import daemon_running, read_standbys, read_status
 
@@ -72,6 +73,7 @@ def serve(config_path: Path | None, roots: tuple[str, ...], listen: str | None) 
     config = _load(config_path, roots)
     if listen is not None:
         config = _with_listen(config, listen)
+    _trust_lease(config)
     _need_a_root(config)
     logs.configure(config.log_level, config.log_format)
     for warning in shared_root_warnings([r.path for r in config.roots]):
@@ -94,6 +96,16 @@ def _with_listen(config: DaemonConfig, listen: str) -> DaemonConfig:
     return config
 
 
+def _trust_lease(config: DaemonConfig) -> None:
+    """The HA lease decides who acts: a tenant who could write where it lives could keep every
+    daemon on standby or make two actives (OpenSSH's StrictModes, for the lease)."""
+    if config.ha is None:
+        return
+    if (problem := lease_problem(config.ha.lease)) is not None:
+        click.echo(f"deltad: error: ha.lease: {show(problem)}", err=True)
+        sys.exit(EXIT_CONFIG)
+
+
 def _need_a_root(config: DaemonConfig) -> None:
     """Ready while watching nothing would be a lie: at least one root must exist (a missing
     one among others is watched for once it appears, at the next rescan)."""
@@ -109,6 +121,7 @@ def _need_a_root(config: DaemonConfig) -> None:
 def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     """Validate the configuration and print what would be watched."""
     config = _load(config_path, roots)
+    _trust_lease(config)
     _need_a_root(config)
     click.echo(f"configuration OK ({config_path or 'defaults'})")
     for key, value in config.model_dump(mode="json", exclude={"roots"}).items():
@@ -230,11 +243,16 @@ def _print_status(snap: dict[str, Any]) -> None:
     if lease := snap.get("lease"):
         click.echo(
             f"role: {snap.get('role')}, holding the lease {lease['path']} "
-            f"(host {lease['host']}, since {lease['since']})"
+            f"(host {lease['host']}, since {lease['since']}, epoch {lease.get('epoch')})"
         )
     if snap.get("http"):
         click.echo(f"inbox: {snap['http']}")
     click.echo("watches: " + ", ".join(f"{k} {v}" for k, v in snap["watches"].items()))
+    for uid, n in (snap.get("watch_capped_owners") or {}).items():
+        click.echo(
+            f"  uid {uid}: at max_watches_per_owner ({n['watches']} watches); "
+            f"{n['polled']} more of its directories polled"
+        )
     click.echo(
         f"workspaces: {c['workspaces']}  waiting: {c['waiting']}  pending: {c['pending']}  "
         f"resuming: {c['resuming']}  running: {c['running']}  "

@@ -118,6 +118,10 @@ class HaConfig(_Strict):
 
     lease: Path
     poll_seconds: float = Field(default=0.5, gt=0, le=60)  # a standby's tries at the lease
+    # A standby takes over from an active whose record has not changed for this long (a
+    # frozen or cut-off active); the active renews every fifth of it and acts only within
+    # half of it after its last renewal (deltad/daemon/lease.py).
+    lease_seconds: float = Field(default=10.0, ge=1, le=300)
 
     @field_validator("lease")
     @classmethod
@@ -152,6 +156,10 @@ class DaemonConfig(_Strict):
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     settle_seconds: float = Field(default=1.0, ge=0)
     max_inotify_watches: int | None = Field(default=None, ge=1)
+    # The inotify watches the directories of one owner (uid; not root's or the daemon's own)
+    # may take; beyond, that owner's further directories are polled (said once, and in
+    # `deltad status`). None: no cap. Not fanotify's: it takes no watch per directory.
+    max_watches_per_owner: int | None = Field(default=1000, ge=1)
     state_dir: Path = Field(default_factory=_default_state_dir)
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

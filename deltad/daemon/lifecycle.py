@@ -26,10 +26,11 @@ from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
 from deltad.watch import Backend, PollingBackend, event_backend
 from deltad.watch.fanotify import FanotifyBackend
+from deltad.watch.tree import WatchTree
 
 from .config import ConfigError, DaemonConfig, load_config
 from .decide import Rules
-from .lease import Holder, Lease, read_holder
+from .lease import RENEWALS_PER_LEASE, Holder, Lease, LeaseError, read_holder
 from .notify import monotonic_usec, sd_notify, watchdog_interval
 from .reconcile import State
 from .resumer import shown
@@ -50,7 +51,7 @@ log = structlog.get_logger("deltad.service")
 
 STATUS_EVERY = 1.0  # seconds between status.json / STATUS= updates, when something changed
 STATUS_HEARTBEAT = 5.0  # seconds between status.json rewrites at most, changed or not
-LEASE_CHECK_EVERY = 5.0  # seconds between an active's looks at the lease's holder file
+FENCED_NAP = 0.05  # seconds between an unconfirmed active's looks at its lease's renewal
 
 
 @dataclass
@@ -65,7 +66,9 @@ class Ticks:
     last_ping: float = 0.0
     next_rescan: float = 0.0
     next_sweep: float = 0.0
-    next_lease_check: float = 0.0
+    fenced: bool = False  # the lease's last renewal is too old to act on (said once)
+    # The state dir's lock, while a fenced active that lost the lease still holds it.
+    state_lock: StateDirLock | None = None
 
     def __post_init__(self) -> None:
         self.started = utcnow()
@@ -117,20 +120,28 @@ def rescan_after(ended: float, interval: float, took: float) -> float:
 
 def run(svc: Service) -> int:
     sig_r = _install_signals(svc)
-    lease = Lease(svc.config.ha.lease) if svc.config.ha is not None else None
+    ha = svc.config.ha
+    lease = Lease(ha.lease, ha.lease_seconds) if ha is not None else None
     try:
         # A standby holds nothing else until the lease is its own: not the state-dir lock
         # (the fleet may share one state dir), not the inbox's port.
         if lease is not None:
             try:
-                lease.try_take()  # the first try: a lease that cannot be opened is an error
+                # the first try: a lease that cannot be opened is an error
+                lease.try_take(svc.clock.monotonic())
+            except LeaseError as e:
+                log.error("lease_unusable", lease=str(lease.path), error=str(e))
+                print(f"deltad: error: ha.lease: {e}", file=sys.stderr)
+                return 2
             except OSError as e:
                 log.error("lease_unusable", lease=str(lease.path), error=e.strerror)
                 print(f"deltad: error: ha.lease {lease.path}: {e.strerror}", file=sys.stderr)
                 return 1
             if not stand_by(svc, lease, sig_r):
                 return 0
-        svc.lease = lease
+            lease.start(svc.clock.monotonic)
+            svc.lease = lease
+            svc.resumer.fence = lambda: lease.may_act(svc.clock.monotonic())
         return _run_active(svc, sig_r)
     finally:
         if lease is not None:
@@ -142,9 +153,14 @@ def _run_active(svc: Service, sig_r: int) -> int:
     try:
         lock.acquire()
     except AlreadyRunning as e:
-        log.error("already_running", error=str(e))
-        print(f"deltad: {e}", file=sys.stderr)
-        return 1
+        if svc.lease is None:
+            log.error("already_running", error=str(e))
+            print(f"deltad: {e}", file=sys.stderr)
+            return 1
+        # A frozen active that lost the lease still holds it (a shared state dir): the lease
+        # fences it, and it stops as soon as it wakes (it acts on nothing before).
+        log.warning("state_dir_lock_held", error=str(e), detail="fenced by the lease; going on")
+        svc.ticks.state_lock = lock  # taken once it stops (`tick`)
     except OSError as e:
         log.error("state_dir_unusable", path=str(svc.config.state_dir), error=e.strerror)
         return 1
@@ -154,7 +170,10 @@ def _run_active(svc: Service, sig_r: int) -> int:
             return 2
         start(svc)
         loop(svc, sig_r)
-        shutdown(svc)
+        if svc.lease is not None and svc.lease.lost:
+            close_backends(svc)  # no status, no record of jobs: the new active's now
+        else:
+            shutdown(svc)
     finally:
         _stop_inbox(svc)
         svc.feed.close()
@@ -167,7 +186,7 @@ def stand_by(svc: Service, lease: Lease, sig_r: int) -> bool:
     """Wait for the lease, doing nothing else; True once held, False if told to stop first.
     The active's death frees the flock at once, so a takeover costs at most one poll."""
     if lease.held:
-        log.info("lease_taken", lease=str(lease.path), waited_ms=0)
+        _taken(lease, 0)
         return True
     assert svc.config.ha is not None
     t0 = svc.clock.monotonic()
@@ -186,12 +205,12 @@ def stand_by(svc: Service, lease: Lease, sig_r: int) -> bool:
                 _drain(sig_r)
             if svc.stop:
                 break
-            if _try_take(lease):
+            if _try_take(lease, svc.clock.monotonic()):
                 waited = int((svc.clock.monotonic() - t0) * 1000)
-                previous = seen.describe() if seen else None
-                log.info("lease_taken", lease=str(lease.path), waited_ms=waited, after=previous)
+                _taken(lease, waited)
                 return True
-            if (now_seen := read_holder(lease.path)) != seen:
+            # who, not each renewal (`seq`): said when another daemon holds it
+            if _who(now_seen := read_holder(lease.path)) != _who(seen):
                 seen = now_seen
                 sd_notify(_standby_line(lease, seen))
                 _say_standby(mine, lease, seen, since)
@@ -202,11 +221,28 @@ def stand_by(svc: Service, lease: Lease, sig_r: int) -> bool:
             mine.unlink()
 
 
-def _try_take(lease: Lease) -> bool:
+def _who(holder: Holder | None) -> tuple[str, int, str, int] | None:
+    return None if holder is None else (holder.host, holder.pid, holder.since, holder.epoch)
+
+
+def _taken(lease: Lease, waited_ms: int) -> None:
+    previous = lease.previous
+    log.info(
+        "lease_taken",
+        lease=str(lease.path),
+        waited_ms=waited_ms,
+        how=lease.taken.value if lease.taken else None,
+        epoch=lease.holder.epoch if lease.holder else None,
+        after=previous.describe() if previous else None,
+    )
+
+
+def _try_take(lease: Lease, now: float) -> bool:
     try:
-        return lease.try_take()
-    except OSError as e:  # shared storage away for a moment: a standby keeps waiting
-        log.warning("lease_try_failed", lease=str(lease.path), error=e.strerror)
+        return lease.try_take(now)
+    except (OSError, LeaseError) as e:  # storage away for a moment: a standby keeps waiting
+        error = e.strerror if isinstance(e, OSError) else str(e)
+        log.warning("lease_try_failed", lease=str(lease.path), error=error)
         return False
 
 
@@ -341,6 +377,8 @@ def loop(svc: Service, sig_r: int) -> None:
         readable = _wait(svc, sig_r)
         if sig_r in readable:
             _drain(sig_r)
+        if not may_act(svc):
+            continue
         if svc.reload:
             svc.reload = False
             reload(svc)
@@ -359,11 +397,15 @@ def process(svc: Service, backend: Backend) -> None:
 
 
 def _wait(svc: Service, sig_r: int) -> list[int]:
-    fds = [sig_r, svc.queue.fileno(), *svc.resumer.fds()]
-    fds += [fd for b in svc.backends if (fd := b.fileno()) is not None]
-    urgent = len(svc.queue) or svc.stop or svc.reload or svc.resumer.can_start()
-    urgent = urgent or svc.sweep is not None or len(svc.unread) > 0  # reads left: no nap
-    timeout = 0.0 if urgent else _timeout(svc)
+    if svc.ticks.fenced:  # nothing is done until the lease's renewal says whose it is
+        fds = [sig_r]
+        timeout = FENCED_NAP
+    else:
+        fds = [sig_r, svc.queue.fileno(), *svc.resumer.fds()]
+        fds += [fd for b in svc.backends if (fd := b.fileno()) is not None]
+        urgent = len(svc.queue) or svc.stop or svc.reload or svc.resumer.can_start()
+        urgent = urgent or svc.sweep is not None or len(svc.unread) > 0  # reads left: no nap
+        timeout = 0.0 if urgent else _timeout(svc)
     try:
         readable, _, _ = select.select(fds, [], [], timeout)
     except InterruptedError:
@@ -376,8 +418,8 @@ def _timeout(svc: Service) -> float:
     times = svc.ticks.due(svc.dirty)
     if (due := svc.timers.next_due()) is not None:
         times.append(due)
-    if svc.lease is not None:
-        times.append(svc.ticks.next_lease_check)
+    if svc.lease is not None:  # a lost lease is noticed within a renewal
+        times.append(now + svc.lease.seconds / RENEWALS_PER_LEASE)
     if (deadline := svc.resumer.next_deadline()) is not None:
         times.append(deadline)
     if (poll := svc.resumer.next_poll(now)) is not None:
@@ -402,7 +444,9 @@ def build_backends(svc: Service) -> None:
     for kind in ("fanotify", "inotify", "watchdog"):
         roots = [r for r in config.roots if r.backend == kind]
         if roots:
-            tree = event_backend(kind, svc.queue, poller, config.max_inotify_watches)
+            tree = event_backend(
+                kind, svc.queue, poller, config.max_inotify_watches, config.max_watches_per_owner
+            )
             for r in roots:
                 tree.add_root(r.path, config.discovery_depth)
             backends.append(tree)
@@ -506,6 +550,16 @@ def watch_counts(svc: Service) -> dict[str, int]:
     return {b.name: b.watch_count() for b in svc.backends}
 
 
+def capped_owners(svc: Service) -> dict[str, dict[str, int]]:
+    """Owners whose directories reached `max_watches_per_owner`, by uid: the rest is polled."""
+    out: dict[str, dict[str, int]] = {}
+    for b in svc.backends:
+        if isinstance(b, WatchTree):
+            for uid, n in b.capped_owners().items():
+                out[str(uid)] = n
+    return out
+
+
 def snapshot(svc: Service) -> dict[str, Any]:
     r = svc.registry
     resuming = [
@@ -528,6 +582,7 @@ def snapshot(svc: Service) -> dict[str, Any]:
             for x in svc.config.roots
         ],
         "watches": watch_counts(svc),
+        "watch_capped_owners": capped_owners(svc),
         "counts": {
             "workspaces": len(r),
             **r.counts(),
@@ -574,15 +629,15 @@ def status_line(svc: Service) -> str:
 
 
 def tick(svc: Service, now: float) -> None:
-    """The end of a loop turn: status.json when something changed, the systemd watchdog, and
-    whether the lease is still this daemon's."""
+    """The end of a loop turn: status.json when something changed, the systemd watchdog."""
     svc.ticks.last_turn = now
     if svc.ticks.ready and not svc.ticks.indexed and not svc.unread:
         svc.ticks.indexed = True  # stays: a workspace found later is read as any other
         svc.dirty = True
         log.info("index_complete", workspaces=len(svc.registry))
+    if (lock := svc.ticks.state_lock) is not None and now - svc.ticks.last_status >= STATUS_EVERY:
+        _take_state_lock(svc, lock)
     write(svc)
-    _check_lease(svc, now)
     interval = watchdog_interval()
     if interval is None or now - svc.ticks.last_ping < interval:
         return
@@ -591,22 +646,50 @@ def tick(svc: Service, now: float) -> None:
         svc.ticks.last_ping = now
 
 
-def _check_lease(svc: Service, now: float) -> None:
+def _take_state_lock(svc: Service, lock: StateDirLock) -> None:
+    """The state dir's lock, once the daemon that lost the lease has let it go (`deltad
+    status` says whether a daemon runs by it)."""
+    try:
+        lock.acquire()
+    except (AlreadyRunning, OSError):
+        return
+    svc.ticks.state_lock = None
+    svc.dirty = True
+    log.info("state_dir_lock_taken", path=str(lock.path))
+
+
+def may_act(svc: Service) -> bool:
+    """The fence, before each loop turn: with a lease, act only while its last renewal is
+    recent (`lease.may_act`); after a gap (a freeze, storage away) act on nothing until the
+    renewal thread has re-read the record. A lost lease stops the daemon (exit 1, for systemd
+    to bring it back as a standby)."""
     lease = svc.lease
-    if lease is None or now < svc.ticks.next_lease_check:
-        return
-    svc.ticks.next_lease_check = now + LEASE_CHECK_EVERY
-    if lease.still_mine():
-        return
-    taken_by = read_holder(lease.path)
-    log.error(
-        "lease_lost",
-        lease=str(lease.path),
-        held_by=taken_by.describe() if taken_by else None,
-        detail="another daemon holds the lease now; stopping (exit 1) to come back as standby",
-    )
-    lease.lost = True
-    svc.stop = True
+    if lease is None:
+        return True
+    if lease.lost:
+        taken_by = lease.taken_by
+        log.error(
+            "lease_lost",
+            lease=str(lease.path),
+            held_by=taken_by.describe() if taken_by else None,
+            epoch=taken_by.epoch if taken_by else None,
+            detail="another daemon holds the lease now; stopping (exit 1) to come back as standby",
+        )
+        svc.stop = True
+        return False
+    if lease.may_act(svc.clock.monotonic()):
+        if svc.ticks.fenced:
+            svc.ticks.fenced = False
+            log.info("lease_confirmed", lease=str(lease.path))
+        return True
+    if not svc.ticks.fenced:
+        svc.ticks.fenced = True
+        log.warning(
+            "lease_unconfirmed",
+            lease=str(lease.path),
+            detail="its last renewal is too old to act on; acting on nothing until renewed",
+        )
+    return False
 
 
 def write(svc: Service, force: bool = False) -> None:

@@ -16,8 +16,8 @@ import os
 import shutil
 import sys
 from collections import Counter, deque
-from collections.abc import Iterable, ValuesView
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, ValuesView
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +104,10 @@ def failed(rc: int | None, timed_out: bool) -> bool:
     return rc not in exitcodes.RUN_OUTCOMES and rc != exitcodes.BUSY
 
 
+def _always() -> bool:
+    return True
+
+
 def started_at(now_mono: float, now_wall: float, at_wall: float) -> float:
     """The monotonic time of a wall-clock start reported at `at_wall` (never in the future)."""
     return now_mono - max(0.0, now_wall - at_wall)
@@ -185,6 +189,7 @@ class Resumer:
         self._adopt_again = 0.0  # monotonic: when to try adopt() again
         self.metrics: CoreMetrics | None = None  # set by the service (deltad/metrics.py)
         self._answered_at: dict[Path, float] = {}  # a queued answer's file time (wall)
+        self.fence: Callable[[], bool] = _always  # may this daemon submit now? (HA: lease.py)
 
     def configure(self, config: DaemonConfig) -> None:
         self._template = config.resume_command
@@ -314,7 +319,9 @@ class Resumer:
         return max(0, self._max - len(self.children))
 
     def start_ready(self) -> None:
-        while self._waiting and self.slots() > 0:
+        # The HA fence (lease.py), right before each submit: a daemon that froze since its
+        # lease was last renewed submits nothing until the renewal says it is still its own.
+        while self._waiting and self.slots() > 0 and self.fence():
             owner = pick_next(self._heads(), self._running(), self._slots)
             if owner is None:
                 break
@@ -375,7 +382,9 @@ class Resumer:
             return False  # already running (adopted): say nothing
         argv = build_argv(self._template, ws, run_id)
         attempt = next(self._attempts)
-        spec = spec_of(ws, run_id, argv, launch, self._timeout, attempt, request)
+        spec = replace(
+            spec_of(ws, run_id, argv, launch, self._timeout, attempt, request), fence=self.fence
+        )
         try:
             handle = self.executor.submit(spec)
         except SubmitError as e:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -80,6 +80,16 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 3600.0  # seconds of running (not queueing) before the daemon cancels it
     log: Path | None = None  # where the job's own stdout/stderr go (written as the owner)
+    # HA (deltad/daemon/lease.py): may this daemon still submit? An executor whose submit takes
+    # time before the engine's own call (look-ups) asks it right before that call
+    # (`check_fence`): a daemon frozen in between may have lost the lease meanwhile.
+    fence: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+
+
+def check_fence(spec: JobSpec) -> None:
+    """Raise SubmitError when the spec's fence says this daemon may no longer submit."""
+    if spec.fence is not None and not spec.fence():
+        raise SubmitError("fenced: this daemon's HA lease was not confirmed right before submit")
 
 
 @dataclass(frozen=True)

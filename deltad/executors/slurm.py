@@ -34,7 +34,17 @@ import structlog
 
 from deltad.protocol.printable import show_path
 
-from .seam import Event, Exit, Handle, Identity, JobSpec, RequestKey, Started, SubmitError
+from .seam import (
+    Event,
+    Exit,
+    Handle,
+    Identity,
+    JobSpec,
+    RequestKey,
+    Started,
+    SubmitError,
+    check_fence,
+)
 
 log = structlog.get_logger("deltad.executors.slurm")
 
@@ -381,6 +391,7 @@ class SlurmExecutor:
             conf = {k: v for k, v in self._base_env().items() if k == "SLURM_CONF"}
             env = {**spec.env, **conf}
             argv = sbatch_argv(self._bin("sbatch"), spec, self.opts)
+            check_fence(spec)  # after the look-ups: a daemon frozen meanwhile submits nothing
             out = self._run(argv, env=env, stdin=batch_script(spec.argv))
         except SlurmError as e:
             raise SubmitError(str(e)) from None

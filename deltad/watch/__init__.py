@@ -20,10 +20,15 @@ __all__ = ["Backend", "PollingBackend", "PollingLike", "event_backend"]
 
 
 def event_backend(
-    kind: str, queue: HintQueue, fallback: PollingLike, max_watches: int | None
+    kind: str,
+    queue: HintQueue,
+    fallback: PollingLike,
+    max_watches: int | None,
+    max_per_owner: int | None = None,
 ) -> Backend:
     """A backend of `kind` ("fanotify", "inotify" or "watchdog") over the shared polling
-    fallback."""
+    fallback; `max_per_owner`: the watches one owner's directories may take (not fanotify's:
+    it has no watch per directory)."""
     if kind == "fanotify":
         from .fanotify import FanotifyBackend
 
@@ -31,7 +36,7 @@ def event_backend(
     if kind == "inotify":
         from .inotify import InotifyBackend
 
-        return InotifyBackend(queue, fallback, max_watches)
+        return InotifyBackend(queue, fallback, max_watches, max_per_owner)
     from .watchdog_observer import WatchdogBackend
 
-    return WatchdogBackend(queue, fallback, max_watches)
+    return WatchdogBackend(queue, fallback, max_watches, max_per_owner)

@@ -38,9 +38,13 @@ class InotifyBackend(WatchTree):
     }
 
     def __init__(
-        self, queue: HintQueue, fallback: PollingLike, max_watches: int | None = None
+        self,
+        queue: HintQueue,
+        fallback: PollingLike,
+        max_watches: int | None = None,
+        max_per_owner: int | None = None,
     ) -> None:
-        super().__init__(queue, fallback, max_watches)
+        super().__init__(queue, fallback, max_watches, max_per_owner)
         self._ino = INotify()
 
     def fileno(self) -> int | None:

@@ -148,6 +148,15 @@ class WatchLimit(Exception):
     """The inotify watch budget is spent."""
 
 
+class OwnerCap(WatchLimit):
+    """One owner's share of the watches (`max_watches_per_owner`) is spent: that owner's
+    further directories are polled, like what does not fit under the watch limit."""
+
+
+# Never capped: root's and the daemon's own directories are the admin's.
+UNCAPPED = frozenset({0, os.geteuid()})
+
+
 class WatchTree:
     """The watched directories of some roots, and what their events mean. Subclasses provide
     `_add_watch`/`_rm_watch` for one directory and call `_event(wd, mask, name)` from the main
@@ -161,10 +170,23 @@ class WatchTree:
     # IN_DONT_FOLLOW | IN_ONLYDIR): after a watch only its parent needs a look.
     REFUSES_LINKS: ClassVar[bool] = False
 
-    def __init__(self, queue: HintQueue, fallback: PollingLike, max_watches: int | None) -> None:
+    def __init__(
+        self,
+        queue: HintQueue,
+        fallback: PollingLike,
+        max_watches: int | None,
+        max_per_owner: int | None = None,
+    ) -> None:
         self._queue = queue
         self._fallback = fallback
         self._max = max_watches
+        # A tenant's directories each cost root a watch: at most this many per owning uid
+        # (root's and the daemon's own are not counted). Only descriptors of capped owners are
+        # kept here, so a table of root's workspaces pays nothing for it.
+        self._per_owner_max = None if self.FREE_WATCHES else max_per_owner
+        self._uid_of: dict[int, int] = {}  # descriptor -> its directory's owner (capped ones)
+        self._per_owner: dict[int, int] = {}  # owner -> descriptors counted
+        self._capped: dict[int, set[str]] = {}  # owner -> directories polled for the cap
         # The kernel keeps one watch per inode: two paths reaching one directory (a bind mount,
         # a directory moved while watched) share its descriptor, so a descriptor maps to every
         # holder using it, and its kernel watch ends only with the last of them. Almost always
@@ -386,6 +408,7 @@ class WatchTree:
             self._limit_reached(f"max_inotify_watches={self._max} (deltad configuration)")
         kind = _kind(holder)
         where = f"{_owner(holder)}{_SUFFIX[kind]}"
+        uid = self._counted_uid(holder, parent, where)
         try:
             wd = self._add_watch(where, kind)
         except OSError as e:
@@ -395,6 +418,9 @@ class WatchTree:
                 log.warning("watch_failed", path=where, error=e.strerror)
             self._real_dirs(holder, where, itself=True)  # a symlink or a file in the way is said
             return False
+        if uid is not None and wd not in self._by_wd:  # a new kernel watch, a capped owner's
+            self._uid_of[wd] = uid
+            self._per_owner[uid] = self._per_owner.get(uid, 0) + 1
         self._bind(wd, holder, parent)
         # The kernel follows symlinks above the last component: one swapped in between the
         # look and the watch is caught here, and the holder dropped (any other holder of that
@@ -403,6 +429,51 @@ class WatchTree:
             self._rm(holder)
             return False
         return True
+
+    def _counted_uid(self, holder: Holder, parent: Path | None, where: str) -> int | None:
+        """The owner a new watch of `where` counts against, or None (no cap, already watched,
+        an uncapped owner). Raises OwnerCap when that owner has its share."""
+        cap = self._per_owner_max
+        if cap is None or self._wd_held(holder, parent) is not None:
+            return None
+        try:
+            uid = os.lstat(where).st_uid
+        except OSError:
+            return None  # the watch fails too, and says why
+        if uid in UNCAPPED:
+            return None
+        if self._per_owner.get(uid, 0) >= cap:
+            polled = self._capped.setdefault(uid, set())
+            if not polled:
+                log.warning(
+                    "watch_owner_cap",
+                    uid=uid,
+                    max_watches_per_owner=cap,
+                    path=where,
+                    fallback="polling",
+                    detail="this owner's further directories are polled",
+                )
+            polled.add(where)
+            raise OwnerCap
+        return uid
+
+    def _disown(self, wd: int) -> None:
+        """A kernel watch ended: its owner's count goes down."""
+        uid = self._uid_of.pop(wd, None)
+        if uid is not None:
+            left = self._per_owner[uid] - 1
+            if left:
+                self._per_owner[uid] = left
+            else:
+                del self._per_owner[uid]
+
+    def capped_owners(self) -> dict[int, dict[str, int]]:
+        """Each owner that reached `max_watches_per_owner`: its watches, and how many of its
+        directories are polled instead (for `deltad status`)."""
+        return {
+            uid: {"watches": self._per_owner.get(uid, 0), "polled": len(polled)}
+            for uid, polled in self._capped.items()
+        }
 
     def _bind(self, wd: int, holder: Holder, parent: Path | None) -> None:
         old = self._wd_held(holder, parent)
@@ -526,6 +597,7 @@ class WatchTree:
             self._by_wd[wd] = rest[0]
             return
         del self._by_wd[wd]
+        self._disown(wd)
         with contextlib.suppress(OSError):  # already gone with its directory
             self._rm_watch(wd)
 
@@ -600,6 +672,7 @@ class WatchTree:
 
     def _forget_wd(self, wd: int, sharing: list[Holder]) -> None:
         del self._by_wd[wd]
+        self._disown(wd)
         for holder in sharing:
             if self._wd_held(holder) == wd:
                 self._record(holder, None, None)

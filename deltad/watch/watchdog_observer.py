@@ -157,9 +157,13 @@ class WatchdogBackend(WatchTree):
     name = "watchdog"
 
     def __init__(
-        self, queue: HintQueue, fallback: PollingLike, max_watches: int | None = None
+        self,
+        queue: HintQueue,
+        fallback: PollingLike,
+        max_watches: int | None = None,
+        max_per_owner: int | None = None,
     ) -> None:
-        super().__init__(queue, fallback, max_watches)
+        super().__init__(queue, fallback, max_watches, max_per_owner)
         self._inbox = _Inbox()
         self._observer: BaseObserver = Observer()
         self._observer.start()

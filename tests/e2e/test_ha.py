@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +40,8 @@ def pair(
     """An active daemon (started first) and a standby, sharing root, state dir, lease and the
     stub's record file; each logs to its own file."""
     shared = tmp / "shared"
-    common = {
-        "state_dir": str(shared / "state"),
-        "ha": {"lease": str(shared / "deltad.lease"), "poll_seconds": 0.1},
-        **settings,
-    }
+    ha = {"lease": str(shared / "deltad.lease"), "poll_seconds": 0.1, **settings.pop("ha", {})}
+    common = {"state_dir": str(shared / "state"), "ha": ha, **settings}
     a_dir, b_dir = tmp / "a", tmp / "b"
     a_dir.mkdir()
     b_dir.mkdir()
@@ -286,3 +286,97 @@ def _until(sock: socket.socket, wanted: str, seen: list[str]) -> list[str]:
     while not any(wanted in m for m in seen):
         seen.append(sock.recv(65536).decode())
     return seen
+
+
+LEASE = 3.0  # seconds: ha.lease_seconds in the frozen-active tests (default 10)
+FROZEN_FOR = 30.0  # seconds the active stays stopped
+
+
+def test_a_frozen_active_is_fenced_and_resumes_nothing_when_it_wakes(tmp_path: Path) -> None:
+    """SIGSTOP the active: it keeps its flock (and here the shared state dir's lock), but its
+    record stops changing; the standby takes the lease over within the lease and resumes the
+    answers written meanwhile. SIGCONT: the old active finds the next epoch in the record,
+    acts on nothing and stops (exit 1); each answer was resumed once."""
+    root = tmp_path / "root"
+    before = root / "before"
+    during = [root / f"during{i}" for i in range(3)]
+    for ws in (before, *during):
+        paused_workspace(ws)
+    with pair(tmp_path, root, ha={"lease_seconds": LEASE}) as (a, b):
+        assert a.proc is not None and b.proc is not None
+        answer(before)
+        wait_for(lambda: metadata_status(before) == "COMPLETED", "the active's resume")
+        a.signal(signal.SIGSTOP)
+        frozen, frozen_at = time.monotonic(), datetime.now(UTC)
+        try:
+            for ws in during:
+                answer(ws, f"answer for {ws.name}")
+            [taken] = b.wait_event("lease_taken")
+            assert taken["how"] == "expired" and taken["epoch"] == 2, taken
+            # by the standby's own log line: the bound, not how fast this test reads logs
+            took = (datetime.fromisoformat(taken["timestamp"]) - frozen_at).total_seconds()
+            assert took <= LEASE + 2, f"the lease was taken {took:.1f}s after the freeze"
+            for ws in during:  # while the old active is still stopped
+                wait_for(lambda ws=ws: metadata_status(ws) == "COMPLETED", f"{ws} resumed")
+            assert b.events("state_dir_lock_held")  # the frozen one holds it: fenced instead
+            wait_for(lambda: time.monotonic() - frozen >= FROZEN_FOR, "the freeze", 60)
+        finally:
+            a.signal(signal.SIGCONT)
+        assert a.proc.wait(60) == 1
+        [lost] = a.events("lease_lost")
+        assert lost["epoch"] == 2 and str(b.proc.pid) in lost["held_by"]
+        doc = status_doc(tmp_path / "shared" / "state")
+        assert doc["role"] == "active" and doc["pid"] == b.proc.pid
+        assert doc["lease"]["epoch"] == 2
+    assert resumes_of(a) == [str(before)]  # nothing after the wake
+    assert sorted(resumes_of(b)) == sorted(map(str, during))
+    workspaces = [r["workspace"] for r in records(a.record)]
+    assert sorted(workspaces) == sorted(map(str, (before, *during)))  # once each
+
+
+def _refused(tmp: Path, root: Path, lease: Path, command: str) -> str:
+    """`deltad check` or `deltad serve` on a config whose lease is `lease`: exit 2 and one
+    line on stderr, which is returned."""
+    d = Daemon(tmp, [root], ha={"lease": str(lease)})
+    done = subprocess.run(
+        [DELTAD, command, "--config", str(d.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("deltad: error: ha.lease: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_a_lease_where_tenants_can_write_is_refused(tmp_path: Path, command: str) -> None:
+    """A tenant who could create, lock or remove the lease could keep every daemon on standby
+    or make two actives: the lease's directory and files are root's, writable by nobody else
+    (OpenSSH's StrictModes)."""
+    root = tmp_path / "root"
+    paused_workspace(root / "ws")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    lease = shared / "deltad.lease"
+    shared.chmod(0o1777)  # like /tmp: anyone may create the lease first
+    line = _refused(tmp_path, root, lease, command)
+    assert f"directory {shared} is writable by its group or others (mode 1777)" in line
+    shared.chmod(0o755)
+    lease.write_text("")
+    os.chown(lease, 65534, 65534)  # a tenant's own lease file
+    assert "is owned by uid 65534, not by root" in _refused(tmp_path, root, lease, command)
+    assert not (tmp_path / "state" / "status.json").exists()
+
+
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_a_directory_planted_as_the_lease_record_is_said_as_it_is(
+    tmp_path: Path, command: str
+) -> None:
+    root = tmp_path / "root"
+    paused_workspace(root / "ws")
+    lease = tmp_path / "shared" / "deltad.lease"
+    (tmp_path / "shared" / "deltad.lease.holder").mkdir(parents=True)
+    line = _refused(tmp_path, root, lease, command)
+    assert line == f"deltad: error: ha.lease: {lease}.holder is a directory"

@@ -11,6 +11,7 @@ condition with a generous deadline (a loaded 2-core machine), never a fixed slee
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import pwd
 import signal
@@ -305,3 +306,108 @@ def test_a_run_on_another_host_whose_job_is_killed_is_interrupted_and_resumed(
     assert sorted(answers) == sorted(
         f"{a} {ws.name}" for a in ("answer", "later answer") for ws in every
     )
+
+
+def test_a_frozen_active_with_jobs_in_flight_is_fenced(
+    slurm_cluster: Cluster,  # noqa: F811
+    owner: User,
+    shared: Path,
+) -> None:
+    """Two daemons on one lease, `executor: slurm`, one daemon id: the active is SIGSTOPped with
+    one job running and one just submitted (or about to be). The standby takes the lease over
+    by expiry, adopts both jobs from Slurm and resumes what is answered meanwhile; SIGCONT: the
+    old active submits nothing and stops. One job per answer."""
+    c = slurm_cluster
+    daemon_id = f"ha{os.getpid()}"
+    root = shared / "root"
+    root.mkdir()
+    wss = [root / f"ws{i}" for i in range(4)]
+    for ws in wss:
+        paused_workspace(ws)
+        chown_tree(ws, owner)
+    rec_dir = shared / "records"
+    rec_dir.mkdir()
+    os.chown(rec_dir, owner.uid, owner.gid)
+    record = rec_dir / "resumes.jsonl"
+    lease_dir = shared / "ha"
+    lease_dir.mkdir(mode=0o755)
+    common = {
+        "wrapper": ["nsenter", f"--net={c.netns()}", "--"],
+        "executor": "slurm",
+        "executors": {
+            "slurm": {
+                "log_dir": str(shared / "logs"),
+                "slurm_conf": str(c.conf),
+                "daemon_id": daemon_id,
+                "poll_every": 0.3,
+            }
+        },
+        "resume_command": stub_command(record, "hold"),
+        "max_parallel_resumes": 8,
+        "ha": {"lease": str(lease_dir / "deltad.lease"), "poll_seconds": 0.1, "lease_seconds": 3},
+    }
+    daemons = []
+    for name in ("a", "b"):
+        (shared / name).mkdir(mode=0o700)
+        daemons.append(Daemon(shared / name, [root], **common))
+    a, b = daemons
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "sk-test"}
+    try:
+        with executable_by_all():
+            a.start(env=env)
+            b.start(env=env, wait=False)
+            b.wait_event("standby", timeout=DEADLINE)
+            answer(wss[0], "answer ws0")
+            wait_for(lambda: job_of(c, daemon_id, wss[0], "RUNNING"), "ws0's job runs", DEADLINE)
+            answer(wss[1], "answer ws1")
+            a.wait_event("resume_queued", workspace=str(wss[1]), timeout=DEADLINE)
+            a.signal(signal.SIGSTOP)  # ws1's submit in flight (or just done) at the freeze
+            try:
+                for ws in wss[2:]:
+                    answer(ws, f"answer {ws.name}")
+                [taken] = b.wait_event("lease_taken", timeout=DEADLINE)
+                assert taken["how"] == "expired", taken
+                b.wait_event("daemon_ready", timeout=DEADLINE)
+                (rec_dir / "resumes.jsonl.go").touch()  # release every held stub
+                os.chown(rec_dir / "resumes.jsonl.go", owner.uid, owner.gid)
+
+                def all_done() -> bool:
+                    return all(metadata_status(ws) == "COMPLETED" for ws in wss)
+
+                wait_for(all_done, "every run COMPLETED while the old active is stopped", 90)
+            finally:
+                a.signal(signal.SIGCONT)
+            assert a.proc is not None and a.proc.wait(DEADLINE) == 1
+            assert a.events("lease_lost")
+            ended = ("COMPLETED", "FAILED")  # FAILED: a resume that found its run taken (75)
+            done = lambda: all(s in ended for _, s, _, _ in jobs_of(c, daemon_id))  # noqa: E731
+            try:
+                wait_for(done, "every job ended in Slurm", DEADLINE)
+            except AssertionError as e:
+                raise AssertionError(f"{e}: {jobs_of(c, daemon_id)}") from None
+    finally:
+        for d in (b, a):
+            if d.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    d.proc.send_signal(signal.SIGCONT)
+                with contextlib.suppress(Exception):
+                    d.stop()
+        out = c.run("squeue", "-h", "--states=all", "-O", "JobID:|,Comment:0")
+        for line in out.stdout.splitlines():
+            job, _, comment = line.partition("|")
+            if f":{daemon_id}:" in comment:
+                c.run("scancel", "--signal=KILL", "--full", job.strip(), check=False)
+
+    jobs = jobs_of(c, daemon_id)
+    per_ws = collections.Counter(ws for _, _, _, ws in jobs)
+    said = {
+        d.log_path.parent.name: [
+            (e["event"], e.get("workspace"), e.get("job"))
+            for e in d.lines()
+            if e.get("event", "").startswith(("resume_", "lease", "slurm_"))
+        ]
+        for d in (a, b)
+    }
+    assert per_ws == {ws: 1 for ws in wss}, (jobs, said)  # none missed, none doubled by the wake
+    assert len(records(record)) == 4
+    assert {e["workspace"] for e in a.events("resume_spawned")} <= {str(wss[0]), str(wss[1])}

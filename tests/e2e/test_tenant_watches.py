@@ -8,6 +8,7 @@ an hour away, so only the victim's own watch can find its answer.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.testing.daemon import Daemon, answer, paused_workspace, running
+from deltad.testing.daemon import DELTAD, Daemon, answer, paused_workspace, running
 
 from ..users import Accounts, accounts, chown_tree, executable_by_all, shared_tmp
 
@@ -111,6 +112,58 @@ def test_another_user_cannot_silence_a_victims_mailbox(world: tuple[Accounts, Pa
         subprocess.run(mallory_user.argv("sh", "-c", link), check=True, timeout=60)
         d.wait_event("workspace_discovered", workspace=str(mallory))
         _victim_served_mallory_refused(d, victim, mallory)
+    finally:
+        d.stop()
+        d.kill_children()
+
+
+def test_a_tenants_directory_flood_is_capped_and_its_workspace_still_served(
+    world: tuple[Accounts, Path],
+) -> None:
+    """Every directory a tenant makes under a root cost root one inotify watch. With
+    `max_watches_per_owner`, its directories take at most that many (said once, and in
+    `deltad status`); the rest is polled, so its workspace is still served."""
+    acc, base = world
+    tenant = acc.user()
+    root = base / "root"
+    home = root / tenant.name
+    home.mkdir(parents=True)
+    for i in range(30):
+        (home / f"d{i:02d}").mkdir()
+    ws = home / "ws"  # walked after the flood: beyond the cap
+    paused_workspace(ws)
+    chown_tree(home, tenant)
+    daemon_home = base / "daemon"
+    daemon_home.mkdir()
+    cap = 10
+    d = Daemon(
+        daemon_home,
+        [{"path": str(root), "backend": "inotify"}],
+        rescan_interval_seconds=NO_RESCAN,
+        max_watches_per_owner=cap,
+        poll_interval_seconds=0.3,
+    )
+    d.record.touch()
+    os.chmod(d.record, 0o666)  # the stand-in client appends as the tenant
+    d.start()
+    try:
+        [said] = d.wait_event("watch_owner_cap")
+        assert said["uid"] == tenant.uid and said["max_watches_per_owner"] == cap
+        more = " ".join(f"'{home}/e{i:02d}'" for i in range(20))  # after READY, by the tenant
+        subprocess.run(tenant.argv("sh", "-c", f"mkdir {more}"), check=True, timeout=60)
+        answer(ws, "the tenant's answer")
+        assert d.wait_resumed(ws)[0]["answer"] == "the tenant's answer"  # polled, still served
+        done = subprocess.run(
+            [DELTAD, "status", "--state-dir", str(d.state_dir), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        doc = json.loads(done.stdout)
+        capped = doc["watch_capped_owners"][str(tenant.uid)]
+        assert capped["watches"] == cap and capped["polled"] >= 21  # 20 + 1 dirs, and ws
+        assert doc["watches"]["inotify"] <= 1 + cap  # the root's own, and the tenant's share
+        assert len(d.events("watch_owner_cap")) == 1
     finally:
         d.stop()
         d.kill_children()

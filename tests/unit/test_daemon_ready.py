@@ -165,29 +165,6 @@ def test_the_index_keeps_every_copy_that_shows_one_request_and_run(tmp_path: Pat
     assert (index.find("r1"), index.find("r2")) == ([], [copies[0]])
 
 
-def test_the_startup_walk_reads_the_backends_events_between_its_slices(
-    service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The kernel's event queue must not overflow while a long startup walk runs (a fanotify
-    mark fills it with every write on the filesystem; an overflow starts a second full
-    reconcile that reads every workspace): events are read between the walk's slices."""
-    total = 450  # more than two slices of 200
-    for i in range(total):
-        paused_workspace(tmp_path / "root" / f"ws{i:03d}")
-    seen_at: list[int] = []
-    process = lifecycle.process
-
-    def reading(svc: Service, backend: object) -> None:
-        seen_at.append(len(svc.registry))
-        process(svc, backend)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(lifecycle, "process", reading)
-    lifecycle.start(service)
-    assert any(0 < found < total for found in seen_at), seen_at  # during the walk, not after
-    assert len(service.registry) == total
-    lifecycle.close_backends(service)
-
-
 def test_the_end_of_the_reads_is_said_when_a_full_reconcile_read_them_first(
     service: Service, tmp_path: Path
 ) -> None:

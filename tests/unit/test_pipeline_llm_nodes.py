@@ -9,7 +9,6 @@ import pytest
 
 from deltad.engine import budget
 from deltad.engine.interviewers import AutoApproveInterviewer, Chain
-from deltad.pipeline import state as pipeline_state
 from deltad.pipeline.fidelity import Stage, compose, resolve_fidelity, resolve_thread
 from deltad.pipeline.stylesheet import (
     StylesheetError,
@@ -144,32 +143,6 @@ def test_summaries_are_deterministic_digests_of_growing_detail() -> None:
     assert high.count("\n- s") == 30 and "- s39: success (note 39)" in high
     assert "hidden" not in low + medium + high
     assert compose("P", "summary:high", "g", "r", context, stages) == high
-
-
-def test_a_step_reads_only_the_new_journal_events(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The run's state is kept up to date, not replayed: every journal event is added to it
-    once over the whole run, so a step's cost does not grow with the steps before it."""
-    n = 60
-    chain = " -> ".join(f"t{i}" for i in range(n))
-    tools = "\n".join(f't{i} [shape=parallelogram, tool_command="true"]' for i in range(n))
-    graph = pipeline_graph(
-        "digraph t {\nstart [shape=Mdiamond]\nexit [shape=Msquare]\n"
-        f"{tools}\nstart -> {chain} -> exit\n}}"
-    )
-    added: list[int] = []
-    real_add = pipeline_state.State.add
-
-    def counting(self: pipeline_state.State, e: object) -> None:
-        added.append(1)
-        real_add(self, e)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(pipeline_state.State, "add", counting)
-    run = Run(tmp_path, graph, ScriptedModel())
-    assert run.drive(Chain(AutoApproveInterviewer())).status == RunStatus.COMPLETED
-    assert len(run.path()) == n + 1
-    assert len(added) <= len(run.journal.events)  # each event once (replaying: ~n² / 2)
 
 
 def test_a_context_cut_is_looked_for_only_since_the_node_began() -> None:

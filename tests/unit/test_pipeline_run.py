@@ -464,34 +464,6 @@ def test_replay_finds_the_node_in_progress_and_the_context() -> None:
     assert replay([], "start").at == "start"
 
 
-# -- each step costs the same: the journal is folded once, not replayed per step --------------
-def test_a_long_chain_folds_each_journal_event_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from deltad.pipeline import state as pipeline_state
-
-    n = 200
-    chain = " -> ".join(f"n{i}" for i in range(n))
-    nodes = "\n".join(f"n{i} [shape=diamond]" for i in range(n))
-    graph = pipeline_graph(
-        f"digraph c {{\nstart [shape=Mdiamond]\nexit [shape=Msquare]\n{nodes}\n"
-        f"start -> {chain} -> exit\n}}\n"
-    )
-    folded = 0
-    add = pipeline_state.State.add
-
-    def counting(self: Any, e: Any) -> None:
-        nonlocal folded
-        folded += 1
-        add(self, e)
-
-    monkeypatch.setattr(pipeline_state.State, "add", counting)
-    run = Run(tmp_path, graph, ScriptedModel())
-    assert run.drive(_queue()).status == RunStatus.COMPLETED
-    assert len(run.path()) == n + 1
-    assert folded <= len(run.journal.events)  # replaying per step would fold ~n²/2 * 3
-
-
 @pytest.mark.parametrize(
     ("status", "attempt", "max_retries", "allow_partial", "expected"),
     [

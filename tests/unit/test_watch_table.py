@@ -294,3 +294,67 @@ def test_one_watch_per_workspace_the_mailbox_or_else_its_parent(
     assert set(backend.paths()) == {root, _mailbox(ws)}
     answer(ws, "in the new mailbox")
     assert _hints_until(backend, ws) == {ws: Why.ANSWER_CLOSED}
+
+
+# -- one owner's share of the watches ----------------------------------------------------------
+class Polled:
+    """The polling fallback, recording what it is handed."""
+
+    def __init__(self) -> None:
+        self.dirs: list[Path] = []
+        self.workspaces: list[Path] = []
+
+    def adopt_workspace(self, ws: Path) -> None:
+        self.workspaces.append(ws)
+
+    def adopt_dir(self, path: Path, levels: int) -> None:
+        self.dirs.append(path)
+
+
+TENANT = 4242  # a uid nobody uses: the directories are chowned to it (the tests run as root)
+
+
+def _owned(path: Path, uid: int = TENANT) -> Path:
+    for p in [path, *path.rglob("*")]:
+        os.lchown(p, uid, uid)
+    return path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: directories of another owner")
+def test_a_tenants_directory_flood_takes_at_most_its_share_of_watches(tmp_path: Path) -> None:
+    """A tenant makes 40 directories and 5 workspaces under a root: its watches stop at the
+    cap, the rest is polled (and said once); root's own directories are not counted."""
+    root = tmp_path / "root"
+    root.mkdir()
+    cap = 10
+    for i in range(40):
+        _owned(_mkdir(root / f"f{i:02d}"))
+    spaces = [_owned(_workspace(root / f"ws{i}")) for i in range(5)]
+    mine = [_workspace(root / f"admin{i}") for i in range(15)]  # root's: never capped
+    polled = Polled()
+    b = InotifyBackend(HintQueue(), polled, None, max_per_owner=cap)
+    try:
+        b.add_root(root, 2)
+        with capture_logs() as logs:
+            layout = b.sync()
+        assert b._per_owner == {TENANT: cap}
+        tenant_dirs = {root / f"f{i:02d}" for i in range(40)}
+        watched_tenant = {p for p in b.paths() if p in tenant_dirs or p in spaces}
+        assert len(watched_tenant) <= cap
+        assert len(polled.dirs) + len(polled.workspaces) == 45 - cap  # every other one polled
+        assert set(polled.dirs) | set(polled.workspaces) | watched_tenant >= tenant_dirs
+        assert all(_mailbox(ws) in b.paths() for ws in mine)
+        assert set(mine) <= layout.workspaces
+        said = [e for e in logs if e["event"] == "watch_owner_cap"]
+        assert len(said) == 1 and said[0]["uid"] == TENANT
+        assert b.capped_owners() == {TENANT: {"watches": cap, "polled": 45 - cap}}
+        for d in sorted(watched_tenant & tenant_dirs)[:5]:  # some go: its share comes back
+            d.rmdir()
+        wait_for(lambda: b.process() or b._per_owner.get(TENANT, 0) <= cap - 5, "watches freed")
+    finally:
+        b.close()
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
