@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import sys
 import threading
@@ -25,45 +24,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .completions import completion, tool_call
+
 if TYPE_CHECKING:
     from .fakescript import Script
 
-_ids = itertools.count(1)
-
-
-def tool_call(
-    name: str, args: dict[str, Any] | str | None = None, id: str | None = None
-) -> dict[str, Any]:
-    arguments = args if isinstance(args, str) else json.dumps(args or {})
-    return {
-        "id": id or f"call_{next(_ids):04d}",
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-
-
-def completion(
-    content: str | None = None,
-    tool_calls: list[dict[str, Any]] | None = None,
-    finish: str | None = None,
-) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    return {
-        "id": f"chatcmpl-{next(_ids)}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": "fake",
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": finish or ("tool_calls" if tool_calls else "stop"),
-            }
-        ],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    }
+__all__ = ["FakeLLM", "Scripted", "completion", "tool_call"]
 
 
 @dataclass

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .fakellm import completion, tool_call
+from .completions import completion, tool_call
 
 MAX_SCRIPT_BYTES = 1 << 20
 EXHAUSTED = "(the fake model's script has no more steps here)"
