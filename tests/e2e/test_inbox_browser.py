@@ -29,6 +29,7 @@ from selenium import webdriver  # noqa: E402 - only once the browser is known to
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 DELTA = str(Path(sys.executable).parent / "delta")
@@ -195,7 +196,8 @@ def test_the_web_inbox_shows_a_questions_context_and_who_may_answer(
         assert "For alice" in item.find_element(By.CSS_SELECTOR, ".respondents").text
         context = item.find_element(By.CSS_SELECTOR, "details.context")
         assert context.get_attribute("open") is None  # folded to one line until opened
-        context.find_element(By.TAG_NAME, "summary").click()
+        summary = (By.CSS_SELECTOR, ".item details.context > summary")
+        WebDriverWait(browser, WAIT).until(EC.element_to_be_clickable(summary)).click()
         WebDriverWait(browser, WAIT).until(
             lambda b: "said ok" in context.text, "the tool call's result"
         )

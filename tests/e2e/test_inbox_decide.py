@@ -11,8 +11,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, metadata_status, wait_for
@@ -172,11 +174,21 @@ def test_an_edit_form_from_the_schema_the_history_and_the_run_view(
         wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed", timeout=WAIT)
         css = "#activity li.answered .diff"
         _until(browser, "the edit in the history", css)
-        entry = browser.find_element(By.CSS_SELECTOR, "#activity li.answered")
-        assert "ada approved with edits deploy" in entry.text, entry.text
-        assert "replicas: 3 → 5" in entry.find_element(By.CSS_SELECTOR, ".diff").text
-        # the run view: the run's messages, its tool call with the output, its question
-        entry.find_element(By.CSS_SELECTOR, "button.run-link").click()
+        # read afresh each time: the history is listed again as the run's events come in
+        entry = "#activity li.answered"
+        WebDriverWait(browser, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda b: (
+                "ada approved with edits deploy" in b.find_element(By.CSS_SELECTOR, entry).text
+                and "replicas: 3 → 5" in b.find_element(By.CSS_SELECTOR, f"{entry} .diff").text
+            ),
+            "the edit's line and its changes",
+        )
+        # the run view: the run's messages, its tool call with the output, its question (the
+        # history may be listed again meanwhile: the button is found afresh when it is clicked)
+        link = (By.CSS_SELECTOR, "#activity li.answered button.run-link")
+        WebDriverWait(browser, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda b: b.find_element(*link).click() or True, "the run view's button clicked"
+        )
         _until(browser, "the run view", "#run-body .transcript")
         view = browser.find_element(By.ID, "run-body")
         assert "COMPLETED" in view.text and "tool call: deploy" in view.text

@@ -341,7 +341,7 @@ def test_the_services_vitals_follow_the_walk_the_reads_and_the_lease(
     svc = Service(config, None, (), clock=clock, resumer=RecordingResumer(config))
     assert health.ready_checks(svc.vitals.health())[0].ok is False
     svc.lease = Lease(config.ha.lease)
-    assert svc.lease.try_take()
+    assert svc.lease.try_take(clock.monotonic())
     lifecycle.start(svc)
     try:
         h = svc.vitals.health()
