@@ -204,18 +204,18 @@ def test_a_key_that_is_not_the_jobs_name_is_not_adopted() -> None:
 @pytest.mark.parametrize(
     ("raw", "words"),
     [
-        ({}, "image is required"),
-        ({**RAW, "imagee": "x"}, "unknown option 'imagee'"),
+        ({}, "image: required"),
+        ({**RAW, "imagee": "x"}, "imagee: unknown option; did you mean 'image'"),
         ({**RAW, "mount_path": "srv/ws"}, "mount_path: expected an absolute path"),
         ({**RAW, "pvc": "Work_Spaces"}, "pvc: 'Work_Spaces' is not a Kubernetes name"),
-        ({**RAW, "namespace": ""}, "namespace: expected a non-empty string"),
+        ({**RAW, "namespace": ""}, "namespace: '' is not a Kubernetes name"),
         ({**RAW, "daemon_id": "a b"}, "daemon_id: 'a b' is not a label value"),
-        ({**RAW, "poll_every": 0}, "poll_every: expected a number >= 0.1"),
-        ({**RAW, "cancel_grace": "10"}, "cancel_grace: expected a number"),
-        ({**RAW, "fs_group": "yes"}, "fs_group: expected true or false"),
-        ({**RAW, "node_selector": ["a"]}, "node_selector: expected a map of strings"),
-        ({**RAW, "image_pull_secrets": "regcred"}, "image_pull_secrets: expected a list"),
-        ({**RAW, "resources": {"limit": {}}}, "resources: expected"),
+        ({**RAW, "poll_every": 0}, "poll_every: Input should be greater than or equal to 0.1"),
+        ({**RAW, "cancel_grace": "10"}, "cancel_grace: Input should be a valid number"),
+        ({**RAW, "fs_group": "yes"}, "fs_group: Input should be a valid boolean"),
+        ({**RAW, "node_selector": ["a"]}, "node_selector: Input should be a map"),
+        ({**RAW, "image_pull_secrets": "regcred"}, "image_pull_secrets: Input should be a list"),
+        ({**RAW, "resources": {"limit": {}}}, "resources.limit: Input should be 'requests' or"),
         ({**RAW, "resources": {"limits": {"memory": "lots"}}}, "not a quantity: memory=lots"),
     ],
 )
@@ -293,12 +293,12 @@ def test_without_the_kubernetes_package_the_config_error_says_what_to_install(
 
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if not installed
     with pytest.raises(ExecutorConfigError, match=r"pip install 'deltad\[kubernetes\]'"):
-        make_kubernetes_executor(RAW)
+        make_kubernetes_executor(OPTIONS)
 
 
 def test_a_kubeconfig_that_cannot_be_read_is_a_one_line_config_error(tmp_path: Path) -> None:
     from deltad.executors.kubernetes import make_kubernetes_executor
 
     with pytest.raises(ExecutorConfigError, match="no cluster to talk to") as e:
-        make_kubernetes_executor({**RAW, "kubeconfig": str(tmp_path / "missing")})
+        make_kubernetes_executor(parse_options({**RAW, "kubeconfig": str(tmp_path / "missing")}))
     assert "\n" not in str(e.value)
