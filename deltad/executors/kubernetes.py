@@ -626,11 +626,13 @@ def api_client(options: KubeOptions) -> Any:
         ) from e
 
 
-def make_kubernetes_executor(options: KubeOptions) -> KubernetesExecutor:
+def make_kubernetes_executor(options: KubeOptions | Mapping[str, Any]) -> KubernetesExecutor:
     """`executor: kubernetes` from its options (validated by the registry through
-    `options_model`); ExecutorConfigError (one line) when it cannot be made."""
+    `options_model`; a mapping, as a direct caller may give, is validated here);
+    ExecutorConfigError (one line) when it cannot be made."""
+    parsed = options if isinstance(options, KubeOptions) else parse_options(options)
     _need_the_package()
-    return KubernetesExecutor(options, api_client(options))
+    return KubernetesExecutor(parsed, api_client(parsed))
 
 
 def _need_the_package() -> None:

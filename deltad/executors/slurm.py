@@ -129,10 +129,10 @@ class JobRow:
 # --- configuration ------------------------------------------------------------------------
 
 
-def make_slurm_executor(options: SlurmOptions) -> SlurmExecutor:
+def make_slurm_executor(options: SlurmOptions | Mapping[str, Any]) -> SlurmExecutor:
     """The executor for `executors: {slurm: OPTIONS}` (validated by the registry through
-    `options_model` when the config is read)."""
-    return SlurmExecutor(options)
+    `options_model` when the config is read; a mapping, as a direct caller may give, here)."""
+    return SlurmExecutor(options if isinstance(options, SlurmOptions) else parse_options(options))
 
 
 def parse_options(options: Mapping[str, Any]) -> SlurmOptions:

@@ -293,12 +293,12 @@ def test_without_the_kubernetes_package_the_config_error_says_what_to_install(
 
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if not installed
     with pytest.raises(ExecutorConfigError, match=r"pip install 'deltad\[kubernetes\]'"):
-        make_kubernetes_executor(OPTIONS)
+        make_kubernetes_executor(RAW)
 
 
 def test_a_kubeconfig_that_cannot_be_read_is_a_one_line_config_error(tmp_path: Path) -> None:
     from deltad.executors.kubernetes import make_kubernetes_executor
 
     with pytest.raises(ExecutorConfigError, match="no cluster to talk to") as e:
-        make_kubernetes_executor(parse_options({**RAW, "kubeconfig": str(tmp_path / "missing")}))
+        make_kubernetes_executor({**RAW, "kubeconfig": str(tmp_path / "missing")})
     assert "\n" not in str(e.value)
