@@ -7,7 +7,7 @@ import os
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import structlog
@@ -46,9 +46,25 @@ def _load(config_path: Path | None, roots: tuple[str, ...]) -> DaemonConfig:
     try:
         return load_config(config_path, roots)
     except ConfigError as e:
-        for problem in e.problems:
-            click.echo(f"deltad: error: {problem}", err=True)
-        sys.exit(EXIT_CONFIG)
+        _refuse(e)
+
+
+def _refuse(e: ConfigError) -> NoReturn:
+    for problem in e.problems:
+        click.echo(f"deltad: error: {problem}", err=True)
+    sys.exit(EXIT_CONFIG)
+
+
+def _preflight(config: DaemonConfig, config_path: Path | None) -> None:
+    """What serve would refuse on this host (preflight.py): one line each, exit 2."""
+    from . import preflight
+
+    if problems := preflight.problems(config, _source(config_path)):
+        _refuse(ConfigError(*problems))
+
+
+def _source(config_path: Path | None) -> str:
+    return str(config_path) if config_path else "configuration"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -75,10 +91,14 @@ def serve(config_path: Path | None, roots: tuple[str, ...], listen: str | None) 
         config = _with_listen(config, listen)
     _trust_lease(config)
     _need_a_root(config)
+    _preflight(config, config_path)
     logs.configure(config.log_level, config.log_format)
     for warning in shared_root_warnings([r.path for r in config.roots]):
         structlog.get_logger("deltad.cli").warning("shared_root", problem=warning)
-    sys.exit(Service(config, config_path, roots).run())
+    try:  # what only starting finds (the port taken, the executor's engine): one line too
+        sys.exit(Service(config, config_path, roots).run())
+    except ConfigError as e:  # found only now: what it says names the key, not the file
+        _refuse(ConfigError(*(f"{_source(config_path)}: {p}" for p in e.problems)))
 
 
 def _with_listen(config: DaemonConfig, listen: str) -> DaemonConfig:
@@ -123,6 +143,7 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     config = _load(config_path, roots)
     _trust_lease(config)
     _need_a_root(config)
+    _preflight(config, config_path)
     click.echo(f"configuration OK ({config_path or 'defaults'})")
     for key, value in config.model_dump(mode="json", exclude={"roots"}).items():
         click.echo(f"  {key}: {value}")
@@ -409,8 +430,4 @@ def _executor_where(kind: str) -> str:
 
 
 def _executor_kind(config: DaemonConfig) -> str:
-    from deltad.executors import resolve
-
-    from .resumer import build_argv
-
-    return resolve(config.executor, build_argv(config.resume_command, Path("/"), None))
+    return config.executor_kind()

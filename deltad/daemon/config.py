@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from deltad import platform
+from deltad import platform, validation
 from deltad.api.config import HttpConfig, NotifyConfig
 
 from .tenancy import Launcher, Policy
@@ -175,12 +175,21 @@ class DaemonConfig(_Strict):
 
     @model_validator(mode="after")
     def _executor(self) -> DaemonConfig:
-        """The chosen executor must load and take its options (checked without starting it)."""
-        if self.executor != "auto":
-            from deltad.executors import registry
+        """The executor resumes will use must load and take its options (checked through its
+        options model, without starting it); `auto` means the one it resolves to."""
+        from deltad.executors import registry
 
-            registry.check_options(self.executor, self.executors.get(self.executor, {}))
+        kind = self.executor_kind()
+        registry.check_options(kind, self.executors.get(kind, {}))
         return self
+
+    def executor_kind(self) -> str:
+        """The executor `executor:` means for this `resume_command` (`auto` resolved)."""
+        from deltad.executors import resolve
+
+        from .resumer import build_argv
+
+        return resolve(self.executor, build_argv(self.resume_command, Path("/"), None))
 
     @model_validator(mode="after")
     def _auto_backends(self) -> DaemonConfig:
@@ -248,17 +257,9 @@ class DaemonConfig(_Strict):
 
 
 def _problems(e: ValidationError, source: str) -> ConfigError:
-    lines = []
-    for err in e.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        lines.append(_printable(f"{source}: {key}: {msg}"))
-    return ConfigError(*lines)
-
-
-def _printable(text: str) -> str:
-    # A key may be any YAML string, newlines included: one problem must stay one line.
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    # A problem of the whole (a model validator's) names its keys itself.
+    lines = validation.problems(e, DaemonConfig)
+    return ConfigError(*(validation.printable(f"{source}: {line}") for line in lines))
 
 
 def _read(path: Path) -> object:

@@ -130,13 +130,9 @@ def run(svc: Service) -> int:
                 # the first try: a lease that cannot be opened is an error
                 lease.try_take(svc.clock.monotonic())
             except LeaseError as e:
-                log.error("lease_unusable", lease=str(lease.path), error=str(e))
-                print(f"deltad: error: ha.lease: {e}", file=sys.stderr)
-                return 2
+                raise ConfigError(f"ha.lease: {e}") from None
             except OSError as e:
-                log.error("lease_unusable", lease=str(lease.path), error=e.strerror)
-                print(f"deltad: error: ha.lease {lease.path}: {e.strerror}", file=sys.stderr)
-                return 1
+                raise ConfigError(f"ha.lease: {lease.path}: {e.strerror}") from None
             if not stand_by(svc, lease, sig_r):
                 return 0
             lease.start(svc.clock.monotonic)
@@ -162,12 +158,15 @@ def _run_active(svc: Service, sig_r: int) -> int:
         log.warning("state_dir_lock_held", error=str(e), detail="fenced by the lease; going on")
         svc.ticks.state_lock = lock  # taken once it stops (`tick`)
     except OSError as e:
-        log.error("state_dir_unusable", path=str(svc.config.state_dir), error=e.strerror)
-        return 1
+        raise ConfigError(f"state_dir: {svc.config.state_dir}: {e.strerror}") from None
+    started = False
     try:
+        # What can refuse the config comes first, before anything runs or logs: one line.
+        _open_inbox(svc)
+        _make_executor(svc)
         _attach_feed(svc)
-        if not _start_inbox(svc):
-            return 2
+        _start_inbox(svc)
+        started = True
         start(svc)
         loop(svc, sig_r)
         if svc.lease is not None and svc.lease.lost:
@@ -175,7 +174,10 @@ def _run_active(svc: Service, sig_r: int) -> int:
         else:
             shutdown(svc)
     finally:
-        _stop_inbox(svc)
+        if started:
+            _stop_inbox(svc)
+        elif svc.http is not None:
+            svc.http.sock.close()  # bound, never served
         svc.feed.close()
         lock.release()
     return 1 if svc.lease is not None and svc.lease.lost else 0
@@ -276,36 +278,48 @@ def _attach_feed(svc: Service) -> None:
         log.warning("feed_log_unusable", path=str(svc.config.state_dir), error=str(e))
 
 
-def _start_inbox(svc: Service) -> bool:
-    """The HTTP server and the notifiers: threads beside the loop, fed by the registry's
-    changes. Started before the first reconcile, which they never wait for."""
+def _make_executor(svc: Service) -> None:
+    """The executor, made (and adopting) before anything else starts: one it cannot make is a
+    config error, one line (`deltad serve` exits 2), not a traceback from the first reconcile."""
+    try:
+        svc.resumer.executor  # noqa: B018 - made on first use
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _open_inbox(svc: Service) -> None:
+    """The HTTP server (its port bound, its certificate loaded) and the notifiers (their
+    secrets read), not yet started. One that cannot be made is a ConfigError (one line;
+    `deltad serve` exits 2)."""
     http, notify = svc.config.http, svc.config.notify
-    context = None
     if http is not None:
         from deltad.api.server import HttpServer, ListenError
 
         try:
             svc.http = HttpServer(http, svc.feed, svc.config.state_dir, svc.vitals)
         except (ListenError, OSError, ValueError) as e:
-            log.error("http_unusable", error=str(e))
-            print(f"deltad: error: {e}", file=sys.stderr)
-            return False
-        svc.http.start()
-        context = svc.http.context
+            said = str(e)  # a certificate's problem names its key already
+            raise ConfigError(said if said.startswith("http.") else f"http.listen: {said}") from e
     if notify is not None and (notify.webhooks or notify.commands):
         from deltad.api.notify import Notifier
 
         quiet = [r.path for r in svc.config.roots if not r.notify]
+        context = svc.http.context if svc.http is not None else None
         try:
             svc.notifier = Notifier(
                 notify, svc.feed, quiet, context, svc.config.state_dir, svc.metrics.deliveries
             )
         except (OSError, ValueError) as e:
-            log.error("notify_unusable", error=str(e))
-            print(f"deltad: error: notify: {e}", file=sys.stderr)
-            return False
+            raise ConfigError(f"notify: {e}") from None
+
+
+def _start_inbox(svc: Service) -> None:
+    """The HTTP server and the notifiers: threads beside the loop, fed by the registry's
+    changes. Started before the first reconcile, which they never wait for."""
+    if svc.http is not None:
+        svc.http.start()
+    if svc.notifier is not None:
         svc.notifier.start()
-    return True
 
 
 def _stop_inbox(svc: Service) -> None:
@@ -444,11 +458,19 @@ def build_backends(svc: Service) -> None:
     for kind in ("fanotify", "inotify", "watchdog"):
         roots = [r for r in config.roots if r.backend == kind]
         if roots:
-            tree = event_backend(
-                kind, svc.queue, poller, config.max_inotify_watches, config.max_watches_per_owner
-            )
-            for r in roots:
-                tree.add_root(r.path, config.discovery_depth)
+            try:
+                tree = event_backend(
+                    kind,
+                    svc.queue,
+                    poller,
+                    config.max_inotify_watches,
+                    config.max_watches_per_owner,
+                )
+                for r in roots:
+                    tree.add_root(r.path, config.discovery_depth)
+            except OSError as e:  # a kernel limit, a privilege: the config asks the impossible
+                where = ", ".join(str(r.path) for r in roots)
+                raise ConfigError(f"roots: backend {kind} cannot watch {where}: {e}") from None
             backends.append(tree)
     for r in config.roots:
         if r.backend == "polling":

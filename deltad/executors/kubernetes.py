@@ -20,17 +20,19 @@ import os
 import re
 import signal
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 import structlog
+from pydantic import AfterValidator, Field, field_validator
 
 from deltad.protocol import exitcodes
 from deltad.protocol.printable import show_path
 
+from .registry import ExecutorOptions, validate
 from .seam import Event, Exit, Handle, Identity, JobSpec, RequestKey, Started, SubmitError
 
 if TYPE_CHECKING:
@@ -65,135 +67,74 @@ class ExecutorConfigError(ValueError):
     """An option of `executors: {kubernetes: ...}` is wrong; the message is one line."""
 
 
-@dataclass(frozen=True)
-class KubeOptions:
+Seconds = Annotated[float, Field(ge=0, strict=True)]
+DnsName = Annotated[str, AfterValidator(lambda v: _dns_name(v))]
+
+
+class KubeOptions(ExecutorOptions):
     """The options under `executors: {kubernetes: {...}}` (README and docs/daemon.md)."""
 
-    image: str
-    pvc: str  # a ReadWriteMany claim holding the workspaces
+    image: str = Field(min_length=1)
+    pvc: DnsName  # a ReadWriteMany claim holding the workspaces
     mount_path: PurePosixPath  # where the claim's root is, on this host and in every pod
-    namespace: str = "default"
+    namespace: DnsName = "default"
     daemon_id: str = "deltad"  # a label value: this daemon's Jobs, among others'
-    service_account: str | None = None  # the resume pods' account (no API token mounted)
-    env_from_secret: str | None = None  # the Secret that carries the model API key etc.
-    resources: Mapping[str, dict[str, str]] = field(default_factory=dict)
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    image_pull_secrets: tuple[str, ...] = ()
-    supplemental_groups: tuple[int, ...] = ()  # gids every Job gets besides the owner's own
-    fs_group: bool = False  # set the pod's fsGroup to the owner's gid (see docs: it can chown)
-    cancel_grace: float = 10.0  # terminationGracePeriodSeconds
-    deadline_margin: float = 600.0  # activeDeadlineSeconds = resume timeout + this
-    ttl_after_finished: int = 86400  # seconds a finished Job stays if no daemon deletes it
-    poll_every: float = 5.0  # one list of Jobs per this many seconds
-    request_timeout: float = 10.0  # seconds per API call
-    kubeconfig: str | None = None  # None: in-cluster when run in a pod, else ~/.kube/config
+    service_account: DnsName | None = None  # the resume pods' account (no API token mounted)
+    env_from_secret: DnsName | None = None  # the Secret that carries the model API key etc.
+    resources: dict[Literal["requests", "limits"], dict[str, str]] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    image_pull_secrets: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    # gids every Job gets besides the owner's own (numeric: no accounts in the image)
+    supplemental_groups: tuple[Annotated[int, Field(gt=0, lt=1 << 32, strict=True)], ...] = ()
+    fs_group: bool = Field(default=False, strict=True)  # the pod's fsGroup: the owner's gid
+    cancel_grace: Seconds = 10.0  # terminationGracePeriodSeconds
+    deadline_margin: Seconds = 600.0  # activeDeadlineSeconds = resume timeout + this
+    ttl_after_finished: int = Field(default=86400, ge=0, strict=True)  # if no daemon deletes it
+    poll_every: float = Field(default=5.0, ge=0.1, strict=True)  # one list of Jobs per this
+    request_timeout: float = Field(default=10.0, ge=0.1, strict=True)  # seconds per API call
+    kubeconfig: str | None = Field(default=None, min_length=1)  # None: in-cluster, or default
+
+    @field_validator("mount_path", mode="before")
+    @classmethod
+    def _absolute(cls, v: object) -> object:
+        if not isinstance(v, str) or not v.startswith("/") or ".." in PurePosixPath(v).parts:
+            raise ValueError("expected an absolute path")
+        return v
+
+    @field_validator("daemon_id")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        if not _LABEL_VALUE.match(v):
+            raise ValueError(f"{v!r} is not a label value (up to 63 of A-Z a-z 0-9 - _ .)")
+        return v
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _quantities(cls, v: object) -> object:
+        if not isinstance(v, Mapping):
+            return v
+        parsed: dict[object, object] = {}
+        for part, amounts in v.items():
+            if not isinstance(amounts, Mapping):
+                parsed[part] = amounts  # the model says what it expected
+                continue
+            shown = {k: str(n) for k, n in amounts.items()}
+            bad = [f"{k}={n}" for k, n in shown.items() if not _QUANTITY.match(n)]
+            if bad:
+                raise ValueError(f"{part}: not a quantity: {', '.join(bad)}")
+            parsed[part] = shown
+        return parsed
 
 
-_KNOWN = {f for f in KubeOptions.__dataclass_fields__}
-
-
-def _text(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
-    value = raw.get(key, default)
-    if value is None or (isinstance(value, str) and value):
-        return value
-    raise ExecutorConfigError(f"executors.kubernetes.{key}: expected a non-empty string")
-
-
-def _number(raw: Mapping[str, Any], key: str, default: float, low: float) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
-        raise ExecutorConfigError(f"executors.kubernetes.{key}: expected a number >= {low}")
-    return float(value)
-
-
-def _str_map(raw: Mapping[str, Any], key: str) -> dict[str, str]:
-    value = raw.get(key) or {}
-    if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise ExecutorConfigError(f"executors.kubernetes.{key}: expected a map of strings")
-    return dict(value)
-
-
-def _resources(raw: Mapping[str, Any]) -> dict[str, dict[str, str]]:
-    value = raw.get("resources") or {}
-    if not isinstance(value, Mapping) or set(value) - {"requests", "limits"}:
-        raise ExecutorConfigError(
-            "executors.kubernetes.resources: expected {requests: {...}, limits: {...}}"
-        )
-    parsed = {}
-    for part, amounts in value.items():
-        amounts = {k: str(v) for k, v in (amounts or {}).items()}
-        bad = [f"{k}={v}" for k, v in amounts.items() if not _QUANTITY.match(v)]
-        if bad:
-            raise ExecutorConfigError(
-                f"executors.kubernetes.resources.{part}: not a quantity: {', '.join(bad)}"
-            )
-        parsed[part] = amounts
-    return parsed
-
-
-def _dns_name(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
-    value = _text(raw, key, default)
-    if value is not None and not _DNS_1123.match(value):
-        raise ExecutorConfigError(
-            f"executors.kubernetes.{key}: {value!r} is not a Kubernetes name (a-z, 0-9, -)"
-        )
+def _dns_name(value: str) -> str:
+    if not _DNS_1123.match(value):
+        raise ValueError(f"{value!r} is not a Kubernetes name (a-z, 0-9, -)")
     return value
 
 
 def parse_options(raw: Mapping[str, Any]) -> KubeOptions:
-    """The options, checked: a wrong one is a one-line `ExecutorConfigError`."""
-    if not isinstance(raw, Mapping):
-        raise ExecutorConfigError("executors.kubernetes: expected a map of options")
-    unknown = sorted(set(raw) - _KNOWN)
-    if unknown:
-        raise ExecutorConfigError(f"executors.kubernetes: unknown option {unknown[0]!r}")
-    for required in ("image", "pvc", "mount_path"):
-        if required not in raw:
-            raise ExecutorConfigError(f"executors.kubernetes.{required} is required")
-    mount = _text(raw, "mount_path", None) or ""
-    if not mount.startswith("/") or ".." in PurePosixPath(mount).parts:
-        raise ExecutorConfigError("executors.kubernetes.mount_path: expected an absolute path")
-    daemon_id = _text(raw, "daemon_id", "deltad") or ""
-    if not _LABEL_VALUE.match(daemon_id):
-        raise ExecutorConfigError(
-            f"executors.kubernetes.daemon_id: {daemon_id!r} is not a label value "
-            "(up to 63 of A-Z a-z 0-9 - _ .)"
-        )
-    pull = raw.get("image_pull_secrets") or []
-    if not isinstance(pull, list) or not all(isinstance(p, str) and p for p in pull):
-        raise ExecutorConfigError("executors.kubernetes.image_pull_secrets: expected a list")
-    groups = raw.get("supplemental_groups") or []
-    if not isinstance(groups, list) or not all(
-        isinstance(g, int) and not isinstance(g, bool) and 0 < g < 1 << 32 for g in groups
-    ):
-        raise ExecutorConfigError(
-            "executors.kubernetes.supplemental_groups: expected a list of numeric gids (not 0)"
-        )
-    fs_group = raw.get("fs_group", False)
-    if not isinstance(fs_group, bool):
-        raise ExecutorConfigError("executors.kubernetes.fs_group: expected true or false")
-    return KubeOptions(
-        image=_text(raw, "image", None) or "",
-        pvc=_dns_name(raw, "pvc", None) or "",
-        mount_path=PurePosixPath(mount),
-        namespace=_dns_name(raw, "namespace", "default") or "default",
-        daemon_id=daemon_id,
-        service_account=_dns_name(raw, "service_account", None),
-        env_from_secret=_dns_name(raw, "env_from_secret", None),
-        resources=_resources(raw),
-        node_selector=_str_map(raw, "node_selector"),
-        image_pull_secrets=tuple(pull),
-        supplemental_groups=tuple(groups),
-        fs_group=fs_group,
-        cancel_grace=_number(raw, "cancel_grace", 10.0, 0),
-        deadline_margin=_number(raw, "deadline_margin", 600.0, 0),
-        ttl_after_finished=int(_number(raw, "ttl_after_finished", 86400, 0)),
-        poll_every=_number(raw, "poll_every", 5.0, 0.1),
-        request_timeout=_number(raw, "request_timeout", 10.0, 0.1),
-        kubeconfig=_text(raw, "kubeconfig", None),
-    )
+    """The options, checked: a wrong one is a one-line `ExecutorConfigError` naming the key."""
+    return validate(KubeOptions, NAME, raw, ExecutorConfigError)
 
 
 # -- the key, kept in an annotation so a restarted daemon can rebuild it ---------------------
@@ -722,20 +663,34 @@ def api_client(options: KubeOptions) -> Any:
         return config.new_client_from_config(config_file=options.kubeconfig)  # type: ignore[no-untyped-call]
     except Exception as e:
         raise ExecutorConfigError(
-            f"executor kubernetes: no cluster to talk to: {_one_line(e)}"
+            f"executors.kubernetes.kubeconfig: no cluster to talk to: {_one_line(e)}"
         ) from e
 
 
-def make_kubernetes_executor(options: Mapping[str, Any]) -> KubernetesExecutor:
-    """`executor: kubernetes` from its options; ExecutorConfigError (one line) when it cannot be."""
-    parsed = parse_options(options)
+def make_kubernetes_executor(options: KubeOptions | Mapping[str, Any]) -> KubernetesExecutor:
+    """`executor: kubernetes` from its options (validated by the registry through
+    `options_model`; a mapping, as a direct caller may give, is validated here);
+    ExecutorConfigError (one line) when it cannot be made."""
+    parsed = options if isinstance(options, KubeOptions) else parse_options(options)
+    _need_the_package()
+    return KubernetesExecutor(parsed, api_client(parsed))
+
+
+def _need_the_package() -> None:
     try:
         import kubernetes  # noqa: F401
     except ImportError as e:
         raise ExecutorConfigError(
             "executor: kubernetes needs the kubernetes package: pip install 'deltad[kubernetes]'"
         ) from e
-    return KubernetesExecutor(parsed, api_client(parsed))
 
 
-make_kubernetes_executor.check_options = parse_options  # type: ignore[attr-defined]
+def preflight(options: KubeOptions) -> None:
+    """What `serve` would fail on, checked without calling the cluster: the package, and a
+    client made from the kubeconfig (or the pod's service account)."""
+    _need_the_package()
+    api_client(options)
+
+
+make_kubernetes_executor.options_model = KubeOptions  # type: ignore[attr-defined]
+make_kubernetes_executor.preflight = preflight  # type: ignore[attr-defined]

@@ -26,14 +26,17 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
+from pydantic import ConfigDict, Field, field_validator
 
 from deltad.protocol.printable import show_path
+from deltad.validation import dir_problem
 
+from .registry import ExecutorOptions, validate
 from .seam import (
     Event,
     Exit,
@@ -69,18 +72,54 @@ class SlurmConfigError(ValueError):
     """`executors: {slurm: ...}` is unusable; the message is one line."""
 
 
-@dataclass(frozen=True)
-class SlurmOptions:
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+class SlurmOptions(ExecutorOptions):
+    """The options under `executors: {slurm: {...}}` (README and docs/daemon.md)."""
+
+    model_config = ConfigDict(populate_by_name=True)  # keys as written, or the field names
+
     log_dir: Path  # per-owner 0700 directories of job logs, on the shared filesystem
-    daemon_id: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    daemon_id: str = Field(default_factory=_short_hostname)
     partition: str | None = None
     account: str | None = None
     extra_args: tuple[str, ...] = ()  # more sbatch options, e.g. ("--qos=hitl",)
-    poll_every: float = 0.5
-    time_margin: float = 300.0  # added to the resume timeout for Slurm's --time backstop
-    command_timeout: float = 30.0
+    poll_every: float = Field(default=0.5, ge=0.05, strict=True)
+    # added to the resume timeout for Slurm's --time backstop
+    time_margin: float = Field(default=300.0, ge=0, strict=True, alias="time_margin_seconds")
+    command_timeout: float = Field(default=30.0, ge=1, strict=True, alias="command_timeout_seconds")
     slurm_conf: Path | None = None  # SLURM_CONF for the commands; None: Slurm's default
     bin_dir: Path | None = None  # where sbatch & co. are; None: the daemon's PATH
+
+    @field_validator("log_dir", "slurm_conf", "bin_dir", mode="before")
+    @classmethod
+    def _absolute(cls, v: object) -> object:
+        if not isinstance(v, str | Path) or not str(v).startswith("/"):
+            raise ValueError("an absolute path")
+        return v
+
+    @field_validator("log_dir")
+    @classmethod
+    def _no_patterns(cls, v: Path) -> Path:
+        if "%" in str(v) or "\\" in str(v):  # sbatch's filename patterns
+            raise ValueError("'%' and '\\' are not allowed")
+        return v
+
+    @field_validator("daemon_id")
+    @classmethod
+    def _daemon_id(cls, v: str) -> str:
+        if not _DAEMON_ID.fullmatch(v):
+            raise ValueError("1 to 64 of letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("partition", "account")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and (not v or any(c.isspace() for c in v)):
+            raise ValueError("a name without spaces")
+        return v
 
 
 @dataclass(frozen=True)
@@ -99,70 +138,38 @@ class JobRow:
 
 # --- configuration ------------------------------------------------------------------------
 
-_OPTION_KEYS = {
-    "log_dir", "daemon_id", "partition", "account", "extra_args", "poll_every",
-    "time_margin_seconds", "command_timeout_seconds", "slurm_conf", "bin_dir",
-}  # fmt: skip
 
-
-def make_slurm_executor(options: Mapping[str, Any]) -> SlurmExecutor:
-    """The executor for `executors: {slurm: OPTIONS}`; `SlurmConfigError` says what is wrong."""
-    return SlurmExecutor(parse_options(options))
+def make_slurm_executor(options: SlurmOptions | Mapping[str, Any]) -> SlurmExecutor:
+    """The executor for `executors: {slurm: OPTIONS}` (validated by the registry through
+    `options_model` when the config is read; a mapping, as a direct caller may give, here)."""
+    return SlurmExecutor(options if isinstance(options, SlurmOptions) else parse_options(options))
 
 
 def parse_options(options: Mapping[str, Any]) -> SlurmOptions:
-    unknown = sorted(set(options) - _OPTION_KEYS)
-    if unknown:
-        raise SlurmConfigError(f"executors.slurm: unknown option {unknown[0]!r}")
-    log_dir = _path(options, "log_dir", required=True)
-    assert log_dir is not None
-    if "%" in str(log_dir) or "\\" in str(log_dir):
-        raise SlurmConfigError("executors.slurm.log_dir: '%' and '\\' are not allowed")
-    daemon_id = options.get("daemon_id", socket.gethostname().split(".")[0])
-    if not isinstance(daemon_id, str) or not _DAEMON_ID.fullmatch(daemon_id):
-        raise SlurmConfigError(
-            "executors.slurm.daemon_id: 1 to 64 of letters, digits, '.', '_' or '-'"
-        )
-    extra = options.get("extra_args", [])
-    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
-        raise SlurmConfigError("executors.slurm.extra_args: a list of strings")
-    return SlurmOptions(
-        log_dir=log_dir,
-        daemon_id=daemon_id,
-        partition=_text(options, "partition"),
-        account=_text(options, "account"),
-        extra_args=tuple(extra),
-        poll_every=_seconds(options, "poll_every", 0.5, minimum=0.05),
-        time_margin=_seconds(options, "time_margin_seconds", 300.0, minimum=0.0),
-        command_timeout=_seconds(options, "command_timeout_seconds", 30.0, minimum=1.0),
-        slurm_conf=_path(options, "slurm_conf"),
-        bin_dir=_path(options, "bin_dir"),
-    )
+    """The options, checked: a wrong one is a one-line `SlurmConfigError` naming the key."""
+    return validate(SlurmOptions, NAME, options, SlurmConfigError)
 
 
-def _text(options: Mapping[str, Any], key: str) -> str | None:
-    value = options.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or any(c.isspace() for c in value):
-        raise SlurmConfigError(f"executors.slurm.{key}: a name without spaces")
-    return value
+def preflight(options: SlurmOptions) -> None:
+    """What `serve` would fail on, checked without running anything: the log directory can be
+    made or written, Slurm's commands are there, the named slurm.conf is a file."""
+    if (problem := dir_problem(options.log_dir)) is not None:
+        raise SlurmConfigError(f"executors.slurm.log_dir: {problem}")
+    if options.slurm_conf is not None and not options.slurm_conf.is_file():
+        raise SlurmConfigError(f"executors.slurm.slurm_conf: {options.slurm_conf} is no file")
+    for tool in ("sbatch", "squeue", "scancel"):
+        if options.bin_dir is not None:
+            if not os.access(options.bin_dir / tool, os.X_OK):
+                raise SlurmConfigError(f"executors.slurm.bin_dir: no {tool} in {options.bin_dir}")
+        elif shutil.which(tool) is None:
+            raise SlurmConfigError(
+                f"executors.slurm.bin_dir: {tool} is not on PATH (install Slurm's client "
+                "commands, or set bin_dir)"
+            )
 
 
-def _seconds(options: Mapping[str, Any], key: str, default: float, minimum: float) -> float:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise SlurmConfigError(f"executors.slurm.{key}: a number of seconds >= {minimum:g}")
-    return float(value)
-
-
-def _path(options: Mapping[str, Any], key: str, required: bool = False) -> Path | None:
-    value = options.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value.startswith("/"):
-        raise SlurmConfigError(f"executors.slurm.{key}: an absolute path")
-    return Path(value)
+make_slurm_executor.options_model = SlurmOptions  # type: ignore[attr-defined]
+make_slurm_executor.preflight = preflight  # type: ignore[attr-defined]
 
 
 # --- pure decisions -----------------------------------------------------------------------

@@ -23,10 +23,9 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from .errors import UnsafeFile
 
@@ -125,13 +124,21 @@ def _open_sub(d: Dir, name: str, full: Path, create: bool) -> int:
     return os.open(name, flags, dir_fd=d.fd)
 
 
+# CPython's pathlib up to 3.11 joins a child without parsing it (private, hence looked up, not
+# called by name); 3.12 rewrote pathlib: there is none, and `child` falls back to the plain join.
+_UNPARSED_CHILD: Callable[[Path, str], Path] | None = getattr(Path, "_make_child_relpath", None)
+
+
 def child(path: Path, name: str) -> Path:
     """`path / name` without interning `name`: pathlib interns every part it parses, and a
     run id joined so at each read of a workspace, though let go at once, grew the
     interpreter's table of interned strings, which never shrinks (deltad: ~190 bytes per
-    workspace). CPython's pathlib has an unparsed child; where it has not, the plain join."""
-    unparsed = getattr(path, "_make_child_relpath", None)
-    return path / name if unparsed is None else cast(Path, unparsed(name))
+    workspace). Where pathlib has no unparsed child (3.12 and later), the plain join: there
+    every path parsed interns its parts anyway, so a run id read is interned once (one entry
+    per run, not per read; tests/unit/test_daemon_memory.py)."""
+    if _UNPARSED_CHILD is None:
+        return path / name
+    return _UNPARSED_CHILD(path, name)
 
 
 def _walk_error(e: OSError, path: Path) -> Exception:

@@ -80,7 +80,11 @@ def test_check_names_the_executor_and_where_it_comes_from(
 @pytest.mark.parametrize(
     ("settings", "says"),
     [
-        ({"executor": "toy", "executors": {"toy": {"colour": 1}}}, "unknown option 'colour'"),
+        ({"executor": "toy", "executors": {"toy": {"colour": 1}}}, "toy.colour: unknown option"),
+        (
+            {"executor": "toy", "executors": {"toy": {"jurnal": "/j"}}},
+            "executors.toy.jurnal: unknown option; did you mean 'journal'?",
+        ),
         ({"executor": "nope"}, "unknown executor 'nope'"),
         ({"executor": "fresh", "executors": {"fresh": {"x": 1}}}, "takes no options (got x)"),
     ],

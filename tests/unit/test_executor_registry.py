@@ -171,8 +171,19 @@ def test_a_missing_optional_dependency_fails_only_when_chosen(
         pytest.param(
             "fork", {"x": 1}, "executors.fork: takes no options (got x)", marks=LINUX_ONLY
         ),
-        ("kubernetes", {"image": "i"}, "executors.kubernetes: unknown option"),
-        ("kubernetes", {"image": "i", "pvc": "p"}, "executors.kubernetes.mount_path is required"),
+        ("kubernetes", {"image": "i"}, "executors.kubernetes.colour: unknown option"),
+        ("kubernetes", {"image": "i", "pvc": "p"}, "executors.kubernetes.mount_path: required"),
+        (
+            "kubernetes",
+            {"image": "i", "namespce": "x"},
+            "executors.kubernetes.namespce: unknown option; did you mean 'namespace'?",
+        ),
+        ("slurm", {}, "executors.slurm.log_dir: required"),
+        (
+            "slurm",
+            {"log_dir": "/l", "partiton": "p"},
+            "executors.slurm.partiton: unknown option; did you mean 'partition'?",
+        ),
         (f"{HERE}:make_fake", {"size": 1}, "executors.fakejobs: unknown option"),
         ("nope", {}, "unknown executor 'nope'"),
     ],
@@ -181,10 +192,57 @@ def test_bad_options_are_refused_by_the_config_without_starting_anything(
     tmp_path: Path, executor: str, options: dict[str, Any], says: str
 ) -> None:
     if executor == "kubernetes" and "mount_path" not in says:
-        options = {**options, "pvc": "p", "mount_path": "/w", "colour": "red"}
+        options = {"pvc": "p", "mount_path": "/w", "colour": "red", **options}
+        if "namespce" in options:
+            del options["colour"]
     raw = {"state_dir": str(tmp_path), "executor": executor, "executors": {executor: options}}
     with pytest.raises(ValidationError, match=re.escape(says)):
         DaemonConfig.model_validate(raw)
+
+
+@LINUX_ONLY
+def test_auto_checks_the_options_of_the_executor_it_resolves_to(tmp_path: Path) -> None:
+    raw = {"state_dir": str(tmp_path), "executors": {"fork": {"x": 1}}}  # auto: fork here
+    with pytest.raises(ValidationError, match=re.escape("executors.fork: takes no options")):
+        DaemonConfig.model_validate(raw)
+
+
+class FakeOptions(registry.ExecutorOptions):
+    colour: str = "blue"
+
+
+def make_modelled(options: FakeOptions) -> FakeJobs:
+    made = FakeJobs()
+    made.name = options.colour  # what the factory was given, for the test to see
+    return made
+
+
+make_modelled.options_model = FakeOptions  # type: ignore[attr-defined]
+
+
+def make_badly_modelled(options: object) -> FakeJobs:
+    return FakeJobs()
+
+
+make_badly_modelled.options_model = dict  # type: ignore[attr-defined]
+
+
+def test_a_factory_with_an_options_model_gets_the_models_instance(tmp_path: Path) -> None:
+    made = make_executor(f"{HERE}:make_modelled", {"colour": "red"}, tmp_path)
+    assert made.name == "red"
+    assert make_executor(f"{HERE}:make_modelled", {}, tmp_path).name == "blue"  # defaults
+    with pytest.raises(ValueError, match=r"\.color: unknown option; did you mean 'colour'\?$"):
+        make_executor(f"{HERE}:make_modelled", {"color": "red"}, tmp_path)
+
+
+def test_a_factory_without_a_model_gets_the_mapping_as_written(tmp_path: Path) -> None:
+    parsed = registry.check_options(f"{HERE}:make_fake", {"colour": "red"})
+    assert parsed == {"colour": "red"}
+
+
+def test_an_options_model_that_is_no_pydantic_model_is_one_line() -> None:
+    with pytest.raises(registry.UnknownExecutor, match="its options_model is no pydantic model"):
+        registry.check_options(f"{HERE}:make_badly_modelled", {})
 
 
 def test_options_of_an_executor_not_chosen_are_not_its_business(tmp_path: Path) -> None:

@@ -164,7 +164,7 @@ def test_sbatch_argv_runs_as_the_owner_in_the_workspace_without_env_values() -> 
 
 
 def test_a_spec_log_path_is_used_as_given() -> None:
-    argv = sbatch_argv("sbatch", spec(log=Path("/shared/x.log")), SlurmOptions(Path("/l")))
+    argv = sbatch_argv("sbatch", spec(log=Path("/shared/x.log")), SlurmOptions(log_dir=Path("/l")))
     assert "--output=/shared/x.log" in argv
 
 
@@ -179,10 +179,14 @@ def test_the_script_quotes_every_byte_and_reads_no_stdin() -> None:
 @pytest.mark.parametrize(
     ("options", "error"),
     [
-        ({}, "executors.slurm.log_dir: an absolute path"),
+        ({}, "executors.slurm.log_dir: required"),
         ({"log_dir": "logs"}, "executors.slurm.log_dir: an absolute path"),
         ({"log_dir": "/l/%u"}, "executors.slurm.log_dir: '%' and '\\' are not allowed"),
-        ({"log_dir": "/l", "bogus": 1}, "executors.slurm: unknown option 'bogus'"),
+        ({"log_dir": "/l", "bogus": 1}, "executors.slurm.bogus: unknown option"),
+        (
+            {"log_dir": "/l", "partiton": "p"},
+            "executors.slurm.partiton: unknown option; did you mean 'partition'?",
+        ),
         (
             {"log_dir": "/l", "daemon_id": "a b"},
             "executors.slurm.daemon_id: 1 to 64 of letters, digits, '.', '_' or '-'",
@@ -190,15 +194,15 @@ def test_the_script_quotes_every_byte_and_reads_no_stdin() -> None:
         ({"log_dir": "/l", "partition": "a b"}, "executors.slurm.partition: a name without spaces"),
         (
             {"log_dir": "/l", "extra_args": "--qos=x"},
-            "executors.slurm.extra_args: a list of strings",
+            "executors.slurm.extra_args: Input should be a list",
         ),
         (
             {"log_dir": "/l", "poll_every": 0},
-            "executors.slurm.poll_every: a number of seconds >= 0.05",
+            "executors.slurm.poll_every: Input should be greater than or equal to 0.05",
         ),
         (
             {"log_dir": "/l", "poll_every": True},
-            "executors.slurm.poll_every: a number of seconds >= 0.05",
+            "executors.slurm.poll_every: Input should be a valid number",
         ),
         (
             {"log_dir": "/l", "slurm_conf": "etc/slurm.conf"},

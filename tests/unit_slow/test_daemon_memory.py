@@ -18,7 +18,7 @@ from deltad.daemon.reconcile import Action, State, Verdict
 from deltad.daemon.registry import Registry
 from deltad.daemon.tenancy import Policy
 from deltad.inbox.feed import Feed
-from deltad.protocol import RunStatus, Workspace, load_metadata
+from deltad.protocol import RunStatus, Workspace, load_metadata, safefs
 from deltad.protocol.errors import CorruptFile
 from deltad.testing.kernel import FakeKernelTree
 from deltad.testing.stub import paused_workspace
@@ -27,8 +27,10 @@ WORKSPACES = 2000
 # bytes per idle workspace, allocations only: 2,281 before the first watch table cut, 1,785
 # after, 1,128 once the registry and the index shared one view per workspace, 764 with the
 # watch table keyed by the workspace too (781 in a worker that ran other tests first: the
-# interpreter's own tables resize in steps)
-BUDGET = 880
+# interpreter's own tables resize in steps). Per version: from 3.12 pathlib's objects are
+# larger (each path keeps its raw segments and its parsed parts, a list each): 929 on 3.13
+# (.ci/py313), where 3.11 has 763; 3.12 has 3.13's pathlib and takes its budget.
+BUDGET = 880 if sys.version_info < (3, 12) else 1070
 
 
 def paused(root: Path, n: int) -> list[Verdict]:
@@ -63,7 +65,8 @@ def test_an_idle_workspace_costs_under_the_budget(tmp_path: Path) -> None:
     try:
         before = tracemalloc.get_traced_memory()[0]
         layout = tree.sync()
-        for ws in sorted(layout.workspaces):
+        # Unsorted: from 3.12 a comparison caches each path's parts (not interned) for good.
+        for ws in layout.workspaces:
             registry.add(ws, quiet=True)
             registry.observe(ws, verdicts[int(ws.name[2:])], quiet=True)
         gc.collect()
@@ -75,6 +78,11 @@ def test_an_idle_workspace_costs_under_the_budget(tmp_path: Path) -> None:
     assert kept / WORKSPACES <= BUDGET, f"{kept / WORKSPACES:.0f} bytes per idle workspace"
 
 
+@pytest.mark.skipif(
+    safefs._UNPARSED_CHILD is None,
+    reason="pathlib (3.12 and later) interns every part of every path it parses: no join "
+    "avoids it (the fallback is tested below)",
+)
 def test_reading_a_paused_workspace_interns_no_run_id(tmp_path: Path) -> None:
     """pathlib interns every part it parses: a run id per read grew the interpreter's table of
     interned strings for good. The owner check, the run's paths and the safe walk down to its
@@ -84,7 +92,28 @@ def test_reading_a_paused_workspace_interns_no_run_id(tmp_path: Path) -> None:
     run_id = "".join(chars)  # one of its own, as read from LATEST
     tenancy.check(ws, run_id, Policy())
     meta = load_metadata(tenancy.run_paths(Workspace(ws), run_id).metadata)
-    assert sys.intern("".join(chars)) is not run_id, "the run id was interned"
+    fresh = "".join(chars)
+    assert sys.intern(fresh) is fresh, "the run id (or a copy of it) was interned"
+    assert meta.run_id == run_id
+    with pytest.raises(CorruptFile, match="is not a run id"):
+        tenancy.run_paths(Workspace(ws), "../elsewhere")
+
+
+def test_without_the_unparsed_child_a_workspace_reads_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback where pathlib has no unparsed child (3.12 and later), forced on any
+    version: the same paths, the same reads, the same refusals."""
+    ws = tmp_path / "ws"
+    run_id = "".join(paused_workspace(ws))
+    runs = Workspace(ws).runs_dir
+    unparsed = safefs.child(runs, run_id)
+    monkeypatch.setattr(safefs, "_UNPARSED_CHILD", None)
+    joined = safefs.child(runs, run_id)
+    assert joined == unparsed == runs / run_id and str(joined) == str(runs / run_id)
+    assert joined.name == run_id and joined.parent == runs
+    tenancy.check(ws, run_id, Policy())
+    meta = load_metadata(tenancy.run_paths(Workspace(ws), run_id).metadata)
     assert meta.run_id == run_id
     with pytest.raises(CorruptFile, match="is not a run id"):
         tenancy.run_paths(Workspace(ws), "../elsewhere")

@@ -49,8 +49,10 @@ def _theirs() -> list[tracemalloc.Filter]:
     """The workspaces' own costs: their `Path`s (made by the walk) and the hash a `Path`
     caches when first put in a dict or set (the registry's dict would cache it too)."""
     lines, first = inspect.getsourcelines(pathlib.PurePath.__hash__)
+    # Any frame: from 3.12 the hash is of the path's string, made (parsed, joined) when first
+    # hashed, below `__hash__` in pathlib's own lines.
     hashing = [
-        tracemalloc.Filter(False, pathlib.__file__, lineno=n)
+        tracemalloc.Filter(False, inspect.getfile(pathlib.PurePath), lineno=n, all_frames=True)
         for n in range(first, first + len(lines))
     ]
     return [tracemalloc.Filter(False, "*/deltad/watch/discovery.py", all_frames=True), *hashing]

@@ -1,8 +1,11 @@
 """A toy `JobExecutor`: each job a local process, found again by its key, seen only by polling.
 
-It knows nothing of the daemon but the seam (`deltad.executors.seam`): it is what a
-third-party executor looks like. Option `journal`: a file where it appends one JSON line per
-thing it did (submitted, started, ended), so a test can tell it was used.
+It knows nothing of the daemon but the seam (`deltad.executors.seam`) and the options' base
+model (`deltad.executors.registry.ExecutorOptions`): it is what a third-party executor looks
+like. Its factory declares `options_model`, so the daemon validates `executors: {toy: ...}`
+when it reads its config (a misspelt key is one line naming the closest option) and the
+factory gets the model. Option `journal`: a file where it appends one JSON line per thing it
+did (submitted, started, ended), so a test can tell it was used.
 """
 
 from __future__ import annotations
@@ -11,13 +14,15 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from deltad.executors.registry import ExecutorOptions
 from deltad.executors.seam import Event, Exit, Handle, JobSpec, Started, SubmitError
 
-OPTIONS = {"journal"}
+
+class ToyOptions(ExecutorOptions):
+    journal: Path | None = None
 
 
 class ToyExecutor:
@@ -87,15 +92,8 @@ class ToyExecutor:
         self.jobs.clear()
 
 
-def check_options(options: Mapping[str, Any]) -> None:
-    if unknown := set(options) - OPTIONS:
-        raise ValueError(f"executors.toy: unknown option {sorted(unknown)[0]!r}")
+def make(options: ToyOptions) -> ToyExecutor:
+    return ToyExecutor(options.journal)
 
 
-def make(options: Mapping[str, Any]) -> ToyExecutor:
-    check_options(options)
-    journal = options.get("journal")
-    return ToyExecutor(Path(journal) if journal else None)
-
-
-make.check_options = check_options  # type: ignore[attr-defined]
+make.options_model = ToyOptions  # type: ignore[attr-defined]

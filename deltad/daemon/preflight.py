@@ -1,0 +1,96 @@
+"""What `deltad serve` would refuse on this host that reading the config cannot see: run by
+`deltad check` and by `serve` before it starts, one line per problem, each naming its key.
+
+Nothing here starts anything or changes anything: directories are judged with access(2),
+the executor by its factory's `preflight` (a package installed, a client made, Slurm's
+commands found), the inbox's address by binding port 0 on it (the configured port may be a
+running daemon's own), TLS files and signing secrets by loading them.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+from deltad.validation import dir_problem, printable
+
+from .config import DaemonConfig
+
+
+def problems(config: DaemonConfig, source: str) -> list[str]:
+    """One line per problem: `SOURCE: KEY: what is wrong`."""
+    return [printable(f"{source}: {line}") for line in _all(config)]
+
+
+def _all(config: DaemonConfig) -> Iterator[str]:
+    if (problem := dir_problem(config.state_dir)) is not None:
+        yield f"state_dir: {problem}"
+    if config.ha is not None:
+        yield from _lease(config.ha.lease)
+    yield from _executor(config)
+    if config.http is not None:
+        yield from _http(config)
+    if config.notify is not None:
+        yield from _secrets(config)
+
+
+def _lease(lease: Path) -> Iterator[str]:
+    if lease.is_dir() or (lease.exists() and not lease.is_file()):
+        yield f"ha.lease: {lease} is not a regular file"
+    elif (problem := dir_problem(lease.parent)) is not None:
+        yield f"ha.lease: {problem}"
+
+
+def _executor(config: DaemonConfig) -> Iterator[str]:
+    from deltad.executors import registry
+
+    kind = config.executor_kind()
+    try:
+        registry.preflight(kind, config.executors.get(kind, {}))
+    except ValueError as e:
+        yield str(e)
+
+
+def _http(config: DaemonConfig) -> Iterator[str]:
+    from deltad.api.config import split_listen
+
+    http = config.http
+    assert http is not None
+    host, _ = split_listen(http.listen)
+    try:  # port 0: the address is this host's, whatever holds the port now
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as sock:
+            sock.bind(infos[0][4])
+    except OSError as e:
+        yield f"http.listen: cannot listen on {host}: {e.strerror or e}"
+    if http.tls_cert is not None and http.tls_key is not None:
+        for key, path in (("tls_cert", http.tls_cert), ("tls_key", http.tls_key)):
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as e:
+                yield f"http.{key}: {path}: {e.strerror}"
+                return
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                http.tls_cert, http.tls_key
+            )
+        except (OSError, ssl.SSLError) as e:
+            yield f"http.tls_cert/tls_key: cannot be used: {e}"
+
+
+def _secrets(config: DaemonConfig) -> Iterator[str]:
+    from deltad.api import webhooks
+
+    assert config.notify is not None
+    for i, hook in enumerate(config.notify.webhooks):
+        if hook.signing is None:
+            continue
+        try:
+            webhooks.signing_key(hook.signing.read())
+        except OSError as e:
+            yield f"notify.webhooks.{i}.signing.secret_file: {e.filename}: {e.strerror}"
+        except ValueError as e:
+            yield f"notify.webhooks.{i}.signing: {e}"

@@ -1,0 +1,241 @@
+"""A bad config is one line and exit 2, from `deltad check` and from `deltad serve` alike: real
+processes, one table. Each line names the key; none is a traceback; `serve` refuses before it
+starts anything, so no daemon stays up (each case is two short processes, parallel-friendly).
+
+What only starting can find (the inbox's port taken by another process: `check` binds port 0,
+since the configured port may be a running daemon's own) is `serve`'s alone, below the table.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deltad.testing.daemon import DELTAD
+
+from ..users import executable_by_all, shared_tmp
+from .test_executor_registry import toy_installed  # noqa: F401 - a fixture
+
+Settings = Callable[[Path], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Case:
+    settings: Settings  # merged over a good config (roots, state_dir) made in the test's dir
+    says: str  # in the one line: the key (and what is wrong)
+    env: dict[str, str] = field(default_factory=dict)
+    raw: str | None = None  # the config file's text as is (settings unused)
+    as_nobody: bool = False  # run as an unprivileged user
+
+
+def _file_in_the_way(tmp: Path) -> Path:
+    (tmp / "file").write_text("not a directory\n")
+    return tmp / "file"
+
+
+def _hide_kubernetes(tmp: Path) -> None:
+    # First on PYTHONPATH: `import kubernetes` fails as when the package is not installed.
+    (tmp / "hide" / "kubernetes").mkdir(parents=True, exist_ok=True)
+    (tmp / "hide" / "kubernetes" / "__init__.py").write_text(
+        "raise ImportError(\"No module named 'kubernetes'\")\n"
+    )
+
+
+def _garbage_tls(tmp: Path) -> dict[str, Any]:
+    (tmp / "cert.pem").write_text("not a certificate\n")
+    (tmp / "key.pem").write_text("not a key\n")
+    return {"http": {"tls_cert": str(tmp / "cert.pem"), "tls_key": str(tmp / "key.pem")}}
+
+
+KUBE = {"image": "registry.example/deltad:1", "pvc": "workspaces", "mount_path": "/srv/ws"}
+
+
+def _slurm(**options: Any) -> Settings:
+    return lambda tmp: {"executor": "slurm", "executors": {"slurm": options}}
+
+
+def _kube(**options: Any) -> Settings:
+    return lambda tmp: {"executor": "kubernetes", "executors": {"kubernetes": {**KUBE, **options}}}
+
+
+def _webhook(signing: dict[str, str]) -> Settings:
+    return lambda tmp: {
+        "notify": {"webhooks": [{"url": "http://127.0.0.1:9/hook", "signing": signing}]}
+    }
+
+
+CASES: dict[str, Case] = {
+    # executors: each one's options are a model (extra keys forbidden, a did-you-mean)
+    "slurm without options": Case(_slurm(), "executors.slurm.log_dir: required"),
+    "slurm misspelt": Case(
+        _slurm(log_dir="/tmp/l", partiton="hitl"),
+        "executors.slurm.partiton: unknown option; did you mean 'partition'?",
+    ),
+    "slurm relative log_dir": Case(_slurm(log_dir="logs"), "executors.slurm.log_dir: an absolute"),
+    "slurm poll_every a word": Case(
+        _slurm(log_dir="/tmp/l", poll_every="fast"), "executors.slurm.poll_every: "
+    ),
+    "slurm log_dir unwritable": Case(
+        lambda tmp: _slurm(log_dir=str(_file_in_the_way(tmp) / "logs"))(tmp),
+        "executors.slurm.log_dir: ",
+    ),
+    "kubernetes not installed": Case(
+        lambda tmp: (_hide_kubernetes(tmp), _kube()(tmp))[1],
+        "executor: kubernetes needs the kubernetes package: pip install 'deltad[kubernetes]'",
+        env={"PYTHONPATH": "{tmp}/hide"},
+    ),
+    "kubernetes misspelt": Case(
+        _kube(namespce="x"), "executors.kubernetes.namespce: unknown option; did you mean"
+    ),
+    "kubernetes bad quantity": Case(
+        _kube(resources={"limits": {"memory": "lots"}}), "executors.kubernetes.resources: "
+    ),
+    "kubernetes no cluster": Case(
+        lambda tmp: _kube(kubeconfig=str(tmp / "missing"))(tmp),
+        "executors.kubernetes.kubeconfig: no cluster to talk to",
+    ),
+    "fresh takes no options": Case(
+        lambda tmp: {"executor": "fresh", "executors": {"fresh": {"colour": "red"}}},
+        "executors.fresh: takes no options (got colour)",
+    ),
+    "auto's executor takes no options": Case(
+        lambda tmp: {"executors": {"fork": {"x": 1}, "command": {"x": 1}}},
+        "takes no options (got x)",
+    ),
+    "unknown executor": Case(lambda tmp: {"executor": "nope"}, "executor: unknown executor 'nope'"),
+    "third-party misspelt": Case(
+        lambda tmp: {"executor": "toy", "executors": {"toy": {"jurnal": "/j"}}},
+        "executors.toy.jurnal: unknown option; did you mean 'journal'?",
+    ),
+    # the daemon's own keys
+    "top-level misspelt": Case(
+        lambda tmp: {"max_paralel_resumes": 3},
+        "max_paralel_resumes: unknown key; did you mean 'max_parallel_resumes'?",
+    ),
+    "root key misspelt": Case(
+        lambda tmp: {"roots": [{"path": str(tmp / "root"), "pollng": True}]},
+        "roots.0.pollng: unknown key; did you mean 'polling'?",
+    ),
+    "no slots": Case(lambda tmp: {"max_parallel_resumes": 0}, "max_parallel_resumes: "),
+    "no placeholder": Case(
+        lambda tmp: {"resume_command": ["delta", "run"]}, "resume_command: must contain"
+    ),
+    "log level": Case(lambda tmp: {"log_level": "verbose"}, "log_level: "),
+    "unknown owner": Case(
+        lambda tmp: {"trusted_owners": ["no-such-user-dt"]},
+        "trusted_owners: no user 'no-such-user-dt'",
+    ),
+    "roots a string": Case(lambda tmp: {"roots": "/srv/ws"}, "roots: must be a list"),
+    "not YAML": Case(lambda tmp: {}, "line 2 is not valid YAML", raw="roots: [/a\nb: ]: c\n"),
+    # directories this daemon must write
+    "state_dir unwritable": Case(
+        lambda tmp: {"state_dir": str(_file_in_the_way(tmp) / "state")}, "state_dir: "
+    ),
+    "lease directory unwritable": Case(
+        lambda tmp: {"ha": {"lease": str(_file_in_the_way(tmp) / "lease")}}, "ha.lease: "
+    ),
+    "lease a directory": Case(lambda tmp: {"ha": {"lease": str(tmp)}}, "ha.lease: "),
+    # a backend impossible under this process's privileges
+    "fanotify unprivileged": Case(
+        lambda tmp: {"roots": [{"path": str(tmp / "root"), "backend": "fanotify"}]},
+        "roots.0: backend: fanotify is impossible here",
+        as_nobody=True,
+    ),
+    # the inbox
+    "http key misspelt": Case(
+        lambda tmp: {"http": {"lisen": "127.0.0.1:0"}},
+        "http.lisen: unknown key; did you mean 'listen'?",
+    ),
+    "http in clear": Case(lambda tmp: {"http": {"listen": "0.0.0.0:0"}}, "http: listen 0.0.0.0"),
+    "http address not ours": Case(
+        lambda tmp: {"http": {"listen": "192.0.2.1:8470", "allow_insecure_remote": True}},
+        "http.listen: cannot listen on 192.0.2.1",
+    ),
+    "tls files missing": Case(
+        lambda tmp: {"http": {"tls_cert": str(tmp / "c.pem"), "tls_key": str(tmp / "k.pem")}},
+        "http.tls_cert: ",
+    ),
+    "tls files not pem": Case(_garbage_tls, "http.tls_cert/tls_key: cannot be used"),
+    "webhook secret file missing": Case(
+        _webhook({"secret_file": "/nonexistent/secret"}),
+        "notify.webhooks.0.signing.secret_file: /nonexistent/secret",
+    ),
+    "webhook secret env unset": Case(
+        _webhook({"secret_env": "DELTAD_TEST_UNSET_SECRET"}),
+        "notify.webhooks.0.signing: environment variable DELTAD_TEST_UNSET_SECRET is not set",
+    ),
+}
+
+
+def _write(base: Path, case: Case) -> Path:
+    (base / "root").mkdir(exist_ok=True)
+    config = base / "deltad.yaml"
+    if case.raw is not None:
+        config.write_text(case.raw)
+    else:
+        good = {"roots": [str(base / "root")], "state_dir": str(base / "state")}
+        config.write_text(yaml.safe_dump({**good, **case.settings(base)}))
+    os.chmod(config, 0o644)
+    return config
+
+
+def _run(cmd: str, config: Path, case: Case, tmp: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DELTAD_", "STATE_DIR"))}
+    env |= {k: v.format(tmp=tmp) for k, v in case.env.items()}
+    argv = [DELTAD, cmd, "--config", str(config)]
+    if case.as_nobody:
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+def _one_line(out: subprocess.CompletedProcess[str], config: Path, says: str) -> None:
+    lines = out.stderr.splitlines()
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == 2, out.stderr
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"deltad: error: {config}: ") and says in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("cmd", ["check", "serve"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_bad_config_is_one_line_and_exit_2(
+    tmp_path: Path,
+    name: str,
+    cmd: str,
+    toy_installed: None,  # noqa: F811
+) -> None:
+    case = CASES[name]
+    if case.as_nobody:
+        if os.geteuid() != 0:
+            pytest.skip("runs deltad as another user: needs root")
+        with executable_by_all(), shared_tmp() as base:  # pytest's tmp dirs are 0700
+            config = _write(base, case)
+            out = _run(cmd, config, case, base)
+    else:
+        config = _write(tmp_path, case)
+        out = _run(cmd, config, case, tmp_path)
+    _one_line(out, config, case.says)
+
+
+def test_the_table_is_long_enough() -> None:
+    assert len(CASES) >= 20
+
+
+def test_serve_says_in_one_line_that_its_port_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        case = Case(lambda tmp: {"http": {"listen": f"127.0.0.1:{port}"}}, "")
+        config = _write(tmp_path, case)
+        assert _run("check", config, case, tmp_path).returncode == 0  # it may be ours, running
+        out = _run("serve", config, case, tmp_path)
+    _one_line(out, config, f"http.listen: cannot listen on 127.0.0.1:{port}: Address already")
