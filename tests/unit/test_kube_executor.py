@@ -282,7 +282,7 @@ def test_a_key_that_is_not_the_jobs_name_is_not_adopted() -> None:
         ({**RAW, "fs_group": "yes"}, "fs_group: Input should be a valid boolean"),
         ({**RAW, "supplemental_groups": ["staff"]}, "supplemental_groups.0: Input should be"),
         ({**RAW, "supplemental_groups": [0]}, "supplemental_groups.0: Input should be greater"),
-        ({**RAW, "supplemental_groups": 2000}, "supplemental_groups: Input should be a valid"),
+        ({**RAW, "supplemental_groups": 2000}, "supplemental_groups: Input should be a list"),
         ({**RAW, "node_selector": ["a"]}, "node_selector: Input should be a map"),
         ({**RAW, "image_pull_secrets": "regcred"}, "image_pull_secrets: Input should be a list"),
         ({**RAW, "resources": {"limit": {}}}, "resources.limit: Input should be 'requests' or"),
