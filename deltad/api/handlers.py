@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deltad import inbox
 from deltad.inbox.feed import Feed, Listed
@@ -40,6 +40,9 @@ from deltad.protocol.printable import json_safe, show_path, unshow
 from . import links, paging, scopes
 from .config import HttpConfig
 from .tokens import Identity, TokenStore
+
+if TYPE_CHECKING:
+    from .calls import Calls
 
 JOURNAL_TAIL_BYTES = 256 * 1024
 JOURNAL_TAIL_EVENTS = 50
@@ -116,6 +119,9 @@ class Context:
     base_url: str = ""
     idempotency: Idempotency = field(default_factory=Idempotency)
     documents: Documents = field(default_factory=lambda: Documents())
+    # The inbox process: where the routes' workspace reads and answers go (the core, over
+    # the socket); None: these handlers, here.
+    core: Calls | None = None
 
 
 # -- who may see what -----------------------------------------------------------------------------

@@ -229,11 +229,15 @@ def _start_inbox(svc: Service) -> bool:
     http, notify = svc.config.http, svc.config.notify
     context = None
     if http is not None:
-        from deltad.api.server import HttpServer, ListenError
+        # HTTP is served by the inbox process, unprivileged (deltad/privsep): the core binds
+        # the socket and answers the inbox's calls on threads beside the loop.
+        from deltad.api.server import ListenError
+        from deltad.privsep.core import InboxHost, InboxUnusable
 
+        log_args = ["--log-level", svc.config.log_level, "--log-format", svc.config.log_format]
         try:
-            svc.http = HttpServer(http, svc.feed, svc.config.state_dir)
-        except (ListenError, OSError, ValueError) as e:
+            svc.http = InboxHost(http, svc.feed, svc.config.state_dir, log_args)
+        except (ListenError, InboxUnusable, OSError, ValueError) as e:
             log.error("http_unusable", error=str(e))
             print(f"deltad: error: {e}", file=sys.stderr)
             return False
@@ -500,6 +504,7 @@ def snapshot(svc: Service) -> dict[str, Any]:
         "updated_at": iso(utcnow()),
         "state_dir": show_path(svc.config.state_dir),
         "http": svc.http.url if svc.http is not None else None,
+        "inbox_pid": svc.http.pid if svc.http is not None else None,
         "roots": [
             {"path": show_path(x.path), "backend": x.backend, "polling": x.polling}
             for x in svc.config.roots

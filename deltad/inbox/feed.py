@@ -415,6 +415,19 @@ class Feed:
             return self._held.get(ws)
         return before.request_id if before.state == "waiting" else None
 
+    def relay(self, event: FeedEvent) -> bool:
+        """A replica's intake (the inbox process): an event the core published, under the
+        core's id. One already held (the buffer resent after a reconnect) is skipped."""
+        with self._lock:
+            if self._events and event.id <= self._events[-1].id:
+                return False
+            self._next_id = event.id
+            self._events.append(event)
+            subscribers = list(self._subscribers)
+        for fn in subscribers:
+            fn(event)
+        return True
+
     # -- reading (other threads) -------------------------------------------------------------
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
         with self._lock:
