@@ -226,6 +226,34 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
     return core.history(who, call.limit)
 
 
+def decode(raw: bytes) -> wire.Call | str:
+    """A frame from the inbox as a call, or why it is refused (no other outcome)."""
+    try:
+        msg = wire.FROM_INBOX.validate_json(raw)
+    except ValidationError as e:
+        return _summary(e)
+    if isinstance(msg, wire.Hello):
+        return "hello again"
+    return msg
+
+
+def reply_to(ctx: Context, call: wire.Call) -> bytes:
+    """The reply frame to a call: its result, or the refusal a request from the network
+    would get. Never raises: a handler's bug fails this call only."""
+    try:
+        reply = wire.Reply(id=call.id, result=execute(ctx, call))
+    except ApiError as e:
+        reply = _error(call.id, e.http, e.code, str(e), e.workspaces)
+    except Exception as e:
+        log.error("inbox_call_failed", op=call.op, error=f"{type(e).__name__}: {e}")
+        reply = _error(call.id, 500, "internal", "the core could not answer this")
+    try:
+        return wire.encode(reply)
+    except ValueError as e:  # not JSON (a name in bytes a document kept raw)
+        log.error("inbox_reply_failed", op=call.op, error=str(e))
+        return wire.encode(_error(call.id, 500, "internal", "the answer is not JSON"))
+
+
 def event_message(e: FeedEvent) -> wire.EventMsg:
     data = dict(e.data)
     if "workspace" in data:  # names are bytes: shown escaped, unshown by the inbox
@@ -293,32 +321,16 @@ class Monitor:
         return True
 
     def _take(self, raw: bytes, pool: ThreadPoolExecutor) -> None:
-        try:
-            msg = wire.FROM_INBOX.validate_json(raw)
-        except ValidationError as e:
-            self._refused(raw, _summary(e))
-            return
-        if isinstance(msg, wire.Hello):
-            self._refused(raw, "hello again")
+        call = decode(raw)
+        if isinstance(call, str):
+            self._refused(raw, call)
             return
         self.slots.acquire()  # back-pressure on the inbox only
-        pool.submit(self._run, msg)
+        pool.submit(self._run, call)
 
     def _run(self, call: wire.Call) -> None:
         try:
-            try:
-                reply = wire.Reply(id=call.id, result=execute(self.ctx, call))
-            except ApiError as e:
-                reply = _error(call.id, e.http, e.code, str(e), e.workspaces)
-            except Exception as e:  # a bug in a handler: this call fails, nothing else
-                log.error("inbox_call_failed", op=call.op, error=f"{type(e).__name__}: {e}")
-                reply = _error(call.id, 500, "internal", "the core could not answer this")
-            try:
-                frame = wire.encode(reply)
-            except ValueError as e:  # not JSON (a name in bytes the document kept raw)
-                log.error("inbox_reply_failed", op=call.op, error=str(e))
-                frame = wire.encode(_error(call.id, 500, "internal", "the answer is not JSON"))
-            self.out.put(frame)
+            self.out.put(reply_to(self.ctx, call))
         finally:
             self.slots.release()
 
