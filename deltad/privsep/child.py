@@ -225,7 +225,7 @@ def _connect(args: argparse.Namespace) -> socket.socket:
     if args.core_fd is not None:
         return socket.socket(fileno=args.core_fd)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(args.connect)
+    sock.connect(str(args.connect))
     return sock
 
 

@@ -383,3 +383,47 @@ result = {{
         assert q["request_id"] == rid  # still open, unanswered
         assert http.post(f"/v1/requests/{rid}/answer", json={"answer": "b"}).status_code == 202
     wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed")
+
+
+def test_an_inbox_started_on_its_own_connects_as_its_user_only(fake: FakeLLM) -> None:
+    """deltad-inbox.service's way: the core listens on http.inbox_socket and serves the first
+    process of the inbox's user that connects; anyone else is turned away."""
+    with accounts() as acc, executable_by_all(), shared_tmp() as base:
+        inbox_user, stranger = acc.user(), acc.user()
+        root = base / "root"
+        root.mkdir()
+        sock = base / "run" / "inbox.sock"
+        http = {"listen": "127.0.0.1:0", "inbox_socket": str(sock), "user": inbox_user.name}
+        d = Daemon(base, [root], resume_command=REAL_CLIENT, http=http)
+        d.start(env=llm_env(fake))
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            url = http_url(d)
+            d.wait_event("inbox_socket_listening")
+            deltad = str(Path(sys.executable).parent / "deltad")
+            argv = ["env", "PATH=/usr/bin:/bin", deltad, "inbox", "--connect", str(sock)]
+            log = open(base / "inbox.log", "wb")  # noqa: SIM115 - closed below
+            procs.append(subprocess.Popen(stranger.argv(*argv), stdout=log, stderr=log))
+            d.wait_event("inbox_peer_refused", uid=stranger.uid)
+            procs.append(subprocess.Popen(inbox_user.argv(*argv), stdout=log, stderr=log))
+            [connected] = d.wait_event("inbox_connected", uid=inbox_user.uid)
+            st = _status(connected["pid"])
+            assert st["NoNewPrivs"] == "1" and int(st["CapEff"], 16) == 0
+            s = Split(d, url, root, base, acc, fake)
+            ws = root / "ws1"
+            rid = _pause(s, ws)
+            with client(url, make_token(d.state_dir, "alice")) as c:
+                wait_for(lambda: c.get("/v1/requests").json()["requests"], "the question listed")
+                assert c.post(f"/v1/requests/{rid}/answer", json={"answer": "b"}).status_code == 202
+            wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed")
+        finally:
+            print((base / "inbox.log").read_text(errors="replace")[-3000:])  # on a failure
+            d.stop()
+            d.kill_children()
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(10)
+                p.kill()
+            log.close()
+        assert procs[0].returncode == 1  # the stranger: turned away at the handshake
+        assert procs[1].returncode == 3  # the inbox: ends when the core hangs up
