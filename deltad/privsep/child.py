@@ -295,6 +295,13 @@ def serve(core: socket.socket) -> int:
         log.warning("inbox_test_hook_enabled", detail=f"{TEST_HOOK_ENV}=1: tests only")
     server = uvicorn_server(app, config, certfile, keyfile)
     lost = threading.Event()
+    exit_on_signal = server.handle_exit
+
+    def handle_exit(sig: int, frame: Any) -> None:
+        stopping.set()  # open event streams say the daemon is stopping, and end
+        exit_on_signal(sig, frame)
+
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
 
     def on_lost() -> None:
         lost.set()

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -427,3 +428,37 @@ def test_an_inbox_started_on_its_own_connects_as_its_user_only(fake: FakeLLM) ->
             log.close()
         assert procs[0].returncode == 1  # the stranger: turned away at the handshake
         assert procs[1].returncode == 3  # the inbox: ends when the core hangs up
+
+
+def test_tls_is_served_by_the_inbox_from_a_key_only_root_can_read(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    """The key file stays root's 0600: the core hands the inbox an in-memory copy."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the key must be unreadable to the inbox's user")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    os.chmod(key, 0o600)
+    root = tmp_path / "root"
+    root.mkdir()
+    http = {"listen": "127.0.0.1:0", "tls_cert": str(cert), "tls_key": str(key)}
+    d = Daemon(tmp_path, [root], http=http).start(env=llm_env(fake))
+    try:
+        url = http_url(d)
+        assert url.startswith("https://")
+        inbox = _inbox_pid(d)
+        assert int(_status(inbox)["Uid"].split()[0]) != 0
+        tls = ssl.create_default_context(cafile=str(cert))
+        with httpx.Client(base_url=url, verify=tls, timeout=30) as c:
+            assert c.get("/healthz").json() == {"status": "ok"}
+    finally:
+        d.stop()
