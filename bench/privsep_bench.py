@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from datetime import datetime
@@ -31,8 +32,8 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from deltad.testing.daemon import Daemon, records, wait_for  # noqa: E402
-from deltad.testing.inbox import http_url, make_token  # noqa: E402
+from deltad.testing.daemon import DELTAD, Daemon, records, wait_for  # noqa: E402
+from deltad.testing.inbox import http_url  # noqa: E402
 from deltad.testing.stub import paused_workspace  # noqa: E402
 
 
@@ -52,7 +53,11 @@ class Contender:
         )
         self.daemon.start(env={"PYTHONPATH": pythonpath} if pythonpath else {})
         self.url = http_url(self.daemon)
-        token = make_token(self.daemon.state_dir, "bench")
+        # With the contender's own `deltad token` (the old code keeps tokens.json elsewhere).
+        argv = [DELTAD, "token", "add", "bench", "--state-dir", str(self.daemon.state_dir)]
+        env = {**os.environ, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
+        made = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+        token = made.stdout.strip().splitlines()[-1]
         self.http = httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=60
         )
@@ -64,7 +69,8 @@ class Contender:
         self.next += 1
         resumed = len(self.daemon.resumed(ws))
         wait_for(lambda: not (ws / ".delta/interaction/response.json").exists(), "consumed")
-        rid = paused_workspace(ws, prompt=f"{ws.name} again?")
+        paused_workspace(ws, prompt=f"{ws.name} again?")
+        rid = json.loads((ws / ".delta/interaction/request.json").read_text())["request_id"]
         wait_for(lambda: self.http.get(f"/v1/requests/{rid}").status_code == 200, "listed")
         t0 = time.perf_counter()
         r = self.http.post(f"/v1/requests/{rid}/answer", json={"answer": "y"})

@@ -64,7 +64,8 @@ class Remote:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the waiting calls
+        self._sending = threading.Lock()  # whole frames on the socket
         self._waiting: dict[int, Future[wire.Reply]] = {}
         self.gone = False
 
@@ -77,7 +78,7 @@ class Remote:
             self._waiting[cid] = fut
         frame = wire.FROM_INBOX.validate_python({**msg, "id": cid})
         try:
-            with self._lock:
+            with self._sending:
                 self.sock.sendall(wire.encode(frame))
             reply = fut.result(CALL_SECONDS)
         except (OSError, FutureTimeout):

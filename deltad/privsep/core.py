@@ -271,6 +271,7 @@ class Monitor:
         self.ctx, self.sock, self.fds, self.peer = ctx, sock, fds, peer
         self.out: queue.Queue[bytes | None] = queue.Queue(OUT_QUEUE)
         self.slots = threading.BoundedSemaphore(CALLS_IN_FLIGHT)
+        self.sending = threading.Lock()  # whole frames: replies from workers, the rest queued
         self.refused = 0
         self.dropped = 0
 
@@ -330,7 +331,9 @@ class Monitor:
 
     def _run(self, call: wire.Call) -> None:
         try:
-            self.out.put(reply_to(self.ctx, call))
+            frame = reply_to(self.ctx, call)
+            with contextlib.suppress(OSError), self.sending:  # straight out: no thread hop
+                self.sock.sendall(frame)
         finally:
             self.slots.release()
 
@@ -357,9 +360,11 @@ class Monitor:
             log.error("inbox_event_failed", event_id=e.id, error=str(err))
 
     def _send_all(self) -> None:
+        """The events (and refusals), in order, on their own thread: the loop never sends."""
         while (frame := self.out.get()) is not None:
             try:
-                self.sock.sendall(frame)
+                with self.sending:
+                    self.sock.sendall(frame)
             except OSError:
                 return  # the reader sees the connection end too
 

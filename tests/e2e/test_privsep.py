@@ -311,7 +311,7 @@ def raw(frame, wait=True):
     import concurrent.futures
     fut = concurrent.futures.Future()
     remote._waiting[frame_id] = fut
-    with remote._lock:
+    with remote._sending:
         remote.sock.sendall(wire.HEADER.pack(len(frame)) + frame)
     if not wait:
         return None
