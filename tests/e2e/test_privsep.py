@@ -462,3 +462,34 @@ def test_tls_is_served_by_the_inbox_from_a_key_only_root_can_read(
             assert c.get("/healthz").json() == {"status": "ok"}
     finally:
         d.stop()
+
+
+def test_a_daemon_that_is_not_root_runs_its_inbox_as_itself(fake: FakeLLM) -> None:
+    """A developer's, or deployment (b)'s: no setuid, still no capability and no_new_privs."""
+    with accounts() as acc, executable_by_all(), shared_tmp() as base:
+        me = acc.user()
+        root = base / "root"
+        root.mkdir()
+        chown_tree(base, me)
+        wrapper = me.argv("env", f"PATH={os.environ['PATH']}")
+        d = Daemon(base, [root], wrapper=wrapper, http={"listen": "127.0.0.1:0"})
+        chown_tree(base, me)  # the config just written
+        d.start()
+        try:
+            url = http_url(d)
+            inbox = _inbox_pid(d)
+            [same] = d.wait_event("inbox_same_user")
+            assert same["uid"] == me.uid
+            st = _status(inbox)
+            assert st["Uid"].split() == [str(me.uid)] * 4 and st["NoNewPrivs"] == "1"
+            assert int(st["CapEff"], 16) == 0 and int(st["CapPrm"], 16) == 0
+            assert _mode_of(d.state_dir / "inbox") == (0o700, me.uid)
+            with httpx.Client(base_url=url, timeout=30) as c:
+                assert c.get("/healthz").json() == {"status": "ok"}
+        finally:
+            d.stop()
+
+
+def _mode_of(p: Path) -> tuple[int, int]:
+    st = os.lstat(p)
+    return st.st_mode & 0o7777, st.st_uid
