@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
 from deltad import logs
 from deltad.api import sessions
@@ -76,7 +77,14 @@ class Remote:
             if self.gone:
                 raise _unavailable()
             self._waiting[cid] = fut
-        frame = wire.FROM_INBOX.validate_python({**msg, "id": cid})
+        try:
+            frame = wire.FROM_INBOX.validate_python({**msg, "id": cid})
+        except ValidationError as e:  # what the route took, the protocol does not: say so
+            with self._lock:
+                self._waiting.pop(cid, None)
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"][1:])
+            raise ApiError(422, "bad_request", f"{where}: {first['msg']}") from None
         try:
             with self._sending:
                 self.sock.sendall(wire.encode(frame))
@@ -86,9 +94,8 @@ class Remote:
         finally:
             with self._lock:
                 self._waiting.pop(cid, None)
-        if reply.error is not None:
-            e = reply.error
-            raise ApiError(e.http, e.code, e.message, e.workspaces)
+        if (problem := reply.error) is not None:
+            raise ApiError(problem.http, problem.code, problem.message, problem.workspaces)
         return reply.result or {}
 
     def resolve(self, reply: wire.Reply) -> None:

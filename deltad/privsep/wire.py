@@ -34,14 +34,19 @@ INBOX_FRAME_MAX = 2 * 1024 * 1024
 CORE_FRAME_MAX = 32 * 1024 * 1024
 MAX_FDS = 8
 
+# Caps on every string: as long as anything the HTTP server lets through can be (a request's
+# line and headers are at most 16 KiB together: api.limits.HEADERS_MAX), so no request the
+# API took before the split is refused here, and nothing longer reaches the core.
+TEXT_MAX = 16 * 1024
 Name = Annotated[str, Field(min_length=1, max_length=64)]  # a token's name (tokens.NAME)
-Id = Annotated[str, Field(min_length=1, max_length=512)]  # a request or run id
-PathText = Annotated[str, Field(min_length=1, max_length=8192)]  # a workspace, as shown
-Glob = Annotated[str, Field(min_length=1, max_length=1024)]  # scopes.MAX_GLOB_CHARS
-Cursor = Annotated[str, Field(max_length=4096)]
-LinkToken = Annotated[str, Field(min_length=1, max_length=4096)]
+Text = Annotated[str, Field(max_length=TEXT_MAX)]
+Id = Text  # a request or run id
+PathText = Text  # a workspace, as shown
+Glob = Text  # a workspace glob (scopes.check caps it further, in the core)
+Cursor = Text
+LinkToken = Text
 CallId = Annotated[int, Field(ge=0, lt=2**53)]
-Limit = Annotated[int, Field(ge=-(2**31), lt=2**31)]  # the handlers say 422 outside 1..1000
+Limit = int  # the handlers say 422 outside 1..1000
 
 
 class Strict(BaseModel):
@@ -60,7 +65,7 @@ class ListRequests(Strict):
     token: Name
     workspace: Glob | None = None
     input_type: InputType | None = None
-    owner: Annotated[str, Field(max_length=64)] | None = None
+    owner: Text | None = None
     run_id: Id | None = None
     limit: Limit = 100
     cursor: Cursor | None = None
@@ -80,7 +85,7 @@ class Answer(Strict):
     token: Name
     request_id: Id
     body: dict[str, Any]
-    idempotency_key: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    idempotency_key: Text | None = None
     workspace: PathText | None = None
 
 
@@ -90,7 +95,7 @@ class ListRuns(Strict):
     token: Name
     workspace: Glob | None = None
     status: RunStatus | None = None
-    owner: Annotated[str, Field(max_length=64)] | None = None
+    owner: Text | None = None
     limit: Limit = 100
     cursor: Cursor | None = None
 
