@@ -308,7 +308,8 @@ class Monitor:
                 self.out.put_nowait(None)
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
-            self.sock.close()
+            with self.sending:  # never under a worker's send: the fd must not be reused
+                self.sock.close()
 
     def _hello(self, raw: bytes) -> bool:
         try:
