@@ -341,7 +341,14 @@ class Monitor:
     def _refused(self, raw: bytes, why: str) -> None:
         self.refused += 1
         cid = wire.call_id_of(raw)
-        log.warning("inbox_message_refused", peer=self.peer, call_id=cid, reason=why[:300])
+        if self.refused <= 10 or self.refused % 1000 == 0:  # a flood does not flood the log
+            log.warning(
+                "inbox_message_refused",
+                peer=self.peer,
+                call_id=cid,
+                reason=why[:300],
+                refused=self.refused,
+            )
         if cid is not None:
             with contextlib.suppress(queue.Full):
                 self.out.put_nowait(wire.encode(_error(cid, 400, "protocol", why[:300])))
