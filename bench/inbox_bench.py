@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -41,8 +42,8 @@ HERE = Path(__file__).resolve().parent
 NO_INDEX = HERE / "noindex"  # a sitecustomize that turns the inbox's index off
 sys.path.insert(0, str(HERE.parent))
 
-from deltad.testing.daemon import Daemon, wait_for  # noqa: E402
-from deltad.testing.inbox import http_url, make_token  # noqa: E402
+from deltad.testing.daemon import DELTAD, Daemon, wait_for  # noqa: E402
+from deltad.testing.inbox import http_url  # noqa: E402
 from deltad.testing.stub import paused_workspace  # noqa: E402
 
 STARTUP_DEADLINE = 900.0  # 10,000 workspaces' first reconcile on a loaded, shared machine
@@ -92,7 +93,13 @@ class Contender:
         self.daemon.wait_event("daemon_ready", timeout=STARTUP_DEADLINE)
         self.ready_s = time.perf_counter() - self.started
         self.url = http_url(self.daemon)
-        self.token = make_token(self.daemon.state_dir, "bench")
+        # The contender's own `deltad token`: code from before the split keeps tokens.json in
+        # the state dir itself, this code in its inbox directory.
+        argv = [DELTAD, "token", "add", "bench", "--state-dir", str(self.daemon.state_dir)]
+        made = subprocess.run(
+            argv, env={**os.environ, **env}, capture_output=True, text=True, check=True
+        )
+        self.token = made.stdout.strip().splitlines()[-1]
         self.headers = {"Authorization": f"Bearer {self.token}"}
 
     @property

@@ -32,6 +32,19 @@ _default_profile = "ci" if os.environ.get("CI") else "default"
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or _default_profile)
 
 BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _inbox_can_run_python() -> None:
+    """A root daemon runs its HTTP inbox as the `deltad-inbox` system user: that user must
+    be able to run this venv's interpreter (tests/users.py: traverse only, never read)."""
+    if os.geteuid() == 0:
+        from tests.users import executable_by_all
+
+        with executable_by_all():
+            pass
+
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

@@ -30,8 +30,9 @@ from deltad.inbox.feed import EVENT_TYPES, EventType, FeedEvent
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
-from . import handlers, history, limits, links, paging, problems, schemas, scopes
+from . import handlers, history, limits, paging, problems, schemas, scopes
 from .access import AccessLog, RateLimit, note_token
+from .calls import Calls, Local
 from .handlers import ApiError, Context, unauthorized
 from .schemas import errors
 from .sessions import Sessions, matches
@@ -165,6 +166,8 @@ def create_app(
         redoc_url=None,
     )
     app.state.ctx, app.state.sessions = ctx, sessions
+    # What reads or writes a workspace: the core's, over the socket, in the inbox process.
+    core: Calls = ctx.core if ctx.core is not None else Local(ctx)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -216,10 +219,8 @@ def create_app(
                     request.headers.get("x-csrf-token"),
                 )
             elif rule.credential == "link":
-                links.verify(ctx.link_key, limits.link_token(request.url.path))
+                core.check_link(limits.link_token(request.url.path))
         except ApiError as e:
-            return limits.Refusal(e.http, e.code, str(e))
-        except links.BadLink as e:
             return limits.Refusal(e.http, e.code, str(e))
         return None
 
@@ -331,8 +332,7 @@ def create_app(
     ) -> dict[str, Any]:
         """The pending questions this token may see, newest first, a page at a time:
         `{"requests": [...], "next": cursor or null}`."""
-        return handlers.list_requests(
-            ctx,
+        return core.list_requests(
             who,
             workspace,
             input_type and str(input_type),
@@ -352,7 +352,7 @@ def create_app(
     )
     def get_request(request_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
         """One question; `workspace` (exact path) picks it where its id is in several."""
-        return handlers.get_request(ctx, who, request_id, workspace)
+        return core.get_request(who, request_id, workspace)
 
     @app.post(
         "/v1/requests/{request_id}/answer",
@@ -373,7 +373,7 @@ def create_app(
         """What `response.json` holds minus `request_id`: `{"answer": ...}` or
         `{"decisions": [...]}`, optional `comment`. 202 once it is in the mailbox."""
         sent = body.model_dump(mode="json", exclude_unset=True)
-        return handlers.answer(ctx, who, request_id, sent, idempotency_key, workspace=workspace)
+        return core.answer(who, request_id, sent, idempotency_key, workspace)
 
     # -- runs -------------------------------------------------------------------------------------
     @app.get(
@@ -393,8 +393,8 @@ def create_app(
         cursor: str | None = None,
     ) -> dict[str, Any]:
         """Each workspace's latest run, newest first: `{"runs": [...], "next": ...}`."""
-        return handlers.list_runs(
-            ctx, who, workspace, status and str(status), owner=owner, limit=limit, cursor=cursor
+        return core.list_runs(
+            who, workspace, status and str(status), owner=owner, limit=limit, cursor=cursor
         )
 
     @app.get(
@@ -407,7 +407,7 @@ def create_app(
     )
     def get_run(run_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
         """One run, with the model's last message and the journal's last events."""
-        return handlers.get_run(ctx, who, run_id, workspace)
+        return core.get_run(who, run_id, workspace)
 
     @app.get(
         "/v1/history",
@@ -423,7 +423,7 @@ def create_app(
     ) -> dict[str, Any]:
         """Answers given and runs ended, newest first, from the journals of the latest run of
         each workspace this token may see (a sensitive answer's value is left out)."""
-        return history.history(ctx, who, limit)
+        return core.history(who, limit)
 
     # -- the event stream -------------------------------------------------------------------------
     @app.get(
@@ -476,7 +476,7 @@ def create_app(
     )
     def link_request(token: str) -> dict[str, Any]:
         """The question behind a signed link (the link is the credential)."""
-        return handlers.link_request(ctx, token)
+        return core.link_request(token)
 
     @app.post(
         "/v1/links/{token}/answer",
@@ -493,7 +493,7 @@ def create_app(
     ) -> dict[str, Any]:
         """Answer the question behind a signed link; single use."""
         sent = body.model_dump(mode="json", exclude_unset=True)
-        return handlers.link_answer(ctx, token, sent)
+        return core.link_answer(token, sent)
 
     # -- the page ---------------------------------------------------------------------------------
     @app.get("/", include_in_schema=False)

@@ -59,11 +59,23 @@ class HttpConfig(_Strict):
     header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
     body_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     idle_timeout_seconds: float = Field(default=5.0, gt=0, le=3600)
+    # The inbox process (privilege separation, docs/design.md): the user it runs as when
+    # deltad is root (made as a system user if it is this default and missing), and, for an
+    # inbox started by its own unit (deltad-inbox.service), the socket the core listens on.
+    user: str = Field(default="deltad-inbox", min_length=1, max_length=64)
+    inbox_socket: Path | None = None
 
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
         split_listen(v)
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if v in ("root", "0"):
+            raise ValueError("the inbox never runs as root: name an unprivileged user")
         return v
 
     @model_validator(mode="after")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -51,6 +51,8 @@ from .idempotency import Record as KeyRecord
 from .tokens import Identity, TokenStore
 
 log = structlog.get_logger("deltad.api")
+if TYPE_CHECKING:
+    from .calls import Calls
 
 JOURNAL_TAIL_BYTES = 256 * 1024
 JOURNAL_TAIL_EVENTS = 50
@@ -127,6 +129,9 @@ class Context:
     # Health and the core's metrics as plain data (deltad/health.py: the seam to the loop).
     vitals: Vitals = field(default_factory=lambda: Standalone())
     http_metrics: HttpMetrics = field(default_factory=lambda: HttpMetrics())
+    # The inbox process: where the routes' workspace reads and answers go (the core, over
+    # the socket); None: these handlers, here.
+    core: Calls | None = None
 
 
 # -- who may see what -----------------------------------------------------------------------------

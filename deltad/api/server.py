@@ -1,29 +1,22 @@
-"""The HTTP server: uvicorn in one thread beside the daemon's loop (never in it). The socket is
-bound by the caller first, so a busy port is a clear error at startup, and port 0 works (the
-bound address is logged as `http_listening` and put in status.json)."""
+"""The HTTP server: the listening socket, bound by the core (as root: ports below 1024 work)
+before anything else starts, so a busy port is a clear error at startup and port 0 works (the
+bound address is logged as `http_listening` and put in status.json); and uvicorn as the inbox
+process runs it on that socket (deltad/privsep/child.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import ssl
-import threading
-from pathlib import Path
 
 import anyio.to_thread
 import structlog
 import uvicorn
+from starlette.types import ASGIApp
 
-from deltad.health import Standalone, Vitals
-from deltad.inbox.feed import Feed
-
-from . import gate, links, sessions
-from .app import create_app
+from . import gate
 from .config import HttpConfig, split_listen
-from .handlers import Context, Idempotency
 from .limits import HEADERS_MAX
-from .tokens import TokenStore
 
 log = structlog.get_logger("deltad.http")
 HTTP_THREADS = 4
@@ -51,86 +44,48 @@ def bind(listen: str) -> socket.socket:
     return sock
 
 
-class HttpServer:
-    def __init__(
-        self, config: HttpConfig, feed: Feed, state_dir: Path, vitals: Vitals | None = None
-    ) -> None:
-        self.config = config
-        _check_tls(config)
-        self.sock = bind(config.listen)
-        self.port = int(self.sock.getsockname()[1])
-        self.url = config.base_url(self.port)
-        self.context = Context(
-            feed=feed,
-            tokens=TokenStore(state_dir),
-            config=config,
-            link_key=links.load_key(state_dir),
-            base_url=self.url,
-            vitals=vitals if vitals is not None else Standalone(),
-            idempotency=Idempotency(state_dir),  # kept across restarts (docs/inbox.md)
+def uvicorn_server(
+    app: ASGIApp, config: HttpConfig, certfile: str | None, keyfile: str | None
+) -> uvicorn.Server:
+    """The server the inbox process runs on the socket the core handed it: its connections
+    counted and capped at the gate (per process, per source, and below the process's descriptor
+    limit less a reserve; deltad/api/gate.py), with deadlines on headers, bodies and idleness."""
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    soft, in_use = gate.descriptors()
+    cap = gate.connection_cap(config.max_connections, soft, in_use, config.fd_reserve)
+    if cap < config.max_connections:
+        log.warning(
+            "http_connections_clamped",
+            max_connections=config.max_connections,
+            allowed=cap,
+            nofile=soft,
+            fds_in_use=in_use,
+            fd_reserve=config.fd_reserve,
         )
-        self._stopping = threading.Event()
-        soft, in_use = gate.descriptors()
-        cap = gate.connection_cap(config.max_connections, soft, in_use, config.fd_reserve)
-        if cap < config.max_connections:
-            log.warning(
-                "http_connections_clamped",
-                max_connections=config.max_connections,
-                allowed=cap,
-                nofile=soft,
-                fds_in_use=in_use,
-                fd_reserve=config.fd_reserve,
-            )
-        self.gate = gate.Gate(gate.Caps(cap, config.max_connections_per_source))
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(
-                    self.context,
-                    self._stopping,
-                    sessions.Sessions(
-                        sessions.load_key(state_dir),
-                        config.session_ttl_seconds,
-                        state_dir / sessions.CLOSED_NAME,
-                    ),
-                ),
-                log_config=None,
-                access_log=False,
-                lifespan="off",
-                ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
-                ssl_keyfile=str(config.tls_key) if config.tls_key else None,
-                timeout_graceful_shutdown=2,
-                # h11 on purpose: uvicorn applies this limit on a request's headers to h11 only
-                # (httptools, if installed, would be picked by "auto" and ignores it); counted
-                # at the gate, with a deadline on the headers (deltad/api/gate.py).
-                http=gate.gated(self.gate, config.header_timeout_seconds),
-                h11_max_incomplete_event_size=HEADERS_MAX,
-                timeout_keep_alive=config.idle_timeout_seconds,  # type: ignore[arg-type]
-            )
+    counted = gate.Gate(gate.Caps(cap, config.max_connections_per_source))
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            ssl_certfile=certfile,
+            ssl_keyfile=keyfile,
+            timeout_graceful_shutdown=2,
+            # h11 on purpose: uvicorn applies this limit on a request's headers to h11 only
+            # (httptools, if installed, would be picked by "auto" and ignores it); counted
+            # at the gate, with a deadline on the headers (deltad/api/gate.py).
+            http=gate.gated(counted, config.header_timeout_seconds),
+            h11_max_incomplete_event_size=HEADERS_MAX,
+            timeout_keep_alive=config.idle_timeout_seconds,  # type: ignore[arg-type]
         )
-        self._thread = threading.Thread(target=self._serve, name="deltad-http", daemon=True)
-        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    )
 
-    def start(self) -> None:
-        self._thread.start()
-        log.info("http_listening", url=self.url, port=self.port, tls=self.config.tls)
 
-    def _serve(self) -> None:
-        try:
-            asyncio.run(self._serve_bounded())
-        except Exception as e:  # the loop must go on; systemd's watchdog is not tied to HTTP
-            log.error("http_failed", error=f"{type(e).__name__}: {e}")
-
-    async def _serve_bounded(self) -> None:
-        # Plain routes run in worker threads, all in the daemon's process: few of them, so a
-        # burst of requests leaves the daemon's loop its share of the GIL.
-        anyio.to_thread.current_default_thread_limiter().total_tokens = HTTP_THREADS
-        await self._server.serve(sockets=[self.sock])
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._server.should_exit = True
-        self._thread.join(10)
-        self.sock.close()
+async def serve_bounded(server: uvicorn.Server, sock: socket.socket) -> None:
+    # Plain routes run in worker threads: few of them, as when the inbox ran in the daemon.
+    anyio.to_thread.current_default_thread_limiter().total_tokens = HTTP_THREADS
+    await server.serve(sockets=[sock])
 
 
 def _check_tls(config: HttpConfig) -> None:

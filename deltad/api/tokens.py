@@ -6,12 +6,14 @@ change) and the last good table keeps serving."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import os
 import re
 import secrets
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +55,13 @@ def digest(token: str) -> str:
 
 
 class TokenStore:
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / TOKENS_NAME
+    """The tokens in `directory` (the inbox's directory under the state dir). `owner`: the
+    only uid the file may belong to (the core passes its own: the inbox process can write in
+    that directory, and a token file it made must never count)."""
+
+    def __init__(self, directory: Path, owner: int | None = None) -> None:
+        self.path = directory / TOKENS_NAME
+        self.owner = owner
         self._lock = threading.Lock()
         self._seen: tuple[int, int, int] | None = None
         self._by_digest: dict[str, Identity] = {}
@@ -160,8 +167,11 @@ class TokenStore:
             raise TokenError(f"{self.path}: {e.strerror}") from None
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            if st.st_mode & 0o077:
+            # 0640 is its mode where the inbox runs as another user (its group reads it).
+            if st.st_mode & 0o037:
                 raise TokenError(f"{self.path} is readable by others; chmod 600 it")
+            if self.owner is not None and st.st_uid != self.owner:
+                raise TokenError(f"{self.path} is not owned by uid {self.owner}: not used")
             if st.st_size > FILE_MAX:
                 raise TokenError(f"{self.path} is over {FILE_MAX // (1024 * 1024)} MiB")
             try:
@@ -176,7 +186,40 @@ class TokenStore:
 
     def _write(self, doc: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_json(self.path, doc, 0o600)
+        group = shared_group(self.path.parent)
+        if group is None:
+            atomic_write_json(self.path, doc, 0o600)
+            return
+        # Root writing for an inbox that runs as another user: root's file, 0640 to the
+        # inbox's group, set before it takes the name (no moment it is unreadable).
+        fd, tmp = tempfile.mkstemp(prefix=".tokens.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write((json.dumps(doc, indent=2) + "\n").encode())
+                os.fchown(f.fileno(), 0, group)
+                os.fchmod(f.fileno(), 0o640)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+def shared_group(directory: Path) -> int | None:
+    """The group of an inbox directory that root shares with the inbox's user (its mode is
+    1770: the inbox makes its own files there, and cannot replace root's); None if this is
+    not root writing into one."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return None
+    return (
+        st.st_gid if st.st_uid == 0 and st.st_gid != 0 and st.st_mode & 0o1070 == 0o1070 else None
+    )
 
 
 def malformed(doc: object) -> str | None:

@@ -328,6 +328,25 @@ state_dir_option = click.option(
 )
 
 
+def _tokens_dir(config_path: Path | None, state_dir: Path | None) -> Path:
+    """The inbox's directory in the state dir, where tokens.json lives (docs/inbox.md)."""
+    from deltad.privsep.core import tokens_dir
+
+    return tokens_dir(_state_dir(config_path, state_dir))
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+@click.pass_context
+def inbox(ctx: click.Context) -> None:
+    """The HTTP inbox process on its own (deltad-inbox.service): --connect SOCKET."""
+    from deltad.privsep.child import main as inbox_main
+
+    sys.exit(inbox_main(list(ctx.args)))
+
+
 @main.group()
 def token() -> None:
     """Bearer tokens for the inbox's HTTP API and web page (only hashes are stored)."""
@@ -368,7 +387,7 @@ def token_add(
     """Make a token; it is printed once, as the last line."""
     from deltad.api.tokens import TokenError, TokenStore
 
-    store = TokenStore(_state_dir(config_path, state_dir))
+    store = TokenStore(_tokens_dir(config_path, state_dir))
     try:
         value = store.add(name, list(scopes), role, groups)  # type: ignore[arg-type]
     except TokenError as e:
@@ -389,7 +408,7 @@ def token_list(config_path: Path | None, state_dir: Path | None, as_json: bool) 
     """Names, roles and scopes (never the tokens)."""
     from deltad.api.tokens import TokenError, TokenStore
 
-    store = TokenStore(_state_dir(config_path, state_dir))
+    store = TokenStore(_tokens_dir(config_path, state_dir))
     try:
         items = store.list()
     except TokenError as e:
@@ -414,7 +433,7 @@ def token_revoke(name: str, config_path: Path | None, state_dir: Path | None) ->
     """Revoke a token now (a running daemon notices at once)."""
     from deltad.api.tokens import TokenError, TokenStore
 
-    store = TokenStore(_state_dir(config_path, state_dir))
+    store = TokenStore(_tokens_dir(config_path, state_dir))
     try:
         store.revoke(name)
     except TokenError as e:

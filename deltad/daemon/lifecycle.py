@@ -293,13 +293,17 @@ def _open_inbox(svc: Service) -> None:
     `deltad serve` exits 2)."""
     http, notify = svc.config.http, svc.config.notify
     if http is not None:
-        from deltad.api.server import HttpServer, ListenError
+        # HTTP is served by the inbox process, unprivileged (deltad/privsep): the core binds
+        # the socket and answers the inbox's calls on threads beside the loop.
+        from deltad.api.server import ListenError
+        from deltad.privsep.core import InboxHost, InboxUnusable
 
+        log_args = ["--log-level", svc.config.log_level, "--log-format", svc.config.log_format]
         try:
-            svc.http = HttpServer(http, svc.feed, svc.config.state_dir, svc.vitals)
-        except (ListenError, OSError, ValueError) as e:
-            said = str(e)  # a certificate's problem names its key already
-            raise ConfigError(said if said.startswith("http.") else f"http.listen: {said}") from e
+            svc.http = InboxHost(http, svc.feed, svc.config.state_dir, log_args, svc.vitals)
+        except (ListenError, InboxUnusable, OSError, ValueError) as e:
+            said = str(e)  # a certificate's problem, a user's, names its key already
+            raise ConfigError(said if said.startswith("http") else f"http.listen: {said}") from e
     if notify is not None and (notify.webhooks or notify.commands):
         from deltad.api.notify import Notifier
 
@@ -599,6 +603,7 @@ def snapshot(svc: Service) -> dict[str, Any]:
         "updated_at": iso(utcnow()),
         "state_dir": show_path(svc.config.state_dir),
         "http": svc.http.url if svc.http is not None else None,
+        "inbox_pid": svc.http.pid if svc.http is not None else None,
         "roots": [
             {"path": show_path(x.path), "backend": x.backend, "polling": x.polling}
             for x in svc.config.roots

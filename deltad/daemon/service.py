@@ -57,7 +57,7 @@ class Service:
         self.queue = HintQueue()
         self.feed = Feed(config.http.event_buffer if config.http else 1000)
         self.registry = Registry(self.feed)  # its beliefs are the index's views
-        self.http: Any = None  # deltad.api.server.HttpServer, imported only when configured
+        self.http: Any = None  # deltad.privsep.core.InboxHost, imported only when configured
         self.notifier: Any = None
         self.resumer = resumer if resumer is not None else Resumer(config, clock)
         self.launcher = config.launcher()

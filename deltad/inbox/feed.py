@@ -522,6 +522,32 @@ class Feed:
             return self._held.get(ws)
         return before.request_id if before.state == "waiting" else None
 
+    @property
+    def floor(self) -> int:
+        """Events at or below it are not kept (`gap`)."""
+        with self._lock:
+            return self._floor
+
+    def relay_floor(self, floor: int) -> None:
+        """A replica's floor, as the core's (its durable log's) at the connection's start."""
+        with self._lock:
+            self._floor = floor
+
+    def relay(self, event: FeedEvent) -> bool:
+        """A replica's intake (the inbox process): an event the core published, under the
+        core's id. One already held (the buffer resent after a reconnect) is skipped."""
+        with self._lock:
+            if self._events and event.id <= self._events[-1].id:
+                return False
+            self._next_id = event.id
+            if len(self._events) == self._events.maxlen:
+                self._floor = max(self._floor, self._events[0].id)
+            self._events.append(event)
+            subscribers = list(self._subscribers)
+        for fn in subscribers:
+            fn(event)
+        return True
+
     # -- reading (other threads) -------------------------------------------------------------
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
         with self._lock:

@@ -28,7 +28,7 @@ def test_a_token_added_with_the_config_is_accepted_by_the_daemon(tmp_path: Path)
         config = str(d.config_path)
         added = _deltad("token", "add", "alice", "--config", config)
         assert added.returncode == 0, added.stderr
-        tokens = d.state_dir / "tokens.json"
+        tokens = d.state_dir / "inbox" / "tokens.json"
         assert f"written to {tokens}" in added.stdout
         assert added.stderr == ""  # the config names state_dir: nothing to warn about
         token = added.stdout.strip().splitlines()[-1]
@@ -51,8 +51,8 @@ def test_a_config_without_state_dir_says_which_directory_it_used(tmp_path: Path)
     xdg = tmp_path / "xdg"
     out = _deltad("token", "add", "bob", "--config", str(config), env={"XDG_STATE_HOME": str(xdg)})
     assert out.returncode == 0, out.stderr
-    assert f"written to {xdg / 'deltad' / 'tokens.json'}" in out.stdout
-    assert (xdg / "deltad" / "tokens.json").is_file()
+    assert f"written to {xdg / 'deltad' / 'inbox' / 'tokens.json'}" in out.stdout
+    assert (xdg / "deltad" / "inbox" / "tokens.json").is_file()
     [note] = out.stderr.splitlines()
     assert "sets no state_dir" in note and "/var/lib/deltad" in note and str(xdg) in note
     # Under the unit, StateDirectory= exports $STATE_DIRECTORY: the daemon's own default.
@@ -61,4 +61,4 @@ def test_a_config_without_state_dir_says_which_directory_it_used(tmp_path: Path)
         "token", "add", "carol", "--config", str(config), env={"STATE_DIRECTORY": str(unit)}
     )
     assert out.returncode == 0 and out.stderr == ""
-    assert f"written to {unit / 'tokens.json'}" in out.stdout
+    assert f"written to {unit / 'inbox' / 'tokens.json'}" in out.stdout

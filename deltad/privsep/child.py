@@ -1,0 +1,379 @@
+"""The inbox process: HTTP (the API, the event stream, the page, signed links) on the socket
+the core handed it, as an unprivileged user with no capabilities and no_new_privs.
+
+It holds the listening socket, its own directory (token hashes to read, the session key and
+logouts to keep) and the core's socket, nothing else: no workspace is read here. The event
+stream is served from a replica of the core's feed (`welcome`'s buffer, then each `event`);
+everything that reads or writes a workspace is a call to the core (`Remote`), which checks it
+again as if this process were hostile.
+
+    python -m deltad.privsep --core-fd N            (started by `deltad serve`)
+    deltad inbox --connect /run/deltad/inbox.sock   (deltad-inbox.service)
+
+The process ends when the core hangs up (the core, or systemd, starts another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from deltad import logs
+from deltad.api import sessions
+from deltad.api.app import create_app
+from deltad.api.config import HttpConfig
+from deltad.api.handlers import ApiError, Context
+from deltad.api.server import serve_bounded, uvicorn_server
+from deltad.api.tokens import Identity, TokenStore
+from deltad.health import Health
+from deltad.inbox.feed import EVENT_TYPES, Feed, FeedEvent
+from deltad.protocol.printable import unshow
+
+from . import wire
+
+log = structlog.get_logger("deltad.inbox")
+
+PR_SET_NO_NEW_PRIVS = 38
+CALL_SECONDS = 60.0  # a call the core has not answered by then is a 503
+TEST_HOOK_ENV = "DELTAD_INBOX_TEST_HOOK"
+
+
+def no_new_privs() -> None:
+    """No exec from here on can gain a privilege (setuid binaries, file capabilities)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+class Remote:
+    """The calls, sent to the core; each waits for its reply (a few worker threads wait at
+    once, the reader thread hands the replies out)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # the waiting calls
+        self._sending = threading.Lock()  # whole frames on the socket
+        self._waiting: dict[int, Future[wire.Reply]] = {}
+        self.gone = False
+
+    def send(self, msg: dict[str, Any]) -> dict[str, Any]:
+        cid = next(self._ids)
+        fut: Future[wire.Reply] = Future()
+        with self._lock:
+            if self.gone:
+                raise _unavailable()
+            self._waiting[cid] = fut
+        try:
+            frame = wire.FROM_INBOX.validate_python({**msg, "id": cid})
+        except ValidationError as e:  # what the route took, the protocol does not: say so
+            with self._lock:
+                self._waiting.pop(cid, None)
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"][1:])
+            raise ApiError(422, "bad_request", f"{where}: {first['msg']}") from None
+        try:
+            with self._sending:
+                self.sock.sendall(wire.encode(frame))
+            reply = fut.result(CALL_SECONDS)
+        except (OSError, FutureTimeout):
+            raise _unavailable() from None
+        finally:
+            with self._lock:
+                self._waiting.pop(cid, None)
+        if (problem := reply.error) is not None:
+            raise ApiError(problem.http, problem.code, problem.message, problem.workspaces)
+        return reply.result or {}
+
+    def resolve(self, reply: wire.Reply) -> None:
+        with self._lock:
+            fut = self._waiting.get(reply.id)
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
+
+    def lost(self) -> None:
+        with self._lock:
+            self.gone = True
+            waiting = list(self._waiting.values())
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(OSError("the core hung up"))
+
+    # -- the routes' calls (api.calls.Calls) --------------------------------------------------
+    def list_requests(
+        self,
+        who: Identity,
+        workspace: str | None,
+        input_type: str | None,
+        *,
+        owner: str | None,
+        run_id: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> dict[str, Any]:
+        return self.send(
+            {
+                "op": "list_requests",
+                "token": who.name,
+                "workspace": workspace,
+                "input_type": input_type,
+                "owner": owner,
+                "run_id": run_id,
+                "limit": limit,
+                "cursor": cursor,
+            }
+        )
+
+    def get_request(self, who: Identity, request_id: str, workspace: str | None) -> dict[str, Any]:
+        msg = {"op": "get_request", "token": who.name, "request_id": request_id}
+        return self.send({**msg, "workspace": workspace})
+
+    def answer(
+        self,
+        who: Identity,
+        request_id: str,
+        body: dict[str, Any],
+        idempotency_key: str | None,
+        workspace: str | None,
+    ) -> dict[str, Any]:
+        return self.send(
+            {
+                "op": "answer",
+                "token": who.name,
+                "request_id": request_id,
+                "body": body,
+                "idempotency_key": idempotency_key,
+                "workspace": workspace,
+            }
+        )
+
+    def list_runs(
+        self,
+        who: Identity,
+        workspace: str | None,
+        status: str | None,
+        *,
+        owner: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> dict[str, Any]:
+        return self.send(
+            {
+                "op": "list_runs",
+                "token": who.name,
+                "workspace": workspace,
+                "status": status,
+                "owner": owner,
+                "limit": limit,
+                "cursor": cursor,
+            }
+        )
+
+    def get_run(self, who: Identity, run_id: str, workspace: str | None) -> dict[str, Any]:
+        msg = {"op": "get_run", "token": who.name, "run_id": run_id, "workspace": workspace}
+        return self.send(msg)
+
+    def history(self, who: Identity, limit: int) -> dict[str, Any]:
+        return self.send({"op": "history", "token": who.name, "limit": limit})
+
+    def check_link(self, token: str) -> None:
+        self.send({"op": "check_link", "link": token})
+
+    def link_request(self, token: str) -> dict[str, Any]:
+        return self.send({"op": "link_request", "link": token})
+
+    def link_answer(self, token: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.send({"op": "link_answer", "link": token, "body": body})
+
+
+class RemoteVitals:
+    """The core's health and metrics (deltad/health.py's `Vitals`), asked over the socket; a
+    probe's answer is reused for a moment, so a busy probe costs the core one call a second at
+    most. A core that does not answer is neither live nor ready (503s, by the status code)."""
+
+    FRESH = 1.0  # seconds an answer is reused
+
+    def __init__(self, remote: Remote) -> None:
+        self.remote = remote
+        self._lock = threading.Lock()
+        self._at = -self.FRESH
+        self._doc: dict[str, Any] | None = None
+
+    def _ask(self) -> dict[str, Any] | None:
+        with self._lock:
+            now = time.monotonic()
+            if self._doc is None or now - self._at >= self.FRESH:
+                try:
+                    self._doc = self.remote.send({"op": "vitals"})
+                except ApiError:
+                    self._doc = None
+                self._at = now
+            return self._doc
+
+    def health(self) -> Health:
+        doc = self._ask()
+        if doc is None:
+            return Health(False, False, 0, None)
+        try:
+            return Health(**doc["health"])
+        except (KeyError, TypeError):
+            return Health(False, False, 0, None)
+
+    def core_metrics(self) -> bytes:
+        doc = self._ask()
+        return str(doc.get("metrics", "")).encode() if doc is not None else b""
+
+
+def _unavailable() -> ApiError:
+    return ApiError(503, "core_unavailable", "the daemon's core did not answer; try again")
+
+
+def relayed(msg: wire.EventMsg) -> FeedEvent | None:
+    if msg.type not in EVENT_TYPES:
+        return None
+    data = dict(msg.data)
+    if isinstance(data.get("workspace"), str):
+        with contextlib.suppress(ValueError):
+            data["workspace"] = unshow(data["workspace"])
+    return FeedEvent(msg.id, msg.type, msg.at, data)
+
+
+def listen_from_core(reader: wire.Reader, remote: Remote, feed: Feed, on_lost: Any) -> None:
+    """The reader thread: replies to their callers, events into the replica feed."""
+    try:
+        while True:
+            msg = wire.FROM_CORE.validate_json(reader.frame())
+            if isinstance(msg, wire.Reply):
+                remote.resolve(msg)
+            elif isinstance(msg, wire.EventMsg) and (e := relayed(msg)) is not None:
+                feed.relay(e)
+    except (wire.WireError, OSError, ValueError) as e:
+        log.error("inbox_core_gone", reason=str(e))
+    finally:
+        remote.lost()
+        on_lost()
+
+
+def _connect(args: argparse.Namespace) -> socket.socket:
+    if args.core_fd is not None:
+        return socket.socket(fileno=args.core_fd)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(args.connect))
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    no_new_privs()  # first, before a byte from anyone is read
+    p = argparse.ArgumentParser(prog="deltad inbox")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--core-fd", type=int)
+    where.add_argument("--connect", type=Path)
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", default="auto")
+    args = p.parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    if os.geteuid() == 0:
+        print("deltad inbox: refusing to run as root (it parses the network)", file=sys.stderr)
+        return 2
+    try:
+        core = _connect(args)
+    except OSError as e:
+        print(f"deltad inbox: cannot reach the core: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return serve(core)
+
+
+def serve(core: socket.socket) -> int:
+    # Every call is a hand-off between threads (a route's worker, the reader of replies): a
+    # thread woken by a reply takes the interpreter within 0.5 ms, not the default 5 ms.
+    sys.setswitchinterval(0.0005)
+    reader = wire.Reader(core, wire.CORE_FRAME_MAX, fds=True)
+    try:
+        wire.send(core, wire.Hello(op="hello", version=wire.VERSION))
+        welcome = wire.FROM_CORE.validate_json(reader.frame())
+    except (wire.WireError, OSError, ValueError) as e:
+        log.error("inbox_handshake_failed", reason=str(e))
+        return 1
+    fds, reader.fds = reader.received, False
+    want = 4 if isinstance(welcome, wire.Welcome) and welcome.tls else 2
+    if not isinstance(welcome, wire.Welcome) or len(fds) != want:
+        log.error("inbox_handshake_failed", reason="no welcome with the descriptors")
+        return 1
+    config = HttpConfig.model_validate(welcome.http)
+    listening = socket.socket(fileno=fds[0])
+    state = Path(f"/proc/self/fd/{fds[1]}")  # the directory, reached by the handed fd
+    certfile, keyfile = (
+        (f"/proc/self/fd/{fds[2]}", f"/proc/self/fd/{fds[3]}") if welcome.tls else (None, None)
+    )
+
+    feed = Feed(config.event_buffer)
+    for m in welcome.events:
+        if (event := relayed(m)) is not None:
+            feed.relay(event)
+    feed.relay_floor(welcome.floor)
+    remote = Remote(core)
+    ctx = Context(
+        feed=feed,
+        tokens=TokenStore(state),
+        config=config,
+        link_key=b"",  # the core's: it checks and signs links
+        base_url=welcome.base_url,
+        core=remote,
+        vitals=RemoteVitals(remote),
+    )
+    stopping = threading.Event()
+    web = sessions.Sessions(
+        sessions.load_key(state), config.session_ttl_seconds, state / sessions.CLOSED_NAME
+    )
+    app = create_app(ctx, stopping, web)
+    if os.environ.get(TEST_HOOK_ENV) == "1":
+        from .testhook import install
+
+        install(app, remote)
+        log.warning("inbox_test_hook_enabled", detail=f"{TEST_HOOK_ENV}=1: tests only")
+    server = uvicorn_server(app, config, certfile, keyfile)
+    lost = threading.Event()
+    exit_on_signal = server.handle_exit
+
+    def handle_exit(sig: int, frame: Any) -> None:
+        stopping.set()  # open event streams say the daemon is stopping, and end
+        exit_on_signal(sig, frame)
+
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
+
+    def on_lost() -> None:
+        lost.set()
+        stopping.set()
+        server.should_exit = True
+
+    threading.Thread(
+        target=listen_from_core,
+        args=(reader, remote, feed, on_lost),
+        name="deltad-inbox-core",
+        daemon=True,
+    ).start()
+    log.info("inbox_serving", pid=os.getpid(), uid=os.getuid(), url=welcome.base_url)
+    try:
+        asyncio.run(serve_bounded(server, listening))
+    finally:
+        stopping.set()
+    return 3 if lost.is_set() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The protocol between the root core and the unprivileged inbox: length-prefixed JSON frames
+over a Unix stream socket, typed both ways.
+
+A frame is a 4-byte big-endian length and that many bytes of one UTF-8 JSON object. Every
+message names itself in `op`. The inbox starts with `hello` (its protocol version); the core
+answers `welcome` (the version, the HTTP settings, the inbox's base URL and the events still
+buffered) with the inbox's file descriptors attached (SCM_RIGHTS: the listening socket, its
+state directory, the TLS files), then pushes `event`s as the loop publishes them. The inbox
+asks with a `call` (one of a few operations, each on behalf of a named token or a signed link)
+and gets one `reply` per call id.
+
+The core reads the inbox's side as hostile: a frame over its cap ends the connection, anything
+else that does not fit a model below (unknown `op`, a field too many, a string too long) is
+refused, logged and answered with a 400 `protocol` reply where the frame names a call id.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from deltad.protocol.models import InputType
+from deltad.protocol.states import RunStatus
+
+VERSION = 1
+HEADER = struct.Struct(">I")
+# What the inbox may send in one frame: an answer's body (the HTTP cap, 1 MiB + 64 KiB) and
+# the names around it. The core's frames carry pages of documents: more room.
+INBOX_FRAME_MAX = 2 * 1024 * 1024
+CORE_FRAME_MAX = 32 * 1024 * 1024
+MAX_FDS = 8
+
+# Caps on every string: as long as anything the HTTP server lets through can be (a request's
+# line and headers are at most 16 KiB together: api.limits.HEADERS_MAX), so no request the
+# API took before the split is refused here, and nothing longer reaches the core.
+TEXT_MAX = 16 * 1024
+Name = Annotated[str, Field(min_length=1, max_length=64)]  # a token's name (tokens.NAME)
+Text = Annotated[str, Field(max_length=TEXT_MAX)]
+Id = Text  # a request or run id
+PathText = Text  # a workspace, as shown
+Glob = Text  # a workspace glob (scopes.check caps it further, in the core)
+Cursor = Text
+LinkToken = Text
+CallId = Annotated[int, Field(ge=0, lt=2**53)]
+Limit = int  # the handlers say 422 outside 1..1000
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- the inbox asks --------------------------------------------------------------------------
+class Hello(Strict):
+    op: Literal["hello"]
+    version: int
+
+
+class ListRequests(Strict):
+    op: Literal["list_requests"]
+    id: CallId
+    token: Name
+    workspace: Glob | None = None
+    input_type: InputType | None = None
+    owner: Text | None = None
+    run_id: Id | None = None
+    limit: Limit = 100
+    cursor: Cursor | None = None
+
+
+class GetRequest(Strict):
+    op: Literal["get_request"]
+    id: CallId
+    token: Name
+    request_id: Id
+    workspace: PathText | None = None
+
+
+class Answer(Strict):
+    op: Literal["answer"]
+    id: CallId
+    token: Name
+    request_id: Id
+    body: dict[str, Any]
+    idempotency_key: Text | None = None
+    workspace: PathText | None = None
+
+
+class ListRuns(Strict):
+    op: Literal["list_runs"]
+    id: CallId
+    token: Name
+    workspace: Glob | None = None
+    status: RunStatus | None = None
+    owner: Text | None = None
+    limit: Limit = 100
+    cursor: Cursor | None = None
+
+
+class GetRun(Strict):
+    op: Literal["get_run"]
+    id: CallId
+    token: Name
+    run_id: Id
+    workspace: PathText | None = None
+
+
+class History(Strict):
+    op: Literal["history"]
+    id: CallId
+    token: Name
+    limit: Annotated[int, Field(ge=1, le=500)] = 50  # api.history's LIMIT_MAX
+
+
+class LinkRequest(Strict):
+    op: Literal["link_request"]
+    id: CallId
+    link: LinkToken
+
+
+class CheckLink(Strict):
+    """Whether a signed link stands, before its body is read (the core holds the link key)."""
+
+    op: Literal["check_link"]
+    id: CallId
+    link: LinkToken
+
+
+class LinkAnswer(Strict):
+    op: Literal["link_answer"]
+    id: CallId
+    link: LinkToken
+    body: dict[str, Any]
+
+
+class VitalsCall(Strict):
+    """The core's health snapshot and metrics (deltad/health.py), for /livez, /readyz and
+    /metrics in the inbox: plain figures, no workspace."""
+
+    op: Literal["vitals"]
+    id: CallId
+
+
+Call = (
+    VitalsCall
+    | ListRequests
+    | GetRequest
+    | Answer
+    | ListRuns
+    | GetRun
+    | History
+    | CheckLink
+    | LinkRequest
+    | LinkAnswer
+)
+FromInbox = Annotated[Hello | Call, Field(discriminator="op")]
+FROM_INBOX: TypeAdapter[Hello | Call] = TypeAdapter(FromInbox)
+
+
+# -- the core tells --------------------------------------------------------------------------
+class Problem(Strict):
+    http: int
+    code: str
+    message: str
+    workspaces: list[str] | None = None
+
+
+class Reply(Strict):
+    op: Literal["reply"] = "reply"
+    id: int
+    result: dict[str, Any] | None = None
+    error: Problem | None = None
+
+
+class EventMsg(Strict):
+    op: Literal["event"] = "event"
+    id: int
+    type: str
+    at: str
+    data: dict[str, Any]
+
+
+class Welcome(Strict):
+    """Sent with the inbox's descriptors, in this order: the listening socket, the state
+    directory, then the TLS certificate and key if `tls`."""
+
+    op: Literal["welcome"] = "welcome"
+    version: int
+    http: dict[str, Any]  # HttpConfig, as JSON
+    base_url: str
+    tls: bool
+    events: list[EventMsg]
+    floor: int = 0  # a Last-Event-ID below it has a gap the events cannot fill (a `reset`)
+
+
+FromCore = Annotated[Reply | EventMsg | Welcome, Field(discriminator="op")]
+FROM_CORE: TypeAdapter[Reply | EventMsg | Welcome] = TypeAdapter(FromCore)
+
+
+# -- framing ---------------------------------------------------------------------------------
+class WireError(Exception):
+    """The other side broke the framing (or hung up): the connection is over."""
+
+
+def encode(msg: BaseModel) -> bytes:
+    body = msg.model_dump_json(exclude_none=False).encode()
+    return HEADER.pack(len(body)) + body
+
+
+def call_id_of(raw: bytes) -> int | None:
+    """The call id a refused frame names, if it names one (to answer it with a 400)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(doc, dict):
+        cid = doc.get("id")
+        if isinstance(cid, int) and not isinstance(cid, bool) and 0 <= cid < 2**53:
+            return cid
+    return None
+
+
+class Reader:
+    """Frames from a stream socket, each at most `cap` bytes; descriptors passed along with a
+    frame's first bytes are collected (the inbox's side only takes them with `welcome`)."""
+
+    def __init__(self, sock: socket.socket, cap: int, fds: bool = False) -> None:
+        self.sock, self.cap, self.fds = sock, cap, fds
+        self.buf = bytearray()
+        self.received: list[int] = []
+
+    def _fill(self, n: int) -> None:
+        while len(self.buf) < n:
+            if self.fds:
+                data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, MAX_FDS)
+                self.received += fds
+            else:
+                data = self.sock.recv(1 << 16)
+            if not data:
+                raise WireError("the other side closed the connection")
+            self.buf += data
+
+    def frame(self) -> bytes:
+        self._fill(HEADER.size)
+        (n,) = HEADER.unpack_from(self.buf)
+        if n > self.cap:
+            raise WireError(f"a frame of {n} bytes is over the cap ({self.cap})")
+        self._fill(HEADER.size + n)
+        body = bytes(self.buf[HEADER.size : HEADER.size + n])
+        del self.buf[: HEADER.size + n]
+        return body
+
+
+def send(sock: socket.socket, msg: BaseModel, fds: list[int] | None = None) -> None:
+    data = encode(msg)
+    if fds:
+        socket.send_fds(sock, [data[: HEADER.size]], fds)
+        sock.sendall(data[HEADER.size :])
+    else:
+        sock.sendall(data)

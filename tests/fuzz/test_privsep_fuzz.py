@@ -1,0 +1,160 @@
+"""The core's side of the inbox protocol under fuzzing: whatever a (hostile) inbox sends, a
+frame is refused with a reason or answered with a reply to its call id; the core never raises,
+and nothing in a workspace changes (no token here may answer the open question: a reader, an
+answerer scoped elsewhere, unknown names). The framing: frames or the connection's end."""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from deltad.api import links
+from deltad.api.config import HttpConfig
+from deltad.api.handlers import Context
+from deltad.api.tokens import TokenStore
+from deltad.inbox.feed import Feed, View
+from deltad.privsep import core, wire
+from deltad.testing.stub import paused_workspace
+from tests.fuzz import fuzz_settings
+
+FUZZ = fuzz_settings(300)
+
+_tmp = Path(tempfile.mkdtemp(prefix="deltad-privsep-fuzz-"))
+WS = _tmp / "root" / "ws"
+WS.mkdir(parents=True)
+OPTIONS = [{"key": "a", "label": "Red"}, {"key": "b", "label": "Blue"}]
+RID = paused_workspace(WS, "Which colour?", input_type="choice", options=OPTIONS)
+RUN_ID = (WS / ".delta" / "runs" / "LATEST").read_text().strip()
+_tokens = TokenStore(_tmp / "inbox")
+_tokens.add("watcher", [], "reader")
+_tokens.add("elsewhere", ["/nowhere/**"], "answerer")
+_feed = Feed()
+_feed.index.put(View(WS, "waiting", RUN_ID, "WAITING_FOR_INPUT", RID, "choice", 1.0))
+CTX = Context(
+    feed=_feed,
+    tokens=TokenStore(_tmp / "inbox"),
+    config=HttpConfig(),
+    link_key=links.load_key(_tmp),
+    base_url="http://127.0.0.1:1",
+)
+OPS = {
+    "list_requests": wire.ListRequests,
+    "get_request": wire.GetRequest,
+    "answer": wire.Answer,
+    "list_runs": wire.ListRuns,
+    "get_run": wire.GetRun,
+    "history": wire.History,
+    "check_link": wire.CheckLink,
+    "link_request": wire.LinkRequest,
+    "link_answer": wire.LinkAnswer,
+}
+
+
+def _tree() -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(WS.rglob("*")) if p.is_file()}
+
+
+BEFORE = _tree()
+
+text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
+scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
+    max_leaves=12,
+)
+FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "token": st.sampled_from(["watcher", "elsewhere", "mallory", "", "a" * 65]) | text,
+    "request_id": st.sampled_from([RID, "nope", "../..", ""]) | text,
+    "run_id": st.sampled_from([RUN_ID, "..", "x/y"]) | text,
+    "workspace": st.sampled_from([None, str(WS), "/**", "/" + "*" * 40, str(WS) + "/.."]) | text,
+    "body": st.sampled_from([{"answer": "b"}, {"answer": "Red"}, {"decisions": []}, {}])
+    | st.dictionaries(text, json_values, max_size=3),
+    "limit": st.integers(-5, 2000) | st.integers(),
+    "cursor": st.none() | text,
+    "owner": st.none() | st.sampled_from(["root", "0", "nobody"]) | text,
+    "input_type": st.none() | st.sampled_from(["choice", "text", "bogus"]),
+    "status": st.none() | st.sampled_from(["COMPLETED", "WAITING_FOR_INPUT", "bogus"]),
+    "idempotency_key": st.none() | text,
+    "link": st.sampled_from(["e30.AAAA", "", "."]) | text,
+}
+
+
+@st.composite
+def calls(draw: st.DrawFn) -> dict[str, Any]:
+    """Calls shaped as the protocol's, with fields drawn from the nasty and the plausible,
+    sometimes a field left out, sometimes one too many."""
+    op = draw(st.sampled_from(sorted(OPS)))
+    doc: dict[str, Any] = {"op": op, "id": draw(st.integers(-1, 2**60))}
+    for name in OPS[op].model_fields:
+        if name not in ("op", "id") and draw(st.integers(0, 9)) > 0:
+            doc[name] = draw(FIELDS.get(name, json_values))
+    if draw(st.integers(0, 9)) == 0:
+        doc[draw(text)] = draw(json_values)
+    return doc
+
+
+def _encoded(doc: Any) -> bytes:
+    return json.dumps(doc, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+frames = (
+    st.binary(max_size=300)
+    | calls().map(_encoded)
+    | st.dictionaries(text, json_values, max_size=5).map(_encoded)
+    | json_values.map(_encoded)
+)
+
+
+@FUZZ
+@given(frames)
+@example(b'{"op": "answer", "id": 1, "token": "elsewhere", "request_id": "x", "body": {}}')
+@example(b'{"op": "hello", "version": 1}')
+@example(b'{"op": "answer", "id": 1, "token": "watcher", "request_id": "RID", "body": {}}')
+@example(_encoded({"op": "answer", "id": 7, "token": "elsewhere", "request_id": RID, "body": {}}))
+@example(_encoded({"op": "link_answer", "id": 7, "link": "e30.AAAA", "body": {"answer": "b"}}))
+@example(_encoded({"op": "list_requests", "id": 2, "token": "watcher", "workspace": "/" * 2000}))
+@example(_encoded({"op": "get_request", "id": 3, "token": "watcher", "request_id": RID}))
+def test_any_frame_is_refused_or_answered_and_changes_nothing(raw: bytes) -> None:
+    call = core.decode(raw)
+    if isinstance(call, str):
+        assert call  # a reason, for the log
+    else:
+        frame = core.reply_to(CTX, call)
+        reply = wire.FROM_CORE.validate_json(frame[wire.HEADER.size :])
+        assert isinstance(reply, wire.Reply) and reply.id == call.id
+        assert (reply.result is None) != (reply.error is None)
+        if reply.error is not None:
+            assert 400 <= reply.error.http < 600 and reply.error.http != 500, reply.error
+    assert _tree() == BEFORE
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=64), max_size=8), st.integers(16, 4096))
+@example([b"\x00\x00\x00\x02{}", b"\x00\x00\x00\x03[1]"], 64)
+@example([b"\xff\xff\xff\xff"], 1024)
+def test_the_framing_yields_frames_or_ends_the_connection(chunks: list[bytes], cap: int) -> None:
+    a, b = socket.socketpair()
+    try:
+        for c in chunks:
+            a.sendall(c)
+        a.shutdown(socket.SHUT_WR)
+        reader = wire.Reader(b, cap)
+        got: list[bytes] = []
+        try:
+            while True:
+                got.append(reader.frame())
+        except wire.WireError:
+            pass
+        assert all(len(f) <= cap for f in got)
+        data = b"".join(chunks)
+        assert sum(len(f) + wire.HEADER.size for f in got) <= len(data)
+    finally:
+        a.close()
+        b.close()
