@@ -10,9 +10,10 @@ A name is looked up in this order (like gunicorn's `worker_class`):
 A factory is called as `factory(options)` with the mapping under `executors: {NAME: ...}`
 and returns a `JobExecutor` (seam.py), the one interface the resumer speaks. It raises
 ValueError (one line) for options it cannot use. A factory may carry `check_options(options)`,
-called by the config and `deltad check` without starting anything. The local executors'
-factories (`LocalFactory`) are also given the daemon's state dir: their resume logs and
-`resumes.json` live there.
+called by the config and `deltad check` without starting anything. A factory with a
+`build(options, state_dir)` method is called that way instead, with the daemon's state dir: the
+local executors (`LocalFactory`: resume logs, `resumes.json`) and the cluster ones (their
+signing key, `executor.key`) keep files there.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class LocalFactory:
         return self._make(state_dir)
 
 
-Factory = Callable[[Mapping[str, Any]], Any] | LocalFactory
+Factory = Any  # a callable `factory(options)`, or an object with `build(options, state_dir)`
 
 
 class UnknownExecutor(ValueError):
@@ -94,7 +95,7 @@ def find(name: str) -> Factory:
     except ImportError as e:
         raise UnknownExecutor(f"executor: {name} cannot be loaded: {e}") from e
     factory = getattr(module, attr, None) if attr else None
-    if not (callable(factory) or isinstance(factory, LocalFactory)):
+    if not (callable(factory) or callable(getattr(factory, "build", None))):
         raise UnknownExecutor(f"executor: {name}: {target} is not a factory")
     return factory
 
@@ -109,9 +110,11 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
 def make(name: str, options: Mapping[str, Any], state_dir: Path) -> JobExecutor:
     """The executor itself. Raises ValueError (one line) when it cannot be made."""
     factory = find(name)
-    made = (
-        factory.build(options, state_dir) if isinstance(factory, LocalFactory) else factory(options)
-    )
+    build = getattr(factory, "build", None)
+    made = build(options, state_dir) if callable(build) else factory(options)
     if not isinstance(made, JobExecutor):
-        raise UnknownExecutor(f"executor: {name}: its factory made no job executor (seam.py)")
+        raise UnknownExecutor(
+            f"executor: {name}: its factory made no job executor "
+            "(subclass deltad.executors.BaseJobExecutor)"
+        )
     return made
