@@ -184,7 +184,8 @@ class RemoteExecutor(BaseJobExecutor):
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._pause = interval
         self._next_query = 0.0
-        self.queries = 0  # how many times the engine was asked (a bench reads it)
+        self.queries = 0  # how many times the engine answered a query (a bench reads it)
+        self.turns = 0  # how many turns the worker took (tests wait for a few)
         self._thread = threading.Thread(target=self._work, name=f"{self.name}-engine", daemon=True)
         self._thread.start()
 
@@ -297,6 +298,7 @@ class RemoteExecutor(BaseJobExecutor):
                 self._cancels.clear()
             try:
                 self._turn(submits, cancels)
+                self.turns += 1
             except Exception as e:  # a hook's bug: said, and the worker goes on
                 self._failed("worker", f"{type(e).__name__}: {e}")
                 with self._lock:
@@ -403,6 +405,8 @@ class RemoteExecutor(BaseJobExecutor):
         self._wake()
 
     def _failed(self, op: str, error: str) -> None:
+        if self._closed:  # let go of: what fails now is no news
+            return
         if self._said.get(op) != error:  # once per distinct failure, not every query
             log.warning("executor_engine_failed", executor=self.name, op=op, error=error)
         self._said[op] = error

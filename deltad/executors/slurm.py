@@ -54,7 +54,8 @@ COMMENT_PREFIX = "deltad2"
 SQUEUE_FORMAT = (
     "JobID:|,Name:|,State:|,StartTime:|,exit_code:|,Reason:|,NodeList:|,UserId:|,Comment:0"
 )
-MAX_INTERVAL = 10.0  # seconds: the longest pause between two queries while nothing changes
+# The longest pause between two queries while nothing changes (and at most 32 × poll_every).
+MAX_INTERVAL = 10.0
 QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"})
 # Ends whose exit code is the job's own (a code, or the signal that ended it).
@@ -383,7 +384,7 @@ class SlurmExecutor(RemoteExecutor):
         self._secret = secret
         self._foreign: set[str] = set()  # job ids of others' jobs already said
         self._accounting: bool | None = None  # None until sacct was tried
-        super().__init__(options.poll_every, max(options.poll_every, MAX_INTERVAL))
+        super().__init__(options.poll_every, min(MAX_INTERVAL, 32 * options.poll_every))
 
     # the commands
 
