@@ -652,7 +652,7 @@ class KubernetesExecutor(RemoteExecutor):
     def engine_words(self, e: BaseException) -> str:
         if isinstance(e, SubmitError):
             return str(e)
-        return f"kubernetes: {_error_words(e)}" if isinstance(e, Exception) else str(e)
+        return _error_words(e) if isinstance(e, Exception) else str(e)
 
     def close(self) -> None:
         super().close()

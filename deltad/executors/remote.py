@@ -329,7 +329,7 @@ class RemoteExecutor(BaseJobExecutor):
             error = self.engine_words(e)
             self._failed("query", error)
             with self._lock:
-                self._list_error = f"{self.name}: {error}"
+                self._list_error = self._said_as(f"cannot list this daemon's jobs: {error}")
                 self._refuse(submits, error)
                 self._pause = next_interval(self._pause, False, self.interval, self.max_interval)
                 self._next_query = self._clock() + self._pause
@@ -401,8 +401,12 @@ class RemoteExecutor(BaseJobExecutor):
         for job in jobs:
             if self._jobs.get(job.handle.key.name) is job:
                 del self._jobs[job.handle.key.name]
-                self._events.append(Refused(job.handle, f"{self.name}: {error}"))
+                self._events.append(Refused(job.handle, self._said_as(error)))
         self._wake()
+
+    def _said_as(self, error: str) -> str:
+        """An error as the daemon logs it: naming the engine once."""
+        return error if error.startswith(self.name) else f"{self.name}: {error}"
 
     def _failed(self, op: str, error: str) -> None:
         if self._closed:  # let go of: what fails now is no news

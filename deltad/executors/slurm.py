@@ -140,6 +140,9 @@ def parse_options(options: Mapping[str, Any]) -> SlurmOptions:
     extra = options.get("extra_args", [])
     if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
         raise SlurmConfigError("executors.slurm.extra_args: a list of strings")
+    if taken := [a for a in extra if a.split("=")[0] in _OURS]:
+        # The job's name, comment and user are how this daemon finds its own jobs.
+        raise SlurmConfigError(f"executors.slurm.extra_args: {taken[0]!r} is the daemon's to set")
     return SlurmOptions(
         log_dir=log_dir,
         daemon_id=daemon_id,
@@ -177,6 +180,9 @@ def _path(options: Mapping[str, Any], key: str, required: bool = False) -> Path 
     if not isinstance(value, str) or not value.startswith("/"):
         raise SlurmConfigError(f"executors.slurm.{key}: an absolute path")
     return Path(value)
+
+
+_OURS = {"-J", "--job-name", "--comment", "--uid", "--gid"}
 
 
 # --- pure decisions -----------------------------------------------------------------------

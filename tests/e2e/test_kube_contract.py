@@ -386,9 +386,7 @@ def test_a_refusal_other_than_already_exists_is_a_one_line_refusal(
     ex = executor(emu, state)
     handle = ex.submit(spec())
     [refused] = until(ex, has(Refused, handle), "the refusal")
-    assert re.fullmatch(
-        r"kubernetes: kubernetes refused job deltad-\w+: 403 Forbidden.*", refused.reason
-    )
+    assert re.fullmatch(r"kubernetes refused job deltad-\w+: 403 Forbidden.*", refused.reason)
     assert handle.key.name not in ex.tracked()  # the daemon submits again after its backoff
 
 

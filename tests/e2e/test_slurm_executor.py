@@ -451,8 +451,8 @@ def test_a_missing_slurm_or_an_unreachable_controller_is_a_one_line_error(
     [unreachable] = [e for e in events if isinstance(e, Refused)]
     assert "\n" not in unreachable.reason
     assert unreachable.reason.startswith("slurm: squeue: ")
-    with pytest.raises(SubmitError):  # and adopt() says the engine cannot be asked
-        away.adopt()
+    with pytest.raises(SubmitError, match="slurm: cannot list this daemon's jobs: squeue: "):
+        away.adopt()  # and adopt() says the engine cannot be asked
 
 
 # -- trust: only what this daemon submitted is its own ------------------------------------------
@@ -464,10 +464,10 @@ def intruder() -> Iterator[User]:
 
 def sbatch_as(c: Cluster, user: User, name: str, comment: str, cwd: Path) -> str:
     """A job of `user`'s own (as if they had run sbatch themselves) with the name and comment
-    they chose."""
+    they chose; held in the queue (the one-node cluster runs one job at a time)."""
     out = c.run(
         "sbatch", "--parsable", f"--uid={user.uid}", f"--gid={user.gid}", f"--chdir={cwd}",
-        f"--job-name={name}", f"--comment={comment}", "--output=/dev/null",
+        f"--job-name={name}", f"--comment={comment}", "--output=/dev/null", "--hold",
         "--wrap=sleep 1000",
     )  # fmt: skip
     return out.stdout.strip().split(";")[0]
