@@ -203,6 +203,7 @@ class Resumer:
         self.jobs_known = True  # False while the executor's adopt() could not ask its engine
         self._adopt_again = 0.0  # monotonic: when to try adopt() again
         self._adopt_pending = False  # adopt() waits for a worker's first answer: ask every turn
+        self._adopt_said = False  # resume_adopt_failed logged (once until adoption works)
         self._retry_at: dict[Path, float] = {}  # a queued resume's next submit (monotonic)
         self._failures: dict[Path, int] = {}  # failed submits in a row, by workspace
         self._said: dict[str, str] = {}  # a seam call -> the failure last logged for it
@@ -266,7 +267,7 @@ class Resumer:
             self._adopt_pending = False
             self._adopt_failed(str(e) if isinstance(e, SubmitError) else f"{type(e).__name__}: {e}")
             return
-        self.jobs_known, self._adopt_pending = True, False
+        self.jobs_known, self._adopt_pending, self._adopt_said = True, False, False
         detail = (
             "found once the engine answered; watched to its exit"
             if late
@@ -286,10 +287,10 @@ class Resumer:
             )
 
     def _adopt_failed(self, error: str) -> None:
-        if self.jobs_known:
+        if not self._adopt_said:  # once, until adoption works
             detail = "runs on other hosts are left as they are until it answers"
             log.warning("resume_adopt_failed", error=error, detail=detail)
-        self.jobs_known = False
+        self.jobs_known, self._adopt_said = False, True
         assert self._executor is not None
         every = self._executor.poll_every
         self._adopt_again = self.clock.monotonic() + (every if every is not None else 5.0)
@@ -316,6 +317,8 @@ class Resumer:
         return True
 
     def can_start(self) -> bool:
+        if not self.jobs_known:  # see start_ready
+            return False
         if not self._waiting:
             return any(at <= self.clock.monotonic() for at in self._retry_at.values())
         return pick_next(self._heads(), self._running(), self._slots) is not None
@@ -324,6 +327,13 @@ class Resumer:
         return max(0, self._max - len(self.children))
 
     def start_ready(self) -> None:
+        """Submit what the slots allow. Nothing while the engine has not told which of this
+        daemon's jobs exist (`adopt` pending or failing): a resume submitted then could double
+        one an earlier daemon left running; they wait in the queue."""
+        if self._executor is None or not self.jobs_known:
+            self.executor  # noqa: B018 - made (and adopting) on first use
+            if not self.jobs_known:
+                return
         self._retry_due()
         while self._waiting and self.slots() > 0:
             owner = pick_next(self._heads(), self._running(), self._slots)
@@ -405,7 +415,8 @@ class Resumer:
         )
         self._owner_of[ws] = owner
         who = launch.identity
-        failures = self._failures.pop(ws, 0)
+        # Counted until the job runs (a worker's submit may still come back Refused).
+        failures = self._failures.get(ws, 0)
         log.info(
             "resume_spawned",
             workspace=str(ws),
@@ -509,6 +520,7 @@ class Resumer:
         return result
 
     def _started(self, resume: InFlight, at: float) -> None:
+        self._failures.pop(resume.workspace, None)
         resume.started = started_at(self.clock.monotonic(), self.clock.time(), at)
         resume.deadline = resume.started + self._timeout
         if resume.adopted:
@@ -516,6 +528,7 @@ class Resumer:
 
     def _ended(self, resume: InFlight, event: Exit) -> Finished:
         del self._in_flight[resume.workspace]
+        self._failures.pop(resume.workspace, None)
         self._owner_of.pop(resume.workspace, None)
         resume.timed_out = resume.timed_out or event.timed_out
         began = resume.started

@@ -489,6 +489,7 @@ class KubernetesExecutor(RemoteExecutor):
         self._k8s = k8s
         self._last_pod: dict[str, str] = {}  # Job name -> its last pod (where the log is)
         self._foreign: set[str] = set()  # Jobs not this daemon's, already said
+        self._vanished: set[str] = set()  # Jobs gone from the list (deleted, expired)
         super().__init__(options.poll_every, min(MAX_INTERVAL, 32 * options.poll_every))
 
     def submit(self, spec: JobSpec) -> Handle:
@@ -562,6 +563,7 @@ class KubernetesExecutor(RemoteExecutor):
         found = {}
         for job in jobs:
             name = job.handle.key.name
+            self._vanished.add(name)  # nothing to delete once it ended
             pods = self._pods(name)
             found[name] = self._seen(job.handle.key, None, view_of(None, pods), pods)
         return found
@@ -634,7 +636,10 @@ class KubernetesExecutor(RemoteExecutor):
         pod = self._last_pod.pop(name, None)
         if job.spec is not None and job.spec.log is not None and pod is not None:
             self._save_log(pod, job.spec.log)
-        deletes = [self._batch.delete_namespaced_job]
+        deletes: list[Any] = []
+        if name not in self._vanished:
+            deletes.append(self._batch.delete_namespaced_job)
+        self._vanished.discard(name)
         if job.spec is None or split_env(job.spec.env)[1]:  # it has a Secret of its own
             deletes.append(self._core.delete_namespaced_secret)
         for delete in deletes:

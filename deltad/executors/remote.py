@@ -16,7 +16,9 @@ An engine is then a subclass with three hooks, all called from the worker only:
 
 and optionally `engine_missing(jobs)` (jobs the list no longer shows: the accounting database)
 and `engine_ended(job)` (clean up after an end). The base keeps the tracked-jobs table, turns
-what the engine says into `Started`/`Exit`/`Refused`, queries at an interval that doubles while
+what the engine says into `Started`/`Exit`/`Refused` (a submit waits in the worker while the
+engine cannot be asked at all, and is `Refused` only when the engine answered no), queries at an
+interval that doubles while
 nothing changes (from `interval` up to `max_interval`, back to `interval` at any change or new
 work), and logs one line per distinct failure (and one when the engine answers again).
 
@@ -61,6 +63,9 @@ from .seam import (
 log = structlog.get_logger("deltad.executors.remote")
 
 SECRET_FILE = "executor.key"
+# While the engine cannot be asked, pending submits are tried again at most this often (and at
+# once when a hung query returns: a hung engine's return is seen as soon as it answers).
+SUBMIT_RETRY_CAP = 2.0
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,7 @@ class RemoteExecutor(BaseJobExecutor):
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._pause = interval
         self._next_query = 0.0
+        self._submit_at = 0.0  # while the engine is away: when to try the pending submits
         self.queries = 0  # how many times the engine answered a query (a bench reads it)
         self.turns = 0  # how many turns the worker took (tests wait for a few)
         self._thread = threading.Thread(target=self._work, name=f"{self.name}-engine", daemon=True)
@@ -289,7 +295,10 @@ class RemoteExecutor(BaseJobExecutor):
         while True:
             with self._lock:
                 while not self._closed and not self._has_work():
-                    self._lock.wait(max(0.0, self._next_query - self._clock()))
+                    wake = self._next_query
+                    if self._submits:
+                        wake = min(wake, self._submit_at)
+                    self._lock.wait(max(0.0, wake - self._clock()))
                 if self._closed:
                     return
                 submits = [self._jobs[n] for n in self._submits if n in self._jobs]
@@ -305,7 +314,7 @@ class RemoteExecutor(BaseJobExecutor):
                     self._next_query = self._clock() + self._pause
 
     def _has_work(self) -> bool:
-        if self._submits or self._cancels:
+        if self._cancels or (self._submits and self._clock() >= self._submit_at):
             return True
         wanted = self._jobs or self._listed is None
         return bool(wanted) and self._clock() >= self._next_query
@@ -325,16 +334,20 @@ class RemoteExecutor(BaseJobExecutor):
         try:
             rows = self.engine_list()
             self.queries += 1
-        except Exception as e:
+        except Exception as e:  # the engine away: submits wait here, tried again at its return
             error = self.engine_words(e)
             self._failed("query", error)
             with self._lock:
                 self._list_error = self._said_as(f"cannot list this daemon's jobs: {error}")
-                self._refuse(submits, error)
+                waiting = [j.handle.key.name for j in submits if j.handle.key.name in self._jobs]
+                self._submits.extendleft(reversed(waiting))
                 self._pause = next_interval(self._pause, False, self.interval, self.max_interval)
-                self._next_query = self._clock() + self._pause
+                now = self._clock()
+                self._next_query = now + self._pause
+                self._submit_at = now + min(self._pause, SUBMIT_RETRY_CAP)
             return
         self._recovered("query")
+        self._submit_at = 0.0
         by_key = {r.key.name: r for r in rows}
         for job in submits:  # idempotent: a job of this key already there is the one
             if (seen := by_key.get(job.handle.key.name)) is not None:

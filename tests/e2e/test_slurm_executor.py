@@ -434,25 +434,49 @@ def test_a_missing_slurm_or_an_unreachable_controller_is_a_one_line_error(
     owner: User,
     tmp_shared: Path,
 ) -> None:
+    """Slurm cannot be asked: the submit waits in the worker (tried again there, said once),
+    never a traceback; adopt() says why in one line."""
+    from structlog.testing import capture_logs
+
     ws = workspace(tmp_shared, owner)
     spec = spec_for(ws, owner, "/bin/true")
     empty = tmp_shared / "empty"
     empty.mkdir()
-    no_slurm = executor(slurm_cluster, tmp_shared, "t-none", bin_dir=str(empty))
-    handle = no_slurm.submit(spec)  # at once: the worker asks Slurm
-    events = wait_for(no_slurm, refused(handle), "the refusal", nothing)
-    [missing] = [e for e in events if isinstance(e, Refused)]
-    assert missing.reason == "slurm: squeue not found: install Slurm's client commands"
+    with capture_logs() as logs:
+        no_slurm = executor(slurm_cluster, tmp_shared, "t-none", bin_dir=str(empty))
+        handle = no_slurm.submit(spec)  # at once: the worker asks Slurm
+        end = time.monotonic() + DEADLINE
+        while no_slurm.turns < 3:  # a few tries
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        assert no_slurm.poll(time.monotonic()) == []  # nothing invented
+        with pytest.raises(SubmitError) as missing:
+            no_slurm.adopt()
+        no_slurm.close()
+    assert str(missing.value) == (
+        "slurm: cannot list this daemon's jobs: squeue not found: install Slurm's client commands"
+    )
+    assert no_slurm.tracked() == {} and handle.key.name
+    failed = [e for e in logs if e["event"] == "executor_engine_failed"]
+    assert len(failed) == 1 and failed[0]["op"] == "query"  # said once
 
     # Outside the cluster's namespace nothing listens on its port.
     away = executor(slurm_cluster, tmp_shared, "t-away", command_timeout_seconds=60)
-    handle = away.submit(spec)
-    events = wait_for(away, refused(handle), "the refusal", nothing)
-    [unreachable] = [e for e in events if isinstance(e, Refused)]
-    assert "\n" not in unreachable.reason
-    assert unreachable.reason.startswith("slurm: squeue: ")
-    with pytest.raises(SubmitError, match="slurm: cannot list this daemon's jobs: squeue: "):
-        away.adopt()  # and adopt() says the engine cannot be asked
+    end = time.monotonic() + DEADLINE
+    while True:
+        try:
+            away.adopt()
+        except AdoptPending:
+            assert time.monotonic() < end
+            time.sleep(0.05)
+            continue
+        except SubmitError as e:
+            unreachable = str(e)
+            break
+        raise AssertionError("adopt() answered without a controller")
+    away.close()
+    assert "\n" not in unreachable
+    assert unreachable.startswith("slurm: cannot list this daemon's jobs: squeue: ")
 
 
 # -- trust: only what this daemon submitted is its own ------------------------------------------
