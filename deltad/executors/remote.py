@@ -295,10 +295,7 @@ class RemoteExecutor(BaseJobExecutor):
         while True:
             with self._lock:
                 while not self._closed and not self._has_work():
-                    wake = self._next_query
-                    if self._submits:
-                        wake = min(wake, self._submit_at)
-                    self._lock.wait(max(0.0, wake - self._clock()))
+                    self._lock.wait(self._sleep())
                 if self._closed:
                     return
                 submits = [self._jobs[n] for n in self._submits if n in self._jobs]
@@ -312,6 +309,16 @@ class RemoteExecutor(BaseJobExecutor):
                 self._failed("worker", f"{type(e).__name__}: {e}")
                 with self._lock:
                     self._next_query = self._clock() + self._pause
+
+    def _sleep(self) -> float | None:
+        """How long the worker may wait for new work: until the next query or retry is due;
+        for ever (until notified) with nothing tracked and nothing to submit."""
+        times = []
+        if self._jobs or self._listed is None:
+            times.append(self._next_query)
+        if self._submits:
+            times.append(self._submit_at)
+        return max(0.0, min(times) - self._clock()) if times else None
 
     def _has_work(self) -> bool:
         if self._cancels or (self._submits and self._clock() >= self._submit_at):

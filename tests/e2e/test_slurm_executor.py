@@ -55,13 +55,26 @@ def tmp_shared() -> Iterator[Path]:
         yield d
 
 
+_made: list[SlurmExecutor] = []
+
+
+@pytest.fixture(autouse=True)
+def _closed() -> Iterator[None]:
+    """Every executor a test made is closed after it (its worker stops)."""
+    yield
+    while _made:
+        _made.pop().close()
+
+
 def executor(c: Cluster, root: Path, daemon_id: str, **extra: object) -> SlurmExecutor:
     """A Slurm executor as the daemon makes one: its state dir (its signing key) under `root`,
     shared by the "restarted daemons" of one test."""
     opts = {"log_dir": str(root / "logs"), "slurm_conf": str(c.conf), "daemon_id": daemon_id}
     state = root / "state"
     state.mkdir(mode=0o700, exist_ok=True)
-    return make_slurm_executor.build({**opts, **extra}, state)
+    ex = make_slurm_executor.build({**opts, **extra}, state)
+    _made.append(ex)
+    return ex
 
 
 def adopt(ex: SlurmExecutor, deadline: float = DEADLINE) -> list[Handle]:

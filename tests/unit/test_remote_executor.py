@@ -260,3 +260,26 @@ def test_a_key_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     (tmp_path / "executor.key").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(ValueError, match="executor key"):
         daemon_secret(tmp_path)
+
+
+def test_an_idle_worker_sleeps_until_there_is_work() -> None:
+    """Nothing tracked, nothing to submit: the worker waits to be told, it does not spin."""
+
+    class Counting(Engine):
+        sleeps = 0
+
+        def _sleep(self) -> float | None:
+            self.sleeps += 1
+            return super()._sleep()
+
+    engine = Counting()
+    try:
+        wait(lambda: engine.turns >= 1, "the first turn")
+        wait(lambda: engine._sleep() is None, "idle")
+        sleeps = engine.sleeps
+        time.sleep(0.3)
+        assert engine.sleeps - sleeps <= 2  # a spinning worker would count thousands
+        handle = engine.submit(spec())
+        wait(lambda: engine.submitted == [handle.key.name], "the submit wakes it")
+    finally:
+        engine.close()
