@@ -21,6 +21,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,9 @@ class Figures:
     ping_gaps_s: list[float] = field(default_factory=list)  # between watchdog pings, meanwhile
     watchdog_s: float = 0.0  # WATCHDOG_USEC: a gap above it is a miss
     resumed_after_s: list[float] = field(default_factory=list)  # SIGCONT → each ingestion
+    # SIGCONT → each of the outage's jobs submitted (sbatch answered): the daemon's part; the
+    # rest of resumed_after_s is the cluster's (the one test node runs one job at a time).
+    submitted_after_s: list[float] = field(default_factory=list)
     spawn_failed_logged: int = 0  # resume_spawn_failed lines (said once per workspace)
     periodic_reconciles: int = 0
 
@@ -61,6 +65,8 @@ class Figures:
             "watchdog_misses": self.watchdog_misses,
             "resumed_after_max_s": max(self.resumed_after_s, default=None),
             "resumed_after_s": self.resumed_after_s,
+            "submitted_after_max_s": max(self.submitted_after_s, default=None),
+            "submitted_after_s": self.submitted_after_s,
             "spawn_failed_logged": self.spawn_failed_logged,
             "periodic_reconciles": self.periodic_reconciles,
         }
@@ -177,6 +183,11 @@ def run(
             deadline,
         )
         after = [max(0.0, ingested(ws)[0]["t"] - back) for ws in during]
+        submitted = [
+            datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp() - back
+            for e in d.events("slurm_submitted")
+        ]
+        submitted = [max(0.0, t) for t in submitted if t > -pause]  # the outage's, not the first
         failed = sum(len(d.events("resume_spawn_failed", workspace=str(ws))) for ws in during)
         periodic = len(d.events("reconcile_full", reason="periodic"))
     finally:
@@ -194,6 +205,7 @@ def run(
         ping_gaps_s=gaps,
         watchdog_s=watchdog_s,
         resumed_after_s=after,
+        submitted_after_s=sorted(submitted),
         spawn_failed_logged=failed,
         periodic_reconciles=periodic,
     )
