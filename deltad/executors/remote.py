@@ -186,7 +186,9 @@ class RemoteExecutor(BaseJobExecutor):
         self._adopted = False
         self._closed = False
         self._said: dict[str, str] = {}  # an operation -> its failure last logged
-        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._r, self._w = os.pipe()  # (not pipe2: off Linux too); close-on-exec already
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
         self._pause = interval
         self._next_query = 0.0
         self._submit_at = 0.0  # while the engine is away: when to try the pending submits
@@ -232,9 +234,12 @@ class RemoteExecutor(BaseJobExecutor):
         return handle
 
     def poll(self, now: float) -> list[Event]:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._r, 4096):
-                pass
+        with self._lock:
+            if self._closed:
+                return []
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._r, 4096):
+                    pass
         with self._lock:
             events, self._events = self._events, []
         return events
@@ -271,7 +276,7 @@ class RemoteExecutor(BaseJobExecutor):
             return handles
 
     def fds(self) -> list[int]:
-        return [self._r]
+        return [] if self._closed else [self._r]
 
     def close(self) -> None:
         """Let go: the worker stops after its current call (jobs keep running)."""
