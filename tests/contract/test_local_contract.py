@@ -59,3 +59,25 @@ class TestToy(ExecutorContract):
         with contextlib.suppress(Exception):
             executor.close()
         pytest.skip("the toy executor keeps no record across a restart (adopt() is empty)")
+
+
+def test_the_third_party_executor_imports_only_deltad_executors() -> None:
+    """What a plugin needs is exported by `deltad.executors` itself (the seam's types,
+    `BaseJobExecutor`, `RemoteExecutor`), nothing deeper."""
+    import ast
+
+    import toy_executor
+
+    tree = ast.parse(Path(toy_executor.__file__).read_text())
+    imported = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("deltad")
+    } | {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name.startswith("deltad")
+    }
+    assert imported == {"deltad.executors"}
