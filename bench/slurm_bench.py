@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import statistics
 import subprocess
@@ -36,9 +37,10 @@ NOBODY = Identity(65534, 65534, user="nobody")
 
 
 def executor(conf: Path, root: Path, daemon_id: str) -> SlurmExecutor:
-    return make_slurm_executor(
-        {"log_dir": str(root / "logs"), "slurm_conf": str(conf), "daemon_id": daemon_id}
-    )
+    state = root / "state"
+    state.mkdir(mode=0o700, exist_ok=True)
+    options = {"log_dir": str(root / "logs"), "slurm_conf": str(conf), "daemon_id": daemon_id}
+    return make_slurm_executor.build(options, state)
 
 
 def workspace(root: Path, name: str) -> Path:
@@ -65,10 +67,10 @@ def latency(c: Cluster, root: Path, n: int) -> dict[str, object]:
         seen = None
         end = time.monotonic() + 120
         while seen is None and time.monotonic() < end:
-            for event in ex.poll(time.time()):
+            select.select(ex.fds(), [], [], 0.2)  # the worker's news
+            for event in ex.poll(time.monotonic()):
                 if isinstance(event, Started) and event.handle == handle:
                     seen = time.time()
-            time.sleep(0.02)
         assert seen is not None, f"job {handle.ref} never started"
         log = root / "logs" / str(NOBODY.uid) / f"{s.key.name}.log"
         while not log.exists() or not log.read_text().strip():
@@ -89,7 +91,9 @@ def submit_all(conf: str, root: str, n: int) -> None:
     """The crashing daemon: submits keys 0..n-1, says each on stdout."""
     ex = executor(Path(conf), Path(root), "bench-once")
     for i in range(n):
-        ex.submit(spec(Path(root), f"once{i}", ["/bin/true"]))
+        handle = ex.submit(spec(Path(root), f"once{i}", ["/bin/true"]))
+        while ex.tracked()[handle.key.name].ref is None:  # the worker's sbatch done
+            time.sleep(0.01)
         print("submitted", i, flush=True)
 
 
@@ -108,8 +112,10 @@ def once(c: Cluster, root: Path, n: int) -> dict[str, object]:
     before = _jobs_per_name(c)
     ex = executor(c.conf, root, "bench-once")
     t0 = time.monotonic()
-    for i in range(n):
-        ex.submit(spec(root, f"once{i}", ["/bin/true"]))
+    handles = [ex.submit(spec(root, f"once{i}", ["/bin/true"])) for i in range(n)]
+    for handle in handles:  # found in the worker's list, or submitted
+        while (job := ex.tracked().get(handle.key.name)) is not None and job.ref is None:
+            time.sleep(0.01)
     resubmit = time.monotonic() - t0
     per_name = _jobs_per_name(c)
     return {
@@ -123,12 +129,15 @@ def once(c: Cluster, root: Path, n: int) -> dict[str, object]:
 
 
 def _jobs_per_name(c: Cluster) -> dict[str, int]:
-    out = c.run("squeue", "-h", "--states=all", "-O", "Name:|,Comment:0")
+    """Jobs per key (all of a daemon's jobs share one name: the key is in the comment)."""
+    from deltad.executors.slurm import key_from_comment
+
+    out = c.run("squeue", "-h", "--states=all", "-O", "Comment:0")
     counts: dict[str, int] = {}
     for line in out.stdout.splitlines():
-        name, _, comment = line.partition("|")
-        if ":bench-once:" in comment:
-            counts[name] = counts.get(name, 0) + 1
+        key = key_from_comment(line.strip(), "bench-once")
+        if key is not None:
+            counts[key.name] = counts.get(key.name, 0) + 1
     return counts
 
 

@@ -17,6 +17,7 @@ import contextlib
 import math
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -289,3 +290,68 @@ class Kubelet:
         done = {"succeeded": 1} if rc == 0 else {"failed": 1}
         status = {"active": 0, "ready": 0, **done, "conditions": [condition]}
         self.emu.set_job_status(name, status, self.ns)
+
+
+class HangingProxy:
+    """A TCP proxy to the emulator that can hang: while `hung()` is open it takes connections
+    and bytes and answers nothing (an API server stopped mid-flight, as with SIGSTOP), then
+    passes everything on again. `kubeconfig` points a client at it."""
+
+    def __init__(self, emu: Emulator, tmp: Path) -> None:
+        host, _, port = emu.url.removeprefix("http://").partition(":")
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.kubeconfig = _kubeconfig(tmp / "kubeconfig-proxy", url)
+        self.open = threading.Event()
+        self.open.set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def hung(self) -> Iterator[None]:
+        self.open.clear()
+        try:
+            yield
+        finally:
+            self.open.set()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        src.settimeout(0.2)
+        try:
+            while not self._stop.is_set():
+                self.open.wait()
+                try:
+                    data = src.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    break
+                while not self.open.is_set():  # hung: hold what came in, answer nothing
+                    self.open.wait(0.2)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.open.set()
+        self.listener.close()
+        self._thread.join()

@@ -1,11 +1,18 @@
 """Resuming `delta run --work-dir WS`: queued, bounded, timed, reaped, with backoff.
 
 Single-threaded by design: the main loop calls `start_ready`, selects on `fds()` (readable when
-a job may have changed: pidfds, the fork server's socket), calls `reap` every turn and
-`enforce_timeouts`. The resumer speaks only the job-handle seam (`executors/seam.py`): it
-submits a `JobSpec` under a `RequestKey` it chose, keeps the `Handle`, and learns from `poll`
-when the job started running (its timeout counts from then) and how it ended. Pids, pidfds and
-`resumes.json` are the local executors' own business (`executors/local.py`).
+a job may have changed: pidfds, the fork server's socket, a remote executor's worker), calls
+`reap` every turn and `enforce_timeouts`. The resumer speaks only the job-handle seam
+(`executors/seam.py`): it submits a `JobSpec` under a `RequestKey` it chose, keeps the `Handle`,
+and learns from `poll` when the job started running (its timeout counts from then) and how it
+ended. Pids, pidfds and `resumes.json` are the local executors' own business
+(`executors/local.py`).
+
+The resumer holds the seam's rules in one place: every call into an executor is wrapped (an
+executor's exception fails that resume, or that one call, with a logged reason, never the
+daemon); time handed to it is monotonic; a resume that times out gets TERM, then KILL after
+`KILL_GRACE_SECONDS` (the resumer's timer, not the executor's); a submit the engine refused is
+tried again after a `Pacing` delay until it is taken, said once.
 """
 
 from __future__ import annotations
@@ -33,7 +40,15 @@ from deltad.executors import (
     make_executor,
     resolve,
 )
-from deltad.executors.seam import Identity, JobSpec, RequestKey, SubmitError, due, reload
+from deltad.executors.seam import (
+    AdoptPending,
+    Identity,
+    JobSpec,
+    Refused,
+    RequestKey,
+    SubmitError,
+)
+from deltad.pacing import Pacing
 from deltad.protocol import exitcodes
 
 from .config import DaemonConfig
@@ -46,6 +61,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("deltad.resumer")
 
 KILL_GRACE_SECONDS = 10.0
+# A submit the engine refused (or could not be asked about) is tried again after this: short,
+# so a resume is taken within seconds of the engine's return, not at the next full reconcile.
+SUBMIT_RETRY = Pacing(base=0.5, cap=4.0)
 UNKNOWN_OWNER = -1  # an adopted resume whose workspace is gone: counted, as nobody's
 
 Queued = tuple[Path, str | None, Launch]
@@ -64,9 +82,13 @@ class InFlight:
     spawned_at: float  # wall clock: submitted (adopted: when it started), to compare with files
     started: float | None = None  # monotonic: the job began running (Started)
     deadline: float = math.inf  # monotonic: the resume timeout; none while queued
-    term_sent: float | None = None
+    term_sent: float | None = None  # monotonic: TERM sent (a timeout); KILL after the grace
+    kill_sent: bool = False
     timed_out: bool = False
     adopted: bool = False  # left by an earlier daemon: its exit code may be unknown
+    # What submitting it took, to submit it again when the engine refuses it later (Refused);
+    # None for an adopted job.
+    again: tuple[str | None, Launch, int, str] | None = None  # run id, launch, owner, request
 
     @property
     def workspace(self) -> Path:
@@ -190,6 +212,11 @@ class Resumer:
         self.metrics: CoreMetrics | None = None  # set by the service (deltad/metrics.py)
         self._answered_at: dict[Path, float] = {}  # a queued answer's file time (wall)
         self.fence: Callable[[], bool] = _always  # may this daemon submit now? (HA: lease.py)
+        self._adopt_pending = False  # adopt() waits for a worker's first answer: ask every turn
+        self._adopt_said = False  # resume_adopt_failed logged (once until adoption works)
+        self._retry_at: dict[Path, float] = {}  # a queued resume's next submit (monotonic)
+        self._failures: dict[Path, int] = {}  # failed submits in a row, by workspace
+        self._said: dict[str, str] = {}  # a seam call -> the failure last logged for it
 
     def configure(self, config: DaemonConfig) -> None:
         self._template = config.resume_command
@@ -217,7 +244,7 @@ class Resumer:
                 detail="changing the executor needs a restart",
             )
         else:
-            reload(self._executor)
+            self._guard("reload", self._executor.reload)
 
     @property
     def executor(self) -> JobExecutor:
@@ -243,10 +270,14 @@ class Resumer:
         assert self._executor is not None
         try:
             handles = self._executor.adopt()
+        except AdoptPending:  # a worker's first answer is on its way: asked again at its news
+            self.jobs_known, self._adopt_pending = False, True
+            return
         except Exception as e:  # the engine away (SubmitError), or a third-party bug
+            self._adopt_pending = False
             self._adopt_failed(str(e) if isinstance(e, SubmitError) else f"{type(e).__name__}: {e}")
             return
-        self.jobs_known = True
+        self.jobs_known, self._adopt_pending, self._adopt_said = True, False, False
         detail = (
             "found once the engine answered; watched to its exit"
             if late
@@ -266,12 +297,12 @@ class Resumer:
             )
 
     def _adopt_failed(self, error: str) -> None:
-        if self.jobs_known:
+        if not self._adopt_said:  # once, until adoption works
             detail = "runs on other hosts are left as they are until it answers"
             log.warning("resume_adopt_failed", error=error, detail=detail)
             if self.metrics is not None and self._executor is not None:
                 self.metrics.executor_errors.labels(self._executor.name, "adopt").inc()
-        self.jobs_known = False
+        self.jobs_known, self._adopt_said = False, True
         assert self._executor is not None
         every = self._executor.poll_every
         self._adopt_again = self.clock.monotonic() + (every if every is not None else 5.0)
@@ -311,14 +342,24 @@ class Resumer:
         return True
 
     def can_start(self) -> bool:
-        if not self._waiting:
+        if not self.jobs_known:  # see start_ready
             return False
+        if not self._waiting:
+            return any(at <= self.clock.monotonic() for at in self._retry_at.values())
         return pick_next(self._heads(), self._running(), self._slots) is not None
 
     def slots(self) -> int:
         return max(0, self._max - len(self.children))
 
     def start_ready(self) -> None:
+        """Submit what the slots allow. Nothing while the engine has not told which of this
+        daemon's jobs exist (`adopt` pending or failing): a resume submitted then could double
+        one an earlier daemon left running; they wait in the queue."""
+        if self._executor is None or not self.jobs_known:
+            self.executor  # noqa: B018 - made (and adopting) on first use
+            if not self.jobs_known:
+                return
+        self._retry_due()
         # The HA fence (lease.py), right before each submit: a daemon that froze since its
         # lease was last renewed submits nothing until the renewal says it is still its own.
         while self._waiting and self.slots() > 0 and self.fence():
@@ -332,6 +373,15 @@ class Resumer:
                 ex = self._in_flight[ws].handle.executor
                 self.metrics.resume_started(ex, answered_at, self.clock.time())
         self._tell_waits()
+
+    def _retry_due(self) -> None:
+        """Resumes whose submit failed and whose pause is over join their owner's queue."""
+        now = self.clock.monotonic()
+        for ws, at in list(self._retry_at.items()):
+            if at <= now:
+                del self._retry_at[ws]
+                owner = self._owner_of.pop(ws, UNKNOWN_OWNER)
+                self._waiting.setdefault(owner, deque()).append((next(self._arrivals), ws))
 
     def _heads(self) -> dict[int, int]:
         """Each owner with a resume waiting -> the arrival number of its oldest."""
@@ -382,18 +432,25 @@ class Resumer:
             return False  # already running (adopted): say nothing
         argv = build_argv(self._template, ws, run_id)
         attempt = next(self._attempts)
+        # The one place a resume is submitted; the spec carries the HA fence (checked again by
+        # an executor right before its engine's submit).
         spec = replace(
             spec_of(ws, run_id, argv, launch, self._timeout, attempt, request), fence=self.fence
         )
         try:
             handle = self.executor.submit(spec)
         except SubmitError as e:
-            return self._spawn_failed(spec, str(e))
+            return self._spawn_failed(spec, str(e), (run_id, launch, owner, request), e.permanent)
         except Exception as e:  # a third-party executor's bug must not stop the daemon
-            return self._spawn_failed(spec, f"{type(e).__name__}: {e}")
-        self._in_flight[ws] = InFlight(handle, self.clock.time())
+            error = f"{type(e).__name__}: {e}"
+            return self._spawn_failed(spec, error, (run_id, launch, owner, request), True)
+        self._in_flight[ws] = InFlight(
+            handle, self.clock.time(), again=(run_id, launch, owner, request)
+        )
         self._owner_of[ws] = owner
         who = launch.identity
+        # Counted until the job runs (a worker's submit may still come back Refused).
+        failures = self._failures.get(ws, 0)
         log.info(
             "resume_spawned",
             workspace=str(ws),
@@ -402,33 +459,62 @@ class Resumer:
             uid=who.runs_as.uid,
             user=who.runs_as.name,
             executor=handle.executor,
+            **({"failed_before": failures} if failures else {}),
         )
         return True
 
-    def _spawn_failed(self, spec: JobSpec, error: str) -> bool:
+    def _spawn_failed(
+        self,
+        spec: JobSpec,
+        error: str,
+        again: tuple[str | None, Launch, int, str],
+        permanent: bool = False,
+    ) -> bool:
+        """Said once per run of failures; tried again after a `Pacing` delay unless the refusal
+        is permanent (then the next look at the workspace decides, as for any new resume)."""
         if self.metrics is not None:
             self.metrics.executor_errors.labels(self._kind, "submit").inc()
-        log.error(
-            "resume_spawn_failed",
-            workspace=str(spec.key.workspace),
-            run_id=spec.key.run_id or None,
-            program=spec.argv[0],
-            error=error,
-        )
+        ws = spec.key.workspace
+        n = self._failures[ws] = self._failures.get(ws, 0) + 1
+        delay = SUBMIT_RETRY.delay(n)
+        fields = {
+            "workspace": str(ws),
+            "run_id": spec.key.run_id or None,
+            "program": spec.argv[0],
+            "error": error,
+        }
+        if permanent:
+            self._failures.pop(ws, None)
+            log.error("resume_spawn_failed", **fields, detail="not tried again")
+            return False
+        if n == 1:
+            log.error(
+                "resume_spawn_failed", **fields, detail="tried again until the engine takes it"
+            )
+        else:
+            log.debug("resume_spawn_failed_again", **fields, failures=n)
+        run_id, launch, owner, request = again
+        self._queued[ws] = (ws, run_id, launch)
+        self._requests[ws] = request
+        self._owner_of[ws] = owner
+        self._retry_at[ws] = self.clock.monotonic() + delay
         return False
 
     def fds(self) -> list[int]:
-        return self.executor.fds()
+        return list(self._guard("fds", self.executor.fds) or [])
 
     def reap(self) -> list[Finished]:
         """Poll the executor (every loop turn): a Started sets the timeout, an Exit is a
         finished resume."""
         if self._executor is None:
             return []
-        if not self.jobs_known and self.clock.monotonic() >= self._adopt_again:
+        if not self.jobs_known and (
+            self._adopt_pending or self.clock.monotonic() >= self._adopt_again
+        ):
             self._adopt(late=True)
         done: list[Finished] = []
-        for event in self._executor.poll(self.clock.time()):
+        events = self._guard("poll", self._executor.poll, self.clock.monotonic()) or []
+        for event in events:
             resume = self._in_flight.get(event.handle.key.workspace)
             if resume is None or resume.handle != event.handle:
                 continue  # not ours (any more)
@@ -436,9 +522,41 @@ class Resumer:
                 self._started(resume, event.at)
             elif isinstance(event, Exit):
                 done.append(self._ended(resume, event))
+            elif isinstance(event, Refused):
+                self._refused(resume, event)
         return done
 
+    def _refused(self, resume: InFlight, event: Refused) -> None:
+        """The engine did not take a job submitted from the executor's worker: submit again."""
+        del self._in_flight[resume.workspace]
+        if resume.again is None:  # never for an adopted job; nothing to submit again
+            self._owner_of.pop(resume.workspace, None)
+            return
+        run_id, launch, _, _ = resume.again
+        argv = build_argv(self._template, resume.workspace, run_id)
+        key = resume.handle.key
+        spec = spec_of(key.workspace, run_id, argv, launch, self._timeout, key.attempt, key.request)
+        self._spawn_failed(spec, event.reason, resume.again)
+
+    def _guard(self, call: str, fn: Any, *args: Any) -> Any:
+        """One seam call that must not end the daemon: an exception is logged (once per
+        distinct failure of that call) and gives None."""
+        try:
+            result = fn(*args)
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+            if self._said.get(call) != error:
+                assert self._executor is not None
+                log.error(
+                    "executor_call_failed", executor=self._executor.name, call=call, error=error
+                )
+            self._said[call] = error
+            return None
+        self._said.pop(call, None)
+        return result
+
     def _started(self, resume: InFlight, at: float) -> None:
+        self._failures.pop(resume.workspace, None)
         resume.started = started_at(self.clock.monotonic(), self.clock.time(), at)
         resume.deadline = resume.started + self._timeout
         if resume.adopted:
@@ -446,6 +564,7 @@ class Resumer:
 
     def _ended(self, resume: InFlight, event: Exit) -> Finished:
         del self._in_flight[resume.workspace]
+        self._failures.pop(resume.workspace, None)
         self._owner_of.pop(resume.workspace, None)
         resume.timed_out = resume.timed_out or event.timed_out
         began = resume.started
@@ -467,9 +586,11 @@ class Resumer:
         return fin
 
     def enforce_timeouts(self, now: float) -> None:
+        """TERM at the resume's deadline, KILL after `KILL_GRACE_SECONDS` without its Exit
+        (`now` is monotonic)."""
         if self._executor is None:
             return
-        for resume in self._in_flight.values():
+        for resume in list(self._in_flight.values()):
             if resume.term_sent is None and now >= resume.deadline:
                 resume.timed_out = True
                 resume.term_sent = now
@@ -480,7 +601,21 @@ class Resumer:
                     **shown(resume.handle),
                     timeout_s=self._timeout,
                 )
-                self._executor.cancel(resume.handle, KILL_GRACE_SECONDS)
+                self._guard("cancel", self._executor.cancel, resume.handle, False)
+            elif (
+                resume.term_sent is not None
+                and not resume.kill_sent
+                and now >= resume.term_sent + KILL_GRACE_SECONDS
+            ):
+                resume.kill_sent = True
+                log.warning(
+                    "resume_killed",
+                    workspace=str(resume.workspace),
+                    run_id=resume.run_id,
+                    **shown(resume.handle),
+                    grace_s=KILL_GRACE_SECONDS,
+                )
+                self._guard("cancel", self._executor.cancel, resume.handle, True)
 
     def next_poll(self, now: float) -> float | None:
         """When `reap` must look again although no fd is readable: every `poll_every` while a
@@ -491,15 +626,21 @@ class Resumer:
         times = []
         if ex.poll_every is not None and self._in_flight:
             times.append(now + ex.poll_every)
-        if not self.jobs_known:  # adopt() to be tried again
+        if not self.jobs_known and not self._adopt_pending:  # adopt() to be tried again
             times.append(max(now, self._adopt_again))
-        wall = self.clock.time()
-        if (when := due(ex, wall)) is not None:
-            times.append(now + max(0.0, when - wall))
+        if self._retry_at:  # a refused submit to try again
+            times.append(min(self._retry_at.values()))
+        if (when := self._guard("due", ex.due, now)) is not None:
+            times.append(float(when))
         return min(times, default=None)
 
     def next_deadline(self) -> float | None:
-        times = [r.deadline for r in self._in_flight.values() if r.term_sent is None]
+        """The next resume timeout, or the next KILL after a TERM's grace (monotonic)."""
+        times = [
+            r.deadline if r.term_sent is None else r.term_sent + KILL_GRACE_SECONDS
+            for r in self._in_flight.values()
+            if not r.kill_sent
+        ]
         return min((t for t in times if t != math.inf), default=None)
 
     def detach_all(self) -> list[dict[str, Any]]:
@@ -510,5 +651,5 @@ class Resumer:
         left = [{"workspace": str(ws), **shown(r.handle)} for ws, r in self._in_flight.items()]
         self._in_flight.clear()
         self._owner_of.clear()
-        self._executor.close()
+        self._guard("close", self._executor.close)
         return left

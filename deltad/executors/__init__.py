@@ -26,15 +26,42 @@ from deltad import platform
 
 from . import registry
 from .fork import is_warm
-from .seam import Event, Exit, Handle, JobExecutor, JobSpec, Started, exit_meaning
+from .registry import ExecutorOptions
+from .remote import RemoteExecutor
+from .seam import (
+    AdoptPending,
+    BaseJobExecutor,
+    Event,
+    Exit,
+    Handle,
+    Identity,
+    JobExecutor,
+    JobSpec,
+    Refused,
+    RequestKey,
+    Started,
+    SubmitError,
+    exit_meaning,
+)
 
+# What a third party's executor needs is importable from here (`deltad.executors`), nothing
+# deeper: the seam's types, `BaseJobExecutor`, and `RemoteExecutor` (remote.py) for an engine
+# reached over the network or through commands.
 __all__ = [
+    "AdoptPending",
+    "BaseJobExecutor",
     "Event",
+    "ExecutorOptions",
     "Exit",
     "Handle",
+    "Identity",
     "JobExecutor",
     "JobSpec",
+    "Refused",
+    "RemoteExecutor",
+    "RequestKey",
     "Started",
+    "SubmitError",
     "exit_meaning",
     "make_executor",
     "resolve",

@@ -227,8 +227,8 @@ class ServerProcess:
             self.children.add(pid)
         return pid
 
-    def cancel(self, pid: int, grace: float) -> bool:
-        return self._send({"op": "cancel", "pid": pid, "grace": grace})
+    def cancel(self, pid: int, force: bool) -> bool:
+        return self._send({"op": "cancel", "pid": pid, "force": force})
 
     def _send(self, msg: dict[str, Any], fds: list[int] | None = None) -> bool:
         """False (and dead) when the server cannot take it within ANSWER_TIMEOUT."""
@@ -407,13 +407,13 @@ class ForkExecutor(FreshExecutor):
             if proc.pid == pid:
                 proc.rc, proc.exited = rc, True
 
-    def cancel(self, handle: Handle, grace: float) -> None:
+    def cancel(self, handle: Handle, force: bool) -> None:
         proc = self.procs.get(handle.key.name)
         if proc is None or proc.handle != handle:
             return
         server = self._owner.get(proc.pid)
-        if server is None or not server.cancel(proc.pid, grace):
-            super().cancel(handle, grace)  # the server sends SIGKILL after the grace itself
+        if server is None or not server.cancel(proc.pid, force):
+            super().cancel(handle, force)  # the server signals its own children
 
     def due(self, now: float) -> float | None:
         due = super().due(now)

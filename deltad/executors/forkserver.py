@@ -9,7 +9,7 @@ per packet; the resume log's fd rides along with a start). It is single-threaded
 is safe: a select over that socket and the SIGCHLD wake-up pipe. Messages:
 
   deltad -> server: start {id, plan, cwd, env, uid, gid, groups} + log fd
-                    cancel {pid, grace}      SIGTERM to the child's group, SIGKILL after grace
+                    cancel {pid, force}      SIGTERM to the child's group (SIGKILL: force)
   server -> deltad: ready {pid}; started {id, pid} | failed {id, error}; exited {pid, rc}
 
 When deltad closes the socket (it restarts the server, or is gone), the server exits at once;
@@ -55,7 +55,6 @@ class Server:
         self.sock = sock
         self.dispositions = dispositions
         self.children: set[int] = set()
-        self.kill_at: dict[int, float] = {}
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
@@ -66,21 +65,15 @@ class Server:
         send(self.sock, {"op": "ready", "pid": os.getpid()})
         while True:
             fds = [self.sock.fileno(), self.wake_r]
-            readable, _, _ = select.select(fds, [], [], self._timeout())
+            readable, _, _ = select.select(fds, [], [])
             if self.wake_r in readable:
                 _drain(self.wake_r)
             self._reap()
-            self._kill_due()
             if self.sock.fileno() in readable:
                 msg, fds = receive(self.sock)
                 if msg is None:
                     return
                 self._handle(msg, fds)
-
-    def _timeout(self) -> float | None:
-        if not self.kill_at:
-            return None
-        return max(0.0, min(self.kill_at.values()) - time.monotonic())
 
     def _handle(self, msg: dict[str, Any], fds: list[int]) -> None:
         try:
@@ -88,7 +81,7 @@ class Server:
                 case "start":
                     self._start(msg, fds[0] if fds else -1)
                 case "cancel":
-                    self._cancel(int(msg["pid"]), float(msg["grace"]))
+                    self._cancel(int(msg["pid"]), bool(msg.get("force")))
                 case _:
                     pass
         finally:
@@ -111,18 +104,10 @@ class Server:
         self.children.add(pid)
         send(self.sock, {"op": "started", "id": msg["id"], "pid": pid})
 
-    def _cancel(self, pid: int, grace: float) -> None:
+    def _cancel(self, pid: int, force: bool) -> None:
         if pid not in self.children:
             return  # already exited (its exit message is on the way): never a recycled pid
-        _killpg(pid, signal.SIGTERM)
-        self.kill_at[pid] = time.monotonic() + grace
-
-    def _kill_due(self) -> None:
-        now = time.monotonic()
-        for pid, when in list(self.kill_at.items()):
-            if now >= when:
-                del self.kill_at[pid]
-                _killpg(pid, signal.SIGKILL)
+        _killpg(pid, signal.SIGKILL if force else signal.SIGTERM)
 
     def _reap(self) -> None:
         while self.children:
@@ -133,7 +118,6 @@ class Server:
             if pid == 0:
                 return
             self.children.discard(pid)
-            self.kill_at.pop(pid, None)
             send(self.sock, {"op": "exited", "pid": pid, "rc": _exit_code(status)})
 
 

@@ -4,8 +4,13 @@ The Job's name is the request key's name, so a second submit of the same resume 
 the API server (409 AlreadyExists) and returns the Job already there: one Job per resume even
 when the daemon crashed between submitting and recording. The daemon finds its Jobs again by
 label after a restart, reads each resume's exit code from its pod, and cancels by deleting the
-Job. Decisions (the manifest, the exit meaning of a Job and its pods, the options) are pure
-functions; `KubernetesExecutor` only talks to the API server.
+Job. A Job is this daemon's only when its tag annotation (an HMAC with the daemon's secret,
+`<state_dir>/executor.key`, over its namespace, name, key and runAsUser) verifies: anyone else's
+Job with the same labels or name is ignored and said once. Credentials reach a Job only through
+a Secret made with it (and owned by it, so it goes with the Job): its plain env carries only the
+harmless variables of `PLAIN_ENV`. Decisions (the manifest, the exit meaning of a Job and its
+pods, the options) are pure functions; `KubernetesExecutor` is the hooks of `RemoteExecutor`,
+run from its worker thread: the daemon's loop never waits on the API server.
 
 `kubernetes` is an optional dependency (`pip install 'deltad[kubernetes]'`), imported only
 when this executor is configured.
@@ -13,6 +18,7 @@ when this executor is configured.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import math
@@ -33,7 +39,8 @@ from deltad.protocol import exitcodes
 from deltad.protocol.printable import show_path
 
 from .registry import ExecutorOptions, validate
-from .seam import Event, Exit, Handle, Identity, JobSpec, RequestKey, Started, SubmitError
+from .remote import RemoteExecutor, RemoteJob, Seen, daemon_secret, tag, tag_ok
+from .seam import Handle, Identity, JobSpec, JobState, RequestKey, SubmitError
 
 if TYPE_CHECKING:
     from kubernetes import client as k8s
@@ -46,17 +53,25 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 DAEMON_LABEL = "deltad.io/daemon"
 WORKSPACE_LABEL = "deltad.io/workspace"
 KEY_ANNOTATION = "deltad.io/key"
+TAG_ANNOTATION = "deltad.io/tag"
 WORKSPACE_ANNOTATION = "deltad.io/workspace"
+# The longest pause between two lists while nothing changes (and at most 32 × poll_every).
+MAX_INTERVAL = 30.0
 # What this executor calls on the API server, by resource: the Role in deploy/kubernetes grants
 # exactly this (a test holds the two together, another that the executor calls nothing else).
 RBAC_NEEDS: Mapping[str, frozenset[str]] = {
     "batch/jobs": frozenset({"create", "get", "list", "delete"}),
     "/pods": frozenset({"list"}),
     "/pods/log": frozenset({"get"}),
+    "/secrets": frozenset({"create", "patch", "delete"}),
 }
-# Environment variables that carry credentials never go into a Job's plain env (anyone who may
-# read Jobs would read them): they come from the Secret named by `env_from_secret`.
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_|$)", re.IGNORECASE)
+# The only variables a Job's plain env carries (anyone who may read Jobs reads them): nothing
+# here can be a credential. Every other one (OPENAI_BASE_URL may hold user:password@, a DSN a
+# password, a header a token: names do not tell) goes into the Job's own Secret.
+PLAIN_ENV = frozenset(
+    {"HOME", "USER", "LOGNAME", "PATH", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR"}
+    | {exitcodes.RESUMED_BY}
+)
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
@@ -178,10 +193,31 @@ def key_from_annotation(name: str, text: str | None) -> RequestKey | None:
 # -- the manifest ------------------------------------------------------------------------------
 
 
-def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """The variables that may go into a Job's plain env, and the names withheld as secrets."""
-    plain = {k: v for k, v in env.items() if not _SECRET_NAME.search(k)}
-    return plain, sorted(set(env) - set(plain))
+def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The variables that may go into a Job's plain env (`PLAIN_ENV`, `LC_*`), and the rest,
+    which go into its Secret."""
+    plain = {k: v for k, v in env.items() if k in PLAIN_ENV or k.startswith("LC_")}
+    return plain, {k: v for k, v in env.items() if k not in plain}
+
+
+def job_tag(secret: bytes, namespace: str, name: str, key: str, uid: int | None) -> str:
+    """What marks a Job as this daemon's: an HMAC of where it is, its key and whom it runs as."""
+    return tag(secret, "kubernetes", namespace, name, key, str(uid))
+
+
+def secret_manifest(spec: JobSpec, options: KubeOptions, values: Mapping[str, str]) -> Any:
+    """The Job's own Secret: its credentials, labelled as the Job is."""
+    from kubernetes import client as k8s
+
+    return k8s.V1Secret(
+        api_version="v1",
+        kind="Secret",
+        metadata=k8s.V1ObjectMeta(
+            name=spec.key.name, namespace=options.namespace, labels=labels_for(spec.key, options)
+        ),
+        type="Opaque",
+        data={k: base64.b64encode(v.encode()).decode() for k, v in values.items()},
+    )
 
 
 def labels_for(key: RequestKey, options: KubeOptions) -> dict[str, str]:
@@ -206,11 +242,13 @@ def workspace_sub_path(workspace: Path, mount_path: PurePosixPath) -> str:
         text.encode("utf-8")  # the API speaks UTF-8 only: a path with other bytes cannot go
     except UnicodeEncodeError as e:  # (a ValueError too: first)
         raise SubmitError(
-            f"workspace {show_path(workspace)} is not UTF-8: a Kubernetes volume cannot name it"
+            f"workspace {show_path(workspace)} is not UTF-8: a Kubernetes volume cannot name it",
+            permanent=True,
         ) from e
     except ValueError as e:
         raise SubmitError(
-            f"workspace {show_path(workspace)} is not under mount_path {mount_path}"
+            f"workspace {show_path(workspace)} is not under mount_path {mount_path}",
+            permanent=True,
         ) from e
     return "" if text == "." else text
 
@@ -241,31 +279,36 @@ def pod_ids(ident: Identity, workspace_gid: int | None, options: KubeOptions) ->
 
 
 def job_manifest(
-    spec: JobSpec, options: KubeOptions, workspace_gid: int | None = None
+    spec: JobSpec, options: KubeOptions, secret: bytes = b"", workspace_gid: int | None = None
 ) -> k8s.V1Job:
-    """One Job for one resume (pure: the client's models only). `workspace_gid` is the group of
-    the workspace directory (`pod_ids`). SubmitError when the resume cannot run as a Job (a
-    root-owned workspace, a workspace off the claim)."""
+    """One Job for one resume (pure: the client's models only), tagged with `secret`.
+    `workspace_gid` is the group of the workspace directory (`pod_ids`). SubmitError
+    (permanent) when the resume cannot run as a Job (a root-owned workspace, a workspace off
+    the claim)."""
     from kubernetes import client as k8s
 
     ids = pod_ids(spec.identity, workspace_gid, options)
     if ids.user == 0 or ids.group == 0:
         raise SubmitError(
-            f"workspace {show_path(spec.key.workspace)} is owned by root: never run as a Job"
+            f"workspace {show_path(spec.key.workspace)} is owned by root: never run as a Job",
+            permanent=True,
         )
     sub_path = workspace_sub_path(spec.key.workspace, options.mount_path)
     workdir = os.fsdecode(spec.key.workspace)
-    plain, _ = split_env(spec.env)
-    secret = options.env_from_secret
+    plain, private = split_env(spec.env)
+    sources = [options.env_from_secret] if options.env_from_secret else []
+    if private:  # the Job's own Secret, made with it (secret_manifest)
+        sources.append(spec.key.name)
     container = k8s.V1Container(
         name=CONTAINER,
         image=options.image,
         command=list(spec.argv),
         working_dir=workdir,
         env=[k8s.V1EnvVar(name=k, value=v) for k, v in sorted(plain.items())] or None,
-        env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=secret))]
-        if secret
-        else None,
+        env_from=[
+            k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=name)) for name in sources
+        ]
+        or None,
         resources=k8s.V1ResourceRequirements(
             requests=options.resources.get("requests"), limits=options.resources.get("limits")
         )
@@ -314,6 +357,9 @@ def job_manifest(
             labels=labels,
             annotations={
                 KEY_ANNOTATION: key_annotation(spec.key),
+                TAG_ANNOTATION: job_tag(
+                    secret, options.namespace, spec.key.name, key_annotation(spec.key), ids.user
+                ),
                 WORKSPACE_ANNOTATION: show_path(spec.key.workspace),
             },
         ),
@@ -407,42 +453,111 @@ def view_of(job: Any | None, pods: Sequence[Any]) -> JobView:
 # -- the executor ------------------------------------------------------------------------------
 
 
-@dataclass
-class _Tracked:
-    handle: Handle
-    started: bool = False
-    log: Path | None = None
-
-
-class KubernetesExecutor:
-    """The `JobExecutor` for Kubernetes. Single-threaded: called from the daemon's loop."""
+class KubernetesExecutor(RemoteExecutor):
+    """The `JobExecutor` for Kubernetes: the hooks of `RemoteExecutor`, run from its worker."""
 
     name = NAME
 
-    def __init__(self, options: KubeOptions, api: Any) -> None:
+    def __init__(self, options: KubeOptions, api: Any, secret: bytes) -> None:
         from kubernetes import client as k8s
 
         self.options = options
-        self.poll_every: float | None = options.poll_every
+        self._secret = secret
         self._api = api
         self._batch = k8s.BatchV1Api(api)
         self._core = k8s.CoreV1Api(api)
         self._k8s = k8s
-        self._jobs: dict[str, _Tracked] = {}  # by Job name
-        self._cancels: dict[str, float] = {}  # Job name: grace, for cancels not yet delivered
-        self._last_poll: float | None = None
-        self._poll_error = ""  # the failure last logged: an outage is said once, not every poll
-
-    # The seam ----------------------------------------------------------------------------------
+        self._last_pod: dict[str, str] = {}  # Job name -> its last pod (where the log is)
+        self._foreign: set[str] = set()  # Jobs not this daemon's, already said
+        self._vanished: set[str] = set()  # Jobs gone from the list (deleted, expired)
+        super().__init__(options.poll_every, min(MAX_INTERVAL, 32 * options.poll_every))
 
     def submit(self, spec: JobSpec) -> Handle:
-        tracked = self._jobs.get(spec.key.name)
-        if tracked is not None:
-            return tracked.handle
-        manifest = job_manifest(spec, self.options, _workspace_gid(spec.key.workspace))
-        _, withheld = split_env(spec.env)
-        if withheld:
-            log.info("kubernetes_env_withheld", names=withheld, secret=self.options.env_from_secret)
+        # a resume that cannot be a Job says so now, not from the worker
+        job_manifest(spec, self.options, self._secret, _workspace_gid(spec.key.workspace))
+        return super().submit(spec)
+
+    # The hooks (the worker thread) --------------------------------------------------------------
+
+    def engine_list(self) -> list[Seen]:
+        found: list[Any] = self._batch.list_namespaced_job(
+            self.options.namespace,
+            label_selector=selector(self.options),
+            _request_timeout=self._timeout,
+        ).items
+        seen = []
+        for job in found:
+            key = self._key_of(job)
+            if key is None:
+                continue  # (a Job being deleted is listed: its pods end first)
+            view = view_of(job, [])
+            pods = self._pods(key.name) if view.ended else []  # the exit code is in the pods
+            seen.append(self._seen(key, job, view_of(job, pods) if pods else view, pods))
+        return seen
+
+    def _key_of(self, job: Any) -> RequestKey | None:
+        """The key of a Job this daemon made; None (said once) for anyone else's."""
+        meta = job.metadata
+        mine = {MANAGED_BY: "deltad", DAEMON_LABEL: self.options.daemon_id}
+        if not mine.items() <= (meta.labels or {}).items():  # the server's filter, checked
+            return None
+        notes = meta.annotations or {}
+        key = key_from_annotation(meta.name, notes.get(KEY_ANNOTATION))
+        pod = job.spec and job.spec.template and job.spec.template.spec
+        context = pod and pod.security_context
+        uid = context.run_as_user if context is not None else None
+        ok = key is not None and tag_ok(
+            self._secret,
+            notes.get(TAG_ANNOTATION) or "",
+            "kubernetes",
+            self.options.namespace,
+            meta.name,
+            notes.get(KEY_ANNOTATION) or "",
+            str(uid),
+        )
+        if not ok:
+            if meta.name not in self._foreign:
+                self._foreign.add(meta.name)
+                log.warning(
+                    "kubernetes_foreign_job_ignored",
+                    job=meta.name,
+                    why="no valid tag of this daemon",
+                )
+            return None
+        return key
+
+    def _seen(self, key: RequestKey, job: Any | None, view: JobView, pods: Sequence[Any]) -> Seen:
+        meta = getattr(job, "metadata", None)
+        ref = (meta and meta.uid) or key.name
+        if pods:
+            self._last_pod[key.name] = pods[-1].metadata.name
+        ended = job_exit(view)
+        start = job_started(view)
+        if ended is None:
+            state = JobState.RUNNING if start is not None else JobState.QUEUED
+            return Seen(key, ref, state, start)
+        rc, timed_out, detail = ended
+        return Seen(key, ref, JobState.ENDED, start, rc, timed_out, detail)
+
+    def engine_missing(self, jobs: list[RemoteJob]) -> dict[str, Seen]:
+        """Jobs gone from the list (deleted, expired by their TTL): what their pods said."""
+        found = {}
+        for job in jobs:
+            name = job.handle.key.name
+            self._vanished.add(name)  # nothing to delete once it ended
+            pods = self._pods(name)
+            found[name] = self._seen(job.handle.key, None, view_of(None, pods), pods)
+        return found
+
+    def engine_submit(self, spec: JobSpec) -> str:
+        name = spec.key.name
+        manifest = job_manifest(
+            spec, self.options, self._secret, _workspace_gid(spec.key.workspace)
+        )
+        _, private = split_env(spec.env)
+        if private:
+            self._create_secret(spec, private)
+            log.info("kubernetes_env_in_secret", job=name, names=sorted(private))
         try:
             made = self._batch.create_namespaced_job(
                 self.options.namespace, manifest, _request_timeout=self._timeout
@@ -450,81 +565,85 @@ class KubernetesExecutor:
             how = "created"
         except self._k8s.ApiException as e:
             if e.status != 409:
-                raise SubmitError(self._refusal(spec.key.name, e)) from e
-            made, how = None, "already_submitted"
-        except Exception as e:  # the API server is unreachable
-            raise SubmitError(f"kubernetes: cannot submit {spec.key.name}: {_one_line(e)}") from e
-        if made is None:
-            made = self._existing(spec.key.name)
-        handle = self._handle(spec.key, made)
-        self._jobs[spec.key.name] = _Tracked(handle, log=spec.log)
-        log.info("kubernetes_job_submitted", job=spec.key.name, how=how)
-        return handle
+                raise SubmitError(self._refusal(name, e)) from e
+            made, how = self._existing(name), "already_submitted"
+        uid = getattr(made.metadata, "uid", None)
+        if private and uid:  # the Secret goes with its Job (the garbage collector)
+            self._own_secret(name, uid)
+        log.info("kubernetes_job_submitted", job=name, how=how)
+        return str(uid or name)
 
-    def poll(self, now: float) -> list[Event]:
-        if not (self._jobs or self._cancels) or not self._due(now):
-            return []
-        for name in list(self._cancels):
-            self._cancel(name)
+    def _create_secret(self, spec: JobSpec, values: Mapping[str, str]) -> None:
         try:
-            jobs = {j.metadata.name: j for j in self._list_jobs()}
-        except Exception as e:  # an outage: try again at the next poll
-            if _one_line(e) != self._poll_error:
-                log.warning("kubernetes_poll_failed", error=_one_line(e))
-            self._poll_error = _one_line(e)
-            return []
-        self._poll_error = ""
-        events: list[Event] = []
-        for name, tracked in list(self._jobs.items()):
-            try:
-                events.extend(self._events_of(name, tracked, jobs.get(name)))
-            except Exception as e:  # its pods could not be listed: this Job at the next poll
-                log.warning("kubernetes_poll_failed", job=name, error=_one_line(e))
-        return events
+            self._core.create_namespaced_secret(
+                self.options.namespace,
+                secret_manifest(spec, self.options, values),
+                _request_timeout=self._timeout,
+            )
+        except self._k8s.ApiException as e:
+            if e.status != 409:  # 409: made by an earlier try of this very key
+                raise SubmitError(self._refusal(spec.key.name, e)) from e
 
-    def cancel(self, handle: Handle, grace: float) -> None:
-        """Delete the Job (TERM now, KILL after `grace`); when the API server cannot be reached,
-        again at each poll until it answers (the Job's deadline is the backstop meanwhile)."""
-        self._cancels[handle.key.name] = grace
-        self._cancel(handle.key.name)
+    def _own_secret(self, name: str, uid: str) -> None:
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}
+        try:
+            self._core.patch_namespaced_secret(
+                name,
+                self.options.namespace,
+                {"metadata": {"ownerReferences": [owner]}},
+                _request_timeout=self._timeout,
+            )
+        except Exception as e:  # deleted with the Job by engine_ended meanwhile
+            log.warning("kubernetes_secret_not_owned", job=name, error=_error_words(e))
 
-    def _cancel(self, name: str) -> None:
-        grace = self._cancels[name]
+    def engine_cancel(self, job: RemoteJob, force: bool) -> None:
+        """Delete the Job: its pods get TERM and `cancel_grace` (KILL at once when forced)."""
+        name = job.handle.key.name
+        grace = 0 if force else math.ceil(self.options.cancel_grace)
         try:
             self._batch.delete_namespaced_job(
                 name,
                 self.options.namespace,
                 propagation_policy="Foreground",  # the pods go before the Job does
-                grace_period_seconds=math.ceil(grace),
+                grace_period_seconds=grace,
                 _request_timeout=self._timeout,
             )
         except Exception as e:
             if getattr(e, "status", None) != 404:  # 404: gone already, which is what was asked
-                log.warning("kubernetes_cancel_failed", job=name, error=_error_words(e))
-                return
-        del self._cancels[name]
+                raise
         log.info("kubernetes_job_cancelled", job=name, grace=grace)
 
-    def adopt(self) -> list[Handle]:
-        """This daemon's Jobs; SubmitError (one line) when the API server cannot be asked."""
-        try:
-            jobs = self._list_jobs()
-        except Exception as e:
-            raise SubmitError(f"kubernetes: cannot list this daemon's jobs: {_one_line(e)}") from e
-        adopted = []
-        for job in jobs:
-            name = job.metadata.name
-            key = key_from_annotation(name, (job.metadata.annotations or {}).get(KEY_ANNOTATION))
-            if key is None or job.metadata.deletion_timestamp is not None:
-                continue
-            tracked = self._jobs.setdefault(name, _Tracked(self._handle(key, job)))
-            adopted.append(tracked.handle)
-        return adopted
+    def engine_ended(self, job: RemoteJob) -> None:
+        """Keep the pod's output in the resume log, then delete the Job and its Secret."""
+        name = job.handle.key.name
+        pod = self._last_pod.pop(name, None)
+        if job.spec is not None and job.spec.log is not None and pod is not None:
+            self._save_log(pod, job.spec.log)
+        deletes: list[Any] = []
+        if name not in self._vanished:
+            deletes.append(self._batch.delete_namespaced_job)
+        self._vanished.discard(name)
+        if job.spec is None or split_env(job.spec.env)[1]:  # it has a Secret of its own
+            deletes.append(self._core.delete_namespaced_secret)
+        for delete in deletes:
+            try:
+                delete(
+                    name,
+                    self.options.namespace,
+                    propagation_policy="Background",
+                    _request_timeout=self._timeout,
+                )
+            except Exception as e:  # the Job's TTL removes it later (and its Secret with it)
+                if getattr(e, "status", None) != 404:
+                    log.warning("kubernetes_delete_failed", job=name, error=_error_words(e))
 
-    def fds(self) -> list[int]:
-        return []
+    def engine_words(self, e: BaseException) -> str:
+        if isinstance(e, SubmitError):
+            return str(e)
+        return _error_words(e) if isinstance(e, Exception) else str(e)
 
     def close(self) -> None:
+        super().close()
         self._api.close()
 
     # Talking to the API server -----------------------------------------------------------------
@@ -534,31 +653,18 @@ class KubernetesExecutor:
         return self.options.request_timeout
 
     def _existing(self, name: str) -> Any:
-        """The Job a 409 said exists (it may have gone meanwhile: then submit again later)."""
+        """The Job a 409 said exists, when it is this daemon's (else someone took the name)."""
         try:
-            return self._batch.read_namespaced_job(
+            job = self._batch.read_namespaced_job(
                 name, self.options.namespace, _request_timeout=self._timeout
             )
         except Exception as e:
             raise SubmitError(
                 f"kubernetes: job {name} exists but cannot be read: {_one_line(e)}"
             ) from e
-
-    def _due(self, now: float) -> bool:
-        if self._last_poll is not None and now - self._last_poll < self.options.poll_every:
-            return False
-        self._last_poll = now
-        return True
-
-    def _list_jobs(self) -> list[Any]:
-        found: list[Any] = self._batch.list_namespaced_job(
-            self.options.namespace,
-            label_selector=selector(self.options),
-            _request_timeout=self._timeout,
-        ).items
-        mine = {MANAGED_BY: "deltad", DAEMON_LABEL: self.options.daemon_id}
-        # Checked here too: the selector is the server's filter, this is ours.
-        return [j for j in found if mine.items() <= (j.metadata.labels or {}).items()]
+        if self._key_of(job) is None:
+            raise SubmitError(f"kubernetes: a job named {name} exists and is not this daemon's")
+        return job
 
     def _pods(self, name: str) -> list[Any]:
         found: list[Any] = self._core.list_namespaced_pod(
@@ -567,39 +673,6 @@ class KubernetesExecutor:
             _request_timeout=self._timeout,
         ).items
         return [p for p in found if (p.metadata.labels or {}).get("job-name") == name]
-
-    def _events_of(self, name: str, tracked: _Tracked, job: Any | None) -> list[Event]:
-        view = view_of(job, [])
-        # The pods only once the Job has ended: that is where its exit code is.
-        pods = self._pods(name) if view.ended else []
-        view = view_of(job, pods) if pods else view
-        events: list[Event] = []
-        at = job_started(view)
-        if at is not None and not tracked.started:
-            tracked.started = True
-            events.append(Started(tracked.handle, at))
-        ended = job_exit(view)
-        if ended is not None:
-            rc, timed_out, detail = ended
-            events.append(Exit(tracked.handle, rc, timed_out, detail))
-            self._finish(name, tracked, pods, job is not None)
-        return events
-
-    def _finish(self, name: str, tracked: _Tracked, pods: Sequence[Any], exists: bool) -> None:
-        """Keep the pod's output in the resume log, then delete the finished Job."""
-        del self._jobs[name]
-        if tracked.log is not None and pods:
-            self._save_log(pods[-1].metadata.name, tracked.log)
-        if exists:
-            try:
-                self._batch.delete_namespaced_job(
-                    name,
-                    self.options.namespace,
-                    propagation_policy="Background",
-                    _request_timeout=self._timeout,
-                )
-            except Exception as e:  # its TTL removes it later
-                log.warning("kubernetes_delete_failed", job=name, error=_one_line(e))
 
     def _save_log(self, pod: str, path: Path) -> None:
         try:
@@ -614,10 +687,6 @@ class KubernetesExecutor:
                 f.write(text if isinstance(text, str) else str(text))
         except Exception as e:  # the log is a courtesy: the exit code is what counts
             log.warning("kubernetes_log_unavailable", pod=pod, error=_one_line(e))
-
-    def _handle(self, key: RequestKey, job: Any) -> Handle:
-        meta = getattr(job, "metadata", None)
-        return Handle(key, NAME, (meta and meta.uid) or key.name)
 
     def _refusal(self, name: str, e: Any) -> str:
         return f"kubernetes refused job {name}: {_api_words(e)}"
@@ -667,15 +736,6 @@ def api_client(options: KubeOptions) -> Any:
         ) from e
 
 
-def make_kubernetes_executor(options: KubeOptions | Mapping[str, Any]) -> KubernetesExecutor:
-    """`executor: kubernetes` from its options (validated by the registry through
-    `options_model`; a mapping, as a direct caller may give, is validated here);
-    ExecutorConfigError (one line) when it cannot be made."""
-    parsed = options if isinstance(options, KubeOptions) else parse_options(options)
-    _need_the_package()
-    return KubernetesExecutor(parsed, api_client(parsed))
-
-
 def _need_the_package() -> None:
     try:
         import kubernetes  # noqa: F401
@@ -692,5 +752,29 @@ def preflight(options: KubeOptions) -> None:
     api_client(options)
 
 
-make_kubernetes_executor.options_model = KubeOptions  # type: ignore[attr-defined]
-make_kubernetes_executor.preflight = preflight  # type: ignore[attr-defined]
+class KubernetesFactory:
+    """`executors: {kubernetes: OPTIONS}`: validated through `options_model` when the config
+    is read, checked against the host by `preflight`, built with the daemon's state dir (its
+    signing key); ExecutorConfigError (one line) when it cannot be."""
+
+    options_model = KubeOptions
+
+    def check_options(self, options: KubeOptions | Mapping[str, Any]) -> None:
+        _parsed(options)
+
+    def preflight(self, options: KubeOptions | Mapping[str, Any]) -> None:
+        preflight(_parsed(options))
+
+    def build(
+        self, options: KubeOptions | Mapping[str, Any], state_dir: Path
+    ) -> KubernetesExecutor:
+        parsed = _parsed(options)
+        _need_the_package()
+        return KubernetesExecutor(parsed, api_client(parsed), daemon_secret(state_dir))
+
+
+make_kubernetes_executor = KubernetesFactory()
+
+
+def _parsed(options: KubeOptions | Mapping[str, Any]) -> KubeOptions:
+    return options if isinstance(options, KubeOptions) else parse_options(options)

@@ -29,7 +29,7 @@ from deltad.clock import SYSTEM, Clock
 from deltad.protocol.printable import show_path
 from deltad.protocol.process import alive, proc_start_ticks
 
-from .seam import Event, Exit, Handle, Identity, JobSpec, RequestKey, Started
+from .seam import BaseJobExecutor, Event, Exit, Handle, Identity, JobSpec, RequestKey, Started
 
 log = structlog.get_logger("deltad.resumer")
 
@@ -60,7 +60,6 @@ class Proc:
     spawned_at: float  # wall clock: reported as the job's start
     adopted: bool = False  # not our child (an earlier daemon's, a dead fork server's): no code
     reported: bool = False  # its Started went out
-    kill_at: float | None = None  # monotonic: SIGKILL if still alive (a cancel's grace)
     rc: int | None = None
     exited: bool = False
 
@@ -157,7 +156,7 @@ def load(state_dir: Path, executor: str) -> list[Left]:
 
 
 # -- the executor --------------------------------------------------------------------------------
-class LocalJobs:
+class LocalJobs(BaseJobExecutor):
     """A `JobExecutor` of local processes; subclasses implement `start` and may refine
     `collect`, `signal` and `watched`."""
 
@@ -203,15 +202,11 @@ class LocalJobs:
 
     def poll(self, now: float) -> list[Event]:
         events: list[Event] = []
-        mono = self.clock.monotonic()
         ended = False
         for name, proc in list(self.procs.items()):
             if not proc.reported:
                 proc.reported = True
                 events.append(Started(proc.handle, proc.spawned_at))
-            if proc.kill_at is not None and mono >= proc.kill_at:
-                proc.kill_at = None
-                self.signal(proc, signal.SIGKILL)
             self.collect(proc)
             if proc.exited:
                 del self.procs[name]
@@ -222,12 +217,11 @@ class LocalJobs:
             self._changed()
         return events
 
-    def cancel(self, handle: Handle, grace: float) -> None:
+    def cancel(self, handle: Handle, force: bool) -> None:
         proc = self.procs.get(handle.key.name)
         if proc is None or proc.handle != handle:
             return
-        proc.kill_at = self.clock.monotonic() + grace
-        self.signal(proc, signal.SIGTERM)
+        self.signal(proc, signal.SIGKILL if force else signal.SIGTERM)
 
     def adopt(self) -> list[Handle]:
         adopted = []
@@ -249,12 +243,8 @@ class LocalJobs:
         return [p.pidfd for p in self.procs.values() if p.pidfd is not None and self.watched(p)]
 
     def due(self, now: float) -> float | None:
-        """A Started to report: now; else the next SIGKILL after a cancel's grace."""
-        if any(not p.reported for p in self.procs.values()):
-            return now
-        mono = self.clock.monotonic()
-        kills = [p.kill_at for p in self.procs.values() if p.kill_at is not None]
-        return now + max(0.0, min(kills) - mono) if kills else None
+        """A Started to report: now."""
+        return now if any(not p.reported for p in self.procs.values()) else None
 
     def close(self) -> None:
         """Let go: the processes run on (own sessions), recorded for the next daemon."""

@@ -20,9 +20,9 @@ Either way `check_options(options)` (optional) is called with what the factory w
 the config is read; and `preflight(options)` (optional) checks what the options need of this
 host without starting anything (a package installed, a directory writable, a program found),
 called by `deltad check` and by `deltad serve` before it starts. All raise ValueError with one
-line naming the key. The local executors' factories (`LocalFactory`) take no options
-(`NoOptions`) and are also given the daemon's state dir: their resume logs and `resumes.json`
-live there.
+line naming the key. A factory with a `build(options, state_dir)` method is called that way
+instead, with the daemon's state dir: the local executors (`LocalFactory`, no options: resume
+logs, `resumes.json`) and the cluster ones (their signing key, `executor.key`) keep files there.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class LocalFactory:
         return self._make(state_dir)
 
 
-Factory = Callable[[Any], Any] | LocalFactory
+Factory = Any  # a callable `factory(options)`, or an object with `build(options, state_dir)`
 
 
 class UnknownExecutor(ValueError):
@@ -139,7 +139,7 @@ def find(name: str) -> Factory:
     except ImportError as e:
         raise UnknownExecutor(f"executor: {name} cannot be loaded: {e}") from e
     factory = getattr(module, attr, None) if attr else None
-    if not (callable(factory) or isinstance(factory, LocalFactory)):
+    if not (callable(factory) or callable(getattr(factory, "build", None))):
         raise UnknownExecutor(f"executor: {name}: {target} is not a factory")
     return factory
 
@@ -177,9 +177,11 @@ def make(name: str, options: Mapping[str, Any], state_dir: Path) -> JobExecutor:
     """The executor itself. Raises ValueError (one line) when it cannot be made."""
     factory = find(name)
     parsed = parse(name, factory, options)
-    made = (
-        factory.build(parsed, state_dir) if isinstance(factory, LocalFactory) else factory(parsed)
-    )
+    build = getattr(factory, "build", None)
+    made = build(parsed, state_dir) if callable(build) else factory(parsed)
     if not isinstance(made, JobExecutor):
-        raise UnknownExecutor(f"executor: {name}: its factory made no job executor (seam.py)")
+        raise UnknownExecutor(
+            f"executor: {name}: its factory made no job executor "
+            "(subclass deltad.executors.BaseJobExecutor)"
+        )
     return made

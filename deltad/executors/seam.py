@@ -4,20 +4,37 @@ Modelled on Airflow's `BaseExecutor` (queue, sync, adopt, terminate, with events
 and Dagster's run launchers (the engine's view of a run, not a pid): the daemon never sees a pid,
 a pidfd or a job id, only a `Handle` it got back for a `RequestKey` it chose before submitting.
 
-- `submit(spec)` is idempotent on `spec.key`: the key is computed before anything is started and
-  becomes the job's name on the engine (a Slurm job name, a Kubernetes Job name), so a daemon that
-  crashed between submitting and recording finds the job again instead of starting a second one.
-- `poll(now)` reports what changed: a job that started running (the resume timeout counts from
-  then, not from the queue) and jobs that ended, each with its exit meaning or "unknown".
-- `cancel(handle, grace)` asks the engine to stop a job: TERM, then KILL after `grace`.
-- `adopt()` asks the engine itself which of this daemon's jobs still exist after a restart.
-- `poll_every` is how often `poll` must be called when nothing is readable on `fds()` (engines
-  without file descriptors); None when `fds()` tells everything.
+The contract (`deltad.testing.executor_contract` checks it; subclass `BaseJobExecutor` for the
+optional members' defaults):
 
-Two optional methods, looked up with `due` and `reload` below (an executor without them needs
-neither): `due(now)`, the wall-clock time at which `poll` has something to do that no fd will
-announce (a cancel's SIGKILL after its grace, a Started not yet reported), and `reload()`, the
-daemon's configuration was reloaded (SIGHUP: the fork server starts afresh for new jobs).
+- Every method is called from the daemon's one loop and must return within milliseconds: an
+  executor that talks to a remote engine does so from a worker of its own (`remote.py`) and
+  tells the loop through `fds()` that `poll` has news. The loop never waits on an engine.
+- Time given to the executor is monotonic (`clock.monotonic()`): `poll(now)` and `due(now)`
+  take it and `due` returns it. Only `Started.at` is wall clock (an engine reports starts so).
+- `submit(spec)` is idempotent on `spec.key`: the key is computed before anything is started, so
+  a daemon that crashed between submitting and recording finds the job again instead of starting
+  a second one. It raises `SubmitError` when the engine refuses now; an executor that submits
+  from a worker reports a later refusal as a `Refused` event. Either way the resumer tries the
+  resume again after a `Pacing` delay, and says so once.
+- `poll(now)` reports what changed: a job that started running (`Started`: the resume timeout
+  counts from then, not from the queue), jobs that ended (`Exit`, with its exit meaning or
+  "unknown"), submits the engine refused (`Refused`).
+- `cancel(handle, force)`: stop the job, with TERM (the engine's graceful stop) when `force` is
+  False, KILL when True. The resumer owns the escalation: it sends `force=True` itself when no
+  `Exit` came within its grace; an executor keeps no kill timer.
+- `adopt()` asks the engine which of this daemon's jobs exist after a restart: queued, running
+  and ended ones (the ended ones' `Exit` comes at the next `poll`, so a job that ended while no
+  daemon ran is still judged). It raises `SubmitError` when the engine cannot be asked (the
+  resumer asks again later) and `AdoptPending` while a worker's first answer is on its way.
+- Only the jobs this daemon submitted are its own (`adopt`, `poll`, an idempotent `submit`):
+  another user's job with a matching name or comment is never taken.
+- Any exception from an executor fails that resume (or that one call) with a logged reason;
+  it never ends the daemon. Still, `poll` should not raise on engine trouble: say it once.
+- `poll_every` is how often `poll` must be called when nothing is readable on `fds()` (engines
+  without file descriptors); None when `fds()` tells everything. `due(now)` is when `poll` has
+  something to do that no fd will announce (a Started not yet reported); `reload()` says the
+  daemon's configuration was reloaded (SIGHUP); `close()` lets go (jobs keep running).
 """
 
 from __future__ import annotations
@@ -134,12 +151,22 @@ class Exit:
         return exit_meaning(self.rc)
 
 
-Event = Started | Exit
+@dataclass(frozen=True)
+class Refused:
+    """The engine did not take a submitted job (an executor that submits from a worker); the
+    resumer tries the resume again after a `Pacing` delay. `reason` is one line."""
+
+    handle: Handle
+    reason: str
+
+
+Event = Started | Exit | Refused
 
 
 @runtime_checkable
 class JobExecutor(Protocol):
-    """What the daemon needs of an executor. Called from the main loop only (single-threaded)."""
+    """What the daemon needs of an executor (the module's docstring is the contract). Called
+    from the daemon's one loop only; every call returns within milliseconds."""
 
     name: str
     poll_every: float | None
@@ -150,19 +177,29 @@ class JobExecutor(Protocol):
         ...
 
     def poll(self, now: float) -> list[Event]:
-        """What changed since the last call: jobs that started running, jobs that ended."""
+        """What changed since the last call (`now` is monotonic): Started, Exit, Refused."""
         ...
 
-    def cancel(self, handle: Handle, grace: float) -> None:
-        """Ask the engine to stop the job: TERM now, KILL after `grace` seconds."""
+    def cancel(self, handle: Handle, force: bool) -> None:
+        """Stop the job: TERM (graceful) when `force` is False, KILL when True. The resumer
+        escalates; an unknown or ended handle is no error."""
         ...
 
     def adopt(self) -> list[Handle]:
-        """This daemon's jobs the engine still knows of (after a restart), running or queued."""
+        """This daemon's jobs the engine still knows of (after a restart), queued, running or
+        ended (an ended one's Exit comes at the next poll)."""
         ...
 
     def fds(self) -> list[int]:
         """Readable when `poll` has something to say (empty for engines without descriptors)."""
+        ...
+
+    def due(self, now: float) -> float | None:
+        """When (monotonic) `poll` must be called although no fd is readable; None: no need."""
+        ...
+
+    def reload(self) -> None:
+        """The daemon's configuration was reloaded."""
         ...
 
     def close(self) -> None:
@@ -170,8 +207,51 @@ class JobExecutor(Protocol):
         ...
 
 
+class BaseJobExecutor:
+    """Defaults for the optional members: subclass it and write `submit`, `poll`, `cancel`
+    (and `adopt` when the engine outlives the daemon)."""
+
+    name: str = "unnamed"
+    poll_every: float | None = None
+
+    def submit(self, spec: JobSpec) -> Handle:
+        raise NotImplementedError
+
+    def poll(self, now: float) -> list[Event]:
+        raise NotImplementedError
+
+    def cancel(self, handle: Handle, force: bool) -> None:
+        raise NotImplementedError
+
+    def adopt(self) -> list[Handle]:
+        return []
+
+    def fds(self) -> list[int]:
+        return []
+
+    def due(self, now: float) -> float | None:
+        return None
+
+    def reload(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 class SubmitError(Exception):
-    """The engine refused a job; the message is one line for the log."""
+    """The engine refused a job (or could not be asked); the message is one line for the log.
+    `permanent`: asking again cannot help (a workspace the engine cannot mount, a root-owned
+    one): the resumer does not retry it; else it does, after a `Pacing` delay."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class AdoptPending(SubmitError):
+    """`adopt()` before the executor's worker has its first answer from the engine: asked again
+    when `fds()` says there is news (not an outage: logged quietly)."""
 
 
 def exit_meaning(rc: int | None) -> str:
@@ -184,16 +264,3 @@ def exit_meaning(rc: int | None) -> str:
         except ValueError:
             return "killed"
     return exitcodes.MEANING.get(rc, "unexpected")
-
-
-def due(executor: JobExecutor, now: float) -> float | None:
-    """When (wall clock) `poll` must be called although no fd is readable: the executor's
-    optional `due(now)`; None when it has none or nothing is due."""
-    hook = getattr(executor, "due", None)
-    return hook(now) if hook is not None else None
-
-
-def reload(executor: JobExecutor) -> None:
-    """Tell the executor the configuration was reloaded, when it wants to know."""
-    if (hook := getattr(executor, "reload", None)) is not None:
-        hook()

@@ -1,14 +1,23 @@
 """`executor: slurm` — each resume is one Slurm batch job, run as the workspace owner.
 
 Driven through Slurm's own commands (no Python binding matches Debian 12's Slurm 22.05):
-argv lists, never a shell, a timeout on every call. The job's name is the request key's name and
-its comment carries this daemon's id and the key, so a restarted daemon finds its jobs in Slurm
-(`adopt`) and a second submit of one key finds the first job (`submit` is idempotent, by
-looking the name up first). Values of the job's environment never appear in any argv: sbatch
-gets exactly the spec's environment as its own (`--export=ALL`) and reads the script on stdin.
+argv lists, never a shell, a timeout on every call, all from the executor's worker thread
+(`remote.py`): the daemon's loop never waits on slurmctld.
+
+Every job of one daemon has one name, `deltad-<daemon id>`, so one `squeue --name` covers all of
+them whatever their number (snakemake's shape: the argv stays constant and the controller's work
+is one query per interval, an interval that grows while nothing changes). The comment carries the
+request key, the uid the job was submitted for and an HMAC of both with this daemon's secret
+(`<state_dir>/executor.key`, 0600): a job is this daemon's only when its tag verifies and Slurm
+says it belongs to that uid, so another user's job with a copied name or comment is ignored (and
+said once). A restarted daemon finds its jobs that way (`adopt`), and a second submit of one key
+finds the first job (`submit` is idempotent). Ends Slurm has purged (older than `MinJobAge`) are
+asked of `sacct` where accounting exists; without it they are "unknown" (docs/daemon.md). Values
+of the job's environment never appear in any argv: sbatch gets exactly the spec's environment
+as its own (`--export=ALL`) and reads the script on stdin.
 
 Decisions are pure functions (argv, script, comment, output parsing, exit meaning), tested from
-tables; `SlurmExecutor` is the thin shell that runs the commands.
+tables; `SlurmExecutor` is the thin shell of hooks that runs the commands.
 """
 
 from __future__ import annotations
@@ -37,24 +46,19 @@ from deltad.protocol.printable import show_path
 from deltad.validation import dir_problem
 
 from .registry import ExecutorOptions, validate
-from .seam import (
-    Event,
-    Exit,
-    Handle,
-    Identity,
-    JobSpec,
-    RequestKey,
-    Started,
-    SubmitError,
-    check_fence,
-)
+from .remote import RemoteExecutor, RemoteJob, Seen, daemon_secret, tag, tag_ok
+from .seam import Identity, JobSpec, JobState, RequestKey, SubmitError, check_fence
 
 log = structlog.get_logger("deltad.executors.slurm")
 
 NAME = "slurm"
-COMMENT_PREFIX = "deltad1"
+COMMENT_PREFIX = "deltad2"
 # squeue's long format: the comment last and unbounded (`:0`), so '|' in it cannot shift fields.
-SQUEUE_FORMAT = "JobID:|,Name:|,State:|,StartTime:|,exit_code:|,Reason:|,NodeList:|,Comment:0"
+SQUEUE_FORMAT = (
+    "JobID:|,Name:|,State:|,StartTime:|,exit_code:|,Reason:|,NodeList:|,UserId:|,Comment:0"
+)
+# The longest pause between two queries while nothing changes (and at most 32 × poll_every).
+MAX_INTERVAL = 10.0
 QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"})
 # Ends whose exit code is the job's own (a code, or the signal that ended it).
@@ -64,7 +68,7 @@ EXITED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "OUT_OF_MEMORY", "TIMEOU
 _DAEMON_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
-class SlurmError(Exception):
+class SlurmError(SubmitError):
     """A Slurm command failed, was missing, or did not answer; the message is one line."""
 
 
@@ -74,6 +78,9 @@ class SlurmConfigError(ValueError):
 
 def _short_hostname() -> str:
     return socket.gethostname().split(".")[0]
+
+
+_OURS = {"-J", "--job-name", "--comment", "--uid", "--gid"}
 
 
 class SlurmOptions(ExecutorOptions):
@@ -86,6 +93,7 @@ class SlurmOptions(ExecutorOptions):
     partition: str | None = None
     account: str | None = None
     extra_args: tuple[str, ...] = ()  # more sbatch options, e.g. ("--qos=hitl",)
+    # the first pause between queries; doubles while nothing changes
     poll_every: float = Field(default=0.5, ge=0.05, strict=True)
     # added to the resume timeout for Slurm's --time backstop
     time_margin: float = Field(default=300.0, ge=0, strict=True, alias="time_margin_seconds")
@@ -105,6 +113,14 @@ class SlurmOptions(ExecutorOptions):
     def _no_patterns(cls, v: Path) -> Path:
         if "%" in str(v) or "\\" in str(v):  # sbatch's filename patterns
             raise ValueError("'%' and '\\' are not allowed")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_ours(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # The job's name, comment and user are how this daemon finds its own jobs.
+        if taken := [a for a in v if a.split("=")[0] in _OURS]:
+            raise ValueError(f"{taken[0]!r} is the daemon's to set")
         return v
 
     @field_validator("daemon_id")
@@ -133,16 +149,35 @@ class JobRow:
     status: int  # the raw wait status Slurm keeps (ExitCode rc:sig)
     reason: str
     nodes: str  # where it ran; empty for a job that never ran (a cancelled one has a StartTime)
+    uid: int | None  # whose job it is (Slurm's UserId)
     comment: str
 
 
 # --- configuration ------------------------------------------------------------------------
 
 
-def make_slurm_executor(options: SlurmOptions | Mapping[str, Any]) -> SlurmExecutor:
-    """The executor for `executors: {slurm: OPTIONS}` (validated by the registry through
-    `options_model` when the config is read; a mapping, as a direct caller may give, here)."""
-    return SlurmExecutor(options if isinstance(options, SlurmOptions) else parse_options(options))
+class SlurmFactory:
+    """`executors: {slurm: OPTIONS}`: validated through `options_model` when the config is
+    read, checked against the host by `preflight` without starting anything, built with the
+    daemon's state dir (where its signing key is); `SlurmConfigError` says what is wrong."""
+
+    options_model = SlurmOptions
+
+    def check_options(self, options: SlurmOptions | Mapping[str, Any]) -> None:
+        _parsed(options)
+
+    def preflight(self, options: SlurmOptions | Mapping[str, Any]) -> None:
+        preflight(_parsed(options))
+
+    def build(self, options: SlurmOptions | Mapping[str, Any], state_dir: Path) -> SlurmExecutor:
+        return SlurmExecutor(_parsed(options), daemon_secret(state_dir))
+
+
+make_slurm_executor = SlurmFactory()
+
+
+def _parsed(options: SlurmOptions | Mapping[str, Any]) -> SlurmOptions:
+    return options if isinstance(options, SlurmOptions) else parse_options(options)
 
 
 def parse_options(options: Mapping[str, Any]) -> SlurmOptions:
@@ -168,31 +203,49 @@ def preflight(options: SlurmOptions) -> None:
             )
 
 
-make_slurm_executor.options_model = SlurmOptions  # type: ignore[attr-defined]
-make_slurm_executor.preflight = preflight  # type: ignore[attr-defined]
-
-
 # --- pure decisions -----------------------------------------------------------------------
 
 
-def comment_for(key: RequestKey, daemon_id: str) -> str:
-    """`deltad1:<daemon id>:<base64url JSON>`: no spaces, any workspace bytes kept exactly."""
+def job_name(daemon_id: str) -> str:
+    """The one name of all of a daemon's jobs: one `squeue --name` finds them all."""
+    return f"deltad-{daemon_id}"
+
+
+def comment_for(key: RequestKey, daemon_id: str, uid: int, secret: bytes) -> str:
+    """`deltad2:<daemon id>:<uid>:<base64url JSON of the key>:<tag>`: no spaces, any workspace
+    bytes kept exactly; the tag (an HMAC with this daemon's secret) says this daemon wrote it
+    for a job of `uid`."""
     payload = {
         "ws": base64.urlsafe_b64encode(os.fsencode(key.workspace)).decode(),
         "run": key.run_id,
         "req": key.request,
         "n": key.attempt,
     }
-    packed = json.dumps(payload, separators=(",", ":")).encode()
-    return f"{COMMENT_PREFIX}:{daemon_id}:{base64.urlsafe_b64encode(packed).decode()}"
+    packed = base64.urlsafe_b64encode(json.dumps(payload, separators=(",", ":")).encode()).decode()
+    signed = tag(secret, COMMENT_PREFIX, daemon_id, str(uid), packed)
+    return f"{COMMENT_PREFIX}:{daemon_id}:{uid}:{packed}:{signed}"
+
+
+def verified_key(comment: str, daemon_id: str, secret: bytes) -> tuple[RequestKey, int] | None:
+    """(key, uid) of a comment this daemon wrote; None for another daemon's, a foreign job's,
+    or a forged or altered one (its tag does not verify)."""
+    parts = comment.split(":")
+    if len(parts) != 5 or parts[0] != COMMENT_PREFIX or parts[1] != daemon_id:
+        return None
+    _, _, uid, packed, given = parts
+    if not uid.isdigit() or not tag_ok(secret, given, COMMENT_PREFIX, daemon_id, uid, packed):
+        return None
+    key = key_from_comment(comment, daemon_id)
+    return (key, int(uid)) if key is not None else None
 
 
 def key_from_comment(comment: str, daemon_id: str) -> RequestKey | None:
-    """The key a comment of this daemon names; None for another daemon's or a foreign job."""
-    prefix, _, rest = comment.partition(":")
-    owner, _, packed = rest.partition(":")
-    if prefix != COMMENT_PREFIX or owner != daemon_id:
+    """The key a comment of `daemon_id` names, unverified (for tests and inspection; the
+    executor trusts only `verified_key`); None for another daemon's or a malformed one."""
+    parts = comment.split(":")
+    if len(parts) != 5 or parts[0] != COMMENT_PREFIX or parts[1] != daemon_id:
         return None
+    packed = parts[3]
     try:
         payload = json.loads(base64.urlsafe_b64decode(packed.encode()))
         workspace = os.fsdecode(base64.urlsafe_b64decode(payload["ws"].encode()))
@@ -217,8 +270,9 @@ def log_path(spec: JobSpec, log_dir: Path) -> Path:
     )
 
 
-def sbatch_argv(sbatch: str, spec: JobSpec, opts: SlurmOptions) -> list[str]:
-    """The sbatch command for `spec`; the script comes on stdin, the environment as sbatch's."""
+def sbatch_argv(sbatch: str, spec: JobSpec, opts: SlurmOptions, comment: str) -> list[str]:
+    """The sbatch command for `spec`; the script comes on stdin, the environment as sbatch's;
+    `comment` is `comment_for` the job (signed with this daemon's secret)."""
     ident = spec.identity
     argv = [
         sbatch,
@@ -226,8 +280,8 @@ def sbatch_argv(sbatch: str, spec: JobSpec, opts: SlurmOptions) -> list[str]:
         f"--uid={ident.uid}",
         f"--gid={ident.gid}",
         f"--chdir={os.fsdecode(spec.key.workspace)}",
-        f"--job-name={spec.key.name}",
-        f"--comment={comment_for(spec.key, opts.daemon_id)}",
+        f"--job-name={job_name(opts.daemon_id)}",
+        f"--comment={comment}",
         "--export=ALL",
         f"--output={log_path(spec, opts.log_dir)}",
         "--open-mode=append",
@@ -256,14 +310,22 @@ def parse_start(text: str) -> float | None:
         return None  # N/A, Unknown, None: not started
 
 
+def parse_uid(text: str) -> int | None:
+    """squeue's UserId, `name(uid)` (or a bare uid): the uid."""
+    m = re.fullmatch(r"(?:.*\()?(\d+)\)?", text.strip())
+    return int(m.group(1)) if m else None
+
+
 def parse_jobs(text: str) -> list[JobRow]:
     """squeue -h -O SQUEUE_FORMAT; lines that do not fit are skipped, never guessed at."""
     rows = []
     for line in text.splitlines():
-        parts = line.split("|", 7)
-        if len(parts) != 8 or not parts[0].strip().isdigit():
+        parts = line.split("|", 8)
+        if len(parts) != 9 or not parts[0].strip().isdigit():
             continue
-        job_id, name, state, start, status, reason, nodes, comment = (p.strip() for p in parts)
+        job_id, name, state, start, status, reason, nodes, user, comment = (
+            p.strip() for p in parts
+        )
         try:
             raw = int(status)
         except ValueError:
@@ -271,8 +333,24 @@ def parse_jobs(text: str) -> list[JobRow]:
         # "CANCELLED by 0" in some versions: the first word is the state.
         state = state.split()[0] if state else ""
         when = parse_start(start) if nodes else None  # a never-run job's is its end
-        rows.append(JobRow(job_id, name, state, when, raw, reason, nodes, comment))
+        rows.append(JobRow(job_id, name, state, when, raw, reason, nodes, parse_uid(user), comment))
     return rows
+
+
+def parse_sacct(text: str) -> dict[str, tuple[str, int]]:
+    """`sacct -n -P -X -o JobID,State,ExitCode`: job id -> (state, wait status)."""
+    found = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        code, _, sig = parts[2].partition(":")
+        try:
+            status = (int(code) & 0xFF) << 8 | (int(sig or 0) & 0x7F)
+        except ValueError:
+            status = 0
+        found[parts[0]] = (parts[1].split()[0] if parts[1] else "", status)
+    return found
 
 
 def rc_from_status(status: int) -> int:
@@ -292,23 +370,24 @@ def exit_of(row: JobRow, started: bool) -> tuple[int | None, bool] | None:
     return rc_from_status(row.status), row.state == "TIMEOUT"
 
 
-def events_for(handle: Handle, row: JobRow | None, started: bool) -> list[Event]:
-    """What one poll says about one job: Started once it runs, Exit once it ended."""
-    if row is None:
-        return [Exit(handle, None, detail="unknown to Slurm")]
-    out: list[Event] = []
-    ended = exit_of(row, started)
-    if not started and row.start is not None and (row.state in RUNNING or ended is not None):
-        out.append(Started(handle, row.start))
-    if ended is not None:
-        rc, timed_out = ended
-        out.append(Exit(handle, rc, timed_out=timed_out, detail=f"{row.state} {row.reason}"))
-    return out
+def seen_of(key: RequestKey, row: JobRow) -> Seen:
+    """What one squeue row says of one of this daemon's jobs, in the runtime's terms."""
+    if row.state in QUEUED:
+        return Seen(key, row.job_id, JobState.QUEUED)
+    if row.state in RUNNING:
+        return Seen(key, row.job_id, JobState.RUNNING, row.start)
+    rc, timed_out = exit_of(row, False) or (None, False)
+    detail = f"{row.state} {row.reason}".strip()
+    return Seen(key, row.job_id, JobState.ENDED, row.start, rc, timed_out, detail)
 
 
-def newest(rows: Sequence[JobRow], name: str) -> JobRow | None:
-    mine = [r for r in rows if r.name == name]
-    return max(mine, key=lambda r: int(r.job_id)) if mine else None
+def foreign_reason(row: JobRow, mine: tuple[RequestKey, int] | None) -> str | None:
+    """Why a job listed under this daemon's name is not its own; None when it is."""
+    if mine is None:
+        return "no valid tag of this daemon in its comment"
+    if row.uid != mine[1]:
+        return f"its tag names uid {mine[1]}, Slurm says uid {row.uid}"
+    return None
 
 
 def one_line(text: str) -> str:
@@ -319,24 +398,17 @@ def one_line(text: str) -> str:
 # --- the shell ----------------------------------------------------------------------------
 
 
-@dataclass
-class _Tracked:
-    handle: Handle
-    started: bool = False
-    kill_at: float | None = None  # monotonic time of the KILL after a TERM
-
-
-class SlurmExecutor:
-    """`JobExecutor` on Slurm. Called from the daemon's main loop only (single-threaded)."""
+class SlurmExecutor(RemoteExecutor):
+    """`JobExecutor` on Slurm: the hooks of `RemoteExecutor`, run from its worker thread."""
 
     name = NAME
 
-    def __init__(self, options: SlurmOptions) -> None:
+    def __init__(self, options: SlurmOptions, secret: bytes) -> None:
         self.opts = options
-        self.poll_every: float | None = options.poll_every
-        self._jobs: dict[str, _Tracked] = {}
-        self._next_poll = 0.0
-        self._poll_error = ""
+        self._secret = secret
+        self._foreign: set[str] = set()  # job ids of others' jobs already said
+        self._accounting: bool | None = None  # None until sacct was tried
+        super().__init__(options.poll_every, min(MAX_INTERVAL, 32 * options.poll_every))
 
     # the commands
 
@@ -376,42 +448,86 @@ class SlurmExecutor:
             raise SlurmError(f"{tool}: permission denied") from None
         except subprocess.TimeoutExpired:
             raise SlurmError(f"{tool} did not answer in {self.opts.command_timeout:g} s") from None
+        except OSError as e:  # fork or exec failed (ENOMEM, EAGAIN, ...): an outage too
+            raise SlurmError(f"{tool}: {e.strerror or e}") from None
         if done.returncode != 0:
             why = one_line(done.stderr.decode(errors="replace")) or f"exit {done.returncode}"
             raise SlurmError(f"{tool}: {why}")
         return done.stdout.decode(errors="surrogateescape")
 
-    def _squeue(self, *selection: str) -> list[JobRow]:
-        argv = [self._bin("squeue"), "-h", "--states=all", *selection, "-O", SQUEUE_FORMAT]
-        return parse_jobs(self._run(argv))
+    # the hooks (the worker thread)
 
-    # JobExecutor
+    def engine_list(self) -> list[Seen]:
+        """One squeue for all of this daemon's jobs (its one job name); others' jobs under that
+        name are ignored, each said once."""
+        name = job_name(self.opts.daemon_id)
+        argv = [self._bin("squeue"), "-h", "--states=all", f"--name={name}", "-O", SQUEUE_FORMAT]
+        found: dict[str, Seen] = {}
+        for row in parse_jobs(self._run(argv)):
+            mine = verified_key(row.comment, self.opts.daemon_id, self._secret)
+            why = foreign_reason(row, mine)
+            if why is not None or mine is None:
+                if row.job_id not in self._foreign:
+                    self._foreign.add(row.job_id)
+                    log.warning("slurm_foreign_job_ignored", job=row.job_id, uid=row.uid, why=why)
+                continue
+            seen = seen_of(mine[0], row)
+            old = found.get(seen.key.name)
+            if old is None or int(row.job_id) > int(old.ref):  # the newest of one key
+                found[seen.key.name] = seen
+        return list(found.values())
 
-    def submit(self, spec: JobSpec) -> Handle:
-        try:
-            existing = newest(self._squeue(f"--name={spec.key.name}"), spec.key.name)
-            if existing is not None:
-                log.info("slurm_job_found", job=existing.job_id, name=spec.key.name)
-                return self._track(spec.key, existing.job_id)
-            self._owner_dir(log_path(spec, self.opts.log_dir).parent, spec.identity)
-            # The job's environment is sbatch's: the spec's exactly, plus where Slurm is.
-            conf = {k: v for k, v in self._base_env().items() if k == "SLURM_CONF"}
-            env = {**spec.env, **conf}
-            argv = sbatch_argv(self._bin("sbatch"), spec, self.opts)
-            check_fence(spec)  # after the look-ups: a daemon frozen meanwhile submits nothing
-            out = self._run(argv, env=env, stdin=batch_script(spec.argv))
-        except SlurmError as e:
-            raise SubmitError(str(e)) from None
+    def engine_submit(self, spec: JobSpec) -> str:
+        self._owner_dir(log_path(spec, self.opts.log_dir).parent, spec.identity)
+        # The job's environment is sbatch's: the spec's exactly, plus where Slurm is.
+        conf = {k: v for k, v in self._base_env().items() if k == "SLURM_CONF"}
+        env = {**spec.env, **conf}
+        comment = comment_for(spec.key, self.opts.daemon_id, spec.identity.uid, self._secret)
+        argv = sbatch_argv(self._bin("sbatch"), spec, self.opts, comment)
+        check_fence(spec)  # right before sbatch: a daemon frozen meanwhile submits nothing
+        out = self._run(argv, env=env, stdin=batch_script(spec.argv))
         job_id = out.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
         if not job_id.isdigit():
-            raise SubmitError(f"sbatch: unexpected answer {one_line(out)!r}")
-        log.info("slurm_submitted", job=job_id, name=spec.key.name, uid=spec.identity.uid)
-        return self._track(spec.key, job_id)
+            raise SlurmError(f"sbatch: unexpected answer {one_line(out)!r}")
+        log.info("slurm_submitted", job=job_id, key=spec.key.name, uid=spec.identity.uid)
+        return job_id
 
-    def _track(self, key: RequestKey, job_id: str) -> Handle:
-        handle = Handle(key, NAME, job_id)
-        self._jobs.setdefault(job_id, _Tracked(handle))
-        return handle
+    def engine_cancel(self, job: RemoteJob, force: bool) -> None:
+        assert job.ref is not None
+        if force:
+            self._run([self._bin("scancel"), "--signal=KILL", "--full", job.ref])
+        elif job.started:
+            # --full: without it, signals other than KILL skip the batch shell (man scancel).
+            self._run([self._bin("scancel"), "--signal=TERM", "--full", job.ref])
+        else:
+            self._run([self._bin("scancel"), job.ref])  # still queued: just drop it
+        log.info("slurm_cancelled", job=job.ref, force=force)
+
+    def engine_missing(self, jobs: list[RemoteJob]) -> dict[str, Seen]:
+        """Ends squeue no longer lists (older than MinJobAge) from sacct, where accounting
+        exists; without it they are unknown (said once)."""
+        if self._accounting is False:
+            return {}
+        ids = {j.ref: j for j in jobs if j.ref is not None}
+        argv = [self._bin("sacct"), "-n", "-P", "-X", "-o", "JobID,State,ExitCode"]
+        try:
+            out = self._run([*argv, "-j", ",".join(sorted(ids))])
+        except SlurmError as e:
+            if self._accounting is None:
+                log.info("slurm_accounting_unavailable", error=str(e), detail="purged ends unknown")
+                self._accounting = False
+            return {}
+        self._accounting = True
+        found = {}
+        for job_id, (state, status) in parse_sacct(out).items():
+            job = ids.get(job_id)
+            if job is None or state in QUEUED or state in RUNNING:
+                continue
+            row = JobRow(job_id, "", state, None, status, "", "sacct", None, "")
+            rc, timed_out = exit_of(row, True) or (None, False)
+            key = job.handle.key
+            found[key.name] = Seen(key, job_id, JobState.ENDED, None, rc, timed_out, state)
+        return found
 
     @staticmethod
     def _owner_dir(path: Path, identity: Identity) -> None:
@@ -427,73 +543,6 @@ class SlurmExecutor:
         st = os.lstat(path)
         if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != identity.uid:
             raise SlurmError(
-                f"log directory {show_path(path)} is not the owner's (uid {identity.uid})"
+                f"log directory {show_path(path)} is not the owner's (uid {identity.uid})",
+                permanent=True,
             )
-
-    def poll(self, now: float) -> list[Event]:
-        self._escalate()
-        if not self._jobs or now < self._next_poll:
-            return []
-        self._next_poll = now + self.opts.poll_every
-        names = sorted({t.handle.key.name for t in self._jobs.values()})
-        try:
-            rows = {r.job_id: r for r in self._squeue(f"--name={','.join(names)}")}
-        except SlurmError as e:
-            if str(e) != self._poll_error:  # once per distinct failure, not every 0.5 s
-                log.warning("slurm_poll_failed", error=str(e))
-            self._poll_error = str(e)
-            return []
-        self._poll_error = ""
-        events: list[Event] = []
-        for job_id, tracked in list(self._jobs.items()):
-            for event in events_for(tracked.handle, rows.get(job_id), tracked.started):
-                events.append(event)
-                if isinstance(event, Started):
-                    tracked.started = True
-                else:
-                    del self._jobs[job_id]
-        return events
-
-    def cancel(self, handle: Handle, grace: float) -> None:
-        tracked = self._jobs.get(handle.ref)
-        try:
-            if tracked is not None and tracked.started:
-                # --full: without it, signals other than KILL skip the batch shell (man scancel).
-                self._run([self._bin("scancel"), "--signal=TERM", "--full", handle.ref])
-                tracked.kill_at = time.monotonic() + grace
-            else:
-                self._run([self._bin("scancel"), handle.ref])  # still queued: just drop it
-        except SlurmError as e:
-            log.warning("slurm_cancel_failed", job=handle.ref, error=str(e))
-
-    def _escalate(self) -> None:
-        now = time.monotonic()
-        for tracked in self._jobs.values():
-            if tracked.kill_at is not None and now >= tracked.kill_at:
-                tracked.kill_at = None
-                ref = tracked.handle.ref
-                try:
-                    self._run([self._bin("scancel"), "--signal=KILL", "--full", ref])
-                except SlurmError as e:
-                    log.warning("slurm_cancel_failed", job=ref, error=str(e))
-
-    def adopt(self) -> list[Handle]:
-        """This daemon's jobs Slurm still lists: queued or running ones report `Started` at
-        their next poll, and ended ones (within `MinJobAge`) their `Exit`, so a job that ended
-        while no daemon ran still judges the run it left RUNNING on its node."""
-        try:
-            rows = self._squeue()
-        except SlurmError as e:
-            raise SubmitError(str(e)) from None
-        handles = []
-        for row in rows:
-            key = key_from_comment(row.comment, self.opts.daemon_id)
-            if key is not None:
-                handles.append(self._track(key, row.job_id))
-        return handles
-
-    def fds(self) -> list[int]:
-        return []
-
-    def close(self) -> None:
-        self._jobs.clear()

@@ -52,7 +52,7 @@ def next_exit(ex: JobExecutor) -> Exit:
     from deltad.executors.seam import Exit
 
     def exits() -> list[Exit]:
-        return [e for e in ex.poll(time.time()) if isinstance(e, Exit)]
+        return [e for e in ex.poll(time.monotonic()) if isinstance(e, Exit)]
 
     [end] = wait_for(exits, "a resume job to end")
     return end

@@ -183,6 +183,17 @@ class Cluster:
         self.run("scontrol", "update", f"nodename={NODE}", "state=resume")
 
     @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """slurmctld hung (SIGSTOP) while the context is open: its port takes connections,
+        nothing answers them; SIGCONT after."""
+        pid = int((self.dir / "slurmctld.pid").read_text().strip())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
         """Move this thread (and what it starts) into the cluster's network namespace."""
         home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)

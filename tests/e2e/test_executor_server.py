@@ -51,7 +51,7 @@ def test_the_fork_server_reports_exit_codes(forked: ForkExecutor, tmp_path: Path
 
 def test_cancel_goes_through_the_server(forked: ForkExecutor, tmp_path: Path) -> None:
     handle = forked.submit(_job(tmp_path, "hang"))
-    forked.cancel(handle, grace=60.0)
+    forked.cancel(handle, force=False)
     end = next_exit(forked)
     assert (end.rc, end.meaning) == (-signal.SIGTERM, "killed_by_SIGTERM")
 
@@ -88,7 +88,7 @@ def test_a_changed_package_restarts_the_server(
         assert ex.server is not None and ex.server.proc.pid != old.pid
         assert old.poll() is None  # draining: it still reports the held child's exit
         assert next_exit(ex).rc == 2
-        ex.cancel(hold, grace=60.0)
+        ex.cancel(hold, force=False)
         assert next_exit(ex).rc == -signal.SIGTERM
         assert old.wait(timeout=DEADLINE) is not None  # then it is gone
     finally:

@@ -17,6 +17,7 @@ with a fresh daemon id and deleted at the end.
 from __future__ import annotations
 
 import os
+import select
 import time
 import uuid
 from collections.abc import Iterator
@@ -65,8 +66,10 @@ def claim() -> Iterator[str]:
 
 
 @pytest.fixture
-def executor(claim: str) -> Iterator[KubernetesExecutor]:
-    ex = make_kubernetes_executor(
+def executor(claim: str, tmp_path: Path) -> Iterator[KubernetesExecutor]:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    ex = make_kubernetes_executor.build(
         {
             "image": IMAGE,
             "pvc": claim,
@@ -78,13 +81,14 @@ def executor(claim: str) -> Iterator[KubernetesExecutor]:
             "cancel_grace": 5,
             "deadline_margin": 0,
             "ttl_after_finished": 600,
-        }
+        },
+        state_dir,
     )
     try:
         yield ex
     finally:
-        for handle in ex.adopt():
-            ex.cancel(handle, 0)
+        for handle in list(ex.tracked().values()):
+            ex.cancel(handle.handle, True)
         ex.close()
 
 
@@ -99,6 +103,7 @@ def until_exit(ex: KubernetesExecutor) -> tuple[list[Event], Exit]:
     seen: list[Event] = []
 
     def ended() -> Exit | None:
+        select.select(ex.fds(), [], [], 0.2)
         seen.extend(ex.poll(time.monotonic()))
         return next((e for e in seen if isinstance(e, Exit)), None)
 
@@ -127,7 +132,7 @@ def test_a_cancelled_job_gets_term_and_ends(executor: KubernetesExecutor) -> Non
         "the Job to start",
         DEADLINE,
     )
-    executor.cancel(handle, 5)
+    executor.cancel(handle, False)
     _, done = until_exit(executor)
     assert done.rc in (-15, None)  # the pod's code while it is deleted, else unknown
 

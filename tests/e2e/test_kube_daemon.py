@@ -125,9 +125,9 @@ def test_one_answer_is_one_job_that_resumes_the_run_as_its_owner(
         # A cluster job: named by its ref (the Job's uid), no pid.
         assert spawned["executor"] == "kubernetes" and spawned["job"] and "pid" not in spawned
         assert spawned["uid"] == owner.uid
-        # The key came from the Secret, not the Job's plain environment.
-        [withheld] = d.events("kubernetes_env_withheld")
-        assert "OPENAI_API_KEY" in withheld["names"]
+        # The key came from the Job's own Secret, not its plain environment.
+        [private] = d.events("kubernetes_env_in_secret")
+        assert "OPENAI_API_KEY" in private["names"] and "OPENAI_BASE_URL" in private["names"]
         wait_for(lambda: emu.jobs() == [], "the finished Job deleted by the daemon", DEADLINE)
     finally:
         d.stop()

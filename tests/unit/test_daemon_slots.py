@@ -128,7 +128,7 @@ class Recorder:
         ended, self.ended = self.ended, []
         return ended
 
-    def cancel(self, handle: Handle, grace: float) -> None:
+    def cancel(self, handle: Handle, force: bool) -> None:
         pass
 
     def adopt(self) -> list[Handle]:

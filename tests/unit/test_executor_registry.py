@@ -16,15 +16,23 @@ from structlog.testing import capture_logs
 
 from deltad.clock import ManualClock
 from deltad.daemon.config import DaemonConfig
-from deltad.daemon.resumer import KILL_GRACE_SECONDS, Resumer, spec_of, started_at
+from deltad.daemon.resumer import (
+    KILL_GRACE_SECONDS,
+    SUBMIT_RETRY,
+    Resumer,
+    spec_of,
+    started_at,
+)
 from deltad.daemon.tenancy import Identity, Launch, Owner, Policy
 from deltad.executors import make_executor, registry
 from deltad.executors.fresh import CommandExecutor, FreshExecutor
 from deltad.executors.seam import (
+    BaseJobExecutor,
     Event,
     Exit,
     Handle,
     JobSpec,
+    Refused,
     RequestKey,
     Started,
     SubmitError,
@@ -35,7 +43,7 @@ HERE = "tests.unit.test_executor_registry"
 LINUX_ONLY = pytest.mark.linux_only
 
 
-class FakeJobs:
+class FakeJobs(BaseJobExecutor):
     """A `JobExecutor` that starts nothing: the test says when a job starts and ends."""
 
     name = "fakejobs"
@@ -47,24 +55,31 @@ class FakeJobs:
     def __init__(self) -> None:
         self.submitted: list[JobSpec] = []
         self.events: list[Event] = []
-        self.cancelled: list[tuple[Handle, float]] = []
-        self.refuse = False
+        self.cancelled: list[tuple[Handle, bool]] = []
+        self.refuse: str | bool = False  # "permanent": a refusal asking again cannot help
+        self.broken = False  # every call raises (a third-party bug)
         self.due_at: float | None = None
         self.found = list(self.left_over)  # what `adopt` lists from now on
         self.unreachable = self.away
 
     def submit(self, spec: JobSpec) -> Handle:
+        if self.broken:
+            raise RuntimeError("bug in submit")
         if self.refuse:
-            raise SubmitError("the queue is closed")
+            raise SubmitError("the queue is closed", permanent=self.refuse == "permanent")
         self.submitted.append(spec)
         return Handle(spec.key, self.name, f"job-{len(self.submitted)}")
 
     def poll(self, now: float) -> list[Event]:
+        if self.broken:
+            raise RuntimeError("bug in poll")
         events, self.events = self.events, []
         return events
 
-    def cancel(self, handle: Handle, grace: float) -> None:
-        self.cancelled.append((handle, grace))
+    def cancel(self, handle: Handle, force: bool) -> None:
+        if self.broken:
+            raise RuntimeError("bug in cancel")
+        self.cancelled.append((handle, force))
 
     def adopt(self) -> list[Handle]:
         if self.unreachable:
@@ -288,10 +303,32 @@ def test_the_resume_timeout_counts_from_started_not_from_the_submit(tmp_path: Pa
     assert resumer.next_deadline() == clock.monotonic() - 2 + 60.0
     clock.advance(58)
     resumer.enforce_timeouts(clock.monotonic())
-    assert jobs.cancelled == [(handle, KILL_GRACE_SECONDS)]
+    assert jobs.cancelled == [(handle, False)]  # TERM
     jobs.events.append(Exit(handle, -15))
     [fin] = resumer.reap()
     assert fin.resume.timed_out and fin.failed and fin.meaning == "killed_by_SIGTERM"
+
+
+def test_the_resumer_sends_kill_after_its_grace_when_term_is_ignored(tmp_path: Path) -> None:
+    resumer, jobs, clock = _resumer(tmp_path, resume_timeout_seconds=60)
+    handle = _start(resumer, tmp_path)
+    jobs.events.append(Started(handle, clock.time()))
+    resumer.reap()
+    clock.advance(60)
+    resumer.enforce_timeouts(clock.monotonic())
+    assert jobs.cancelled == [(handle, False)]
+    assert resumer.next_deadline() == clock.monotonic() + KILL_GRACE_SECONDS  # the KILL's time
+    clock.advance(KILL_GRACE_SECONDS - 1)
+    resumer.enforce_timeouts(clock.monotonic())
+    assert jobs.cancelled == [(handle, False)]  # within the grace
+    clock.advance(1)
+    resumer.enforce_timeouts(clock.monotonic())
+    resumer.enforce_timeouts(clock.monotonic())
+    assert jobs.cancelled == [(handle, False), (handle, True)]  # KILL, once
+    assert resumer.next_deadline() is None
+    jobs.events.append(Exit(handle, -9))
+    [fin] = resumer.reap()
+    assert fin.meaning == "killed_by_SIGKILL" and fin.resume.timed_out
 
 
 def test_the_key_names_the_request_answered(tmp_path: Path) -> None:
@@ -372,12 +409,72 @@ def test_adopt_asks_the_executor_and_the_adopted_job_is_not_started_again(tmp_pa
     assert not resumer.submit(tmp_path / "b", "r", LAUNCH, 0)
 
 
-def test_a_refused_submit_starts_nothing(tmp_path: Path) -> None:
+def test_a_permanently_refused_submit_starts_nothing_and_is_not_retried(tmp_path: Path) -> None:
     resumer, jobs, _ = _resumer(tmp_path)
-    jobs.refuse = True
+    jobs.refuse = "permanent"
     assert resumer.submit(tmp_path, "run1", LAUNCH, 0)
     resumer.start_ready()
     assert resumer.children == {} and resumer.slots() > 0
+    assert not resumer.busy_with(tmp_path) and not resumer.pending
+
+
+def test_a_refused_submit_is_tried_again_with_pacing_and_said_once(tmp_path: Path) -> None:
+    """The engine away: the resume stays queued (busy: no second one), is submitted again after
+    SUBMIT_RETRY's delays, and the failure is logged once, not at every try."""
+    resumer, jobs, clock = _resumer(tmp_path)
+    jobs.refuse = True
+    with capture_logs() as logs:
+        assert resumer.submit(tmp_path, "run1", LAUNCH, 0)
+        resumer.start_ready()
+        assert resumer.children == {} and resumer.busy_with(tmp_path)
+        first = SUBMIT_RETRY.delay(1)
+        assert resumer.next_poll(clock.monotonic()) == clock.monotonic() + first
+        assert not resumer.can_start()
+        clock.advance(first)
+        assert resumer.can_start()
+        resumer.start_ready()  # refused again
+        assert resumer.next_poll(clock.monotonic()) == clock.monotonic() + SUBMIT_RETRY.delay(2)
+        jobs.refuse = False
+        clock.advance(SUBMIT_RETRY.delay(2))
+        resumer.start_ready()
+    assert tmp_path in resumer.children and len(jobs.submitted) == 1
+    said = [e["event"] for e in logs if e["log_level"] in ("error", "info", "warning")]
+    assert said.count("resume_spawn_failed") == 1
+    [spawned] = [e for e in logs if e["event"] == "resume_spawned"]
+    assert spawned["failed_before"] == 2
+
+
+def test_a_submit_the_engine_refused_later_is_tried_again(tmp_path: Path) -> None:
+    """An executor submitting from its worker says `Refused`: the resume goes back to the
+    queue and is submitted again (a new key attempt) after the pacing delay."""
+    resumer, jobs, clock = _resumer(tmp_path)
+    handle = _start(resumer, tmp_path)
+    jobs.events.append(Refused(handle, "slurm: squeue did not answer"))
+    assert resumer.reap() == []
+    assert tmp_path not in resumer.children and resumer.busy_with(tmp_path)
+    clock.advance(SUBMIT_RETRY.delay(1))
+    resumer.start_ready()
+    again = resumer.children[tmp_path].handle
+    assert again != handle and again.key.workspace == tmp_path and len(jobs.submitted) == 2
+
+
+def test_an_executor_that_raises_never_stops_the_daemon(tmp_path: Path) -> None:
+    resumer, jobs, clock = _resumer(tmp_path, resume_timeout_seconds=1)
+    handle = _start(resumer, tmp_path)
+    jobs.events.append(Started(handle, clock.time()))
+    resumer.reap()
+    jobs.broken = True
+    with capture_logs() as logs:
+        assert resumer.reap() == [] and resumer.reap() == []
+        clock.advance(1)
+        resumer.enforce_timeouts(clock.monotonic())  # cancel raises: logged
+        assert resumer.submit(tmp_path / "other", "r", LAUNCH, 0)
+        resumer.start_ready()  # submit raises: that resume fails, said
+    failed = [(e["event"], e.get("call")) for e in logs if e["log_level"] == "error"]
+    assert failed.count(("executor_call_failed", "poll")) == 1  # once per distinct failure
+    assert ("executor_call_failed", "cancel") in failed
+    assert ("resume_spawn_failed", None) in failed
+    assert tmp_path in resumer.children  # still watched
 
 
 def test_the_loop_polls_as_often_as_the_executor_asks(tmp_path: Path) -> None:
@@ -388,11 +485,11 @@ def test_the_loop_polls_as_often_as_the_executor_asks(tmp_path: Path) -> None:
 
 
 def test_the_loop_polls_when_the_executor_says_something_is_due(tmp_path: Path) -> None:
-    resumer, jobs, clock = _resumer(tmp_path)
+    resumer, jobs, _ = _resumer(tmp_path)
     jobs.poll_every = None
     _start(resumer, tmp_path / "ws")
     assert resumer.next_poll(100.0) is None
-    jobs.due_at = clock.time() + 7.0  # a SIGKILL after a grace, say
+    jobs.due_at = 107.0  # monotonic, like the `now` it was given
     assert resumer.next_poll(100.0) == 107.0
 
 

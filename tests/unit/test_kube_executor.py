@@ -213,13 +213,27 @@ def test_no_fs_group_unless_asked_it_would_chown_a_shared_volume() -> None:
     assert "fsGroup" not in sent()["spec"]["template"]["spec"]["securityContext"]
 
 
-def test_secrets_never_go_into_the_plain_env() -> None:
-    env = {"LANG": "C.UTF-8", "OPENAI_API_KEY": "sk-1", "GH_TOKEN": "t", "DB_PASSWORD": "p"}
+def test_only_harmless_variables_go_into_the_plain_env_the_rest_into_the_jobs_secret() -> None:
+    """Names do not tell a credential: a URL with user:password@, a DSN, an auth header."""
+    env = {
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "HOME": "/home/alice",
+        "OPENAI_API_KEY": "sk-1",
+        "OPENAI_BASE_URL": "https://user:pw@llm.example/v1",
+        "X_AUTH_HEADER": "Bearer t",
+        "DB_DSN": "postgres://u:p@db/x",
+    }
     body = sent(parse_options({**RAW, "env_from_secret": "model-api"}), env=env)
     (c,) = body["spec"]["template"]["spec"]["containers"]
-    assert c["env"] == [{"name": "LANG", "value": "C.UTF-8"}]
-    assert "sk-1" not in str(body)
-    assert split_env(env) == ({"LANG": "C.UTF-8"}, ["DB_PASSWORD", "GH_TOKEN", "OPENAI_API_KEY"])
+    assert [v["name"] for v in c["env"]] == ["HOME", "LANG", "LC_ALL"]
+    for value in ("sk-1", "user:pw@", "Bearer t", "u:p@db"):
+        assert value not in str(body)
+    name = body["metadata"]["name"]
+    assert c["envFrom"] == [{"secretRef": {"name": "model-api"}}, {"secretRef": {"name": name}}]
+    plain, private = split_env(env)
+    assert set(private) == {"OPENAI_API_KEY", "OPENAI_BASE_URL", "X_AUTH_HEADER", "DB_DSN"}
+    assert set(plain) == {"LANG", "LC_ALL", "HOME"}
 
 
 @pytest.mark.parametrize(
@@ -357,18 +371,18 @@ def test_mount_path_is_kept_as_a_posix_path() -> None:
 
 
 def test_without_the_kubernetes_package_the_config_error_says_what_to_install(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from deltad.executors.kubernetes import make_kubernetes_executor
 
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if not installed
     with pytest.raises(ExecutorConfigError, match=r"pip install 'deltad\[kubernetes\]'"):
-        make_kubernetes_executor(RAW)
+        make_kubernetes_executor.build(RAW, tmp_path)
 
 
 def test_a_kubeconfig_that_cannot_be_read_is_a_one_line_config_error(tmp_path: Path) -> None:
     from deltad.executors.kubernetes import make_kubernetes_executor
 
     with pytest.raises(ExecutorConfigError, match="no cluster to talk to") as e:
-        make_kubernetes_executor({**RAW, "kubeconfig": str(tmp_path / "missing")})
+        make_kubernetes_executor.build({**RAW, "kubeconfig": str(tmp_path / "missing")}, tmp_path)
     assert "\n" not in str(e.value)

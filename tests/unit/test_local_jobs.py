@@ -115,8 +115,8 @@ def test_a_job_starts_then_exits_with_its_meaning(
     fresh: FreshExecutor, tmp_path: Path, clock: ManualClock, script: str, rc: int, meaning: str
 ) -> None:
     handle = fresh.submit(_spec(tmp_path / "ws", script))
-    assert fresh.due(clock.time()) == clock.time()  # its Started is to be reported
-    events = fresh.poll(clock.time())
+    assert fresh.due(clock.monotonic()) == clock.monotonic()  # its Started is to be reported
+    events = fresh.poll(clock.monotonic())
     assert events[0] == Started(handle, clock.time())  # a process runs from its spawn
     end = events[1] if len(events) > 1 else next_exit(fresh)
     assert isinstance(end, Exit) and end.handle == handle
@@ -149,19 +149,19 @@ def test_a_job_that_cannot_start_is_a_one_line_refusal(
 
 
 # -- cancel --------------------------------------------------------------------------------------
-def test_cancel_sends_sigterm_then_sigkill_after_the_grace(
+def test_cancel_sends_sigterm_and_a_forced_one_sigkill(
     fresh: FreshExecutor, tmp_path: Path, clock: ManualClock
 ) -> None:
     ws = tmp_path / "ws"
     handle = fresh.submit(_spec(ws, 'trap "" TERM; touch ready; exec sleep 60'))
-    fresh.poll(clock.time())  # Started
+    fresh.poll(clock.monotonic())  # Started
     wait_for(lambda: (ws / "ready").exists(), "SIGTERM ignored")
-    fresh.cancel(handle, grace=10.0)
-    assert fresh.due(clock.time()) == clock.time() + 10.0
-    clock.advance(5)  # within the grace: SIGTERM only, which it ignores
-    assert fresh.poll(clock.time()) == [] and handle.key.name in fresh.procs
-    clock.advance(5)
-    end = next_exit(fresh)  # the poll at the end of the grace sends SIGKILL
+    fresh.cancel(handle, force=False)
+    assert fresh.due(clock.monotonic()) is None  # no timer of its own: the resumer escalates
+    clock.advance(60)  # however long: SIGTERM only, which it ignores
+    assert fresh.poll(clock.monotonic()) == [] and handle.key.name in fresh.procs
+    fresh.cancel(handle, force=True)
+    end = next_exit(fresh)
     assert (end.handle, end.meaning) == (handle, "killed_by_SIGKILL")
 
 
@@ -169,7 +169,7 @@ def test_cancel_of_a_job_that_obeys_sigterm(fresh: FreshExecutor, tmp_path: Path
     ws = tmp_path / "ws"
     handle = fresh.submit(_spec(ws, "touch ready; exec sleep 60"))
     wait_for(lambda: (ws / "ready").exists(), "the job running")
-    fresh.cancel(handle, grace=10.0)
+    fresh.cancel(handle, force=False)
     assert next_exit(fresh).meaning == "killed_by_SIGTERM"
 
 
@@ -211,10 +211,10 @@ def test_a_restarted_executor_adopts_what_resumes_json_names_and_proc_confirms(
             str(tmp_path / "ws"),
             str(tmp_path / "older"),
         ]
-        assert ex.poll(clock.time()) == [Started(h, 5.0) for h in adopted]  # as first started
+        assert ex.poll(clock.monotonic()) == [Started(h, 5.0) for h in adopted]  # as first started
         sleeper.kill()
         sleeper.wait()
-        ends = wait_for(lambda: ex.poll(clock.time()), "the adopted process gone")
+        ends = wait_for(lambda: ex.poll(clock.monotonic()), "the adopted process gone")
         assert [(e.rc, e.meaning) for e in ends if isinstance(e, Exit)] == [(None, "unknown")] * 2
         assert _recorded(ex) == []
     finally:
@@ -233,7 +233,7 @@ def test_close_leaves_the_job_running_and_the_next_executor_adopts_it(
         assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # still running
         again = FreshExecutor(fresh.state_dir, clock)
         assert again.adopt() == [handle]
-        again.cancel(handle, grace=10.0)
+        again.cancel(handle, force=False)
         end = next_exit(again)
         assert (end.handle, end.rc) == (handle, None)  # not its child: the code is unknown
     finally:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from deltad.executors.seam import Exit, Handle, Identity, JobSpec, RequestKey, Started
+from deltad.executors.remote import RemoteJob, Seen, events_of
+from deltad.executors.seam import Exit, Handle, Identity, JobSpec, JobState, RequestKey, Started
 from deltad.executors.slurm import (
     JobRow,
     SlurmConfigError,
@@ -18,26 +19,30 @@ from deltad.executors.slurm import (
     SlurmOptions,
     batch_script,
     comment_for,
-    events_for,
+    foreign_reason,
     key_from_comment,
     parse_jobs,
     parse_options,
+    parse_sacct,
     rc_from_status,
     sbatch_argv,
+    seen_of,
     time_limit,
+    verified_key,
 )
 
 KEY = RequestKey(Path(os.fsdecode(b"/srv/ws \xff|x")), "run-1", "q1", 2)
-HANDLE = Handle(KEY, "slurm", "7")
+HANDLE = Handle(KEY, "slurm", KEY.name)
+SECRET = b"k" * 32
 NODE = "deltadnode"
 UNAVAILABLE = "ReqNodeNotAvail, UnavailableNodes:deltadnode"
 
 # Captured from Slurm 22.05's `squeue -h --states=all -O <SQUEUE_FORMAT>` on the test cluster.
 SQUEUE = """\
-2|deltad-bbb|PENDING|N/A|0|Resources||(null)
-1|deltad-aaa|RUNNING|2026-11-24T02:21:04|0|None|deltadnode|deltad1:abc:xx|with|bars
-3|wrap|FAILED|2026-11-24T02:20:49|768|NonZeroExitCode|deltadnode|(null)
-5|wrap|CANCELLED|2026-11-24T02:39:40|0|ReqNodeNotAvail, UnavailableNodes:deltadnode||(null)
+2|deltad-bbb|PENDING|N/A|0|Resources||ann(1004)|(null)
+1|deltad-aaa|RUNNING|2026-11-24T02:21:04|0|None|deltadnode|ann(1004)|deltad2:abc:xx|with|bars
+3|wrap|FAILED|2026-11-24T02:20:49|768|NonZeroExitCode|deltadnode|bob(1005)|(null)
+5|wrap|CANCELLED|2026-11-24T02:39:40|0|ReqNodeNotAvail, UnavailableNodes:deltadnode||0|(null)
 slurm_load_jobs error: something odd
 4|short|line
 """
@@ -45,13 +50,21 @@ slurm_load_jobs error: something odd
 
 def test_squeue_rows_are_parsed_and_odd_lines_skipped() -> None:
     assert parse_jobs(SQUEUE) == [
-        JobRow("2", "deltad-bbb", "PENDING", None, 0, "Resources", "", "(null)"),
+        JobRow("2", "deltad-bbb", "PENDING", None, 0, "Resources", "", 1004, "(null)"),
         JobRow(
-            "1", "deltad-aaa", "RUNNING", 1795486864.0, 0, "None", NODE, "deltad1:abc:xx|with|bars"
+            "1",
+            "deltad-aaa",
+            "RUNNING",
+            1795486864.0,
+            0,
+            "None",
+            NODE,
+            1004,
+            "deltad2:abc:xx|with|bars",
         ),
-        JobRow("3", "wrap", "FAILED", 1795486849.0, 768, "NonZeroExitCode", NODE, "(null)"),
+        JobRow("3", "wrap", "FAILED", 1795486849.0, 768, "NonZeroExitCode", NODE, 1005, "(null)"),
         # cancelled in the queue: Slurm gives it a StartTime (its end), but no node
-        JobRow("5", "wrap", "CANCELLED", None, 0, UNAVAILABLE, "", "(null)"),
+        JobRow("5", "wrap", "CANCELLED", None, 0, UNAVAILABLE, "", 0, "(null)"),
     ]
 
 
@@ -64,7 +77,7 @@ def test_a_wait_status_is_a_code_or_minus_the_signal(status: int, rc: int) -> No
 
 
 def row(state: str, status: int = 0, start: float | None = 100.0) -> JobRow:
-    return JobRow("7", KEY.name, state, start, status, "Reason", NODE if start else "", "c")
+    return JobRow("7", KEY.name, state, start, status, "Reason", NODE if start else "", 1004, "c")
 
 
 @pytest.mark.parametrize(
@@ -87,28 +100,62 @@ def row(state: str, status: int = 0, start: float | None = 100.0) -> JobRow:
         (row("NODE_FAIL", 9), True, [Exit(HANDLE, None, detail="NODE_FAIL Reason")]),
         (row("PREEMPTED"), True, [Exit(HANDLE, None, detail="PREEMPTED Reason")]),
         (row("BOOT_FAIL", start=None), False, [Exit(HANDLE, None, detail="BOOT_FAIL Reason")]),
-        (None, True, [Exit(HANDLE, None, detail="unknown to Slurm")]),
+        (None, True, [Exit(HANDLE, None, detail="unknown to the engine")]),
     ],
 )
-def test_what_a_poll_says_about_a_job(
+def test_what_a_query_says_about_a_job(
     job: JobRow | None, was_started: bool, events: list[object]
 ) -> None:
-    assert events_for(HANDLE, job, was_started) == events
+    tracked = RemoteJob(HANDLE, None, "7", was_started)
+    assert events_of(tracked, seen_of(KEY, job) if job is not None else None) == events
 
 
-def test_the_comment_carries_the_key_for_this_daemon_only() -> None:
-    comment = comment_for(KEY, "host-a")
-    assert " " not in comment and comment.startswith("deltad1:host-a:")
+def test_the_comment_carries_the_key_signed_for_this_daemon_only() -> None:
+    comment = comment_for(KEY, "host-a", 1004, SECRET)
+    assert " " not in comment and comment.startswith("deltad2:host-a:1004:")
     assert key_from_comment(comment, "host-a") == KEY
+    assert verified_key(comment, "host-a", SECRET) == (KEY, 1004)
     assert key_from_comment(comment, "host-b") is None
+    assert verified_key(comment, "host-b", SECRET) is None
+    assert verified_key(comment, "host-a", b"another daemon's secret") is None
+
+
+def test_a_comment_altered_by_a_tenant_does_not_verify() -> None:
+    prefix, daemon, uid, packed, signed = comment_for(KEY, "host-a", 1004, SECRET).split(":")
+    other = comment_for(RequestKey(Path("/srv/theirs"), "r", "q"), "host-a", 1004, SECRET)
+    assert (
+        verified_key(":".join((prefix, daemon, "1005", packed, signed)), "host-a", SECRET) is None
+    )
+    forged = ":".join((prefix, daemon, uid, other.split(":")[3], signed))
+    assert verified_key(forged, "host-a", SECRET) is None
+    assert verified_key(":".join((prefix, daemon, uid, packed, "0" * 32)), "host-a", SECRET) is None
+
+
+def test_a_job_is_this_daemons_only_with_a_valid_tag_and_the_signed_uid() -> None:
+    mine = verified_key(comment_for(KEY, "host-a", 1004, SECRET), "host-a", SECRET)
+    assert foreign_reason(row("RUNNING"), mine) is None
+    theirs = JobRow("8", "deltad-host-a", "RUNNING", 1.0, 0, "", NODE, 1005, "")
+    assert foreign_reason(theirs, mine) == "its tag names uid 1004, Slurm says uid 1005"
+    assert foreign_reason(theirs, None) == "no valid tag of this daemon in its comment"
 
 
 @pytest.mark.parametrize(
     "comment",
-    ["(null)", "", "deltad1:host-a:", "deltad1:host-a:!!!", "deltad1:host-a:e30=", "other:x:y"],
+    ["(null)", "", "deltad2:host-a:", "deltad2:host-a:1:!!!:x", "deltad2:host-a:1:e30=:x", "o:x"],
 )
 def test_a_foreign_or_broken_comment_names_no_key(comment: str) -> None:
     assert key_from_comment(comment, "host-a") is None
+    assert verified_key(comment, "host-a", SECRET) is None
+
+
+def test_sacct_rows_give_state_and_wait_status() -> None:
+    text = "12|COMPLETED|0:0\n13|FAILED|3:0\n14|CANCELLED by 0|0:15\nbad line\n"
+    assert parse_sacct(text) == {
+        "12": ("COMPLETED", 0),
+        "13": ("FAILED", 3 << 8),
+        "14": ("CANCELLED", 15),
+    }
+    assert seen_of(KEY, row("RUNNING")) == Seen(KEY, "7", JobState.RUNNING, 100.0)
 
 
 @pytest.mark.parametrize(
@@ -141,15 +188,16 @@ def test_sbatch_argv_runs_as_the_owner_in_the_workspace_without_env_values() -> 
         extra_args=("--qos=fast",),
         time_margin=60,
     )
-    argv = sbatch_argv("/usr/bin/sbatch", spec(), opts)
+    comment = comment_for(KEY, "host-a", 1004, SECRET)
+    argv = sbatch_argv("/usr/bin/sbatch", spec(), opts, comment)
     assert argv == [
         "/usr/bin/sbatch",
         "--parsable",
         "--uid=1004",
         "--gid=1005",
         f"--chdir={os.fsdecode(KEY.workspace)}",
-        f"--job-name={KEY.name}",
-        f"--comment={comment_for(KEY, 'host-a')}",
+        "--job-name=deltad-host-a",
+        f"--comment={comment}",
         "--export=ALL",
         f"--output=/shared/logs/1004/{KEY.name}.log",
         "--open-mode=append",
@@ -164,7 +212,8 @@ def test_sbatch_argv_runs_as_the_owner_in_the_workspace_without_env_values() -> 
 
 
 def test_a_spec_log_path_is_used_as_given() -> None:
-    argv = sbatch_argv("sbatch", spec(log=Path("/shared/x.log")), SlurmOptions(log_dir=Path("/l")))
+    options = SlurmOptions(log_dir=Path("/l"))
+    argv = sbatch_argv("sbatch", spec(log=Path("/shared/x.log")), options, "c")
     assert "--output=/shared/x.log" in argv
 
 

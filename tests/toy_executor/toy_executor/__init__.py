@@ -1,31 +1,41 @@
 """A toy `JobExecutor`: each job a local process, found again by its key, seen only by polling.
 
-It knows nothing of the daemon but the seam (`deltad.executors.seam`) and the options' base
-model (`deltad.executors.registry.ExecutorOptions`): it is what a third-party executor looks
-like. Its factory declares `options_model`, so the daemon validates `executors: {toy: ...}`
-when it reads its config (a misspelt key is one line naming the closest option) and the
-factory gets the model. Option `journal`: a file where it appends one JSON line per thing it
-did (submitted, started, ended), so a test can tell it was used.
+It knows nothing of the daemon but what `deltad.executors` exports: it is what a third-party
+executor looks like (`tests/contract` runs `deltad.testing.executor_contract` over it). Its
+factory declares `options_model`, so the daemon validates `executors: {toy: ...}` when it reads
+its config (a misspelt key is one line naming the closest option) and the factory gets the
+model. Option `journal`: a file where it appends one JSON line per thing it did (submitted,
+started, ended), so a test can tell it was used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
-from deltad.executors.registry import ExecutorOptions
-from deltad.executors.seam import Event, Exit, Handle, JobSpec, Started, SubmitError
+from deltad.executors import (
+    BaseJobExecutor,
+    Event,
+    ExecutorOptions,
+    Exit,
+    Handle,
+    JobSpec,
+    Started,
+    SubmitError,
+)
 
 
 class ToyOptions(ExecutorOptions):
     journal: Path | None = None
 
 
-class ToyExecutor:
+class ToyExecutor(BaseJobExecutor):
     name = "toy"
     poll_every: float | None = 0.05  # no descriptors: the daemon polls
 
@@ -70,7 +80,7 @@ class ToyExecutor:
         for name, (handle, proc) in list(self.jobs.items()):
             if name in self.unstarted:
                 self.unstarted.discard(name)
-                events.append(Started(handle, now))
+                events.append(Started(handle, time.time()))  # Started.at is wall clock
                 self._note("started", handle)
             if (rc := proc.poll()) is not None:
                 del self.jobs[name]
@@ -78,15 +88,10 @@ class ToyExecutor:
                 self._note("ended", handle, rc=rc)
         return events
 
-    def cancel(self, handle: Handle, grace: float) -> None:
+    def cancel(self, handle: Handle, force: bool) -> None:
         if (job := self.jobs.get(handle.key.name)) is not None:
-            os.killpg(job[1].pid, signal.SIGTERM)
-
-    def adopt(self) -> list[Handle]:
-        return []
-
-    def fds(self) -> list[int]:
-        return []
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.killpg(job[1].pid, signal.SIGKILL if force else signal.SIGTERM)
 
     def close(self) -> None:
         self.jobs.clear()

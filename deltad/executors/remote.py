@@ -1,0 +1,459 @@
+"""`RemoteExecutor`: the runtime of an executor whose engine is remote (Slurm, Kubernetes, ...).
+
+The daemon's loop must never wait on an engine, so one worker thread owned by the executor does
+all of the engine's I/O: submits, status queries, cancels. The seam's methods (called from the
+loop) only put work on the worker's queue or take its results, and return at once; a self-pipe
+in `fds()` wakes the loop's select when the worker has news. The shape follows snakemake's
+`RemoteExecutor` (a wait thread, an active-jobs list, a throttle) and Airflow's Kubernetes job
+watcher (a worker feeding a queue the scheduler drains without blocking).
+
+An engine is then a subclass with three hooks, all called from the worker only:
+
+- `engine_list()`: this daemon's jobs the engine knows of, as `Seen` rows (one query: a
+  daemon-wide key, never one name per job), already checked to be this daemon's own;
+- `engine_submit(spec)`: submit one job, return the engine's id (`SubmitError` when refused);
+- `engine_cancel(job, force)`: TERM or KILL one job.
+
+and optionally `engine_missing(jobs)` (jobs the list no longer shows: the accounting database)
+and `engine_ended(job)` (clean up after an end). The base keeps the tracked-jobs table, turns
+what the engine says into `Started`/`Exit`/`Refused` (a submit waits in the worker while the
+engine cannot be asked at all, and is `Refused` only when the engine answered no), queries at an
+interval that doubles while
+nothing changes (from `interval` up to `max_interval`, back to `interval` at any change or new
+work), and logs one line per distinct failure (and one when the engine answers again).
+
+Handles of a remote executor carry the key's name as their `ref` (known before the engine has
+given an id; the engine's id is in the executor's own log lines and in `Handle.shown` of
+adopted jobs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from deltad.protocol.printable import show_path
+
+from .seam import (
+    AdoptPending,
+    BaseJobExecutor,
+    Event,
+    Exit,
+    Handle,
+    JobSpec,
+    JobState,
+    Refused,
+    RequestKey,
+    Started,
+    SubmitError,
+)
+
+log = structlog.get_logger("deltad.executors.remote")
+
+SECRET_FILE = "executor.key"
+# While the engine cannot be asked, pending submits are tried again at most this often (and at
+# once when a hung query returns: a hung engine's return is seen as soon as it answers).
+SUBMIT_RETRY_CAP = 2.0
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One job as the engine reports it (plain values: the decision below is pure)."""
+
+    key: RequestKey
+    ref: str  # the engine's id for it (a Slurm job id, a Job's uid)
+    state: JobState
+    start: float | None = None  # wall clock, once it runs (or ran)
+    rc: int | None = None  # once ended: a code, -signal, or None when not known
+    timed_out: bool = False
+    detail: str = ""
+
+
+@dataclass
+class RemoteJob:
+    """A job this executor tracks: its handle, the engine's id once known, what was said."""
+
+    handle: Handle
+    spec: JobSpec | None = None  # None for an adopted job
+    ref: str | None = None  # the engine's id, once submitted (or found)
+    started: bool = False
+    extra: dict[str, object] = field(default_factory=dict)  # an engine's own notes
+
+
+def events_of(job: RemoteJob, seen: Seen | None) -> list[Event]:
+    """What one query says about one submitted job: Started once it runs, Exit once it ended
+    (a job the engine no longer knows of ended, its code unknown)."""
+    if seen is None:
+        return [Exit(job.handle, None, detail="unknown to the engine")]
+    out: list[Event] = []
+    ran = seen.state in (JobState.RUNNING, JobState.ENDED)
+    if not job.started and seen.start is not None and ran:
+        out.append(Started(job.handle, seen.start))
+    if seen.state in (JobState.ENDED, JobState.UNKNOWN):
+        out.append(Exit(job.handle, seen.rc, seen.timed_out, seen.detail))
+    return out
+
+
+def next_interval(current: float, changed: bool, base: float, cap: float) -> float:
+    """The pause before the next query: back to `base` at a change, else doubled up to `cap`."""
+    return base if changed else min(cap, current * 2.0)
+
+
+# -- a key no tenant can forge ------------------------------------------------------------------
+
+
+def daemon_secret(state_dir: Path) -> bytes:
+    """This daemon's signing key: `<state_dir>/executor.key`, 32 random bytes, 0600, made on
+    first use. A tenant cannot read it, so a job bearing a valid tag was submitted by this
+    daemon. ValueError (one line) when the file is not this daemon's own."""
+    path = state_dir / SECRET_FILE
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise ValueError(f"executor key {show_path(path)}: {e.strerror}") from None
+    else:
+        try:
+            os.write(fd, secrets.token_bytes(32))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise ValueError(f"executor key {show_path(path)}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise ValueError(
+                f"executor key {show_path(path)}: must be a file of this daemon's user, mode 0600"
+            )
+        key = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    if len(key) < 16:
+        raise ValueError(f"executor key {show_path(path)}: too short (delete it to make anew)")
+    return key
+
+
+def tag(secret: bytes, *parts: str) -> str:
+    """An HMAC-SHA256 of `parts` (hex, 32 digits): what marks a job as this daemon's."""
+    msg = b"\0".join(p.encode("utf-8", "surrogateescape") for p in parts)
+    return hmac.new(secret, msg, hashlib.sha256).hexdigest()[:32]
+
+
+def tag_ok(secret: bytes, given: str, *parts: str) -> bool:
+    return hmac.compare_digest(given.encode(errors="replace"), tag(secret, *parts).encode())
+
+
+# -- the runtime ----------------------------------------------------------------------------------
+
+
+class RemoteExecutor(BaseJobExecutor):
+    """A `JobExecutor` whose engine is reached from one worker thread (see the module)."""
+
+    poll_every: float | None = None  # fds() tells everything
+
+    def __init__(
+        self,
+        interval: float,
+        max_interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval, self.max_interval = interval, max(interval, max_interval)
+        self._clock = clock
+        self._lock = threading.Condition()
+        self._jobs: dict[str, RemoteJob] = {}  # by key name; the loop's and the worker's
+        self._submits: deque[str] = deque()  # key names to submit
+        self._cancels: dict[str, bool] = {}  # key name -> force
+        self._events: list[Event] = []
+        self._listed: list[Seen] | None = None  # the first answer, for adopt()
+        self._list_error = ""
+        self._adopted = False
+        self._closed = False
+        self._said: dict[str, str] = {}  # an operation -> its failure last logged
+        self._r, self._w = os.pipe()  # (not pipe2: off Linux too); close-on-exec already
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._pause = interval
+        self._next_query = 0.0
+        self._submit_at = 0.0  # while the engine is away: when to try the pending submits
+        self.queries = 0  # how many times the engine answered a query (a bench reads it)
+        self.turns = 0  # how many turns the worker took (tests wait for a few)
+        self._thread = threading.Thread(target=self._work, name=f"{self.name}-engine", daemon=True)
+        self._thread.start()
+
+    # -- the hooks (the worker thread only) ------------------------------------------------------
+    def engine_list(self) -> list[Seen]:
+        raise NotImplementedError
+
+    def engine_submit(self, spec: JobSpec) -> str:
+        raise NotImplementedError
+
+    def engine_cancel(self, job: RemoteJob, force: bool) -> None:
+        raise NotImplementedError
+
+    def engine_missing(self, jobs: list[RemoteJob]) -> dict[str, Seen]:
+        """What the engine's records say of jobs its list no longer shows (by key name);
+        the default: nothing (their ends are unknown)."""
+        return {}
+
+    def engine_ended(self, job: RemoteJob) -> None:
+        """After a job's Exit was reported: clean up on the engine (a Job's deletion)."""
+
+    def engine_words(self, e: BaseException) -> str:
+        """A failure of a hook on one line, for the log and a `Refused`."""
+        return _words(e)
+
+    # -- the seam (the loop) ----------------------------------------------------------------------
+    def submit(self, spec: JobSpec) -> Handle:
+        name = spec.key.name
+        with self._lock:
+            if self._closed:
+                raise SubmitError(f"{self.name}: closed")
+            if (known := self._jobs.get(name)) is not None:
+                return known.handle
+            handle = Handle(spec.key, self.name, name)
+            self._jobs[name] = RemoteJob(handle, spec)
+            self._submits.append(name)
+            self._lock.notify()
+        return handle
+
+    def poll(self, now: float) -> list[Event]:
+        with self._lock:
+            if self._closed:
+                return []
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._r, 4096):
+                    pass
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def cancel(self, handle: Handle, force: bool) -> None:
+        with self._lock:
+            job = self._jobs.get(handle.key.name)
+            if job is None or job.handle != handle:
+                return
+            self._cancels[handle.key.name] = force or self._cancels.get(handle.key.name, False)
+            self._lock.notify()
+
+    def adopt(self) -> list[Handle]:
+        """This daemon's jobs from the worker's first query: `AdoptPending` until it answered,
+        `SubmitError` while the engine cannot be asked. Ended ones report their Exit next."""
+        with self._lock:
+            if self._listed is None:
+                if self._list_error:
+                    raise SubmitError(self._list_error)
+                raise AdoptPending(f"{self.name}: the first query is on its way")
+            handles = []
+            for seen in self._listed:
+                job = self._jobs.get(seen.key.name)
+                if job is None:
+                    handle = Handle(seen.key, self.name, seen.key.name, (("job", seen.ref),))
+                    job = self._jobs[seen.key.name] = RemoteJob(handle, None, seen.ref)
+                    self._events.extend(self._apply(job, seen))
+                handles.append(job.handle)
+            self._adopted = True
+            self._pause, self._next_query = self.interval, self._clock()  # look soon
+            self._lock.notify()
+            if self._events:
+                self._wake()
+            return handles
+
+    def fds(self) -> list[int]:
+        return [] if self._closed else [self._r]
+
+    def close(self) -> None:
+        """Let go: the worker stops after its current call (jobs keep running)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._jobs.clear()
+            self._lock.notify()
+            os.close(self._w)
+            os.close(self._r)
+
+    # -- the worker ------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        """Called with the lock held (the pipe is closed under it)."""
+        if not self._closed:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._w, b"x")
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and not self._has_work():
+                    self._lock.wait(self._sleep())
+                if self._closed:
+                    return
+                submits = [self._jobs[n] for n in self._submits if n in self._jobs]
+                self._submits.clear()
+                cancels = [(self._jobs[n], f) for n, f in self._cancels.items() if n in self._jobs]
+                self._cancels.clear()
+            try:
+                self._turn(submits, cancels)
+                self.turns += 1
+            except Exception as e:  # a hook's bug: said, and the worker goes on
+                self._failed("worker", f"{type(e).__name__}: {e}")
+                with self._lock:
+                    self._next_query = self._clock() + self._pause
+
+    def _sleep(self) -> float | None:
+        """How long the worker may wait for new work: until the next query or retry is due;
+        for ever (until notified) with nothing tracked and nothing to submit."""
+        times = []
+        if self._jobs or self._listed is None:
+            times.append(self._next_query)
+        if self._submits:
+            times.append(self._submit_at)
+        return max(0.0, min(times) - self._clock()) if times else None
+
+    def _has_work(self) -> bool:
+        if self._cancels or (self._submits and self._clock() >= self._submit_at):
+            return True
+        wanted = self._jobs or self._listed is None
+        return bool(wanted) and self._clock() >= self._next_query
+
+    def _turn(self, submits: list[RemoteJob], cancels: list[tuple[RemoteJob, bool]]) -> None:
+        changed = bool(submits or cancels)
+        for job, force in cancels:
+            if job.ref is None:  # never submitted: nothing on the engine to stop
+                continue
+            try:
+                self.engine_cancel(job, force)
+                self._recovered("cancel")
+            except Exception as e:  # asked again at the next turn
+                self._failed("cancel", self.engine_words(e))
+                with self._lock:
+                    self._cancels.setdefault(job.handle.key.name, force)
+        try:
+            rows = self.engine_list()
+            self.queries += 1
+        except Exception as e:  # the engine away: submits wait here, tried again at its return
+            error = self.engine_words(e)
+            self._failed("query", error)
+            with self._lock:
+                self._list_error = self._said_as(f"cannot list this daemon's jobs: {error}")
+                waiting = [j.handle.key.name for j in submits if j.handle.key.name in self._jobs]
+                self._submits.extendleft(reversed(waiting))
+                self._pause = next_interval(self._pause, False, self.interval, self.max_interval)
+                now = self._clock()
+                self._next_query = now + self._pause
+                self._submit_at = now + min(self._pause, SUBMIT_RETRY_CAP)
+            return
+        self._recovered("query")
+        self._submit_at = 0.0
+        by_key = {r.key.name: r for r in rows}
+        for job in submits:  # idempotent: a job of this key already there is the one
+            if (seen := by_key.get(job.handle.key.name)) is not None:
+                job.ref = seen.ref
+                continue
+            assert job.spec is not None
+            try:
+                job.ref = self.engine_submit(job.spec)
+                self._recovered("submit")
+            except Exception as e:
+                error = self.engine_words(e)
+                self._failed("submit", error)
+                with self._lock:
+                    self._refuse([job], error)
+        missing = [
+            j for j in self._tracked() if j.ref is not None and j.handle.key.name not in by_key
+        ]
+        missing = [j for j in missing if j not in submits]
+        if missing:
+            try:
+                by_key.update(self.engine_missing(missing))
+            except Exception as e:
+                self._failed("records", self.engine_words(e))
+        ended: list[RemoteJob] = []
+        with self._lock:
+            if self._listed is None:
+                self._listed, self._list_error = rows, ""
+                changed = True
+            for job in list(self._jobs.values()):
+                if job.ref is None or job in submits:
+                    continue  # not on the engine yet, or just submitted: at the next query
+                events = self._apply(job, by_key.get(job.handle.key.name))
+                if events:
+                    changed = True
+                    self._events.extend(events)
+                if any(isinstance(e, Exit) for e in events):
+                    ended.append(job)
+            if changed:
+                self._wake()
+            self._pause = next_interval(self._pause, changed, self.interval, self.max_interval)
+            self._next_query = self._clock() + self._pause
+        for job in ended:
+            try:
+                self.engine_ended(job)
+            except Exception as e:
+                self._failed("cleanup", self.engine_words(e))
+
+    def _tracked(self) -> list[RemoteJob]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def _apply(self, job: RemoteJob, seen: Seen | None) -> list[Event]:
+        """With the lock held: what `seen` says of `job`, and the table updated."""
+        events = events_of(job, seen)
+        for event in events:
+            if isinstance(event, Started):
+                job.started = True
+            elif isinstance(event, Exit):
+                self._jobs.pop(job.handle.key.name, None)
+        return events
+
+    def _refuse(self, jobs: Iterable[RemoteJob], error: str) -> None:
+        """With the lock held: submits the engine did not take go back to the resumer."""
+        for job in jobs:
+            if self._jobs.get(job.handle.key.name) is job:
+                del self._jobs[job.handle.key.name]
+                self._events.append(Refused(job.handle, self._said_as(error)))
+        self._wake()
+
+    def _said_as(self, error: str) -> str:
+        """An error as the daemon logs it: naming the engine once."""
+        return error if error.startswith(self.name) else f"{self.name}: {error}"
+
+    def _failed(self, op: str, error: str) -> None:
+        if self._closed:  # let go of: what fails now is no news
+            return
+        if self._said.get(op) != error:  # once per distinct failure, not every query
+            log.warning("executor_engine_failed", executor=self.name, op=op, error=error)
+        self._said[op] = error
+
+    def _recovered(self, op: str) -> None:
+        if self._said.pop(op, None) is not None:
+            log.info("executor_engine_back", executor=self.name, op=op)
+
+    # For tests and benches: the worker's state without reaching into it.
+    def tracked(self) -> Mapping[str, RemoteJob]:
+        with self._lock:
+            return dict(self._jobs)
+
+
+def _words(e: BaseException) -> str:
+    """An engine's failure on one line: its own words for a `SubmitError` (an engine's error
+    class derives from it), the exception's type besides for anything else (a bug, an OSError)."""
+    text = " ".join(str(e).split())[:300]
+    if isinstance(e, SubmitError):
+        return text
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -1,0 +1,285 @@
+"""`RemoteExecutor` (deltad/executors/remote.py) with an engine of plain Python objects.
+
+The engine's hooks can fail or hang (a threading.Event the test holds); the seam's methods must
+return at once whatever the engine does, and the worker's news comes through `fds()`. Waits are
+conditions with generous deadlines.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from deltad.executors import (
+    AdoptPending,
+    Event,
+    Exit,
+    Handle,
+    Identity,
+    JobSpec,
+    Refused,
+    RemoteExecutor,
+    RequestKey,
+    Started,
+    SubmitError,
+)
+from deltad.executors.remote import RemoteJob, Seen, daemon_secret, next_interval, tag, tag_ok
+from deltad.executors.seam import JobState
+
+DEADLINE = 30.0
+
+
+class Engine(RemoteExecutor):
+    name = "fake"
+
+    def __init__(
+        self, jobs: dict[str, Seen] | None = None, away: str | None = None, hung: bool = False
+    ) -> None:
+        self.jobs: dict[str, Seen] = dict(jobs or {})
+        self.away = away  # the list fails with this
+        self.refuse: str | None = None  # a submit fails with this
+        self.up = threading.Event()  # cleared: the engine hangs
+        if not hung:
+            self.up.set()
+        self.lists = 0
+        self.submitted: list[str] = []
+        self.cancelled: list[tuple[str, bool]] = []
+        super().__init__(interval=0.01, max_interval=0.08)
+
+    def engine_list(self) -> list[Seen]:
+        self.up.wait()
+        self.lists += 1
+        if self.away:
+            raise SubmitError(self.away)
+        return list(self.jobs.values())
+
+    def engine_submit(self, spec: JobSpec) -> str:
+        if self.refuse:
+            raise SubmitError(self.refuse)
+        ref = f"j{len(self.submitted)}"
+        self.submitted.append(spec.key.name)
+        self.jobs[spec.key.name] = Seen(spec.key, ref, JobState.QUEUED)
+        return ref
+
+    def engine_cancel(self, job: RemoteJob, force: bool) -> None:
+        self.cancelled.append((job.handle.key.name, force))
+
+    def set(self, key: RequestKey, state: JobState, **kw: object) -> None:
+        ref = self.jobs[key.name].ref
+        self.jobs[key.name] = Seen(key, ref, state, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    e = Engine()
+    yield e
+    e.up.set()
+    e.close()
+
+
+def spec(n: int = 0) -> JobSpec:
+    return JobSpec(RequestKey(Path(f"/ws/{n}"), "run", "q", n), ["x"], Identity(1000, 1000))
+
+
+def until(ex: Engine, done: Callable[[list[Event]], bool], what: str) -> list[Event]:
+    events: list[Event] = []
+    end = time.monotonic() + DEADLINE
+    while not done(events):
+        assert time.monotonic() < end, f"timed out waiting for {what}: {events}"
+        select.select(ex.fds(), [], [], 0.1)
+        events += ex.poll(time.monotonic())
+    return events
+
+
+def wait(cond: Callable[[], object], what: str) -> None:
+    end = time.monotonic() + DEADLINE
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def has(kind: type, h: Handle) -> Callable[[list[Event]], bool]:
+    return lambda evs: any(isinstance(e, kind) and e.handle == h for e in evs)
+
+
+def test_a_hung_engine_never_holds_the_seam(engine: Engine) -> None:
+    wait(lambda: engine.lists >= 1, "the first list")
+    engine.up.clear()  # hung from the next call on
+    handle = engine.submit(spec())  # returns at once: the worker is stuck, not the caller
+    assert engine.poll(time.monotonic()) == []
+    engine.cancel(handle, False)
+    assert handle == Handle(spec().key, "fake", spec().key.name)
+    engine.up.set()
+    wait(lambda: engine.submitted == [spec().key.name], "the submit after the engine's return")
+
+
+def test_started_then_exit_come_through_the_pipe(engine: Engine) -> None:
+    handle = engine.submit(spec())
+    wait(lambda: engine.submitted, "the submit")
+    engine.set(spec().key, JobState.RUNNING, start=100.0)
+    assert until(engine, has(Started, handle), "Started") == [Started(handle, 100.0)]
+    engine.set(spec().key, JobState.ENDED, start=100.0, rc=3, detail="FAILED")
+    assert until(engine, has(Exit, handle), "Exit") == [Exit(handle, 3, False, "FAILED")]
+    assert engine.tracked() == {}
+
+
+def test_submit_is_idempotent_on_the_key_and_finds_a_job_the_engine_has(engine: Engine) -> None:
+    first = engine.submit(spec())
+    assert engine.submit(spec()) == first
+    wait(lambda: engine.submitted, "the submit")
+    engine.close()
+    again = Engine(engine.jobs)  # a restarted daemon, the job still on the engine
+    try:
+        assert again.submit(spec()) == first
+        wait(lambda: again.tracked()[first.key.name].ref == "j0", "found by the list")
+        assert again.submitted == []  # never submitted twice
+    finally:
+        again.close()
+
+
+def test_an_engine_away_keeps_submits_waiting_and_is_said_once(engine: Engine) -> None:
+    engine.away = "controller unreachable"
+    with capture_logs() as logs:
+        handle = engine.submit(spec())
+        lists = engine.lists
+        wait(lambda: engine.lists >= lists + 3, "a few tries")
+        assert engine.poll(time.monotonic()) == [] and engine.submitted == []
+        engine.away = None
+        wait(lambda: engine.submitted == [handle.key.name], "the submit once it answers")
+    said = [(e["event"], e.get("op")) for e in logs if e["log_level"] in ("warning", "info")]
+    assert said == [("executor_engine_failed", "query"), ("executor_engine_back", "query")]
+
+
+def test_a_refused_submit_comes_back_as_refused(engine: Engine) -> None:
+    engine.refuse = "sbatch: invalid partition"
+    handle = engine.submit(spec())
+    [refused] = until(engine, has(Refused, handle), "the refusal")
+    assert refused.reason == "fake: sbatch: invalid partition"
+    assert engine.tracked() == {}  # the resumer submits it again after its pacing
+
+
+def test_cancel_reaches_the_engine_with_its_force(engine: Engine) -> None:
+    handle = engine.submit(spec())
+    wait(lambda: engine.submitted, "the submit")
+    engine.cancel(handle, False)
+    engine.cancel(handle, True)
+    wait(lambda: (spec().key.name, True) in engine.cancelled, "the forced cancel")
+    engine.cancel(Handle(spec(9).key, "fake", "x"), True)  # unknown: no error, nothing sent
+    assert all(name == spec().key.name for name, _ in engine.cancelled)
+
+
+def test_adopt_waits_for_the_first_answer_and_reports_ended_jobs() -> None:
+    running, ended = spec(1).key, spec(2).key
+    ex = Engine(
+        {
+            running.name: Seen(running, "j1", JobState.RUNNING, 50.0),
+            ended.name: Seen(ended, "j2", JobState.ENDED, 40.0, rc=0, detail="COMPLETED"),
+        },
+        hung=True,
+    )
+    try:
+        with pytest.raises(AdoptPending):
+            ex.adopt()
+        ex.up.set()
+        end = time.monotonic() + DEADLINE
+        while True:
+            try:
+                adopted = ex.adopt()
+                break
+            except AdoptPending:
+                assert time.monotonic() < end
+                select.select(ex.fds(), [], [], 0.1)
+        assert {h.key for h in adopted} == {running, ended}
+        assert {dict(h.shown)["job"] for h in adopted} == {"j1", "j2"}
+        events = ex.poll(time.monotonic())
+        by_key = {(type(e).__name__, e.handle.key) for e in events}
+        assert by_key == {("Started", running), ("Started", ended), ("Exit", ended)}
+    finally:
+        ex.close()
+
+
+def test_adopt_says_why_when_the_engine_cannot_be_asked() -> None:
+    ex = Engine(away="no route")
+    try:
+        wait(lambda: ex._list_error, "the first list to fail")
+        with pytest.raises(SubmitError, match="fake: cannot list this daemon's jobs: no route"):
+            ex.adopt()
+    finally:
+        ex.close()
+
+
+def test_one_query_per_turn_whatever_the_number_of_jobs(engine: Engine) -> None:
+    handles = [engine.submit(spec(i)) for i in range(50)]
+    wait(lambda: len(engine.submitted) == 50, "every submit")
+    lists, turns = engine.lists, engine.turns
+    wait(lambda: engine.turns >= turns + 5, "five more turns")
+    # One list per turn, not one per job (the two counters are read a moment apart).
+    assert engine.lists - lists <= engine.turns - turns + 1
+    assert len(handles) == 50
+
+
+@pytest.mark.parametrize(
+    ("current", "changed", "after"),
+    [
+        (0.5, True, 0.5),
+        (0.5, False, 1.0),
+        (8.0, False, 10.0),
+        (10.0, False, 10.0),
+        (10.0, True, 0.5),
+    ],
+)
+def test_the_interval_doubles_while_nothing_changes(
+    current: float, changed: bool, after: float
+) -> None:
+    assert next_interval(current, changed, 0.5, 10.0) == after
+
+
+def test_the_daemons_key_is_made_once_owner_only_and_tags_verify(tmp_path: Path) -> None:
+    key = daemon_secret(tmp_path)
+    assert daemon_secret(tmp_path) == key and len(key) == 32
+    st = (tmp_path / "executor.key").stat()
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+    signed = tag(key, "a", "b")
+    assert tag_ok(key, signed, "a", "b")
+    assert not tag_ok(key, signed, "a", "c") and not tag_ok(b"x" * 32, signed, "a", "b")
+    (tmp_path / "executor.key").chmod(0o644)
+    with pytest.raises(ValueError, match="mode 0600"):
+        daemon_secret(tmp_path)
+
+
+def test_a_key_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").write_bytes(b"k" * 32)
+    (tmp_path / "executor.key").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="executor key"):
+        daemon_secret(tmp_path)
+
+
+def test_an_idle_worker_sleeps_until_there_is_work() -> None:
+    """Nothing tracked, nothing to submit: the worker waits to be told, it does not spin."""
+
+    class Counting(Engine):
+        sleeps = 0
+
+        def _sleep(self) -> float | None:
+            self.sleeps += 1
+            return super()._sleep()
+
+    engine = Counting()
+    try:
+        wait(lambda: engine.turns >= 1, "the first turn")
+        wait(lambda: engine._sleep() is None, "idle")
+        sleeps = engine.sleeps
+        time.sleep(0.3)
+        assert engine.sleeps - sleeps <= 2  # a spinning worker would count thousands
+        handle = engine.submit(spec())
+        wait(lambda: engine.submitted == [handle.key.name], "the submit wakes it")
+    finally:
+        engine.close()
