@@ -152,7 +152,7 @@ def _a_job() -> dict[str, Any]:
     key = RequestKey(ws, "20261124_010203_abcdef", "r1", 0)
     spec = JobSpec(key, ["delta", "run", "--work-dir", str(ws)], Identity(1001, 3000), {})
     job: dict[str, Any] = k8s.ApiClient().sanitize_for_serialization(
-        job_manifest(spec, options, 3000)
+        job_manifest(spec, options, workspace_gid=3000)
     )
     return job
 

@@ -177,7 +177,7 @@ def test_the_pod_runs_as_numbers_taken_from_the_workspace_and_the_config(
     found = pod_ids(ident, workspace_gid, options)
     assert (found.user, found.group, found.supplemental) == ids
     body = k8s.ApiClient().sanitize_for_serialization(
-        job_manifest(spec(identity=ident), options, workspace_gid)
+        job_manifest(spec(identity=ident), options, workspace_gid=workspace_gid)
     )
     context = body["spec"]["template"]["spec"]["securityContext"]
     assert context["runAsUser"] == ids[0] and context["runAsGroup"] == ids[1]
@@ -200,9 +200,13 @@ def test_the_submitted_job_takes_the_workspace_directorys_group(tmp_path: Path) 
     ws = tmp_path / "alice" / "proj"
     ws.mkdir(parents=True)
     os.chown(ws, -1, 3000)
-    ex = KubernetesExecutor(parse_options({**RAW, "mount_path": str(tmp_path)}), k8s.ApiClient())
+    options = parse_options({**RAW, "mount_path": str(tmp_path)})
+    ex = KubernetesExecutor(options, k8s.ApiClient(), b"k" * 32)
     ex._batch = batch = _Batch()
-    ex.submit(spec(workspace=str(ws), identity=NO_ACCOUNT))
+    try:
+        ex.engine_submit(spec(workspace=str(ws), identity=NO_ACCOUNT))  # the worker's hook
+    finally:
+        ex.close()
     [job] = batch.created
     context = job.spec.template.spec.security_context
     assert (context.run_as_user, context.run_as_group) == (1001, 3000)
