@@ -19,7 +19,6 @@ from deltad.watch.choice import inotify_watches_in_use
 from deltad.watch.discovery import walk
 
 from .config import ConfigError, DaemonConfig, load_config
-from .lease import lease_problem
 from .shared_roots import shared_root_warnings
 from .status import daemon_running, read_standbys, read_status
 
@@ -89,7 +88,6 @@ def serve(config_path: Path | None, roots: tuple[str, ...], listen: str | None) 
     config = _load(config_path, roots)
     if listen is not None:
         config = _with_listen(config, listen)
-    _trust_lease(config)
     _need_a_root(config)
     _preflight(config, config_path)
     logs.configure(config.log_level, config.log_format)
@@ -116,16 +114,6 @@ def _with_listen(config: DaemonConfig, listen: str) -> DaemonConfig:
     return config
 
 
-def _trust_lease(config: DaemonConfig) -> None:
-    """The HA lease decides who acts: a tenant who could write where it lives could keep every
-    daemon on standby or make two actives (OpenSSH's StrictModes, for the lease)."""
-    if config.ha is None:
-        return
-    if (problem := lease_problem(config.ha.lease)) is not None:
-        click.echo(f"deltad: error: ha.lease: {show(problem)}", err=True)
-        sys.exit(EXIT_CONFIG)
-
-
 def _need_a_root(config: DaemonConfig) -> None:
     """Ready while watching nothing would be a lie: at least one root must exist (a missing
     one among others is watched for once it appears, at the next rescan)."""
@@ -141,7 +129,6 @@ def _need_a_root(config: DaemonConfig) -> None:
 def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
     """Validate the configuration and print what would be watched."""
     config = _load(config_path, roots)
-    _trust_lease(config)
     _need_a_root(config)
     _preflight(config, config_path)
     click.echo(f"configuration OK ({config_path or 'defaults'})")

@@ -37,10 +37,16 @@ def _all(config: DaemonConfig) -> Iterator[str]:
 
 
 def _lease(lease: Path) -> Iterator[str]:
+    from .lease import lease_problem
+
     if lease.is_dir() or (lease.exists() and not lease.is_file()):
         yield f"ha.lease: {lease} is not a regular file"
     elif (problem := dir_problem(lease.parent)) is not None:
         yield f"ha.lease: {problem}"
+    elif (problem := lease_problem(lease)) is not None:
+        # Who may write where it lives decides who acts (OpenSSH's StrictModes, for the lease):
+        # a tenant could keep every daemon on standby, or make two actives.
+        yield f"ha.lease: {printable(problem)}"
 
 
 def _executor(config: DaemonConfig) -> Iterator[str]:

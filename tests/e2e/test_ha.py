@@ -346,7 +346,9 @@ def _refused(tmp: Path, root: Path, lease: Path, command: str) -> str:
     )
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("deltad: error: ha.lease: "), lines
+    # one line, naming the config and the key (deltad: error: CONFIG: ha.lease: ...)
+    assert len(lines) == 1 and lines[0].startswith("deltad: error: "), lines
+    assert ": ha.lease: " in lines[0], lines
     return lines[0]
 
 
@@ -379,4 +381,4 @@ def test_a_directory_planted_as_the_lease_record_is_said_as_it_is(
     lease = tmp_path / "shared" / "deltad.lease"
     (tmp_path / "shared" / "deltad.lease.holder").mkdir(parents=True)
     line = _refused(tmp_path, root, lease, command)
-    assert line == f"deltad: error: ha.lease: {lease}.holder is a directory"
+    assert line.endswith(f": ha.lease: {lease}.holder is a directory"), line
