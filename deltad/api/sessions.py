@@ -126,7 +126,13 @@ class Closed:
         mine = sorted((v[1], s) for s, v in ids.items() if v[0] == c.name)
         if not c.name:
             mine = []  # ids carried over from the old file (no name): they only age out
+        newest = mine[-1][0] if mine else 0
         for issued, sid in mine[: max(0, len(mine) - CLOSED_PER_TOKEN)]:
+            if issued >= newest:
+                # Never fold the newest second: sessions are issued by the second, and a cut-off
+                # at this second would close the ones its token is issued next (many logouts
+                # within one second stay ids until a later second folds them).
+                break
             cut, until = before.get(c.name, (-1, 0))
             before[c.name] = (max(cut, issued), max(until, ids[sid][2]))
             del ids[sid]

@@ -166,7 +166,7 @@ def test_the_descriptor_limit_keeps_a_reserve_for_the_daemons_own_work(tmp_path:
     limits = {"fd_reserve": 256, "max_connections": 1000, "header_timeout_seconds": 600}
     with serving(tmp_path, wrapper=prlimit, **limits) as d:
         server = address(d)
-        [clamp] = d.events("http_connections_clamped")
+        [clamp] = d.wait_event("http_connections_clamped")  # the inbox process says it
         allowed = int(clamp["allowed"])
         assert 1 <= allowed < 44 and clamp["nofile"] == 300, clamp
         ws = warmed(d, tmp_path / "root")
@@ -232,9 +232,11 @@ def test_logouts_a_broken_tokens_json_and_the_probe_against_a_real_daemon(tmp_pa
             assert theirs.status_code == none.status_code == 404
             assert theirs.json()["code"] == none.json()["code"] == "unknown_workspace"
             # A broken tokens.json: one line, and the last good one serves.
-            (d.state_dir / "tokens.json").write_bytes(b"{not json")
+            (d.state_dir / "inbox" / "tokens.json").write_bytes(b"{not json")
             for _ in range(5):
                 assert page.get("/v1/requests", headers=auth).status_code == 200
             resumed_meanwhile(d, ws, 1)
-            assert len(d.events("tokens_refused")) == 1
+            # once per reader of the file (the inbox, and the core that re-checks each call),
+            # not once per request
+            assert 1 <= len(d.events("tokens_refused")) <= 2
     assert "Traceback" not in d.log_path.read_text()

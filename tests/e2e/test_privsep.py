@@ -459,6 +459,8 @@ def test_tls_is_served_by_the_inbox_from_a_key_only_root_can_read(
         assert int(_status(inbox)["Uid"].split()[0]) != 0
         tls = ssl.create_default_context(cafile=str(cert))
         with httpx.Client(base_url=url, verify=tls, timeout=30) as c:
+            # /healthz is readiness: 200 once the core's index holds every workspace
+            wait_for(lambda: c.get("/healthz").status_code == 200, "ready over TLS", timeout=60)
             assert c.get("/healthz").json() == {"status": "ok"}
     finally:
         d.stop()
@@ -485,6 +487,7 @@ def test_a_daemon_that_is_not_root_runs_its_inbox_as_itself(fake: FakeLLM) -> No
             assert int(st["CapEff"], 16) == 0 and int(st["CapPrm"], 16) == 0
             assert _mode_of(d.state_dir / "inbox") == (0o700, me.uid)
             with httpx.Client(base_url=url, timeout=30) as c:
+                wait_for(lambda: c.get("/healthz").status_code == 200, "ready", timeout=60)
                 assert c.get("/healthz").json() == {"status": "ok"}
         finally:
             d.stop()
