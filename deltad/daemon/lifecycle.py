@@ -250,10 +250,24 @@ def _start_inbox(svc: Service) -> bool:
             print(f"deltad: error: notify: {e}", file=sys.stderr)
             return False
         svc.notifier.start()
+    if svc.config.channels is not None:
+        from deltad.channels import hub
+
+        quiet = [r.path for r in svc.config.roots if not r.notify]
+        try:
+            svc.channels = hub.start(
+                svc.config.channels, svc.feed, quiet, context, svc.config.state_dir
+            )
+        except (OSError, ValueError) as e:
+            log.error("channels_unusable", error=str(e))
+            print(f"deltad: error: channels: {e}", file=sys.stderr)
+            return False
     return True
 
 
 def _stop_inbox(svc: Service) -> None:
+    if svc.channels is not None:
+        svc.channels.stop()
     if svc.notifier is not None:
         svc.notifier.stop()
     if svc.http is not None:
@@ -424,9 +438,16 @@ def reload(svc: Service) -> None:
     if new.state_dir != svc.config.state_dir:
         log.warning("state_dir_change_ignored", detail="changing state_dir needs a restart")
         new.state_dir = svc.config.state_dir
-    if new.http != svc.config.http or new.notify != svc.config.notify:
-        log.warning("inbox_change_ignored", detail="http: and notify: change on a restart")
+    if (new.http, new.notify, new.channels) != (
+        svc.config.http,
+        svc.config.notify,
+        svc.config.channels,
+    ):
+        log.warning(
+            "inbox_change_ignored", detail="http:, notify: and channels: change on a restart"
+        )
         new.http, new.notify = svc.config.http, svc.config.notify
+        new.channels = svc.config.channels
     if new.ha != svc.config.ha:
         log.warning("ha_change_ignored", detail="ha: changes on a restart")
         new.ha = svc.config.ha
