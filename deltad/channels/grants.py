@@ -90,11 +90,11 @@ class Grants:
     """The grants and their claims, in `<dir>/grants/` and `<dir>/used/` (0700, files 0600)."""
 
     def __init__(self, channel_dir: Path) -> None:
-        self.key = key_file(channel_dir / KEY_NAME)
         self.dir = channel_dir / "grants"
         self.used = channel_dir / "used"
-        for d in (self.dir, self.used):
+        for d in (channel_dir, self.dir, self.used):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.key = key_file(channel_dir / KEY_NAME)
 
     def issue(
         self, request_id: str, workspace: str, recipient: str, expires: float
