@@ -294,6 +294,8 @@ class EmailChannel(Channel):
             raise Refusal("not_a_respondent", denied, grant)
         if req.is_secret:
             raise Refusal("secret", "a secret is never answered by mail: use the page", grant)
+        if reply.text is None:
+            raise Refusal("no_plain_text", "the reply has no plain text part to read", grant)
         try:
             body = mail.answer_of(req, reply.text)
         except AnswerRejected as e:

@@ -47,7 +47,7 @@ class Reply:
 
     recipients: list[str]  # addresses it was delivered to, the MTA's headers first
     sender: str  # the From address (forgeable: it only picks among those the token allows)
-    text: str  # the answer: the plain text part, quoted text and signature cut off
+    text: str | None  # the plain text part, quoted text and signature cut off (None: none)
     message_id: str | None
 
 
@@ -63,14 +63,15 @@ def parse(data: bytes) -> Reply:
     return Reply(recipients, sender, body_text(msg), msg.get("Message-ID"))
 
 
-def body_text(msg: EmailMessage) -> str:
+def body_text(msg: EmailMessage) -> str | None:
+    """The plain text part's own words; None without one (HTML is never read)."""
     part = msg.get_body(preferencelist=("plain",))
     if part is None:
-        return ""
+        return None
     try:
         content = part.get_content()
     except (LookupError, ValueError):  # an unknown charset, a broken encoding
-        return ""
+        return None
     return strip_quoted(str(content)[:TEXT_MAX])
 
 

@@ -118,7 +118,7 @@ def test_only_the_plain_part_is_read_never_html() -> None:
     msg = EmailMessage()
     msg["From"], msg["To"] = ALICE, "reply+x@d.example"
     msg.set_content("<b>yes</b>", subtype="html")
-    assert mail.parse(msg.as_bytes()).text == ""
+    assert mail.parse(msg.as_bytes()).text is None
     msg = EmailMessage()
     msg["From"], msg["To"] = f"Alice <{ALICE.upper()}>", "reply+x@d.example"
     msg.set_content("yes")
@@ -309,3 +309,16 @@ def test_a_bad_channels_key_is_one_line(
     assert message in str(e.value) and "\n" not in str(e.value)
     path.write_text(json.dumps({"roots": [str(tmp_path)], "channels": {"email": good}}))
     assert load_config(path).channels is not None
+
+
+def test_the_documented_channels_example_is_valid() -> None:
+    """config/deltad.yaml's commented `channels:` block, uncommented, is a valid section."""
+    import yaml
+
+    from deltad.channels.config import ChannelsConfig
+
+    text = (Path(__file__).resolve().parents[2] / "config" / "deltad.yaml").read_text()
+    block = text[text.index("# channels:\n") :].split("\n\n")[0]
+    doc = yaml.safe_load("\n".join(line.removeprefix("# ") for line in block.splitlines()))
+    email = ChannelsConfig.model_validate(doc["channels"]).email
+    assert email is not None and email.person("Bob@example.org") is not None
