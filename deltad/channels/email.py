@@ -267,6 +267,8 @@ class EmailChannel(Channel):
             raise Refusal(e.code, str(e)) from None
 
     def _answer(self, reply: mail.Reply, name: str) -> None:
+        if reply.automatic:  # an out-of-office is no answer, and is never answered (loops)
+            raise Refusal("auto_reply", "an automatic reply (Auto-Submitted or Precedence)")
         grant = self._grant(reply)
         if reply.sender != grant.recipient:
             raise Refusal(

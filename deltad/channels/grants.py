@@ -92,7 +92,8 @@ class Grants:
     def __init__(self, channel_dir: Path) -> None:
         self.dir = channel_dir / "grants"
         self.used = channel_dir / "used"
-        for d in (channel_dir, self.dir, self.used):
+        self.questions = channel_dir / "questions"  # each question's grant ids
+        for d in (channel_dir, self.dir, self.used, self.questions):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.key = key_file(channel_dir / KEY_NAME)
 
@@ -102,7 +103,20 @@ class Grants:
         """A new grant, on disk before its token is returned."""
         g = Grant(secrets.token_hex(ID_HEX // 2), request_id, workspace, recipient.lower(), expires)
         atomic_write_json(self.dir / f"{g.id}.json", asdict(g), 0o600)
+        index = self._index(request_id, workspace)
+        atomic_write_json(index, [*self._ids(index), g.id], 0o600)
         return g, token(self.key, g)
+
+    def _index(self, request_id: str, workspace: str) -> Path:
+        key = hashlib.sha256(f"{workspace}\0{request_id}".encode()).hexdigest()[:32]
+        return self.questions / f"{key}.json"
+
+    def _ids(self, index: Path) -> list[str]:
+        try:
+            ids = json.loads(index.read_bytes()[: GRANT_MAX * 64])
+        except (OSError, ValueError):
+            return []
+        return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
 
     def load(self, tok: str) -> Grant | None:
         if not TOKEN.fullmatch(tok):
@@ -156,8 +170,8 @@ class Grants:
     def for_request(self, request_id: str, workspace: str) -> list[Grant]:
         """The grants given out for one question (to tell their people it closed)."""
         out = []
-        for path in sorted(self.dir.glob("*.json")):
-            g = self.load(path.stem + "0" * MAC_HEX)
+        for gid in self._ids(self._index(request_id, workspace)):
+            g = self.load(gid + "0" * MAC_HEX)
             if g is not None and g.request_id == request_id and g.workspace == workspace:
                 out.append(g)
         return out
@@ -172,6 +186,10 @@ class Grants:
                     with contextlib.suppress(FileNotFoundError):
                         p.unlink()
                 gone += 1
+        for index in sorted(self.questions.glob("*.json")):
+            if not any((self.dir / f"{i}.json").exists() for i in self._ids(index)):
+                with contextlib.suppress(FileNotFoundError):
+                    index.unlink()
         return gone
 
 

@@ -46,6 +46,7 @@ class Reply:
     """What a reply mail says, before any check."""
 
     recipients: list[str]  # addresses it was delivered to, the MTA's headers first
+    automatic: bool  # an auto-reply (RFC 3834 Auto-Submitted, or a bulk Precedence)
     sender: str  # the From address (forgeable: it only picks among those the token allows)
     text: str | None  # the plain text part, quoted text and signature cut off (None: none)
     message_id: str | None
@@ -60,7 +61,10 @@ def parse(data: bytes) -> Reply:
         a.lower() for _, a in getaddresses([str(v) for h in headers for v in msg.get_all(h, [])])
     ]
     sender = parseaddr(str(msg.get("From", "")))[1].lower()
-    return Reply(recipients, sender, body_text(msg), msg.get("Message-ID"))
+    auto = str(msg.get("Auto-Submitted", "no")).strip().lower() != "no" or str(
+        msg.get("Precedence", "")
+    ).strip().lower() in ("bulk", "junk", "list", "auto_reply")
+    return Reply(recipients, auto, sender, body_text(msg), msg.get("Message-ID"))
 
 
 def body_text(msg: EmailMessage) -> str | None:

@@ -59,7 +59,8 @@ def test_grants_are_pruned_well_after_they_expire(tmp_path: Path) -> None:
     g.claim(grant, "m1")
     assert g.prune(1000.0 + 10) == 0  # kept: a late reply is told "expired"
     assert g.prune(1000.0 + 31 * 86400) == 1
-    assert list((tmp_path / "grants").iterdir()) == [] and list((tmp_path / "used").iterdir()) == []
+    for d in ("grants", "used", "questions"):
+        assert list((tmp_path / d).iterdir()) == []
 
 
 # -- reading a reply ------------------------------------------------------------------------
@@ -165,8 +166,12 @@ def _ask(tmp: Path, ch: EmailChannel, **question: Any) -> tuple[Path, str]:
     return ws, req.request_id
 
 
-def _deliver(ch: EmailChannel, name: str, to: str, sender: str, text: str) -> None:
+def _deliver(
+    ch: EmailChannel, name: str, to: str, sender: str, text: str, auto: bool = False
+) -> None:
     msg = EmailMessage()
+    if auto:
+        msg["Auto-Submitted"] = "auto-replied"
     msg["From"], msg["To"], msg["Subject"] = sender, to, "Re: Deploy?"
     msg["Delivered-To"] = to
     msg.set_content(text)
@@ -217,7 +222,8 @@ def test_refused_replies_change_nothing(tmp_path: Path) -> None:
     _deliver(ch, "2", reply_to, ALICE, "perhaps")  # does not fit: alice may reply again
     _deliver(ch, "3", "reply+" + "0" * 36 + "@d.example", ALICE, "yes")  # never given out
     _deliver(ch, "4", "someone@d.example", ALICE, "yes")  # no reply address at all
-    assert ch.take() == 4
+    _deliver(ch, "5", reply_to, ALICE, "I am out of office", auto=True)  # never answered
+    assert ch.take() == 5
     box = ws / ".delta" / "interaction"
     assert not (box / "response.json").exists() and not (box / "response.txt").exists()
     refusals = _refusals(ch)
@@ -225,7 +231,7 @@ def test_refused_replies_change_nothing(tmp_path: Path) -> None:
     assert f"only {ALICE} may answer through this reply address, not {MALLORY}" in refusals[0]
     assert "perhaps" in refusals[1] and "reply again" in refusals[1]
     assert all(to == ALICE for to, kind, _ in _outgoing(ch) if kind == "notice")
-    _deliver(ch, "5", reply_to, ALICE, "no")
+    _deliver(ch, "6", reply_to, ALICE, "no")
     ch.take()
     assert json.loads((box / "response.json").read_text())["answer"] == "no"
 
