@@ -133,6 +133,9 @@ class EmailChannel(Channel):
             line = "This question expired before it was answered; replies to it no longer count."
         elif by_mail:
             line = f"This question was answered by {by_mail[0].recipient} by email."
+        elif closed.answered_by:
+            via = f" ({closed.channel})" if closed.channel else ""
+            line = f"This question was answered by {closed.answered_by}{via}."
         else:
             line = "This question was answered elsewhere; replies to it no longer count."
         for g in grants:

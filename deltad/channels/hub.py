@@ -14,12 +14,16 @@ import structlog
 
 from deltad import inbox
 from deltad.inbox.feed import Feed, FeedEvent
+from deltad.inbox.outcome import answers_of
+from deltad.protocol import Workspace, viewing
 
 from .base import Answer, Channel, Closed, Context, Question
 from .config import ChannelsConfig
 
 log = structlog.get_logger("deltad.channels")
 QUEUE_CAP = 10_000
+JOURNAL_TAIL_BYTES = 256 * 1024  # of a journal read to learn who answered
+JOURNAL_TAIL_EVENTS = 200
 STOP_WAIT = 10.0
 WANTED = ("request.created", "request.answered", "request.expired")
 
@@ -39,6 +43,21 @@ def build(
         ctx = Context(state_dir / "channels" / "email", answer, link, page)
         out.append(EmailChannel(config.email, ctx))
     return out
+
+
+def answerer(ws: Path, run_id: object, request_id: str) -> tuple[str | None, str | None]:
+    """Who answered `request_id` and through what, if the run's journal says so yet (the
+    feed's event may come before the resumed run has recorded the answer)."""
+    if not isinstance(run_id, str) or not run_id or "/" in run_id or run_id in (".", ".."):
+        return None, None
+    events = viewing.tail(
+        Workspace(ws).run(run_id).journal, JOURNAL_TAIL_BYTES, JOURNAL_TAIL_EVENTS
+    )
+    answers, _ = answers_of(events)
+    for a in reversed(answers):
+        if a["request_id"] == request_id:
+            return a["answered_by"], a["channel"] or a["source"]
+    return None, None
 
 
 class Hub:
@@ -73,9 +92,12 @@ class Hub:
 
     def _tell(self, c: Channel, e: FeedEvent) -> None:
         ws, request_id = Path(e.workspace), str(e.data.get("request_id"))
-        if e.type != "request.created":
-            how = "expired" if e.type == "request.expired" else "answered"
-            c.withdraw(Closed(ws, request_id, how))
+        if e.type == "request.expired":
+            c.withdraw(Closed(ws, request_id, "expired"))
+            return
+        if e.type == "request.answered":
+            who, via = answerer(ws, e.data.get("run_id"), request_id)
+            c.withdraw(Closed(ws, request_id, "answered", who, via))
             return
         p = inbox.pending(ws)
         if p is None or p.request.request_id != request_id or p.answer_waiting:

@@ -287,6 +287,9 @@ def test_the_people_are_told_when_a_question_closes(tmp_path: Path) -> None:
     notices = [(to, m.get_content()) for to, kind, m in _outgoing(ch) if kind == "notice"]
     assert sorted(to for to, _ in notices) == [ALICE, BOB]
     assert all("answered elsewhere" in text for _, text in notices)
+    ch.withdraw(Closed(ws, request_id, "answered", "carol", "http"))
+    told = [m.get_content() for _, k, m in _outgoing(ch) if k == "notice"]
+    assert sum("answered by carol (http)." in text for text in told) == 2
     ch.withdraw(Closed(ws, request_id, "expired"))
     assert sum("expired" in m.get_content() for _, k, m in _outgoing(ch) if k == "notice") == 2
 
