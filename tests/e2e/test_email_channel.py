@@ -121,6 +121,13 @@ def test_a_reply_answers_once_and_the_others_are_told(
     doc = json.loads(d("status", "--json").out)
     [got] = doc["outcome"]["answers"]
     assert got["channel"] == "email" and got["answered_by"] == ALICE
+    # The run's history (its journal) keeps who answered and through what.
+    [reply] = [
+        e["payload"]["reply"]
+        for e in d.events("HUMAN_INTERACTION")
+        if e["payload"].get("phase") == "answered"
+    ]
+    assert (reply["channel"], reply["answered_by"], reply["key"]) == ("email", ALICE, "B")
     assert metadata_status(d.ws) == "COMPLETED"
 
 
