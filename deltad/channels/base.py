@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from deltad.inbox import AnswerIn, Submitted
-from deltad.protocol import InteractionRequest
+from deltad.inbox import AnswerIn, Submitted, open_question
+from deltad.protocol import InteractionRequest, Workspace
 
 
 class Answer(Protocol):
@@ -82,6 +82,10 @@ class Context:
     # A signed single-use link for (request id, workspace), when the page is served.
     link: Callable[[str, str], str] | None = None
     page: Callable[[str], str] | None = None  # the page's URL for a request id
+    # The question a reply answers, if it can still be answered (SubmitError if not): read to
+    # parse the reply by its kind and check its respondents, as the HTTP API does before it
+    # delivers. A process without privileges is given a function that asks the core.
+    question: Callable[[Workspace, str], InteractionRequest] = open_question
 
 
 class Channel(ABC):

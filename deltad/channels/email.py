@@ -40,7 +40,6 @@ from deltad.inbox import (
     NotPending,
     SubmitError,
     TooLarge,
-    open_question,
 )
 from deltad.inbox.respondents import may_answer, refusal
 from deltad.protocol import InputType, ProtocolError, Workspace
@@ -286,7 +285,7 @@ class EmailChannel(Channel):
         person = self.config.person(reply.sender)
         ws = Path(grant.workspace)
         try:
-            req = open_question(Workspace(ws), grant.request_id)
+            req = self.ctx.question(Workspace(ws), grant.request_id)
         except SubmitError as e:
             raise Refusal(e.code, f"{e}", grant) from None
         except (ProtocolError, OSError) as e:
