@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import signal
+import socket
 import time
 from email.message import EmailMessage
 from pathlib import Path
@@ -176,3 +178,36 @@ def test_refused_replies_change_nothing_and_say_why(
         assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
     finally:
         daemon.stop()
+
+
+def test_mail_queued_while_the_mta_is_unreachable_survives_a_kill_9(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    mta = postfix
+    with socket.socket() as s:  # a port nothing listens on: the MTA is "down"
+        s.bind(("127.0.0.1", 0))
+        down = s.getsockname()[1]
+    smtp = {"host": "127.0.0.1", "port": down, "ca_file": str(mta.cert)}
+    daemon = _daemon(tmp_path, mta, tmp_path / "root", smtp=smtp).start(env=llm_env(fake))
+    try:
+        d, request_id = _ask(tmp_path, fake, prompt="Rotate the keys?", input_type="yes_no")
+        daemon.wait_event("channel_retry", count=2)  # alice's and bob's, each tried
+        daemon.signal(signal.SIGKILL)
+        daemon.proc.wait()  # type: ignore[union-attr]
+    finally:
+        daemon.stop()
+    assert _mail(mta, ALICE, request_id) == []
+    # The next daemon, with the MTA reachable, sends what the outbox kept: once each.
+    daemon.write_config(channels={"email": {**daemon.settings["channels"]["email"],
+                                            "smtp": {**smtp, "port": mta.port}}})  # fmt: skip
+    daemon.start(env=llm_env(fake))
+    try:
+        [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+        wait_for(lambda: _mail(mta, BOB, request_id, "[deltad]"), "bob's mail")
+        mta.send(_reply(str(question["Reply-To"]), ALICE, "yes"))
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
+    finally:
+        daemon.stop()
+    assert len(_mail(mta, ALICE, request_id, "[deltad]")) == 1
