@@ -117,7 +117,7 @@ class EmailChannel(Channel):
         for to in self.recipients(r.respondents):
             reply_to = None
             if not r.is_secret:  # a secret is never asked or answered by mail
-                _, tok = self.grants.issue(r.request_id, str(question.workspace), to, expires)
+                _, tok = self.grants.issue(r.request_id, question.workspace, to, expires)
                 reply_to = f"{self.config.reply_local}+{tok}@{self.config.reply_domain}"
             msg = mail.question_mail(question, self.config.from_address, to, reply_to, links)
             self.courier.put(to, "question", msg.as_string())
@@ -126,7 +126,7 @@ class EmailChannel(Channel):
         )
 
     def withdraw(self, closed: Closed) -> None:
-        grants = self.grants.for_request(closed.request_id, str(closed.workspace))
+        grants = self.grants.for_request(closed.request_id, closed.workspace)
         by_mail = [g for g in grants if self.grants.claimed_by(g) is not None]
         if closed.how == "expired":
             line = "This question expired before it was answered; replies to it no longer count."
@@ -283,7 +283,10 @@ class EmailChannel(Channel):
         if claimed is not None and claimed != name:
             raise Refusal("replayed", "this reply address was already used; nothing changed", grant)
         person = self.config.person(reply.sender)
-        ws = Path(grant.workspace)
+        try:
+            ws = grant.path
+        except ValueError:  # a grant file edited by hand: the MAC held, the name does not
+            raise Refusal("unknown_address", "this reply address names no workspace") from None
         try:
             req = self.ctx.question(Workspace(ws), grant.request_id)
         except SubmitError as e:

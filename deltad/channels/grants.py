@@ -27,6 +27,7 @@ from pathlib import Path
 
 from deltad.api.links import key_file
 from deltad.protocol import atomic_write_json
+from deltad.protocol.printable import show_path, unshow
 
 KEY_NAME = "reply.key"
 ID_HEX = 16
@@ -58,7 +59,7 @@ class AddressExpired(Refused):
 class Grant:
     id: str
     request_id: str
-    workspace: str
+    workspace: str  # as `show_path` shows it (a name that is not UTF-8 escaped)
     recipient: str  # the one address it was sent to (lower case)
     expires: float  # unix time
 
@@ -67,6 +68,11 @@ class Grant:
             [self.id, self.request_id, self.workspace, self.recipient, int(self.expires)],
             separators=(",", ":"),
         ).encode()
+
+    @property
+    def path(self) -> Path:
+        """The workspace, as the file system names it."""
+        return Path(unshow(self.workspace))
 
 
 def mac(key: bytes, grant: Grant) -> str:
@@ -98,9 +104,10 @@ class Grants:
         self.key = key_file(channel_dir / KEY_NAME)
 
     def issue(
-        self, request_id: str, workspace: str, recipient: str, expires: float
+        self, request_id: str, workspace: str | Path, recipient: str, expires: float
     ) -> tuple[Grant, str]:
         """A new grant, on disk before its token is returned."""
+        workspace = show_path(workspace)
         g = Grant(secrets.token_hex(ID_HEX // 2), request_id, workspace, recipient.lower(), expires)
         atomic_write_json(self.dir / f"{g.id}.json", asdict(g), 0o600)
         index = self._index(request_id, workspace)
@@ -108,7 +115,8 @@ class Grants:
         return g, token(self.key, g)
 
     def _index(self, request_id: str, workspace: str) -> Path:
-        key = hashlib.sha256(f"{workspace}\0{request_id}".encode()).hexdigest()[:32]
+        named = f"{workspace}\0{request_id}".encode("utf-8", "surrogatepass")
+        key = hashlib.sha256(named).hexdigest()[:32]
         return self.questions / f"{key}.json"
 
     def _ids(self, index: Path) -> list[str]:
@@ -167,8 +175,9 @@ class Grants:
             os.unlink(self.used / grant.id)
         _fsync_dir(self.used)
 
-    def for_request(self, request_id: str, workspace: str) -> list[Grant]:
+    def for_request(self, request_id: str, workspace: str | Path) -> list[Grant]:
         """The grants given out for one question (to tell their people it closed)."""
+        workspace = show_path(workspace)
         out = []
         for gid in self._ids(self._index(request_id, workspace)):
             g = self.load(gid + "0" * MAC_HEX)

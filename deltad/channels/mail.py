@@ -18,6 +18,7 @@ from email.utils import formatdate, getaddresses, make_msgid, parseaddr
 from deltad.inbox import AnswerIn
 from deltad.protocol import InputType, InteractionRequest, kinds
 from deltad.protocol.kinds import kind_of
+from deltad.protocol.printable import show_path
 
 from .base import Question
 
@@ -109,15 +110,21 @@ def answer_of(req: InteractionRequest, text: str) -> AnswerIn:
 
 
 # -- what goes out ------------------------------------------------------------------------------
+def printable(text: str) -> str:
+    """Text from a workspace as mail can carry it: a lone surrogate (a JSON `\\ud800`, a name
+    that is not UTF-8) shown escaped instead of failing the whole mail."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _message(sender: str, to: str, subject: str, text: str) -> EmailMessage:
     msg = EmailMessage(policy=policy.SMTP)
     msg["From"] = sender
     msg["To"] = to
-    msg["Subject"] = subject.replace("\n", " ")[:200]
+    msg["Subject"] = " ".join(printable(subject).split())[:200]
     msg["Date"] = formatdate(localtime=False)
     msg["Message-ID"] = make_msgid(domain=sender.rpartition("@")[2] or None)
     msg["Auto-Submitted"] = "auto-generated"  # RFC 3834: no auto-reply loops
-    msg.set_content(text)
+    msg.set_content(printable(text))
     return msg
 
 
@@ -154,7 +161,7 @@ def question_mail(
         lines.append("Reply with the answer as the first line.")
     for label, url in links.items():
         lines.append(f"{label}: {url}")
-    lines += ["", f"Workspace: {q.workspace}", f"Request: {r.request_id}"]
+    lines += ["", f"Workspace: {show_path(q.workspace)}", f"Request: {r.request_id}"]
     msg = _message(
         sender,
         to,

@@ -23,6 +23,7 @@ from deltad.channels.email import EmailChannel
 from deltad.channels.grants import AddressExpired, Grants, Unknown, check
 from deltad.daemon.config import ConfigError, load_config
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace
+from deltad.protocol.printable import show_path
 from deltad.protocol.replies import AnswerRejected, Decision
 from deltad.testing.stub import paused_workspace
 
@@ -257,6 +258,24 @@ def test_a_secret_is_never_asked_or_answered_by_mail(tmp_path: Path) -> None:
         assert msg["Reply-To"] is None
         assert "never answered by mail" in msg.get_content()
     assert list((tmp_path / "state" / "grants").iterdir()) == []
+
+
+def test_a_question_with_odd_text_is_still_mailed(tmp_path: Path) -> None:
+    assert mail.printable("a\ud800b") == "a\\ud800b"
+    ch = _channel(tmp_path)
+    ws = tmp_path / os.fsdecode(b"ws-\xff")
+    paused_workspace(ws, prompt="Line one\r\nBcc: mallory@example.org\nfine?")
+    req = Mailbox(Workspace.at(ws)).read_request()
+    assert req is not None
+    ch.send(Question(ws, req))
+    for _, _, msg in _outgoing(ch):
+        assert str(msg["Subject"]) == "[deltad] Line one" and msg["Bcc"] is None
+        assert f"Workspace: {show_path(ws)}\r\n" in msg.get_content()
+    [reply_to] = {str(m["Reply-To"]) for to, _, m in _outgoing(ch) if to == ALICE}
+    _deliver(ch, "1", reply_to, ALICE, "fine, thanks")
+    ch.take()
+    doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+    assert doc["answer"] == "fine, thanks" and _refusals(ch) == []
 
 
 def test_the_maildir_is_read_with_care(tmp_path: Path) -> None:
