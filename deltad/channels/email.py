@@ -199,7 +199,11 @@ class EmailChannel(Channel):
             return 0
         self._unreadable = None
         for name in names[: self.config.max_per_pass]:
-            self._one(name)
+            try:
+                self._one(name)
+            except Exception as err:  # a bug must not make one message read forever
+                log.error("email_reply_failed", message=name, error=repr(err))
+                self._done(name)  # kept in cur/ for the administrator
         return min(len(names), self.config.max_per_pass)
 
     def _one(self, name: str) -> None:
@@ -207,7 +211,11 @@ class EmailChannel(Channel):
         try:
             if data is None:
                 raise Refusal("unreadable", "the message is not a regular file or is too large")
-            self._answer(mail.parse(data), name)
+            try:
+                reply = mail.parse(data)
+            except Exception:  # the parser's own limits: never a traceback for a mail
+                raise Refusal("unreadable", "the message cannot be parsed") from None
+            self._answer(reply, name)
         except Refusal as r:
             log.warning(
                 "email_reply_refused",
@@ -310,6 +318,10 @@ class EmailChannel(Channel):
         self.grants.claim(grant, name)
         try:
             self.ctx.answer(ws, req.request_id, body, answered_by=reply.sender, channel=self.name)
+        except (ProtocolError, OSError) as e:  # as the HTTP API says it (409)
+            self.grants.release(grant)
+            why = f"the workspace cannot take an answer: {e}"
+            raise Refusal("workspace_problem", why, grant) from None
         except SubmitError as e:
             if claimed == name and isinstance(e, AnswerWaiting | AlreadyAnswered | NotPending):
                 log.info("email_reply_already_taken", message=name, request_id=req.request_id)

@@ -350,3 +350,18 @@ def test_the_documented_channels_example_is_valid() -> None:
     doc = yaml.safe_load("\n".join(line.removeprefix("# ") for line in block.splitlines()))
     email = ChannelsConfig.model_validate(doc["channels"]).email
     assert email is not None and email.person("Bob@example.org") is not None
+
+
+def test_a_message_that_trips_a_bug_is_set_aside_not_read_forever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ch = _channel(tmp_path)
+
+    def bug(reply: mail.Reply, name: str) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ch, "_answer", bug)
+    _deliver(ch, "1", "reply+x@d.example", ALICE, "yes")
+    assert ch.take() == 1
+    assert os.listdir(ch.config.maildir / "cur") == ["1:2,S"]
+    assert ch.take() == 0
