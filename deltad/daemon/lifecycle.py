@@ -438,15 +438,11 @@ def reload(svc: Service) -> None:
     if new.state_dir != svc.config.state_dir:
         log.warning("state_dir_change_ignored", detail="changing state_dir needs a restart")
         new.state_dir = svc.config.state_dir
-    if (new.http, new.notify, new.channels) != (
-        svc.config.http,
-        svc.config.notify,
-        svc.config.channels,
-    ):
-        log.warning(
-            "inbox_change_ignored", detail="http:, notify: and channels: change on a restart"
-        )
+    if new.http != svc.config.http or new.notify != svc.config.notify:
+        log.warning("inbox_change_ignored", detail="http: and notify: change on a restart")
         new.http, new.notify = svc.config.http, svc.config.notify
+    if new.channels != svc.config.channels:
+        log.warning("channels_change_ignored", detail="channels: change on a restart")
         new.channels = svc.config.channels
     if new.ha != svc.config.ha:
         log.warning("ha_change_ignored", detail="ha: changes on a restart")
