@@ -176,6 +176,11 @@ def test_refused_replies_change_nothing_and_say_why(
         wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
         assert fake.tool_results()["q"].startswith("yes")
         assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
+        # channels: change on a restart, never under a running channel (a reload says so).
+        email = {**daemon.settings["channels"]["email"], "poll_seconds": 5}
+        daemon.write_config(channels={"email": email})
+        daemon.reload()
+        daemon.wait_event("channels_change_ignored")
     finally:
         daemon.stop()
 
