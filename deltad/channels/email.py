@@ -213,8 +213,8 @@ class EmailChannel(Channel):
                 raise Refusal("unreadable", "the message is not a regular file or is too large")
             try:
                 reply = mail.parse(data)
-            except Exception:  # the parser's own limits: never a traceback for a mail
-                raise Refusal("unreadable", "the message cannot be parsed") from None
+            except mail.Unreadable as e:
+                raise Refusal("unreadable", str(e)) from None
             self._answer(reply, name)
         except Refusal as r:
             log.warning(

@@ -54,6 +54,16 @@ class Reply:
 
 
 def parse(data: bytes) -> Reply:
+    """What a reply says; Unreadable when the standard library's parser gives up on it (its
+    header parser raises more than its documented errors on malformed input: found by the
+    fuzz test)."""
+    try:
+        return _parse(data)
+    except Exception as e:
+        raise Unreadable(f"the message cannot be parsed ({type(e).__name__})") from None
+
+
+def _parse(data: bytes) -> Reply:
     msg = BytesParser(policy=policy.default).parsebytes(data)
     assert isinstance(msg, EmailMessage)
     # Delivered-To and X-Original-To are the MTA's own record of the envelope recipient.

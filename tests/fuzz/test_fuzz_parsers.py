@@ -417,12 +417,19 @@ mail_bytes = st.tuples(mail_headers, st.text(max_size=200)).map(
 @given(st.sampled_from(REQUESTS), mail_bytes)
 @example(REQUESTS[0], b"Content-Type: text/plain; charset=no-such\r\n\r\nyes")
 @example(REQUESTS[0], b"Content-Type: multipart/mixed; boundary=x\r\n\r\n--x\r\n\r\n")
+# Found by this test: the standard library's address header parser raises AttributeError on
+# `To: .:` (Python 3.11); such a mail is refused as unreadable.
+@example(REQUESTS[0], b"To: .:\r\n\r\nyes")
 def test_reply_mail_is_read_or_refused(req: InteractionRequest, raw: bytes) -> None:
     """The email channel's reading of a reply (deltad/channels/mail.py): a reply, then an
     answer or the kind's own refusal, never another exception."""
     from deltad.channels import mail
 
-    reply = mail.parse(raw)
+    try:
+        reply = mail.parse(raw)
+    except mail.Unreadable as e:
+        assert str(e) and "\n" not in str(e)
+        return
     assert all(isinstance(a, str) for a in reply.recipients)
     if reply.text is None or req.is_secret:
         return

@@ -365,3 +365,10 @@ def test_a_message_that_trips_a_bug_is_set_aside_not_read_forever(
     assert ch.take() == 1
     assert os.listdir(ch.config.maildir / "cur") == ["1:2,S"]
     assert ch.take() == 0
+
+
+def test_a_mail_the_parser_gives_up_on_is_refused_as_unreadable(tmp_path: Path) -> None:
+    ch = _channel(tmp_path)
+    (ch.config.maildir / "new" / "1").write_bytes(b"To: .:\r\nFrom: .:\r\n\r\nyes\r\n")
+    assert ch.take() == 1
+    assert os.listdir(ch.config.maildir / "cur") == ["1:2,S"] and _refusals(ch) == []
