@@ -22,6 +22,7 @@ from pydantic import (
 
 from deltad import platform, validation
 from deltad.api.config import HttpConfig, NotifyConfig
+from deltad.channels.config import ChannelsConfig
 
 from .tenancy import Launcher, Policy
 
@@ -171,6 +172,7 @@ class DaemonConfig(_Strict):
     # The inbox (docs/inbox.md): off unless configured or `deltad serve --listen`.
     http: HttpConfig | None = None
     notify: NotifyConfig | None = None
+    channels: ChannelsConfig | None = None  # email (docs/inbox.md, "Channels")
     ha: HaConfig | None = None  # off: this daemon acts alone (its state-dir lock says so)
 
     @model_validator(mode="after")

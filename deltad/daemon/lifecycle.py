@@ -324,9 +324,22 @@ def _start_inbox(svc: Service) -> None:
         svc.http.start()
     if svc.notifier is not None:
         svc.notifier.start()
+    if svc.config.channels is not None:
+        from deltad.channels import hub
+
+        quiet = [r.path for r in svc.config.roots if not r.notify]
+        context = svc.http.context if svc.http is not None else None
+        try:
+            svc.channels = hub.start(
+                svc.config.channels, svc.feed, quiet, context, svc.config.state_dir
+            )
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"channels: {e}") from None
 
 
 def _stop_inbox(svc: Service) -> None:
+    if svc.channels is not None:
+        svc.channels.stop()
     if svc.notifier is not None:
         svc.notifier.stop()
     if svc.http is not None:
@@ -519,6 +532,9 @@ def reload(svc: Service) -> None:
     if new.http != svc.config.http or new.notify != svc.config.notify:
         log.warning("inbox_change_ignored", detail="http: and notify: change on a restart")
         new.http, new.notify = svc.config.http, svc.config.notify
+    if new.channels != svc.config.channels:
+        log.warning("channels_change_ignored", detail="channels: change on a restart")
+        new.channels = svc.config.channels
     if new.ha != svc.config.ha:
         log.warning("ha_change_ignored", detail="ha: changes on a restart")
         new.ha = svc.config.ha

@@ -59,6 +59,7 @@ class Service:
         self.registry = Registry(self.feed)  # its beliefs are the index's views
         self.http: Any = None  # deltad.privsep.core.InboxHost, imported only when configured
         self.notifier: Any = None
+        self.channels: Any = None  # deltad.channels.hub.Hub, imported only when configured
         self.resumer = resumer if resumer is not None else Resumer(config, clock)
         self.launcher = config.launcher()
         self.rules = core.Rules.of(config)

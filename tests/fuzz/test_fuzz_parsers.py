@@ -399,3 +399,41 @@ def test_a_snapshot_is_used_exactly_or_not_at_all(field: str, value: Any) -> Non
             assert again.events == whole.events and again.next_seq == whole.next_seq
         if again.restored_bytes == 0 or changed == snapshot:
             assert again.history.state() == whole.history.state()
+
+
+mail_headers = st.lists(
+    st.sampled_from(
+        ["From", "To", "Delivered-To", "Cc", "Subject", "Content-Type", "Auto-Submitted",
+         "Content-Transfer-Encoding", "MIME-Version"]
+    ).flatmap(lambda h: st.text(max_size=40).map(lambda v: f"{h}: {v}")),
+    max_size=6,
+)  # fmt: skip
+mail_bytes = st.tuples(mail_headers, st.text(max_size=200)).map(
+    lambda hb: ("\r\n".join(hb[0]) + "\r\n\r\n" + hb[1]).encode("utf-8", "surrogateescape")
+) | st.binary(max_size=300)
+
+
+@FUZZ
+@given(st.sampled_from(REQUESTS), mail_bytes)
+@example(REQUESTS[0], b"Content-Type: text/plain; charset=no-such\r\n\r\nyes")
+@example(REQUESTS[0], b"Content-Type: multipart/mixed; boundary=x\r\n\r\n--x\r\n\r\n")
+# Found by this test: the standard library's address header parser raises AttributeError on
+# `To: .:` (Python 3.11); such a mail is refused as unreadable.
+@example(REQUESTS[0], b"To: .:\r\n\r\nyes")
+def test_reply_mail_is_read_or_refused(req: InteractionRequest, raw: bytes) -> None:
+    """The email channel's reading of a reply (deltad/channels/mail.py): a reply, then an
+    answer or the kind's own refusal, never another exception."""
+    from deltad.channels import mail
+
+    try:
+        reply = mail.parse(raw)
+    except mail.Unreadable as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert all(isinstance(a, str) for a in reply.recipients)
+    if reply.text is None or req.is_secret:
+        return
+    try:
+        mail.answer_of(req, reply.text)
+    except AnswerRejected as e:
+        assert str(e)

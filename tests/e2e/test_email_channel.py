@@ -1,0 +1,218 @@
+"""The email channel end to end: a real `deltad serve` mails a question through a real
+Postfix on 127.0.0.1 (STARTTLS, the test's own certificate), people's replies go back
+through the same MTA with `smtplib` into the Maildir the daemon reads, and a real `delta run`
+resumes. Nothing is sent beyond 127.0.0.1 (tests/mta.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import signal
+import socket
+import time
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+from deltad.channels.grants import Grants
+from deltad.testing import FakeLLM
+from deltad.testing.daemon import Daemon, metadata_status
+from tests.mta import (
+    DELTAD_DOMAIN,
+    PEOPLE_DOMAIN,
+    Mta,
+    postfix,  # noqa: F401  (the fixture)
+)
+
+from ..conftest import Delta, llm_env, wait_for, write_agent
+
+REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]
+ALICE, BOB, MALLORY = (f"{p}@{PEOPLE_DOMAIN}" for p in ("alice", "bob", "mallory"))
+
+
+def _daemon(tmp: Path, mta: Mta, root: Path, **email: Any) -> Daemon:
+    root.mkdir(parents=True, exist_ok=True)
+    channel = {
+        "from_address": f"deltad@{DELTAD_DOMAIN}",
+        "reply_domain": DELTAD_DOMAIN,
+        "maildir": str(mta.deltad_maildir),
+        "smtp": {"host": "127.0.0.1", "port": mta.port, "ca_file": str(mta.cert)},
+        "people": {ALICE: "alice", BOB: {"name": "bob", "groups": ["ops"]}},
+        "poll_seconds": 0.2,
+        **email,
+    }
+    return Daemon(
+        tmp,
+        [root],
+        resume_command=REAL_CLIENT,
+        http={"listen": "127.0.0.1:0"},
+        channels={"email": channel},
+    )
+
+
+def _mail(mta: Mta, person: str, request_id: str, subject: str = "") -> list[EmailMessage]:
+    """`person`'s mail about question `request_id` whose subject holds `subject`."""
+    return [
+        m
+        for m in mta.messages(person)
+        if request_id in (str(m["Subject"]) + m.get_content()) and subject in str(m["Subject"])
+    ]
+
+
+def _reply(to: str, sender: str, text: str, subject: str = "Re: your question") -> EmailMessage:
+    msg = EmailMessage()
+    msg["From"], msg["To"], msg["Subject"] = sender, to, subject
+    msg.set_content(text)
+    return msg
+
+
+def _ask(tmp: Path, fake: FakeLLM, **question: Any) -> tuple[Delta, str]:
+    """A run in a watched workspace asks `question` (after the daemon is ready: a restart
+    does not announce the questions already waiting)."""
+    ws = tmp / "root" / "ws"
+    ws.mkdir(parents=True)
+    d = Delta(ws, fake, write_agent(tmp))
+    fake.call("ask_human", question, id="q")
+    fake.reply("done")
+    assert d.start().code == 101
+    return d, d.request()["request_id"]
+
+
+def test_a_reply_answers_once_and_the_others_are_told(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    mta = postfix
+    prompt = "Which release channel?"
+    daemon = _daemon(tmp_path, mta, tmp_path / "root").start(env=llm_env(fake))
+    try:
+        d, request_id = _ask(
+            tmp_path, fake, prompt=prompt, input_type="choice", options=["[s] stable", "[b] beta"]
+        )
+        [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+        wait_for(lambda: _mail(mta, BOB, request_id, "[deltad]"), "bob's mail")
+        text = question.get_content()
+        assert prompt in text and "[B] beta" in text
+        assert re.search(r"Answer in one click \(single use\): http://127\.0\.0\.1:\d+/a/", text)
+        reply_to = str(question["Reply-To"])
+        assert re.fullmatch(rf"reply\+[0-9a-f]{{36}}@{DELTAD_DOMAIN}", reply_to)
+
+        # The answer by its label, above the quoted question and a signature.
+        quoted = "\n".join("> " + line for line in text.splitlines())
+        body = f"beta\n\n-- \nAlice\n\nOn Monday, deltad wrote:\n{quoted}\n"
+        mta.send(_reply(reply_to, ALICE, body))
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
+        assert "beta" in fake.tool_results()["q"]
+        [answered] = daemon.events("email_answered", request_id=request_id)
+        assert answered["answered_by"] == ALICE
+
+        # Bob is told who answered; a replay of alice's reply is refused and changes nothing.
+        [told] = wait_for(lambda: _mail(mta, BOB, request_id, "Closed"), "bob's notice")
+        assert f"answered by {ALICE} by email" in told.get_content()
+        mta.send(_reply(reply_to, ALICE, "stable"))
+        [replay] = daemon.wait_event("email_reply_refused", code="replayed")
+        assert replay["request_id"] == request_id
+        wait_for(lambda: _mail(mta, ALICE, request_id, "not taken"), "alice's refusal")
+        assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
+    finally:
+        daemon.stop()
+    status = d("status")
+    assert status.code == 0 and f"{ALICE} (email)" in status.out, status.out
+    doc = json.loads(d("status", "--json").out)
+    [got] = doc["outcome"]["answers"]
+    assert got["channel"] == "email" and got["answered_by"] == ALICE
+    # The run's history (its journal) keeps who answered and through what.
+    [reply] = [
+        e["payload"]["reply"]
+        for e in d.events("HUMAN_INTERACTION")
+        if e["payload"].get("phase") == "answered"
+    ]
+    assert (reply["channel"], reply["answered_by"], reply["key"]) == ("email", ALICE, "B")
+    assert metadata_status(d.ws) == "COMPLETED"
+
+
+def test_refused_replies_change_nothing_and_say_why(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    mta = postfix
+    daemon = _daemon(tmp_path, mta, tmp_path / "root").start(env=llm_env(fake))
+    try:
+        d, request_id = _ask(tmp_path, fake, prompt="Deploy now?", input_type="yes_no",
+                             respondents=["alice"])  # fmt: skip
+        box = d.delta_dir / "interaction"
+        [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+        reply_to = str(question["Reply-To"])
+        assert "one click" not in question.get_content()  # a link names nobody: not offered
+
+        def refused(code: str) -> str:
+            [line] = daemon.wait_event("email_reply_refused", code=code)
+            assert not (box / "response.json").exists() and not (box / "response.txt").exists()
+            assert metadata_status(d.ws) == "WAITING_FOR_INPUT"
+            return str(line["reason"])
+
+        # Someone else using alice's reply address (From can be forged: the address decides).
+        mta.send(_reply(reply_to, MALLORY, "yes"))
+        assert f"only {ALICE} may answer" in refused("not_allowed")
+        # An expired reply address (made with the daemon's own key, expired a second ago).
+        grants = Grants(daemon.state_dir / "channels" / "email")
+        _, tok = grants.issue(request_id, str(d.ws), ALICE, time.time() - 1)
+        mta.send(_reply(f"reply+{tok}@{DELTAD_DOMAIN}", ALICE, "yes"))
+        assert "expired" in refused("address_expired")
+        # A reply address deltad never gave out: only logged (nobody to tell for sure).
+        mta.send(_reply(f"reply+{secrets.token_hex(18)}@{DELTAD_DOMAIN}", ALICE, "yes"))
+        refused("unknown_address")
+        # An answer that does not fit: alice is told why and may reply again.
+        mta.send(_reply(reply_to, ALICE, "maybe"))
+        assert "'maybe'" in refused("misfit")
+        # not_allowed, address_expired, misfit: each told to alice (the unknown one to nobody)
+        wait_for(lambda: len(_mail(mta, ALICE, request_id, "not taken")) == 3, "alice's 3 refusals")
+        assert _mail(mta, MALLORY, request_id) == [] and _mail(mta, BOB, request_id) == []
+
+        mta.send(_reply(reply_to, ALICE, "yes"))
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
+        assert fake.tool_results()["q"].startswith("yes")
+        assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
+        # channels: change on a restart, never under a running channel (a reload says so).
+        email = {**daemon.settings["channels"]["email"], "poll_seconds": 5}
+        daemon.write_config(channels={"email": email})
+        daemon.reload()
+        daemon.wait_event("channels_change_ignored")
+    finally:
+        daemon.stop()
+
+
+def test_mail_queued_while_the_mta_is_unreachable_survives_a_kill_9(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    mta = postfix
+    with socket.socket() as s:  # a port nothing listens on: the MTA is "down"
+        s.bind(("127.0.0.1", 0))
+        down = s.getsockname()[1]
+    smtp = {"host": "127.0.0.1", "port": down, "ca_file": str(mta.cert)}
+    daemon = _daemon(tmp_path, mta, tmp_path / "root", smtp=smtp).start(env=llm_env(fake))
+    try:
+        d, request_id = _ask(tmp_path, fake, prompt="Rotate the keys?", input_type="yes_no")
+        daemon.wait_event("channel_retry", count=2)  # alice's and bob's, each tried
+        daemon.signal(signal.SIGKILL)
+        daemon.proc.wait()  # type: ignore[union-attr]
+    finally:
+        daemon.stop()
+    assert _mail(mta, ALICE, request_id) == []
+    # The next daemon, with the MTA reachable, sends what the outbox kept: once each.
+    daemon.write_config(channels={"email": {**daemon.settings["channels"]["email"],
+                                            "smtp": {**smtp, "port": mta.port}}})  # fmt: skip
+    daemon.start(env=llm_env(fake))
+    try:
+        [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+        wait_for(lambda: _mail(mta, BOB, request_id, "[deltad]"), "bob's mail")
+        mta.send(_reply(str(question["Reply-To"]), ALICE, "yes"))
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
+    finally:
+        daemon.stop()
+    assert len(_mail(mta, ALICE, request_id, "[deltad]")) == 1

@@ -1,0 +1,210 @@
+"""A real Postfix on 127.0.0.1 for the email channel's tests (module-scoped): its own config
+dir (`postfix -c`), queue and mailboxes in a temporary directory, delivering two test domains
+into Maildirs (virtual mailboxes) and nothing anywhere else: every other destination is the
+`error` transport, so no test mail can leave the machine.
+
+Skipped only where it cannot run: not root, or Postfix not installed outside CI. With
+`CI=true` (`.ci/run` installs Postfix) a missing piece fails instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import smtplib
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from email import policy
+from email.message import EmailMessage
+from email.parser import BytesParser
+from pathlib import Path
+
+import pytest
+
+POSTFIX = "/usr/sbin/postfix"
+DELTAD_DOMAIN = "deltad.example.test"
+PEOPLE_DOMAIN = "people.example.test"
+NOBODY = 65534  # the virtual mailboxes' owner (virtual(8) refuses root)
+DEADLINE = 60.0
+
+MASTER = """\
+{port} inet n - n - - smtpd
+cleanup unix n - n - 0 cleanup
+qmgr unix n - n 300 1 qmgr
+tlsmgr unix - - n 1000? 1 tlsmgr
+rewrite unix - - n - - trivial-rewrite
+bounce unix - - n - 0 bounce
+defer unix - - n - 0 bounce
+trace unix - - n - 0 bounce
+verify unix - - n - 1 verify
+flush unix n - n 1000? 0 flush
+proxymap unix - - n - - proxymap
+showq unix n - n - - showq
+error unix - - n - - error
+retry unix - - n - - error
+discard unix - - n - - discard
+virtual unix - n n - - virtual
+anvil unix - - n - 1 anvil
+scache unix - - n - 1 scache
+postlog unix-dgram n - n - 1 postlogd
+"""
+
+MAIN = """\
+compatibility_level = 3.6
+queue_directory = {dir}/queue
+data_directory = {dir}/data
+meta_directory = /etc/postfix
+mail_owner = postfix
+setgid_group = postdrop
+myhostname = mta.example.test
+mydomain = example.test
+myorigin = mta.example.test
+mydestination =
+local_recipient_maps =
+alias_maps =
+alias_database =
+inet_interfaces = 127.0.0.1
+inet_protocols = ipv4
+mynetworks = 127.0.0.0/8
+smtpd_relay_restrictions = permit_mynetworks, reject_unauth_destination
+smtpd_peername_lookup = no
+smtp_dns_support_level = disabled
+default_transport = error:test MTA: no mail leaves this machine
+relay_transport = error:test MTA: no mail leaves this machine
+virtual_mailbox_domains = {deltad}, {people}
+virtual_mailbox_base = {dir}/mail
+virtual_mailbox_maps = texthash:{dir}/vmailbox
+virtual_uid_maps = static:{nobody}
+virtual_gid_maps = static:{nobody}
+recipient_delimiter = +
+smtpd_tls_security_level = may
+smtpd_tls_cert_file = {dir}/cert.pem
+smtpd_tls_key_file = {dir}/key.pem
+maillog_file_prefixes = {dir}
+maillog_file = {dir}/maillog
+biff = no
+"""
+
+
+def unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: runs its own Postfix instance"
+    if not os.access(POSTFIX, os.X_OK) or shutil.which("openssl") is None:
+        return "Postfix is not installed: apt-get install postfix (.ci/run does)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Mta:
+    dir: Path
+    port: int
+
+    @property
+    def cert(self) -> Path:
+        return self.dir / "cert.pem"
+
+    @property
+    def deltad_maildir(self) -> Path:
+        return self.dir / "mail" / "deltad" / "Maildir"
+
+    def maildir(self, person: str) -> Path:
+        """A person's Maildir, by name or by address."""
+        return self.dir / "mail" / "people" / person.partition("@")[0] / "Maildir"
+
+    def messages(self, person: str) -> list[EmailMessage]:
+        """A person's mail, oldest first (new/ and cur/)."""
+        box = self.maildir(person)
+        paths = [p for sub in ("new", "cur") if (box / sub).is_dir() for p in (box / sub).iterdir()]
+        out = []
+        for p in sorted(paths, key=lambda p: p.stat().st_mtime_ns):
+            msg = BytesParser(policy=policy.default).parsebytes(p.read_bytes())
+            assert isinstance(msg, EmailMessage)
+            out.append(msg)
+        return out
+
+    def send(self, msg: EmailMessage) -> None:
+        """Through the MTA's SMTP port on loopback, as a person's mail client would."""
+        with smtplib.SMTP("127.0.0.1", self.port, timeout=30) as s:
+            s.starttls()
+            s.send_message(msg)
+
+    def log(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.dir / "maillog").read_text(errors="replace")
+        return ""
+
+
+def _start(d: Path) -> Mta:
+    port = _free_port()
+    conf = d / "conf"
+    conf.mkdir()
+    (conf / "master.cf").write_text(MASTER.format(port=f"127.0.0.1:{port}"))
+    (conf / "main.cf").write_text(
+        MAIN.format(dir=d, deltad=DELTAD_DOMAIN, people=PEOPLE_DOMAIN, nobody=NOBODY)
+    )
+    people = ("alice", "bob", "mallory")
+    (d / "vmailbox").write_text(
+        f"reply@{DELTAD_DOMAIN} deltad/Maildir/\n"
+        + "".join(f"{p}@{PEOPLE_DOMAIN} people/{p}/Maildir/\n" for p in people)
+    )
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem"),
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (d / "key.pem").chmod(0o600)
+    for sub in ("mail", "data", "queue"):
+        (d / sub).mkdir()
+    os.chown(d / "mail", NOBODY, NOBODY)
+    os.chown(d / "data", *_postfix_ids())
+    mta = Mta(d, port)
+    started = subprocess.run([POSTFIX, "-c", str(conf), "start"], capture_output=True, check=False)
+    if started.returncode != 0:  # Postfix says why in its log, not on a pipe
+        raise AssertionError(f"postfix start failed:\n{mta.log()}")
+    end = time.monotonic() + DEADLINE
+    while True:  # the master listens once it has started: wait for that, not a time
+        try:
+            with smtplib.SMTP("127.0.0.1", port, timeout=5) as s:
+                s.noop()
+            return mta
+        except OSError:
+            if time.monotonic() > end:
+                raise AssertionError(f"Postfix did not listen on {port}:\n{mta.log()}") from None
+            time.sleep(0.05)
+
+
+def _postfix_ids() -> tuple[int, int]:
+    import pwd
+
+    pw = pwd.getpwnam("postfix")
+    return pw.pw_uid, pw.pw_gid
+
+
+@pytest.fixture(scope="module")
+def postfix() -> Iterator[Mta]:
+    why = unavailable()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the email tests must run in CI: {why}")
+        pytest.skip(why)
+    # Not under pytest's 0700 tmp: Postfix's unprivileged processes must reach it.
+    d = Path(tempfile.mkdtemp(prefix="deltad-mta-"))
+    d.chmod(0o755)
+    try:
+        yield _start(d)
+    finally:
+        subprocess.run([POSTFIX, "-c", str(d / "conf"), "stop"], capture_output=True, check=False)
+        if not os.environ.get("DELTAD_KEEP_MTA"):  # to read its maillog after a failure
+            shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,374 @@
+"""The email channel in-process: reply addresses, reading a reply, the Maildir pass and the
+answering path, with a real workspace on disk and no network (nothing is sent: the courier's
+thread is never started, so what would go out is read from its outbox)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from email import policy
+from email.message import EmailMessage
+from email.parser import BytesParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deltad import inbox
+from deltad.channels import mail
+from deltad.channels.base import Closed, Context, Question
+from deltad.channels.config import EmailConfig
+from deltad.channels.email import EmailChannel
+from deltad.channels.grants import AddressExpired, Grants, Unknown, check
+from deltad.daemon.config import ConfigError, load_config
+from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace
+from deltad.protocol.printable import show_path
+from deltad.protocol.replies import AnswerRejected, Decision
+from deltad.testing.stub import paused_workspace
+
+ALICE, BOB, MALLORY = "alice@example.org", "bob@example.org", "mallory@example.org"
+
+
+# -- reply addresses ------------------------------------------------------------------------
+def test_a_reply_address_is_signed_expiring_and_single_use(tmp_path: Path) -> None:
+    g = Grants(tmp_path)
+    now = time.time()
+    grant, tok = g.issue("r1", "/ws", ALICE, now + 60)
+    assert len(tok) == 36 and tok == tok.lower()
+    assert g.verify(tok, now) == grant
+    assert g.verify(tok.upper(), now) == grant  # an MTA that folds case changes nothing
+    forged = tok[:-1] + ("0" if tok[-1] != "0" else "1")
+    with pytest.raises(Unknown):
+        g.verify(forged, now)
+    with pytest.raises(Unknown):  # another grant's id with this one's MAC
+        check(g.key, g.issue("r2", "/ws", ALICE, now + 60)[0], tok, now)
+    with pytest.raises(AddressExpired):
+        g.verify(tok, now + 61)
+    assert g.claim(grant, "m1") and g.claim(grant, "m1")  # the same message again: a retry
+    assert not g.claim(grant, "m2")  # another message: a replay
+    g.release(grant)
+    assert g.claim(grant, "m2")
+    # Another key (another daemon's state dir) knows none of these addresses.
+    with pytest.raises(Unknown):
+        check(Grants(tmp_path / "other").key, grant, tok, now)
+
+
+def test_grants_are_pruned_well_after_they_expire(tmp_path: Path) -> None:
+    g = Grants(tmp_path)
+    grant, _ = g.issue("r1", "/ws", ALICE, 1000.0)
+    g.claim(grant, "m1")
+    assert g.prune(1000.0 + 10) == 0  # kept: a late reply is told "expired"
+    assert g.prune(1000.0 + 31 * 86400) == 1
+    for d in ("grants", "used", "questions"):
+        assert list((tmp_path / d).iterdir()) == []
+
+
+# -- reading a reply ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("yes\n\nOn Mon, 1 Jan 2030, deltad wrote:\n> Deploy?\n", "yes"),
+        ("yes\n-- \nAlice\n", "yes"),
+        ("yes\r\n> quoted\r\n", "yes"),
+        ("one\ntwo\n\n-----Original Message-----\nFrom: deltad\n", "one\ntwo"),
+        ("yes\n\nSent from my phone\n", "yes"),
+        ("  \n\nyes  \n", "yes"),
+    ],
+)  # fmt: skip
+def test_quoted_text_and_signatures_are_cut(text: str, answer: str) -> None:
+    assert mail.strip_quoted(text) == answer
+
+
+def _req(input_type: InputType, **kw: Any) -> InteractionRequest:
+    return InteractionRequest(prompt="q?", run_id="r", action_id="a", input_type=input_type, **kw)
+
+
+def test_an_answer_is_read_by_its_kind() -> None:
+    choice = _req(
+        InputType.CHOICE, options=[{"key": "S", "label": "stable"}, {"key": "B", "label": "beta"}]
+    )
+    assert mail.answer_of(choice, "b").answer == "B"
+    assert mail.answer_of(choice, "Beta\nthanks").answer == "B"
+    assert mail.answer_of(_req(InputType.YES_NO), "yes").answer == "yes"
+    assert mail.answer_of(_req(InputType.TEXT), "two\nlines").answer == "two\nlines"
+    assert mail.answer_of(_req(InputType.NUMBER, maximum=50), "42").answer == "42"
+    assert mail.answer_of(_req(InputType.DATE), "2030-01-02").answer == "2030-01-02"
+    calls = [{"action_id": "c1", "tool_name": "deploy"}, {"action_id": "c2", "tool_name": "x"}]
+    approval = _req(InputType.APPROVAL, calls=calls)
+    rejected = mail.answer_of(approval, "reject\nnot on a Friday")
+    assert rejected.decisions is not None
+    assert [(d.decision, d.reason) for d in rejected.decisions] == [
+        (Decision.REJECT, "not on a Friday"),
+        (Decision.REJECT, "not on a Friday"),
+    ]
+    assert {d.decision for d in mail.answer_of(approval, "approve").decisions or []} == {
+        Decision.APPROVE
+    }
+    for req, text in [
+        (choice, "gamma"),
+        (_req(InputType.NUMBER, maximum=50), "51"),
+        (_req(InputType.DATE), "tomorrow"),
+        (approval, "maybe"),
+        (_req(InputType.TEXT), ""),
+    ]:
+        with pytest.raises(AnswerRejected):
+            mail.answer_of(req, text)
+
+
+def test_only_the_plain_part_is_read_never_html() -> None:
+    msg = EmailMessage()
+    msg["From"], msg["To"] = ALICE, "reply+x@d.example"
+    msg.set_content("<b>yes</b>", subtype="html")
+    assert mail.parse(msg.as_bytes()).text is None
+    msg = EmailMessage()
+    msg["From"], msg["To"] = f"Alice <{ALICE.upper()}>", "reply+x@d.example"
+    msg.set_content("yes")
+    msg.add_alternative("<p>no</p>", subtype="html")
+    reply = mail.parse(msg.as_bytes())
+    assert (reply.sender, reply.text) == (ALICE, "yes")
+
+
+# -- the channel ----------------------------------------------------------------------------
+def _channel(tmp: Path, **over: Any) -> EmailChannel:
+    box = tmp / "Maildir"
+    for sub in ("new", "cur", "tmp"):
+        (box / sub).mkdir(parents=True, exist_ok=True)
+    config = EmailConfig.model_validate(
+        {
+            "from_address": "deltad@d.example",
+            "reply_domain": "d.example",
+            "maildir": str(box),
+            "smtp": {"host": "127.0.0.1", "port": 9, "security": "none"},
+            "people": {ALICE: "alice", BOB: {"name": "bob", "groups": ["ops"]}},
+            **over,
+        }
+    )
+    ctx = Context(tmp / "state", inbox.submit, page=lambda r: f"https://inbox/#request={r}")
+    return EmailChannel(config, ctx)
+
+
+def _outgoing(ch: EmailChannel) -> list[tuple[str, str, EmailMessage]]:
+    found, _ = ch.courier.outbox.load()
+    out = []
+    for d in found:
+        msg = BytesParser(policy=policy.default).parsebytes(d.body.encode())
+        assert isinstance(msg, EmailMessage)
+        out.append((d.url, d.event, msg))
+    return out
+
+
+def _ask(tmp: Path, ch: EmailChannel, **question: Any) -> tuple[Path, str]:
+    ws = tmp / "ws"
+    paused_workspace(ws, prompt="Deploy?", **question)
+    req = Mailbox(Workspace.at(ws)).read_request()
+    assert req is not None
+    ch.send(Question(ws, req, "the task"))
+    return ws, req.request_id
+
+
+def _deliver(
+    ch: EmailChannel, name: str, to: str, sender: str, text: str, auto: bool = False
+) -> None:
+    msg = EmailMessage()
+    if auto:
+        msg["Auto-Submitted"] = "auto-replied"
+    msg["From"], msg["To"], msg["Subject"] = sender, to, "Re: Deploy?"
+    msg["Delivered-To"] = to
+    msg.set_content(text)
+    (ch.config.maildir / "new" / name).write_bytes(msg.as_bytes())
+
+
+def _refusals(ch: EmailChannel) -> list[str]:
+    return [m.get_content().strip() for _, kind, m in _outgoing(ch) if kind == "notice"]
+
+
+def test_a_reply_answers_through_the_answering_path(tmp_path: Path) -> None:
+    ch = _channel(tmp_path)
+    ws, request_id = _ask(tmp_path, ch, input_type="yes_no", respondents=["alice"])
+    [(to, kind, question)] = _outgoing(ch)  # bob is no respondent: not asked
+    assert (to, kind) == (ALICE, "question")
+    assert "https://inbox/#request=" in question.get_content()
+    reply_to = str(question["Reply-To"])
+    _deliver(ch, "1.m1", reply_to, ALICE, "yes\n\n> Deploy?\n")
+    assert ch.take() == 1
+    doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+    assert doc == {
+        "request_id": request_id,
+        "answer": "yes",
+        "answered_by": ALICE,
+        "channel": "email",
+    }
+    assert os.listdir(ch.config.maildir / "new") == []
+    assert os.listdir(ch.config.maildir / "cur") == ["1.m1:2,S"]
+    assert _refusals(ch) == []
+
+    # A crash before the move: the same message read again answers nothing and says nothing.
+    os.rename(ch.config.maildir / "cur" / "1.m1:2,S", ch.config.maildir / "new" / "1.m1")
+    assert ch.take() == 1 and _refusals(ch) == []
+    # Another message through the same address: a replay, refused to alice.
+    _deliver(ch, "2.m2", reply_to, ALICE, "no")
+    ch.take()
+    assert _refusals(ch) == ["Not taken: this reply address was already used; nothing changed"]
+    assert (
+        json.loads((ws / ".delta" / "interaction" / "response.json").read_text())["answer"] == "yes"
+    )
+
+
+def test_refused_replies_change_nothing(tmp_path: Path) -> None:
+    ch = _channel(tmp_path)
+    ws, _ = _ask(tmp_path, ch, input_type="yes_no", respondents=["alice"])
+    reply_to = str(_outgoing(ch)[0][2]["Reply-To"])
+    _deliver(ch, "1", reply_to, MALLORY, "yes")  # From is not the address it was given to
+    _deliver(ch, "2", reply_to, ALICE, "perhaps")  # does not fit: alice may reply again
+    _deliver(ch, "3", "reply+" + "0" * 36 + "@d.example", ALICE, "yes")  # never given out
+    _deliver(ch, "4", "someone@d.example", ALICE, "yes")  # no reply address at all
+    _deliver(ch, "5", reply_to, ALICE, "I am out of office", auto=True)  # never answered
+    assert ch.take() == 5
+    box = ws / ".delta" / "interaction"
+    assert not (box / "response.json").exists() and not (box / "response.txt").exists()
+    refusals = _refusals(ch)
+    assert len(refusals) == 2  # to alice only: unknown addresses are only logged
+    assert f"only {ALICE} may answer through this reply address, not {MALLORY}" in refusals[0]
+    assert "perhaps" in refusals[1] and "reply again" in refusals[1]
+    assert all(to == ALICE for to, kind, _ in _outgoing(ch) if kind == "notice")
+    _deliver(ch, "6", reply_to, ALICE, "no")
+    ch.take()
+    assert json.loads((box / "response.json").read_text())["answer"] == "no"
+
+
+def test_a_respondent_removed_from_the_config_is_refused(tmp_path: Path) -> None:
+    ch = _channel(tmp_path)
+    ws, _ = _ask(tmp_path, ch, input_type="yes_no", respondents=["group:ops"])
+    [(to, _, question)] = _outgoing(ch)
+    assert to == BOB
+    ch.config.people.pop(BOB)
+    _deliver(ch, "1", str(question["Reply-To"]), BOB, "yes")
+    ch.take()
+    assert f"{BOB} is not configured" in _refusals(ch)[0]
+    assert not (ws / ".delta" / "interaction" / "response.json").exists()
+
+
+def test_a_secret_is_never_asked_or_answered_by_mail(tmp_path: Path) -> None:
+    ch = _channel(tmp_path)
+    _ask(tmp_path, ch, input_type="password")
+    outgoing = _outgoing(ch)
+    assert len(outgoing) == 2
+    for _, _, msg in outgoing:
+        assert msg["Reply-To"] is None
+        assert "never answered by mail" in msg.get_content()
+    assert list((tmp_path / "state" / "grants").iterdir()) == []
+
+
+def test_a_question_with_odd_text_is_still_mailed(tmp_path: Path) -> None:
+    assert mail.printable("a\ud800b") == "a\\ud800b"
+    ch = _channel(tmp_path)
+    ws = tmp_path / os.fsdecode(b"ws-\xff")
+    paused_workspace(ws, prompt="Line one\r\nBcc: mallory@example.org\nfine?")
+    req = Mailbox(Workspace.at(ws)).read_request()
+    assert req is not None
+    ch.send(Question(ws, req))
+    for _, _, msg in _outgoing(ch):
+        assert str(msg["Subject"]) == "[deltad] Line one" and msg["Bcc"] is None
+        assert f"Workspace: {show_path(ws)}\r\n" in msg.get_content()
+    [reply_to] = {str(m["Reply-To"]) for to, _, m in _outgoing(ch) if to == ALICE}
+    _deliver(ch, "1", reply_to, ALICE, "fine, thanks")
+    ch.take()
+    doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+    assert doc["answer"] == "fine, thanks" and _refusals(ch) == []
+
+
+def test_the_maildir_is_read_with_care(tmp_path: Path) -> None:
+    ch = _channel(tmp_path, max_message_bytes=1024, max_per_pass=3)
+    new = ch.config.maildir / "new"
+    (tmp_path / "target").write_text("x")
+    os.symlink(tmp_path / "target", new / "1.link")
+    (new / "2.big").write_bytes(b"x" * 2048)
+    os.mkfifo(new / "3.fifo")
+    (new / "4.later").write_bytes(b"From: a@b.c\n\nhi\n")
+    assert ch.take() == 3  # bounded
+    assert sorted(os.listdir(new)) == ["4.later"]
+    assert (tmp_path / "target").read_text() == "x"  # never followed
+    assert ch.take() == 1 and os.listdir(new) == []
+    assert sorted(os.listdir(ch.config.maildir / "cur")) == [
+        "1.link:2,S",
+        "2.big:2,S",
+        "3.fifo:2,S",
+        "4.later:2,S",
+    ]
+
+
+def test_the_people_are_told_when_a_question_closes(tmp_path: Path) -> None:
+    ch = _channel(tmp_path)
+    ws, request_id = _ask(tmp_path, ch, input_type="yes_no")
+    assert len(_outgoing(ch)) == 2
+    ch.withdraw(Closed(ws, request_id, "answered"))
+    notices = [(to, m.get_content()) for to, kind, m in _outgoing(ch) if kind == "notice"]
+    assert sorted(to for to, _ in notices) == [ALICE, BOB]
+    assert all("answered elsewhere" in text for _, text in notices)
+    ch.withdraw(Closed(ws, request_id, "answered", "carol", "http"))
+    told = [m.get_content() for _, k, m in _outgoing(ch) if k == "notice"]
+    assert sum("answered by carol (http)." in text for text in told) == 2
+    ch.withdraw(Closed(ws, request_id, "expired"))
+    assert sum("expired" in m.get_content() for _, k, m in _outgoing(ch) if k == "notice") == 2
+
+
+# -- configuration --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("email", "message"),
+    [
+        ({"colour": "red"}, "channels.email.colour: Extra inputs are not permitted"),
+        ({"smtp": {"security": "none", "username": "u", "password": {"secret_env": "P"}}},
+         "password in clear"),
+        ({"people": {"not-an-address": "x"}}, "is not a mail address"),
+        ({"reply_local": "Reply+"}, "reply_local"),
+    ],
+)  # fmt: skip
+def test_a_bad_channels_key_is_one_line(
+    tmp_path: Path, email: dict[str, Any], message: str
+) -> None:
+    good = {"from_address": "d@d.example", "reply_domain": "d.example", "maildir": "/m"}
+    path = tmp_path / "deltad.yaml"
+    path.write_text(
+        json.dumps({"roots": [str(tmp_path)], "channels": {"email": {**good, **email}}})
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    path.write_text(json.dumps({"roots": [str(tmp_path)], "channels": {"email": good}}))
+    assert load_config(path).channels is not None
+
+
+def test_the_documented_channels_example_is_valid() -> None:
+    """config/deltad.yaml's commented `channels:` block, uncommented, is a valid section."""
+    import yaml
+
+    from deltad.channels.config import ChannelsConfig
+
+    text = (Path(__file__).resolve().parents[2] / "config" / "deltad.yaml").read_text()
+    block = text[text.index("# channels:\n") :].split("\n\n")[0]
+    doc = yaml.safe_load("\n".join(line.removeprefix("# ") for line in block.splitlines()))
+    email = ChannelsConfig.model_validate(doc["channels"]).email
+    assert email is not None and email.person("Bob@example.org") is not None
+
+
+def test_a_message_that_trips_a_bug_is_set_aside_not_read_forever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ch = _channel(tmp_path)
+
+    def bug(reply: mail.Reply, name: str) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ch, "_answer", bug)
+    _deliver(ch, "1", "reply+x@d.example", ALICE, "yes")
+    assert ch.take() == 1
+    assert os.listdir(ch.config.maildir / "cur") == ["1:2,S"]
+    assert ch.take() == 0
+
+
+def test_a_mail_the_parser_gives_up_on_is_refused_as_unreadable(tmp_path: Path) -> None:
+    ch = _channel(tmp_path)
+    (ch.config.maildir / "new" / "1").write_bytes(b"To: .:\r\nFrom: .:\r\n\r\nyes\r\n")
+    assert ch.take() == 1
+    assert os.listdir(ch.config.maildir / "cur") == ["1:2,S"] and _refusals(ch) == []
