@@ -16,7 +16,7 @@ from email.parser import BytesParser
 from email.utils import formatdate, getaddresses, make_msgid, parseaddr
 
 from deltad.inbox import AnswerIn
-from deltad.protocol import InputType, InteractionRequest, kinds
+from deltad.protocol import InteractionRequest, kinds
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import show_path
 
@@ -104,7 +104,7 @@ def answer_of(req: InteractionRequest, text: str) -> AnswerIn:
     """The answer a reply gives, read by the question's kind (text: all of it; any other kind:
     its first line, and for an approval `reject` the lines after it as the reason). Raises
     AnswerRejected (the kind's own words) when it does not fit."""
-    if req.input_type in (InputType.TEXT,):
+    if not kind_of(req.input_type).one_line:
         kinds.read_text(req, text)
         return AnswerIn(answer=text)
     lines = [line.strip() for line in text.split("\n") if line.strip()]
@@ -165,7 +165,7 @@ def question_mail(
         lines.append("This question asks for a secret: it is never answered by mail.")
     elif r.calls:
         lines.append("Reply with `approve`, or `reject: why`, as the first line.")
-    elif r.input_type is InputType.TEXT:
+    elif not kind_of(r.input_type).one_line:
         lines.append("Reply to this mail: your reply (above any quoted text) is the answer.")
     else:
         lines.append("Reply with the answer as the first line.")

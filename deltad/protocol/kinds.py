@@ -73,6 +73,7 @@ class Kind:
     per_call = False  # answered with a decision per gated tool call (response.json decisions)
     input = "text"  # the page's <input type> for a typed answer
     secret = False  # the answer is a secret whatever the question's `sensitive` says
+    one_line = False  # a written reply's first line is the answer (else all of it: free text)
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
         if not text.strip() and not req.allow_empty:
@@ -149,6 +150,7 @@ class Password(Kind):
 
 
 class YesNo(Kind):
+    one_line = True  # a reply's first line (mail): the rest is a reason or noise
     expects = "yes or no"
 
     def read(self, req: InteractionRequest, text: str) -> Reply:
@@ -174,6 +176,7 @@ class YesNo(Kind):
 
 
 class Choice(Kind):
+    one_line = True  # a reply's first line (mail): the rest is a reason or noise
     expects = "one of the options, by key or label"
     fields = ("options",)
 
@@ -221,6 +224,7 @@ class Choice(Kind):
 
 
 class Approval(Kind):
+    one_line = True  # a reply's first line (mail): the rest is a reason or noise
     """Gated tool calls: a decision per call. Never asked by the model itself."""
 
     expects = "a decision for each tool call"
@@ -294,6 +298,7 @@ class Approval(Kind):
 
 
 class Number(Kind):
+    one_line = True  # a reply's first line (mail): the rest is a reason or noise
     """A number, optionally within `minimum`..`maximum`."""
 
     expects = "a number"
@@ -362,6 +367,7 @@ def iso_date(text: object) -> date | None:
 
 
 class Date(Kind):
+    one_line = True  # a reply's first line (mail): the rest is a reason or noise
     """A calendar date (ISO, YYYY-MM-DD), optionally within `earliest`..`latest`."""
 
     expects = "a date, YYYY-MM-DD"

@@ -317,7 +317,7 @@ def test_the_people_are_told_when_a_question_closes(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("email", "message"),
     [
-        ({"colour": "red"}, "channels.email.colour: Extra inputs are not permitted"),
+        ({"colour": "red"}, "channels.email.colour: unknown key"),
         ({"smtp": {"security": "none", "username": "u", "password": {"secret_env": "P"}}},
          "password in clear"),
         ({"people": {"not-an-address": "x"}}, "is not a mail address"),
