@@ -28,6 +28,9 @@ class CallDecision(BaseModel):
     decision: Decision
     arguments: dict[str, Any] | None = None
     reason: str | None = None
+    # For approve and edit: the digest of the exact call approved (protocol/calldigest.py),
+    # written by the answering path and checked by the engine before the call runs.
+    digest: str | None = None
 
 
 class StructuredAnswer(BaseModel):
