@@ -104,7 +104,8 @@ def decode(kind: Kind, cursor: str | None) -> tuple[Any, ...] | None:
 
 def _shown(kind: Kind) -> str:
     name, _, sort = kind.partition(":")
-    return f"{name}?sort={sort}" if sort else name
+    shown = f"{name}?sort={sort}" if sort else name
+    return f"{shown} (a cursor continues the sort it came from)" if name == "requests" else shown
 
 
 def sort_of(sort: str | None) -> Sort:
