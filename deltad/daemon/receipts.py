@@ -58,13 +58,16 @@ def what_of(req: InteractionRequest, name: str, text: str) -> tuple[dict[str, An
     return what, reply
 
 
-def receipt(ws_path: Path, run_id: str | None) -> dict[str, Any] | None:
-    """The receipt of the answer waiting in `ws_path` (None: no question or answer to record)."""
+def receipt(ws_path: Path, run_id: str | None, *, expired: bool = False) -> dict[str, Any] | None:
+    """The receipt of the answer waiting in `ws_path`, or (`expired`) of its question's deadline
+    passing unanswered (None: no question or answer to record)."""
     ws = Workspace.at(ws_path)
     mailbox = Mailbox(ws)
     req = mailbox.read_request()
     if req is None:
         return None
+    if expired:
+        return timeout_receipt(ws_path, run_id, req)
     answer = mailbox.read_answer(req, secret=req.is_secret)
     if answer.state not in (AnswerState.READY, AnswerState.REFUSED):
         return None
@@ -95,6 +98,22 @@ def receipt(ws_path: Path, run_id: str | None) -> dict[str, Any] | None:
     if answer.mtime_ns:
         fields["answered_at"] = iso_ns(answer.mtime_ns)
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def timeout_receipt(ws_path: Path, run_id: str | None, req: InteractionRequest) -> dict[str, Any]:
+    """Nobody answered by the deadline: the question's timeout rule decides (the run applies
+    it: the default, a rejection, or a failed run). Pure."""
+    fields: dict[str, Any] = {
+        "kind": "timeout",
+        "at": iso(utcnow()),
+        "workspace": show_path(ws_path),
+        "run_id": run_id or req.run_id,
+        "request_id": req.request_id,
+        "input_type": str(req.input_type),
+        "channel": "deadline",
+        "what": {"timeout": f"no answer by {iso(req.expires_at) if req.expires_at else '?'}"},
+    }
+    return fields
 
 
 def _text(value: object) -> str | None:

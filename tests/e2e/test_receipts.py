@@ -155,14 +155,21 @@ def test_receipts_of_every_channel_chain_export_verify_and_tampering_is_named(
     r = http.post(f"/v1/requests/{q['request_id']}/answer", json={"answer": "hunter2-secret"})
     assert r.status_code == 202, r.text
     wait_for(lambda: metadata_status(ws3) == "COMPLETED", "ws3 to complete")
+    # 4. Nobody answers: the deadline decides, and that is recorded too.
+    fake.call("ask_human", {"prompt": "Go?", "input_type": "yes_no", "timeout_seconds": 1})
+    fake.reply("moved on")
+    ws4 = root / "ws4"
+    _pause(fake, agent, ws4)
+    wait_for(lambda: metadata_status(ws4) in ("COMPLETED", "FAILED"), "ws4 to time out")
 
-    entries = wait_for(
-        lambda: [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else [],
-        "the receipts",
-    )
-    assert [e["seq"] for e in entries] == [1, 2, 3]
+    def receipts() -> list[dict[str, Any]]:
+        text = log.read_text() if log.exists() else ""
+        return [json.loads(x) for x in text.splitlines()]
+
+    entries = wait_for(lambda: len(receipts()) >= 4 and receipts(), "four receipts")
+    assert [e["seq"] for e in entries] == [1, 2, 3, 4]
     assert (log.stat().st_mode & 0o777) == 0o600
-    one, two, three = entries
+    one, two, three, four = entries
     assert (one["channel"], one["answered_by"], one["workspace"]) == ("http", "alice", str(ws1))
     [dec] = one["what"]["decisions"]
     assert (dec["decision"], dec["tool_name"], dec["arguments"]) == (
@@ -176,6 +183,8 @@ def test_receipts_of_every_channel_chain_export_verify_and_tampering_is_named(
     assert two["what"]["decisions"][0]["decision"] == "reject"
     assert three["what"] == {"secret": "answered (the value is not recorded)"}
     assert "hunter2" not in log.read_text()
+    assert (four["kind"], four["channel"], four["workspace"]) == ("timeout", "deadline", str(ws4))
+    assert four["what"]["timeout"].startswith("no answer by ")
     assert two["prev"] == one["hash"] and three["prev"] == two["hash"]
 
     sd = ["--state-dir", str(d.state_dir)]
@@ -183,9 +192,9 @@ def test_receipts_of_every_channel_chain_export_verify_and_tampering_is_named(
     assert export.returncode == 0, export.stderr
     assert export.stdout == log.read_text()
     ok = _audit("verify", *sd)
-    assert ok.returncode == 0 and f"3 entries (seq 1..3), head {three['hash']}" in ok.stdout, ok
+    assert ok.returncode == 0 and f"4 entries (seq 1..4), head {four['hash']}" in ok.stdout, ok
     since = _audit("export", *sd, "--since", two["at"])
-    assert [json.loads(x)["seq"] for x in since.stdout.splitlines()][-2:] == [2, 3]
+    assert [json.loads(x)["seq"] for x in since.stdout.splitlines()][-3:] == [2, 3, 4]
     exported = tmp_path / "export.jsonl"
     exported.write_text(since.stdout)
     assert _audit("verify", "--partial", str(exported)).returncode == 0
@@ -193,15 +202,15 @@ def test_receipts_of_every_channel_chain_export_verify_and_tampering_is_named(
     # Tampering: a receipt edited to say "approve" is named; so is a dropped one.
     lines = log.read_text().splitlines(keepends=True)
     forged = tmp_path / "forged.jsonl"
-    forged.write_text(lines[0] + lines[1].replace('"reject"', '"approve"') + lines[2])
+    forged.write_text(lines[0] + lines[1].replace('"reject"', '"approve"') + "".join(lines[2:]))
     bad = _audit("verify", str(forged))
     assert bad.returncode == 2 and "entry seq 2 (line 2)" in bad.stderr, bad
     assert "edited" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     dropped = tmp_path / "dropped.jsonl"
-    dropped.write_text(lines[0] + lines[2])
+    dropped.write_text(lines[0] + "".join(lines[2:]))
     bad = _audit("verify", str(dropped))
     assert bad.returncode == 2 and "entry seq 3" in bad.stderr and "dropped" in bad.stderr, bad
     short = tmp_path / "short.jsonl"
     short.write_text(lines[0] + lines[1])  # the tail dropped: seen against the recorded head
-    bad = _audit("verify", "--head", three["hash"], str(short))
+    bad = _audit("verify", "--head", four["hash"], str(short))
     assert bad.returncode == 2 and "recorded head" in bad.stderr, bad
