@@ -20,7 +20,7 @@ from deltad.testing import FakeLLM, tool_call
 from deltad.testing.daemon import DELTAD, Daemon, metadata_status, wait_for
 from deltad.testing.inbox import client, http_url, make_token
 
-from ..conftest import GATED_TOOLS_FOR_DAEMON, llm_env, write_agent
+from ..conftest import GATED_TOOLS_FOR_DAEMON, Delta, llm_env, write_agent
 
 DELTA = str(Path(sys.executable).parent / "delta")
 REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]
@@ -117,6 +117,49 @@ def test_a_call_changed_on_disk_after_it_was_asked_is_refused_at_resume(
     stale = {"action_id": "d2", "decision": "approve", "digest": approved}
     r = http.post(f"/v1/requests/{rid}/answer", json={"decisions": [stale]})
     assert r.status_code == 422 and "changed since it was shown" in r.text, r.text
+
+
+def _change_the_call(path: Path, old: str, new: str) -> None:
+    """The model's call in the journal (not the question's record of it) made to say `new`."""
+    lines = path.read_text().splitlines(keepends=True)
+    changed = [x.replace(old, new) if '"HUMAN_INTERACTION"' not in x else x for x in lines]
+    assert changed != lines
+    path.write_text("".join(changed))
+
+
+@pytest.mark.parametrize(
+    ("answer", "file"),
+    [
+        ("approve", "response.txt"),  # plain text: bound to the call as asked
+        (  # an edit binds its own arguments: a changed tool name is still refused
+            {"decisions": [{"action_id": "d1", "decision": "edit", "arguments": {"env": "dev"}}]},
+            "response.json",
+        ),
+    ],
+)
+def test_without_the_daemon_a_changed_call_is_refused_too(
+    tmp_path: Path, fake: FakeLLM, answer: Any, file: str
+) -> None:
+    tools = GATED_TOOLS_FOR_DAEMON + '  - name: destroy\n    shell: "echo ${env} > destroyed.txt"\n'
+    agent = write_agent(tmp_path, tools, "approval:\n  require: [deploy, destroy]\n")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    d = Delta(ws, fake, agent)
+    fake.reply(None, tool_call("deploy", {"env": "staging"}, id="d1"))
+    fake.reply("done")
+    assert d.start("ship").code == 101
+    if file == "response.txt":
+        _change_the_call(_journal_path(ws), '\\"staging\\"', '\\"prod\\"')
+    else:
+        _change_the_call(_journal_path(ws), '"name":"deploy"', '"name":"destroy"')
+    box = ws / ".delta" / "interaction" / file
+    rid = d.request()["request_id"]
+    box.write_text(answer if isinstance(answer, str) else json.dumps({**answer, "request_id": rid}))
+    r = d("run")
+    assert r.code == 0, r.err
+    assert not (ws / "deployed.txt").exists() and not (ws / "destroyed.txt").exists()
+    [result] = d.results()["d1"]
+    assert result["status"] == "FAILED" and "Refused at resume" in result["observation_content"]
 
 
 def test_receipts_of_every_channel_chain_export_verify_and_tampering_is_named(
