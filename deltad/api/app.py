@@ -329,9 +329,16 @@ def create_app(
         run_id: str | None = None,
         limit: int = paging.DEFAULT_LIMIT,
         cursor: str | None = None,
+        sort: Annotated[paging.Sort, Query(description=paging.SORT_DOC)] = "newest",
+        older_than: Annotated[
+            str | None, Query(description=paging.OLDER_DOC, examples=["1h"])
+        ] = None,
+        due_within: Annotated[
+            str | None, Query(description=paging.DUE_DOC, examples=["10m"])
+        ] = None,
     ) -> dict[str, Any]:
-        """The pending questions this token may see, newest first, a page at a time:
-        `{"requests": [...], "next": cursor or null}`."""
+        """The pending questions this token may see, newest first (or `sort`), a page at a
+        time: `{"requests": [...], "next": cursor or null}`."""
         return core.list_requests(
             who,
             workspace,
@@ -340,6 +347,9 @@ def create_app(
             run_id=run_id,
             limit=limit,
             cursor=cursor,
+            sort=sort,
+            older_than=older_than,
+            due_within=due_within,
         )
 
     @app.get(

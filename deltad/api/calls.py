@@ -23,6 +23,9 @@ class Calls(Protocol):
         run_id: str | None,
         limit: int,
         cursor: str | None,
+        sort: str = "newest",
+        older_than: str | None = None,
+        due_within: str | None = None,
     ) -> dict[str, Any]: ...
 
     def get_request(
@@ -77,6 +80,9 @@ class Local:
         run_id: str | None,
         limit: int,
         cursor: str | None,
+        sort: str = "newest",
+        older_than: str | None = None,
+        due_within: str | None = None,
     ) -> dict[str, Any]:
         return handlers.list_requests(
             self.ctx,
@@ -87,6 +93,9 @@ class Local:
             run_id=run_id,
             limit=limit,
             cursor=cursor,
+            sort=sort,
+            older_than=older_than,
+            due_within=due_within,
         )
 
     def get_request(self, who: Identity, request_id: str, workspace: str | None) -> dict[str, Any]:

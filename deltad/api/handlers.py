@@ -300,18 +300,36 @@ def list_requests(
     run_id: str | None = None,
     limit: int = paging.DEFAULT_LIMIT,
     cursor: str | None = None,
+    sort: str | None = None,
+    older_than: str | None = None,
+    due_within: str | None = None,
+    now: float | None = None,
 ) -> dict[str, Any]:
     """`{"requests": [question, ...], "next": cursor | null}`: the open questions this token
     may see, newest first (by the question's `timestamp`, then workspace, then request id),
     each as `GET /v1/requests/{id}` shows it. Filters: `workspace` (glob), `input_type`,
-    `owner` (user name or uid of the workspace's owner), `run_id`. `limit` 1..1000 (default
+    `owner` (user name or uid of the workspace's owner), `run_id`, `older_than` (asked at
+    least that long ago), `due_within` (a deadline at most that far ahead, or passed); `sort`:
+    newest (default), oldest, deadline (soonest first; none last). `limit` 1..1000 (default
     100); `cursor` is a previous page's `next`. A page may hold fewer than `limit` (questions
     answered meanwhile are skipped): follow `next` until it is null. 422 for a bad limit,
-    cursor or owner."""
+    cursor, owner, sort or duration."""
+    at = time.time() if now is None else now
     try:
-        n, after = paging.limit_of(limit), paging.decode("requests", cursor)
+        order = paging.sort_of(sort)
+        n, after = paging.limit_of(limit), paging.decode(paging.SORTS[order], cursor)
+        old, due = (
+            paging.duration("older_than", older_than),
+            paging.duration("due_within", due_within),
+        )
         wanted = paging.Filters(
-            tuple(who.scopes), workspace, paging.owner_uid(owner), run_id, input_type
+            tuple(who.scopes),
+            workspace,
+            paging.owner_uid(owner),
+            run_id,
+            input_type,
+            asked_before=None if old is None else at - old,
+            due_by=None if due is None else at + due,
         )
     except paging.BadPage as e:
         raise ApiError(422, "bad_page", str(e)) from None
@@ -319,8 +337,8 @@ def list_requests(
     def read(e: Listed) -> dict[str, Any] | None:
         return listed_document(ctx, e)
 
-    docs, last = paging.collect(ctx.feed.index.questions(after), wanted.keep, read, n)
-    return {"requests": docs, "next": paging.encode("requests", last) if last else None}
+    docs, next_ = paging.question_page(ctx.feed.index, wanted, order, after, read, n)
+    return {"requests": docs, "next": next_}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from deltad.agent import Agent, check_edits, load_agent
 from deltad.errors import UsageError
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, kinds
+from deltad.protocol.calldigest import DigestMismatch, bind
 from deltad.protocol.journal import replied
 from deltad.protocol.mailbox import MAX_MAILBOX_BYTES, structured_bytes
 from deltad.protocol.questions import interpret_json, interpret_text
@@ -198,6 +199,12 @@ def submit(
     plain = isinstance(body, str) and answered_by is None and channel is None
     data = body.encode() if isinstance(body, str) and plain else None
     doc = None if plain else answer_document(req, body, answered_by, channel)
+    if doc is not None and not isinstance(body, str) and body.decisions:
+        try:  # each approval bound to the exact call it approves (protocol/calldigest.py)
+            bound = bind(req, body.decisions)
+        except DigestMismatch as e:
+            raise Misfit(str(e)) from None
+        doc["decisions"] = [d.model_dump(exclude_none=True, mode="json") for d in bound]
     size = len(data) if data is not None else len(structured_bytes(doc or {}))
     if size > MAX_ANSWER_BYTES:
         raise TooLarge(

@@ -125,6 +125,9 @@ class Remote:
         run_id: str | None,
         limit: int,
         cursor: str | None,
+        sort: str = "newest",
+        older_than: str | None = None,
+        due_within: str | None = None,
     ) -> dict[str, Any]:
         return self.send(
             {
@@ -136,6 +139,9 @@ class Remote:
                 "run_id": run_id,
                 "limit": limit,
                 "cursor": cursor,
+                "sort": sort,
+                "older_than": older_than,
+                "due_within": due_within,
             }
         )
 

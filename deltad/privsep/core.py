@@ -212,6 +212,9 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
             run_id=call.run_id,
             limit=call.limit,
             cursor=call.cursor,
+            sort=call.sort,
+            older_than=call.older_than,
+            due_within=call.due_within,
         )
     if isinstance(call, wire.GetRequest):
         return core.get_request(who, call.request_id, call.workspace)

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from deltad.api.paging import Sort
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
@@ -47,6 +48,9 @@ Cursor = Text
 LinkToken = Text
 CallId = Annotated[int, Field(ge=0, lt=2**53)]
 Limit = int  # the handlers say 422 outside 1..1000
+# `older_than=`, `due_within=`: a duration like 1h30m (api.paging.duration parses it in the
+# core; 64 characters is far more than any duration up to its 366d needs).
+Duration = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class Strict(BaseModel):
@@ -69,6 +73,9 @@ class ListRequests(Strict):
     run_id: Id | None = None
     limit: Limit = 100
     cursor: Cursor | None = None
+    sort: Sort = "newest"
+    older_than: Duration | None = None
+    due_within: Duration | None = None
 
 
 class GetRequest(Strict):

@@ -28,6 +28,15 @@ class CallDecision(BaseModel):
     decision: Decision
     arguments: dict[str, Any] | None = None
     reason: str | None = None
+    # For approve and edit: the digest of the exact call approved (protocol/calldigest.py),
+    # written by the answering path and checked by the engine before the call runs.
+    digest: str | None = Field(
+        default=None,
+        description="approve/edit: `sha256:` + hex SHA-256 of the call's canonical JSON "
+        '`{"arguments", "tool_name"}` (sorted keys, no whitespace, ASCII), after an edit its '
+        "arguments. Filled in by the server; one sent must be the shown call's (else 422), "
+        "and the run refuses a call that no longer matches it.",
+    )
 
 
 class StructuredAnswer(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from deltad.api import links
+from deltad.api import links, paging
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import Context
 from deltad.api.tokens import TokenStore
@@ -83,6 +83,9 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "status": st.none() | st.sampled_from(["COMPLETED", "WAITING_FOR_INPUT", "bogus"]),
     "idempotency_key": st.none() | text,
     "link": st.sampled_from(["e30.AAAA", "", "."]) | text,
+    "sort": st.sampled_from(["newest", "oldest", "deadline", "bogus", ""]) | text,
+    "older_than": st.none() | st.sampled_from(["1h", "0s", "999999d", "1" * 65]) | text,
+    "due_within": st.none() | st.sampled_from(["10m", "-1m", "1h30m", "1s" * 40]) | text,
 }
 
 
@@ -158,3 +161,42 @@ def test_the_framing_yields_frames_or_ends_the_connection(chunks: list[bytes], c
     finally:
         a.close()
         b.close()
+
+
+def _refusal(doc: dict[str, Any]) -> str | tuple[int, str] | None:
+    """What the core makes of a call: a refusal's reason, the error's status and code, or
+    None for a result."""
+    call = core.decode(_encoded(doc))
+    if isinstance(call, str):
+        return call
+    reply = wire.FROM_CORE.validate_json(core.reply_to(CTX, call)[wire.HEADER.size :])
+    assert isinstance(reply, wire.Reply)
+    return None if reply.error is None else (reply.error.http, reply.error.code)
+
+
+def test_list_requests_sort_and_durations_are_bounded_and_rechecked_by_the_core() -> None:
+    ask = {"op": "list_requests", "id": 5, "token": "watcher"}
+    for bad in (
+        {"sort": "bogus"},  # not one of the sorts
+        {"sort": None},
+        {"older_than": ""},  # a duration is at least one character
+        {"older_than": "1" * 65},  # over its bound (64)
+        {"due_within": "1s" * 33},
+        {"due_within": 600},  # a duration is text
+        {"older_than": "1h", "younger_than": "1h"},  # a field too many
+    ):
+        assert isinstance(_refusal({**ask, **bad}), str), bad
+    # Within bounds but not a duration: refused by the core as the API would refuse it.
+    assert _refusal({**ask, "older_than": "ten minutes"}) == (422, "bad_page")
+    assert _refusal({**ask, "due_within": "400d"}) == (422, "bad_page")
+    # Within bounds and well formed: answered, in every sort, with the handlers' page.
+    for extra in ({"sort": "oldest"}, {"sort": "deadline", "due_within": "10m"}, {}):
+        got = core.execute(CTX, wire.ListRequests.model_validate({**ask, **extra}))
+        assert set(got) == {"requests", "next"} and got["next"] is None, extra
+    # A cursor of another sort is refused by the core (the cursor carries its sort).
+    crossed = {**ask, "sort": "deadline", "cursor": paging.encode("requests", (1.0, "a", "b"))}
+    assert _refusal(crossed) == (422, "bad_page")
+    # Out of scope: the token's scope is the core's, whatever the sort.
+    far = {**ask, "token": "elsewhere", "sort": "deadline", "older_than": "1s"}
+    assert core.execute(CTX, wire.ListRequests.model_validate(far))["requests"] == []
+    assert _refusal({**ask, "token": "mallory", "sort": "oldest"}) == (401, "unauthorized")

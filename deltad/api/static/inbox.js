@@ -205,8 +205,10 @@ async function refresh() {
   const params = {};
   const ws = $("f-workspace").value.trim();
   const type = $("f-type").value;
+  const sort = $("f-sort")?.value;
   if (ws) params.workspace = ws;
   if (type) params.input_type = type;
+  if (sort && sort !== "newest") params.sort = sort;
   const mine = ++listings;
   try {
     const got = await listAll("v1/requests", "requests", params);
@@ -218,10 +220,14 @@ async function refresh() {
   } catch (e) { /* a 401 asks to log in; anything else: the stream brings the next try */ }
 }
 
-$("filters")?.addEventListener("input", () => refresh());
+// Text refreshes as it is typed; a select on `change` (what every way of choosing fires, a
+// script's included: `input` is not fired by all).
+$("filters")?.addEventListener("input", (ev) => { if (ev.target.tagName !== "SELECT") refresh(); });
+$("filters")?.addEventListener("change", (ev) => { if (ev.target.tagName === "SELECT") refresh(); });
 $("filters")?.addEventListener("submit", (ev) => { ev.preventDefault(); refresh(); });
 
-// Questions grouped by workspace and run, groups ordered by their newest question.
+// Questions grouped by workspace and run, groups in the order of their first question in the
+// list's sort (newest first, waiting longest, or due soonest).
 function groups(list) {
   const byKey = new Map();
   for (const r of list) {
@@ -261,6 +267,7 @@ function render() {
   if (!sameChildren(box, shown)) box.replaceChildren(...shown);
   $("empty").hidden = items.length > 0;
   $("count").textContent = items.length ? `(${items.length})` : "";
+  dueMarks();
   const linked = new URLSearchParams(location.hash.slice(1)).get("request");
   const hit = linked && items.find((r) => r.request_id === linked);
   if (hit && !deepLinked) {
@@ -334,11 +341,47 @@ function when(iso) {
   return el("time", { datetime: iso, title: t.toLocaleString() }, ago(t));
 }
 
-// "3 min ago" stays true while the page is open.
+// What is about to time out: a question whose deadline is at most DUE_SOON_MS away (or passed
+// and not yet acted on) is marked on its card, and the heading counts them.
+const DUE_SOON_MS = 10 * 60_000;
+
+function dueIn(iso) {
+  const ms = new Date(iso).getTime() - Date.now();
+  if (ms <= 0) return { soon: true, text: "due now: about to time out" };
+  const mins = Math.ceil(ms / 60_000);
+  const text = mins < 60 ? `due in ${mins} min` : mins < 1440 ? `due in ${Math.round(mins / 60)} h`
+    : `due in ${Math.round(mins / 1440)} d`;
+  return { soon: ms <= DUE_SOON_MS, text };
+}
+
+function dueMark(r) {
+  if (!r.expires_at) return null;
+  return el("span", { class: "due", "data-due": r.expires_at });
+}
+
+function dueMarks() {
+  let soon = 0;
+  const counted = new Set();
+  for (const node of document.querySelectorAll(".due[data-due]")) {
+    const d = dueIn(node.dataset.due);
+    node.textContent = d.text;
+    node.classList.toggle("due-soon", d.soon);
+    const key = node.closest(".item")?.dataset.key;
+    if (d.soon && key && !counted.has(key)) { counted.add(key); soon += 1; }
+  }
+  const count = $("due-count");
+  if (count) {
+    count.hidden = soon === 0;
+    count.textContent = soon ? `· ${soon} due within ${DUE_SOON_MS / 60_000} min` : "";
+  }
+}
+
+// "3 min ago" and "due in 4 min" stay true while the page is open.
 setInterval(() => {
   for (const node of document.querySelectorAll("time[datetime]")) {
     node.textContent = ago(new Date(node.getAttribute("datetime")));
   }
+  dueMarks();
 }, 30_000);
 
 function card(r) {
@@ -354,6 +397,7 @@ function card(r) {
       el("span", {}, r.task),
       r.node_id ? el("span", {}, `node ${r.node_id}`) : null,
       r.timestamp ? el("span", {}, "asked ", when(r.timestamp)) : null,
+      dueMark(r),
       r.run_id && !linkToken ? runLink(r.workspace, r.run_id, "run view") : null),
     el("p", { class: "prompt", id: promptId }, r.prompt),
     respondents(r.respondents),
@@ -835,6 +879,7 @@ async function loadLink() {
     selected = keyOf(r);
     $("link-status").textContent = "";
     $("requests").replaceChildren(card(r));
+    dueMarks();
     highlight();
   } catch (e) {
     $("link-status").textContent = e.message;
