@@ -210,6 +210,9 @@ def _print_status(ws: Workspace, doc: dict[str, Any]) -> None:
             click.echo("  An answer is waiting in response.txt; `delta run` will take it.")
         elif doc["response"].get("reason"):
             click.echo(f"  The answer file is not usable: {show(doc['response']['reason'])}")
+        for d in doc.get("delegations") or []:
+            note = f": {show(d['note'])}" if d["note"] else ""
+            click.echo(f"  Handed:   by {show(d['by'])} to {show(d['to'])} at {d['at']}{note}")
         if doc["answer_error"]:
             click.echo(f"  Last answer was not taken: {show(doc['answer_error'])}")
     if ended := display.outcome_lines(doc.get("outcome")):
