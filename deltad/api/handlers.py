@@ -675,7 +675,8 @@ def answer_many(
     against it, its own compare-and-set, its own Idempotency-Key record (the key with its
     request id) — and gets its own result: `accepted`, or `refused` with the code and the line
     a single answer would have got. Every question must be of the kind and options of the
-    first one found (`different_kind` otherwise): one answer means the same thing to each."""
+    first one found (`different_kind` otherwise, `inbox.shape`): one answer means the same
+    thing to each. A question named twice is refused the second time (`duplicate_item`)."""
     if not who.can_answer():
         raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
     if not 1 <= len(items) <= BULK_MAX:
@@ -695,7 +696,10 @@ def answer_many(
                 results.append(repeat)
                 continue
             ws = _workspace_of(ctx, who, request_id, workspace)
-            mine = _shape(open_document(ctx, ws, request_id))
+            p = pending_question(ws)
+            if p is None or p.request.request_id != request_id:
+                raise gone(ctx, ws, request_id)
+            mine = (str(p.request.input_type), inbox.shape(p.request))
             shape = shape or mine
             if mine != shape:
                 raise ApiError(
@@ -719,14 +723,6 @@ def answer_many(
             )
     accepted = sum(r["status"] == "accepted" for r in results)
     return {"accepted": accepted, "refused": len(results) - accepted, "results": results}
-
-
-def _shape(doc: dict[str, Any]) -> tuple[str, str]:
-    """What one answer must fit the same way: the kind, its own fields (options, range, ...)
-    and the gated calls' tools and ids."""
-    own = {name: doc.get(name) for name in kinds.request_fields()}
-    calls = [(c["action_id"], c["tool_name"]) for c in doc.get("calls") or []]
-    return str(doc["input_type"]), json.dumps([own, calls], sort_keys=True, default=str)
 
 
 def known_delegates(ctx: Context) -> set[str]:

@@ -32,6 +32,7 @@ from .answering import (
     open_question,
     submit,
 )
+from .bulk import shape, waiting_under
 from .delegation import delegate, refuse_respondent
 from .handover import Delegation
 from .handover import shown as shown_delegations
@@ -64,7 +65,9 @@ __all__ = [
     "pending",
     "refuse_respondent",
     "run_outcome",
+    "shape",
     "shown_delegations",
     "status",
     "submit",
+    "waiting_under",
 ]

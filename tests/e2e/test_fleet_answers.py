@@ -155,3 +155,29 @@ def test_a_question_handed_to_another_token_is_recorded_and_they_may_answer(
     kept = json.loads(resumed["answer"])
     assert kept["answered_by"] == "bob" and kept["delegations"] == [handed]
     assert len(records(d.record)) == 1
+
+
+def test_delta_respond_answers_every_workspace_under_a_directory(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    fleet = [root / "team" / f"ws-{i}" for i in range(3)]
+    for ws in fleet:
+        paused_workspace(ws, "Which fruit?", input_type="choice", options=OPTIONS)
+    odd = root / "team" / "ws-odd"
+    paused_workspace(odd, "Ship it?", input_type="yes_no")
+    elsewhere = root / "other" / "ws"
+    paused_workspace(elsewhere, "Which fruit?", input_type="choice", options=OPTIONS)
+    argv = [str(BIN / "delta"), "respond", "--all-under", str(root), "--only", "*/team/*"]
+    out = subprocess.run([*argv, "--choice", "p"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert "Answered 3 question(s); 1 not answered." in out.stdout
+    [line] = out.stderr.splitlines()
+    assert str(odd) in line and "another kind of question" in line
+    for ws in fleet:
+        doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+        assert (doc["answer"], doc["channel"]) == ("p", "cli")
+    for ws in (odd, elsewhere):  # refused, or not matched: untouched
+        assert not list((ws / ".delta" / "interaction").glob("response*"))
+    # Again: each is already answered, and says so; nothing is replaced.
+    out = subprocess.run([*argv, "--choice", "a"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and len(out.stderr.splitlines()) == 4
+    assert all("already waiting" in x for x in out.stderr.splitlines()[:3]), out.stderr
