@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from deltad.protocol.models import Option
-from deltad.testing.daemon import BIN, Daemon, records, wait_for
+from deltad.testing import FakeLLM
+from deltad.testing.daemon import BIN, Daemon, metadata_status, records, wait_for
 from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
+
+from ..conftest import Delta, llm_env, write_agent
 
 OPTIONS = [Option(key="a", label="Apple"), Option(key="p", label="Pear")]
 
@@ -181,3 +184,35 @@ def test_delta_respond_answers_every_workspace_under_a_directory(tmp_path: Path)
     out = subprocess.run([*argv, "--choice", "a"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and len(out.stderr.splitlines()) == 4
     assert all("already waiting" in x for x in out.stderr.splitlines()[:3]), out.stderr
+
+
+def test_a_hand_over_is_kept_in_the_journal_and_the_history(tmp_path: Path, fake: FakeLLM) -> None:
+    root = tmp_path / "root"
+    ws = root / "ws"
+    ws.mkdir(parents=True)
+    fake.call("ask_human", {"prompt": "Merge?", "input_type": "yes_no", "respondents": ["alice"]})
+    fake.reply("merged")
+    assert Delta(ws, fake, write_agent(tmp_path)).start("merge it").code == 101
+    d = Daemon(
+        tmp_path,
+        [root],
+        resume_command=["delta", "run", "--work-dir", "{workspace}"],
+        http={"listen": "127.0.0.1:0"},
+    ).start(env=llm_env(fake))
+    try:
+        url = http_url(d)
+        alice, bob = make_token(d.state_dir, "alice"), make_token(d.state_dir, "bob")
+        with client(url, alice) as a, client(url, bob) as b:
+            [q] = _listed(a, 1)
+            handed = {"to": "bob", "note": "you wrote it"}
+            assert a.post(f"/v1/requests/{q['request_id']}/delegate", json=handed).is_success
+            r = b.post(f"/v1/requests/{q['request_id']}/answer", json={"answer": "yes"})
+            assert r.status_code == 202, r.text
+            wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed")
+            [entry] = [h for h in b.get("/v1/history").json()["history"] if h["kind"] == "answered"]
+    finally:
+        d.stop()
+        d.kill_children()
+    assert entry["answered_by"] == "bob"
+    [kept] = entry["delegations"]
+    assert (kept["by"], kept["to"], kept["note"]) == ("alice", "bob", "you wrote it")

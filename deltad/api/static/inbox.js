@@ -410,7 +410,7 @@ function handOver(r) {
   const note = el("input", { class: "hand", name: "note", autocomplete: "off",
     "aria-label": "Note for them", placeholder: "note (why)" });
   const said = el("p", { class: "error", role: "alert" });
-  const sending = el("form", { class: "actions" }, to, note, el("button", { type: "submit" }, "Hand over"));
+  const sending = el("form", { class: "hand-form" }, to, note, el("button", { type: "submit" }, "Hand over"));
   sending.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     said.textContent = "";
