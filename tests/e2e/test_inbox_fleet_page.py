@@ -18,7 +18,7 @@ from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
 
 from .test_inbox_browser import browser  # noqa: F401 - the fixture is used
-from .test_inbox_page import log_in, serious_violations, until
+from .test_inbox_page import log_in, serious_violations, shot, until
 
 OPTIONS = [Option(key="a", label="Apple"), Option(key="p", label="Pear")]
 
@@ -86,6 +86,7 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
             lambda b: "Handed by alice to bob — “on leave”" in _card(b, merge).text,
         )
         assert serious_violations(browser) == []
+        shot(browser, "inbox-fleet")
         # Bob sees it too (a fresh page), and may now answer it.
         with client(url, bob) as b:
             [q] = [
