@@ -41,6 +41,19 @@ class Calls(Protocol):
         workspace: str | None,
     ) -> dict[str, Any]: ...
 
+    def answer_many(
+        self,
+        who: Identity,
+        items: list[dict[str, Any]],
+        body: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> dict[str, Any]:
+        """One answer for many questions (`items`: `request_id`, optional `workspace`)."""
+
+    def delegate(
+        self, who: Identity, request_id: str, to: str, note: str, workspace: str | None
+    ) -> dict[str, Any]: ...
+
     def list_runs(
         self,
         who: Identity,
@@ -112,6 +125,20 @@ class Local:
         return handlers.answer(
             self.ctx, who, request_id, body, idempotency_key, workspace=workspace
         )
+
+    def answer_many(
+        self,
+        who: Identity,
+        items: list[dict[str, Any]],
+        body: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> dict[str, Any]:
+        return handlers.answer_many(self.ctx, who, items, body, idempotency_key)
+
+    def delegate(
+        self, who: Identity, request_id: str, to: str, note: str, workspace: str | None
+    ) -> dict[str, Any]:
+        return handlers.delegate(self.ctx, who, request_id, to, note, workspace=workspace)
 
     def list_runs(
         self,

@@ -220,6 +220,11 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
         return core.get_request(who, call.request_id, call.workspace)
     if isinstance(call, wire.Answer):
         return core.answer(who, call.request_id, call.body, call.idempotency_key, call.workspace)
+    if isinstance(call, wire.AnswerMany):
+        items = [i.model_dump() for i in call.items]
+        return core.answer_many(who, items, call.body, call.idempotency_key)
+    if isinstance(call, wire.Delegate):
+        return core.delegate(who, call.request_id, call.to, call.note, call.workspace)
     if isinstance(call, wire.ListRuns):
         return core.list_runs(
             who,

@@ -49,6 +49,9 @@ class StructuredAnswer(BaseModel):
     answered_by: str | None = None
     comment: str | None = None
     channel: str | None = None  # who wrote the file: cli, http, link, pipeline...
+    # The hand-overs the question went through before this answer (deltad/inbox/delegation.py):
+    # [{"by", "to", "note", "at"}], kept so the journal (and the history) says who handed it on.
+    delegations: list[dict[str, str]] | None = None
 
 
 Outcome = Literal["answered", "timeout", "skipped"]
@@ -66,3 +69,4 @@ class Reply(BaseModel):
     at: Timestamp | None = None
     comment: str | None = None
     channel: str | None = None  # for mailbox answers: the channel that wrote the file
+    delegations: list[dict[str, str]] | None = None  # the hand-overs before this answer
