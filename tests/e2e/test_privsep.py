@@ -459,7 +459,9 @@ def test_tls_is_served_by_the_inbox_from_a_key_only_root_can_read(
         assert int(_status(inbox)["Uid"].split()[0]) != 0
         tls = ssl.create_default_context(cafile=str(cert))
         with httpx.Client(base_url=url, verify=tls, timeout=30) as c:
-            assert c.get("/healthz").json() == {"status": "ok"}
+            # Ready once the first index is complete: a condition, not a moment after start.
+            ok = {"status": "ok"}
+            wait_for(lambda: c.get("/healthz").json() == ok, "ready over TLS")
     finally:
         d.stop()
 
@@ -485,7 +487,8 @@ def test_a_daemon_that_is_not_root_runs_its_inbox_as_itself(fake: FakeLLM) -> No
             assert int(st["CapEff"], 16) == 0 and int(st["CapPrm"], 16) == 0
             assert _mode_of(d.state_dir / "inbox") == (0o700, me.uid)
             with httpx.Client(base_url=url, timeout=30) as c:
-                assert c.get("/healthz").json() == {"status": "ok"}
+                ok = {"status": "ok"}  # once the first index is complete
+                wait_for(lambda: c.get("/healthz").json() == ok, "ready")
         finally:
             d.stop()
 
