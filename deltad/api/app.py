@@ -145,7 +145,7 @@ class EventStream(StreamingResponse):
 
 
 # Operations that write (a session needs its X-CSRF-Token) and those without a credential.
-WRITES = {"logout", "answer_request"}
+WRITES = {"logout", "answer_request", "answer_many", "delegate_request"}
 PUBLIC = {"login", "link_request", "link_answer", "healthz", "livez", "readyz", "metrics"}
 
 
@@ -329,9 +329,16 @@ def create_app(
         run_id: str | None = None,
         limit: int = paging.DEFAULT_LIMIT,
         cursor: str | None = None,
+        sort: Annotated[paging.Sort, Query(description=paging.SORT_DOC)] = "newest",
+        older_than: Annotated[
+            str | None, Query(description=paging.OLDER_DOC, examples=["1h"])
+        ] = None,
+        due_within: Annotated[
+            str | None, Query(description=paging.DUE_DOC, examples=["10m"])
+        ] = None,
     ) -> dict[str, Any]:
-        """The pending questions this token may see, newest first, a page at a time:
-        `{"requests": [...], "next": cursor or null}`."""
+        """The pending questions this token may see, newest first (or `sort`), a page at a
+        time: `{"requests": [...], "next": cursor or null}`."""
         return core.list_requests(
             who,
             workspace,
@@ -340,6 +347,9 @@ def create_app(
             run_id=run_id,
             limit=limit,
             cursor=cursor,
+            sort=sort,
+            older_than=older_than,
+            due_within=due_within,
         )
 
     @app.get(
@@ -374,6 +384,42 @@ def create_app(
         `{"decisions": [...]}`, optional `comment`. 202 once it is in the mailbox."""
         sent = body.model_dump(mode="json", exclude_unset=True)
         return core.answer(who, request_id, sent, idempotency_key, workspace)
+
+    @app.post(
+        "/v1/answers",
+        tags=["requests"],
+        operation_id="answer_many",
+        response_model=schemas.AnswersOut,
+        response_model_exclude_unset=True,
+        responses=errors(400, 401, 403, 413, 422),
+    )
+    def answer_many(
+        who: Who,
+        body: schemas.AnswersIn,
+        idempotency_key: Annotated[str | None, Header()] = None,
+    ) -> dict[str, Any]:
+        """One answer for up to 100 questions of the same kind and options. Each is answered
+        on its own, as `answer_request` would (respondents, checks, Idempotency-Key per
+        question); each result says `accepted`, or `refused` with the code and why."""
+        sent = body.answer.model_dump(mode="json", exclude_unset=True)
+        items = [i.model_dump() for i in body.items]
+        return core.answer_many(who, items, sent, idempotency_key)
+
+    @app.post(
+        "/v1/requests/{request_id}/delegate",
+        tags=["requests"],
+        operation_id="delegate_request",
+        response_model=schemas.DelegateOut,
+        response_model_exclude_unset=True,
+        responses=errors(400, 401, 403, 404, 409, 410, 413, 422),
+    )
+    def delegate(
+        request_id: str, who: Who, body: schemas.DelegateIn, workspace: str | None = None
+    ) -> dict[str, Any]:
+        """Hand a question to another token or `group:NAME`, with a note: recorded beside the
+        question and shown with it; the delegate may answer too. Only someone who may answer
+        may hand it over."""
+        return core.delegate(who, request_id, body.to, body.note, workspace)
 
     # -- runs -------------------------------------------------------------------------------------
     @app.get(

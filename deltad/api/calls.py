@@ -23,6 +23,9 @@ class Calls(Protocol):
         run_id: str | None,
         limit: int,
         cursor: str | None,
+        sort: str = "newest",
+        older_than: str | None = None,
+        due_within: str | None = None,
     ) -> dict[str, Any]: ...
 
     def get_request(
@@ -36,6 +39,19 @@ class Calls(Protocol):
         body: dict[str, Any],
         idempotency_key: str | None,
         workspace: str | None,
+    ) -> dict[str, Any]: ...
+
+    def answer_many(
+        self,
+        who: Identity,
+        items: list[dict[str, Any]],
+        body: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> dict[str, Any]:
+        """One answer for many questions (`items`: `request_id`, optional `workspace`)."""
+
+    def delegate(
+        self, who: Identity, request_id: str, to: str, note: str, workspace: str | None
     ) -> dict[str, Any]: ...
 
     def list_runs(
@@ -77,6 +93,9 @@ class Local:
         run_id: str | None,
         limit: int,
         cursor: str | None,
+        sort: str = "newest",
+        older_than: str | None = None,
+        due_within: str | None = None,
     ) -> dict[str, Any]:
         return handlers.list_requests(
             self.ctx,
@@ -87,6 +106,9 @@ class Local:
             run_id=run_id,
             limit=limit,
             cursor=cursor,
+            sort=sort,
+            older_than=older_than,
+            due_within=due_within,
         )
 
     def get_request(self, who: Identity, request_id: str, workspace: str | None) -> dict[str, Any]:
@@ -103,6 +125,20 @@ class Local:
         return handlers.answer(
             self.ctx, who, request_id, body, idempotency_key, workspace=workspace
         )
+
+    def answer_many(
+        self,
+        who: Identity,
+        items: list[dict[str, Any]],
+        body: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> dict[str, Any]:
+        return handlers.answer_many(self.ctx, who, items, body, idempotency_key)
+
+    def delegate(
+        self, who: Identity, request_id: str, to: str, note: str, workspace: str | None
+    ) -> dict[str, Any]:
+        return handlers.delegate(self.ctx, who, request_id, to, note, workspace=workspace)
 
     def list_runs(
         self,

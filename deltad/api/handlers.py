@@ -238,6 +238,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "action_id": r.action_id,
         "node_id": r.node_id,  # a pipeline gate or node asking
         "respondents": r.respondents,
+        "delegations": p.delegations,  # who it was handed to (they may answer too)
         "context": r.context.model_dump(mode="json") if r.context else None,
         "prompt": r.prompt,
         "input_type": str(r.input_type),
@@ -300,18 +301,36 @@ def list_requests(
     run_id: str | None = None,
     limit: int = paging.DEFAULT_LIMIT,
     cursor: str | None = None,
+    sort: str | None = None,
+    older_than: str | None = None,
+    due_within: str | None = None,
+    now: float | None = None,
 ) -> dict[str, Any]:
     """`{"requests": [question, ...], "next": cursor | null}`: the open questions this token
     may see, newest first (by the question's `timestamp`, then workspace, then request id),
     each as `GET /v1/requests/{id}` shows it. Filters: `workspace` (glob), `input_type`,
-    `owner` (user name or uid of the workspace's owner), `run_id`. `limit` 1..1000 (default
+    `owner` (user name or uid of the workspace's owner), `run_id`, `older_than` (asked at
+    least that long ago), `due_within` (a deadline at most that far ahead, or passed); `sort`:
+    newest (default), oldest, deadline (soonest first; none last). `limit` 1..1000 (default
     100); `cursor` is a previous page's `next`. A page may hold fewer than `limit` (questions
     answered meanwhile are skipped): follow `next` until it is null. 422 for a bad limit,
-    cursor or owner."""
+    cursor, owner, sort or duration."""
+    at = time.time() if now is None else now
     try:
-        n, after = paging.limit_of(limit), paging.decode("requests", cursor)
+        order = paging.sort_of(sort)
+        n, after = paging.limit_of(limit), paging.decode(paging.SORTS[order], cursor)
+        old, due = (
+            paging.duration("older_than", older_than),
+            paging.duration("due_within", due_within),
+        )
         wanted = paging.Filters(
-            tuple(who.scopes), workspace, paging.owner_uid(owner), run_id, input_type
+            tuple(who.scopes),
+            workspace,
+            paging.owner_uid(owner),
+            run_id,
+            input_type,
+            asked_before=None if old is None else at - old,
+            due_by=None if due is None else at + due,
         )
     except paging.BadPage as e:
         raise ApiError(422, "bad_page", str(e)) from None
@@ -319,8 +338,8 @@ def list_requests(
     def read(e: Listed) -> dict[str, Any] | None:
         return listed_document(ctx, e)
 
-    docs, last = paging.collect(ctx.feed.index.questions(after), wanted.keep, read, n)
-    return {"requests": docs, "next": paging.encode("requests", last) if last else None}
+    docs, next_ = paging.question_page(ctx.feed.index, wanted, order, after, read, n)
+    return {"requests": docs, "next": next_}
 
 
 @dataclass(frozen=True)
@@ -440,17 +459,30 @@ def answer(
     if not who.can_answer():
         raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
     body_digest = digest_of(body)
-    if idempotency_key:
-        want = qualifier(ctx, who, workspace)
-        repeat = ctx.idempotency.seen(who.name, idempotency_key, request_id, want, body_digest)
-        if repeat is not None:
-            return repeat
+    repeat = _repeat(ctx, who, request_id, body_digest, idempotency_key, workspace)
+    if repeat is not None:
+        return repeat
     ws = _workspace_of(ctx, who, request_id, workspace)
     _respondent(ws, request_id, inbox.Answerer(who.name, who.groups, who.role == "admin"))
     doc = deliver(ctx, ws, request_id, body, who.name, channel)
     if idempotency_key:
         ctx.idempotency.remember(who.name, idempotency_key, request_id, body_digest, doc)
     return doc
+
+
+def _repeat(
+    ctx: Context,
+    who: Identity,
+    request_id: str,
+    body_digest: str,
+    idempotency_key: str | None,
+    workspace: str | None,
+) -> dict[str, Any] | None:
+    """The first response to this key on this question, when this is a retry."""
+    if not idempotency_key:
+        return None
+    want = qualifier(ctx, who, workspace)
+    return ctx.idempotency.seen(who.name, idempotency_key, request_id, want, body_digest)
 
 
 def deliver(
@@ -648,3 +680,118 @@ def _respondent(ws: Path, request_id: str, who: inbox.Answerer | None) -> None:
         return  # the answering path reports a damaged workspace
     if why is not None:
         raise ApiError(403, "not_a_respondent", why)
+
+
+# -- many answers at once, and hand-overs ---------------------------------------------------------
+BULK_MAX = 100  # questions one bulk answer may name
+
+
+def answer_many(
+    ctx: Context,
+    who: Identity,
+    items: list[dict[str, Any]],
+    body: object,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """One answer to many questions: each item (`request_id`, optional `workspace`) is answered
+    on its own, exactly as `answer` answers one — its respondents checked, the answer checked
+    against it, its own compare-and-set, its own Idempotency-Key record (the key with its
+    request id) — and gets its own result: `accepted`, or `refused` with the code and the line
+    a single answer would have got. Every question must be of the kind and options of the
+    first one found (`different_kind` otherwise, `inbox.shape`): one answer means the same
+    thing to each. A question named twice is refused the second time (`duplicate_item`)."""
+    if not who.can_answer():
+        raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
+    if not 1 <= len(items) <= BULK_MAX:
+        raise ApiError(422, "bad_request", f"name 1 to {BULK_MAX} questions, not {len(items)}")
+    shape: tuple[str, str] | None = None
+    results: list[dict[str, Any]] = []
+    digest = digest_of(body)
+    named: set[tuple[str, object]] = set()
+    for item in items:
+        request_id, workspace = str(item["request_id"]), item.get("workspace")
+        try:
+            if (request_id, workspace) in named:
+                raise ApiError(422, "duplicate_item", f"question {request_id} is named twice")
+            named.add((request_id, workspace))
+            repeat = _repeat(ctx, who, request_id, digest, idempotency_key, workspace)
+            if repeat is not None:  # a retry: its first response, before any other check
+                results.append(repeat)
+                continue
+            ws = _workspace_of(ctx, who, request_id, workspace)
+            p = pending_question(ws)
+            if p is None or p.request.request_id != request_id:
+                raise gone(ctx, ws, request_id)
+            mine = (str(p.request.input_type), inbox.shape(p.request))
+            shape = shape or mine
+            if mine != shape:
+                raise ApiError(
+                    422,
+                    "different_kind",
+                    f"question {request_id} is {mine[0]} with other options than the first "
+                    f"({shape[0]}): one answer cannot mean the same to both",
+                )
+            doc = answer(ctx, who, request_id, body, idempotency_key, workspace=show_path(ws))
+            results.append(doc)
+        except ApiError as e:
+            results.append(
+                {
+                    "status": "refused",
+                    "request_id": request_id,
+                    "workspace": workspace,
+                    "code": e.code,
+                    "http": e.http,
+                    "error": json_safe(str(e)),
+                }
+            )
+    accepted = sum(r["status"] == "accepted" for r in results)
+    return {"accepted": accepted, "refused": len(results) - accepted, "results": results}
+
+
+def known_delegates(ctx: Context) -> set[str]:
+    """Who a question may be handed to: the tokens that may answer, and their groups."""
+    names: set[str] = set()
+    for t in ctx.tokens.list():
+        if t["role"] in ("answerer", "admin"):
+            names |= {t["name"], *(inbox.GROUP + g for g in t.get("groups") or [])}
+    return names
+
+
+def delegate(
+    ctx: Context,
+    who: Identity,
+    request_id: str,
+    to: str,
+    note: str = "",
+    *,
+    workspace: str | None = None,
+) -> dict[str, Any]:
+    """Hand question `request_id` to token or group `to` (delegation.py): recorded beside the
+    question, shown with it; the delegate may answer from then on."""
+    if not who.can_answer():
+        raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
+    ws = _workspace_of(ctx, who, request_id, workspace)
+    me = inbox.Answerer(who.name, who.groups, who.role == "admin")
+    try:
+        req, handed = inbox.delegate(
+            Workspace(ws), request_id, to, who=me, known=known_delegates(ctx), note=note
+        )
+    except inbox.NotPending:
+        raise gone(ctx, ws, request_id) from None
+    except inbox.SubmitError as e:
+        raise ApiError(e.http, e.code, str(e)) from None
+    except (ProtocolError, OSError) as e:
+        raise ApiError(
+            409, "workspace_problem", f"the workspace cannot take a hand-over: {e}"
+        ) from None
+    log.info(
+        "question_delegated", workspace=show_path(ws), request_id=request_id, by=who.name, to=to
+    )
+    return {
+        "status": "delegated",
+        "request_id": request_id,
+        "workspace": show_path(ws),
+        "run_id": req.run_id,
+        "respondents": req.respondents,
+        "delegations": inbox.shown_delegations(handed),
+    }

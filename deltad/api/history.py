@@ -121,6 +121,7 @@ def _answered(
         "channel": reply.channel or reply.source,
         "answer": None if secret else reply.value,
         "decisions": [_decision(d, request) for d in reply.decisions],
+        "delegations": reply.delegations or [],
     }
 
 

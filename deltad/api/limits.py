@@ -24,6 +24,7 @@ MIB = 1024 * KIB
 # a comment, escapes) gets room on top.
 ANSWER_BODY_MAX = MIB + 64 * KIB
 SMALL_BODY_MAX = 64 * KIB
+BULK_BODY_MAX = ANSWER_BODY_MAX + MIB  # one answer, and up to 100 ids with their workspaces
 HEADERS_MAX = 16 * KIB  # all request headers together (h11's incomplete-event limit)
 
 Credential = Literal["token", "link", "none"]
@@ -52,6 +53,8 @@ def rule_for(method: str, path: str) -> Rule:
     if parts[0] != "v1":
         return Rule("none", SMALL_BODY_MAX)  # the page, static files, health, the schema
     answer = method == "POST" and parts[1:2] == ["requests"] and parts[3:] == ["answer"]
+    if method == "POST" and parts == ["v1", "answers"]:
+        return Rule("token", BULK_BODY_MAX)
     return Rule("token", ANSWER_BODY_MAX if answer else SMALL_BODY_MAX)
 
 

@@ -24,6 +24,8 @@ from deltad.protocol.kinds import Form, kind_of
 from deltad.protocol.models import InputType, InteractionRequest, Option, QuestionContext
 from deltad.protocol.states import RunStatus
 
+from .handlers import BULK_MAX
+
 JSON = "application/json"
 PROBLEM = "application/problem+json"  # RFC 9457, every refusal (deltad/api/problems.py)
 ERROR_REF = "#/components/schemas/ErrorOut"
@@ -69,7 +71,7 @@ STATUS_MEANING: dict[int, str] = {
     410: "The question expired, or the signed link did (`expired`).",
     413: "The body, or the answer file it would make, is over its limit (`too_large`).",
     422: "The body or a parameter does not fit (`misfit`, `bad_request`, `bad_glob`, "
-    "`idempotency_mismatch`).",
+    "`idempotency_mismatch`, `unknown_delegate`).",
 }
 
 
@@ -96,6 +98,15 @@ class GatedCallOut(_Out):
     )
 
 
+class DelegationOut(_Out):
+    """One hand-over of a question."""
+
+    by: str = Field(description="The token that handed it over.")
+    to: str = Field(description="The token name or `group:NAME` it was handed to.")
+    note: str = ""
+    at: str = Field(description="When, RFC 3339 (UTC).")
+
+
 class QuestionBase(_Out):
     """What every question has; `Question` adds each kind's own fields."""
 
@@ -106,6 +117,11 @@ class QuestionBase(_Out):
     node_id: str | None = Field(description="A pipeline's gate or node asking, else null.")
     respondents: list[str] = Field(
         default_factory=list, description="Who may answer (token names or groups); [] is anyone."
+    )
+    delegations: list[DelegationOut] = Field(
+        default_factory=list,
+        description="Who the question was handed to, oldest first; each delegate may answer "
+        "too (POST /v1/requests/{request_id}/delegate).",
     )
     context: QuestionContext | None = Field(
         default=None, description="What to decide with, from the journal when it was asked."
@@ -201,6 +217,59 @@ class AnswerReceipt(_Out):
     run_id: str
     answered_by: str = Field(description="The token's name, or `signed link`.")
     channel: Literal["http", "link"]
+
+
+class AnswerItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    request_id: str
+    workspace: str | None = Field(
+        default=None, description="Which workspace, where the id is open in several (exact path)."
+    )
+
+
+class AnswersIn(BaseModel):
+    """One answer for many questions of the same kind and options."""
+
+    model_config = ConfigDict(extra="forbid")
+    items: list[AnswerItem] = Field(
+        min_length=1, max_length=BULK_MAX, description=f"1 to {BULK_MAX} questions."
+    )
+    answer: AnswerBody = Field(description="The answer each question gets, as for one.")
+
+
+class AnswerResult(_Out):
+    """One question's result: `accepted` (as `answer_request`'s 202) or `refused`, with the
+    code and line that question alone would have got."""
+
+    status: Literal["accepted", "refused"]
+    request_id: str
+    workspace: str | None = None
+    code: str | None = Field(default=None, description="With `refused`: `misfit`, ...")
+    http: int | None = Field(default=None, description="With `refused`: the status alone.")
+    error: str | None = Field(default=None, description="With `refused`: why, in one line.")
+
+
+class AnswersOut(_Out):
+    accepted: int
+    refused: int
+    results: list[AnswerResult] = Field(description="One per item, in the order given.")
+
+
+class DelegateIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: str = Field(
+        min_length=1, max_length=80, description="A token name or `group:NAME` to hand it to."
+    )
+    note: str = Field(default="", max_length=2000, description="Why; shown with the question.")
+
+
+class DelegateOut(_Out):
+    status: Literal["delegated"]
+    request_id: str
+    workspace: str
+    run_id: str
+    respondents: list[str]
+    delegations: list[DelegationOut]
 
 
 # -- runs ------------------------------------------------------------------------------------------

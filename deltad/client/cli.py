@@ -210,6 +210,9 @@ def _print_status(ws: Workspace, doc: dict[str, Any]) -> None:
             click.echo("  An answer is waiting in response.txt; `delta run` will take it.")
         elif doc["response"].get("reason"):
             click.echo(f"  The answer file is not usable: {show(doc['response']['reason'])}")
+        for d in doc.get("delegations") or []:
+            note = f": {show(d['note'])}" if d["note"] else ""
+            click.echo(f"  Handed:   by {show(d['by'])} to {show(d['to'])} at {d['at']}{note}")
         if doc["answer_error"]:
             click.echo(f"  Last answer was not taken: {show(doc['answer_error'])}")
     if ended := display.outcome_lines(doc.get("outcome")):
@@ -292,6 +295,14 @@ def _decisions(
 @click.option("--as", "answered_by", help="Who answers (recorded in the journal).")
 @WORK_DIR
 @click.option("--force", is_flag=True, help="Replace an answer that is already waiting.")
+@click.option(
+    "--all-under",
+    "all_under",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Answer every question waiting in the workspaces under this directory with the same "
+    "answer (all of one kind and options); a line per one not answered.",
+)
+@click.option("--only", metavar="GLOB", help="With --all-under: only workspaces matching GLOB.")
 @friendly
 def respond_cmd(
     text: str | None,
@@ -304,15 +315,39 @@ def respond_cmd(
     answered_by: str | None,
     work_dir: Path,
     force: bool,
+    all_under: Path | None,
+    only: str | None,
 ) -> None:
     """Answer the pending question.
 
     Text answers go to response.txt; --choice and approval decisions go to response.json.
     Both are written atomically. With no answer given, asks on the terminal (hidden for
-    secrets) or reads stdin.
+    secrets) or reads stdin. With --all-under, answers many workspaces' questions at once.
     """
+    args = (text, file, choice, everyone, decide, edit, reason, answered_by, force)
+    if all_under is not None:
+        sys.exit(_respond_all(all_under, only, *args))
+    if only is not None:
+        raise UsageError("--only goes with --all-under")
     ws = Workspace.at(work_dir)
     req = inbox.open_question(ws)
+    _respond_one(ws, req, *args)
+
+
+def _respond_one(
+    ws: Workspace,
+    req: InteractionRequest,
+    text: str | None,
+    file: str | None,
+    choice: str | None,
+    everyone: str | None,
+    decide: tuple[str, ...],
+    edit: tuple[tuple[str, str], ...],
+    reason: str | None,
+    answered_by: str | None,
+    force: bool,
+    quiet: bool = False,
+) -> None:
     structured = bool(everyone or decide or edit or choice or answered_by)
     per_call = kind_of(req.input_type).per_call
     if per_call and not structured and text is None and file is None:
@@ -329,6 +364,8 @@ def respond_cmd(
         inbox.submit(ws, req.request_id, body, answered_by=answered_by, channel="cli", force=force)
     else:
         inbox.submit(ws, req.request_id, _answer_text(req, text, file), force=force)
+    if quiet:
+        return
     if req.is_secret and (text is not None or choice is not None):
         click.echo(
             "delta: note: a secret given on the command line can stay in shell history and was "
@@ -340,6 +377,59 @@ def respond_cmd(
         f"Answer saved for run {show(req.run_id)}. Continue with: delta run --work-dir "
         f"{shell_quote(str(ws.root))} (deltad picks it up by itself)."
     )
+
+
+def _respond_all(
+    root: Path,
+    only: str | None,
+    text: str | None,
+    file: str | None,
+    choice: str | None,
+    everyone: str | None,
+    decide: tuple[str, ...],
+    edit: tuple[tuple[str, str], ...],
+    reason: str | None,
+    answered_by: str | None,
+    force: bool,
+) -> int:
+    """`--all-under`: one answer for each question waiting under `root`, each through
+    `submit` as if answered alone; those of another kind or options than the first, or that
+    refuse the answer, get a line each. Exit 0 when every one was answered, else 1."""
+    if text is None and file is not None:
+        text, file = _answer_text_once(file), None  # read once, not once per workspace
+    if decide or edit:  # they name one question's calls
+        raise UsageError("--all-under takes --approve, --reject or --cancel, not --decide/--edit")
+    first: str | None = None
+    answered, failed = 0, 0
+    for path in inbox.waiting_under(root, only):
+        try:
+            ws = Workspace.at(path)
+            req = inbox.open_question(ws)
+            mine = inbox.shape(req)
+            first = first or mine
+            if mine != first:
+                raise UsageError("another kind of question, or other options, than the first")
+            if req.is_secret:
+                raise UsageError("a sensitive question is answered one at a time")
+            given = text is not None or choice is not None
+            if not given and not kind_of(req.input_type).per_call:
+                raise UsageError("give the answer as TEXT, --file or --choice")
+            _respond_one(
+                ws, req, text, file, choice, everyone, (), (), reason, answered_by, force, True
+            )
+            answered += 1
+        except (inbox.SubmitError, DeltaError, ProtocolError, OSError) as e:
+            failed += 1
+            click.echo(f"delta: not answered: {show_path(path)}: {show(str(e))}", err=True)
+    click.echo(f"Answered {answered} question(s); {failed} not answered.")
+    return exitcodes.FAILED if failed or not answered else exitcodes.COMPLETED
+
+
+def _answer_text_once(file: str) -> str:
+    data = sys.stdin.read(MAX_MAILBOX_BYTES + 1) if file == "-" else read_regular_text(Path(file))
+    if len(data.encode()) > MAX_MAILBOX_BYTES:
+        raise UsageError(f"the answer is over the {MAX_MAILBOX_BYTES}-byte limit")
+    return data
 
 
 @main.command("runs")

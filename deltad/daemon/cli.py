@@ -437,3 +437,113 @@ def _executor_where(kind: str) -> str:
 
 def _executor_kind(config: DaemonConfig) -> str:
     return config.executor_kind()
+
+
+# -- audit ----------------------------------------------------------------------------------------
+@main.group()
+def audit() -> None:
+    """The receipts of decisions: a hash-chained log (docs/inbox.md, "Receipts")."""
+
+
+def _audit_file(config_path: Path | None, state_dir: Path | None, file: Path | None) -> Path:
+    from .audit import AUDIT_FILE, audit_path
+
+    if file is not None:
+        return file
+    if state_dir is not None:
+        return state_dir / AUDIT_FILE
+    config = _load(config_path, ()) if config_path else DaemonConfig()
+    return audit_path(config) if config.audit.path else _state_dir(config_path, None) / AUDIT_FILE
+
+
+audit_file_option = click.option(
+    "--file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The log to read (default: audit.path from the config, else STATE_DIR/audit.jsonl).",
+)
+
+
+@audit.command("export")
+@click.option(
+    "--since",
+    metavar="TIME",
+    help="Only entries recorded at or after TIME (ISO 8601, e.g. 2026-11-26T20:00:00Z).",
+)
+@config_option
+@state_dir_option
+@audit_file_option
+def audit_export(
+    since: str | None, config_path: Path | None, state_dir: Path | None, file: Path | None
+) -> None:
+    """Write the log's entries to stdout as JSON Lines, as recorded (check them with
+    `deltad audit verify`; an export `--since` with `--partial`)."""
+    from .audit import AuditError, read_lines
+
+    cut = _since(since) if since is not None else None
+    path = _audit_file(config_path, state_dir, file)
+    out = sys.stdout.buffer
+    try:
+        for line in read_lines(path):
+            if cut is not None and not _at_or_after(line, cut):
+                continue
+            out.write(line if line.endswith(b"\n") else line + b"\n")
+    except AuditError as e:
+        click.echo(f"deltad: error: audit: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+    out.flush()
+
+
+def _since(text: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        click.echo(f"deltad: error: --since: {text!r} is not an ISO 8601 time", err=True)
+        sys.exit(EXIT_CONFIG)
+    return when if when.tzinfo is not None else when.astimezone()
+
+
+def _at_or_after(line: bytes, cut: datetime) -> bool:
+    """An entry recorded at or after `cut` (a line that does not read is kept: verify says)."""
+    try:
+        return datetime.fromisoformat(json.loads(line)["at"]) >= cut
+    except (ValueError, KeyError, TypeError):
+        return True
+
+
+@audit.command("verify")
+@click.argument("log", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="The log is an export --since: its first entry anchors the chain.",
+)
+@click.option(
+    "--head",
+    metavar="HASH",
+    help="The head hash recorded earlier: entries dropped off the end "
+    "show as a head that is not this one or does not follow it.",
+)
+@config_option
+@state_dir_option
+def audit_verify(
+    log: Path | None,
+    partial: bool,
+    head: str | None,
+    config_path: Path | None,
+    state_dir: Path | None,
+) -> None:
+    """Recompute the chain of LOG (`-`: stdin; default: the daemon's log). Exit 0 and print
+    the entry count and the head hash (record it elsewhere to anchor the log); exit 2 naming
+    the first entry edited, dropped or moved."""
+    from .audit import AuditError, Broken, read_lines, verify
+
+    path = Path("-") if log == Path("-") else _audit_file(config_path, state_dir, log)
+    try:
+        lines = sys.stdin.buffer if str(path) == "-" else read_lines(path)
+        result = verify(lines, from_start=not partial, head=head)
+    except (Broken, AuditError) as e:
+        click.echo(f"deltad: error: audit: {show_path(path)}: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+    first = result.first_seq
+    span = "" if first is None else f" (seq {first}..{first + result.entries - 1})"
+    click.echo(f"audit: ok: {result.entries} entries{span}, head {result.head}")

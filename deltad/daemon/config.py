@@ -130,6 +130,18 @@ class HaConfig(_Strict):
         return Path(os.path.abspath(os.path.expanduser(v)))
 
 
+class AuditConfig(_Strict):
+    """Receipts (docs/inbox.md, "Receipts"): each decision appended to a hash-chained log."""
+
+    enabled: bool = True
+    path: Path | None = None  # default: <state_dir>/audit.jsonl (share it across an HA fleet)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: Path | None) -> Path | None:
+        return None if v is None else Path(os.path.abspath(os.path.expanduser(v)))
+
+
 def default_per_owner(total: int) -> int:
     """One owner's share of `total` resume slots when none is set: half, rounded up."""
     return (total + 1) // 2
@@ -174,6 +186,7 @@ class DaemonConfig(_Strict):
     notify: NotifyConfig | None = None
     channels: ChannelsConfig | None = None  # email (docs/inbox.md, "Channels")
     ha: HaConfig | None = None  # off: this daemon acts alone (its state-dir lock says so)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
 
     @model_validator(mode="after")
     def _executor(self) -> DaemonConfig:

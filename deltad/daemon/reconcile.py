@@ -101,6 +101,7 @@ class Verdict:
     request_id: str | None = None
     input_type: str | None = None  # of the pending question (the inbox's filters)
     created: float | None = None  # the pending question's timestamp (the inbox's order)
+    deadline: float | None = None  # the pending question's expires_at (the inbox's due soon)
     owner: tenancy.Owner | None = None  # who a resume runs as (checked: see tenancy)
     error_kind: str | None = None  # INTERRUPTED runs: why (model_unavailable: deltad retries)
     failing_since: float | None = None  # wall time the model started failing (give-up clock)
@@ -253,6 +254,7 @@ def _pausing_soon(ws: Workspace, meta: RunMetadata, clock: Clock) -> float | Non
 def _name(v: Verdict, request: InteractionRequest) -> Verdict:
     v.request_id, v.input_type = request.request_id, str(request.input_type)
     v.created = request.timestamp.timestamp()
+    v.deadline = request.expires_at.timestamp() if request.expires_at else None
     return v
 
 

@@ -46,7 +46,14 @@ def view_of(ws: Path, v: Verdict) -> View:
     the enums' own strings (`str()` of a member copies it: ~70 bytes per workspace)."""
     status = v.status.value if v.status is not None else None
     return View(
-        ws, v.state.value, v.run_id, status, v.request_id, _interned(v.input_type), v.created
+        ws,
+        v.state.value,
+        v.run_id,
+        status,
+        v.request_id,
+        _interned(v.input_type),
+        v.created,
+        v.deadline,
     )
 
 

@@ -23,11 +23,13 @@ from deltad.watch import Backend
 from deltad.watch.discovery import is_workspace
 from deltad.watch.hints import HintQueue, Why
 
+from . import audit, lifecycle, walking
 from . import decide as core
-from . import lifecycle, walking
 from .answer import log_refusals
+from .audit import audit_path
 from .config import DaemonConfig
 from .lease import Lease
+from .receipts import receipt
 from .reconcile import State, inspect, mark_interrupted
 from .registry import Registry
 from .resumer import Finished, Resumer
@@ -211,10 +213,26 @@ class Service:
             ws, r.run_id, launch, r.owner.uid, r.seen.request_id or r.reason, answered_at
         )
         # An answer counts once: a retry of the same resume key is not a new answer.
-        if queued and sig is not None and self.memory.get(ws, core.FRESH).key != r.key:
+        fresh = queued and self.memory.get(ws, core.FRESH).key != r.key
+        if fresh and sig is not None:
             self.metrics.answers.labels(r.seen.channel or "file").inc()
+            self._receipt(ws, r.run_id, expired=False)
+        elif fresh and r.reason == "question_expired":  # nobody answered: the rule decides
+            self._receipt(ws, r.run_id, expired=True)
         log.info("resume_queued", workspace=str(ws), run_id=r.run_id, reason=r.reason)
         self.dirty = True
+
+    def _receipt(self, ws: Path, run_id: str | None, *, expired: bool) -> None:
+        """The decision's receipt into the audit log (daemon/audit.py), before its resume."""
+        if not self.config.audit.enabled:
+            return
+        try:
+            fields = receipt(ws, run_id, expired=expired)
+            if fields is not None:
+                entry = audit.append(audit_path(self.config), fields)
+                log.info("audit_appended", workspace=str(ws), seq=entry["seq"])
+        except Exception as e:  # a receipt that cannot be written must not stop the daemon
+            log.error("audit_failed", workspace=str(ws), error=str(e))
 
     def start_resumes(self) -> None:
         if self.resumer.pending and not self.stop:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from deltad.protocol import ActionStatus, InputType, InteractionRequest, utcnow
+from deltad.protocol.calldigest import approved_digest, call_digest
 from deltad.protocol.history import Call
 from deltad.protocol.kinds import NOT_CONSENT
 from deltad.protocol.models import GatedCall
@@ -98,9 +99,14 @@ def decide(
     decisions = {d.action_id: d for d in reply.decisions}
     if any(d.decision == Decision.CANCEL for d in decisions.values()):
         return Canceled(reply.answered_by or reply.source)
+    asked = {c.action_id: c for c in req.calls}
     for call in calls:
         d = decisions.get(call.id)
-        if d is None or d.decision == Decision.REJECT:
+        if d is not None and (why_not := unbound(ctx, asked, call, d)) is not None:
+            ctx.note(why_not, "WARNING")
+            ctx.request(call, parse_args(call.arguments), call.name)
+            ctx.result(call, ActionStatus.FAILED, why_not)
+        elif d is None or d.decision == Decision.REJECT:
             why = d or CallDecision(action_id=call.id, decision=Decision.REJECT)
             ctx.request(call, parse_args(call.arguments), call.name)
             ctx.result(call, ActionStatus.FAILED, refusal(reply, why, req.timeout_seconds))
@@ -111,6 +117,30 @@ def decide(
             run(ctx, call, parse_args(call.arguments), "")
         ctx.guard.checkpoint()
     return None
+
+
+def unbound(
+    ctx: RunContext, asked: dict[str, GatedCall], call: Call, d: CallDecision
+) -> str | None:
+    """Why an approving decision does not cover the call about to run (None: it does). The
+    digest the answer carries (else the one of the call as asked, in the journal) must be the
+    digest of this call, as its arguments now read (after an edit: the edit's). Fail closed: a
+    call that changed since it was approved is refused, like a rejection, and the run goes on
+    (docs/inbox.md, "Approvals bound to the call")."""
+    if d.decision not in (Decision.APPROVE, Decision.EDIT):
+        return None
+    was = asked.get(call.id)
+    want = d.digest or (approved_digest(was, d) if was is not None else None)
+    now = _gated_call(ctx, call)
+    args = now.arguments if d.decision == Decision.APPROVE else (d.arguments or {})
+    have = call_digest(now.tool_name, args)
+    if want == have:
+        return None
+    return (
+        f"Refused at resume: call {call.id} ({call.name}) is not the call that was approved "
+        f"(approved {want or 'no call by this id'}, about to run {have}); it was not run. "
+        "Do not retry it unless the human asks again."
+    )
 
 
 def refusal(reply: Reply, decision: CallDecision, timeout: float | None) -> str:

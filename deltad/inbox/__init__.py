@@ -8,7 +8,10 @@
                            (a compare-and-set on request_id); raises a SubmitError
     run_outcome(ws, meta)  a finished run's final message, duration and who answered what
     refuse_respondent(ws, request_id, who)
-                           why `who` may not answer over HTTP (the question's respondents)
+                           why `who` may not answer over HTTP (the question's respondents
+                           and those it was handed to)
+    delegate(ws, request_id, to, who=..., known=..., note=...)
+                           hand a question to another token or group (delegation.json)
 
 `delta respond`, `delta status`, the HTTP API and the web page all call these.
 """
@@ -29,15 +32,21 @@ from .answering import (
     open_question,
     submit,
 )
+from .bulk import shape, waiting_under
+from .delegation import delegate, refuse_respondent
+from .handover import Delegation
+from .handover import shown as shown_delegations
 from .outcome import run_outcome
-from .respondents import Answerer, refuse_respondent
+from .respondents import GROUP, Answerer
 from .views import NoRun, Pending, guidance, load_run, pending, status
 
 __all__ = [
+    "GROUP",
     "AlreadyAnswered",
     "AnswerIn",
     "AnswerWaiting",
     "Answerer",
+    "Delegation",
     "Expired",
     "Misfit",
     "NoRun",
@@ -49,12 +58,16 @@ __all__ = [
     "agent_and_problem",
     "agent_of",
     "check",
+    "delegate",
     "guidance",
     "load_run",
     "open_question",
     "pending",
     "refuse_respondent",
     "run_outcome",
+    "shape",
+    "shown_delegations",
     "status",
     "submit",
+    "waiting_under",
 ]

@@ -20,11 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from deltad.agent import Agent, check_edits, load_agent
 from deltad.errors import UsageError
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, kinds
+from deltad.protocol.calldigest import DigestMismatch, bind
 from deltad.protocol.journal import replied
 from deltad.protocol.mailbox import MAX_MAILBOX_BYTES, structured_bytes
 from deltad.protocol.questions import interpret_json, interpret_text
 from deltad.protocol.replies import AnswerRejected, CallDecision
 
+from .handover import read, shown
 from .trust import agent_problem
 from .views import OPEN, NoRun, load_run
 
@@ -197,7 +199,15 @@ def submit(
         )
     plain = isinstance(body, str) and answered_by is None and channel is None
     data = body.encode() if isinstance(body, str) and plain else None
-    doc = None if plain else answer_document(req, body, answered_by, channel)
+    # A structured answer to a handed-over question says so (plain text stays as it is).
+    handed = None if plain else shown(read(w, req.request_id))
+    doc = None if plain else answer_document(req, body, answered_by, channel, handed)
+    if doc is not None and not isinstance(body, str) and body.decisions:
+        try:  # each approval bound to the exact call it approves (protocol/calldigest.py)
+            bound = bind(req, body.decisions)
+        except DigestMismatch as e:
+            raise Misfit(str(e)) from None
+        doc["decisions"] = [d.model_dump(exclude_none=True, mode="json") for d in bound]
     size = len(data) if data is not None else len(structured_bytes(doc or {}))
     if size > MAX_ANSWER_BYTES:
         raise TooLarge(
@@ -216,9 +226,14 @@ def submit(
 
 
 def answer_document(
-    req: InteractionRequest, body: AnswerIn | str, answered_by: str | None, channel: str | None
+    req: InteractionRequest,
+    body: AnswerIn | str,
+    answered_by: str | None,
+    channel: str | None,
+    delegations: list[dict[str, str]] | None = None,
 ) -> dict[str, object]:
-    """`response.json` for an answer: the request id, the answer, who and through what."""
+    """`response.json` for an answer: the request id, the answer, who and through what, and
+    the hand-overs it went through (delegation.py)."""
     doc: dict[str, object] = {"request_id": req.request_id}
     doc |= (
         {"answer": body}
@@ -229,4 +244,6 @@ def answer_document(
         doc["answered_by"] = answered_by
     if channel:
         doc["channel"] = channel
+    if delegations:
+        doc["delegations"] = delegations
     return doc

@@ -53,6 +53,7 @@ class View:
     request_id: str | None = None
     input_type: str | None = None
     created: float | None = None  # the open question's timestamp (the inbox's order)
+    deadline: float | None = None  # the open question's expires_at (the inbox's due soon)
     # Set by the index when it files the view (scopes and the owner filter); not part of
     # the belief, so not compared.
     real: str | None = field(default=None, compare=False)  # the real path, if not the name
@@ -118,6 +119,14 @@ class Listed:
     def input_type(self) -> str | None:
         return self.view.input_type
 
+    @property
+    def created(self) -> float | None:
+        return self.view.created
+
+    @property
+    def deadline(self) -> float | None:
+        return self.view.deadline
+
 
 class ListedQuestion(Listed):
     """An open question, by (created, workspace, request id)."""
@@ -154,6 +163,11 @@ def newest_first(order: list[View], by: Order, before: tuple[Any, ...] | None) -
     """Views of an ascending list with a key below `before` (all if None), newest first."""
     end = len(order) if before is None else bisect.bisect_left(order, before, key=by)
     return order[:end][::-1]
+
+
+def oldest_first(order: list[View], by: Order, after: tuple[Any, ...] | None) -> list[View]:
+    """Views of an ascending list with a key above `after` (all if None), oldest first."""
+    return order[0 if after is None else bisect.bisect_right(order, after, key=by) :]
 
 
 @dataclass(frozen=True)
@@ -296,10 +310,14 @@ class Index:
         with self._lock:
             return list(self._views.values())
 
-    def questions(self, before: tuple[Any, ...] | None = None) -> Iterator[Listed]:
-        """Open questions newest first, from below the key `before` (a cursor) on."""
+    def questions(
+        self, before: tuple[Any, ...] | None = None, *, oldest: bool = False
+    ) -> Iterator[Listed]:
+        """Open questions newest first, from below the key `before` (a cursor) on; `oldest`:
+        oldest first, from above it."""
         with self._lock:
-            views = newest_first(self._questions, _question_order, before)
+            pick = oldest_first if oldest else newest_first
+            views = pick(self._questions, _question_order, before)
         return map(ListedQuestion, views)
 
     def runs(self, before: tuple[Any, ...] | None = None) -> Iterator[Listed]:

@@ -4,15 +4,13 @@ A question that names none may be answered by anyone whose token's scope and rol
 One that names some may be answered only by a listed token, a token in a listed group, or an
 admin token; a signed link names nobody, so it cannot answer such a question. The file mailbox
 (`delta respond`, `echo > response.txt`) is not checked: whoever can write the workspace's
-files is trusted there, as before.
+files is trusted there, as before. A delegation (delegation.py) adds its delegates.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from deltad.protocol import Mailbox, Workspace
 
 GROUP = "group:"
 
@@ -44,12 +42,3 @@ def refusal(respondents: Sequence[str], who: Answerer | None) -> str | None:
     if who is None:
         return f"only {names} may answer this question; a signed link names nobody: log in"
     return f"only {names} may answer this question, not {who.name}"
-
-
-def refuse_respondent(ws: Workspace, request_id: str, who: Answerer | None) -> str | None:
-    """The check the answer routes make before submitting: the pending question's respondents
-    against `who`. A question no longer pending is left to the answering path to report."""
-    req = Mailbox(ws).read_request()
-    if req is None or req.request_id != request_id:
-        return None
-    return refusal(req.respondents, who)

@@ -24,6 +24,7 @@ from deltad.protocol.errors import ProtocolError
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import shell_quote, show, show_path
 
+from .handover import read, shown
 from .outcome import run_outcome
 
 OPEN = frozenset({RunStatus.WAITING_FOR_INPUT, RunStatus.INTERRUPTED, RunStatus.RUNNING})
@@ -43,6 +44,7 @@ class Pending(BaseModel):
     agent: str
     answer_waiting: bool
     last_refusal: str | None = None
+    delegations: list[dict[str, str]] = []
 
 
 def _workspace(ws: Workspace | Path | str) -> Workspace:
@@ -81,6 +83,7 @@ def pending(ws: Workspace | Path | str) -> Pending | None:
         agent=agent,
         answer_waiting=mailbox.answer_file() is not None,
         last_refusal=mailbox.last_refusal(),
+        delegations=shown(read(w, req.request_id)),
     )
 
 
@@ -114,6 +117,8 @@ def status(ws: Workspace | Path | str, run_id: str | None = None) -> dict[str, A
         "pending": req.model_dump(mode="json") if req else None,
         "response": answer,
         "answer_error": mailbox.last_refusal() if req else None,
+        # Who the question was handed to (delegation.json), oldest first.
+        "delegations": shown(read(w, req.request_id)) if req else [],
         "set_aside": mailbox.stale_answers(),
         "outcome": run_outcome(w, meta),  # a finished run's final message and answers
     }

@@ -87,9 +87,14 @@ class Remote:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"][1:])
             raise ApiError(422, "bad_request", f"{where}: {first['msg']}") from None
+        data = wire.encode(frame)
+        if len(data) - wire.HEADER.size > wire.INBOX_FRAME_MAX:  # the core would hang up
+            with self._lock:
+                self._waiting.pop(cid, None)
+            raise ApiError(413, "too_large", "this request is over what the core takes")
         try:
             with self._sending:
-                self.sock.sendall(wire.encode(frame))
+                self.sock.sendall(data)
             reply = fut.result(CALL_SECONDS)
         except (OSError, FutureTimeout):
             raise _unavailable() from None
@@ -125,6 +130,9 @@ class Remote:
         run_id: str | None,
         limit: int,
         cursor: str | None,
+        sort: str = "newest",
+        older_than: str | None = None,
+        due_within: str | None = None,
     ) -> dict[str, Any]:
         return self.send(
             {
@@ -136,6 +144,9 @@ class Remote:
                 "run_id": run_id,
                 "limit": limit,
                 "cursor": cursor,
+                "sort": sort,
+                "older_than": older_than,
+                "due_within": due_within,
             }
         )
 
@@ -161,6 +172,29 @@ class Remote:
                 "workspace": workspace,
             }
         )
+
+    def answer_many(
+        self,
+        who: Identity,
+        items: list[dict[str, Any]],
+        body: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> dict[str, Any]:
+        return self.send(
+            {
+                "op": "answer_many",
+                "token": who.name,
+                "items": items,
+                "body": body,
+                "idempotency_key": idempotency_key,
+            }
+        )
+
+    def delegate(
+        self, who: Identity, request_id: str, to: str, note: str, workspace: str | None
+    ) -> dict[str, Any]:
+        msg = {"op": "delegate", "token": who.name, "request_id": request_id, "to": to}
+        return self.send({**msg, "note": note, "workspace": workspace})
 
     def list_runs(
         self,

@@ -212,11 +212,19 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
             run_id=call.run_id,
             limit=call.limit,
             cursor=call.cursor,
+            sort=call.sort,
+            older_than=call.older_than,
+            due_within=call.due_within,
         )
     if isinstance(call, wire.GetRequest):
         return core.get_request(who, call.request_id, call.workspace)
     if isinstance(call, wire.Answer):
         return core.answer(who, call.request_id, call.body, call.idempotency_key, call.workspace)
+    if isinstance(call, wire.AnswerMany):
+        items = [i.model_dump() for i in call.items]
+        return core.answer_many(who, items, call.body, call.idempotency_key)
+    if isinstance(call, wire.Delegate):
+        return core.delegate(who, call.request_id, call.to, call.note, call.workspace)
     if isinstance(call, wire.ListRuns):
         return core.list_runs(
             who,

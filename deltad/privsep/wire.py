@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from deltad.api.paging import Sort
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
@@ -30,7 +31,8 @@ VERSION = 1
 HEADER = struct.Struct(">I")
 # What the inbox may send in one frame: an answer's body (the HTTP cap, 1 MiB + 64 KiB) and
 # the names around it. The core's frames carry pages of documents: more room.
-INBOX_FRAME_MAX = 2 * 1024 * 1024
+# A bulk answer's body is larger (api.limits.BULK_BODY_MAX: one answer and up to 100 ids).
+INBOX_FRAME_MAX = 4 * 1024 * 1024
 CORE_FRAME_MAX = 32 * 1024 * 1024
 MAX_FDS = 8
 
@@ -47,6 +49,10 @@ Cursor = Text
 LinkToken = Text
 CallId = Annotated[int, Field(ge=0, lt=2**53)]
 Limit = int  # the handlers say 422 outside 1..1000
+BULK_MAX = 100  # questions one bulk answer may name (api.handlers.BULK_MAX)
+# `older_than=`, `due_within=`: a duration like 1h30m (api.paging.duration parses it in the
+# core; 64 characters is far more than any duration up to its 366d needs).
+Duration = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class Strict(BaseModel):
@@ -69,6 +75,9 @@ class ListRequests(Strict):
     run_id: Id | None = None
     limit: Limit = 100
     cursor: Cursor | None = None
+    sort: Sort = "newest"
+    older_than: Duration | None = None
+    due_within: Duration | None = None
 
 
 class GetRequest(Strict):
@@ -86,6 +95,37 @@ class Answer(Strict):
     request_id: Id
     body: dict[str, Any]
     idempotency_key: Text | None = None
+    workspace: PathText | None = None
+
+
+class BulkItem(Strict):
+    """One question a bulk answer names."""
+
+    request_id: Id
+    workspace: PathText | None = None
+
+
+class AnswerMany(Strict):
+    """One answer for up to BULK_MAX questions; the core matches and answers each on its own
+    (api.handlers.answer_many)."""
+
+    op: Literal["answer_many"]
+    id: CallId
+    token: Name
+    items: Annotated[list[BulkItem], Field(min_length=1, max_length=BULK_MAX)]
+    body: dict[str, Any]
+    idempotency_key: Text | None = None
+
+
+class Delegate(Strict):
+    """Hand a question to a token or `group:NAME`, with a note (api.handlers.delegate)."""
+
+    op: Literal["delegate"]
+    id: CallId
+    token: Name
+    request_id: Id
+    to: Annotated[str, Field(min_length=1, max_length=80)]  # api.schemas.DelegateIn's bounds
+    note: Annotated[str, Field(max_length=2000)] = ""
     workspace: PathText | None = None
 
 
@@ -149,6 +189,8 @@ Call = (
     | ListRequests
     | GetRequest
     | Answer
+    | AnswerMany
+    | Delegate
     | ListRuns
     | GetRun
     | History

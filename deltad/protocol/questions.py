@@ -80,4 +80,5 @@ def interpret_json(req: InteractionRequest, raw: str) -> Reply:
     reply.answered_by = doc.answered_by
     reply.comment = doc.comment
     reply.channel = doc.channel
+    reply.delegations = doc.delegations
     return reply

@@ -28,6 +28,15 @@ class CallDecision(BaseModel):
     decision: Decision
     arguments: dict[str, Any] | None = None
     reason: str | None = None
+    # For approve and edit: the digest of the exact call approved (protocol/calldigest.py),
+    # written by the answering path and checked by the engine before the call runs.
+    digest: str | None = Field(
+        default=None,
+        description="approve/edit: `sha256:` + hex SHA-256 of the call's canonical JSON "
+        '`{"arguments", "tool_name"}` (sorted keys, no whitespace, ASCII), after an edit its '
+        "arguments. Filled in by the server; one sent must be the shown call's (else 422), "
+        "and the run refuses a call that no longer matches it.",
+    )
 
 
 class StructuredAnswer(BaseModel):
@@ -40,6 +49,9 @@ class StructuredAnswer(BaseModel):
     answered_by: str | None = None
     comment: str | None = None
     channel: str | None = None  # who wrote the file: cli, http, link, pipeline...
+    # The hand-overs the question went through before this answer (deltad/inbox/delegation.py):
+    # [{"by", "to", "note", "at"}], kept so the journal (and the history) says who handed it on.
+    delegations: list[dict[str, str]] | None = None
 
 
 Outcome = Literal["answered", "timeout", "skipped"]
@@ -57,3 +69,4 @@ class Reply(BaseModel):
     at: Timestamp | None = None
     comment: str | None = None
     channel: str | None = None  # for mailbox answers: the channel that wrote the file
+    delegations: list[dict[str, str]] | None = None  # the hand-overs before this answer

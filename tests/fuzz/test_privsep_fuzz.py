@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from deltad.api import links
+from deltad.api import links, paging
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import Context
 from deltad.api.tokens import TokenStore
@@ -53,6 +53,8 @@ OPS = {
     "check_link": wire.CheckLink,
     "link_request": wire.LinkRequest,
     "link_answer": wire.LinkAnswer,
+    "answer_many": wire.AnswerMany,
+    "delegate": wire.Delegate,
 }
 
 
@@ -83,6 +85,20 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "status": st.none() | st.sampled_from(["COMPLETED", "WAITING_FOR_INPUT", "bogus"]),
     "idempotency_key": st.none() | text,
     "link": st.sampled_from(["e30.AAAA", "", "."]) | text,
+    "items": st.lists(
+        st.fixed_dictionaries(
+            {"request_id": st.sampled_from([RID, "nope", ""]) | text},
+            optional={"workspace": st.sampled_from([None, str(WS), "/"]) | text},
+        ),
+        max_size=3,
+    )
+    | st.lists(st.just({"request_id": RID}), min_size=101, max_size=101)
+    | json_values,
+    "to": st.sampled_from(["elsewhere", "group:ops", "watcher", "", "x" * 81]) | text,
+    "note": st.sampled_from(["", "n" * 2001]) | text,
+    "sort": st.sampled_from(["newest", "oldest", "deadline", "bogus", ""]) | text,
+    "older_than": st.none() | st.sampled_from(["1h", "0s", "999999d", "1" * 65]) | text,
+    "due_within": st.none() | st.sampled_from(["10m", "-1m", "1h30m", "1s" * 40]) | text,
 }
 
 
@@ -158,3 +174,83 @@ def test_the_framing_yields_frames_or_ends_the_connection(chunks: list[bytes], c
     finally:
         a.close()
         b.close()
+
+
+def _refusal(doc: dict[str, Any]) -> str | tuple[int, str] | None:
+    """What the core makes of a call: a refusal's reason, the error's status and code, or
+    None for a result."""
+    call = core.decode(_encoded(doc))
+    if isinstance(call, str):
+        return call
+    reply = wire.FROM_CORE.validate_json(core.reply_to(CTX, call)[wire.HEADER.size :])
+    assert isinstance(reply, wire.Reply)
+    return None if reply.error is None else (reply.error.http, reply.error.code)
+
+
+def test_list_requests_sort_and_durations_are_bounded_and_rechecked_by_the_core() -> None:
+    ask = {"op": "list_requests", "id": 5, "token": "watcher"}
+    for bad in (
+        {"sort": "bogus"},  # not one of the sorts
+        {"sort": None},
+        {"older_than": ""},  # a duration is at least one character
+        {"older_than": "1" * 65},  # over its bound (64)
+        {"due_within": "1s" * 33},
+        {"due_within": 600},  # a duration is text
+        {"older_than": "1h", "younger_than": "1h"},  # a field too many
+    ):
+        assert isinstance(_refusal({**ask, **bad}), str), bad
+    # Within bounds but not a duration: refused by the core as the API would refuse it.
+    assert _refusal({**ask, "older_than": "ten minutes"}) == (422, "bad_page")
+    assert _refusal({**ask, "due_within": "400d"}) == (422, "bad_page")
+    # Within bounds and well formed: answered, in every sort, with the handlers' page.
+    for extra in ({"sort": "oldest"}, {"sort": "deadline", "due_within": "10m"}, {}):
+        got = core.execute(CTX, wire.ListRequests.model_validate({**ask, **extra}))
+        assert set(got) == {"requests", "next"} and got["next"] is None, extra
+    # A cursor of another sort is refused by the core (the cursor carries its sort).
+    crossed = {**ask, "sort": "deadline", "cursor": paging.encode("requests", (1.0, "a", "b"))}
+    assert _refusal(crossed) == (422, "bad_page")
+    # Out of scope: the token's scope is the core's, whatever the sort.
+    far = {**ask, "token": "elsewhere", "sort": "deadline", "older_than": "1s"}
+    assert core.execute(CTX, wire.ListRequests.model_validate(far))["requests"] == []
+    assert _refusal({**ask, "token": "mallory", "sort": "oldest"}) == (401, "unauthorized")
+
+
+def test_forged_bulk_answers_are_bounded_and_rechecked_by_the_core() -> None:
+    ask = {"op": "answer_many", "id": 6, "token": "elsewhere", "body": {"answer": "b"}}
+    one = [{"request_id": RID, "workspace": str(WS)}]
+    for bad in (
+        {"items": []},  # at least one
+        {"items": [{"request_id": RID}] * (wire.BULK_MAX + 1)},  # over its bound
+        {"items": [{"request_id": RID, "workspace": str(WS), "run_id": "x"}]},  # extra field
+        {"items": [{"request_id": "r" * (wire.TEXT_MAX + 1)}]},
+        {"items": one, "body": "b"},  # a body is an object
+        {"items": one, "token": "a" * 65},
+    ):
+        assert isinstance(_refusal({**ask, **bad}), str), bad
+    # Well formed: the core checks the token's role and scope for each question.
+    assert _refusal({**ask, "token": "watcher", "items": one}) == (403, "forbidden")
+    assert _refusal({**ask, "token": "mallory", "items": one}) == (401, "unauthorized")
+    call = core.decode(_encoded({**ask, "items": one * 2}))
+    assert not isinstance(call, str)
+    got = core.execute(CTX, call)
+    assert got["accepted"] == 0 and got["refused"] == 2
+    assert all(r["status"] == "refused" for r in got["results"])
+    assert _tree() == BEFORE
+
+
+def test_forged_hand_overs_are_bounded_and_rechecked_by_the_core() -> None:
+    ask = {"op": "delegate", "id": 7, "token": "elsewhere", "request_id": RID, "to": "watcher"}
+    for bad in (
+        {"to": ""},
+        {"to": "x" * 81},  # over its bound
+        {"note": "n" * 2001},
+        {"request_id": None},
+        {"to": "watcher", "respondents": ["mallory"]},  # a field too many
+    ):
+        assert isinstance(_refusal({**ask, **bad}), str), bad
+    assert _refusal({**ask, "token": "watcher"}) == (403, "forbidden")  # a reader
+    assert _refusal({**ask, "token": "mallory"}) == (401, "unauthorized")
+    # An answerer whose scope does not hold the workspace cannot hand its question over.
+    out = _refusal({**ask, "workspace": str(WS)})
+    assert isinstance(out, tuple) and out[0] in (403, 404), out
+    assert _tree() == BEFORE

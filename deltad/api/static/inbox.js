@@ -205,8 +205,10 @@ async function refresh() {
   const params = {};
   const ws = $("f-workspace").value.trim();
   const type = $("f-type").value;
+  const sort = $("f-sort")?.value;
   if (ws) params.workspace = ws;
   if (type) params.input_type = type;
+  if (sort && sort !== "newest") params.sort = sort;
   const mine = ++listings;
   try {
     const got = await listAll("v1/requests", "requests", params);
@@ -218,10 +220,14 @@ async function refresh() {
   } catch (e) { /* a 401 asks to log in; anything else: the stream brings the next try */ }
 }
 
-$("filters")?.addEventListener("input", () => refresh());
+// Text refreshes as it is typed; a select on `change` (what every way of choosing fires, a
+// script's included: `input` is not fired by all).
+$("filters")?.addEventListener("input", (ev) => { if (ev.target.tagName !== "SELECT") refresh(); });
+$("filters")?.addEventListener("change", (ev) => { if (ev.target.tagName === "SELECT") refresh(); });
 $("filters")?.addEventListener("submit", (ev) => { ev.preventDefault(); refresh(); });
 
-// Questions grouped by workspace and run, groups ordered by their newest question.
+// Questions grouped by workspace and run, groups in the order of their first question in the
+// list's sort (newest first, waiting longest, or due soonest).
 function groups(list) {
   const byKey = new Map();
   for (const r of list) {
@@ -246,6 +252,7 @@ function render() {
   const box = $("requests");
   const live = new Set(items.map(keyOf));
   for (const k of [...cards.keys()]) if (!live.has(k)) cards.delete(k);
+  for (const k of [...picked.keys()]) if (!live.has(k)) picked.delete(k);
   const shown = groups(items).map((list) => {
     const gk = `${list[0].workspace}\u0000${list[0].run_id || ""}`;
     const section = sections.get(gk) || groupView(list[0]);
@@ -254,13 +261,16 @@ function render() {
       if (!cards.has(keyOf(r))) cards.set(keyOf(r), card(r));
       return cards.get(keyOf(r));
     })];
+    for (const r of list) showHanded(cards.get(keyOf(r)), r.delegations);
     if (!sameChildren(section, nodes)) section.replaceChildren(...nodes);
     return section;
   });
   for (const [gk, section] of [...sections]) if (!shown.includes(section)) sections.delete(gk);
   if (!sameChildren(box, shown)) box.replaceChildren(...shown);
+  if (!linkToken) showPicked();  // an answered question leaves the selection
   $("empty").hidden = items.length > 0;
   $("count").textContent = items.length ? `(${items.length})` : "";
+  dueMarks();
   const linked = new URLSearchParams(location.hash.slice(1)).get("request");
   const hit = linked && items.find((r) => r.request_id === linked);
   if (hit && !deepLinked) {
@@ -334,11 +344,47 @@ function when(iso) {
   return el("time", { datetime: iso, title: t.toLocaleString() }, ago(t));
 }
 
-// "3 min ago" stays true while the page is open.
+// What is about to time out: a question whose deadline is at most DUE_SOON_MS away (or passed
+// and not yet acted on) is marked on its card, and the heading counts them.
+const DUE_SOON_MS = 10 * 60_000;
+
+function dueIn(iso) {
+  const ms = new Date(iso).getTime() - Date.now();
+  if (ms <= 0) return { soon: true, text: "due now: about to time out" };
+  const mins = Math.ceil(ms / 60_000);
+  const text = mins < 60 ? `due in ${mins} min` : mins < 1440 ? `due in ${Math.round(mins / 60)} h`
+    : `due in ${Math.round(mins / 1440)} d`;
+  return { soon: ms <= DUE_SOON_MS, text };
+}
+
+function dueMark(r) {
+  if (!r.expires_at) return null;
+  return el("span", { class: "due", "data-due": r.expires_at });
+}
+
+function dueMarks() {
+  let soon = 0;
+  const counted = new Set();
+  for (const node of document.querySelectorAll(".due[data-due]")) {
+    const d = dueIn(node.dataset.due);
+    node.textContent = d.text;
+    node.classList.toggle("due-soon", d.soon);
+    const key = node.closest(".item")?.dataset.key;
+    if (d.soon && key && !counted.has(key)) { counted.add(key); soon += 1; }
+  }
+  const count = $("due-count");
+  if (count) {
+    count.hidden = soon === 0;
+    count.textContent = soon ? `· ${soon} due within ${DUE_SOON_MS / 60_000} min` : "";
+  }
+}
+
+// "3 min ago" and "due in 4 min" stay true while the page is open.
 setInterval(() => {
   for (const node of document.querySelectorAll("time[datetime]")) {
     node.textContent = ago(new Date(node.getAttribute("datetime")));
   }
+  dueMarks();
 }, 30_000);
 
 function card(r) {
@@ -354,13 +400,17 @@ function card(r) {
       el("span", {}, r.task),
       r.node_id ? el("span", {}, `node ${r.node_id}`) : null,
       r.timestamp ? el("span", {}, "asked ", when(r.timestamp)) : null,
-      r.run_id && !linkToken ? runLink(r.workspace, r.run_id, "run view") : null),
+      dueMark(r),
+      r.run_id && !linkToken ? runLink(r.workspace, r.run_id, "run view") : null,
+      pickBox(r)),
     el("p", { class: "prompt", id: promptId }, r.prompt),
     respondents(r.respondents),
+    el("div", { class: "handed" }, ...handedView(r.delegations)),
     factsView(r),
     ...(r.calls || []).map(callView),
     answerControls(r, error),
     error,
+    handOver(r),
     contextView(r.context),
   );
 }
@@ -378,6 +428,107 @@ function factsView(r) {
   }
   if (!facts.length) return null;
   return el("ul", { class: "facts" }, ...facts.map((f) => el("li", {}, f)));
+}
+
+// -- handing a question over (POST .../delegate) ---------------------------------------------------
+// Who it was handed to, oldest first: each delegate may answer it too.
+function handedView(list) {
+  if (!Array.isArray(list) || !list.length) return [];
+  return [el("ul", { class: "handed-list", "aria-label": "Handed over" }, ...list.map((d) =>
+    el("li", {}, `Handed by ${d.by} to `, el("strong", {}, String(d.to)),
+      d.note ? ` — “${d.note}”` : "", " ", d.at ? when(d.at) : "")))];
+}
+
+function showHanded(node, list) {
+  const slot = node?.querySelector(".handed");
+  const text = JSON.stringify(list || []);
+  if (!slot || slot.dataset.shown === text) return;
+  slot.dataset.shown = text;
+  slot.replaceChildren(...handedView(list));
+}
+
+function handOver(r) {
+  if (linkToken) return null;
+  const to = el("input", { class: "hand", name: "to", required: "", autocomplete: "off",
+    "aria-label": "Hand to: a token name or group:NAME", placeholder: "token name or group:NAME" });
+  const note = el("input", { class: "hand", name: "note", autocomplete: "off",
+    "aria-label": "Note for them", placeholder: "note (why)" });
+  const said = el("p", { class: "error", role: "alert" });
+  const sending = el("form", { class: "hand-form" }, to, note, el("button", { type: "submit" }, "Hand over"));
+  sending.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    said.textContent = "";
+    const path = `v1/requests/${encodeURIComponent(r.request_id)}/delegate?workspace=${encodeURIComponent(r.workspace)}`;
+    try {
+      const doc = await api("POST", path, { to: to.value.trim(), note: note.value });
+      to.value = ""; note.value = "";
+      showHanded(sending.closest(".item"), doc.delegations);
+    } catch (e) { said.textContent = e.message; }
+  });
+  return el("details", { class: "handover" }, el("summary", {}, "Hand over"), sending, said);
+}
+
+// -- one answer for several questions (POST v1/answers) ---------------------------------------------
+// Questions picked on their cards, all of one kind and options (the API checks it again): an
+// answer given on any of them goes to each, and each gets its own result.
+const picked = new Map();  // keyOf -> question
+const shapeOf = (r) => JSON.stringify([r.input_type, r.form, (r.calls || []).map((c) => c.tool_name).sort()]);
+
+function pickBox(r) {
+  if (linkToken || r.sensitive) return null;  // a secret is answered one at a time
+  const box = el("input", { type: "checkbox", class: "pick", "data-shape": shapeOf(r),
+    "aria-label": `Select to answer together: ${r.prompt}`,
+    onchange: () => { if (box.checked) picked.set(keyOf(r), r); else picked.delete(keyOf(r)); showPicked(); } });
+  return el("label", { class: "pick-label" }, box, "select");
+}
+
+function showPicked() {
+  const first = picked.values().next().value;
+  for (const box of document.querySelectorAll("input.pick")) {
+    const other = first && box.dataset.shape !== shapeOf(first);
+    box.disabled = Boolean(other) && !box.checked;
+    box.title = box.disabled ? "another kind of question, or other options, than those selected" : "";
+  }
+  const bar = $("bulk");
+  if (!bar) return;
+  // With nothing selected, the last bulk answer's summary stays until cleared.
+  if (picked.size) {
+    $("bulk-count").textContent = picked.size > 1
+      ? `${picked.size} selected: an answer given on one goes to each of them.`
+      : "1 selected: select more questions like it to answer them together.";
+  }
+  bar.hidden = picked.size === 0 && !$("bulk-count").textContent;
+}
+
+function clearPicked() {
+  picked.clear();
+  for (const box of document.querySelectorAll("input.pick")) box.checked = false;
+  $("bulk-errors").replaceChildren();
+  $("bulk-count").textContent = "";
+  showPicked();
+}
+
+async function sendMany(list, body, error) {
+  error.textContent = "";
+  $("bulk-errors").replaceChildren();
+  const items = list.map((q) => ({ request_id: q.request_id, workspace: q.workspace }));
+  try {
+    const doc = await api("POST", "v1/answers", { items, answer: body });
+    const failed = [];
+    doc.results.forEach((res, i) => {
+      const q = list[i];
+      if (res.status === "accepted") {
+        picked.delete(keyOf(q));
+        const node = document.querySelector(`.item[data-key="${CSS.escape(keyOf(q))}"]`);
+        node?.replaceChildren(el("p", { class: "done", role: "status" }, "Answered. The agent continues."));
+      } else failed.push(el("li", {}, `${q.workspace}: ${res.error} (${res.code})`));
+    });
+    $("bulk-errors").replaceChildren(...failed);
+    $("bulk-count").textContent = `${doc.accepted} answered, ${doc.refused} not.`;
+    showPicked();
+  } catch (e) {
+    error.textContent = e.message;
+  }
 }
 
 function respondents(list) {
@@ -430,6 +581,11 @@ function callView(c) {
 }
 
 async function send(r, body, error, field) {
+  if (!linkToken && picked.size > 1 && picked.has(keyOf(r))) {
+    await sendMany([...picked.values()], body, error);
+    if (field) field.value = "";
+    return;
+  }
   error.textContent = "";
   const path = linkToken
     ? `v1/links/${linkToken}/answer`
@@ -658,6 +814,7 @@ function historyItem(h, byRun) {
   return el("li", { class: `answered ${timedOut(h) ? "timeout" : ""}`, "data-type": "request.answered" },
     el("span", { class: "what" }, ...happened(h)),
     ...editsView(h),
+    ...handedView(h.delegations),
     h.prompt ? el("span", { class: "asked" }, h.prompt) : null,
     el("span", { class: "where" }, h.workspace, " ", runLink(h.workspace, h.run_id, "run view")), when(h.at));
 }
@@ -818,7 +975,7 @@ document.addEventListener("keydown", (ev) => {
   if (button) { ev.preventDefault(); button.click(); return; }
   const act = {
     j: () => move(1), ArrowDown: () => move(1), k: () => move(-1), ArrowUp: () => move(-1),
-    i: () => node?.querySelector("input.answer, textarea, input")?.focus(),
+    i: () => node?.querySelector("input.answer, textarea, input:not(.pick):not(.hand)")?.focus(),
     "/": () => $("f-workspace")?.focus(),
     "?": () => help?.showModal(),
   }[ev.key];
@@ -826,6 +983,7 @@ document.addEventListener("keydown", (ev) => {
 });
 
 $("help-open")?.addEventListener("click", () => $("help").showModal());
+$("bulk-clear")?.addEventListener("click", clearPicked);
 
 // -- a signed link: one question, no login --------------------------------------------------------
 async function loadLink() {
@@ -835,6 +993,7 @@ async function loadLink() {
     selected = keyOf(r);
     $("link-status").textContent = "";
     $("requests").replaceChildren(card(r));
+    dueMarks();
     highlight();
   } catch (e) {
     $("link-status").textContent = e.message;

@@ -1,0 +1,104 @@
+"""Delegation: a respondent hands a question to another token, a group or a person (a token
+name), with a note. Kept in the question's mailbox, `.delta/interaction/delegation.json`, beside
+`request.json` and bound to its `request_id`: it survives restarts, `delta status`, the API and
+the page read it from the disk, and a later question in the same workspace ignores it.
+
+Who may answer after a delegation: the question's respondents *and* every delegate (the
+delegator keeps the right: a hand-over is not a lock-out). A question that names no respondents
+stays open to anyone; its delegation records who is asked to answer. Respondents' rules still
+apply to delegating: only someone who may answer may delegate, and only to a token name or a
+`group:NAME` that the token table knows. A signed link names nobody, so it cannot delegate.
+
+`refusal` is the decision (pure); `delegate` is the shell; handover.py keeps the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from deltad.protocol import Mailbox, Workspace, iso, utcnow
+from deltad.protocol.models import InteractionRequest
+from deltad.protocol.safefs import publish
+
+from .answering import SubmitError, open_question
+from .handover import MAX_DELEGATIONS, Delegation, Record, answerers, path_of, read
+from .respondents import GROUP, Answerer, may_answer
+from .respondents import refusal as respondent_refusal
+
+MAX_NOTE = 2000  # characters
+
+
+class NotAllowed(SubmitError):
+    """Someone who may not answer this question tried to hand it over."""
+
+    code, http = "not_a_respondent", 403
+
+
+class UnknownDelegate(SubmitError):
+    code, http = "unknown_delegate", 422
+
+
+def refusal(
+    respondents: Sequence[str],
+    delegations: Sequence[Delegation],
+    who: Answerer | None,
+    to: str,
+    known: Collection[str],
+    note: str,
+) -> SubmitError | None:
+    """Why `who` may not hand the question to `to`, or None. `known`: the token names and the
+    `group:NAME`s the token table has."""
+    allowed = answerers(respondents, delegations)
+    if who is None:
+        return NotAllowed("a signed link names nobody: log in to hand a question over")
+    if not may_answer(allowed, who):
+        return NotAllowed(f"only {', '.join(allowed)} may hand this question over, not {who.name}")
+    if to not in known:
+        what = "group" if to.startswith(GROUP) else "token"
+        return UnknownDelegate(f"no {what} named {to!r} in the token table")
+    if to == who.name:
+        return UnknownDelegate("a question cannot be handed to the one handing it over")
+    if len(note) > MAX_NOTE:
+        return UnknownDelegate(f"the note is over {MAX_NOTE} characters")
+    if len(delegations) >= MAX_DELEGATIONS:
+        return UnknownDelegate(f"this question was handed over {MAX_DELEGATIONS} times already")
+    return None
+
+
+def delegate(
+    ws: Workspace,
+    request_id: str,
+    to: str,
+    *,
+    who: Answerer | None,
+    known: Collection[str],
+    note: str = "",
+) -> tuple[InteractionRequest, list[Delegation]]:
+    """Hand open question `request_id` to `to`; returns the question and all its hand-overs.
+    Raises a SubmitError (the question is not open, `who` may not, `to` is unknown)."""
+    req = open_question(ws, request_id)
+    had = read(ws, request_id)
+    why = refusal(req.respondents, had, who, to, known, note)
+    if why is not None:
+        raise why
+    assert who is not None
+    now = Delegation(by=who.name, to=to, note=note, at=iso(utcnow()))
+    rec = Record(request_id=request_id, delegations=[*had, now])
+    publish(path_of(ws), (rec.model_dump_json(indent=2) + "\n").encode(), replace=True)
+    return req, rec.delegations
+
+
+def current(ws: Workspace) -> list[Delegation]:
+    """The pending question's hand-overs (none when nothing is pending)."""
+    req = Mailbox(ws).read_request()
+    return read(ws, req.request_id) if req is not None else []
+
+
+def refuse_respondent(ws: Workspace, request_id: str, who: Answerer | None) -> str | None:
+    """The check the answer routes make before submitting: the pending question's respondents
+    and delegates against `who`. A question no longer pending is left to the answering path
+    to report."""
+    req = Mailbox(ws).read_request()
+    if req is None or req.request_id != request_id:
+        return None
+    return respondent_refusal(answerers(req.respondents, read(ws, request_id)), who)

@@ -1,0 +1,247 @@
+"""Approvals bound to the call (protocol/calldigest.py) and the receipts' hash chain
+(daemon/audit.py), from tables: canonical digests, binding, and each kind of tampering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deltad.daemon import audit
+from deltad.daemon.receipts import what_of
+from deltad.protocol import InteractionRequest
+from deltad.protocol.calldigest import DigestMismatch, bind, call_digest, shown_arguments
+from deltad.protocol.models import GatedCall
+from deltad.protocol.replies import CallDecision, Decision
+
+# -- the digest -----------------------------------------------------------------------------
+SAME = [
+    # (call a, call b): the same call, written differently
+    (("deploy", {"env": "prod", "n": 1}), ("deploy", {"n": 1, "env": "prod"})),
+    (("deploy", {"a": {"y": 1, "x": [1, 2]}}), ("deploy", {"a": {"x": [1, 2], "y": 1}})),
+    (("t", {"s": "é"}), ("t", {"s": "\u00e9"})),
+]
+DIFFERENT = [
+    (("deploy", {"env": "prod"}), ("deploy", {"env": "staging"})),
+    (("deploy", {"env": "prod"}), ("deploy_db", {"env": "prod"})),
+    (("deploy", {"n": 1}), ("deploy", {"n": "1"})),
+    (("deploy", {"a": [1, 2]}), ("deploy", {"a": [2, 1]})),
+    (("deploy", {}), ("deploy", {"extra": None})),
+    (("t", {"s": "e\u0301"}), ("t", {"s": "\u00e9"})),  # no Unicode normalisation: bytes
+]
+
+
+@pytest.mark.parametrize(("a", "b"), SAME)
+def test_the_same_call_has_one_digest(a: tuple[str, Any], b: tuple[str, Any]) -> None:
+    assert call_digest(*a) == call_digest(*b)
+
+
+@pytest.mark.parametrize(("a", "b"), DIFFERENT)
+def test_a_different_call_has_another_digest(a: tuple[str, Any], b: tuple[str, Any]) -> None:
+    assert call_digest(*a) != call_digest(*b)
+
+
+def test_the_digest_is_sha256_over_sorted_compact_ascii_json() -> None:
+    import hashlib
+
+    raw = b'{"arguments":{"a":"\\u00e9","b":[1,2.5]},"tool_name":"t"}'
+    assert call_digest("t", {"b": [1, 2.5], "a": "é"}) == (
+        "sha256:" + hashlib.sha256(raw).hexdigest()
+    )
+    assert call_digest("t", {"s": "\ud800"}).startswith("sha256:")  # a lone surrogate: escaped
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [('{"a": 1}', {"a": 1}), ("", {}), ("[1]", {"_raw": [1]}), ("{oops", {"_raw": "{oops"})],
+)
+def test_arguments_as_an_approval_shows_them(raw: str, shown: dict[str, Any]) -> None:
+    assert shown_arguments(raw) == shown
+
+
+def _req(*calls: tuple[str, str, dict[str, Any]]) -> InteractionRequest:
+    return InteractionRequest(
+        prompt="?",
+        input_type="approval",
+        run_id="r",
+        action_id=calls[0][0],
+        calls=[GatedCall(action_id=a, tool_name=t, arguments=args) for a, t, args in calls],
+    )
+
+
+REQ = _req(("c1", "deploy", {"env": "prod"}), ("c2", "wipe", {"disk": "sda"}))
+BINDS = [
+    # (decision, the digest bound: None for none)
+    (
+        CallDecision(action_id="c1", decision=Decision.APPROVE),
+        call_digest("deploy", {"env": "prod"}),
+    ),
+    (
+        CallDecision(action_id="c1", decision=Decision.EDIT, arguments={"env": "dev"}),
+        call_digest("deploy", {"env": "dev"}),
+    ),
+    (CallDecision(action_id="c2", decision=Decision.REJECT, reason="no"), None),
+    (CallDecision(action_id="c2", decision=Decision.CANCEL), None),
+    (  # a digest the answerer sent that is the call's: kept
+        CallDecision(
+            action_id="c2", decision=Decision.APPROVE, digest=call_digest("wipe", {"disk": "sda"})
+        ),
+        call_digest("wipe", {"disk": "sda"}),
+    ),
+    (  # a digest on a rejection means nothing: dropped
+        CallDecision(action_id="c2", decision=Decision.REJECT, digest="sha256:x"),
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("decision", "bound"), BINDS)
+def test_an_approving_decision_binds_the_call_after_edits(
+    decision: CallDecision, bound: str | None
+) -> None:
+    [d] = bind(REQ, [decision])
+    assert d.digest == bound and d.decision == decision.decision
+
+
+def test_a_digest_of_another_call_is_refused_at_answering() -> None:
+    stale = call_digest("wipe", {"disk": "sdb"})  # what the answerer saw, no longer asked
+    with pytest.raises(DigestMismatch, match=r"c2.*changed since it was shown"):
+        bind(REQ, [CallDecision(action_id="c2", decision=Decision.APPROVE, digest=stale)])
+
+
+# -- what a receipt records -------------------------------------------------------------------
+def test_a_receipt_records_each_decision_with_its_digest() -> None:
+    body = {
+        "request_id": REQ.request_id,
+        "decisions": [
+            {"action_id": "c1", "decision": "edit", "arguments": {"env": "dev"}},
+            {"action_id": "c2", "decision": "reject", "reason": "not today"},
+        ],
+    }
+    what, reply = what_of(REQ, "response.json", json.dumps(body))
+    assert reply is not None
+    assert what == {
+        "decisions": [
+            {
+                "action_id": "c1",
+                "tool_name": "deploy",
+                "decision": "edit",
+                "digest": call_digest("deploy", {"env": "dev"}),
+                "arguments": {"env": "dev"},
+            },
+            {"action_id": "c2", "tool_name": "wipe", "decision": "reject", "reason": "not today"},
+        ]
+    }
+    what, _ = what_of(REQ, "response.txt", "approve")  # plain text: bound to the calls asked
+    assert [d["digest"] for d in what["decisions"]] == [
+        call_digest("deploy", {"env": "prod"}),
+        call_digest("wipe", {"disk": "sda"}),
+    ]
+
+
+def test_a_receipt_never_holds_a_secret() -> None:
+    req = InteractionRequest(prompt="key?", input_type="password", run_id="r", action_id="a")
+    what, reply = what_of(req, "response.txt", "hunter2")
+    assert "hunter2" not in json.dumps(what) and reply is None and "secret" in what
+
+
+def test_a_misfit_answer_is_recorded_as_such() -> None:
+    what, reply = what_of(REQ, "response.txt", "perhaps")
+    assert reply is None and "not approve" in what["misfit"]
+
+
+# -- the chain ----------------------------------------------------------------------------------
+def _log(n: int) -> list[bytes]:
+    out, prev = [], audit.GENESIS
+    for i in range(1, n + 1):
+        e = audit.chained(
+            {"kind": "decision", "request_id": f"q{i}", "what": {"answer": i}}, i, prev
+        )
+        out.append(audit.canonical(e) + b"\n")
+        prev = e["hash"]
+    return out
+
+
+def _edit(lines: list[bytes], i: int, rehash: bool) -> list[bytes]:
+    doc = json.loads(lines[i])
+    doc["what"] = {"answer": "forged"}
+    if rehash:
+        doc["hash"] = audit.entry_hash(doc)
+    return [*lines[:i], audit.canonical(doc) + b"\n", *lines[i + 1 :]]
+
+
+TAMPERING = [
+    # (name, tampering, seq named, words of the reason)
+    ("edited", lambda ls: _edit(ls, 2, False), 3, "hash does not match"),
+    ("edited and rehashed", lambda ls: _edit(ls, 2, True), 4, "prev is not"),
+    ("dropped", lambda ls: ls[:2] + ls[3:], 4, "where 3 was expected (an entry was dropped)"),
+    ("dropped first", lambda ls: ls[1:], 2, "where 1 was expected"),
+    ("reordered", lambda ls: [ls[0], ls[2], ls[1], *ls[3:]], 3, "where 2 was expected"),
+    ("repeated", lambda ls: [*ls[:3], ls[2], *ls[3:]], 3, "repeated or moved"),
+    ("reformatted", lambda ls: [*ls[:1], ls[1].replace(b":", b": ", 1), *ls[2:]], 2, "canonical"),
+]
+
+
+@pytest.mark.parametrize(("name", "tamper", "seq", "why"), TAMPERING, ids=[t[0] for t in TAMPERING])
+def test_each_kind_of_tampering_is_named(name: str, tamper: Any, seq: int, why: str) -> None:
+    good = _log(5)
+    assert audit.verify(good).entries == 5
+    with pytest.raises(audit.Broken) as e:
+        audit.verify(tamper(good))
+    assert e.value.seq == seq and why in str(e.value), str(e.value)
+
+
+def test_a_garbage_line_is_named_by_its_line() -> None:
+    with pytest.raises(audit.Broken, match="line 2: not a JSON entry"):
+        audit.verify([_log(1)[0], b"{oops\n"])
+
+
+def test_a_dropped_tail_shows_against_a_recorded_head() -> None:
+    good = _log(5)
+    head = audit.verify(good).head
+    assert audit.verify(good, head=head).head == head
+    assert audit.verify(good + _log(6)[5:], head=head).entries == 6  # grown since: fine
+    with pytest.raises(audit.Broken, match="recorded head"):
+        audit.verify(good[:4], head=head)
+
+
+def test_an_export_since_verifies_from_its_first_entry() -> None:
+    tail = _log(5)[2:]
+    with pytest.raises(audit.Broken, match="where 1 was expected"):
+        audit.verify(tail)
+    v = audit.verify(tail, from_start=False)
+    assert (v.entries, v.first_seq) == (3, 3)
+    with pytest.raises(audit.Broken):
+        audit.verify([tail[0], tail[2]], from_start=False)
+
+
+def test_appends_chain_through_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    for i in range(3):
+        audit.append(path, {"kind": "decision", "i": i})
+    lines = path.read_bytes().splitlines(keepends=True)
+    v = audit.verify(lines)
+    assert (v.entries, v.head) == (3, json.loads(lines[-1])["hash"])
+    assert (path.stat().st_mode & 0o777) == 0o600
+
+
+def test_a_torn_tail_stops_appends_without_writing(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    audit.append(path, {"kind": "decision"})
+    path.write_bytes(path.read_bytes() + b'{"seq":2,')
+    before = path.read_bytes()
+    with pytest.raises(audit.AuditError, match="torn"):
+        audit.append(path, {"kind": "decision"})
+    assert path.read_bytes() == before
+
+
+def test_an_entry_is_bounded() -> None:
+    huge = {"kind": "decision", "what": {"answer": "x" * 100_000}}
+    e = audit.chained(huge, 1, audit.GENESIS)
+    assert len(audit.canonical(e)) <= audit.MAX_ENTRY_BYTES and "100000 chars" in json.dumps(e)
+    many = {"kind": "decision", "what": {"decisions": [{"action_id": str(i)} for i in range(500)]}}
+    e = audit.chained(many, 1, audit.GENESIS)
+    assert len(audit.canonical(e)) <= audit.MAX_ENTRY_BYTES
+    assert e["what"]["more_decisions"] == 500 and len(e["what"]["decisions"]) == 50
