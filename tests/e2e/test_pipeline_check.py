@@ -72,11 +72,11 @@ BAD = {
     "syntax": ("digraph g {\n  start -> \n}\n", ["g.dot:3:1: expected a node id, found '}'"]),
     "undirected": ("graph g {\n  a -- b\n}\n", ["g.dot:1:1: a pipeline is a digraph"]),
     "no start or exit": (
-        "digraph g {\n  work\n}\n",
+        "digraph g {\n  work [label=Work]\n}\n",
         ["g.dot: no start node", "g.dot: no exit node"],
     ),
     "unknown shape": (
-        "digraph g {\n  start [shape=Mdiamond]\n  exit [shape=Msquare]\n  w [shape=star]\n"
+        "digraph g {\n  start [shape=Mdiamond]\n  exit [shape=Msquare]\n  w [shape=star, label=W]\n"
         "  start -> w -> exit\n}\n",
         ["g.dot:4:12: node w: unknown shape 'star'"],
     ),
