@@ -280,7 +280,11 @@ def _attach_feed(svc: Service) -> None:
 
 def _make_executor(svc: Service) -> None:
     """The executor, made (and adopting) before anything else starts: one it cannot make is a
-    config error, one line (`deltad serve` exits 2), not a traceback from the first reconcile."""
+    config error, one line (`deltad serve` exits 2), not a traceback from the first reconcile.
+    Under `ha:` the fleet's daemons sign their jobs with one key, kept beside the lease."""
+    from deltad.executors.remote import use_fleet_key_dir
+
+    use_fleet_key_dir(svc.config.ha.lease.parent if svc.config.ha is not None else None)
     try:
         svc.resumer.executor  # noqa: B018 - made on first use
     except ValueError as e:

@@ -114,24 +114,43 @@ def next_interval(current: float, changed: bool, base: float, cap: float) -> flo
 # -- a key no tenant can forge ------------------------------------------------------------------
 
 
+# A fleet of daemons (HA) shares one key, or each would take the others' jobs for foreign ones
+# and submit them again after a takeover: under `ha:` the key lives beside the lease, in the
+# directory the fleet shares and only root may write (lease.py's trust). Set by the daemon at
+# start (`use_fleet_key_dir`); one daemon per process.
+_fleet_key_dir: Path | None = None
+
+
+def use_fleet_key_dir(directory: Path | None) -> None:
+    global _fleet_key_dir
+    _fleet_key_dir = directory
+
+
 def daemon_secret(state_dir: Path) -> bytes:
-    """This daemon's signing key: `<state_dir>/executor.key`, 32 random bytes, 0600, made on
-    first use. A tenant cannot read it, so a job bearing a valid tag was submitted by this
-    daemon. ValueError (one line) when the file is not this daemon's own."""
-    path = state_dir / SECRET_FILE
+    """This daemon's (its fleet's) signing key: `executor.key` in the HA lease's directory
+    under `ha:`, else in `state_dir`; 32 random bytes, 0600, made on first use (written aside
+    and linked in: a daemon beside never reads it half-written). A tenant cannot read it, so a
+    job bearing a valid tag was submitted by this fleet. ValueError (one line) when the file is
+    not this daemon's own."""
+    path = (_fleet_key_dir or state_dir) / SECRET_FILE
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise ValueError(f"executor key {show_path(path)}: {e.strerror}") from None
-    else:
+    if not os.path.lexists(path):
+        tmp = path.with_name(f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
         try:
-            os.write(fd, secrets.token_bytes(32))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, secrets.token_bytes(32))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)  # the first daemon's key wins; the others read it
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+        except OSError as e:
+            raise ValueError(f"executor key {show_path(path)}: {e.strerror}") from None
     try:
         fd = os.open(path, flags)
     except OSError as e:
