@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from deltad.protocol import Workspace
 from deltad.protocol.live import Live
 from deltad.protocol.process import proc_stat
@@ -53,6 +55,7 @@ def test_a_fifo_or_a_symlink_at_its_name_is_left_alone(tmp_path: Path) -> None:
     assert target.read_text() == "keep"
 
 
+@pytest.mark.linux_only  # /proc
 def test_this_process_is_not_exiting() -> None:
     st = proc_stat(os.getpid())
     assert st is not None and not st.exiting and not st.dead
