@@ -201,9 +201,10 @@ def _act(v: Verdict, busy: bool, mem: Memory, now: Now, rules: Rules, out: list[
             mem = _resume(v, key, "interrupted", busy, mem, now, then)
         out.append(MarkInterrupted(v.run_id, tuple(then)))
         mem = _recheck_mark(mem, now, out)
-    elif mem.mark_tries:
+        return _outage_over(mem, outage)
+    if mem.mark_tries:  # the mark was written (or another took the run): recheck no more
         mem = replace(mem, mark_tries=0)
-    elif v.action is Action.RESUME and v.state is State.EXPIRED:
+    if v.action is Action.RESUME and v.state is State.EXPIRED:
         mem = _resume(v, key, "question_expired", busy, mem, now, out)
     elif v.action is Action.RESUME:
         mem = _resume(v, key, "answer", busy, mem, now, out)
@@ -211,6 +212,10 @@ def _act(v: Verdict, busy: bool, mem: Memory, now: Now, rules: Rules, out: list[
         mem = _retry_model(v, busy, mem, now, rules, out)
     elif v.state is State.INTERRUPTED and rules.auto_resume_interrupted:
         mem = _resume(v, key, "interrupted", busy, mem, now, out)
+    return _outage_over(mem, outage)
+
+
+def _outage_over(mem: Memory, outage: bool) -> Memory:
     if not outage:  # the run moved on (or a person took it): the next outage starts afresh
         mem = replace(mem, model_attempts=0, model_not_before=None, gave_up=False)
     return mem
