@@ -595,9 +595,15 @@ class InboxHost:
 
         self.config = config
         _check_tls(config)
-        who = account(config.user)
-        self.dir = prepare(state_dir, who)
+        # The port first: taken, it is the one line `serve` says, before anything is made
+        # (the inbox's user, its directory) or logged.
         self.sock = bind(config.listen)
+        try:
+            who = account(config.user)
+            self.dir = prepare(state_dir, who)
+        except BaseException:
+            self.sock.close()
+            raise
         self.port = int(self.sock.getsockname()[1])
         self.url = config.base_url(self.port)
         self.context = Context(
