@@ -42,6 +42,11 @@ def build(
 
         ctx = Context(state_dir / "channels" / "email", answer, link, page)
         out.append(EmailChannel(config.email, ctx))
+    if config.slack is not None:
+        from .slack import SlackChannel
+
+        ctx = Context(state_dir / "channels" / "slack", answer, link, page)
+        out.append(SlackChannel(config.slack, ctx))
     return out
 
 
@@ -135,4 +140,10 @@ def start(
 
     hub = Hub(build(config, state_dir, inbox.submit, link, page), feed, quiet_roots)
     hub.start()
+    if isinstance(http, handlers.Context):
+        # What the inbox relays from a channel's own endpoint (Slack's interactions) reaches
+        # the channel here, in the core (deltad/privsep/core.py: `ChannelInteraction`).
+        for c in hub.channels:
+            if (take := getattr(c, "interaction", None)) is not None:
+                http.interactions[c.name] = take
     return hub
