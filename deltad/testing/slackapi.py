@@ -72,10 +72,14 @@ class SlackApi:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
 
     # -- the script ----------------------------------------------------------------------------
-    def fail(self, method: str, error: str | None = None, status: int = 200, times: int = 1) -> None:
+    def fail(
+        self, method: str, error: str | None = None, status: int = 200, times: int = 1
+    ) -> None:
         """The next `times` calls of `method` fail: Slack's `error`, or an HTTP `status`."""
         with self._lock:
             self._faults[method] = _Fault(error, status, times)
@@ -159,9 +163,7 @@ def interaction(
 
     body = urllib.parse.urlencode({"payload": json.dumps(payload)})
     timestamp = str(int(time.time() if at is None else at))
-    signature = SignatureVerifier(signing_secret).generate_signature(
-        timestamp=timestamp, body=body
-    )
+    signature = SignatureVerifier(signing_secret).generate_signature(timestamp=timestamp, body=body)
     headers = {
         "Content-Type": "application/x-www-form-urlencoded",
         "X-Slack-Request-Timestamp": timestamp,

@@ -89,9 +89,7 @@ def _press(button: dict[str, Any], user: str) -> dict[str, Any]:
         "trigger_id": f"trigger-{user}-{time.monotonic_ns()}",
         "channel": {"id": CONVERSATION},
         "container": {"type": "message", "channel_id": CONVERSATION},
-        "actions": [
-            {"type": "button", "action_id": button["action_id"], "value": button["value"]}
-        ],
+        "actions": [{"type": "button", "action_id": button["action_id"], "value": button["value"]}],
     }
 
 

@@ -1,0 +1,358 @@
+"""The Slack channel in-process: Block Kit from the vocabulary of questions (a table over the
+kinds), the answers buttons and modals stand for, the configuration's one-line errors, and
+the channel's sends against the loopback stand-in (deltad/testing/slackapi.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deltad import inbox
+from deltad.api.handlers import ApiError
+from deltad.api.outbox import Delivery
+from deltad.channels import blocks
+from deltad.channels.base import Closed, Context, Question
+from deltad.channels.config import ChannelsConfig, SlackConfig
+from deltad.channels.slack import SlackChannel, ref_of
+from deltad.daemon.config import ConfigError, load_config
+from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace
+from deltad.protocol.models import GatedCall, Option, QuestionContext
+from deltad.protocol.replies import AnswerRejected
+from deltad.testing.slackapi import SlackApi, interaction
+from deltad.testing.stub import paused_workspace
+
+SECRET = "unit-signing-secret"
+
+
+def _req(kind: InputType, **extra: Any) -> InteractionRequest:
+    if kind == InputType.CHOICE:
+        extra.setdefault(
+            "options", [Option(key="S", label="stable"), Option(key="B", label="beta")]
+        )
+    if kind == InputType.APPROVAL:
+        extra.setdefault("calls", [GatedCall(action_id="c1", tool_name="shell",
+                                             resolved_command="rm -rf build")])  # fmt: skip
+    extra.setdefault("prompt", "Go?")
+    return InteractionRequest(input_type=kind, run_id="r1", action_id="a1", **extra)
+
+
+def _message(req: InteractionRequest, page: str | None = None, **q: Any) -> list[dict[str, Any]]:
+    _, message = blocks.question_message(Question(Path("/ws"), req, **q), "f" * 32, 600, page)
+    return message
+
+
+def _buttons(message: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    actions = [b for b in message if b["type"] == "actions"]
+    if not actions:
+        return []
+    return [(e["text"]["text"], e["action_id"], e["value"]) for e in actions[0]["elements"]]
+
+
+# -- Block Kit from the kinds ---------------------------------------------------------------
+ANSWERS, OPENS = blocks.ANSWER, blocks.OPEN
+REF = "f" * 32
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "expected"),
+    [
+        (InputType.YES_NO, {}, [("Yes", ANSWERS, f"{REF}:y"), ("No", ANSWERS, f"{REF}:n")]),
+        (InputType.CONFIRMATION, {}, [("Yes", ANSWERS, f"{REF}:y"), ("No", ANSWERS, f"{REF}:n")]),
+        (InputType.CHOICE, {}, [("stable", ANSWERS, f"{REF}:S"), ("beta", ANSWERS, f"{REF}:B")]),
+        (InputType.APPROVAL, {}, [("Approve", ANSWERS, f"{REF}:a"),
+                                  ("Reject…", OPENS, f"{REF}:r"),
+                                  ("Cancel run", ANSWERS, f"{REF}:c")]),
+        (InputType.TEXT, {}, [("Answer…", OPENS, f"{REF}:")]),
+        (InputType.NUMBER, {"minimum": 1, "maximum": 9}, [("Answer…", OPENS, f"{REF}:")]),
+        (InputType.DATE, {}, [("Answer…", OPENS, f"{REF}:")]),
+        (InputType.PASSWORD, {}, []),
+        (InputType.TEXT, {"sensitive": True}, []),  # a secret: the page only
+    ],
+)  # fmt: skip
+def test_buttons_come_from_the_kind(
+    kind: InputType, extra: dict[str, Any], expected: list[tuple[str, str, str]]
+) -> None:
+    req = _req(kind, **extra)
+    message = _message(req)
+    assert _buttons(message) == expected
+    if req.is_secret:
+        assert "answered on the page, never here" in json.dumps(message)
+    # Every button the message shows answers through the question itself, rebuilt from it.
+    for _, action, value in expected:
+        key = value.split(":")[1]
+        if action == ANSWERS:
+            assert blocks.answer_of(req, key) is not None
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "key", "element", "check"),
+    [
+        (InputType.TEXT, {}, "", "plain_text_input", {"multiline": True}),
+        (InputType.NUMBER, {"minimum": 1, "maximum": 9.5}, "", "number_input",
+         {"min_value": "1", "max_value": "9.5", "is_decimal_allowed": True}),
+        (InputType.DATE, {"default": "2026-12-01"}, "", "datepicker",
+         {"initial_date": "2026-12-01"}),
+        (InputType.APPROVAL, {}, "r", "plain_text_input", {"multiline": True}),
+    ],
+)  # fmt: skip
+def test_a_modal_asks_by_the_kind(
+    kind: InputType, extra: dict[str, Any], key: str, element: str, check: dict[str, Any]
+) -> None:
+    view = blocks.modal(_req(kind, **extra), REF, key)
+    assert view["callback_id"] == blocks.MODAL and view["private_metadata"] == f"{REF}:{key}"
+    [field] = [b for b in view["blocks"] if b["type"] == "input"]
+    assert field["element"]["type"] == element
+    assert check.items() <= field["element"].items()
+    assert field["optional"] == (key == "r")  # a reason is optional; an answer is not
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "state", "expected"),
+    [
+        (InputType.YES_NO, "y", None, {"answer": "yes"}),
+        (InputType.CHOICE, "B", None, {"answer": "B"}),
+        (InputType.APPROVAL, "a", None,
+         {"decisions": [{"action_id": "c1", "decision": "approve"}]}),
+        (InputType.APPROVAL, "c", None,
+         {"decisions": [{"action_id": "c1", "decision": "cancel"}]}),
+        (InputType.APPROVAL, "r", {"type": "plain_text_input", "value": " not now "},
+         {"decisions": [{"action_id": "c1", "decision": "reject", "reason": "not now"}]}),
+        (InputType.APPROVAL, "r", {"type": "plain_text_input", "value": None},
+         {"decisions": [{"action_id": "c1", "decision": "reject"}]}),
+        (InputType.TEXT, "", {"type": "plain_text_input", "value": "hello"}, {"answer": "hello"}),
+        (InputType.NUMBER, "", {"type": "number_input", "value": "4.5"}, {"answer": "4.5"}),
+        (InputType.DATE, "", {"type": "datepicker", "selected_date": "2026-12-01"},
+         {"answer": "2026-12-01"}),
+    ],
+)  # fmt: skip
+def test_what_a_button_or_a_modal_answers(
+    kind: InputType, key: str, state: dict[str, Any] | None, expected: dict[str, Any]
+) -> None:
+    req = _req(kind)
+    if state is None:
+        got = blocks.answer_of(req, key)
+    else:
+        values = {blocks.INPUT_BLOCK: {blocks.INPUT_ACTION: state}}
+        got = blocks.submitted(req, key, values)
+    assert got.model_dump(exclude_none=True, mode="json") == expected
+
+
+@pytest.mark.parametrize(
+    ("kind", "key"),
+    [(InputType.YES_NO, "x"), (InputType.APPROVAL, "e"), (InputType.TEXT, "y")],
+)
+def test_a_button_the_question_does_not_have_is_refused(kind: InputType, key: str) -> None:
+    with pytest.raises(AnswerRejected):  # a hand-made payload, or edit (the page's)
+        blocks.answer_of(_req(kind), key)
+
+
+def test_context_is_cut_and_mrkdwn_escaped() -> None:
+    ctx = QuestionContext(task="t" * 5000, last_message="<!channel> & *bold*")
+    req = _req(InputType.YES_NO, context=ctx)
+    text = json.dumps(_message(req, page="https://inbox/#request=x"), ensure_ascii=False)
+    assert "t" * 600 not in text and "t" * 599 + "…" in text
+    assert "&lt;!channel&gt; &amp; *bold*" in text and "<!channel>" not in text
+    assert '"url": "https://inbox/#request=x"' in text
+    for b in _message(_req(InputType.TEXT, prompt="p" * 9000)):
+        if b["type"] == "section":
+            assert len(b["text"]["text"]) <= 3000
+
+
+def test_a_closed_message_says_who_how_and_when() -> None:
+    at = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+    c = Closed(Path("/ws"), "r", "answered", "carol", "http")
+    for closed, user, line in [
+        (c, None, "Answered by carol (http) at 2026-11-27 12:00:00 UTC."),
+        (c, "U0ALICE", "Answered by <@U0ALICE> in Slack at 2026-11-27 12:00:00 UTC."),
+        (Closed(Path("/ws"), "r", "expired"), None, "Expired at 2026-11-27 12:00:00 UTC"),
+    ]:
+        _, message = blocks.closed_message("Go?", closed, at, user)
+        assert line in json.dumps(message)
+        assert "actions" not in [b["type"] for b in message]
+
+
+# -- configuration --------------------------------------------------------------------------
+GOOD = {
+    "token": {"secret_env": "SLACK_TOKEN"},
+    "signing_secret": {"secret_env": "SLACK_SIGNING"},
+    "channel": "C0123ABCD",
+}
+
+
+@pytest.mark.parametrize(
+    ("slack", "message"),
+    [
+        ({"colour": "red"}, "channels.slack.colour: unknown key"),
+        ({"token": "xoxb-inline"}, "channels.slack.token"),  # never written inline
+        ({"channel": "#general"}, "is not a Slack conversation id"),
+        ({"channel": None}, "give a channel, or dm: true"),
+        ({"users": {"alice": "alice"}}, "is not a Slack user id"),
+        ({"api_url": "ftp://x"}, "is not an http(s) URL"),
+        ({"context_chars": 5000}, "channels.slack.context_chars"),
+    ],
+)
+def test_a_bad_slack_key_is_one_line(tmp_path: Path, slack: dict[str, Any], message: str) -> None:
+    path = tmp_path / "deltad.yaml"
+    path.write_text(
+        json.dumps({"roots": [str(tmp_path)], "channels": {"slack": {**GOOD, **slack}}})
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    path.write_text(json.dumps({"roots": [str(tmp_path)], "channels": {"slack": GOOD}}))
+    assert load_config(path).channels is not None
+
+
+def test_the_documented_slack_example_is_valid() -> None:
+    text = (Path(__file__).resolve().parents[2] / "config" / "deltad.yaml").read_text()
+    block = text[text.index("# channels:\n") :].split("\n\n")[0]
+    doc = yaml.safe_load("\n".join(line.removeprefix("# ") for line in block.splitlines()))
+    slack = ChannelsConfig.model_validate(doc["channels"]).slack
+    assert slack is not None and slack.person("U0BOB") is not None
+
+
+# -- the channel, in-process ----------------------------------------------------------------
+def _channel(tmp: Path, api: SlackApi, **over: Any) -> SlackChannel:
+    (tmp / "token").write_text("xoxb-unit\n")
+    (tmp / "signing").write_text(SECRET)
+    config = SlackConfig.model_validate(
+        {
+            "token": {"secret_file": str(tmp / "token")},
+            "signing_secret": {"secret_file": str(tmp / "signing")},
+            "channel": "C0DELTAD",
+            "dm": True,
+            "users": {"U0ALICE": "alice", "U0BOB": {"name": "bob", "groups": ["ops"]}},
+            "api_url": api.url,
+            **over,
+        }
+    )
+    return SlackChannel(config, Context(tmp / "state", inbox.submit))
+
+
+def _ask(tmp: Path, ch: SlackChannel, **question: Any) -> tuple[Path, str]:
+    ws = tmp / "ws"
+    paused_workspace(ws, prompt="Deploy?", **question)
+    req = Mailbox(Workspace.at(ws)).read_request()
+    assert req is not None
+    ch.send(Question(ws, req, "the task"))
+    return ws, req.request_id
+
+
+def _drain(ch: SlackChannel) -> list[str | None]:
+    """Every queued delivery sent once, in order: what each attempt said (None: sent)."""
+    found, _ = ch.courier.outbox.load()
+    out = []
+    for d in sorted(found, key=lambda d: d.event_id):
+        failed = ch._deliver(d)
+        out.append(None if failed is None else f"{failed.why}|{failed.permanent}")
+        ch.courier.outbox.remove(d)
+    return out
+
+
+def test_posts_go_to_the_conversation_and_to_each_allowed_person(tmp_path: Path) -> None:
+    with SlackApi(token="xoxb-unit") as api:
+        ch = _channel(tmp_path, api)
+        ws, request_id = _ask(tmp_path, ch, input_type="yes_no", respondents=["group:ops"])
+        ch.send(Question(ws, Mailbox(Workspace.at(ws)).read_request(), "again"))  # type: ignore[arg-type]
+        assert _drain(ch) == [None, None]  # once, however often told: C0DELTAD and bob's DM
+        posts = api.calls("chat.postMessage")
+        assert [c.args["channel"] for c in posts] == ["C0DELTAD", "U0BOB"]
+        ch.withdraw(Closed(ws, request_id, "answered", "carol", "http"))
+        assert _drain(ch) == [None]
+        updates = api.calls("chat.update")
+        assert [(u.args["channel"], u.args["ts"]) for u in updates] == [
+            (p.result["channel"], p.result["ts"]) for p in posts
+        ]
+        assert "Answered by carol (http)" in json.dumps(updates[0].args["blocks"])
+
+
+def test_a_question_closed_before_it_was_posted_is_posted_closed(tmp_path: Path) -> None:
+    with SlackApi(token="xoxb-unit") as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ws, request_id = _ask(tmp_path, ch, input_type="yes_no")
+        ch.withdraw(Closed(ws, request_id, "expired"))
+        assert _drain(ch) == [None, None]
+        [post] = api.calls("chat.postMessage")
+        assert "Expired at" in json.dumps(post.args["blocks"])
+
+
+def test_slack_errors_retry_or_go_to_the_dead_letter(tmp_path: Path) -> None:
+    with SlackApi(token="xoxb-unit") as api:
+        ch = _channel(tmp_path, api, dm=False)
+        _ask(tmp_path, ch, input_type="yes_no")
+        found, _ = ch.courier.outbox.load()
+        [d] = found
+        api.fail("chat.postMessage", "channel_not_found")
+        assert ch._deliver(d) is not None and ch._deliver(d) is None  # failed, then sent
+        api.fail("chat.postMessage", "channel_not_found")
+        failed = ch._deliver(d)
+        assert failed is not None and failed.permanent and "channel_not_found" in failed.why
+        api.fail("chat.postMessage", "ratelimited")
+        failed = ch._deliver(d)
+        assert failed is not None and not failed.permanent
+        api.fail("chat.postMessage", status=503)
+        failed = ch._deliver(d)
+        assert failed is not None and not failed.permanent
+        (tmp_path / "other").mkdir()
+        bad = _channel(tmp_path / "other", api, dm=False)
+        bad.client.token = "xoxb-wrong"
+        failed = bad._deliver(Delivery("m", 1, "question", "C0DELTAD", d.body, 0, 0))
+        assert failed is not None and failed.permanent and "invalid_auth" in failed.why
+
+
+def test_signatures_are_checked_before_anything_is_read(tmp_path: Path) -> None:
+    with SlackApi() as api:
+        ch = _channel(tmp_path, api)
+        payload = {"type": "block_actions", "user": {"id": "U0ALICE"}, "actions": []}
+        body, h = interaction(payload, SECRET)
+        ts, sig = h["X-Slack-Request-Timestamp"], h["X-Slack-Signature"]
+        assert ch.interaction(body, ts, sig) == {"response": None}
+        for args, code in [
+            ((body + "x", ts, sig), "bad_signature"),
+            ((body, ts, "v0=" + "0" * 64), "bad_signature"),
+            ((body, str(int(time.time()) - 301), sig), "stale_request"),
+            ((body, "not-a-time", sig), "stale_request"),
+        ]:
+            with pytest.raises(ApiError) as e:
+                ch.interaction(*args)
+            assert e.value.code == code and e.value.http == 401
+        junk, h = interaction({"type": "block_actions"}, SECRET)  # no user: not a payload
+        with pytest.raises(ApiError) as e:
+            ch.interaction(junk, h["X-Slack-Request-Timestamp"], h["X-Slack-Signature"])
+        assert e.value.http == 400
+
+
+def test_an_unknown_or_closed_question_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    with SlackApi() as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ws, request_id = _ask(tmp_path, ch, input_type="yes_no")
+        ref = ref_of(str(ws), request_id)
+
+        def press(value: str, user: str = "U0ALICE") -> str:
+            payload = {
+                "type": "block_actions",
+                "user": {"id": user},
+                "channel": {"id": "C0DELTAD"},
+                "actions": [{"action_id": blocks.ANSWER, "value": value}],
+            }
+            body, h = interaction(payload, SECRET)
+            got = ch.interaction(body, h["X-Slack-Request-Timestamp"], h["X-Slack-Signature"])
+            return str((got["response"] or {}).get("text"))
+
+        assert "names no question" in press("nonsense:y")
+        assert "names no question" in press("0" * 32 + ":y")
+        assert "no button 'x'" in press(f"{ref}:x")
+        ch.withdraw(Closed(ws, request_id, "expired"))
+        assert "expired" in press(f"{ref}:y")
+        box = ws / ".delta" / "interaction"
+        assert not (box / "response.json").exists()
+        ephemeral = [
+            json.loads(d.body) for d in ch.courier.outbox.load()[0] if d.event == "ephemeral"
+        ]
+        assert len(ephemeral) == 4 and all(e["user"] == "U0ALICE" for e in ephemeral)
