@@ -212,7 +212,7 @@ class SlackChannel(Channel):
         )
         self.verifier = SignatureVerifier(config.signing_secret.read().decode())
         self.records = Records(ctx.state_dir / "messages")
-        self.courier = Courier("slack", ctx.state_dir, config.outbox, self._deliver)
+        self.courier = Courier("slack", ctx.state_dir, config.outbox, self._deliver, ctx.sends)
 
     # -- the interface ----------------------------------------------------------------------
     def start(self) -> None:

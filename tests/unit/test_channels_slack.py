@@ -356,3 +356,29 @@ def test_an_unknown_or_closed_question_is_refused_and_changes_nothing(tmp_path: 
             json.loads(d.body) for d in ch.courier.outbox.load()[0] if d.event == "ephemeral"
         ]
         assert len(ephemeral) == 4 and all(e["user"] == "U0ALICE" for e in ephemeral)
+
+
+def test_sends_are_counted_by_channel_and_result(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, Counter
+
+    registry = CollectorRegistry()
+    sends = Counter("deltad_channel_sends", "", ["channel", "result"], registry=registry)
+    with SlackApi(token="xoxb-unit") as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ch.courier.counted = sends
+        _ask(tmp_path, ch, input_type="yes_no")
+        api.fail("chat.postMessage", "ratelimited")
+        found, _ = ch.courier.outbox.load()
+        [d] = found
+        ch.courier._attempt(d)  # a retry
+        ch.courier._attempt(ch.courier._pending[d.msg_id])  # sent
+        ch.withdraw(Closed(tmp_path / "ws", "r", "expired"))  # never posted here: nothing
+        assert ch.courier.waiting() == 0
+
+    def count(result: str) -> float:
+        got = registry.get_sample_value(
+            "deltad_channel_sends_total", {"channel": "slack", "result": result}
+        )
+        return got or 0.0
+
+    assert (count("retry"), count("sent"), count("dead")) == (1.0, 1.0, 0.0)
