@@ -62,6 +62,8 @@ log = structlog.get_logger("deltad.channels.slack")
 WINDOW = 5 * 60  # seconds a signed request's timestamp may be off (Slack's own rule)
 BODY_MAX = 256 * 1024  # bytes of an interaction's body (the inbox cuts it off at this too)
 RECORD_MAX = 64 * 1024
+KEEP_CLOSED = 30 * 86400.0  # seconds a closed question's record is kept (a late click is told)
+PRUNE_EVERY = 3600.0
 OPEN_SECONDS = 2.5  # a trigger_id lives 3 s: views.open is tried once, at once
 # Web API errors that a retry cannot mend: straight to the dead letter.
 PERMANENT = frozenset(
@@ -188,6 +190,20 @@ class Records:
     def put(self, ref: str, doc: dict[str, Any]) -> None:
         atomic_write_json(self.dir / f"{ref}.json", doc)
 
+    def prune(self, now: float) -> int:
+        """Records of questions closed more than KEEP_CLOSED ago, removed; how many."""
+        gone = 0
+        with self.lock:
+            for entry in os.scandir(self.dir):
+                ref = entry.name.removesuffix(".json")
+                doc = self.get(ref) if entry.name.endswith(".json") else None
+                closed = doc.get("closed") if doc is not None else None
+                if isinstance(closed, dict) and now - float(closed.get("at", now)) > KEEP_CLOSED:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                        gone += 1
+        return gone
+
     def change(self, ref: str, **fields: Any) -> dict[str, Any] | None:
         with self.lock:
             doc = self.get(ref)
@@ -212,6 +228,7 @@ class SlackChannel(Channel):
         )
         self.verifier = SignatureVerifier(config.signing_secret.read().decode())
         self.records = Records(ctx.state_dir / "messages")
+        self._pruned = 0.0
         self.courier = Courier("slack", ctx.state_dir, config.outbox, self._deliver, ctx.sends)
 
     # -- the interface ----------------------------------------------------------------------
@@ -234,6 +251,9 @@ class SlackChannel(Channel):
 
     def send(self, question: Question) -> None:
         r = question.request
+        if (now := time.time()) - self._pruned > PRUNE_EVERY:  # on the intake thread, hourly
+            self._pruned = now
+            self.records.prune(now)
         shown = show_path(str(question.workspace))
         ref = ref_of(shown, r.request_id)
         with self.records.lock:

@@ -382,3 +382,13 @@ def test_sends_are_counted_by_channel_and_result(tmp_path: Path) -> None:
         return got or 0.0
 
     assert (count("retry"), count("sent"), count("dead")) == (1.0, 1.0, 0.0)
+
+
+def test_records_of_long_closed_questions_are_pruned(tmp_path: Path) -> None:
+    with SlackApi() as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ws, request_id = _ask(tmp_path, ch, input_type="yes_no")
+        ch.withdraw(Closed(ws, request_id, "expired"))
+        assert ch.records.prune(time.time() + 86400) == 0  # a late click is still told why
+        assert ch.records.prune(time.time() + 31 * 86400) == 1
+        assert ch.records.get(ref_of(str(ws), request_id)) is None
