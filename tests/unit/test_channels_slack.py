@@ -392,3 +392,37 @@ def test_records_of_long_closed_questions_are_pruned(tmp_path: Path) -> None:
         assert ch.records.prune(time.time() + 86400) == 0  # a late click is still told why
         assert ch.records.prune(time.time() + 31 * 86400) == 1
         assert ch.records.get(ref_of(str(ws), request_id)) is None
+
+
+# -- the relay: the inbox's call, the core's dispatch ---------------------------------------
+def test_the_core_takes_a_relayed_interaction_only_for_a_configured_channel(
+    tmp_path: Path,
+) -> None:
+    from deltad.api.config import HttpConfig
+    from deltad.api.handlers import Context as HttpContext
+    from deltad.api.tokens import TokenStore
+    from deltad.inbox.feed import Feed
+    from deltad.privsep import core, wire
+
+    ctx = HttpContext(
+        feed=Feed(10), tokens=TokenStore(tmp_path), config=HttpConfig(), link_key=b"k"
+    )
+    frame = {"op": "channel_interaction", "id": 1, "channel": "slack", "body": "payload=x"}
+    call = core.decode(json.dumps({**frame, "timestamp": "1", "signature": "v0=0"}).encode())
+    assert isinstance(call, wire.ChannelInteraction)
+    with pytest.raises(ApiError) as e:
+        core.execute(ctx, call)
+    assert e.value.http == 404 and "slack channel is not configured" in str(e.value)
+    seen: list[tuple[str, str, str]] = []
+    ctx.interactions["slack"] = lambda *a: seen.append(a) or {"response": None}
+    assert core.execute(ctx, call) == {"response": None}
+    assert seen == [("payload=x", "1", "v0=0")]
+    for bad, why in [
+        ({"channel": "email"}, "channel"),
+        ({"body": "x" * (wire.CHANNEL_BODY_MAX + 1)}, "body"),
+        ({"signature": "s" * 300}, "signature"),
+        ({"token": "alice"}, "Extra inputs"),
+    ]:
+        raw = json.dumps({**frame, "timestamp": "1", "signature": "v0=0", **bad}).encode()
+        got = core.decode(raw)
+        assert isinstance(got, str) and why in got, got
