@@ -1,4 +1,4 @@
-"""The one channel model: each channel (email today) is a plug-in of this small interface.
+"""The one channel model: each channel (email, slack) is a plug-in of this small interface.
 
 A channel is told of questions and of their end by the hub (deltad/channels/hub.py), which
 listens to the daemon's feed on a thread of its own, and takes answers in on threads of its
