@@ -426,3 +426,69 @@ def test_the_core_takes_a_relayed_interaction_only_for_a_configured_channel(
         raw = json.dumps({**frame, "timestamp": "1", "signature": "v0=0", **bad}).encode()
         got = core.decode(raw)
         assert isinstance(got, str) and why in got, got
+
+
+# -- an approval, in-process: approve at once; reject with a reason through a modal ---------
+def _interact(ch: SlackChannel, payload: dict[str, Any]) -> dict[str, Any] | None:
+    body, h = interaction(payload, SECRET)
+    got = ch.interaction(body, h["X-Slack-Request-Timestamp"], h["X-Slack-Signature"])
+    response: dict[str, Any] | None = got["response"]
+    return response
+
+
+def _press(value: str, action: str, user: str = "U0BOB") -> dict[str, Any]:
+    return {
+        "type": "block_actions",
+        "user": {"id": user},
+        "trigger_id": "t-1",
+        "channel": {"id": "C0DELTAD"},
+        "actions": [{"action_id": action, "value": value}],
+    }
+
+
+CALL = {"action_id": "c1", "tool_name": "shell", "arguments": {"cmd": "make deploy"}}
+
+
+@pytest.mark.parametrize("reject", [False, True])
+def test_an_approval_is_decided_for_every_call_and_bound_to_it(
+    tmp_path: Path, reject: bool
+) -> None:
+    with SlackApi() as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ws, request_id = _ask(
+            tmp_path, ch, input_type="approval", calls=[CALL], respondents=["group:ops"]
+        )
+        ref = ref_of(str(ws), request_id)
+        assert "make deploy" in json.dumps(json.loads(ch.courier.outbox.load()[0][0].body))
+        # alice is mapped but not in group ops: refused before any form opens
+        refused = _interact(ch, _press(f"{ref}:r", blocks.OPEN, user="U0ALICE"))
+        assert refused is not None and "only group:ops may answer" in refused["text"]
+        if reject:
+            assert _interact(ch, _press(f"{ref}:r", blocks.OPEN)) is None
+            [opened] = api.calls("views.open")
+            view = opened.args["view"]
+            reason = {"type": "plain_text_input", "value": "not on a Friday"}
+            values = {blocks.INPUT_BLOCK: {blocks.INPUT_ACTION: reason}}
+            submission = {
+                "type": "view_submission",
+                "user": {"id": "U0BOB"},
+                "view": {
+                    "callback_id": view["callback_id"],
+                    "private_metadata": view["private_metadata"],
+                    "state": {"values": values},
+                },
+            }
+            assert _interact(ch, submission) is None
+        else:
+            assert _interact(ch, _press(f"{ref}:a", blocks.ANSWER)) is None
+            assert api.calls("views.open") == []
+        doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+        assert (doc["channel"], doc["answered_by"]) == ("slack", "U0BOB")
+        [decision] = doc["decisions"]
+        assert decision["decision"] == ("reject" if reject else "approve")
+        if reject:
+            assert decision["reason"] == "not on a Friday"
+        else:  # bound to the exact call approved (protocol/calldigest.py)
+            assert decision["digest"].startswith("sha256:")
+        again = _interact(ch, _press(f"{ref}:a", blocks.ANSWER))
+        assert again is not None and "already answered by <@U0BOB>" in again["text"]
