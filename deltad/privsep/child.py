@@ -30,11 +30,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
-import anyio
 import structlog
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from deltad import logs
 from deltad.api import sessions
@@ -298,7 +298,7 @@ def channel_routes(app: FastAPI, remote: Remote) -> None:
             body = (await request.body()).decode()
         except UnicodeDecodeError:
             raise ApiError(400, "bad_payload", "not a Slack interaction payload") from None
-        result = await anyio.to_thread.run_sync(
+        result = await run_in_threadpool(
             remote.channel_interaction, "slack", body, timestamp, signature
         )
         if (response := result.get("response")) is None:
