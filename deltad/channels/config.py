@@ -159,6 +159,8 @@ class SlackConfig(_Strict):
     def _somewhere(self) -> SlackConfig:
         if self.channel is None and not self.dm:
             raise ValueError("give a channel, or dm: true (or both)")
+        if self.channel is None and not self.users:
+            raise ValueError("dm: true without a channel needs users (nobody would be asked)")
         return self
 
     def person(self, user: str) -> Person | None:

@@ -192,6 +192,7 @@ GOOD = {
         ({"token": "xoxb-inline"}, "channels.slack.token"),  # never written inline
         ({"channel": "#general"}, "is not a Slack conversation id"),
         ({"channel": None}, "give a channel, or dm: true"),
+        ({"channel": None, "dm": True}, "needs users"),
         ({"users": {"alice": "alice"}}, "is not a Slack user id"),
         ({"api_url": "ftp://x"}, "is not an http(s) URL"),
         ({"context_chars": 5000}, "channels.slack.context_chars"),
