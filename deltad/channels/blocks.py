@@ -19,6 +19,7 @@ answering path, and who pressed it is what Slack signed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -216,7 +217,7 @@ def modal(req: InteractionRequest, ref: str, key: str) -> dict[str, Any]:
             element["max_value"] = f"{req.maximum:g}"
     elif req.input_type == InputType.DATE:
         element = {"type": "datepicker", "action_id": INPUT_ACTION}
-        if req.default:
+        if req.default and re.fullmatch(r"\d{4}-\d{2}-\d{2}", req.default):
             element["initial_date"] = req.default
     else:
         element = {

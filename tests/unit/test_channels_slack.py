@@ -493,3 +493,34 @@ def test_an_approval_is_decided_for_every_call_and_bound_to_it(
             assert decision["digest"].startswith("sha256:")
         again = _interact(ch, _press(f"{ref}:a", blocks.ANSWER))
         assert again is not None and "already answered by <@U0BOB>" in again["text"]
+
+
+@pytest.mark.parametrize("kind", list(InputType))
+def test_every_kind_makes_blocks_slacks_own_models_accept(kind: InputType) -> None:
+    """slack_sdk's Block Kit models (their length and count rules) as the judge, with every
+    text at its longest."""
+    from slack_sdk.models.blocks import Block
+    from slack_sdk.models.views import View
+
+    options = [Option(key=k, label=f"option {k} " * 20) for k in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"]
+    calls = [GatedCall(action_id=f"c{i}", tool_name="t" * 300, arguments={"a": "x" * 900})
+             for i in range(30)]  # fmt: skip
+    req = _req(
+        kind,
+        prompt="<why> & " * 1000,
+        context=QuestionContext(task="t" * 9000, last_message="m" * 9000),
+        minimum=1,
+        maximum=3,
+        default="not a date",
+        **({"options": options} if kind == InputType.CHOICE else {}),
+        **({"calls": calls} if kind == InputType.APPROVAL else {}),
+    )
+    _, message = blocks.question_message(Question(Path("/ws"), req, "x"), REF, 2900, "https://i/")
+    for b in message:
+        Block.parse(b).validate_json()  # type: ignore[union-attr]
+    for key in ("", "r"):
+        View(**blocks.modal(req, REF, key)).validate_json()
+    closed = Closed(Path("/ws"), "r", "answered", "a" * 500, "http")
+    _, done = blocks.closed_message(req.prompt, closed, datetime.now(UTC), None)
+    for b in done:
+        Block.parse(b).validate_json()  # type: ignore[union-attr]
