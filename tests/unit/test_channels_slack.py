@@ -524,3 +524,12 @@ def test_every_kind_makes_blocks_slacks_own_models_accept(kind: InputType) -> No
     _, done = blocks.closed_message(req.prompt, closed, datetime.now(UTC), None)
     for b in done:
         Block.parse(b).validate_json()  # type: ignore[union-attr]
+
+
+def test_the_endpoint_takes_no_token_and_a_capped_body() -> None:
+    from deltad.api import limits
+
+    rule = limits.rule_for("POST", "/v1/channels/slack/interactions")
+    assert rule == limits.Rule("none", 256 * 1024)  # Slack's signature is its credential
+    assert limits.rule_for("POST", "/v1/channels/slack").credential == "token"
+    assert limits.rule_for("GET", "/v1/channels/slack/interactions").credential == "token"
