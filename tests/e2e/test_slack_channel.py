@@ -125,7 +125,7 @@ def test_a_button_answers_once_and_the_message_says_who(
         assert r.status_code == 200, r.text
         wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
         assert "beta" in fake.tool_results()["q"]
-        [answered] = daemon.events("slack_answered", request_id=request_id)
+        [answered] = daemon.wait_event("slack_answered", request_id=request_id)
         assert answered["answered_by"] == ALICE
 
         # Pressed again (a replay, a second person): refused with the reason, nothing changes.
