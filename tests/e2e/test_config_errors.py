@@ -57,11 +57,11 @@ def _garbage_tls(tmp: Path) -> dict[str, Any]:
 
 def _slack(**over: Any) -> dict[str, Any]:
     return {
-        "token": {"secret_env": "HOME"},  # set in every environment: a readable stand-in
+        "token": {"secret_env": "DELTAD_TEST_SLACK"},  # set by the case (`env`)
         "signing_secret": {"secret_file": "/nonexistent/slack-signing"},
         "channel": "C0123ABCD",
         **over,
-    }
+    }  # the key's own checks (an inline token, ids, URLs): tests/unit/test_channels_slack.py
 
 
 KUBE = {"image": "registry.example/deltad:1", "pvc": "workspaces", "mount_path": "/srv/ws"}
@@ -159,20 +159,17 @@ CASES: dict[str, Case] = {
         as_nobody=True,
     ),
     # channels: slack (the secrets read, the inbox its interactions need)
-    "slack token inline": Case(
-        lambda tmp: {
-            "http": {"listen": "127.0.0.1:0"},
-            "channels": {"slack": _slack(token="xoxb-inline")},
-        },
-        "channels.slack.token: ",
-    ),
     "slack secret file missing": Case(
         lambda tmp: {"http": {"listen": "127.0.0.1:0"}, "channels": {"slack": _slack()}},
         "channels.slack.signing_secret.secret_file: /nonexistent/slack-signing",
+        env={"DELTAD_TEST_SLACK": "xoxb-test"},
     ),
     "slack without http": Case(
-        lambda tmp: {"channels": {"slack": _slack(signing_secret={"secret_env": "HOME"})}},
+        lambda tmp: {
+            "channels": {"slack": _slack(signing_secret={"secret_env": "DELTAD_TEST_SLACK"})}
+        },
         "channels.slack: needs http",
+        env={"DELTAD_TEST_SLACK": "xoxb-test"},
     ),
     # the inbox
     "http key misspelt": Case(
