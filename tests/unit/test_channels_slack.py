@@ -533,3 +533,13 @@ def test_the_endpoint_takes_no_token_and_a_capped_body() -> None:
     assert rule == limits.Rule("none", 256 * 1024)  # Slack's signature is its credential
     assert limits.rule_for("POST", "/v1/channels/slack").credential == "token"
     assert limits.rule_for("GET", "/v1/channels/slack/interactions").credential == "token"
+
+
+def test_a_form_slack_would_not_open_is_said_and_changes_nothing(tmp_path: Path) -> None:
+    with SlackApi() as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ws, request_id = _ask(tmp_path, ch, input_type="text")
+        api.fail("views.open", "expired_trigger_id")  # a trigger lives 3 s
+        said = _interact(ch, _press(f"{ref_of(str(ws), request_id)}:", blocks.OPEN, "U0ALICE"))
+        assert said is not None and "could not be opened; try again" in said["text"]
+        assert not (ws / ".delta" / "interaction" / "response.json").exists()
