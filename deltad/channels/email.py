@@ -74,7 +74,7 @@ class EmailChannel(Channel):
         smtp = config.smtp
         self.password = smtp.password.read().decode() if smtp.password is not None else None
         self.tls = ssl.create_default_context(cafile=smtp.ca_file) if smtp.ca_file else None
-        self.courier = Courier("email", ctx.state_dir, config.outbox, self._smtp)
+        self.courier = Courier("email", ctx.state_dir, config.outbox, self._smtp, ctx.sends)
         self.address = re.compile(
             rf"{re.escape(config.reply_local)}\+([0-9a-f]{{36}})@{re.escape(config.reply_domain)}"
         )
