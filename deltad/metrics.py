@@ -109,6 +109,12 @@ class CoreMetrics:
             ["result"],
             registry=r,
         )
+        self.follow_ups = Counter(
+            "deltad_question_follow_ups",
+            "Open questions reminded (action=remind) or escalated (action=escalate).",
+            ["action"],
+            registry=r,
+        )
         Gauge("deltad_build_info", "deltad's version.", ["version"], registry=r).labels(
             __version__
         ).set(1)
