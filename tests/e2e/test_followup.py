@@ -141,3 +141,37 @@ def test_reminded_then_escalated_across_a_restart_and_the_escalated_token_answer
     )
     assert "Reminded: once, last at " in status.stdout, status.stdout
     assert "Escalated: to bob at " in status.stdout
+
+
+def test_the_agent_sets_defaults_a_question_overrides_and_bad_ones_are_one_line(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    extra = """
+    follow_up:
+      remind_after_seconds: 600
+      escalate_after_seconds: 3600
+      escalate_to: [group:oncall]
+    """
+    agent = write_agent(tmp_path, extra=extra)
+    fake.call("ask_human", {"prompt": "Now?", "remind_after_seconds": -5}, id="bad")
+    fake.call("ask_human", {"prompt": "Now?", "remind_after_seconds": 60}, id="good")
+    argv = [DELTA, "run", "--agent", str(agent), "--task", "t", "--work-dir", str(ws)]
+    out = subprocess.run(argv, env=llm_env(fake), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 101, out.stderr
+    said = fake.tool_results()["bad"]
+    assert said.startswith("Error: remind_after_seconds:") and "\n" not in said
+    asked = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
+    follow = {k: v for k, v in asked["follow_up"].items() if v is not None}
+    assert follow == {
+        "remind_after_seconds": 60,  # the question's own
+        "escalate_after_seconds": 3600,  # the agent's
+        "escalate_to": ["group:oncall"],
+    }
+    # A bad agent setting: one line naming the key, before anything runs.
+    broken = write_agent(tmp_path, extra="follow_up: {remind_after: 5}\n", name="broken")
+    argv = [DELTA, "run", "--agent", str(broken), "--task", "t", "--work-dir", str(tmp_path)]
+    out = subprocess.run(argv, env=llm_env(fake), capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "follow_up" in out.stderr and "remind_after" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
