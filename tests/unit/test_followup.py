@@ -162,3 +162,16 @@ def test_a_damaged_record_is_skipped(tmp_path: Path) -> None:
 def test_bad_arguments_are_one_line(args: dict[str, object], error: str) -> None:
     said = from_args(args)
     assert isinstance(said, str) and error in said and "\n" not in said
+
+
+def test_the_documented_follow_up_example_is_valid() -> None:
+    """config/deltad.yaml's commented `follow_up:` block, uncommented, is a valid section."""
+    import yaml
+
+    from deltad.daemon.config import DaemonConfig
+
+    text = (Path(__file__).resolve().parents[2] / "config" / "deltad.yaml").read_text()
+    block = text[text.index("# follow_up:") :]
+    doc = yaml.safe_load("\n".join(x[2:] for x in block.splitlines() if x.startswith("# ")))
+    config = DaemonConfig.model_validate({"roots": [], **doc})
+    assert config.follow_up is not None and config.follow_up.escalate_to == ["group:leads"]
