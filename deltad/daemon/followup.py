@@ -173,7 +173,7 @@ class Store:
         self, ws: Path, request_id: str, action: Action, now: float, plan: Plan, asked: float
     ) -> Record:
         """Write down that `action` was done (durably, before anyone is told)."""
-        rec = self.get(ws, request_id) or Record(request_id=request_id)
+        rec = self.get(ws, request_id) or _beside(ws, request_id) or Record(request_id=request_id)
         if plan.sla is not None:
             rec.sla_due_at = _ts(asked + plan.sla)
         if action == "remind":
@@ -215,6 +215,13 @@ class Store:
         for ws, held in self._by_ws.items():
             for rec in held.values():
                 yield ws, rec
+
+
+def _beside(ws: Path, request_id: str) -> Record | None:
+    """The record beside the question (another daemon's: see Service._followed)."""
+    from deltad.protocol import Workspace
+
+    return proto.read(Workspace(ws).interaction_dir, request_id)
 
 
 def beside_question(interaction_dir: Path, rec: Record) -> None:

@@ -18,7 +18,7 @@ import structlog
 from deltad.clock import SYSTEM, Clock
 from deltad.inbox.feed import Feed
 from deltad.metrics import CoreMetrics, CoreVitals, Scraped
-from deltad.protocol import ProtocolError, Workspace
+from deltad.protocol import ProtocolError, Workspace, followup
 from deltad.protocol.runfacts import Elsewhere
 from deltad.watch import Backend
 from deltad.watch.discovery import is_workspace
@@ -29,7 +29,7 @@ from . import decide as core
 from .answer import log_refusals
 from .audit import audit_path
 from .config import DaemonConfig
-from .followup import Store, beside_question
+from .followup import Done, Store, beside_question, done_of
 from .lease import Lease
 from .receipts import receipt
 from .reconcile import State, Verdict, inspect, mark_interrupted
@@ -161,7 +161,7 @@ class Service:
             seen = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
             busy = self.resumer.busy_with(ws)  # first: the first look adopts
             self._settle_followups(ws, seen)
-            followed = self.followups.done(ws, seen.request_id)
+            followed = self._followed(ws, seen)
             facts = core.Facts(
                 seen,
                 busy=busy,
@@ -206,6 +206,20 @@ class Service:
         """A workspace on another question, or whose run ended, keeps no record of the last."""
         if seen.state is State.DONE or (seen.state is State.WAITING and seen.request_id):
             self.followups.settle(ws, seen.request_id)
+
+    def _followed(self, ws: Path, seen: Verdict) -> Done:
+        """What was done about the open question: this daemon's record, else the one beside
+        the question (written by another daemon of an HA fleet with a state dir of its own,
+        or before the state dir was lost), so a takeover does not remind again."""
+        rid = seen.request_id
+        if rid is None or seen.state is not State.WAITING:
+            return Done()
+        if (rec := self.followups.get(ws, rid)) is not None:
+            return done_of(rec)
+        if seen.follow_up is None and self.rules.follow_up is None:
+            return Done()  # nothing asked for: no file to read
+        beside = followup.read(Workspace(ws).interaction_dir, rid)
+        return done_of(beside) if beside is not None else Done()
 
     def _follow_up(self, ws: Path, e: core.FollowUpDue) -> None:
         """Remind or escalate: written down first (a restart never repeats it), then the copy

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,3 +178,88 @@ def test_the_documented_follow_up_example_is_valid() -> None:
     doc = yaml.safe_load("\n".join(x[2:] for x in block.splitlines() if x.startswith("# ")))
     config = DaemonConfig.model_validate({"roots": [], **doc})
     assert config.follow_up is not None and config.follow_up.escalate_to == ["group:leads"]
+
+
+# -- the loop: timers under a ManualClock, a restart, another daemon's record ---------------------
+def _service(tmp_path: Path, state: str, clock: Any) -> Any:
+    from deltad.daemon import lifecycle
+    from deltad.daemon.config import load_config
+    from deltad.daemon.service import Service
+
+    from .test_daemon_loop import ScriptedResumer
+
+    config = load_config(None, (str(tmp_path / "root"),))
+    config.state_dir = tmp_path / state
+    config.state_dir.mkdir(exist_ok=True)
+    svc = Service(config, None, (), clock=clock, resumer=ScriptedResumer(config))
+    svc.followups.load()
+    lifecycle.build_backends(svc)
+    svc.ticks.start(clock.monotonic(), config)
+    return svc
+
+
+def _heard(svc: Any) -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+    svc.feed.subscribe(
+        lambda e: (
+            out.append((e.type, e.data.get("reminder") or e.data.get("escalated_to")))
+            if e.type in ("request.reminder", "request.escalated")
+            else None
+        )
+    )
+    return out
+
+
+def test_the_loop_reminds_and_escalates_on_its_timers_and_a_restart_repeats_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltad.clock import ManualClock
+    from deltad.daemon import lifecycle
+    from deltad.protocol import followup as proto
+    from deltad.testing.stub import paused_workspace
+
+    monkeypatch.delenv("DELTAD_CONFIG", raising=False)
+    ws = tmp_path / "root" / "ws"
+    follow = {"remind_after_seconds": 60, "max_reminders": 2}
+    follow |= {"escalate_after_seconds": 150, "escalate_to": ["bob"]}
+    paused_workspace(ws, input_type="yes_no", respondents=["alice"], follow_up=follow)
+    asked = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
+    clock = ManualClock(wall=datetime.fromisoformat(asked["timestamp"]).timestamp())
+
+    def look(svc: Any, seconds: float = 0.0) -> None:
+        clock.advance(seconds)
+        svc.queue.put(ws)
+        svc.turn()
+        svc.turn()  # a timer that came due queued it: this turn looks
+
+    svc = _service(tmp_path, "state", clock)
+    heard = _heard(svc)
+    look(svc)
+    assert heard == [] and svc.timers.next_due() == clock.monotonic() + 60
+    look(svc, 60)
+    assert heard == [("request.reminder", 1)]
+    assert svc.metrics.follow_ups.labels("remind")._value.get() == 1
+    lifecycle.close_backends(svc)
+
+    # A restart (the same state dir): nothing again, the next reminder on time.
+    svc = _service(tmp_path, "state", clock)
+    heard = _heard(svc)
+    look(svc, 30)
+    assert heard == []
+    look(svc, 30)
+    assert heard == [("request.reminder", 2)]
+    look(svc, 30)
+    assert heard == [("request.reminder", 2), ("request.escalated", ["bob"])]
+    look(svc, 3600)  # max_reminders reached, escalated once: nothing more
+    assert len(heard) == 2
+    lifecycle.close_backends(svc)
+    beside = proto.read(ws / ".delta" / "interaction", asked["request_id"])
+    assert beside is not None and len(beside.reminders) == 2
+    assert beside.escalated is not None and beside.escalated.to == ["bob"]
+
+    # Another daemon (an HA standby taking over, its own state dir) reads that record.
+    other = _service(tmp_path, "other-state", clock)
+    heard = _heard(other)
+    look(other, 10)
+    assert heard == []
+    lifecycle.close_backends(other)
