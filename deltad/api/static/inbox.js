@@ -444,7 +444,7 @@ function handedView(list) {
 
 // Reminders and escalation (docs/inbox.md): "reminded 2 times, last …", "escalated to bob …",
 // and the SLA's due time, which ends nothing (unlike the deadline).
-function followUpView(f) {
+function followUpView(f, withSla = true) {
   if (!f) return [];
   const out = [];
   const sent = Array.isArray(f.reminders) ? f.reminders : [];
@@ -456,7 +456,7 @@ function followUpView(f) {
     out.push(el("li", { class: "escalated" }, "Escalated to ",
       el("strong", {}, (f.escalated.to || []).join(", ")), " ", when(f.escalated.at)));
   }
-  if (f.sla_due_at) {
+  if (withSla && f.sla_due_at) {
     const late = new Date(f.sla_due_at).getTime() <= Date.now();
     out.push(el("li", { class: late ? "sla sla-late" : "sla" }, late ? "Overdue (SLA): was due " : "Due (SLA) ",
       el("span", { class: "sla-at", title: new Date(f.sla_due_at).toLocaleString() },
@@ -849,7 +849,7 @@ function historyItem(h, byRun) {
     el("span", { class: "what" }, ...happened(h)),
     ...editsView(h),
     ...handedView(h.delegations),
-    ...followUpView(h.follow_up),
+    ...followUpView(h.follow_up, false),  // answered: who was reminded, escalated to whom
     h.prompt ? el("span", { class: "asked" }, h.prompt) : null,
     el("span", { class: "where" }, h.workspace, " ", runLink(h.workspace, h.run_id, "run view")), when(h.at));
 }
