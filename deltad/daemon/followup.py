@@ -113,11 +113,20 @@ def after(done: Done, action: Action, now: float) -> Done:
 
 # -- the durable record (the state dir) ----------------------------------------------------------
 class Kept(BaseModel):
-    """One file of the store: the record shown beside the question, and its workspace."""
+    """One file of the store: the record shown beside the question, and its workspace (the
+    path's bytes in hex: names are bytes, and JSON holds only valid text)."""
 
     model_config = ConfigDict(extra="forbid")
     workspace: str
     record: Record
+
+
+def _hex(ws: str) -> str:
+    return os.fsencode(ws).hex()
+
+
+def _unhex(text: str) -> str:
+    return os.fsdecode(bytes.fromhex(text))
 
 
 def _ts(t: float) -> datetime:
@@ -154,7 +163,8 @@ class Store:
             except (OSError, ValueError, ValidationError) as e:
                 log.warning("followup_record_unreadable", file=str(path), error=str(e)[:200])
                 continue
-            self._by_ws.setdefault(kept.workspace, {})[kept.record.request_id] = kept.record
+            ws = _unhex(kept.workspace)
+            self._by_ws.setdefault(ws, {})[kept.record.request_id] = kept.record
             n += 1
         return n
 
@@ -182,7 +192,7 @@ class Store:
             rec = rec.model_copy(
                 update={"escalated": Escalation(at=_ts(now), to=list(plan.escalate_to))}
             )
-        data = Kept(workspace=str(ws), record=rec).model_dump_json().encode()
+        data = Kept(workspace=_hex(str(ws)), record=rec).model_dump_json().encode()
         path = self._path(str(ws), request_id)
         tmp = path.with_name(f".{path.name}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

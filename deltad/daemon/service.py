@@ -229,12 +229,12 @@ class Service:
         now = self.clock.time()
         try:
             rec = self.followups.record(ws, e.request_id, e.action, now, e.plan, e.asked)
-        except OSError as err:
+        except (OSError, ValueError) as err:
             log.error("followup_record_failed", workspace=str(ws), error=str(err))
             return
         try:
             beside_question(Workspace(ws).interaction_dir, rec)
-        except (OSError, ProtocolError) as err:
+        except (OSError, ValueError, ProtocolError) as err:
             log.warning("followup_beside_failed", workspace=str(ws), error=str(err))
         data: dict[str, object] = {
             "workspace": str(ws),

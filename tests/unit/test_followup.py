@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -263,3 +264,12 @@ def test_the_loop_reminds_and_escalates_on_its_timers_and_a_restart_repeats_noth
     look(other, 10)
     assert heard == []
     lifecycle.close_backends(other)
+
+
+def test_a_workspace_name_that_is_not_text_is_kept(tmp_path: Path) -> None:
+    ws = tmp_path / os.fsdecode(b"caf\xe9")  # not UTF-8: names are bytes
+    store = Store(tmp_path / "followup")
+    store.load()
+    store.record(ws, "q1", "remind", T0 + 60, REMIND, T0)
+    again = Store(tmp_path / "followup")
+    assert again.load() == 1 and again.done(ws, "q1") == Done((T0 + 60,))
