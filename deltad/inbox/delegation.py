@@ -78,7 +78,10 @@ def delegate(
     Raises a SubmitError (the question is not open, `who` may not, `to` is unknown)."""
     req = open_question(ws, request_id)
     had = read(ws, request_id)
-    why = refusal(req.respondents, had, who, to, known, note)
+    asked = followup.respondents_with(
+        req.respondents, followup.read(ws.interaction_dir, request_id)
+    )
+    why = refusal(asked, had, who, to, known, note)  # an escalated-to respondent may hand on
     if why is not None:
         raise why
     assert who is not None

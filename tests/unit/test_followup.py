@@ -273,3 +273,30 @@ def test_a_workspace_name_that_is_not_text_is_kept(tmp_path: Path) -> None:
     store.record(ws, "q1", "remind", T0 + 60, REMIND, T0)
     again = Store(tmp_path / "followup")
     assert again.load() == 1 and again.done(ws, "q1") == Done((T0 + 60,))
+
+
+def test_whom_it_was_escalated_to_may_answer_and_hand_it_on(tmp_path: Path) -> None:
+    from deltad.inbox import delegation
+    from deltad.inbox.respondents import Answerer
+    from deltad.protocol import Mailbox, Workspace, utcnow
+    from deltad.protocol import followup as proto
+    from deltad.testing.stub import paused_workspace
+
+    ws = Workspace.at(tmp_path / "ws")
+    paused_workspace(ws.root, input_type="yes_no", respondents=["alice"])
+    req = Mailbox(ws).read_request()
+    assert req is not None
+    bob = Answerer("bob")
+    assert delegation.refuse_respondent(ws, req.request_id, bob) is not None
+    rec = proto.Record(
+        request_id=req.request_id, escalated=proto.Escalation(at=utcnow(), to=["bob"])
+    )
+    proto.path_of(ws.interaction_dir).write_text(rec.model_dump_json())
+    assert delegation.refuse_respondent(ws, req.request_id, bob) is None
+    assert delegation.refuse_respondent(ws, req.request_id, Answerer("carol")) is not None
+    _, handed = delegation.delegate(ws, req.request_id, "carol", who=bob, known={"carol"})
+    assert [d.to for d in handed] == ["carol"]
+    # A record of another question widens nothing.
+    other = rec.model_copy(update={"request_id": "another"})
+    proto.path_of(ws.interaction_dir).write_text(other.model_dump_json())
+    assert delegation.refuse_respondent(ws, req.request_id, bob) is not None
