@@ -111,7 +111,8 @@ class CoreMetrics:
         )
         self.follow_ups = Counter(
             "deltad_question_follow_ups",
-            "Open questions reminded (action=remind) or escalated (action=escalate).",
+            "Open questions reminded (action=remind), escalated (escalate) or past their SLA "
+            "(overdue).",
             ["action"],
             registry=r,
         )

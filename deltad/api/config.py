@@ -19,6 +19,7 @@ NotifyEvent = Literal[
     "run.status",
     "request.reminder",
     "request.escalated",
+    "request.overdue",
 ]
 DEFAULT_NOTIFY: list[NotifyEvent] = [
     "request.created",
@@ -26,6 +27,7 @@ DEFAULT_NOTIFY: list[NotifyEvent] = [
     "run.status",
     "request.reminder",
     "request.escalated",
+    "request.overdue",
 ]
 
 

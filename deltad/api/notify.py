@@ -44,9 +44,9 @@ DELIVERY_MAX = 64 * 1024
 CONTEXT_TEXT_MAX = 2048  # characters of each text in a question's `context`, in a delivery
 CONTEXT_CALLS_MAX = 5  # the latest tool calls of a `context`, in a delivery
 RESPONSE_MAX = 64 * 1024  # bytes of a receiver's answer read at most; the rest is never read
-# Events that ask someone to answer, and carry the question: a new one, a reminder of it, and
-# its escalation (the escalated-to respondents are in `escalated_to`).
-ASKING = ("request.created", "request.reminder", "request.escalated")
+# Events that ask someone to answer, and carry the question: a new one, a reminder of it, its
+# escalation (the escalated-to respondents are in `escalated_to`) and its SLA passing.
+ASKING = ("request.created", "request.reminder", "request.escalated", "request.overdue")
 
 
 # -- what a delivery carries (pure) ---------------------------------------------------------

@@ -120,6 +120,9 @@ class FollowUpOut(_Out):
     sla_due_at: str | None = Field(
         default=None, description="When the answer is due (the SLA); ends nothing."
     )
+    overdue_at: str | None = Field(
+        default=None, description="When the daemon said the SLA had passed (request.overdue)."
+    )
 
 
 class QuestionBase(_Out):

@@ -118,7 +118,8 @@ def follow_up_lines(doc: dict[str, Any] | None) -> list[str]:
         to = ", ".join(show(str(t)) for t in esc.get("to") or [])
         out.append(f"  Escalated: to {to} at {show(str(esc.get('at')))}")
     if doc.get("sla_due_at"):
-        out.append(f"  Due:      {show(str(doc['sla_due_at']))} (SLA)")
+        late = " (SLA; overdue)" if doc.get("overdue_at") else " (SLA)"
+        out.append(f"  Due:      {show(str(doc['sla_due_at']))}{late}")
     return out
 
 

@@ -61,7 +61,8 @@ class Plan:
 
     @property
     def acts(self) -> bool:
-        return (self.remind_after is not None and self.max_reminders > 0) or self.escalates
+        reminds = self.remind_after is not None and self.max_reminders > 0
+        return reminds or self.escalates or self.sla is not None
 
     @property
     def escalates(self) -> bool:
@@ -74,9 +75,10 @@ class Done:
 
     reminders: tuple[float, ...] = ()
     escalated_at: float | None = None
+    overdue_at: float | None = None  # the SLA's passing was said
 
 
-Action = Literal["remind", "escalate"]
+Action = Literal["remind", "escalate", "overdue"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ def next_step(plan: Plan, asked: float, done: Done, now: float, deadline: float 
     """The action due at `now`, or when the next one is. Escalation is once, `escalate_after`
     after asking; reminders follow the last notice (the question, the last reminder or the
     escalation, which notifies too) by `remind_after`, at most `max_reminders` of them. Nothing
-    is due at or after the question's `deadline` (it ends then); on a tie, escalation first."""
+    is due at or after the question's `deadline` (it ends then); on a tie, escalation first.
+    The SLA's passing (`sla` after asking) is said once; it ends nothing."""
     due: list[tuple[float, int, Action]] = []
     if plan.escalates and done.escalated_at is None:
         assert plan.escalate_after is not None
@@ -97,6 +100,8 @@ def next_step(plan: Plan, asked: float, done: Done, now: float, deadline: float 
     if plan.remind_after is not None and len(done.reminders) < plan.max_reminders:
         last = max([asked, *done.reminders, *([done.escalated_at] if done.escalated_at else [])])
         due.append((last + plan.remind_after, 1, "remind"))
+    if plan.sla is not None and done.overdue_at is None:
+        due.append((asked + plan.sla, 2, "overdue"))
     due = [d for d in due if deadline is None or d[0] < deadline]
     if not due:
         return Step(None, None)
@@ -108,6 +113,8 @@ def after(done: Done, action: Action, now: float) -> Done:
     """What was done, once `action` is."""
     if action == "remind":
         return replace(done, reminders=(*done.reminders, now))
+    if action == "overdue":
+        return replace(done, overdue_at=now)
     return replace(done, escalated_at=now)
 
 
@@ -137,6 +144,7 @@ def done_of(rec: Record) -> Done:
     return Done(
         tuple(t.timestamp() for t in rec.reminders),
         rec.escalated.at.timestamp() if rec.escalated else None,
+        rec.overdue_at.timestamp() if rec.overdue_at else None,
     )
 
 
@@ -188,6 +196,8 @@ class Store:
             rec.sla_due_at = _ts(asked + plan.sla)
         if action == "remind":
             rec = rec.model_copy(update={"reminders": [*rec.reminders, _ts(now)]})
+        elif action == "overdue":
+            rec = rec.model_copy(update={"overdue_at": _ts(now)})
         else:
             rec = rec.model_copy(
                 update={"escalated": Escalation(at=_ts(now), to=list(plan.escalate_to))}

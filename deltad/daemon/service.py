@@ -18,7 +18,7 @@ import structlog
 from deltad.clock import SYSTEM, Clock
 from deltad.inbox.feed import Feed
 from deltad.metrics import CoreMetrics, CoreVitals, Scraped
-from deltad.protocol import ProtocolError, Workspace, followup
+from deltad.protocol import ProtocolError, Workspace, followup, iso
 from deltad.protocol.runfacts import Elsewhere
 from deltad.watch import Backend
 from deltad.watch.discovery import is_workspace
@@ -251,6 +251,10 @@ class Service:
                 request_id=e.request_id,
                 reminder=len(rec.reminders),
             )
+        elif e.action == "overdue":
+            data["sla_due_at"] = iso(rec.sla_due_at) if rec.sla_due_at else None
+            self.feed.publish("request.overdue", data)
+            log.info("question_overdue", workspace=str(ws), request_id=e.request_id)
         else:
             data["escalated_to"] = list(e.plan.escalate_to)
             self.feed.publish("request.escalated", data)

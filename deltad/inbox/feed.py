@@ -38,6 +38,7 @@ EventType = Literal[
     "run.status",
     "request.reminder",  # an open question's respondents reminded (daemon/followup.py)
     "request.escalated",  # an open question escalated: more respondents
+    "request.overdue",  # an open question past its SLA (it stays open)
 ]
 EVENT_TYPES: tuple[EventType, ...] = (
     "request.created",
@@ -46,6 +47,7 @@ EVENT_TYPES: tuple[EventType, ...] = (
     "run.status",
     "request.reminder",
     "request.escalated",
+    "request.overdue",
 )
 DEFAULT_BUFFER = 1000
 CLOSED_MEMORY = 10_000

@@ -9,7 +9,8 @@ may answer), `delta status`, the API and the page read, and what the engine copi
 journal with the reply (`Reply.follow_up`), so the history says who was reminded and when.
 
 Every duration is in seconds, like `timeout_seconds`; the SLA clock (`sla_seconds`) is
-separate from the timeout: it ends nothing, it only says when the question is due.
+separate from the timeout: it ends nothing, it says when the question is due, and once it has
+passed the daemon says so (`request.overdue`), once.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class Record(BaseModel):
     reminders: list[Timestamp] = Field(default_factory=list, max_length=MAX_REMINDERS)
     escalated: Escalation | None = None
     sla_due_at: Timestamp | None = None
+    overdue_at: Timestamp | None = None  # when the daemon said it was past its SLA
 
     def shown(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -1,8 +1,8 @@
 """Reminders and escalation through a real `deltad serve`: a question asked by a real `delta run`
-with second-long durations is reminded and escalated by the daemon's timers, seen by a webhook
-receiver; a restart between the reminder and the escalation repeats nothing and loses nothing;
-the escalated-to token may then answer over HTTP; the journal, the history and `delta status`
-say who was reminded and when."""
+with second-long durations is reminded, past its SLA and escalated by the daemon's timers, seen
+by a webhook receiver; a restart between the reminder and the escalation repeats nothing and
+loses nothing; the escalated-to token may then answer over HTTP; the journal, the history and
+`delta status` say who was reminded and when."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ QUESTION = {
     "max_reminders": 1,
     "escalate_after_seconds": 3,
     "escalate_to": ["bob"],
-    "sla_seconds": 3600,
+    "sla_seconds": 2,  # past it before the escalation: said once, ends nothing
 }
 
 
@@ -66,7 +66,8 @@ def test_reminded_then_escalated_across_a_restart_and_the_escalated_token_answer
     fake.call("ask_human", QUESTION, id="ask1")
     fake.reply("deployed")
     with Receiver() as recv:
-        hook = {"url": recv.url, "events": ["request.reminder", "request.escalated"]}
+        events = ["request.reminder", "request.escalated", "request.overdue"]
+        hook = {"url": recv.url, "events": events}
         d = Daemon(
             tmp_path,
             [root],
@@ -99,7 +100,10 @@ def test_reminded_then_escalated_across_a_restart_and_the_escalated_token_answer
             d.wait_event("daemon_ready", count=2)
             [up] = wait_for(lambda: _of(recv, "request.escalated"), "the escalation delivered")
             assert up["escalated_to"] == ["bob"] and up["request"]["respondents"] == ["alice"]
-            assert len(_of(recv, "request.reminder")) == 1  # the escalation came after any
+            # The escalation comes after anything due before it (deliveries go oldest first).
+            assert len(_of(recv, "request.reminder")) == 1
+            [late] = _of(recv, "request.overdue")
+            assert late["sla_due_at"] and late["request"]["prompt"] == "Deploy to production?"
 
             url = _url(d, 2)
             rid = reminder["request_id"]
@@ -107,7 +111,7 @@ def test_reminded_then_escalated_across_a_restart_and_the_escalated_token_answer
                 [q] = c.get("/v1/requests").json()["requests"]
             done = q["follow_up"]
             assert len(done["reminders"]) == 1 and done["escalated"]["to"] == ["bob"]
-            assert done["sla_due_at"] is not None
+            assert done["sla_due_at"] is not None and done["overdue_at"] is not None
             with client(url, carol) as c:  # not a respondent, nor escalated to
                 r = c.post(f"/v1/requests/{rid}/answer", json={"answer": "yes"})
                 assert r.status_code == 403 and r.json()["code"] == "not_a_respondent"
@@ -128,6 +132,7 @@ def test_reminded_then_escalated_across_a_restart_and_the_escalated_token_answer
             d.kill_children()
         assert len(_of(recv, "request.reminder")) == 1
         assert len(_of(recv, "request.escalated")) == 1
+        assert len(_of(recv, "request.overdue")) == 1
     rid = (ws / ".delta" / "runs" / "LATEST").read_text().strip()
     lines = (ws / ".delta" / "runs" / rid / "execution" / "journal.jsonl").read_text()
     [reply] = [
@@ -141,6 +146,7 @@ def test_reminded_then_escalated_across_a_restart_and_the_escalated_token_answer
     )
     assert "Reminded: once, last at " in status.stdout, status.stdout
     assert "Escalated: to bob at " in status.stdout
+    assert "(SLA; overdue)" in status.stdout
 
 
 def test_the_agent_sets_defaults_a_question_overrides_and_bad_ones_are_one_line(

@@ -54,6 +54,12 @@ BOTH = Plan(remind_after=60.0, max_reminders=3, escalate_after=100.0, escalate_t
         (ESCALATE, Done(), T0 + 10, T0 + 200, Step(None, None)),
         # escalate_after without anyone to escalate to does nothing
         (Plan(escalate_after=10.0), Done(), T0 + 99, None, Step(None, None)),
+        # the SLA's passing is said once, after reminders and escalation due at that time
+        (Plan(sla=100.0), Done(), T0 + 99, None, Step(None, T0 + 100)),
+        (Plan(sla=100.0), Done(), T0 + 100, None, Step("overdue", T0 + 100)),
+        (Plan(sla=100.0), Done(overdue_at=T0 + 100), T0 + 999, None, Step(None, None)),
+        (replace(BOTH, sla=100.0), Done((T0 + 60,)), T0 + 100, None, Step("escalate", T0 + 100)),
+        (Plan(sla=100.0), Done(), T0 + 10, T0 + 100, Step(None, None)),  # it times out first
     ],
 )
 def test_next_step(plan: Plan, done: Done, now: float, deadline: float | None, want: Step) -> None:
@@ -113,7 +119,7 @@ def test_decide_reminds_a_waiting_question_and_looks_again_at_the_next() -> None
         waiting(FollowUp(remind_after_seconds=60), answer_sig=(1, 2, 3)),  # an answer coming
         replace(waiting(FollowUp(remind_after_seconds=60)), state=State.ANSWERED),
         waiting(None),
-        waiting(FollowUp(sla_seconds=60)),  # an SLA alone is shown, never acted on
+        waiting(FollowUp(sla_seconds=600)),  # not due yet
     ],
 )
 def test_decide_leaves_alone(v: Verdict) -> None:
@@ -204,7 +210,7 @@ def _heard(svc: Any) -> list[tuple[str, object]]:
     svc.feed.subscribe(
         lambda e: (
             out.append((e.type, e.data.get("reminder") or e.data.get("escalated_to")))
-            if e.type in ("request.reminder", "request.escalated")
+            if e.type in ("request.reminder", "request.escalated", "request.overdue")
             else None
         )
     )
@@ -222,7 +228,7 @@ def test_the_loop_reminds_and_escalates_on_its_timers_and_a_restart_repeats_noth
     monkeypatch.delenv("DELTAD_CONFIG", raising=False)
     ws = tmp_path / "root" / "ws"
     follow = {"remind_after_seconds": 60, "max_reminders": 2}
-    follow |= {"escalate_after_seconds": 150, "escalate_to": ["bob"]}
+    follow |= {"escalate_after_seconds": 150, "escalate_to": ["bob"], "sla_seconds": 170}
     paused_workspace(ws, input_type="yes_no", respondents=["alice"], follow_up=follow)
     asked = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
     clock = ManualClock(wall=datetime.fromisoformat(asked["timestamp"]).timestamp())
@@ -251,12 +257,15 @@ def test_the_loop_reminds_and_escalates_on_its_timers_and_a_restart_repeats_noth
     assert heard == [("request.reminder", 2)]
     look(svc, 30)
     assert heard == [("request.reminder", 2), ("request.escalated", ["bob"])]
-    look(svc, 3600)  # max_reminders reached, escalated once: nothing more
-    assert len(heard) == 2
+    look(svc, 21)  # just past (a float sum of the steps may be a hair short of 170)
+    assert heard[-1] == ("request.overdue", None)
+    look(svc, 3600)  # max_reminders reached, escalated once, overdue said: nothing more
+    assert len(heard) == 3
     lifecycle.close_backends(svc)
     beside = proto.read(ws / ".delta" / "interaction", asked["request_id"])
     assert beside is not None and len(beside.reminders) == 2
     assert beside.escalated is not None and beside.escalated.to == ["bob"]
+    assert beside.overdue_at is not None and beside.sla_due_at is not None
 
     # Another daemon (an HA standby taking over, its own state dir) reads that record.
     other = _service(tmp_path, "other-state", clock)

@@ -8,7 +8,7 @@ const BASE = new URL("../", document.currentScript.src).href;
 const mode = document.body.dataset.mode;
 const linkToken = mode === "link" ? location.pathname.split("/").pop() : null;
 const EVENT_TYPES = ["request.created", "request.answered", "request.expired", "run.status",
-  "request.reminder", "request.escalated"];
+  "request.reminder", "request.escalated", "request.overdue"];
 const PAGES_MAX = 100;  // a list is followed through at most this many pages
 let csrf = null;
 let selected = null;  // the selected question's keyOf
@@ -457,7 +457,7 @@ function followUpView(f, withSla = true) {
       el("strong", {}, (f.escalated.to || []).join(", ")), " ", when(f.escalated.at)));
   }
   if (withSla && f.sla_due_at) {
-    const late = new Date(f.sla_due_at).getTime() <= Date.now();
+    const late = Boolean(f.overdue_at) || new Date(f.sla_due_at).getTime() <= Date.now();
     out.push(el("li", { class: late ? "sla sla-late" : "sla" }, late ? "Overdue (SLA): was due " : "Due (SLA) ",
       el("span", { class: "sla-at", title: new Date(f.sla_due_at).toLocaleString() },
         f.sla_due_at.replace("T", " ").replace(/\.\d+/, "").replace("Z", " UTC"))));
@@ -924,6 +924,7 @@ function activity(e) {
     : e.type === "request.created" ? "new question"
     : e.type === "request.reminder" ? `reminder ${e.reminder || ""} sent`
     : e.type === "request.escalated" ? `escalated to ${(e.escalated_to || []).join(", ")}`
+    : e.type === "request.overdue" ? "overdue (past its SLA)"
     : "question expired";
   const li = el("li", { class: "live", "data-type": e.type, "data-to": e.to || "" },
     el("span", { class: "what" }, text), el("span", { class: "where" }, e.workspace), when(e.at));
