@@ -153,8 +153,9 @@ class Quarantine:
 
 @dataclass(frozen=True)
 class FollowUpDue:
-    """Remind the open question's respondents, or escalate it (followup.py): recorded in the
-    state dir and beside the question, then announced on the feed (webhooks, channels)."""
+    """Remind the open question's respondents, escalate it, or say it is past its SLA
+    (followup.py): recorded in the state dir and beside the question, then announced on the
+    feed (webhooks, channels)."""
 
     request_id: str
     action: FollowUpAction
@@ -215,8 +216,9 @@ def decide(facts: Facts, memory: Memory, now: Now, rules: Rules) -> list[Effect]
 
 
 def _follow_up(v: Verdict, done: Done, now: Now, rules: Rules, out: list[Effect]) -> float | None:
-    """A question nobody has answered yet: remind or escalate when due; returns when the next
-    is due (wall; followup.next_step). Not while an answer is being written."""
+    """A question nobody has answered yet: remind, escalate or say it is overdue when due;
+    returns when the next is due (wall; followup.next_step). Not while an answer is being
+    written."""
     if v.state is not State.WAITING or v.request_id is None or v.created is None:
         return None
     if v.answer_sig is not None:

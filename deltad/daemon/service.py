@@ -222,10 +222,10 @@ class Service:
         return done_of(beside) if beside is not None else Done()
 
     def _follow_up(self, ws: Path, e: core.FollowUpDue) -> None:
-        """Remind or escalate: written down first (a restart never repeats it), then the copy
-        beside the question (the answering path, the page, the journal read it), then told on
-        the feed (webhooks and channels re-send it). A failed write tells nobody: the next look
-        finds it still due."""
+        """Remind, escalate or say overdue: written down first (a restart never repeats it),
+        then the copy beside the question (the answering path, the page, the journal read it),
+        then told on the feed (webhooks and channels re-send it). A failed write tells nobody:
+        the next look finds it still due."""
         now = self.clock.time()
         try:
             rec = self.followups.record(ws, e.request_id, e.action, now, e.plan, e.asked)
