@@ -162,6 +162,10 @@ class Store:
         n = 0
         for name in sorted(os.listdir(self.root)):
             path = self.root / name
+            if name.startswith(".") and name.endswith(".tmp"):  # a write a crash cut short
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                continue
             if not name.endswith(".json"):
                 continue
             try:

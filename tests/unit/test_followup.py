@@ -155,7 +155,9 @@ def test_store_survives_a_reload_and_forgets_closed_questions(tmp_path: Path) ->
 def test_a_damaged_record_is_skipped(tmp_path: Path) -> None:
     (tmp_path / "followup").mkdir()
     (tmp_path / "followup" / "x.json").write_text("{not json")
+    (tmp_path / "followup" / ".y.json.tmp").write_text("{")  # a write a crash cut short
     assert Store(tmp_path / "followup").load() == 0
+    assert not (tmp_path / "followup" / ".y.json.tmp").exists()
 
 
 @pytest.mark.parametrize(
