@@ -116,6 +116,13 @@ class CoreMetrics:
             ["channel", "result"],
             registry=r,
         )
+        self.follow_ups = Counter(
+            "deltad_question_follow_ups",
+            "Open questions reminded (action=remind), escalated (escalate) or past their SLA "
+            "(overdue).",
+            ["action"],
+            registry=r,
+        )
         Gauge("deltad_build_info", "deltad's version.", ["version"], registry=r).labels(
             __version__
         ).set(1)

@@ -243,6 +243,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "node_id": r.node_id,  # a pipeline gate or node asking
         "respondents": r.respondents,
         "delegations": p.delegations,  # who it was handed to (they may answer too)
+        "follow_up": p.follow_up,  # reminders, escalation, SLA due (protocol/followup.py)
         "context": r.context.model_dump(mode="json") if r.context else None,
         "prompt": r.prompt,
         "input_type": str(r.input_type),

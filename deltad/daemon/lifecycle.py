@@ -276,6 +276,10 @@ def _attach_feed(svc: Service) -> None:
         svc.feed.attach(svc.config.state_dir)
     except OSError as e:
         log.warning("feed_log_unusable", path=str(svc.config.state_dir), error=str(e))
+    try:  # reminders and escalations done before a restart (daemon/followup.py)
+        svc.followups.load()
+    except OSError as e:
+        log.warning("followup_store_unusable", path=str(svc.followups.root), error=str(e))
 
 
 def _make_executor(svc: Service) -> None:
