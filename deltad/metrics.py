@@ -114,6 +114,14 @@ class CoreMetrics:
             buckets=TURN_BUCKETS,
             registry=r,
         )
+        self.loop_turn_cpu = Histogram(
+            "deltad_loop_turn_cpu_seconds",
+            "The CPU time of each turn of the loop (its thread's own): beside "
+            "deltad_loop_turn_seconds, what of a slow turn was the daemon's work and what was "
+            "waiting for a CPU or a disk.",
+            buckets=TURN_BUCKETS,
+            registry=r,
+        )
         self.deliveries = Counter(
             "deltad_webhook_deliveries",
             "Webhook delivery attempts by result (delivered, retry, dead).",
