@@ -54,7 +54,7 @@ def test_a_controller_away_stalls_nothing_and_its_answers_resume_once_when_it_is
     # The loop went on: each answer queued (two taken by the inbox with 202), turns counted,
     # status lines sent, the watchdog fed.
     assert f.queued_during == f.answered_during == 3 and f.answered_over_http == 2, summary
-    assert f.turns.count > 0 and f.statuses_during > 0, summary
+    assert f.turns.count > 0 and f.turns_cpu.count > 0 and f.statuses_during > 0, summary
     assert f.ping_gaps_s and f.watchdog_misses == 0, summary
     # Once it is back: each answer's job submitted once, each answer ingested once, by the
     # resumer's retry (the periodic full reconcile, an hour away, never ran).
