@@ -132,9 +132,9 @@ class Figures:
         p99 = gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))] if gaps else None
         t = self.turns
         return {
-            **_turn_figures("", t, self.turns_cpu),
+            **turn_figures("", t, self.turns_cpu),
             **(
-                _turn_figures("baseline_", self.baseline, self.baseline_cpu)
+                turn_figures("baseline_", self.baseline, self.baseline_cpu)
                 if self.baseline is not None and self.baseline_cpu is not None
                 else {}
             ),
@@ -161,7 +161,7 @@ class Figures:
         }
 
 
-def _turn_figures(prefix: str, wall: Turns, cpu: Turns) -> dict[str, Any]:
+def turn_figures(prefix: str, wall: Turns, cpu: Turns) -> dict[str, Any]:
     def one(t: Turns) -> dict[str, Any]:
         return {
             "mean_ms": round(1000 * t.total_s / t.count, 3) if t.count else None,
@@ -220,7 +220,7 @@ def _own(path: Path) -> None:
         os.lchown(p, NOBODY, NOBODY)
 
 
-def _wall(event: dict[str, Any]) -> float:
+def wall_of(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
@@ -366,8 +366,8 @@ def run(
         statuses = sum(1 for t in list(pings.statuses) if began <= t <= ended)
         resumed_all(during)
         resumed = sorted(max(0.0, ingested(ws)[0]["t"] - back) for ws in during)
-        submitted_events = [e for e in d.events("slurm_submitted") if _wall(e) > back - pause]
-        submitted = sorted(max(0.0, _wall(e) - back) for e in submitted_events)
+        submitted_events = [e for e in d.events("slurm_submitted") if wall_of(e) > back - pause]
+        submitted = sorted(max(0.0, wall_of(e) - back) for e in submitted_events)
         jobs = {e["job"] for e in submitted_events}
         # StartTime is whole seconds, cut: the job started before StartTime + 1 s.
         started = sorted(max(0.0, t + 1.0 - back) for t in _starts(c, jobs).values())
