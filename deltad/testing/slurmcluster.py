@@ -216,7 +216,7 @@ class Cluster:
 
     def answers(self) -> bool:
         """Whether slurmctld answers a query now."""
-        return self.run("scontrol", "ping", check=False).stdout.count("is UP") > 0
+        return "is UP" in self.run("scontrol", "ping", check=False).stdout
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
