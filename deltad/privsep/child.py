@@ -36,10 +36,8 @@ from pydantic import ValidationError
 
 from deltad import logs
 from deltad.api import notify, sessions
-from deltad.api.app import create_app
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import ApiError, Context
-from deltad.api.server import serve_bounded, uvicorn_server
 from deltad.api.tokens import Identity, TokenStore
 from deltad.health import Health
 from deltad.inbox.feed import EVENT_TYPES, Feed, FeedEvent
@@ -423,6 +421,10 @@ def serve(core: socket.socket) -> int:
         return 1
     if not welcome.listening:
         return deliver_only(core, reader, welcome, Path(f"/proc/self/fd/{fds[0]}"))
+    # The web stack only where it serves (an inbox for webhooks alone starts without it).
+    from deltad.api.app import create_app
+    from deltad.api.server import serve_bounded, uvicorn_server
+
     config = HttpConfig.model_validate(welcome.http)
     listening = socket.socket(fileno=fds[0])
     state = Path(f"/proc/self/fd/{fds[1]}")  # the directory, reached by the handed fd
