@@ -156,6 +156,34 @@ def test_the_webhook_outbox_is_roots_with_the_inbox_group_and_its_files_the_inbo
     assert _mode(dead / target.name) == (0o1770, 0, INBOX.gid)
     [file] = (target / "new").iterdir()
     assert _mode(file) == (0o600, INBOX.uid, INBOX.gid)
+    # As the inbox's user: it takes the file into its directory, and cannot move or remove a
+    # directory of root's (so the descriptors the core holds name what they named).
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 only if every check holds
+        ok = False
+        try:
+            os.chdir(inbox)  # as the inbox reaches it: by its own directory, not the path
+            os.setgroups([])
+            os.setgid(INBOX.gid)
+            os.setuid(INBOX.uid)
+            here = Path("outbox") / target.name
+            os.rename(here / "new" / file.name, here / file.name)
+            refused = 0
+            for attempt in (
+                lambda: os.rename(here / "new", here / "old"),
+                lambda: os.rmdir(here / "new"),
+                lambda: os.rename(here, "outbox/elsewhere"),
+                lambda: os.rename(Path("dead-letter") / target.name, "dead-letter/elsewhere"),
+            ):
+                try:
+                    attempt()
+                except PermissionError:
+                    refused += 1
+            ok = refused == 4
+        finally:
+            os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert (target / file.name).exists() and (target / "new").is_dir()
 
 
 @pytest.mark.parametrize(
