@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from deltad import __version__
 from deltad.health import HEARTBEAT_SECONDS, Health
+from deltad.inbox import quorum
 
 if TYPE_CHECKING:
     from deltad.daemon.service import Service
@@ -221,6 +222,15 @@ def gauges(s: Source, mono: float, wall: float) -> Iterator[Metric]:
         "backend",
         [(name, ok) for name, _, ok in backends],
     )
+    votes = CounterMetricFamily(
+        "deltad_approval_votes",
+        "Four eyes: votes cast on questions needing several approvals, by outcome "
+        "(pending, answered, refused).",
+        labels=["outcome"],
+    )
+    for outcome, n in sorted(quorum.counted().items()):
+        votes.add_metric([outcome], n)
+    yield votes
     if (depth := s.outbox_depth()) is not None:
         yield _gauge(
             "deltad_webhook_outbox_depth", "Webhook deliveries waiting in the outbox.", depth

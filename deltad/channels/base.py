@@ -38,7 +38,8 @@ from deltad.protocol import InteractionRequest, Workspace
 
 class Answer(Protocol):
     """The answering path as a channel sees it: `deltad.inbox.submit`, or (in a process that
-    holds no privileges) a call that reaches it. Raises `deltad.inbox.SubmitError`."""
+    holds no privileges) a call that reaches it. Raises `deltad.inbox.SubmitError`; None when
+    the answer was a vote on a question needing several (four eyes) that still waits."""
 
     def __call__(
         self,
@@ -48,7 +49,7 @@ class Answer(Protocol):
         *,
         answered_by: str | None = None,
         channel: str | None = None,
-    ) -> Submitted: ...
+    ) -> Submitted | None: ...
 
 
 @dataclass(frozen=True)

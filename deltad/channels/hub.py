@@ -13,6 +13,7 @@ from pathlib import Path
 import structlog
 
 from deltad import inbox
+from deltad.inbox import quorum
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.inbox.outcome import answers_of
 from deltad.protocol import Workspace, viewing
@@ -118,7 +119,8 @@ class Hub:
 def start(
     config: ChannelsConfig, feed: Feed, quiet_roots: list[Path], http: object, state_dir: Path
 ) -> Hub:
-    """The daemon's channels, started: answers go through `deltad.inbox.submit`, the function
+    """The daemon's channels, started: answers go through `deltad.inbox.submit` (by way of
+    `quorum.answer_or_vote`), the function
     the HTTP API delivers through; links and the page's URL come from the HTTP server's
     context when it runs (`http`: a `deltad.api.handlers.Context` or None)."""
     from deltad.api import handlers
@@ -133,6 +135,7 @@ def start(
         def page(request_id: str) -> str:
             return f"{ctx.base_url}/#request={request_id}"
 
-    hub = Hub(build(config, state_dir, inbox.submit, link, page), feed, quiet_roots)
+    # Four eyes: a reply is a vote where the question needs several (inbox/quorum.py).
+    hub = Hub(build(config, state_dir, quorum.answer_or_vote, link, page), feed, quiet_roots)
     hub.start()
     return hub

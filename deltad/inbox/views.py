@@ -24,6 +24,8 @@ from deltad.protocol.errors import ProtocolError
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import shell_quote, show, show_path
 
+from .ballots import read as quorum_read
+from .ballots import shown as quorum_shown
 from .handover import read, shown
 from .outcome import run_outcome
 
@@ -45,6 +47,7 @@ class Pending(BaseModel):
     answer_waiting: bool
     last_refusal: str | None = None
     delegations: list[dict[str, str]] = []
+    approvals: dict[str, Any] | None = None  # four eyes: {required, given} (quorum.py)
 
 
 def _workspace(ws: Workspace | Path | str) -> Workspace:
@@ -84,6 +87,7 @@ def pending(ws: Workspace | Path | str) -> Pending | None:
         answer_waiting=mailbox.answer_file() is not None,
         last_refusal=mailbox.last_refusal(),
         delegations=shown(read(w, req.request_id)),
+        approvals=quorum_shown(req, quorum_read(w, req.request_id)),
     )
 
 
@@ -119,6 +123,8 @@ def status(ws: Workspace | Path | str, run_id: str | None = None) -> dict[str, A
         "answer_error": mailbox.last_refusal() if req else None,
         # Who the question was handed to (delegation.json), oldest first.
         "delegations": shown(read(w, req.request_id)) if req else [],
+        # Four eyes: the votes given so far and how many are needed (approvals.json).
+        "approvals": quorum_shown(req, quorum_read(w, req.request_id)) if req else None,
         "set_aside": mailbox.stale_answers(),
         "outcome": run_outcome(w, meta),  # a finished run's final message and answers
     }
