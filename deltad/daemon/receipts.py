@@ -68,11 +68,11 @@ def receipt(ws_path: Path, run_id: str | None, *, expired: bool = False) -> dict
     if req is None:
         return None
     if expired:
-        fields = timeout_receipt(ws_path, run_id, req)
+        timed = timeout_receipt(ws_path, run_id, req)
         rec = ballots.read(ws, req.request_id)  # four eyes: the partial votes, on record
         if rec is not None and rec.votes:
-            fields["votes"] = [{"by": v.by, "verdict": v.verdict, "at": v.at} for v in rec.votes]
-        return fields
+            timed["votes"] = [{"by": v.by, "verdict": v.verdict, "at": v.at} for v in rec.votes]
+        return timed
     answer = mailbox.read_answer(req, secret=req.is_secret)
     if answer.state not in (AnswerState.READY, AnswerState.REFUSED):
         return None

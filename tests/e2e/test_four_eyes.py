@@ -19,9 +19,12 @@ from typing import Any
 
 from deltad.protocol import utcnow
 from deltad.protocol.models import GatedCall, Option
-from deltad.testing.daemon import DELTAD, Daemon, records, wait_for
+from deltad.testing import FakeLLM, tool_call
+from deltad.testing.daemon import DELTAD, Daemon, metadata_status, records, wait_for
 from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
+
+from ..conftest import GATED_TOOLS_FOR_DAEMON, llm_env, write_agent
 
 DELTA = str(Path(sys.executable).parent / "delta")
 OPTIONS = [Option(key="a", label="Apple"), Option(key="p", label="Pear")]
@@ -163,3 +166,62 @@ def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> 
         [DELTAD, "audit", "verify", "--state-dir", str(d.state_dir)], capture_output=True, text=True
     )
     assert ok.returncode == 0, ok.stderr
+
+
+def test_an_agents_policy_asks_two_and_the_run_records_both(tmp_path: Path, fake: FakeLLM) -> None:
+    """The agent's `approvals_required: 2` reaches the question through the engine; two tokens
+    approve and the real `delta run` resumes once, the call runs, and the journal, the
+    history and `delta status` name both."""
+    root = tmp_path / "root"
+    root.mkdir()
+    policy = "approval:\n  require: [deploy]\n  approvals_required: 2\n"
+    agent = write_agent(tmp_path, GATED_TOOLS_FOR_DAEMON, policy, name="gated")
+    fake.reply(None, tool_call("deploy", {"env": "prod"}, id="d1"))
+    fake.reply("done")
+    ws = root / "ws"
+    ws.mkdir()
+    out = subprocess.run(
+        [DELTA, "run", "--agent", str(agent), "--task", "ship", "--work-dir", str(ws)],
+        env=llm_env(fake),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 101, out.stderr
+    assert (
+        json.loads((ws / ".delta/interaction/request.json").read_text())["approvals_required"] == 2
+    )
+    real = ["delta", "run", "--work-dir", "{workspace}"]
+    d = Daemon(tmp_path, [root], resume_command=real, http={"listen": "127.0.0.1:0"})
+    d.start(env=llm_env(fake))
+    try:
+        url = http_url(d)
+        alice, bob = make_token(d.state_dir, "alice"), make_token(d.state_dir, "bob")
+        with client(url, alice) as a, client(url, bob) as b:
+            [q] = wait_for(lambda: a.get("/v1/requests").json()["requests"], "the question")
+            body = {"decisions": [{"action_id": "d1", "decision": "approve"}]}
+            path = f"/v1/requests/{q['request_id']}/answer"
+            assert a.post(path, json=body).json()["answered"] is False
+            assert b.post(path, json=body).json()["answered"] is True
+            wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run to complete")
+            assert (ws / "deployed.txt").read_text().strip() == "prod"
+            [h] = [x for x in a.get("/v1/history").json()["history"] if x["kind"] == "answered"]
+            assert h["answered_by"] == "alice, bob"
+            assert [v["by"] for v in h["approvals"]] == ["alice", "bob"]
+    finally:
+        d.stop()
+        d.kill_children()
+    [answered] = [
+        json.loads(x)["payload"]
+        for x in (ws / ".delta/runs")
+        .glob("*/execution/journal.jsonl")
+        .__next__()
+        .read_text()
+        .splitlines()
+        if '"answered"' in x and '"HUMAN_INTERACTION"' in x
+    ]
+    assert [v["by"] for v in answered["reply"]["approvals"]] == ["alice", "bob"]
+    status = subprocess.run(
+        [DELTA, "status", "--work-dir", str(ws)], capture_output=True, text=True
+    )
+    assert "alice, bob" in status.stdout, status.stdout
