@@ -29,12 +29,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from deltad import __version__
 from deltad.health import HEARTBEAT_SECONDS, Health
-from deltad.inbox import quorum
 
 if TYPE_CHECKING:
     from deltad.daemon.service import Service
@@ -110,12 +109,23 @@ class CoreMetrics:
             ["result"],
             registry=r,
         )
+        self.votes = Counter(
+            "deltad_approval_votes",
+            "Four eyes: votes cast on questions needing several approvals, by outcome "
+            "(pending, answered, refused).",
+            ["outcome"],
+            registry=r,
+        )
         Gauge("deltad_build_info", "deltad's version.", ["version"], registry=r).labels(
             __version__
         ).set(1)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def vote(self, outcome: str) -> None:
+        """A four-eyes vote (deltad/inbox/quorum.py tells it from the core's call threads)."""
+        self.votes.labels(outcome).inc()
 
     def resume_ended(self, executor: str, failed: bool, timed_out: bool) -> None:
         result = "timed_out" if timed_out else "failed" if failed else "succeeded"
@@ -222,15 +232,6 @@ def gauges(s: Source, mono: float, wall: float) -> Iterator[Metric]:
         "backend",
         [(name, ok) for name, _, ok in backends],
     )
-    votes = CounterMetricFamily(
-        "deltad_approval_votes",
-        "Four eyes: votes cast on questions needing several approvals, by outcome "
-        "(pending, answered, refused).",
-        labels=["outcome"],
-    )
-    for outcome, n in sorted(quorum.counted().items()):
-        votes.add_metric([outcome], n)
-    yield votes
     if (depth := s.outbox_depth()) is not None:
         yield _gauge(
             "deltad_webhook_outbox_depth", "Webhook deliveries waiting in the outbox.", depth

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -141,18 +141,14 @@ def vote_of(req: InteractionRequest, body: AnswerIn, by: str, channel: str) -> V
 
 # -- the shell --------------------------------------------------------------------------------
 _lock = threading.Lock()  # every vote is cast in the one core process: one at a time
-_counted: dict[str, int] = {}  # votes by outcome since start, for /metrics (under _lock)
-
-
-def counted() -> dict[str, int]:
-    """Votes cast since start by outcome: `pending` (counted, waiting for more), `answered`
-    (completed the answer), `refused` (the same person again, the owner, ...)."""
-    with _lock:
-        return dict(_counted)
+# Told each vote's outcome (`pending`, `answered`, `refused`): the daemon's /metrics counter
+# (CoreMetrics.vote), set by the service; None in a process without one.
+observer: Callable[[str], None] | None = None
 
 
 def _count(outcome: str) -> None:
-    _counted[outcome] = _counted.get(outcome, 0) + 1
+    if observer is not None:
+        observer(outcome)
 
 
 @dataclass(frozen=True)

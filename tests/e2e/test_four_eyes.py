@@ -112,6 +112,11 @@ def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> 
             first = a.post("/v1/answers", json=body).json()
             assert first["accepted"] == 2
             assert [x["answered"] for x in first["results"]] == [False, False]
+            prom = make_token(d.state_dir, "prom", role="metrics")
+            with client(url, prom) as m:
+                text = m.get("/metrics").text
+            for outcome, n in (("pending", 5), ("answered", 1), ("refused", 2)):
+                assert f'deltad_approval_votes_total{{outcome="{outcome}"}} {n}.0' in text
         d.wait_resumed(rejected)
         d.stop()
         early = {x["workspace"] for x in records(d.record)}

@@ -216,3 +216,19 @@ def test_an_agent_with_a_bad_quorum_is_one_line(tmp_path: Path) -> None:
         2,
         False,
     )
+
+
+def test_a_votes_receipt_names_the_voter_and_the_quorum(tmp_path: Path) -> None:
+    from deltad.daemon.receipts import vote_receipt
+
+    ws = tmp_path / "ws"
+    rid = _approval(ws)
+    done = quorum.cast(ws, rid, _body(), by="alice", channel="http")
+    assert done.approvals is not None
+    vote = _body().model_dump(exclude_none=True, mode="json")
+    got = vote_receipt(ws, done.request, "alice", "http", vote, done.approvals, done.outcome)
+    assert (got["kind"], got["answered_by"], got["request_id"]) == ("vote", "alice", rid)
+    assert got["quorum"] == {"required": 2, "given": ["alice"], "outcome": "pending"}
+    [d] = got["what"]["decisions"]
+    assert (d["decision"], d["tool_name"]) == ("approve", "deploy")
+    assert d["digest"].startswith("sha256:")
