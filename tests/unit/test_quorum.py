@@ -232,3 +232,27 @@ def test_a_votes_receipt_names_the_voter_and_the_quorum(tmp_path: Path) -> None:
     [d] = got["what"]["decisions"]
     assert (d["decision"], d["tool_name"]) == ("approve", "deploy")
     assert d["digest"].startswith("sha256:")
+
+
+@pytest.mark.parametrize(
+    ("attr", "required", "problem"),
+    [
+        ("", 1, None),
+        ('approvals_required="2"', 2, None),
+        ('approvals_required="0"', 1, "from 1 to 10"),
+        ('approvals_required="two"', 1, "from 1 to 10"),
+        ('approvals_required="11"', 1, "from 1 to 10"),
+    ],
+)
+def test_a_pipeline_gate_may_ask_several(attr: str, required: int, problem: str | None) -> None:
+    from deltad.pipeline.nodes import gate_request
+
+    from .test_pipeline_gates import gate_with
+
+    g = gate_with("[A] Approve", "[R] Revise", attrs=attr)
+    assert g.approvals_required == required
+    if problem is None:
+        assert not g.problems
+        assert gate_request(g, "run", "g@1").approvals_required == required
+    else:
+        assert problem in g.problems[0].message
