@@ -515,7 +515,7 @@ def submit(
         if parsed.answer is None and parsed.decisions is None:
             raise inbox.Misfit('give "answer" or "decisions"')
         voter = None if channel == "link" else answered_by  # a signed link names nobody
-        done = quorum.cast(ws, request_id, parsed, by=voter, channel=channel)
+        done = quorum.cast(ws, request_id, parsed, by=voter, channel=channel, shown_as=answered_by)
     except inbox.NotPending:
         # Only questions the daemon's index saw open get here: a resume has taken it since.
         raise ApiError(409, "already_answered", f"question {request_id} was answered") from None

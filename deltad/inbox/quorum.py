@@ -169,14 +169,16 @@ def cast(
     *,
     by: str | None,
     channel: str,
+    shown_as: str | None = None,
 ) -> Cast:
     """Answer question `request_id` as `by` through `channel`: at once when it needs one
-    answer, else as a vote (see the module's rule). Raises a SubmitError."""
+    answer (recorded as answered by `shown_as`, default `by`: a signed link is "signed link"
+    but no voter), else as a vote (see the module's rule). Raises a SubmitError."""
     w = ws if isinstance(ws, Workspace) else Workspace.at(ws)
     req = open_question(w, request_id)
     need = required_of(req)
     if need <= 1:
-        done = submit(w, request_id, body, answered_by=by or "signed link", channel=channel)
+        done = submit(w, request_id, body, answered_by=shown_as or by, channel=channel)
         return Cast(req, done, None, "answered")
     if by is None:
         raise NoVoter(
