@@ -17,6 +17,7 @@ from deltad.protocol.models import GatedCall, InteractionRequest, Option
 from deltad.testing.stub import paused_workspace
 
 A = '[["act_1","approve","sha256:aa"]]'  # an approval of the call as shown
+OPTIONS = [Option(key="a", label="Apple"), Option(key="p", label="Pear")]
 E = '[["act_1","edit","sha256:ee"]]'  # an edit: another digest
 
 
@@ -256,3 +257,14 @@ def test_a_pipeline_gate_may_ask_several(attr: str, required: int, problem: str 
         assert gate_request(g, "run", "g@1").approvals_required == required
     else:
         assert problem in g.problems[0].message
+
+
+def test_a_channels_reply_is_a_vote_by_its_sender(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws, "Fruit?", input_type="choice", options=OPTIONS, approvals_required=2)
+    pear = AnswerIn.parse({"answer": "p"})
+    assert quorum.answer_or_vote(ws, None, pear, answered_by="a@x", channel="email") is None
+    done = quorum.answer_or_vote(ws, None, pear, answered_by="b@x", channel="email")
+    assert done is not None
+    answer = json.loads((ws / ".delta/interaction/response.json").read_text())
+    assert (answer["answered_by"], answer["channel"]) == ("a@x, b@x", "email")
