@@ -18,7 +18,7 @@ from deltad.protocol.fsio import read_regular
 from deltad.protocol.safefs import publish
 
 FILE = "approvals.json"
-MAX_BYTES = 256 * 1024
+MAX_BYTES = 2 * 1024 * 1024  # two votes of the largest answer (1 MiB) fit; more is refused
 MAX_VOTES = 50  # votes kept per question: more is refused (a quorum is at most 10)
 
 Verdict = Literal["approve", "reject", "answer"]
@@ -97,5 +97,10 @@ def owner_of(ws: Workspace) -> str | None:
         return str(uid)
 
 
-def write(ws: Workspace, rec: Record) -> None:
-    publish(path_of(ws), (rec.model_dump_json(indent=2) + "\n").encode(), replace=True)
+def encoded(rec: Record) -> bytes:
+    return (rec.model_dump_json(indent=2) + "\n").encode()
+
+
+def write(ws: Workspace, data: bytes) -> None:
+    """Put the record in place atomically (a reader sees the old one or the new one)."""
+    publish(path_of(ws), data, replace=True)

@@ -45,11 +45,24 @@ from .answering import (
     Misfit,
     SubmitError,
     Submitted,
+    TooLarge,
     check,
     open_question,
     submit,
 )
-from .ballots import MAX_VOTES, Record, Verdict, Vote, owner_of, read, required_of, shown, write
+from .ballots import (
+    MAX_BYTES,
+    MAX_VOTES,
+    Record,
+    Verdict,
+    Vote,
+    encoded,
+    owner_of,
+    read,
+    required_of,
+    shown,
+    write,
+)
 
 
 class AlreadyVoted(SubmitError):
@@ -202,10 +215,13 @@ def cast(
         if isinstance(outcome, Refused):
             _count("refused")
             raise outcome.error
-        _count("pending" if isinstance(outcome, Pending) else "answered")
         rec = Record(request_id=request_id, required=need, votes=outcome.votes)
         if isinstance(outcome, Pending):
-            write(w, rec)
+            if len(data := encoded(rec)) > MAX_BYTES:  # never a record too big to read back
+                _count("refused")
+                raise TooLarge(f"the votes on this question would be over {MAX_BYTES} bytes")
+            _count("pending")
+            write(w, data)
             return Cast(req, None, shown(req, rec), "pending")
         voters = [
             {"by": v.by, "channel": v.channel, "at": v.at, "verdict": v.verdict}
@@ -220,8 +236,12 @@ def cast(
             channel=channel,
             approvals=voters,
         )
+        _count("answered")
         rec.decided = True
-        write(w, rec)  # after the answer: a crash between leaves the answer, which names all
+        # After the answer: a crash between leaves the answer, which names every voter (and a
+        # record too big to keep is left as it was, for the same reason).
+        if len(data := encoded(rec)) <= MAX_BYTES:
+            write(w, data)
         return Cast(req, done, shown(req, rec), "answered")
 
 

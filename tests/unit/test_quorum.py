@@ -268,3 +268,18 @@ def test_a_channels_reply_is_a_vote_by_its_sender(tmp_path: Path) -> None:
     assert done is not None
     answer = json.loads((ws / ".delta/interaction/response.json").read_text())
     assert (answer["answered_by"], answer["channel"]) == ("a@x, b@x", "email")
+
+
+def test_a_record_too_big_to_read_back_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = tmp_path / "ws"
+    paused_workspace(ws, "Fruit?", input_type="choice", options=OPTIONS, approvals_required=3)
+    rid = _rid(ws)
+    pear = AnswerIn.parse({"answer": "p"})
+    assert quorum.cast(ws, rid, pear, by="alice", channel="http").outcome == "pending"
+    before = (ws / ".delta/interaction" / ballots.FILE).read_bytes()
+    monkeypatch.setattr(quorum, "MAX_BYTES", len(before) + 10)
+    with pytest.raises(quorum.TooLarge):
+        quorum.cast(ws, rid, pear, by="bob", channel="http")
+    assert (ws / ".delta/interaction" / ballots.FILE).read_bytes() == before
