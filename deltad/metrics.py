@@ -116,6 +116,13 @@ class CoreMetrics:
             ["outcome"],
             registry=r,
         )
+        self.channel_sends = Counter(
+            "deltad_channel_sends",
+            "Messages a channel (email, slack) sent from its outbox, by channel and result "
+            "(sent, retry, dead).",
+            ["channel", "result"],
+            registry=r,
+        )
         Gauge("deltad_build_info", "deltad's version.", ["version"], registry=r).labels(
             __version__
         ).set(1)

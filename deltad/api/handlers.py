@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import islice
@@ -135,6 +136,9 @@ class Context:
     core: Calls | None = None
     # The audit log each four-eyes vote is appended to (daemon/audit.py); None: not kept.
     audit: Path | None = None
+    # Channels that take requests of their own (Slack's interactions), by name, in the core:
+    # (raw body, timestamp header, signature header) -> {"response": ...} (deltad/channels).
+    interactions: dict[str, Callable[[str, str, str], dict[str, Any]]] = field(default_factory=dict)
 
 
 # -- who may see what -----------------------------------------------------------------------------

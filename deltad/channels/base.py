@@ -1,4 +1,4 @@
-"""The one channel model: each channel (email today) is a plug-in of this small interface.
+"""The one channel model: each channel (email, slack) is a plug-in of this small interface.
 
 A channel is told of questions and of their end by the hub (deltad/channels/hub.py), which
 listens to the daemon's feed on a thread of its own, and takes answers in on threads of its
@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from prometheus_client import Counter
+
 from deltad.inbox import AnswerIn, Submitted, open_question
 from deltad.protocol import InteractionRequest, Workspace
 
@@ -49,6 +51,7 @@ class Answer(Protocol):
         *,
         answered_by: str | None = None,
         channel: str | None = None,
+        voter: str | None = None,
     ) -> Submitted | None: ...
 
 
@@ -87,6 +90,8 @@ class Context:
     # parse the reply by its kind and check its respondents, as the HTTP API does before it
     # delivers. A process without privileges is given a function that asks the core.
     question: Callable[[Workspace, str], InteractionRequest] = open_question
+    # Sends from the channel's outbox by (channel, result): deltad_channel_sends (metrics.py).
+    sends: Counter | None = None
 
 
 class Channel(ABC):

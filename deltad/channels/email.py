@@ -74,7 +74,7 @@ class EmailChannel(Channel):
         smtp = config.smtp
         self.password = smtp.password.read().decode() if smtp.password is not None else None
         self.tls = ssl.create_default_context(cafile=smtp.ca_file) if smtp.ca_file else None
-        self.courier = Courier("email", ctx.state_dir, config.outbox, self._smtp)
+        self.courier = Courier("email", ctx.state_dir, config.outbox, self._smtp, ctx.sends)
         self.address = re.compile(
             rf"{re.escape(config.reply_local)}\+([0-9a-f]{{36}})@{re.escape(config.reply_domain)}"
         )
@@ -317,7 +317,14 @@ class EmailChannel(Channel):
             raise Refusal("misfit", f"{e}; reply again", grant) from None
         self.grants.claim(grant, name)
         try:
-            self.ctx.answer(ws, req.request_id, body, answered_by=reply.sender, channel=self.name)
+            self.ctx.answer(
+                ws,
+                req.request_id,
+                body,
+                answered_by=reply.sender,
+                channel=self.name,
+                voter=person.name,  # four eyes: one person, one vote, on every channel
+            )
         except (ProtocolError, OSError) as e:  # as the HTTP API says it (409)
             self.grants.release(grant)
             why = f"the workspace cannot take an answer: {e}"

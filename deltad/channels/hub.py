@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import structlog
+from prometheus_client import Counter
 
 from deltad import inbox
 from deltad.inbox import quorum
@@ -35,14 +36,20 @@ def build(
     answer: Answer,
     link: Callable[[str, str], str] | None = None,
     page: Callable[[str], str] | None = None,
+    sends: Counter | None = None,
 ) -> list[Channel]:
     """The configured channels (ValueError or OSError, one line, if one cannot start)."""
     out: list[Channel] = []
     if config.email is not None:
         from .email import EmailChannel
 
-        ctx = Context(state_dir / "channels" / "email", answer, link, page)
+        ctx = Context(state_dir / "channels" / "email", answer, link, page, sends=sends)
         out.append(EmailChannel(config.email, ctx))
+    if config.slack is not None:
+        from .slack import SlackChannel
+
+        ctx = Context(state_dir / "channels" / "slack", answer, link, page, sends=sends)
+        out.append(SlackChannel(config.slack, ctx))
     return out
 
 
@@ -117,7 +124,12 @@ class Hub:
 
 
 def start(
-    config: ChannelsConfig, feed: Feed, quiet_roots: list[Path], http: object, state_dir: Path
+    config: ChannelsConfig,
+    feed: Feed,
+    quiet_roots: list[Path],
+    http: object,
+    state_dir: Path,
+    sends: Counter | None = None,
 ) -> Hub:
     """The daemon's channels, started: answers go through `deltad.inbox.submit` (by way of
     `quorum.answer_or_vote`), the function
@@ -136,6 +148,12 @@ def start(
             return f"{ctx.base_url}/#request={request_id}"
 
     # Four eyes: a reply is a vote where the question needs several (inbox/quorum.py).
-    hub = Hub(build(config, state_dir, quorum.answer_or_vote, link, page), feed, quiet_roots)
+    hub = Hub(build(config, state_dir, quorum.answer_or_vote, link, page, sends), feed, quiet_roots)
     hub.start()
+    if isinstance(http, handlers.Context):
+        # What the inbox relays from a channel's own endpoint (Slack's interactions) reaches
+        # the channel here, in the core (deltad/privsep/core.py: `ChannelInteraction`).
+        for c in hub.channels:
+            if (take := getattr(c, "interaction", None)) is not None:
+                http.interactions[c.name] = take
     return hub

@@ -338,7 +338,12 @@ def _start_inbox(svc: Service) -> None:
         context = svc.http.context if svc.http is not None else None
         try:
             svc.channels = hub.start(
-                svc.config.channels, svc.feed, quiet, context, svc.config.state_dir
+                svc.config.channels,
+                svc.feed,
+                quiet,
+                context,
+                svc.config.state_dir,
+                svc.metrics.channel_sends,
             )
         except (OSError, ValueError) as e:
             raise ConfigError(f"channels: {e}") from None

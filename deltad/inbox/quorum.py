@@ -252,9 +252,13 @@ def answer_or_vote(
     *,
     answered_by: str | None = None,
     channel: str | None = None,
+    voter: str | None = None,
 ) -> Submitted | None:
-    """`cast` as a channel calls the answering path (channels/base.py `Answer`): the sender
-    is the voter; None when the vote was recorded and the question still waits for others."""
+    """`cast` as a channel calls the answering path (channels/base.py `Answer`): `voter` is
+    the person as respondents name them (the channel's mapping: the same name as their token,
+    so one person is one vote on every channel), else the sender; None when the vote was
+    recorded and the question still waits for others."""
     w = Workspace.at(ws)
     rid = request_id if request_id is not None else open_question(w).request_id
-    return cast(w, rid, body, by=answered_by, channel=channel or "other").submitted
+    by = voter or answered_by
+    return cast(w, rid, body, by=by, channel=channel or "other", shown_as=answered_by).submitted
