@@ -144,7 +144,9 @@ def _channel(tmp: Path, **over: Any) -> EmailChannel:
             **over,
         }
     )
-    ctx = Context(tmp / "state", quorum.answer_or_vote, page=lambda r: f"https://inbox/#request={r}")
+    ctx = Context(
+        tmp / "state", quorum.answer_or_vote, page=lambda r: f"https://inbox/#request={r}"
+    )
     return EmailChannel(config, ctx)
 
 
