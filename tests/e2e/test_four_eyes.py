@@ -146,6 +146,7 @@ def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> 
         timeout = wait_for(timeouts, "the deadline's receipt")[0]
         d.stop()
     finally:
+        d.stop()  # again after a failure too: never a daemon left behind
         d.kill_children()
     resumed = Counter(x["workspace"] for x in records(d.record))
     resumed.pop(str(late), None)
