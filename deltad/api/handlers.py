@@ -247,6 +247,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "respondents": r.respondents,
         "delegations": p.delegations,  # who it was handed to (they may answer too)
         "approvals": p.approvals,  # four eyes: {required, given: [...]}, or null
+        "follow_up": p.follow_up,  # reminders, escalation, SLA due (protocol/followup.py)
         "context": r.context.model_dump(mode="json") if r.context else None,
         "prompt": r.prompt,
         "input_type": str(r.input_type),

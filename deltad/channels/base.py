@@ -64,6 +64,10 @@ class Question:
     task: str | None = None  # the run's task, for context
     page_url: str | None = None  # the question on the inbox page (None: no page configured)
     link_url: str | None = None  # a signed single-use link answering it (None: no page)
+    # A follow-up (protocol/followup.py): "reminder" (again, to everyone allowed, escalated-to
+    # people included) or "escalation" (to the people in `only`); None: the first asking.
+    follow_up: str | None = None
+    only: tuple[str, ...] = ()  # send to these respondents (token names, group:NAME) only
 
 
 @dataclass(frozen=True)

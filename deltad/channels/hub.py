@@ -27,7 +27,13 @@ QUEUE_CAP = 10_000
 JOURNAL_TAIL_BYTES = 256 * 1024  # of a journal read to learn who answered
 JOURNAL_TAIL_EVENTS = 200
 STOP_WAIT = 10.0
-WANTED = ("request.created", "request.answered", "request.expired")
+WANTED = (
+    "request.created",
+    "request.answered",
+    "request.expired",
+    "request.reminder",  # the question again, to everyone allowed to answer it
+    "request.escalated",  # the question to the people it was escalated to
+)
 
 
 def build(
@@ -110,7 +116,14 @@ class Hub:
         p = inbox.pending(ws)
         if p is None or p.request.request_id != request_id or p.answer_waiting:
             return  # answered or gone meanwhile: nothing to ask
-        c.send(Question(ws, p.request, p.task))
+        if e.type == "request.reminder":
+            c.send(Question(ws, p.request, p.task, follow_up="reminder"))
+        elif e.type == "request.escalated":
+            to = e.data.get("escalated_to")
+            only = tuple(str(t) for t in to) if isinstance(to, list) else ()
+            c.send(Question(ws, p.request, p.task, follow_up="escalation", only=only))
+        else:
+            c.send(Question(ws, p.request, p.task))
 
     def stop(self) -> None:
         if self._unsubscribe:

@@ -256,6 +256,9 @@ class SlackChannel(Channel):
             self.records.prune(now)
         shown = show_path(str(question.workspace))
         ref = ref_of(shown, r.request_id)
+        if question.follow_up is not None and self.records.get(ref) is not None:
+            self._follow_up(question, ref)
+            return
         with self.records.lock:
             if self.records.get(ref) is not None:
                 return  # told again (a restart): posted once
@@ -276,6 +279,35 @@ class SlackChannel(Channel):
             body = {"ref": ref, "text": text, "blocks": message}
             self.courier.put(to, "question", json.dumps(body))
         log.info("slack_question_queued", request_id=r.request_id, workspace=shown)
+
+    def _follow_up(self, question: Question, ref: str) -> None:
+        """A reminder or an escalation of a question posted before (docs/inbox.md, "Reminders
+        and escalation"): a reply in the thread of each post, broadcast to the conversation so
+        it is seen again; an escalation also posts the question to the DMs of those it adds
+        (the conversation has it already). The follow-up's record is the daemon's (the state
+        dir): each reaches here once."""
+        r = question.request
+        if question.follow_up == "escalation":
+            names = ", ".join(question.only) or "more people"
+            note = f"Escalated to {names}: this question is still waiting for an answer."
+        else:
+            note = "Reminder: this question is still waiting for an answer."
+        self.courier.put("thread", "thread", json.dumps({"ref": ref, "text": note}))
+        if question.follow_up == "escalation" and question.only and self.config.dm:
+            record = self.records.get(ref) or {}
+            told = {p.get("channel") for p in record.get("posts", [])}
+            page = self.ctx.page(r.request_id) if self.ctx.page is not None else None
+            text, message = blocks.question_message(question, ref, self.config.context_chars, page)
+            for to in self.recipients(list(question.only)):
+                if to != self.config.channel and to not in told:
+                    body = {"ref": ref, "text": text, "blocks": message}
+                    self.courier.put(to, "question", json.dumps(body))
+        log.info(
+            "slack_follow_up_queued",
+            request_id=r.request_id,
+            follow_up=question.follow_up,
+            workspace=show_path(str(question.workspace)),
+        )
 
     def withdraw(self, closed: Closed) -> None:
         ref = ref_of(show_path(str(closed.workspace)), closed.request_id)
@@ -301,6 +333,8 @@ class SlackChannel(Channel):
                 self._post(d.url, doc)
             elif d.event == "update":
                 self._update(doc["ref"])
+            elif d.event == "thread":
+                self._thread(doc["ref"], doc["text"])
             elif d.event == "ephemeral":
                 self.client.chat_postEphemeral(
                     channel=doc["channel"], user=doc["user"], text=doc["text"]
@@ -311,6 +345,21 @@ class SlackChannel(Channel):
         except (SlackClientError, OSError) as e:
             return Failed(f"{type(e).__name__}: {e}"[:300])
         return None
+
+    def _thread(self, ref: str, text: str) -> None:
+        record = self.records.get(ref)
+        if record is None or record.get("closed"):
+            return  # answered or gone meanwhile: nothing to remind of
+        for post in record.get("posts", []):
+            if post.get("ts"):
+                self.client.chat_postMessage(
+                    channel=post["channel"],
+                    thread_ts=post["ts"],
+                    reply_broadcast=True,
+                    text=text,
+                    unfurl_links=False,
+                    unfurl_media=False,
+                )
 
     def _post(self, to: str, doc: dict[str, Any]) -> None:
         ref = doc["ref"]

@@ -215,6 +215,8 @@ def _print_status(ws: Workspace, doc: dict[str, Any]) -> None:
             click.echo(f"  Handed:   by {show(d['by'])} to {show(d['to'])} at {d['at']}{note}")
         if line := display.approvals_line(doc.get("approvals")):
             click.echo(line)
+        for line in display.follow_up_lines(doc.get("follow_up")):
+            click.echo(line)
         if doc["answer_error"]:
             click.echo(f"  Last answer was not taken: {show(doc['answer_error'])}")
     if ended := display.outcome_lines(doc.get("outcome")):

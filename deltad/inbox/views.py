@@ -16,6 +16,7 @@ from deltad.protocol import (
     RunMetadata,
     RunStatus,
     Workspace,
+    followup,
     iso,
     load_metadata,
     owner_alive,
@@ -48,6 +49,7 @@ class Pending(BaseModel):
     last_refusal: str | None = None
     delegations: list[dict[str, str]] = []
     approvals: dict[str, Any] | None = None  # four eyes: {required, given} (quorum.py)
+    follow_up: dict[str, Any] | None = None  # reminders and escalation (followup.json)
 
 
 def _workspace(ws: Workspace | Path | str) -> Workspace:
@@ -88,6 +90,7 @@ def pending(ws: Workspace | Path | str) -> Pending | None:
         last_refusal=mailbox.last_refusal(),
         delegations=shown(read(w, req.request_id)),
         approvals=quorum_shown(req, quorum_read(w, req.request_id)),
+        follow_up=follow_up_shown(w, req),
     )
 
 
@@ -125,9 +128,25 @@ def status(ws: Workspace | Path | str, run_id: str | None = None) -> dict[str, A
         "delegations": shown(read(w, req.request_id)) if req else [],
         # Four eyes: the votes given so far and how many are needed (approvals.json).
         "approvals": quorum_shown(req, quorum_read(w, req.request_id)) if req else None,
+        # Reminded when, escalated to whom and when, due when (followup.json; protocol/followup.py).
+        "follow_up": follow_up_shown(w, req) if req else None,
         "set_aside": mailbox.stale_answers(),
         "outcome": run_outcome(w, meta),  # a finished run's final message and answers
     }
+
+
+def follow_up_shown(ws: Workspace, req: InteractionRequest) -> dict[str, Any] | None:
+    """What was done about the question (reminders, escalation) and when it is due (its SLA),
+    or None when it asks for neither."""
+    rec = followup.read(ws.interaction_dir, req.request_id)
+    due = followup.sla_due(req.timestamp, req.follow_up)
+    if rec is None and due is None:
+        return None
+    doc = rec.shown() if rec is not None else {"reminders": [], "escalated": None}
+    doc.pop("request_id", None)
+    if doc.get("sla_due_at") is None:
+        doc["sla_due_at"] = iso(due) if due is not None else None
+    return doc
 
 
 def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:

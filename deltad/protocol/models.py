@@ -170,6 +170,8 @@ class InteractionRequest(_Model):
     # respondents agree; `owner_may_approve: false` refuses the workspace owner's own vote.
     approvals_required: int = Field(default=1, ge=1, le=MAX_APPROVALS)
     owner_may_approve: bool = True
+    # Reminders, escalation and the SLA clock (protocol/followup.py); None: the daemon's.
+    follow_up: FollowUp | None = None
 
     @property
     def is_secret(self) -> bool:
@@ -230,3 +232,8 @@ class JournalEvent(_Model):
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+
+from .followup import FollowUp  # noqa: E402  (it reads this module's names)
+
+InteractionRequest.model_rebuild()

@@ -74,3 +74,5 @@ class Reply(BaseModel):
     channel: str | None = None  # for mailbox answers: the channel that wrote the file
     delegations: list[dict[str, str]] | None = None  # the hand-overs before this answer
     approvals: list[dict[str, str]] | None = None  # four eyes: the votes that made it
+    # Reminders and escalation before this reply (followup.json, copied in by the engine).
+    follow_up: dict[str, Any] | None = None

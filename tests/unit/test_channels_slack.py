@@ -273,6 +273,35 @@ def test_posts_go_to_the_conversation_and_to_each_allowed_person(tmp_path: Path)
         assert "Answered by carol (http)" in json.dumps(updates[0].args["blocks"])
 
 
+def test_a_reminder_and_an_escalation_reach_the_posts_and_those_added(tmp_path: Path) -> None:
+    with SlackApi(token="xoxb-unit") as api:
+        ch = _channel(tmp_path, api)
+        ws, request_id = _ask(tmp_path, ch, input_type="yes_no", respondents=["alice"])
+        assert _drain(ch) == [None, None]  # the conversation and alice's DM
+        req = Mailbox(Workspace.at(ws)).read_request()
+        assert req is not None
+        ch.send(Question(ws, req, "t", follow_up="reminder"))
+        assert _drain(ch) == [None]
+        replies = api.calls("chat.postMessage")[2:]
+        posts = api.calls("chat.postMessage")[:2]
+        assert [(c.args["channel"], c.args["thread_ts"]) for c in replies] == [
+            (p.result["channel"], p.result["ts"]) for p in posts
+        ]
+        assert all(c.args["reply_broadcast"] and "Reminder" in c.args["text"] for c in replies)
+        # An escalation to bob: a note in each thread, and the question itself in bob's DM.
+        ch.send(Question(ws, req, "t", follow_up="escalation", only=("bob",)))
+        assert _drain(ch) == [None, None]
+        calls = api.calls("chat.postMessage")[4:]
+        assert ["thread_ts" in c.args for c in calls] == [True, True, False]
+        assert "Escalated to bob" in calls[0].args["text"]
+        assert calls[2].args["channel"] == "U0BOB" and calls[2].args["blocks"]
+        # Once answered, a late reminder says nothing.
+        ch.withdraw(Closed(ws, request_id, "answered", "alice", "slack"))
+        ch.send(Question(ws, req, "t", follow_up="reminder"))
+        _drain(ch)
+        assert len(api.calls("chat.postMessage")) == 7
+
+
 def test_a_question_closed_before_it_was_posted_is_posted_closed(tmp_path: Path) -> None:
     with SlackApi(token="xoxb-unit") as api:
         ch = _channel(tmp_path, api, dm=False)
