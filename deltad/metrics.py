@@ -128,6 +128,13 @@ class CoreMetrics:
             ["result"],
             registry=r,
         )
+        self.votes = Counter(
+            "deltad_approval_votes",
+            "Four eyes: votes cast on questions needing several approvals, by outcome "
+            "(pending, answered, refused).",
+            ["outcome"],
+            registry=r,
+        )
         self.channel_sends = Counter(
             "deltad_channel_sends",
             "Messages a channel (email, slack) sent from its outbox, by channel and result "
@@ -148,6 +155,10 @@ class CoreMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def vote(self, outcome: str) -> None:
+        """A four-eyes vote (deltad/inbox/quorum.py tells it from the core's call threads)."""
+        self.votes.labels(outcome).inc()
 
     def resume_ended(self, executor: str, failed: bool, timed_out: bool) -> None:
         result = "timed_out" if timed_out else "failed" if failed else "succeeded"

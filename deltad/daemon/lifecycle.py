@@ -29,6 +29,7 @@ from deltad.watch import Backend, PollingBackend, event_backend
 from deltad.watch.fanotify import FanotifyBackend
 from deltad.watch.tree import WatchTree
 
+from .audit import audit_path
 from .config import ConfigError, DaemonConfig, load_config
 from .decide import Rules
 from .lease import RENEWALS_PER_LEASE, Holder, Lease, LeaseError, read_holder
@@ -312,6 +313,8 @@ def _open_inbox(svc: Service) -> None:
         # the socket and answers the inbox's calls on threads beside the loop.
         try:
             svc.http = InboxHost(http, svc.feed, svc.config.state_dir, log_args, svc.vitals)
+            if svc.config.audit.enabled:  # four eyes: each vote is a receipt of its own
+                svc.http.context.audit = audit_path(svc.config)
         except (ListenError, InboxUnusable, OSError, ValueError) as e:
             said = str(e)  # a certificate's problem, a user's, names its key already
             if http is None:
