@@ -4,9 +4,10 @@ It stores objects, answers 409 to a second create of a name, lists, patches and 
 serves watches as an API server does (`WatchingEmulator`: a resourceVersion per change, a
 watch from a list's resourceVersion, bookmarks, 410 Gone once a version is expired, a stream a
 test can drop) — and runs no controllers: a test plays the Job controller and the kubelet by
-writing the pod objects and statuses they would (`play_pod`, `set_job_status`). Two things it does not do that a real
-server does, both covered by the executor: it ignores `labelSelector` (the executor filters
-what it lists again) and it assigns no `metadata.uid` (the handle then carries the Job's name).
+writing the pod objects and statuses they would (`play_pod`, `set_job_status`). Two things it
+does not do that a real server does, both covered by the executor: it ignores `labelSelector`
+(the executor filters what it lists again) and it assigns no `metadata.uid` (the handle then
+carries the Job's name).
 `Kubelet` plays the node for a real `deltad` process: it runs each Job's command as the pod's
 user and reports its exit (tests/e2e/test_kube_daemon.py).
 """
