@@ -17,7 +17,7 @@ import structlog
 
 from deltad.clock import SYSTEM, Clock
 from deltad.inbox.feed import Feed
-from deltad.metrics import CoreMetrics, CoreVitals, Scraped
+from deltad.metrics import CoreMetrics, CoreVitals, EngineEvents, Scraped
 from deltad.protocol.runfacts import Elsewhere
 from deltad.watch import Backend
 from deltad.watch.discovery import is_workspace
@@ -79,6 +79,7 @@ class Service:
         self.metrics = CoreMetrics()
         self.vitals = CoreVitals(self)
         self.metrics.registry.register(Scraped(self.vitals))
+        self.metrics.registry.register(EngineEvents(lambda: self.resumer.engine_counts()))
         self.resumer.metrics = self.metrics
 
     def run(self) -> int:
