@@ -58,6 +58,8 @@ DEADLINE = 60.0
 def emu(tmp_path: Path) -> Iterator[Emulator]:
     with emulator(tmp_path) as e:
         yield e
+        while _made:  # the executors let go (their watches end) before the server stops
+            _made.pop().close()
         granted = {(res, verb) for res, verbs in RBAC_NEEDS.items() for verb in verbs}
         played = {("/pods", "create"), ("batch/jobs/status", "patch"), ("/secrets", "get")}
         assert e.calls() - played <= granted, (
