@@ -15,7 +15,8 @@ only polling left, a safety net against a watch that silently lost an event.
 The worker of `RemoteExecutor` reads the table (`jobs()`, no API call) whenever `on_news` woke
 it, so the daemon's loop and the worker never wait on a stream. What the watch does is said in
 the JSON log (`kubernetes_jobs_listed` with its reason, `kubernetes_watch_restarted` with its
-reason) and counted (`counts()`, in /metrics as `deltad_executor_engine_events_total`).
+reason: ended by the server, broken, gone) and counted (`counts()`, in /metrics as
+`deltad_executor_engine_events_total`).
 Decisions are pure (`next_step`); the thread is the shell around them.
 """
 
@@ -186,7 +187,7 @@ class JobWatch:
             step, failures = next_step(outcome, failures, relist_due)
             if outcome is not Outcome.LIST_FAILED:  # (a list tried again keeps its reason)
                 reason = "gone" if outcome is Outcome.GONE else "safety_net"
-            if outcome in (Outcome.BROKEN, Outcome.GONE) and not failed:
+            if outcome in (Outcome.ENDED, Outcome.BROKEN, Outcome.GONE) and not failed:
                 with self._lock:
                     self._counts["watch_restarts"] += 1
                 log.info(

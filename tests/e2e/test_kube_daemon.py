@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command, wait_for
+from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import ELSEWHERE_HOST, paused_workspace
 from tests.kube import Emulator, HangingProxy, Kubelet, emulator
 from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
@@ -336,10 +338,12 @@ def test_answers_written_while_the_api_server_is_down_are_each_resumed_once_when
         proxy.kubeconfig,
         resume_command=stub_command(record),
         max_parallel_resumes_per_owner=len(spaces),  # none waits for another's slot
+        http={"listen": "127.0.0.1:0"},
     )
     d.start()
     try:
         d.wait_event("kubernetes_jobs_listed", reason="start", timeout=DEADLINE)
+        wait_for(lambda: emu.handler.streams == 1, "the daemon's watch open", DEADLINE)
         with proxy.down():
             d.wait_event("kubernetes_watch_failed", timeout=DEADLINE)
             for ws in spaces:
@@ -351,6 +355,17 @@ def test_answers_written_while_the_api_server_is_down_are_each_resumed_once_when
         wait_for(lambda: len(records(record)) >= len(spaces), "every answer resumed", DEADLINE)
         for ws in spaces:
             wait_for(lambda w=ws: metadata_status(w) == "COMPLETED", "completed", DEADLINE)
+        # What an operator sees: the watch's restarts and failures, counted in /metrics.
+        with client(http_url(d), make_token(d.state_dir, "prom", role="metrics")) as http:
+            text = http.get("/metrics").text
+        counted = {
+            s.labels["event"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "deltad_executor_engine_events_total"
+        }
+        assert counted["failures"] >= 1 and counted["watch_restarts"] >= 1, counted
+        assert counted["lists"] == 1 + counted["relists"]
     finally:
         d.stop()
         proxy.close()
