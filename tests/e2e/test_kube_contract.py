@@ -408,10 +408,17 @@ def test_a_dropped_stream_is_watched_again_from_the_last_version_a_bookmark_move
     emu.drop()
     wait(lambda: len(emu.watches()) == 2 and emu.handler.streams == 1, "the watch again")
     assert emu.watches()[-1] == version  # from where it was, not from a list
-    ended(emu, handle.key.name, 4)
-    [done] = [e for e in until(ex, has(Exit, handle), "the exit") if isinstance(e, Exit)]
+    # Someone else's Job with this daemon's labels comes through the stream: ignored, said once.
+    theirs = job_manifest(spec("/srv/ws/alice/x"), parse_options(OPTIONS), b"another secret")
+    with capture_logs() as logs:
+        emu.batch.create_namespaced_job("default", theirs)
+        emu.set_job_status(theirs.metadata.name, {"startTime": "2026-11-24T00:00:05Z"})
+        ended(emu, handle.key.name, 4)
+        [done] = [e for e in until(ex, has(Exit, handle), "the exit") if isinstance(e, Exit)]
     assert done.rc == 4
     assert emu.lists() == 1 and ex.counts()["watch_restarts"] == 1
+    said = [e["job"] for e in logs if e["event"] == "kubernetes_foreign_job_ignored"]
+    assert said == [theirs.metadata.name] and theirs.metadata.name not in ex.tracked()
 
 
 def test_an_unreachable_server_keeps_submits_waiting_and_is_said_once(tmp_path: Path) -> None:
