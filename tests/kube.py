@@ -54,6 +54,13 @@ VERBS = {
 }
 
 
+@attrs.frozen
+class _Gone(kmock.KubernetesError):
+    status: int = 410
+    reason: str = "Expired"
+    message: str = "too old resource version"
+
+
 class _Journal:
     """What kmock's emulator takes for a resource's event bus: each change it puts is a change
     of the server's, stamped with the next resourceVersion and kept for the watches."""
@@ -88,6 +95,7 @@ class WatchingEmulator(kmock.KubernetesEmulator):
     is ignored, as kmock does for lists (the executor checks what it is sent)."""
 
     bookmark_every: float = 0.5
+    gone_as_http: bool = False  # a watch from an expired version: HTTP 410, not an ERROR event
     rv: int = attrs.field(default=0, init=False)
     floor: int = attrs.field(default=0, init=False)  # versions below it are expired
     history: list[tuple[int, Any, dict[str, Any]]] = attrs.field(factory=list, init=False)
@@ -122,11 +130,12 @@ class WatchingEmulator(kmock.KubernetesEmulator):
         self.history.append((self.rv, resource, event))
         self._changed()
 
-    def expire(self) -> None:
-        """Compact: every version so far is too old to watch from (thread-safe via `loop`)."""
+    def expire(self, streams: bool = True) -> None:
+        """Compact: every version so far is too old to watch from; the open streams get an
+        ERROR 410 unless `streams` is False (they go on, and break at a `drop()`)."""
         self.rv += 1
         self.floor = self.rv
-        self._expiries += 1
+        self._expiries += streams
         self.history.clear()
         self._changed()
 
@@ -161,6 +170,8 @@ class WatchingEmulator(kmock.KubernetesEmulator):
     def _serve_watch(self, request: Any) -> Any:
         since = request.params.get("resourceVersion") or ""
         if since not in ("", "0") and int(since) < self.floor:
+            if self.gone_as_http:  # as a server answers without its watch cache
+                raise _Gone(message=f"too old resource version: {since} ({self.floor})")
             return self._gone(since)
         return self._stream(request, since)
 
@@ -271,9 +282,10 @@ class Emulator:
         self.loop.call_soon_threadsafe(run)
         assert done.wait(60), "the emulator's loop did not run a call within 60 s"
 
-    def expire(self) -> None:
-        """Every resourceVersion so far expired: watches from them get 410 Gone."""
-        self._in_loop(self.handler.expire)
+    def expire(self, streams: bool = True) -> None:
+        """Every resourceVersion so far expired: watches from them get 410 Gone (and the open
+        streams an ERROR 410, unless `streams` is False)."""
+        self._in_loop(lambda: self.handler.expire(streams))
 
     def drop(self) -> None:
         """Every open watch stream broken (its connection reset)."""

@@ -391,6 +391,17 @@ def test_a_change_lost_to_a_compacted_history_is_found_by_one_relist(
         ended(emu, other.key.name, 3)
         until(ex, has(Exit, other), "the second exit")
         assert emu.lists() == 3 and ex.counts()["relists"] == 2
+        # A server without its watch cache answers the watch with HTTP 410: one list too.
+        emu.handler.gone_as_http = True
+        third = ex.submit(spec("/srv/ws/alice/c"))
+        submitted(ex, third)
+        wait(lambda: emu.handler.streams == 1, "the watch open")
+        emu.expire(streams=False)  # the open stream goes on, until it breaks:
+        emu.drop()  # watched again from its version, which is answered with HTTP 410
+        wait(lambda: emu.lists() == 4, "the list after the HTTP 410")
+        ended(emu, third.key.name, 5)
+        until(ex, has(Exit, third), "the third exit")
+        assert emu.lists() == 4 and ex.counts()["relists"] == 3
     finally:
         proxy.close()
 
