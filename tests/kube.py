@@ -282,10 +282,17 @@ class Emulator:
         self.loop.call_soon_threadsafe(run)
         assert done.wait(60), "the emulator's loop did not run a call within 60 s"
 
-    def expire(self, streams: bool = True) -> None:
-        """Every resourceVersion so far expired: watches from them get 410 Gone (and the open
-        streams an ERROR 410, unless `streams` is False)."""
-        self._in_loop(lambda: self.handler.expire(streams))
+    def expire(self, drop: bool = False) -> None:
+        """Every resourceVersion so far expired: watches from them get 410 Gone. The open
+        streams get an ERROR 410; with `drop`, they break instead (in the same step: no
+        bookmark between can move them past the expiry), and are watched again from there."""
+
+        def step() -> None:
+            self.handler.expire(streams=not drop)
+            if drop:
+                self.handler.drop()
+
+        self._in_loop(step)
 
     def drop(self) -> None:
         """Every open watch stream broken (its connection reset)."""

@@ -396,8 +396,7 @@ def test_a_change_lost_to_a_compacted_history_is_found_by_one_relist(
         third = ex.submit(spec("/srv/ws/alice/c"))
         submitted(ex, third)
         wait(lambda: emu.handler.streams == 1, "the watch open")
-        emu.expire(streams=False)  # the open stream goes on, until it breaks:
-        emu.drop()  # watched again from its version, which is answered with HTTP 410
+        emu.expire(drop=True)  # the stream breaks: watched again from its version: HTTP 410
         wait(lambda: emu.lists() == 4, "the list after the HTTP 410")
         ended(emu, third.key.name, 5)
         until(ex, has(Exit, third), "the third exit")
