@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from deltad import __version__
@@ -193,6 +193,29 @@ class Scraped:
 
     def collect(self) -> Iterator[Metric]:
         return iter(list(gauges(self.source, time.monotonic(), time.time())))
+
+
+class EngineEvents:
+    """`deltad_executor_engine_events_total{executor, event}`: what the executor counts on its
+    engine's side (`BaseJobExecutor.counts()`: a Kubernetes watch's lists, re-lists, restarts,
+    events, failures), read when Prometheus asks."""
+
+    def __init__(self, read: Callable[[], tuple[str, Mapping[str, int]]]) -> None:
+        self.read = read
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        executor, counts = self.read()
+        family = CounterMetricFamily(
+            "deltad_executor_engine_events",
+            "What the executor did on its engine's side, by event (a watch's relists...).",
+            labels=["executor", "event"],
+        )
+        for event, n in sorted(counts.items()):
+            family.add_metric([executor, event], n)
+        yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

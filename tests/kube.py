@@ -1,10 +1,13 @@
 """A Kubernetes API server for tests: kmock's in-memory emulator, over real HTTP on 127.0.0.1.
 
-It stores objects, answers 409 to a second create of a name, lists, patches and deletes — and
-runs no controllers: a test plays the Job controller and the kubelet by writing the pod objects
-and statuses they would (`play_pod`, `set_job_status`). Two things it does not do that a real
-server does, both covered by the executor: it ignores `labelSelector` (the executor filters
-what it lists again) and it assigns no `metadata.uid` (the handle then carries the Job's name).
+It stores objects, answers 409 to a second create of a name, lists, patches and deletes, and
+serves watches as an API server does (`WatchingEmulator`: a resourceVersion per change, a
+watch from a list's resourceVersion, bookmarks, 410 Gone once a version is expired, a stream a
+test can drop) — and runs no controllers: a test plays the Job controller and the kubelet by
+writing the pod objects and statuses they would (`play_pod`, `set_job_status`). Two things it
+does not do that a real server does, both covered by the executor: it ignores `labelSelector`
+(the executor filters what it lists again) and it assigns no `metadata.uid` (the handle then
+carries the Job's name).
 `Kubelet` plays the node for a real `deltad` process: it runs each Job's command as the pod's
 user and reports its exit (tests/e2e/test_kube_daemon.py).
 """
@@ -14,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import math
 import os
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -27,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import yaml
 
@@ -48,11 +54,203 @@ VERBS = {
 }
 
 
+@attrs.frozen
+class _Gone(kmock.KubernetesError):
+    status: int = 410
+    reason: str = "Expired"
+    message: str = "too old resource version"
+
+
+class _Journal:
+    """What kmock's emulator takes for a resource's event bus: each change it puts is a change
+    of the server's, stamped with the next resourceVersion and kept for the watches."""
+
+    def __init__(self, server: WatchingEmulator, resource: Any) -> None:
+        self.server, self.resource = server, resource
+
+    async def put(self, event: dict[str, Any]) -> None:
+        self.server.record(self.resource, event)
+
+
+class _Journals(dict[Any, _Journal]):
+    def __init__(self, server: WatchingEmulator) -> None:
+        super().__init__()
+        self.server = server
+
+    def __missing__(self, resource: Any) -> _Journal:
+        journal = self[resource] = _Journal(self.server, resource)
+        return journal
+
+
+@attrs.define(kw_only=True)
+class WatchingEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with an API server's watch semantics (kmock's own watch replays every
+    object and has no versions): one counter of resourceVersions across the server; a list
+    says the version it is as of; a watch from version N streams every change after N (only
+    the watched resource and namespace), a BOOKMARK with the current version when nothing
+    happened for `bookmark_every` seconds (if asked with allowWatchBookmarks), and ends after
+    timeoutSeconds. `expire()` compacts the history: a watch from an older version gets an
+    ERROR event with code 410 (as the watch cache answers), as do the streams open then.
+    `drop()` breaks every open stream (the connection reset, no clean end). The label selector
+    is ignored, as kmock does for lists (the executor checks what it is sent)."""
+
+    bookmark_every: float = 0.5
+    gone_as_http: bool = False  # a watch from an expired version: HTTP 410, not an ERROR event
+    rv: int = attrs.field(default=0, init=False)
+    floor: int = attrs.field(default=0, init=False)  # versions below it are expired
+    history: list[tuple[int, Any, dict[str, Any]]] = attrs.field(factory=list, init=False)
+    versions: dict[tuple[Any, Any, str], int] = attrs.field(factory=dict, init=False)
+    streams: int = attrs.field(default=0, init=False)  # watch streams open now
+    closing: bool = attrs.field(default=False, init=False)
+    _tick: asyncio.Event | None = attrs.field(default=None, init=False)
+    _drops: int = attrs.field(default=0, init=False)
+    _expiries: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._buses = _Journals(self)
+
+    def _changed(self) -> None:
+        if self._tick is not None:
+            self._tick.set()
+        self._tick = asyncio.Event()
+
+    def record(self, resource: Any, event: dict[str, Any]) -> None:
+        """A change (under kmock's lock): the next version, kept for the watches."""
+        self.rv += 1
+        event = copy.deepcopy(event)
+        meta = event["object"].setdefault("metadata", {})
+        meta["resourceVersion"] = str(self.rv)
+        name = meta.get("name", "")
+        if not meta.get("namespace"):  # made with the namespace in the URL only
+            found = [ns for res, ns, n in self._objects if res == resource and n == name]
+            meta["namespace"] = found[0] if found else None
+        key = (resource, meta["namespace"], name)
+        self.versions[key] = self.rv
+        self.history.append((self.rv, resource, event))
+        self._changed()
+
+    def expire(self, streams: bool = True) -> None:
+        """Compact: every version so far is too old to watch from; the open streams get an
+        ERROR 410 unless `streams` is False (they go on, and break at a `drop()`)."""
+        self.rv += 1
+        self.floor = self.rv
+        self._expiries += streams
+        self.history.clear()
+        self._changed()
+
+    def drop(self) -> None:
+        """Break every open watch stream."""
+        self._drops += 1
+        self._changed()
+
+    def shut(self) -> None:
+        """Break every stream, now and to come (the server's shutdown waits for open ones)."""
+        self.closing = True
+        self.drop()
+
+    def _stamped(self, key: tuple[Any, Any, str], raw: dict[str, Any]) -> dict[str, Any]:
+        raw = copy.deepcopy(raw)
+        raw.setdefault("metadata", {})["resourceVersion"] = str(self.versions.get(key, self.rv))
+        return raw
+
+    def _mine(self, request: Any, resource: Any, ns: str | None) -> bool:
+        return bool(resource == request.resource and request.namespace in (None, ns))
+
+    async def _serve_list(self, request: Any) -> Any:
+        await super()._serve_list(request)  # (its 404 for an unknown resource)
+        async with self._lock:
+            items = [
+                self._stamped(key, obj.raw)
+                for key, obj in self._objects.items()
+                if self._mine(request, key[0], key[1]) and not obj.deleted
+            ]
+            return {"metadata": {"resourceVersion": str(self.rv)}, "items": items}
+
+    def _serve_watch(self, request: Any) -> Any:
+        since = request.params.get("resourceVersion") or ""
+        if since not in ("", "0") and int(since) < self.floor:
+            if self.gone_as_http:  # as a server answers without its watch cache
+                raise _Gone(message=f"too old resource version: {since} ({self.floor})")
+            return self._gone(since)
+        return self._stream(request, since)
+
+    async def _gone(self, since: str) -> Any:
+        yield b""
+        yield {"type": "ERROR", "object": self._status(since)}
+
+    def _status(self, since: str) -> dict[str, Any]:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": f"too old resource version: {since} ({self.floor})",
+            "reason": "Expired",
+            "code": 410,
+        }
+
+    async def _stream(self, request: Any, since: str) -> Any:
+        yield b""  # the headers now: a quiet watch is still open
+        params = request.params
+        bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+        loop = asyncio.get_running_loop()
+        limit = float(params.get("timeoutSeconds") or 0)
+        end = loop.time() + limit if limit else math.inf
+        drops, expiries = self._drops, self._expiries
+        self.streams += 1
+        try:
+            if since in ("", "0"):
+                cursor = self.rv
+                for key, obj in list(self._objects.items()):
+                    if self._mine(request, key[0], key[1]) and not obj.deleted:
+                        yield {"type": "ADDED", "object": self._stamped(key, obj.raw)}
+            else:
+                cursor = int(since)
+            quiet_since = loop.time()
+            while True:
+                if self._drops != drops or self.closing:
+                    request._raw_request.transport.abort()  # a reset, not a clean end
+                    return
+                if self._expiries != expiries:
+                    yield {"type": "ERROR", "object": self._status(str(cursor))}
+                    return
+                for rv, resource, event in list(self.history):
+                    if rv <= cursor:
+                        continue
+                    cursor = rv
+                    ns = event["object"]["metadata"].get("namespace")
+                    if self._mine(request, resource, ns):
+                        quiet_since = loop.time()
+                        yield event
+                cursor = max(cursor, self.rv)
+                now = loop.time()
+                if now >= end:
+                    return
+                if bookmarks and now - quiet_since >= self.bookmark_every:
+                    quiet_since = now
+                    kind = {"kind": "Job", "apiVersion": "batch/v1"}
+                    yield {
+                        "type": "BOOKMARK",
+                        "object": {**kind, "metadata": {"resourceVersion": str(cursor)}},
+                    }
+                    continue
+                if self._tick is None:
+                    self._tick = asyncio.Event()
+                tick = self._tick
+                wait = min(end - now, self.bookmark_every - (now - quiet_since))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(tick.wait(), max(0.01, wait))
+        finally:
+            self.streams -= 1
+
+
 @dataclass
 class Emulator:
     url: str
     kubeconfig: Path
     handler: Any
+    loop: Any = None  # the emulator's event loop (its own thread)
     api: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +268,54 @@ class Emulator:
 
     def jobs(self, namespace: str = "default") -> list[Any]:
         return list(self.batch.list_namespaced_job(namespace).items)
+
+    def _in_loop(self, fn: Any) -> None:
+        """Run `fn` on the emulator's loop (it owns the server's state) and wait for it."""
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+
+        self.loop.call_soon_threadsafe(run)
+        assert done.wait(60), "the emulator's loop did not run a call within 60 s"
+
+    def expire(self, drop: bool = False) -> None:
+        """Every resourceVersion so far expired: watches from them get 410 Gone. The open
+        streams get an ERROR 410; with `drop`, they break instead (in the same step: no
+        bookmark between can move them past the expiry), and are watched again from there."""
+
+        def step() -> None:
+            self.handler.expire(streams=not drop)
+            if drop:
+                self.handler.drop()
+
+        self._in_loop(step)
+
+    def drop(self) -> None:
+        """Every open watch stream broken (its connection reset)."""
+        self._in_loop(self.handler.drop)
+
+    def lists(self, plural: str = "jobs") -> int:
+        """Lists of `plural` by label selector (the executor's; the test kubelet's have none)."""
+        return sum(
+            1
+            for r in list(self.handler)
+            if r.action is not None
+            and r.action.name == "LIST"
+            and r.resource.plural == plural
+            and "labelSelector" in r.params
+        )
+
+    def watches(self, plural: str = "jobs") -> list[str]:
+        """The resourceVersion each watch of `plural` was asked from, in order."""
+        return [
+            r.params.get("resourceVersion", "")
+            for r in list(self.handler)
+            if r.action is not None and r.action.name == "WATCH" and r.resource.plural == plural
+        ]
 
     def calls(self) -> set[tuple[str, str]]:
         """(resource as RBAC names it, verb) of every request the server saw."""
@@ -140,7 +386,7 @@ def emulator(tmp: Path) -> Iterator[Emulator]:
     box: dict[str, Any] = {}
 
     async def serve() -> None:
-        async with kmock.KubernetesEmulator() as handler, kmock.Server(handler) as server:
+        async with WatchingEmulator() as handler, kmock.Server(handler) as server:
             # A real server knows these kinds before any object of them exists.
             handler.resources["batch/v1/jobs"] = {}
             handler.resources["v1/pods"] = {}
@@ -154,11 +400,13 @@ def emulator(tmp: Path) -> Iterator[Emulator]:
     thread.start()
     if not ready.wait(60):
         raise RuntimeError("the Kubernetes emulator did not start within 60 s")
-    emu = Emulator(box["url"], _kubeconfig(tmp / "kubeconfig", box["url"]), box["handler"])
+    url = box["url"]
+    emu = Emulator(url, _kubeconfig(tmp / "kubeconfig", url), box["handler"], box["loop"])
     try:
         yield emu
     finally:
         emu.api.close()
+        box["loop"].call_soon_threadsafe(box["handler"].shut)  # (its wait for open watches)
         box["loop"].call_soon_threadsafe(box["stop"].set)
         thread.join(60)
 
@@ -295,7 +543,8 @@ class Kubelet:
 class HangingProxy:
     """A TCP proxy to the emulator that can hang: while `hung()` is open it takes connections
     and bytes and answers nothing (an API server stopped mid-flight, as with SIGSTOP), then
-    passes everything on again. `kubeconfig` points a client at it."""
+    passes everything on again; while `down()` is open the server is stopped: every connection
+    open then is reset, and each new one too. `kubeconfig` points a client at it."""
 
     def __init__(self, emu: Emulator, tmp: Path) -> None:
         host, _, port = emu.url.removeprefix("http://").partition(":")
@@ -306,6 +555,8 @@ class HangingProxy:
         self.kubeconfig = _kubeconfig(tmp / "kubeconfig-proxy", url)
         self.open = threading.Event()
         self.open.set()
+        self.stopped = threading.Event()
+        self._conns: set[socket.socket] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
@@ -318,6 +569,16 @@ class HangingProxy:
         finally:
             self.open.set()
 
+    @contextlib.contextmanager
+    def down(self) -> Iterator[None]:
+        self.stopped.set()
+        for conn in list(self._conns):
+            _reset(conn)
+        try:
+            yield
+        finally:
+            self.stopped.clear()
+
     def _accept(self) -> None:
         while not self._stop.is_set():
             try:
@@ -326,7 +587,11 @@ class HangingProxy:
                 continue
             except OSError:
                 return
+            if self.stopped.is_set():
+                _reset(client)
+                continue
             upstream = socket.create_connection(self.upstream)
+            self._conns.update((client, upstream))
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
@@ -349,9 +614,17 @@ class HangingProxy:
         finally:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
+            self._conns.discard(src)
 
     def close(self) -> None:
         self._stop.set()
         self.open.set()
         self.listener.close()
         self._thread.join()
+
+
+def _reset(conn: socket.socket) -> None:
+    """Close with a reset (no FIN): what a client sees of a server that went away."""
+    with contextlib.suppress(OSError):
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.shutdown(socket.SHUT_RDWR)

@@ -23,7 +23,7 @@ import os
 import shutil
 import sys
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, ValuesView
+from collections.abc import Callable, Iterable, Mapping, ValuesView
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,7 @@ from deltad.executors import (
 )
 from deltad.executors.seam import (
     AdoptPending,
+    BaseJobExecutor,
     Identity,
     JobSpec,
     Refused,
@@ -316,6 +317,14 @@ class Resumer:
     def counts(self) -> tuple[int, int]:
         """(in flight, queued): plain lengths, read by the metrics' scrape from its thread."""
         return len(self._in_flight), len(self._queued)
+
+    def engine_counts(self) -> tuple[str, Mapping[str, int]]:
+        """The executor's own counts (a watch's re-lists...), for the metrics' scrape: none
+        before the executor is made (the scrape never makes it)."""
+        executor = self._executor
+        if not isinstance(executor, BaseJobExecutor):
+            return self._kind, {}
+        return executor.name, executor.counts()
 
     def busy_with(self, ws: Path) -> bool:
         return ws in self._queued or ws in self.children

@@ -18,7 +18,7 @@ import structlog
 from deltad.clock import SYSTEM, Clock
 from deltad.inbox import quorum
 from deltad.inbox.feed import Feed
-from deltad.metrics import CoreMetrics, CoreVitals, Scraped
+from deltad.metrics import CoreMetrics, CoreVitals, EngineEvents, Scraped
 from deltad.protocol import ProtocolError, Workspace, followup, iso
 from deltad.protocol.runfacts import Elsewhere
 from deltad.watch import Backend
@@ -85,6 +85,7 @@ class Service:
         quorum.observer = self.metrics.vote  # four eyes: votes are cast on the core's threads
         self.vitals = CoreVitals(self)
         self.metrics.registry.register(Scraped(self.vitals))
+        self.metrics.registry.register(EngineEvents(lambda: self.resumer.engine_counts()))
         self.resumer.metrics = self.metrics
 
     def run(self) -> int:

@@ -10,7 +10,10 @@ Job with the same labels or name is ignored and said once. Credentials reach a J
 a Secret made with it (and owned by it, so it goes with the Job): its plain env carries only the
 harmless variables of `PLAIN_ENV`. Decisions (the manifest, the exit meaning of a Job and its
 pods, the options) are pure functions; `KubernetesExecutor` is the hooks of `RemoteExecutor`,
-run from its worker thread: the daemon's loop never waits on the API server.
+run from its worker thread: the daemon's loop never waits on the API server. What the Jobs do
+is learnt by a list and then a watch from the list's resourceVersion (deltad/executors/
+kubewatch.py, in a thread of its own): the worker reads that table, and asks the server only
+to create, delete, and read an ended Job's pods.
 
 `kubernetes` is an optional dependency (`pip install 'deltad[kubernetes]'`), imported only
 when this executor is configured.
@@ -38,8 +41,9 @@ from pydantic import AfterValidator, Field, field_validator
 from deltad.protocol import exitcodes
 from deltad.protocol.printable import show_path
 
+from .kubewatch import JobWatch
 from .registry import ExecutorOptions, validate
-from .remote import RemoteExecutor, RemoteJob, Seen, daemon_secret, tag, tag_ok
+from .remote import EngineAway, RemoteExecutor, RemoteJob, Seen, daemon_secret, tag, tag_ok
 from .seam import Handle, Identity, JobSpec, JobState, RequestKey, SubmitError
 
 if TYPE_CHECKING:
@@ -55,12 +59,13 @@ WORKSPACE_LABEL = "deltad.io/workspace"
 KEY_ANNOTATION = "deltad.io/key"
 TAG_ANNOTATION = "deltad.io/tag"
 WORKSPACE_ANNOTATION = "deltad.io/workspace"
-# The longest pause between two lists while nothing changes (and at most 32 × poll_every).
+# The longest pause between two looks of the worker at the watched table while nothing changes
+# (and at most 32 × poll_every); a watch event wakes it at once.
 MAX_INTERVAL = 30.0
 # What this executor calls on the API server, by resource: the Role in deploy/kubernetes grants
 # exactly this (a test holds the two together, another that the executor calls nothing else).
 RBAC_NEEDS: Mapping[str, frozenset[str]] = {
-    "batch/jobs": frozenset({"create", "get", "list", "delete"}),
+    "batch/jobs": frozenset({"create", "get", "list", "watch", "delete"}),
     "/pods": frozenset({"list"}),
     "/pods/log": frozenset({"get"}),
     "/secrets": frozenset({"create", "patch", "delete"}),
@@ -105,8 +110,15 @@ class KubeOptions(ExecutorOptions):
     cancel_grace: Seconds = 10.0  # terminationGracePeriodSeconds
     deadline_margin: Seconds = 600.0  # activeDeadlineSeconds = resume timeout + this
     ttl_after_finished: int = Field(default=86400, ge=0, strict=True)  # if no daemon deletes it
-    poll_every: float = Field(default=5.0, ge=0.1, strict=True)  # one list of Jobs per this
+    # the worker's look at the watched Jobs while nothing changes (no API call; it doubles up
+    # to 30 s while nothing changes); a watch event wakes it at once
+    poll_every: float = Field(default=5.0, ge=0.1, strict=True)
     request_timeout: float = Field(default=10.0, ge=0.1, strict=True)  # seconds per API call
+    # timeoutSeconds of one watch request (the server ends the stream then; watched again at
+    # once from the last resourceVersion)
+    watch_timeout: int = Field(default=300, ge=1, le=3600, strict=True)
+    # the safety net: a full list this often besides the watch (seconds)
+    relist_every: float = Field(default=600.0, ge=10.0, strict=True)
     kubeconfig: str | None = Field(default=None, min_length=1)  # None: in-cluster, or default
 
     @field_validator("mount_path", mode="before")
@@ -470,7 +482,18 @@ class KubernetesExecutor(RemoteExecutor):
         self._last_pod: dict[str, str] = {}  # Job name -> its last pod (where the log is)
         self._foreign: set[str] = set()  # Jobs not this daemon's, already said
         self._vanished: set[str] = set()  # Jobs gone from the list (deleted, expired)
+        self._ended: dict[str, tuple[str, Seen]] = {}  # an ended Job's version -> its pods' word
+        self._watch = JobWatch(
+            self._batch.list_namespaced_job,
+            options.namespace,
+            selector(options),
+            self.poke,
+            request_timeout=options.request_timeout,
+            watch_timeout=options.watch_timeout,
+            relist_every=options.relist_every,
+        )
         super().__init__(options.poll_every, min(MAX_INTERVAL, 32 * options.poll_every))
+        self._watch.start()
 
     def submit(self, spec: JobSpec) -> Handle:
         # a resume that cannot be a Job says so now, not from the worker
@@ -480,20 +503,32 @@ class KubernetesExecutor(RemoteExecutor):
     # The hooks (the worker thread) --------------------------------------------------------------
 
     def engine_list(self) -> list[Seen]:
-        found: list[Any] = self._batch.list_namespaced_job(
-            self.options.namespace,
-            label_selector=selector(self.options),
-            _request_timeout=self._timeout,
-        ).items
+        """This daemon's Jobs as the watch last said (no API call), and the pods of each newly
+        ended one (its exit code is there: read once per version of the Job)."""
+        found = self._watch.jobs()
         seen = []
+        ended: dict[str, tuple[str, Seen]] = {}
         for job in found:
             key = self._key_of(job)
             if key is None:
                 continue  # (a Job being deleted is listed: its pods end first)
             view = view_of(job, [])
-            pods = self._pods(key.name) if view.ended else []  # the exit code is in the pods
-            seen.append(self._seen(key, job, view_of(job, pods) if pods else view, pods))
+            if not view.ended:
+                seen.append(self._seen(key, job, view, []))
+                continue
+            version = str(job.metadata.resource_version or "")
+            known = self._ended.get(key.name)
+            if known is None or known[0] != version or not version:
+                pods = self._pods(key.name)
+                known = (version, self._seen(key, job, view_of(job, pods) if pods else view, pods))
+            ended[key.name] = known
+            seen.append(known[1])
+        self._ended = ended
         return seen
+
+    def counts(self) -> dict[str, int]:
+        """The watch's lists, re-lists, watch requests and restarts, events, failures."""
+        return self._watch.counts()
 
     def _key_of(self, job: Any) -> RequestKey | None:
         """The key of a Job this daemon made; None (said once) for anyone else's."""
@@ -567,6 +602,9 @@ class KubernetesExecutor(RemoteExecutor):
             if e.status != 409:
                 raise SubmitError(self._refusal(name, e)) from e
             made, how = self._existing(name), "already_submitted"
+        except Exception as e:  # no answer at all (no connection, a timeout): no refusal
+            raise EngineAway(f"kubernetes: job {name} not submitted: {_one_line(e)}") from e
+        self._watch.made(made)  # in the table now, before its watch event
         uid = getattr(made.metadata, "uid", None)
         if private and uid:  # the Secret goes with its Job (the garbage collector)
             self._own_secret(name, uid)
@@ -583,6 +621,8 @@ class KubernetesExecutor(RemoteExecutor):
         except self._k8s.ApiException as e:
             if e.status != 409:  # 409: made by an earlier try of this very key
                 raise SubmitError(self._refusal(spec.key.name, e)) from e
+        except Exception as e:  # no answer at all: no refusal
+            raise EngineAway(f"kubernetes: secret {spec.key.name} not made: {_one_line(e)}") from e
 
     def _own_secret(self, name: str, uid: str) -> None:
         owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}
@@ -644,6 +684,7 @@ class KubernetesExecutor(RemoteExecutor):
 
     def close(self) -> None:
         super().close()
+        self._watch.stop()
         self._api.close()
 
     # Talking to the API server -----------------------------------------------------------------

@@ -68,6 +68,13 @@ SECRET_FILE = "executor.key"
 SUBMIT_RETRY_CAP = 2.0
 
 
+class EngineAway(Exception):
+    """From `engine_submit`: the engine could not be asked at all (no connection, no answer
+    in time), which is no refusal: the submit waits in the worker and is tried again when the
+    engine answers (a `poke`) or after `SUBMIT_RETRY_CAP`. Only for a submit that is safe to
+    repeat (the engine refuses a second job of the same key)."""
+
+
 @dataclass(frozen=True)
 class Seen:
     """One job as the engine reports it (plain values: the decision below is pure)."""
@@ -238,6 +245,16 @@ class RemoteExecutor(BaseJobExecutor):
         """A failure of a hook on one line, for the log and a `Refused`."""
         return _words(e)
 
+    def poke(self) -> None:
+        """The engine has news (an engine that pushes changes, as a Kubernetes watch does):
+        the worker's next turn is now, and the interval starts again from `interval`. Any
+        thread may call it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._pause, self._next_query = self.interval, self._clock()
+            self._lock.notify()
+
     # -- the seam (the loop) ----------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> Handle:
         name = spec.key.name
@@ -390,6 +407,12 @@ class RemoteExecutor(BaseJobExecutor):
             try:
                 job.ref = self.engine_submit(job.spec)
                 self._recovered("submit")
+            except EngineAway as e:
+                self._failed("submit", self.engine_words(e))
+                with self._lock:
+                    if self._jobs.get(job.handle.key.name) is job:
+                        self._submits.append(job.handle.key.name)
+                    self._submit_at = self._clock() + min(self._pause, SUBMIT_RETRY_CAP)
             except Exception as e:
                 error = self.engine_words(e)
                 self._failed("submit", error)

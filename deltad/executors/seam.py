@@ -238,6 +238,12 @@ class BaseJobExecutor:
     def close(self) -> None:
         return None
 
+    def counts(self) -> Mapping[str, int]:
+        """What the executor counts on its engine's side, as totals by event name (a watch's
+        re-lists and restarts...): /metrics shows them (`deltad_executor_engine_events`).
+        Read from the scraping thread: a copy made under the executor's own lock."""
+        return {}
+
 
 class SubmitError(Exception):
     """The engine refused a job (or could not be asked); the message is one line for the log.

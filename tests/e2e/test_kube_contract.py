@@ -41,7 +41,7 @@ from deltad.executors.seam import (
     Started,
     SubmitError,
 )
-from tests.kube import Emulator, emulator, kmock
+from tests.kube import Emulator, HangingProxy, emulator, kmock
 
 OPTIONS = {
     "image": "registry.example/deltad:1",
@@ -58,6 +58,8 @@ DEADLINE = 60.0
 def emu(tmp_path: Path) -> Iterator[Emulator]:
     with emulator(tmp_path) as e:
         yield e
+        while _made:  # the executors let go (their watches end) before the server stops
+            _made.pop().close()
         granted = {(res, verb) for res, verbs in RBAC_NEEDS.items() for verb in verbs}
         played = {("/pods", "create"), ("batch/jobs/status", "patch"), ("/secrets", "get")}
         assert e.calls() - played <= granted, (
@@ -334,15 +336,99 @@ def test_a_pod_that_ended_without_a_code_is_unknown(emu: Emulator, state: Path) 
     assert events[-1] == Exit(handle, None, False, "PodFailurePolicy")
 
 
-def test_the_list_interval_grows_while_nothing_changes(emu: Emulator, state: Path) -> None:
+def test_a_jobs_start_and_end_come_through_the_watch_not_a_list(emu: Emulator, state: Path) -> None:
     ex = executor(emu, state, poll_every=0.1)
     handle = ex.submit(spec())
     submitted(ex, handle)
-    wait(lambda: requests(emu, "LIST", "jobs") >= 6, "a few lists")
-    assert ex._pause > 0.1 * 2  # doubled at each list that found nothing new
+    turns = ex.turns
+    wait(lambda: ex.turns >= turns + 4, "the worker to look a few times")
+    assert ex._pause > 0.1 * 2  # doubled at each look that found nothing new
     emu.set_job_status(handle.key.name, {"startTime": "2026-11-24T00:00:05Z", "active": 1})
     until(ex, has(Started, handle), "Started")
     assert ex._pause == 0.1  # a change: back to poll_every
+    emu.play_pod(handle.key.name, 0, "Completed")
+    emu.set_job_status(
+        handle.key.name,
+        {"startTime": "2026-11-24T00:00:05Z", "succeeded": 1, "conditions": [complete()]},
+    )
+    [done] = until(ex, has(Exit, handle), "the exit")
+    assert done == Exit(handle, 0, False, "CompletionsReached, Completed")
+    # One list at the start; the rest came through one watch, from that list's version.
+    assert emu.lists() == 1 and ex.counts()["relists"] == 0
+    assert emu.watches()[0] == "0" and ex.counts()["watch_restarts"] == 0
+
+
+def ended(emu: Emulator, name: str, code: int = 0) -> None:
+    """Play the Job's end: its pod's exit code, then the Job's condition."""
+    emu.play_pod(name, code, "Completed" if code == 0 else "Error")
+    status = {"startTime": "2026-11-24T00:00:05Z", "conditions": [complete()]}
+    emu.set_job_status(name, {**status, "succeeded": 1} if code == 0 else status)
+
+
+def test_a_change_lost_to_a_compacted_history_is_found_by_one_relist(
+    emu: Emulator, state: Path, tmp_path: Path
+) -> None:
+    proxy = HangingProxy(emu, tmp_path)
+    try:
+        ex = executor(emu, state, kubeconfig=str(proxy.kubeconfig))
+        handle = ex.submit(spec())
+        submitted(ex, handle)
+        assert emu.lists() == 1
+        with proxy.down():  # the server away: the Job ends, and its history is compacted
+            wait(lambda: ex._watch._error, "the watch to fail")
+            ended(emu, handle.key.name)
+            emu.expire()
+        # Back: the watch from the version it had is 410 Gone: one list, and the end is in it.
+        [done] = [e for e in until(ex, has(Exit, handle), "the exit") if isinstance(e, Exit)]
+        assert done == Exit(handle, 0, False, "CompletionsReached, Completed")
+        assert emu.lists() == 2 and ex.counts()["relists"] == 1
+        # A 410 in an open stream (an ERROR event) is one list too.
+        other = ex.submit(spec("/srv/ws/alice/b"))
+        submitted(ex, other)
+        wait(lambda: emu.handler.streams == 1, "the watch open")
+        emu.expire()
+        wait(lambda: emu.lists() == 3, "the list after the ERROR 410")
+        ended(emu, other.key.name, 3)
+        until(ex, has(Exit, other), "the second exit")
+        assert emu.lists() == 3 and ex.counts()["relists"] == 2
+        # A server without its watch cache answers the watch with HTTP 410: one list too.
+        emu.handler.gone_as_http = True
+        third = ex.submit(spec("/srv/ws/alice/c"))
+        submitted(ex, third)
+        wait(lambda: emu.handler.streams == 1, "the watch open")
+        emu.expire(drop=True)  # the stream breaks: watched again from its version: HTTP 410
+        wait(lambda: emu.lists() == 4, "the list after the HTTP 410")
+        ended(emu, third.key.name, 5)
+        until(ex, has(Exit, third), "the third exit")
+        assert emu.lists() == 4 and ex.counts()["relists"] == 3
+    finally:
+        proxy.close()
+
+
+def test_a_dropped_stream_is_watched_again_from_the_last_version_a_bookmark_moved(
+    emu: Emulator, state: Path
+) -> None:
+    ex = executor(emu, state)
+    handle = ex.submit(spec())
+    submitted(ex, handle)
+    wait(lambda: emu.handler.streams == 1, "the watch open")
+    emu.play_pod("someone-elses", None)  # another resource's change: the version moves on,
+    wait(lambda: ex._watch.version == str(emu.handler.rv), "a bookmark")  # told by a bookmark
+    version = ex._watch.version
+    emu.drop()
+    wait(lambda: len(emu.watches()) == 2 and emu.handler.streams == 1, "the watch again")
+    assert emu.watches()[-1] == version  # from where it was, not from a list
+    # Someone else's Job with this daemon's labels comes through the stream: ignored, said once.
+    theirs = job_manifest(spec("/srv/ws/alice/x"), parse_options(OPTIONS), b"another secret")
+    with capture_logs() as logs:
+        emu.batch.create_namespaced_job("default", theirs)
+        emu.set_job_status(theirs.metadata.name, {"startTime": "2026-11-24T00:00:05Z"})
+        ended(emu, handle.key.name, 4)
+        [done] = [e for e in until(ex, has(Exit, handle), "the exit") if isinstance(e, Exit)]
+    assert done.rc == 4
+    assert emu.lists() == 1 and ex.counts()["watch_restarts"] == 1
+    said = [e["job"] for e in logs if e["event"] == "kubernetes_foreign_job_ignored"]
+    assert said == [theirs.metadata.name] and theirs.metadata.name not in ex.tracked()
 
 
 def test_an_unreachable_server_keeps_submits_waiting_and_is_said_once(tmp_path: Path) -> None:
@@ -361,8 +447,10 @@ def test_an_unreachable_server_keeps_submits_waiting_and_is_said_once(tmp_path: 
         assert ex.poll(time.monotonic()) == []
         assert ex.tracked()[other.key.name].ref is None
     warned = [e for e in logs if e["log_level"] == "warning"]
-    assert [(e["event"], e["op"]) for e in warned] == [("executor_engine_failed", "query")]
-    assert "\n" not in warned[0]["error"]
+    assert {e["event"] for e in warned} == {"executor_engine_failed"}
+    ops = [e["op"] for e in warned]  # the submit's, and the query's once the watch failed
+    assert ops and len(ops) == len(set(ops)) and set(ops) <= {"query", "submit"}, ops
+    assert all("\n" not in e["error"] for e in warned)
     ex.close()
     fresh = executor(emu, state, request_timeout=5)
     wait(lambda: fresh._list_error, "the first list to fail")
@@ -437,8 +525,8 @@ def test_an_ended_job_whose_pods_cannot_be_listed_is_read_later(emu: Emulator, s
         handle.key.name,
         {"startTime": "2026-11-24T00:00:05Z", "succeeded": 1, "conditions": [complete()]},
     )
-    lists = requests(emu, "LIST", "jobs")
-    wait(lambda: requests(emu, "LIST", "jobs") >= lists + 2, "lists while pods fail")
+    lists = requests(emu, "LIST", "pods")
+    wait(lambda: requests(emu, "LIST", "pods") >= lists + 2, "reads while pods fail")
     assert not [e for e in ex.poll(time.monotonic()) if isinstance(e, Exit)]  # nothing invented
     failing.clear()
     events = until(ex, has(Exit, handle), "the exit")

@@ -15,16 +15,20 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command, wait_for
+from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import ELSEWHERE_HOST, paused_workspace
-from tests.kube import Emulator, Kubelet, emulator
+from tests.kube import Emulator, HangingProxy, Kubelet, emulator
 from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
 
 from ..conftest import llm_env, write_agent
@@ -68,14 +72,16 @@ def kubelet(emu: Emulator, base: Path) -> Iterator[Kubelet]:
         yield k
 
 
-def kube_daemon(base: Path, emu: Emulator, root: Path, **settings: Any) -> Daemon:
+def kube_daemon(
+    base: Path, emu: Emulator, root: Path, kubeconfig: Path | None = None, **settings: Any
+) -> Daemon:
     home = base / "daemon"
     home.mkdir(exist_ok=True)
     options = {
         "image": "deltad:test",
         "pvc": "workspaces",
         "mount_path": str(root),
-        "kubeconfig": str(emu.kubeconfig),
+        "kubeconfig": str(kubeconfig or emu.kubeconfig),
         "env_from_secret": SECRET,
         "daemon_id": f"k{os.getpid()}",
         "poll_every": 0.3,
@@ -304,3 +310,77 @@ def test_an_unreachable_api_server_leaves_a_run_on_another_host_alone_and_says_s
         assert metadata_status(ws) == "RUNNING"  # nothing is decided without the engine
     finally:
         d.stop()
+
+
+def at(event: dict[str, Any]) -> float:
+    """A log line's time (wall clock, as `time.time()`)."""
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def test_answers_written_while_the_api_server_is_down_are_each_resumed_once_when_it_is_back(
+    base: Path, owner: User, emu: Emulator, kubelet: Kubelet, record_property: Any
+) -> None:
+    """The API server stopped (every connection reset, each new one too) while answers arrive:
+    the daemon goes on taking them, its submits wait in the executor's worker, and when the
+    server is back the watch says so and each is submitted and resumed, once."""
+    root, first, record = stub_world(base, owner, "ws0")
+    spaces = [first]
+    for n in (1, 2):
+        ws = root / f"ws{n}"
+        paused_workspace(ws)
+        chown_tree(ws, owner)
+        spaces.append(ws)
+    proxy = HangingProxy(emu, base)
+    d = kube_daemon(
+        base,
+        emu,
+        root,
+        proxy.kubeconfig,
+        resume_command=stub_command(record),
+        max_parallel_resumes_per_owner=len(spaces),  # none waits for another's slot
+        http={"listen": "127.0.0.1:0"},
+    )
+    d.start()
+    try:
+        d.wait_event("kubernetes_jobs_listed", reason="start", timeout=DEADLINE)
+        wait_for(lambda: emu.handler.streams == 1, "the daemon's watch open", DEADLINE)
+        with proxy.down():
+            d.wait_event("kubernetes_watch_failed", timeout=DEADLINE)
+            for ws in spaces:
+                answer(ws, f"answer {ws.name}")
+            d.wait_event("resume_queued", count=len(spaces), timeout=DEADLINE)
+            d.wait_event("executor_engine_failed", op="query", timeout=DEADLINE)
+            assert job_creates(emu) == []  # nothing reached the server
+        back = time.time()
+        wait_for(lambda: len(records(record)) >= len(spaces), "every answer resumed", DEADLINE)
+        for ws in spaces:
+            wait_for(lambda w=ws: metadata_status(w) == "COMPLETED", "completed", DEADLINE)
+        # What an operator sees: the watch's restarts and failures, counted in /metrics.
+        with client(http_url(d), make_token(d.state_dir, "prom", role="metrics")) as http:
+            text = http.get("/metrics").text
+        counted = {
+            s.labels["event"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "deltad_executor_engine_events_total"
+        }
+        assert counted["failures"] >= 1 and counted["watch_restarts"] >= 1, counted
+        assert counted["lists"] == 1 + counted["relists"]
+    finally:
+        d.stop()
+        proxy.close()
+    resumed = records(record)
+    made = [at(e) for e in d.events("kubernetes_job_submitted")]
+    took = max(made) - back, max(r["t"] for r in resumed) - back
+    record_property("submitted_after_back_seconds", round(took[0], 3))
+    record_property("resumed_after_back_seconds", round(took[1], 3))
+    print(
+        "answers written during the outage, after the server was back: every Job made in "
+        f"{took[0]:.2f} s, every resume running in {took[1]:.2f} s"
+    )
+    assert sorted(r["answer"] for r in resumed) == sorted(f"answer {ws.name}" for ws in spaces)
+    assert sorted(job_creates(emu)) == sorted(set(job_creates(emu)))  # one Job per answer
+    assert (
+        d.events("resume_refused") == []
+        and d.events("reconcile_full_started", reason="periodic") == []
+    )

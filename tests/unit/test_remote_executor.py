@@ -31,7 +31,15 @@ from deltad.executors import (
     Started,
     SubmitError,
 )
-from deltad.executors.remote import RemoteJob, Seen, daemon_secret, next_interval, tag, tag_ok
+from deltad.executors.remote import (
+    EngineAway,
+    RemoteJob,
+    Seen,
+    daemon_secret,
+    next_interval,
+    tag,
+    tag_ok,
+)
 from deltad.executors.seam import JobState
 
 DEADLINE = 30.0
@@ -46,6 +54,7 @@ class Engine(RemoteExecutor):
         self.jobs: dict[str, Seen] = dict(jobs or {})
         self.away = away  # the list fails with this
         self.refuse: str | None = None  # a submit fails with this
+        self.unanswered = 0  # this many submits get no answer at all (EngineAway)
         self.up = threading.Event()  # cleared: the engine hangs
         if not hung:
             self.up.set()
@@ -64,6 +73,9 @@ class Engine(RemoteExecutor):
     def engine_submit(self, spec: JobSpec) -> str:
         if self.refuse:
             raise SubmitError(self.refuse)
+        if self.unanswered:
+            self.unanswered -= 1
+            raise EngineAway("no answer in time")
         ref = f"j{len(self.submitted)}"
         self.submitted.append(spec.key.name)
         self.jobs[spec.key.name] = Seen(spec.key, ref, JobState.QUEUED)
@@ -169,6 +181,20 @@ def test_the_pace_is_back_to_its_base_as_soon_as_the_engine_answers_again(
     # Nothing about the job changed, but the engine's return is news: its ends that happened
     # meanwhile are looked for at the usual pace, not after the longest pause.
     wait(lambda: engine.pause == engine.interval, "the pause back to its base")
+    assert engine.tracked()[handle.key.name].ref == "j0"
+
+
+def test_a_submit_the_engine_did_not_answer_waits_and_is_sent_again_never_refused(
+    engine: Engine,
+) -> None:
+    engine.unanswered = 2
+    with capture_logs() as logs:
+        handle = engine.submit(spec())
+        wait(lambda: engine.submitted == [handle.key.name], "the submit once it answers")
+        engine.poke()  # (an engine's news: a turn now, from any thread)
+        assert not any(isinstance(e, Refused) for e in engine.poll(time.monotonic()))
+    said = [(e["event"], e.get("op")) for e in logs if e["log_level"] in ("warning", "info")]
+    assert said == [("executor_engine_failed", "submit"), ("executor_engine_back", "submit")]
     assert engine.tracked()[handle.key.name].ref == "j0"
 
 
