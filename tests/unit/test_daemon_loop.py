@@ -59,6 +59,7 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service
     config = load_config(None, (str(tmp_path / "root"),))
     config.state_dir = tmp_path / "state"
     config.state_dir.mkdir()
+    config.executor = "fresh"  # not a fork server (a Python start): no resume is started here
     clock = ManualClock(wall=__import__("time").time())
     svc = Service(config, None, (), clock=clock, resumer=ScriptedResumer(config))
     lifecycle.build_backends(svc)

@@ -121,6 +121,7 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Service:
     config = load_config(None, (str(tmp_path / "root"),))
     config.state_dir = tmp_path / "state"
     config.state_dir.mkdir()
+    config.executor = "fresh"  # not a fork server (a Python start): no resume is started here
     clock = ManualClock(wall=__import__("time").time())
     return Service(config, None, (), clock=clock, resumer=RecordingResumer(config))
 

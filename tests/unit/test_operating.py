@@ -336,6 +336,7 @@ def test_the_services_vitals_follow_the_walk_the_reads_and_the_lease(
     config = load_config(None, (str(root),))
     config.state_dir = tmp_path / "state"
     config.state_dir.mkdir()
+    config.executor = "fresh"  # not a fork server (a Python start): no resume is started here
     config.ha = HaConfig(lease=tmp_path / "lease")
     clock = ManualClock(wall=__import__("time").time())
     svc = Service(config, None, (), clock=clock, resumer=RecordingResumer(config))
