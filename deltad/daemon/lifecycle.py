@@ -560,8 +560,8 @@ class Lifecycle:
         if new.ha != self.core.config.ha:
             log.warning("ha_change_ignored", detail="ha: changes on a restart")
             new.ha = self.core.config.ha
+        logs.configure(new.log_level, new.log_format)  # first: the resumer may say something
         self.core.configure(new)  # what decide() remembers is kept: only the rules change
-        logs.configure(new.log_level, new.log_format)
         self.core.walker.abandon()  # its walks belong to the backends about to be closed
         self.close_backends()
         self.build_backends()
