@@ -65,8 +65,14 @@ _real_connect = socket.socket.connect
 _real_bind = socket.socket.bind
 
 
+# ctypes.util.find_library asks `ldconfig -p` once per library and process (inotify_simple for
+# libc, trio for pthread when httpcore imports it): the first importer's, not a test's spawn.
+_LIBRARY_LOOKUP = ["/sbin/ldconfig", "-p"]
+
+
 def _popen_init(self: subprocess.Popen[Any], args: Any, *a: Any, **k: Any) -> None:
-    _note(f"subprocess {args!r:.80}")
+    if args != _LIBRARY_LOOKUP:
+        _note(f"subprocess {args!r:.80}")
     _real_popen_init(self, args, *a, **k)
 
 
@@ -113,12 +119,6 @@ def _bind(self: socket.socket, address: Any) -> None:
 
 @pytest.fixture(autouse=True, scope="package")
 def _guards() -> Iterator[None]:
-    try:  # inotify_simple finds libc once per process with `ldconfig -p`: not a test's spawn
-        import inotify_simple
-
-        inotify_simple.INotify().close()
-    except (ImportError, OSError):
-        pass
     subprocess.Popen.__init__ = _popen_init  # type: ignore[method-assign]
     os.fork = _fork
     if _real_posix_spawn is not None:
