@@ -1,5 +1,7 @@
-"""The daemon's lifecycle around the loop (`service.py`): the state-dir lock, signals, the HTTP
-and notifier threads, start, reload, shutdown, status.json and systemd's sd_notify/watchdog.
+"""The daemon's lifecycle around the loop (`Lifecycle`, made and held by `service.Service`):
+the lease, the state-dir lock, signals, the HTTP and notifier threads, the watch backends, the
+select loop, start, reload, shutdown, status.json and systemd's sd_notify/watchdog. It reaches
+the loop's core only through the `Core` protocol, and does not import `service.py`.
 
 Order at start (systemd path units do the same): take the state-dir lock → install watches →
 full reconcile → READY=1. Anything that changed before the watches existed is caught by the
