@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Before hypothesis is imported: its plugins are third parties' (trio registers one, which
+# imports all of trio: ~0.3 s of CPU in every pytest process and xdist worker; none is used).
+os.environ.setdefault("HYPOTHESIS_NO_PLUGINS", "1")
 from hypothesis import settings
 
 from deltad.testing import FakeLLM

@@ -206,7 +206,7 @@ class DaemonConfig(_Strict):
         """The executor `executor:` means for this `resume_command` (`auto` resolved)."""
         from deltad.executors import resolve
 
-        from .resumer import build_argv
+        from .argv import build_argv
 
         return resolve(self.executor, build_argv(self.resume_command, Path("/"), None))
 

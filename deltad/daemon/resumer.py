@@ -20,8 +20,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import shutil
-import sys
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, ValuesView
 from dataclasses import dataclass, replace
@@ -52,6 +50,7 @@ from deltad.executors.seam import (
 from deltad.pacing import Pacing
 from deltad.protocol import exitcodes
 
+from .argv import build_argv
 from .config import DaemonConfig
 from .slots import Slots, held_by_owner_cap, pick_next
 from .tenancy import Launch
@@ -168,25 +167,6 @@ def newest_first(handles: Iterable[Handle]) -> list[Handle]:
     ended job a daemon failed to delete must not stand for its workspace in place of the
     resume that runs now."""
     return sorted(handles, key=lambda h: h.key.attempt, reverse=True)
-
-
-def resolve_program(name: str) -> str:
-    """`delta` next to this interpreter first (the same virtualenv), then PATH."""
-    if os.sep in name:
-        return name
-    sibling = Path(sys.executable).parent / name
-    if sibling.is_file() and os.access(sibling, os.X_OK):
-        return str(sibling)
-    return shutil.which(name) or name
-
-
-def build_argv(template: list[str], workspace: Path, run_id: str | None) -> list[str]:
-    argv = [
-        part.replace("{workspace}", str(workspace)).replace("{run_id}", run_id or "")
-        for part in template
-    ]
-    argv[0] = resolve_program(argv[0])
-    return argv
 
 
 class Resumer:

@@ -1,9 +1,11 @@
 """The main loop, the daemon's imperative shell: one thread selects on the inotify fd, the hint
 queue, the signal pipe and the resume children's fds, looks at workspaces (`reconcile.inspect`),
 asks `decide.decide` what to do, and carries the effects out (`_carry_out`). No rule of when to
-resume lives here; lock, signals, the HTTP threads, reload, shutdown and status are in
-`lifecycle.py`; full reconciles and the reads after READY in `walking.py`. The only other
-threads are the polling backend's and watchdog's, which only produce hints.
+resume lives here. The service composes the two objects around it: its `Lifecycle`
+(`lifecycle.py`: the lease, lock, signals, the inbox threads, the backends, the select loop,
+reload, shutdown and status) and its `Walker` (`walking.py`: full reconciles and the reads after
+READY); each owns its own state and neither imports this module. The only other threads are the
+polling backend's and watchdog's, which only produce hints.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from deltad.watch import Backend
 from deltad.watch.discovery import is_workspace
 from deltad.watch.hints import HintQueue, Why
 
-from . import audit, lifecycle, walking
+from . import audit
 from . import decide as core
 from .answer import log_refusals
 from .audit import audit_path
 from .config import DaemonConfig
 from .followup import Done, Store, beside_question, done_of
 from .lease import Lease
+from .lifecycle import Lifecycle, Ticks
 from .receipts import receipt
 from .reconcile import State, Verdict, inspect, mark_interrupted
 from .registry import Registry
@@ -40,6 +43,7 @@ from .sweep import Sweep
 from .tenancy import Refused
 from .timers import Timers
 from .unread import Unread
+from .walking import Walker
 
 log = structlog.get_logger("deltad.service")
 
@@ -57,28 +61,28 @@ class Service:
     ):
         self.clock = clock
         self.config = config
-        self.config_path = config_path
-        self.extra_roots = extra_roots
         self.queue = HintQueue()
         self.feed = Feed(config.http.event_buffer if config.http else 1000)
         self.registry = Registry(self.feed)  # its beliefs are the index's views
-        self.http: Any = None  # deltad.privsep.core.InboxHost, imported only when configured
-        self.notifier: Any = None
-        self.channels: Any = None  # deltad.channels.hub.Hub, imported only when configured
         self.resumer = resumer if resumer is not None else Resumer(config, clock)
         self.launcher = config.launcher()
         self.rules = core.Rules.of(config)
         self.memory: dict[Path, core.Memory] = {}  # what decide() remembers, per workspace
         # Reminders and escalations done, per open question (durable: followup.py)
         self.followups = Store(config.state_dir / "followup")
-        self.backends: list[Backend] = []
         self.timers = Timers()
-        self.sweep: Sweep | None = None  # a full reconcile in progress (deltad/daemon/sweep.py)
-        self.unread = Unread()  # found by a glance, read after READY (deltad/daemon/unread.py)
-        self.stop = self.reload = False
-        self.dirty = True
-        self.ticks = lifecycle.Ticks()
-        self.lease: Lease | None = None  # held while active, when `ha:` is configured
+        self.dirty = True  # something status.json shows changed since it was written
+        self.life = Lifecycle(self, config_path, extra_roots)
+        self.walker = Walker(
+            self.registry,
+            self.feed,
+            clock,
+            backends=lambda: self.life.backends,
+            look=lambda ws, quiet: self.reconcile(ws, Why.CHECK, quiet=quiet),
+            drop=self.drop,
+            between=self.life.read_events,
+            ended=self.life.swept,
+        )
         # The core's metrics, and what the HTTP layer is handed next to the feed (health and
         # the metrics' exposition as plain data: deltad/health.py, deltad/metrics.py).
         self.metrics = CoreMetrics()
@@ -89,9 +93,50 @@ class Service:
         self.resumer.metrics = self.metrics
 
     def run(self) -> int:
-        return lifecycle.run(self)
+        return self.life.run()
 
-    # -- one loop turn (the select itself: lifecycle.loop) ----------------------------------
+    def configure(self, config: DaemonConfig) -> None:
+        """A reload's new configuration (the lifecycle keeps what changes only on a restart):
+        new rules, the memory of each workspace kept."""
+        self.config = config
+        self.launcher = config.launcher()
+        self.rules = core.Rules.of(config)
+        self.resumer.configure(config)
+
+    # -- what the lifecycle and the walker own, read here -----------------------------------
+    @property
+    def ticks(self) -> Ticks:
+        return self.life.ticks
+
+    @property
+    def lease(self) -> Lease | None:
+        return self.life.lease
+
+    @property
+    def backends(self) -> list[Backend]:
+        return self.life.backends
+
+    @property
+    def stop(self) -> bool:
+        return self.life.stop
+
+    @property
+    def http(self) -> Any:
+        return self.life.http
+
+    @property
+    def notifier(self) -> Any:
+        return self.life.notifier
+
+    @property
+    def sweep(self) -> Sweep | None:
+        return self.walker.sweep
+
+    @property
+    def unread(self) -> Unread:
+        return self.walker.unread
+
+    # -- one loop turn (the select itself: Lifecycle.loop) ----------------------------------
     def turn(self) -> None:
         self.queue.clear_wakeup()
         if self.queue.take_rescan():
@@ -102,15 +147,15 @@ class Service:
                 break
             self.reconcile(hint.workspace, hint.why)
         self.start_resumes()  # an answer's resume does not wait for the sweep's slice
-        walking.sweep_step(self)
-        walking.read_step(self)
+        self.walker.sweep_step()
+        self.walker.read_step()
         for fin in self.resumer.reap():
             self.after_resume(fin)
         now = self.clock.monotonic()
         self.resumer.enforce_timeouts(now)
         self._fire_timers(now)
         self.start_resumes()
-        lifecycle.tick(self, now)
+        self.life.tick(now)
 
     def _fire_timers(self, now: float) -> None:
         for ws in self.timers.due(now):
@@ -128,7 +173,7 @@ class Service:
     def full_reconcile(
         self, reason: str, *, force: bool = False, quiet: bool = False, at_once: bool = False
     ) -> None:
-        walking.full_reconcile(self, reason, force=force, quiet=quiet, at_once=at_once)
+        self.walker.full_reconcile(reason, force=force, quiet=quiet, at_once=at_once)
 
     # -- one workspace: look, decide, act -------------------------------------------------------
     def _now(self) -> core.Now:

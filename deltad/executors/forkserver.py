@@ -295,7 +295,7 @@ def _finish(code: int, die_by: signal.Signals | None = None) -> None:
 
     # CPython's private steps of an exit (3.11 to 3.13 have both): join non-daemon threads,
     # run atexit's functions. Where one is missing, it is skipped (the streams are still
-    # flushed below): tests/unit/test_private_cpython.py.
+    # flushed below): tests/unit_slow/test_private_cpython.py.
     shutdown = getattr(threading, "_shutdown", None)
     for step in (shutdown, getattr(atexit, "_run_exitfuncs", None)):
         if step is not None:

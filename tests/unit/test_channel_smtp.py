@@ -23,6 +23,8 @@ from deltad.channels.base import Context
 from deltad.channels.config import EmailConfig
 from deltad.channels.email import EmailChannel
 
+pytestmark = pytest.mark.spawns  # one openssl run makes the module's test certificate
+
 
 class FakeSmtp(socketserver.ThreadingTCPServer):
     """Just enough ESMTP: EHLO, STARTTLS, AUTH PLAIN, MAIL, RCPT, DATA, QUIT."""
@@ -91,10 +93,12 @@ class Session(socketserver.StreamRequestHandler):
                 say("502 what")
 
 
-@pytest.fixture
-def tls(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, Path]:
+    """One certificate for the module: an RSA key is ~0.3 s of openssl each time."""
     if shutil.which("openssl") is None:
         pytest.skip("needs openssl to make a test certificate")
+    tmp_path = tmp_path_factory.mktemp("tls")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
@@ -110,7 +114,8 @@ def tls(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
 @pytest.fixture
 def server(tls: tuple[ssl.SSLContext, Path]) -> Iterator[FakeSmtp]:
     s = FakeSmtp(tls[0])
-    threading.Thread(target=s.serve_forever, daemon=True).start()
+    # its shutdown waits up to one poll interval (0.5 s by default)
+    threading.Thread(target=s.serve_forever, args=(0.02,), daemon=True).start()
     try:
         yield s
     finally:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from deltad.clock import ManualClock
-from deltad.daemon import lifecycle
 from deltad.daemon.config import DaemonConfig, load_config
 from deltad.daemon.resumer import Finished, InFlight, Resumer
 from deltad.daemon.service import Service
@@ -59,12 +58,13 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service
     config = load_config(None, (str(tmp_path / "root"),))
     config.state_dir = tmp_path / "state"
     config.state_dir.mkdir()
+    config.executor = "fresh"  # not a fork server (a Python start): no resume is started here
     clock = ManualClock(wall=__import__("time").time())
     svc = Service(config, None, (), clock=clock, resumer=ScriptedResumer(config))
-    lifecycle.build_backends(svc)
+    svc.life.build_backends()
     svc.ticks.start(clock.monotonic(), config)  # periodic sweeps are not what is tested here
     yield svc
-    lifecycle.close_backends(svc)
+    svc.life.close_backends()
 
 
 def _answer(ws: Path) -> None:

@@ -16,7 +16,6 @@ from inotify_simple import flags as IN
 from structlog.testing import capture_logs
 
 from deltad.clock import ManualClock
-from deltad.daemon import lifecycle
 from deltad.daemon.config import load_config
 from deltad.daemon.service import Service
 from deltad.inbox.feed import Index, View
@@ -63,6 +62,7 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Service:
     config = load_config(None, (str(tmp_path / "root"),))
     config.state_dir = tmp_path / "state"
     config.state_dir.mkdir()
+    config.executor = "fresh"  # not a fork server (a Python start): no resume is started here
     clock = ManualClock(wall=__import__("time").time())
     return Service(config, None, (), clock=clock, resumer=RecordingResumer(config))
 
@@ -90,7 +90,7 @@ def test_ready_reads_no_unanswered_question_and_a_deadline_passed_while_down_is_
     (answered / MAILBOX / "response.txt").write_text("yes")
     opens = Opens([ws / MAILBOX / "request.json" for ws in [*paused, expired, answered]])
 
-    lifecycle.start(service)  # watches, the startup reconcile, READY=1
+    service.life.start()  # watches, the startup reconcile, READY=1
 
     assert opens.since() == {answered / MAILBOX / "request.json"}  # only the answered one read
     assert resumed(service) == [answered]  # an answer found at start is not deferred
@@ -99,7 +99,7 @@ def test_ready_reads_no_unanswered_question_and_a_deadline_passed_while_down_is_
     assert resumed(service) == [answered, expired]
     assert opens.since() == {ws / MAILBOX / "request.json" for ws in [*paused, expired]}
     assert service.registry.counts()["waiting"] == len(paused)
-    lifecycle.close_backends(service)
+    service.life.close_backends()
 
 
 @pytest.mark.linux_only  # done by its read lease (deltad/platform.py); elsewhere: settle_seconds
@@ -110,7 +110,7 @@ def test_a_periodic_reconcile_does_not_read_a_question_again_that_is_still_unans
     paused = [root / f"ws{i}" for i in range(5)]
     for ws in paused:
         paused_workspace(ws)
-    lifecycle.start(service)
+    service.life.start()
     _drain_unread(service)
     opens = Opens([ws / MAILBOX / "request.json" for ws in paused])
     (paused[0] / MAILBOX / "response.txt").write_text("yes")  # an answer whose event was lost
@@ -119,14 +119,14 @@ def test_a_periodic_reconcile_does_not_read_a_question_again_that_is_still_unans
         service.turn()
     assert opens.since() == {paused[0] / MAILBOX / "request.json"}
     assert resumed(service) == [paused[0]]
-    lifecycle.close_backends(service)
+    service.life.close_backends()
 
 
 def test_the_loop_does_not_wait_while_questions_are_left_to_read(
     service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paused_workspace(tmp_path / "root" / "ws")
-    lifecycle.start(service)
+    service.life.start()
     service.ticks.start(service.clock.monotonic(), service.config)  # as the loop does
     assert len(service.unread) == 1
     waits: list[float] = []
@@ -137,13 +137,13 @@ def test_the_loop_does_not_wait_while_questions_are_left_to_read(
 
     monkeypatch.setattr("deltad.daemon.lifecycle.select.select", select)
     sig_r, sig_w = os.pipe()
-    lifecycle._wait(service, sig_r)
+    service.life._wait(sig_r)
     _drain_unread(service)
-    lifecycle._wait(service, sig_r)  # nothing left: back to waiting for the next duty
+    service.life._wait(sig_r)  # nothing left: back to waiting for the next duty
     assert waits[0] == 0.0 and waits[1] > 0.0
     os.close(sig_r)
     os.close(sig_w)
-    lifecycle.close_backends(service)
+    service.life.close_backends()
 
 
 def test_the_index_keeps_every_copy_that_shows_one_request_and_run(tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ def test_the_end_of_the_reads_is_said_when_a_full_reconcile_read_them_first(
     `questions_read` line still comes, once, when the list of workspaces to read is empty."""
     for i in range(5):
         paused_workspace(tmp_path / "root" / f"ws{i}")
-    lifecycle.start(service)
+    service.life.start()
     assert len(service.unread) == 5
     with capture_logs() as logs:
         service.full_reconcile("overflow", force=True)
@@ -183,4 +183,4 @@ def test_the_end_of_the_reads_is_said_when_a_full_reconcile_read_them_first(
         service.turn()
     said = [e for e in logs if e["event"] == "questions_read"]
     assert [e["workspaces"] for e in said] == [5]
-    lifecycle.close_backends(service)
+    service.life.close_backends()

@@ -121,6 +121,7 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Service:
     config = load_config(None, (str(tmp_path / "root"),))
     config.state_dir = tmp_path / "state"
     config.state_dir.mkdir()
+    config.executor = "fresh"  # not a fork server (a Python start): no resume is started here
     clock = ManualClock(wall=__import__("time").time())
     return Service(config, None, (), clock=clock, resumer=RecordingResumer(config))
 
@@ -134,7 +135,7 @@ def _built(svc: Service, root: Path, n: int) -> list[Path]:
     spaces = [root / f"ws{i:04d}" for i in range(n)]
     for ws in spaces:
         paused_workspace(ws)
-    lifecycle.build_backends(svc)
+    svc.life.build_backends()
     return spaces
 
 
@@ -163,7 +164,7 @@ def test_each_turn_does_a_bounded_slice_and_serves_answers_in_between(
     assert turns >= 3
     assert set(service.registry.workspaces) == set(spaces)
     assert service.registry.counts()["waiting"] == len(spaces) - 1
-    lifecycle.close_backends(service)
+    service.life.close_backends()
 
 
 @pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)
@@ -182,14 +183,14 @@ def test_what_changes_during_a_sweep_is_kept_true_at_its_end(
     paused_workspace(added)
     while service.sweep is not None:
         for b in service.backends:
-            lifecycle.process(service, b)
+            service.life.process(b)
         service.turn()
     assert removed not in service.registry
     assert added in service.registry
     assert len(service.registry) == len(spaces)
     [tree] = [b for b in service.backends if b.name == "inotify"]
     assert tree.watch_count() == 1 + len(spaces)
-    lifecycle.close_backends(service)
+    service.life.close_backends()
 
 
 def test_a_periodic_reconcile_does_not_restart_one_in_progress(
@@ -203,7 +204,7 @@ def test_a_periodic_reconcile_does_not_restart_one_in_progress(
     assert service.sweep is first
     service.full_reconcile("overflow", force=True)
     assert service.sweep is not first and first is not None and first.walks == []
-    lifecycle.close_backends(service)
+    service.life.close_backends()
 
 
 # -- when the next periodic full reconcile is due --------------------------------------------

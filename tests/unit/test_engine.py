@@ -70,6 +70,7 @@ def test_a_question_answered_in_process_goes_back_to_the_model(tmp_path: Path) -
     assert tool_msgs == [{"role": "tool", "tool_call_id": "q", "content": "Ada"}]
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_one_ingestion_order_for_questions_and_approvals(tmp_path: Path) -> None:
     model = ScriptedModel().call("ask_human", {"prompt": "Env?"}, id="q")
     model.call("deploy", {"env": "beta"}, id="d").reply("done")
@@ -122,6 +123,7 @@ def test_a_reply_is_recorded_once_and_reused_after_a_crash(tmp_path: Path) -> No
     assert len(asked) == 1  # the second process used the journaled reply
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_an_edit_that_does_not_fit_the_tool_is_refused_before_anything_runs(
     tmp_path: Path,
 ) -> None:

@@ -191,7 +191,6 @@ def test_the_documented_follow_up_example_is_valid() -> None:
 
 # -- the loop: timers under a ManualClock, a restart, another daemon's record ---------------------
 def _service(tmp_path: Path, state: str, clock: Any) -> Any:
-    from deltad.daemon import lifecycle
     from deltad.daemon.config import load_config
     from deltad.daemon.service import Service
 
@@ -200,9 +199,10 @@ def _service(tmp_path: Path, state: str, clock: Any) -> Any:
     config = load_config(None, (str(tmp_path / "root"),))
     config.state_dir = tmp_path / state
     config.state_dir.mkdir(exist_ok=True)
+    config.executor = "fresh"  # not a fork server (a Python start): no resume is started here
     svc = Service(config, None, (), clock=clock, resumer=ScriptedResumer(config))
     svc.followups.load()
-    lifecycle.build_backends(svc)
+    svc.life.build_backends()
     svc.ticks.start(clock.monotonic(), config)
     return svc
 
@@ -223,7 +223,6 @@ def test_the_loop_reminds_and_escalates_on_its_timers_and_a_restart_repeats_noth
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from deltad.clock import ManualClock
-    from deltad.daemon import lifecycle
     from deltad.protocol import followup as proto
     from deltad.testing.stub import paused_workspace
 
@@ -248,7 +247,7 @@ def test_the_loop_reminds_and_escalates_on_its_timers_and_a_restart_repeats_noth
     look(svc, 60)
     assert heard == [("request.reminder", 1)]
     assert svc.metrics.follow_ups.labels("remind")._value.get() == 1
-    lifecycle.close_backends(svc)
+    svc.life.close_backends()
 
     # A restart (the same state dir): nothing again, the next reminder on time.
     svc = _service(tmp_path, "state", clock)
@@ -263,7 +262,7 @@ def test_the_loop_reminds_and_escalates_on_its_timers_and_a_restart_repeats_noth
     assert heard[-1] == ("request.overdue", None)
     look(svc, 3600)  # max_reminders reached, escalated once, overdue said: nothing more
     assert len(heard) == 3
-    lifecycle.close_backends(svc)
+    svc.life.close_backends()
     beside = proto.read(ws / ".delta" / "interaction", asked["request_id"])
     assert beside is not None and len(beside.reminders) == 2
     assert beside.escalated is not None and beside.escalated.to == ["bob"]
@@ -274,7 +273,7 @@ def test_the_loop_reminds_and_escalates_on_its_timers_and_a_restart_repeats_noth
     heard = _heard(other)
     look(other, 10)
     assert heard == []
-    lifecycle.close_backends(other)
+    other.life.close_backends()
 
 
 def test_a_workspace_name_that_is_not_text_is_kept(tmp_path: Path) -> None:

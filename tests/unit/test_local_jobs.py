@@ -24,6 +24,8 @@ from deltad.executors.seam import Exit, Identity, JobSpec, RequestKey, Started
 from deltad.protocol.process import proc_start_ticks
 from deltad.testing.daemon import next_exit, wait_for
 
+pytestmark = pytest.mark.spawns  # the local executor starts real processes: that is what it is
+
 LINUX_ONLY = pytest.mark.linux_only  # /proc start ticks, pidfds (elsewhere: pid and polling)
 
 ME = Identity(os.geteuid(), os.getegid())

@@ -320,7 +320,6 @@ def test_the_services_vitals_follow_the_walk_the_reads_and_the_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from deltad.clock import ManualClock
-    from deltad.daemon import lifecycle
     from deltad.daemon.config import HaConfig, load_config
     from deltad.daemon.lease import Lease
     from deltad.daemon.service import Service
@@ -336,13 +335,14 @@ def test_the_services_vitals_follow_the_walk_the_reads_and_the_lease(
     config = load_config(None, (str(root),))
     config.state_dir = tmp_path / "state"
     config.state_dir.mkdir()
+    config.executor = "fresh"  # not a fork server (a Python start): no resume is started here
     config.ha = HaConfig(lease=tmp_path / "lease")
     clock = ManualClock(wall=__import__("time").time())
     svc = Service(config, None, (), clock=clock, resumer=RecordingResumer(config))
     assert health.ready_checks(svc.vitals.health())[0].ok is False
-    svc.lease = Lease(config.ha.lease)
+    svc.life.lease = Lease(config.ha.lease)
     assert svc.lease.try_take(clock.monotonic())
-    lifecycle.start(svc)
+    svc.life.start()
     try:
         h = svc.vitals.health()
         assert (h.ready, h.index_complete, h.unread, h.lease_held) == (True, False, 3, True)
@@ -365,7 +365,7 @@ def test_the_services_vitals_follow_the_walk_the_reads_and_the_lease(
         svc.lease.lost = True
         assert [c.name for c in health.ready_checks(svc.vitals.health()) if not c.ok] == ["lease"]
     finally:
-        lifecycle.close_backends(svc)
+        svc.life.close_backends()
         svc.lease.release()
 
 

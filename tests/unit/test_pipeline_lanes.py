@@ -173,6 +173,7 @@ def test_an_interactive_turn_in_a_branch_waits_while_the_other_goes_on(tmp_path:
     assert run.path() == ["start", "fan", "a", "b", "join"]
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_a_context_cut_in_one_branch_keeps_the_others_turns(tmp_path: Path) -> None:
     graph = pipeline_graph(
         """\

@@ -291,6 +291,7 @@ digraph t {
 """
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_a_tool_node_runs_its_command_and_a_conditional_routes_on_context(tmp_path: Path) -> None:
     run = Run(tmp_path, pipeline_graph(TOOLS % "printf ok"), ScriptedModel().reply("fine"))
     assert run.drive(_queue()).status == RunStatus.COMPLETED
@@ -298,12 +299,14 @@ def test_a_tool_node_runs_its_command_and_a_conditional_routes_on_context(tmp_pa
     assert run.outcome("check")["context_updates"] == {"tool.output": "ok"}
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_a_failing_tool_takes_the_fail_edge(tmp_path: Path) -> None:
     run = Run(tmp_path, pipeline_graph(TOOLS % "exit 3"), ScriptedModel())
     assert run.drive(_queue()).status == RunStatus.COMPLETED
     assert run.path() == ["start", "check"] and run.outcome("check")["status"] == "fail"
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_a_fail_with_no_fail_edge_fails_the_run_unless_a_retry_target(tmp_path: Path) -> None:
     body = """
     digraph t { %s
@@ -337,6 +340,7 @@ def test_a_codergen_node_pauses_on_ask_human_and_resumes_inside_the_node(tmp_pat
     assert len(model.calls[2]) == 2  # the next node is a conversation of its own
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_a_goal_gate_that_failed_sends_the_run_back_or_fails_it(tmp_path: Path) -> None:
     body = """
     digraph t {
@@ -371,6 +375,7 @@ def test_a_node_with_its_own_agent_uses_that_agent_and_model(tmp_path: Path) -> 
     assert run.other[1].calls[0][0]["content"] == other.system_prompt
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_an_approval_in_a_codergen_node_pauses_the_pipeline(tmp_path: Path) -> None:
     model = ScriptedModel().call("deploy", {}, id="d").reply("deployed it").reply("applied")
     run = Run(tmp_path, example("review-gate.dot"), model, DEPLOY)
@@ -413,6 +418,7 @@ def test_an_outcome_not_yet_routed_is_routed_on_resume_without_running_again(
     assert run.path() == ["start", "do_work", "review_gate"] and len(run.model.calls) == 1
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_a_tool_node_cut_short_by_a_crash_is_not_run_again(tmp_path: Path) -> None:
     run = Run(tmp_path, pipeline_graph(TOOLS % "echo run >> runs.txt; printf ok"), ScriptedModel())
     run.drive(_queue())

@@ -15,6 +15,8 @@ import structlog
 from deltad import logs
 from deltad.protocol.printable import json_safe, shell_quote, show, show_path, unshow
 
+pytestmark = pytest.mark.spawns  # bash pastes the quoted bytes back
+
 NAMES: list[tuple[bytes, str]] = [
     (b"plain", "plain"),
     ("caf\u00e9 \u6f22".encode(), "caf\u00e9 \u6f22"),  # printable non-ASCII stays as it is

@@ -134,6 +134,7 @@ def test_an_event_crosses_with_its_workspace_name_in_bytes() -> None:
     assert back is not None and back.data["workspace"] == name and back.id == 9
 
 
+@pytest.mark.spawns  # a child as the inbox user tries root's directories
 def test_the_webhook_outbox_is_roots_with_the_inbox_group_and_its_files_the_inbox_users(
     tmp_path: Path,
 ) -> None:

@@ -92,6 +92,7 @@ digraph g {
 """
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_a_gate_in_a_cycle_is_a_step_each_time_it_is_visited(tmp_path: Path) -> None:
     run = Run(tmp_path, pipeline_graph(GATE_CYCLE), ScriptedModel())
     out = run.drive(Chain(AutoApproveInterviewer()))  # always "Again"
@@ -105,6 +106,7 @@ def test_a_gate_in_a_cycle_is_a_step_each_time_it_is_visited(tmp_path: Path) -> 
     assert replay(Journal(run.paths.journal).events, "start").steps == 7
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_retries_are_steps(tmp_path: Path) -> None:
     body = """
     digraph t {
@@ -119,6 +121,7 @@ def test_retries_are_steps(tmp_path: Path) -> None:
     assert run.path() == ["start", "check", "check", "check"]
 
 
+@pytest.mark.spawns  # a tool node runs its command
 def test_each_resume_continues_the_step_count(tmp_path: Path) -> None:
     run = Run(tmp_path, pipeline_graph(GATE_CYCLE), ScriptedModel())
     mailbox = Mailbox(run.ws)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -36,9 +35,11 @@ from deltad.protocol.runfacts import (
 )
 from deltad.protocol.states import RunStatus
 
+pytestmark = pytest.mark.spawns  # a reaped child's pid is a dead owner (`true`, not a Python start)
+
 
 def dead_owner() -> OwnerProcess:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child = subprocess.Popen(["true"])  # the smallest process there is (not a Python start)
     child.wait()  # reaped: its pid names no process now (or a later one, with other ticks)
     return current_owner().model_copy(update={"pid": child.pid, "start_ticks": 1})
 

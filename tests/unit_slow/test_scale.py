@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from deltad.daemon import lifecycle
+from deltad.daemon.lifecycle import Lifecycle
 from deltad.daemon.service import Service
 from deltad.engine.interviewers import AutoApproveInterviewer, Chain
 from deltad.pipeline import GraphError, check_pipeline
@@ -35,17 +35,17 @@ def test_the_startup_walk_reads_the_backends_events_between_its_slices(
     for i in range(total):
         paused_workspace(tmp_path / "root" / f"ws{i:03d}")
     seen_at: list[int] = []
-    process = lifecycle.process
+    process = Lifecycle.process
 
-    def reading(svc: Service, backend: object) -> None:
-        seen_at.append(len(svc.registry))
-        process(svc, backend)  # type: ignore[arg-type]
+    def reading(life: Lifecycle, backend: object) -> None:
+        seen_at.append(len(service.registry))
+        process(life, backend)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(lifecycle, "process", reading)
-    lifecycle.start(service)
+    monkeypatch.setattr(Lifecycle, "process", reading)
+    service.life.start()
     assert any(0 < found < total for found in seen_at), seen_at  # during the walk, not after
     assert len(service.registry) == total
-    lifecycle.close_backends(service)
+    service.life.close_backends()
 
 
 def test_a_20000_node_chain_is_accepted_and_one_lost_node_is_named() -> None:

@@ -18,14 +18,14 @@ ROLE = sys.argv[1:2] == ["serve"] and os.path.basename(sys.argv[0]) == "deltad"
 def _install(hold: str) -> None:
     from deltad.daemon import unread, walking
 
-    read_events = walking._read_events
+    read_events = walking.Walker._read_events
     step = unread.Unread.step
 
-    def held_walk(svc):  # type: ignore[no-untyped-def]
+    def held_walk(self):  # type: ignore[no-untyped-def]
         while os.path.exists(os.path.join(hold, "walk")):
-            read_events(svc)
+            read_events(self)
             time.sleep(0.05)
-        read_events(svc)
+        read_events(self)
 
     def held_step(self, read, clock, budget, slice_s):  # type: ignore[no-untyped-def]
         if os.path.exists(os.path.join(hold, "reads")):
@@ -33,7 +33,7 @@ def _install(hold: str) -> None:
             return 0
         return step(self, read, clock, budget, slice_s)
 
-    walking._read_events = held_walk
+    walking.Walker._read_events = held_walk  # type: ignore[method-assign]
     unread.Unread.step = held_step  # type: ignore[method-assign]
 
 
