@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import json
 import secrets
 import threading
@@ -13,8 +14,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import anyio.to_thread
 from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -22,7 +24,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deltad import __version__, health
@@ -37,6 +39,9 @@ from .handlers import ApiError, Context, unauthorized
 from .schemas import errors
 from .sessions import Sessions, matches
 from .tokens import Identity, TokenError, digest
+
+if TYPE_CHECKING:
+    from .mcp_adapter import Endpoint
 
 SESSION_COOKIE = "deltad_session"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -224,11 +229,13 @@ def create_app(
             return limits.Refusal(e.http, e.code, str(e))
         return None
 
+    mcp_path = ctx.config.mcp.path if ctx.config.mcp.enabled else None
     app.add_middleware(
         limits.BodyLimit,
         check=credential_first,
         headers=SECURITY_HEADERS,
         timeout=ctx.config.body_timeout_seconds,
+        mcp_path=mcp_path,
     )
 
     @app.middleware("http")
@@ -603,7 +610,42 @@ def create_app(
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    if mcp_path is not None:
+        mount_mcp(app, ctx, core, mcp_path)
     return app
+
+
+def mount_mcp(app: FastAPI, ctx: Context, core: Calls, path: str) -> None:
+    """The inbox as an MCP server at `path`; every method goes to it (the SDK answers each)."""
+    mount = LazyMcp(ctx, core)
+    app.router.routes.append(Route(path, endpoint=mount))
+    ctx.feed.subscribe(mount.changed)  # a question asked or gone: listeners are told
+    app.state.mcp = mount
+
+
+class LazyMcp:
+    """deltad/api/mcp_adapter.py, imported (in a worker thread) and built on the first request
+    to the MCP path: the SDK costs the inbox process 1-2 s of start and some 25 MB, which an
+    inbox nobody reaches over MCP never pays."""
+
+    def __init__(self, ctx: Context, core: Calls) -> None:
+        self.ctx, self.core = ctx, core
+        self.endpoint: Endpoint | None = None  # built on the first request
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.endpoint is None:
+            module = await anyio.to_thread.run_sync(
+                importlib.import_module, "deltad.api.mcp_adapter"
+            )
+            if self.endpoint is None:  # no await since the check: one endpoint, ever
+                self.endpoint = module.endpoint(self.core, self.ctx.tokens, self.ctx.config.mcp)
+        assert self.endpoint is not None
+        await self.endpoint(scope, receive, send)
+
+    def changed(self, e: FeedEvent) -> None:
+        """On the feed's thread (the loop's, or the inbox's reader)."""
+        if (endpoint := self.endpoint) is not None:
+            endpoint.changed(e)
 
 
 def _health(checks: list[health.Check], request: Request) -> JSONResponse:

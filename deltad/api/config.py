@@ -37,6 +37,23 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve anywhere
 
 
+class McpConfig(_Strict):
+    """`http.mcp`: the inbox as an MCP server (streamable HTTP) at `path`, for the API's tokens
+    (docs/inbox.md, "MCP")."""
+
+    enabled: bool = True
+    path: str = Field(default="/mcp", pattern=r"^/[A-Za-z0-9._~/-]{1,63}$")
+    max_sessions: int = Field(default=1000, ge=1, le=100_000)  # MCP sessions open at once
+    session_idle_seconds: float = Field(default=1800.0, gt=0, le=86400)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if v.rstrip("/") in ("", "/v1", "/static", "/links") or v.startswith(("/v1/", "/static/")):
+            raise ValueError("must not be a path the inbox already serves (/v1, /static, /)")
+        return v.rstrip("/")
+
+
 class HttpConfig(_Strict):
     listen: str = "127.0.0.1:8470"
     tls_cert: Path | None = None
@@ -64,6 +81,7 @@ class HttpConfig(_Strict):
     # inbox started by its own unit (deltad-inbox.service), the socket the core listens on.
     user: str = Field(default="deltad-inbox", min_length=1, max_length=64)
     inbox_socket: Path | None = None
+    mcp: McpConfig = Field(default_factory=McpConfig)  # the inbox as an MCP server
 
     @field_validator("listen")
     @classmethod

@@ -1,0 +1,543 @@
+"""The inbox as an MCP server (streamable HTTP), behind this one module: the official `mcp`
+SDK's types and server are imported here and nowhere else, so the next revision of the spec
+(it changed three times in a year) is a change to this file only.
+
+What an MCP host sees (docs/inbox.md, "MCP"):
+
+    tools      list_questions  the waiting questions this token may see (a page of them)
+               get_question    one question, whole (prompt, options, bounds, context, calls)
+               answer_question answer it: the same answering path as POST /v1/requests/{id}/answer,
+                               recorded with channel "mcp" and the token's name as answered_by
+    resources  deltad://questions/{request_id}?workspace=...  each waiting question, readable
+    events     resources list_changed on a `subscriptions/listen` stream (2026-07-28) whenever a
+               question is asked, answered or expires; the list itself shows only what the
+               token may see
+
+Every call is authenticated again from its own HTTP request's bearer token (the same tokens,
+roles and scopes as the API), and everything that reads or writes a workspace goes through
+`Calls` (in the inbox process: the core, which checks it all again). A secret is never
+answered here (the core refuses it too). Clocks: none; the feed's events arrive on its
+reader's thread and are handed to the event loop.
+
+The SDK's Tasks extension and input-required (MRTR) flows are not used: this SDK release ships
+MRTR but not Tasks, and an answer given through a host's elicitation form is still an answer
+through `answer_question` (see docs/inbox.md for why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+import structlog
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourcesListChanged
+from mcp.shared.exceptions import MCPError
+from starlette.types import Receive, Scope, Send
+
+from deltad import __version__
+from deltad.inbox.feed import FeedEvent
+
+from . import limits, problems
+from .access import note_token
+from .calls import Calls
+from .config import McpConfig
+from .handlers import ApiError
+from .tokens import Identity, TokenError, TokenStore
+
+log = structlog.get_logger("deltad.mcp")
+
+CHANNEL = "mcp"
+URI_PREFIX = "deltad://questions/"
+PAGE_MAX = 100  # questions one list_questions or resources/list call returns at most
+PROMPT_PREVIEW = 200  # characters of a prompt in a list's line
+NO_TOKEN = "a bearer token is needed (Authorization: Bearer ...)"
+BAD_TOKEN = "this token is not valid (revoked, or never issued)"
+CHANGED = frozenset({"request.created", "request.answered", "request.expired"})
+
+# -- the tools, as MCP hosts see them --------------------------------------------------------
+_WORKSPACE = {
+    "type": "string",
+    "description": "The question's workspace, as listed (needed only when one request id is "
+    "open in several workspaces).",
+}
+TOOLS: tuple[types.Tool, ...] = (
+    types.Tool(
+        name="list_questions",
+        title="Waiting questions",
+        description="The questions agents are waiting on that this token may see and answer, "
+        "newest first. Follow next_cursor for more.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "workspace": {"type": "string", "description": "A workspace glob to filter by."},
+                "input_type": {
+                    "type": "string",
+                    "description": "Only this kind (text, choice, approval, number, ...).",
+                },
+                "limit": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX, "default": 20},
+                "cursor": {"type": "string", "description": "A previous page's next_cursor."},
+            },
+            "additionalProperties": False,
+        },
+        annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    ),
+    types.Tool(
+        name="get_question",
+        title="Read a question",
+        description="One waiting question, whole: its prompt, what the answer must be (options, "
+        "bounds), its context and, for an approval, the calls it gates.",
+        input_schema={
+            "type": "object",
+            "properties": {"request_id": {"type": "string"}, "workspace": _WORKSPACE},
+            "required": ["request_id"],
+            "additionalProperties": False,
+        },
+        annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+    ),
+    types.Tool(
+        name="answer_question",
+        title="Answer a question",
+        description="Answer a waiting question as this token; the agent's run resumes. Give "
+        "`answer` (text; a choice's key or label; yes/no; a number; a date) or, for an approval "
+        "of gated calls, `decisions`. Secrets are never answered here: use the inbox page.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "request_id": {"type": "string"},
+                "workspace": _WORKSPACE,
+                "answer": {"type": "string"},
+                "decisions": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "action_id": {"type": "string"},
+                            "decision": {"type": "string", "enum": ["approve", "reject", "edit"]},
+                            "arguments": {"type": "object"},
+                            "reason": {"type": "string"},
+                        },
+                        "required": ["action_id", "decision"],
+                    },
+                },
+                "comment": {"type": "string", "description": "A note kept with the answer."},
+            },
+            "required": ["request_id"],
+            "additionalProperties": False,
+        },
+        annotations=types.ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=False
+        ),
+    ),
+)
+
+
+# -- the read model as MCP results (pure: tested from a table) --------------------------------
+def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A question as one entry of a list: what a person needs to pick it."""
+    prompt = str(doc.get("prompt") or "")
+    out: dict[str, Any] = {
+        "request_id": doc.get("request_id"),
+        "workspace": doc.get("workspace"),
+        "input_type": doc.get("input_type"),
+        "prompt": prompt if len(prompt) <= PROMPT_PREVIEW else prompt[: PROMPT_PREVIEW - 1] + "…",
+        "task": doc.get("task"),
+        "asked_at": doc.get("timestamp"),
+        "expires_at": doc.get("expires_at"),
+        "sensitive": bool(doc.get("sensitive")),
+        "url": doc.get("url"),
+    }
+    if doc.get("options"):
+        out["options"] = [_option(o) for o in doc["options"]]
+    return out
+
+
+def _option(o: Any) -> str:
+    if isinstance(o, Mapping):
+        key, label = o.get("key"), o.get("label")
+        return f"{key}: {label}" if key is not None and label not in (None, key) else str(label)
+    return str(o)
+
+
+def line(s: Mapping[str, Any]) -> str:
+    """A summary as one line of text (for hosts that show only text)."""
+    parts = [f"[{s['request_id']}]", f"({s['input_type']})", str(s["prompt"])]
+    if s.get("options"):
+        parts.append("— options: " + ", ".join(s["options"]))
+    if s.get("sensitive"):
+        parts.append("— a secret: answer it on the inbox page")
+    parts.append(f"— workspace {s['workspace']}")
+    return " ".join(parts)
+
+
+def list_result(page: Mapping[str, Any]) -> types.CallToolResult:
+    """`list_requests`' page as list_questions' result."""
+    found = [summary(d) for d in page.get("requests", [])]
+    text = "\n".join(line(s) for s in found) if found else "No question is waiting for you."
+    if page.get("next"):
+        text += "\n(more: call list_questions again with cursor = next_cursor)"
+    return types.CallToolResult(
+        content=[types.TextContent(text=text)],
+        structured_content={"questions": found, "next_cursor": page.get("next")},
+    )
+
+
+QUESTION_FIELDS = (
+    "request_id",
+    "workspace",
+    "run_id",
+    "task",
+    "agent",
+    "prompt",
+    "input_type",
+    "expects",
+    "bounds",
+    "options",
+    "minimum",
+    "maximum",
+    "default",
+    "allow_empty",
+    "sensitive",
+    "expires_at",
+    "after_deadline",
+    "respondents",
+    "context",
+    "calls",
+    "timestamp",
+    "answer_waiting",
+    "last_refusal",
+    "url",
+)
+
+
+def question(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A question whole, as get_question gives it (the page's form and internals left out)."""
+    return {k: doc[k] for k in QUESTION_FIELDS if doc.get(k) is not None}
+
+
+def question_result(doc: Mapping[str, Any]) -> types.CallToolResult:
+    q = question(doc)
+    lines = [line(summary(doc)), ""]
+    if q.get("prompt"):
+        lines.append(str(q["prompt"]))
+    if q.get("expects"):
+        lines.append(f"Expects: {q['expects']}")
+    if q.get("bounds"):
+        lines.append(f"Bounds: {q['bounds']}")
+    for c in q.get("calls", []):
+        args = json.dumps(c.get("arguments"), sort_keys=True)
+        lines.append(f"Gated call {c.get('action_id')}: {c.get('tool_name')}({args})")
+    if q.get("expires_at"):
+        lines.append(f"Expires at {q['expires_at']} ({q.get('after_deadline') or 'no default'})")
+    return types.CallToolResult(
+        content=[types.TextContent(text="\n".join(lines))], structured_content=q
+    )
+
+
+def answered_result(doc: Mapping[str, Any]) -> types.CallToolResult:
+    text = (
+        f"Answered question {doc.get('request_id')} as {doc.get('answered_by')}: "
+        f"the run in {doc.get('workspace')} resumes."
+    )
+    content: list[types.ContentBlock] = [types.TextContent(text=text)]
+    return types.CallToolResult(content=content, structured_content=dict(doc))
+
+
+def refused(code: str, message: str) -> types.CallToolResult:
+    """A tool call that changed nothing, with the API's code and its one line."""
+    return types.CallToolResult(
+        content=[types.TextContent(text=f"refused ({code}): {message}")],
+        structured_content={"error": message, "code": code},
+        is_error=True,
+    )
+
+
+def secret_refused(doc: Mapping[str, Any]) -> types.CallToolResult:
+    return refused(
+        "secret",
+        f"question {doc.get('request_id')} asks for a secret, which is never answered over MCP: "
+        f"answer it on the inbox page ({doc.get('url')})",
+    )
+
+
+def answer_body(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The API's answer body from answer_question's arguments (the answering path checks it)."""
+    return {k: arguments[k] for k in ("answer", "decisions", "comment") if k in arguments}
+
+
+def uri_of(doc: Mapping[str, Any]) -> str:
+    return (
+        f"{URI_PREFIX}{quote(str(doc.get('request_id')), safe='')}"
+        f"?workspace={quote(str(doc.get('workspace')), safe='')}"
+    )
+
+
+def parse_uri(uri: str) -> tuple[str, str | None]:
+    """(request id, workspace) from a question's URI; ValueError when it is not one."""
+    if not uri.startswith(URI_PREFIX):
+        raise ValueError(f"not a question: {uri[:200]}")
+    parts = urlsplit(uri)
+    rid = unquote(parts.path.lstrip("/"))
+    workspace = parse_qs(parts.query).get("workspace", [None])[0]
+    if not rid:
+        raise ValueError("a question's URI names its request id")
+    return rid, workspace
+
+
+def resource_of(doc: Mapping[str, Any]) -> types.Resource:
+    s = summary(doc)
+    return types.Resource(
+        uri=uri_of(doc),
+        name=str(s["request_id"]),
+        title=str(s["prompt"])[:80] or str(s["request_id"]),
+        description=line(s),
+        mime_type="application/json",
+    )
+
+
+# -- who calls ----------------------------------------------------------------------------------
+class Unauthorized(Exception):
+    def __init__(self, http: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.http, self.code = http, code
+
+
+def identify(tokens: TokenStore, authorization: str | None) -> Identity:
+    """The bearer token's identity, as the API reads it; Unauthorized otherwise."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized(401, "unauthorized", NO_TOKEN)
+    try:
+        who = tokens.verify(token.strip())
+    except TokenError:
+        who = None
+    if who is None:
+        raise Unauthorized(401, "unauthorized", BAD_TOKEN)
+    if who.role == "metrics":
+        raise Unauthorized(403, "forbidden", f"token {who.name} may only read /metrics")
+    return who
+
+
+# -- the server ---------------------------------------------------------------------------------
+@dataclass
+class Inbox:
+    """What the handlers need: the calls that reach workspaces, and the tokens."""
+
+    calls: Calls
+    tokens: TokenStore
+
+    def who(self, ctx: ServerRequestContext[Any, Any]) -> Identity:
+        request = ctx.request
+        headers = getattr(request, "headers", None)
+        try:
+            return identify(self.tokens, headers.get("authorization") if headers else None)
+        except Unauthorized as e:  # revoked since the HTTP layer let the request in
+            raise MCPError(-32001, str(e)) from None
+
+    # Each runs in a worker thread: a call to the core blocks until the core answers.
+    def list_page(
+        self, who: Identity, args: Mapping[str, Any], limit_default: int = 20
+    ) -> dict[str, Any]:
+        limit = args.get("limit", limit_default)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= PAGE_MAX:
+            raise ApiError(422, "bad_page", f"limit: from 1 to {PAGE_MAX}")
+        return self.calls.list_requests(
+            who,
+            _text(args, "workspace"),
+            _text(args, "input_type"),
+            owner=None,
+            run_id=None,
+            limit=limit,
+            cursor=_text(args, "cursor"),
+        )
+
+    def tool(self, who: Identity, name: str, args: Mapping[str, Any]) -> types.CallToolResult:
+        try:
+            if name == "list_questions":
+                return list_result(self.list_page(who, args))
+            rid = _text(args, "request_id")
+            if not rid:
+                raise ApiError(422, "bad_request", "request_id: a question's id is needed")
+            if name == "get_question":
+                return question_result(self.calls.get_request(who, rid, _text(args, "workspace")))
+            if name == "answer_question":
+                return self.answer(who, rid, args)
+        except ApiError as e:
+            return refused(e.code, str(e))
+        return refused("unknown_tool", f"no tool {name[:80]!r}")
+
+    def answer(self, who: Identity, rid: str, args: Mapping[str, Any]) -> types.CallToolResult:
+        workspace = _text(args, "workspace")
+        if not who.can_answer():
+            raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
+        doc = self.calls.get_request(who, rid, workspace)
+        if doc.get("sensitive"):
+            return secret_refused(doc)  # the core refuses it too, whatever this process says
+        body = answer_body(args)
+        done = self.calls.answer(
+            who, rid, body, None, workspace or str(doc.get("workspace")), channel=CHANNEL
+        )
+        log.info("mcp_answered", token=who.name, request_id=rid)
+        return answered_result(done)
+
+
+def _text(args: Mapping[str, Any], key: str) -> str | None:
+    v = args.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise ApiError(422, "bad_request", f"{key}: a string")
+    return v
+
+
+def build_server(inbox: Inbox, bus: InMemorySubscriptionBus) -> Server[Any]:
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        inbox.who(ctx)
+        return types.ListToolsResult(tools=list(TOOLS))
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        who = inbox.who(ctx)
+        args = dict(params.arguments or {})
+        return await anyio.to_thread.run_sync(inbox.tool, who, params.name, args)
+
+    async def list_resources(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        who = inbox.who(ctx)
+        cursor = params.cursor if params is not None else None
+        try:
+            page = await anyio.to_thread.run_sync(
+                inbox.list_page, who, {"cursor": cursor, "limit": PAGE_MAX}
+            )
+        except ApiError as e:
+            raise MCPError(-32602, f"{e.code}: {e}") from None
+        return types.ListResourcesResult(
+            resources=[resource_of(d) for d in page.get("requests", [])],
+            next_cursor=page.get("next"),
+        )
+
+    async def read_resource(
+        ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        who = inbox.who(ctx)
+        try:
+            rid, workspace = parse_uri(str(params.uri))
+            doc = await anyio.to_thread.run_sync(inbox.calls.get_request, who, rid, workspace)
+        except ValueError as e:
+            raise MCPError(-32602, str(e)) from None
+        except ApiError as e:
+            raise MCPError(-32002, f"{e.code}: {e}") from None
+        return types.ReadResourceResult(
+            contents=[
+                types.TextResourceContents(
+                    uri=str(params.uri),
+                    mime_type="application/json",
+                    text=json.dumps(question(doc), ensure_ascii=False),
+                )
+            ]
+        )
+
+    return Server(
+        "deltad",
+        version=__version__,
+        title="deltad inbox",
+        instructions="The questions agents are waiting on. list_questions, get_question, then "
+        "answer_question; the agent's run resumes with the answer.",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+        on_subscriptions_listen=ListenHandler(bus, max_subscriptions=256),
+    )
+
+
+class Endpoint:
+    """The ASGI app mounted at `http.mcp.path`: the bearer token checked from the headers
+    before the SDK reads a byte (401/403 as RFC 9457 problems, like the API's), then the SDK's
+    session manager, started on the first request (the inbox's server runs no lifespan)."""
+
+    def __init__(self, inbox: Inbox, config: McpConfig) -> None:
+        self.inbox = inbox
+        self.bus = InMemorySubscriptionBus()
+        self.server = build_server(inbox, self.bus)
+        self.manager = StreamableHTTPSessionManager(
+            self.server,
+            max_request_body_size=limits.ANSWER_BODY_MAX,
+            session_idle_timeout=config.session_idle_seconds,
+            max_sessions=config.max_sessions,
+        )
+        self._started: asyncio.Event | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._publishing: set[asyncio.Future[None]] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            who = identify(self.inbox.tokens, headers.get("authorization"))
+        except Unauthorized as e:
+            await _problem(send, e.http, e.code, str(e))
+            return
+        note_token(scope, who.name)
+        await self._start()
+        await self.manager.handle_request(scope, receive, send)
+
+    async def _start(self) -> None:
+        if self._started is None:
+            self._started = asyncio.Event()
+            self._loop = asyncio.get_running_loop()
+            self._runner = asyncio.create_task(self._run(self._started))
+        await self._started.wait()
+
+    async def _run(self, started: asyncio.Event) -> None:
+        async with self.manager.run():
+            started.set()
+            await anyio.sleep_forever()
+
+    def changed(self, e: FeedEvent) -> None:
+        """A feed event (on the feed's thread): a question came or went, listeners are told."""
+        loop = self._loop
+        if e.type not in CHANGED or loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has ended: nobody listens
+            loop.call_soon_threadsafe(self._publish)
+
+    def _publish(self) -> None:
+        task = asyncio.ensure_future(self.bus.publish(ResourcesListChanged()))
+        self._publishing.add(task)  # held until done (the loop keeps only a weak reference)
+        task.add_done_callback(self._publishing.discard)
+
+
+async def _problem(send: Send, http: int, code: str, message: str) -> None:
+    doc = problems.encoded(http, code, message)
+    headers = [
+        (b"content-type", problems.PROBLEM.encode()),
+        (b"content-length", str(len(doc)).encode()),
+    ]
+    if http == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": http, "headers": headers})
+    await send({"type": "http.response.body", "body": doc})
+
+
+def endpoint(calls: Calls, tokens: TokenStore, config: McpConfig) -> Endpoint:
+    return Endpoint(Inbox(calls, tokens), config)
+
+
+Subscribe = Callable[[Callable[[FeedEvent], None]], Callable[[], None]]
