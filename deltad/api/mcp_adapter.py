@@ -141,6 +141,8 @@ TOOLS: tuple[types.Tool, ...] = (
     ),
 )
 
+TOOL_NAMES = frozenset(t.name for t in TOOLS)
+
 
 # -- the read model as MCP results (pure: tested from a table) --------------------------------
 def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -362,6 +364,8 @@ class Inbox:
         )
 
     def tool(self, who: Identity, name: str, args: Mapping[str, Any]) -> types.CallToolResult:
+        if name not in TOOL_NAMES:
+            return refused("unknown_tool", f"no tool {name[:80]!r}")
         try:
             if name == "list_questions":
                 return list_result(self.list_page(who, args))
@@ -370,11 +374,9 @@ class Inbox:
                 raise ApiError(422, "bad_request", "request_id: a question's id is needed")
             if name == "get_question":
                 return question_result(self.calls.get_request(who, rid, _text(args, "workspace")))
-            if name == "answer_question":
-                return self.answer(who, rid, args)
+            return self.answer(who, rid, args)
         except ApiError as e:
             return refused(e.code, str(e))
-        return refused("unknown_tool", f"no tool {name[:80]!r}")
 
     def answer(self, who: Identity, rid: str, args: Mapping[str, Any]) -> types.CallToolResult:
         workspace = _text(args, "workspace")
