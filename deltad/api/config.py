@@ -37,6 +37,10 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve anywhere
 
 
+# The inbox's own top-level paths (deltad/api/app.py): the MCP endpoint goes elsewhere.
+MCP_PATH_TAKEN = ("v1", "static", "a", "metrics", "healthz", "livez", "readyz")
+
+
 class McpConfig(_Strict):
     """`http.mcp`: the inbox as an MCP server (streamable HTTP) at `path`, for the API's tokens
     (docs/inbox.md, "MCP")."""
@@ -49,9 +53,11 @@ class McpConfig(_Strict):
     @field_validator("path")
     @classmethod
     def _path(cls, v: str) -> str:
-        if v.rstrip("/") in ("", "/v1", "/static", "/links") or v.startswith(("/v1/", "/static/")):
-            raise ValueError("must not be a path the inbox already serves (/v1, /static, /)")
-        return v.rstrip("/")
+        v = v.rstrip("/")
+        if v.split("/")[1] in MCP_PATH_TAKEN:
+            taken = ", ".join(f"/{p}" for p in MCP_PATH_TAKEN)
+            raise ValueError(f"must not be under a path the inbox already serves ({taken})")
+        return v
 
 
 class HttpConfig(_Strict):
