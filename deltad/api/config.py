@@ -48,6 +48,7 @@ class McpConfig(_Strict):
     enabled: bool = True
     path: str = Field(default="/mcp", pattern=r"^/[A-Za-z0-9._~/-]{1,63}$")
     max_sessions: int = Field(default=1000, ge=1, le=100_000)  # MCP sessions open at once
+    max_listeners: int = Field(default=256, ge=1, le=100_000)  # subscriptions/listen streams
     session_idle_seconds: float = Field(default=1800.0, gt=0, le=86400)
 
     @field_validator("path")

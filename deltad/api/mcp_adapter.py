@@ -41,14 +41,19 @@ import structlog
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourcesListChanged
+from mcp.server.subscriptions import (
+    ListenHandler,
+    ResourcesListChanged,
+    ServerEvent,
+    SubscriptionBus,
+)
 from mcp.shared.exceptions import MCPError
 from starlette.types import Receive, Scope, Send
 
 from deltad import __version__
 from deltad.inbox.feed import FeedEvent
 
-from . import limits, problems
+from . import limits, problems, scopes
 from .access import note_token
 from .calls import Calls
 from .config import McpConfig
@@ -63,6 +68,7 @@ PAGE_MAX = 100  # questions one list_questions or resources/list call returns at
 PROMPT_PREVIEW = 200  # characters of a prompt in a list's line
 NO_TOKEN = "a bearer token is needed (Authorization: Bearer ...)"
 BAD_TOKEN = "this token is not valid (revoked, or never issued)"
+LISTEN_BACKLOG = 64  # hints a listening stream may have unsent (beyond: the SDK ends it)
 CHANGED = frozenset({"request.created", "request.answered", "request.expired"})
 
 # -- the tools, as MCP hosts see them --------------------------------------------------------
@@ -402,7 +408,64 @@ def _text(args: Mapping[str, Any], key: str) -> str | None:
     return v
 
 
-def build_server(inbox: Inbox, bus: InMemorySubscriptionBus) -> Server[Any]:
+class Hub:
+    """Who listens (each `subscriptions/listen` stream, with the token it was opened with), and
+    the feed's events told to those whose scope holds the event's workspace only: a token
+    scoped elsewhere never learns that a question came or went. An event is a hint (the list
+    is read afresh, checked by the core); the scope is matched on the path as the feed names it
+    (no file is looked at here: the inbox process holds no workspace)."""
+
+    def __init__(self, tokens: TokenStore, cap: int) -> None:
+        self.tokens, self.cap = tokens, cap
+        self._listeners: dict[object, tuple[Identity, Callable[[ServerEvent], None]]] = {}
+
+    def view(self, who: Identity) -> SubscriptionBus:
+        hub = self
+
+        class View:
+            async def publish(self, event: ServerEvent) -> None:  # the hub publishes, not a view
+                raise NotImplementedError
+
+            def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+                return hub.subscribe(who, listener)
+
+        return View()
+
+    def subscribe(
+        self, who: Identity, listener: Callable[[ServerEvent], None]
+    ) -> Callable[[], None]:
+        if len(self._listeners) >= self.cap:
+            raise MCPError(-32603, f"{self.cap} listening streams are open already: try later")
+        key = object()
+        self._listeners[key] = (who, listener)
+
+        def unsubscribe() -> None:
+            self._listeners.pop(key, None)
+
+        return unsubscribe
+
+    def changed(self, workspace: str | None) -> None:
+        """On the event loop: tell each listener allowed to see `workspace` (None: everyone)."""
+        for who, listener in list(self._listeners.values()):
+            if workspace is not None and not scopes.allows_at(who.scopes, workspace, workspace):
+                continue
+            if _still(self.tokens, who):
+                listener(ResourcesListChanged())
+
+    def __len__(self) -> int:
+        return len(self._listeners)
+
+
+def _still(tokens: TokenStore, who: Identity) -> bool:
+    """Whether `who`'s token still stands as it was (revoked or changed: no more hints)."""
+    try:
+        held = tokens.by_name(who.name)
+    except TokenError:
+        return False
+    return held is not None and held[1] == who
+
+
+def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
@@ -453,6 +516,13 @@ def build_server(inbox: Inbox, bus: InMemorySubscriptionBus) -> Server[Any]:
             ]
         )
 
+    async def listen(
+        ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """One stream of hints for this token: the SDK's handler over this token's view."""
+        handler = ListenHandler(hub.view(inbox.who(ctx)), max_buffered_events=LISTEN_BACKLOG)
+        return await handler(ctx, params)
+
     return Server(
         "deltad",
         version=__version__,
@@ -463,7 +533,7 @@ def build_server(inbox: Inbox, bus: InMemorySubscriptionBus) -> Server[Any]:
         on_call_tool=call_tool,
         on_list_resources=list_resources,
         on_read_resource=read_resource,
-        on_subscriptions_listen=ListenHandler(bus, max_subscriptions=256),
+        on_subscriptions_listen=listen,
     )
 
 
@@ -474,8 +544,8 @@ class Endpoint:
 
     def __init__(self, inbox: Inbox, config: McpConfig) -> None:
         self.inbox = inbox
-        self.bus = InMemorySubscriptionBus()
-        self.server = build_server(inbox, self.bus)
+        self.hub = Hub(inbox.tokens, config.max_listeners)
+        self.server = build_server(inbox, self.hub)
         self.manager = StreamableHTTPSessionManager(
             self.server,
             max_request_body_size=limits.ANSWER_BODY_MAX,
@@ -485,7 +555,6 @@ class Endpoint:
         self._started: asyncio.Event | None = None
         self._runner: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._publishing: set[asyncio.Future[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -513,17 +582,14 @@ class Endpoint:
             await anyio.sleep_forever()
 
     def changed(self, e: FeedEvent) -> None:
-        """A feed event (on the feed's thread): a question came or went, listeners are told."""
+        """A feed event (on the feed's thread): a question came or went, listeners are told
+        (on the loop: the SDK's listeners must be called there)."""
         loop = self._loop
-        if e.type not in CHANGED or loop is None:
+        if e.type not in CHANGED or loop is None or not len(self.hub):
             return
+        ws = e.data.get("workspace")
         with contextlib.suppress(RuntimeError):  # the loop has ended: nobody listens
-            loop.call_soon_threadsafe(self._publish)
-
-    def _publish(self) -> None:
-        task = asyncio.ensure_future(self.bus.publish(ResourcesListChanged()))
-        self._publishing.add(task)  # held until done (the loop keeps only a weak reference)
-        task.add_done_callback(self._publishing.discard)
+            loop.call_soon_threadsafe(self.hub.changed, str(ws) if ws is not None else None)
 
 
 async def _problem(send: Send, http: int, code: str, message: str) -> None:

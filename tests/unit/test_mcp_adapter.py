@@ -326,3 +326,37 @@ def test_the_mcp_config(given: dict[str, Any], want: McpConfig | str) -> None:
         return
     with pytest.raises(ValidationError, match=want):
         HttpConfig.model_validate({"mcp": given})
+
+
+@pytest.mark.parametrize(
+    ("workspace", "told"),
+    [
+        ("/srv/a/ws", ["alice", "root"]),
+        ("/srv/b/ws", ["bob", "root"]),
+        ("/elsewhere", ["root"]),
+        (None, ["alice", "bob", "root"]),  # an event naming no workspace: a hint to all
+    ],
+)
+def test_listeners_are_told_only_of_the_workspaces_their_token_sees(
+    tmp_path: Path, workspace: str | None, told: list[str]
+) -> None:
+    store = TokenStore(tmp_path)
+    for name, scope in (("alice", "/srv/a/*"), ("bob", "/srv/b/*"), ("root", "/**")):
+        store.add(name, [scope], "answerer")
+    hub = m.Hub(store, cap=3)
+    heard: list[str] = []
+    unsubscribe = {}
+    for name in ("alice", "bob", "root"):
+        held = store.by_name(name)
+        assert held is not None
+        unsubscribe[name] = hub.view(held[1]).subscribe(lambda e, n=name: heard.append(n))
+    hub.changed(workspace)
+    assert heard == told
+    with pytest.raises(m.MCPError, match="3 listening streams are open already"):
+        hub.subscribe(ALICE, lambda e: None)
+    # A revoked token hears nothing more; one gone is forgotten.
+    store.revoke("root")
+    unsubscribe["alice"]()
+    heard.clear()
+    hub.changed(None)
+    assert heard == ["bob"] and len(hub) == 2
