@@ -19,9 +19,13 @@ roles and scopes as the API), and everything that reads or writes a workspace go
 answered here (the core refuses it too). Clocks: none; the feed's events arrive on its
 reader's thread and are handed to the event loop.
 
-The SDK's Tasks extension and input-required (MRTR) flows are not used: this SDK release ships
-MRTR but not Tasks, and an answer given through a host's elicitation form is still an answer
-through `answer_question` (see docs/inbox.md for why).
+On a 2026-07-28 connection, answer_question called without an answer takes the spec's
+multi round-trip path (SEP-2322): it returns `input_required` with an elicitation form built
+from the question's kind and a `requestState` the SDK's RequestStateBoundary seals (AES-GCM,
+bound to the token, the call's arguments, ten minutes); the same call again with the filled
+form answers. The Tasks extension (tasks/get, tasks/update) is not served: this SDK release
+ships only the extension seam for it, no Tasks implementation, and the protocol is not ours to
+invent (docs/inbox.md, "MCP").
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +45,7 @@ import mcp_types as types
 import structlog
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.subscriptions import (
     ListenHandler,
@@ -48,6 +54,7 @@ from mcp.server.subscriptions import (
     SubscriptionBus,
 )
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Receive, Scope, Send
 
 from deltad import __version__
@@ -68,6 +75,7 @@ PAGE_MAX = 100  # questions one list_questions or resources/list call returns at
 PROMPT_PREVIEW = 200  # characters of a prompt in a list's line
 NO_TOKEN = "a bearer token is needed (Authorization: Bearer ...)"
 BAD_TOKEN = "this token is not valid (revoked, or never issued)"
+STATE_SECONDS = 600.0  # how long an answer_question form stays answerable
 LISTEN_BACKLOG = 64  # hints a listening stream may have unsent (beyond: the SDK ends it)
 CHANGED = frozenset({"request.created", "request.answered", "request.expired"})
 
@@ -283,6 +291,52 @@ def answer_body(arguments: Mapping[str, Any]) -> dict[str, Any]:
     return {k: arguments[k] for k in ("answer", "decisions", "comment") if k in arguments}
 
 
+ELICITED = "answer"  # the key of the one input request answer_question makes
+
+
+def elicitation(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The form (an elicitation's flat `requestedSchema`) a host shows to answer `doc`; None
+    when a form cannot ask it (a secret: never; edits of gated calls: `decisions` instead)."""
+    t = doc.get("input_type")
+    extra: dict[str, Any] = {}
+    if doc.get("sensitive"):
+        return None
+    if t == "text":
+        field: dict[str, Any] = {"type": "string", "title": "Answer"}
+    elif t == "choice":
+        options = [o for o in doc.get("options") or [] if isinstance(o, Mapping)]
+        field = {
+            "type": "string",
+            "title": "Answer",
+            "oneOf": [{"const": str(o["key"]), "title": str(o.get("label"))} for o in options],
+        }
+    elif t in ("yes_no", "confirmation"):
+        field = {"type": "string", "title": "Answer", "enum": ["yes", "no"]}
+    elif t == "number":
+        field = {"type": "number", "title": "Answer"}
+        field |= {k: doc[k] for k in ("minimum", "maximum") if doc.get(k) is not None}
+    elif t == "date":
+        field = {"type": "string", "title": "Answer", "format": "date"}
+    elif t == "approval":
+        field = {"type": "string", "title": "Decision", "enum": ["approve", "reject"]}
+        extra = {"reason": {"type": "string", "title": "Reason (for a rejection)"}}
+    else:
+        return None
+    return {"type": "object", "properties": {ELICITED: field, **extra}, "required": [ELICITED]}
+
+
+def elicited_text(input_type: str, content: Mapping[str, Any]) -> str:
+    """A filled form as the answer's text, read by the question's kind like any other."""
+    value = content.get(ELICITED)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = "" if value is None else str(value)
+    reason = content.get("reason")
+    if input_type == "approval" and text == "reject" and isinstance(reason, str) and reason:
+        return f"reject: {reason}"
+    return text
+
+
 def uri_of(doc: Mapping[str, Any]) -> str:
     return (
         f"{URI_PREFIX}{quote(str(doc.get('request_id')), safe='')}"
@@ -398,6 +452,56 @@ class Inbox:
         log.info("mcp_answered", token=who.name, request_id=rid)
         return answered_result(done)
 
+    def elicit(
+        self,
+        who: Identity,
+        args: Mapping[str, Any],
+        responses: Mapping[str, Any] | None,
+        state: str | None,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """answer_question with no answer, on a 2026-07-28 connection: the question asked as
+        an elicitation form (multi round-trip, SEP-2322), then answered from what the person
+        filled in. `state` comes back verified (RequestStateBoundary: sealed, bound to the
+        token, the tool's arguments and ten minutes)."""
+        try:
+            rid = _text(args, "request_id")
+            if not rid:
+                raise ApiError(422, "bad_request", "request_id: a question's id is needed")
+            if not who.can_answer():
+                raise ApiError(403, "forbidden", f"token {who.name} may read, not answer")
+            if state is None or responses is None:
+                return self.ask(who, rid, _text(args, "workspace"))
+            asked = json.loads(state)
+            reply = responses.get(ELICITED)
+            if not isinstance(reply, types.ElicitResult) or reply.action != "accept":
+                return refused(
+                    "declined", f"question {rid} was not answered (the form was not sent)"
+                )
+            body = {"answer": elicited_text(asked["input_type"], reply.content or {})}
+            done = self.calls.answer(who, rid, body, None, asked["workspace"], channel=CHANNEL)
+        except ApiError as e:
+            return refused(e.code, str(e))
+        log.info("mcp_answered", token=who.name, request_id=rid, through="elicitation")
+        return answered_result(done)
+
+    def ask(
+        self, who: Identity, rid: str, workspace: str | None
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        doc = self.calls.get_request(who, rid, workspace)
+        if doc.get("sensitive"):
+            return secret_refused(doc)
+        schema = elicitation(doc)
+        if schema is None:
+            return refused("answer_needed", f"question {rid}: give `answer` or `decisions`")
+        form = types.ElicitRequestFormParams(
+            message=f"{doc.get('prompt')}\n(expects {doc.get('expects')})", requested_schema=schema
+        )
+        state = {"workspace": doc.get("workspace"), "input_type": doc.get("input_type")}
+        return types.InputRequiredResult(
+            input_requests={ELICITED: types.ElicitRequest(params=form)},
+            request_state=json.dumps(state),
+        )
+
 
 def _text(args: Mapping[str, Any], key: str) -> str | None:
     v = args.get(key)
@@ -474,9 +578,16 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         who = inbox.who(ctx)
         args = dict(params.arguments or {})
+        if (
+            params.name == "answer_question"
+            and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+            and not answer_body(args).keys() & {"answer", "decisions"}
+        ):
+            responses, state = params.input_responses, params.request_state
+            return await anyio.to_thread.run_sync(inbox.elicit, who, args, responses, state)
         return await anyio.to_thread.run_sync(inbox.tool, who, params.name, args)
 
     async def list_resources(
@@ -523,7 +634,10 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
         handler = ListenHandler(hub.view(inbox.who(ctx)), max_buffered_events=LISTEN_BACKLOG)
         return await handler(ctx, params)
 
-    return Server(
+    def principal(ctx: ServerRequestContext[Any, Any]) -> str:
+        return inbox.who(ctx).name  # a form's state answers only for the token it was asked of
+
+    server: Server[Any] = Server(
         "deltad",
         version=__version__,
         title="deltad inbox",
@@ -535,6 +649,13 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
         on_read_resource=read_resource,
         on_subscriptions_listen=listen,
     )
+    # The key lives in this process only: a form asked before the inbox restarted is refused
+    # ("Invalid or expired requestState") and asked again.
+    security = RequestStateSecurity(
+        keys=[os.urandom(32)], ttl=STATE_SECONDS, bind_principal=principal
+    )
+    server.middleware.append(RequestStateBoundary(security, default_audience="deltad"))
+    return server
 
 
 class Endpoint:

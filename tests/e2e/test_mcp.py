@@ -20,6 +20,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ResourcesListChanged, listen
+from mcp.shared.exceptions import MCPError
 
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, metadata_status
@@ -186,18 +187,22 @@ def test_out_of_scope_no_token_and_secrets_are_refused_and_change_nothing(
     assert "hunter2" not in daemon.log_path.read_text()
 
 
-def test_a_new_question_is_notified_to_a_listening_client(
+def test_a_new_question_is_notified_and_answered_through_an_elicitation_form(
     served: tuple[Daemon, str, Path], tmp_path: Path, fake: FakeLLM
 ) -> None:
+    """On a 2026-07-28 connection: a listening client is told of the new question, reads it as
+    a resource, and answers it through the multi round-trip flow (input_required with a form,
+    then the same call again with the filled form and the sealed state)."""
     daemon, url, root = served
     alice = make_token(daemon.state_dir, "alice")
+    ws = root / "ws"
 
-    async def follow(s: ClientSession) -> str:
+    async def follow(s: ClientSession) -> types.CallToolResult:
         assert (await s.list_resources()).resources == []
         async with listen(s, resources_list_changed=True) as sub:
             # Asked while the client listens (the run is a process of its own).
             await anyio.to_thread.run_sync(
-                lambda: _ask(tmp_path, fake, root / "ws", prompt="Deploy?", input_type="text")
+                lambda: _ask(tmp_path, fake, ws, prompt="Deploy?", input_type="text")
             )
             with anyio.fail_after(DEADLINE):
                 event = await sub.__anext__()
@@ -206,10 +211,31 @@ def test_a_new_question_is_notified_to_a_listening_client(
         read = await s.read_resource(res.uri)
         doc = json.loads(read.contents[0].text)  # type: ignore[union-attr]
         assert doc["prompt"] == "Deploy?" and doc["input_type"] == "text"
-        return str(doc["request_id"])
+        args = {"request_id": doc["request_id"]}
 
-    rid = mcp(url, alice, follow, modern=True)
-    assert (
-        rid
-        == json.loads((root / "ws" / ".delta/interaction/request.json").read_text())["request_id"]
+        asked = await s.call_tool("answer_question", args, allow_input_required=True)
+        assert isinstance(asked, types.InputRequiredResult), asked
+        assert asked.input_requests is not None and asked.request_state is not None
+        form = asked.input_requests["answer"]
+        assert isinstance(form, types.ElicitRequest)
+        assert form.params.requested_schema["required"] == ["answer"]  # type: ignore[union-attr]
+        filled: dict[str, Any] = {
+            "answer": types.ElicitResult(action="accept", content={"answer": "to staging"})
+        }
+        state = asked.request_state
+        forged = state[:-4] + ("AAAA" if not state.endswith("AAAA") else "BBBB")
+        with pytest.raises(MCPError, match="Invalid or expired requestState"):
+            await s.call_tool("answer_question", args, input_responses=filled, request_state=forged)
+        return await s.call_tool(
+            "answer_question", args, input_responses=filled, request_state=state
+        )
+
+    done = mcp(url, alice, follow, modern=True)
+    assert not done.is_error and done.structured_content is not None, done
+    assert (done.structured_content["channel"], done.structured_content["answered_by"]) == (
+        "mcp",
+        "alice",
     )
+    wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run to finish")
+    assert "to staging" in fake.tool_results()["q"]
+    assert len(daemon.events("resume_spawned", workspace=str(ws))) == 1

@@ -360,3 +360,108 @@ def test_listeners_are_told_only_of_the_workspaces_their_token_sees(
     heard.clear()
     hub.changed(None)
     assert heard == ["bob"] and len(hub) == 2
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"input_type": "text"}, {"type": "string", "title": "Answer"}),
+        (
+            CHOICE,
+            {
+                "type": "string",
+                "title": "Answer",
+                "oneOf": [{"const": "s", "title": "stable"}, {"const": "b", "title": "beta"}],
+            },
+        ),
+        ({"input_type": "yes_no"}, {"type": "string", "title": "Answer", "enum": ["yes", "no"]}),
+        (
+            {"input_type": "number", "minimum": 1, "maximum": 20},
+            {"type": "number", "title": "Answer", "minimum": 1, "maximum": 20},
+        ),
+        ({"input_type": "number"}, {"type": "number", "title": "Answer"}),
+        ({"input_type": "date"}, {"type": "string", "title": "Answer", "format": "date"}),
+        (
+            {"input_type": "approval"},
+            {"type": "string", "title": "Decision", "enum": ["approve", "reject"]},
+        ),
+        ({"input_type": "password", "sensitive": True}, None),  # never in a form
+        ({"input_type": "text", "sensitive": True}, None),
+        ({"input_type": "something-new"}, None),
+    ],
+)
+def test_a_question_as_an_elicitation_form(
+    doc: dict[str, Any], field: dict[str, Any] | None
+) -> None:
+    schema = m.elicitation(doc)
+    if field is None:
+        assert schema is None
+        return
+    assert schema is not None and schema["required"] == ["answer"]
+    assert schema["properties"]["answer"] == field
+    assert ("reason" in schema["properties"]) == (doc["input_type"] == "approval")
+
+
+@pytest.mark.parametrize(
+    ("input_type", "content", "text"),
+    [
+        ("text", {"answer": "to staging"}, "to staging"),
+        ("number", {"answer": 3.0}, "3"),
+        ("number", {"answer": 2.5}, "2.5"),
+        ("choice", {"answer": "b"}, "b"),
+        ("approval", {"answer": "approve", "reason": "fine"}, "approve"),
+        ("approval", {"answer": "reject", "reason": "too wide"}, "reject: too wide"),
+        ("approval", {"answer": "reject"}, "reject"),
+        ("text", {}, ""),  # the kind says what is wrong with an empty answer
+    ],
+)
+def test_a_filled_form_as_the_answers_text(
+    input_type: str, content: dict[str, Any], text: str
+) -> None:
+    assert m.elicited_text(input_type, content) == text
+
+
+@pytest.mark.parametrize(
+    ("who", "responses", "state", "kind", "reached"),
+    [
+        (ALICE, None, None, "input_required", [("get", "r1")]),
+        (ALICE, None, None, "secret", [("get", "pw")]),
+        (RITA, None, None, "forbidden", []),
+        (
+            ALICE,
+            {"answer": m.types.ElicitResult(action="accept", content={"answer": "b"})},
+            '{"workspace": "/srv/ws one", "input_type": "choice"}',
+            None,
+            [("answer", "r1", "{'answer': 'b'}", "/srv/ws one", "mcp")],
+        ),
+        (
+            ALICE,
+            {"answer": m.types.ElicitResult(action="decline")},
+            '{"workspace": "/srv/ws one", "input_type": "choice"}',
+            "declined",
+            [],
+        ),
+    ],
+)
+def test_answering_through_a_form(
+    tokens: tuple[TokenStore, dict[str, str]],
+    who: Identity,
+    responses: dict[str, Any] | None,
+    state: str | None,
+    kind: str | None,
+    reached: list[tuple[str, ...]],
+) -> None:
+    core = Core({"r1": CHOICE, "pw": {**CHOICE, "request_id": "pw", "sensitive": True}})
+    rid = "pw" if kind == "secret" else "r1"
+    got = m.Inbox(core, tokens[0]).elicit(who, {"request_id": rid}, responses, state)  # type: ignore[arg-type]
+    if kind == "input_required":
+        assert isinstance(got, m.types.InputRequiredResult) and got.input_requests is not None
+        assert got.request_state is not None
+        assert set(got.input_requests) == {"answer"}
+    else:
+        assert isinstance(got, m.types.CallToolResult)
+        assert got.is_error == (kind is not None)
+        if kind is not None:
+            assert got.structured_content is not None
+            assert got.structured_content["code"] == kind
+    assert core.asked == reached
