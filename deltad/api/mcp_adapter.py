@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +45,11 @@ import anyio.to_thread
 import mcp_types as types
 import structlog
 from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel.server import Server
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
+from mcp.server.session import ServerSession
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.subscriptions import (
     ListenHandler,
@@ -519,9 +523,31 @@ class Hub:
     is read afresh, checked by the core); the scope is matched on the path as the feed names it
     (no file is looked at here: the inbox process holds no workspace)."""
 
-    def __init__(self, tokens: TokenStore, cap: int) -> None:
-        self.tokens, self.cap = tokens, cap
+    def __init__(self, tokens: TokenStore, cap: int, sessions: int = 1000) -> None:
+        self.tokens, self.cap, self.sessions = tokens, cap, sessions
         self._listeners: dict[object, tuple[Identity, Callable[[ServerEvent], None]]] = {}
+        # Sessions of the handshake era (2025-11-25 and before), by Mcp-Session-Id: told on
+        # their standalone stream (`notifications/resources/list_changed`), the newest kept.
+        self._legacy: OrderedDict[str, tuple[Identity, ServerSession]] = OrderedDict()
+        self._sending: set[asyncio.Future[None]] = set()
+
+    def remember(self, session_id: str, who: Identity, session: ServerSession) -> None:
+        """A handshake-era session made a request as `who` (on the event loop)."""
+        self._legacy[session_id] = (who, session)
+        self._legacy.move_to_end(session_id)
+        while len(self._legacy) > self.sessions:
+            self._legacy.popitem(last=False)
+
+    def _tell(self, session_id: str, session: ServerSession) -> None:
+        task = asyncio.ensure_future(session.send_resource_list_changed())
+        self._sending.add(task)  # held until done (the loop keeps only a weak reference)
+
+        def done(t: asyncio.Future[None]) -> None:
+            self._sending.discard(t)
+            if t.cancelled() or t.exception() is not None:  # the session is gone
+                self._legacy.pop(session_id, None)
+
+        task.add_done_callback(done)
 
     def view(self, who: Identity) -> SubscriptionBus:
         hub = self
@@ -555,9 +581,16 @@ class Hub:
                 continue
             if _still(self.tokens, who):
                 listener(ResourcesListChanged())
+        for session_id, (who, session) in list(self._legacy.items()):
+            if workspace is not None and not scopes.allows_at(who.scopes, workspace, workspace):
+                continue
+            if _still(self.tokens, who):
+                self._tell(session_id, session)
+            else:
+                self._legacy.pop(session_id, None)
 
     def __len__(self) -> int:
-        return len(self._listeners)
+        return len(self._listeners) + len(self._legacy)
 
 
 def _still(tokens: TokenStore, who: Identity) -> bool:
@@ -569,17 +602,38 @@ def _still(tokens: TokenStore, who: Identity) -> bool:
     return held is not None and held[1] == who
 
 
+class _Server(Server[Any]):
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        """Handshake-era clients are told the resource list changes (on their GET stream)."""
+        told = notification_options or NotificationOptions(resources_changed=True)
+        return super().create_initialization_options(told, experimental_capabilities, extensions)
+
+
 def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
+    def caller_of(ctx: ServerRequestContext[Any, Any]) -> Identity:
+        """The caller (and a handshake-era session, remembered to be told of changes)."""
+        caller = inbox.who(ctx)
+        headers = getattr(ctx.request, "headers", None)
+        sid = headers.get(MCP_SESSION_ID_HEADER) if headers is not None else None
+        if sid and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            hub.remember(sid, caller, ctx.session)
+        return caller
+
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        inbox.who(ctx)
+        caller_of(ctx)
         return types.ListToolsResult(tools=list(TOOLS))
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
-        who = inbox.who(ctx)
+        who = caller_of(ctx)
         args = dict(params.arguments or {})
         if (
             params.name == "answer_question"
@@ -593,7 +647,7 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
     async def list_resources(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        who = inbox.who(ctx)
+        who = caller_of(ctx)
         cursor = params.cursor if params is not None else None
         try:
             page = await anyio.to_thread.run_sync(
@@ -609,7 +663,7 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
     async def read_resource(
         ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
-        who = inbox.who(ctx)
+        who = caller_of(ctx)
         try:
             rid, workspace = parse_uri(str(params.uri))
             doc = await anyio.to_thread.run_sync(inbox.calls.get_request, who, rid, workspace)
@@ -637,7 +691,7 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
     def principal(ctx: ServerRequestContext[Any, Any]) -> str:
         return inbox.who(ctx).name  # a form's state answers only for the token it was asked of
 
-    server: Server[Any] = Server(
+    server: Server[Any] = _Server(
         "deltad",
         version=__version__,
         title="deltad inbox",
@@ -665,7 +719,7 @@ class Endpoint:
 
     def __init__(self, inbox: Inbox, config: McpConfig) -> None:
         self.inbox = inbox
-        self.hub = Hub(inbox.tokens, config.max_listeners)
+        self.hub = Hub(inbox.tokens, config.max_listeners, config.max_sessions)
         self.server = build_server(inbox, self.hub)
         self.manager = StreamableHTTPSessionManager(
             self.server,

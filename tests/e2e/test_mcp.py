@@ -58,20 +58,34 @@ def _ask(tmp: Path, fake: FakeLLM, ws: Path, reply: bool = True, **question: Any
 
 
 @asynccontextmanager
-async def session(url: str, token: str | None, modern: bool) -> AsyncIterator[ClientSession]:
+async def session(
+    url: str, token: str | None, modern: bool, told: anyio.Event | None = None
+) -> AsyncIterator[ClientSession]:
+    """A session as `token`; `told` is set when the server says its resource list changed."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def heard(message: Any) -> None:
+        if told is not None and isinstance(message, types.ResourceListChangedNotification):
+            told.set()
+
     async with (
         httpx2.AsyncClient(headers=headers, timeout=DEADLINE) as http,
         streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
-        ClientSession(read, write) as s,
+        ClientSession(read, write, message_handler=heard) as s,
     ):
         await (s.discover() if modern else s.initialize())
         yield s
 
 
-def mcp(url: str, token: str, fn: Callable[[ClientSession], Any], modern: bool = False) -> Any:
+def mcp(
+    url: str,
+    token: str,
+    fn: Callable[[ClientSession], Any],
+    modern: bool = False,
+    told: Callable[[], anyio.Event] | None = None,
+) -> Any:
     async def main() -> Any:
-        async with session(url, token, modern) as s:
+        async with session(url, token, modern, told() if told is not None else None) as s:
             return await fn(s)
 
     return anyio.run(main)
@@ -86,18 +100,28 @@ def test_an_mcp_client_lists_reads_and_answers_and_the_run_resumes_once(
 ) -> None:
     daemon, url, root = served
     alice = make_token(daemon.state_dir, "alice", str(root / "*"))
-    d = _ask(
-        tmp_path,
-        fake,
-        root / "ws",
-        prompt="Which release channel?",
-        input_type="choice",
-        options=["[s] stable", "[b] beta"],
-    )
+    told: list[anyio.Event] = []
 
-    async def answer(s: ClientSession) -> dict[str, Any]:
+    def event() -> anyio.Event:
+        told.append(anyio.Event())
+        return told[0]
+
+    async def answer(s: ClientSession) -> tuple[Delta, dict[str, Any]]:
         tools = {t.name for t in (await s.list_tools()).tools}
         assert tools == {"list_questions", "get_question", "answer_question"}
+        # Asked while the client is connected: it is told on its stream (2025-11-25 era).
+        d = await anyio.to_thread.run_sync(
+            lambda: _ask(
+                tmp_path,
+                fake,
+                root / "ws",
+                prompt="Which release channel?",
+                input_type="choice",
+                options=["[s] stable", "[b] beta"],
+            )
+        )
+        with anyio.fail_after(DEADLINE):
+            await told[0].wait()
         listed = await _call(s, "list_questions")
         assert not listed.is_error and listed.structured_content is not None
         [q] = listed.structured_content["questions"]
@@ -115,9 +139,9 @@ def test_an_mcp_client_lists_reads_and_answers_and_the_run_resumes_once(
         assert done.structured_content is not None
         again = await _call(s, "answer_question", request_id=q["request_id"], answer="stable")
         assert again.is_error  # the first answer won: the second changes nothing
-        return done.structured_content
+        return d, done.structured_content
 
-    done = mcp(url, alice, answer)
+    d, done = mcp(url, alice, answer, told=event)
     assert (done["channel"], done["answered_by"]) == ("mcp", "alice")
     wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
     assert "beta" in fake.tool_results()["q"]

@@ -5,6 +5,7 @@ stand-in for the core's calls (what reaches the core, what is refused before).""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -465,3 +466,44 @@ def test_answering_through_a_form(
             assert got.structured_content is not None
             assert got.structured_content["code"] == kind
     assert core.asked == reached
+
+
+class Session:
+    """A handshake-era session as the hub holds it: told on its standalone stream."""
+
+    def __init__(self, name: str, heard: list[str], gone: bool = False) -> None:
+        self.name, self.heard, self.gone = name, heard, gone
+
+    async def send_resource_list_changed(self) -> None:
+        if self.gone:
+            raise ConnectionError("the client left")
+        self.heard.append(self.name)
+
+
+def test_handshake_era_sessions_are_told_in_scope_and_forgotten_when_gone(
+    tmp_path: Path,
+) -> None:
+    store = TokenStore(tmp_path)
+    for name, scope in (("alice", "/srv/a/*"), ("bob", "/srv/b/*")):
+        store.add(name, [scope], "answerer")
+    hub = m.Hub(store, cap=1, sessions=2)
+    heard: list[str] = []
+
+    async def main() -> None:
+        for sid, name, gone in (
+            ("s0", "alice", False),
+            ("s1", "alice", True),
+            ("s2", "bob", False),
+        ):
+            held = store.by_name(name)
+            assert held is not None
+            hub.remember(sid, held[1], Session(sid, heard, gone))  # type: ignore[arg-type]
+        assert len(hub) == 2  # the oldest session beyond the cap is forgotten
+        hub.changed("/srv/a/ws")
+        await asyncio.gather(*hub._sending, return_exceptions=True)
+        assert heard == [] and len(hub) == 1  # s1 is gone (and forgotten); s2 is bob's
+        hub.changed("/srv/b/ws")
+        await asyncio.gather(*hub._sending, return_exceptions=True)
+        assert heard == ["s2"]
+
+    asyncio.run(main())
