@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -33,7 +33,7 @@ from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
 from . import handlers, history, limits, paging, problems, schemas, scopes
-from .access import AccessLog, RateLimit, note_token
+from .access import AccessLog, McpMetrics, RateLimit, note_token
 from .calls import Calls, Local
 from .handlers import ApiError, Context, unauthorized
 from .schemas import errors
@@ -617,7 +617,12 @@ def create_app(
 
 def mount_mcp(app: FastAPI, ctx: Context, core: Calls, path: str) -> None:
     """The inbox as an MCP server at `path`; every method goes to it (the SDK answers each)."""
-    mount = LazyMcp(ctx, core)
+    try:
+        metrics = McpMetrics(ctx.http_metrics.registry)
+    except ValueError:  # a second app on one context (tests): its figures stay its own
+        metrics = McpMetrics(CollectorRegistry(auto_describe=False))
+    mount = LazyMcp(ctx, core, metrics)
+    metrics.listeners.set_function(mount.listeners)
     app.router.routes.append(Route(path, endpoint=mount))
     ctx.feed.subscribe(mount.changed)  # a question asked or gone: listeners are told
     app.state.mcp = mount
@@ -628,8 +633,8 @@ class LazyMcp:
     to the MCP path: the SDK costs the inbox process 1-2 s of start and some 25 MB, which an
     inbox nobody reaches over MCP never pays."""
 
-    def __init__(self, ctx: Context, core: Calls) -> None:
-        self.ctx, self.core = ctx, core
+    def __init__(self, ctx: Context, core: Calls, metrics: McpMetrics) -> None:
+        self.ctx, self.core, self.metrics = ctx, core, metrics
         self.endpoint: Endpoint | None = None  # built on the first request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -638,9 +643,14 @@ class LazyMcp:
                 importlib.import_module, "deltad.api.mcp_adapter"
             )
             if self.endpoint is None:  # no await since the check: one endpoint, ever
-                self.endpoint = module.endpoint(self.core, self.ctx.tokens, self.ctx.config.mcp)
+                self.endpoint = module.endpoint(
+                    self.core, self.ctx.tokens, self.ctx.config.mcp, self.metrics
+                )
         assert self.endpoint is not None
         await self.endpoint(scope, receive, send)
+
+    def listeners(self) -> float:
+        return float(len(self.endpoint.hub)) if self.endpoint is not None else 0.0
 
     def changed(self, e: FeedEvent) -> None:
         """On the feed's thread (the loop's, or the inbox's reader)."""

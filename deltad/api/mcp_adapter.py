@@ -65,7 +65,7 @@ from deltad import __version__
 from deltad.inbox.feed import FeedEvent
 
 from . import limits, problems, scopes
-from .access import note_token
+from .access import McpMetrics, note_token
 from .calls import Calls
 from .config import McpConfig
 from .handlers import ApiError
@@ -401,6 +401,21 @@ class Inbox:
 
     calls: Calls
     tokens: TokenStore
+    metrics: McpMetrics | None = None
+
+    def counted(
+        self, tool: str, result: types.CallToolResult | types.InputRequiredResult
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        if self.metrics is not None:
+            outcome = (
+                "input_required"
+                if isinstance(result, types.InputRequiredResult)
+                else "refused"
+                if result.is_error
+                else "ok"
+            )
+            self.metrics.called(tool, outcome)
+        return result
 
     def who(self, ctx: ServerRequestContext[Any, Any]) -> Identity:
         request = ctx.request
@@ -590,7 +605,9 @@ class Hub:
                 self._legacy.pop(session_id, None)
 
     def __len__(self) -> int:
-        return len(self._listeners) + len(self._legacy)
+        """Open listening streams (handshake-era sessions are only known to have left when a
+        notice to one fails: they are not counted)."""
+        return len(self._listeners)
 
 
 def _still(tokens: TokenStore, who: Identity) -> bool:
@@ -641,8 +658,10 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
             and not answer_body(args).keys() & {"answer", "decisions"}
         ):
             responses, state = params.input_responses, params.request_state
-            return await anyio.to_thread.run_sync(inbox.elicit, who, args, responses, state)
-        return await anyio.to_thread.run_sync(inbox.tool, who, params.name, args)
+            asked = await anyio.to_thread.run_sync(inbox.elicit, who, args, responses, state)
+            return inbox.counted(params.name, asked)
+        result = await anyio.to_thread.run_sync(inbox.tool, who, params.name, args)
+        return inbox.counted(params.name, result)
 
     async def list_resources(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -760,7 +779,7 @@ class Endpoint:
         """A feed event (on the feed's thread): a question came or went, listeners are told
         (on the loop: the SDK's listeners must be called there)."""
         loop = self._loop
-        if e.type not in CHANGED or loop is None or not len(self.hub):
+        if e.type not in CHANGED or loop is None:
             return
         ws = e.data.get("workspace")
         with contextlib.suppress(RuntimeError):  # the loop has ended: nobody listens
@@ -779,8 +798,10 @@ async def _problem(send: Send, http: int, code: str, message: str) -> None:
     await send({"type": "http.response.body", "body": doc})
 
 
-def endpoint(calls: Calls, tokens: TokenStore, config: McpConfig) -> Endpoint:
-    return Endpoint(Inbox(calls, tokens), config)
+def endpoint(
+    calls: Calls, tokens: TokenStore, config: McpConfig, metrics: McpMetrics | None = None
+) -> Endpoint:
+    return Endpoint(Inbox(calls, tokens, metrics), config)
 
 
 Subscribe = Callable[[Callable[[FeedEvent], None]], Callable[[], None]]

@@ -149,6 +149,11 @@ def test_an_mcp_client_lists_reads_and_answers_and_the_run_resumes_once(
     prom = make_token(daemon.state_dir, "prom", role="metrics")
     text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {prom}"}).text
     assert 'deltad_answers_total{channel="mcp"} 1.0' in text
+    shown = [x for x in text.splitlines() if x.startswith("deltad_mcp")]
+    for outcome in ("ok", "refused"):  # the first answer, and the second refused
+        want = f'deltad_mcp_tool_calls_total{{outcome="{outcome}",tool="answer_question"}} 1.0'
+        assert want in shown, shown
+    assert "deltad_mcp_listeners 0.0" in shown, shown  # no subscriptions/listen stream open
     status = d("status")
     assert status.code == 0 and "alice (mcp)" in status.out, status.out
     [got] = json.loads(d("status", "--json").out)["outcome"]["answers"]
