@@ -6,6 +6,7 @@ stand-in for the core's calls (what reaches the core, what is refused before).""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -507,3 +508,17 @@ def test_handshake_era_sessions_are_told_in_scope_and_forgotten_when_gone(
         assert heard == ["s2"]
 
     asyncio.run(main())
+
+
+def test_the_documented_mcp_block_is_valid_and_the_defaults() -> None:
+    """config/deltad.yaml's commented `http.mcp` block, uncommented, is the defaults."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "config" / "deltad.yaml").read_text()
+    lines = text[text.index("#   mcp:") :].splitlines()
+    block = [lines[0]] + [
+        x for x in itertools.takewhile(lambda x: x.startswith("#     "), lines[1:])
+    ]
+    doc = yaml.safe_load("\n".join(x.removeprefix("#   ") for x in block))
+    assert McpConfig.model_validate(doc["mcp"]) == McpConfig()
+    assert set(doc["mcp"]) == set(McpConfig.model_fields)  # every key documented
