@@ -474,7 +474,7 @@ def answer(
 
 # Channels a secret is never answered through (an MCP host may show, log or keep what it
 # sends): the page's form or a signed link instead.
-NO_SECRETS = frozenset({"mcp"})
+NO_SECRETS = {"mcp": "MCP"}  # channel -> how a refusal names it
 
 
 def _not_a_secret(ctx: Context, ws: Path, request_id: str, channel: str) -> None:
@@ -483,7 +483,8 @@ def _not_a_secret(ctx: Context, ws: Path, request_id: str, channel: str) -> None
         raise ApiError(
             403,
             "secret",
-            f"question {request_id} asks for a secret, which is never answered over {channel}: "
+            f"question {request_id} asks for a secret, which is never answered over "
+            f"{NO_SECRETS[channel]}: "
             f"answer it on the inbox page ({ctx.base_url}/#request={request_id})",
         )
 

@@ -149,6 +149,12 @@ TOOLS: tuple[types.Tool, ...] = (
                     },
                 },
                 "comment": {"type": "string", "description": "A note kept with the answer."},
+                "idempotency_key": {
+                    "type": "string",
+                    "maxLength": 200,
+                    "description": "A key of your choosing: a retry with the same key and "
+                    "answer gets the first call's result (kept 24 hours), not a refusal.",
+                },
             },
             "required": ["request_id"],
             "additionalProperties": False,
@@ -458,16 +464,12 @@ class Inbox:
             return refused(e.code, str(e))
 
     def answer(self, who: Identity, rid: str, args: Mapping[str, Any]) -> types.CallToolResult:
-        workspace = _text(args, "workspace")
+        """Straight to the core's answer (it finds the workspace, refuses a secret over MCP,
+        and with an idempotency key gives a retry the first answer's result)."""
         if not who.can_answer():
             raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
-        doc = self.calls.get_request(who, rid, workspace)
-        if doc.get("sensitive"):
-            return secret_refused(doc)  # the core refuses it too, whatever this process says
-        body = answer_body(args)
-        done = self.calls.answer(
-            who, rid, body, None, workspace or str(doc.get("workspace")), channel=CHANNEL
-        )
+        key, workspace = _text(args, "idempotency_key"), _text(args, "workspace")
+        done = self.calls.answer(who, rid, answer_body(args), key, workspace, channel=CHANNEL)
         log.info("mcp_answered", token=who.name, request_id=rid)
         return answered_result(done)
 

@@ -134,9 +134,12 @@ def test_an_mcp_client_lists_reads_and_answers_and_the_run_resumes_once(
         got = await _call(s, "get_question", request_id=q["request_id"])
         assert got.structured_content is not None and not got.is_error
         assert [o["label"] for o in got.structured_content["options"]] == ["stable", "beta"]
-        done = await _call(s, "answer_question", request_id=q["request_id"], answer="beta")
+        once = {"request_id": q["request_id"], "answer": "beta", "idempotency_key": "k1"}
+        done = await _call(s, "answer_question", **once)
         assert not done.is_error, done.content
         assert done.structured_content is not None
+        retried = await _call(s, "answer_question", **once)  # a host's retry: the same result
+        assert not retried.is_error and retried.structured_content == done.structured_content
         again = await _call(s, "answer_question", request_id=q["request_id"], answer="stable")
         assert again.is_error  # the first answer won: the second changes nothing
         return d, done.structured_content
@@ -150,8 +153,9 @@ def test_an_mcp_client_lists_reads_and_answers_and_the_run_resumes_once(
     text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {prom}"}).text
     assert 'deltad_answers_total{channel="mcp"} 1.0' in text
     shown = [x for x in text.splitlines() if x.startswith("deltad_mcp")]
-    for outcome in ("ok", "refused"):  # the first answer, and the second refused
-        want = f'deltad_mcp_tool_calls_total{{outcome="{outcome}",tool="answer_question"}} 1.0'
+    # The answer and its retry, then another answer refused.
+    for outcome, n in (("ok", 2), ("refused", 1)):
+        want = f'deltad_mcp_tool_calls_total{{outcome="{outcome}",tool="answer_question"}} {n}.0'
         assert want in shown, shown
     assert "deltad_mcp_listeners 0.0" in shown, shown  # no subscriptions/listen stream open
     status = d("status")

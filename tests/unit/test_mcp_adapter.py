@@ -242,7 +242,10 @@ class Core:
         return self.docs[request_id]
 
     def answer(self, who: Identity, rid: str, body: Any, key: Any, ws: Any, channel: str) -> Any:
-        self.asked.append(("answer", rid, str(body), str(ws), channel))
+        self.asked.append(("answer", rid, str(body), str(key), str(ws), channel))
+        doc = self.get_request(who, rid, ws)
+        if doc.get("sensitive"):  # as the core refuses it
+            raise ApiError(403, "secret", f"question {rid} asks for a secret (never over MCP)")
         return {"request_id": rid, "answered_by": who.name, "channel": channel, "workspace": ws}
 
 
@@ -264,13 +267,26 @@ RITA = Identity("rita", "reader", ("/srv/*",))
         (
             ALICE,
             "answer_question",
-            {"request_id": "r1", "answer": "b"},
+            {"request_id": "r1", "answer": "b", "workspace": "/w", "idempotency_key": "k1"},
             None,
-            [("get", "r1"), ("answer", "r1", "{'answer': 'b'}", "/srv/ws one", "mcp")],
+            [("answer", "r1", "{'answer': 'b'}", "k1", "/w", "mcp"), ("get", "r1")],
         ),
-        (ALICE, "answer_question", {"request_id": "pw", "answer": "x"}, "secret", [("get", "pw")]),
+        (
+            ALICE,
+            "answer_question",
+            {"request_id": "pw", "answer": "x"},
+            "secret",
+            [("answer", "pw", "{'answer': 'x'}", "None", "None", "mcp"), ("get", "pw")],
+        ),
         (RITA, "answer_question", {"request_id": "r1", "answer": "b"}, "forbidden", []),
-        (ALICE, "answer_question", {"request_id": "r9"}, "unknown_request", [("get", "r9")]),
+        (
+            ALICE,
+            "answer_question",
+            {"request_id": "r9"},
+            "unknown_request",
+            [("answer", "r9", "{}", "None", "None", "mcp"), ("get", "r9")],
+        ),
+        (ALICE, "answer_question", {"request_id": "r1", "idempotency_key": 7}, "bad_request", []),
         (ALICE, "drop_tables", {}, "unknown_tool", []),
     ],
 )
@@ -434,7 +450,7 @@ def test_a_filled_form_as_the_answers_text(
             {"answer": m.types.ElicitResult(action="accept", content={"answer": "b"})},
             '{"workspace": "/srv/ws one", "input_type": "choice"}',
             None,
-            [("answer", "r1", "{'answer': 'b'}", "/srv/ws one", "mcp")],
+            [("answer", "r1", "{'answer': 'b'}", "None", "/srv/ws one", "mcp"), ("get", "r1")],
         ),
         (
             ALICE,
