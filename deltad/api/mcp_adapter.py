@@ -592,18 +592,24 @@ class Hub:
         return unsubscribe
 
     def changed(self, workspace: str | None) -> None:
-        """On the event loop: tell each listener allowed to see `workspace` (None: everyone)."""
-        for who, listener in list(self._listeners.values()):
+        """On the event loop: tell each listener allowed to see `workspace` (None: everyone).
+        Each token is looked up once per event, however many streams it has open."""
+        standing: dict[Identity, bool] = {}
+
+        def told(who: Identity) -> bool:
             if workspace is not None and not scopes.allows_at(who.scopes, workspace, workspace):
-                continue
-            if _still(self.tokens, who):
+                return False
+            if who not in standing:
+                standing[who] = _still(self.tokens, who)
+            return standing[who]
+
+        for who, listener in list(self._listeners.values()):
+            if told(who):
                 listener(ResourcesListChanged())
         for session_id, (who, session) in list(self._legacy.items()):
-            if workspace is not None and not scopes.allows_at(who.scopes, workspace, workspace):
-                continue
-            if _still(self.tokens, who):
+            if told(who):
                 self._tell(session_id, session)
-            else:
+            elif standing.get(who) is False:  # revoked or changed: never told again
                 self._legacy.pop(session_id, None)
 
     def __len__(self) -> int:
