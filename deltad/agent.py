@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from deltad.protocol.errors import UnsafeFile
+from deltad.protocol.followup import FollowUp
 from deltad.protocol.fsio import read_regular_text
 from deltad.protocol.models import InteractionRequest, respondent_problem
 from deltad.protocol.replies import AnswerRejected, Decision, Reply
@@ -154,6 +155,9 @@ class AgentConfig(_Strict):
     tool_timeout_seconds: float = Field(default=120, gt=0)
     approval: ApprovalPolicy | None = None
     providers: dict[str, ProviderSettings] = {}  # llm_provider name -> endpoint
+    # Reminders, escalation and the SLA clock of every question this agent asks (an
+    # ask_human call's own arguments win; the daemon's `follow_up:` fills what is unset).
+    follow_up: FollowUp | None = None
 
 
 # Stands for an inherited pipe's /dev/fd/N in argv until the tool is started.

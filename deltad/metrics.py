@@ -109,6 +109,20 @@ class CoreMetrics:
             ["result"],
             registry=r,
         )
+        self.channel_sends = Counter(
+            "deltad_channel_sends",
+            "Messages a channel (email, slack) sent from its outbox, by channel and result "
+            "(sent, retry, dead).",
+            ["channel", "result"],
+            registry=r,
+        )
+        self.follow_ups = Counter(
+            "deltad_question_follow_ups",
+            "Open questions reminded (action=remind), escalated (escalate) or past their SLA "
+            "(overdue).",
+            ["action"],
+            registry=r,
+        )
         Gauge("deltad_build_info", "deltad's version.", ["version"], registry=r).labels(
             __version__
         ).set(1)

@@ -12,8 +12,23 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from . import scopes
 
-NotifyEvent = Literal["request.created", "request.expired", "request.answered", "run.status"]
-DEFAULT_NOTIFY: list[NotifyEvent] = ["request.created", "request.expired", "run.status"]
+NotifyEvent = Literal[
+    "request.created",
+    "request.expired",
+    "request.answered",
+    "run.status",
+    "request.reminder",
+    "request.escalated",
+    "request.overdue",
+]
+DEFAULT_NOTIFY: list[NotifyEvent] = [
+    "request.created",
+    "request.expired",
+    "run.status",
+    "request.reminder",
+    "request.escalated",
+    "request.overdue",
+]
 
 
 class _Strict(BaseModel):

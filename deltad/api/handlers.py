@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import islice
@@ -132,6 +133,9 @@ class Context:
     # The inbox process: where the routes' workspace reads and answers go (the core, over
     # the socket); None: these handlers, here.
     core: Calls | None = None
+    # Channels that take requests of their own (Slack's interactions), by name, in the core:
+    # (raw body, timestamp header, signature header) -> {"response": ...} (deltad/channels).
+    interactions: dict[str, Callable[[str, str, str], dict[str, Any]]] = field(default_factory=dict)
 
 
 # -- who may see what -----------------------------------------------------------------------------
@@ -239,6 +243,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "node_id": r.node_id,  # a pipeline gate or node asking
         "respondents": r.respondents,
         "delegations": p.delegations,  # who it was handed to (they may answer too)
+        "follow_up": p.follow_up,  # reminders, escalation, SLA due (protocol/followup.py)
         "context": r.context.model_dump(mode="json") if r.context else None,
         "prompt": r.prompt,
         "input_type": str(r.input_type),

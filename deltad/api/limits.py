@@ -25,6 +25,7 @@ MIB = 1024 * KIB
 ANSWER_BODY_MAX = MIB + 64 * KIB
 SMALL_BODY_MAX = 64 * KIB
 BULK_BODY_MAX = ANSWER_BODY_MAX + MIB  # one answer, and up to 100 ids with their workspaces
+CHANNEL_BODY_MAX = 256 * KIB  # a channel's interaction (Slack's), signed: checked in the core
 HEADERS_MAX = 16 * KIB  # all request headers together (h11's incomplete-event limit)
 
 Credential = Literal["token", "link", "none"]
@@ -53,6 +54,8 @@ def rule_for(method: str, path: str, mcp_path: str | None = None) -> Rule:
         return Rule("none", SMALL_BODY_MAX)  # the login: its body is the credential
     if mcp_path is not None and path.rstrip("/") == mcp_path:
         return Rule("token", ANSWER_BODY_MAX)  # MCP: one JSON-RPC message, an answer at most
+    if method == "POST" and parts[:2] == ["v1", "channels"] and parts[3:] == ["interactions"]:
+        return Rule("none", CHANNEL_BODY_MAX)  # a channel's service: its signature, in the core
     if parts[0] != "v1":
         return Rule("none", SMALL_BODY_MAX)  # the page, static files, health, the schema
     answer = method == "POST" and parts[1:2] == ["requests"] and parts[3:] == ["answer"]

@@ -44,6 +44,9 @@ DELIVERY_MAX = 64 * 1024
 CONTEXT_TEXT_MAX = 2048  # characters of each text in a question's `context`, in a delivery
 CONTEXT_CALLS_MAX = 5  # the latest tool calls of a `context`, in a delivery
 RESPONSE_MAX = 64 * 1024  # bytes of a receiver's answer read at most; the rest is never read
+# Events that ask someone to answer, and carry the question: a new one, a reminder of it, its
+# escalation (the escalated-to respondents are in `escalated_to`) and its SLA passing.
+ASKING = ("request.created", "request.reminder", "request.escalated", "request.overdue")
 
 
 # -- what a delivery carries (pure) ---------------------------------------------------------
@@ -496,7 +499,7 @@ class Notifier:
         """The event, and for a new question what a person needs to answer it (read on this
         thread, from the disk, never on the daemon's loop)."""
         doc = e.document()
-        if e.type != "request.created" or self.context is None:
+        if e.type not in ASKING or self.context is None:
             return doc
         ctx = self.context
         with contextlib.suppress(handlers.ApiError):

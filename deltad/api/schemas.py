@@ -107,6 +107,24 @@ class DelegationOut(_Out):
     at: str = Field(description="When, RFC 3339 (UTC).")
 
 
+class EscalationOut(_Out):
+    at: str = Field(description="When, RFC 3339 (UTC).")
+    to: list[str] = Field(description="The token names or `group:NAME`s added as respondents.")
+
+
+class FollowUpOut(_Out):
+    """Reminders and escalation of an open question (docs/inbox.md)."""
+
+    reminders: list[str] = Field(default_factory=list, description="When each was sent.")
+    escalated: EscalationOut | None = None
+    sla_due_at: str | None = Field(
+        default=None, description="When the answer is due (the SLA); ends nothing."
+    )
+    overdue_at: str | None = Field(
+        default=None, description="When the daemon said the SLA had passed (request.overdue)."
+    )
+
+
 class QuestionBase(_Out):
     """What every question has; `Question` adds each kind's own fields."""
 
@@ -122,6 +140,11 @@ class QuestionBase(_Out):
         default_factory=list,
         description="Who the question was handed to, oldest first; each delegate may answer "
         "too (POST /v1/requests/{request_id}/delegate).",
+    )
+    follow_up: FollowUpOut | None = Field(
+        default=None,
+        description="Reminders sent, the escalation (its people may answer too) and the SLA's "
+        "due time; null when the question asks for none.",
     )
     context: QuestionContext | None = Field(
         default=None, description="What to decide with, from the journal when it was asked."

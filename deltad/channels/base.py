@@ -1,4 +1,4 @@
-"""The one channel model: each channel (email today) is a plug-in of this small interface.
+"""The one channel model: each channel (email, slack) is a plug-in of this small interface.
 
 A channel is told of questions and of their end by the hub (deltad/channels/hub.py), which
 listens to the daemon's feed on a thread of its own, and takes answers in on threads of its
@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from prometheus_client import Counter
+
 from deltad.inbox import AnswerIn, Submitted, open_question
 from deltad.protocol import InteractionRequest, Workspace
 
@@ -60,6 +62,10 @@ class Question:
     task: str | None = None  # the run's task, for context
     page_url: str | None = None  # the question on the inbox page (None: no page configured)
     link_url: str | None = None  # a signed single-use link answering it (None: no page)
+    # A follow-up (protocol/followup.py): "reminder" (again, to everyone allowed, escalated-to
+    # people included) or "escalation" (to the people in `only`); None: the first asking.
+    follow_up: str | None = None
+    only: tuple[str, ...] = ()  # send to these respondents (token names, group:NAME) only
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,8 @@ class Context:
     # parse the reply by its kind and check its respondents, as the HTTP API does before it
     # delivers. A process without privileges is given a function that asks the core.
     question: Callable[[Workspace, str], InteractionRequest] = open_question
+    # Sends from the channel's outbox by (channel, result): deltad_channel_sends (metrics.py).
+    sends: Counter | None = None
 
 
 class Channel(ABC):

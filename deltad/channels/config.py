@@ -109,7 +109,67 @@ class EmailConfig(_Strict):
         return Person(name=p) if isinstance(p, str) else p
 
 
+# -- Slack (deltad/channels/slack.py) ------------------------------------------------------------
+SLACK_USER = re.compile(r"[UW][A-Z0-9]{2,20}")
+SLACK_CONVERSATION = re.compile(r"[CGDU][A-Z0-9]{2,20}")
+
+
+class SlackConfig(_Strict):
+    """Questions as Block Kit messages, answers from their buttons and modals."""
+
+    # The bot token (xoxb-...) and the app's signing secret: named, never written here.
+    token: Secret
+    signing_secret: Secret
+    # Where questions are posted: a conversation id (C..., G...), and/or each mapped person
+    # allowed to answer, by direct message (`dm: true`).
+    channel: str | None = None
+    dm: bool = False
+    # Slack user id -> who they are for `respondents`: a token name, or {name, groups}. An
+    # action from a user not listed is refused.
+    users: dict[str, str | Person] = Field(default_factory=dict)
+    # The Web API (a stand-in's on loopback in tests; a proxy's at some sites).
+    api_url: str = "https://slack.com/api/"
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+    context_chars: int = Field(default=600, ge=0, le=2900)  # task, last message: cut to this
+    outbox: OutboxConfig = Field(default_factory=OutboxConfig)
+
+    @field_validator("channel")
+    @classmethod
+    def _channel(cls, v: str | None) -> str | None:
+        if v is not None and not SLACK_CONVERSATION.fullmatch(v):
+            raise ValueError(f"{v!r} is not a Slack conversation id (C..., G...)")
+        return v
+
+    @field_validator("users")
+    @classmethod
+    def _users(cls, v: dict[str, str | Person]) -> dict[str, str | Person]:
+        for user in v:
+            if not SLACK_USER.fullmatch(user):
+                raise ValueError(f"{user!r} is not a Slack user id (U..., W...)")
+        return v
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, v: str) -> str:
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", v):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v if v.endswith("/") else v + "/"
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> SlackConfig:
+        if self.channel is None and not self.dm:
+            raise ValueError("give a channel, or dm: true (or both)")
+        if self.channel is None and not self.users:
+            raise ValueError("dm: true without a channel needs users (nobody would be asked)")
+        return self
+
+    def person(self, user: str) -> Person | None:
+        p = self.users.get(user)
+        return Person(name=p) if isinstance(p, str) else p
+
+
 class ChannelsConfig(_Strict):
     """Where questions reach people besides the page and the API. One key per channel."""
 
     email: EmailConfig | None = None
+    slack: SlackConfig | None = None

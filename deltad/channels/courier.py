@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
+from prometheus_client import Counter
 
 from deltad.api.outbox import Dead, Delivery, Outbox, Policy, after_failure, too_old
 
@@ -44,8 +45,16 @@ Send = Callable[[Delivery], Failed | None]
 class Courier:
     """One channel's outbox and its sending thread."""
 
-    def __init__(self, name: str, channel_dir: Path, config: OutboxConfig, send: Send) -> None:
+    def __init__(
+        self,
+        name: str,
+        channel_dir: Path,
+        config: OutboxConfig,
+        send: Send,
+        counted: Counter | None = None,
+    ) -> None:
         self.name, self.config, self.send = name, config, send
+        self.counted = counted  # sends by (channel, result): deltad_channel_sends
         self.policy = Policy(
             config.max_attempts,
             config.max_age_seconds,
@@ -131,6 +140,7 @@ class Courier:
                 self.outbox.remove(d)  # first: what was accepted is never sent again
                 self._pending.pop(d.msg_id, None)
             log.info("channel_sent", channel=self.name, kind=d.event, attempt=d.attempts + 1)
+            self._count("sent")
             return
         d = replace(d, attempts=d.attempts + 1, last_error=failed.why)
         step = (
@@ -147,6 +157,7 @@ class Courier:
             d = replace(d, next_at=step.at)
             self._pending[d.msg_id] = d
             self.outbox.save(d)
+        self._count("retry")
         log.warning(
             "channel_retry", channel=self.name, kind=d.event, attempt=d.attempts, error=failed.why
         )
@@ -157,6 +168,7 @@ class Courier:
                 return
             self.outbox.bury(d, reason)
             self.outbox.prune_dead(self.config.outbox_max)
+        self._count("dead")
         log.error(
             "channel_dead_letter",
             channel=self.name,
@@ -165,3 +177,7 @@ class Courier:
             reason=reason,
             error=d.last_error,
         )
+
+    def _count(self, result: str) -> None:
+        if self.counted is not None:
+            self.counted.labels(self.name, result).inc()

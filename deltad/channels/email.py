@@ -42,7 +42,7 @@ from deltad.inbox import (
     TooLarge,
 )
 from deltad.inbox.respondents import may_answer, refusal
-from deltad.protocol import InputType, ProtocolError, Workspace
+from deltad.protocol import InputType, ProtocolError, Workspace, followup
 from deltad.protocol.replies import AnswerRejected
 
 from . import mail
@@ -74,7 +74,7 @@ class EmailChannel(Channel):
         smtp = config.smtp
         self.password = smtp.password.read().decode() if smtp.password is not None else None
         self.tls = ssl.create_default_context(cafile=smtp.ca_file) if smtp.ca_file else None
-        self.courier = Courier("email", ctx.state_dir, config.outbox, self._smtp)
+        self.courier = Courier("email", ctx.state_dir, config.outbox, self._smtp, ctx.sends)
         self.address = re.compile(
             rf"{re.escape(config.reply_local)}\+([0-9a-f]{{36}})@{re.escape(config.reply_domain)}"
         )
@@ -114,7 +114,15 @@ class EmailChannel(Channel):
             links["Answer in one click (single use)"] = self.ctx.link(
                 r.request_id, str(question.workspace)
             )
-        for to in self.recipients(r.respondents):
+        # Everyone allowed to answer, those it was escalated to included; an escalation goes
+        # only to those it adds (docs/inbox.md, "Reminders and escalation").
+        allowed = followup.respondents_with(
+            r.respondents,
+            followup.read(Workspace(question.workspace).interaction_dir, r.request_id),
+        )
+        if question.only:
+            allowed = list(question.only)
+        for to in self.recipients(allowed):
             reply_to = None
             if not r.is_secret:  # a secret is never asked or answered by mail
                 _, tok = self.grants.issue(r.request_id, question.workspace, to, expires)
@@ -304,7 +312,10 @@ class EmailChannel(Channel):
             raise Refusal("workspace_problem", why, grant) from None
         if person is None:
             raise Refusal("not_a_respondent", f"{reply.sender} is not configured", grant)
-        denied = refusal(req.respondents, Answerer(person.name, tuple(person.groups)))
+        asked = followup.respondents_with(
+            req.respondents, followup.read(Workspace(ws).interaction_dir, req.request_id)
+        )
+        denied = refusal(asked, Answerer(person.name, tuple(person.groups)))
         if denied is not None:
             raise Refusal("not_a_respondent", denied, grant)
         if req.is_secret:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import structlog
+from prometheus_client import Counter
 
 from deltad import inbox
 from deltad.inbox.feed import Feed, FeedEvent
@@ -25,7 +26,13 @@ QUEUE_CAP = 10_000
 JOURNAL_TAIL_BYTES = 256 * 1024  # of a journal read to learn who answered
 JOURNAL_TAIL_EVENTS = 200
 STOP_WAIT = 10.0
-WANTED = ("request.created", "request.answered", "request.expired")
+WANTED = (
+    "request.created",
+    "request.answered",
+    "request.expired",
+    "request.reminder",  # the question again, to everyone allowed to answer it
+    "request.escalated",  # the question to the people it was escalated to
+)
 
 
 def build(
@@ -34,14 +41,20 @@ def build(
     answer: Answer,
     link: Callable[[str, str], str] | None = None,
     page: Callable[[str], str] | None = None,
+    sends: Counter | None = None,
 ) -> list[Channel]:
     """The configured channels (ValueError or OSError, one line, if one cannot start)."""
     out: list[Channel] = []
     if config.email is not None:
         from .email import EmailChannel
 
-        ctx = Context(state_dir / "channels" / "email", answer, link, page)
+        ctx = Context(state_dir / "channels" / "email", answer, link, page, sends=sends)
         out.append(EmailChannel(config.email, ctx))
+    if config.slack is not None:
+        from .slack import SlackChannel
+
+        ctx = Context(state_dir / "channels" / "slack", answer, link, page, sends=sends)
+        out.append(SlackChannel(config.slack, ctx))
     return out
 
 
@@ -102,7 +115,14 @@ class Hub:
         p = inbox.pending(ws)
         if p is None or p.request.request_id != request_id or p.answer_waiting:
             return  # answered or gone meanwhile: nothing to ask
-        c.send(Question(ws, p.request, p.task))
+        if e.type == "request.reminder":
+            c.send(Question(ws, p.request, p.task, follow_up="reminder"))
+        elif e.type == "request.escalated":
+            to = e.data.get("escalated_to")
+            only = tuple(str(t) for t in to) if isinstance(to, list) else ()
+            c.send(Question(ws, p.request, p.task, follow_up="escalation", only=only))
+        else:
+            c.send(Question(ws, p.request, p.task))
 
     def stop(self) -> None:
         if self._unsubscribe:
@@ -116,7 +136,12 @@ class Hub:
 
 
 def start(
-    config: ChannelsConfig, feed: Feed, quiet_roots: list[Path], http: object, state_dir: Path
+    config: ChannelsConfig,
+    feed: Feed,
+    quiet_roots: list[Path],
+    http: object,
+    state_dir: Path,
+    sends: Counter | None = None,
 ) -> Hub:
     """The daemon's channels, started: answers go through `deltad.inbox.submit`, the function
     the HTTP API delivers through; links and the page's URL come from the HTTP server's
@@ -133,6 +158,12 @@ def start(
         def page(request_id: str) -> str:
             return f"{ctx.base_url}/#request={request_id}"
 
-    hub = Hub(build(config, state_dir, inbox.submit, link, page), feed, quiet_roots)
+    hub = Hub(build(config, state_dir, inbox.submit, link, page, sends), feed, quiet_roots)
     hub.start()
+    if isinstance(http, handlers.Context):
+        # What the inbox relays from a channel's own endpoint (Slack's interactions) reaches
+        # the channel here, in the core (deltad/privsep/core.py: `ChannelInteraction`).
+        for c in hub.channels:
+            if (take := getattr(c, "interaction", None)) is not None:
+                http.interactions[c.name] = take
     return hub

@@ -172,10 +172,11 @@ def question_mail(
     for label, url in links.items():
         lines.append(f"{label}: {url}")
     lines += ["", f"Workspace: {show_path(q.workspace)}", f"Request: {r.request_id}"]
+    said = {"reminder": "Reminder: ", "escalation": "Escalated: "}.get(q.follow_up or "", "")
     msg = _message(
         sender,
         to,
-        f"[deltad] {r.prompt.splitlines()[0] if r.prompt else 'a question'}",
+        f"[deltad] {said}{r.prompt.splitlines()[0] if r.prompt else 'a question'}",
         "\n".join(lines) + "\n",
     )
     if reply_to is not None:

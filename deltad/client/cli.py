@@ -213,6 +213,8 @@ def _print_status(ws: Workspace, doc: dict[str, Any]) -> None:
         for d in doc.get("delegations") or []:
             note = f": {show(d['note'])}" if d["note"] else ""
             click.echo(f"  Handed:   by {show(d['by'])} to {show(d['to'])} at {d['at']}{note}")
+        for line in display.follow_up_lines(doc.get("follow_up")):
+            click.echo(line)
         if doc["answer_error"]:
             click.echo(f"  Last answer was not taken: {show(doc['answer_error'])}")
     if ended := display.outcome_lines(doc.get("outcome")):

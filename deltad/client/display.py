@@ -98,7 +98,28 @@ def outcome_lines(outcome: dict[str, Any] | None) -> list[str]:
         total = outcome.get("answers_total", len(answers))
         more = f" (the last {len(answers)} of {total})" if total > len(answers) else ""
         out.append(f"Answers{more}:")
-        out += [f"  {answer_line(a)}" for a in answers]
+        for a in answers:
+            out.append(f"  {answer_line(a)}")
+            out += ["  " + line for line in follow_up_lines(a.get("follow_up"))]
+    return out
+
+
+def follow_up_lines(doc: dict[str, Any] | None) -> list[str]:
+    """A question's reminders, escalation and SLA (protocol/followup.py), as `delta status`
+    shows them: "reminded 2 times, last at ...", "escalated to X at ...", "due at ..."."""
+    if not doc:
+        return []
+    out = []
+    reminders = doc.get("reminders") or []
+    if reminders:
+        times = "once" if len(reminders) == 1 else f"{len(reminders)} times"
+        out.append(f"  Reminded: {times}, last at {show(str(reminders[-1]))}")
+    if esc := doc.get("escalated"):
+        to = ", ".join(show(str(t)) for t in esc.get("to") or [])
+        out.append(f"  Escalated: to {to} at {show(str(esc.get('at')))}")
+    if doc.get("sla_due_at"):
+        late = " (SLA; overdue)" if doc.get("overdue_at") else " (SLA)"
+        out.append(f"  Due:      {show(str(doc['sla_due_at']))}{late}")
     return out
 
 

@@ -23,6 +23,7 @@ from pydantic import (
 from deltad import platform, validation
 from deltad.api.config import HttpConfig, NotifyConfig
 from deltad.channels.config import ChannelsConfig
+from deltad.protocol.followup import FollowUp
 
 from .tenancy import Launcher, Policy
 
@@ -187,6 +188,9 @@ class DaemonConfig(_Strict):
     channels: ChannelsConfig | None = None  # email (docs/inbox.md, "Channels")
     ha: HaConfig | None = None  # off: this daemon acts alone (its state-dir lock says so)
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    # Reminders and escalation of every question that sets none itself (docs/inbox.md,
+    # "Reminders and escalation"): the keys of an ask_human call's / an agent's follow_up.
+    follow_up: FollowUp | None = None
 
     @model_validator(mode="after")
     def _executor(self) -> DaemonConfig:

@@ -15,10 +15,13 @@ from typing import Literal
 
 from deltad.pacing import Pacing
 from deltad.protocol import exitcodes
+from deltad.protocol.followup import FollowUp
 from deltad.protocol.runfacts import Elsewhere, JobEnd, RunFact, job_fact, judge_elsewhere
 
 from .backoff import AnswerKey, ExpiredKey, InterruptedKey, ModelRetryKey, ResumeKey
 from .config import DaemonConfig
+from .followup import Action as FollowUpAction
+from .followup import Done, Plan, after, next_step
 from .reconcile import Action, State, Verdict
 from .tenancy import Owner
 
@@ -39,6 +42,7 @@ class Rules:
     model_retry: bool = True
     give_up_after: float = 3600.0  # seconds the model may fail before deltad stops retrying
     auto_resume_interrupted: bool = False
+    follow_up: FollowUp | None = None  # the daemon's reminder/escalation defaults
 
     @classmethod
     def of(cls, config: DaemonConfig) -> Rules:
@@ -49,6 +53,7 @@ class Rules:
             model_retry=m.enabled,
             give_up_after=m.give_up_after_seconds,
             auto_resume_interrupted=config.auto_resume_interrupted,
+            follow_up=config.follow_up,
         )
 
 
@@ -99,6 +104,7 @@ class Facts:
     exited: Exited | None = None
     error: str | None = None  # one line: looking (or acting) raised this
     jobs_known: bool = True  # False: the executor's engine could not say which jobs exist
+    followed: Done = field(default_factory=Done)  # reminders, escalation of the question
 
 
 # -- effects -----------------------------------------------------------------------------------
@@ -146,6 +152,20 @@ class Quarantine:
 
 
 @dataclass(frozen=True)
+class FollowUpDue:
+    """Remind the open question's respondents, escalate it, or say it is past its SLA
+    (followup.py): recorded in the state dir and beside the question, then announced on the
+    feed (webhooks, channels)."""
+
+    request_id: str
+    action: FollowUpAction
+    plan: Plan
+    asked: float  # wall: when the question was asked
+    run_id: str | None = None
+    input_type: str | None = None
+
+
+@dataclass(frozen=True)
 class Remember:
     memory: Memory
 
@@ -157,7 +177,9 @@ class Log:
     fields: Mapping[str, object] = field(default_factory=dict)
 
 
-Effect = Drop | Observe | Resume | MarkInterrupted | Schedule | Quarantine | Remember | Log
+Effect = (
+    Drop | Observe | Resume | MarkInterrupted | Schedule | Quarantine | FollowUpDue | Remember | Log
+)
 
 
 def quarantined(memory: Memory, now: Now) -> bool:
@@ -182,11 +204,33 @@ def decide(facts: Facts, memory: Memory, now: Now, rules: Rules) -> list[Effect]
     elif mem.job_end is not None or mem.told_unknown:  # the run moved on
         mem = replace(mem, job_end=None, told_unknown=False)
     mem = _act(v, facts.busy, mem, now, rules, out)
+    # One wake-up: the sooner of the verdict's and the next reminder's (that look asks again).
+    wake = _follow_up(v, facts.followed, now, rules, out)
     if v.wake_at is not None:
-        out.append(Schedule(now.mono + max(0.0, v.wake_at - now.wall)))
+        wake = v.wake_at if wake is None else min(wake, v.wake_at)
+    if wake is not None:
+        out.append(Schedule(now.mono + max(0.0, wake - now.wall)))
     if mem != memory:
         out.append(Remember(mem))  # last: if an effect before it raises, nothing is forgotten
     return out
+
+
+def _follow_up(v: Verdict, done: Done, now: Now, rules: Rules, out: list[Effect]) -> float | None:
+    """A question nobody has answered yet: remind, escalate or say it is overdue when due;
+    returns when the next is due (wall; followup.next_step). Not while an answer is being
+    written."""
+    if v.state is not State.WAITING or v.request_id is None or v.created is None:
+        return None
+    if v.answer_sig is not None:
+        return None
+    plan = Plan.of(v.follow_up, rules.follow_up)
+    if plan is None or not plan.acts:
+        return None
+    step = next_step(plan, v.created, done, now.wall, v.deadline)
+    if step.action is not None:
+        out.append(FollowUpDue(v.request_id, step.action, plan, v.created, v.run_id, v.input_type))
+        step = next_step(plan, v.created, after(done, step.action, now.wall), now.wall, v.deadline)
+    return step.due
 
 
 def model_outage(v: Verdict, rules: Rules) -> bool:

@@ -276,6 +276,10 @@ def _attach_feed(svc: Service) -> None:
         svc.feed.attach(svc.config.state_dir)
     except OSError as e:
         log.warning("feed_log_unusable", path=str(svc.config.state_dir), error=str(e))
+    try:  # reminders and escalations done before a restart (daemon/followup.py)
+        svc.followups.load()
+    except OSError as e:
+        log.warning("followup_store_unusable", path=str(svc.followups.root), error=str(e))
 
 
 def _make_executor(svc: Service) -> None:
@@ -335,7 +339,12 @@ def _start_inbox(svc: Service) -> None:
         context = svc.http.context if svc.http is not None else None
         try:
             svc.channels = hub.start(
-                svc.config.channels, svc.feed, quiet, context, svc.config.state_dir
+                svc.config.channels,
+                svc.feed,
+                quiet,
+                context,
+                svc.config.state_dir,
+                svc.metrics.channel_sends,
             )
         except (OSError, ValueError) as e:
             raise ConfigError(f"channels: {e}") from None

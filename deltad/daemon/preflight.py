@@ -34,6 +34,8 @@ def _all(config: DaemonConfig) -> Iterator[str]:
         yield from _http(config)
     if config.notify is not None:
         yield from _secrets(config)
+    if config.channels is not None and config.channels.slack is not None:
+        yield from _slack(config)
 
 
 def _lease(lease: Path) -> Iterator[str]:
@@ -100,3 +102,22 @@ def _secrets(config: DaemonConfig) -> Iterator[str]:
             yield f"notify.webhooks.{i}.signing.secret_file: {e.filename}: {e.strerror}"
         except ValueError as e:
             yield f"notify.webhooks.{i}.signing: {e}"
+
+
+def _slack(config: DaemonConfig) -> Iterator[str]:
+    """The Slack channel's two secrets can be read, and its interactions have an inbox."""
+    assert config.channels is not None and config.channels.slack is not None
+    slack = config.channels.slack
+    if config.http is None:
+        yield "channels.slack: needs http (Slack posts its buttons' clicks to the inbox)"
+    for key, secret in (("token", slack.token), ("signing_secret", slack.signing_secret)):
+        try:
+            value = secret.read()
+        except OSError as e:
+            yield f"channels.slack.{key}.secret_file: {e.filename}: {e.strerror}"
+            continue
+        except ValueError as e:
+            yield f"channels.slack.{key}: {e}"
+            continue
+        if not value.strip():
+            yield f"channels.slack.{key}: the secret is empty"

@@ -30,6 +30,7 @@ from deltad.protocol import (
 )
 from deltad.protocol.deadline import judge_expiry
 from deltad.protocol.errors import CorruptFile
+from deltad.protocol.followup import FollowUp
 from deltad.protocol.journal import asked_request
 from deltad.protocol.runfacts import (
     Elsewhere,
@@ -110,6 +111,7 @@ class Verdict:
     wake_at: float | None = None
     unparsed: bool = False  # the problem: a state file did not parse (it may be half written)
     channel: str | None = None  # an answer's: who wrote the file (the metrics' label)
+    follow_up: FollowUp | None = None  # the pending question's reminders and escalation
 
 
 def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
@@ -255,6 +257,7 @@ def _name(v: Verdict, request: InteractionRequest) -> Verdict:
     v.request_id, v.input_type = request.request_id, str(request.input_type)
     v.created = request.timestamp.timestamp()
     v.deadline = request.expires_at.timestamp() if request.expires_at else None
+    v.follow_up = request.follow_up
     return v
 
 

@@ -18,6 +18,7 @@ import structlog
 from deltad.clock import SYSTEM, Clock
 from deltad.inbox.feed import Feed
 from deltad.metrics import CoreMetrics, CoreVitals, Scraped
+from deltad.protocol import ProtocolError, Workspace, followup, iso
 from deltad.protocol.runfacts import Elsewhere
 from deltad.watch import Backend
 from deltad.watch.discovery import is_workspace
@@ -28,9 +29,10 @@ from . import decide as core
 from .answer import log_refusals
 from .audit import audit_path
 from .config import DaemonConfig
+from .followup import Done, Store, beside_question, done_of
 from .lease import Lease
 from .receipts import receipt
-from .reconcile import State, inspect, mark_interrupted
+from .reconcile import State, Verdict, inspect, mark_interrupted
 from .registry import Registry
 from .resumer import Finished, Resumer
 from .sweep import Sweep
@@ -66,6 +68,8 @@ class Service:
         self.launcher = config.launcher()
         self.rules = core.Rules.of(config)
         self.memory: dict[Path, core.Memory] = {}  # what decide() remembers, per workspace
+        # Reminders and escalations done, per open question (durable: followup.py)
+        self.followups = Store(config.state_dir / "followup")
         self.backends: list[Backend] = []
         self.timers = Timers()
         self.sweep: Sweep | None = None  # a full reconcile in progress (deltad/daemon/sweep.py)
@@ -156,7 +160,15 @@ class Service:
         try:
             seen = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
             busy = self.resumer.busy_with(ws)  # first: the first look adopts
-            facts = core.Facts(seen, busy=busy, exited=exited, jobs_known=self.resumer.jobs_known)
+            self._settle_followups(ws, seen)
+            followed = self._followed(ws, seen)
+            facts = core.Facts(
+                seen,
+                busy=busy,
+                exited=exited,
+                jobs_known=self.resumer.jobs_known,
+                followed=followed,
+            )
             self._carry_out(ws, core.decide(facts, memory, self._now(), self.rules), quiet)
         except Exception as e:
             first = str(e).splitlines()[0][:300] if str(e) else ""
@@ -181,12 +193,79 @@ class Service:
                 case core.Schedule(at) | core.Quarantine(at):
                     self.wake_at(ws, at)
                     self.dirty |= isinstance(effect, core.Quarantine)
+                case core.FollowUpDue():
+                    self._follow_up(ws, effect)
                 case core.Remember(memory):
                     self.memory[ws] = memory
                 case core.Log(level, event, fields):
                     getattr(log, level)(event, workspace=str(ws), **fields)
                 case _:
                     assert_never(effect)
+
+    def _settle_followups(self, ws: Path, seen: Verdict) -> None:
+        """A workspace on another question, or whose run ended, keeps no record of the last."""
+        if seen.state is State.DONE or (seen.state is State.WAITING and seen.request_id):
+            self.followups.settle(ws, seen.request_id)
+
+    def _followed(self, ws: Path, seen: Verdict) -> Done:
+        """What was done about the open question: this daemon's record, else the one beside
+        the question (written by another daemon of an HA fleet with a state dir of its own,
+        or before the state dir was lost), so a takeover does not remind again."""
+        rid = seen.request_id
+        if rid is None or seen.state is not State.WAITING:
+            return Done()
+        if (rec := self.followups.get(ws, rid)) is not None:
+            return done_of(rec)
+        if seen.follow_up is None and self.rules.follow_up is None:
+            return Done()  # nothing asked for: no file to read
+        beside = followup.read(Workspace(ws).interaction_dir, rid)
+        return done_of(beside) if beside is not None else Done()
+
+    def _follow_up(self, ws: Path, e: core.FollowUpDue) -> None:
+        """Remind, escalate or say overdue: written down first (a restart never repeats it),
+        then the copy beside the question (the answering path, the page, the journal read it),
+        then told on the feed (webhooks and channels re-send it). A failed write tells nobody:
+        the next look finds it still due."""
+        now = self.clock.time()
+        try:
+            rec = self.followups.record(ws, e.request_id, e.action, now, e.plan, e.asked)
+        except (OSError, ValueError) as err:
+            log.error("followup_record_failed", workspace=str(ws), error=str(err))
+            return
+        try:
+            beside_question(Workspace(ws).interaction_dir, rec)
+        except (OSError, ValueError, ProtocolError) as err:
+            log.warning("followup_beside_failed", workspace=str(ws), error=str(err))
+        data: dict[str, object] = {
+            "workspace": str(ws),
+            "run_id": e.run_id,
+            "request_id": e.request_id,
+            "input_type": e.input_type,
+        }
+        if e.action == "remind":
+            data["reminder"] = len(rec.reminders)
+            self.feed.publish("request.reminder", data)
+            log.info(
+                "question_reminded",
+                workspace=str(ws),
+                request_id=e.request_id,
+                reminder=len(rec.reminders),
+            )
+        elif e.action == "overdue":
+            data["sla_due_at"] = iso(rec.sla_due_at) if rec.sla_due_at else None
+            self.feed.publish("request.overdue", data)
+            log.info("question_overdue", workspace=str(ws), request_id=e.request_id)
+        else:
+            data["escalated_to"] = list(e.plan.escalate_to)
+            self.feed.publish("request.escalated", data)
+            log.info(
+                "question_escalated",
+                workspace=str(ws),
+                request_id=e.request_id,
+                escalated_to=list(e.plan.escalate_to),
+            )
+        self.metrics.follow_ups.labels(e.action).inc()
+        self.dirty = True
 
     def _interrupt(self, ws: Path, run_id: str, elsewhere: Elsewhere | None = None) -> bool:
         try:
@@ -241,6 +320,7 @@ class Service:
 
     def drop(self, ws: Path) -> None:
         self.memory.pop(ws, None)  # the one memory of it: pacing, retries, quarantine
+        self.followups.settle(ws, None)
         self.unread.discard(ws)
         self.registry.drop(ws)
         for b in self.backends:

@@ -7,7 +7,14 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from deltad.protocol import ActionStatus, InputType, InteractionRequest, atomic_write_text, utcnow
+from deltad.protocol import (
+    ActionStatus,
+    InputType,
+    InteractionRequest,
+    atomic_write_text,
+    followup,
+    utcnow,
+)
 from deltad.protocol.history import Call
 from deltad.protocol.kinds import (
     NOT_CONSENT,
@@ -25,6 +32,30 @@ from .context import ASK_HUMAN, RunContext, parse_args
 from .hooks import Point
 
 MAX_TIMEOUT_SECONDS = 30 * 24 * 3600
+
+
+FOLLOW_UP_ARGUMENTS: dict[str, Any] = {
+    "remind_after_seconds": {
+        "type": "number",
+        "description": "Remind the respondents this long after asking, and again as long "
+        "after each reminder (at most max_reminders times). Default: the agent's setting.",
+    },
+    "max_reminders": {"type": "integer", "description": "Reminders at most (default 3)."},
+    "escalate_after_seconds": {
+        "type": "number",
+        "description": "With escalate_to: this long after asking, those people are asked too.",
+    },
+    "escalate_to": {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "Token names or group:NAME added as respondents on escalation.",
+    },
+    "sla_seconds": {
+        "type": "number",
+        "description": "When the answer is due (shown to people; ends nothing, unlike "
+        "timeout_seconds).",
+    },
+}
 
 
 def _schema() -> dict[str, Any]:
@@ -59,6 +90,7 @@ def _schema() -> dict[str, Any]:
             "(default: anyone allowed to see the question).",
         },
     }
+    properties |= FOLLOW_UP_ARGUMENTS
     properties |= model_arguments()
     return {
         "type": "function",
@@ -108,6 +140,9 @@ def question_from_args(raw: str, run_id: str, action_id: str) -> InteractionRequ
         return "Error: respondents must be a list of token names or group:NAME"
     if bad := next((w for n in respondents if (w := respondent_problem(n))), None):
         return f"Error: {bad}"
+    follow = followup.from_args(args)
+    if isinstance(follow, str):
+        return follow
     now = utcnow()
     req = InteractionRequest(
         timestamp=now,
@@ -120,6 +155,7 @@ def question_from_args(raw: str, run_id: str, action_id: str) -> InteractionRequ
         timeout_seconds=timeout,
         expires_at=now + timedelta(seconds=timeout) if timeout else None,
         respondents=respondents,
+        follow_up=follow,
         **extra,
     )
     if (default := args.get("default")) is not None:

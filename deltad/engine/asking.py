@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from deltad.protocol import EventType, InteractionRequest, utcnow
+from deltad.protocol import EventType, InteractionRequest, followup, utcnow
 from deltad.protocol.kinds import on_timeout
 from deltad.protocol.replies import AnswerRejected, Reply
 
@@ -39,6 +39,8 @@ class Asking:
         as it stands, so a question asked again after a crash carries the same)."""
         if req.context is None:
             req.context = question_context(self.ctx.journal.events, self.ctx.meta.task, req.prompt)
+        if (agents := self.ctx.agent.config.follow_up) is not None:  # the question's own win
+            req.follow_up = req.follow_up.over(agents) if req.follow_up else agents
         self.ctx.journal.append(
             EventType.HUMAN_INTERACTION, {"phase": "asked", "request": req.model_dump(mode="json")}
         )
@@ -75,6 +77,10 @@ class Asking:
 
     def _record(self, req: InteractionRequest, reply: Reply) -> None:
         reply.at = utcnow()
+        # What the daemon did before this reply (reminders, escalation), kept beside the
+        # question where it may write; into the journal with the reply (the history shows it).
+        if (done := followup.read(self.ctx.ws.interaction_dir, req.request_id)) is not None:
+            reply.follow_up = done.shown()
         if req.is_secret and reply.outcome == "answered" and reply.value is not None:
             self.ctx.secrets.put(req.action_id, reply.value)
             self.ctx.hooks.reached(Point.AFTER_SECRET)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from deltad.protocol import Mailbox, Workspace, iso, utcnow
+from deltad.protocol import Mailbox, Workspace, followup, iso, utcnow
 from deltad.protocol.models import InteractionRequest
 from deltad.protocol.safefs import publish
 
@@ -78,7 +78,10 @@ def delegate(
     Raises a SubmitError (the question is not open, `who` may not, `to` is unknown)."""
     req = open_question(ws, request_id)
     had = read(ws, request_id)
-    why = refusal(req.respondents, had, who, to, known, note)
+    asked = followup.respondents_with(
+        req.respondents, followup.read(ws.interaction_dir, request_id)
+    )
+    why = refusal(asked, had, who, to, known, note)  # an escalated-to respondent may hand on
     if why is not None:
         raise why
     assert who is not None
@@ -101,4 +104,8 @@ def refuse_respondent(ws: Workspace, request_id: str, who: Answerer | None) -> s
     req = Mailbox(ws).read_request()
     if req is None or req.request_id != request_id:
         return None
-    return respondent_refusal(answerers(req.respondents, read(ws, request_id)), who)
+    # An escalation (protocol/followup.py) adds respondents as a hand-over adds delegates.
+    asked = followup.respondents_with(
+        req.respondents, followup.read(ws.interaction_dir, request_id)
+    )
+    return respondent_refusal(answerers(asked, read(ws, request_id)), who)

@@ -31,12 +31,23 @@ from .feedlog import Announced, EventLog
 
 log = structlog.get_logger("deltad.feed")
 
-EventType = Literal["request.created", "request.answered", "request.expired", "run.status"]
+EventType = Literal[
+    "request.created",
+    "request.answered",
+    "request.expired",
+    "run.status",
+    "request.reminder",  # an open question's respondents reminded (daemon/followup.py)
+    "request.escalated",  # an open question escalated: more respondents
+    "request.overdue",  # an open question past its SLA (it stays open)
+]
 EVENT_TYPES: tuple[EventType, ...] = (
     "request.created",
     "request.answered",
     "request.expired",
     "run.status",
+    "request.reminder",
+    "request.escalated",
+    "request.overdue",
 )
 DEFAULT_BUFFER = 1000
 CLOSED_MEMORY = 10_000

@@ -62,6 +62,7 @@ def answers_of(events: Iterable[JournalEvent]) -> tuple[list[dict[str, Any]], st
                     "channel": reply.channel,
                     "at": iso(reply.at) if reply.at else None,
                     "answer": answer_shown(reply, req is not None and req.is_secret),
+                    "follow_up": reply.follow_up,  # reminders and escalation before it
                 }
             )
     return answers, reason

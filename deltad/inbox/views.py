@@ -16,6 +16,7 @@ from deltad.protocol import (
     RunMetadata,
     RunStatus,
     Workspace,
+    followup,
     iso,
     load_metadata,
     owner_alive,
@@ -45,6 +46,7 @@ class Pending(BaseModel):
     answer_waiting: bool
     last_refusal: str | None = None
     delegations: list[dict[str, str]] = []
+    follow_up: dict[str, Any] | None = None  # reminders and escalation (followup.json)
 
 
 def _workspace(ws: Workspace | Path | str) -> Workspace:
@@ -84,6 +86,7 @@ def pending(ws: Workspace | Path | str) -> Pending | None:
         answer_waiting=mailbox.answer_file() is not None,
         last_refusal=mailbox.last_refusal(),
         delegations=shown(read(w, req.request_id)),
+        follow_up=follow_up_shown(w, req),
     )
 
 
@@ -119,9 +122,25 @@ def status(ws: Workspace | Path | str, run_id: str | None = None) -> dict[str, A
         "answer_error": mailbox.last_refusal() if req else None,
         # Who the question was handed to (delegation.json), oldest first.
         "delegations": shown(read(w, req.request_id)) if req else [],
+        # Reminded when, escalated to whom and when, due when (followup.json; protocol/followup.py).
+        "follow_up": follow_up_shown(w, req) if req else None,
         "set_aside": mailbox.stale_answers(),
         "outcome": run_outcome(w, meta),  # a finished run's final message and answers
     }
+
+
+def follow_up_shown(ws: Workspace, req: InteractionRequest) -> dict[str, Any] | None:
+    """What was done about the question (reminders, escalation) and when it is due (its SLA),
+    or None when it asks for neither."""
+    rec = followup.read(ws.interaction_dir, req.request_id)
+    due = followup.sla_due(req.timestamp, req.follow_up)
+    if rec is None and due is None:
+        return None
+    doc = rec.shown() if rec is not None else {"reminders": [], "escalated": None}
+    doc.pop("request_id", None)
+    if doc.get("sla_due_at") is None:
+        doc["sla_due_at"] = iso(due) if due is not None else None
+    return doc
 
 
 def guidance(ws: Workspace, run_id: str, req: InteractionRequest) -> str:

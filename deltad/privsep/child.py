@@ -31,7 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from deltad import logs
 from deltad.api import sessions
@@ -236,6 +239,12 @@ class Remote:
     def link_answer(self, token: str, body: dict[str, Any]) -> dict[str, Any]:
         return self.send({"op": "link_answer", "link": token, "body": body})
 
+    def channel_interaction(
+        self, channel: str, body: str, timestamp: str, signature: str
+    ) -> dict[str, Any]:
+        msg = {"op": "channel_interaction", "channel": channel, "body": body}
+        return self.send({**msg, "timestamp": timestamp, "signature": signature})
+
 
 class RemoteVitals:
     """The core's health and metrics (deltad/health.py's `Vitals`), asked over the socket (one
@@ -273,6 +282,30 @@ class RemoteVitals:
     def core_metrics(self) -> bytes:
         doc = self._ask()
         return str(doc.get("metrics", "")).encode() if doc is not None else b""
+
+
+# -- channels' own endpoints (deltad/channels) --------------------------------------------------
+def channel_routes(app: FastAPI, remote: Remote) -> None:
+    """Slack's interactivity endpoint. Its credential is Slack's signature, which only the core
+    can check (it alone reads the signing secret): the body (capped by api.limits) and the two
+    headers go to the core unread, and its answer comes back as Slack's response."""
+
+    @app.post("/v1/channels/slack/interactions", include_in_schema=False)
+    async def slack_interactions(request: Request) -> Response:
+        timestamp = request.headers.get("x-slack-request-timestamp", "")
+        signature = request.headers.get("x-slack-signature", "")
+        if not timestamp or not signature:
+            raise ApiError(401, "bad_signature", "not signed by Slack (no X-Slack-Signature)")
+        try:
+            body = (await request.body()).decode()
+        except UnicodeDecodeError:
+            raise ApiError(400, "bad_payload", "not a Slack interaction payload") from None
+        result = await run_in_threadpool(
+            remote.channel_interaction, "slack", body, timestamp, signature
+        )
+        if (response := result.get("response")) is None:
+            return Response(status_code=200)
+        return JSONResponse(response)
 
 
 def _unavailable() -> ApiError:
@@ -377,6 +410,7 @@ def serve(core: socket.socket) -> int:
         sessions.load_key(state), config.session_ttl_seconds, state / sessions.CLOSED_NAME
     )
     app = create_app(ctx, stopping, web)
+    channel_routes(app, remote)
     if os.environ.get(TEST_HOOK_ENV) == "1":
         from .testhook import install
 

@@ -199,6 +199,11 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
         return core.link_request(call.link)
     if isinstance(call, wire.LinkAnswer):
         return core.link_answer(call.link, call.body)
+    if isinstance(call, wire.ChannelInteraction):  # no token: the channel checks its signature
+        take = ctx.interactions.get(call.channel)
+        if take is None:
+            raise ApiError(404, "not_found", f"the {call.channel} channel is not configured")
+        return take(call.body, call.timestamp, call.signature)
     if isinstance(call, wire.VitalsCall):  # no credential: /livez, /readyz; /metrics checked its
         h = ctx.vitals.health()  # token in the inbox (the figures name no workspace)
         return {"health": dataclasses.asdict(h), "metrics": ctx.vitals.core_metrics().decode()}

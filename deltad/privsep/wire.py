@@ -187,8 +187,26 @@ class VitalsCall(Strict):
     id: CallId
 
 
+# -- channels' own endpoints (deltad/channels) ------------------------------------------------
+CHANNEL_BODY_MAX = 256 * 1024  # a Slack interaction's body (channels.slack.BODY_MAX)
+
+
+class ChannelInteraction(Strict):
+    """A request a channel's service sent to the inbox (Slack's interactions), relayed unread:
+    the raw body and the service's signature headers. The core verifies the signature itself
+    (the inbox holds no signing secret) and decides everything from there."""
+
+    op: Literal["channel_interaction"]
+    id: CallId
+    channel: Literal["slack"]
+    body: Annotated[str, Field(max_length=CHANNEL_BODY_MAX)]
+    timestamp: Annotated[str, Field(max_length=64)]
+    signature: Annotated[str, Field(max_length=256)]
+
+
 Call = (
     VitalsCall
+    | ChannelInteraction
     | ListRequests
     | GetRequest
     | Answer

@@ -163,6 +163,8 @@ class InteractionRequest(_Model):
     # Who may answer over HTTP: token names and group:NAMEs; empty is anyone the scope allows.
     respondents: Annotated[list[str], AfterValidator(_respondents)] = Field(default_factory=list)
     context: QuestionContext | None = None  # absent in requests older than it
+    # Reminders, escalation and the SLA clock (protocol/followup.py); None: the daemon's.
+    follow_up: FollowUp | None = None
 
     @property
     def is_secret(self) -> bool:
@@ -223,3 +225,8 @@ class JournalEvent(_Model):
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+
+from .followup import FollowUp  # noqa: E402  (it reads this module's names)
+
+InteractionRequest.model_rebuild()

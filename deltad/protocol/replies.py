@@ -70,3 +70,5 @@ class Reply(BaseModel):
     comment: str | None = None
     channel: str | None = None  # for mailbox answers: the channel that wrote the file
     delegations: list[dict[str, str]] | None = None  # the hand-overs before this answer
+    # Reminders and escalation before this reply (followup.json, copied in by the engine).
+    follow_up: dict[str, Any] | None = None

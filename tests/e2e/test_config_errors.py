@@ -55,6 +55,15 @@ def _garbage_tls(tmp: Path) -> dict[str, Any]:
     return {"http": {"tls_cert": str(tmp / "cert.pem"), "tls_key": str(tmp / "key.pem")}}
 
 
+def _slack(**over: Any) -> dict[str, Any]:
+    return {
+        "token": {"secret_env": "DELTAD_TEST_SLACK"},  # set by the case (`env`)
+        "signing_secret": {"secret_file": "/nonexistent/slack-signing"},
+        "channel": "C0123ABCD",
+        **over,
+    }  # the key's own checks (an inline token, ids, URLs): tests/unit/test_channels_slack.py
+
+
 KUBE = {"image": "registry.example/deltad:1", "pvc": "workspaces", "mount_path": "/srv/ws"}
 
 
@@ -148,6 +157,19 @@ CASES: dict[str, Case] = {
         lambda tmp: {"roots": [{"path": str(tmp / "root"), "backend": "fanotify"}]},
         "roots.0: backend: fanotify is impossible here",
         as_nobody=True,
+    ),
+    # channels: slack (the secrets read, the inbox its interactions need)
+    "slack secret file missing": Case(
+        lambda tmp: {"http": {"listen": "127.0.0.1:0"}, "channels": {"slack": _slack()}},
+        "channels.slack.signing_secret.secret_file: /nonexistent/slack-signing",
+        env={"DELTAD_TEST_SLACK": "xoxb-test"},
+    ),
+    "slack without http": Case(
+        lambda tmp: {
+            "channels": {"slack": _slack(signing_secret={"secret_env": "DELTAD_TEST_SLACK"})}
+        },
+        "channels.slack: needs http",
+        env={"DELTAD_TEST_SLACK": "xoxb-test"},
     ),
     # the inbox
     "http key misspelt": Case(

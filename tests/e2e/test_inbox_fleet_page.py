@@ -1,7 +1,8 @@
 """The page at fleet scale, in a real headless Chromium against a real `deltad serve` (axe-core
 clean): questions of one kind and options are selected on their cards and answered at once
 (each resumed once, the others untouched; another kind cannot be selected with them), and a
-question handed to another token shows the hand-over on its card, for everyone."""
+question handed to another token shows the hand-over on its card, for everyone; a question's
+reminders, escalation and SLA show on its card as the daemon's timers act."""
 
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
     fleet = [root / f"fruit-{i}" for i in range(3)]
     for ws in fleet:
         paused_workspace(ws, f"Which fruit for {ws.name}?", input_type="choice", options=OPTIONS)
+    # The last is reminded and escalated by the daemon's timers as soon as it is found.
+    follow = {"remind_after_seconds": 1, "max_reminders": 1, "sla_seconds": 3600}
+    follow |= {"escalate_after_seconds": 1, "escalate_to": ["carol"]}
+    paused_workspace(
+        fleet[2], "Which fruit, late?", input_type="choice", options=OPTIONS, follow_up=follow
+    )
     merge = root / "merge"
     paused_workspace(merge, "Merge the branch?", input_type="yes_no", respondents=["alice"])
     d = Daemon(tmp_path, [root], http={"listen": "127.0.0.1:0"}).start()
@@ -85,6 +92,16 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
             "the hand-over on the card",
             lambda b: "Handed by alice to bob — “on leave”" in _card(b, merge).text,
         )
+        # The unselected one was escalated, then reminded (docs/inbox.md), live on its card.
+        until(
+            browser,
+            "the reminder and the escalation on the card",
+            lambda b: (
+                "Reminded once, last" in (late := _card(b, fleet[2]).text)
+                and "Escalated to carol" in late
+            ),
+        )
+        assert "Due (SLA) " in _card(browser, fleet[2]).text
         assert serious_violations(browser) == []
         shot(browser, "inbox-fleet")
         # Bob sees it too (a fresh page), and may now answer it.

@@ -64,3 +64,25 @@ def test_every_channel_hears_every_question_and_its_end(tmp_path: Path) -> None:
     # The journal has no answer yet: who answered is not known, not guessed.
     assert answered == Closed(ws, req.request_id, "answered", None, None)
     assert expired == Closed(ws, req.request_id, "expired")
+
+
+def test_a_reminder_asks_again_and_an_escalation_asks_whom_it_adds(tmp_path: Path) -> None:
+    ws = tmp_path / "root" / "ws"
+    run_id = paused_workspace(ws, prompt="Ship it?", respondents=["alice"])
+    req = Mailbox(Workspace.at(ws)).read_request()
+    assert req is not None
+    feed = Feed()
+    heard = Recorder()
+    hub = Hub([heard], feed, [])
+    hub.start()
+    try:
+        base = {"workspace": str(ws), "run_id": run_id, "request_id": req.request_id}
+        feed.publish("request.reminder", {**base, "reminder": 1})
+        feed.publish("request.escalated", {**base, "escalated_to": ["bob", "group:ops"]})
+        wait_for(lambda: len(heard.heard) == 2, "two events")
+    finally:
+        hub.stop()
+    again, up = heard.heard
+    assert isinstance(again, Question) and (again.follow_up, again.only) == ("reminder", ())
+    assert isinstance(up, Question) and up.follow_up == "escalation"
+    assert up.only == ("bob", "group:ops") and up.request.request_id == req.request_id

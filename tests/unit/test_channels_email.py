@@ -22,7 +22,7 @@ from deltad.channels.config import EmailConfig
 from deltad.channels.email import EmailChannel
 from deltad.channels.grants import AddressExpired, Grants, Unknown, check
 from deltad.daemon.config import ConfigError, load_config
-from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace
+from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace, followup, utcnow
 from deltad.protocol.printable import show_path
 from deltad.protocol.replies import AnswerRejected, Decision
 from deltad.testing.stub import paused_workspace
@@ -372,3 +372,28 @@ def test_a_mail_the_parser_gives_up_on_is_refused_as_unreadable(tmp_path: Path) 
     (ch.config.maildir / "new" / "1").write_bytes(b"To: .:\r\nFrom: .:\r\n\r\nyes\r\n")
     assert ch.take() == 1
     assert os.listdir(ch.config.maildir / "cur") == ["1:2,S"] and _refusals(ch) == []
+
+
+def test_a_reminder_mails_again_and_an_escalation_mails_whom_it_adds_who_may_answer(
+    tmp_path: Path,
+) -> None:
+    ch = _channel(tmp_path)
+    ws, request_id = _ask(tmp_path, ch, input_type="yes_no", respondents=["alice"])
+    req = Mailbox(Workspace.at(ws)).read_request()
+    assert req is not None
+    ch.send(Question(ws, req, "the task", follow_up="reminder"))
+    subjects = [(to, str(m["Subject"])) for to, _, m in _outgoing(ch)]
+    assert sorted(subjects) == [(ALICE, "[deltad] Deploy?"), (ALICE, "[deltad] Reminder: Deploy?")]
+    # The daemon escalates to bob: its record beside the question, then the channel is told.
+    rec = followup.Record(
+        request_id=request_id,
+        escalated=followup.Escalation(at=utcnow(), to=["bob"]),
+    )
+    (ws / ".delta" / "interaction" / followup.FILE).write_text(rec.model_dump_json())
+    ch.send(Question(ws, req, "the task", follow_up="escalation", only=("bob",)))
+    [(to, _, escalated)] = [x for x in _outgoing(ch) if "Escalated" in str(x[2]["Subject"])]
+    assert to == BOB
+    _deliver(ch, "1.m1", str(escalated["Reply-To"]), BOB, "yes")
+    assert ch.take() == 1 and _refusals(ch) == []
+    doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+    assert (doc["answer"], doc["answered_by"]) == ("yes", BOB)

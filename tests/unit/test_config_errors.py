@@ -38,6 +38,12 @@ def _errors(tmp_path: Path, **settings: Any) -> list[str]:
         ({"zzz": 1}, "zzz: unknown key"),  # nothing close: no guess
         ({"ha": {}}, "ha.lease: required"),
         ({"executor": "nope"}, "executor: unknown executor 'nope'"),  # a whole-model check
+        (
+            {"follow_up": {"remind_after": 5}},
+            "follow_up.remind_after: unknown key; did you mean 'remind_after_seconds'?",
+        ),
+        ({"follow_up": {"sla_seconds": 0}}, "follow_up.sla_seconds: Input should be greater"),
+        ({"follow_up": {"escalate_to": ["ops"]}}, "follow_up: escalate_to needs escalate_after"),
     ],
 )
 def test_each_problem_names_its_full_key(

@@ -7,7 +7,8 @@
 const BASE = new URL("../", document.currentScript.src).href;
 const mode = document.body.dataset.mode;
 const linkToken = mode === "link" ? location.pathname.split("/").pop() : null;
-const EVENT_TYPES = ["request.created", "request.answered", "request.expired", "run.status"];
+const EVENT_TYPES = ["request.created", "request.answered", "request.expired", "run.status",
+  "request.reminder", "request.escalated", "request.overdue"];
 const PAGES_MAX = 100;  // a list is followed through at most this many pages
 let csrf = null;
 let selected = null;  // the selected question's keyOf
@@ -262,6 +263,7 @@ function render() {
       return cards.get(keyOf(r));
     })];
     for (const r of list) showHanded(cards.get(keyOf(r)), r.delegations);
+    for (const r of list) showFollowUp(cards.get(keyOf(r)), r.follow_up);
     if (!sameChildren(section, nodes)) section.replaceChildren(...nodes);
     return section;
   });
@@ -406,6 +408,7 @@ function card(r) {
     el("p", { class: "prompt", id: promptId }, r.prompt),
     respondents(r.respondents),
     el("div", { class: "handed" }, ...handedView(r.delegations)),
+    el("div", { class: "followup" }, ...followUpView(r.follow_up)),
     factsView(r),
     ...(r.calls || []).map(callView),
     answerControls(r, error),
@@ -437,6 +440,37 @@ function handedView(list) {
   return [el("ul", { class: "handed-list", "aria-label": "Handed over" }, ...list.map((d) =>
     el("li", {}, `Handed by ${d.by} to `, el("strong", {}, String(d.to)),
       d.note ? ` — “${d.note}”` : "", " ", d.at ? when(d.at) : "")))];
+}
+
+// Reminders and escalation (docs/inbox.md): "reminded 2 times, last …", "escalated to bob …",
+// and the SLA's due time, which ends nothing (unlike the deadline).
+function followUpView(f, withSla = true) {
+  if (!f) return [];
+  const out = [];
+  const sent = Array.isArray(f.reminders) ? f.reminders : [];
+  if (sent.length) {
+    const times = sent.length === 1 ? "once" : `${sent.length} times`;
+    out.push(el("li", { class: "reminded" }, `Reminded ${times}, last `, when(sent[sent.length - 1])));
+  }
+  if (f.escalated) {
+    out.push(el("li", { class: "escalated" }, "Escalated to ",
+      el("strong", {}, (f.escalated.to || []).join(", ")), " ", when(f.escalated.at)));
+  }
+  if (withSla && f.sla_due_at) {
+    const late = Boolean(f.overdue_at) || new Date(f.sla_due_at).getTime() <= Date.now();
+    out.push(el("li", { class: late ? "sla sla-late" : "sla" }, late ? "Overdue (SLA): was due " : "Due (SLA) ",
+      el("span", { class: "sla-at", title: new Date(f.sla_due_at).toLocaleString() },
+        f.sla_due_at.replace("T", " ").replace(/\.\d+/, "").replace("Z", " UTC"))));
+  }
+  return out.length ? [el("ul", { class: "followup-list", "aria-label": "Reminders and escalation" }, ...out)] : [];
+}
+
+function showFollowUp(node, f) {
+  const slot = node?.querySelector(".followup");
+  const text = JSON.stringify(f || null);
+  if (!slot || slot.dataset.shown === text) return;
+  slot.dataset.shown = text;
+  slot.replaceChildren(...followUpView(f));
 }
 
 function showHanded(node, list) {
@@ -815,6 +849,7 @@ function historyItem(h, byRun) {
     el("span", { class: "what" }, ...happened(h)),
     ...editsView(h),
     ...handedView(h.delegations),
+    ...followUpView(h.follow_up, false),  // answered: who was reminded, escalated to whom
     h.prompt ? el("span", { class: "asked" }, h.prompt) : null,
     el("span", { class: "where" }, h.workspace, " ", runLink(h.workspace, h.run_id, "run view")), when(h.at));
 }
@@ -886,7 +921,11 @@ function activity(e) {
   if (e.type === "request.answered") return;  // the history shows it, with who
   const text = e.type === "run.status"
     ? `run ${e.from ? e.from.toLowerCase() : "new"} → ${String(e.to).toLowerCase()}`
-    : e.type === "request.created" ? "new question" : "question expired";
+    : e.type === "request.created" ? "new question"
+    : e.type === "request.reminder" ? `reminder ${e.reminder || ""} sent`
+    : e.type === "request.escalated" ? `escalated to ${(e.escalated_to || []).join(", ")}`
+    : e.type === "request.overdue" ? "overdue (past its SLA)"
+    : "question expired";
   const li = el("li", { class: "live", "data-type": e.type, "data-to": e.to || "" },
     el("span", { class: "what" }, text), el("span", { class: "where" }, e.workspace), when(e.at));
   $("activity").prepend(li);

@@ -1,0 +1,260 @@
+"""Reminders and escalation: when the daemon next re-notifies an open question's respondents or
+escalates it (protocol/followup.py says what a question asks for), and the durable record of
+what it did.
+
+`next_step` is the rule, pure: the settings (`Plan`), when the question was asked, what was done
+(`Done`) and the wall time → the action due now (if any) and when the next one is due. Tested
+from a table (tests/unit/test_followup.py). `Store` keeps what was done in the state dir, one
+file per (workspace, request id), written (fsync'd, atomically replaced) before the event that
+tells anyone, so a restart neither repeats a reminder nor loses one that was due: a reminder
+due while the daemon was down is sent once when it is back (not once per missed period).
+
+Clock: wall time (`time.time()`), as `request.json`'s `timestamp` and `expires_at` are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import structlog
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from deltad.protocol import followup as proto
+from deltad.protocol.followup import DEFAULT_MAX_REMINDERS, Escalation, FollowUp, Record
+
+log = structlog.get_logger("deltad.followup")
+
+DIR = "followup"
+MAX_FILE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A question's settings, the daemon's defaults filled in (seconds; None: not asked for)."""
+
+    remind_after: float | None = None
+    max_reminders: int = DEFAULT_MAX_REMINDERS
+    escalate_after: float | None = None
+    escalate_to: tuple[str, ...] = ()
+    sla: float | None = None
+
+    @classmethod
+    def of(cls, asked: FollowUp | None, defaults: FollowUp | None) -> Plan | None:
+        f = asked.over(defaults) if asked is not None else defaults
+        if f is None or f.empty:
+            return None
+        return cls(
+            f.remind_after_seconds,
+            DEFAULT_MAX_REMINDERS if f.max_reminders is None else f.max_reminders,
+            f.escalate_after_seconds,
+            tuple(f.escalate_to or ()),
+            f.sla_seconds,
+        )
+
+    @property
+    def acts(self) -> bool:
+        reminds = self.remind_after is not None and self.max_reminders > 0
+        return reminds or self.escalates or self.sla is not None
+
+    @property
+    def escalates(self) -> bool:
+        return self.escalate_after is not None and bool(self.escalate_to)
+
+
+@dataclass(frozen=True)
+class Done:
+    """What was done about one question (wall times)."""
+
+    reminders: tuple[float, ...] = ()
+    escalated_at: float | None = None
+    overdue_at: float | None = None  # the SLA's passing was said
+
+
+Action = Literal["remind", "escalate", "overdue"]
+
+
+@dataclass(frozen=True)
+class Step:
+    action: Action | None  # due now (None: nothing now)
+    due: float | None  # when the next action is due (None: nothing more to do)
+
+
+def next_step(plan: Plan, asked: float, done: Done, now: float, deadline: float | None) -> Step:
+    """The action due at `now`, or when the next one is. Escalation is once, `escalate_after`
+    after asking; reminders follow the last notice (the question, the last reminder or the
+    escalation, which notifies too) by `remind_after`, at most `max_reminders` of them. Nothing
+    is due at or after the question's `deadline` (it ends then); on a tie, escalation first.
+    The SLA's passing (`sla` after asking) is said once; it ends nothing."""
+    due: list[tuple[float, int, Action]] = []
+    if plan.escalates and done.escalated_at is None:
+        assert plan.escalate_after is not None
+        due.append((asked + plan.escalate_after, 0, "escalate"))
+    if plan.remind_after is not None and len(done.reminders) < plan.max_reminders:
+        last = max([asked, *done.reminders, *([done.escalated_at] if done.escalated_at else [])])
+        due.append((last + plan.remind_after, 1, "remind"))
+    if plan.sla is not None and done.overdue_at is None:
+        due.append((asked + plan.sla, 2, "overdue"))
+    due = [d for d in due if deadline is None or d[0] < deadline]
+    if not due:
+        return Step(None, None)
+    at, _, action = min(due)
+    return Step(action, at) if at <= now else Step(None, at)
+
+
+def after(done: Done, action: Action, now: float) -> Done:
+    """What was done, once `action` is."""
+    if action == "remind":
+        return replace(done, reminders=(*done.reminders, now))
+    if action == "overdue":
+        return replace(done, overdue_at=now)
+    return replace(done, escalated_at=now)
+
+
+# -- the durable record (the state dir) ----------------------------------------------------------
+class Kept(BaseModel):
+    """One file of the store: the record shown beside the question, and its workspace (the
+    path's bytes in hex: names are bytes, and JSON holds only valid text)."""
+
+    model_config = ConfigDict(extra="forbid")
+    workspace: str
+    record: Record
+
+
+def _hex(ws: str) -> str:
+    return os.fsencode(ws).hex()
+
+
+def _unhex(text: str) -> str:
+    return os.fsdecode(bytes.fromhex(text))
+
+
+def _ts(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+def done_of(rec: Record) -> Done:
+    return Done(
+        tuple(t.timestamp() for t in rec.reminders),
+        rec.escalated.at.timestamp() if rec.escalated else None,
+        rec.overdue_at.timestamp() if rec.overdue_at else None,
+    )
+
+
+@dataclass
+class Store:
+    """`<state_dir>/followup/<digest>.json`, one per (workspace, request id) with something
+    done, loaded whole at start (one per open question that was reminded: few) and written
+    through. A question's file goes when its workspace shows another question or none."""
+
+    root: Path
+    _by_ws: dict[str, dict[str, Record]] = field(default_factory=dict)
+
+    def load(self) -> int:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        n = 0
+        for name in sorted(os.listdir(self.root)):
+            path = self.root / name
+            if name.startswith(".") and name.endswith(".tmp"):  # a write a crash cut short
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                continue
+            if not name.endswith(".json"):
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as f:
+                    kept = Kept.model_validate(json.loads(f.read(MAX_FILE + 1)))
+            except (OSError, ValueError, ValidationError) as e:
+                log.warning("followup_record_unreadable", file=str(path), error=str(e)[:200])
+                continue
+            ws = _unhex(kept.workspace)
+            self._by_ws.setdefault(ws, {})[kept.record.request_id] = kept.record
+            n += 1
+        return n
+
+    def _path(self, ws: str, request_id: str) -> Path:
+        digest = hashlib.sha256(f"{ws}\0{request_id}".encode("utf-8", "surrogateescape"))
+        return self.root / f"{digest.hexdigest()[:40]}.json"
+
+    def get(self, ws: Path, request_id: str) -> Record | None:
+        return self._by_ws.get(str(ws), {}).get(request_id)
+
+    def done(self, ws: Path, request_id: str | None) -> Done:
+        rec = self.get(ws, request_id) if request_id else None
+        return done_of(rec) if rec is not None else Done()
+
+    def record(
+        self, ws: Path, request_id: str, action: Action, now: float, plan: Plan, asked: float
+    ) -> Record:
+        """Write down that `action` was done (durably, before anyone is told)."""
+        rec = self.get(ws, request_id) or _beside(ws, request_id) or Record(request_id=request_id)
+        if plan.sla is not None:
+            rec.sla_due_at = _ts(asked + plan.sla)
+        if action == "remind":
+            rec = rec.model_copy(update={"reminders": [*rec.reminders, _ts(now)]})
+        elif action == "overdue":
+            rec = rec.model_copy(update={"overdue_at": _ts(now)})
+        else:
+            rec = rec.model_copy(
+                update={"escalated": Escalation(at=_ts(now), to=list(plan.escalate_to))}
+            )
+        data = Kept(workspace=_hex(str(ws)), record=rec).model_dump_json().encode()
+        path = self._path(str(ws), request_id)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self._by_ws.setdefault(str(ws), {})[request_id] = rec
+        return rec
+
+    def settle(self, ws: Path, open_request: str | None) -> None:
+        """Forget the records of `ws`'s questions other than `open_request` (closed ones)."""
+        held = self._by_ws.get(str(ws))
+        if not held:
+            return
+        for rid in [r for r in held if r != open_request]:
+            del held[rid]
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(str(ws), rid))
+        if not held:
+            del self._by_ws[str(ws)]
+
+    def __iter__(self) -> Iterator[tuple[str, Record]]:
+        for ws, held in self._by_ws.items():
+            for rec in held.values():
+                yield ws, rec
+
+
+def _beside(ws: Path, request_id: str) -> Record | None:
+    """The record beside the question (another daemon's: see Service._followed)."""
+    from deltad.protocol import Workspace
+
+    return proto.read(Workspace(ws).interaction_dir, request_id)
+
+
+def beside_question(interaction_dir: Path, rec: Record) -> None:
+    """The copy beside the question (`followup.json`), written as the workspace's owner
+    (safefs.publish hands a file root makes to the directory's owner)."""
+    from deltad.protocol.safefs import publish
+
+    publish(
+        proto.path_of(interaction_dir),
+        (rec.model_dump_json(indent=2) + "\n").encode(),
+        replace=True,
+    )
