@@ -81,7 +81,8 @@ NO_TOKEN = "a bearer token is needed (Authorization: Bearer ...)"
 BAD_TOKEN = "this token is not valid (revoked, or never issued)"
 STATE_SECONDS = 600.0  # how long an answer_question form stays answerable
 LISTEN_BACKLOG = 64  # hints a listening stream may have unsent (beyond: the SDK ends it)
-CHANGED = frozenset({"request.created", "request.answered", "request.expired"})
+# Feed events that change what a token's list holds or may answer (an escalation adds people).
+CHANGED = frozenset({"request.created", "request.answered", "request.expired", "request.escalated"})
 
 # -- the tools, as MCP hosts see them --------------------------------------------------------
 _WORKSPACE = {
@@ -237,6 +238,8 @@ QUESTION_FIELDS = (
     "expires_at",
     "after_deadline",
     "respondents",
+    "delegations",
+    "follow_up",
     "context",
     "calls",
     "timestamp",
