@@ -32,7 +32,7 @@ from deltad.inbox.feed import EVENT_TYPES, EventType, FeedEvent
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
-from . import handlers, history, limits, paging, problems, schemas, scopes
+from . import handlers, history, limits, mcp_gate, paging, problems, schemas, scopes
 from .access import AccessLog, McpMetrics, RateLimit, note_token
 from .calls import Calls, Local
 from .handlers import ApiError, Context, unauthorized
@@ -638,6 +638,8 @@ class LazyMcp:
         self.endpoint: Endpoint | None = None  # built on the first request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or await mcp_gate.admit(self.ctx.tokens, scope, send) is None:
+            return  # refused from the headers: the SDK is not loaded for a stranger
         if self.endpoint is None:
             module = await anyio.to_thread.run_sync(
                 importlib.import_module, "deltad.api.mcp_adapter"

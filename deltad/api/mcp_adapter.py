@@ -64,11 +64,12 @@ from starlette.types import Receive, Scope, Send
 from deltad import __version__
 from deltad.inbox.feed import FeedEvent
 
-from . import limits, problems, scopes
-from .access import McpMetrics, note_token
+from . import limits, scopes
+from .access import McpMetrics
 from .calls import Calls
 from .config import McpConfig
 from .handlers import ApiError
+from .mcp_gate import Unauthorized, identify
 from .tokens import Identity, TokenError, TokenStore
 
 log = structlog.get_logger("deltad.mcp")
@@ -77,8 +78,6 @@ CHANNEL = "mcp"
 URI_PREFIX = "deltad://questions/"
 PAGE_MAX = 100  # questions one list_questions or resources/list call returns at most
 PROMPT_PREVIEW = 200  # characters of a prompt in a list's line
-NO_TOKEN = "a bearer token is needed (Authorization: Bearer ...)"
-BAD_TOKEN = "this token is not valid (revoked, or never issued)"
 STATE_SECONDS = 600.0  # how long an answer_question form stays answerable
 LISTEN_BACKLOG = 64  # hints a listening stream may have unsent (beyond: the SDK ends it)
 # Feed events that change what a token's list holds or may answer (an escalation adds people).
@@ -378,29 +377,6 @@ def resource_of(doc: Mapping[str, Any]) -> types.Resource:
         description=line(s),
         mime_type="application/json",
     )
-
-
-# -- who calls ----------------------------------------------------------------------------------
-class Unauthorized(Exception):
-    def __init__(self, http: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.http, self.code = http, code
-
-
-def identify(tokens: TokenStore, authorization: str | None) -> Identity:
-    """The bearer token's identity, as the API reads it; Unauthorized otherwise."""
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized(401, "unauthorized", NO_TOKEN)
-    try:
-        who = tokens.verify(token.strip())
-    except TokenError:
-        who = None
-    if who is None:
-        raise Unauthorized(401, "unauthorized", BAD_TOKEN)
-    if who.role == "metrics":
-        raise Unauthorized(403, "forbidden", f"token {who.name} may only read /metrics")
-    return who
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -743,9 +719,9 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
 
 
 class Endpoint:
-    """The ASGI app mounted at `http.mcp.path`: the bearer token checked from the headers
-    before the SDK reads a byte (401/403 as RFC 9457 problems, like the API's), then the SDK's
-    session manager, started on the first request (the inbox's server runs no lifespan)."""
+    """The SDK's session manager for `http.mcp.path`, started on the first request (the
+    inbox's server runs no lifespan); the bearer token was checked from the headers before
+    (deltad/api/mcp_gate.py)."""
 
     def __init__(self, inbox: Inbox, config: McpConfig) -> None:
         self.inbox = inbox
@@ -762,15 +738,7 @@ class Endpoint:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        try:
-            who = identify(self.inbox.tokens, headers.get("authorization"))
-        except Unauthorized as e:
-            await _problem(send, e.http, e.code, str(e))
-            return
-        note_token(scope, who.name)
+        """A request whose bearer token `mcp_gate.admit` has let in (app.LazyMcp)."""
         await self._start()
         await self.manager.handle_request(scope, receive, send)
 
@@ -795,18 +763,6 @@ class Endpoint:
         ws = e.data.get("workspace")
         with contextlib.suppress(RuntimeError):  # the loop has ended: nobody listens
             loop.call_soon_threadsafe(self.hub.changed, str(ws) if ws is not None else None)
-
-
-async def _problem(send: Send, http: int, code: str, message: str) -> None:
-    doc = problems.encoded(http, code, message)
-    headers = [
-        (b"content-type", problems.PROBLEM.encode()),
-        (b"content-length", str(len(doc)).encode()),
-    ]
-    if http == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": http, "headers": headers})
-    await send({"type": "http.response.body", "body": doc})
 
 
 def endpoint(

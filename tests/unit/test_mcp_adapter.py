@@ -538,3 +538,31 @@ def test_the_documented_mcp_block_is_valid_and_the_defaults() -> None:
     doc = yaml.safe_load("\n".join(x.removeprefix("#   ") for x in block))
     assert McpConfig.model_validate(doc["mcp"]) == McpConfig()
     assert set(doc["mcp"]) == set(McpConfig.model_fields)  # every key documented
+
+
+def test_the_mcp_path_is_bounded_like_an_answer_and_a_stranger_gets_401_first(
+    tmp_path: Path,
+) -> None:
+    """In-process: the credential from the headers, then the body's cap, before the SDK (which
+    is not even loaded for a refusal)."""
+    import os
+
+    from fastapi.testclient import TestClient
+
+    from deltad.api.app import create_app
+    from deltad.api.handlers import Context
+    from deltad.inbox.feed import Feed
+
+    store = TokenStore(tmp_path / "state")
+    ctx = Context(Feed(), store, HttpConfig(), os.urandom(32), base_url="http://127.0.0.1:1")
+    app = create_app(ctx)
+    auth = {"Authorization": f"Bearer {store.add('alice', [], 'answerer')}"}
+    big = b'{"jsonrpc": "2.0", "id": 1, "x": "' + b"x" * ANSWER_BODY_MAX + b'"}'
+    with TestClient(app) as http:
+        r = http.post("/mcp", content=big)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = http.post("/mcp", content=big, headers=auth)
+        assert r.status_code == 413 and r.json()["code"] == "too_large"
+        r = http.get("/mcp", headers={"Authorization": "Bearer nope"})  # no body: the endpoint's
+        assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+    assert app.state.mcp.endpoint is None  # nothing reached the SDK
