@@ -34,7 +34,7 @@ from pydantic import (
 from deltad.protocol.errors import UnsafeFile
 from deltad.protocol.followup import FollowUp
 from deltad.protocol.fsio import read_regular_text
-from deltad.protocol.models import InteractionRequest, respondent_problem
+from deltad.protocol.models import MAX_APPROVALS, InteractionRequest, respondent_problem
 from deltad.protocol.replies import AnswerRejected, Decision, Reply
 
 from .errors import ConfigError
@@ -135,6 +135,10 @@ class ApprovalPolicy(_Strict):
     timeout_seconds: float | None = Field(default=None, gt=0)  # then rejected
     # Who may decide over HTTP (token names, group:NAME); written into each approval request.
     respondents: list[str] = []
+    # Four eyes (docs/inbox.md): this many distinct respondents must approve before a call
+    # runs; `owner_may_approve: false` refuses the workspace owner's own approval.
+    approvals_required: int = Field(default=1, ge=1, le=MAX_APPROVALS)
+    owner_may_approve: bool = True
 
     @field_validator("respondents")
     @classmethod

@@ -47,6 +47,10 @@ RESULTS = ("succeeded", "failed", "timed_out")
 # minutes.
 RESUME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 RECONCILE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+# One turn of the loop (its work between two selects): a quiet turn is well under a
+# millisecond; 50 ms is the bound an engine's outage must not push the p99 past (docs/daemon.md),
+# so it is a bucket's edge and the share of turns within it is read exactly, not interpolated.
+TURN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 def channel_of(file_name: str, text: str | None) -> str:
@@ -103,10 +107,32 @@ class CoreMetrics:
             buckets=RECONCILE_BUCKETS,
             registry=r,
         )
+        self.loop_turn = Histogram(
+            "deltad_loop_turn_seconds",
+            "How long each turn of the daemon's loop took: its work between two waits (the "
+            "wait itself excluded). The loop never waits on an engine, a network or a person.",
+            buckets=TURN_BUCKETS,
+            registry=r,
+        )
+        self.loop_turn_cpu = Histogram(
+            "deltad_loop_turn_cpu_seconds",
+            "The CPU time of each turn of the loop (its thread's own): beside "
+            "deltad_loop_turn_seconds, what of a slow turn was the daemon's work and what was "
+            "waiting for a CPU or a disk.",
+            buckets=TURN_BUCKETS,
+            registry=r,
+        )
         self.deliveries = Counter(
             "deltad_webhook_deliveries",
             "Webhook delivery attempts by result (delivered, retry, dead).",
             ["result"],
+            registry=r,
+        )
+        self.votes = Counter(
+            "deltad_approval_votes",
+            "Four eyes: votes cast on questions needing several approvals, by outcome "
+            "(pending, answered, refused).",
+            ["outcome"],
             registry=r,
         )
         self.channel_sends = Counter(
@@ -129,6 +155,10 @@ class CoreMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def vote(self, outcome: str) -> None:
+        """A four-eyes vote (deltad/inbox/quorum.py tells it from the core's call threads)."""
+        self.votes.labels(outcome).inc()
 
     def resume_ended(self, executor: str, failed: bool, timed_out: bool) -> None:
         result = "timed_out" if timed_out else "failed" if failed else "succeeded"

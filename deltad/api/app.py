@@ -388,7 +388,10 @@ def create_app(
         workspace: str | None = None,
     ) -> dict[str, Any]:
         """What `response.json` holds minus `request_id`: `{"answer": ...}` or
-        `{"decisions": [...]}`, optional `comment`. 202 once it is in the mailbox."""
+        `{"decisions": [...]}`, optional `comment`. 202 once it is in the mailbox. On a
+        question needing several approvals (four eyes) it is a vote: 202 with `answered` and
+        `approvals`; the same token twice is 409 `already_voted`, the workspace owner's own
+        approval where refused 403 `owner_may_not_approve`."""
         sent = body.model_dump(mode="json", exclude_unset=True)
         return core.answer(who, request_id, sent, idempotency_key, workspace)
 

@@ -28,6 +28,7 @@ import structlog
 
 from deltad import inbox
 from deltad.health import Standalone, Vitals
+from deltad.inbox import quorum
 from deltad.inbox.feed import Feed, Listed
 from deltad.protocol import (
     JournalEvent,
@@ -133,6 +134,8 @@ class Context:
     # The inbox process: where the routes' workspace reads and answers go (the core, over
     # the socket); None: these handlers, here.
     core: Calls | None = None
+    # The audit log each four-eyes vote is appended to (daemon/audit.py); None: not kept.
+    audit: Path | None = None
     # Channels that take requests of their own (Slack's interactions), by name, in the core:
     # (raw body, timestamp header, signature header) -> {"response": ...} (deltad/channels).
     interactions: dict[str, Callable[[str, str, str], dict[str, Any]]] = field(default_factory=dict)
@@ -243,6 +246,7 @@ def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str
         "node_id": r.node_id,  # a pipeline gate or node asking
         "respondents": r.respondents,
         "delegations": p.delegations,  # who it was handed to (they may answer too)
+        "approvals": p.approvals,  # four eyes: {required, given: [...]}, or null
         "follow_up": p.follow_up,  # reminders, escalation, SLA due (protocol/followup.py)
         "context": r.context.model_dump(mode="json") if r.context else None,
         "prompt": r.prompt,
@@ -514,7 +518,7 @@ def deliver(
 ) -> dict[str, Any]:
     """`submit`, with a question that closed meanwhile told apart: expired (410) or answered."""
     try:
-        return submit(ws, request_id, body, answered_by, channel)
+        return submit(ws, request_id, body, answered_by, channel, audit=ctx.audit)
     except ApiError as e:
         if e.code != "already_answered":
             raise
@@ -522,13 +526,20 @@ def deliver(
 
 
 def submit(
-    ws: Path, request_id: str, body: object, answered_by: str, channel: str
+    ws: Path,
+    request_id: str,
+    body: object,
+    answered_by: str,
+    channel: str,
+    *,
+    audit: Path | None = None,
 ) -> dict[str, Any]:
     try:
         parsed = inbox.AnswerIn.parse(body)
         if parsed.answer is None and parsed.decisions is None:
             raise inbox.Misfit('give "answer" or "decisions"')
-        done = inbox.submit(ws, request_id, parsed, answered_by=answered_by, channel=channel)
+        voter = None if channel == "link" else answered_by  # a signed link names nobody
+        done = quorum.cast(ws, request_id, parsed, by=voter, channel=channel, shown_as=answered_by)
     except inbox.NotPending:
         # Only questions the daemon's index saw open get here: a resume has taken it since.
         raise ApiError(409, "already_answered", f"question {request_id} was answered") from None
@@ -542,7 +553,7 @@ def submit(
         raise ApiError(
             409, "workspace_problem", f"the workspace cannot take an answer: {e}"
         ) from None
-    return {
+    doc: dict[str, Any] = {
         "status": "accepted",
         "request_id": request_id,
         "workspace": show_path(ws),
@@ -550,6 +561,44 @@ def submit(
         "answered_by": answered_by,
         "channel": channel,
     }
+    if done.approvals is not None:  # four eyes: a vote, and whether it completed the answer
+        doc["answered"] = done.outcome == "answered"
+        doc["approvals"] = done.approvals
+        vote_receipt(audit, ws, done, parsed, answered_by, channel)
+        log.info(
+            "approval_vote",
+            workspace=show_path(ws),
+            request_id=request_id,
+            by=answered_by,
+            outcome=done.outcome,
+            given=len(done.approvals["given"]),
+            required=done.approvals["required"],
+        )
+    return doc
+
+
+def vote_receipt(
+    audit: Path | None,
+    ws: Path,
+    done: quorum.Cast,
+    body: inbox.AnswerIn,
+    by: str,
+    channel: str,
+) -> None:
+    """Four eyes: each vote into the audit log, by the core as it is cast (the answer it may
+    complete gets the decision's receipt when the daemon takes it up)."""
+    from deltad.daemon import audit as auditlog
+    from deltad.daemon.receipts import vote_receipt as receipt_of
+
+    if audit is None or done.approvals is None:
+        return
+    vote = body.model_dump(exclude_none=True, mode="json")
+    fields = receipt_of(ws, done.request, by, channel, vote, done.approvals, done.outcome)
+    try:
+        entry = auditlog.append(audit, fields)
+        log.info("audit_appended", workspace=show_path(ws), seq=entry["seq"], kind="vote")
+    except Exception as e:  # the vote is counted; a log that cannot continue says so
+        log.error("audit_failed", workspace=show_path(ws), error=str(e))
 
 
 # -- runs -----------------------------------------------------------------------------------------

@@ -122,6 +122,7 @@ def _answered(
         "answer": None if secret else reply.value,
         "decisions": [_decision(d, request) for d in reply.decisions],
         "delegations": reply.delegations or [],
+        "approvals": reply.approvals or [],  # four eyes: every vote that made the answer
         "follow_up": reply.follow_up,  # reminded when, escalated to whom and when
     }
 

@@ -1,21 +1,26 @@
 """Notifications: webhooks (Standard Webhooks: `webhook-id`, `webhook-timestamp`,
 `webhook-signature`; deltad/api/webhooks.py) and commands (argv, the event as JSON on stdin).
 
-The daemon's loop only queues an event. One intake thread turns it into a document (read from
-the disk, never on the loop) and hands it to each target: a webhook delivery is first written to
-the target's outbox in the state dir (deltad/api/outbox.py), then its own thread attempts it, so
-a stop, a crash or a dead receiver loses nothing and a slow target slows nobody else.
+The daemon's loop only queues an event. One intake thread in the core turns it into a document
+(read from the disk, never on the loop) and hands it to each target: a command runs in the core;
+a webhook delivery is written into the target's outbox, which belongs to the inbox process
+(deltad/privsep/handoff.py), and the inbox process (unprivileged, `WebhookWorker`, one thread
+per target) attempts it, so the core never speaks to a receiver, and a stop, a crash of either
+process or a dead receiver loses nothing and a slow target slows nobody else.
 
 A notification carries the question (prompt, type, options — never an answer), a deep link to
 it in the web page and, with `answer_links: true`, a signed single-use answer link."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import os
 import queue
 import random
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -27,14 +32,15 @@ from typing import Any
 
 import httpx
 import structlog
-from prometheus_client import Counter
 
 from deltad.inbox.feed import Feed, FeedEvent
+from deltad.privsep.handoff import NEW, Handoff
+from deltad.privsep.wire import WebhookTarget
 from deltad.protocol import Workspace
 
 from . import handlers, scopes, webhooks
 from .config import Command, NotifyConfig, Target, Webhook
-from .outbox import Dead, Delivery, Outbox, Policy, after_failure, bury_orphans, too_old
+from .outbox import DEAD_LETTER, Dead, Delivery, Outbox, Policy, after_failure, target_key, too_old
 
 log = structlog.get_logger("deltad.notify")
 QUEUE_CAP = 10_000
@@ -110,6 +116,30 @@ def delivery_body(doc: dict[str, Any]) -> str:
     return json.dumps({k: doc[k] for k in keep if k in doc} | {"truncated": True})
 
 
+def _load_capped(path: Path) -> Delivery:
+    """A delivery's file, read without following a link and at most FILE_MAX bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = f.read(FILE_MAX + 1)
+    if len(data) > FILE_MAX:
+        raise ValueError("too large")
+    doc = json.loads(data)
+    if not isinstance(doc, dict):
+        raise ValueError("not a delivery")
+    doc.pop("dead_reason", None)
+    return Delivery(**doc)
+
+
+def _wanted(target: Target, quiet: list[Path], e: FeedEvent) -> bool:
+    if e.type not in target.events:
+        return False
+    if any(Path(e.workspace).is_relative_to(root) for root in quiet):
+        return False
+    return not any(scopes.matches(g, e.workspace) for g in target.exclude)
+
+
 class _Worker:
     """One target and its thread."""
 
@@ -119,12 +149,7 @@ class _Worker:
         self.thread = threading.Thread(target=self._run, name=f"deltad-notify-{name}", daemon=True)
 
     def wants(self, e: FeedEvent) -> bool:
-        return e.type in self.target.events and not self._excluded(e.workspace)
-
-    def _excluded(self, ws: str) -> bool:
-        if any(Path(ws).is_relative_to(root) for root in self.quiet):
-            return True
-        return any(scopes.matches(g, ws) for g in self.target.exclude)
+        return _wanted(self.target, self.quiet, e)
 
     def submit(self, doc: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -137,26 +162,93 @@ class _Worker:
         self.thread.join(5)
 
 
-class _WebhookWorker(_Worker):
-    """Deliveries wait in the outbox; the due one with the oldest event goes first, and one
-    waiting for its retry never holds up the others (no head-of-line blocking)."""
+def webhook_target(target: Webhook, name: str) -> WebhookTarget:
+    """What the inbox is told of a webhook: its settings and its signing key (read here, by
+    the core; SecretError names the target)."""
+    try:
+        key = webhooks.signing_key(target.signing.read()) if target.signing else None
+    except webhooks.SecretError as e:
+        raise webhooks.SecretError(f"{name}: {e}") from None
+    return WebhookTarget(
+        name=name,
+        key=target_key(target.url),
+        url=target.url,
+        signing_key=base64.b64encode(key).decode() if key is not None else None,
+        timeout_seconds=target.timeout_seconds,
+        max_attempts=target.max_attempts,
+        backoff_seconds=target.backoff_seconds,
+        backoff_max_seconds=target.backoff_max_seconds,
+        max_age_seconds=target.max_age_seconds,
+        outbox_max=target.outbox_max,
+    )
 
-    target: Webhook
+
+def new_delivery(doc: dict[str, Any], url: str, now: float) -> Delivery:
+    """A delivery of the event `doc` to `url`: its webhook-id and body fixed for its life."""
+    return Delivery(
+        msg_id=f"msg_{uuid.uuid4().hex}",
+        event_id=int(doc["id"]),
+        event=str(doc["type"]),
+        url=url,
+        body=delivery_body(doc),
+        created_at=now,
+        next_at=now,
+    )
+
+
+FILE_MAX = 1024 * 1024  # a delivery's file in the outbox at most (a 64 KiB body, escaped)
+RESCAN_SECONDS = 30.0  # the inbox looks in `new/` this often even without the core's hint
+
+
+class Results:
+    """The inbox's deliveries by result and what waits, told to the core for its /metrics
+    (`report` is called after each change, from the targets' threads)."""
+
+    def __init__(self, report: Callable[[dict[str, int]], None] | None = None) -> None:
+        self.report = report
+        self.counts = {"delivered": 0, "retry": 0, "dead": 0}
+        self.workers: list[WebhookWorker] = []
+        self._lock = threading.Lock()
+
+    def count(self, result: str) -> None:
+        with self._lock:
+            self.counts[result] += 1
+        self.changed()
+
+    def depth(self) -> int:
+        return sum(w.depth() for w in self.workers)
+
+    def changed(self) -> None:
+        if self.report is not None:
+            with self._lock:
+                doc = {**self.counts, "depth": self.depth()}
+            self.report(doc)
+
+
+class WebhookWorker:
+    """One webhook target in the inbox process: its deliveries wait in its outbox; the due one
+    with the oldest event goes first, and one waiting for its retry never holds up the others
+    (no head-of-line blocking). What the core hands over is taken from `new/` (on the core's
+    hint, at start and every RESCAN_SECONDS)."""
 
     def __init__(
         self,
-        target: Webhook,
-        name: str,
-        quiet: list[Path],
+        target: WebhookTarget,
         state_dir: Path,
-        counted: Counter | None = None,
+        results: Results | None = None,
+        named: Path | None = None,
     ) -> None:
-        super().__init__(target, name, quiet)
-        self.counted = counted  # deliveries by result (deltad/metrics.py)
-        try:
-            self.key = webhooks.signing_key(target.signing.read()) if target.signing else None
-        except webhooks.SecretError as e:
-            raise webhooks.SecretError(f"{name}: {e}") from None
+        """`state_dir`: where the outbox is reached (the inbox's /proc/self/fd/N); `named`:
+        the same directory as an operator names it, in log lines."""
+        self.target, self.name = target, target.name
+        self.named_dead = (named or state_dir) / DEAD_LETTER / target.key
+        self.results = results if results is not None else Results()
+        self.results.workers.append(self)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, name=f"deltad-notify-{self.name}", daemon=True
+        )
+        self.key = base64.b64decode(target.signing_key) if target.signing_key else None
         self.policy = Policy(
             target.max_attempts,
             target.max_age_seconds,
@@ -164,6 +256,7 @@ class _WebhookWorker(_Worker):
             target.backoff_max_seconds,
         )
         self.outbox = Outbox(state_dir, target.url)
+        self.new_dir = self.outbox.pending_dir / NEW
         # No pooled connections: each attempt connects, so its deadline can cut it off.
         self.client = httpx.Client(
             timeout=target.timeout_seconds,
@@ -172,10 +265,11 @@ class _WebhookWorker(_Worker):
         )
         self._cond = threading.Condition()
         self._pending: dict[str, Delivery] = {}
+        self._hinted = False
         self._replay()
 
     def _replay(self) -> None:
-        """What a previous daemon left waiting is sent again, under the same webhook-id."""
+        """What a previous inbox left waiting is sent again, under the same webhook-id."""
         found, bad = self.outbox.load()
         for path in bad:
             self.outbox.bury_file(path)
@@ -185,31 +279,53 @@ class _WebhookWorker(_Worker):
         self._pending = {d.msg_id: replace(d, next_at=min(d.next_at, latest)) for d in found}
         if found:
             log.info("notify_replay", target=self.name, deliveries=len(found))
+        self.take_new()
 
-    # -- the intake thread --------------------------------------------------------------------
-    def submit(self, doc: dict[str, Any]) -> None:
-        now = time.time()
-        d = Delivery(
-            msg_id=f"msg_{uuid.uuid4().hex}",
-            event_id=int(doc["id"]),
-            event=str(doc["type"]),
-            url=self.target.url,
-            body=delivery_body(doc),
-            created_at=now,
-            next_at=now,
-        )
+    # -- what the core handed over ------------------------------------------------------------
+    def hint(self) -> None:
+        """The core wrote into `new/` (from the thread reading the core's socket: never waits
+        on a file)."""
         with self._cond:
-            self._make_room()
-            self.outbox.save(d)  # on disk before the first attempt
-            self._pending[d.msg_id] = d
+            self._hinted = True
             self._cond.notify()
 
+    def take_new(self) -> int:
+        """Move what waits in `new/` into this target's outbox, oldest event first; how many.
+        A file that is not a delivery of this target goes to the dead letter."""
+        taken = 0
+        try:
+            names = sorted(n for n in os.listdir(self.new_dir) if n.endswith(".json"))
+        except FileNotFoundError:
+            return 0
+        for name in names:
+            path = self.outbox.pending_dir / name
+            try:
+                os.rename(self.new_dir / name, path)
+            except FileNotFoundError:
+                continue
+            try:
+                d = _load_capped(path)
+                if d.url != self.target.url or d.file_name != name:
+                    raise ValueError("not this target's")
+            except (OSError, ValueError, TypeError):
+                self.outbox.bury_file(path)
+                log.error("notify_dead_letter", target=self.name, file=name, reason="unreadable")
+                continue
+            with self._cond:
+                if d.msg_id not in self._pending:
+                    self._make_room()
+                    self._pending[d.msg_id] = d
+                    taken += 1
+                    self._cond.notify()
+        if taken:
+            self.results.changed()
+        return taken
+
     def depth(self) -> int:
-        return len(self._pending)  # a plain length: read by the metrics' scrape
+        return len(self._pending)  # a plain length: read by the metrics' report
 
     def _count(self, result: str) -> None:
-        if self.counted is not None:
-            self.counted.labels(result).inc()
+        self.results.count(result)
 
     def _make_room(self) -> None:
         while len(self._pending) >= self.target.outbox_max:
@@ -217,11 +333,14 @@ class _WebhookWorker(_Worker):
             self._bury(oldest, "outbox_full")
 
     # -- this target's thread -----------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
     def _run(self) -> None:
         while (d := self._next_due()) is not None:
             try:
                 self._attempt(d)
-            except Exception as err:  # a notification must never take the daemon down
+            except Exception as err:  # a notification must never take the inbox down
                 log.error("notify_failed", target=self.name, event_id=d.event_id, error=str(err))
                 self._park(d)
 
@@ -234,15 +353,28 @@ class _WebhookWorker(_Worker):
                 self._pending[d.msg_id] = replace(held, next_at=later)
 
     def _next_due(self) -> Delivery | None:
-        """Wait for the due delivery of the oldest event; None once stopping."""
-        with self._cond:
-            while not self.stopping.is_set():
+        """Wait for the due delivery of the oldest event; None once stopping. What the core
+        handed over is taken first (on its hint, or every RESCAN_SECONDS)."""
+        look_at = time.monotonic() + RESCAN_SECONDS
+        while not self.stopping.is_set():
+            with self._cond:
+                hinted, self._hinted = self._hinted, False
+            if hinted or time.monotonic() >= look_at:
+                look_at = time.monotonic() + RESCAN_SECONDS
+                try:
+                    self.take_new()
+                except OSError as err:
+                    log.error("notify_failed", target=self.name, error=str(err))
+            with self._cond:
+                if self._hinted or self.stopping.is_set():
+                    continue
                 now = time.time()
                 due = [d for d in self._pending.values() if d.next_at <= now]
                 if due:
                     return min(due, key=lambda d: d.event_id)
                 soonest = min((d.next_at for d in self._pending.values()), default=now + 60)
-                self._cond.wait(max(0.01, soonest - now))
+                wait = min(soonest - now, look_at - time.monotonic())
+                self._cond.wait(max(0.01, wait))
         return None
 
     def _attempt(self, d: Delivery) -> None:
@@ -312,7 +444,7 @@ class _WebhookWorker(_Worker):
             attempts=d.attempts,
             reason=reason,
             error=d.last_error,
-            file=str(self.outbox.dead_dir / d.file_name),
+            file=str(self.named_dead / d.file_name),
         )
         if pruned:
             log.warning("notify_dead_letter_pruned", target=self.name, deleted=pruned)
@@ -438,34 +570,48 @@ class _CommandWorker(_Worker):
         self.thread.join(5)
 
 
+class _WebhookRoute:
+    """A webhook target as the core sees it: which events it wants, and the hand-off of each
+    delivery to the inbox process, which makes the attempts (deltad/privsep/handoff.py)."""
+
+    def __init__(self, target: Webhook, quiet: list[Path], handoff: Handoff) -> None:
+        self.target, self.quiet, self.handoff = target, quiet, handoff
+
+    def wants(self, e: FeedEvent) -> bool:
+        return _wanted(self.target, self.quiet, e)
+
+    def submit(self, doc: dict[str, Any]) -> None:
+        self.handoff.put(new_delivery(doc, self.target.url, time.time()))
+
+
 class Notifier:
+    """The feed's events, made into documents on one intake thread: commands run here (in the
+    core), webhook deliveries are handed to the inbox process through `handoff`."""
+
     def __init__(
         self,
         config: NotifyConfig,
         feed: Feed,
         quiet_roots: list[Path],
         context: handlers.Context | None,
-        state_dir: Path,
-        deliveries: Counter | None = None,
+        handoff: Handoff | None,
     ) -> None:
         self.config, self.feed, self.context = config, feed, context
-        moved = bury_orphans(state_dir, [w.url for w in config.webhooks])
-        if moved:
-            log.warning("notify_dead_letter", reason="target_removed", deliveries=moved)
-        self.workers: list[_Worker] = [
-            _WebhookWorker(w, f"webhook{i}", quiet_roots, state_dir, deliveries)
-            for i, w in enumerate(config.webhooks)
-        ]
-        self.workers += [
+        self.handoff = handoff
+        self.routes: list[_WebhookRoute | _CommandWorker] = []
+        if handoff is not None:
+            self.routes += [_WebhookRoute(w, quiet_roots, handoff) for w in config.webhooks]
+        self.workers = [
             _CommandWorker(c, f"command{i}", quiet_roots) for i, c in enumerate(config.commands)
         ]
+        self.routes += self.workers
         self._queue: queue.Queue[FeedEvent | None] = queue.Queue(QUEUE_CAP)
         self._intake = threading.Thread(target=self._take_all, name="deltad-notify", daemon=True)
         self._unsubscribe: Callable[[], None] | None = None
 
     def outbox_depth(self) -> int:
-        """Deliveries waiting in every webhook's outbox (metrics)."""
-        return sum(w.depth() for w in self.workers if isinstance(w, _WebhookWorker))
+        """Deliveries waiting in the webhooks' outbox, as the inbox last told (metrics)."""
+        return self.handoff.depth if self.handoff is not None else 0
 
     def start(self) -> None:
         for w in self.workers:
@@ -475,7 +621,7 @@ class Notifier:
 
     def _offer(self, e: FeedEvent) -> None:
         """On the daemon's loop: queue, never wait."""
-        if not any(w.wants(e) for w in self.workers):
+        if not any(w.wants(e) for w in self.routes):
             return
         try:
             self._queue.put_nowait(e)
@@ -491,7 +637,7 @@ class Notifier:
 
     def _take(self, e: FeedEvent) -> None:
         doc = self.document(e)
-        for w in self.workers:
+        for w in self.routes:
             if w.wants(e):
                 w.submit(doc)
 
@@ -514,7 +660,7 @@ class Notifier:
         return doc
 
     def stop(self) -> None:
-        """What is queued reaches the outbox first (a SIGTERM loses no delivery)."""
+        """What is queued reaches the inbox's outbox first (a SIGTERM loses no delivery)."""
         if self._unsubscribe:
             self._unsubscribe()
         with contextlib.suppress(queue.Full):

@@ -2,10 +2,13 @@
 loses nothing that was queued, and a delivery keeps its `webhook-id` across retries and
 restarts.
 
-Layout, per target (a target is named by the first 16 hex digits of its URL's SHA-256):
+Layout, per target (a target is named by the first 16 hex digits of its URL's SHA-256), under
+the inbox process's directory (`<state_dir>/inbox`: the inbox delivers; the core only hands
+deliveries over into `new/`, deltad/privsep/handoff.py):
 
-    <state_dir>/outbox/<target>/<event id>-<webhook id>.json       waiting (0600, atomic)
-    <state_dir>/dead-letter/<target>/<event id>-<webhook id>.json  given up, with the reason
+    outbox/<target>/new/<event id>-<webhook id>.json     handed over by the core
+    outbox/<target>/<event id>-<webhook id>.json         waiting (0600, atomic), the inbox's
+    dead-letter/<target>/<event id>-<webhook id>.json    given up, with the reason
 
 A delivery answered 2xx is removed at once and never sent again. The retry rule is a pure
 function (`after_failure`), tested from a table; `Outbox` is the directory.
@@ -138,25 +141,6 @@ class Outbox:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         return len(gone)
-
-
-def bury_orphans(state_dir: Path, urls: list[str]) -> int:
-    """Move the waiting deliveries of targets no longer configured to the dead letter (as
-    they are: the reason is that their directory is gone from `outbox/`); how many."""
-    keep = {target_key(u) for u in urls}
-    root = state_dir / OUTBOX
-    moved = 0
-    for old in sorted(root.iterdir()) if root.is_dir() else []:
-        if not old.is_dir() or old.name in keep:
-            continue
-        dead = state_dir / DEAD_LETTER / old.name
-        dead.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for path in sorted(old.glob("*.json")):
-            os.replace(path, dead / path.name)
-            moved += 1
-        with contextlib.suppress(OSError):
-            old.rmdir()
-    return moved
 
 
 def _fsync_dir(path: Path) -> None:

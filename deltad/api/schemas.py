@@ -107,6 +107,23 @@ class DelegationOut(_Out):
     at: str = Field(description="When, RFC 3339 (UTC).")
 
 
+class VoteOut(_Out):
+    """One vote on a question needing several approvals (four eyes)."""
+
+    by: str = Field(description="The token (or a channel's sender) that voted.")
+    channel: str
+    at: str = Field(description="When, RFC 3339 (UTC).")
+    verdict: Literal["approve", "reject", "answer"]
+
+
+class ApprovalsOut(_Out):
+    """Four eyes: how many agreeing votes the question needs and those given so far."""
+
+    required: int = Field(description="Distinct people who must agree (2 or more).")
+    owner_may_approve: bool = Field(description="false: the workspace owner's vote is refused.")
+    given: list[VoteOut] = Field(description="The votes so far, oldest first.")
+
+
 class EscalationOut(_Out):
     at: str = Field(description="When, RFC 3339 (UTC).")
     to: list[str] = Field(description="The token names or `group:NAME`s added as respondents.")
@@ -140,6 +157,11 @@ class QuestionBase(_Out):
         default_factory=list,
         description="Who the question was handed to, oldest first; each delegate may answer "
         "too (POST /v1/requests/{request_id}/delegate).",
+    )
+    approvals: ApprovalsOut | None = Field(
+        default=None,
+        description="Four eyes: null when one answer decides; else the votes given so far "
+        '(docs/inbox.md, "Four eyes").',
     )
     follow_up: FollowUpOut | None = Field(
         default=None,
@@ -240,6 +262,12 @@ class AnswerReceipt(_Out):
     run_id: str
     answered_by: str = Field(description="The token's name, or `signed link`.")
     channel: Literal["http", "link"]
+    answered: bool | None = Field(
+        default=None,
+        description="Four eyes only: false when this was a vote and the question still waits "
+        "for others; true when it completed the answer.",
+    )
+    approvals: ApprovalsOut | None = Field(default=None, description="Four eyes only.")
 
 
 class AnswerItem(BaseModel):

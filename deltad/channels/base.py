@@ -40,7 +40,8 @@ from deltad.protocol import InteractionRequest, Workspace
 
 class Answer(Protocol):
     """The answering path as a channel sees it: `deltad.inbox.submit`, or (in a process that
-    holds no privileges) a call that reaches it. Raises `deltad.inbox.SubmitError`."""
+    holds no privileges) a call that reaches it. Raises `deltad.inbox.SubmitError`; None when
+    the answer was a vote on a question needing several (four eyes) that still waits."""
 
     def __call__(
         self,
@@ -50,7 +51,8 @@ class Answer(Protocol):
         *,
         answered_by: str | None = None,
         channel: str | None = None,
-    ) -> Submitted: ...
+        voter: str | None = None,
+    ) -> Submitted | None: ...
 
 
 @dataclass(frozen=True)

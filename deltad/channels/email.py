@@ -328,7 +328,14 @@ class EmailChannel(Channel):
             raise Refusal("misfit", f"{e}; reply again", grant) from None
         self.grants.claim(grant, name)
         try:
-            self.ctx.answer(ws, req.request_id, body, answered_by=reply.sender, channel=self.name)
+            self.ctx.answer(
+                ws,
+                req.request_id,
+                body,
+                answered_by=reply.sender,
+                channel=self.name,
+                voter=person.name,  # four eyes: one person, one vote, on every channel
+            )
         except (ProtocolError, OSError) as e:  # as the HTTP API says it (409)
             self.grants.release(grant)
             why = f"the workspace cannot take an answer: {e}"

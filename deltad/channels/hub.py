@@ -14,6 +14,7 @@ import structlog
 from prometheus_client import Counter
 
 from deltad import inbox
+from deltad.inbox import quorum
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.inbox.outcome import answers_of
 from deltad.protocol import Workspace, viewing
@@ -143,7 +144,8 @@ def start(
     state_dir: Path,
     sends: Counter | None = None,
 ) -> Hub:
-    """The daemon's channels, started: answers go through `deltad.inbox.submit`, the function
+    """The daemon's channels, started: answers go through `deltad.inbox.submit` (by way of
+    `quorum.answer_or_vote`), the function
     the HTTP API delivers through; links and the page's URL come from the HTTP server's
     context when it runs (`http`: a `deltad.api.handlers.Context` or None)."""
     from deltad.api import handlers
@@ -158,7 +160,8 @@ def start(
         def page(request_id: str) -> str:
             return f"{ctx.base_url}/#request={request_id}"
 
-    hub = Hub(build(config, state_dir, inbox.submit, link, page, sends), feed, quiet_roots)
+    # Four eyes: a reply is a vote where the question needs several (inbox/quorum.py).
+    hub = Hub(build(config, state_dir, quorum.answer_or_vote, link, page, sends), feed, quiet_roots)
     hub.start()
     if isinstance(http, handlers.Context):
         # What the inbox relays from a channel's own endpoint (Slack's interactions) reaches

@@ -441,7 +441,7 @@ class SlackChannel(Channel):
                 answer = blocks.answer_of(req, key)
             except AnswerRejected as e:
                 raise Refusal("misfit", str(e)) from None
-            self._answer(ws, req, answer, p.user.id, ref)
+            self._answer(ws, req, answer, p.user.id, ref, self._name_of(p.user.id))
         except Refusal as r:
             return self._refused(p, r)
         return None
@@ -455,7 +455,7 @@ class SlackChannel(Channel):
                 answer = blocks.submitted(req, key, p.view.state.values)
             except AnswerRejected as e:
                 raise Refusal("misfit", str(e)) from None
-            self._answer(ws, req, answer, p.user.id, ref)
+            self._answer(ws, req, answer, p.user.id, ref, self._name_of(p.user.id))
         except Refusal as r:
             self._refused(p, r, tell=False)
             return {"response_action": "errors", "errors": {blocks.INPUT_BLOCK: str(r)[:150]}}
@@ -508,20 +508,35 @@ class SlackChannel(Channel):
             log.error("slack_modal_failed", request_id=req.request_id, error=str(e)[:300])
             raise Refusal("modal_failed", "the form could not be opened; try again") from None
 
+    def _name_of(self, user: str) -> str | None:
+        person = self.config.person(user)
+        return person.name if person is not None else None
+
     def _answer(
-        self, ws: Path, req: InteractionRequest, body: AnswerIn, user: str, ref: str
+        self,
+        ws: Path,
+        req: InteractionRequest,
+        body: AnswerIn,
+        user: str,
+        ref: str,
+        voter: str | None = None,
     ) -> None:
         with self.records.lock:  # one answer from this channel at a time per deltad
             record = self.records.get(ref)
             if record is not None and record.get("answered"):
                 raise Refusal("replayed", "already answered in Slack; nothing changed")
             try:
-                self.ctx.answer(ws, req.request_id, body, answered_by=user, channel=self.name)
+                done = self.ctx.answer(
+                    ws, req.request_id, body, answered_by=user, channel=self.name, voter=voter
+                )
             except SubmitError as e:
                 raise Refusal(e.code, f"{e}; nothing changed") from None
             except (ProtocolError, OSError) as e:
                 why = f"the workspace cannot take an answer: {e}"
                 raise Refusal("workspace_problem", why) from None
+            if done is None:  # four eyes: a vote; the message stays open for the others
+                log.info("slack_voted", request_id=req.request_id, voter=voter or user)
+                return
             self.records.change(ref, answered={"user": user, "at": time.time()})
         log.info(
             "slack_answered",

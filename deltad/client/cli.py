@@ -213,6 +213,8 @@ def _print_status(ws: Workspace, doc: dict[str, Any]) -> None:
         for d in doc.get("delegations") or []:
             note = f": {show(d['note'])}" if d["note"] else ""
             click.echo(f"  Handed:   by {show(d['by'])} to {show(d['to'])} at {d['at']}{note}")
+        if line := display.approvals_line(doc.get("approvals")):
+            click.echo(line)
         for line in display.follow_up_lines(doc.get("follow_up")):
             click.echo(line)
         if doc["answer_error"]:

@@ -138,3 +138,15 @@ def duration(seconds: float) -> str:
     h, rest = divmod(s, 3600)
     m, s = divmod(rest, 60)
     return f"{h} h {m:02d} min {s:02d} s" if h else f"{m} min {s:02d} s"
+
+
+def approvals_line(approvals: dict[str, Any] | None) -> str | None:
+    """Four eyes: "  Approvals: 1 of 2 (alice); the owner may not approve", or None."""
+    if not approvals:
+        return None
+    given = approvals.get("given") or []
+    who = ", ".join(f"{show(v['by'])}" for v in given) or "none yet"
+    line = f"  Approvals: {len(given)} of {approvals['required']} ({who})"
+    if not approvals.get("owner_may_approve", True):
+        line += "; the workspace's owner may not approve"
+    return line

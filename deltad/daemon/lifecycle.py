@@ -15,6 +15,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from deltad.watch import Backend, PollingBackend, event_backend
 from deltad.watch.fanotify import FanotifyBackend
 from deltad.watch.tree import WatchTree
 
+from .audit import audit_path
 from .config import ConfigError, DaemonConfig, load_config
 from .decide import Rules
 from .lease import RENEWALS_PER_LEASE, Holder, Lease, LeaseError, read_holder
@@ -177,7 +179,7 @@ def _run_active(svc: Service, sig_r: int) -> int:
         if started:
             _stop_inbox(svc)
         elif svc.http is not None:
-            svc.http.sock.close()  # bound, never served
+            svc.http.close_socket()  # bound, never served
         svc.feed.close()
         lock.release()
     return 1 if svc.lease is not None and svc.lease.lost else 0
@@ -298,31 +300,47 @@ def _make_executor(svc: Service) -> None:
 def _open_inbox(svc: Service) -> None:
     """The HTTP server (its port bound, its certificate loaded) and the notifiers (their
     secrets read), not yet started. One that cannot be made is a ConfigError (one line;
-    `deltad serve` exits 2)."""
+    `deltad serve` exits 2). Webhooks are delivered by the inbox process: without `http:` it
+    is started for them alone (no socket)."""
     http, notify = svc.config.http, svc.config.notify
-    if http is not None:
-        # HTTP is served by the inbox process, unprivileged (deltad/privsep): the core binds
-        # the socket and answers the inbox's calls on threads beside the loop.
+    hooks = notify.webhooks if notify is not None else []
+    log_args = ["--log-level", svc.config.log_level, "--log-format", svc.config.log_format]
+    if http is not None or hooks:
         from deltad.api.server import ListenError
         from deltad.privsep.core import InboxHost, InboxUnusable
 
-        log_args = ["--log-level", svc.config.log_level, "--log-format", svc.config.log_format]
+        # HTTP is served by the inbox process, unprivileged (deltad/privsep): the core binds
+        # the socket and answers the inbox's calls on threads beside the loop.
         try:
             svc.http = InboxHost(http, svc.feed, svc.config.state_dir, log_args, svc.vitals)
+            if svc.config.audit.enabled:  # four eyes: each vote is a receipt of its own
+                svc.http.context.audit = audit_path(svc.config)
         except (ListenError, InboxUnusable, OSError, ValueError) as e:
             said = str(e)  # a certificate's problem, a user's, names its key already
+            if http is None:
+                raise ConfigError(f"notify.webhooks: the inbox process: {said}") from e
             raise ConfigError(said if said.startswith("http") else f"http.listen: {said}") from e
     if notify is not None and (notify.webhooks or notify.commands):
-        from deltad.api.notify import Notifier
+        from deltad.api.notify import Notifier, webhook_target
 
         quiet = [r.path for r in svc.config.roots if not r.notify]
         context = svc.http.context if svc.http is not None else None
         try:
-            svc.notifier = Notifier(
-                notify, svc.feed, quiet, context, svc.config.state_dir, svc.metrics.deliveries
-            )
+            handoff = None
+            if hooks and svc.http is not None:
+                targets = [webhook_target(w, f"webhook{i}") for i, w in enumerate(hooks)]
+                handoff = svc.http.deliver(
+                    [w.url for w in hooks],
+                    [w.outbox_max for w in hooks],
+                    targets,
+                    svc.metrics.deliveries,
+                )
+            svc.notifier = Notifier(notify, svc.feed, quiet, context, handoff)
         except (OSError, ValueError) as e:
-            raise ConfigError(f"notify: {e}") from None
+            if svc.http is not None:
+                svc.http.close_socket()
+            said = str(e)  # the inbox's outbox names its key already
+            raise ConfigError(said if said.startswith("notify") else f"notify: {said}") from None
 
 
 def _start_inbox(svc: Service) -> None:
@@ -417,8 +435,12 @@ def loop(svc: Service, sig_r: int) -> None:
     """One thread selects on the inotify fd, the hint queue, the signal pipe and the resume
     children's fds, and does everything else between selects (`Service.turn`)."""
     svc.ticks.start(svc.clock.monotonic(), svc.config)
+    # One bisect and an add each per turn; the thread's CPU clock is one clock_gettime.
+    observe, observe_cpu = svc.metrics.loop_turn.observe, svc.metrics.loop_turn_cpu.observe
     while not svc.stop:
         readable = _wait(svc, sig_r)
+        began = time.perf_counter()  # the turn's own cost, whatever clock the service keeps
+        cpu = time.thread_time()
         if sig_r in readable:
             _drain(sig_r)
         if not may_act(svc):
@@ -430,6 +452,8 @@ def loop(svc: Service, sig_r: int) -> None:
             if b.fileno() in readable:
                 process(svc, b)
         svc.turn()
+        observe(time.perf_counter() - began)
+        observe_cpu(time.thread_time() - cpu)
 
 
 def process(svc: Service, backend: Backend) -> None:

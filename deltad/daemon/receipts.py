@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from deltad.inbox import ballots
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, iso, utcnow
 from deltad.protocol.calldigest import DigestMismatch, bind
 from deltad.protocol.mailbox import AnswerState
@@ -67,7 +68,11 @@ def receipt(ws_path: Path, run_id: str | None, *, expired: bool = False) -> dict
     if req is None:
         return None
     if expired:
-        return timeout_receipt(ws_path, run_id, req)
+        timed = timeout_receipt(ws_path, run_id, req)
+        rec = ballots.read(ws, req.request_id)  # four eyes: the partial votes, on record
+        if rec is not None and rec.votes:
+            timed["votes"] = [{"by": v.by, "verdict": v.verdict, "at": v.at} for v in rec.votes]
+        return timed
     answer = mailbox.read_answer(req, secret=req.is_secret)
     if answer.state not in (AnswerState.READY, AnswerState.REFUSED):
         return None
@@ -122,3 +127,34 @@ def _text(value: object) -> str | None:
 
 def iso_ns(ns: int) -> str:
     return iso(datetime.fromtimestamp(ns / 1e9, UTC))
+
+
+def vote_receipt(
+    ws_path: Path,
+    req: InteractionRequest,
+    by: str,
+    channel: str,
+    vote: dict[str, Any],
+    approvals: dict[str, Any],
+    outcome: str,
+) -> dict[str, Any]:
+    """Four eyes: one person's vote on a question needing several (inbox/quorum.py), as the
+    core records it when the vote is cast — counted (`outcome: pending`) or completing the
+    answer (`answered`: the decision's own receipt follows when the daemon takes it). Pure."""
+    what, _ = what_of(req, "response.json", json.dumps({"request_id": req.request_id, **vote}))
+    return {
+        "kind": "vote",
+        "at": iso(utcnow()),
+        "workspace": show_path(ws_path),
+        "run_id": req.run_id,
+        "request_id": req.request_id,
+        "input_type": str(req.input_type),
+        "channel": channel,
+        "answered_by": by,
+        "what": what,
+        "quorum": {
+            "required": approvals["required"],
+            "given": [v["by"] for v in approvals["given"]],
+            "outcome": outcome,
+        },
+    }

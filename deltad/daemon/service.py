@@ -16,6 +16,7 @@ from typing import Any, assert_never
 import structlog
 
 from deltad.clock import SYSTEM, Clock
+from deltad.inbox import quorum
 from deltad.inbox.feed import Feed
 from deltad.metrics import CoreMetrics, CoreVitals, Scraped
 from deltad.protocol import ProtocolError, Workspace, followup, iso
@@ -81,6 +82,7 @@ class Service:
         # The core's metrics, and what the HTTP layer is handed next to the feed (health and
         # the metrics' exposition as plain data: deltad/health.py, deltad/metrics.py).
         self.metrics = CoreMetrics()
+        quorum.observer = self.metrics.vote  # four eyes: votes are cast on the core's threads
         self.vitals = CoreVitals(self)
         self.metrics.registry.register(Scraped(self.vitals))
         self.resumer.metrics = self.metrics

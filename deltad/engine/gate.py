@@ -48,6 +48,8 @@ def approval_request(
     calls: list[GatedCall],
     timeout: float | None,
     respondents: list[str] | None = None,
+    approvals_required: int = 1,
+    owner_may_approve: bool = True,
 ) -> InteractionRequest:
     now = utcnow()
     names = ", ".join(c.tool_name for c in calls)
@@ -61,6 +63,8 @@ def approval_request(
         timeout_seconds=timeout,
         expires_at=now + timedelta(seconds=timeout) if timeout else None,
         respondents=respondents or [],
+        approvals_required=approvals_required,
+        owner_may_approve=owner_may_approve,
     )
 
 
@@ -90,7 +94,12 @@ def decide(
         timeout = policy.timeout_seconds if policy else None
         who = policy.respondents if policy else []
         fresh = approval_request(
-            ctx.meta.run_id, [_gated_call(ctx, c) for c in calls], timeout, who
+            ctx.meta.run_id,
+            [_gated_call(ctx, c) for c in calls],
+            timeout,
+            who,
+            policy.approvals_required if policy else 1,
+            policy.owner_may_approve if policy else True,
         )
         req = asking.record_asked(fresh)
     reply = asking.take(req)

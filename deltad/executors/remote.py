@@ -377,7 +377,9 @@ class RemoteExecutor(BaseJobExecutor):
                 self._next_query = now + self._pause
                 self._submit_at = now + min(self._pause, SUBMIT_RETRY_CAP)
             return
-        self._recovered("query")
+        # The engine answers again after an outage: look at the usual pace at once, not after
+        # the long pause the failures grew (ends that happened meanwhile are seen now).
+        changed = self._recovered("query") or changed
         self._submit_at = 0.0
         by_key = {r.key.name: r for r in rows}
         for job in submits:  # idempotent: a job of this key already there is the one
@@ -459,14 +461,22 @@ class RemoteExecutor(BaseJobExecutor):
             log.warning("executor_engine_failed", executor=self.name, op=op, error=error)
         self._said[op] = error
 
-    def _recovered(self, op: str) -> None:
-        if self._said.pop(op, None) is not None:
-            log.info("executor_engine_back", executor=self.name, op=op)
+    def _recovered(self, op: str) -> bool:
+        """`op` worked: True (and said once) when it had failed before."""
+        if self._said.pop(op, None) is None:
+            return False
+        log.info("executor_engine_back", executor=self.name, op=op)
+        return True
 
     # For tests and benches: the worker's state without reaching into it.
     def tracked(self) -> Mapping[str, RemoteJob]:
         with self._lock:
             return dict(self._jobs)
+
+    @property
+    def pause(self) -> float:
+        """The current pause between two queries (`interval` … `max_interval`)."""
+        return self._pause
 
 
 def _words(e: BaseException) -> str:

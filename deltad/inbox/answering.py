@@ -186,10 +186,14 @@ def submit(
     answered_by: str | None = None,
     channel: str | None = None,
     force: bool = False,
+    approvals: list[dict[str, str]] | None = None,
 ) -> Submitted:
     """Answer question `request_id` (None: the pending one) in `ws`. A `str` body is plain text
     (`response.txt`); an AnswerIn is structured (`response.json`, with `answered_by` and
-    `channel` recorded). Raises a SubmitError; writes nothing unless the answer fits."""
+    `channel` recorded). Raises a SubmitError; writes nothing unless the answer fits.
+    A question needing several approvals (four eyes) is answered over the network through
+    `quorum.cast`, which calls this once the votes agree; here (the file mailbox) it is not
+    counted: whoever can write the mailbox is trusted, as with respondents."""
     w = ws if isinstance(ws, Workspace) else Workspace.at(ws)
     req = open_question(w, request_id)
     mailbox = Mailbox(w)
@@ -202,6 +206,8 @@ def submit(
     # A structured answer to a handed-over question says so (plain text stays as it is).
     handed = None if plain else shown(read(w, req.request_id))
     doc = None if plain else answer_document(req, body, answered_by, channel, handed)
+    if doc is not None and approvals:
+        doc["approvals"] = approvals  # four eyes: every vote that made it (quorum.py)
     if doc is not None and not isinstance(body, str) and body.decisions:
         try:  # each approval bound to the exact call it approves (protocol/calldigest.py)
             bound = bind(req, body.decisions)

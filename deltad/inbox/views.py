@@ -25,6 +25,8 @@ from deltad.protocol.errors import ProtocolError
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import shell_quote, show, show_path
 
+from .ballots import read as quorum_read
+from .ballots import shown as quorum_shown
 from .handover import read, shown
 from .outcome import run_outcome
 
@@ -46,6 +48,7 @@ class Pending(BaseModel):
     answer_waiting: bool
     last_refusal: str | None = None
     delegations: list[dict[str, str]] = []
+    approvals: dict[str, Any] | None = None  # four eyes: {required, given} (quorum.py)
     follow_up: dict[str, Any] | None = None  # reminders and escalation (followup.json)
 
 
@@ -86,6 +89,7 @@ def pending(ws: Workspace | Path | str) -> Pending | None:
         answer_waiting=mailbox.answer_file() is not None,
         last_refusal=mailbox.last_refusal(),
         delegations=shown(read(w, req.request_id)),
+        approvals=quorum_shown(req, quorum_read(w, req.request_id)),
         follow_up=follow_up_shown(w, req),
     )
 
@@ -122,6 +126,8 @@ def status(ws: Workspace | Path | str, run_id: str | None = None) -> dict[str, A
         "answer_error": mailbox.last_refusal() if req else None,
         # Who the question was handed to (delegation.json), oldest first.
         "delegations": shown(read(w, req.request_id)) if req else [],
+        # Four eyes: the votes given so far and how many are needed (approvals.json).
+        "approvals": quorum_shown(req, quorum_read(w, req.request_id)) if req else None,
         # Reminded when, escalated to whom and when, due when (followup.json; protocol/followup.py).
         "follow_up": follow_up_shown(w, req) if req else None,
         "set_aside": mailbox.stale_answers(),

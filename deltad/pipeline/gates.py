@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deltad.protocol.models import Option, respondent_problem
+from deltad.protocol.models import MAX_APPROVALS, Option, respondent_problem
 from deltad.protocol.questions import parse_accelerator
 
 from .model import Edge, Graph, Node
@@ -130,6 +130,7 @@ class Gate:
     choices: tuple[Choice, ...]
     problems: tuple[Problem, ...]  # key clashes and ambiguous labels; empty when valid
     respondents: tuple[str, ...] = ()  # who may answer over HTTP (`respondents` attribute)
+    approvals_required: int = 1  # four eyes: distinct people who must agree (docs/inbox.md)
 
     @property
     def question(self) -> str:
@@ -229,9 +230,23 @@ def respondents_of(node: Node) -> tuple[tuple[str, ...], list[Problem]]:
     return names, problems
 
 
+def approvals_of(node: Node) -> tuple[int, list[Problem]]:
+    """The `approvals_required` attribute (four eyes: "2" asks two people to agree on the
+    choice), and what is wrong with it."""
+    raw = node.attrs.get("approvals_required")
+    if raw is None:
+        return 1, []
+    text = str(raw).strip()
+    if text.isdigit() and 1 <= int(text) <= MAX_APPROVALS:
+        return int(text), []
+    why = f"approvals_required must be a whole number from 1 to {MAX_APPROVALS}, not {text!r}"
+    return 1, [Problem(why, node.where("approvals_required"), node.subject, code=Code.GATE)]
+
+
 def gate(graph: Graph, node_id: str) -> Gate:
     """The gate at `node_id`, from its outgoing edges in declaration order."""
     node = graph.nodes[node_id]
     choices, problems = derive_choices(graph.outgoing(node_id))
     respondents, wrong = respondents_of(node)
-    return Gate(node, tuple(choices), tuple(problems + wrong), respondents)
+    quorum, bad = approvals_of(node)
+    return Gate(node, tuple(choices), tuple(problems + wrong + bad), respondents, quorum)

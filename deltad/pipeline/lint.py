@@ -34,6 +34,7 @@ NODE_ATTRS = frozenset(
     {"label", "shape", "type", "prompt", "max_retries", "timeout", "human.default_choice"}
     | {"agent.mode", "agent", "tool_command", "goal_gate", "retry_target"}
     | {"fallback_retry_target", "respondents", "allow_partial", "join_policy"}
+    | {"approvals_required"}
     | {"llm_model", "llm_provider", "reasoning_effort", "temperature", "class", "fidelity"}
     | {"thread_id", "max_parallel", "auto_status", "error_policy"}
     | {"manager.max_cycles", "manager.stop_condition", "manager.actions"}

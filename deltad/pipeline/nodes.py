@@ -243,6 +243,7 @@ def gate_request(g: Gate, run_id: str, action_id: str) -> InteractionRequest:
         expires_at=now + timedelta(seconds=node.timeout) if node.timeout else None,
         node_id=node.id,
         respondents=list(g.respondents),
+        approvals_required=g.approvals_required,
     )
 
 

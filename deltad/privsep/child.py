@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import itertools
 import os
+import signal
 import socket
 import sys
 import threading
@@ -37,11 +38,9 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from deltad import logs
-from deltad.api import sessions
-from deltad.api.app import create_app
+from deltad.api import notify, sessions
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import ApiError, Context
-from deltad.api.server import serve_bounded, uvicorn_server
 from deltad.api.tokens import Identity, TokenStore
 from deltad.health import Health
 from deltad.inbox.feed import EVENT_TYPES, Feed, FeedEvent
@@ -74,6 +73,11 @@ class Remote:
         self._sending = threading.Lock()  # whole frames on the socket
         self._waiting: dict[int, Future[wire.Reply]] = {}
         self.gone = False
+
+    def tell(self, msg: wire.DeliveryCounts) -> None:
+        """A message that gets no reply (the delivery counts)."""
+        with self._sending:
+            self.sock.sendall(wire.encode(msg))
 
     def send(self, msg: dict[str, Any]) -> dict[str, Any]:
         cid = next(self._ids)
@@ -322,8 +326,15 @@ def relayed(msg: wire.EventMsg) -> FeedEvent | None:
     return FeedEvent(msg.id, msg.type, msg.at, data)
 
 
-def listen_from_core(reader: wire.Reader, remote: Remote, feed: Feed, on_lost: Any) -> None:
-    """The reader thread: replies to their callers, events into the replica feed."""
+def listen_from_core(
+    reader: wire.Reader,
+    remote: Remote,
+    feed: Feed,
+    on_lost: Any,
+    deliveries: Deliveries | None = None,
+) -> None:
+    """The reader thread: replies to their callers, events into the replica feed, the
+    outbox's hints to its webhook's thread."""
     try:
         while True:
             msg = wire.FROM_CORE.validate_json(reader.frame())
@@ -331,11 +342,68 @@ def listen_from_core(reader: wire.Reader, remote: Remote, feed: Feed, on_lost: A
                 remote.resolve(msg)
             elif isinstance(msg, wire.EventMsg) and (e := relayed(msg)) is not None:
                 feed.relay(e)
+            elif isinstance(msg, wire.OutboxHint) and deliveries is not None:
+                deliveries.hint(msg.target)
     except (wire.WireError, OSError, ValueError) as e:
         log.error("inbox_core_gone", reason=str(e))
     finally:
         remote.lost()
         on_lost()
+
+
+class Deliveries:
+    """The webhooks this process delivers (one WebhookWorker per target, from the outbox in
+    its directory) and the counts it tells the core, at most every REPORT_SECONDS."""
+
+    REPORT_SECONDS = 0.2
+
+    def __init__(
+        self, targets: list[wire.WebhookTarget], state: Path, remote: Remote, shown: str = ""
+    ) -> None:
+        self.remote = remote
+        self._dirty = threading.Event()
+        self._stopping = threading.Event()
+        self.results = notify.Results(self._changed)
+        self._last: dict[str, int] = {}
+        named = Path(shown) if shown else None
+        self.workers = {t.key: notify.WebhookWorker(t, state, self.results, named) for t in targets}
+        self._reporter = threading.Thread(
+            target=self._report, name="deltad-inbox-report", daemon=True
+        )
+
+    def start(self) -> None:
+        for w in self.workers.values():
+            w.start()
+        self._reporter.start()
+        self._dirty.set()  # what waits at start
+
+    def hint(self, key: str) -> None:
+        if (w := self.workers.get(key)) is not None:
+            w.hint()
+
+    def _changed(self, doc: dict[str, int]) -> None:
+        self._dirty.set()
+
+    def _report(self) -> None:
+        while not self._stopping.is_set():
+            self._dirty.wait()
+            self._dirty.clear()
+            counts = {**self.results.counts, "depth": self.results.depth()}
+            if counts != self._last:
+                try:
+                    self.remote.tell(wire.DeliveryCounts(op="deliveries", **counts))
+                except OSError:
+                    return  # the core is gone: this process ends
+                self._last = counts
+            self._stopping.wait(self.REPORT_SECONDS)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._dirty.set()
+        for w in self.workers.values():
+            w.stopping.set()
+        for w in self.workers.values():
+            w.stop()
 
 
 def _connect(args: argparse.Namespace) -> socket.socket:
@@ -379,10 +447,19 @@ def serve(core: socket.socket) -> int:
         log.error("inbox_handshake_failed", reason=str(e))
         return 1
     fds, reader.fds = reader.received, False
-    want = 4 if isinstance(welcome, wire.Welcome) and welcome.tls else 2
-    if not isinstance(welcome, wire.Welcome) or len(fds) != want:
+    if not isinstance(welcome, wire.Welcome):
+        log.error("inbox_handshake_failed", reason="no welcome")
+        return 1
+    want = (4 if welcome.tls else 2) if welcome.listening else 1
+    if len(fds) != want:
         log.error("inbox_handshake_failed", reason="no welcome with the descriptors")
         return 1
+    if not welcome.listening:
+        return deliver_only(core, reader, welcome, Path(f"/proc/self/fd/{fds[0]}"))
+    # The web stack only where it serves (an inbox for webhooks alone starts without it).
+    from deltad.api.app import create_app
+    from deltad.api.server import serve_bounded, uvicorn_server
+
     config = HttpConfig.model_validate(welcome.http)
     listening = socket.socket(fileno=fds[0])
     state = Path(f"/proc/self/fd/{fds[1]}")  # the directory, reached by the handed fd
@@ -396,6 +473,9 @@ def serve(core: socket.socket) -> int:
             feed.relay(event)
     feed.relay_floor(welcome.floor)
     remote = Remote(core)
+    deliveries = (
+        Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir) if welcome.webhooks else None
+    )
     ctx = Context(
         feed=feed,
         tokens=TokenStore(state),
@@ -433,15 +513,51 @@ def serve(core: socket.socket) -> int:
 
     threading.Thread(
         target=listen_from_core,
-        args=(reader, remote, feed, on_lost),
+        args=(reader, remote, feed, on_lost, deliveries),
         name="deltad-inbox-core",
         daemon=True,
     ).start()
+    if deliveries is not None:
+        deliveries.start()
     log.info("inbox_serving", pid=os.getpid(), uid=os.getuid(), url=welcome.base_url)
     try:
         asyncio.run(serve_bounded(server, listening))
     finally:
         stopping.set()
+        if deliveries is not None:
+            deliveries.stop()
+    return 3 if lost.is_set() else 0
+
+
+def deliver_only(
+    core: socket.socket, reader: wire.Reader, welcome: wire.Welcome, state: Path
+) -> int:
+    """No HTTP (the daemon has no `http:`): this process only delivers the webhooks, until
+    the core hangs up or a signal ends it."""
+    remote = Remote(core)
+    deliveries = Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir)
+    ended = threading.Event()
+    lost = threading.Event()
+
+    def on_lost() -> None:
+        lost.set()
+        ended.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ended.set())
+    threading.Thread(
+        target=listen_from_core,
+        args=(reader, remote, Feed(10), on_lost, deliveries),
+        name="deltad-inbox-core",
+        daemon=True,
+    ).start()
+    deliveries.start()
+    log.info("inbox_serving", pid=os.getpid(), uid=os.getuid(), url=None, webhooks_only=True)
+    try:
+        while not ended.wait(3600):
+            pass
+    finally:
+        deliveries.stop()
     return 3 if lost.is_set() else 0
 
 

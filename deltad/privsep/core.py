@@ -40,6 +40,7 @@ from deltad.platform import SAFE_PATH
 from deltad.protocol.printable import json_safe, show_path
 
 from . import wire
+from .handoff import Handoff, HandoffError
 
 log = structlog.get_logger("deltad.privsep")
 
@@ -53,13 +54,16 @@ OUT_QUEUE = 10_000  # frames waiting for the inbox (events beyond it are dropped
 RESTART_MIN, RESTART_MAX = 0.5, 30.0  # seconds before an inbox that ended is started again
 STEADY_SECONDS = 60.0  # an inbox that ran this long starts again at once
 STOP_SECONDS = 5.0
-# Only the allowlist reaches the inbox process (never the core's credentials or resume_env).
-ENV_KEPT = ("LANG", "LC_ALL", "TZ", "PYTHONPATH", "COVERAGE_PROCESS_START")
+# Only the allowlist reaches the inbox process (never the core's credentials or resume_env);
+# it delivers the webhooks, so a site's proxy and CA bundle settings go along (httpx reads them).
+ENV_KEPT: tuple[str, ...] = ("LANG", "LC_ALL", "TZ", "PYTHONPATH", "COVERAGE_PROCESS_START")
+ENV_KEPT += ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR")
+ENV_KEPT += ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 TEST_HOOK_ENV = "DELTAD_INBOX_TEST_HOOK"  # tests only: see deltad/privsep/testhook.py
 CHILD = [sys.executable, "-m", "deltad.privsep"]
 
 
-class InboxUnusable(Exception):
+class InboxUnusable(ValueError):
     """One line: why the inbox cannot be started."""
 
 
@@ -251,8 +255,8 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
     return core.history(who, call.limit)
 
 
-def decode(raw: bytes) -> wire.Call | str:
-    """A frame from the inbox as a call, or why it is refused (no other outcome)."""
+def decode_message(raw: bytes) -> wire.Call | wire.DeliveryCounts | str:
+    """A frame from the inbox as a call or its delivery counts, or why it is refused."""
     try:
         msg = wire.FROM_INBOX.validate_json(raw)
     except ValidationError as e:
@@ -260,6 +264,12 @@ def decode(raw: bytes) -> wire.Call | str:
     if isinstance(msg, wire.Hello):
         return "hello again"
     return msg
+
+
+def decode(raw: bytes) -> wire.Call | str:
+    """A frame from the inbox as a call, or why it is refused (no other outcome)."""
+    msg = decode_message(raw)
+    return "deliveries: not a call" if isinstance(msg, wire.DeliveryCounts) else msg
 
 
 def reply_to(ctx: Context, call: wire.Call) -> bytes:
@@ -286,14 +296,30 @@ def event_message(e: FeedEvent) -> wire.EventMsg:
     return wire.EventMsg(id=e.id, type=e.type, at=e.at, data=json_safe(data))
 
 
+@dataclass
+class Serving:
+    """What an inbox connection is served: the HTTP context (None: no HTTP, the inbox
+    delivers webhooks only) and the webhooks it delivers (their hand-off and settings)."""
+
+    ctx: Context | None
+    inbox_dir: str = ""  # shown in the inbox's log lines (it reaches it by a descriptor)
+    handoff: Handoff | None = None
+    targets: list[wire.WebhookTarget] = dataclasses.field(default_factory=list)
+
+
 class Monitor:
     """Serves one inbox connection: its hello, then its calls (on a few threads: the
-    reader never waits on a handler), while the feed's events are pushed to it. Whatever the
-    inbox sends, the core goes on: a refused frame is logged and answered, a broken framing
-    ends this connection only. The loop only ever queues (`_event` never waits)."""
+    reader never waits on a handler), while the feed's events and the outbox's hints are
+    pushed to it. Whatever the inbox sends, the core goes on: a refused frame is logged and
+    answered, a broken framing ends this connection only. The loop only ever queues (`_event`
+    never waits)."""
 
-    def __init__(self, ctx: Context, sock: socket.socket, fds: list[int], peer: str) -> None:
-        self.ctx, self.sock, self.fds, self.peer = ctx, sock, fds, peer
+    def __init__(
+        self, serving: Serving | Context, sock: socket.socket, fds: list[int], peer: str
+    ) -> None:
+        self.serving = serving if isinstance(serving, Serving) else Serving(serving)
+        self.ctx = self.serving.ctx
+        self.sock, self.fds, self.peer = sock, fds, peer
         self.out: queue.Queue[bytes | None] = queue.Queue(OUT_QUEUE)
         self.slots = threading.BoundedSemaphore(CALLS_IN_FLIGHT)
         self.sending = threading.Lock()  # whole frames: replies from workers, the rest queued
@@ -306,20 +332,39 @@ class Monitor:
         pool = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="deltad-inbox-call")
         sender = threading.Thread(target=self._send_all, name="deltad-inbox-send", daemon=True)
         unsubscribe = None
+        handoff = self.serving.handoff
         try:
             self.sock.settimeout(HELLO_SECONDS)
             if not self._hello(reader.frame()):
                 return
             self.sock.settimeout(None)
-            unsubscribe = self.ctx.feed.subscribe(self._event)  # before the snapshot: no gap
-            welcome = wire.Welcome(
-                version=wire.VERSION,
-                http=self.ctx.config.model_dump(mode="json"),
-                base_url=self.ctx.base_url,
-                tls=self.ctx.config.tls,
-                events=[event_message(e) for e in self.ctx.feed.since(0)],
-                floor=self.ctx.feed.floor,
-            )
+            ctx = self.ctx
+            if handoff is not None:  # before the welcome: the inbox looks in `new/` after it
+                handoff.connected()
+                handoff.hint = self._hint
+            if ctx is not None:
+                unsubscribe = ctx.feed.subscribe(self._event)  # before the snapshot: no gap
+                welcome = wire.Welcome(
+                    version=wire.VERSION,
+                    http=ctx.config.model_dump(mode="json"),
+                    base_url=ctx.base_url,
+                    tls=ctx.config.tls,
+                    events=[event_message(e) for e in ctx.feed.since(0)],
+                    floor=ctx.feed.floor,
+                    webhooks=self.serving.targets,
+                    inbox_dir=self.serving.inbox_dir,
+                )
+            else:
+                welcome = wire.Welcome(
+                    version=wire.VERSION,
+                    http={},
+                    base_url="",
+                    tls=False,
+                    events=[],
+                    listening=False,
+                    webhooks=self.serving.targets,
+                    inbox_dir=self.serving.inbox_dir,
+                )
             wire.send(self.sock, welcome, self.fds)
             sender.start()
             while True:
@@ -329,6 +374,8 @@ class Monitor:
         finally:
             if unsubscribe is not None:
                 unsubscribe()
+            if handoff is not None and handoff.hint == self._hint:
+                handoff.hint = _no_hint
             pool.shutdown(wait=False, cancel_futures=True)
             with contextlib.suppress(queue.Full):
                 self.out.put_nowait(None)
@@ -349,16 +396,30 @@ class Monitor:
         return True
 
     def _take(self, raw: bytes, pool: ThreadPoolExecutor) -> None:
-        call = decode(raw)
+        call = decode_message(raw)
         if isinstance(call, str):
             self._refused(raw, call)
+            return
+        if isinstance(call, wire.DeliveryCounts):
+            if self.serving.handoff is not None:
+                self.serving.handoff.report(call)
             return
         self.slots.acquire()  # back-pressure on the inbox only
         pool.submit(self._run, call)
 
+    def _hint(self, key: str) -> None:
+        """From the notifier's thread: deliveries wait in `new/` (a hint lost to a full queue
+        is found by the inbox's own look, every few seconds)."""
+        with contextlib.suppress(queue.Full):
+            self.out.put_nowait(wire.encode(wire.OutboxHint(target=key)))
+
     def _run(self, call: wire.Call) -> None:
         try:
-            frame = reply_to(self.ctx, call)
+            if self.ctx is None:  # an inbox started for deliveries has no HTTP to serve
+                no = "this daemon serves no HTTP (no http: in its config)"
+                frame = wire.encode(_error(call.id, 403, "forbidden", no))
+            else:
+                frame = reply_to(self.ctx, call)
             with contextlib.suppress(OSError), self.sending:  # straight out: no thread hop
                 self.sock.sendall(frame)
         finally:
@@ -403,6 +464,10 @@ class Monitor:
                 return  # the reader sees the connection end too
 
 
+def _no_hint(key: str) -> None:
+    pass
+
+
 def _error(
     cid: int, http: int, code: str, message: str, workspaces: list[str] | None = None
 ) -> wire.Reply:
@@ -430,7 +495,7 @@ class Spawned:
     backoff, until the core stops."""
 
     def __init__(
-        self, ctx: Context, fds: list[int], who: Account | None, log_args: list[str]
+        self, ctx: Serving | Context, fds: list[int], who: Account | None, log_args: list[str]
     ) -> None:
         self.ctx, self.fds, self.who, self.log_args = ctx, fds, who, log_args
         self.proc: subprocess.Popen[bytes] | None = None
@@ -525,7 +590,7 @@ class Listening:
     Unix socket the unit connects to, takes one connection at a time and only from the inbox's
     user (SO_PEERCRED), and hands it the same descriptors a spawned inbox gets."""
 
-    def __init__(self, ctx: Context, fds: list[int], path: Path, user: str) -> None:
+    def __init__(self, ctx: Serving | Context, fds: list[int], path: Path, user: str) -> None:
         self.ctx, self.fds, self.path, self.user = ctx, fds, path, user
         self.pid: int | None = None
         self._stopping = threading.Event()
@@ -592,12 +657,14 @@ def _peer(conn: socket.socket) -> tuple[int, int, int]:
 
 # -- what the daemon's lifecycle holds ------------------------------------------------------------
 class InboxHost:
-    """The HTTP inbox as the core sees it: the listening socket (bound here), the context its
-    calls are served with, and the process serving HTTP (spawned, or the unit's)."""
+    """The inbox as the core sees it: the listening socket (bound here), the context its
+    calls are served with, the webhooks it delivers, and the process (spawned, or the
+    unit's). With `config` None there is no HTTP: the inbox process is started to deliver
+    webhooks only (as `deltad-inbox`, with the same directory), never listening."""
 
     def __init__(
         self,
-        config: HttpConfig,
+        config: HttpConfig | None,
         feed: Feed,
         state_dir: Path,
         log_args: list[str],
@@ -605,51 +672,86 @@ class InboxHost:
     ) -> None:
         from deltad.api.server import _check_tls, bind
 
-        self.config = config
-        _check_tls(config)
-        # The port first: taken, it is the one line `serve` says, before anything is made
-        # (the inbox's user, its directory) or logged.
-        self.sock = bind(config.listen)
+        self.config, self.state_dir = config, state_dir
+        self.sock: socket.socket | None = None
+        if config is not None:
+            _check_tls(config)
+            # The port first: taken, it is the one line `serve` says, before anything is made
+            # (the inbox's user, its directory) or logged.
+            self.sock = bind(config.listen)
         try:
-            who = account(config.user)
-            self.dir = prepare(state_dir, who)
+            self.who = account(config.user if config is not None else DEFAULT_USER)
+            self.dir = prepare(state_dir, self.who)
         except BaseException:
-            self.sock.close()
+            if self.sock is not None:
+                self.sock.close()
             raise
-        self.port = int(self.sock.getsockname()[1])
-        self.url = config.base_url(self.port)
-        self.context = Context(
-            feed=feed,
-            tokens=TokenStore(self.dir, owner=os.geteuid()),
-            config=config,
-            link_key=links.load_key(state_dir),  # the core's alone: links are signed here
-            base_url=self.url,
-            vitals=vitals if vitals is not None else Standalone(),  # asked by the inbox's calls
-            idempotency=Idempotency(state_dir),  # the core's: kept across restarts
-        )
+        self.port: int | None = None
+        self.url: str | None = None
+        self.context: Context | None = None
+        if config is not None and self.sock is not None:
+            self.port = int(self.sock.getsockname()[1])
+            self.url = config.base_url(self.port)
+            self.context = Context(
+                feed=feed,
+                tokens=TokenStore(self.dir, owner=os.geteuid()),
+                config=config,
+                link_key=links.load_key(state_dir),  # the core's alone: links are signed here
+                base_url=self.url,
+                vitals=vitals if vitals is not None else Standalone(),  # the inbox's calls ask
+                idempotency=Idempotency(state_dir),  # the core's: kept across restarts
+            )
+        self.serving = Serving(self.context, show_path(self.dir))
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        self._tls = _tls_fds(config)
-        fds = [self.sock.fileno(), self._dir_fd, *self._tls]
+        self._tls = _tls_fds(config) if config is not None else []
+        fds = [self.sock.fileno()] if self.sock is not None else []
+        fds += [self._dir_fd, *self._tls]
         self.runner: Spawned | Listening
-        if config.inbox_socket is not None:
-            self.runner = Listening(self.context, fds, config.inbox_socket, config.user)
+        if config is not None and config.inbox_socket is not None:
+            self.runner = Listening(self.serving, fds, config.inbox_socket, config.user)
         else:
-            self.runner = Spawned(self.context, fds, who, log_args)
+            self.runner = Spawned(self.serving, fds, self.who, log_args)
 
     @property
     def pid(self) -> int | None:
         return self.runner.pid
 
+    def deliver(
+        self, urls: list[str], caps: list[int], targets: list[wire.WebhookTarget], counted: Any
+    ) -> Handoff:
+        """The webhooks this inbox delivers: their outbox made (an older deltad's moved in),
+        their settings and keys for its welcome. Before `start`."""
+        owner = (self.who.uid, self.who.gid) if self.who is not None else None
+        try:
+            handoff = Handoff(self.dir, self.state_dir, urls, caps, owner, counted)
+        except (HandoffError, OSError) as e:
+            raise InboxUnusable(f"notify.webhooks: the inbox's outbox: {e}") from None
+        self.serving.handoff, self.serving.targets = handoff, targets
+        return handoff
+
     def start(self) -> None:
         self.runner.start()
-        log.info("http_listening", url=self.url, port=self.port, tls=self.config.tls)
+        if self.config is not None:
+            log.info("http_listening", url=self.url, port=self.port, tls=self.config.tls)
+        else:
+            log.info(
+                "inbox_for_webhooks",
+                user=self.who.name if self.who is not None else None,
+                detail="no http: the inbox process is started to deliver webhooks only",
+            )
+
+    def close_socket(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
 
     def stop(self) -> None:
         self.runner.stop()
-        self.sock.close()
+        self.close_socket()
         for fd in (self._dir_fd, *self._tls):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if self.serving.handoff is not None:
+            self.serving.handoff.close()
 
 
 def _tls_fds(config: HttpConfig) -> list[int]:

@@ -9,6 +9,12 @@ state directory, the TLS files), then pushes `event`s as the loop publishes them
 asks with a `call` (one of a few operations, each on behalf of a named token or a signed link)
 and gets one `reply` per call id.
 
+Webhooks (version 2) are delivered by the inbox too: `welcome` names each target with its
+signing key, the core writes each delivery into the target's `new/` directory in the inbox's
+own outbox (deltad/privsep/handoff.py) and says `outbox` (a hint: the inbox also looks on its
+own); the inbox tells the core its `deliveries` counts (for /metrics), never what a receiver
+said. Without `http:` the inbox is started for deliveries only (`listening: false`: no socket).
+
 The core reads the inbox's side as hostile: a frame over its cap ends the connection, anything
 else that does not fit a model below (unknown `op`, a field too many, a string too long) is
 refused, logged and answered with a 400 `protocol` reply where the frame names a call id.
@@ -27,7 +33,7 @@ from deltad.api.paging import Sort
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct(">I")
 # What the inbox may send in one frame: an answer's body (the HTTP cap, 1 MiB + 64 KiB) and
 # the names around it. The core's frames carry pages of documents: more room.
@@ -187,6 +193,17 @@ class VitalsCall(Strict):
     id: CallId
 
 
+class DeliveryCounts(Strict):
+    """The inbox's webhook deliveries since it started (attempts by result) and what waits in
+    its outbox now: figures only, added to the core's /metrics (no reply)."""
+
+    op: Literal["deliveries"]
+    delivered: Annotated[int, Field(ge=0, lt=2**53)]
+    retry: Annotated[int, Field(ge=0, lt=2**53)]
+    dead: Annotated[int, Field(ge=0, lt=2**53)]
+    depth: Annotated[int, Field(ge=0, lt=2**53)]
+
+
 # -- channels' own endpoints (deltad/channels) ------------------------------------------------
 CHANNEL_BODY_MAX = 256 * 1024  # a Slack interaction's body (channels.slack.BODY_MAX)
 
@@ -219,8 +236,8 @@ Call = (
     | LinkRequest
     | LinkAnswer
 )
-FromInbox = Annotated[Hello | Call, Field(discriminator="op")]
-FROM_INBOX: TypeAdapter[Hello | Call] = TypeAdapter(FromInbox)
+FromInbox = Annotated[Hello | DeliveryCounts | Call, Field(discriminator="op")]
+FROM_INBOX: TypeAdapter[Hello | DeliveryCounts | Call] = TypeAdapter(FromInbox)
 
 
 # -- the core tells --------------------------------------------------------------------------
@@ -246,9 +263,32 @@ class EventMsg(Strict):
     data: dict[str, Any]
 
 
+class WebhookTarget(Strict):
+    """One webhook the inbox delivers to (api.config.Webhook's settings) and its signing key
+    (base64; None: unsigned). `key` names its directories in the outbox (outbox.target_key)."""
+
+    name: str
+    key: str
+    url: str
+    signing_key: str | None = None
+    timeout_seconds: float
+    max_attempts: int
+    backoff_seconds: float
+    backoff_max_seconds: float
+    max_age_seconds: float
+    outbox_max: int
+
+
+class OutboxHint(Strict):
+    """Deliveries wait in `new/` of this target's outbox (its `key`)."""
+
+    op: Literal["outbox"] = "outbox"
+    target: str
+
+
 class Welcome(Strict):
-    """Sent with the inbox's descriptors, in this order: the listening socket, the state
-    directory, then the TLS certificate and key if `tls`."""
+    """Sent with the inbox's descriptors, in this order: the listening socket (unless not
+    `listening`), the state directory, then the TLS certificate and key if `tls`."""
 
     op: Literal["welcome"] = "welcome"
     version: int
@@ -257,10 +297,13 @@ class Welcome(Strict):
     tls: bool
     events: list[EventMsg]
     floor: int = 0  # a Last-Event-ID below it has a gap the events cannot fill (a `reset`)
+    listening: bool = True  # False: no HTTP, the inbox delivers webhooks only
+    inbox_dir: str = ""  # the directory handed over, as the core names it (for log lines)
+    webhooks: list[WebhookTarget] = Field(default_factory=list)
 
 
-FromCore = Annotated[Reply | EventMsg | Welcome, Field(discriminator="op")]
-FROM_CORE: TypeAdapter[Reply | EventMsg | Welcome] = TypeAdapter(FromCore)
+FromCore = Annotated[Reply | EventMsg | Welcome | OutboxHint, Field(discriminator="op")]
+FROM_CORE: TypeAdapter[Reply | EventMsg | Welcome | OutboxHint] = TypeAdapter(FromCore)
 
 
 # -- framing ---------------------------------------------------------------------------------

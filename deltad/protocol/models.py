@@ -136,6 +136,9 @@ class QuestionContext(_Model):
     reviewed_output: str | None = None
 
 
+MAX_APPROVALS = 10  # a quorum larger than this is a typo, not a policy
+
+
 class InteractionRequest(_Model):
     """`.delta/interaction/request.json`: one pending question.
 
@@ -163,6 +166,10 @@ class InteractionRequest(_Model):
     # Who may answer over HTTP: token names and group:NAMEs; empty is anyone the scope allows.
     respondents: Annotated[list[str], AfterValidator(_respondents)] = Field(default_factory=list)
     context: QuestionContext | None = None  # absent in requests older than it
+    # Four eyes (deltad/inbox/quorum.py): answered over HTTP only once this many distinct
+    # respondents agree; `owner_may_approve: false` refuses the workspace owner's own vote.
+    approvals_required: int = Field(default=1, ge=1, le=MAX_APPROVALS)
+    owner_may_approve: bool = True
     # Reminders, escalation and the SLA clock (protocol/followup.py); None: the daemon's.
     follow_up: FollowUp | None = None
 

@@ -81,4 +81,5 @@ def interpret_json(req: InteractionRequest, raw: str) -> Reply:
     reply.comment = doc.comment
     reply.channel = doc.channel
     reply.delegations = doc.delegations
+    reply.approvals = doc.approvals
     return reply

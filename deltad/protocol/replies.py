@@ -52,6 +52,9 @@ class StructuredAnswer(BaseModel):
     # The hand-overs the question went through before this answer (deltad/inbox/delegation.py):
     # [{"by", "to", "note", "at"}], kept so the journal (and the history) says who handed it on.
     delegations: list[dict[str, str]] | None = None
+    # Four eyes (deltad/inbox/quorum.py): every vote that made this answer, [{"by", "channel",
+    # "at"}], when the question needed more than one.
+    approvals: list[dict[str, str]] | None = None
 
 
 Outcome = Literal["answered", "timeout", "skipped"]
@@ -70,5 +73,6 @@ class Reply(BaseModel):
     comment: str | None = None
     channel: str | None = None  # for mailbox answers: the channel that wrote the file
     delegations: list[dict[str, str]] | None = None  # the hand-overs before this answer
+    approvals: list[dict[str, str]] | None = None  # four eyes: the votes that made it
     # Reminders and escalation before this reply (followup.json, copied in by the engine).
     follow_up: dict[str, Any] | None = None

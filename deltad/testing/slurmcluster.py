@@ -54,8 +54,15 @@ SchedulerParameters=batch_sched_delay=0
 KillWait={kill_wait}
 ReturnToService=2
 MpiDefault=none
-NodeName={node} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName={partition} Nodes={node} Default=YES MaxTime=INFINITE State=UP
+"""
+# `Cluster(slots=N)`: a node that runs N jobs side by side (one CPU each, the node said to have
+# N whatever the host has), as a cluster with room would; the default node runs one at a time.
+SLOTS_CONF = """\
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
 """
 CGROUP_CONF = "CgroupPlugin=cgroup/v1\n"
 
@@ -82,10 +89,11 @@ def _setns(fd: int) -> None:
 class Cluster:
     """munged + slurmctld + slurmd in a private network namespace; `stop()` ends them by pid."""
 
-    def __init__(self, kill_wait: int = 3) -> None:
+    def __init__(self, kill_wait: int = 3, slots: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="deltad-slurm-", dir="/tmp"))
         os.chmod(self.dir, 0o755)
         self.kill_wait = kill_wait
+        self.slots = slots
         self.conf = self.dir / "slurm.conf"
         self.holder: subprocess.Popen[bytes] | None = None
         self.munged_pid: int | None = None
@@ -125,7 +133,9 @@ class Cluster:
                 node=NODE,
                 partition=PARTITION,
                 kill_wait=self.kill_wait,
+                cpus=self.slots or 2,
             )
+            + (SLOTS_CONF if self.slots else "")
         )
         (self.dir / "cgroup.conf").write_text(CGROUP_CONF)
         self.run(_which("slurmctld"), "-f", str(self.conf))
@@ -194,6 +204,21 @@ class Cluster:
             os.kill(pid, signal.SIGCONT)
 
     @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        """slurmctld stopped (SIGTERM: it saves its state and exits; its port refuses
+        connections) while the context is open; started again after, from its saved state."""
+        pid = int((self.dir / "slurmctld.pid").read_text().strip())
+        _kill(pid)
+        try:
+            yield
+        finally:
+            self.run(_which("slurmctld"), "-f", str(self.conf))
+
+    def answers(self) -> bool:
+        """Whether slurmctld answers a query now."""
+        return "is UP" in self.run("scontrol", "ping", check=False).stdout
+
+    @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
         """Move this thread (and what it starts) into the cluster's network namespace."""
         home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
@@ -249,8 +274,8 @@ def _free_ports() -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def cluster(kill_wait: int = 3) -> Iterator[Cluster]:
-    c = Cluster(kill_wait=kill_wait)
+def cluster(kill_wait: int = 3, slots: int | None = None) -> Iterator[Cluster]:
+    c = Cluster(kill_wait=kill_wait, slots=slots)
     try:
         c.start()
         yield c

@@ -2,7 +2,8 @@
 clean): questions of one kind and options are selected on their cards and answered at once
 (each resumed once, the others untouched; another kind cannot be selected with them), and a
 question handed to another token shows the hand-over on its card, for everyone; a question's
-reminders, escalation and SLA show on its card as the daemon's timers act."""
+reminders, escalation and SLA show on its card as the daemon's timers act; an approval
+needing two shows the first vote ("1 of 2 approvals: alice") and stays until the second."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from urllib.parse import quote
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from deltad.protocol.models import Option
+from deltad.protocol.models import GatedCall, Option
 from deltad.testing.daemon import Daemon
 from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
@@ -48,6 +49,9 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
     )
     merge = root / "merge"
     paused_workspace(merge, "Merge the branch?", input_type="yes_no", respondents=["alice"])
+    pair = root / "pair"  # four eyes
+    call = GatedCall(action_id="act_1", tool_name="deploy", arguments={}, resolved_command="x")
+    paused_workspace(pair, "Deploy?", input_type="approval", calls=[call], approvals_required=2)
     d = Daemon(tmp_path, [root], http={"listen": "127.0.0.1:0"}).start()
     try:
         url = http_url(d)
@@ -56,7 +60,7 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
         browser.set_window_size(1280, 900)
         browser.get(url)
         log_in(browser, alice)
-        until(browser, "four cards", lambda b: len(b.find_elements(By.CSS_SELECTOR, ".item")) == 4)
+        until(browser, "five cards", lambda b: len(b.find_elements(By.CSS_SELECTOR, ".item")) == 5)
 
         # Select two of the three fruit questions: the other kind cannot join them.
         for ws in fleet[:2]:
@@ -76,7 +80,7 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
         until(
             browser,
             "the answered cards gone",
-            lambda b: len(b.find_elements(By.CSS_SELECTOR, ".item")) == 2,
+            lambda b: len(b.find_elements(By.CSS_SELECTOR, ".item")) == 3,
         )
         assert d.resumed(fleet[2]) == []  # not selected: still waiting
         assert other.get_attribute("disabled") is None  # nothing selected now
@@ -92,6 +96,16 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
             "the hand-over on the card",
             lambda b: "Handed by alice to bob — “on leave”" in _card(b, merge).text,
         )
+        # Four eyes: alice's approval is one vote of two; the card stays and says so.
+        card = _card(browser, pair)
+        assert "0 of 2 approvals" in card.text
+        card.find_element(By.CSS_SELECTOR, 'button[data-key="a"]').click()
+        until(
+            browser,
+            "the first vote on the card",
+            lambda b: "1 of 2 approvals: alice" in _card(b, pair).text,
+        )
+        assert d.resumed(pair) == []
         # The unselected one was escalated, then reminded (docs/inbox.md), live on its card.
         until(
             browser,
@@ -110,6 +124,17 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
                 q for q in b.get("/v1/requests").json()["requests"] if q["workspace"] == str(merge)
             ]
             assert [h["to"] for h in q["delegations"]] == ["bob"]
+            [p] = [
+                q for q in b.get("/v1/requests").json()["requests"] if q["workspace"] == str(pair)
+            ]
+            r = b.post(
+                f"/v1/requests/{p['request_id']}/answer",
+                params={"workspace": str(pair)},
+                json={"decisions": [{"action_id": "act_1", "decision": "approve"}]},
+            )
+            assert r.status_code == 202 and r.json()["answered"] is True, r.text
+            [resumed] = d.wait_resumed(pair)
+            assert '"answered_by": "alice, bob"' in resumed["answer"]
         browser.get(url)
         until(
             browser,

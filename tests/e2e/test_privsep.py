@@ -29,6 +29,7 @@ from deltad.engine.secrets import SecretStore
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, metadata_status, wait_for
 from deltad.testing.inbox import EventReader, client, http_url, make_token
+from deltad.testing.webhooks import Receiver
 
 from ..conftest import llm_env, write_agent
 from ..users import Accounts, User, accounts, chown_tree, executable_by_all, shared_tmp
@@ -388,14 +389,16 @@ result = {{
 
 def test_an_inbox_started_on_its_own_connects_as_its_user_only(fake: FakeLLM) -> None:
     """deltad-inbox.service's way: the core listens on http.inbox_socket and serves the first
-    process of the inbox's user that connects; anyone else is turned away."""
-    with accounts() as acc, executable_by_all(), shared_tmp() as base:
+    process of the inbox's user that connects; anyone else is turned away. That process also
+    makes the webhook deliveries (its uid owns the socket the receiver sees)."""
+    with accounts() as acc, executable_by_all(), shared_tmp() as base, Receiver() as hook:
         inbox_user, stranger = acc.user(), acc.user()
         root = base / "root"
         root.mkdir()
         sock = base / "run" / "inbox.sock"
         http = {"listen": "127.0.0.1:0", "inbox_socket": str(sock), "user": inbox_user.name}
-        d = Daemon(base, [root], resume_command=REAL_CLIENT, http=http)
+        notify = {"webhooks": [{"url": hook.url, "events": ["request.created"]}]}
+        d = Daemon(base, [root], resume_command=REAL_CLIENT, http=http, notify=notify)
         d.start(env=llm_env(fake))
         procs: list[subprocess.Popen[bytes]] = []
         try:
@@ -417,6 +420,8 @@ def test_an_inbox_started_on_its_own_connects_as_its_user_only(fake: FakeLLM) ->
                 wait_for(lambda: c.get("/v1/requests").json()["requests"], "the question listed")
                 assert c.post(f"/v1/requests/{rid}/answer", json={"answer": "b"}).status_code == 202
             wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed")
+            [delivered] = wait_for(hook.delivered, "the question's webhook")
+            assert delivered.uid == inbox_user.uid
         finally:
             print((base / "inbox.log").read_text(errors="replace")[-3000:])  # on a failure
             d.stop()

@@ -1,14 +1,16 @@
 """What a webhook receiver or a tenant sends exhausts nothing of the daemon's: a 200 with a 1 GiB
-body is read at most 64 KiB (the daemon's peak RSS is measured before and after), a status line
-dripped a byte at a time is cut off at the attempt's deadline and the target's later deliveries
-go on, and a tenant's 900 KB `context` makes a delivery of at most 64 KiB, marked truncated.
-The receivers are raw sockets on 127.0.0.1; the 1 GiB is sent from one 1 MiB buffer, never held.
+body is read at most 64 KiB (the peak RSS of the inbox process, which delivers, and of the core
+are measured before and after; the sending socket is the inbox user's), a status line dripped a
+byte at a time is cut off at the attempt's deadline and the target's later deliveries go on,
+and a tenant's 900 KB `context` makes a delivery of at most 64 KiB, marked truncated. The
+receivers are raw sockets on 127.0.0.1; the 1 GiB is sent from one 1 MiB buffer, never held.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import pwd
 import socket
 import threading
 import time
@@ -18,6 +20,7 @@ from typing import Any
 
 from deltad.protocol.models import QuestionContext
 from deltad.testing.daemon import Daemon, answer, paused_workspace, wait_for
+from deltad.testing.webhooks import socket_uid
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -30,6 +33,7 @@ class Stub:
     def __init__(self, attack: Callable[[socket.socket, Stub], None], attacks: int = 1) -> None:
         self.attack, self.attacks = attack, attacks
         self.bodies: list[bytes] = []
+        self.uids: list[int | None] = []  # each connection's sending socket's owner
         self.sent = 0  # bytes the attacks got out
         self.cut = threading.Event()  # an attack's connection was closed by the daemon
         self.stopping = threading.Event()
@@ -47,6 +51,9 @@ class Stub:
             threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
+        uid = socket_uid(conn.getpeername()[1], conn.getsockname()[1])
+        with self._lock:
+            self.uids.append(uid)
         with conn, contextlib.suppress(OSError):
             head = b""
             while b"\r\n\r\n" not in head:
@@ -128,6 +135,12 @@ def _daemon(tmp: Path, url: str, **hook: Any) -> Daemon:
     ).start()
 
 
+def _inbox_pid(d: Daemon) -> int:
+    """The inbox process delivering now."""
+    starts = wait_for(lambda: d.events("inbox_serving"), "the inbox process")
+    return int(starts[-1]["pid"])
+
+
 def _vm_hwm_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -151,17 +164,22 @@ def test_a_1gib_answer_from_a_receiver_is_not_read(tmp_path: Path) -> None:
         try:
             assert d.proc is not None
             _resume(d, "calm")
-            before = _vm_hwm_kib(d.proc.pid)
+            inbox = _inbox_pid(d)
+            before = {pid: _vm_hwm_kib(pid) for pid in (d.proc.pid, inbox)}
             paused_workspace(d.tmp / "root" / "ws1")
             wait_for(lambda: stub.bodies, "the delivery on its way")
             _resume(d, "during")
             d.wait_event("notify_sent", target="webhook0")  # its status was a 200
-            wait_for(stub.cut.is_set, "the daemon closing the 1 GiB answer")
-            grown = (_vm_hwm_kib(d.proc.pid) - before) / 1024
+            wait_for(stub.cut.is_set, "the inbox closing the 1 GiB answer")
+            grown = {pid: (_vm_hwm_kib(pid) - kib) / 1024 for pid, kib in before.items()}
+            assert d.events("inbox_started")[-1]["pid"] == inbox  # the same inbox throughout
         finally:
             d.stop()
-    # Before: 1 GiB read whole took the daemon from 55 MB to 2.16 GB.
-    assert grown < 100, f"the daemon's peak RSS grew by {grown:.0f} MiB"
+    # Before: 1 GiB read whole took the daemon from 55 MB to 2.16 GB. Now the inbox process
+    # reads the answer (as its user, not root) and the core reads nothing of it.
+    assert stub.uids == [pwd.getpwnam("deltad-inbox").pw_uid]
+    assert grown[inbox] < 100, f"the inbox's peak RSS grew by {grown[inbox]:.0f} MiB"
+    assert grown[d.proc.pid] < 100, f"the core's peak RSS grew by {grown[d.proc.pid]:.0f} MiB"
     assert stub.sent < 64 * MIB, stub.sent  # what socket buffers took, not the body
 
 
@@ -175,7 +193,7 @@ def test_a_dripping_receiver_is_cut_off_and_later_deliveries_go_on(tmp_path: Pat
             _resume(d, "during")
             retry = d.wait_event("notify_retry", target="webhook0")[0]
             assert retry["error"] == "deadline"
-            wait_for(stub.cut.is_set, "the daemon closing the dripping connection")
+            wait_for(stub.cut.is_set, "the inbox closing the dripping connection")
             paused_workspace(d.tmp / "root" / "ws2")
             sent = d.wait_event("notify_sent", target="webhook0", count=2)
             assert {e["event_id"] for e in sent} == {
@@ -184,6 +202,7 @@ def test_a_dripping_receiver_is_cut_off_and_later_deliveries_go_on(tmp_path: Pat
         finally:
             d.stop()
     assert stub.sent < 200  # the drip did not go on for long
+    assert set(stub.uids) == {pwd.getpwnam("deltad-inbox").pw_uid}  # cut off by the inbox
 
 
 def test_a_tenants_large_context_makes_a_small_delivery(tmp_path: Path) -> None:
@@ -198,7 +217,8 @@ def test_a_tenants_large_context_makes_a_small_delivery(tmp_path: Path) -> None:
             paused_workspace(d.tmp / "root" / f"ws{i}", context=big)
 
         def waiting() -> list[Path] | None:
-            files = sorted((d.state_dir / "outbox").glob("*/*.json"))
+            box = d.state_dir / "inbox" / "outbox"  # the inbox process's, handed over or taken
+            files = sorted([*box.glob("*/*.json"), *box.glob("*/new/*.json")])
             return files if len(files) == 3 else None
 
         files = wait_for(waiting, "three deliveries in the outbox")

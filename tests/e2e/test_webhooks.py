@@ -1,12 +1,15 @@
 """Webhooks end to end: a real `deltad serve` notifies a real receiver on 127.0.0.1, every
-delivery checked with the `standardwebhooks` package; the outbox in the state dir outlives a
-SIGTERM and a kill -9; a delivery keeps its webhook-id; the dead letter takes what is given up."""
+delivery checked with the `standardwebhooks` package; the outbox (the inbox process's, in the
+state dir) outlives a SIGTERM and a kill -9; a delivery keeps its webhook-id; the dead letter
+takes what is given up. Most daemons here have no `http:`: the inbox process is started for
+the deliveries alone."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import pwd
 import signal
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -57,11 +60,13 @@ def _verify(secret: str | bytes, call: Call) -> dict[str, Any]:
 
 
 def _pending(state_dir: Path) -> list[Path]:
-    return sorted((state_dir / "outbox").glob("*/*.json"))
+    """What waits in the inbox's outbox (handed over by the core, or taken by the inbox)."""
+    box = state_dir / "inbox" / "outbox"
+    return sorted([*box.glob("*/*.json"), *box.glob("*/new/*.json")])
 
 
 def _dead(state_dir: Path) -> list[Path]:
-    return sorted((state_dir / "dead-letter").glob("*/*.json"))
+    return sorted((state_dir / "inbox" / "dead-letter").glob("*/*.json"))
 
 
 def test_deliveries_verify_with_standard_webhooks_and_a_replay_does_not(
@@ -274,3 +279,46 @@ def test_an_unusable_secret_stops_the_daemon_with_one_line(tmp_path: Path) -> No
     assert error.endswith(
         ": notify.webhooks.0.signing: a whsec_ secret must be base64 after the prefix"
     )
+
+
+@pytest.mark.parametrize("http", [False, True], ids=["webhooks-only", "with-http"])
+def test_deliveries_are_sent_by_the_inbox_user_never_root(tmp_path: Path, http: bool) -> None:
+    """The socket that reaches the receiver is the inbox process's (its uid in /proc/net/tcp),
+    whether the daemon serves HTTP or starts the inbox for its webhooks alone."""
+    inbox_uid = pwd.getpwnam("deltad-inbox").pw_uid
+    with Receiver(answers=[503]) as receiver:
+        settings: dict[str, Any] = {"http": {"listen": "127.0.0.1:0"}} if http else {}
+        hook = _hook(receiver.url, _secret(tmp_path, WHSEC), backoff_seconds=0.05)
+        d = _daemon(tmp_path, [hook], **settings).start()
+        try:
+            paused_workspace(d.tmp / "root" / "ws1")
+            wait_for(receiver.delivered, "a delivery after one retry")
+            said = d.events("inbox_for_webhooks")
+        finally:
+            d.stop()
+    calls = receiver.calls()
+    assert [c.uid for c in calls] == [inbox_uid, inbox_uid] and inbox_uid != 0
+    _verify(WHSEC, calls[-1])
+    assert len(said) == (0 if http else 1)  # without http: one line says why it runs
+
+
+def test_a_killed_inbox_loses_no_delivery(tmp_path: Path) -> None:
+    """kill -9 of the inbox process in the middle of an attempt: the core starts another,
+    which sends the same delivery (the same webhook-id) from the outbox."""
+    with Receiver(hang_first=1) as receiver:
+        hook = _hook(receiver.url, _secret(tmp_path, WHSEC), timeout_seconds=600)
+        d = _daemon(tmp_path, [hook]).start()
+        try:
+            paused_workspace(d.tmp / "root" / "ws1")
+            [hanging] = wait_for(receiver.calls, "the first attempt, left hanging")
+            [started] = d.events("inbox_started")
+            os.kill(started["pid"], signal.SIGKILL)
+            [sent] = d.wait_event("notify_sent")
+            restarted = d.events("inbox_started")
+        finally:
+            d.stop()
+    [delivered] = receiver.delivered()
+    assert delivered.webhook_id == hanging.webhook_id == sent["webhook_id"]
+    assert len(restarted) == 2 and restarted[1]["pid"] != started["pid"]
+    assert d.events("inbox_exited")[0]["pid"] == started["pid"]
+    _verify(WHSEC, delivered)

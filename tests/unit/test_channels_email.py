@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from deltad import inbox
 from deltad.channels import mail
 from deltad.channels.base import Closed, Context, Question
 from deltad.channels.config import EmailConfig
 from deltad.channels.email import EmailChannel
 from deltad.channels.grants import AddressExpired, Grants, Unknown, check
 from deltad.daemon.config import ConfigError, load_config
+from deltad.inbox import quorum
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace, followup, utcnow
 from deltad.protocol.printable import show_path
 from deltad.protocol.replies import AnswerRejected, Decision
@@ -144,7 +144,9 @@ def _channel(tmp: Path, **over: Any) -> EmailChannel:
             **over,
         }
     )
-    ctx = Context(tmp / "state", inbox.submit, page=lambda r: f"https://inbox/#request={r}")
+    ctx = Context(
+        tmp / "state", quorum.answer_or_vote, page=lambda r: f"https://inbox/#request={r}"
+    )
     return EmailChannel(config, ctx)
 
 

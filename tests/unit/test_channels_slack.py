@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 
-from deltad import inbox
 from deltad.api.handlers import ApiError
 from deltad.api.outbox import Delivery
 from deltad.channels import blocks
@@ -21,6 +20,7 @@ from deltad.channels.base import Closed, Context, Question
 from deltad.channels.config import ChannelsConfig, SlackConfig
 from deltad.channels.slack import SlackChannel, ref_of
 from deltad.daemon.config import ConfigError, load_config
+from deltad.inbox import quorum
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace
 from deltad.protocol.models import GatedCall, Option, QuestionContext
 from deltad.protocol.replies import AnswerRejected
@@ -233,7 +233,7 @@ def _channel(tmp: Path, api: SlackApi, **over: Any) -> SlackChannel:
             **over,
         }
     )
-    return SlackChannel(config, Context(tmp / "state", inbox.submit))
+    return SlackChannel(config, Context(tmp / "state", quorum.answer_or_vote))
 
 
 def _ask(tmp: Path, ch: SlackChannel, **question: Any) -> tuple[Path, str]:
@@ -572,3 +572,22 @@ def test_a_form_slack_would_not_open_is_said_and_changes_nothing(tmp_path: Path)
         said = _interact(ch, _press(f"{ref_of(str(ws), request_id)}:", blocks.OPEN, "U0ALICE"))
         assert said is not None and "could not be opened; try again" in said["text"]
         assert not (ws / ".delta" / "interaction" / "response.json").exists()
+
+
+def test_four_eyes_in_slack_a_press_is_a_vote_by_the_mapped_person(tmp_path: Path) -> None:
+    """Two people must approve: alice's press is her vote (as "alice", the name her token
+    has, so the page cannot count her twice) and the message stays open; bob's completes it."""
+    with SlackApi() as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ws, request_id = _ask(
+            tmp_path, ch, input_type="approval", calls=[CALL], approvals_required=2
+        )
+        ref = ref_of(str(ws), request_id)
+        assert _interact(ch, _press(f"{ref}:a", blocks.ANSWER, user="U0ALICE")) is None
+        assert not (ws / ".delta" / "interaction" / "response.json").exists()
+        again = _interact(ch, _press(f"{ref}:a", blocks.ANSWER, user="U0ALICE"))
+        assert again is not None and "already voted" in again["text"]
+        assert _interact(ch, _press(f"{ref}:a", blocks.ANSWER)) is None
+        doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+        assert [v["by"] for v in doc["approvals"]] == ["alice", "bob"]
+        assert (doc["channel"], doc["decisions"][0]["decision"]) == ("slack", "approve")

@@ -372,14 +372,24 @@ def test_the_services_vitals_follow_the_walk_the_reads_and_the_lease(
 def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
     tmp_path: Path,
 ) -> None:
+    """The inbox's worker counts; its report crosses (as the protocol's `deliveries` message)
+    into the core's counter and depth."""
+    import time
+
     from deltad.api.config import Webhook
-    from deltad.api.notify import _WebhookWorker
+    from deltad.api.notify import Results, WebhookWorker, new_delivery, webhook_target
+    from deltad.privsep import wire
+    from deltad.privsep.handoff import Handoff
     from deltad.testing.webhooks import Receiver
 
     counted = CoreMetrics().deliveries
+    (tmp_path / "inbox").mkdir()
     with Receiver(answers=[500, 500, 204]) as receiver:
         hook = Webhook(url=receiver.url, backoff_seconds=0.01, max_attempts=2)
-        worker = _WebhookWorker(hook, "webhook0", [], tmp_path, counted)  # no thread started
+        box = Handoff(tmp_path / "inbox", tmp_path, [hook.url], [hook.outbox_max], None, counted)
+        results = Results(lambda doc: box.report(wire.DeliveryCounts(op="deliveries", **doc)))
+        target = webhook_target(hook, "webhook0")
+        worker = WebhookWorker(target, tmp_path / "inbox", results)  # no thread started
 
         def attempt() -> None:
             due = None
@@ -387,15 +397,21 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
                 due = worker._next_due()  # waits for the backoff
             worker._attempt(due)
 
-        worker.submit({"id": 1, "type": "run.status", "workspace": "/w"})
-        assert worker.depth() == 1
+        def put(event_id: int) -> None:
+            doc = {"id": event_id, "type": "run.status", "workspace": "/w"}
+            box.put(new_delivery(doc, hook.url, time.time()))
+            worker.take_new()
+
+        put(1)
+        assert box.depth == 1
         attempt()  # 500: a retry
-        assert worker.depth() == 1
+        assert box.depth == 1
         attempt()  # 500 again: the second of max_attempts, dead
-        assert worker.depth() == 0
-        worker.submit({"id": 2, "type": "run.status", "workspace": "/w"})
+        assert box.depth == 0
+        put(2)
         attempt()  # 204: delivered
         worker.client.close()
-    assert worker.depth() == 0
+        box.close()
+    assert box.depth == 0
     by = {s.labels["result"]: s.value for s in counted.collect()[0].samples if "_total" in s.name}
     assert by == {"retry": 1.0, "dead": 1.0, "delivered": 1.0}

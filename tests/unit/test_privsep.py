@@ -137,3 +137,89 @@ def test_an_event_crosses_with_its_workspace_name_in_bytes() -> None:
     assert isinstance(msg, wire.EventMsg)
     back = relayed(msg)
     assert back is not None and back.data["workspace"] == name and back.id == 9
+
+
+def test_the_webhook_outbox_is_roots_with_the_inbox_group_and_its_files_the_inbox_users(
+    tmp_path: Path,
+) -> None:
+    """As root, the core makes the outbox's directories (root:the inbox's group; 1770 where
+    the inbox makes files) and hands each delivery to the inbox's uid."""
+    _root()
+    from deltad.api.notify import new_delivery
+    from deltad.privsep.handoff import Handoff
+
+    state = tmp_path / "state"
+    inbox = core.prepare(state, INBOX)
+    url = "http://127.0.0.1:9/hook"
+    box = Handoff(inbox, state, [url], [10], (INBOX.uid, INBOX.gid))
+    box.put(new_delivery({"id": 1, "type": "run.status"}, url, 1.0))
+    box.close()
+    outbox, dead = inbox / "outbox", inbox / "dead-letter"
+    [target] = outbox.iterdir()
+    assert _mode(outbox) == _mode(dead) == (0o750, 0, INBOX.gid)
+    assert _mode(target) == _mode(target / "new") == (0o1770, 0, INBOX.gid)
+    assert _mode(dead / target.name) == (0o1770, 0, INBOX.gid)
+    [file] = (target / "new").iterdir()
+    assert _mode(file) == (0o600, INBOX.uid, INBOX.gid)
+    # As the inbox's user: it takes the file into its directory, and cannot move or remove a
+    # directory of root's (so the descriptors the core holds name what they named).
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 only if every check holds
+        ok = False
+        try:
+            os.chdir(inbox)  # as the inbox reaches it: by its own directory, not the path
+            os.setgroups([])
+            os.setgid(INBOX.gid)
+            os.setuid(INBOX.uid)
+            here = Path("outbox") / target.name
+            os.rename(here / "new" / file.name, here / file.name)
+            refused = 0
+            for attempt in (
+                lambda: os.rename(here / "new", here / "old"),
+                lambda: os.rmdir(here / "new"),
+                lambda: os.rename(here, "outbox/elsewhere"),
+                lambda: os.rename(Path("dead-letter") / target.name, "dead-letter/elsewhere"),
+            ):
+                try:
+                    attempt()
+                except PermissionError:
+                    refused += 1
+            ok = refused == 4
+        finally:
+            os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert (target / file.name).exists() and (target / "new").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b'{"op": "deliveries", "delivered": -1, "retry": 0, "dead": 0, "depth": 0}', "delivered"),
+        (b'{"op": "deliveries", "delivered": 0, "retry": 0, "dead": 0}', "depth"),
+        (b'{"op": "deliveries", "delivered": 0, "retry": 0, "dead": 0, "depth": 0, "x": 1}', "x"),
+        (b'{"op": "deliveries", "delivered": 1e300, "retry": 0, "dead": 0, "depth": 0}', "deliv"),
+    ],
+)
+def test_a_bad_delivery_count_is_refused(raw: bytes, why: str) -> None:
+    got = core.decode_message(raw)
+    assert isinstance(got, str) and why in got, got
+
+
+def test_delivery_counts_are_no_call_and_only_what_grew_is_counted(tmp_path: Path) -> None:
+    from deltad.metrics import CoreMetrics
+    from deltad.privsep.handoff import Handoff
+
+    raw = b'{"op": "deliveries", "delivered": 5, "retry": 2, "dead": 1, "depth": 3}'
+    assert isinstance(core.decode(raw), str)  # never answered as a call
+    counts = core.decode_message(raw)
+    assert isinstance(counts, wire.DeliveryCounts)
+    counted = CoreMetrics().deliveries
+    (tmp_path / "inbox").mkdir()
+    box = Handoff(tmp_path / "inbox", tmp_path, [], [], None, counted)
+    box.report(counts)
+    box.report(counts.model_copy(update={"delivered": 1, "dead": 4, "depth": 0}))  # 5 → 1: kept
+    box.connected()  # a new inbox counts from zero
+    box.report(counts.model_copy(update={"delivered": 2, "retry": 0, "dead": 0}))
+    box.close()
+    by = {s.labels["result"]: s.value for s in counted.collect()[0].samples if "_total" in s.name}
+    assert by == {"delivered": 7.0, "retry": 2.0, "dead": 4.0} and box.depth == 3

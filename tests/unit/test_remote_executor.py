@@ -158,6 +158,20 @@ def test_an_engine_away_keeps_submits_waiting_and_is_said_once(engine: Engine) -
     assert said == [("executor_engine_failed", "query"), ("executor_engine_back", "query")]
 
 
+def test_the_pace_is_back_to_its_base_as_soon_as_the_engine_answers_again(
+    engine: Engine,
+) -> None:
+    handle = engine.submit(spec())
+    wait(lambda: engine.submitted, "the submit")  # a job to follow: the worker keeps asking
+    engine.away = "controller unreachable"
+    wait(lambda: engine.pause == engine.max_interval, "the pause grown by the failures")
+    engine.away = None
+    # Nothing about the job changed, but the engine's return is news: its ends that happened
+    # meanwhile are looked for at the usual pace, not after the longest pause.
+    wait(lambda: engine.pause == engine.interval, "the pause back to its base")
+    assert engine.tracked()[handle.key.name].ref == "j0"
+
+
 def test_a_refused_submit_comes_back_as_refused(engine: Engine) -> None:
     engine.refuse = "sbatch: invalid partition"
     handle = engine.submit(spec())

@@ -125,3 +125,26 @@ def test_the_shipped_config_uses_the_units_state_directory() -> None:
     [state] = _settings(UNIT.read_text())["StateDirectory"]
     config = yaml.safe_load((REPO / "config" / "deltad.yaml").read_text())
     assert Path(config["state_dir"]) == Path("/var/lib") / state
+
+
+def test_the_inbox_units_webhook_drop_in_keeps_it_at_most_2_5(tmp_path: Path) -> None:
+    """The inbox makes the webhook deliveries: its unit denies every address, and the
+    documented drop-in opens only the receivers' (the unit still scores ≤ 2.5)."""
+    drop_in = REPO / "systemd" / "deltad-inbox.service.d" / "webhooks.conf.example"
+    unit = tmp_path / "deltad-inbox.service"
+    shutil.copy(REPO / "systemd" / "deltad-inbox.service", unit)
+    (tmp_path / "deltad-inbox.service.d").mkdir()
+    shutil.copy(drop_in, tmp_path / "deltad-inbox.service.d" / "webhooks.conf")
+    out = subprocess.run(
+        [_analyze(), "security", "--offline=yes", "--threshold=25", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    score = re.search(r"Overall exposure level for deltad-inbox\.service: ([0-9.]+)", out.stdout)
+    assert score and out.returncode == 0, out.stdout + out.stderr
+    allowed = _settings(drop_in.read_text())
+    assert set(allowed) == {"IPAddressAllow"} and "any" not in allowed["IPAddressAllow"][0]
+    assert _settings((REPO / "systemd" / "deltad-inbox.service").read_text())["IPAddressDeny"] == [
+        "any"
+    ]

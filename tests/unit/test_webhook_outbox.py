@@ -1,5 +1,6 @@
 """The webhook rules in-process: signing (checked against the `standardwebhooks` package), the
-secret file's one newline, the retry rule from a table, and the outbox directory."""
+secret file's one newline, the retry rule from a table, the outbox directory, and the core's
+hand-off into it (deltad/privsep/handoff.py) as the inbox's worker takes it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 
 from deltad.api import webhooks
 from deltad.api.config import NotifyConfig, Secret, Webhook, one_newline_less
-from deltad.api.notify import _WebhookWorker
+from deltad.api.notify import WebhookWorker, new_delivery, webhook_target
 from deltad.api.outbox import (
     Dead,
     Delivery,
@@ -23,11 +24,11 @@ from deltad.api.outbox import (
     Policy,
     Retry,
     after_failure,
-    bury_orphans,
     target_key,
     too_old,
 )
 from deltad.pacing import Pacing, equal_jitter
+from deltad.privsep.handoff import Handoff, HandoffError
 from deltad.testing.webhooks import Receiver
 
 KEY = b"0123456789abcdef"
@@ -156,15 +157,93 @@ def test_the_outbox_saves_loads_and_buries(tmp_path: Path) -> None:
     assert [p.name for p in box.dead_dir.iterdir()] == ["junk.json"]
 
 
+def _handoff(tmp: Path, *hooks: Webhook) -> Handoff:
+    """The core's side, as one user (no owner to hand files to): the inbox's directory is
+    `tmp/inbox`, the state dir `tmp`."""
+    (tmp / "inbox").mkdir(exist_ok=True, mode=0o700)
+    return Handoff(tmp / "inbox", tmp, [h.url for h in hooks], [h.outbox_max for h in hooks], None)
+
+
+def _worker(tmp: Path, hook: Webhook) -> WebhookWorker:
+    """The inbox's side of one target (its thread not started)."""
+    return WebhookWorker(webhook_target(hook, "webhook0"), tmp / "inbox")
+
+
+def _put(box: Handoff, hook: Webhook, event_id: int) -> Delivery:
+    d = new_delivery(
+        {"id": event_id, "type": "run.status", "workspace": "/w"}, hook.url, time.time()
+    )
+    box.put(d)
+    return d
+
+
 def test_deliveries_of_a_removed_target_go_to_the_dead_letter(tmp_path: Path) -> None:
-    kept, gone = Outbox(tmp_path, "http://127.0.0.1:1/"), Outbox(tmp_path, "http://127.0.0.1:2/")
-    kept.save(_delivery(1))
-    gone.save(_delivery(1))
-    assert bury_orphans(tmp_path, ["http://127.0.0.1:1/"]) == 1
-    assert not gone.pending_dir.exists()
-    assert [p.name for p in gone.dead_dir.iterdir()] == [_delivery(1).file_name]
-    assert [p.name for p in kept.pending_dir.iterdir()] == [_delivery(1).file_name]
-    assert target_key("http://127.0.0.1:1/") == kept.pending_dir.name
+    kept, gone = Webhook(url="http://127.0.0.1:1/"), Webhook(url="http://127.0.0.1:2/")
+    box = _handoff(tmp_path, kept, gone)
+    _put(box, kept, 1)
+    taken = _worker(tmp_path, gone)
+    d = _put(box, gone, 1)
+    assert taken.take_new() == 1  # one waits in the inbox's own directory, one in `new/`
+    _put(box, gone, 2)
+    box.close()
+    box = _handoff(tmp_path, kept)  # the next start, without the second target
+    outbox, dead = tmp_path / "inbox" / "outbox", tmp_path / "inbox" / "dead-letter"
+    assert not (outbox / target_key(gone.url)).exists()
+    buried = sorted(p.name for p in (dead / target_key(gone.url)).iterdir())
+    assert len(buried) == 2 and d.file_name in buried
+    assert len(list((outbox / target_key(kept.url) / "new").iterdir())) == 1
+    box.close()
+
+
+def test_an_older_deltads_outbox_is_handed_to_the_inbox(tmp_path: Path) -> None:
+    hook, gone = Webhook(url="http://127.0.0.1:1/"), Webhook(url="http://127.0.0.1:2/")
+    old, old_gone = Outbox(tmp_path, hook.url), Outbox(tmp_path, gone.url)
+    waiting, given_up, orphan = (
+        Delivery(f"msg_{i}", i, "run.status", "u", "{}", 1.0) for i in (1, 2, 3)
+    )
+    old.save(waiting)
+    old.bury(given_up, "max_attempts")
+    old_gone.save(orphan)
+    box = _handoff(tmp_path, hook)
+    assert not (tmp_path / "outbox").exists() and not (tmp_path / "dead-letter").exists()
+    inbox = tmp_path / "inbox"
+    new = inbox / "outbox" / target_key(hook.url) / "new"
+    assert [p.name for p in new.iterdir()] == [waiting.file_name]
+    assert [p.name for p in (inbox / "dead-letter" / target_key(hook.url)).iterdir()] == [
+        given_up.file_name
+    ]
+    assert [p.name for p in (inbox / "dead-letter" / target_key(gone.url)).iterdir()] == [
+        orphan.file_name
+    ]
+    box.close()
+
+
+def test_the_core_never_follows_what_the_inbox_plants(tmp_path: Path) -> None:
+    """The inbox's user can put anything in its outbox: a link where `new/` was is refused
+    at the next start (one line), never written through."""
+    hook = Webhook(url="http://127.0.0.1:1/")
+    _handoff(tmp_path, hook).close()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    new = tmp_path / "inbox" / "outbox" / target_key(hook.url) / "new"
+    new.rmdir()
+    new.symlink_to(elsewhere)
+    with pytest.raises(HandoffError, match=r"new: .*not a directory of the daemon's"):
+        _handoff(tmp_path, hook)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_without_an_inbox_the_core_keeps_at_most_outbox_max(tmp_path: Path) -> None:
+    hook = Webhook(url="http://127.0.0.1:9/hook", outbox_max=2)
+    box = _handoff(tmp_path, hook)
+    for event_id in (1, 2, 3, 4):
+        _put(box, hook, event_id)
+    new = tmp_path / "inbox" / "outbox" / target_key(hook.url) / "new"
+    assert sorted(int(p.name.split("-")[0]) for p in new.iterdir()) == [3, 4]
+    dead = tmp_path / "inbox" / "dead-letter" / target_key(hook.url)
+    assert sorted(int(p.name.split("-")[0]) for p in dead.iterdir()) == [1, 2]
+    assert box.buried == 2
+    box.close()
 
 
 def test_two_webhooks_may_not_share_a_url() -> None:
@@ -179,8 +258,10 @@ def test_a_disk_that_fails_parks_the_delivery_instead_of_a_busy_loop(
 
     with Receiver(default=503) as receiver:
         hook = Webhook(url=receiver.url, backoff_seconds=0.01, backoff_max_seconds=600)
-        worker = _WebhookWorker(hook, "webhook0", [], tmp_path)  # its thread is not started
-        worker.submit({"id": 1, "type": "run.status", "workspace": "/w"})
+        box = _handoff(tmp_path, hook)
+        worker = _worker(tmp_path, hook)
+        _put(box, hook, 1)
+        worker.take_new()
         due = worker._next_due()
         assert due is not None
 
@@ -195,22 +276,43 @@ def test_a_disk_that_fails_parks_the_delivery_instead_of_a_busy_loop(
         assert held.attempts == 1 and held.next_at > time.time() + 500
         assert len(receiver.calls()) == 1
         worker.client.close()
+        box.close()
 
 
 def test_a_full_outbox_pushes_its_oldest_delivery_to_the_dead_letter(tmp_path: Path) -> None:
 
     hook = Webhook(url="http://127.0.0.1:9/hook", outbox_max=2)
-    worker = _WebhookWorker(hook, "webhook0", [], tmp_path)  # its thread is not started
+    box = _handoff(tmp_path, hook)
+    worker = _worker(tmp_path, hook)
     for event_id in (3, 1, 2):
-        worker.submit({"id": event_id, "type": "run.status", "workspace": "/w"})
+        _put(box, hook, event_id)
+        worker.take_new()
     assert sorted(d.event_id for d in worker._pending.values()) == [2, 3]
-    waiting = sorted(int(p.name.split("-")[0]) for p in worker.outbox.pending_dir.iterdir())
+    waiting = sorted(int(p.name.split("-")[0]) for p in worker.outbox.pending_dir.glob("*.json"))
     assert waiting == [2, 3]
     [dead] = worker.outbox.dead_dir.iterdir()
     doc = json.loads(dead.read_text())
     assert doc["event_id"] == 1 and doc["dead_reason"] == "outbox_full"
     # A new worker on the same state dir finds what is waiting, under the same ids.
-    again = _WebhookWorker(hook, "webhook0", [], tmp_path)
+    again = _worker(tmp_path, hook)
     assert again._pending.keys() == worker._pending.keys()
     worker.client.close()
     again.client.close()
+    box.close()
+
+
+def test_a_file_in_new_that_is_not_this_targets_delivery_goes_to_the_dead_letter(
+    tmp_path: Path,
+) -> None:
+    hook = Webhook(url="http://127.0.0.1:9/hook")
+    box = _handoff(tmp_path, hook)
+    worker = _worker(tmp_path, hook)
+    new = worker.new_dir
+    (new / "00000000000000000001-msg_a.json").write_text("{not json")
+    (new / "00000000000000000002-msg_b.json").write_bytes(b"x" * (2 * 1024 * 1024))
+    other = new_delivery({"id": 3, "type": "run.status"}, "http://127.0.0.1:1/", 1.0)
+    (new / other.file_name).write_text(json.dumps(other.__dict__))
+    assert worker.take_new() == 0
+    assert len(list(worker.outbox.dead_dir.iterdir())) == 3 and not worker._pending
+    worker.client.close()
+    box.close()

@@ -263,6 +263,7 @@ function render() {
       return cards.get(keyOf(r));
     })];
     for (const r of list) showHanded(cards.get(keyOf(r)), r.delegations);
+    for (const r of list) showApprovals(cards.get(keyOf(r)), r.approvals);
     for (const r of list) showFollowUp(cards.get(keyOf(r)), r.follow_up);
     if (!sameChildren(section, nodes)) section.replaceChildren(...nodes);
     return section;
@@ -408,6 +409,7 @@ function card(r) {
     el("p", { class: "prompt", id: promptId }, r.prompt),
     respondents(r.respondents),
     el("div", { class: "handed" }, ...handedView(r.delegations)),
+    el("div", { class: "approvals" }, ...approvalsView(r.approvals)),
     el("div", { class: "followup" }, ...followUpView(r.follow_up)),
     factsView(r),
     ...(r.calls || []).map(callView),
@@ -479,6 +481,41 @@ function showHanded(node, list) {
   if (!slot || slot.dataset.shown === text) return;
   slot.dataset.shown = text;
   slot.replaceChildren(...handedView(list));
+}
+
+// -- four eyes (approvals_required) ----------------------------------------------------------------
+// "1 of 2 approvals: alice": the votes given so far on a question that needs several.
+function approvalsView(a) {
+  if (!a || typeof a !== "object" || !(a.required > 1)) return [];
+  const given = Array.isArray(a.given) ? a.given : [];
+  const names = given.map((v) => v.verdict === "approve" || v.verdict === "answer" ? v.by : `${v.by} (${v.verdict})`);
+  return [el("p", { class: "approvals-line", role: "status" },
+    `${given.length} of ${a.required} approvals`, names.length ? `: ${names.join(", ")}` : "",
+    a.owner_may_approve === false ? " — the workspace's owner may not approve" : "")];
+}
+
+function showApprovals(node, a) {
+  const slot = node?.querySelector(".approvals");
+  const text = JSON.stringify(a || null);
+  if (!slot || slot.dataset.shown === text) return;
+  slot.dataset.shown = text;
+  slot.replaceChildren(...approvalsView(a));
+}
+
+// A vote recorded, the question still waiting for others: the card stays, saying so.
+function voted(node, doc) {
+  showApprovals(node, doc.approvals);
+  const error = node?.querySelector(".error");
+  if (error) error.textContent = "";
+  const said = node?.querySelector(".approvals-line");
+  if (said) said.textContent += ". Your vote is in; it waits for the others.";
+}
+
+// Who the answer stands on, in the history: "approved by alice, bob".
+function approvedView(list) {
+  if (!Array.isArray(list) || !list.length) return [];
+  return [el("span", { class: "approvals-line" }, "votes: ",
+    list.map((v) => `${v.by} (${v.verdict || "approve"})`).join(", "))];
 }
 
 function handOver(r) {
@@ -554,7 +591,8 @@ async function sendMany(list, body, error) {
       if (res.status === "accepted") {
         picked.delete(keyOf(q));
         const node = document.querySelector(`.item[data-key="${CSS.escape(keyOf(q))}"]`);
-        node?.replaceChildren(el("p", { class: "done", role: "status" }, "Answered. The agent continues."));
+        if (res.answered === false) voted(node, res);
+        else node?.replaceChildren(el("p", { class: "done", role: "status" }, "Answered. The agent continues."));
       } else failed.push(el("li", {}, `${q.workspace}: ${res.error} (${res.code})`));
     });
     $("bulk-errors").replaceChildren(...failed);
@@ -626,10 +664,11 @@ async function send(r, body, error, field) {
     // A request id names a question only with its workspace (copies share ids).
     : `v1/requests/${encodeURIComponent(r.request_id)}/answer?workspace=${encodeURIComponent(r.workspace)}`;
   try {
-    await api("POST", path, body);
+    const doc = await api("POST", path, body);
     if (field) field.value = "";
     const node = document.querySelector(`.item[data-key="${CSS.escape(keyOf(r))}"]`);
-    node?.replaceChildren(el("p", { class: "done", role: "status" }, "Answered. The agent continues."));
+    if (doc && doc.answered === false) voted(node, doc);  // four eyes: others must agree too
+    else node?.replaceChildren(el("p", { class: "done", role: "status" }, "Answered. The agent continues."));
     if (linkToken) $("link-status").textContent = "Thank you: your answer is in.";
   } catch (e) {
     if (field && r.sensitive) field.value = "";
@@ -849,6 +888,7 @@ function historyItem(h, byRun) {
     el("span", { class: "what" }, ...happened(h)),
     ...editsView(h),
     ...handedView(h.delegations),
+    ...approvedView(h.approvals),
     ...followUpView(h.follow_up, false),  // answered: who was reminded, escalated to whom
     h.prompt ? el("span", { class: "asked" }, h.prompt) : null,
     el("span", { class: "where" }, h.workspace, " ", runLink(h.workspace, h.run_id, "run view")), when(h.at));
