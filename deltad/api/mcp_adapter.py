@@ -238,6 +238,7 @@ QUESTION_FIELDS = (
     "after_deadline",
     "respondents",
     "delegations",
+    "approvals",
     "follow_up",
     "context",
     "calls",
@@ -273,10 +274,17 @@ def question_result(doc: Mapping[str, Any]) -> types.CallToolResult:
 
 
 def answered_result(doc: Mapping[str, Any]) -> types.CallToolResult:
-    text = (
-        f"Answered question {doc.get('request_id')} as {doc.get('answered_by')}: "
-        f"the run in {doc.get('workspace')} resumes."
-    )
+    """The core's 202 document: an answer, or (four eyes) a vote that may not complete it."""
+    rid, by = doc.get("request_id"), doc.get("answered_by")
+    approvals = doc.get("approvals")
+    if doc.get("answered") is False and isinstance(approvals, Mapping):
+        given = approvals.get("given") or []
+        text = (
+            f"Vote counted on question {rid} as {by}: {len(given)} of "
+            f"{approvals.get('required')} approvals; the run resumes once enough people agree."
+        )
+    else:
+        text = f"Answered question {rid} as {by}: the run in {doc.get('workspace')} resumes."
     content: list[types.ContentBlock] = [types.TextContent(text=text)]
     return types.CallToolResult(content=content, structured_content=dict(doc))
 

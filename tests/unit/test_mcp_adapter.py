@@ -566,3 +566,38 @@ def test_the_mcp_path_is_bounded_like_an_answer_and_a_stranger_gets_401_first(
         r = http.get("/mcp", headers={"Authorization": "Bearer nope"})  # no body: the endpoint's
         assert r.status_code == 401 and r.json()["code"] == "unauthorized"
     assert app.state.mcp.endpoint is None  # nothing reached the SDK
+
+
+@pytest.mark.parametrize(
+    ("doc", "text"),
+    [
+        (
+            {"request_id": "r1", "answered_by": "alice", "workspace": "/w", "channel": "mcp"},
+            "Answered question r1 as alice: the run in /w resumes.",
+        ),
+        (  # four eyes: a vote that does not complete the answer yet
+            {
+                "request_id": "r1",
+                "answered_by": "alice",
+                "answered": False,
+                "approvals": {"required": 2, "given": [{"by": "alice"}]},
+            },
+            "Vote counted on question r1 as alice: 1 of 2 approvals; the run resumes once "
+            "enough people agree.",
+        ),
+        (  # the vote that completes it
+            {
+                "request_id": "r1",
+                "answered_by": "bob",
+                "workspace": "/w",
+                "answered": True,
+                "approvals": {"required": 2, "given": [{"by": "alice"}, {"by": "bob"}]},
+            },
+            "Answered question r1 as bob: the run in /w resumes.",
+        ),
+    ],
+)
+def test_the_cores_answer_as_a_tool_result(doc: dict[str, Any], text: str) -> None:
+    r = m.answered_result(doc)
+    assert not r.is_error and r.content[0].text == text  # type: ignore[union-attr]
+    assert r.structured_content == doc
