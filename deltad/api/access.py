@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -172,3 +172,27 @@ class AccessLog:
                     suppressed=said.suppressed,
                     detail=f"at most one line per client every {self.failed_auth.every:g}s",
                 )
+
+
+class McpMetrics:
+    """The MCP endpoint's own figures (deltad/api/mcp_adapter.py), in the HTTP layer's
+    registry: tool calls by tool and outcome, and who is being told of changes. Its answers
+    are counted where every answer is, `deltad_answers_total{channel="mcp"}` (the core's)."""
+
+    TOOLS = frozenset({"list_questions", "get_question", "answer_question"})
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "deltad_mcp_tool_calls",
+            "MCP tool calls, by tool and outcome (ok, refused, input_required).",
+            ["tool", "outcome"],
+            registry=registry,
+        )
+        self.listeners = Gauge(
+            "deltad_mcp_listeners",
+            "MCP subscriptions/listen streams open (told when the question list changes).",
+            registry=registry,
+        )
+
+    def called(self, tool: str, outcome: str) -> None:
+        self.calls.labels(tool if tool in self.TOOLS else "other", outcome).inc()

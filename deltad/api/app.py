@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import json
 import secrets
 import threading
@@ -13,16 +14,17 @@ import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import anyio.to_thread
 from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deltad import __version__, health
@@ -30,13 +32,16 @@ from deltad.inbox.feed import EVENT_TYPES, EventType, FeedEvent
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
-from . import handlers, history, limits, paging, problems, schemas, scopes
-from .access import AccessLog, RateLimit, note_token
+from . import handlers, history, limits, mcp_gate, paging, problems, schemas, scopes
+from .access import AccessLog, McpMetrics, RateLimit, note_token
 from .calls import Calls, Local
 from .handlers import ApiError, Context, unauthorized
 from .schemas import errors
 from .sessions import Sessions, matches
 from .tokens import Identity, TokenError, digest
+
+if TYPE_CHECKING:
+    from .mcp_adapter import Endpoint
 
 SESSION_COOKIE = "deltad_session"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -224,11 +229,13 @@ def create_app(
             return limits.Refusal(e.http, e.code, str(e))
         return None
 
+    mcp_path = ctx.config.mcp.path if ctx.config.mcp.enabled else None
     app.add_middleware(
         limits.BodyLimit,
         check=credential_first,
         headers=SECURITY_HEADERS,
         timeout=ctx.config.body_timeout_seconds,
+        mcp_path=mcp_path,
     )
 
     @app.middleware("http")
@@ -606,7 +613,54 @@ def create_app(
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    if mcp_path is not None:
+        mount_mcp(app, ctx, core, mcp_path)
     return app
+
+
+def mount_mcp(app: FastAPI, ctx: Context, core: Calls, path: str) -> None:
+    """The inbox as an MCP server at `path`; every method goes to it (the SDK answers each)."""
+    try:
+        metrics = McpMetrics(ctx.http_metrics.registry)
+    except ValueError:  # a second app on one context (tests): its figures stay its own
+        metrics = McpMetrics(CollectorRegistry(auto_describe=False))
+    mount = LazyMcp(ctx, core, metrics)
+    metrics.listeners.set_function(mount.listeners)
+    app.router.routes.append(Route(path, endpoint=mount))
+    ctx.feed.subscribe(mount.changed)  # a question asked or gone: listeners are told
+    app.state.mcp = mount
+
+
+class LazyMcp:
+    """deltad/api/mcp_adapter.py, imported (in a worker thread) and built on the first request
+    to the MCP path: the SDK costs the inbox process 1-2 s of start and some 25 MB, which an
+    inbox nobody reaches over MCP never pays."""
+
+    def __init__(self, ctx: Context, core: Calls, metrics: McpMetrics) -> None:
+        self.ctx, self.core, self.metrics = ctx, core, metrics
+        self.endpoint: Endpoint | None = None  # built on the first request
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or await mcp_gate.admit(self.ctx.tokens, scope, send) is None:
+            return  # refused from the headers: the SDK is not loaded for a stranger
+        if self.endpoint is None:
+            module = await anyio.to_thread.run_sync(
+                importlib.import_module, "deltad.api.mcp_adapter"
+            )
+            if self.endpoint is None:  # no await since the check: one endpoint, ever
+                self.endpoint = module.endpoint(
+                    self.core, self.ctx.tokens, self.ctx.config.mcp, self.metrics
+                )
+        assert self.endpoint is not None
+        await self.endpoint(scope, receive, send)
+
+    def listeners(self) -> float:
+        return float(len(self.endpoint.hub)) if self.endpoint is not None else 0.0
+
+    def changed(self, e: FeedEvent) -> None:
+        """On the feed's thread (the loop's, or the inbox's reader)."""
+        if (endpoint := self.endpoint) is not None:
+            endpoint.changed(e)
 
 
 def _health(checks: list[health.Check], request: Request) -> JSONResponse:

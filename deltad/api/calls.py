@@ -39,7 +39,9 @@ class Calls(Protocol):
         body: dict[str, Any],
         idempotency_key: str | None,
         workspace: str | None,
-    ) -> dict[str, Any]: ...
+        channel: str = "http",
+    ) -> dict[str, Any]:
+        """`channel`: "http" (the API, the page) or "mcp" (which never answers a secret)."""
 
     def answer_many(
         self,
@@ -121,9 +123,10 @@ class Local:
         body: dict[str, Any],
         idempotency_key: str | None,
         workspace: str | None,
+        channel: str = "http",
     ) -> dict[str, Any]:
         return handlers.answer(
-            self.ctx, who, request_id, body, idempotency_key, workspace=workspace
+            self.ctx, who, request_id, body, idempotency_key, workspace=workspace, channel=channel
         )
 
     def answer_many(

@@ -52,6 +52,30 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve anywhere
 
 
+# The inbox's own top-level paths (deltad/api/app.py): the MCP endpoint goes elsewhere.
+MCP_PATH_TAKEN = ("v1", "static", "a", "metrics", "healthz", "livez", "readyz")
+
+
+class McpConfig(_Strict):
+    """`http.mcp`: the inbox as an MCP server (streamable HTTP) at `path`, for the API's tokens
+    (docs/inbox.md, "MCP")."""
+
+    enabled: bool = True
+    path: str = Field(default="/mcp", pattern=r"^/[A-Za-z0-9._~/-]{1,63}$")
+    max_sessions: int = Field(default=1000, ge=1, le=100_000)  # MCP sessions open at once
+    max_listeners: int = Field(default=256, ge=1, le=100_000)  # subscriptions/listen streams
+    session_idle_seconds: float = Field(default=1800.0, gt=0, le=86400)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        v = v.rstrip("/")
+        if v.split("/")[1] in MCP_PATH_TAKEN:
+            taken = ", ".join(f"/{p}" for p in MCP_PATH_TAKEN)
+            raise ValueError(f"must not be under a path the inbox already serves ({taken})")
+        return v
+
+
 class HttpConfig(_Strict):
     listen: str = "127.0.0.1:8470"
     tls_cert: Path | None = None
@@ -79,6 +103,7 @@ class HttpConfig(_Strict):
     # inbox started by its own unit (deltad-inbox.service), the socket the core listens on.
     user: str = Field(default="deltad-inbox", min_length=1, max_length=64)
     inbox_socket: Path | None = None
+    mcp: McpConfig = Field(default_factory=McpConfig)  # the inbox as an MCP server
 
     @field_validator("listen")
     @classmethod

@@ -473,10 +473,29 @@ def answer(
         return repeat
     ws = _workspace_of(ctx, who, request_id, workspace)
     _respondent(ws, request_id, inbox.Answerer(who.name, who.groups, who.role == "admin"))
+    if channel in NO_SECRETS:
+        _not_a_secret(ctx, ws, request_id, channel)
     doc = deliver(ctx, ws, request_id, body, who.name, channel)
     if idempotency_key:
         ctx.idempotency.remember(who.name, idempotency_key, request_id, body_digest, doc)
     return doc
+
+
+# Channels a secret is never answered through (an MCP host may show, log or keep what it
+# sends): the page's form or a signed link instead.
+NO_SECRETS = {"mcp": "MCP"}  # channel -> how a refusal names it
+
+
+def _not_a_secret(ctx: Context, ws: Path, request_id: str, channel: str) -> None:
+    p = pending_question(ws)
+    if p is not None and p.request.request_id == request_id and p.request.is_secret:
+        raise ApiError(
+            403,
+            "secret",
+            f"question {request_id} asks for a secret, which is never answered over "
+            f"{NO_SECRETS[channel]}: "
+            f"answer it on the inbox page ({ctx.base_url}/#request={request_id})",
+        )
 
 
 def _repeat(

@@ -44,13 +44,16 @@ class Refusal:
     message: str
 
 
-def rule_for(method: str, path: str) -> Rule:
-    """Which credential a route takes from its headers (or path), and its body cap."""
+def rule_for(method: str, path: str, mcp_path: str | None = None) -> Rule:
+    """Which credential a route takes from its headers (or path), and its body cap
+    (`mcp_path`: where the MCP endpoint is mounted, if it is)."""
     parts = path.strip("/").split("/")
     if parts[:2] == ["v1", "links"]:
         return Rule("link", ANSWER_BODY_MAX if parts[-1] == "answer" else SMALL_BODY_MAX)
     if method == "POST" and parts == ["v1", "session"]:
         return Rule("none", SMALL_BODY_MAX)  # the login: its body is the credential
+    if mcp_path is not None and path.rstrip("/") == mcp_path:
+        return Rule("token", ANSWER_BODY_MAX)  # MCP: one JSON-RPC message, an answer at most
     if method == "POST" and parts[:2] == ["v1", "channels"] and parts[3:] == ["interactions"]:
         return Rule("none", CHANNEL_BODY_MAX)  # a channel's service: its signature, in the core
     if parts[0] != "v1":
@@ -97,15 +100,21 @@ class BodyLimit:
     `headers` go on every refusal; the whole body must arrive within `timeout` seconds."""
 
     def __init__(
-        self, app: ASGIApp, check: Check, headers: dict[str, str], timeout: float = math.inf
+        self,
+        app: ASGIApp,
+        check: Check,
+        headers: dict[str, str],
+        timeout: float = math.inf,
+        mcp_path: str | None = None,
     ) -> None:
         self.app, self.check, self.headers, self.timeout = app, check, headers, timeout
+        self.mcp_path = mcp_path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not has_body(scope["headers"]):
             await self.app(scope, receive, send)
             return
-        rule = rule_for(scope["method"], scope["path"])
+        rule = rule_for(scope["method"], scope["path"], self.mcp_path)
         refusal = self.check(scope, rule)
         length = declared_length(scope["headers"])
         if refusal is None and length is not None and length > rule.max_body:

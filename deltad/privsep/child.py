@@ -168,6 +168,7 @@ class Remote:
         body: dict[str, Any],
         idempotency_key: str | None,
         workspace: str | None,
+        channel: str = "http",
     ) -> dict[str, Any]:
         return self.send(
             {
@@ -177,6 +178,7 @@ class Remote:
                 "body": body,
                 "idempotency_key": idempotency_key,
                 "workspace": workspace,
+                "channel": channel,
             }
         )
 

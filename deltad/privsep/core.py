@@ -228,7 +228,14 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
     if isinstance(call, wire.GetRequest):
         return core.get_request(who, call.request_id, call.workspace)
     if isinstance(call, wire.Answer):
-        return core.answer(who, call.request_id, call.body, call.idempotency_key, call.workspace)
+        return core.answer(
+            who,
+            call.request_id,
+            call.body,
+            call.idempotency_key,
+            call.workspace,
+            channel=call.channel,
+        )
     if isinstance(call, wire.AnswerMany):
         items = [i.model_dump() for i in call.items]
         return core.answer_many(who, items, call.body, call.idempotency_key)

@@ -102,6 +102,9 @@ class Answer(Strict):
     body: dict[str, Any]
     idempotency_key: Text | None = None
     workspace: PathText | None = None
+    # Which surface of the inbox took it (recorded with the answer): the API and the page, or
+    # the MCP endpoint (deltad/api/mcp_adapter.py; the core refuses a secret over it).
+    channel: Literal["http", "mcp"] = "http"
 
 
 class BulkItem(Strict):

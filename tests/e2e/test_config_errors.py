@@ -186,6 +186,10 @@ CASES: dict[str, Case] = {
         "http.tls_cert: ",
     ),
     "tls files not pem": Case(_garbage_tls, "http.tls_cert/tls_key: cannot be used"),
+    "mcp path taken": Case(
+        lambda tmp: {"http": {"listen": "127.0.0.1:0", "mcp": {"path": "/v1/mcp"}}},
+        "http.mcp.path: must not be under a path the inbox already serves",
+    ),
     "webhook secret file missing": Case(
         _webhook({"secret_file": "/nonexistent/secret"}),
         "notify.webhooks.0.signing.secret_file: /nonexistent/secret",

@@ -104,6 +104,11 @@ def test_the_inbox_gets_an_allowlisted_environment(monkeypatch: pytest.MonkeyPat
         (b'{"op": "history", "id": 1, "token": "a", "limit": 501}', "limit"),
         (b'{"op": "answer", "id": 1, "token": "a", "request_id": "r", "body": []}', "body"),
         (b'{"op": "list_runs", "id": 1, "token": "a", "status": "BOGUS"}', "status"),
+        (  # an answer names the inbox's surface it came through, one of two
+            b'{"op": "answer", "id": 1, "token": "a", "request_id": "r", "body": {}, '
+            b'"channel": "email"}',
+            "channel",
+        ),
     ],
 )
 def test_a_frame_that_does_not_fit_is_refused_with_a_reason(raw: bytes, why: str) -> None:
