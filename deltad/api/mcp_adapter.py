@@ -316,43 +316,47 @@ ELICITED = "answer"  # the key of the one input request answer_question makes
 
 def elicitation(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     """The form (an elicitation's flat `requestedSchema`) a host shows to answer `doc`; None
-    when a form cannot ask it (a secret: never; edits of gated calls: `decisions` instead)."""
-    t = doc.get("input_type")
-    extra: dict[str, Any] = {}
-    if doc.get("sensitive"):
+    when a form cannot ask it (a secret: never; a control a form has no field for). Built from
+    the question's `form` (protocol/kinds.py, what the page builds from): the kinds are the
+    vocabulary's to tell apart, not this adapter's."""
+    form = doc.get("form")
+    if doc.get("sensitive") or not isinstance(form, Mapping):
         return None
-    if t == "text":
-        field: dict[str, Any] = {"type": "string", "title": "Answer"}
-    elif t == "choice":
-        options = [o for o in doc.get("options") or [] if isinstance(o, Mapping)]
-        field = {
-            "type": "string",
-            "title": "Answer",
-            "oneOf": [{"const": str(o["key"]), "title": str(o.get("label"))} for o in options],
-        }
-    elif t in ("yes_no", "confirmation"):
-        field = {"type": "string", "title": "Answer", "enum": ["yes", "no"]}
-    elif t == "number":
-        field = {"type": "number", "title": "Answer"}
-        field |= {k: doc[k] for k in ("minimum", "maximum") if doc.get(k) is not None}
-    elif t == "date":
-        field = {"type": "string", "title": "Answer", "format": "date"}
-    elif t == "approval":
-        field = {"type": "string", "title": "Decision", "enum": ["approve", "reject"]}
-        extra = {"reason": {"type": "string", "title": "Reason (for a rejection)"}}
+    keys = [k for k in form.get("keys") or [] if isinstance(k, Mapping)]
+    extra: dict[str, Any] = {}
+    control, kind = form.get("control"), form.get("type")
+    if control == "input" and kind in ("text", "number", "date"):
+        field: dict[str, Any] = {"type": "number" if kind == "number" else "string"}
+        field["title"] = "Answer"
+        if kind == "number":
+            field |= {k: doc[k] for k in ("minimum", "maximum") if doc.get(k) is not None}
+        elif kind == "date":
+            field["format"] = "date"
+    elif control == "keys" and keys:
+        answers = [(str(k.get("answer") or k.get("key")), str(k.get("label"))) for k in keys]
+        field = {"type": "string", "title": "Answer"}
+        field["oneOf"] = [{"const": a, "title": label} for a, label in answers]
+    elif control == "decisions":
+        # A form cannot edit a call's arguments (the page can): approve or reject every call.
+        decisions = [str(k.get("decision")) for k in keys]
+        field = {"type": "string", "title": "Decision"}
+        field["enum"] = [d for d in decisions if d in ("approve", "reject")]
+        if any(k.get("reason") for k in keys):
+            extra = {"reason": {"type": "string", "title": "Reason (for a rejection)"}}
     else:
         return None
     return {"type": "object", "properties": {ELICITED: field, **extra}, "required": [ELICITED]}
 
 
-def elicited_text(input_type: str, content: Mapping[str, Any]) -> str:
-    """A filled form as the answer's text, read by the question's kind like any other."""
+def elicited_text(control: str, content: Mapping[str, Any]) -> str:
+    """A filled form as the answer's text, read by the question's kind like any other; a
+    rejection's reason (a `decisions` form) goes with it."""
     value = content.get(ELICITED)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     text = "" if value is None else str(value)
     reason = content.get("reason")
-    if input_type == "approval" and text == "reject" and isinstance(reason, str) and reason:
+    if control == "decisions" and text == "reject" and isinstance(reason, str) and reason:
         return f"reject: {reason}"
     return text
 
@@ -485,7 +489,7 @@ class Inbox:
                 return refused(
                     "declined", f"question {rid} was not answered (the form was not sent)"
                 )
-            body = {"answer": elicited_text(asked["input_type"], reply.content or {})}
+            body = {"answer": elicited_text(str(asked.get("control")), reply.content or {})}
             done = self.calls.answer(who, rid, body, None, asked["workspace"], channel=CHANNEL)
         except ApiError as e:
             return refused(e.code, str(e))
@@ -504,7 +508,9 @@ class Inbox:
         form = types.ElicitRequestFormParams(
             message=f"{doc.get('prompt')}\n(expects {doc.get('expects')})", requested_schema=schema
         )
-        state = {"workspace": doc.get("workspace"), "input_type": doc.get("input_type")}
+        form_doc = doc.get("form")
+        control = form_doc.get("control") if isinstance(form_doc, Mapping) else None
+        state = {"workspace": doc.get("workspace"), "control": control}
         return types.InputRequiredResult(
             input_requests={ELICITED: types.ElicitRequest(params=form)},
             request_state=json.dumps(state),

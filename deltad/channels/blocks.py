@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from deltad.inbox import AnswerIn
-from deltad.protocol import InputType, InteractionRequest, kinds
+from deltad.protocol import InteractionRequest, kinds
 from deltad.protocol.replies import AnswerRejected, CallDecision, Decision
 
 from .base import Closed, Question
@@ -121,7 +121,7 @@ def question_message(
         if len(req.calls) > 10:
             shown.append(f"… and {len(req.calls) - 10} more (on the page)")
         blocks.append(_section("*Calls waiting for a decision:*\n" + "\n".join(shown)))
-    if req.options and req.input_type == InputType.CHOICE:
+    if req.options and kinds.form(req).control == "keys":  # the options, by key
         listed = "\n".join(f"*[{escape(o.key)}]* {escape(o.label)}" for o in req.options)
         blocks.append(_section(listed))
     hint = kinds.kind_of(req.input_type).bounds(req)
@@ -209,13 +209,14 @@ def modal(req: InteractionRequest, ref: str, key: str) -> dict[str, Any]:
         why = {"type": "input", "block_id": INPUT_BLOCK, "optional": True}
         return base | {"blocks": [prompt, why | {"label": label, "element": field}]}
     element: dict[str, Any]
-    if req.input_type == InputType.NUMBER:
+    asked = kinds.form(req).type  # the input the page shows (protocol/kinds.py), not the kind
+    if asked == "number":
         element = {"type": "number_input", "action_id": INPUT_ACTION, "is_decimal_allowed": True}
         if req.minimum is not None:
             element["min_value"] = f"{req.minimum:g}"
         if req.maximum is not None:
             element["max_value"] = f"{req.maximum:g}"
-    elif req.input_type == InputType.DATE:
+    elif asked == "date":
         element = {"type": "datepicker", "action_id": INPUT_ACTION}
         if req.default and re.fullmatch(r"\d{4}-\d{2}-\d{2}", req.default):
             element["initial_date"] = req.default

@@ -323,7 +323,8 @@ class Lifecycle:
                 self.http = InboxHost(
                     http, self.core.feed, config.state_dir, log_args, self.core.vitals
                 )
-                if config.audit.enabled:  # four eyes: each vote is a receipt of its own
+                # four eyes: each vote is a receipt of its own (no context: webhooks alone)
+                if config.audit.enabled and self.http.context is not None:
                     self.http.context.audit = audit_path(config)
             except (ListenError, InboxUnusable, OSError, ValueError) as e:
                 said = str(e)  # a certificate's problem, a user's, names its key already

@@ -325,7 +325,14 @@ def test_a_frozen_active_is_fenced_and_resumes_nothing_when_it_wakes(tmp_path: P
         assert a.proc.wait(60) == 1
         [lost] = a.events("lease_lost")
         assert lost["epoch"] == 2 and str(b.proc.pid) in lost["held_by"]
-        doc = status_doc(tmp_path / "shared" / "state")
+        state, pid = tmp_path / "shared" / "state", b.proc.pid
+        # The new active takes the state dir's lock at its first tick after the old one's
+        # exit (held by the frozen one until then): nobody holds it for that instant.
+        wait_for(
+            lambda: status(state).returncode == 0 and status_doc(state)["pid"] == pid,
+            "the new active holding the state dir and saying so",
+        )
+        doc = status_doc(state)
         assert doc["role"] == "active" and doc["pid"] == b.proc.pid
         assert doc["lease"]["epoch"] == 2
     assert resumes_of(a) == [str(before)]  # nothing after the wake

@@ -18,6 +18,8 @@ from deltad.api.config import HttpConfig, McpConfig
 from deltad.api.handlers import ApiError
 from deltad.api.limits import ANSWER_BODY_MAX, SMALL_BODY_MAX, Rule, rule_for
 from deltad.api.tokens import Identity, TokenStore
+from deltad.protocol import InteractionRequest
+from deltad.protocol.kinds import form
 
 CHOICE = {
     "request_id": "r1",
@@ -26,12 +28,18 @@ CHOICE = {
     "prompt": "Which release channel?",
     "input_type": "choice",
     "options": [{"key": "s", "label": "stable"}, {"key": "b", "label": "beta"}],
+    "form": {
+        "control": "keys",
+        "keys": [
+            {"key": "s", "label": "stable", "answer": "s"},
+            {"key": "b", "label": "beta", "answer": "b"},
+        ],
+    },
     "sensitive": False,
     "timestamp": "2026-11-27T10:00:00Z",
     "expires_at": None,
     "task": "ship it",
     "url": "http://127.0.0.1:8470/#request=r1",
-    "form": {"fields": []},  # the page's: not for MCP
     "default": None,
 }
 
@@ -380,32 +388,47 @@ def test_listeners_are_told_only_of_the_workspaces_their_token_sees(
     assert heard == ["bob"] and len(hub) == 2
 
 
+def _asked(input_type: str, **fields: Any) -> dict[str, Any]:
+    """A question document as the API serves it: its `form` from the kind (protocol/kinds.py)."""
+    req = InteractionRequest(prompt="?", input_type=input_type, run_id="r", action_id="a", **fields)
+    return {**req.model_dump(mode="json"), "form": form(req).model_dump(mode="json")}
+
+
 @pytest.mark.parametrize(
     ("doc", "field"),
     [
-        ({"input_type": "text"}, {"type": "string", "title": "Answer"}),
+        (_asked("text"), {"type": "string", "title": "Answer"}),
         (
-            CHOICE,
+            _asked(
+                "choice", options=[{"key": "s", "label": "stable"}, {"key": "b", "label": "beta"}]
+            ),
             {
                 "type": "string",
                 "title": "Answer",
                 "oneOf": [{"const": "s", "title": "stable"}, {"const": "b", "title": "beta"}],
             },
         ),
-        ({"input_type": "yes_no"}, {"type": "string", "title": "Answer", "enum": ["yes", "no"]}),
         (
-            {"input_type": "number", "minimum": 1, "maximum": 20},
+            _asked("yes_no"),
+            {
+                "type": "string",
+                "title": "Answer",
+                "oneOf": [{"const": "yes", "title": "Yes"}, {"const": "no", "title": "No"}],
+            },
+        ),
+        (
+            _asked("number", minimum=1, maximum=20),
             {"type": "number", "title": "Answer", "minimum": 1, "maximum": 20},
         ),
-        ({"input_type": "number"}, {"type": "number", "title": "Answer"}),
-        ({"input_type": "date"}, {"type": "string", "title": "Answer", "format": "date"}),
+        (_asked("number"), {"type": "number", "title": "Answer"}),
+        (_asked("date"), {"type": "string", "title": "Answer", "format": "date"}),
         (
-            {"input_type": "approval"},
+            _asked("approval", calls=[{"action_id": "c1", "tool_name": "shell"}]),
             {"type": "string", "title": "Decision", "enum": ["approve", "reject"]},
         ),
-        ({"input_type": "password", "sensitive": True}, None),  # never in a form
-        ({"input_type": "text", "sensitive": True}, None),
-        ({"input_type": "something-new"}, None),
+        (_asked("password"), None),  # never in a form
+        (_asked("text", sensitive=True), None),
+        ({"input_type": "something-new"}, None),  # no form: nothing to build one from
     ],
 )
 def test_a_question_as_an_elicitation_form(
@@ -421,22 +444,23 @@ def test_a_question_as_an_elicitation_form(
 
 
 @pytest.mark.parametrize(
-    ("input_type", "content", "text"),
+    ("control", "content", "text"),
     [
-        ("text", {"answer": "to staging"}, "to staging"),
-        ("number", {"answer": 3.0}, "3"),
-        ("number", {"answer": 2.5}, "2.5"),
-        ("choice", {"answer": "b"}, "b"),
-        ("approval", {"answer": "approve", "reason": "fine"}, "approve"),
-        ("approval", {"answer": "reject", "reason": "too wide"}, "reject: too wide"),
-        ("approval", {"answer": "reject"}, "reject"),
-        ("text", {}, ""),  # the kind says what is wrong with an empty answer
+        ("input", {"answer": "to staging"}, "to staging"),
+        ("input", {"answer": 3.0}, "3"),
+        ("input", {"answer": 2.5}, "2.5"),
+        ("keys", {"answer": "b"}, "b"),
+        ("decisions", {"answer": "approve", "reason": "fine"}, "approve"),
+        ("decisions", {"answer": "reject", "reason": "too wide"}, "reject: too wide"),
+        ("decisions", {"answer": "reject"}, "reject"),
+        ("keys", {"answer": "reject", "reason": "x"}, "reject"),  # a reason only for decisions
+        ("input", {}, ""),  # the kind says what is wrong with an empty answer
     ],
 )
 def test_a_filled_form_as_the_answers_text(
-    input_type: str, content: dict[str, Any], text: str
+    control: str, content: dict[str, Any], text: str
 ) -> None:
-    assert m.elicited_text(input_type, content) == text
+    assert m.elicited_text(control, content) == text
 
 
 @pytest.mark.parametrize(
@@ -448,14 +472,14 @@ def test_a_filled_form_as_the_answers_text(
         (
             ALICE,
             {"answer": m.types.ElicitResult(action="accept", content={"answer": "b"})},
-            '{"workspace": "/srv/ws one", "input_type": "choice"}',
+            '{"workspace": "/srv/ws one", "control": "keys"}',
             None,
             [("answer", "r1", "{'answer': 'b'}", "None", "/srv/ws one", "mcp"), ("get", "r1")],
         ),
         (
             ALICE,
             {"answer": m.types.ElicitResult(action="decline")},
-            '{"workspace": "/srv/ws one", "input_type": "choice"}',
+            '{"workspace": "/srv/ws one", "control": "keys"}',
             "declined",
             [],
         ),
