@@ -34,7 +34,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -398,6 +398,21 @@ def one_line(text: str) -> str:
 # --- the shell ----------------------------------------------------------------------------
 
 
+FENCED_AT_EXEC = "fenced: this daemon's HA lease was not confirmed when sbatch was to start"
+
+
+def _fenced_exec(fence: Callable[[], bool]) -> Callable[[], None]:
+    """sbatch's preexec: the fence asked in the forked child, right before exec. The fence is
+    the lease's `may_act` (attribute reads and a monotonic clock: no lock another thread
+    could hold at the fork); False ends the child before sbatch runs."""
+
+    def check() -> None:
+        if not fence():
+            raise SubmitError(FENCED_AT_EXEC)
+
+    return check
+
+
 class SlurmExecutor(RemoteExecutor):
     """`JobExecutor` on Slurm: the hooks of `RemoteExecutor`, run from its worker thread."""
 
@@ -430,6 +445,7 @@ class SlurmExecutor(RemoteExecutor):
         argv: list[str],
         env: Mapping[str, str] | None = None,
         stdin: bytes | None = None,
+        fence: Callable[[], bool] | None = None,
     ) -> str:
         tool = os.path.basename(argv[0])
         try:
@@ -441,6 +457,7 @@ class SlurmExecutor(RemoteExecutor):
                 timeout=self.opts.command_timeout,
                 umask=0o077,
                 check=False,
+                preexec_fn=None if fence is None else _fenced_exec(fence),
             )
         except FileNotFoundError:
             raise SlurmError(f"{tool} not found: install Slurm's client commands") from None
@@ -448,6 +465,10 @@ class SlurmExecutor(RemoteExecutor):
             raise SlurmError(f"{tool}: permission denied") from None
         except subprocess.TimeoutExpired:
             raise SlurmError(f"{tool} did not answer in {self.opts.command_timeout:g} s") from None
+        except subprocess.SubprocessError as e:  # the preexec's fence, raised in the child
+            if fence is not None and not fence():
+                raise SubmitError(FENCED_AT_EXEC) from None
+            raise SlurmError(f"{tool}: {e}") from None
         except OSError as e:  # fork or exec failed (ENOMEM, EAGAIN, ...): an outage too
             raise SlurmError(f"{tool}: {e.strerror or e}") from None
         if done.returncode != 0:
@@ -485,7 +506,10 @@ class SlurmExecutor(RemoteExecutor):
         comment = comment_for(spec.key, self.opts.daemon_id, spec.identity.uid, self._secret)
         argv = sbatch_argv(self._bin("sbatch"), spec, self.opts, comment)
         check_fence(spec)  # right before sbatch: a daemon frozen meanwhile submits nothing
-        out = self._run(argv, env=env, stdin=batch_script(spec.argv))
+        # ... and once more in sbatch's own process, between fork and exec: a daemon frozen
+        # after the check above and woken after a standby took over would otherwise still
+        # run the sbatch it had decided on (a second job of one answer).
+        out = self._run(argv, env=env, stdin=batch_script(spec.argv), fence=spec.fence)
         job_id = out.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
         if not job_id.isdigit():
             raise SlurmError(f"sbatch: unexpected answer {one_line(out)!r}")

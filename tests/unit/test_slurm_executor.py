@@ -10,7 +10,16 @@ from typing import Any
 import pytest
 
 from deltad.executors.remote import RemoteJob, Seen, events_of
-from deltad.executors.seam import Exit, Handle, Identity, JobSpec, JobState, RequestKey, Started
+from deltad.executors.seam import (
+    Exit,
+    Handle,
+    Identity,
+    JobSpec,
+    JobState,
+    RequestKey,
+    Started,
+    SubmitError,
+)
 from deltad.executors.slurm import (
     JobRow,
     SlurmConfigError,
@@ -306,3 +315,29 @@ def test_the_owner_log_directory_is_made_0700_and_someone_elses_is_refused(
         SlurmExecutor._owner_dir(theirs, ann)
     assert "\x1b" not in str(e.value)
     assert str(e.value).endswith("is not the owner's (uid 54321)")
+
+
+@pytest.mark.spawns  # a stand-in sbatch: the fence is asked in its process, before exec
+def test_a_daemon_frozen_after_its_fence_check_starts_no_sbatch_when_it_wakes(
+    tmp_path: Path,
+) -> None:
+    ran = tmp_path / "ran"
+    fake = tmp_path / "sbatch"
+    fake.write_text(f"#!/bin/sh\ntouch '{ran}'\necho 42\n")
+    fake.chmod(0o755)
+    opts = SlurmOptions(log_dir=tmp_path / "logs", daemon_id="d", bin_dir=tmp_path)
+    ex = SlurmExecutor(opts, SECRET)
+    try:
+        # True where the worker checked (this process), False in the forked child: the lease
+        # was lost while the daemon stood frozen between its check and the fork.
+        parent = os.getpid()
+        with pytest.raises(SlurmError):
+            ex._run([str(fake)], env={}, fence=lambda: os.getpid() == parent)
+        assert not ran.exists()
+        with pytest.raises(SubmitError, match="fenced"):  # lost for both: said as fenced
+            ex._run([str(fake)], env={}, fence=lambda: False)
+        assert not ran.exists()
+        assert ex._run([str(fake)], env={}, fence=lambda: True).strip() == "42"
+        assert ran.exists()
+    finally:
+        ex.close()
