@@ -82,7 +82,9 @@ def _fork() -> int:
 
 
 def _posix_spawn(path: Any, *a: Any, **k: Any) -> int:
-    _note(f"os.posix_spawn({path!r})")
+    # Popen itself spawns this way where it can (3.13 does for the library lookup)
+    if not (a and list(a[0]) == _LIBRARY_LOOKUP):
+        _note(f"os.posix_spawn({path!r})")
     assert _real_posix_spawn is not None
     return int(_real_posix_spawn(path, *a, **k))
 
