@@ -233,6 +233,8 @@ class Resumer:
         is refused never starts a fork server or adopts anything."""
         if self._executor is None:
             self._executor = make_executor(self._kind, self._options, self._state_dir)
+            if isinstance(self._executor, BaseJobExecutor):
+                self._executor.fence = lambda: self.fence()  # the lease's, whenever asked
             log.info("executor_ready", executor=self._executor.name)
             self._adopt()
         return self._executor
