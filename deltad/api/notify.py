@@ -20,7 +20,6 @@ import os
 import queue
 import random
 import socket
-import stat
 import subprocess
 import threading
 import time
@@ -41,6 +40,8 @@ from deltad.protocol import Workspace
 from . import handlers, scopes, webhooks
 from .config import Command, NotifyConfig, Target, Webhook
 from .outbox import DEAD_LETTER, Dead, Delivery, Outbox, Policy, after_failure, target_key, too_old
+from .outbox import FILE_MAX as FILE_MAX
+from .outbox import load_capped as _load_capped
 
 log = structlog.get_logger("deltad.notify")
 QUEUE_CAP = 10_000
@@ -116,22 +117,6 @@ def delivery_body(doc: dict[str, Any]) -> str:
     return json.dumps({k: doc[k] for k in keep if k in doc} | {"truncated": True})
 
 
-def _load_capped(path: Path) -> Delivery:
-    """A delivery's file, read without following a link and at most FILE_MAX bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        data = f.read(FILE_MAX + 1)
-    if len(data) > FILE_MAX:
-        raise ValueError("too large")
-    doc = json.loads(data)
-    if not isinstance(doc, dict):
-        raise ValueError("not a delivery")
-    doc.pop("dead_reason", None)
-    return Delivery(**doc)
-
-
 def _wanted(target: Target, quiet: list[Path], e: FeedEvent) -> bool:
     if e.type not in target.events:
         return False
@@ -196,7 +181,6 @@ def new_delivery(doc: dict[str, Any], url: str, now: float) -> Delivery:
     )
 
 
-FILE_MAX = 1024 * 1024  # a delivery's file in the outbox at most (a 64 KiB body, escaped)
 RESCAN_SECONDS = 30.0  # the inbox looks in `new/` this often even without the core's hint
 
 

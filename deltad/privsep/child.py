@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -74,7 +75,7 @@ class Remote:
         self._waiting: dict[int, Future[wire.Reply]] = {}
         self.gone = False
 
-    def tell(self, msg: wire.DeliveryCounts) -> None:
+    def tell(self, msg: wire.Told) -> None:
         """A message that gets no reply (the delivery counts)."""
         with self._sending:
             self.sock.sendall(wire.encode(msg))
@@ -353,13 +354,23 @@ def listen_from_core(
 
 class Deliveries:
     """The webhooks this process delivers (one WebhookWorker per target, from the outbox in
-    its directory) and the counts it tells the core, at most every REPORT_SECONDS."""
+    its directory), the channels' messages it sends (one Courier per channel target, with the
+    credential it was handed: deltad/channels/senders.py) and the counts it tells the core,
+    at most every REPORT_SECONDS."""
 
     REPORT_SECONDS = 0.2
 
     def __init__(
-        self, targets: list[wire.WebhookTarget], state: Path, remote: Remote, shown: str = ""
+        self,
+        targets: list[wire.WebhookTarget],
+        state: Path,
+        remote: Remote,
+        shown: str = "",
+        channels: list[wire.ChannelTarget] | None = None,
     ) -> None:
+        from deltad.channels import senders
+        from deltad.channels.courier import Courier
+
         self.remote = remote
         self._dirty = threading.Event()
         self._stopping = threading.Event()
@@ -367,19 +378,50 @@ class Deliveries:
         self._last: dict[str, int] = {}
         named = Path(shown) if shown else None
         self.workers = {t.key: notify.WebhookWorker(t, state, self.results, named) for t in targets}
+        self.sent: dict[str, dict[str, int]] = {}
+        self._channels_last: dict[str, dict[str, int]] = {}
+        self.couriers: dict[str, Courier] = {}
+        for c in channels or []:
+            try:
+                send = senders.sender(c)
+            except senders.SenderError as e:  # the core checked them: a bug, said once
+                log.error("channel_unusable", channel=c.name, error=str(e))
+                continue
+            self.sent[c.name] = {"sent": 0, "retry": 0, "dead": 0}
+            self.couriers[c.key] = Courier(
+                c.name,
+                state,
+                senders.outbox_config(c),
+                send,
+                handed=True,
+                tally=self._tally(c.name),
+            )
         self._reporter = threading.Thread(
             target=self._report, name="deltad-inbox-report", daemon=True
         )
 
+    def _tally(self, name: str) -> Callable[[str], None]:
+        def tally(result: str) -> None:
+            counts = self.sent[name]
+            counts[result] = counts.get(result, 0) + 1
+            self._dirty.set()
+
+        return tally
+
     def start(self) -> None:
         for w in self.workers.values():
             w.start()
+        for c in self.couriers.values():
+            c.start()
         self._reporter.start()
         self._dirty.set()  # what waits at start
 
     def hint(self, key: str) -> None:
         if (w := self.workers.get(key)) is not None:
             w.hint()
+        if (c := self.couriers.get(key)) is not None:
+            c.hint()
+            self._dirty.set()  # its depth changes
 
     def _changed(self, doc: dict[str, int]) -> None:
         self._dirty.set()
@@ -389,12 +431,19 @@ class Deliveries:
             self._dirty.wait()
             self._dirty.clear()
             counts = {**self.results.counts, "depth": self.results.depth()}
-            if counts != self._last:
-                try:
+            try:
+                if counts != self._last and self.workers:
                     self.remote.tell(wire.DeliveryCounts(op="deliveries", **counts))
-                except OSError:
-                    return  # the core is gone: this process ends
-                self._last = counts
+                    self._last = counts
+                for c in self.couriers.values():
+                    now = {**self.sent[c.name], "depth": c.waiting()}
+                    if now != self._channels_last.get(c.name):
+                        self.remote.tell(
+                            wire.ChannelSends(op="channel_sends", channel=c.name, **now)
+                        )
+                        self._channels_last[c.name] = now
+            except OSError:
+                return  # the core is gone: this process ends
             self._stopping.wait(self.REPORT_SECONDS)
 
     def stop(self) -> None:
@@ -404,6 +453,8 @@ class Deliveries:
             w.stopping.set()
         for w in self.workers.values():
             w.stop()
+        for c in self.couriers.values():
+            c.stop()
 
 
 def _connect(args: argparse.Namespace) -> socket.socket:
@@ -474,7 +525,9 @@ def serve(core: socket.socket) -> int:
     feed.relay_floor(welcome.floor)
     remote = Remote(core)
     deliveries = (
-        Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir) if welcome.webhooks else None
+        Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir, welcome.channels)
+        if welcome.webhooks or welcome.channels
+        else None
     )
     ctx = Context(
         feed=feed,
@@ -532,10 +585,10 @@ def serve(core: socket.socket) -> int:
 def deliver_only(
     core: socket.socket, reader: wire.Reader, welcome: wire.Welcome, state: Path
 ) -> int:
-    """No HTTP (the daemon has no `http:`): this process only delivers the webhooks, until
-    the core hangs up or a signal ends it."""
+    """No HTTP (the daemon has no `http:`): this process only delivers the webhooks and the
+    channels' messages, until the core hangs up or a signal ends it."""
     remote = Remote(core)
-    deliveries = Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir)
+    deliveries = Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir, welcome.channels)
     ended = threading.Event()
     lost = threading.Event()
 
