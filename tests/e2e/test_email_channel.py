@@ -251,7 +251,7 @@ def test_mail_is_sent_by_the_inbox_user_even_without_http(
         daemon = _daemon(tmp_path, mta, tmp_path / "root", http=False, smtp=smtp)
         daemon.start(env=llm_env(fake))
         try:
-            d, request_id = _ask(tmp_path, fake, prompt="Ship it?", input_type="yes_no")
+            _, request_id = _ask(tmp_path, fake, prompt="Ship it?", input_type="yes_no")
             [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
             wait_for(lambda: _mail(mta, BOB, request_id, "[deltad]"), "bob's mail")
             said = daemon.events("inbox_for_webhooks")
@@ -277,7 +277,7 @@ def test_a_killed_inbox_loses_no_mail(
                 "timeout_seconds": 600}  # fmt: skip
         daemon = _daemon(tmp_path, mta, tmp_path / "root", smtp=smtp).start(env=llm_env(fake))
         try:
-            d, request_id = _ask(tmp_path, fake, prompt="Rotate?", input_type="yes_no")
+            _, request_id = _ask(tmp_path, fake, prompt="Rotate?", input_type="yes_no")
             wait_for(tap.connections, "the first attempt, left hanging")
             [started] = daemon.events("inbox_started")
             os.kill(started["pid"], signal.SIGKILL)
