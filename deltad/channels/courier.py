@@ -113,9 +113,12 @@ class Courier:
         *,
         handed: bool = False,
         tally: Callable[[str], None] | None = None,
+        queued: Callable[[Delivery], None] | None = None,
     ) -> None:
         """`handed`: in the inbox process, taking what the core handed over from `new/` (on
-        `hint()`, at start and every RESCAN_SECONDS); `tally` is told each result."""
+        `hint()`, at start and every RESCAN_SECONDS); `tally` is told each result; `queued`
+        each message as it enters the outbox (the sender's own bookkeeping)."""
+        self.queued = queued
         self.name, self.config, self.send = name, config, send
         self.counted = counted  # sends by (channel, result): deltad_channel_sends
         self.tally = tally
@@ -153,6 +156,8 @@ class Courier:
             self.outbox.save(d)
             self._pending[d.msg_id] = d
             self._cond.notify()
+        if self.queued is not None:
+            self.queued(d)
         return d
 
     def _make_room(self) -> None:
@@ -197,6 +202,8 @@ class Courier:
                     self._event = max(self._event, d.event_id)
                     taken += 1
                     self._cond.notify()
+            if self.queued is not None:
+                self.queued(d)
         return taken
 
     def waiting(self) -> int:

@@ -77,7 +77,7 @@ class EmailChannel(Channel):
         if ctx.hand is not None:
             self.courier = Handed(self.name, ctx.hand)
         else:
-            self._send = senders.sender(senders.email_target(config, self.name))
+            self._send = senders.smtp_sender(senders.email_target(config, self.name))
             self.courier = Courier(self.name, ctx.state_dir, config.outbox, self._smtp, ctx.sends)
         self.address = re.compile(
             rf"{re.escape(config.reply_local)}\+([0-9a-f]{{36}})@{re.escape(config.reply_domain)}"

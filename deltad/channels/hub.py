@@ -50,6 +50,8 @@ def targets(config: ChannelsConfig) -> list[ChannelTarget]:
     out = []
     if config.email is not None:
         out.append(senders.email_target(config.email))
+    if config.slack is not None:
+        out.append(senders.slack_target(config.slack))
     return out
 
 

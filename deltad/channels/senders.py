@@ -10,19 +10,38 @@ Each kind says what a message is (`Delivery.body`) and when a failure is permane
 to the dead letter) rather than retried:
 
     smtp     body: the whole RFC 5322 message; `url`: the one recipient. A 5xx is permanent.
+    slack    a Web API call, composed: `question` (post {ref, text, blocks[, once]} to `url`),
+             `update` (the closed message {ref, text, blocks}, over every post of `ref`),
+             `thread` (a reply {ref, text} in each post's thread, unless closed) and
+             `ephemeral` ({channel, user, text}). The posts of each question (conversation,
+             ts) are the sender's own record (`Posts`): Slack's answers never reach the core.
+             An error a retry cannot mend (`PERMANENT`) goes to the dead letter.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
 import smtplib
 import ssl
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import structlog
 
 from deltad.api.outbox import Delivery, target_key
 from deltad.privsep import wire
+from deltad.protocol import atomic_write_json
 
-from .config import EmailConfig, OutboxConfig
+from .config import EmailConfig, OutboxConfig, SlackConfig
 from .courier import Failed, Send
+
+log = structlog.get_logger("deltad.channels")
 
 CA_MAX = 1024 * 1024  # bytes of a CA bundle handed to the inbox
 
@@ -123,8 +142,208 @@ def smtp_sender(t: wire.ChannelTarget) -> Send:
     return send
 
 
-def sender(t: wire.ChannelTarget) -> Send:
-    """How the inbox sends `t`'s messages (SenderError, one line, for settings it cannot use)."""
+# -- Slack's Web API -----------------------------------------------------------------------
+# Web API errors that a retry cannot mend: straight to the dead letter.
+PERMANENT = frozenset(
+    {
+        "account_inactive",
+        "channel_not_found",
+        "invalid_arguments",
+        "invalid_auth",
+        "invalid_blocks",
+        "is_archived",
+        "missing_scope",
+        "msg_too_long",
+        "no_permission",
+        "not_authed",
+        "not_in_channel",
+        "token_revoked",
+        "user_not_found",
+        "cant_update_message",
+        "message_not_found",
+        "edit_window_closed",
+    }
+)
+REF = re.compile(r"[0-9a-f]{32}")
+POSTS_MAX = 1024 * 1024  # bytes of one question's record of posts
+KEEP_CLOSED = 30 * 86400.0  # seconds a closed question's posts are kept (as the core's records)
+PRUNE_EVERY = 3600.0
+
+
+def slack_target(config: SlackConfig, name: str = "slack") -> wire.ChannelTarget:
+    """The Slack channel's sending, as the inbox is handed it: the Web API's URL and the bot
+    token (read here, by the core). The signing secret is never handed: only the core checks
+    Slack's signatures."""
+    return wire.ChannelTarget(
+        name=name,
+        key=target_key(name),
+        kind="slack",
+        settings={"api_url": config.api_url, "timeout_seconds": config.timeout_seconds},
+        secret=config.token.read().decode(),
+        **_policy(config.outbox),
+    )
+
+
+class Posts:
+    """Where each question (its `ref`) was posted, and its closed message once it closed: one
+    JSON file per question, replaced whole, read without following a link."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.lock = threading.RLock()
+        self._pruned = 0.0
+
+    def get(self, ref: str) -> dict[str, Any]:
+        if not REF.fullmatch(ref):
+            raise ValueError("not a question's ref")
+        try:
+            fd = os.open(self.dir / f"{ref}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return {"posts": [], "closed": None}
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(POSTS_MAX + 1)
+        doc = json.loads(data) if len(data) <= POSTS_MAX else None
+        return doc if isinstance(doc, dict) else {"posts": [], "closed": None}
+
+    def put(self, ref: str, doc: dict[str, Any]) -> None:
+        atomic_write_json(self.dir / f"{ref}.json", {**doc, "at": time.time()}, 0o600)
+
+    def close(self, ref: str, text: str, blocks: list[Any]) -> None:
+        with self.lock:
+            doc = self.get(ref)
+            if doc.get("closed") is None:
+                self.put(ref, {**doc, "closed": {"text": text, "blocks": blocks}})
+        self.prune(time.time())
+
+    def prune(self, now: float) -> int:
+        """Records of questions closed more than KEEP_CLOSED ago, hourly; how many went."""
+        if now - self._pruned < PRUNE_EVERY:
+            return 0
+        self._pruned, gone = now, 0
+        with self.lock:
+            for entry in os.scandir(self.dir):
+                ref = entry.name.removesuffix(".json")
+                with contextlib.suppress(OSError, ValueError):
+                    doc = self.get(ref)
+                    if doc.get("closed") and now - float(doc.get("at", now)) > KEEP_CLOSED:
+                        os.unlink(entry.path)
+                        gone += 1
+        return gone
+
+
+class SlackSender:
+    """Sends the Slack channel's composed calls with the bot token (`slack_sdk.WebClient`),
+    keeping where each question was posted (`posts`, in `directory`)."""
+
+    def __init__(self, t: wire.ChannelTarget, directory: Path) -> None:
+        from slack_sdk import WebClient
+
+        try:
+            api_url, timeout = str(t.settings["api_url"]), float(t.settings["timeout_seconds"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise SenderError(f"{t.name}: the Slack settings: {e}") from None
+        self.name = t.name
+        self.client = WebClient(token=t.secret, base_url=api_url, timeout=int(max(1, timeout)))
+        self.posts = Posts(directory)
+
+    def queued(self, d: Delivery) -> None:
+        """A message entered the outbox: a question's closing is known from now on, so a post
+        of it not yet made is made closed (it waits behind, in the order it was queued)."""
+        if d.event != "update":
+            return
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            doc = json.loads(d.body)
+            self.posts.close(str(doc["ref"]), str(doc["text"]), list(doc["blocks"]))
+
+    def __call__(self, d: Delivery) -> Failed | None:
+        from slack_sdk.errors import SlackApiError, SlackClientError
+
+        try:
+            doc = json.loads(d.body)
+            if d.event == "question":
+                self._post(d.url, doc)
+            elif d.event == "update":
+                self._update(doc)
+            elif d.event == "thread":
+                self._thread(doc)
+            elif d.event == "ephemeral":
+                self.client.chat_postEphemeral(
+                    channel=doc["channel"], user=doc["user"], text=doc["text"]
+                )
+            else:
+                return Failed(f"slack: not a message kind: {d.event[:40]}", permanent=True)
+        except SlackApiError as e:
+            error = str(e.response.get("error", "")) or f"HTTP {e.response.status_code}"
+            return Failed(f"slack: {error}", error in PERMANENT)
+        except (SlackClientError, OSError) as e:
+            return Failed(f"{type(e).__name__}: {e}"[:300])
+        except (ValueError, KeyError, TypeError) as e:
+            return Failed(f"slack: not a message ({type(e).__name__})", permanent=True)
+        return None
+
+    def _post(self, to: str, doc: dict[str, Any]) -> None:
+        ref = str(doc["ref"])
+        record = self.posts.get(ref)
+        posts = record.get("posts", [])
+        if doc.get("once") and any(to in (p.get("to"), p.get("channel")) for p in posts):
+            return  # an escalation's DM to someone asked there already
+        text, message = doc["text"], doc["blocks"]
+        if (closed := record.get("closed")) is not None:  # closed before it was posted
+            text, message = closed["text"], closed["blocks"]
+        r = self.client.chat_postMessage(
+            channel=to, text=text, blocks=message, unfurl_links=False, unfurl_media=False
+        )
+        post = {"channel": str(r.get("channel") or to), "ts": str(r.get("ts") or ""), "to": to}
+        with self.posts.lock:
+            record = self.posts.get(ref)
+            self.posts.put(ref, {**record, "posts": [*record.get("posts", []), post]})
+
+    def _update(self, doc: dict[str, Any]) -> None:
+        ref, text, message = str(doc["ref"]), str(doc["text"]), list(doc["blocks"])
+        self.posts.close(ref, text, message)
+        for post in self.posts.get(ref).get("posts", []):
+            self.client.chat_update(
+                channel=post["channel"], ts=post["ts"], text=text, blocks=message
+            )
+
+    def _thread(self, doc: dict[str, Any]) -> None:
+        record = self.posts.get(str(doc["ref"]))
+        if record.get("closed"):
+            return  # answered or gone meanwhile: nothing to remind of
+        for post in record.get("posts", []):
+            if post.get("ts"):
+                self.client.chat_postMessage(
+                    channel=post["channel"],
+                    thread_ts=post["ts"],
+                    reply_broadcast=True,
+                    text=doc["text"],
+                    unfurl_links=False,
+                    unfurl_media=False,
+                )
+
+    def open_view(self, trigger_id: str, view: dict[str, Any], timeout: float) -> str | None:
+        """A modal opened at once (a trigger_id lives 3 s); why not, or None."""
+        from slack_sdk.errors import SlackApiError, SlackClientError
+
+        try:
+            self.client.views_open(trigger_id=trigger_id, view=view, timeout=timeout)
+        except (SlackApiError, SlackClientError, OSError) as e:
+            return str(e)[:300]
+        return None
+
+
+# -- which ---------------------------------------------------------------------------------
+def sender(t: wire.ChannelTarget, state: Path) -> Send:
+    """How the inbox sends `t`'s messages (SenderError, one line, for settings it cannot use);
+    `state`: the directory a sender keeps its own records in (a Slack channel's posts)."""
     if t.kind == "smtp":
         return smtp_sender(t)
+    if t.kind == "slack":
+        return SlackSender(t, state / f"{t.name}-posts")
     raise SenderError(f"{t.name}: the inbox cannot send {t.kind} messages")
+
+
+def queued_hook(send: Send) -> Callable[[Delivery], None] | None:
+    """What a sender is told as each message enters the outbox (None: nothing)."""
+    return send.queued if isinstance(send, SlackSender) else None

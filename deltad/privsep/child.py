@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import ctypes
 import itertools
+import json
 import os
 import signal
 import socket
@@ -42,6 +43,7 @@ from deltad import logs
 from deltad.api import notify, sessions
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import ApiError, Context
+from deltad.api.outbox import target_key
 from deltad.api.tokens import Identity, TokenStore
 from deltad.health import Health
 from deltad.inbox.feed import EVENT_TYPES, Feed, FeedEvent
@@ -290,10 +292,11 @@ class RemoteVitals:
 
 
 # -- channels' own endpoints (deltad/channels) --------------------------------------------------
-def channel_routes(app: FastAPI, remote: Remote) -> None:
+def channel_routes(app: FastAPI, remote: Remote, deliveries: Deliveries | None = None) -> None:
     """Slack's interactivity endpoint. Its credential is Slack's signature, which only the core
     can check (it alone reads the signing secret): the body (capped by api.limits) and the two
-    headers go to the core unread, and its answer comes back as Slack's response."""
+    headers go to the core unread, and its answer comes back as Slack's response. A modal the
+    core decided to open is opened here, with the bot token this process holds."""
 
     @app.post("/v1/channels/slack/interactions", include_in_schema=False)
     async def slack_interactions(request: Request) -> Response:
@@ -308,9 +311,39 @@ def channel_routes(app: FastAPI, remote: Remote) -> None:
         result = await run_in_threadpool(
             remote.channel_interaction, "slack", body, timestamp, signature
         )
+        if isinstance(opening := result.get("open_view"), dict):
+            refused = await run_in_threadpool(open_view, deliveries, opening)
+            if refused is not None:
+                return JSONResponse(refused)
         if (response := result.get("response")) is None:
             return Response(status_code=200)
         return JSONResponse(response)
+
+
+def open_view(deliveries: Deliveries | None, opening: dict[str, Any]) -> dict[str, Any] | None:
+    """Open the modal the core described (channels/slack.py, `open_view`); None once open,
+    else the refusal to answer Slack with (also told to the person, from the outbox)."""
+    slack = deliveries.slack if deliveries is not None else None
+    why = "this inbox process sends nothing to Slack"
+    if slack is not None:
+        why = slack.open_view(
+            str(opening.get("trigger_id", "")),
+            dict(opening.get("view") or {}),
+            float(opening.get("timeout") or 2.5),
+        )
+        if why is None:
+            return None
+    log.error("slack_modal_failed", request_id=opening.get("request_id"), error=why)
+    refusal = opening.get("refusal")
+    text = refusal.get("text") if isinstance(refusal, dict) else None
+    log.warning("slack_action_refused", code="modal_failed", reason=text, user=opening.get("user"))
+    told = opening.get("told")
+    if slack is not None and isinstance(told, dict) and deliveries is not None:
+        courier = deliveries.couriers.get(target_key(slack.name))
+        if courier is not None:
+            with contextlib.suppress(OSError, TypeError, ValueError):
+                courier.put(str(told["channel"]), "ephemeral", json.dumps(told))
+    return refusal if isinstance(refusal, dict) else {"text": "the form could not be opened"}
 
 
 def _unavailable() -> ApiError:
@@ -381,9 +414,10 @@ class Deliveries:
         self.sent: dict[str, dict[str, int]] = {}
         self._channels_last: dict[str, dict[str, int]] = {}
         self.couriers: dict[str, Courier] = {}
+        self.slack: Any = None  # senders.SlackSender: opens the modals a button asks for
         for c in channels or []:
             try:
-                send = senders.sender(c)
+                send = senders.sender(c, state)
             except senders.SenderError as e:  # the core checked them: a bug, said once
                 log.error("channel_unusable", channel=c.name, error=str(e))
                 continue
@@ -395,7 +429,10 @@ class Deliveries:
                 send,
                 handed=True,
                 tally=self._tally(c.name),
+                queued=senders.queued_hook(send),
             )
+            if isinstance(send, senders.SlackSender):
+                self.slack = send
         self._reporter = threading.Thread(
             target=self._report, name="deltad-inbox-report", daemon=True
         )
@@ -543,7 +580,7 @@ def serve(core: socket.socket) -> int:
         sessions.load_key(state), config.session_ttl_seconds, state / sessions.CLOSED_NAME
     )
     app = create_app(ctx, stopping, web)
-    channel_routes(app, remote)
+    channel_routes(app, remote, deliveries)
     if os.environ.get(TEST_HOOK_ENV) == "1":
         from .testhook import install
 
