@@ -16,6 +16,11 @@ to the dead letter) rather than retried:
              `ephemeral` ({channel, user, text}). The posts of each question (conversation,
              ts) are the sender's own record (`Posts`): Slack's answers never reach the core.
              An error a retry cannot mend (`PERMANENT`) goes to the dead letter.
+    command  body: the event's JSON, on the command's stdin (`notify.commands`): run once
+             (`max_attempts: 1`), as the inbox's user, in a clean environment (PATH, LANG),
+             from `/`, ended at its timeout; its output is never read. A run that fails (an
+             exit status, a timeout, a missing program) goes to the dead letter, as it did
+             not run twice before either.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import os
 import re
 import smtplib
 import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +41,7 @@ from typing import Any
 import structlog
 
 from deltad.api.outbox import Delivery, target_key
+from deltad.platform import SAFE_PATH
 from deltad.privsep import wire
 from deltad.protocol import atomic_write_json
 
@@ -333,6 +340,60 @@ class SlackSender:
         return None
 
 
+# -- notify.commands -------------------------------------------------------------------------
+COMMAND_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
+COMMAND_QUEUE = 10_000  # events waiting for a command, at most (as the core's queue was)
+
+
+def command_target(name: str, argv: list[str], timeout_seconds: float) -> wire.ChannelTarget:
+    """A `notify.commands` entry, as the inbox is handed it: run once per event, no secret."""
+    return wire.ChannelTarget(
+        name=name,
+        key=target_key(name),
+        kind="command",
+        settings={"argv": list(argv), "timeout_seconds": timeout_seconds},
+        max_attempts=1,
+        backoff_seconds=1.0,
+        backoff_max_seconds=1.0,
+        max_age_seconds=86400.0,
+        outbox_max=COMMAND_QUEUE,
+    )
+
+
+def command_sender(t: wire.ChannelTarget) -> Send:
+    """One run of the command per call, the message's body on its stdin."""
+    try:
+        argv = [str(a) for a in t.settings["argv"]]
+        timeout = float(t.settings["timeout_seconds"])
+        if not argv:
+            raise ValueError("no argv")
+    except (KeyError, TypeError, ValueError) as e:
+        raise SenderError(f"{t.name}: the command's settings: {e}") from None
+
+    def run(d: Delivery) -> Failed | None:
+        try:
+            done = subprocess.run(
+                argv,
+                input=d.body.encode(),
+                stdout=subprocess.DEVNULL,  # never read into this process's memory
+                stderr=subprocess.DEVNULL,
+                env=dict(COMMAND_ENV),
+                cwd="/",
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return Failed(f"timed out after {timeout:g} s", permanent=True)
+        except OSError as e:
+            return Failed(f"cannot run it: {e.strerror or e}", permanent=True)
+        if done.returncode != 0:
+            log.warning("notify_command_failed", target=t.name, rc=done.returncode)
+            return Failed(f"exit status {done.returncode}", permanent=True)
+        return None
+
+    return run
+
+
 # -- which ---------------------------------------------------------------------------------
 def sender(t: wire.ChannelTarget, state: Path) -> Send:
     """How the inbox sends `t`'s messages (SenderError, one line, for settings it cannot use);
@@ -341,6 +402,8 @@ def sender(t: wire.ChannelTarget, state: Path) -> Send:
         return smtp_sender(t)
     if t.kind == "slack":
         return SlackSender(t, state / f"{t.name}-posts")
+    if t.kind == "command":
+        return command_sender(t)
     raise SenderError(f"{t.name}: the inbox cannot send {t.kind} messages")
 
 

@@ -313,7 +313,9 @@ class Lifecycle:
         http, notify = config.http, config.notify
         hooks = notify.webhooks if notify is not None else []
         log_args = ["--log-level", config.log_level, "--log-format", config.log_format]
-        sending: list[Any] = []  # wire.ChannelTarget: what the inbox sends for the channels
+        # wire.ChannelTarget: what the inbox process sends for the channels and runs for the
+        # notify commands (none of it runs as root any more)
+        sending: list[Any] = []
         if config.channels is not None:
             from deltad.channels.hub import targets as channel_targets
 
@@ -321,6 +323,13 @@ class Lifecycle:
                 sending = channel_targets(config.channels)
             except (OSError, ValueError) as e:
                 raise ConfigError(f"channels: {e}") from None
+        if notify is not None:
+            from deltad.channels.senders import command_target
+
+            sending += [
+                command_target(f"command{i}", c.argv, c.timeout_seconds)
+                for i, c in enumerate(notify.commands)
+            ]
         if http is not None or hooks or sending:
             from deltad.api.server import ListenError
             from deltad.privsep.core import InboxHost, InboxUnusable
@@ -337,7 +346,8 @@ class Lifecycle:
             except (ListenError, InboxUnusable, OSError, ValueError) as e:
                 said = str(e)  # a certificate's problem, a user's, names its key already
                 if http is None:
-                    where = "notify.webhooks" if hooks else "channels"
+                    where = "notify.webhooks" if hooks else "notify.commands"
+                    where = "channels" if config.channels is not None and not hooks else where
                     raise ConfigError(f"{where}: the inbox process: {said}") from e
                 raise ConfigError(
                     said if said.startswith("http") else f"http.listen: {said}"
@@ -366,7 +376,7 @@ class Lifecycle:
 
             quiet = [r.path for r in config.roots if not r.notify]
             context = self.http.context if self.http is not None else None
-            handoff = self.http.serving.handoff if self.http is not None and hooks else None
+            handoff = self.http.serving.handoff if self.http is not None else None
             try:
                 self.notifier = Notifier(notify, self.core.feed, quiet, context, handoff)
             except (OSError, ValueError) as e:
