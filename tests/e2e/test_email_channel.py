@@ -223,17 +223,22 @@ def test_mail_queued_while_the_mta_is_unreachable_survives_a_kill_9(
 
 
 def _sent(url: str, token: str) -> dict[str, float]:
-    """deltad_channel_sends_total for email, by result, as /metrics says it."""
+    """deltad_channel_sends_total for email by result, and deltad_channel_outbox_depth (as
+    `depth`), as the core's /metrics says them."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with client(url, token) as http:
         text = http.get("/metrics").text
-    return {
-        s.labels["result"]: s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == "deltad_channel_sends_total" and s.labels.get("channel") == "email"
-    }
+    out = {}
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            if s.labels.get("channel") != "email":
+                continue
+            if s.name == "deltad_channel_sends_total":
+                out[s.labels["result"]] = s.value
+            elif s.name == "deltad_channel_outbox_depth":
+                out["depth"] = s.value
+    return out
 
 
 def test_mail_is_sent_by_the_inbox_user_even_without_http(
@@ -285,7 +290,10 @@ def test_a_killed_inbox_loses_no_mail(
             wait_for(lambda: _mail(mta, BOB, request_id, "[deltad]"), "bob's mail")
             url = str(daemon.wait_event("http_listening")[0]["url"])
             prom = make_token(daemon.state_dir, "prom", role="metrics")
-            sent = wait_for(lambda: (s := _sent(url, prom)).get("sent") == 2 and s, "counted")
+            sent = wait_for(
+                lambda: (s := _sent(url, prom)).get("sent") == 2 and s.get("depth") == 0 and s,
+                "the inbox's sends counted in the core's /metrics",
+            )
             restarted = daemon.events("inbox_started")
         finally:
             daemon.stop()
