@@ -306,10 +306,22 @@ class SlackSender:
             record = self.posts.get(ref)
             self.posts.put(ref, {**record, "posts": [*record.get("posts", []), post]})
 
+    def _known(self, ref: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
+        """`ref`'s posts: the sender's own, and those an older deltad recorded in the core
+        (handed along in `posts`)."""
+        own = list(self.posts.get(ref).get("posts", []))
+        seen = {(o.get("channel"), o.get("ts")) for o in own}
+        for p in doc.get("posts") or []:
+            if isinstance(p, dict) and isinstance(p.get("channel"), str) and p.get("ts"):
+                post = {"channel": p["channel"], "ts": str(p["ts"])}
+                if (post["channel"], post["ts"]) not in seen:
+                    own.append(post)
+        return own
+
     def _update(self, doc: dict[str, Any]) -> None:
         ref, text, message = str(doc["ref"]), str(doc["text"]), list(doc["blocks"])
         self.posts.close(ref, text, message)
-        for post in self.posts.get(ref).get("posts", []):
+        for post in self._known(ref, doc):
             self.client.chat_update(
                 channel=post["channel"], ts=post["ts"], text=text, blocks=message
             )
@@ -318,7 +330,7 @@ class SlackSender:
         record = self.posts.get(str(doc["ref"]))
         if record.get("closed"):
             return  # answered or gone meanwhile: nothing to remind of
-        for post in record.get("posts", []):
+        for post in self._known(str(doc["ref"]), doc):
             if post.get("ts"):
                 self.client.chat_postMessage(
                     channel=post["channel"],

@@ -290,7 +290,8 @@ class SlackChannel(Channel):
             note = f"Escalated to {names}: this question is still waiting for an answer."
         else:
             note = "Reminder: this question is still waiting for an answer."
-        self.courier.put("thread", "thread", json.dumps({"ref": ref, "text": note}))
+        legacy = _legacy(self.records.get(ref) or {})
+        self.courier.put("thread", "thread", json.dumps({"ref": ref, "text": note, **legacy}))
         if question.follow_up == "escalation" and question.only and self.config.dm:
             page = self.ctx.page(r.request_id) if self.ctx.page is not None else None
             text, message = blocks.question_message(question, ref, self.config.context_chars, page)
@@ -320,9 +321,8 @@ class SlackChannel(Channel):
         if doc is None:
             return  # never posted here
         text, message = self._closed_message(doc)  # as it is now: who answered, and when
-        self.courier.put(
-            "update", "update", json.dumps({"ref": ref, "text": text, "blocks": message})
-        )
+        body = {"ref": ref, "text": text, "blocks": message, **_legacy(doc)}
+        self.courier.put("update", "update", json.dumps(body))
 
     # -- sending (the courier's thread) -----------------------------------------------------
     def _deliver(self, d: Delivery) -> Failed | None:
@@ -515,6 +515,13 @@ class SlackChannel(Channel):
             with contextlib.suppress(OSError):
                 self.courier.put(conversation, "ephemeral", json.dumps(body))
         return {"response_type": "ephemeral", "replace_original": False, "text": line}
+
+
+def _legacy(record: dict[str, Any]) -> dict[str, Any]:
+    """Posts an older deltad recorded in the core's record (before the sender kept them),
+    handed along so an update or a reminder still reaches them."""
+    posts = record.get("posts")
+    return {"posts": posts} if isinstance(posts, list) and posts else {}
 
 
 def refusal_of(respondents: list[str], name: str, groups: list[str]) -> bool:

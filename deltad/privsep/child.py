@@ -531,6 +531,9 @@ def serve(core: socket.socket) -> int:
     try:
         wire.send(core, wire.Hello(op="hello", version=wire.VERSION))
         welcome = wire.FROM_CORE.validate_json(reader.frame())
+    except ValidationError as e:  # never its text: it quotes the input (the welcome's keys)
+        log.error("inbox_handshake_failed", reason=f"not a welcome ({e.error_count()} errors)")
+        return 1
     except (wire.WireError, OSError, ValueError) as e:
         log.error("inbox_handshake_failed", reason=str(e))
         return 1
