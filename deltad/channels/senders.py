@@ -83,13 +83,7 @@ def email_target(config: EmailConfig, name: str = "email") -> wire.ChannelTarget
     password (read here, by the core) and the CA file's certificates (the inbox may not read
     the file itself). OSError/ValueError, one line, if a file cannot be read."""
     s = config.smtp
-    ca = None
-    if s.ca_file is not None:
-        with open(s.ca_file, "rb") as f:
-            data = f.read(CA_MAX + 1)
-        if len(data) > CA_MAX:
-            raise ValueError(f"email.smtp.ca_file {s.ca_file}: over {CA_MAX} bytes")
-        ca = data.decode("ascii", "replace")
+    ca = ca_text(s.ca_file) if s.ca_file is not None else None
     return wire.ChannelTarget(
         name=name,
         key=target_key(name),
@@ -106,6 +100,26 @@ def email_target(config: EmailConfig, name: str = "email") -> wire.ChannelTarget
         secret=s.password.read().decode() if s.password is not None else None,
         **_policy(config.outbox),
     )
+
+
+def ca_text(path: Path) -> str:
+    """The CA file's certificates, as the inbox is handed them (it may not read the file):
+    ValueError, one line, for a file over CA_MAX or with no certificate TLS can use."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(CA_MAX + 1)
+    except OSError as e:
+        raise ValueError(f"email.smtp.ca_file: {path}: {e.strerror}") from None
+    if len(data) > CA_MAX:
+        raise ValueError(f"email.smtp.ca_file: {path}: over {CA_MAX} bytes")
+    text = data.decode("ascii", "replace")
+    try:
+        ssl.create_default_context(cadata=text)
+    except (ssl.SSLError, ValueError) as e:
+        raise ValueError(
+            f"email.smtp.ca_file: {path}: no CA certificate TLS can use ({e})"
+        ) from None
+    return text
 
 
 def _permanent(codes: list[int]) -> bool:
