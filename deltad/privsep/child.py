@@ -412,6 +412,7 @@ class Deliveries:
         named = Path(shown) if shown else None
         self.workers = {t.key: notify.WebhookWorker(t, state, self.results, named) for t in targets}
         self.sent: dict[str, dict[str, int]] = {}
+        self._counting = threading.Lock()
         self._channels_last: dict[str, dict[str, int]] = {}
         self.couriers: dict[str, Courier] = {}
         self.slack: Any = None  # senders.SlackSender: opens the modals a button asks for
@@ -439,8 +440,9 @@ class Deliveries:
 
     def _tally(self, name: str) -> Callable[[str], None]:
         def tally(result: str) -> None:
-            counts = self.sent[name]
-            counts[result] = counts.get(result, 0) + 1
+            with self._counting:  # a courier's thread, or a route's burying for room
+                counts = self.sent[name]
+                counts[result] = counts.get(result, 0) + 1
             self._dirty.set()
 
         return tally
@@ -473,7 +475,8 @@ class Deliveries:
                     self.remote.tell(wire.DeliveryCounts(op="deliveries", **counts))
                     self._last = counts
                 for c in self.couriers.values():
-                    now = {**self.sent[c.name], "depth": c.waiting()}
+                    with self._counting:
+                        now = {**self.sent[c.name], "depth": c.waiting()}
                     if now != self._channels_last.get(c.name):
                         self.remote.tell(
                             wire.ChannelSends(op="channel_sends", channel=c.name, **now)
