@@ -36,6 +36,8 @@ def _all(config: DaemonConfig) -> Iterator[str]:
         yield from _secrets(config)
     if config.channels is not None and config.channels.slack is not None:
         yield from _slack(config)
+    if config.channels is not None and config.channels.email is not None:
+        yield from _email(config)
 
 
 def _lease(lease: Path) -> Iterator[str]:
@@ -102,6 +104,27 @@ def _secrets(config: DaemonConfig) -> Iterator[str]:
             yield f"notify.webhooks.{i}.signing.secret_file: {e.filename}: {e.strerror}"
         except ValueError as e:
             yield f"notify.webhooks.{i}.signing: {e}"
+
+
+def _email(config: DaemonConfig) -> Iterator[str]:
+    """What the inbox process is handed to send mail: the SMTP password and the CA's
+    certificates (read by the core, which alone may read their files)."""
+    from deltad.channels import senders
+
+    assert config.channels is not None and config.channels.email is not None
+    smtp = config.channels.email.smtp
+    if smtp.password is not None:
+        try:
+            smtp.password.read()
+        except OSError as e:
+            yield f"channels.email.smtp.password.secret_file: {e.filename}: {e.strerror}"
+        except ValueError as e:
+            yield f"channels.email.smtp.password: {e}"
+    if smtp.ca_file is not None:
+        try:
+            senders.ca_text(smtp.ca_file)
+        except ValueError as e:
+            yield f"channels.{e}"
 
 
 def _slack(config: DaemonConfig) -> Iterator[str]:

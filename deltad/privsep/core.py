@@ -255,8 +255,8 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
     return core.history(who, call.limit)
 
 
-def decode_message(raw: bytes) -> wire.Call | wire.DeliveryCounts | str:
-    """A frame from the inbox as a call or its delivery counts, or why it is refused."""
+def decode_message(raw: bytes) -> wire.Call | wire.Told | str:
+    """A frame from the inbox as a call or its counts, or why it is refused."""
     try:
         msg = wire.FROM_INBOX.validate_json(raw)
     except ValidationError as e:
@@ -269,7 +269,9 @@ def decode_message(raw: bytes) -> wire.Call | wire.DeliveryCounts | str:
 def decode(raw: bytes) -> wire.Call | str:
     """A frame from the inbox as a call, or why it is refused (no other outcome)."""
     msg = decode_message(raw)
-    return "deliveries: not a call" if isinstance(msg, wire.DeliveryCounts) else msg
+    if isinstance(msg, wire.DeliveryCounts | wire.ChannelSends):
+        return f"{msg.op}: not a call"
+    return msg
 
 
 def reply_to(ctx: Context, call: wire.Call) -> bytes:
@@ -305,6 +307,7 @@ class Serving:
     inbox_dir: str = ""  # shown in the inbox's log lines (it reaches it by a descriptor)
     handoff: Handoff | None = None
     targets: list[wire.WebhookTarget] = dataclasses.field(default_factory=list)
+    channels: list[wire.ChannelTarget] = dataclasses.field(default_factory=list)
 
 
 class Monitor:
@@ -352,6 +355,7 @@ class Monitor:
                     events=[event_message(e) for e in ctx.feed.since(0)],
                     floor=ctx.feed.floor,
                     webhooks=self.serving.targets,
+                    channels=self.serving.channels,
                     inbox_dir=self.serving.inbox_dir,
                 )
             else:
@@ -363,6 +367,7 @@ class Monitor:
                     events=[],
                     listening=False,
                     webhooks=self.serving.targets,
+                    channels=self.serving.channels,
                     inbox_dir=self.serving.inbox_dir,
                 )
             wire.send(self.sock, welcome, self.fds)
@@ -403,6 +408,10 @@ class Monitor:
         if isinstance(call, wire.DeliveryCounts):
             if self.serving.handoff is not None:
                 self.serving.handoff.report(call)
+            return
+        if isinstance(call, wire.ChannelSends):
+            if self.serving.handoff is not None:
+                self.serving.handoff.report_channel(call)
             return
         self.slots.acquire()  # back-pressure on the inbox only
         pool.submit(self._run, call)
@@ -717,16 +726,26 @@ class InboxHost:
         return self.runner.pid
 
     def deliver(
-        self, urls: list[str], caps: list[int], targets: list[wire.WebhookTarget], counted: Any
+        self,
+        urls: list[str],
+        caps: list[int],
+        targets: list[wire.WebhookTarget],
+        counted: Any,
+        channels: list[wire.ChannelTarget] | None = None,
+        sends: Any = None,
     ) -> Handoff:
-        """The webhooks this inbox delivers: their outbox made (an older deltad's moved in),
-        their settings and keys for its welcome. Before `start`."""
+        """The webhooks and channel targets this inbox sends: their outbox made (an older
+        deltad's moved in), their settings and credentials for its welcome. Before `start`."""
         owner = (self.who.uid, self.who.gid) if self.who is not None else None
+        channels = channels or []
+        named = [(c.name, c.outbox_max) for c in channels]
         try:
-            handoff = Handoff(self.dir, self.state_dir, urls, caps, owner, counted)
+            handoff = Handoff(self.dir, self.state_dir, urls, caps, owner, counted, named, sends)
         except (HandoffError, OSError) as e:
-            raise InboxUnusable(f"notify.webhooks: the inbox's outbox: {e}") from None
+            where = "notify.webhooks" if urls else "channels"
+            raise InboxUnusable(f"{where}: the inbox's outbox: {e}") from None
         self.serving.handoff, self.serving.targets = handoff, targets
+        self.serving.channels = channels
         return handoff
 
     def start(self) -> None:
@@ -737,7 +756,8 @@ class InboxHost:
             log.info(
                 "inbox_for_webhooks",
                 user=self.who.name if self.who is not None else None,
-                detail="no http: the inbox process is started to deliver webhooks only",
+                detail="no http: the inbox process is started to send webhooks and channels' "
+                "messages only",
             )
 
     def close_socket(self) -> None:

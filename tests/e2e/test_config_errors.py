@@ -55,6 +55,16 @@ def _garbage_tls(tmp: Path) -> dict[str, Any]:
     return {"http": {"tls_cert": str(tmp / "cert.pem"), "tls_key": str(tmp / "key.pem")}}
 
 
+def _email(**over: Any) -> dict[str, Any]:
+    email = {"from_address": "d@d.example", "reply_domain": "d.example", "maildir": "/nonexistent"}
+    return {"channels": {"email": {**email, **over}}}
+
+
+def _email_ca(tmp: Path) -> dict[str, Any]:
+    (tmp / "ca.pem").write_text("not a certificate\n")
+    return _email(smtp={"ca_file": str(tmp / "ca.pem")})
+
+
 def _slack(**over: Any) -> dict[str, Any]:
     return {
         "token": {"secret_env": "DELTAD_TEST_SLACK"},  # set by the case (`env`)
@@ -170,6 +180,12 @@ CASES: dict[str, Case] = {
         },
         "channels.slack: needs http",
         env={"DELTAD_TEST_SLACK": "xoxb-test"},
+    ),
+    # channels: email (what the inbox process is handed to send mail, read by the core)
+    "email ca_file not a certificate": Case(_email_ca, "channels.email.smtp.ca_file: "),
+    "email password env unset": Case(
+        lambda tmp: _email(smtp={"username": "u", "password": {"secret_env": "DELTAD_TEST_NO"}}),
+        "channels.email.smtp.password: environment variable DELTAD_TEST_NO is not set",
     ),
     # the inbox
     "http key misspelt": Case(
