@@ -96,6 +96,8 @@ class Context:
     question: Callable[[Workspace, str], InteractionRequest] = open_question
     # Sends from the channel's outbox by (channel, result): deltad_channel_sends (metrics.py).
     sends: Counter | None = None
+    # Replies a channel took in by (channel, result): deltad_channel_replies (metrics.py).
+    replies: Counter | None = None
 
 
 class Channel(ABC):

@@ -43,13 +43,16 @@ def build(
     link: Callable[[str, str], str] | None = None,
     page: Callable[[str], str] | None = None,
     sends: Counter | None = None,
+    replies: Counter | None = None,
 ) -> list[Channel]:
     """The configured channels (ValueError or OSError, one line, if one cannot start)."""
     out: list[Channel] = []
     if config.email is not None:
         from .email import EmailChannel
 
-        ctx = Context(state_dir / "channels" / "email", answer, link, page, sends=sends)
+        ctx = Context(
+            state_dir / "channels" / "email", answer, link, page, sends=sends, replies=replies
+        )
         out.append(EmailChannel(config.email, ctx))
     if config.slack is not None:
         from .slack import SlackChannel
@@ -143,6 +146,7 @@ def start(
     http: object,
     state_dir: Path,
     sends: Counter | None = None,
+    replies: Counter | None = None,
 ) -> Hub:
     """The daemon's channels, started: answers go through `deltad.inbox.submit` (by way of
     `quorum.answer_or_vote`), the function
@@ -161,7 +165,8 @@ def start(
             return f"{ctx.base_url}/#request={request_id}"
 
     # Four eyes: a reply is a vote where the question needs several (inbox/quorum.py).
-    hub = Hub(build(config, state_dir, quorum.answer_or_vote, link, page, sends), feed, quiet_roots)
+    channels = build(config, state_dir, quorum.answer_or_vote, link, page, sends, replies)
+    hub = Hub(channels, feed, quiet_roots)
     hub.start()
     if isinstance(http, handlers.Context):
         # What the inbox relays from a channel's own endpoint (Slack's interactions) reaches

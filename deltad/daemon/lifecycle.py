@@ -312,8 +312,9 @@ class Lifecycle:
         config = self.core.config
         http, notify = config.http, config.notify
         hooks = notify.webhooks if notify is not None else []
+        email = config.channels.email if config.channels is not None else None
         log_args = ["--log-level", config.log_level, "--log-format", config.log_format]
-        if http is not None or hooks:
+        if http is not None or hooks or email is not None:
             from deltad.api.server import ListenError
             from deltad.privsep.core import InboxHost, InboxUnusable
 
@@ -326,10 +327,13 @@ class Lifecycle:
                 # four eyes: each vote is a receipt of its own (no context: webhooks alone)
                 if config.audit.enabled and self.http.context is not None:
                     self.http.context.audit = audit_path(config)
+                if email is not None:  # mail from anyone is parsed there, not here
+                    self.http.read_mail(mail_intake(email))
             except (ListenError, InboxUnusable, OSError, ValueError) as e:
                 said = str(e)  # a certificate's problem, a user's, names its key already
                 if http is None:
-                    raise ConfigError(f"notify.webhooks: the inbox process: {said}") from e
+                    key = "notify.webhooks" if hooks else "channels.email"
+                    raise ConfigError(f"{key}: the inbox process: {said}") from e
                 raise ConfigError(
                     said if said.startswith("http") else f"http.listen: {said}"
                 ) from e
@@ -377,11 +381,18 @@ class Lifecycle:
                     context,
                     self.core.config.state_dir,
                     self.core.metrics.channel_sends,
+                    self.core.metrics.channel_replies,
                 )
             except (OSError, ValueError) as e:
                 raise ConfigError(f"channels: {e}") from None
+            if self.http is not None:  # what the inbox relays from the Maildir is decided here
+                for c in self.channels.channels:
+                    if c.name == "email":
+                        self.http.take_mail(c.receive)
 
     def _stop_inbox(self) -> None:
+        if self.http is not None:
+            self.http.take_mail(None)  # what the inbox relays now waits for the next daemon
         if self.channels is not None:
             self.channels.stop()
         if self.notifier is not None:
@@ -851,3 +862,17 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def mail_intake(email: Any) -> Any:
+    """What the inbox process is told of the email channel's Maildir (privsep/wire.py)."""
+    from deltad.privsep.wire import MailIntake
+
+    return MailIntake(
+        maildir=str(email.maildir),
+        reply_local=email.reply_local,
+        reply_domain=email.reply_domain,
+        max_message_bytes=email.max_message_bytes,
+        max_per_pass=email.max_per_pass,
+        poll_seconds=email.poll_seconds,
+    )

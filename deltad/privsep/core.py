@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from deltad.api.calls import Local
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import ApiError, Context, Idempotency
 from deltad.api.tokens import TOKENS_NAME, Identity, TokenError, TokenStore
+from deltad.channels.mail import Received
 from deltad.health import Standalone, Vitals
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.platform import SAFE_PATH
@@ -208,6 +210,8 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
         if take is None:
             raise ApiError(404, "not_found", f"the {call.channel} channel is not configured")
         return take(call.body, call.timestamp, call.signature)
+    if isinstance(call, wire.MailReply):  # served beside the HTTP context (`reply_mail`)
+        raise ApiError(503, "not_ready", "the email channel is not taking mail here")
     if isinstance(call, wire.VitalsCall):  # no credential: /livez, /readyz; /metrics checked its
         h = ctx.vitals.health()  # token in the inbox (the figures name no workspace)
         return {"health": dataclasses.asdict(h), "metrics": ctx.vitals.core_metrics().decode()}
@@ -305,6 +309,10 @@ class Serving:
     inbox_dir: str = ""  # shown in the inbox's log lines (it reaches it by a descriptor)
     handoff: Handoff | None = None
     targets: list[wire.WebhookTarget] = dataclasses.field(default_factory=list)
+    # The email channel's Maildir, read by the inbox (its welcome says where), and the
+    # channel's `receive` in the core once it started (None until then: the inbox waits).
+    mail_intake: wire.MailIntake | None = None
+    mail: Callable[[Received], dict[str, Any]] | None = None
 
 
 class Monitor:
@@ -353,6 +361,7 @@ class Monitor:
                     floor=ctx.feed.floor,
                     webhooks=self.serving.targets,
                     inbox_dir=self.serving.inbox_dir,
+                    mail=self.serving.mail_intake,
                 )
             else:
                 welcome = wire.Welcome(
@@ -364,6 +373,7 @@ class Monitor:
                     listening=False,
                     webhooks=self.serving.targets,
                     inbox_dir=self.serving.inbox_dir,
+                    mail=self.serving.mail_intake,
                 )
             wire.send(self.sock, welcome, self.fds)
             sender.start()
@@ -415,7 +425,9 @@ class Monitor:
 
     def _run(self, call: wire.Call) -> None:
         try:
-            if self.ctx is None:  # an inbox started for deliveries has no HTTP to serve
+            if isinstance(call, wire.MailReply):  # HTTP or not: the email channel's
+                frame = reply_mail(self.serving.mail, call)
+            elif self.ctx is None:  # an inbox started for deliveries has no HTTP to serve
                 no = "this daemon serves no HTTP (no http: in its config)"
                 frame = wire.encode(_error(call.id, 403, "forbidden", no))
             else:
@@ -462,6 +474,21 @@ class Monitor:
                     self.sock.sendall(frame)
             except OSError:
                 return  # the reader sees the connection end too
+
+
+def reply_mail(take: Callable[[Received], dict[str, Any]] | None, call: wire.MailReply) -> bytes:
+    """The reply frame to a relayed message: the email channel's verdict (the inbox moves
+    the file to cur/ on any reply but a 503). Never raises."""
+    if take is None:
+        no = "the email channel is not taking mail (yet): keep it"
+        return wire.encode(_error(call.id, 503, "not_ready", no))
+    got = Received(call.message, call.token, call.sender, call.automatic, call.text, call.problem)
+    try:
+        reply = wire.Reply(id=call.id, result=take(got))
+    except Exception as e:  # `receive` never raises; a bug here fails this message only
+        log.error("inbox_call_failed", op=call.op, error=f"{type(e).__name__}: {e}")
+        reply = _error(call.id, 500, "internal", "the core could not decide on this message")
+    return wire.encode(reply)
 
 
 def _no_hint(key: str) -> None:
@@ -728,6 +755,14 @@ class InboxHost:
             raise InboxUnusable(f"notify.webhooks: the inbox's outbox: {e}") from None
         self.serving.handoff, self.serving.targets = handoff, targets
         return handoff
+
+    def read_mail(self, intake: wire.MailIntake) -> None:
+        """The email channel's Maildir, for the inbox to read (before `start`)."""
+        self.serving.mail_intake = intake
+
+    def take_mail(self, receive: Callable[[Received], dict[str, Any]] | None) -> None:
+        """The channel that decides on what the inbox relays (None: no longer taken)."""
+        self.serving.mail = receive
 
     def start(self) -> None:
         self.runner.start()
