@@ -134,8 +134,13 @@ def _slack(config: DaemonConfig) -> Iterator[str]:
 MAILDIR_PROBE = r"""
 import errno, os, sys
 box, user = sys.argv[1], sys.argv[2]
-if not os.path.lexists(box):
+try:
+    os.stat(box)
+except FileNotFoundError:
     sys.exit(0)  # not made yet: the MTA makes it on first mail (the inbox says if it cannot)
+except OSError as e:
+    print(f"{box}: the inbox's user {user} cannot reach it ({e.strerror})")
+    sys.exit(1)
 for sub in ("new", "cur"):
     d = os.path.join(box, sub)
     if os.path.isdir(d) and not os.access(d, os.R_OK | os.W_OK | os.X_OK):

@@ -64,6 +64,14 @@ def _slack(**over: Any) -> dict[str, Any]:
     }  # the key's own checks (an inline token, ids, URLs): tests/unit/test_channels_slack.py
 
 
+def _email(tmp: Path) -> dict[str, Any]:
+    box = tmp / "Maildir"  # root's, 0700: what the MTA made before the operator's step
+    for sub in ("new", "cur", "tmp"):
+        (box / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+    box.chmod(0o700)
+    return {"from_address": "d@d.example", "reply_domain": "d.example", "maildir": str(box)}
+
+
 KUBE = {"image": "registry.example/deltad:1", "pvc": "workspaces", "mount_path": "/srv/ws"}
 
 
@@ -170,6 +178,11 @@ CASES: dict[str, Case] = {
         },
         "channels.slack: needs http",
         env={"DELTAD_TEST_SLACK": "xoxb-test"},
+    ),
+    # channels: email (the inbox's user reads the Maildir, never root)
+    "maildir the inbox cannot read": Case(
+        lambda tmp: {"channels": {"email": _email(tmp)}},
+        "channels.email.maildir: ",
     ),
     # the inbox
     "http key misspelt": Case(
