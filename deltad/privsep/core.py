@@ -769,10 +769,13 @@ class InboxHost:
         if self.config is not None:
             log.info("http_listening", url=self.url, port=self.port, tls=self.config.tls)
         else:
+            what = [w for w, on in (("webhooks", self.serving.targets),
+                                    ("mail", self.serving.mail_intake)) if on]  # fmt: skip
             log.info(
                 "inbox_for_webhooks",
                 user=self.who.name if self.who is not None else None,
-                detail="no http: the inbox process is started to deliver webhooks only",
+                serves=what,
+                detail=f"no http: the inbox process is started for {' and '.join(what)} only",
             )
 
     def close_socket(self) -> None:

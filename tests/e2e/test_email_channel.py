@@ -39,7 +39,9 @@ REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]
 ALICE, BOB, MALLORY = (f"{p}@{PEOPLE_DOMAIN}" for p in ("alice", "bob", "mallory"))
 
 
-def _daemon(tmp: Path, mta: Mta, root: Path, **email: Any) -> Daemon:
+def _daemon(tmp: Path, mta: Mta, root: Path, served: bool = True, **email: Any) -> Daemon:
+    """A daemon with the email channel (and the inbox's HTTP unless not `served`: the inbox
+    process then runs for the mail alone)."""
     root.mkdir(parents=True, exist_ok=True)
     channel = {
         "from_address": f"deltad@{DELTAD_DOMAIN}",
@@ -54,7 +56,7 @@ def _daemon(tmp: Path, mta: Mta, root: Path, **email: Any) -> Daemon:
         tmp,
         [root],
         resume_command=REAL_CLIENT,
-        http={"listen": "127.0.0.1:0"},
+        http={"listen": "127.0.0.1:0"} if served else None,
         channels={"email": channel},
     )
 
@@ -247,7 +249,8 @@ def test_the_inbox_process_opens_the_mail_and_a_kill_9_mid_message_answers_once(
     postfix: Mta,  # noqa: F811  (the fixture imported above)
 ) -> None:
     mta = postfix
-    daemon = _daemon(tmp_path, mta, tmp_path / "root").start(env=llm_env(fake))
+    # No http: the inbox process is started for the mail alone (no socket, no page links).
+    daemon = _daemon(tmp_path, mta, tmp_path / "root", served=False).start(env=llm_env(fake))
     new, cur = mta.deltad_maildir / "new", mta.deltad_maildir / "cur"
     try:
         d, request_id = _ask(tmp_path, fake, prompt="Ship it?", input_type="yes_no")

@@ -421,3 +421,41 @@ def test_a_reminder_mails_again_and_an_escalation_mails_whom_it_adds_who_may_ans
     assert _take(ch) == 1 and _refusals(ch) == []
     doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
     assert (doc["answer"], doc["answered_by"]) == ("yes", BOB)
+
+
+# -- the inbox's side: what it reads and relays (deltad/channels/maildir.py) ----------------------
+def test_only_what_the_core_needs_is_relayed() -> None:
+    address = mail.reply_address("reply", "d.example")
+    tok = "ab" * 18
+    msg = EmailMessage()
+    msg["From"], msg["To"] = f"Alice <{ALICE.upper()}>", "team@d.example"
+    msg["Delivered-To"] = f"reply+{tok}@d.example"
+    msg["Auto-Submitted"] = "auto-replied"
+    msg.set_content("yes\n\n> quoted\n")
+    got = mail.received("1.m1", msg.as_bytes(), address)
+    assert got == mail.Received("1.m1", tok, ALICE, True, "yes")
+    assert mail.received("2", None, address).problem == "unreadable"
+    assert mail.received("3", b"To: .:\r\nFrom: .:\r\n\r\nyes\r\n", address).problem == "unparsable"
+    del msg["From"]
+    msg["From"] = "x" * 400 + "@example.org"  # no address of anyone's: relayed as none
+    assert mail.received("4", msg.as_bytes(), address).sender == ""
+
+
+def test_mail_the_core_cannot_take_yet_stays_in_new(tmp_path: Path) -> None:
+    ch = _channel(tmp_path)
+    new, cur = ch.config.maildir / "new", ch.config.maildir / "cur"
+    _deliver(ch, "1", "reply+x@d.example", ALICE, "yes")
+    _deliver(ch, "2", "reply+x@d.example", ALICE, "no")
+    asked: list[str] = []
+
+    def not_now(got: mail.Received) -> bool:
+        asked.append(got.message)
+        return False  # the core is starting (503): nothing moves, the pass ends
+
+    reader = MaildirReader(ch.config.maildir, "reply", "d.example", not_now, 1 << 20)
+    assert reader.take() == 0 and asked == ["1"]
+    assert sorted(os.listdir(new)) == ["1", "2"] and os.listdir(cur) == []
+    # A name the protocol cannot carry is set aside unread; the rest goes on.
+    (new / "0\nname").write_bytes(b"From: a@b.c\n\nhi\n")
+    assert _take(ch) == 2
+    assert sorted(os.listdir(cur)) == ["0\nname:2,S", "1:2,S", "2:2,S"]
