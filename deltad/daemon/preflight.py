@@ -185,7 +185,10 @@ def _maildir(config: DaemonConfig) -> Iterator[str]:
             return
         ids = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
     else:
-        user = pwd.getpwuid(os.geteuid()).pw_name  # not root: the inbox runs as this user
+        try:  # not root: the inbox runs as this user
+            user = pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:  # a uid without a name (a container)
+            user = str(os.geteuid())
     argv = [sys.executable, "-I", "-S", "-c", MAILDIR_PROBE, str(box), user]
     try:
         done = subprocess.run(
