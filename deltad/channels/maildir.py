@@ -54,6 +54,7 @@ class MaildirReader:
         self.address = mail.reply_address(reply_local, reply_domain)
         self.stopping = threading.Event()
         self._problem: str | None = None  # said once, until it changes
+        self._unopened: set[str] = set()  # messages said once not to be ours to read
         self._thread = threading.Thread(target=self._run, name="deltad-inbox-mail", daemon=True)
 
     def start(self) -> None:
@@ -86,6 +87,7 @@ class MaildirReader:
             self._say(str(e), error=e.strerror, user=os.getuid())
             return 0
         self._say(None)
+        self._unopened &= set(names)
         taken = 0
         for name in names[: self.max_per_pass]:
             if self.stopping.is_set():
@@ -118,8 +120,16 @@ class MaildirReader:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
-            if e.errno in (errno.EACCES, errno.EPERM):
-                self._say(f"file:{e.errno}", error=e.strerror, user=os.getuid(), message=path.name)
+            if e.errno in (errno.EACCES, errno.EPERM):  # left in new/ for the operator's step
+                if path.name not in self._unopened:
+                    self._unopened.add(path.name)
+                    log.warning(
+                        "email_maildir_unreadable",
+                        maildir=str(self.maildir),
+                        message=ascii(path.name),
+                        error=e.strerror,
+                        user=os.getuid(),
+                    )
                 yield False
             else:  # ELOOP (a symlink), ENXIO (a socket): unreadable; ENOENT: gone meanwhile
                 yield False if e.errno == errno.ENOENT else None

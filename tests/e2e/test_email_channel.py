@@ -10,6 +10,7 @@ are refused by the core."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -277,7 +278,19 @@ def test_the_inbox_process_opens_the_mail_and_a_kill_9_mid_message_answers_once(
         assert len(daemon.events("email_answered", request_id=request_id)) == 1
         assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
         assert fake.tool_results()["q"].startswith("yes")
+
+        # A message the inbox's user may not read (root's, 0600) stays in new/, said once;
+        # the mail after it is still read (a replay of alice's reply, refused).
+        (new / "0.root-only").write_bytes(b"From: x@y.z\n\nno\n")
+        (new / "0.root-only").chmod(0o600)
+        mta.send(_reply(str(question["Reply-To"]), ALICE, "no"))
+        daemon.wait_event("email_reply_refused", code="replayed")
+        [said] = daemon.events("email_maildir_unreadable", message="'0.root-only'")
+        assert said["error"] == "Permission denied"
+        wait_for(lambda: os.listdir(new) == ["0.root-only"], "the replay moved, not the other")
     finally:
+        with contextlib.suppress(FileNotFoundError):
+            (new / "0.root-only").unlink()  # the module's MTA: the next test's preflight
         daemon.stop()
 
 
