@@ -79,8 +79,14 @@ def received(message: str, data: bytes | None, address: re.Pattern[str]) -> Rece
     except Unreadable:
         return Received(message, None, "", False, None, "unparsable")
     tokens = [m.group(1) for a in reply.recipients if (m := address.fullmatch(a))]
-    sender = reply.sender if len(reply.sender) <= SENDER_MAX else ""
-    return Received(message, tokens[0] if tokens else None, sender, reply.automatic, reply.text)
+    sender = _utf8(reply.sender) if len(reply.sender) <= SENDER_MAX else ""
+    text = _utf8(reply.text) if reply.text is not None else None
+    return Received(message, tokens[0] if tokens else None, sender, reply.automatic, text)
+
+
+def _utf8(text: str) -> str:
+    """`text` as JSON can carry it (a header's raw bytes may come back as lone surrogates)."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def reply_address(local: str, domain: str) -> re.Pattern[str]:

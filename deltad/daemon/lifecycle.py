@@ -49,9 +49,11 @@ from .sweep import Sweep
 from .walking import Walker, settle_heap
 
 if TYPE_CHECKING:
+    from deltad.channels.config import EmailConfig
     from deltad.clock import Clock
     from deltad.inbox.feed import Feed
     from deltad.metrics import CoreMetrics, CoreVitals
+    from deltad.privsep.wire import MailIntake
     from deltad.watch.hints import HintQueue
 
     from .followup import Store
@@ -864,7 +866,7 @@ def _drain(fd: int) -> None:
         pass
 
 
-def mail_intake(email: Any) -> Any:
+def mail_intake(email: EmailConfig) -> MailIntake:
     """What the inbox process is told of the email channel's Maildir (privsep/wire.py)."""
     from deltad.privsep.wire import MailIntake
 

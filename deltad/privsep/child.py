@@ -325,6 +325,9 @@ def mail_reader(intake: wire.MailIntake | None, remote: Remote) -> Any:
         doc |= {"sender": got.sender, "automatic": got.automatic, "text": got.text}
         try:
             result = remote.send({**doc, "problem": got.problem})
+        except ValueError as e:  # not encodable (mail.received makes it so: a bug)
+            log.error("email_relay_refused", message=got.message, error=str(e)[:200])
+            return True
         except ApiError as e:
             if e.http == 503:  # the core is starting its channel, or gone: kept in new/
                 return False
