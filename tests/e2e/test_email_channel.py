@@ -294,6 +294,40 @@ def test_the_inbox_process_opens_the_mail_and_a_kill_9_mid_message_answers_once(
         daemon.stop()
 
 
+def test_a_kill_9_of_the_core_mid_message_loses_no_reply(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """The core dies while the inbox waits for its verdict: the message stays in new/, and
+    the next daemon's inbox relays it again and it answers, once."""
+    mta = postfix
+    daemon = _daemon(tmp_path, mta, tmp_path / "root", served=False).start(env=llm_env(fake))
+    new = mta.deltad_maildir / "new"
+    try:
+        d, request_id = _ask(tmp_path, fake, prompt="Roll back?", input_type="yes_no")
+        [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+        inbox = _inbox_pid(daemon)
+        daemon.signal(signal.SIGSTOP)
+        mta.send(_reply(str(question["Reply-To"]), ALICE, "yes"))
+        wait_for(lambda: inbox in _opened_in(new), "the reply relayed, waiting for the core")
+        daemon.signal(signal.SIGKILL)  # stopped, then killed: it never decided
+        assert daemon.proc is not None
+        daemon.proc.wait()
+        wait_for(lambda: not Path(f"/proc/{inbox}").exists(), "the inbox to end with its core")
+        assert len(os.listdir(new)) == 1  # kept, unanswered
+    finally:
+        daemon.stop()
+    daemon.start(env=llm_env(fake))
+    try:
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
+        wait_for(lambda: not list(new.iterdir()), "the reply moved to cur/")
+        assert len(daemon.events("email_answered", request_id=request_id)) == 1
+        assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
+    finally:
+        daemon.stop()
+
+
 FORGE = """
 import concurrent.futures, json
 from deltad.api.handlers import ApiError
