@@ -23,6 +23,8 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from deltad.channels.grants import Grants
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, metadata_status
@@ -384,8 +386,6 @@ result = {{
 }}
 """
         )
-        import httpx
-
         with httpx.Client(base_url=url, timeout=60) as http:
             r = http.post("/__test__/exec", json={"code": code})
         assert r.status_code == 200 and "error" not in r.json(), r.text
