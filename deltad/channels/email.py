@@ -271,6 +271,11 @@ class EmailChannel(Channel):
         try:
             req = self.ctx.question(Workspace(ws), grant.request_id)
         except SubmitError as e:
+            if claimed == name and isinstance(e, AnswerWaiting | AlreadyAnswered | NotPending):
+                # This very message answered, and its run went on, before a crash (of either
+                # process) kept it from being moved: no "not taken" mail for a taken reply.
+                log.info("email_reply_already_taken", message=name, request_id=grant.request_id)
+                return "taken"
             raise Refusal(e.code, f"{e}", grant) from None
         except (ProtocolError, OSError) as e:
             why = f"the workspace cannot take an answer: {e}"

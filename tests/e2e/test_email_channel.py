@@ -280,6 +280,7 @@ def test_the_inbox_process_opens_the_mail_and_a_kill_9_mid_message_answers_once(
         assert len(daemon.events("email_answered", request_id=request_id)) == 1
         assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
         assert fake.tool_results()["q"].startswith("yes")
+        assert daemon.events("email_reply_refused") == []  # alice is not told "not taken"
 
         # A message the inbox's user may not read (root's, 0600) stays in new/, said once;
         # the mail after it is still read (a replay of alice's reply, refused).
@@ -326,6 +327,7 @@ def test_a_kill_9_of_the_core_mid_message_loses_no_reply(
         wait_for(lambda: not list(new.iterdir()), "the reply moved to cur/")
         assert len(daemon.events("email_answered", request_id=request_id)) == 1
         assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
+        assert daemon.events("email_reply_refused") == []
     finally:
         daemon.stop()
 

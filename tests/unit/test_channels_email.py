@@ -227,9 +227,18 @@ def test_a_reply_answers_through_the_answering_path(tmp_path: Path) -> None:
     assert os.listdir(ch.config.maildir / "cur") == ["1.m1:2,S"]
     assert _refusals(ch) == []
 
-    # A crash before the move: the same message read again answers nothing and says nothing.
+    # A crash before the move: the same message read again answers nothing and says nothing,
+    # whether the answer still waits or its run went on meanwhile (the question is gone).
     os.rename(ch.config.maildir / "cur" / "1.m1:2,S", ch.config.maildir / "new" / "1.m1")
     assert _take(ch) == 1 and _refusals(ch) == []
+    box = ws / ".delta" / "interaction"
+    kept = {p.name: p.read_bytes() for p in box.iterdir() if p.is_file()}
+    for name in ("request.json", "response.json"):
+        (box / name).unlink()  # consumed by the resumed run
+    os.rename(ch.config.maildir / "cur" / "1.m1:2,S", ch.config.maildir / "new" / "1.m1")
+    assert _take(ch) == 1 and _refusals(ch) == []
+    for name, data in kept.items():
+        (box / name).write_bytes(data)
     # Another message through the same address: a replay, refused to alice.
     _deliver(ch, "2.m2", reply_to, ALICE, "no")
     _take(ch)
