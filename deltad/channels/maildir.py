@@ -54,7 +54,7 @@ class MaildirReader:
         self.address = mail.reply_address(reply_local, reply_domain)
         self.stopping = threading.Event()
         self._problem: str | None = None  # said once, until it changes
-        self._unopened: set[str] = set()  # messages said once not to be ours to read
+        self._unopened: set[str] = set()  # messages in new/ this user cannot open
         self._thread = threading.Thread(target=self._run, name="deltad-inbox-mail", daemon=True)
 
     def start(self) -> None:
@@ -79,7 +79,7 @@ class MaildirReader:
         self._problem = problem
 
     def take(self) -> int:
-        """One pass over `new/`: how many messages the core took."""
+        """One pass over `new/`: how many messages went to cur/."""
         new = self.maildir / "new"
         try:
             names = sorted(e.name for e in os.scandir(new) if not e.name.startswith("."))
@@ -88,23 +88,25 @@ class MaildirReader:
             return 0
         self._say(None)
         self._unopened &= set(names)
-        taken = 0
-        for name in names[: self.max_per_pass]:
-            if self.stopping.is_set():
+        moved = 0
+        # At most max_per_pass moved a pass; messages this user cannot open (left in new/ for
+        # the operator) do not hold back the ones after them.
+        for name in names[: self.max_per_pass + len(self._unopened)]:
+            if self.stopping.is_set() or moved >= self.max_per_pass:
                 break
             done = self._one(name)
             if done is None:
                 break  # the core cannot take mail now: the rest waits for the next pass
-            taken += done
-        return taken
+            moved += done
+        return moved
 
     def _one(self, name: str) -> int | None:
-        """1 when the core took it (moved to cur/), 0 when it was left or set aside unread,
-        None when the core could not take it now."""
+        """1 when it was moved to cur/ (the core replied, or it was set aside unread), 0 when
+        it was left in new/, None when the core could not take it now."""
         if not _relayable(name):  # a name the protocol cannot carry: set aside, unread
             log.warning("email_message_set_aside", message=ascii(name), reason="name")
             self._done(name)
-            return 0
+            return 1
         with self._opened(self.maildir / "new" / name) as data:
             if isinstance(data, bool):  # gone, or not ours to read: left in new/
                 return 0
@@ -121,8 +123,7 @@ class MaildirReader:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EPERM):  # left in new/ for the operator's step
-                if path.name not in self._unopened:
-                    self._unopened.add(path.name)
+                if not self._unopened:  # said once, until every such message is gone
                     log.warning(
                         "email_maildir_unreadable",
                         maildir=str(self.maildir),
@@ -130,6 +131,7 @@ class MaildirReader:
                         error=e.strerror,
                         user=os.getuid(),
                     )
+                self._unopened.add(path.name)
                 yield False
             else:  # ELOOP (a symlink), ENXIO (a socket): unreadable; ENOENT: gone meanwhile
                 yield False if e.errno == errno.ENOENT else None
