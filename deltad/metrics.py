@@ -188,6 +188,7 @@ class Source(Protocol):
     def roots(self) -> list[tuple[str, str]]: ...
     def backends(self) -> list[tuple[str, int, bool]]: ...
     def outbox_depth(self) -> int | None: ...
+    def channel_outbox_depth(self) -> list[tuple[str, int]]: ...
 
 
 class Scraped:
@@ -300,6 +301,14 @@ def gauges(s: Source, mono: float, wall: float) -> Iterator[Metric]:
         yield _gauge(
             "deltad_webhook_outbox_depth", "Webhook deliveries waiting in the outbox.", depth
         )
+    if channels := s.channel_outbox_depth():
+        yield _by(
+            "deltad_channel_outbox_depth",
+            "Messages of a channel (or notify command) waiting in the inbox process's outbox, "
+            "as it last said.",
+            "channel",
+            channels,
+        )
 
 
 @dataclass
@@ -343,3 +352,8 @@ class CoreVitals:
     def outbox_depth(self) -> int | None:
         notifier = self.svc.notifier
         return None if notifier is None else int(notifier.outbox_depth())
+
+    def channel_outbox_depth(self) -> list[tuple[str, int]]:
+        http = self.svc.http
+        handoff = http.serving.handoff if http is not None else None
+        return [] if handoff is None else sorted(dict(handoff.channel_depth).items())

@@ -49,6 +49,19 @@ def _inbox_can_run_python() -> None:
             pass
 
 
+@pytest.fixture
+def notify_out() -> Iterator[Path]:
+    """A directory a `notify.commands` command may write in: it runs as the inbox's user,
+    never root, and pytest's own tmp dirs are root's 0700."""
+    from tests.users import shared_tmp
+
+    with shared_tmp() as base:
+        out = base / "out"
+        out.mkdir()
+        out.chmod(0o1777)
+        yield out
+
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

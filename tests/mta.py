@@ -21,6 +21,7 @@ import smtplib
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -226,3 +227,76 @@ def postfix() -> Iterator[Mta]:
         subprocess.run([POSTFIX, "-c", str(d / "conf"), "stop"], capture_output=True, check=False)
         if not os.environ.get("DELTAD_KEEP_MTA"):  # to read its maillog after a failure
             shutil.rmtree(d, ignore_errors=True)
+
+
+class Tap:
+    """A TCP relay on 127.0.0.1 in front of the MTA that records, for each connection, the uid
+    owning the sending socket (/proc/net/tcp: which process sent it, as the kernel says);
+    the first `hold` connections are left unanswered (no greeting) until the tap closes, as
+    an MTA that hangs mid-conversation."""
+
+    def __init__(self, mta: Mta, hold: int = 0) -> None:
+        from deltad.testing.webhooks import socket_uid
+
+        self._socket_uid = socket_uid
+        self.mta, self.hold = mta, hold
+        self.uids: list[int | None] = []
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._open: list[socket.socket] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, peer = self.sock.accept()
+            except OSError:
+                return
+            uid = self._socket_uid(int(peer[1]), self.port)
+            with self._lock:
+                self.uids.append(uid)
+                held = len(self.uids) <= self.hold
+                self._open.append(conn)
+            if not held:
+                threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
+
+    def _relay(self, conn: socket.socket) -> None:
+        try:
+            up = socket.create_connection(("127.0.0.1", self.mta.port), timeout=DEADLINE)
+        except OSError:
+            conn.close()
+            return
+        with self._lock:
+            self._open.append(up)
+
+        def pump(src: socket.socket, dst: socket.socket) -> None:
+            with contextlib.suppress(OSError):
+                while data := src.recv(65536):
+                    dst.sendall(data)
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+        threading.Thread(target=pump, args=(up, conn), daemon=True).start()
+        pump(conn, up)
+
+    def connections(self) -> list[int | None]:
+        with self._lock:
+            return list(self.uids)
+
+    def close(self) -> None:
+        self._closing.set()
+        self.sock.close()
+        with self._lock:
+            for s in self._open:
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def __enter__(self) -> Tap:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -2,11 +2,13 @@
 `webhook-signature`; deltad/api/webhooks.py) and commands (argv, the event as JSON on stdin).
 
 The daemon's loop only queues an event. One intake thread in the core turns it into a document
-(read from the disk, never on the loop) and hands it to each target: a command runs in the core;
-a webhook delivery is written into the target's outbox, which belongs to the inbox process
-(deltad/privsep/handoff.py), and the inbox process (unprivileged, `WebhookWorker`, one thread
-per target) attempts it, so the core never speaks to a receiver, and a stop, a crash of either
-process or a dead receiver loses nothing and a slow target slows nobody else.
+(read from the disk, never on the loop) and hands it to each target: a webhook delivery is
+written into the target's outbox, which belongs to the inbox process (deltad/privsep/handoff.py),
+and the inbox process (unprivileged, `WebhookWorker`, one thread per target) attempts it, so the
+core never speaks to a receiver, and a stop, a crash of either process or a dead receiver loses
+nothing and a slow target slows nobody else. A command's event is handed over the same way and
+the inbox process runs the command, as its own user (deltad/channels/senders.py): no command
+runs as root. (A Notifier made without the inbox's hand-off, in tests, runs them itself.)
 
 A notification carries the question (prompt, type, options — never an answer), a deep link to
 it in the web page and, with `answer_links: true`, a signed single-use answer link."""
@@ -20,7 +22,6 @@ import os
 import queue
 import random
 import socket
-import stat
 import subprocess
 import threading
 import time
@@ -41,6 +42,8 @@ from deltad.protocol import Workspace
 from . import handlers, scopes, webhooks
 from .config import Command, NotifyConfig, Target, Webhook
 from .outbox import DEAD_LETTER, Dead, Delivery, Outbox, Policy, after_failure, target_key, too_old
+from .outbox import FILE_MAX as FILE_MAX
+from .outbox import load_capped as _load_capped
 
 log = structlog.get_logger("deltad.notify")
 QUEUE_CAP = 10_000
@@ -116,22 +119,6 @@ def delivery_body(doc: dict[str, Any]) -> str:
     return json.dumps({k: doc[k] for k in keep if k in doc} | {"truncated": True})
 
 
-def _load_capped(path: Path) -> Delivery:
-    """A delivery's file, read without following a link and at most FILE_MAX bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        data = f.read(FILE_MAX + 1)
-    if len(data) > FILE_MAX:
-        raise ValueError("too large")
-    doc = json.loads(data)
-    if not isinstance(doc, dict):
-        raise ValueError("not a delivery")
-    doc.pop("dead_reason", None)
-    return Delivery(**doc)
-
-
 def _wanted(target: Target, quiet: list[Path], e: FeedEvent) -> bool:
     if e.type not in target.events:
         return False
@@ -196,7 +183,6 @@ def new_delivery(doc: dict[str, Any], url: str, now: float) -> Delivery:
     )
 
 
-FILE_MAX = 1024 * 1024  # a delivery's file in the outbox at most (a 64 KiB body, escaped)
 RESCAN_SECONDS = 30.0  # the inbox looks in `new/` this often even without the core's hint
 
 
@@ -584,6 +570,24 @@ class _WebhookRoute:
         self.handoff.put(new_delivery(doc, self.target.url, time.time()))
 
 
+class _CommandRoute:
+    """A command as the core sees it under the daemon: which events it wants, and the hand-off
+    of each event's document (a delivery's body: at most DELIVERY_MAX bytes, a tenant's
+    `context` trimmed) to the inbox process, which runs the command."""
+
+    def __init__(
+        self, target: Command, name: str, quiet: list[Path], handoff: Handoff, key: str
+    ) -> None:
+        self.target, self.name, self.quiet = target, name, quiet
+        self.handoff, self.key = handoff, key
+
+    def wants(self, e: FeedEvent) -> bool:
+        return _wanted(self.target, self.quiet, e)
+
+    def submit(self, doc: dict[str, Any]) -> None:
+        self.handoff.put(new_delivery(doc, self.name, time.time()), self.key)
+
+
 class Notifier:
     """The feed's events, made into documents on one intake thread: commands run here (in the
     core), webhook deliveries are handed to the inbox process through `handoff`."""
@@ -598,12 +602,18 @@ class Notifier:
     ) -> None:
         self.config, self.feed, self.context = config, feed, context
         self.handoff = handoff
-        self.routes: list[_WebhookRoute | _CommandWorker] = []
+        self.routes: list[_WebhookRoute | _CommandWorker | _CommandRoute] = []
         if handoff is not None:
             self.routes += [_WebhookRoute(w, quiet_roots, handoff) for w in config.webhooks]
-        self.workers = [
-            _CommandWorker(c, f"command{i}", quiet_roots) for i, c in enumerate(config.commands)
-        ]
+        self.workers: list[_CommandWorker] = []
+        for i, c in enumerate(config.commands):
+            name = f"command{i}"
+            handed = isinstance(handoff, Handoff) and target_key(name) in handoff.channel_of
+            if handed:
+                assert handoff is not None
+                self.routes.append(_CommandRoute(c, name, quiet_roots, handoff, target_key(name)))
+            else:
+                self.workers.append(_CommandWorker(c, name, quiet_roots))
         self.routes += self.workers
         self._queue: queue.Queue[FeedEvent | None] = queue.Queue(QUEUE_CAP)
         self._intake = threading.Thread(target=self._take_all, name="deltad-notify", daemon=True)

@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from deltad.protocol import atomic_write_json
 
 OUTBOX = "outbox"
 DEAD_LETTER = "dead-letter"
+NEW = "new"  # where the core hands deliveries over (deltad/privsep/handoff.py)
+FILE_MAX = 1024 * 1024  # a delivery's file in the outbox at most (a 64 KiB body, escaped)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,23 @@ def target_key(url: str) -> str:
 
 def _load(path: Path) -> Delivery:
     doc = json.loads(path.read_bytes())
+    doc.pop("dead_reason", None)
+    return Delivery(**doc)
+
+
+def load_capped(path: Path) -> Delivery:
+    """A delivery's file, read without following a link and at most FILE_MAX bytes (what
+    the core handed over: read by the inbox as it would read anything from outside)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = f.read(FILE_MAX + 1)
+    if len(data) > FILE_MAX:
+        raise ValueError("too large")
+    doc = json.loads(data)
+    if not isinstance(doc, dict):
+        raise ValueError("not a delivery")
     doc.pop("dead_reason", None)
     return Delivery(**doc)
 

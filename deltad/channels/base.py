@@ -34,6 +34,7 @@ from typing import ClassVar, Protocol
 
 from prometheus_client import Counter
 
+from deltad.api.outbox import Delivery
 from deltad.inbox import AnswerIn, Submitted, open_question
 from deltad.protocol import InteractionRequest, Workspace
 
@@ -96,6 +97,9 @@ class Context:
     question: Callable[[Workspace, str], InteractionRequest] = open_question
     # Sends from the channel's outbox by (channel, result): deltad_channel_sends (metrics.py).
     sends: Counter | None = None
+    # Under the daemon: hands a composed message to the inbox process, which sends it
+    # (deltad/channels/courier.py's `Handed`); None: the channel sends from this process.
+    hand: Callable[[Delivery], None] | None = None
     # Replies a channel took in by (channel, result): deltad_channel_replies (metrics.py).
     replies: Counter | None = None
 

@@ -20,8 +20,6 @@ never answers twice and never loses a reply.
 
 from __future__ import annotations
 
-import smtplib
-import ssl
 import threading
 import time
 
@@ -41,10 +39,10 @@ from deltad.inbox.respondents import may_answer, refusal
 from deltad.protocol import InputType, ProtocolError, Workspace, followup
 from deltad.protocol.replies import AnswerRejected
 
-from . import mail
+from . import mail, senders
 from .base import Channel, Closed, Context, Question
 from .config import EmailConfig
-from .courier import Courier, Failed
+from .courier import Courier, Failed, Handed, Send
 from .grants import AddressExpired, Grant, Grants, Refused, Unknown, check
 
 log = structlog.get_logger("deltad.channels.email")
@@ -71,10 +69,16 @@ class EmailChannel(Channel):
         self.config, self.ctx = config, ctx
         ctx.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.grants = Grants(ctx.state_dir)
-        smtp = config.smtp
-        self.password = smtp.password.read().decode() if smtp.password is not None else None
-        self.tls = ssl.create_default_context(cafile=smtp.ca_file) if smtp.ca_file else None
-        self.courier = Courier("email", ctx.state_dir, config.outbox, self._smtp, ctx.sends)
+        # Mail is sent by the inbox process (unprivileged) from what is handed to it; only
+        # without one (a channel on its own, in tests) does this process send it itself,
+        # with the same sender (deltad/channels/senders.py).
+        self._send: Send | None = None
+        self.courier: Courier | Handed
+        if ctx.hand is not None:
+            self.courier = Handed(self.name, ctx.hand)
+        else:
+            self._send = senders.smtp_sender(senders.email_target(config, self.name))
+            self.courier = Courier(self.name, ctx.state_dir, config.outbox, self._smtp, ctx.sends)
         self._stopping = threading.Event()
         self._receiving = threading.Lock()
         self._pruned = 0.0
@@ -155,32 +159,9 @@ class EmailChannel(Channel):
         self.courier.put(to, "notice", msg.as_string())
 
     def _smtp(self, d: Delivery) -> Failed | None:
-        """One attempt at handing `d` to the MTA; None once it took it."""
-        s = self.config.smtp
-        try:
-            if s.security == "tls":
-                conn: smtplib.SMTP = smtplib.SMTP_SSL(
-                    s.host, s.port, timeout=s.timeout_seconds, context=self._tls_context()
-                )
-            else:
-                conn = smtplib.SMTP(s.host, s.port, timeout=s.timeout_seconds)
-            with conn:
-                if s.security == "starttls":
-                    conn.starttls(context=self._tls_context())
-                if s.username is not None and self.password is not None:
-                    conn.login(s.username, self.password)
-                conn.sendmail(self.config.from_address, [d.url], d.body.encode())
-        except smtplib.SMTPRecipientsRefused as e:
-            codes = [c for c, _ in e.recipients.values()]
-            return Failed(f"refused recipient ({codes[0] if codes else '?'})", _permanent(codes))
-        except smtplib.SMTPResponseException as e:
-            return Failed(f"SMTP {e.smtp_code}", e.smtp_code >= 500)
-        except (smtplib.SMTPException, OSError) as e:
-            return Failed(type(e).__name__ + (f": {e}" if str(e) else ""))
-        return None
-
-    def _tls_context(self) -> ssl.SSLContext:
-        return self.tls or ssl.create_default_context()
+        """One attempt at handing `d` to the MTA from this process; None once it took it."""
+        assert self._send is not None
+        return self._send(d)
 
     # -- taking answers in ------------------------------------------------------------------
     def _prune_loop(self) -> None:
@@ -326,7 +307,3 @@ class EmailChannel(Channel):
             message=name,
         )
         return "answered"
-
-
-def _permanent(codes: list[int]) -> bool:
-    return bool(codes) and all(c >= 500 for c in codes)

@@ -9,11 +9,13 @@ import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 from prometheus_client import Counter
 
 from deltad import inbox
+from deltad.api.outbox import Delivery, target_key
 from deltad.inbox import quorum
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.inbox.outcome import answers_of
@@ -21,6 +23,10 @@ from deltad.protocol import Workspace, viewing
 
 from .base import Answer, Channel, Closed, Context, Question
 from .config import ChannelsConfig
+
+if TYPE_CHECKING:
+    from deltad.privsep.handoff import Handoff
+    from deltad.privsep.wire import ChannelTarget
 
 log = structlog.get_logger("deltad.channels")
 QUEUE_CAP = 10_000
@@ -36,6 +42,31 @@ WANTED = (
 )
 
 
+def targets(config: ChannelsConfig) -> list[ChannelTarget]:
+    """What the inbox process sends for the configured channels: each channel's settings and
+    credential (read here, by the core; ValueError or OSError, one line, if one cannot be)."""
+    from . import senders
+
+    out = []
+    if config.email is not None:
+        out.append(senders.email_target(config.email))
+    if config.slack is not None:
+        out.append(senders.slack_target(config.slack))
+    return out
+
+
+def _hand(handoff: Handoff | None, name: str) -> Callable[[Delivery], None] | None:
+    """A channel's messages into its outbox in the inbox process (None: sent from here)."""
+    if handoff is None or target_key(name) not in handoff.channel_of:
+        return None
+    key = target_key(name)
+
+    def hand(d: Delivery) -> None:
+        handoff.put(d, key)
+
+    return hand
+
+
 def build(
     config: ChannelsConfig,
     state_dir: Path,
@@ -43,21 +74,31 @@ def build(
     link: Callable[[str, str], str] | None = None,
     page: Callable[[str], str] | None = None,
     sends: Counter | None = None,
+    handoff: Handoff | None = None,
     replies: Counter | None = None,
 ) -> list[Channel]:
-    """The configured channels (ValueError or OSError, one line, if one cannot start)."""
+    """The configured channels (ValueError or OSError, one line, if one cannot start). With
+    `handoff` (the daemon's), what a channel sends is handed to the inbox process."""
     out: list[Channel] = []
     if config.email is not None:
         from .email import EmailChannel
 
+        hand = _hand(handoff, "email")
         ctx = Context(
-            state_dir / "channels" / "email", answer, link, page, sends=sends, replies=replies
+            state_dir / "channels" / "email",
+            answer,
+            link,
+            page,
+            sends=sends,
+            hand=hand,
+            replies=replies,
         )
         out.append(EmailChannel(config.email, ctx))
     if config.slack is not None:
         from .slack import SlackChannel
 
-        ctx = Context(state_dir / "channels" / "slack", answer, link, page, sends=sends)
+        hand = _hand(handoff, "slack")
+        ctx = Context(state_dir / "channels" / "slack", answer, link, page, sends=sends, hand=hand)
         out.append(SlackChannel(config.slack, ctx))
     return out
 
@@ -146,6 +187,7 @@ def start(
     http: object,
     state_dir: Path,
     sends: Counter | None = None,
+    handoff: Handoff | None = None,
     replies: Counter | None = None,
 ) -> Hub:
     """The daemon's channels, started: answers go through `deltad.inbox.submit` (by way of
@@ -165,8 +207,8 @@ def start(
             return f"{ctx.base_url}/#request={request_id}"
 
     # Four eyes: a reply is a vote where the question needs several (inbox/quorum.py).
-    channels = build(config, state_dir, quorum.answer_or_vote, link, page, sends, replies)
-    hub = Hub(channels, feed, quiet_roots)
+    made = build(config, state_dir, quorum.answer_or_vote, link, page, sends, handoff, replies)
+    hub = Hub(made, feed, quiet_roots)
     hub.start()
     if isinstance(http, handlers.Context):
         # What the inbox relays from a channel's own endpoint (Slack's interactions) reaches

@@ -4,9 +4,13 @@ and/or as a direct message to each mapped person allowed to answer; a button, or
 opens, is the answer; once the question is closed (answered on any channel, or expired) the
 message is updated (`chat.update`) to say who answered, through what and when.
 
-Sending. Every post, update and ephemeral refusal is a file in the channel's own outbox
-(deltad/channels/courier.py) before it is attempted, sent on the courier's thread: Slack's
-outage never holds up another channel, and a restart loses nothing queued.
+Sending. Every post, update and ephemeral refusal is composed here (the closed message at the
+moment the question closes) and is a file in the channel's outbox (deltad/channels/courier.py)
+before it is attempted. Under the daemon the unprivileged inbox process sends it with the bot
+token it was handed (deltad/channels/senders.py, `SlackSender`, which also keeps where each
+question was posted), and opens the modals a button asks for: the core makes no call to
+Slack and holds no Slack connection. Slack's outage never holds up another channel, and a
+restart of either process loses nothing queued.
 
 Taking answers in. Slack POSTs interactions to the HTTP inbox (`POST
 /v1/channels/slack/interactions`, served by the unprivileged inbox process), which hands the
@@ -40,7 +44,6 @@ from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.signature import SignatureVerifier
 
@@ -53,10 +56,11 @@ from deltad.protocol import InteractionRequest, ProtocolError, Workspace, atomic
 from deltad.protocol.printable import show_path, unshow
 from deltad.protocol.replies import AnswerRejected
 
-from . import blocks
+from . import blocks, senders
 from .base import Channel, Closed, Context, Question
 from .config import SlackConfig
-from .courier import Courier, Failed
+from .courier import Courier, Failed, Handed
+from .senders import PERMANENT as PERMANENT
 
 log = structlog.get_logger("deltad.channels.slack")
 WINDOW = 5 * 60  # seconds a signed request's timestamp may be off (Slack's own rule)
@@ -65,27 +69,7 @@ RECORD_MAX = 64 * 1024
 KEEP_CLOSED = 30 * 86400.0  # seconds a closed question's record is kept (a late click is told)
 PRUNE_EVERY = 3600.0
 OPEN_SECONDS = 2.5  # a trigger_id lives 3 s: views.open is tried once, at once
-# Web API errors that a retry cannot mend: straight to the dead letter.
-PERMANENT = frozenset(
-    {
-        "account_inactive",
-        "channel_not_found",
-        "invalid_arguments",
-        "invalid_auth",
-        "invalid_blocks",
-        "is_archived",
-        "missing_scope",
-        "msg_too_long",
-        "no_permission",
-        "not_authed",
-        "not_in_channel",
-        "token_revoked",
-        "user_not_found",
-        "cant_update_message",
-        "message_not_found",
-        "edit_window_closed",
-    }
-)
+MODAL_FAILED = "the form could not be opened; try again"
 
 
 class Refusal(Exception):
@@ -220,16 +204,30 @@ class SlackChannel(Channel):
     def __init__(self, config: SlackConfig, ctx: Context) -> None:
         self.config, self.ctx = config, ctx
         ctx.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Both secrets are read here, once, and kept in memory only (never logged).
-        self.client = WebClient(
-            token=config.token.read().decode(),
-            base_url=config.api_url,
-            timeout=int(max(1, config.timeout_seconds)),
-        )
+        # The signing secret is read here, once, and kept in memory only (never logged). The
+        # bot token is the inbox process's (handed to it at connect); only a channel without
+        # one (on its own, in tests) reads it and sends from this process, with the same
+        # sender (deltad/channels/senders.py).
         self.verifier = SignatureVerifier(config.signing_secret.read().decode())
         self.records = Records(ctx.state_dir / "messages")
         self._pruned = 0.0
-        self.courier = Courier("slack", ctx.state_dir, config.outbox, self._deliver, ctx.sends)
+        self.sender: senders.SlackSender | None = None
+        self.client: Any = None  # slack_sdk.WebClient, where this process sends
+        self.courier: Courier | Handed
+        if ctx.hand is not None:
+            self.courier = Handed(self.name, ctx.hand)
+        else:
+            target = senders.slack_target(config, self.name)
+            self.sender = senders.SlackSender(target, ctx.state_dir / "posts")
+            self.client = self.sender.client
+            self.courier = Courier(
+                self.name,
+                ctx.state_dir,
+                config.outbox,
+                self._deliver,
+                ctx.sends,
+                queued=self.sender.queued,
+            )
 
     # -- the interface ----------------------------------------------------------------------
     def start(self) -> None:
@@ -292,15 +290,14 @@ class SlackChannel(Channel):
             note = f"Escalated to {names}: this question is still waiting for an answer."
         else:
             note = "Reminder: this question is still waiting for an answer."
-        self.courier.put("thread", "thread", json.dumps({"ref": ref, "text": note}))
+        legacy = _legacy(self.records.get(ref) or {})
+        self.courier.put("thread", "thread", json.dumps({"ref": ref, "text": note, **legacy}))
         if question.follow_up == "escalation" and question.only and self.config.dm:
-            record = self.records.get(ref) or {}
-            told = {p.get("channel") for p in record.get("posts", [])}
             page = self.ctx.page(r.request_id) if self.ctx.page is not None else None
             text, message = blocks.question_message(question, ref, self.config.context_chars, page)
             for to in self.recipients(list(question.only)):
-                if to != self.config.channel and to not in told:
-                    body = {"ref": ref, "text": text, "blocks": message}
+                if to != self.config.channel:  # `once`: not where it was posted already
+                    body = {"ref": ref, "text": text, "blocks": message, "once": True}
                     self.courier.put(to, "question", json.dumps(body))
         log.info(
             "slack_follow_up_queued",
@@ -323,69 +320,15 @@ class SlackChannel(Channel):
         )
         if doc is None:
             return  # never posted here
-        self.courier.put("update", "update", json.dumps({"ref": ref}))
+        text, message = self._closed_message(doc)  # as it is now: who answered, and when
+        body = {"ref": ref, "text": text, "blocks": message, **_legacy(doc)}
+        self.courier.put("update", "update", json.dumps(body))
 
     # -- sending (the courier's thread) -----------------------------------------------------
     def _deliver(self, d: Delivery) -> Failed | None:
-        doc = json.loads(d.body)
-        try:
-            if d.event == "question":
-                self._post(d.url, doc)
-            elif d.event == "update":
-                self._update(doc["ref"])
-            elif d.event == "thread":
-                self._thread(doc["ref"], doc["text"])
-            elif d.event == "ephemeral":
-                self.client.chat_postEphemeral(
-                    channel=doc["channel"], user=doc["user"], text=doc["text"]
-                )
-        except SlackApiError as e:
-            error = str(e.response.get("error", "")) or f"HTTP {e.response.status_code}"
-            return Failed(f"slack: {error}", error in PERMANENT)
-        except (SlackClientError, OSError) as e:
-            return Failed(f"{type(e).__name__}: {e}"[:300])
-        return None
-
-    def _thread(self, ref: str, text: str) -> None:
-        record = self.records.get(ref)
-        if record is None or record.get("closed"):
-            return  # answered or gone meanwhile: nothing to remind of
-        for post in record.get("posts", []):
-            if post.get("ts"):
-                self.client.chat_postMessage(
-                    channel=post["channel"],
-                    thread_ts=post["ts"],
-                    reply_broadcast=True,
-                    text=text,
-                    unfurl_links=False,
-                    unfurl_media=False,
-                )
-
-    def _post(self, to: str, doc: dict[str, Any]) -> None:
-        ref = doc["ref"]
-        record = self.records.get(ref)
-        text, message = doc["text"], doc["blocks"]
-        if record is not None and record.get("closed"):  # closed before it was posted
-            text, message = self._closed_message(record)
-        r = self.client.chat_postMessage(
-            channel=to, text=text, blocks=message, unfurl_links=False, unfurl_media=False
-        )
-        post = {"channel": str(r.get("channel") or to), "ts": str(r.get("ts") or "")}
-        with self.records.lock:
-            record = self.records.get(ref)
-            if record is not None:
-                record["posts"] = [*record.get("posts", []), post]
-                self.records.put(ref, record)
-
-    def _update(self, ref: str) -> None:
-        record = self.records.get(ref)
-        if record is None or not record.get("closed"):
-            return
-        text, message = self._closed_message(record)
-        for post in record.get("posts", []):
-            self.client.chat_update(
-                channel=post["channel"], ts=post["ts"], text=text, blocks=message
-            )
+        """One attempt from this process (a channel without an inbox process to send)."""
+        assert self.sender is not None
+        return self.sender(d)
 
     def _closed_message(self, record: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         c = record["closed"]
@@ -421,30 +364,31 @@ class SlackChannel(Channel):
             raise ApiError(401, "bad_signature", why)
         p = payload_of(body)
         if p.type == "block_actions" and p.actions:
-            return {"response": self._action(p)}
+            return self._action(p)
         view = p.view
         if p.type == "view_submission" and view is not None and view.callback_id == blocks.MODAL:
             return {"response": self._submission(p)}
         return {"response": None}  # nothing of ours (a link button, a closed modal)
 
-    def _action(self, p: Payload) -> dict[str, Any] | None:
+    def _action(self, p: Payload) -> dict[str, Any]:
+        """`{"response": ...}`; with `open_view`, the modal the inbox process opens (it holds
+        the token) before it answers Slack, and what it says if Slack will not open it."""
         action = p.actions[0]
         if action.action_id not in (blocks.ANSWER, blocks.OPEN):
-            return None
+            return {"response": None}
         try:
             ref, key = split(action.value or "")
             ws, req, _ = self._allowed(ref, p.user.id)
             if action.action_id == blocks.OPEN:
-                self._open(p, req, ref, key)
-                return None
+                return {"response": None, **self._open(p, req, ref, key)}
             try:
                 answer = blocks.answer_of(req, key)
             except AnswerRejected as e:
                 raise Refusal("misfit", str(e)) from None
             self._answer(ws, req, answer, p.user.id, ref, self._name_of(p.user.id))
         except Refusal as r:
-            return self._refused(p, r)
-        return None
+            return {"response": self._refused(p, r)}
+        return {"response": None}
 
     def _submission(self, p: Payload) -> dict[str, Any] | None:
         assert p.view is not None
@@ -495,18 +439,35 @@ class SlackChannel(Channel):
             raise Refusal("secret", "a secret is never answered in Slack: use the page")
         return ws, req, record
 
-    def _open(self, p: Payload, req: InteractionRequest, ref: str, key: str) -> None:
+    def _open(self, p: Payload, req: InteractionRequest, ref: str, key: str) -> dict[str, Any]:
+        """The modal for `key`, opened here (a channel on its own) or described for the inbox
+        process to open (`open_view`)."""
         if key and not any(b.key == key and b.opens for b in blocks.buttons(req)):
             raise Refusal("misfit", f"this question has no button {key!r}")
         if not p.trigger_id:
             raise Refusal("bad_payload", "the action carries no trigger_id to open a form with")
+        view = blocks.modal(req, ref, key)
+        if self.client is None:
+            line = f"Not taken: {MODAL_FAILED}"
+            refusal = {"response_type": "ephemeral", "replace_original": False, "text": line}
+            told = {"channel": p.conversation, "user": p.user.id, "text": line}
+            return {
+                "open_view": {
+                    "trigger_id": p.trigger_id,
+                    "view": view,
+                    "timeout": OPEN_SECONDS,
+                    "request_id": req.request_id,
+                    "user": p.user.id,
+                    "refusal": refusal,
+                    "told": told if p.conversation is not None else None,
+                }
+            }
         try:
-            self.client.views_open(
-                trigger_id=p.trigger_id, view=blocks.modal(req, ref, key), timeout=OPEN_SECONDS
-            )
+            self.client.views_open(trigger_id=p.trigger_id, view=view, timeout=OPEN_SECONDS)
         except (SlackApiError, SlackClientError, OSError) as e:
             log.error("slack_modal_failed", request_id=req.request_id, error=str(e)[:300])
-            raise Refusal("modal_failed", "the form could not be opened; try again") from None
+            raise Refusal("modal_failed", MODAL_FAILED) from None
+        return {}
 
     def _name_of(self, user: str) -> str | None:
         person = self.config.person(user)
@@ -554,6 +515,13 @@ class SlackChannel(Channel):
             with contextlib.suppress(OSError):
                 self.courier.put(conversation, "ephemeral", json.dumps(body))
         return {"response_type": "ephemeral", "replace_original": False, "text": line}
+
+
+def _legacy(record: dict[str, Any]) -> dict[str, Any]:
+    """Posts an older deltad recorded in the core's record (before the sender kept them),
+    handed along so an update or a reminder still reaches them."""
+    posts = record.get("posts")
+    return {"posts": posts} if isinstance(posts, list) and posts else {}
 
 
 def refusal_of(respondents: list[str], name: str, groups: list[str]) -> bool:

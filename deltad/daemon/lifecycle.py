@@ -309,14 +309,31 @@ class Lifecycle:
     def _open_inbox(self) -> None:
         """The HTTP server (its port bound, its certificate loaded) and the notifiers (their
         secrets read), not yet started. One that cannot be made is a ConfigError (one line;
-        `deltad serve` exits 2). Webhooks are delivered by the inbox process: without `http:` it
-        is started for them alone (no socket)."""
+        `deltad serve` exits 2). Webhooks and the channels' messages are sent by the inbox
+        process: without `http:` it is started for them alone (no socket)."""
         config = self.core.config
         http, notify = config.http, config.notify
         hooks = notify.webhooks if notify is not None else []
         email = config.channels.email if config.channels is not None else None
         log_args = ["--log-level", config.log_level, "--log-format", config.log_format]
-        if http is not None or hooks or email is not None:
+        # wire.ChannelTarget: what the inbox process sends for the channels and runs for the
+        # notify commands (none of it runs as root any more)
+        sending: list[Any] = []
+        if config.channels is not None:
+            from deltad.channels.hub import targets as channel_targets
+
+            try:
+                sending = channel_targets(config.channels)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"channels: {e}") from None
+        if notify is not None:
+            from deltad.channels.senders import command_target
+
+            sending += [
+                command_target(f"command{i}", c.argv, c.timeout_seconds)
+                for i, c in enumerate(notify.commands)
+            ]
+        if http is not None or hooks or sending or email is not None:
             from deltad.api.server import ListenError
             from deltad.privsep.core import InboxHost, InboxUnusable
 
@@ -334,31 +351,43 @@ class Lifecycle:
             except (ListenError, InboxUnusable, OSError, ValueError) as e:
                 said = str(e)  # a certificate's problem, a user's, names its key already
                 if http is None:
-                    key = "notify.webhooks" if hooks else "channels.email"
-                    raise ConfigError(f"{key}: the inbox process: {said}") from e
+                    where = "notify.webhooks" if hooks else "notify.commands"
+                    where = "channels" if config.channels is not None and not hooks else where
+                    raise ConfigError(f"{where}: the inbox process: {said}") from e
                 raise ConfigError(
                     said if said.startswith("http") else f"http.listen: {said}"
                 ) from e
+        if self.http is not None and (hooks or sending):
+            from deltad.api.notify import webhook_target
+
+            try:
+                targets = [webhook_target(w, f"webhook{i}") for i, w in enumerate(hooks)]
+                self.http.deliver(
+                    [w.url for w in hooks],
+                    [w.outbox_max for w in hooks],
+                    targets,
+                    self.core.metrics.deliveries,
+                    sending,
+                    self.core.metrics.channel_sends,
+                )
+            except (OSError, ValueError) as e:
+                self.http.close_socket()
+                said = str(e)  # the inbox's outbox names its key already
+                raise ConfigError(
+                    said if said.startswith(("notify", "channels")) else f"notify: {said}"
+                ) from None
         if notify is not None and (notify.webhooks or notify.commands):
-            from deltad.api.notify import Notifier, webhook_target
+            from deltad.api.notify import Notifier
 
             quiet = [r.path for r in config.roots if not r.notify]
             context = self.http.context if self.http is not None else None
+            handoff = self.http.serving.handoff if self.http is not None else None
             try:
-                handoff = None
-                if hooks and self.http is not None:
-                    targets = [webhook_target(w, f"webhook{i}") for i, w in enumerate(hooks)]
-                    handoff = self.http.deliver(
-                        [w.url for w in hooks],
-                        [w.outbox_max for w in hooks],
-                        targets,
-                        self.core.metrics.deliveries,
-                    )
                 self.notifier = Notifier(notify, self.core.feed, quiet, context, handoff)
             except (OSError, ValueError) as e:
                 if self.http is not None:
                     self.http.close_socket()
-                said = str(e)  # the inbox's outbox names its key already
+                said = str(e)
                 raise ConfigError(
                     said if said.startswith("notify") else f"notify: {said}"
                 ) from None
@@ -383,6 +412,7 @@ class Lifecycle:
                     context,
                     self.core.config.state_dir,
                     self.core.metrics.channel_sends,
+                    self.http.serving.handoff if self.http is not None else None,
                     self.core.metrics.channel_replies,
                 )
             except (OSError, ValueError) as e:

@@ -41,6 +41,7 @@ def _all(config: DaemonConfig) -> Iterator[str]:
     if config.channels is not None and config.channels.slack is not None:
         yield from _slack(config)
     if config.channels is not None and config.channels.email is not None:
+        yield from _email(config)
         yield from _maildir(config)
 
 
@@ -110,6 +111,27 @@ def _secrets(config: DaemonConfig) -> Iterator[str]:
             yield f"notify.webhooks.{i}.signing: {e}"
 
 
+def _email(config: DaemonConfig) -> Iterator[str]:
+    """What the inbox process is handed to send mail: the SMTP password and the CA's
+    certificates (read by the core, which alone may read their files)."""
+    from deltad.channels import senders
+
+    assert config.channels is not None and config.channels.email is not None
+    smtp = config.channels.email.smtp
+    if smtp.password is not None:
+        try:
+            smtp.password.read()
+        except OSError as e:
+            yield f"channels.email.smtp.password.secret_file: {e.filename}: {e.strerror}"
+        except ValueError as e:
+            yield f"channels.email.smtp.password: {e}"
+    if smtp.ca_file is not None:
+        try:
+            senders.ca_text(smtp.ca_file)
+        except ValueError as e:
+            yield f"channels.{e}"
+
+
 def _slack(config: DaemonConfig) -> Iterator[str]:
     """The Slack channel's two secrets can be read, and its interactions have an inbox."""
     assert config.channels is not None and config.channels.slack is not None
@@ -173,6 +195,8 @@ def _maildir(config: DaemonConfig) -> Iterator[str]:
     box = config.channels.email.maildir
     user = config.http.user if config.http is not None else DEFAULT_USER
     how = 'give it the Maildir (docs/inbox.md, "Email")'
+    if not os.path.lexists(box):
+        return  # not made yet: the MTA makes it on first mail (the inbox says if it cannot)
     ids: dict[str, object] = {}
     if os.geteuid() == 0:
         try:

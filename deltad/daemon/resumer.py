@@ -233,6 +233,8 @@ class Resumer:
         is refused never starts a fork server or adopts anything."""
         if self._executor is None:
             self._executor = make_executor(self._kind, self._options, self._state_dir)
+            if isinstance(self._executor, BaseJobExecutor):
+                self._executor.fence = lambda: self.fence()  # the lease's, whenever asked
             log.info("executor_ready", executor=self._executor.name)
             self._adopt()
         return self._executor
@@ -268,6 +270,11 @@ class Resumer:
             ws = handle.key.workspace
             if ws in self._in_flight:
                 continue
+            # Queued while the engine had not yet said which jobs exist (the startup reconcile
+            # runs first): the adopted job is that resume. Left queued, it would start once the
+            # adopted job ended — a second job of one answer (seen when the owner's slot cap
+            # held it back until then).
+            self._unqueue(ws)
             self._in_flight[ws] = InFlight(handle, self.clock.time(), adopted=True)
             log.info(
                 "resume_adopted",
@@ -387,6 +394,24 @@ class Resumer:
                 owner = UNKNOWN_OWNER
             self._owner_of[ws] = owner
         return owner
+
+    def _unqueue(self, ws: Path) -> None:
+        """Take `ws` out of the queue (and out of a failed submit's pause), wherever it is."""
+        queued, pausing = self._queued.pop(ws, None), self._retry_at.pop(ws, None)
+        if queued is None and pausing is None:
+            return
+        self._requests.pop(ws, None)
+        self._answered_at.pop(ws, None)
+        for owner, queue in list(self._waiting.items()):
+            at = next((i for i, (_, w) in enumerate(queue) if w == ws), None)
+            if at is None:
+                continue
+            del queue[at]
+            if (told := self._told.get(owner, 0)) > at:
+                self._told[owner] = told - 1  # the logged ones are the first of the queue
+            if not queue:
+                del self._waiting[owner]
+                self._told.pop(owner, None)
 
     def _dequeue(self, owner: int) -> Path:
         queue = self._waiting[owner]

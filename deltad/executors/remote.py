@@ -15,12 +15,20 @@ An engine is then a subclass with three hooks, all called from the worker only:
 - `engine_cancel(job, force)`: TERM or KILL one job.
 
 and optionally `engine_missing(jobs)` (jobs the list no longer shows: the accounting database)
-and `engine_ended(job)` (clean up after an end). The base keeps the tracked-jobs table, turns
-what the engine says into `Started`/`Exit`/`Refused` (a submit waits in the worker while the
-engine cannot be asked at all, and is `Refused` only when the engine answered no), queries at an
-interval that doubles while
-nothing changes (from `interval` up to `max_interval`, back to `interval` at any change or new
-work), and logs one line per distinct failure (and one when the engine answers again).
+and `engine_ended(job)` (clean up after an end).
+
+An engine that can park a job (`parks = True`: Slurm's `--hold`) makes every submit two steps:
+the job is submitted parked, then let go (`engine_release`) only after the HA fence is asked once
+more. A daemon frozen while its submit was in flight (the engine's command goes on without it)
+thus leaves at most a parked job that never runs: the new active, which did not see it when it
+took over and submitted the resume itself, finds a parked job nobody tracks and cancels it. A
+daemon killed between the two steps leaves a parked job its successor adopts and lets go.
+
+The base keeps the tracked-jobs table, turns what the engine says into `Started`/`Exit`/
+`Refused` (a submit waits in the worker while the engine cannot be asked at all, and is
+`Refused` only when the engine answered no), queries at an interval that doubles while nothing
+changes (from `interval` up to `max_interval`, back to `interval` at any change or new work),
+and logs one line per distinct failure (and one when the engine answers again).
 
 Handles of a remote executor carry the key's name as their `ref` (known before the engine has
 given an id; the engine's id is in the executor's own log lines and in `Handle.shown` of
@@ -66,6 +74,7 @@ SECRET_FILE = "executor.key"
 # While the engine cannot be asked, pending submits are tried again at most this often (and at
 # once when a hung query returns: a hung engine's return is seen as soon as it answers).
 SUBMIT_RETRY_CAP = 2.0
+FENCED = "fenced: this daemon's HA lease was not confirmed before its job was let go"
 
 
 class EngineAway(Exception):
@@ -86,6 +95,7 @@ class Seen:
     rc: int | None = None  # once ended: a code, -signal, or None when not known
     timed_out: bool = False
     detail: str = ""
+    parked: bool = False  # submitted parked (`parks`): it runs once `engine_release` lets it go
 
 
 @dataclass
@@ -193,6 +203,7 @@ class RemoteExecutor(BaseJobExecutor):
     """A `JobExecutor` whose engine is reached from one worker thread (see the module)."""
 
     poll_every: float | None = None  # fds() tells everything
+    parks = False  # engine_submit leaves the job parked; engine_release lets it run
 
     def __init__(
         self,
@@ -218,6 +229,7 @@ class RemoteExecutor(BaseJobExecutor):
         self._pause = interval
         self._next_query = 0.0
         self._submit_at = 0.0  # while the engine is away: when to try the pending submits
+        self._orphans: set[str] = set()  # parked jobs nobody tracks, already cancelled (refs)
         self.queries = 0  # how many times the engine answered a query (a bench reads it)
         self.turns = 0  # how many turns the worker took (tests wait for a few)
         self._thread = threading.Thread(target=self._work, name=f"{self.name}-engine", daemon=True)
@@ -240,6 +252,12 @@ class RemoteExecutor(BaseJobExecutor):
 
     def engine_ended(self, job: RemoteJob) -> None:
         """After a job's Exit was reported: clean up on the engine (a Job's deletion)."""
+
+    def engine_release(self, job: RemoteJob, fence: Callable[[], bool] | None) -> None:
+        """Let a parked job run (only with `parks`). `fence`, when given, is asked once more
+        as late as the engine's call allows (in the command's own process); a False answer
+        raises SubmitError and the job stays parked."""
+        raise NotImplementedError
 
     def engine_words(self, e: BaseException) -> str:
         """A failure of a hook on one line, for the log and a `Refused`."""
@@ -402,11 +420,15 @@ class RemoteExecutor(BaseJobExecutor):
         for job in submits:  # idempotent: a job of this key already there is the one
             if (seen := by_key.get(job.handle.key.name)) is not None:
                 job.ref = seen.ref
+                if seen.parked:
+                    self._let_go(job)
                 continue
             assert job.spec is not None
             try:
                 job.ref = self.engine_submit(job.spec)
                 self._recovered("submit")
+                if self.parks:
+                    self._let_go(job)
             except EngineAway as e:
                 self._failed("submit", self.engine_words(e))
                 with self._lock:
@@ -418,6 +440,7 @@ class RemoteExecutor(BaseJobExecutor):
                 self._failed("submit", error)
                 with self._lock:
                     self._refuse([job], error)
+        self._parked(rows, submits)
         missing = [
             j for j in self._tracked() if j.ref is not None and j.handle.key.name not in by_key
         ]
@@ -454,6 +477,65 @@ class RemoteExecutor(BaseJobExecutor):
     def _tracked(self) -> list[RemoteJob]:
         with self._lock:
             return list(self._jobs.values())
+
+    def _fence_of(self, job: RemoteJob | None) -> Callable[[], bool] | None:
+        spec_fence = job.spec.fence if job is not None and job.spec is not None else None
+        return spec_fence or self.fence
+
+    def _let_go(self, job: RemoteJob) -> None:
+        """Release one parked job of this daemon's: only while the fence says this daemon may
+        act. Fenced: the job stays parked and the resume is refused (the active's look cancels
+        it). Any other failure: tried again at the next query, which still shows it parked."""
+        fence = self._fence_of(job)
+        try:
+            if fence is not None and not fence():
+                raise SubmitError(FENCED)
+            self.engine_release(job, fence)
+            self._recovered("release")
+        except SubmitError as e:
+            if fence is not None and not fence():
+                with self._lock:
+                    self._refuse([job], f"{FENCED} (job {job.ref} left parked)")
+                return
+            self._failed("release", self.engine_words(e))
+        except Exception as e:
+            self._failed("release", self.engine_words(e))
+
+    def _parked(self, rows: list[Seen], submits: list[RemoteJob]) -> None:
+        """What the list shows parked: a tracked job's (its release failed, or it was adopted
+        from a daemon killed between submit and release) is let go; one nobody tracks once
+        adoption is done (a frozen former active's late submit, an engine call that timed out
+        but landed) is cancelled: it never ran, and the resume it was meant for runs as
+        another job or is decided again."""
+        with self._lock:
+            tracked = {n: j for n, j in self._jobs.items() if j.ref is not None}
+            adopted = self._adopted
+        for seen in rows:
+            if not seen.parked:
+                continue
+            job = tracked.get(seen.key.name)
+            if job is not None:
+                if job not in submits and job.ref == seen.ref:
+                    self._let_go(job)
+                continue
+            if not adopted or seen.ref in self._orphans:
+                continue
+            if self.fence is not None and not self.fence():
+                continue  # only the active cancels
+            handle = Handle(seen.key, self.name, seen.key.name, (("job", seen.ref),))
+            try:
+                self.engine_cancel(RemoteJob(handle, None, seen.ref), False)
+            except Exception as e:
+                self._failed("cancel", self.engine_words(e))
+                continue
+            self._orphans.add(seen.ref)
+            log.warning(
+                "executor_orphan_cancelled",
+                executor=self.name,
+                job=seen.ref,
+                workspace=str(seen.key.workspace),
+                detail="a parked job no resume of this daemon tracks; it never ran",
+            )
 
     def _apply(self, job: RemoteJob, seen: Seen | None) -> list[Event]:
         """With the lock held: what `seen` says of `job`, and the table updated."""

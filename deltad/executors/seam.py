@@ -213,6 +213,10 @@ class BaseJobExecutor:
 
     name: str = "unnamed"
     poll_every: float | None = None
+    # HA (deltad/daemon/lease.py), set by the daemon when it makes the executor: may this daemon
+    # act on its engine now? An executor that acts outside a submit (lets a parked job go,
+    # cancels a job nobody tracks) asks it first; a submit asks its spec's own `fence`.
+    fence: Callable[[], bool] | None = None
 
     def submit(self, spec: JobSpec) -> Handle:
         raise NotImplementedError

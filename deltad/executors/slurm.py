@@ -11,10 +11,13 @@ request key, the uid the job was submitted for and an HMAC of both with this dae
 (`<state_dir>/executor.key`, 0600): a job is this daemon's only when its tag verifies and Slurm
 says it belongs to that uid, so another user's job with a copied name or comment is ignored (and
 said once). A restarted daemon finds its jobs that way (`adopt`), and a second submit of one key
-finds the first job (`submit` is idempotent). Ends Slurm has purged (older than `MinJobAge`) are
-asked of `sacct` where accounting exists; without it they are "unknown" (docs/daemon.md). Values
-of the job's environment never appear in any argv: sbatch gets exactly the spec's environment
-as its own (`--export=ALL`) and reads the script on stdin.
+finds the first job (`submit` is idempotent). Every job is submitted parked (`--hold`) and let go
+(`scontrol release`) after the HA fence is asked once more (remote.py's two-step submit): an
+sbatch that outlives a frozen daemon's lease leaves a parked job the new active cancels.
+Ends Slurm has purged (older than `MinJobAge`) are asked of `sacct` where accounting exists;
+without it they are "unknown" (docs/daemon.md). Values of the job's environment never appear in
+any argv: sbatch gets exactly the spec's environment as its own (`--export=ALL`) and reads the
+script on stdin.
 
 Decisions are pure functions (argv, script, comment, output parsing, exit meaning), tested from
 tables; `SlurmExecutor` is the thin shell of hooks that runs the commands.
@@ -65,6 +68,9 @@ RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING
 EXITED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "OUT_OF_MEMORY", "TIMEOUT"})
 # Every other end (NODE_FAIL, PREEMPTED, BOOT_FAIL, DEADLINE, REVOKED, ...) is "unknown":
 # what the run left on disk decides, as for an adopted child.
+# What squeue says of a job sbatch --hold parked (the daemon's own hold, let go by `scontrol
+# release`); an operator's `scontrol hold` is an admin hold ("JobHeldAdmin"), left alone.
+PARKED_REASON = "JobHeldUser"
 _DAEMON_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
@@ -192,7 +198,7 @@ def preflight(options: SlurmOptions) -> None:
         raise SlurmConfigError(f"executors.slurm.log_dir: {problem}")
     if options.slurm_conf is not None and not options.slurm_conf.is_file():
         raise SlurmConfigError(f"executors.slurm.slurm_conf: {options.slurm_conf} is no file")
-    for tool in ("sbatch", "squeue", "scancel"):
+    for tool in ("sbatch", "squeue", "scancel", "scontrol"):
         if options.bin_dir is not None:
             if not os.access(options.bin_dir / tool, os.X_OK):
                 raise SlurmConfigError(f"executors.slurm.bin_dir: no {tool} in {options.bin_dir}")
@@ -286,6 +292,7 @@ def sbatch_argv(sbatch: str, spec: JobSpec, opts: SlurmOptions, comment: str) ->
         f"--output={log_path(spec, opts.log_dir)}",
         "--open-mode=append",
         "--no-requeue",
+        "--hold",  # parked: `scontrol release` lets it go once the HA fence is asked again
         "--ntasks=1",
         f"--time={time_limit(spec.timeout, opts.time_margin)}",
     ]
@@ -373,7 +380,8 @@ def exit_of(row: JobRow, started: bool) -> tuple[int | None, bool] | None:
 def seen_of(key: RequestKey, row: JobRow) -> Seen:
     """What one squeue row says of one of this daemon's jobs, in the runtime's terms."""
     if row.state in QUEUED:
-        return Seen(key, row.job_id, JobState.QUEUED)
+        parked = row.state == "PENDING" and row.reason == PARKED_REASON
+        return Seen(key, row.job_id, JobState.QUEUED, parked=parked)
     if row.state in RUNNING:
         return Seen(key, row.job_id, JobState.RUNNING, row.start)
     rc, timed_out = exit_of(row, False) or (None, False)
@@ -398,7 +406,9 @@ def one_line(text: str) -> str:
 # --- the shell ----------------------------------------------------------------------------
 
 
-FENCED_AT_EXEC = "fenced: this daemon's HA lease was not confirmed when sbatch was to start"
+FENCED_AT_EXEC = (
+    "fenced: this daemon's HA lease was not confirmed when its Slurm command was to start"
+)
 
 
 def _fenced_exec(fence: Callable[[], bool]) -> Callable[[], None]:
@@ -417,6 +427,7 @@ class SlurmExecutor(RemoteExecutor):
     """`JobExecutor` on Slurm: the hooks of `RemoteExecutor`, run from its worker thread."""
 
     name = NAME
+    parks = True  # sbatch --hold, then scontrol release (remote.py: a fenced two-step submit)
 
     def __init__(self, options: SlurmOptions, secret: bytes) -> None:
         self.opts = options
@@ -515,6 +526,13 @@ class SlurmExecutor(RemoteExecutor):
             raise SlurmError(f"sbatch: unexpected answer {one_line(out)!r}")
         log.info("slurm_submitted", job=job_id, key=spec.key.name, uid=spec.identity.uid)
         return job_id
+
+    def engine_release(self, job: RemoteJob, fence: Callable[[], bool] | None) -> None:
+        """`scontrol release`, the fence asked once more between fork and exec (a daemon frozen
+        after its check and woken after a standby took over must not let the job go)."""
+        assert job.ref is not None
+        self._run([self._bin("scontrol"), "release", job.ref], fence=fence)
+        log.info("slurm_released", job=job.ref, key=job.handle.key.name)
 
     def engine_cancel(self, job: RemoteJob, force: bool) -> None:
         assert job.ref is not None

@@ -20,12 +20,14 @@ import asyncio
 import contextlib
 import ctypes
 import itertools
+import json
 import os
 import signal
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -41,6 +43,7 @@ from deltad import logs
 from deltad.api import notify, sessions
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import ApiError, Context
+from deltad.api.outbox import target_key
 from deltad.api.tokens import Identity, TokenStore
 from deltad.health import Health
 from deltad.inbox.feed import EVENT_TYPES, Feed, FeedEvent
@@ -74,7 +77,7 @@ class Remote:
         self._waiting: dict[int, Future[wire.Reply]] = {}
         self.gone = False
 
-    def tell(self, msg: wire.DeliveryCounts) -> None:
+    def tell(self, msg: wire.Told) -> None:
         """A message that gets no reply (the delivery counts)."""
         with self._sending:
             self.sock.sendall(wire.encode(msg))
@@ -289,10 +292,11 @@ class RemoteVitals:
 
 
 # -- channels' own endpoints (deltad/channels) --------------------------------------------------
-def channel_routes(app: FastAPI, remote: Remote) -> None:
+def channel_routes(app: FastAPI, remote: Remote, deliveries: Deliveries | None = None) -> None:
     """Slack's interactivity endpoint. Its credential is Slack's signature, which only the core
     can check (it alone reads the signing secret): the body (capped by api.limits) and the two
-    headers go to the core unread, and its answer comes back as Slack's response."""
+    headers go to the core unread, and its answer comes back as Slack's response. A modal the
+    core decided to open is opened here, with the bot token this process holds."""
 
     @app.post("/v1/channels/slack/interactions", include_in_schema=False)
     async def slack_interactions(request: Request) -> Response:
@@ -307,9 +311,39 @@ def channel_routes(app: FastAPI, remote: Remote) -> None:
         result = await run_in_threadpool(
             remote.channel_interaction, "slack", body, timestamp, signature
         )
+        if isinstance(opening := result.get("open_view"), dict):
+            refused = await run_in_threadpool(open_view, deliveries, opening)
+            if refused is not None:
+                return JSONResponse(refused)
         if (response := result.get("response")) is None:
             return Response(status_code=200)
         return JSONResponse(response)
+
+
+def open_view(deliveries: Deliveries | None, opening: dict[str, Any]) -> dict[str, Any] | None:
+    """Open the modal the core described (channels/slack.py, `open_view`); None once open,
+    else the refusal to answer Slack with (also told to the person, from the outbox)."""
+    slack = deliveries.slack if deliveries is not None else None
+    why = "this inbox process sends nothing to Slack"
+    if slack is not None:
+        why = slack.open_view(
+            str(opening.get("trigger_id", "")),
+            dict(opening.get("view") or {}),
+            float(opening.get("timeout") or 2.5),
+        )
+        if why is None:
+            return None
+    log.error("slack_modal_failed", request_id=opening.get("request_id"), error=why)
+    refusal = opening.get("refusal")
+    text = refusal.get("text") if isinstance(refusal, dict) else None
+    log.warning("slack_action_refused", code="modal_failed", reason=text, user=opening.get("user"))
+    told = opening.get("told")
+    if slack is not None and isinstance(told, dict) and deliveries is not None:
+        courier = deliveries.couriers.get(target_key(slack.name))
+        if courier is not None:
+            with contextlib.suppress(OSError, TypeError, ValueError):
+                courier.put(str(told["channel"]), "ephemeral", json.dumps(told))
+    return refusal if isinstance(refusal, dict) else {"text": "the form could not be opened"}
 
 
 # -- the email channel's Maildir (deltad/channels/maildir.py) ----------------------------------
@@ -390,13 +424,23 @@ def listen_from_core(
 
 class Deliveries:
     """The webhooks this process delivers (one WebhookWorker per target, from the outbox in
-    its directory) and the counts it tells the core, at most every REPORT_SECONDS."""
+    its directory), the channels' messages it sends (one Courier per channel target, with the
+    credential it was handed: deltad/channels/senders.py) and the counts it tells the core,
+    at most every REPORT_SECONDS."""
 
     REPORT_SECONDS = 0.2
 
     def __init__(
-        self, targets: list[wire.WebhookTarget], state: Path, remote: Remote, shown: str = ""
+        self,
+        targets: list[wire.WebhookTarget],
+        state: Path,
+        remote: Remote,
+        shown: str = "",
+        channels: list[wire.ChannelTarget] | None = None,
     ) -> None:
+        from deltad.channels import senders
+        from deltad.channels.courier import Courier
+
         self.remote = remote
         self._dirty = threading.Event()
         self._stopping = threading.Event()
@@ -404,19 +448,56 @@ class Deliveries:
         self._last: dict[str, int] = {}
         named = Path(shown) if shown else None
         self.workers = {t.key: notify.WebhookWorker(t, state, self.results, named) for t in targets}
+        self.sent: dict[str, dict[str, int]] = {}
+        self._counting = threading.Lock()
+        self._channels_last: dict[str, dict[str, int]] = {}
+        self.couriers: dict[str, Courier] = {}
+        self.slack: Any = None  # senders.SlackSender: opens the modals a button asks for
+        for c in channels or []:
+            try:
+                send = senders.sender(c, state)
+            except senders.SenderError as e:  # the core checked them: a bug, said once
+                log.error("channel_unusable", channel=c.name, error=str(e))
+                continue
+            self.sent[c.name] = {"sent": 0, "retry": 0, "dead": 0}
+            self.couriers[c.key] = Courier(
+                c.name,
+                state,
+                senders.outbox_config(c),
+                send,
+                handed=True,
+                tally=self._tally(c.name),
+                queued=senders.queued_hook(send),
+            )
+            if isinstance(send, senders.SlackSender):
+                self.slack = send
         self._reporter = threading.Thread(
             target=self._report, name="deltad-inbox-report", daemon=True
         )
 
+    def _tally(self, name: str) -> Callable[[str], None]:
+        def tally(result: str) -> None:
+            with self._counting:  # a courier's thread, or a route's burying for room
+                counts = self.sent[name]
+                counts[result] = counts.get(result, 0) + 1
+            self._dirty.set()
+
+        return tally
+
     def start(self) -> None:
         for w in self.workers.values():
             w.start()
+        for c in self.couriers.values():
+            c.start()
         self._reporter.start()
         self._dirty.set()  # what waits at start
 
     def hint(self, key: str) -> None:
         if (w := self.workers.get(key)) is not None:
             w.hint()
+        if (c := self.couriers.get(key)) is not None:
+            c.hint()
+            self._dirty.set()  # its depth changes
 
     def _changed(self, doc: dict[str, int]) -> None:
         self._dirty.set()
@@ -426,12 +507,20 @@ class Deliveries:
             self._dirty.wait()
             self._dirty.clear()
             counts = {**self.results.counts, "depth": self.results.depth()}
-            if counts != self._last:
-                try:
+            try:
+                if counts != self._last and self.workers:
                     self.remote.tell(wire.DeliveryCounts(op="deliveries", **counts))
-                except OSError:
-                    return  # the core is gone: this process ends
-                self._last = counts
+                    self._last = counts
+                for c in self.couriers.values():
+                    with self._counting:
+                        now = {**self.sent[c.name], "depth": c.waiting()}
+                    if now != self._channels_last.get(c.name):
+                        self.remote.tell(
+                            wire.ChannelSends(op="channel_sends", channel=c.name, **now)
+                        )
+                        self._channels_last[c.name] = now
+            except OSError:
+                return  # the core is gone: this process ends
             self._stopping.wait(self.REPORT_SECONDS)
 
     def stop(self) -> None:
@@ -441,6 +530,8 @@ class Deliveries:
             w.stopping.set()
         for w in self.workers.values():
             w.stop()
+        for c in self.couriers.values():
+            c.stop()
 
 
 def _connect(args: argparse.Namespace) -> socket.socket:
@@ -480,6 +571,9 @@ def serve(core: socket.socket) -> int:
     try:
         wire.send(core, wire.Hello(op="hello", version=wire.VERSION))
         welcome = wire.FROM_CORE.validate_json(reader.frame())
+    except ValidationError as e:  # never its text: it quotes the input (the welcome's keys)
+        log.error("inbox_handshake_failed", reason=f"not a welcome ({e.error_count()} errors)")
+        return 1
     except (wire.WireError, OSError, ValueError) as e:
         log.error("inbox_handshake_failed", reason=str(e))
         return 1
@@ -511,7 +605,9 @@ def serve(core: socket.socket) -> int:
     feed.relay_floor(welcome.floor)
     remote = Remote(core)
     deliveries = (
-        Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir) if welcome.webhooks else None
+        Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir, welcome.channels)
+        if welcome.webhooks or welcome.channels
+        else None
     )
     ctx = Context(
         feed=feed,
@@ -527,7 +623,7 @@ def serve(core: socket.socket) -> int:
         sessions.load_key(state), config.session_ttl_seconds, state / sessions.CLOSED_NAME
     )
     app = create_app(ctx, stopping, web)
-    channel_routes(app, remote)
+    channel_routes(app, remote, deliveries)
     if os.environ.get(TEST_HOOK_ENV) == "1":
         from .testhook import install
 
@@ -574,10 +670,11 @@ def serve(core: socket.socket) -> int:
 def deliver_only(
     core: socket.socket, reader: wire.Reader, welcome: wire.Welcome, state: Path
 ) -> int:
-    """No HTTP (the daemon has no `http:`): this process only delivers the webhooks and reads
-    the email channel's Maildir, until the core hangs up or a signal ends it."""
+    """No HTTP (the daemon has no `http:`): this process only delivers the webhooks and the
+    channels' messages and reads the email channel's Maildir, until the core hangs up or a
+    signal ends it."""
     remote = Remote(core)
-    deliveries = Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir)
+    deliveries = Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir, welcome.channels)
     ended = threading.Event()
     lost = threading.Event()
 

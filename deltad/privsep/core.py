@@ -259,8 +259,8 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
     return core.history(who, call.limit)
 
 
-def decode_message(raw: bytes) -> wire.Call | wire.DeliveryCounts | str:
-    """A frame from the inbox as a call or its delivery counts, or why it is refused."""
+def decode_message(raw: bytes) -> wire.Call | wire.Told | str:
+    """A frame from the inbox as a call or its counts, or why it is refused."""
     try:
         msg = wire.FROM_INBOX.validate_json(raw)
     except ValidationError as e:
@@ -273,7 +273,9 @@ def decode_message(raw: bytes) -> wire.Call | wire.DeliveryCounts | str:
 def decode(raw: bytes) -> wire.Call | str:
     """A frame from the inbox as a call, or why it is refused (no other outcome)."""
     msg = decode_message(raw)
-    return "deliveries: not a call" if isinstance(msg, wire.DeliveryCounts) else msg
+    if isinstance(msg, wire.DeliveryCounts | wire.ChannelSends):
+        return f"{msg.op}: not a call"
+    return msg
 
 
 def reply_to(ctx: Context, call: wire.Call) -> bytes:
@@ -309,6 +311,7 @@ class Serving:
     inbox_dir: str = ""  # shown in the inbox's log lines (it reaches it by a descriptor)
     handoff: Handoff | None = None
     targets: list[wire.WebhookTarget] = dataclasses.field(default_factory=list)
+    channels: list[wire.ChannelTarget] = dataclasses.field(default_factory=list)
     # The email channel's Maildir, read by the inbox (its welcome says where), and the
     # channel's `receive` in the core once it started (None until then: the inbox waits).
     mail_intake: wire.MailIntake | None = None
@@ -360,6 +363,7 @@ class Monitor:
                     events=[event_message(e) for e in ctx.feed.since(0)],
                     floor=ctx.feed.floor,
                     webhooks=self.serving.targets,
+                    channels=self.serving.channels,
                     inbox_dir=self.serving.inbox_dir,
                     mail=self.serving.mail_intake,
                 )
@@ -372,6 +376,7 @@ class Monitor:
                     events=[],
                     listening=False,
                     webhooks=self.serving.targets,
+                    channels=self.serving.channels,
                     inbox_dir=self.serving.inbox_dir,
                     mail=self.serving.mail_intake,
                 )
@@ -413,6 +418,10 @@ class Monitor:
         if isinstance(call, wire.DeliveryCounts):
             if self.serving.handoff is not None:
                 self.serving.handoff.report(call)
+            return
+        if isinstance(call, wire.ChannelSends):
+            if self.serving.handoff is not None:
+                self.serving.handoff.report_channel(call)
             return
         self.slots.acquire()  # back-pressure on the inbox only
         pool.submit(self._run, call)
@@ -744,16 +753,26 @@ class InboxHost:
         return self.runner.pid
 
     def deliver(
-        self, urls: list[str], caps: list[int], targets: list[wire.WebhookTarget], counted: Any
+        self,
+        urls: list[str],
+        caps: list[int],
+        targets: list[wire.WebhookTarget],
+        counted: Any,
+        channels: list[wire.ChannelTarget] | None = None,
+        sends: Any = None,
     ) -> Handoff:
-        """The webhooks this inbox delivers: their outbox made (an older deltad's moved in),
-        their settings and keys for its welcome. Before `start`."""
+        """The webhooks and channel targets this inbox sends: their outbox made (an older
+        deltad's moved in), their settings and credentials for its welcome. Before `start`."""
         owner = (self.who.uid, self.who.gid) if self.who is not None else None
+        channels = channels or []
+        named = [(c.name, c.outbox_max) for c in channels]
         try:
-            handoff = Handoff(self.dir, self.state_dir, urls, caps, owner, counted)
+            handoff = Handoff(self.dir, self.state_dir, urls, caps, owner, counted, named, sends)
         except (HandoffError, OSError) as e:
-            raise InboxUnusable(f"notify.webhooks: the inbox's outbox: {e}") from None
+            where = "notify.webhooks" if urls else "channels"
+            raise InboxUnusable(f"{where}: the inbox's outbox: {e}") from None
         self.serving.handoff, self.serving.targets = handoff, targets
+        self.serving.channels = channels
         return handoff
 
     def read_mail(self, intake: wire.MailIntake) -> None:
@@ -770,12 +789,13 @@ class InboxHost:
             log.info("http_listening", url=self.url, port=self.port, tls=self.config.tls)
         else:
             what = [w for w, on in (("webhooks", self.serving.targets),
+                                    ("channels' messages", self.serving.channels),
                                     ("mail", self.serving.mail_intake)) if on]  # fmt: skip
             log.info(
                 "inbox_for_webhooks",
                 user=self.who.name if self.who is not None else None,
                 serves=what,
-                detail=f"no http: the inbox process is started for {' and '.join(what)} only",
+                detail=f"no http: the inbox process is started for {', '.join(what)} only",
             )
 
     def close_socket(self) -> None:

@@ -18,6 +18,10 @@ inbox plants (a link, a FIFO) never redirects a write of root's. The core reads 
 
 While no inbox takes them (it is restarting, or its unit is stopped), deliveries wait in
 `new/` up to the target's `outbox_max`; beyond it the oldest goes to the dead letter as it is.
+
+The channels' messages (mail, Slack's Web API calls, notify commands: deltad/channels/
+senders.py) are handed over the same way, one target per channel, named by `target_key` of
+the channel's name; the inbox's counts for them go to deltad_channel_sends.
 """
 
 from __future__ import annotations
@@ -78,12 +82,21 @@ class Handoff:
         caps: list[int],
         owner: tuple[int, int] | None,
         counted: Counter | None = None,
+        channels: list[tuple[str, int]] | None = None,
+        sends: Counter | None = None,
     ) -> None:
+        """`channels`: each channel target's name and `outbox_max`; `sends`: their counts by
+        (channel, result)."""
         self.owner = owner
         self.counted = counted  # deliveries by result (deltad/metrics.py): the inbox's report
+        self.sends = sends
         self.depth = 0  # what waits in the inbox's outbox, as it last said
         self._seen = (0, 0, 0)  # the connected inbox's counts so far
-        self.keys = [target_key(u) for u in urls]
+        self.channel_of = {target_key(n): n for n, _ in channels or []}
+        self.channel_depth = {n: 0 for n, _ in channels or []}
+        self._channel_seen = {n: (0, 0, 0) for n, _ in channels or []}
+        self.keys = [target_key(u) for u in urls] + list(self.channel_of)
+        caps = [*caps, *(c for _, c in channels or [])]
         self.caps = dict(zip(self.keys, caps, strict=True))
         self._lock = threading.Lock()
         self._estimate: dict[str, int] = {}
@@ -106,13 +119,28 @@ class Handoff:
             finally:
                 os.close(target)
             self._estimate[key] = self._count(key)
-        self._adopt_old(state_dir)
+        self._adopt_old(state_dir, [n for n, _ in channels or []])
         self._bury_orphans()
 
     # -- what the inbox says of its deliveries -----------------------------------------------
     def connected(self) -> None:
         """A new inbox process: its counts start from zero."""
         self._seen = (0, 0, 0)
+        self._channel_seen = dict.fromkeys(self._channel_seen, (0, 0, 0))
+
+    def report_channel(self, c: wire.ChannelSends) -> None:
+        """A channel's counts since the inbox started, as `report` (a channel not configured
+        is ignored: the inbox names it, the core decides)."""
+        was = self._channel_seen.get(c.channel)
+        if was is None:
+            return
+        now = (max(was[0], c.sent), max(was[1], c.retry), max(was[2], c.dead))
+        if self.sends is not None:
+            for result, before, after in zip(("sent", "retry", "dead"), was, now, strict=True):
+                if after > before:
+                    self.sends.labels(c.channel, result).inc(after - before)
+        self._channel_seen[c.channel] = now
+        self.channel_depth[c.channel] = c.depth
 
     def report(self, c: wire.DeliveryCounts) -> None:
         """The inbox's counts since it started, added to the core's counter (what grew only:
@@ -137,10 +165,11 @@ class Handoff:
         self._fds.clear()
 
     # -- a delivery --------------------------------------------------------------------------
-    def put(self, d: Delivery) -> None:
+    def put(self, d: Delivery, key: str | None = None) -> None:
         """On disk in the target's `new/` (then the inbox is told): from here on it is the
-        inbox's to deliver. Called from the notifier's intake thread, never the loop."""
-        key = target_key(d.url)
+        inbox's to deliver. Called from the notifier's or the channels' intake thread, never
+        the loop. `key`: the target (default: the webhook's, by its URL)."""
+        key = key if key is not None else target_key(d.url)
         with self._lock:
             self._make_room(key)
             self._write(self.new[key], d.file_name, json.dumps(asdict(d)).encode())
@@ -185,7 +214,10 @@ class Handoff:
             with contextlib.suppress(FileNotFoundError):  # the inbox took it meanwhile
                 os.rename(oldest, oldest, src_dir_fd=self.new[key], dst_dir_fd=self.dead[key])
                 self.buried += 1
-                if self.counted is not None:
+                if (channel := self.channel_of.get(key)) is not None:
+                    if self.sends is not None:
+                        self.sends.labels(channel, "dead").inc()
+                elif self.counted is not None:
                     self.counted.labels("dead").inc()
                 log.error(
                     "notify_dead_letter",
@@ -197,13 +229,17 @@ class Handoff:
         self._estimate[key] = len(names)
 
     # -- at start ----------------------------------------------------------------------------
-    def _adopt_old(self, state_dir: Path) -> None:
-        """An older deltad's outbox (`<state_dir>/outbox`, root's) is handed over as it is:
-        waiting deliveries into `new/` (or the dead letter for a target no longer configured),
-        dead letters into the inbox's dead letter."""
+    def _adopt_old(self, state_dir: Path, channels: list[str]) -> None:
+        """An older deltad's outbox (`<state_dir>/outbox`, root's; a channel's in
+        `<state_dir>/channels/<name>/`, from when the core sent its messages) is handed over
+        as it is: waiting deliveries into `new/` (or the dead letter for a target no longer
+        configured), dead letters into the inbox's dead letter."""
         moved = 0
-        for kind in (OUTBOX, DEAD_LETTER):
-            old_root = state_dir / kind
+        roots = [(state_dir / kind, kind) for kind in (OUTBOX, DEAD_LETTER)]
+        for name in channels:
+            channel = state_dir / "channels" / name
+            roots += [(channel / kind, kind) for kind in (OUTBOX, DEAD_LETTER)]
+        for old_root, kind in roots:
             if not old_root.is_dir() or old_root.is_symlink():
                 continue
             for old in sorted(old_root.iterdir()):

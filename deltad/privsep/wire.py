@@ -15,10 +15,15 @@ own outbox (deltad/privsep/handoff.py) and says `outbox` (a hint: the inbox also
 own); the inbox tells the core its `deliveries` counts (for /metrics), never what a receiver
 said. Without `http:` the inbox is started for deliveries only (`listening: false`: no socket).
 
-Mail (version 3): the inbox reads the email channel's Maildir (`welcome`'s `mail` names it and
-the reply addresses' shape), parses each message and relays only what the core needs in a
-`mail_reply` call (the reply-address token, the sender, the answer's text); the file is moved to
-`cur/` once the core replied. The core checks the token, the sender and the answer itself.
+The channels' outbound sends (version 3) go the same way: mail (SMTP), Slack's Web API calls
+and `notify.commands` are composed by the core and written into one outbox per channel target
+(`welcome`'s `channels`, each with the credential it sends with); the inbox sends them and says
+its `channel_sends` counts per channel.
+
+Mail in (version 3 too): the inbox reads the email channel's Maildir (`welcome`'s `mail` names
+it and the reply addresses' shape), parses each message and relays only what the core needs in
+a `mail_reply` call (the reply-address token, the sender, the answer's text); the file is moved
+to `cur/` once the core replied. The core checks the token, the sender and the answer itself.
 
 The core reads the inbox's side as hostile: a frame over its cap ends the connection, anything
 else that does not fit a model below (unknown `op`, a field too many, a string too long) is
@@ -38,7 +43,7 @@ from deltad.api.paging import Sort
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
-VERSION = 3
+VERSION = 3  # 3: the channels' outbound sends (ChannelTarget, ChannelSends), mail_reply
 HEADER = struct.Struct(">I")
 # What the inbox may send in one frame: an answer's body (the HTTP cap, 1 MiB + 64 KiB) and
 # the names around it. The core's frames carry pages of documents: more room.
@@ -265,8 +270,24 @@ Call = (
     | LinkRequest
     | LinkAnswer
 )
-FromInbox = Annotated[Hello | DeliveryCounts | Call, Field(discriminator="op")]
-FROM_INBOX: TypeAdapter[Hello | DeliveryCounts | Call] = TypeAdapter(FromInbox)
+
+
+# -- the channels' outbound sends (version 3): counts the inbox tells ---------------------------
+class ChannelSends(Strict):
+    """One channel's sends from its outbox in the inbox since it started (attempts by
+    result) and what waits now: figures only, added to deltad_channel_sends (no reply)."""
+
+    op: Literal["channel_sends"]
+    channel: Name
+    sent: Annotated[int, Field(ge=0, lt=2**53)]
+    retry: Annotated[int, Field(ge=0, lt=2**53)]
+    dead: Annotated[int, Field(ge=0, lt=2**53)]
+    depth: Annotated[int, Field(ge=0, lt=2**53)]
+
+
+Told = DeliveryCounts | ChannelSends  # what the inbox says without a reply
+FromInbox = Annotated[Hello | Told | Call, Field(discriminator="op")]
+FROM_INBOX: TypeAdapter[Hello | Told | Call] = TypeAdapter(FromInbox)
 
 
 # -- the core tells --------------------------------------------------------------------------
@@ -308,6 +329,26 @@ class WebhookTarget(Strict):
     outbox_max: int
 
 
+# -- the channels' outbound sends (version 3): what the inbox is handed ------------------------
+class ChannelTarget(Strict):
+    """One channel's outbox the inbox sends from (deltad/channels/senders.py), with what the
+    sending needs: `kind` says how (SMTP, Slack's Web API, a command), `settings` its
+    non-secret settings (kind-specific, checked by the sender), `secret` the credential (the
+    SMTP password, the Slack bot token; None: none). `key` names its directories in the
+    outbox, as a webhook's (outbox.target_key of `name`)."""
+
+    name: str  # "email", "slack", "command0", ...: the log's and the metrics' `channel`
+    key: str
+    kind: Literal["smtp", "slack", "command"]
+    settings: dict[str, Any] = Field(default_factory=dict)
+    secret: str | None = None
+    max_attempts: int
+    backoff_seconds: float
+    backoff_max_seconds: float
+    max_age_seconds: float
+    outbox_max: int
+
+
 class OutboxHint(Strict):
     """Deliveries wait in `new/` of this target's outbox (its `key`)."""
 
@@ -329,6 +370,7 @@ class Welcome(Strict):
     listening: bool = True  # False: no HTTP, the inbox delivers webhooks only
     inbox_dir: str = ""  # the directory handed over, as the core names it (for log lines)
     webhooks: list[WebhookTarget] = Field(default_factory=list)
+    channels: list[ChannelTarget] = Field(default_factory=list)  # version 3
     mail: MailIntake | None = None  # the email channel's Maildir, read by the inbox (version 3)
 
 

@@ -5,7 +5,9 @@ channel uses (`chat.postMessage` with a `channel` and a `ts`, `chat.update`,
 `chat.postEphemeral`, `views.open`); anything else answers `{"ok": true}`.
 
 Faults are scripted per method: `fail(method, error)` answers the next calls `{"ok": false,
-"error": error}` (Slack's way), `fail(method, status=503)` answers an HTTP status instead.
+"error": error}` (Slack's way), `fail(method, status=503)` answers an HTTP status instead;
+`hang(method)` leaves the next call unanswered until the stand-in closes. Each call records
+the uid owning the calling socket (/proc/net/tcp: which process called, as the kernel says).
 With `token` set, a call without that bearer token gets `invalid_auth`, as from Slack.
 
     with SlackApi(token="xoxb-test") as api:
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .webhooks import socket_uid
+
 BODY_MAX = 4 * 1024 * 1024
 
 
@@ -34,6 +38,7 @@ class ApiCall:
     args: dict[str, Any]  # the JSON body, or the form's fields
     token: str | None  # the bearer token it came with
     result: dict[str, Any]  # what it was answered
+    uid: int | None = None  # the calling socket's owner
 
 
 @dataclass
@@ -50,6 +55,8 @@ class SlackApi:
         self._faults: dict[str, _Fault] = {}
         self._lock = threading.Lock()
         self._ts = itertools.count(1)
+        self._hang: dict[str, int] = {}
+        self._closing = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,7 +65,17 @@ class SlackApi:
                 raw = self.rfile.read(length)
                 method = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
                 kind = self.headers.get("Content-Type", "")
-                status, doc = outer._answer(method, kind, raw, self.headers.get("Authorization"))
+                peer, ours = self.client_address, self.server.server_address
+                uid = socket_uid(int(peer[1]), int(ours[1]))  # type: ignore[index]
+                if outer._hung(method):
+                    auth = self.headers.get("Authorization") or ""
+                    token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+                    outer._record(ApiCall(method, _args(kind, raw), token, {}, uid))
+                    outer._closing.wait()
+                    return
+                status, doc = outer._answer(
+                    method, kind, raw, self.headers.get("Authorization"), uid
+                )
                 data = json.dumps(doc).encode()
                 with contextlib.suppress(OSError):
                     self.send_response(status)
@@ -84,13 +101,30 @@ class SlackApi:
         with self._lock:
             self._faults[method] = _Fault(error, status, times)
 
+    def hang(self, method: str, times: int = 1) -> None:
+        """The next `times` calls of `method` get no answer until the stand-in closes (their
+        `result` is empty)."""
+        with self._lock:
+            self._hang[method] = times
+
+    def _hung(self, method: str) -> bool:
+        with self._lock:
+            left = self._hang.get(method, 0)
+            if left > 0:
+                self._hang[method] = left - 1
+            return left > 0
+
+    def _record(self, call: ApiCall) -> None:
+        with self._lock:
+            self._calls.append(call)
+
     def calls(self, method: str | None = None) -> list[ApiCall]:
         with self._lock:
             return [c for c in self._calls if method is None or c.method == method]
 
     # -- answering -------------------------------------------------------------------------------
     def _answer(
-        self, method: str, kind: str, raw: bytes, auth: str | None
+        self, method: str, kind: str, raw: bytes, auth: str | None, uid: int | None = None
     ) -> tuple[int, dict[str, Any]]:
         args = _args(kind, raw)
         token = auth.removeprefix("Bearer ") if auth and auth.startswith("Bearer ") else None
@@ -108,7 +142,7 @@ class SlackApi:
                 status, doc = 200, {"ok": False, "error": "invalid_auth"}
             else:
                 status, doc = 200, self._result(method, args)
-            self._calls.append(ApiCall(method, args, token, doc))
+            self._calls.append(ApiCall(method, args, token, doc, uid))
         return status, doc
 
     def _result(self, method: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +161,7 @@ class SlackApi:
         return {"ok": True}
 
     def close(self) -> None:
+        self._closing.set()
         self.server.shutdown()
         self.server.server_close()
 

@@ -55,6 +55,16 @@ def _garbage_tls(tmp: Path) -> dict[str, Any]:
     return {"http": {"tls_cert": str(tmp / "cert.pem"), "tls_key": str(tmp / "key.pem")}}
 
 
+def _email(**over: Any) -> dict[str, Any]:
+    email = {"from_address": "d@d.example", "reply_domain": "d.example", "maildir": "/nonexistent"}
+    return {"channels": {"email": {**email, **over}}}
+
+
+def _email_ca(tmp: Path) -> dict[str, Any]:
+    (tmp / "ca.pem").write_text("not a certificate\n")
+    return _email(smtp={"ca_file": str(tmp / "ca.pem")})
+
+
 def _slack(**over: Any) -> dict[str, Any]:
     return {
         "token": {"secret_env": "DELTAD_TEST_SLACK"},  # set by the case (`env`)
@@ -64,12 +74,12 @@ def _slack(**over: Any) -> dict[str, Any]:
     }  # the key's own checks (an inline token, ids, URLs): tests/unit/test_channels_slack.py
 
 
-def _email(tmp: Path) -> dict[str, Any]:
+def _root_only_maildir(tmp: Path) -> str:
     box = tmp / "Maildir"  # root's, 0700: what the MTA made before the operator's step
     for sub in ("new", "cur", "tmp"):
         (box / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     box.chmod(0o700)
-    return {"from_address": "d@d.example", "reply_domain": "d.example", "maildir": str(box)}
+    return str(box)
 
 
 KUBE = {"image": "registry.example/deltad:1", "pvc": "workspaces", "mount_path": "/srv/ws"}
@@ -181,8 +191,13 @@ CASES: dict[str, Case] = {
     ),
     # channels: email (the inbox's user reads the Maildir, never root)
     "maildir the inbox cannot read": Case(
-        lambda tmp: {"channels": {"email": _email(tmp)}},
-        "channels.email.maildir: ",
+        lambda tmp: _email(maildir=_root_only_maildir(tmp)), "channels.email.maildir: "
+    ),
+    # channels: email (what the inbox process is handed to send mail, read by the core)
+    "email ca_file not a certificate": Case(_email_ca, "channels.email.smtp.ca_file: "),
+    "email password env unset": Case(
+        lambda tmp: _email(smtp={"username": "u", "password": {"secret_env": "DELTAD_TEST_NO"}}),
+        "channels.email.smtp.password: environment variable DELTAD_TEST_NO is not set",
     ),
     # the inbox
     "http key misspelt": Case(

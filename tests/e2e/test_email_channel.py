@@ -4,9 +4,9 @@ through the same MTA with `smtplib` into the Maildir the daemon reads, and a rea
 resumes. Nothing is sent beyond 127.0.0.1 (tests/mta.py).
 
 The Maildir is read and parsed by the unprivileged inbox process, which relays what it found to
-the root core over the protocol; the last two tests show which process opens the mail, that a
-kill -9 of the inbox mid-message answers once, and that relays forged by a compromised inbox
-are refused by the core."""
+the root core over the protocol; the last three tests show which process opens the mail, that
+a kill -9 of either process mid-message loses nothing and answers once, and that relays forged
+by a compromised inbox are refused by the core."""
 
 from __future__ import annotations
 
@@ -28,10 +28,12 @@ import httpx
 from deltad.channels.grants import Grants
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, metadata_status
+from deltad.testing.inbox import client, make_token
 from tests.mta import (
     DELTAD_DOMAIN,
     PEOPLE_DOMAIN,
     Mta,
+    Tap,
     postfix,  # noqa: F401  (the fixture)
 )
 
@@ -42,9 +44,7 @@ REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]
 ALICE, BOB, MALLORY = (f"{p}@{PEOPLE_DOMAIN}" for p in ("alice", "bob", "mallory"))
 
 
-def _daemon(tmp: Path, mta: Mta, root: Path, served: bool = True, **email: Any) -> Daemon:
-    """A daemon with the email channel (and the inbox's HTTP unless not `served`: the inbox
-    process then runs for the mail alone)."""
+def _daemon(tmp: Path, mta: Mta, root: Path, *, http: bool = True, **email: Any) -> Daemon:
     root.mkdir(parents=True, exist_ok=True)
     channel = {
         "from_address": f"deltad@{DELTAD_DOMAIN}",
@@ -59,7 +59,7 @@ def _daemon(tmp: Path, mta: Mta, root: Path, served: bool = True, **email: Any) 
         tmp,
         [root],
         resume_command=REAL_CLIENT,
-        http={"listen": "127.0.0.1:0"} if served else None,
+        **({"http": {"listen": "127.0.0.1:0"}} if http else {}),
         channels={"email": channel},
     )
 
@@ -231,6 +231,87 @@ def test_mail_queued_while_the_mta_is_unreachable_survives_a_kill_9(
     assert len(_mail(mta, ALICE, request_id, "[deltad]")) == 1
 
 
+def _sent(url: str, token: str) -> dict[str, float]:
+    """deltad_channel_sends_total for email by result, and deltad_channel_outbox_depth (as
+    `depth`), as the core's /metrics says them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with client(url, token) as http:
+        text = http.get("/metrics").text
+    out = {}
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            if s.labels.get("channel") != "email":
+                continue
+            if s.name == "deltad_channel_sends_total":
+                out[s.labels["result"]] = s.value
+            elif s.name == "deltad_channel_outbox_depth":
+                out["depth"] = s.value
+    return out
+
+
+def test_mail_is_sent_by_the_inbox_user_even_without_http(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """No `http:`: the inbox process starts for the channel alone, and the socket that reaches
+    the MTA is its user's (the uid in /proc/net/tcp), never root's; the core holds no SMTP
+    connection, and the mail arrives once."""
+    mta = postfix
+    inbox_uid = pwd.getpwnam("deltad-inbox").pw_uid
+    with Tap(mta) as tap:
+        smtp = {"host": "127.0.0.1", "port": tap.port, "ca_file": str(mta.cert)}
+        daemon = _daemon(tmp_path, mta, tmp_path / "root", http=False, smtp=smtp)
+        daemon.start(env=llm_env(fake))
+        try:
+            _, request_id = _ask(tmp_path, fake, prompt="Ship it?", input_type="yes_no")
+            [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+            wait_for(lambda: _mail(mta, BOB, request_id, "[deltad]"), "bob's mail")
+            said = daemon.events("inbox_for_webhooks")
+        finally:
+            daemon.stop()
+    assert tap.connections() == [inbox_uid, inbox_uid] and inbox_uid != 0
+    assert "one click" not in question.get_content()  # no page: no link
+    assert len(said) == 1
+    assert len(daemon.events("channel_sent", channel="email")) == 2
+
+
+def test_a_killed_inbox_loses_no_mail(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """kill -9 of the inbox process while it waits on the MTA: the core starts another, which
+    sends the same message from the outbox; each person gets it once, and /metrics (the core's)
+    counts what the inbox sent."""
+    mta = postfix
+    with Tap(mta, hold=1) as tap:
+        smtp = {"host": "127.0.0.1", "port": tap.port, "ca_file": str(mta.cert),
+                "timeout_seconds": 600}  # fmt: skip
+        daemon = _daemon(tmp_path, mta, tmp_path / "root", smtp=smtp).start(env=llm_env(fake))
+        try:
+            _, request_id = _ask(tmp_path, fake, prompt="Rotate?", input_type="yes_no")
+            wait_for(tap.connections, "the first attempt, left hanging")
+            [started] = daemon.events("inbox_started")
+            os.kill(started["pid"], signal.SIGKILL)
+            wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+            wait_for(lambda: _mail(mta, BOB, request_id, "[deltad]"), "bob's mail")
+            url = str(daemon.wait_event("http_listening")[0]["url"])
+            prom = make_token(daemon.state_dir, "prom", role="metrics")
+            sent = wait_for(
+                lambda: (s := _sent(url, prom)).get("sent") == 2 and s.get("depth") == 0 and s,
+                "the inbox's sends counted in the core's /metrics",
+            )
+            restarted = daemon.events("inbox_started")
+        finally:
+            daemon.stop()
+    assert len(restarted) == 2 and restarted[1]["pid"] != started["pid"]
+    assert sent.get("dead", 0) == 0
+    assert len(_mail(mta, ALICE, request_id, "[deltad]")) == 1
+    assert len(_mail(mta, BOB, request_id, "[deltad]")) == 1
+
+
 def _opened_in(directory: Path) -> dict[int, list[str]]:
     """Every process with a file in `directory` open (by /proc/<pid>/fd)."""
     found: dict[int, list[str]] = {}
@@ -253,7 +334,7 @@ def test_the_inbox_process_opens_the_mail_and_a_kill_9_mid_message_answers_once(
 ) -> None:
     mta = postfix
     # No http: the inbox process is started for the mail alone (no socket, no page links).
-    daemon = _daemon(tmp_path, mta, tmp_path / "root", served=False).start(env=llm_env(fake))
+    daemon = _daemon(tmp_path, mta, tmp_path / "root", http=False).start(env=llm_env(fake))
     new, cur = mta.deltad_maildir / "new", mta.deltad_maildir / "cur"
     try:
         d, request_id = _ask(tmp_path, fake, prompt="Ship it?", input_type="yes_no")
@@ -305,7 +386,7 @@ def test_a_kill_9_of_the_core_mid_message_loses_no_reply(
     """The core dies while the inbox waits for its verdict: the message stays in new/, and
     the next daemon's inbox relays it again and it answers, once."""
     mta = postfix
-    daemon = _daemon(tmp_path, mta, tmp_path / "root", served=False).start(env=llm_env(fake))
+    daemon = _daemon(tmp_path, mta, tmp_path / "root", http=False).start(env=llm_env(fake))
     new = mta.deltad_maildir / "new"
     try:
         d, request_id = _ask(tmp_path, fake, prompt="Roll back?", input_type="yes_no")

@@ -195,9 +195,11 @@ def test_idempotency_key_repeats_the_first_response(
         assert other.status_code == 422 and other.json()["code"] == "idempotency_mismatch"
 
 
-def test_webhook_is_signed_and_a_signed_link_answers_once(tmp_path: Path, fake: FakeLLM) -> None:
+def test_webhook_is_signed_and_a_signed_link_answers_once(
+    tmp_path: Path, fake: FakeLLM, notify_out: Path
+) -> None:
     hook = WebhookReceiver(fail_first=1)  # the first delivery fails: it is retried
-    got_cmd = tmp_path / "command-got.jsonl"
+    got_cmd = notify_out / "command-got.jsonl"  # the command runs as the inbox's user
     secret = tmp_path / "hook.secret"
     secret.write_text("s3cret-signing-key\n")
     secret.chmod(0o600)

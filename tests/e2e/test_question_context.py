@@ -175,10 +175,12 @@ def _pending(ws: Path, prompt: str) -> str | None:
     return str(req["request_id"]) if req["prompt"] == prompt else None
 
 
-def test_only_the_named_respondents_may_answer_over_http(tmp_path: Path, fake: FakeLLM) -> None:
+def test_only_the_named_respondents_may_answer_over_http(
+    tmp_path: Path, fake: FakeLLM, notify_out: Path
+) -> None:
     root = tmp_path / "root"
     root.mkdir()
-    got = tmp_path / "notified.jsonl"
+    got = notify_out / "notified.jsonl"  # the command runs as the inbox's user
     record = f"import sys; open({str(got)!r}, 'a').write(sys.stdin.read() + '\\n')"
     notify = {"commands": [{"argv": [sys.executable, "-c", record], "events": ["request.created"]}]}
     d = Daemon(

@@ -6,6 +6,9 @@ resumes. Nothing leaves 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -227,3 +230,39 @@ def test_refusals_change_nothing_and_a_modal_answers_text(
         daemon.stop()
     [got] = json.loads(d("status", "--json").out)["outcome"]["answers"]
     assert (got["channel"], got["answered_by"]) == ("slack", ALICE)
+
+
+def test_slack_is_called_by_the_inbox_user_and_a_killed_inbox_loses_no_post(
+    tmp_path: Path, fake: FakeLLM, slack: SlackApi
+) -> None:
+    """Every Web API call (the post, the modal a button opens) comes from the inbox process's
+    user, never root (the uid in /proc/net/tcp); kill -9 of the inbox while Slack hangs on the
+    post: the core starts another, which posts it from the outbox, once. The bot token is in
+    neither process's argv nor environment nor the log."""
+    inbox_uid = pwd.getpwnam("deltad-inbox").pw_uid
+    slack.hang("chat.postMessage")
+    daemon = _daemon(tmp_path, slack).start(env=llm_env(fake))
+    try:
+        url = http_url(daemon)
+        _, request_id = _ask(tmp_path, fake, prompt="What changed?", respondents=["alice"])
+        wait_for(lambda: slack.calls("chat.postMessage"), "the first post, left hanging")
+        [started] = daemon.events("inbox_started")
+        for part in ("cmdline", "environ"):
+            assert TOKEN.encode() not in Path(f"/proc/{started['pid']}/{part}").read_bytes()
+        os.kill(started["pid"], signal.SIGKILL)
+        hung, posted = wait_for(
+            lambda: slack.calls("chat.postMessage")[1:] and slack.calls("chat.postMessage"),
+            "the post, from the next inbox",
+        )
+        open_form = _buttons(posted.args)["Answer…"]
+        assert _post(url, _press(open_form, ALICE)).status_code == 200
+        wait_for(lambda: slack.calls("views.open"), "the modal opened")
+        restarted = daemon.events("inbox_started")
+    finally:
+        daemon.stop()
+    assert len(restarted) == 2 and restarted[1]["pid"] != started["pid"]
+    assert len(slack.calls("chat.postMessage")) == 2 and request_id in json.dumps(posted.args)
+    assert hung.result == {} and posted.result["ok"] and hung.args["text"] == posted.args["text"]
+    assert posted.token == TOKEN
+    assert {c.uid for c in slack.calls()} == {inbox_uid} and inbox_uid != 0
+    assert TOKEN not in json.dumps(daemon.lines())

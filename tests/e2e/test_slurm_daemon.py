@@ -47,16 +47,24 @@ def shared() -> Iterator[Path]:
         yield d
 
 
-def jobs_of(c: Cluster, daemon_id: str) -> list[tuple[str, str, str, Path]]:
-    """(job id, state, user name, workspace) of every job this daemon submitted."""
-    out = c.run("squeue", "-h", "--states=all", "-O", "JobID:|,State:|,UserName:|,Comment:0")
+def jobs_of(c: Cluster, daemon_id: str, ran: bool = True) -> list[tuple[str, str, str, Path]]:
+    """(job id, state, user name, workspace) of every job this daemon submitted; with `ran`,
+    not those cancelled while still parked (`sbatch --hold`: they never ran)."""
+    fields = "JobID:|,State:|,UserName:|,NodeList:|,Comment:0"
+    out = c.run("squeue", "-h", "--states=all", "-O", fields)
     rows = []
     for line in out.stdout.splitlines():
-        job, state, user, comment = (p.strip() for p in line.split("|", 3))
+        job, state, user, nodes, comment = (p.strip() for p in line.split("|", 4))
         key = key_from_comment(comment, daemon_id)
-        if key is not None:
+        if key is not None and not (ran and state == "CANCELLED" and not nodes):
             rows.append((job, state, user, key.workspace))
     return rows
+
+
+def never_ran(c: Cluster, daemon_id: str) -> set[str]:
+    """This daemon's jobs cancelled while parked."""
+    ran = {j for j, _, _, _ in jobs_of(c, daemon_id)}
+    return {j for j, _, _, _ in jobs_of(c, daemon_id, ran=False)} - ran
 
 
 def held_job_process(ws: Path) -> tuple[int, dict[str, str]] | None:
@@ -150,7 +158,15 @@ def test_daemon_resumes_through_slurm_and_adopts_its_jobs_after_kill_9(
 
             wait_for(all_done, "every run COMPLETED", DEADLINE)
             done = lambda: all(s == "COMPLETED" for _, s, _, _ in jobs_of(c, daemon_id))  # noqa: E731
-            wait_for(done, "every job COMPLETED in Slurm", DEADLINE)
+            try:
+                wait_for(done, "every job COMPLETED in Slurm", DEADLINE)
+            except AssertionError as e:
+                said = [
+                    (e["event"], e.get("workspace"), e.get("job"))
+                    for e in d.lines()
+                    if e.get("event", "").startswith(("resume_", "slurm_", "executor_"))
+                ]
+                raise AssertionError(f"{e}: {jobs_of(c, daemon_id)} {said}") from None
     finally:
         d.stop()
         out = c.run("squeue", "-h", "--states=all", "-O", "JobID:|,Comment:0")
@@ -162,6 +178,7 @@ def test_daemon_resumes_through_slurm_and_adopts_its_jobs_after_kill_9(
     jobs = jobs_of(c, daemon_id)
     per_ws = collections.Counter(ws for _, _, _, ws in jobs)
     assert per_ws == {ws: 1 for ws in wss}, jobs  # one job per answer: none missed, none doubled
+    assert never_ran(c, daemon_id) == {e["job"] for e in d.events("executor_orphan_cancelled")}
     assert {user for _, _, user, _ in jobs} == {owner.name}
     ingested = {r["workspace"]: (r["run_id"], r["answer"]) for r in records(record)}
     assert ingested == {
@@ -400,6 +417,10 @@ def test_a_frozen_active_with_jobs_in_flight_is_fenced(
 
     jobs = jobs_of(c, daemon_id)
     per_ws = collections.Counter(ws for _, _, _, ws in jobs)
+    # A job the frozen active's in-flight sbatch parked after the standby had looked: the new
+    # active cancels it, and says so; it never ran.
+    orphans = {e["job"] for e in b.events("executor_orphan_cancelled")}
+    assert never_ran(c, daemon_id) == orphans
     said = {
         d.log_path.parent.name: [
             (e["event"], e.get("workspace"), e.get("job"))

@@ -401,7 +401,7 @@ def test_no_value_of_the_environment_reaches_an_argv(
     bin_dir = tmp_shared / "bin"
     bin_dir.mkdir()
     argvs = tmp_shared / "argvs"
-    for tool in ("sbatch", "squeue", "scancel", "sacct"):
+    for tool in ("sbatch", "squeue", "scancel", "scontrol", "sacct"):
         wrapper = bin_dir / tool
         wrapper.write_text(
             f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" >> {argvs}\nexec /usr/bin/{tool} "$@"\n'

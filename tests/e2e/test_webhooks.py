@@ -322,3 +322,39 @@ def test_a_killed_inbox_loses_no_delivery(tmp_path: Path) -> None:
     assert len(restarted) == 2 and restarted[1]["pid"] != started["pid"]
     assert d.events("inbox_exited")[0]["pid"] == started["pid"]
     _verify(WHSEC, delivered)
+
+
+def test_a_notify_command_runs_as_the_inbox_user_in_a_clean_environment(
+    tmp_path: Path, notify_out: Path
+) -> None:
+    """`notify.commands` alone (no http:, no webhook): the inbox process starts for them and
+    runs each command as its user, never root, with PATH and LANG only, the event on stdin; a
+    command that fails goes to the dead letter, counted, and is not run again."""
+    import sys
+
+    got = notify_out / "ran.jsonl"
+    record = (
+        "import json, os, sys; doc = json.load(sys.stdin); "
+        f"open({str(got)!r}, 'a').write(json.dumps("
+        "{'uid': os.getuid(), 'env': sorted(os.environ), 'type': doc['type']}) + '\\n')"
+    )
+    commands = [
+        {"argv": [sys.executable, "-c", record], "events": ["request.created"]},
+        {"argv": ["/bin/false"], "events": ["request.created"]},
+    ]
+    root = tmp_path / "root"
+    root.mkdir()
+    d = Daemon(tmp_path, [root], notify={"commands": commands}).start()
+    try:
+        paused_workspace(root / "ws1")
+        [ran] = wait_for(lambda: [json.loads(x) for x in got.read_text().splitlines()]
+                         if got.exists() else [], "the command's run")  # fmt: skip
+        [dead] = d.wait_event("channel_dead_letter", channel="command1")
+        said = d.events("inbox_for_webhooks")
+    finally:
+        d.stop()
+    assert ran["uid"] == pwd.getpwnam("deltad-inbox").pw_uid != 0
+    assert ran["type"] == "request.created"
+    assert {k for k in ran["env"] if k != "LC_CTYPE"} == {"PATH", "LANG"}
+    assert dead["reason"] == "rejected" and dead["error"] == "exit status 1"
+    assert len(said) == 1 and len(d.events("channel_sent", channel="command0")) == 1

@@ -268,6 +268,49 @@ def test_forged_hand_overs_are_bounded_and_rechecked_by_the_core() -> None:
     assert _tree() == BEFORE
 
 
+COUNT = st.integers(-1, 2**60) | st.sampled_from([1e300, "1", None])
+counts = st.fixed_dictionaries(
+    {"op": st.just("channel_sends"), "channel": st.sampled_from(["email", "pager", ""]) | text},
+    optional={"sent": COUNT, "retry": COUNT, "dead": COUNT, "depth": COUNT},
+)
+
+
+@FUZZ
+@given(st.lists(counts.map(_encoded) | st.binary(max_size=80), max_size=6))
+def test_channel_counts_from_the_inbox_never_shrink_a_counter_or_raise(
+    frames: list[bytes],
+) -> None:
+    """Whatever counts a taken-over inbox sends: refused in one line, or added to the core's
+    counter for a configured channel only, never taken back."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from deltad.privsep.handoff import Handoff
+
+    sends = Counter("s", "s", ["channel", "result"], registry=CollectorRegistry())
+    d = Path(tempfile.mkdtemp(prefix="deltad-counts-fuzz-", dir=_tmp))
+    (d / "inbox").mkdir()
+    box = Handoff(d / "inbox", d, [], [], None, None, [("email", 10)], sends)
+
+    def total() -> dict[tuple[str, str], float]:
+        return {
+            (s.labels["channel"], s.labels["result"]): s.value
+            for s in sends.collect()[0].samples
+            if s.name.endswith("_total")
+        }
+
+    try:
+        for raw in frames:
+            before = total()
+            msg = core.decode_message(raw)
+            if isinstance(msg, wire.ChannelSends):
+                box.report_channel(msg)
+            after = total()
+            assert all(after.get(k, 0.0) >= v for k, v in before.items())
+            assert {c for c, _ in after} <= {"email"}
+    finally:
+        box.close()
+
+
 # -- mail the inbox relays (deltad/channels/maildir.py), decided by the email channel ----------
 MAIL_WS = _tmp / "root" / "mailed"
 MAIL_WS.mkdir(parents=True)

@@ -591,3 +591,19 @@ def test_four_eyes_in_slack_a_press_is_a_vote_by_the_mapped_person(tmp_path: Pat
         doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
         assert [v["by"] for v in doc["approvals"]] == ["alice", "bob"]
         assert (doc["channel"], doc["decisions"][0]["decision"]) == ("slack", "approve")
+
+
+def test_posts_an_older_deltad_recorded_in_the_core_are_still_updated(tmp_path: Path) -> None:
+    """Before the sender kept the posts, the core's record did: they go along with the update,
+    so a question posted before an upgrade is still marked answered after it."""
+    with SlackApi(token="xoxb-unit") as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ws, request_id = _ask(tmp_path, ch, input_type="yes_no")
+        _drain(ch)
+        ref = ref_of(str(ws), request_id)
+        ch.records.change(ref, posts=[{"channel": "C0OLD", "ts": "1.000001"}])
+        ch.withdraw(Closed(ws, request_id, "expired"))
+        assert _drain(ch) == [None]
+        [post] = api.calls("chat.postMessage")
+        updated = [(u.args["channel"], u.args["ts"]) for u in api.calls("chat.update")]
+        assert updated == [(post.result["channel"], post.result["ts"]), ("C0OLD", "1.000001")]

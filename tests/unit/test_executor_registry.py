@@ -409,6 +409,34 @@ def test_adopt_asks_the_executor_and_the_adopted_job_is_not_started_again(tmp_pa
     assert not resumer.submit(tmp_path / "b", "r", LAUNCH, 0)
 
 
+def test_a_resume_queued_before_adoption_is_the_adopted_job_never_a_second_one(
+    tmp_path: Path,
+) -> None:
+    """The startup reconcile queues every answered workspace before the engine has said which
+    jobs exist; the adopted job is that resume. Held back by the owner's slot cap, the queued
+    entry used to start once the adopted job ended: a second job of one answer."""
+    (tmp_path / "a").mkdir()
+    FakeJobs.away = True
+    try:
+        resumer, jobs, clock = _resumer(tmp_path, max_parallel_resumes_per_owner=1)
+    finally:
+        FakeJobs.away = False
+    assert resumer.submit(tmp_path / "a", "r", LAUNCH, 0)  # os.lstat(a).st_uid: root, 0
+    resumer.start_ready()
+    assert jobs.submitted == [] and not resumer.jobs_known  # waits for the engine
+    left = Handle(RequestKey(tmp_path / "a", "r", "resume", 1), "fakejobs", "j")
+    jobs.unreachable, jobs.found = False, [left]
+    clock.advance(1)
+    resumer.reap()  # adoption, tried again
+    assert resumer.children[tmp_path / "a"].adopted and not resumer.pending
+    resumer.start_ready()
+    jobs.events.append(Exit(left, 0))
+    [fin] = resumer.reap()
+    resumer.start_ready()
+    assert fin.resume.handle == left and jobs.submitted == []
+    assert not resumer.busy_with(tmp_path / "a")
+
+
 def test_a_permanently_refused_submit_starts_nothing_and_is_not_retried(tmp_path: Path) -> None:
     resumer, jobs, _ = _resumer(tmp_path)
     jobs.refuse = "permanent"

@@ -134,6 +134,9 @@ class FakeSource:
     def outbox_depth(self) -> int | None:
         return self.outbox
 
+    def channel_outbox_depth(self) -> list[tuple[str, int]]:
+        return [("email", self.outbox)] if self.outbox is not None else []
+
 
 def _samples(source: FakeSource, mono: float = 103.0, wall: float = 1060.0) -> dict[str, float]:
     out = {}
@@ -169,6 +172,7 @@ def test_the_lease_and_the_outbox_appear_only_where_they_exist() -> None:
     h = Health(True, False, 7, 100.0, lease_held=True)
     got = _samples(FakeSource(h=h, outbox=3))
     assert got["deltad_ha_lease_held"] == 1.0 and got["deltad_webhook_outbox_depth"] == 3.0
+    assert got["deltad_channel_outbox_depth{channel=email}"] == 3.0
     assert got["deltad_ready"] == 0.0  # the index is not complete yet
 
 

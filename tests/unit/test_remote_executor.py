@@ -323,3 +323,104 @@ def test_an_idle_worker_sleeps_until_there_is_work() -> None:
         wait(lambda: engine.submitted == [handle.key.name], "the submit wakes it")
     finally:
         engine.close()
+
+
+class ParkingEngine(Engine):
+    """An engine whose submits are parked until released (Slurm's --hold)."""
+
+    parks = True
+
+    def __init__(self, jobs: dict[str, Seen] | None = None) -> None:
+        self.released: list[str] = []
+        self.release_fails = 0  # this many releases fail (the controller away)
+        super().__init__(jobs)
+
+    def engine_submit(self, spec: JobSpec) -> str:
+        ref = super().engine_submit(spec)
+        self.jobs[spec.key.name] = Seen(spec.key, ref, JobState.QUEUED, parked=True)
+        return ref
+
+    def engine_release(self, job: RemoteJob, fence: Callable[[], bool] | None) -> None:
+        if fence is not None and not fence():  # as the command's own process asks it
+            raise SubmitError("fenced at exec")
+        if self.release_fails:
+            self.release_fails -= 1
+            raise SubmitError("controller unreachable")
+        assert job.ref is not None
+        self.released.append(job.ref)
+        seen = self.jobs[job.handle.key.name]
+        self.jobs[job.handle.key.name] = Seen(seen.key, seen.ref, JobState.QUEUED)
+
+    def engine_cancel(self, job: RemoteJob, force: bool) -> None:
+        super().engine_cancel(job, force)
+        self.jobs[job.handle.key.name] = Seen(job.handle.key, job.ref or "", JobState.ENDED)
+
+
+def parked(n: int, ref: str) -> Seen:
+    return Seen(spec(n).key, ref, JobState.QUEUED, parked=True)
+
+
+def test_a_parked_submit_is_let_go_after_the_fence_and_again_after_a_failed_release() -> None:
+    ex = ParkingEngine()
+    ex.release_fails = 1
+    try:
+        handle = ex.submit(spec())
+        wait(lambda: ex.released == ["j0"], "the release, tried again at the next query")
+        assert ex.submitted == [handle.key.name]  # one job: the failed release is no resubmit
+    finally:
+        ex.close()
+
+
+def test_a_fenced_daemon_leaves_its_job_parked_and_the_resume_refused() -> None:
+    ex = ParkingEngine()
+    may_act = threading.Event()  # the lease: lost at once
+    try:
+        handle = ex.submit(JobSpec(spec().key, ["x"], Identity(1000, 1000), fence=may_act.is_set))
+        events = until(ex, has(Refused, handle), "the refusal")
+        [refused] = [e for e in events if isinstance(e, Refused)]
+        assert "fenced" in refused.reason and "left parked" in refused.reason
+        assert ex.submitted == [handle.key.name] and ex.released == []
+    finally:
+        ex.close()
+
+
+def test_the_active_cancels_a_parked_job_nobody_tracks_and_lets_an_adopted_one_go() -> None:
+    # Left on the engine: one parked by a daemon killed between its two steps (the successor
+    # adopts it and lets it go), and, once adoption is done, one parked by a frozen former
+    # active's late submit (nobody tracks it: cancelled, said once, never released).
+    ex = ParkingEngine({spec(0).key.name: parked(0, "old")})
+    try:
+        handles: list[Handle] = []
+        end = time.monotonic() + DEADLINE
+        while not handles:
+            try:
+                handles = ex.adopt()
+            except AdoptPending:
+                assert time.monotonic() < end
+                time.sleep(0.005)
+        wait(lambda: ex.released == ["old"], "the adopted parked job let go")
+        with capture_logs() as logs:
+            ex.jobs[spec(1).key.name] = parked(1, "late")
+            wait(lambda: ex.cancelled == [(spec(1).key.name, False)], "the orphan cancelled")
+            lists = ex.lists
+            wait(lambda: ex.lists >= lists + 2, "more queries")
+        assert ex.released == ["old"] and len(ex.cancelled) == 1
+        assert [e["job"] for e in logs if e["event"] == "executor_orphan_cancelled"] == ["late"]
+    finally:
+        ex.close()
+
+
+def test_only_the_active_cancels_orphans() -> None:
+    running = Seen(spec(2).key, "r", JobState.RUNNING, start=1.0)  # tracked: queries go on
+    ex = ParkingEngine({spec(2).key.name: running})
+    try:
+        ex.fence = lambda: False  # a stale active: acts on nothing
+        wait(lambda: ex.lists >= 1, "the first list")
+        assert len(ex.adopt()) == 1
+        ex.jobs[spec(1).key.name] = parked(1, "late")
+        lists = ex.lists
+        ex.poke()
+        wait(lambda: ex.lists >= lists + 2, "more queries")
+        assert ex.cancelled == []
+    finally:
+        ex.close()

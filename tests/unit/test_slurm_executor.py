@@ -168,6 +168,21 @@ def test_sacct_rows_give_state_and_wait_status() -> None:
 
 
 @pytest.mark.parametrize(
+    ("state", "reason", "parked"),
+    [
+        ("PENDING", "JobHeldUser", True),  # sbatch --hold: the daemon's own park
+        ("PENDING", "JobHeldAdmin", False),  # an operator's `scontrol hold`: left alone
+        ("PENDING", "Resources", False),
+        ("PENDING", "None", False),
+        ("CANCELLED", "JobHeldUser", False),  # cancelled while parked: ended, not parked
+    ],
+)
+def test_only_the_daemons_own_hold_is_a_parked_job(state: str, reason: str, parked: bool) -> None:
+    job = JobRow("7", KEY.name, state, None, 0, reason, "", 1004, "c")
+    assert seen_of(KEY, job).parked is parked
+
+
+@pytest.mark.parametrize(
     ("timeout", "margin", "minutes"),
     [(3600, 300, "65"), (1, 0, "1"), (0, 0, "1"), (61, 0, "2"), (600, 59, "11")],
 )
@@ -211,6 +226,7 @@ def test_sbatch_argv_runs_as_the_owner_in_the_workspace_without_env_values() -> 
         f"--output=/shared/logs/1004/{KEY.name}.log",
         "--open-mode=append",
         "--no-requeue",
+        "--hold",
         "--ntasks=1",
         "--time=11",
         "--partition=hitl",
