@@ -142,6 +142,14 @@ class CoreMetrics:
             ["channel", "result"],
             registry=r,
         )
+        self.channel_replies = Counter(
+            "deltad_channel_replies",
+            "Replies the core decided on, by channel and result: email's are relayed by the "
+            "inbox process (answered, taken: already answered by the same message before a "
+            "crash, refused, failed: set aside by a bug).",
+            ["channel", "result"],
+            registry=r,
+        )
         self.follow_ups = Counter(
             "deltad_question_follow_ups",
             "Open questions reminded (action=remind), escalated (escalate) or past their SLA "

@@ -3,6 +3,10 @@ dir (`postfix -c`), queue and mailboxes in a temporary directory, delivering two
 into Maildirs (virtual mailboxes) and nothing anywhere else: every other destination is the
 `error` transport, so no test mail can leave the machine.
 
+deltad's own mailbox is delivered as the inbox process's user (`deltad-inbox`, made here when
+missing as `deltad serve` would), the operator's step in docs/inbox.md ("Email"): the inbox
+reads and parses the mail, never the root core. People's mailboxes are `nobody`'s.
+
 Skipped only where it cannot run: not root, or Postfix not installed outside CI. With
 `CI=true` (`.ci/run` installs Postfix) a missing piece fails instead.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import smtplib
 import socket
@@ -80,8 +85,8 @@ relay_transport = error:test MTA: no mail leaves this machine
 virtual_mailbox_domains = {deltad}, {people}
 virtual_mailbox_base = {dir}/mail
 virtual_mailbox_maps = texthash:{dir}/vmailbox
-virtual_uid_maps = static:{nobody}
-virtual_gid_maps = static:{nobody}
+virtual_uid_maps = texthash:{dir}/vuids
+virtual_gid_maps = texthash:{dir}/vgids
 recipient_delimiter = +
 smtpd_tls_security_level = may
 smtpd_tls_cert_file = {dir}/cert.pem
@@ -159,6 +164,11 @@ def _start(d: Path) -> Mta:
         f"reply@{DELTAD_DOMAIN} deltad/Maildir/\n"
         + "".join(f"{p}@{PEOPLE_DOMAIN} people/{p}/Maildir/\n" for p in people)
     )
+    # deltad's mailbox as the inbox's user, everyone else's as nobody (virtual(8) looks up the
+    # recipient, then @domain).
+    inbox = _inbox_user()
+    for name, index in (("vuids", 2), ("vgids", 3)):
+        (d / name).write_text(f"reply@{DELTAD_DOMAIN} {inbox[index]}\n@{PEOPLE_DOMAIN} {NOBODY}\n")
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
          "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem"),
@@ -169,6 +179,8 @@ def _start(d: Path) -> Mta:
     for sub in ("mail", "data", "queue"):
         (d / sub).mkdir()
     os.chown(d / "mail", NOBODY, NOBODY)
+    (d / "mail" / "deltad").mkdir(mode=0o700)  # install -d -o deltad-inbox -m 0700 ...
+    os.chown(d / "mail" / "deltad", inbox[2], inbox[3])
     os.chown(d / "data", *_postfix_ids())
     mta = Mta(d, port)
     started = subprocess.run([POSTFIX, "-c", str(conf), "start"], capture_output=True, check=False)
@@ -186,9 +198,15 @@ def _start(d: Path) -> Mta:
             time.sleep(0.05)
 
 
-def _postfix_ids() -> tuple[int, int]:
-    import pwd
+def _inbox_user() -> pwd.struct_passwd:
+    """The user a root `deltad serve` runs its inbox as (made as the daemon would)."""
+    from deltad.privsep.core import DEFAULT_USER, account
 
+    account(DEFAULT_USER)
+    return pwd.getpwnam(DEFAULT_USER)
+
+
+def _postfix_ids() -> tuple[int, int]:
     pw = pwd.getpwnam("postfix")
     return pw.pw_uid, pw.pw_gid
 

@@ -100,6 +100,8 @@ class Context:
     # Under the daemon: hands a composed message to the inbox process, which sends it
     # (deltad/channels/courier.py's `Handed`); None: the channel sends from this process.
     hand: Callable[[Delivery], None] | None = None
+    # Replies a channel took in by (channel, result): deltad_channel_replies (metrics.py).
+    replies: Counter | None = None
 
 
 class Channel(ABC):

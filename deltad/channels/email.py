@@ -9,23 +9,19 @@ answer the question (`respondents`). A refused reply changes nothing and gets a 
 saying why, sent to the address the reply address was given to (never to a From that may be
 forged); a reply to no reply address of ours is only logged.
 
-Reading the Maildir. Each pass takes at most `max_per_pass` messages from `new/`, each opened
-without following a symlink, a regular file only, at most `max_message_bytes`; a message is
-moved to `cur/` (atomically, by rename) only after it was dealt with: a crash re-reads it, and
-its claim on the reply address (made durably before the answer is written, naming the
-message) tells the second reading it already answered. So a crash never answers twice and
-never loses a reply.
+Reading the Maildir is not done here, in the root core: the unprivileged inbox process reads
+and parses each message (deltad/channels/maildir.py) and relays only the reply address's
+token, the sender and the answer's text (`mail.Received`); `receive` checks all of it as
+hostile and answers. The inbox moves a message to `cur/` only after this side replied: a crash
+of either process relays it again, and its claim on the reply address (made durably before the
+answer is written, naming the message) tells the second relay it already answered. So a crash
+never answers twice and never loses a reply.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import stat
 import threading
 import time
-from pathlib import Path
 
 import structlog
 
@@ -51,6 +47,10 @@ from .grants import AddressExpired, Grant, Grants, Refused, Unknown, check
 
 log = structlog.get_logger("deltad.channels.email")
 PRUNE_EVERY = 3600.0  # seconds between prunes of expired grants
+PROBLEMS = {  # what the inbox could not read, as the person would be told (nobody is: no grant)
+    "unreadable": "the message is not a regular file or is too large",
+    "unparsable": "the message cannot be parsed",
+}
 ONE_CLICK = (InputType.CHOICE, InputType.YES_NO, InputType.CONFIRMATION, InputType.APPROVAL)
 
 
@@ -79,21 +79,21 @@ class EmailChannel(Channel):
         else:
             self._send = senders.smtp_sender(senders.email_target(config, self.name))
             self.courier = Courier(self.name, ctx.state_dir, config.outbox, self._smtp, ctx.sends)
-        self.address = re.compile(
-            rf"{re.escape(config.reply_local)}\+([0-9a-f]{{36}})@{re.escape(config.reply_domain)}"
-        )
         self._stopping = threading.Event()
-        self._unreadable: str | None = None
-        self._reader = threading.Thread(target=self._read_loop, name="deltad-email-in", daemon=True)
+        self._receiving = threading.Lock()
+        self._pruned = 0.0
+        self._pruner = threading.Thread(
+            target=self._prune_loop, name="deltad-email-prune", daemon=True
+        )
 
     # -- the interface ----------------------------------------------------------------------
     def start(self) -> None:
         self.courier.start()
-        self._reader.start()
+        self._pruner.start()
 
     def stop(self) -> None:
         self._stopping.set()
-        self._reader.join(5)
+        self._pruner.join(5)
         self.courier.stop()
 
     def recipients(self, respondents: list[str]) -> list[str]:
@@ -164,51 +164,38 @@ class EmailChannel(Channel):
         return self._send(d)
 
     # -- taking answers in ------------------------------------------------------------------
-    def _read_loop(self) -> None:
-        pruned = 0.0
-        while not self._stopping.is_set():
+    def _prune_loop(self) -> None:
+        while not self._stopping.wait(0 if self._pruned == 0.0 else PRUNE_EVERY):
             try:
-                self.take()
-                if time.time() - pruned > PRUNE_EVERY:
-                    pruned = time.time()
-                    self.grants.prune(pruned)
+                self._pruned = time.time()
+                self.grants.prune(self._pruned)
             except Exception as err:  # a channel must never take the daemon down
-                log.error("email_read_failed", error=str(err))
-            self._stopping.wait(self.config.poll_seconds)
+                log.error("email_prune_failed", error=str(err))
 
-    def take(self) -> int:
-        """One pass over the Maildir's `new/`; how many messages it dealt with."""
-        new = self.config.maildir / "new"
-        try:
-            names = sorted(e.name for e in os.scandir(new) if not e.name.startswith("."))
-        except OSError as e:
-            if self._unreadable != str(e):  # once per problem: the MTA makes it on first mail
-                log.warning("email_maildir_unreadable", maildir=str(new), error=e.strerror)
-            self._unreadable = str(e)
-            return 0
-        self._unreadable = None
-        for name in names[: self.config.max_per_pass]:
+    def receive(self, got: mail.Received) -> dict[str, str]:
+        """One message of the Maildir as the inbox process relayed it (deltad/channels/
+        maildir.py): checked as hostile (the token with this channel's key, the sender against
+        its grant, the person against the question's respondents, the answer against its
+        kind), answered through the answering path, refused in one line to the address the
+        reply address was given to. The result is the inbox's acknowledgement: it moves the
+        file to cur/ then. Never raises."""
+        with self._receiving:  # one at a time: a claim and its answer are one step
             try:
-                self._one(name)
-            except Exception as err:  # a bug must not make one message read forever
-                log.error("email_reply_failed", message=name, error=repr(err))
-                self._done(name)  # kept in cur/ for the administrator
-        return min(len(names), self.config.max_per_pass)
+                return self._receive(got)
+            except Exception as err:  # a bug must not make one message relayed forever
+                log.error("email_reply_failed", message=got.message, error=repr(err))
+                self._count("failed")
+                return {"result": "failed"}
 
-    def _one(self, name: str) -> None:
-        data = self._read(self.config.maildir / "new" / name)
+    def _receive(self, got: mail.Received) -> dict[str, str]:
         try:
-            if data is None:
-                raise Refusal("unreadable", "the message is not a regular file or is too large")
-            try:
-                reply = mail.parse(data)
-            except mail.Unreadable as e:
-                raise Refusal("unreadable", str(e)) from None
-            self._answer(reply, name)
+            if got.problem is not None:
+                raise Refusal("unreadable", PROBLEMS.get(got.problem, "the message is unreadable"))
+            result = self._answer(got)
         except Refusal as r:
             log.warning(
                 "email_reply_refused",
-                message=name,
+                message=got.message,
                 code=r.code,
                 reason=str(r),
                 request_id=r.grant.request_id if r.grant else None,
@@ -219,44 +206,19 @@ class EmailChannel(Channel):
                     f"your reply to question {r.grant.request_id} was not taken",
                     f"Not taken: {r}",
                 )
-        self._done(name)
+            self._count("refused")
+            return {"result": "refused", "code": r.code}
+        self._count(result)
+        return {"result": result}
 
-    def _read(self, path: Path) -> bytes | None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > self.config.max_message_bytes:
-                return None
-            chunks, left = [], self.config.max_message_bytes + 1
-            while left > 0 and (chunk := os.read(fd, min(left, 65536))):
-                chunks.append(chunk)
-                left -= len(chunk)
-            data = b"".join(chunks)
-            return data if len(data) <= self.config.max_message_bytes else None
-        finally:
-            os.close(fd)
+    def _count(self, result: str) -> None:
+        if self.ctx.replies is not None:
+            self.ctx.replies.labels(self.name, result).inc()
 
-    def _done(self, name: str) -> None:
-        """Moved to cur/ (seen): never read again."""
-        box = self.config.maildir
-        target = name if ":2," in name else f"{name}:2,S"
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(box / "new" / name, box / "cur" / target)
-        for d in ("new", "cur"):
-            fd = os.open(box / d, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    def _grant(self, reply: mail.Reply) -> Grant:
-        tokens = [m.group(1) for a in reply.recipients if (m := self.address.fullmatch(a))]
-        if not tokens:
+    def _grant(self, got: mail.Received) -> Grant:
+        if got.token is None:
             raise Refusal("no_reply_address", "not sent to a reply address")
-        tok, now = tokens[0], time.time()
+        tok, now = got.token.lower(), time.time()
         grant = self.grants.load(tok)
         try:
             return check(self.grants.key, grant, tok, now)
@@ -265,21 +227,24 @@ class EmailChannel(Channel):
         except (Unknown, Refused) as e:
             raise Refusal(e.code, str(e)) from None
 
-    def _answer(self, reply: mail.Reply, name: str) -> None:
-        if reply.automatic:  # an out-of-office is no answer, and is never answered (loops)
+    def _answer(self, got: mail.Received) -> str:
+        """ "answered", or "taken" (this very message answered before a crash cut the pass
+        short: the inbox relays it again); Refusal otherwise."""
+        if got.automatic:  # an out-of-office is no answer, and is never answered (loops)
             raise Refusal("auto_reply", "an automatic reply (Auto-Submitted or Precedence)")
-        grant = self._grant(reply)
-        if reply.sender != grant.recipient:
+        grant = self._grant(got)
+        name, sender = got.message, got.sender.lower()
+        if sender != grant.recipient:
             raise Refusal(
                 "not_allowed",
                 f"only {grant.recipient} may answer through this reply address, "
-                f"not {reply.sender or 'a sender without an address'}",
+                f"not {sender or 'a sender without an address'}",
                 grant,
             )
         claimed = self.grants.claimed_by(grant)
         if claimed is not None and claimed != name:
             raise Refusal("replayed", "this reply address was already used; nothing changed", grant)
-        person = self.config.person(reply.sender)
+        person = self.config.person(sender)
         try:
             ws = grant.path
         except ValueError:  # a grant file edited by hand: the MAC held, the name does not
@@ -287,12 +252,17 @@ class EmailChannel(Channel):
         try:
             req = self.ctx.question(Workspace(ws), grant.request_id)
         except SubmitError as e:
+            if claimed == name and isinstance(e, AnswerWaiting | AlreadyAnswered | NotPending):
+                # This very message answered, and its run went on, before a crash (of either
+                # process) kept it from being moved: no "not taken" mail for a taken reply.
+                log.info("email_reply_already_taken", message=name, request_id=grant.request_id)
+                return "taken"
             raise Refusal(e.code, f"{e}", grant) from None
         except (ProtocolError, OSError) as e:
             why = f"the workspace cannot take an answer: {e}"
             raise Refusal("workspace_problem", why, grant) from None
         if person is None:
-            raise Refusal("not_a_respondent", f"{reply.sender} is not configured", grant)
+            raise Refusal("not_a_respondent", f"{sender} is not configured", grant)
         asked = followup.respondents_with(
             req.respondents, followup.read(Workspace(ws).interaction_dir, req.request_id)
         )
@@ -301,19 +271,20 @@ class EmailChannel(Channel):
             raise Refusal("not_a_respondent", denied, grant)
         if req.is_secret:
             raise Refusal("secret", "a secret is never answered by mail: use the page", grant)
-        if reply.text is None:
+        if got.text is None:
             raise Refusal("no_plain_text", "the reply has no plain text part to read", grant)
         try:
-            body = mail.answer_of(req, reply.text)
+            body = mail.answer_of(req, got.text)
         except AnswerRejected as e:
             raise Refusal("misfit", f"{e}; reply again", grant) from None
-        self.grants.claim(grant, name)
+        if not self.grants.claim(grant, name):  # claimed meanwhile by another message
+            raise Refusal("replayed", "this reply address was already used; nothing changed", grant)
         try:
             self.ctx.answer(
                 ws,
                 req.request_id,
                 body,
-                answered_by=reply.sender,
+                answered_by=sender,
                 channel=self.name,
                 voter=person.name,  # four eyes: one person, one vote, on every channel
             )
@@ -324,7 +295,7 @@ class EmailChannel(Channel):
         except SubmitError as e:
             if claimed == name and isinstance(e, AnswerWaiting | AlreadyAnswered | NotPending):
                 log.info("email_reply_already_taken", message=name, request_id=req.request_id)
-                return  # this very message answered before a crash cut its pass short
+                return "taken"  # this very message answered before a crash cut its pass short
             self.grants.release(grant)
             why = f"{e}; reply again" if isinstance(e, Misfit | TooLarge) else str(e)
             raise Refusal(e.code, why, grant) from None
@@ -332,6 +303,7 @@ class EmailChannel(Channel):
             "email_answered",
             request_id=req.request_id,
             workspace=str(ws),
-            answered_by=reply.sender,
+            answered_by=sender,
             message=name,
         )
+        return "answered"

@@ -75,6 +75,7 @@ def build(
     page: Callable[[str], str] | None = None,
     sends: Counter | None = None,
     handoff: Handoff | None = None,
+    replies: Counter | None = None,
 ) -> list[Channel]:
     """The configured channels (ValueError or OSError, one line, if one cannot start). With
     `handoff` (the daemon's), what a channel sends is handed to the inbox process."""
@@ -83,7 +84,15 @@ def build(
         from .email import EmailChannel
 
         hand = _hand(handoff, "email")
-        ctx = Context(state_dir / "channels" / "email", answer, link, page, sends=sends, hand=hand)
+        ctx = Context(
+            state_dir / "channels" / "email",
+            answer,
+            link,
+            page,
+            sends=sends,
+            hand=hand,
+            replies=replies,
+        )
         out.append(EmailChannel(config.email, ctx))
     if config.slack is not None:
         from .slack import SlackChannel
@@ -179,6 +188,7 @@ def start(
     state_dir: Path,
     sends: Counter | None = None,
     handoff: Handoff | None = None,
+    replies: Counter | None = None,
 ) -> Hub:
     """The daemon's channels, started: answers go through `deltad.inbox.submit` (by way of
     `quorum.answer_or_vote`), the function
@@ -197,7 +207,7 @@ def start(
             return f"{ctx.base_url}/#request={request_id}"
 
     # Four eyes: a reply is a vote where the question needs several (inbox/quorum.py).
-    made = build(config, state_dir, quorum.answer_or_vote, link, page, sends, handoff)
+    made = build(config, state_dir, quorum.answer_or_vote, link, page, sends, handoff, replies)
     hub = Hub(made, feed, quiet_roots)
     hub.start()
     if isinstance(http, handlers.Context):

@@ -53,6 +53,47 @@ class Reply:
     message_id: str | None
 
 
+@dataclass(frozen=True)
+class Received:
+    """One message of the Maildir as the inbox process read it (deltad/channels/maildir.py),
+    relayed to the core: only what deciding on it needs. Nothing here is trusted."""
+
+    message: str  # the file's name in new/ (the reply address's claim names it)
+    token: str | None  # the first reply address of ours it was delivered to (None: none)
+    sender: str  # the From address, lower case ("" when it has none, or one too long)
+    automatic: bool
+    text: str | None
+    problem: str | None = None  # "unreadable" (not a regular file, too large), "unparsable"
+
+
+SENDER_MAX = 320  # the protocol's cap (privsep/wire.py): a longer From is no address of ours
+
+
+def received(message: str, data: bytes | None, address: re.Pattern[str]) -> Received:
+    """What the core is told of one message (`data` None: it could not be read). `address`
+    matches a reply address and captures its token."""
+    if data is None:
+        return Received(message, None, "", False, None, "unreadable")
+    try:
+        reply = parse(data)
+    except Unreadable:
+        return Received(message, None, "", False, None, "unparsable")
+    tokens = [m.group(1) for a in reply.recipients if (m := address.fullmatch(a))]
+    sender = _utf8(reply.sender) if len(reply.sender) <= SENDER_MAX else ""
+    text = _utf8(reply.text) if reply.text is not None else None
+    return Received(message, tokens[0] if tokens else None, sender, reply.automatic, text)
+
+
+def _utf8(text: str) -> str:
+    """`text` as JSON can carry it (a header's raw bytes may come back as lone surrogates)."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def reply_address(local: str, domain: str) -> re.Pattern[str]:
+    """A reply address of ours, its token captured (grants.TOKEN's shape)."""
+    return re.compile(rf"{re.escape(local)}\+([0-9a-f]{{36}})@{re.escape(domain)}")
+
+
 def parse(data: bytes) -> Reply:
     """What a reply says; Unreadable when the standard library's parser gives up on it (its
     header parser raises more than its documented errors on malformed input: found by the

@@ -49,9 +49,11 @@ from .sweep import Sweep
 from .walking import Walker, settle_heap
 
 if TYPE_CHECKING:
+    from deltad.channels.config import EmailConfig
     from deltad.clock import Clock
     from deltad.inbox.feed import Feed
     from deltad.metrics import CoreMetrics, CoreVitals
+    from deltad.privsep.wire import MailIntake
     from deltad.watch.hints import HintQueue
 
     from .followup import Store
@@ -312,6 +314,7 @@ class Lifecycle:
         config = self.core.config
         http, notify = config.http, config.notify
         hooks = notify.webhooks if notify is not None else []
+        email = config.channels.email if config.channels is not None else None
         log_args = ["--log-level", config.log_level, "--log-format", config.log_format]
         # wire.ChannelTarget: what the inbox process sends for the channels and runs for the
         # notify commands (none of it runs as root any more)
@@ -330,7 +333,7 @@ class Lifecycle:
                 command_target(f"command{i}", c.argv, c.timeout_seconds)
                 for i, c in enumerate(notify.commands)
             ]
-        if http is not None or hooks or sending:
+        if http is not None or hooks or sending or email is not None:
             from deltad.api.server import ListenError
             from deltad.privsep.core import InboxHost, InboxUnusable
 
@@ -343,6 +346,8 @@ class Lifecycle:
                 # four eyes: each vote is a receipt of its own (no context: webhooks alone)
                 if config.audit.enabled and self.http.context is not None:
                     self.http.context.audit = audit_path(config)
+                if email is not None:  # mail from anyone is parsed there, not here
+                    self.http.read_mail(mail_intake(email))
             except (ListenError, InboxUnusable, OSError, ValueError) as e:
                 said = str(e)  # a certificate's problem, a user's, names its key already
                 if http is None:
@@ -408,11 +413,18 @@ class Lifecycle:
                     self.core.config.state_dir,
                     self.core.metrics.channel_sends,
                     self.http.serving.handoff if self.http is not None else None,
+                    self.core.metrics.channel_replies,
                 )
             except (OSError, ValueError) as e:
                 raise ConfigError(f"channels: {e}") from None
+            if self.http is not None:  # what the inbox relays from the Maildir is decided here
+                for c in self.channels.channels:
+                    if c.name == "email":
+                        self.http.take_mail(c.receive)
 
     def _stop_inbox(self) -> None:
+        if self.http is not None:
+            self.http.take_mail(None)  # what the inbox relays now waits for the next daemon
         if self.channels is not None:
             self.channels.stop()
         if self.notifier is not None:
@@ -882,3 +894,17 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def mail_intake(email: EmailConfig) -> MailIntake:
+    """What the inbox process is told of the email channel's Maildir (privsep/wire.py)."""
+    from deltad.privsep.wire import MailIntake
+
+    return MailIntake(
+        maildir=str(email.maildir),
+        reply_local=email.reply_local,
+        reply_domain=email.reply_domain,
+        max_message_bytes=email.max_message_bytes,
+        max_per_pass=email.max_per_pass,
+        poll_seconds=email.poll_seconds,
+    )

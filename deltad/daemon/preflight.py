@@ -9,8 +9,12 @@ running daemon's own), TLS files and signing secrets by loading them.
 
 from __future__ import annotations
 
+import os
+import pwd
 import socket
 import ssl
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +42,7 @@ def _all(config: DaemonConfig) -> Iterator[str]:
         yield from _slack(config)
     if config.channels is not None and config.channels.email is not None:
         yield from _email(config)
+        yield from _maildir(config)
 
 
 def _lease(lease: Path) -> Iterator[str]:
@@ -144,3 +149,78 @@ def _slack(config: DaemonConfig) -> Iterator[str]:
             continue
         if not value.strip():
             yield f"channels.slack.{key}: the secret is empty"
+
+
+# Run as the inbox's user (its uid, its group, no other group: as the inbox runs): can it list
+# new/, read a message there, and move one to cur/? One line on stdout when not.
+MAILDIR_PROBE = r"""
+import errno, os, sys
+box, user = sys.argv[1], sys.argv[2]
+try:
+    os.stat(box)
+except FileNotFoundError:
+    sys.exit(0)  # not made yet: the MTA makes it on first mail (the inbox says if it cannot)
+except OSError as e:
+    print(f"{box}: the inbox's user {user} cannot reach it ({e.strerror})")
+    sys.exit(1)
+for sub in ("new", "cur"):
+    d = os.path.join(box, sub)
+    if os.path.isdir(d) and not os.access(d, os.R_OK | os.W_OK | os.X_OK):
+        print(f"{d}: the inbox's user {user} cannot read and write it")
+        sys.exit(1)
+new = os.path.join(box, "new")
+try:
+    names = sorted(n for n in os.listdir(new) if not n.startswith("."))
+except FileNotFoundError:
+    sys.exit(0)
+except OSError as e:
+    print(f"{new}: the inbox's user {user} cannot list it ({e.strerror})")
+    sys.exit(1)
+for n in names[:1]:
+    try:
+        os.close(os.open(os.path.join(new, n), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):
+            print(f"{new}/{n}: the inbox's user {user} cannot read it (delivered as another user)")
+            sys.exit(1)
+"""
+
+
+def _maildir(config: DaemonConfig) -> Iterator[str]:
+    """The inbox process reads the email channel's Maildir as its own user, never as root: that
+    user must be able to (docs/inbox.md, "Email": the operator's one step)."""
+    from deltad.privsep.core import DEFAULT_USER
+
+    assert config.channels is not None and config.channels.email is not None
+    box = config.channels.email.maildir
+    user = config.http.user if config.http is not None else DEFAULT_USER
+    how = 'give it the Maildir (docs/inbox.md, "Email")'
+    if not os.path.lexists(box):
+        return  # not made yet: the MTA makes it on first mail (the inbox says if it cannot)
+    ids: dict[str, object] = {}
+    if os.geteuid() == 0:
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            yield (
+                f"channels.email.maildir: the inbox's user {user} does not exist: make it "
+                f"(useradd --system --user-group {user}) and {how}"
+            )
+            return
+        ids = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+    else:
+        try:  # not root: the inbox runs as this user
+            user = pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:  # a uid without a name (a container)
+            user = str(os.geteuid())
+    argv = [sys.executable, "-I", "-S", "-c", MAILDIR_PROBE, str(box), user]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, check=False, cwd="/", **ids
+        )  # type: ignore[call-overload]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        yield f"channels.email.maildir: cannot check it as {user}: {e}"
+        return
+    if done.returncode != 0:
+        said = (done.stdout.strip() or done.stderr.strip()).splitlines()
+        yield f"channels.email.maildir: {said[-1] if said else 'unusable'}; {how}"

@@ -346,6 +346,43 @@ def open_view(deliveries: Deliveries | None, opening: dict[str, Any]) -> dict[st
     return refusal if isinstance(refusal, dict) else {"text": "the form could not be opened"}
 
 
+# -- the email channel's Maildir (deltad/channels/maildir.py) ----------------------------------
+def mail_reader(intake: wire.MailIntake | None, remote: Remote) -> Any:
+    """The Maildir reader the core's welcome asks for (None: no email channel): it parses
+    each message here and relays what it found to the core (`mail_reply`)."""
+    if intake is None:
+        return None
+    from deltad.channels.maildir import MaildirReader
+
+    def relay(got: Any) -> bool:
+        doc = {"op": "mail_reply", "message": got.message, "token": got.token}
+        doc |= {"sender": got.sender, "automatic": got.automatic, "text": got.text}
+        try:
+            result = remote.send({**doc, "problem": got.problem})
+        except ValueError as e:  # not encodable (mail.received makes it so: a bug)
+            log.error("email_relay_refused", message=got.message, error=str(e)[:200])
+            return True
+        except ApiError as e:
+            if e.http == 503:  # the core is starting its channel, or gone: kept in new/
+                return False
+            # Refused as malformed, or the core failed on it: set aside in cur/, not relayed
+            # forever (the core's log says why).
+            log.error("email_relay_refused", message=got.message, http=e.http, code=e.code)
+            return True
+        log.info("email_relayed", message=got.message, result=result.get("result"))
+        return True
+
+    return MaildirReader(
+        Path(intake.maildir),
+        intake.reply_local,
+        intake.reply_domain,
+        relay,
+        intake.max_message_bytes,
+        intake.max_per_pass,
+        intake.poll_seconds,
+    )
+
+
 def _unavailable() -> ApiError:
     return ApiError(503, "core_unavailable", "the daemon's core did not answer; try again")
 
@@ -615,11 +652,16 @@ def serve(core: socket.socket) -> int:
     ).start()
     if deliveries is not None:
         deliveries.start()
+    mail = mail_reader(welcome.mail, remote)
+    if mail is not None:
+        mail.start()
     log.info("inbox_serving", pid=os.getpid(), uid=os.getuid(), url=welcome.base_url)
     try:
         asyncio.run(serve_bounded(server, listening))
     finally:
         stopping.set()
+        if mail is not None:
+            mail.stop()
         if deliveries is not None:
             deliveries.stop()
     return 3 if lost.is_set() else 0
@@ -629,7 +671,8 @@ def deliver_only(
     core: socket.socket, reader: wire.Reader, welcome: wire.Welcome, state: Path
 ) -> int:
     """No HTTP (the daemon has no `http:`): this process only delivers the webhooks and the
-    channels' messages, until the core hangs up or a signal ends it."""
+    channels' messages and reads the email channel's Maildir, until the core hangs up or a
+    signal ends it."""
     remote = Remote(core)
     deliveries = Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir, welcome.channels)
     ended = threading.Event()
@@ -648,11 +691,16 @@ def deliver_only(
         daemon=True,
     ).start()
     deliveries.start()
+    mail = mail_reader(welcome.mail, remote)
+    if mail is not None:
+        mail.start()
     log.info("inbox_serving", pid=os.getpid(), uid=os.getuid(), url=None, webhooks_only=True)
     try:
         while not ended.wait(3600):
             pass
     finally:
+        if mail is not None:
+            mail.stop()
         deliveries.stop()
     return 3 if lost.is_set() else 0
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from deltad.api.calls import Local
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import ApiError, Context, Idempotency
 from deltad.api.tokens import TOKENS_NAME, Identity, TokenError, TokenStore
+from deltad.channels.mail import Received
 from deltad.health import Standalone, Vitals
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.platform import SAFE_PATH
@@ -208,6 +210,8 @@ def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
         if take is None:
             raise ApiError(404, "not_found", f"the {call.channel} channel is not configured")
         return take(call.body, call.timestamp, call.signature)
+    if isinstance(call, wire.MailReply):  # served beside the HTTP context (`reply_mail`)
+        raise ApiError(503, "not_ready", "the email channel is not taking mail here")
     if isinstance(call, wire.VitalsCall):  # no credential: /livez, /readyz; /metrics checked its
         h = ctx.vitals.health()  # token in the inbox (the figures name no workspace)
         return {"health": dataclasses.asdict(h), "metrics": ctx.vitals.core_metrics().decode()}
@@ -308,6 +312,10 @@ class Serving:
     handoff: Handoff | None = None
     targets: list[wire.WebhookTarget] = dataclasses.field(default_factory=list)
     channels: list[wire.ChannelTarget] = dataclasses.field(default_factory=list)
+    # The email channel's Maildir, read by the inbox (its welcome says where), and the
+    # channel's `receive` in the core once it started (None until then: the inbox waits).
+    mail_intake: wire.MailIntake | None = None
+    mail: Callable[[Received], dict[str, Any]] | None = None
 
 
 class Monitor:
@@ -357,6 +365,7 @@ class Monitor:
                     webhooks=self.serving.targets,
                     channels=self.serving.channels,
                     inbox_dir=self.serving.inbox_dir,
+                    mail=self.serving.mail_intake,
                 )
             else:
                 welcome = wire.Welcome(
@@ -369,6 +378,7 @@ class Monitor:
                     webhooks=self.serving.targets,
                     channels=self.serving.channels,
                     inbox_dir=self.serving.inbox_dir,
+                    mail=self.serving.mail_intake,
                 )
             wire.send(self.sock, welcome, self.fds)
             sender.start()
@@ -424,7 +434,9 @@ class Monitor:
 
     def _run(self, call: wire.Call) -> None:
         try:
-            if self.ctx is None:  # an inbox started for deliveries has no HTTP to serve
+            if isinstance(call, wire.MailReply):  # HTTP or not: the email channel's
+                frame = reply_mail(self.serving.mail, call)
+            elif self.ctx is None:  # an inbox started for deliveries has no HTTP to serve
                 no = "this daemon serves no HTTP (no http: in its config)"
                 frame = wire.encode(_error(call.id, 403, "forbidden", no))
             else:
@@ -471,6 +483,21 @@ class Monitor:
                     self.sock.sendall(frame)
             except OSError:
                 return  # the reader sees the connection end too
+
+
+def reply_mail(take: Callable[[Received], dict[str, Any]] | None, call: wire.MailReply) -> bytes:
+    """The reply frame to a relayed message: the email channel's verdict (the inbox moves
+    the file to cur/ on any reply but a 503). Never raises."""
+    if take is None:
+        no = "the email channel is not taking mail (yet): keep it"
+        return wire.encode(_error(call.id, 503, "not_ready", no))
+    got = Received(call.message, call.token, call.sender, call.automatic, call.text, call.problem)
+    try:
+        reply = wire.Reply(id=call.id, result=take(got))
+    except Exception as e:  # `receive` never raises; a bug here fails this message only
+        log.error("inbox_call_failed", op=call.op, error=f"{type(e).__name__}: {e}")
+        reply = _error(call.id, 500, "internal", "the core could not decide on this message")
+    return wire.encode(reply)
 
 
 def _no_hint(key: str) -> None:
@@ -748,16 +775,27 @@ class InboxHost:
         self.serving.channels = channels
         return handoff
 
+    def read_mail(self, intake: wire.MailIntake) -> None:
+        """The email channel's Maildir, for the inbox to read (before `start`)."""
+        self.serving.mail_intake = intake
+
+    def take_mail(self, receive: Callable[[Received], dict[str, Any]] | None) -> None:
+        """The channel that decides on what the inbox relays (None: no longer taken)."""
+        self.serving.mail = receive
+
     def start(self) -> None:
         self.runner.start()
         if self.config is not None:
             log.info("http_listening", url=self.url, port=self.port, tls=self.config.tls)
         else:
+            what = [w for w, on in (("webhooks", self.serving.targets),
+                                    ("channels' messages", self.serving.channels),
+                                    ("mail", self.serving.mail_intake)) if on]  # fmt: skip
             log.info(
                 "inbox_for_webhooks",
                 user=self.who.name if self.who is not None else None,
-                detail="no http: the inbox process is started to send webhooks and channels' "
-                "messages only",
+                serves=what,
+                detail=f"no http: the inbox process is started for {', '.join(what)} only",
             )
 
     def close_socket(self) -> None:

@@ -20,6 +20,11 @@ and `notify.commands` are composed by the core and written into one outbox per c
 (`welcome`'s `channels`, each with the credential it sends with); the inbox sends them and says
 its `channel_sends` counts per channel.
 
+Mail in (version 3 too): the inbox reads the email channel's Maildir (`welcome`'s `mail` names
+it and the reply addresses' shape), parses each message and relays only what the core needs in
+a `mail_reply` call (the reply-address token, the sender, the answer's text); the file is moved
+to `cur/` once the core replied. The core checks the token, the sender and the answer itself.
+
 The core reads the inbox's side as hostile: a frame over its cap ends the connection, anything
 else that does not fit a model below (unknown `op`, a field too many, a string too long) is
 refused, logged and answered with a 400 `protocol` reply where the frame names a call id.
@@ -38,7 +43,7 @@ from deltad.api.paging import Sort
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
-VERSION = 3  # 3: the channels' outbound sends (ChannelTarget, ChannelSends)
+VERSION = 3  # 3: the channels' outbound sends (ChannelTarget, ChannelSends), mail_reply
 HEADER = struct.Struct(">I")
 # What the inbox may send in one frame: an answer's body (the HTTP cap, 1 MiB + 64 KiB) and
 # the names around it. The core's frames carry pages of documents: more room.
@@ -226,8 +231,32 @@ class ChannelInteraction(Strict):
     signature: Annotated[str, Field(max_length=256)]
 
 
+# -- mail the inbox read from the email channel's Maildir (deltad/channels/maildir.py) ---------
+SENDER_MAX = 320  # an address's local part and domain at their RFC 5321 limits, and then some
+# A Maildir file's name as the MTA makes it: no '/', no NUL, not hidden, at most NAME_MAX.
+MaildirName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^./\x00][^/\x00]*$")]
+
+
+class MailReply(Strict):
+    """One message of the Maildir as the inbox read it: only what the core needs, each capped.
+    `token` is the reply address's (None: none of ours), `text` the plain part's own words
+    (None: none); `problem` says why nothing could be read (the file was not a regular file,
+    over the size cap, or not parsable as mail). The core trusts none of it: the token decides
+    which question and which address may answer, and is checked with the core's key."""
+
+    op: Literal["mail_reply"]
+    id: CallId
+    message: MaildirName
+    token: Annotated[str, Field(max_length=64)] | None = None
+    sender: Annotated[str, Field(max_length=SENDER_MAX)] = ""
+    automatic: bool = False
+    text: Text | None = None
+    problem: Literal["unreadable", "unparsable"] | None = None
+
+
 Call = (
-    VitalsCall
+    MailReply
+    | VitalsCall
     | ChannelInteraction
     | ListRequests
     | GetRequest
@@ -342,6 +371,19 @@ class Welcome(Strict):
     inbox_dir: str = ""  # the directory handed over, as the core names it (for log lines)
     webhooks: list[WebhookTarget] = Field(default_factory=list)
     channels: list[ChannelTarget] = Field(default_factory=list)  # version 3
+    mail: MailIntake | None = None  # the email channel's Maildir, read by the inbox (version 3)
+
+
+class MailIntake(Strict):
+    """The email channel's Maildir, for the inbox to read (welcome's `mail`): its path, the
+    reply addresses' shape (`<reply_local>+<token>@<reply_domain>`) and the channel's caps."""
+
+    maildir: str
+    reply_local: str
+    reply_domain: str
+    max_message_bytes: int
+    max_per_pass: int
+    poll_seconds: float
 
 
 FromCore = Annotated[Reply | EventMsg | Welcome | OutboxHint, Field(discriminator="op")]

@@ -74,6 +74,14 @@ def _slack(**over: Any) -> dict[str, Any]:
     }  # the key's own checks (an inline token, ids, URLs): tests/unit/test_channels_slack.py
 
 
+def _root_only_maildir(tmp: Path) -> str:
+    box = tmp / "Maildir"  # root's, 0700: what the MTA made before the operator's step
+    for sub in ("new", "cur", "tmp"):
+        (box / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+    box.chmod(0o700)
+    return str(box)
+
+
 KUBE = {"image": "registry.example/deltad:1", "pvc": "workspaces", "mount_path": "/srv/ws"}
 
 
@@ -180,6 +188,10 @@ CASES: dict[str, Case] = {
         },
         "channels.slack: needs http",
         env={"DELTAD_TEST_SLACK": "xoxb-test"},
+    ),
+    # channels: email (the inbox's user reads the Maildir, never root)
+    "maildir the inbox cannot read": Case(
+        lambda tmp: _email(maildir=_root_only_maildir(tmp)), "channels.email.maildir: "
     ),
     # channels: email (what the inbox process is handed to send mail, read by the core)
     "email ca_file not a certificate": Case(_email_ca, "channels.email.smtp.ca_file: "),

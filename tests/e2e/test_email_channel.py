@@ -1,10 +1,16 @@
 """The email channel end to end: a real `deltad serve` mails a question through a real
 Postfix on 127.0.0.1 (STARTTLS, the test's own certificate), people's replies go back
 through the same MTA with `smtplib` into the Maildir the daemon reads, and a real `delta run`
-resumes. Nothing is sent beyond 127.0.0.1 (tests/mta.py)."""
+resumes. Nothing is sent beyond 127.0.0.1 (tests/mta.py).
+
+The Maildir is read and parsed by the unprivileged inbox process, which relays what it found to
+the root core over the protocol; the last three tests show which process opens the mail, that
+a kill -9 of either process mid-message loses nothing and answers once, and that relays forged
+by a compromised inbox are refused by the core."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -16,6 +22,8 @@ import time
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from deltad.channels.grants import Grants
 from deltad.testing import FakeLLM
@@ -30,6 +38,7 @@ from tests.mta import (
 )
 
 from ..conftest import Delta, llm_env, wait_for, write_agent
+from .test_privsep import HOOK, _inbox_pid, _status
 
 REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]
 ALICE, BOB, MALLORY = (f"{p}@{PEOPLE_DOMAIN}" for p in ("alice", "bob", "mallory"))
@@ -301,3 +310,187 @@ def test_a_killed_inbox_loses_no_mail(
     assert sent.get("dead", 0) == 0
     assert len(_mail(mta, ALICE, request_id, "[deltad]")) == 1
     assert len(_mail(mta, BOB, request_id, "[deltad]")) == 1
+
+
+def _opened_in(directory: Path) -> dict[int, list[str]]:
+    """Every process with a file in `directory` open (by /proc/<pid>/fd)."""
+    found: dict[int, list[str]] = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            for fd in (p / "fd").iterdir():
+                if (link := os.readlink(fd)).startswith(f"{directory}/"):
+                    found.setdefault(int(p.name), []).append(link)
+        except OSError:
+            continue
+    return found
+
+
+def test_the_inbox_process_opens_the_mail_and_a_kill_9_mid_message_answers_once(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    mta = postfix
+    # No http: the inbox process is started for the mail alone (no socket, no page links).
+    daemon = _daemon(tmp_path, mta, tmp_path / "root", http=False).start(env=llm_env(fake))
+    new, cur = mta.deltad_maildir / "new", mta.deltad_maildir / "cur"
+    try:
+        d, request_id = _ask(tmp_path, fake, prompt="Ship it?", input_type="yes_no")
+        [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+        inbox = _inbox_pid(daemon)
+        seen = set(os.listdir(cur)) if cur.is_dir() else set()  # the module's MTA: earlier mail
+        # The core stopped: the inbox reads the reply, relays it and holds it open, waiting for
+        # the core's verdict. Whoever has it open then is who read it.
+        daemon.signal(signal.SIGSTOP)
+        try:
+            mta.send(_reply(str(question["Reply-To"]), ALICE, "yes"))
+            holders = wait_for(lambda: _opened_in(new), "the reply opened")
+            assert set(holders) == {inbox}, holders  # not the core (pid {daemon.proc.pid})
+            uid = int(_status(inbox)["Uid"].split()[0])
+            assert uid == pwd.getpwnam("deltad-inbox").pw_uid != 0
+            os.kill(inbox, signal.SIGKILL)  # relayed, not acknowledged, not moved
+        finally:
+            daemon.signal(signal.SIGCONT)
+        _inbox_pid(daemon, after=inbox)  # started again: it relays the same message again
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
+        wait_for(lambda: not list(new.iterdir()), "the reply moved to cur/")
+        [moved] = set(os.listdir(cur)) - seen
+        assert moved.endswith(":2,S")
+        assert len(daemon.events("email_answered", request_id=request_id)) == 1
+        assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
+        assert fake.tool_results()["q"].startswith("yes")
+        assert daemon.events("email_reply_refused") == []  # alice is not told "not taken"
+
+        # A message the inbox's user may not read (root's, 0600) stays in new/, said once;
+        # the mail after it is still read (a replay of alice's reply, refused).
+        (new / "0.root-only").write_bytes(b"From: x@y.z\n\nno\n")
+        (new / "0.root-only").chmod(0o600)
+        mta.send(_reply(str(question["Reply-To"]), ALICE, "no"))
+        daemon.wait_event("email_reply_refused", code="replayed")
+        [said] = daemon.events("email_maildir_unreadable", message="'0.root-only'")
+        assert said["error"] == "Permission denied"
+        wait_for(lambda: os.listdir(new) == ["0.root-only"], "the replay moved, not the other")
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            (new / "0.root-only").unlink()  # the module's MTA: the next test's preflight
+        daemon.stop()
+
+
+def test_a_kill_9_of_the_core_mid_message_loses_no_reply(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """The core dies while the inbox waits for its verdict: the message stays in new/, and
+    the next daemon's inbox relays it again and it answers, once."""
+    mta = postfix
+    daemon = _daemon(tmp_path, mta, tmp_path / "root", http=False).start(env=llm_env(fake))
+    new = mta.deltad_maildir / "new"
+    try:
+        d, request_id = _ask(tmp_path, fake, prompt="Roll back?", input_type="yes_no")
+        [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+        inbox = _inbox_pid(daemon)
+        daemon.signal(signal.SIGSTOP)
+        mta.send(_reply(str(question["Reply-To"]), ALICE, "yes"))
+        wait_for(lambda: inbox in _opened_in(new), "the reply relayed, waiting for the core")
+        daemon.signal(signal.SIGKILL)  # stopped, then killed: it never decided
+        assert daemon.proc is not None
+        daemon.proc.wait()
+        wait_for(lambda: not Path(f"/proc/{inbox}").exists(), "the inbox to end with its core")
+        assert len(os.listdir(new)) == 1  # kept, unanswered
+    finally:
+        daemon.stop()
+    daemon.start(env=llm_env(fake))
+    try:
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
+        wait_for(lambda: not list(new.iterdir()), "the reply moved to cur/")
+        assert len(daemon.events("email_answered", request_id=request_id)) == 1
+        assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
+        assert daemon.events("email_reply_refused") == []
+    finally:
+        daemon.stop()
+
+
+FORGE = """
+import concurrent.futures, json
+from deltad.api.handlers import ApiError
+from deltad.privsep import wire
+def relay(**over):
+    msg = {"op": "mail_reply", "message": "forged.1", "sender": ALICE, "text": "yes", **over}
+    try:
+        return remote.send(msg)
+    except ApiError as e:
+        return [e.http, e.code]
+def raw(**over):
+    # What the typed client would refuse to send, sent anyway: the core refuses it by call id.
+    doc = {"op": "mail_reply", "id": 10**9, "message": "forged.2", "sender": ALICE, **over}
+    fut = concurrent.futures.Future()
+    remote._waiting[10**9] = fut
+    frame = json.dumps(doc).encode()
+    with remote._sending:
+        remote.sock.sendall(wire.HEADER.pack(len(frame)) + frame)
+    reply = fut.result(30)
+    return [reply.error.http, reply.error.code]
+"""
+
+
+def test_mail_relayed_by_a_compromised_inbox_is_checked_by_the_core(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """The inbox is taken over (the tests-only hook runs Python in it): whatever it relays as
+    mail, the core checks the reply address with its own key, the sender against it, the
+    answer against its question; nothing is answered until alice's real reply arrives."""
+    mta = postfix
+    daemon = _daemon(tmp_path, mta, tmp_path / "root").start(env={**llm_env(fake), **HOOK})
+    try:
+        d, request_id = _ask(tmp_path, fake, prompt="Deploy now?", input_type="yes_no")
+        [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+        reply_to = str(question["Reply-To"])
+        tok = reply_to.partition("+")[2].partition("@")[0]
+        url = daemon.wait_event("http_listening")[0]["url"]
+        code = (
+            FORGE
+            + f"""
+ALICE, tok = {ALICE!r}, {tok!r}
+result = {{
+    "forged": relay(token="0" * 36),
+    "tampered": relay(token=tok[:-1] + ("0" if tok[-1] != "0" else "1")),
+    "none": relay(token=None),
+    "wrong_sender": relay(token=tok, sender={MALLORY!r}),
+    "misfit": relay(token=tok, text="maybe"),
+    "automatic": relay(token=tok, automatic=True),
+    "a_path": raw(token=tok, message="../../inbox/tokens.json", text="yes"),
+    "too_long": raw(token=tok, text="y" * (16 * 1024 + 1)),
+    "who_answered": raw(token=tok, text="yes", answered_by="root"),
+}}
+"""
+        )
+        with httpx.Client(base_url=url, timeout=60) as http:
+            r = http.post("/__test__/exec", json={"code": code})
+        assert r.status_code == 200 and "error" not in r.json(), r.text
+        got = r.json()["result"]
+        refused = {"result": "refused"}
+        assert got == {
+            "forged": {**refused, "code": "unknown_address"},
+            "tampered": {**refused, "code": "unknown_address"},
+            "none": {**refused, "code": "no_reply_address"},
+            "wrong_sender": {**refused, "code": "not_allowed"},
+            "misfit": {**refused, "code": "misfit"},
+            "automatic": {**refused, "code": "auto_reply"},
+            "a_path": [400, "protocol"],
+            "too_long": [400, "protocol"],
+            "who_answered": [400, "protocol"],
+        }
+        box = d.delta_dir / "interaction"
+        assert not (box / "response.json").exists() and not (box / "response.txt").exists()
+        assert metadata_status(d.ws) == "WAITING_FOR_INPUT"
+        # alice's own reply still answers: nothing forged claimed her reply address.
+        mta.send(_reply(reply_to, ALICE, "yes"))
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
+        assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
+    finally:
+        daemon.stop()

@@ -18,8 +18,14 @@ from deltad.api import links, paging
 from deltad.api.config import HttpConfig
 from deltad.api.handlers import Context
 from deltad.api.tokens import TokenStore
+from deltad.channels import mail
+from deltad.channels.base import Context as ChannelContext
+from deltad.channels.config import EmailConfig
+from deltad.channels.email import EmailChannel
+from deltad.inbox import quorum
 from deltad.inbox.feed import Feed, View
 from deltad.privsep import core, wire
+from deltad.protocol import Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
 from tests.fuzz import fuzz_settings
 
@@ -55,6 +61,7 @@ OPS = {
     "link_answer": wire.LinkAnswer,
     "answer_many": wire.AnswerMany,
     "delegate": wire.Delegate,
+    "mail_reply": wire.MailReply,
 }
 
 
@@ -99,6 +106,11 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "sort": st.sampled_from(["newest", "oldest", "deadline", "bogus", ""]) | text,
     "older_than": st.none() | st.sampled_from(["1h", "0s", "999999d", "1" * 65]) | text,
     "due_within": st.none() | st.sampled_from(["10m", "-1m", "1h30m", "1s" * 40]) | text,
+    "message": st.sampled_from(["1.m1", "../x", "", ".hidden", "a/b", "a" * 256]) | text,
+    "sender": st.sampled_from(["alice@example.org", "mallory@example.org", ""]) | text,
+    "text": st.none() | st.sampled_from(["b", "Blue", "yes", "x" * (wire.TEXT_MAX + 1)]) | text,
+    "problem": st.none() | st.sampled_from(["unreadable", "unparsable", "bogus"]) | text,
+    "automatic": st.booleans() | json_values,
 }
 
 
@@ -297,3 +309,112 @@ def test_channel_counts_from_the_inbox_never_shrink_a_counter_or_raise(
             assert {c for c, _ in after} <= {"email"}
     finally:
         box.close()
+
+
+# -- mail the inbox relays (deltad/channels/maildir.py), decided by the email channel ----------
+MAIL_WS = _tmp / "root" / "mailed"
+MAIL_WS.mkdir(parents=True)
+# Only bob may answer; the reply address below is alice's: every relay is refused, however deep
+# its checks go (a real grant, a configured person, the question read from the workspace).
+paused_workspace(MAIL_WS, "Ship it?", input_type="yes_no", respondents=["bob"])
+_asked = Mailbox(Workspace.at(MAIL_WS)).read_request()
+assert _asked is not None
+MAIL_RID = _asked.request_id
+EMAIL = EmailChannel(
+    EmailConfig.model_validate(
+        {
+            "from_address": "deltad@d.example",
+            "reply_domain": "d.example",
+            "maildir": str(_tmp / "Maildir"),
+            "smtp": {"host": "127.0.0.1", "port": 9, "security": "none"},
+            "people": {"alice@example.org": "alice", "bob@example.org": "bob"},
+        }
+    ),
+    ChannelContext(_tmp / "email", quorum.answer_or_vote),  # its courier never started
+)
+MAIL_GRANT, MAIL_TOKEN = EMAIL.grants.issue(MAIL_RID, MAIL_WS, "alice@example.org", 2e9)
+TAMPERED = MAIL_TOKEN[:-1] + ("1" if MAIL_TOKEN[-1] == "0" else "0")  # its MAC, one digit off
+FIELDS["token"] = FIELDS["token"] | st.sampled_from(
+    [MAIL_TOKEN, MAIL_TOKEN.upper(), TAMPERED, "0" * 36, None]
+)
+
+
+def _mail_tree() -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(MAIL_WS.rglob("*")) if p.is_file()}
+
+
+MAIL_BEFORE = _mail_tree()
+
+
+@st.composite
+def relays(draw: st.DrawFn) -> dict[str, Any]:
+    doc: dict[str, Any] = {"op": "mail_reply", "id": draw(st.integers(-1, 2**53))}
+    for name in wire.MailReply.model_fields:
+        if name not in ("op", "id") and draw(st.integers(0, 9)) > 0:
+            doc[name] = draw(FIELDS[name])
+    if draw(st.integers(0, 19)) == 0:
+        doc[draw(text)] = draw(json_values)
+    return doc
+
+
+@FUZZ
+@given(relays().map(_encoded))
+@example(_encoded({"op": "mail_reply", "id": 1, "message": "1", "token": MAIL_TOKEN,
+                   "sender": "alice@example.org", "text": "yes"}))  # fmt: skip
+@example(_encoded({"op": "mail_reply", "id": 2, "message": "1", "token": MAIL_TOKEN,
+                   "sender": "ALICE@example.org", "text": "yes", "automatic": False}))  # fmt: skip
+@example(_encoded({"op": "mail_reply", "id": 3, "message": "1", "token": MAIL_TOKEN,
+                   "sender": "mallory@example.org", "text": "yes"}))  # fmt: skip
+@example(_encoded({"op": "mail_reply", "id": 4, "message": "1", "problem": "unparsable"}))
+def test_any_relayed_mail_is_refused_or_decided_and_answers_nothing(raw: bytes) -> None:
+    """Whatever a hostile inbox relays as mail, the core refuses the frame or the channel
+    decides on it (never a 500, never an exception), and no answer is written."""
+    call = core.decode(raw)
+    if isinstance(call, str):
+        assert call
+    else:
+        assert isinstance(call, wire.MailReply)
+        reply = wire.FROM_CORE.validate_json(core.reply_mail(EMAIL.receive, call)[4:])
+        assert isinstance(reply, wire.Reply) and reply.id == call.id
+        assert reply.error is None and reply.result is not None, reply
+        assert reply.result["result"] == "refused", reply.result
+        assert EMAIL.grants.claimed_by(MAIL_GRANT) is None  # nothing claimed its address
+    assert _mail_tree() == MAIL_BEFORE
+
+
+def test_a_relayed_mail_is_bounded_and_rechecked_by_the_core() -> None:
+    ask = {"op": "mail_reply", "id": 8, "message": "1.m1", "sender": "alice@example.org"}
+    for bad in (
+        {"message": "../tokens.json"},  # a name, never a path
+        {"message": ".hidden"},
+        {"message": "a" * 256},
+        {"text": "x" * (wire.TEXT_MAX + 1)},
+        {"sender": "a" * (wire.SENDER_MAX + 1)},
+        {"token": "0" * 65},
+        {"problem": "bogus"},
+        {"answered_by": "root"},  # a field too many: who answered is the core's to say
+    ):
+        assert isinstance(core.decode(_encoded({**ask, **bad})), str), bad
+
+    def verdict(**over: Any) -> str:
+        call = core.decode(_encoded({**ask, "token": MAIL_TOKEN, "text": "yes", **over}))
+        assert isinstance(call, wire.MailReply)
+        reply = wire.FROM_CORE.validate_json(core.reply_mail(EMAIL.receive, call)[4:])
+        assert isinstance(reply, wire.Reply) and reply.result is not None
+        return str(reply.result.get("code"))
+
+    assert verdict(token="0" * 36) == "unknown_address"  # forged: not signed with our key
+    assert verdict(token=TAMPERED) == "unknown_address"
+    assert verdict(token=None) == "no_reply_address"
+    assert verdict(sender="mallory@example.org") == "not_allowed"  # not whom it was given to
+    assert verdict() == "not_a_respondent"  # alice's address, bob's question
+    assert verdict(automatic=True) == "auto_reply"
+    assert verdict(problem="unparsable") == "unreadable"
+    # Before the channel is started, the core says so and the inbox keeps the message.
+    call = core.decode(_encoded({**ask, "token": MAIL_TOKEN}))
+    assert isinstance(call, wire.MailReply)
+    reply = wire.FROM_CORE.validate_json(core.reply_mail(None, call)[4:])
+    assert isinstance(reply, wire.Reply) and reply.error is not None
+    assert (reply.error.http, reply.error.code) == (503, "not_ready")
+    assert _mail_tree() == MAIL_BEFORE
+    assert mail.SENDER_MAX == wire.SENDER_MAX

@@ -1,12 +1,15 @@
 """The email channel in-process: reply addresses, reading a reply, the Maildir pass and the
 answering path, with a real workspace on disk and no network (nothing is sent: the courier's
-thread is never started, so what would go out is read from its outbox)."""
+thread is never started, so what would go out is read from its outbox). The Maildir is read by
+the inbox process's reader (deltad/channels/maildir.py), each message relayed to the channel
+through the protocol's own model and the core's `reply_mail`, as over the socket."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from dataclasses import asdict
 from email import policy
 from email.message import EmailMessage
 from email.parser import BytesParser
@@ -20,8 +23,10 @@ from deltad.channels.base import Closed, Context, Question
 from deltad.channels.config import EmailConfig
 from deltad.channels.email import EmailChannel
 from deltad.channels.grants import AddressExpired, Grants, Unknown, check
+from deltad.channels.maildir import MaildirReader
 from deltad.daemon.config import ConfigError, load_config
 from deltad.inbox import quorum
+from deltad.privsep import core, wire
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace, followup, utcnow
 from deltad.protocol.printable import show_path
 from deltad.protocol.replies import AnswerRejected, Decision
@@ -181,6 +186,23 @@ def _deliver(
     (ch.config.maildir / "new" / name).write_bytes(msg.as_bytes())
 
 
+def _take(ch: EmailChannel) -> int:
+    """One pass of the inbox's reader; each message relayed as the core takes it."""
+
+    def relay(got: mail.Received) -> bool:
+        call = wire.MailReply(op="mail_reply", id=1, **asdict(got))
+        frame = core.reply_mail(ch.receive, call)[wire.HEADER.size :]
+        reply = wire.FROM_CORE.validate_json(frame)
+        assert isinstance(reply, wire.Reply)
+        return reply.error is None or reply.error.http != 503
+
+    c = ch.config
+    reader = MaildirReader(
+        c.maildir, c.reply_local, c.reply_domain, relay, c.max_message_bytes, c.max_per_pass
+    )
+    return reader.take()
+
+
 def _refusals(ch: EmailChannel) -> list[str]:
     return [m.get_content().strip() for _, kind, m in _outgoing(ch) if kind == "notice"]
 
@@ -193,7 +215,7 @@ def test_a_reply_answers_through_the_answering_path(tmp_path: Path) -> None:
     assert "https://inbox/#request=" in question.get_content()
     reply_to = str(question["Reply-To"])
     _deliver(ch, "1.m1", reply_to, ALICE, "yes\n\n> Deploy?\n")
-    assert ch.take() == 1
+    assert _take(ch) == 1
     doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
     assert doc == {
         "request_id": request_id,
@@ -205,12 +227,21 @@ def test_a_reply_answers_through_the_answering_path(tmp_path: Path) -> None:
     assert os.listdir(ch.config.maildir / "cur") == ["1.m1:2,S"]
     assert _refusals(ch) == []
 
-    # A crash before the move: the same message read again answers nothing and says nothing.
+    # A crash before the move: the same message read again answers nothing and says nothing,
+    # whether the answer still waits or its run went on meanwhile (the question is gone).
     os.rename(ch.config.maildir / "cur" / "1.m1:2,S", ch.config.maildir / "new" / "1.m1")
-    assert ch.take() == 1 and _refusals(ch) == []
+    assert _take(ch) == 1 and _refusals(ch) == []
+    box = ws / ".delta" / "interaction"
+    kept = {p.name: p.read_bytes() for p in box.iterdir() if p.is_file()}
+    for name in ("request.json", "response.json"):
+        (box / name).unlink()  # consumed by the resumed run
+    os.rename(ch.config.maildir / "cur" / "1.m1:2,S", ch.config.maildir / "new" / "1.m1")
+    assert _take(ch) == 1 and _refusals(ch) == []
+    for name, data in kept.items():
+        (box / name).write_bytes(data)
     # Another message through the same address: a replay, refused to alice.
     _deliver(ch, "2.m2", reply_to, ALICE, "no")
-    ch.take()
+    _take(ch)
     assert _refusals(ch) == ["Not taken: this reply address was already used; nothing changed"]
     assert (
         json.loads((ws / ".delta" / "interaction" / "response.json").read_text())["answer"] == "yes"
@@ -226,7 +257,7 @@ def test_refused_replies_change_nothing(tmp_path: Path) -> None:
     _deliver(ch, "3", "reply+" + "0" * 36 + "@d.example", ALICE, "yes")  # never given out
     _deliver(ch, "4", "someone@d.example", ALICE, "yes")  # no reply address at all
     _deliver(ch, "5", reply_to, ALICE, "I am out of office", auto=True)  # never answered
-    assert ch.take() == 5
+    assert _take(ch) == 5
     box = ws / ".delta" / "interaction"
     assert not (box / "response.json").exists() and not (box / "response.txt").exists()
     refusals = _refusals(ch)
@@ -235,7 +266,7 @@ def test_refused_replies_change_nothing(tmp_path: Path) -> None:
     assert "perhaps" in refusals[1] and "reply again" in refusals[1]
     assert all(to == ALICE for to, kind, _ in _outgoing(ch) if kind == "notice")
     _deliver(ch, "6", reply_to, ALICE, "no")
-    ch.take()
+    _take(ch)
     assert json.loads((box / "response.json").read_text())["answer"] == "no"
 
 
@@ -246,7 +277,7 @@ def test_a_respondent_removed_from_the_config_is_refused(tmp_path: Path) -> None
     assert to == BOB
     ch.config.people.pop(BOB)
     _deliver(ch, "1", str(question["Reply-To"]), BOB, "yes")
-    ch.take()
+    _take(ch)
     assert f"{BOB} is not configured" in _refusals(ch)[0]
     assert not (ws / ".delta" / "interaction" / "response.json").exists()
 
@@ -275,7 +306,7 @@ def test_a_question_with_odd_text_is_still_mailed(tmp_path: Path) -> None:
         assert f"Workspace: {show_path(ws)}\r\n" in msg.get_content()
     [reply_to] = {str(m["Reply-To"]) for to, _, m in _outgoing(ch) if to == ALICE}
     _deliver(ch, "1", reply_to, ALICE, "fine, thanks")
-    ch.take()
+    _take(ch)
     doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
     assert doc["answer"] == "fine, thanks" and _refusals(ch) == []
 
@@ -288,10 +319,10 @@ def test_the_maildir_is_read_with_care(tmp_path: Path) -> None:
     (new / "2.big").write_bytes(b"x" * 2048)
     os.mkfifo(new / "3.fifo")
     (new / "4.later").write_bytes(b"From: a@b.c\n\nhi\n")
-    assert ch.take() == 3  # bounded
+    assert _take(ch) == 3  # bounded
     assert sorted(os.listdir(new)) == ["4.later"]
     assert (tmp_path / "target").read_text() == "x"  # never followed
-    assert ch.take() == 1 and os.listdir(new) == []
+    assert _take(ch) == 1 and os.listdir(new) == []
     assert sorted(os.listdir(ch.config.maildir / "cur")) == [
         "1.link:2,S",
         "2.big:2,S",
@@ -359,20 +390,20 @@ def test_a_message_that_trips_a_bug_is_set_aside_not_read_forever(
 ) -> None:
     ch = _channel(tmp_path)
 
-    def bug(reply: mail.Reply, name: str) -> None:
+    def bug(got: mail.Received) -> str:
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(ch, "_answer", bug)
     _deliver(ch, "1", "reply+x@d.example", ALICE, "yes")
-    assert ch.take() == 1
+    assert _take(ch) == 1
     assert os.listdir(ch.config.maildir / "cur") == ["1:2,S"]
-    assert ch.take() == 0
+    assert _take(ch) == 0
 
 
 def test_a_mail_the_parser_gives_up_on_is_refused_as_unreadable(tmp_path: Path) -> None:
     ch = _channel(tmp_path)
     (ch.config.maildir / "new" / "1").write_bytes(b"To: .:\r\nFrom: .:\r\n\r\nyes\r\n")
-    assert ch.take() == 1
+    assert _take(ch) == 1
     assert os.listdir(ch.config.maildir / "cur") == ["1:2,S"] and _refusals(ch) == []
 
 
@@ -396,6 +427,44 @@ def test_a_reminder_mails_again_and_an_escalation_mails_whom_it_adds_who_may_ans
     [(to, _, escalated)] = [x for x in _outgoing(ch) if "Escalated" in str(x[2]["Subject"])]
     assert to == BOB
     _deliver(ch, "1.m1", str(escalated["Reply-To"]), BOB, "yes")
-    assert ch.take() == 1 and _refusals(ch) == []
+    assert _take(ch) == 1 and _refusals(ch) == []
     doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
     assert (doc["answer"], doc["answered_by"]) == ("yes", BOB)
+
+
+# -- the inbox's side: what it reads and relays (deltad/channels/maildir.py) ----------------------
+def test_only_what_the_core_needs_is_relayed() -> None:
+    address = mail.reply_address("reply", "d.example")
+    tok = "ab" * 18
+    msg = EmailMessage()
+    msg["From"], msg["To"] = f"Alice <{ALICE.upper()}>", "team@d.example"
+    msg["Delivered-To"] = f"reply+{tok}@d.example"
+    msg["Auto-Submitted"] = "auto-replied"
+    msg.set_content("yes\n\n> quoted\n")
+    got = mail.received("1.m1", msg.as_bytes(), address)
+    assert got == mail.Received("1.m1", tok, ALICE, True, "yes")
+    assert mail.received("2", None, address).problem == "unreadable"
+    assert mail.received("3", b"To: .:\r\nFrom: .:\r\n\r\nyes\r\n", address).problem == "unparsable"
+    del msg["From"]
+    msg["From"] = "x" * 400 + "@example.org"  # no address of anyone's: relayed as none
+    assert mail.received("4", msg.as_bytes(), address).sender == ""
+
+
+def test_mail_the_core_cannot_take_yet_stays_in_new(tmp_path: Path) -> None:
+    ch = _channel(tmp_path)
+    new, cur = ch.config.maildir / "new", ch.config.maildir / "cur"
+    _deliver(ch, "1", "reply+x@d.example", ALICE, "yes")
+    _deliver(ch, "2", "reply+x@d.example", ALICE, "no")
+    asked: list[str] = []
+
+    def not_now(got: mail.Received) -> bool:
+        asked.append(got.message)
+        return False  # the core is starting (503): nothing moves, the pass ends
+
+    reader = MaildirReader(ch.config.maildir, "reply", "d.example", not_now, 1 << 20)
+    assert reader.take() == 0 and asked == ["1"]
+    assert sorted(os.listdir(new)) == ["1", "2"] and os.listdir(cur) == []
+    # A name the protocol cannot carry is set aside unread; the rest goes on.
+    (new / "0\nname").write_bytes(b"From: a@b.c\n\nhi\n")
+    assert _take(ch) == 3
+    assert sorted(os.listdir(cur)) == ["0\nname:2,S", "1:2,S", "2:2,S"]

@@ -148,3 +148,22 @@ def test_the_inbox_units_webhook_drop_in_keeps_it_at_most_2_5(tmp_path: Path) ->
     assert _settings((REPO / "systemd" / "deltad-inbox.service").read_text())["IPAddressDeny"] == [
         "any"
     ]
+
+
+def test_the_inbox_units_email_drop_in_keeps_it_at_most_2_5(tmp_path: Path) -> None:
+    """The inbox reads the email channel's Maildir: the documented drop-in makes that one
+    path visible and writable to it, nothing else (the unit still scores ≤ 2.5)."""
+    drop_in = REPO / "systemd" / "deltad-inbox.service.d" / "email.conf.example"
+    unit = tmp_path / "deltad-inbox.service"
+    shutil.copy(REPO / "systemd" / "deltad-inbox.service", unit)
+    (tmp_path / "deltad-inbox.service.d").mkdir()
+    shutil.copy(drop_in, tmp_path / "deltad-inbox.service.d" / "email.conf")
+    out = subprocess.run(
+        [_analyze(), "security", "--offline=yes", "--threshold=25", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    score = re.search(r"Overall exposure level for deltad-inbox\.service: ([0-9.]+)", out.stdout)
+    assert score and out.returncode == 0, out.stdout + out.stderr
+    assert _settings(drop_in.read_text()) == {"ReadWritePaths": ["/var/spool/deltad-mail/Maildir"]}
