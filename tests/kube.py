@@ -474,7 +474,8 @@ class Kubelet:
     def _turn(self) -> None:
         jobs = {j.metadata.name: j for j in self.emu.batch.list_namespaced_job(self.ns).items}
         for name, job in jobs.items():
-            if name not in self.pods and not (job.status and job.status.conditions):
+            parked = job.spec is not None and job.spec.suspend  # no pod while suspended
+            if name not in self.pods and not (job.status and job.status.conditions) and not parked:
                 self._start(job)
         for name, pod in list(self.pods.items()):
             if pod.ended is not None:

@@ -28,7 +28,7 @@ import math
 import os
 import re
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -65,7 +65,7 @@ MAX_INTERVAL = 30.0
 # What this executor calls on the API server, by resource: the Role in deploy/kubernetes grants
 # exactly this (a test holds the two together, another that the executor calls nothing else).
 RBAC_NEEDS: Mapping[str, frozenset[str]] = {
-    "batch/jobs": frozenset({"create", "get", "list", "watch", "delete"}),
+    "batch/jobs": frozenset({"create", "get", "list", "watch", "delete", "patch"}),
     "/pods": frozenset({"list"}),
     "/pods/log": frozenset({"get"}),
     "/secrets": frozenset({"create", "patch", "delete"}),
@@ -377,6 +377,9 @@ def job_manifest(
         ),
         spec=k8s.V1JobSpec(
             backoff_limit=0,  # deltad decides whether a resume is tried again
+            # Parked: no pod until the daemon lets it go (`engine_release`) after asking the HA
+            # fence once more (remote.py's two-step submit).
+            suspend=True,
             active_deadline_seconds=math.ceil(spec.timeout + options.deadline_margin),
             ttl_seconds_after_finished=options.ttl_after_finished,
             template=k8s.V1PodTemplateSpec(metadata=k8s.V1ObjectMeta(labels=labels), spec=pod),
@@ -424,6 +427,12 @@ def job_exit(view: JobView) -> tuple[int | None, bool, str] | None:
     return None, timed_out, view.reason or ("job gone" if view.gone else "no exit code")
 
 
+def job_parked(job: Any | None) -> bool:
+    """A Job the daemon made parked (`spec.suspend`) and has not let go yet."""
+    spec = getattr(job, "spec", None)
+    return bool(spec is not None and spec.suspend)
+
+
 def job_started(view: JobView) -> float | None:
     """When the resume began running (its timeout counts from here), once it has."""
     if view.started_at is not None and (view.running or view.ended or view.terminated):
@@ -469,6 +478,7 @@ class KubernetesExecutor(RemoteExecutor):
     """The `JobExecutor` for Kubernetes: the hooks of `RemoteExecutor`, run from its worker."""
 
     name = NAME
+    parks = True  # made with spec.suspend, then let go by a patch (remote.py's two-step submit)
 
     def __init__(self, options: KubeOptions, api: Any, secret: bytes) -> None:
         from kubernetes import client as k8s
@@ -570,7 +580,7 @@ class KubernetesExecutor(RemoteExecutor):
         start = job_started(view)
         if ended is None:
             state = JobState.RUNNING if start is not None else JobState.QUEUED
-            return Seen(key, ref, state, start)
+            return Seen(key, ref, state, start, parked=job_parked(job))
         rc, timed_out, detail = ended
         return Seen(key, ref, JobState.ENDED, start, rc, timed_out, detail)
 
@@ -635,6 +645,26 @@ class KubernetesExecutor(RemoteExecutor):
             )
         except Exception as e:  # deleted with the Job by engine_ended meanwhile
             log.warning("kubernetes_secret_not_owned", job=name, error=_error_words(e))
+
+    def engine_release(self, job: RemoteJob, fence: Callable[[], bool] | None) -> None:
+        """Let a parked Job run (`spec.suspend: false`), the fence asked right before the call
+        (a daemon frozen after it sends the patch on waking, but its Job was then made before
+        the freeze: the new active found it parked and let it go itself; the patch changes
+        nothing)."""
+        name = job.handle.key.name
+        if fence is not None and not fence():
+            raise SubmitError(f"kubernetes: job {name}: fenced before its release")
+        try:
+            patched = self._batch.patch_namespaced_job(
+                name,
+                self.options.namespace,
+                {"spec": {"suspend": False}},
+                _request_timeout=self._timeout,
+            )
+        except self._k8s.ApiException as e:
+            raise SubmitError(self._refusal(name, e)) from e
+        self._watch.updated(patched)  # no second release before the watch's own event
+        log.info("kubernetes_job_released", job=name)
 
     def engine_cancel(self, job: RemoteJob, force: bool) -> None:
         """Delete the Job: its pods get TERM and `cancel_grace` (KILL at once when forced)."""

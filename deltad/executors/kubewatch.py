@@ -162,6 +162,12 @@ class JobWatch:
             self._jobs.setdefault(name, job)
             self._made[name] = self._clock()
 
+    def updated(self, job: Any) -> None:
+        """A Job the worker just changed (let go): its new version in the table at once."""
+        with self._lock:
+            if job.metadata.name in self._jobs:
+                self._jobs[job.metadata.name] = job
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
@@ -187,9 +193,12 @@ class JobWatch:
             step, failures = next_step(outcome, failures, relist_due)
             if outcome is not Outcome.LIST_FAILED:  # (a list tried again keeps its reason)
                 reason = "gone" if outcome is Outcome.GONE else "safety_net"
-            if outcome in (Outcome.ENDED, Outcome.BROKEN, Outcome.GONE) and not failed:
+            if outcome in (Outcome.ENDED, Outcome.BROKEN, Outcome.GONE):
+                # A watch ended and another follows, however it ended: a broken one too (the
+                # server away cuts the stream by a reset or by a clean end, as it happens).
                 with self._lock:
                     self._counts["watch_restarts"] += 1
+            if outcome in (Outcome.ENDED, Outcome.BROKEN, Outcome.GONE) and not failed:
                 log.info(
                     "kubernetes_watch_restarted",
                     reason=outcome.value,

@@ -10,6 +10,7 @@ firing, the pod's uid and mounts) is in test_kube_cluster.py, opt-in."""
 from __future__ import annotations
 
 import base64
+import json
 import re
 import select
 import time
@@ -533,3 +534,33 @@ def test_an_ended_job_whose_pods_cannot_be_listed_is_read_later(emu: Emulator, s
     assert [e for e in events if isinstance(e, Exit)] == [
         Exit(handle, 0, False, "CompletionsReached, Completed")
     ]
+
+
+def test_a_job_is_made_suspended_and_let_go_only_by_the_active(emu: Emulator, state: Path) -> None:
+    """HA's two-step submit: every Job is made suspended and let go by a patch after the fence;
+    a stale daemon (its lease lost while its create was in flight) leaves its Job suspended,
+    and the active deletes that Job, which no resume of its own tracks."""
+    active = executor(emu, state)
+    adopt(active)
+    handle = active.submit(spec("/srv/ws/alice/a"))
+    submitted(active, handle)
+    wait(lambda: not emu.jobs()[0].spec.suspend, "the Job let go")
+    [made] = [json.loads(r.body) for r in list(emu.handler) if r.method.name == "POST"]
+    assert made["spec"]["suspend"] is True  # made suspended: no pod before the release
+    patches = [
+        r
+        for r in list(emu.handler)
+        if r.method.name == "PATCH" and r.url.path.endswith(f"/jobs/{handle.key.name}")
+    ]
+    assert [json.loads(r.body) for r in patches] == [{"spec": {"suspend": False}}]
+    with capture_logs() as logs:
+        stale = executor(emu, state)
+        stale.fence = lambda: False  # the lease lost while its create was in flight
+        late = stale.submit(spec("/srv/ws/alice/b"))
+        events = until(stale, has(Refused, late), "the refusal")
+        wait(lambda: late.key.name not in {j.metadata.name for j in emu.jobs()}, "deleted")
+    [refused] = [e for e in events if isinstance(e, Refused)]
+    assert "fenced" in refused.reason
+    said = [e["workspace"] for e in logs if e["event"] == "executor_orphan_cancelled"]
+    assert said == ["/srv/ws/alice/b"]
+    assert [j.metadata.name for j in emu.jobs()] == [handle.key.name]
