@@ -49,6 +49,9 @@ class Session(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         sock: socket.socket = self.request
+        # A reply of several lines is several small writes: with Nagle's algorithm each one
+        # after the first waits for the client's delayed ACK (40 ms on Linux)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         f = sock.makefile("rwb")
         seen: dict[str, Any] = {"tls": False, "login": None}
 
