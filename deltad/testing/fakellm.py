@@ -55,7 +55,7 @@ class FakeLLM:
         self._lock = threading.Lock()
         self._server = self._listen(port)
         self._port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = self._serving()
 
     # -- scripting ---------------------------------------------------------------------
     def _push(self, item: Scripted) -> FakeLLM:
@@ -120,7 +120,7 @@ class FakeLLM:
 
     def up(self) -> None:
         self._server = self._listen(self._port)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = self._serving()
         self._thread.start()
 
     @property
@@ -145,6 +145,13 @@ class FakeLLM:
         server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         server.daemon_threads = True
         return server
+
+    def _serving(self) -> threading.Thread:
+        # stop() and down() wait for serve_forever's next poll: 0.5 s by default, paid by
+        # every test that uses the fake (its teardown)
+        return threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
 
     def start(self) -> FakeLLM:
         self._thread.start()

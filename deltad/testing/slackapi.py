@@ -90,7 +90,7 @@ class SlackApi:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/"
         threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
         ).start()
 
     # -- the script ----------------------------------------------------------------------------

@@ -73,7 +73,10 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # close() waits for serve_forever's next poll: 0.5 s by default, each test's wall time
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        ).start()
 
     def _answer(self, headers: dict[str, str], body: bytes, uid: int | None = None) -> int:
         with self._lock:

@@ -11,7 +11,7 @@
   tests run (package scope), not in the other layers of the same session.
 
 The unit layer stays seconds because what makes it slow is visible here and in
-bench/unit_layer.py (which times it; its output is committed).
+bench/unit_layer_bench.py (which times it; its output is committed).
 """
 
 from __future__ import annotations

@@ -118,6 +118,7 @@ class Run:
         ctx = running_run(tmp, self.agent, model, graph.goal or "the goal", pipeline="t.dot")
         self.ws, self.paths, self.meta, self.journal = ctx.ws, ctx.paths, ctx.meta, ctx.journal
         self.loaded = []
+        self.slept: list[float] = []
 
     def drive(self, interviewer: Interviewer) -> RunOutcome:
         ctx = RunContext(
@@ -130,7 +131,9 @@ class Run:
             InterruptGuard(),
             print,
         )
-        return PipelineEngine(ctx, interviewer, self.graph, self._agents).drive()
+        engine = PipelineEngine(ctx, interviewer, self.graph, self._agents)
+        engine.sleep = self.slept.append  # a retry's backoff is recorded, not waited out
+        return engine.drive()
 
     def _agents(self, home: Path) -> Any:
         self.loaded.append(home)

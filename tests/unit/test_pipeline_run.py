@@ -184,6 +184,7 @@ def test_timeout_without_default_retries_within_max_retries_then_fails(tmp_path:
     out = run.drive(_timeout())
     assert out.status == RunStatus.FAILED
     assert run.path() == ["start", "gate", "gate"]  # asked again once, then FAIL
+    assert len(run.slept) == 1 and run.slept[0] > 0  # after one backoff
     assert [p["status"] for p in run.events("NODE_OUTCOME")][1:] == ["retry", "fail"]
     assert "timeout, no default" in out.message and "gave up after 2 attempt(s)" in out.message
     assert len(run.asked()) == 2

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
+import weakref
 
 import pytest
 
@@ -38,3 +40,15 @@ def test_fsync_is_a_checked_no_op_here(tmp_path: os.PathLike[str]) -> None:
     os.close(fd)
     with pytest.raises(OSError):
         os.fsync(fd)  # a closed descriptor still fails as the real one would
+
+
+def test_the_garbage_collector_runs_during_the_tests_and_frees_cycles() -> None:
+    # tests/conftest.py turns it off while the test modules are imported, and on again after
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    assert gc.isenabled()
+    gone = weakref.ref(Cycle())
+    gc.collect()
+    assert gone() is None

@@ -1,4 +1,4 @@
-"""The fuzz tests draw the same cases in CI and fresh ones only when asked (tests/conftest.py)."""
+"""The fuzz tests draw the same cases in CI and fresh ones only when asked (tests/fuzz/)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOW = (
-    "import tests.conftest; from hypothesis import settings; from tests.fuzz import fuzz_settings; "
+    "from tests.fuzz import fuzz_settings; from hypothesis import settings; "
     "print(settings.default.derandomize, settings.default.database, fuzz_settings(10).max_examples)"
 )
 
