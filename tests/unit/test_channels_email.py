@@ -433,7 +433,7 @@ def test_a_reminder_mails_again_and_an_escalation_mails_whom_it_adds_who_may_ans
 
 
 # -- the inbox's side: what it reads and relays (deltad/channels/maildir.py) ----------------------
-def test_only_what_the_core_needs_is_relayed() -> None:
+def test_only_what_the_core_needs_is_relayed(monkeypatch: pytest.MonkeyPatch) -> None:
     address = mail.reply_address("reply", "d.example")
     tok = "ab" * 18
     msg = EmailMessage()
@@ -444,7 +444,11 @@ def test_only_what_the_core_needs_is_relayed() -> None:
     got = mail.received("1.m1", msg.as_bytes(), address)
     assert got == mail.Received("1.m1", tok, ALICE, True, "yes")
     assert mail.received("2", None, address).problem == "unreadable"
-    assert mail.received("3", b"To: .:\r\nFrom: .:\r\n\r\nyes\r\n", address).problem == "unparsable"
+    # The standard library's parser giving up (which input makes it raise differs between
+    # Python versions: 3.11's raises on an empty group "To: .:", 3.13's parses it).
+    with monkeypatch.context() as m:
+        m.setattr(mail, "_parse", lambda data: 1 / 0)
+        assert mail.received("3", b"To: .:\r\n\r\nyes\r\n", address).problem == "unparsable"
     del msg["From"]
     msg["From"] = "x" * 400 + "@example.org"  # no address of anyone's: relayed as none
     assert mail.received("4", msg.as_bytes(), address).sender == ""
