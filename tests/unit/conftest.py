@@ -5,6 +5,9 @@
   ~7,000 fsyncs: 4 ms each on a busy shared disk, which made its wall time the disk's, not the
   code's. The descriptor is still checked (a closed one raises as `fsync` would); a test that
   patches `os.fsync` (a failing disk) still sees its own. The e2e layer keeps the real one.
+- `tmp_path` is made in O(1) (`tempfile.mkdtemp` in one directory per session): pytest's own
+  lists every earlier test's directory to number the next one, so a session of ~1,000 of them
+  spent its time reading ever larger directories (quadratic).
 - No test here starts a process or reaches beyond loopback unless it says so: a test that
   spawns (`subprocess`, `os.fork`, `os.posix_spawn`) must carry `@pytest.mark.spawns`, and a
   socket may connect or bind to loopback or a Unix path only. Both hold while tests/unit's
@@ -20,7 +23,9 @@ import ipaddress
 import os
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,3 +157,14 @@ def _no_unmarked_spawn(request: pytest.FixtureRequest) -> Iterator[None]:
                 f" of ms; the slow ones go to tests/unit_slow): {spawned[:3]}",
                 pytrace=False,
             )
+
+
+@pytest.fixture(scope="session")
+def _unit_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("unit", numbered=False)
+
+
+@pytest.fixture
+def tmp_path(_unit_tmp: Path) -> Path:
+    """A fresh 0700 directory of the test's own, as pytest's, without numbering it."""
+    return Path(tempfile.mkdtemp(prefix="t", dir=_unit_tmp))
