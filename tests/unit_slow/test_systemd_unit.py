@@ -127,14 +127,12 @@ def test_the_shipped_config_uses_the_units_state_directory() -> None:
     assert Path(config["state_dir"]) == Path("/var/lib") / state
 
 
-def test_the_inbox_units_webhook_drop_in_keeps_it_at_most_2_5(tmp_path: Path) -> None:
-    """The inbox makes the webhook deliveries: its unit denies every address, and the
-    documented drop-in opens only the receivers' (the unit still scores ≤ 2.5)."""
-    drop_in = REPO / "systemd" / "deltad-inbox.service.d" / "webhooks.conf.example"
+def _inbox_unit_with(drop_in: Path, tmp_path: Path) -> None:
+    """The inbox unit with `drop_in` installed as its drop-in still scores ≤ 2.5."""
     unit = tmp_path / "deltad-inbox.service"
     shutil.copy(REPO / "systemd" / "deltad-inbox.service", unit)
     (tmp_path / "deltad-inbox.service.d").mkdir()
-    shutil.copy(drop_in, tmp_path / "deltad-inbox.service.d" / "webhooks.conf")
+    shutil.copy(drop_in, tmp_path / "deltad-inbox.service.d" / drop_in.stem)
     out = subprocess.run(
         [_analyze(), "security", "--offline=yes", "--threshold=25", str(unit)],
         capture_output=True,
@@ -143,6 +141,13 @@ def test_the_inbox_units_webhook_drop_in_keeps_it_at_most_2_5(tmp_path: Path) ->
     )
     score = re.search(r"Overall exposure level for deltad-inbox\.service: ([0-9.]+)", out.stdout)
     assert score and out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_inbox_units_webhook_drop_in_keeps_it_at_most_2_5(tmp_path: Path) -> None:
+    """The inbox makes the webhook deliveries: its unit denies every address, and the
+    documented drop-in opens only the receivers' (the unit still scores ≤ 2.5)."""
+    drop_in = REPO / "systemd" / "deltad-inbox.service.d" / "webhooks.conf.example"
+    _inbox_unit_with(drop_in, tmp_path)
     allowed = _settings(drop_in.read_text())
     assert set(allowed) == {"IPAddressAllow"} and "any" not in allowed["IPAddressAllow"][0]
     assert _settings((REPO / "systemd" / "deltad-inbox.service").read_text())["IPAddressDeny"] == [
@@ -154,16 +159,5 @@ def test_the_inbox_units_email_drop_in_keeps_it_at_most_2_5(tmp_path: Path) -> N
     """The inbox reads the email channel's Maildir: the documented drop-in makes that one
     path visible and writable to it, nothing else (the unit still scores ≤ 2.5)."""
     drop_in = REPO / "systemd" / "deltad-inbox.service.d" / "email.conf.example"
-    unit = tmp_path / "deltad-inbox.service"
-    shutil.copy(REPO / "systemd" / "deltad-inbox.service", unit)
-    (tmp_path / "deltad-inbox.service.d").mkdir()
-    shutil.copy(drop_in, tmp_path / "deltad-inbox.service.d" / "email.conf")
-    out = subprocess.run(
-        [_analyze(), "security", "--offline=yes", "--threshold=25", str(unit)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    score = re.search(r"Overall exposure level for deltad-inbox\.service: ([0-9.]+)", out.stdout)
-    assert score and out.returncode == 0, out.stdout + out.stderr
+    _inbox_unit_with(drop_in, tmp_path)
     assert _settings(drop_in.read_text()) == {"ReadWritePaths": ["/var/spool/deltad-mail/Maildir"]}
