@@ -4,11 +4,11 @@
 
 One writer process opens, writes and closes `response.txt`, then waits for an acknowledgement
 before its next open, so at most one writer ever exists and none while we look. The watcher
-waits for each IN_CLOSE_WRITE and at once asks for a read lease (`deltad/daemon/answer.py`'s
+waits for each IN_CLOSE_WRITE and at once asks for a read lease (`deltad/core/answer.py`'s
 test for "still being written"), counting the times the kernel still refuses it (EAGAIN: "open
 for writing"). Any count above zero is the window in which the look that a close event brings
 sees a writer that has already closed; the daemon must then look again by itself
-(`OPEN_WRITER_RECHECK_SECONDS` in deltad/daemon/reconcile.py), since no later event comes.
+(`OPEN_WRITER_RECHECK_SECONDS` in deltad/core/reconcile.py), since no later event comes.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The seam (see deltad/health.py): the HTTP layer never sees this module's objects
 a `health.Vitals`, whose `core_metrics()` returns this registry's exposition as bytes and whose
 `health()` returns a plain `Health`. `CoreVitals` is that object in one process; an HTTP layer
 in another process asks the core for the same two answers over its socket. The HTTP layer
-keeps its own registry for what only it sees (requests by route and code: deltad/api/access.py)
+keeps its own registry for what only it sees (requests by route and code: deltad/http/access.py)
 and `/metrics` is the two expositions one after the other (no name is in both).
 
 Labels never carry a workspace path or a request id: state, input type, channel, executor,
@@ -36,7 +36,7 @@ from deltad import __version__
 from deltad.health import HEARTBEAT_SECONDS, Health
 
 if TYPE_CHECKING:
-    from deltad.daemon.service import Service
+    from deltad.core.service import Service
 
 # What an answer file's `channel` may say, as a label; anything else is "other". A plain
 # response.txt (written by a person's editor or `echo`) is "file".

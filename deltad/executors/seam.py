@@ -97,7 +97,7 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 3600.0  # seconds of running (not queueing) before the daemon cancels it
     log: Path | None = None  # where the job's own stdout/stderr go (written as the owner)
-    # HA (deltad/daemon/lease.py): may this daemon still submit? An executor whose submit takes
+    # HA (deltad/core/lease.py): may this daemon still submit? An executor whose submit takes
     # time before the engine's own call (look-ups) asks it right before that call
     # (`check_fence`): a daemon frozen in between may have lost the lease meanwhile.
     fence: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
@@ -213,7 +213,7 @@ class BaseJobExecutor:
 
     name: str = "unnamed"
     poll_every: float | None = None
-    # HA (deltad/daemon/lease.py), set by the daemon when it makes the executor: may this daemon
+    # HA (deltad/core/lease.py), set by the daemon when it makes the executor: may this daemon
     # act on its engine now? An executor that acts outside a submit (lets a parked job go,
     # cancels a job nobody tracks) asks it first; a submit asks its spec's own `fence`.
     fence: Callable[[], bool] | None = None

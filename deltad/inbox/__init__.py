@@ -1,4 +1,7 @@
-"""The answering package: one path for every way of seeing and answering a question.
+"""The answering package, the root core's question service: one path for every way of seeing
+and answering a question. Besides the functions below, the core's side of every API operation
+lives here (handlers, calls, paging, history, schemas), with the token store, scopes, signed
+links, idempotency keys and the `http:`/`notify:` configuration (config).
 
     pending(ws)            the open question as a person sees it (options, calls, deadline)
     status(ws)             the run's status document (`delta status --json`)

@@ -1,6 +1,5 @@
-"""Privilege separation: the HTTP inbox in a process of its own, unprivileged, speaking to the
-root core over one Unix socket (docs/design.md, "Two processes"). `wire` is the protocol,
-`core` the core's side (the monitor, the supervisor), `child` the inbox process.
-
-Kept free of imports: `python -m deltad.privsep` sets no_new_privs before anything is loaded.
+"""Privilege separation: the root core's side of the inbox process, and the wire between them
+(docs/design.md, "Two processes"). `wire` is the protocol (shared with `deltad.http`), `core` the
+core's side (the monitor, the supervisor), `handoff` the core's writes into the inbox's outbox.
+The inbox process itself is `deltad.http`.
 """

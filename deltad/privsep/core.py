@@ -30,19 +30,19 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from deltad.api import links, scopes, sessions
-from deltad.api.calls import Local
-from deltad.api.config import HttpConfig
-from deltad.api.handlers import ApiError, Context, Idempotency
-from deltad.api.tokens import TOKENS_NAME, Identity, TokenError, TokenStore
-from deltad.channels.mail import Received
 from deltad.health import Standalone, Vitals
+from deltad.http import sessions
+from deltad.inbox import links, scopes
+from deltad.inbox.calls import Local
+from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, FeedEvent
+from deltad.inbox.handlers import ApiError, Context, Idempotency
+from deltad.inbox.tokens import TOKENS_NAME, Identity, TokenError, TokenStore
+from deltad.outbound.mail import Received
 from deltad.platform import SAFE_PATH
+from deltad.privsep import wire
+from deltad.privsep.handoff import Handoff, HandoffError
 from deltad.protocol.printable import json_safe, show_path
-
-from . import wire
-from .handoff import Handoff, HandoffError
 
 log = structlog.get_logger("deltad.privsep")
 
@@ -61,8 +61,8 @@ STOP_SECONDS = 5.0
 ENV_KEPT: tuple[str, ...] = ("LANG", "LC_ALL", "TZ", "PYTHONPATH", "COVERAGE_PROCESS_START")
 ENV_KEPT += ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR")
 ENV_KEPT += ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
-TEST_HOOK_ENV = "DELTAD_INBOX_TEST_HOOK"  # tests only: see deltad/privsep/testhook.py
-CHILD = [sys.executable, "-m", "deltad.privsep"]
+TEST_HOOK_ENV = "DELTAD_INBOX_TEST_HOOK"  # tests only: see deltad/http/testhook.py
+CHILD = [sys.executable, "-m", "deltad.http"]
 
 
 class InboxUnusable(ValueError):
@@ -525,7 +525,7 @@ def child_env() -> dict[str, str]:
 
 
 class Spawned:
-    """The inbox as the core's child: `python -m deltad.privsep`, as the inbox's user
+    """The inbox as the core's child: `python -m deltad.http`, as the inbox's user
     with no supplementary groups (the kernel clears every capability on that switch, and the
     child sets no_new_privs before reading anything), started again after any end, with a
     backoff, until the core stops."""
@@ -706,7 +706,7 @@ class InboxHost:
         log_args: list[str],
         vitals: Vitals | None = None,
     ) -> None:
-        from deltad.api.server import _check_tls, bind
+        from deltad.http.server import _check_tls, bind
 
         self.config, self.state_dir = config, state_dir
         self.sock: socket.socket | None = None

@@ -1,5 +1,5 @@
 """The core's side of webhook deliveries: each one is written into the inbox's outbox, which the
-inbox process delivers from (deltad/api/notify.py's `WebhookWorker`). The core never connects
+inbox process delivers from (deltad/outbound/notify.py's `WebhookWorker`). The core never connects
 to a receiver and reads nothing a receiver sends.
 
 Layout, under the inbox's directory (`<state_dir>/inbox`, deltad/privsep/core.py):
@@ -19,7 +19,7 @@ inbox plants (a link, a FIFO) never redirects a write of root's. The core reads 
 While no inbox takes them (it is restarting, or its unit is stopped), deliveries wait in
 `new/` up to the target's `outbox_max`; beyond it the oldest goes to the dead letter as it is.
 
-The channels' messages (mail, Slack's Web API calls, notify commands: deltad/channels/
+The channels' messages (mail, Slack's Web API calls, notify commands: deltad/outbound/
 senders.py) are handed over the same way, one target per channel, named by `target_key` of
 the channel's name; the inbox's counts for them go to deltad_channel_sends.
 """
@@ -39,9 +39,8 @@ from pathlib import Path
 import structlog
 from prometheus_client import Counter
 
-from deltad.api.outbox import DEAD_LETTER, OUTBOX, Delivery, target_key
-
-from . import wire
+from deltad.outbound.outbox import DEAD_LETTER, OUTBOX, Delivery, target_key
+from deltad.privsep import wire
 
 log = structlog.get_logger("deltad.notify")
 

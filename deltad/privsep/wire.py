@@ -39,7 +39,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from deltad.api.paging import Sort
+from deltad.inbox.paging import Sort
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
@@ -113,7 +113,7 @@ class Answer(Strict):
     idempotency_key: Text | None = None
     workspace: PathText | None = None
     # Which surface of the inbox took it (recorded with the answer): the API and the page, or
-    # the MCP endpoint (deltad/api/mcp_adapter.py; the core refuses a secret over it).
+    # the MCP endpoint (deltad/http/mcp_adapter.py; the core refuses a secret over it).
     channel: Literal["http", "mcp"] = "http"
 
 
@@ -214,7 +214,7 @@ class DeliveryCounts(Strict):
     depth: Annotated[int, Field(ge=0, lt=2**53)]
 
 
-# -- channels' own endpoints (deltad/channels) ------------------------------------------------
+# -- channels' own endpoints (deltad/outbound) ------------------------------------------------
 CHANNEL_BODY_MAX = 256 * 1024  # a Slack interaction's body (channels.slack.BODY_MAX)
 
 
@@ -231,7 +231,7 @@ class ChannelInteraction(Strict):
     signature: Annotated[str, Field(max_length=256)]
 
 
-# -- mail the inbox read from the email channel's Maildir (deltad/channels/maildir.py) ---------
+# -- mail the inbox read from the email channel's Maildir (deltad/outbound/maildir.py) ---------
 SENDER_MAX = 320  # an address's local part and domain at their RFC 5321 limits, and then some
 # A Maildir file's name as the MTA makes it: no '/', no NUL, not hidden, at most NAME_MAX.
 MaildirName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^./\x00][^/\x00]*$")]
@@ -331,7 +331,7 @@ class WebhookTarget(Strict):
 
 # -- the channels' outbound sends (version 3): what the inbox is handed ------------------------
 class ChannelTarget(Strict):
-    """One channel's outbox the inbox sends from (deltad/channels/senders.py), with what the
+    """One channel's outbox the inbox sends from (deltad/outbound/senders.py), with what the
     sending needs: `kind` says how (SMTP, Slack's Web API, a command), `settings` its
     non-secret settings (kind-specific, checked by the sender), `secret` the credential (the
     SMTP password, the Slack bot token; None: none). `key` names its directories in the

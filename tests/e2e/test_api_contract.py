@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deltad.api import links
+from deltad.inbox import links
 from deltad.protocol.models import InputType, Option
 from deltad.testing.daemon import Daemon, records, wait_for
 from deltad.testing.inbox import client, http_url, make_token

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from deltad.channels.grants import Grants
+from deltad.outbound.grants import Grants
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import Daemon, metadata_status
 from deltad.testing.inbox import client, make_token
@@ -415,7 +415,7 @@ def test_a_kill_9_of_the_core_mid_message_loses_no_reply(
 
 FORGE = """
 import concurrent.futures, json
-from deltad.api.handlers import ApiError
+from deltad.inbox.handlers import ApiError
 from deltad.privsep import wire
 def relay(**over):
     msg = {"op": "mail_reply", "message": "forged.1", "sender": ALICE, "text": "yes", **over}

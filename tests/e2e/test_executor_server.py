@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from deltad.daemon.tenancy import SAFE_PATH, Owner
+from deltad.core.tenancy import SAFE_PATH, Owner
 from deltad.executors import fork as forkmod
 from deltad.executors.fork import ForkExecutor
 from deltad.executors.seam import Identity, JobSpec, RequestKey

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from deltad.api.sessions import CLOSED_PER_TOKEN
+from deltad.http.sessions import CLOSED_PER_TOKEN
 from deltad.testing.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
 from deltad.testing.inbox import http_url, make_token
 

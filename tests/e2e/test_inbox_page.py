@@ -26,7 +26,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from deltad.api import links
+from deltad.inbox import links
 from deltad.protocol import InputType, Mailbox, Workspace
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import DELTAD, Daemon, metadata_status, wait_for

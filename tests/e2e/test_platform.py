@@ -13,7 +13,7 @@ class Hide:
         if name == "inotify_simple" or name.startswith("inotify_simple."):
             raise ImportError("no inotify_simple on this platform")
 sys.meta_path.insert(0, Hide())
-import deltad.daemon.cli, deltad.daemon.service, deltad.watch.watchdog_observer
+import deltad.core.cli, deltad.core.service, deltad.watch.watchdog_observer
 from deltad.watch import event_backend, PollingBackend
 from deltad.watch.hints import HintQueue
 q = HintQueue()

@@ -300,7 +300,7 @@ result = {
 
 
 FORGE = """
-from deltad.api.handlers import ApiError
+from deltad.inbox.handlers import ApiError
 from deltad.privsep import wire
 def ask(msg):
     try:

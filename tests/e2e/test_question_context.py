@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from deltad.api import links
+from deltad.inbox import links
 from deltad.testing import FakeLLM
 from deltad.testing.daemon import DELTAD, Daemon, metadata_status, wait_for
 from deltad.testing.fakellm import tool_call

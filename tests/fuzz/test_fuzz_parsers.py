@@ -333,7 +333,7 @@ config_docs = (
 @FUZZ
 @given(config_docs | st.binary(max_size=80).map(lambda b: b.decode("latin-1")))
 def test_daemon_configs_load_or_list_their_problems(text: str) -> None:
-    from deltad.daemon.config import ConfigError, load_config
+    from deltad.core.config import ConfigError, load_config
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "deltad.yaml"
@@ -421,9 +421,9 @@ mail_bytes = st.tuples(mail_headers, st.text(max_size=200)).map(
 # `To: .:` (Python 3.11); such a mail is refused as unreadable.
 @example(REQUESTS[0], b"To: .:\r\n\r\nyes")
 def test_reply_mail_is_read_or_refused(req: InteractionRequest, raw: bytes) -> None:
-    """The email channel's reading of a reply (deltad/channels/mail.py): a reply, then an
+    """The email channel's reading of a reply (deltad/outbound/mail.py): a reply, then an
     answer or the kind's own refusal, never another exception."""
-    from deltad.channels import mail
+    from deltad.outbound import mail
 
     try:
         reply = mail.parse(raw)

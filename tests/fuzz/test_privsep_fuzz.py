@@ -14,16 +14,15 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from deltad.api import links, paging
-from deltad.api.config import HttpConfig
-from deltad.api.handlers import Context
-from deltad.api.tokens import TokenStore
-from deltad.channels import mail
-from deltad.channels.base import Context as ChannelContext
-from deltad.channels.config import EmailConfig
-from deltad.channels.email import EmailChannel
-from deltad.inbox import quorum
+from deltad.inbox import links, paging, quorum
+from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, View
+from deltad.inbox.handlers import Context
+from deltad.inbox.tokens import TokenStore
+from deltad.outbound import mail
+from deltad.outbound.base import Context as ChannelContext
+from deltad.outbound.config import EmailConfig
+from deltad.outbound.email import EmailChannel
 from deltad.privsep import core, wire
 from deltad.protocol import Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
@@ -311,7 +310,7 @@ def test_channel_counts_from_the_inbox_never_shrink_a_counter_or_raise(
         box.close()
 
 
-# -- mail the inbox relays (deltad/channels/maildir.py), decided by the email channel ----------
+# -- mail the inbox relays (deltad/outbound/maildir.py), decided by the email channel ----------
 MAIL_WS = _tmp / "root" / "mailed"
 MAIL_WS.mkdir(parents=True)
 # Only bob may answer; the reply address below is alice's: every relay is refused, however deep

@@ -1,4 +1,4 @@
-"""The workspace glob matcher (deltad/api/scopes.py) against the regex translation it replaced,
+"""The workspace glob matcher (deltad/inbox/scopes.py) against the regex translation it replaced,
 on inputs small enough for a regex (the tables and the adversarial patterns are in
 tests/unit/test_scopes.py)."""
 
@@ -9,7 +9,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deltad.api import scopes
+from deltad.inbox import scopes
 from tests.fuzz import fuzz_settings
 
 

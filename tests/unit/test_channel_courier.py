@@ -1,4 +1,4 @@
-"""A channel's own outbox (deltad/channels/courier.py): on disk before it is sent, kept across a
+"""A channel's own outbox (deltad/outbound/courier.py): on disk before it is sent, kept across a
 restart, retried, given up to the dead letter, and one channel's hung server never delays
 another's."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from deltad.api.outbox import Delivery
-from deltad.channels.config import OutboxConfig
-from deltad.channels.courier import Courier, Failed
+from deltad.outbound.config import OutboxConfig
+from deltad.outbound.courier import Courier, Failed
+from deltad.outbound.outbox import Delivery
 
 from ..conftest import wait_for
 

@@ -1,5 +1,5 @@
-"""The channels' messages handed to the inbox process (deltad/channels/courier.py `Handed`,
-deltad/privsep/handoff.py, deltad/channels/senders.py): the core writes each into its
+"""The channels' messages handed to the inbox process (deltad/outbound/courier.py `Handed`,
+deltad/privsep/handoff.py, deltad/outbound/senders.py): the core writes each into its
 channel's `new/`; the inbox's courier takes it from there, refuses what is not a message, and
 sends it; the counts it tells grow the core's metrics, never shrink them."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from deltad.api.outbox import DEAD_LETTER, NEW, OUTBOX, Delivery, target_key
-from deltad.channels import senders
-from deltad.channels.config import OutboxConfig
-from deltad.channels.courier import Courier, Failed, Handed
+from deltad.outbound import senders
+from deltad.outbound.config import OutboxConfig
+from deltad.outbound.courier import Courier, Failed, Handed
+from deltad.outbound.outbox import DEAD_LETTER, NEW, OUTBOX, Delivery, target_key
 from deltad.privsep import core, wire
 from deltad.privsep.handoff import Handoff
 
@@ -196,7 +196,7 @@ def _a_certificate() -> str:
 def test_the_smtp_target_carries_the_ca_and_the_password_never_the_file_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from deltad.channels.config import EmailConfig
+    from deltad.outbound.config import EmailConfig
 
     monkeypatch.setenv("SMTP_PASSWORD", "pw")
     ca = tmp_path / "ca.pem"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deltad.channels.base import Channel, Closed, Question
-from deltad.channels.hub import Hub
 from deltad.inbox.feed import Feed
+from deltad.outbound.base import Channel, Closed, Question
+from deltad.outbound.hub import Hub
 from deltad.protocol import Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
 

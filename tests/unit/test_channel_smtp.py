@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from deltad import inbox
-from deltad.api.outbox import Delivery
-from deltad.channels.base import Context
-from deltad.channels.config import EmailConfig
-from deltad.channels.email import EmailChannel
+from deltad.outbound.base import Context
+from deltad.outbound.config import EmailConfig
+from deltad.outbound.email import EmailChannel
+from deltad.outbound.outbox import Delivery
 
 pytestmark = pytest.mark.spawns  # one openssl run makes the module's test certificate
 

@@ -1,7 +1,7 @@
 """The email channel in-process: reply addresses, reading a reply, the Maildir pass and the
 answering path, with a real workspace on disk and no network (nothing is sent: the courier's
 thread is never started, so what would go out is read from its outbox). The Maildir is read by
-the inbox process's reader (deltad/channels/maildir.py), each message relayed to the channel
+the inbox process's reader (deltad/outbound/maildir.py), each message relayed to the channel
 through the protocol's own model and the core's `reply_mail`, as over the socket."""
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from deltad.channels import mail
-from deltad.channels.base import Closed, Context, Question
-from deltad.channels.config import EmailConfig
-from deltad.channels.email import EmailChannel
-from deltad.channels.grants import AddressExpired, Grants, Unknown, check
-from deltad.channels.maildir import MaildirReader
-from deltad.daemon.config import ConfigError, load_config
+from deltad.core.config import ConfigError, load_config
 from deltad.inbox import quorum
+from deltad.outbound import mail
+from deltad.outbound.base import Closed, Context, Question
+from deltad.outbound.config import EmailConfig
+from deltad.outbound.email import EmailChannel
+from deltad.outbound.grants import AddressExpired, Grants, Unknown, check
+from deltad.outbound.maildir import MaildirReader
 from deltad.privsep import core, wire
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace, followup, utcnow
 from deltad.protocol.printable import show_path
@@ -376,7 +376,7 @@ def test_the_documented_channels_example_is_valid() -> None:
     """config/deltad.yaml's commented `channels:` block, uncommented, is a valid section."""
     import yaml
 
-    from deltad.channels.config import ChannelsConfig
+    from deltad.outbound.config import ChannelsConfig
 
     text = (Path(__file__).resolve().parents[2] / "config" / "deltad.yaml").read_text()
     block = text[text.index("# channels:\n") :].split("\n\n")[0]
@@ -432,7 +432,7 @@ def test_a_reminder_mails_again_and_an_escalation_mails_whom_it_adds_who_may_ans
     assert (doc["answer"], doc["answered_by"]) == ("yes", BOB)
 
 
-# -- the inbox's side: what it reads and relays (deltad/channels/maildir.py) ----------------------
+# -- the inbox's side: what it reads and relays (deltad/outbound/maildir.py) ----------------------
 def test_only_what_the_core_needs_is_relayed(monkeypatch: pytest.MonkeyPatch) -> None:
     address = mail.reply_address("reply", "d.example")
     tok = "ab" * 18

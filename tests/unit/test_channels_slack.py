@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 import yaml
 
-from deltad.api.handlers import ApiError
-from deltad.api.outbox import Delivery
-from deltad.channels import blocks
-from deltad.channels.base import Closed, Context, Question
-from deltad.channels.config import ChannelsConfig, SlackConfig
-from deltad.channels.slack import SlackChannel, ref_of
-from deltad.daemon.config import ConfigError, load_config
+from deltad.core.config import ConfigError, load_config
 from deltad.inbox import quorum
+from deltad.inbox.handlers import ApiError
+from deltad.outbound import blocks
+from deltad.outbound.base import Closed, Context, Question
+from deltad.outbound.config import ChannelsConfig, SlackConfig
+from deltad.outbound.outbox import Delivery
+from deltad.outbound.slack import SlackChannel, ref_of
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace
 from deltad.protocol.models import GatedCall, Option, QuestionContext
 from deltad.protocol.replies import AnswerRejected
@@ -428,10 +428,10 @@ def test_records_of_long_closed_questions_are_pruned(tmp_path: Path) -> None:
 def test_the_core_takes_a_relayed_interaction_only_for_a_configured_channel(
     tmp_path: Path,
 ) -> None:
-    from deltad.api.config import HttpConfig
-    from deltad.api.handlers import Context as HttpContext
-    from deltad.api.tokens import TokenStore
+    from deltad.inbox.config import HttpConfig
     from deltad.inbox.feed import Feed
+    from deltad.inbox.handlers import Context as HttpContext
+    from deltad.inbox.tokens import TokenStore
     from deltad.privsep import core, wire
 
     ctx = HttpContext(
@@ -556,7 +556,7 @@ def test_every_kind_makes_blocks_slacks_own_models_accept(kind: InputType) -> No
 
 
 def test_the_endpoint_takes_no_token_and_a_capped_body() -> None:
-    from deltad.api import limits
+    from deltad.http import limits
 
     rule = limits.rule_for("POST", "/v1/channels/slack/interactions")
     assert rule == limits.Rule("none", 256 * 1024)  # Slack's signature is its credential

@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from deltad import validation
-from deltad.daemon.config import ConfigError, DaemonConfig, load_config
+from deltad.core.config import ConfigError, DaemonConfig, load_config
 
 
 def _errors(tmp_path: Path, **settings: Any) -> list[str]:

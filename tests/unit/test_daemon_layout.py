@@ -8,9 +8,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import deltad.daemon
+import deltad.core
 
-PACKAGE = "deltad.daemon"
+PACKAGE = "deltad.core"
 
 
 def imports_within(package_dir: Path, package: str) -> dict[str, set[str]]:
@@ -65,7 +65,7 @@ def a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_daemon_package_has_no_import_circle() -> None:
-    graph = imports_within(Path(deltad.daemon.__file__).parent, PACKAGE)
+    graph = imports_within(Path(deltad.core.__file__).parent, PACKAGE)
     assert graph.get(f"{PACKAGE}.service")  # it did read them
     assert a_cycle(graph) is None, " -> ".join(a_cycle(graph) or [])
 

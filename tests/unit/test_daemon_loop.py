@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from deltad.clock import ManualClock
-from deltad.daemon.config import DaemonConfig, load_config
-from deltad.daemon.resumer import Finished, InFlight, Resumer
-from deltad.daemon.service import Service
-from deltad.daemon.tenancy import Launch
+from deltad.core.config import DaemonConfig, load_config
+from deltad.core.resumer import Finished, InFlight, Resumer
+from deltad.core.service import Service
+from deltad.core.tenancy import Launch
 from deltad.executors.seam import Handle, RequestKey
 from deltad.testing.stub import paused_workspace
 from deltad.watch.hints import Why

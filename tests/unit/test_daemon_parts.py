@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from deltad.clock import ManualClock
-from deltad.daemon.reconcile import Action, State, inspect
-from deltad.daemon.registry import Registry
-from deltad.daemon.tenancy import Policy
+from deltad.core.reconcile import Action, State, inspect
+from deltad.core.registry import Registry
+from deltad.core.tenancy import Policy
 from deltad.protocol import Workspace, load_metadata, save_metadata
 from deltad.protocol.models import OwnerProcess
 from deltad.protocol.states import RunStatus
@@ -154,7 +154,7 @@ def test_hints_are_deduplicated_and_merged(tmp_path: Path) -> None:
 
 
 def test_the_registry_reports_a_problem_once(tmp_path: Path) -> None:
-    from deltad.daemon.reconcile import Verdict
+    from deltad.core.reconcile import Verdict
 
     r = Registry()
     r.add(tmp_path)
@@ -167,7 +167,7 @@ def test_the_registry_reports_a_problem_once(tmp_path: Path) -> None:
 def test_the_registry_s_state_index_follows_every_change(tmp_path: Path) -> None:
     """counts/in_state/problems come from an index kept as beliefs change (the status file must
     not walk every workspace each second): it must always equal a walk over them."""
-    from deltad.daemon.reconcile import Verdict
+    from deltad.core.reconcile import Verdict
 
     def walked(r: Registry) -> dict[str, int]:
         out = {s.value: 0 for s in State if s is not State.GONE}

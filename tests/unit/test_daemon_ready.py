@@ -1,4 +1,4 @@
-"""READY in proportion to what matters (deltad/daemon/unread.py): at start a paused workspace
+"""READY in proportion to what matters (deltad/core/unread.py): at start a paused workspace
 without an answer is known by its mailbox's names alone; its `request.json` is read after
 READY, by a bounded background pass that still honours a deadline passed while the daemon was
 down. Whether a file was opened is told by the kernel (an inotify IN_OPEN watch of the test's
@@ -16,8 +16,8 @@ from inotify_simple import flags as IN
 from structlog.testing import capture_logs
 
 from deltad.clock import ManualClock
-from deltad.daemon.config import load_config
-from deltad.daemon.service import Service
+from deltad.core.config import load_config
+from deltad.core.service import Service
 from deltad.inbox.feed import Index, View
 from deltad.protocol import utcnow
 from deltad.testing.stub import paused_workspace
@@ -135,7 +135,7 @@ def test_the_loop_does_not_wait_while_questions_are_left_to_read(
         waits.append(timeout)
         return [], [], []
 
-    monkeypatch.setattr("deltad.daemon.lifecycle.select.select", select)
+    monkeypatch.setattr("deltad.core.lifecycle.select.select", select)
     sig_r, sig_w = os.pipe()
     service.life._wait(sig_r)
     _drain_unread(service)

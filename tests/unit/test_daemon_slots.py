@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import structlog
 
-from deltad.daemon.config import DaemonConfig
-from deltad.daemon.resumer import Resumer
-from deltad.daemon.slots import Slots, held_by_owner_cap, pick_next
-from deltad.daemon.tenancy import Identity, Launch, Owner
+from deltad.core.config import DaemonConfig
+from deltad.core.resumer import Resumer
+from deltad.core.slots import Slots, held_by_owner_cap, pick_next
+from deltad.core.tenancy import Identity, Launch, Owner
 from deltad.executors.seam import Event, Exit, Handle, JobSpec, RequestKey
 
 MALLORY, ALICE, BOB = 1001, 1002, 1003

@@ -1,4 +1,4 @@
-"""The full reconcile in bounded steps (deltad/daemon/sweep.py) under a ManualClock, and the
+"""The full reconcile in bounded steps (deltad/core/sweep.py) under a ManualClock, and the
 watch index that makes a removed directory cost what was below it (backends/tree.py)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from deltad.clock import ManualClock
-from deltad.daemon import lifecycle
-from deltad.daemon.config import DaemonConfig, load_config
-from deltad.daemon.resumer import Resumer
-from deltad.daemon.service import Service
-from deltad.daemon.tenancy import Launch
+from deltad.core import lifecycle
+from deltad.core.config import DaemonConfig, load_config
+from deltad.core.resumer import Resumer
+from deltad.core.service import Service
+from deltad.core.tenancy import Launch
 from deltad.testing.kernel import FakeKernelTree
 from deltad.testing.stub import paused_workspace
 from deltad.watch import events as F
@@ -117,7 +117,7 @@ class RecordingResumer(Resumer):
 @pytest.fixture
 def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Service:
     monkeypatch.delenv("DELTAD_CONFIG", raising=False)
-    monkeypatch.setattr("deltad.daemon.walking.SWEEP_BUDGET", BUDGET)
+    monkeypatch.setattr("deltad.core.walking.SWEEP_BUDGET", BUDGET)
     config = load_config(None, (str(tmp_path / "root"),))
     config.state_dir = tmp_path / "state"
     config.state_dir.mkdir()

@@ -1,10 +1,10 @@
-"""The loop's wake-ups (deltad/daemon/timers.py)."""
+"""The loop's wake-ups (deltad/core/timers.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from deltad.daemon.timers import Timers
+from deltad.core.timers import Timers
 
 A, B = Path("/srv/ws/a"), Path("/srv/ws/b")
 

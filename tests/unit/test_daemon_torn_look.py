@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from deltad.clock import ManualClock
-from deltad.daemon.reconcile import Action, State, inspect
-from deltad.daemon.tenancy import Policy
+from deltad.core.reconcile import Action, State, inspect
+from deltad.core.tenancy import Policy
 from deltad.protocol import Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
 from deltad.watch.hints import Why

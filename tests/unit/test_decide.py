@@ -1,5 +1,5 @@
 """Every resume rule of the daemon, from tables: facts + memory + time in, effects out.
-No disk, no processes, no patching: `decide` is a pure function (deltad/daemon/decide.py)."""
+No disk, no processes, no patching: `decide` is a pure function (deltad/core/decide.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from deltad.daemon.backoff import AnswerKey, ExpiredKey, InterruptedKey, ModelRetryKey
-from deltad.daemon.decide import (
+from deltad.core.backoff import AnswerKey, ExpiredKey, InterruptedKey, ModelRetryKey
+from deltad.core.decide import (
     FRESH,
     Drop,
     Effect,
@@ -27,8 +27,8 @@ from deltad.daemon.decide import (
     decide,
     quarantined,
 )
-from deltad.daemon.reconcile import Action, State, Verdict
-from deltad.daemon.tenancy import Owner
+from deltad.core.reconcile import Action, State, Verdict
+from deltad.core.tenancy import Owner
 from deltad.pacing import Pacing
 from deltad.protocol import exitcodes
 from deltad.protocol.runfacts import Elsewhere, JobEnd, RemoteOwner

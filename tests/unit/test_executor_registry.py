@@ -15,15 +15,15 @@ from pydantic import ValidationError
 from structlog.testing import capture_logs
 
 from deltad.clock import ManualClock
-from deltad.daemon.config import DaemonConfig
-from deltad.daemon.resumer import (
+from deltad.core.config import DaemonConfig
+from deltad.core.resumer import (
     KILL_GRACE_SECONDS,
     SUBMIT_RETRY,
     Resumer,
     spec_of,
     started_at,
 )
-from deltad.daemon.tenancy import Identity, Launch, Owner, Policy
+from deltad.core.tenancy import Identity, Launch, Owner, Policy
 from deltad.executors import make_executor, registry
 from deltad.executors.fresh import CommandExecutor, FreshExecutor
 from deltad.executors.seam import (

@@ -46,7 +46,7 @@ def test_an_unknown_exit_code_is_not_a_failure() -> None:
 
 
 def test_an_unknown_executor_is_a_one_line_config_error(tmp_path: Path) -> None:
-    from deltad.daemon.config import ConfigError, load_config
+    from deltad.core.config import ConfigError, load_config
 
     path = tmp_path / "deltad.yaml"
     path.write_text(f"roots: [{tmp_path}]\nexecutor: threads\n")

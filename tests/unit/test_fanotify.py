@@ -184,7 +184,7 @@ def test_files_elsewhere_are_dropped_by_handle(
 def test_check_counts_inotify_watches(
     backend: str, dirs: int, workspaces: int, watches: int
 ) -> None:
-    from deltad.daemon.cli import root_watches
+    from deltad.core.cli import root_watches
 
     assert root_watches(backend, dirs, workspaces) == watches
 
@@ -201,7 +201,7 @@ def test_check_counts_inotify_watches(
 def test_check_warns_over_the_watch_budget(
     needed: int, in_use: int, limit: int, own_cap: int | None, over: bool
 ) -> None:
-    from deltad.daemon.cli import over_watch_budget
+    from deltad.core.cli import over_watch_budget
 
     assert over_watch_budget(needed, in_use, limit, own_cap) is over
 

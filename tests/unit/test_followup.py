@@ -1,4 +1,4 @@
-"""Reminders and escalation (deltad/daemon/followup.py): the rule from a table, the rule as
+"""Reminders and escalation (deltad/core/followup.py): the rule from a table, the rule as
 `decide` applies it, the state-dir record across a reload, and the settings' one-line errors."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from deltad.daemon.decide import FRESH, FollowUpDue, Now, Rules, Schedule, decide
-from deltad.daemon.decide import Facts as DecideFacts
-from deltad.daemon.followup import Done, Plan, Step, Store, after, next_step
-from deltad.daemon.reconcile import Action, State, Verdict
+from deltad.core.decide import FRESH, FollowUpDue, Now, Rules, Schedule, decide
+from deltad.core.decide import Facts as DecideFacts
+from deltad.core.followup import Done, Plan, Step, Store, after, next_step
+from deltad.core.reconcile import Action, State, Verdict
 from deltad.pacing import Pacing
 from deltad.protocol.followup import FollowUp, from_args
 
@@ -180,7 +180,7 @@ def test_the_documented_follow_up_example_is_valid() -> None:
     """config/deltad.yaml's commented `follow_up:` block, uncommented, is a valid section."""
     import yaml
 
-    from deltad.daemon.config import DaemonConfig
+    from deltad.core.config import DaemonConfig
 
     text = (Path(__file__).resolve().parents[2] / "config" / "deltad.yaml").read_text()
     block = text[text.index("# follow_up:") :]
@@ -191,8 +191,8 @@ def test_the_documented_follow_up_example_is_valid() -> None:
 
 # -- the loop: timers under a ManualClock, a restart, another daemon's record ---------------------
 def _service(tmp_path: Path, state: str, clock: Any) -> Any:
-    from deltad.daemon.config import load_config
-    from deltad.daemon.service import Service
+    from deltad.core.config import load_config
+    from deltad.core.service import Service
 
     from .test_daemon_loop import ScriptedResumer
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deltad.client.runner import AlreadyTaken, RunOptions, nothing_to_do
-from deltad.daemon.lease import (
+from deltad.core.lease import (
     Holder,
     Lease,
     LeaseError,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from deltad.api.gate import Caps, Gate, connection_cap, refusal
+from deltad.http.gate import Caps, Gate, connection_cap, refusal
 
 
 @pytest.mark.parametrize(

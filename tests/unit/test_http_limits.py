@@ -15,13 +15,14 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
 
-from deltad.api import limits, scopes
-from deltad.api.app import create_app
-from deltad.api.config import HttpConfig
-from deltad.api.handlers import Context
-from deltad.api.limits import ANSWER_BODY_MAX, SMALL_BODY_MAX, BodyLimit, Refusal, Rule
-from deltad.api.tokens import TokenStore
+from deltad.http import limits
+from deltad.http.app import create_app
+from deltad.http.limits import ANSWER_BODY_MAX, SMALL_BODY_MAX, BodyLimit, Refusal, Rule
+from deltad.inbox import scopes
+from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed
+from deltad.inbox.handlers import Context
+from deltad.inbox.tokens import TokenStore
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,13 @@ import pytest
 from fastapi.testclient import TestClient
 from structlog.testing import capture_logs
 
-from deltad.api import sessions
-from deltad.api.app import create_app
-from deltad.api.config import HttpConfig
-from deltad.api.handlers import Context
-from deltad.api.sessions import Sessions
-from deltad.api.tokens import TokenStore
+from deltad.http import sessions
+from deltad.http.app import create_app
+from deltad.http.sessions import Sessions
+from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, View
+from deltad.inbox.handlers import Context
+from deltad.inbox.tokens import TokenStore
 from deltad.protocol import InteractionRequest, Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
 
@@ -113,7 +113,7 @@ def test_a_broken_tokens_json_is_refused_in_one_line_and_the_last_good_one_serve
     assert len(refused) == 1, logs  # once per change, not per request
     assert "tokens.json" in refused[0]["error"] and "\n" not in refused[0]["error"]
     # The commands refuse it in one line too.
-    from deltad.api.tokens import TokenError
+    from deltad.inbox.tokens import TokenError
 
     for command in (api.store.list, lambda: api.store.revoke("alice")):
         with pytest.raises(TokenError, match=r"tokens\.json"):

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from deltad.api import handlers, links, scopes
-from deltad.api.app import create_app
-from deltad.api.config import HttpConfig
-from deltad.api.handlers import ApiError, Context, holder
-from deltad.api.tokens import TokenError, TokenStore
+from deltad.http.app import create_app
+from deltad.inbox import handlers, links, scopes
+from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, Index, View, transitions
+from deltad.inbox.handlers import ApiError, Context, holder
+from deltad.inbox.tokens import TokenError, TokenStore
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, utcnow
 from deltad.protocol.models import Option
 from deltad.testing.stub import paused_workspace
@@ -311,8 +311,8 @@ def test_a_web_session_needs_its_csrf_token_and_ends_with_its_token(
 
 
 def test_notifications_skip_quiet_roots_excluded_globs_and_other_events(tmp_path: Path) -> None:
-    from deltad.api.config import NotifyConfig
-    from deltad.api.notify import Notifier, _CommandWorker
+    from deltad.inbox.config import NotifyConfig
+    from deltad.outbound.notify import Notifier, _CommandWorker
 
     config = NotifyConfig.model_validate(
         {

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from deltad.api import handlers, paging
-from deltad.api.app import create_app
-from deltad.api.config import HttpConfig
-from deltad.api.handlers import Context
-from deltad.api.tokens import TokenStore
+from deltad.http.app import create_app
+from deltad.inbox import handlers, paging
+from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, Index, Listed, ListedQuestion, ListedRun, View
+from deltad.inbox.handlers import Context
+from deltad.inbox.tokens import TokenStore
 from deltad.protocol import InteractionRequest, Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from deltad.api import paging
+from deltad.inbox import paging
 from deltad.inbox.feed import Index, Listed, View
 
 NOW = 1_800_000_000.0

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from deltad.api import mcp_adapter as m
-from deltad.api.config import HttpConfig, McpConfig
-from deltad.api.handlers import ApiError
-from deltad.api.limits import ANSWER_BODY_MAX, SMALL_BODY_MAX, Rule, rule_for
-from deltad.api.tokens import Identity, TokenStore
+from deltad.http import mcp_adapter as m
+from deltad.http.limits import ANSWER_BODY_MAX, SMALL_BODY_MAX, Rule, rule_for
+from deltad.inbox.config import HttpConfig, McpConfig
+from deltad.inbox.handlers import ApiError
+from deltad.inbox.tokens import Identity, TokenStore
 from deltad.protocol import InteractionRequest
 from deltad.protocol.kinds import form
 
@@ -573,9 +573,9 @@ def test_the_mcp_path_is_bounded_like_an_answer_and_a_stranger_gets_401_first(
 
     from fastapi.testclient import TestClient
 
-    from deltad.api.app import create_app
-    from deltad.api.handlers import Context
+    from deltad.http.app import create_app
     from deltad.inbox.feed import Feed
+    from deltad.inbox.handlers import Context
 
     store = TokenStore(tmp_path / "state")
     ctx = Context(Feed(), store, HttpConfig(), os.urandom(32), base_url="http://127.0.0.1:1")

@@ -16,13 +16,13 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from deltad import health
-from deltad.api.access import RateLimit, Said
-from deltad.api.app import create_app
-from deltad.api.config import HttpConfig
-from deltad.api.handlers import Context
-from deltad.api.tokens import TokenStore
 from deltad.health import Check, Fixed, Health
+from deltad.http.access import RateLimit, Said
+from deltad.http.app import create_app
+from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, Index, View
+from deltad.inbox.handlers import Context
+from deltad.inbox.tokens import TokenStore
 from deltad.metrics import CoreMetrics, Scraped, channel_of, gauges
 
 READY = Health(ready=True, index_complete=True, unread=0, last_turn=100.0, workspaces=5)
@@ -324,9 +324,9 @@ def test_the_services_vitals_follow_the_walk_the_reads_and_the_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from deltad.clock import ManualClock
-    from deltad.daemon.config import HaConfig, load_config
-    from deltad.daemon.lease import Lease
-    from deltad.daemon.service import Service
+    from deltad.core.config import HaConfig, load_config
+    from deltad.core.lease import Lease
+    from deltad.core.service import Service
     from deltad.testing.stub import paused_workspace
 
     from .test_daemon_sweep import RecordingResumer
@@ -380,8 +380,8 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
     into the core's counter and depth."""
     import time
 
-    from deltad.api.config import Webhook
-    from deltad.api.notify import Results, WebhookWorker, new_delivery, webhook_target
+    from deltad.inbox.config import Webhook
+    from deltad.outbound.notify import Results, WebhookWorker, new_delivery, webhook_target
     from deltad.privsep import wire
     from deltad.privsep.handoff import Handoff
     from deltad.testing.webhooks import Receiver

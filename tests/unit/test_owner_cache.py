@@ -1,4 +1,4 @@
-"""Owner lookups (deltad/daemon/tenancy.py): a read of each of 100,000 workspaces asked
+"""Owner lookups (deltad/core/tenancy.py): a read of each of 100,000 workspaces asked
 /etc/passwd and /etc/group for its owner; now a lookup is kept a few seconds, no longer
 (accounts and group memberships change)."""
 
@@ -9,8 +9,8 @@ import pwd
 
 import pytest
 
-from deltad.daemon import tenancy
-from deltad.daemon.tenancy import OwnerCache
+from deltad.core import tenancy
+from deltad.core.tenancy import OwnerCache
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from deltad.api import sessions
-from deltad.api.tokens import TokenStore
+from deltad.http import sessions
 from deltad.inbox.feed import Feed, FeedEvent
+from deltad.inbox.tokens import TokenStore
 from deltad.privsep import core, wire
 
 INBOX = core.Account("deltad-inbox-test", 4242, 4343)  # ids nobody has: chown takes them
@@ -128,7 +128,7 @@ def test_the_replica_feed_takes_the_cores_ids_once_each() -> None:
 
 
 def test_an_event_crosses_with_its_workspace_name_in_bytes() -> None:
-    from deltad.privsep.child import relayed
+    from deltad.http.child import relayed
 
     name = os.fsdecode(b"/srv/ws-\xff")
     e = FeedEvent(9, "request.created", "t", {"workspace": name, "request_id": "r"})
@@ -146,7 +146,7 @@ def test_the_webhook_outbox_is_roots_with_the_inbox_group_and_its_files_the_inbo
     """As root, the core makes the outbox's directories (root:the inbox's group; 1770 where
     the inbox makes files) and hands each delivery to the inbox's uid."""
     _root()
-    from deltad.api.notify import new_delivery
+    from deltad.outbound.notify import new_delivery
     from deltad.privsep.handoff import Handoff
 
     state = tmp_path / "state"

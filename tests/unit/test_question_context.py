@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from deltad.agent import load_agent
-from deltad.api.tokens import TokenError, TokenStore
 from deltad.client import display
 from deltad.engine import briefing
 from deltad.engine.ask_human import question_from_args
 from deltad.errors import ConfigError
 from deltad.inbox.outcome import SENSITIVE, answer_shown, answers_of
 from deltad.inbox.respondents import Answerer, may_answer, refusal
+from deltad.inbox.tokens import TokenError, TokenStore
 from deltad.protocol import EventType, InteractionRequest, JournalEvent
 from deltad.protocol.models import respondent_problem
 from deltad.protocol.replies import Reply

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from deltad.api import scopes
+from deltad.inbox import scopes
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The list of workspaces read after READY (deltad/daemon/unread.py): read oldest first, a
+"""The list of workspaces read after READY (deltad/core/unread.py): read oldest first, a
 workspace looked at meanwhile skipped, and nothing kept once it is empty."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deltad.clock import ManualClock
-from deltad.daemon.unread import Unread
+from deltad.core.unread import Unread
 
 
 def spaces(*names: str) -> list[Path]:

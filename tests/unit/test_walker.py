@@ -1,4 +1,4 @@
-"""The Walker (deltad/daemon/walking.py) on its own: made from an index, a feed, a clock, the
+"""The Walker (deltad/core/walking.py) on its own: made from an index, a feed, a clock, the
 backends and four callbacks, without the service, it walks, glances, reads after, and drops
 what is gone. Its narrow interface is the point (docs/design.md, "The daemon's loop")."""
 
@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 from deltad.clock import ManualClock
-from deltad.daemon.registry import Registry
-from deltad.daemon.sweep import Sweep
-from deltad.daemon.walking import Walker
+from deltad.core.registry import Registry
+from deltad.core.sweep import Sweep
+from deltad.core.walking import Walker
 from deltad.inbox.feed import Feed
 from deltad.testing.stub import paused_workspace
 from deltad.watch import PollingBackend

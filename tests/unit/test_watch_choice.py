@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon.config import DaemonConfig
+from deltad.core.config import DaemonConfig
 from deltad.watch.choice import (
     PlannedRoot,
     RootFacts,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from deltad.api.history import FINAL_MESSAGE_MAX, bounded, complete, duration_seconds, entries
+from deltad.inbox.history import FINAL_MESSAGE_MAX, bounded, complete, duration_seconds, entries
 from deltad.protocol import JournalEvent
 from deltad.protocol.viewing import event_of
 

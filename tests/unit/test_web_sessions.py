@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from deltad.api import sessions
-from deltad.api.sessions import Claims, Sessions, csrf_for, matches, seal, unseal
-from deltad.daemon.shared_roots import shared_root_problem
+from deltad.core.shared_roots import shared_root_problem
+from deltad.http import sessions
+from deltad.http.sessions import Claims, Sessions, csrf_for, matches, seal, unseal
 
 KEY = b"k" * 32
 CLAIMS = Claims("alice", "0123456789abcdef", 1000, 2000, "sid1")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from deltad.api.notify import (
+from deltad.outbound.notify import (
     CONTEXT_CALLS_MAX,
     CONTEXT_TEXT_MAX,
     DELIVERY_MAX,

@@ -14,10 +14,10 @@ import pytest
 import standardwebhooks
 from pydantic import ValidationError
 
-from deltad.api import webhooks
-from deltad.api.config import NotifyConfig, Secret, Webhook, one_newline_less
-from deltad.api.notify import WebhookWorker, new_delivery, webhook_target
-from deltad.api.outbox import (
+from deltad.inbox.config import NotifyConfig, Secret, Webhook, one_newline_less
+from deltad.outbound import webhooks
+from deltad.outbound.notify import WebhookWorker, new_delivery, webhook_target
+from deltad.outbound.outbox import (
     Dead,
     Delivery,
     Outbox,

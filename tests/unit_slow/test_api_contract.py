@@ -16,12 +16,12 @@ import pytest
 from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
-from deltad.api import handlers, links, schemas
-from deltad.api.app import PUBLIC, WRITES, create_app, validation_refusal
-from deltad.api.config import HttpConfig
-from deltad.api.handlers import Context
-from deltad.api.tokens import TokenStore
+from deltad.http.app import PUBLIC, WRITES, create_app, validation_refusal
+from deltad.inbox import handlers, links, schemas
+from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, View
+from deltad.inbox.handlers import Context
+from deltad.inbox.tokens import TokenStore
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, utcnow
 from deltad.protocol.models import InputType, Option
 from deltad.testing.stub import paused_workspace

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from deltad.daemon import tenancy
-from deltad.daemon.reconcile import Action, State, Verdict
-from deltad.daemon.registry import Registry
-from deltad.daemon.tenancy import Policy
+from deltad.core import tenancy
+from deltad.core.reconcile import Action, State, Verdict
+from deltad.core.registry import Registry
+from deltad.core.tenancy import Policy
 from deltad.inbox.feed import Feed
 from deltad.protocol import RunStatus, Workspace, load_metadata, safefs
 from deltad.protocol.errors import CorruptFile

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deltad.daemon.config import DaemonConfig
+from deltad.core.config import DaemonConfig
 from deltad.executors.kubernetes import RBAC_NEEDS, job_manifest, parse_options
 from deltad.executors.seam import Identity, JobSpec, RequestKey
 

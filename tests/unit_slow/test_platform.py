@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 OTHER = {**os.environ, "DELTAD_PLATFORM": "other"}
 
 FALLBACKS = """
-import os, deltad.daemon.service, deltad.api.app, deltad.client.cli
+import os, deltad.core.service, deltad.http.app, deltad.client.cli
 from deltad import platform
-from deltad.daemon.config import DaemonConfig
+from deltad.core.config import DaemonConfig
 from deltad.executors import resolve
 from deltad.executors.registry import check_options
 from deltad.protocol.process import alive, current_owner

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from deltad.daemon.lifecycle import Lifecycle
-from deltad.daemon.service import Service
+from deltad.core.lifecycle import Lifecycle
+from deltad.core.service import Service
 from deltad.engine.interviewers import AutoApproveInterviewer, Chain
 from deltad.pipeline import GraphError, check_pipeline
 from deltad.pipeline import state as pipeline_state

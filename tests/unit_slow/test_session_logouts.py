@@ -6,8 +6,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from deltad.api import sessions
-from deltad.api.sessions import Sessions
+from deltad.http import sessions
+from deltad.http.sessions import Sessions
 from tests.unit.test_inbox_exhaust import pairs
 
 

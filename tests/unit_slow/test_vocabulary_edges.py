@@ -48,7 +48,7 @@ class Rating(kinds.Kind):
 kinds.KINDS[InputType.CONFIRMATION] = Rating()
 
 from deltad import inbox
-from deltad.api import schemas
+from deltad.inbox import schemas
 from deltad.engine.ask_human import ASK_HUMAN_TOOL
 
 req = InteractionRequest(prompt="?", input_type="confirmation", run_id="r", action_id="a")

@@ -16,7 +16,7 @@ ROLE = sys.argv[1:2] == ["serve"] and os.path.basename(sys.argv[0]) == "deltad"
 
 
 def _install(hold: str) -> None:
-    from deltad.daemon import unread, walking
+    from deltad.core import unread, walking
 
     read_events = walking.Walker._read_events
     step = unread.Unread.step

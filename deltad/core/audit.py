@@ -1,0 +1,216 @@
+"""Receipts: every decision the daemon resumes a run for goes into one append-only,
+hash-chained audit log in the state dir (`audit.jsonl`), written by the root core only.
+
+An entry is one line of canonical JSON (keys sorted, no spaces, ASCII with \\u escapes):
+`seq` (1, 2, ...), `prev` (the previous entry's `hash`; GENESIS for the first), the
+decision's fields, and `hash` = sha256 over the entry's canonical bytes without `hash`.
+Editing an entry breaks its hash (or, if the hash is recomputed, the next entry's `prev`);
+dropping or moving one breaks `seq` and `prev`. Dropping entries off the end is only seen
+against a head hash recorded elsewhere: `deltad audit verify` prints it for that.
+
+"Per fleet": the log lives in the state dir (or `audit.path`), which the daemons of an HA
+fleet share (docs/daemon.md: a fleet may also give each daemon its own: one chain each); only
+the lease holder resumes, and every append takes an exclusive `flock` and reads the chain's
+head from the file itself, so a handover (or two writers) never forks the chain.
+
+Never a secret's value: a secret question's entry says that it was answered, not what. Each
+entry is bounded (MAX_ENTRY_BYTES): long values are cut, long lists shortened, and the entry
+says so."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deltad.core.config import DaemonConfig
+
+AUDIT_FILE = "audit.jsonl"
+LOCK_SUFFIX = ".lock"
+GENESIS = "sha256:" + "0" * 64
+MAX_ENTRY_BYTES = 16 * 1024
+MAX_VALUE_CHARS = 1024
+MAX_DECISIONS = 50
+_HEAD_READ = 4 * MAX_ENTRY_BYTES  # the tail read to find the last entry
+
+
+class AuditError(Exception):
+    """The log cannot be read or appended to (one line)."""
+
+
+def canonical(doc: dict[str, Any]) -> bytes:
+    return json.dumps(
+        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode()
+
+
+def entry_hash(doc: dict[str, Any]) -> str:
+    """The hash of an entry: over its canonical bytes without `hash`."""
+    body = {k: v for k, v in doc.items() if k != "hash"}
+    return "sha256:" + hashlib.sha256(canonical(body)).hexdigest()
+
+
+def chained(fields: dict[str, Any], seq: int, prev: str) -> dict[str, Any]:
+    """An entry of `fields` following `prev` as number `seq`, with its hash. Pure."""
+    doc = {**bounded(fields), "seq": seq, "prev": prev}
+    return {**doc, "hash": entry_hash(doc)}
+
+
+def _cut(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+        return value[:MAX_VALUE_CHARS] + f"… ({len(value)} chars)"
+    if isinstance(value, dict):
+        return {str(k)[:MAX_VALUE_CHARS]: _cut(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    return value
+
+
+def bounded(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` cut to fit MAX_ENTRY_BYTES: strings cut, decisions shortened, and at worst the
+    decision's `what` replaced by a note. Pure."""
+    out = _cut(fields)
+    what = out.get("what")
+    if isinstance(what, dict) and isinstance(what.get("decisions"), list):
+        calls = what["decisions"]
+        if len(calls) > MAX_DECISIONS:
+            what = {**what, "decisions": calls[:MAX_DECISIONS], "more_decisions": len(calls)}
+            out["what"] = what
+    if len(canonical(out)) > MAX_ENTRY_BYTES - 512:  # room for seq, prev and hash
+        out["what"] = {"truncated": f"over {MAX_ENTRY_BYTES} bytes"}
+    return dict(out)
+
+
+# -- verification (pure) --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Verified:
+    entries: int
+    first_seq: int | None
+    head: str  # the last entry's hash (GENESIS: an empty log)
+
+
+class Broken(ValueError):
+    """The first entry that does not verify: `line` (1-based), its `seq` if it has one, why."""
+
+    def __init__(self, line: int, seq: int | None, why: str) -> None:
+        self.line, self.seq, self.why = line, seq, why
+        where = f"entry seq {seq} (line {line})" if seq is not None else f"line {line}"
+        super().__init__(f"{where}: {why}")
+
+
+def verify(lines: Iterable[bytes], *, from_start: bool = True, head: str | None = None) -> Verified:
+    """Recompute the chain. `from_start`: the first entry must be seq 1 after GENESIS (a whole
+    log); else (an export `--since`) the first entry anchors the rest. `head`: a head hash
+    recorded earlier, which must be this chain's head or an entry's hash in it (entries dropped
+    off the end). Broken names the first entry that is edited, out of place, or after a dropped
+    one."""
+    count, first, prev, want_seq = 0, None, GENESIS, 1
+    seen_head = head is None or head == GENESIS
+    n = 0
+    for n, raw in enumerate(lines, 1):
+        line = raw.rstrip(b"\n")
+        try:
+            doc = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            raise Broken(n, None, "not a JSON entry") from None
+        if not isinstance(doc, dict):
+            raise Broken(n, None, "not a JSON object")
+        seq = doc.get("seq")
+        if type(seq) is not int:
+            raise Broken(n, None, "no seq")
+        if doc.get("hash") != entry_hash(doc):
+            raise Broken(n, seq, "its hash does not match its content (the entry was edited)")
+        if line != canonical(doc):
+            raise Broken(n, seq, "not in canonical form (the line was rewritten)")
+        if count == 0 and not from_start:
+            want_seq, prev = seq, str(doc.get("prev"))
+        if seq != want_seq:
+            how = "dropped" if seq > want_seq else "repeated or moved"
+            raise Broken(n, seq, f"seq {seq} where {want_seq} was expected (an entry was {how})")
+        if doc.get("prev") != prev:
+            raise Broken(
+                n,
+                seq,
+                "prev is not the previous entry's hash (an entry before it was edited, "
+                "dropped or moved)",
+            )
+        count, first = count + 1, first if first is not None else seq
+        prev, want_seq = doc["hash"], seq + 1
+        seen_head = seen_head or prev == head
+    if not seen_head:
+        raise Broken(
+            n + 1,
+            None,
+            f"the recorded head {head} is not in the log (entries were "
+            "dropped off its end, or it is another log)",
+        )
+    return Verified(count, first, prev)
+
+
+# -- the file (I/O) -------------------------------------------------------------------------
+def audit_path(config: DaemonConfig) -> Path:
+    """The fleet's log: `audit.path`, else `<state_dir>/audit.jsonl`."""
+    return config.audit.path or config.state_dir / AUDIT_FILE
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(
+        path.with_name(path.name + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _head(f: IO[bytes]) -> tuple[int, str]:
+    """(seq, hash) of the file's last entry ((0, GENESIS) if empty): the chain continues from
+    the file, not from memory, so another writer's appends are seen."""
+    end = f.seek(0, os.SEEK_END)
+    if end == 0:
+        return 0, GENESIS
+    f.seek(max(0, end - _HEAD_READ))
+    tail = f.read()
+    if not tail.endswith(b"\n"):
+        raise AuditError(f"the audit log's last line is torn (at byte {end}); verify it")
+    last = tail[:-1].rsplit(b"\n", 1)[-1]
+    try:
+        doc = json.loads(last)
+        return int(doc["seq"]), str(doc["hash"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise AuditError(f"the audit log's last entry cannot be read ({e}); verify it") from None
+
+
+def append(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Append one entry (fsync'd, under the lock); the entry as written. AuditError if the log
+    cannot continue (its tail is damaged): nothing is written then."""
+    with _locked(path):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "r+b") as f:
+            seq, prev = _head(f)
+            entry = chained(fields, seq + 1, prev)
+            f.write(canonical(entry) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+    return entry
+
+
+def read_lines(path: Path) -> Iterator[bytes]:
+    """The log's lines, as bytes (an absent log: none)."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - a generator closes it below
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise AuditError(f"{path}: {e.strerror}") from None
+    with f:
+        yield from f

@@ -1,0 +1,225 @@
+"""What `deltad serve` would refuse on this host that reading the config cannot see: run by
+`deltad check` and by `serve` before it starts, one line per problem, each naming its key.
+
+Nothing here starts anything or changes anything: directories are judged with access(2),
+the executor by its factory's `preflight` (a package installed, a client made, Slurm's
+commands found), the inbox's address by binding port 0 on it (the configured port may be a
+running daemon's own), TLS files and signing secrets by loading them.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from deltad.core.config import DaemonConfig
+from deltad.validation import dir_problem, printable
+
+
+def problems(config: DaemonConfig, source: str) -> list[str]:
+    """One line per problem: `SOURCE: KEY: what is wrong`."""
+    return [printable(f"{source}: {line}") for line in _all(config)]
+
+
+def _all(config: DaemonConfig) -> Iterator[str]:
+    if (problem := dir_problem(config.state_dir)) is not None:
+        yield f"state_dir: {problem}"
+    if config.ha is not None:
+        yield from _lease(config.ha.lease)
+    yield from _executor(config)
+    if config.http is not None:
+        yield from _http(config)
+    if config.notify is not None:
+        yield from _secrets(config)
+    if config.channels is not None and config.channels.slack is not None:
+        yield from _slack(config)
+    if config.channels is not None and config.channels.email is not None:
+        yield from _email(config)
+        yield from _maildir(config)
+
+
+def _lease(lease: Path) -> Iterator[str]:
+    from deltad.core.lease import lease_problem
+
+    if lease.is_dir() or (lease.exists() and not lease.is_file()):
+        yield f"ha.lease: {lease} is not a regular file"
+    elif (problem := dir_problem(lease.parent)) is not None:
+        yield f"ha.lease: {problem}"
+    elif (problem := lease_problem(lease)) is not None:
+        # Who may write where it lives decides who acts (OpenSSH's StrictModes, for the lease):
+        # a tenant could keep every daemon on standby, or make two actives.
+        yield f"ha.lease: {printable(problem)}"
+
+
+def _executor(config: DaemonConfig) -> Iterator[str]:
+    from deltad.executors import registry
+
+    kind = config.executor_kind()
+    try:
+        registry.preflight(kind, config.executors.get(kind, {}))
+    except ValueError as e:
+        yield str(e)
+
+
+def _http(config: DaemonConfig) -> Iterator[str]:
+    from deltad.inbox.config import split_listen
+
+    http = config.http
+    assert http is not None
+    host, _ = split_listen(http.listen)
+    try:  # port 0: the address is this host's, whatever holds the port now
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as sock:
+            sock.bind(infos[0][4])
+    except OSError as e:
+        yield f"http.listen: cannot listen on {host}: {e.strerror or e}"
+    if http.tls_cert is not None and http.tls_key is not None:
+        for key, path in (("tls_cert", http.tls_cert), ("tls_key", http.tls_key)):
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as e:
+                yield f"http.{key}: {path}: {e.strerror}"
+                return
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                http.tls_cert, http.tls_key
+            )
+        except (OSError, ssl.SSLError) as e:
+            yield f"http.tls_cert/tls_key: cannot be used: {e}"
+
+
+def _secrets(config: DaemonConfig) -> Iterator[str]:
+    from deltad.outbound import webhooks
+
+    assert config.notify is not None
+    for i, hook in enumerate(config.notify.webhooks):
+        if hook.signing is None:
+            continue
+        try:
+            webhooks.signing_key(hook.signing.read())
+        except OSError as e:
+            yield f"notify.webhooks.{i}.signing.secret_file: {e.filename}: {e.strerror}"
+        except ValueError as e:
+            yield f"notify.webhooks.{i}.signing: {e}"
+
+
+def _email(config: DaemonConfig) -> Iterator[str]:
+    """What the inbox process is handed to send mail: the SMTP password and the CA's
+    certificates (read by the core, which alone may read their files)."""
+    from deltad.outbound import senders
+
+    assert config.channels is not None and config.channels.email is not None
+    smtp = config.channels.email.smtp
+    if smtp.password is not None:
+        try:
+            smtp.password.read()
+        except OSError as e:
+            yield f"channels.email.smtp.password.secret_file: {e.filename}: {e.strerror}"
+        except ValueError as e:
+            yield f"channels.email.smtp.password: {e}"
+    if smtp.ca_file is not None:
+        try:
+            senders.ca_text(smtp.ca_file)
+        except ValueError as e:
+            yield f"channels.{e}"
+
+
+def _slack(config: DaemonConfig) -> Iterator[str]:
+    """The Slack channel's two secrets can be read, and its interactions have an inbox."""
+    assert config.channels is not None and config.channels.slack is not None
+    slack = config.channels.slack
+    if config.http is None:
+        yield "channels.slack: needs http (Slack posts its buttons' clicks to the inbox)"
+    for key, secret in (("token", slack.token), ("signing_secret", slack.signing_secret)):
+        try:
+            value = secret.read()
+        except OSError as e:
+            yield f"channels.slack.{key}.secret_file: {e.filename}: {e.strerror}"
+            continue
+        except ValueError as e:
+            yield f"channels.slack.{key}: {e}"
+            continue
+        if not value.strip():
+            yield f"channels.slack.{key}: the secret is empty"
+
+
+# Run as the inbox's user (its uid, its group, no other group: as the inbox runs): can it list
+# new/, read a message there, and move one to cur/? One line on stdout when not.
+MAILDIR_PROBE = r"""
+import errno, os, sys
+box, user = sys.argv[1], sys.argv[2]
+try:
+    os.stat(box)
+except FileNotFoundError:
+    sys.exit(0)  # not made yet: the MTA makes it on first mail (the inbox says if it cannot)
+except OSError as e:
+    print(f"{box}: the inbox's user {user} cannot reach it ({e.strerror})")
+    sys.exit(1)
+for sub in ("new", "cur"):
+    d = os.path.join(box, sub)
+    if os.path.isdir(d) and not os.access(d, os.R_OK | os.W_OK | os.X_OK):
+        print(f"{d}: the inbox's user {user} cannot read and write it")
+        sys.exit(1)
+new = os.path.join(box, "new")
+try:
+    names = sorted(n for n in os.listdir(new) if not n.startswith("."))
+except FileNotFoundError:
+    sys.exit(0)
+except OSError as e:
+    print(f"{new}: the inbox's user {user} cannot list it ({e.strerror})")
+    sys.exit(1)
+for n in names[:1]:
+    try:
+        os.close(os.open(os.path.join(new, n), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):
+            print(f"{new}/{n}: the inbox's user {user} cannot read it (delivered as another user)")
+            sys.exit(1)
+"""
+
+
+def _maildir(config: DaemonConfig) -> Iterator[str]:
+    """The inbox process reads the email channel's Maildir as its own user, never as root: that
+    user must be able to (docs/inbox.md, "Email": the operator's one step)."""
+    from deltad.privsep.core import DEFAULT_USER
+
+    assert config.channels is not None and config.channels.email is not None
+    box = config.channels.email.maildir
+    user = config.http.user if config.http is not None else DEFAULT_USER
+    how = 'give it the Maildir (docs/inbox.md, "Email")'
+    if not os.path.lexists(box):
+        return  # not made yet: the MTA makes it on first mail (the inbox says if it cannot)
+    ids: dict[str, object] = {}
+    if os.geteuid() == 0:
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            yield (
+                f"channels.email.maildir: the inbox's user {user} does not exist: make it "
+                f"(useradd --system --user-group {user}) and {how}"
+            )
+            return
+        ids = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+    else:
+        try:  # not root: the inbox runs as this user
+            user = pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:  # a uid without a name (a container)
+            user = str(os.geteuid())
+    argv = [sys.executable, "-I", "-S", "-c", MAILDIR_PROBE, str(box), user]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, check=False, cwd="/", **ids
+        )  # type: ignore[call-overload]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        yield f"channels.email.maildir: cannot check it as {user}: {e}"
+        return
+    if done.returncode != 0:
+        said = (done.stdout.strip() or done.stderr.strip()).splitlines()
+        yield f"channels.email.maildir: {said[-1] if said else 'unusable'}; {how}"

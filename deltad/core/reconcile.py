@@ -1,0 +1,403 @@
+"""reconcile(workspace): decide from what is on disk, never from the event that led here.
+
+`inspect` only reads. The one write the daemon ever makes to a workspace, RUNNING → INTERRUPTED
+for a dead owner, is `mark_interrupted`, done under the workspace lock after re-reading.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum, StrEnum
+from pathlib import Path
+
+from deltad.clock import SYSTEM, Clock
+from deltad.core import tenancy
+from deltad.core.answer import Writers, open_writers
+from deltad.core.backoff import AnswerSig
+from deltad.core.tenancy import Policy
+from deltad.metrics import channel_of
+from deltad.protocol import (
+    AnswerState,
+    Busy,
+    InteractionRequest,
+    Mailbox,
+    ProtocolError,
+    RunMetadata,
+    RunStatus,
+    Workspace,
+    WorkspaceLock,
+    load_metadata,
+    safefs,
+)
+from deltad.protocol.deadline import judge_expiry
+from deltad.protocol.errors import CorruptFile
+from deltad.protocol.followup import FollowUp
+from deltad.protocol.journal import asked_request
+from deltad.protocol.runfacts import (
+    Elsewhere,
+    RemoteOwner,
+    RunFact,
+    judge,
+    mark_job_ended,
+    mark_owner_dead,
+    remote_owner,
+    still_elsewhere,
+)
+from deltad.watch.discovery import is_workspace
+from deltad.watch.hints import Why
+
+# An answer file this young, reported only by IN_CREATE, may be an open(O_CREAT) whose writer
+# has not finished opening it yet; look again after this long.
+CREATE_GRACE_SECONDS = 0.05
+# An answer file still open for writing is looked at again after this long, even though its
+# writer's close will be reported: the kernel reports a close (IN_CLOSE_WRITE) before it stops
+# counting the file as open for writing, so the look that the close event brings can still see
+# the writer, and no later event comes. Under load that window is long enough to strand an
+# answer until the next full reconcile (found by the bench: one answer in ~1,000 during an
+# `rm -rf` of 1,000 workspaces, 82–95 s late at 50,000 workspaces).
+OPEN_WRITER_RECHECK_SECONDS = 0.05
+# A writer that keeps the file open longer (an editor saving in place slowly, a person typing
+# into `cat > response.txt`) is looked at again this often, not 20 times a second.
+OPEN_WRITER_PATIENCE_SECONDS = 1.0
+# How soon to look again at a live run that has just posted a question.
+PAUSE_RECHECK_SECONDS = 1.0
+# Looks that each disagree with the one before (files rewritten under every look) before a
+# resume is put off (`inspect`).
+CONFIRMING_LOOKS = 3
+
+
+class Action(Enum):
+    NONE = "none"
+    RESUME = "resume"
+    MARK_INTERRUPTED = "mark_interrupted"
+    GONE = "gone"
+
+
+class State(StrEnum):
+    IDLE = "idle"  # no run yet
+    WAITING = "waiting"  # a question, no (complete) answer
+    ANSWERED = "answered"  # a complete answer: resume
+    EXPIRED = "expired"  # the question's deadline passed with no usable answer: resume
+    RUNNING = "running"  # owner alive (or on another host)
+    INTERRUPTED = "interrupted"
+    DONE = "done"  # completed, failed or canceled
+    PROBLEM = "problem"  # something on disk is wrong; logged once
+    GONE = "gone"
+
+
+@dataclass
+class Verdict:
+    action: Action
+    state: State
+    run_id: str | None = None
+    status: RunStatus | None = None
+    problem: str | None = None
+    answer_sig: AnswerSig | None = None
+    owner_pid: int | None = None
+    elsewhere: RemoteOwner | None = None  # RUNNING on another host (judged from its job)
+    request_id: str | None = None
+    input_type: str | None = None  # of the pending question (the inbox's filters)
+    created: float | None = None  # the pending question's timestamp (the inbox's order)
+    deadline: float | None = None  # the pending question's expires_at (the inbox's due soon)
+    owner: tenancy.Owner | None = None  # who a resume runs as (checked: see tenancy)
+    error_kind: str | None = None  # INTERRUPTED runs: why (model_unavailable: deltad retries)
+    failing_since: float | None = None  # wall time the model started failing (give-up clock)
+    # When to look again even without an event: an answer still settling, or the pending
+    # question's `expires_at` (the client applies the timeout rule when it is resumed then).
+    wake_at: float | None = None
+    unparsed: bool = False  # the problem: a state file did not parse (it may be half written)
+    channel: str | None = None  # an answer's: who wrote the file (the metrics' label)
+    follow_up: FollowUp | None = None  # the pending question's reminders and escalation
+
+
+def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
+    return Verdict(Action.NONE, State.PROBLEM, run_id, status, problem=msg)
+
+
+def _unparsed(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
+    v = _problem(msg, run_id, status)
+    v.unparsed = True
+    return v
+
+
+def inspect(
+    ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock = SYSTEM
+) -> Verdict:
+    """What is on disk now. A resume is decided only by two looks in a row that agree: the
+    files a look reads one after another (LATEST, metadata.json, request.json, the answer) can
+    be written in between, and a look that read the state files before they were broken and
+    the answer after it was written would resume what the disk no longer holds. The second
+    look starts after the first saw the answer, so it sees every file written before it."""
+    seen = _look_once(ws_path, why, settle, policy, clock)
+    for _ in range(CONFIRMING_LOOKS):
+        if seen.action is not Action.RESUME:
+            return _unless_being_written(ws_path, seen, settle, clock)
+        again = _look_once(ws_path, why, settle, policy, clock)
+        if _same_resume(seen, again):
+            return again
+        seen = again
+    return _unsettled(seen, clock, OPEN_WRITER_RECHECK_SECONDS)
+
+
+def _same_resume(first: Verdict, second: Verdict) -> bool:
+    return second.action is Action.RESUME and (
+        first.state,
+        first.run_id,
+        first.request_id,
+        first.answer_sig,
+    ) == (second.state, second.run_id, second.request_id, second.answer_sig)
+
+
+def _unsettled(seen: Verdict, clock: Clock, after: float) -> Verdict:
+    """Files still changing under the look: judge nothing now, look again `after` seconds."""
+    v = Verdict(Action.NONE, State.WAITING, seen.run_id, seen.status, owner=seen.owner)
+    v.wake_at = clock.time() + after
+    return v
+
+
+def _unless_being_written(ws_path: Path, seen: Verdict, settle: float, clock: Clock) -> Verdict:
+    """A state file written in place (`echo ... > request.json`) is empty or half there until
+    its writer is done, and a look not brought by its close (the background read after READY,
+    a sweep, another file's event) may read it then. As for an answer ("When is an answer
+    complete"), one that does not parse is judged once nobody has it open for writing and it
+    has not changed for `settle` seconds; until then the workspace is looked at again."""
+    if not seen.unparsed:
+        return seen
+    files = _state_files(Workspace(ws_path))
+    if any(open_writers(f) is Writers.OPEN for f in files):
+        return _unsettled(seen, clock, OPEN_WRITER_PATIENCE_SECONDS)
+    age = clock.time() - max(_mtimes(files), default=0.0)
+    if 0 <= age < settle:
+        return _unsettled(seen, clock, settle - age)
+    return seen
+
+
+def _state_files(ws: Workspace) -> list[Path]:
+    files = [ws.latest_file, ws.request_file]
+    with contextlib.suppress(ProtocolError, OSError):
+        if (run_id := ws.latest_run_id()) is not None:
+            files.append(tenancy.run_paths(ws, run_id).metadata)
+    return files
+
+
+def _mtimes(files: list[Path]) -> list[float]:
+    out = []
+    for f in files:
+        with contextlib.suppress(OSError):
+            out.append(os.lstat(f).st_mtime_ns / 1e9)
+    return out
+
+
+def _look_once(ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock) -> Verdict:
+    if not is_workspace(ws_path):
+        return Verdict(Action.GONE, State.GONE)
+    ws = Workspace(ws_path)
+    try:
+        run_id = ws.latest_run_id()
+        owner = tenancy.check(ws_path, run_id, policy)  # before anything is acted on
+        if run_id is None:
+            return Verdict(Action.NONE, State.IDLE)
+        meta = load_metadata(tenancy.run_paths(ws, run_id).metadata)
+    except FileNotFoundError as e:
+        if not is_workspace(ws_path):  # deleted while we read it
+            return Verdict(Action.GONE, State.GONE)
+        return _problem(f"{e.filename or 'a run file'} is missing")
+    except tenancy.Refused as e:
+        return _problem(str(e))
+    except CorruptFile as e:
+        return _unparsed(str(e))
+    except ProtocolError as e:
+        return _problem(str(e))
+    except OSError as e:
+        return _problem(f"{e.filename or ws_path}: {e.strerror}")
+    v = _by_status(ws, meta, why, settle, clock)
+    v.owner = owner
+    return v
+
+
+def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: Clock) -> Verdict:
+    s = meta.status
+    if s is RunStatus.WAITING_FOR_INPUT:
+        return _waiting(ws, meta, why, settle, clock)
+    if s is RunStatus.RUNNING:
+        pid = meta.owner.pid if meta.owner else None
+        if judge(meta) is RunFact.OWNER_DEAD:
+            return Verdict(Action.MARK_INTERRUPTED, State.RUNNING, meta.run_id, s, owner_pid=pid)
+        v = Verdict(Action.NONE, State.RUNNING, meta.run_id, s, owner_pid=pid)
+        v.elsewhere = remote_owner(meta)
+        v.wake_at = _pausing_soon(ws, meta, clock)
+        return v
+    if s is RunStatus.INTERRUPTED:
+        v = Verdict(Action.NONE, State.INTERRUPTED, meta.run_id, s, error_kind=meta.error_kind)
+        if meta.model_failing_since is not None:
+            v.failing_since = meta.model_failing_since.timestamp()
+        return v
+    return Verdict(Action.NONE, State.DONE, meta.run_id, s)
+
+
+def _pausing_soon(ws: Workspace, meta: RunMetadata, clock: Clock) -> float | None:
+    """A live run that has posted a question is about to turn WAITING_FOR_INPUT (the client
+    posts first, then flips the status, then exits), and no event marks the flip. Look again
+    shortly, or at the question's deadline if that is sooner."""
+    try:
+        request = Mailbox(ws).read_request()
+    except (ProtocolError, OSError):
+        return None
+    if request is None or request.run_id != meta.run_id:
+        return None
+    soon = clock.time() + PAUSE_RECHECK_SECONDS
+    return min(soon, request.expires_at.timestamp()) if request.expires_at else soon
+
+
+def _name(v: Verdict, request: InteractionRequest) -> Verdict:
+    v.request_id, v.input_type = request.request_id, str(request.input_type)
+    v.created = request.timestamp.timestamp()
+    v.deadline = request.expires_at.timestamp() if request.expires_at else None
+    v.follow_up = request.follow_up
+    return v
+
+
+def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: Clock) -> Verdict:
+    run_id, status = meta.run_id, meta.status
+    waiting = Verdict(Action.NONE, State.WAITING, run_id, status)
+    mailbox = Mailbox(ws)
+    try:
+        request = mailbox.read_request()
+    except CorruptFile as e:
+        return _unparsed(str(e), run_id, status)
+    except ProtocolError as e:
+        return _problem(str(e), run_id, status)
+    except OSError as e:
+        return _problem(f"{ws.request_file}: {e.strerror}", run_id, status)
+    if request is None:
+        if (answer_file := mailbox.answer_file()) is not None:
+            return _problem(
+                f"{answer_file} has no question (request.json is missing)", run_id, status
+            )
+        return waiting
+    if request.run_id != run_id:
+        return _problem(
+            f"{ws.request_file} belongs to run {request.run_id}, not the latest run {run_id}",
+            run_id,
+            status,
+        )
+    _name(waiting, request)  # the inbox's index and events name the question
+    deadline = request.expires_at.timestamp() if request.expires_at else None
+    expired = _name(Verdict(Action.RESUME, State.EXPIRED, run_id, status), request)
+    try:
+        answer = mailbox.read_answer(request, secret=request.is_secret)
+    except OSError as e:
+        return _problem(f"{ws.response_file}: {e.strerror}", run_id, status)
+    # A READY answer is resumed; so is a REFUSED one (a FIFO, a symlink, too big, not UTF-8)
+    # once its writer is done: the client then sets it aside with the reason, instead of it
+    # blocking the question forever.
+    if answer.state not in (AnswerState.READY, AnswerState.REFUSED):
+        if deadline is not None and clock.time() >= deadline:
+            # Nobody answered (usably) in time, says request.json: the journal confirms it.
+            return _name(_expiry(ws, request, expired, clock), request)
+        v = (
+            waiting
+            if answer.state is AnswerState.MISSING
+            else _problem(answer.reason, run_id, status)
+        )
+        v.wake_at = deadline
+        _name(v, request)
+        return v
+    if answer.state is AnswerState.READY and answer.size == 0 and not request.allow_empty:
+        # `touch response.txt` before an editor writes it, or `: > response.txt`: an empty file
+        # is never taken for an answer; the real save brings us back (a close or a rename).
+        v = Verdict(Action.NONE, State.WAITING, run_id, status, wake_at=deadline)
+        _name(v, request)
+        v.problem = f"{answer.path.name} is empty: waiting for the answer to be written into it"
+        return v
+    v = _complete_answer(answer.path, run_id, status, why, settle, clock)
+    _name(v, request)
+    if v.action is Action.RESUME:
+        # Only the `channel` field is taken, and only a known name: nothing of the answer.
+        v.channel = channel_of(answer.path.name, answer.text)
+    if answer.state is AnswerState.REFUSED:
+        v.problem = f"{answer.reason} (the resume sets it aside)"
+    if v.action is Action.NONE and deadline is not None:
+        v.wake_at = min(deadline, v.wake_at or deadline)
+    return v
+
+
+def _expiry(ws: Workspace, request: InteractionRequest, expired: Verdict, clock: Clock) -> Verdict:
+    """request.json's deadline has passed. Resume only if the journal's has too: the client
+    acts on the journal's record of the question (protocol/deadline.py), so a request.json
+    that says otherwise is reported, once, and the run waits for the journal's deadline."""
+    run_id, status = expired.run_id, expired.status
+    try:
+        asked = asked_request(tenancy.run_paths(ws, request.run_id).journal, request.request_id)
+    except ProtocolError as e:
+        return _problem(str(e), run_id, status)
+    except OSError as e:
+        return _problem(f"{e.filename or 'the journal'}: {e.strerror}", run_id, status)
+    judged = judge_expiry(request, asked, datetime.fromtimestamp(clock.time(), UTC))
+    if judged.expired:
+        return expired  # the client applies the timeout rule
+    v = _problem(judged.problem or "request.json's deadline is not the journal's", run_id, status)
+    v.state = State.WAITING
+    v.wake_at = judged.at.timestamp() if judged.at is not None else None
+    return v
+
+
+def _complete_answer(
+    path: Path, run_id: str, status: RunStatus, why: Why, settle: float, clock: Clock
+) -> Verdict:
+    """`path` (response.txt or response.json) is valid; is its writer done with it?"""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return Verdict(Action.NONE, State.WAITING, run_id, status)
+    sig: AnswerSig = (st.st_ino, st.st_size, st.st_mtime_ns)
+    age = clock.time() - st.st_mtime_ns / 1e9
+    incomplete = Verdict(Action.NONE, State.WAITING, run_id, status, answer_sig=sig)
+    if why == Why.ANSWER_CREATED and age < CREATE_GRACE_SECONDS:
+        incomplete.wake_at = clock.time() + CREATE_GRACE_SECONDS
+        return incomplete
+    writers = open_writers(path)
+    if writers is Writers.OPEN:  # its close will be reported; look again anyway (see above)
+        soon = (
+            OPEN_WRITER_RECHECK_SECONDS if why & Why.ANSWER_CLOSED else OPEN_WRITER_PATIENCE_SECONDS
+        )
+        incomplete.wake_at = clock.time() + soon
+        return incomplete
+    if writers is Writers.UNKNOWN and not (why & Why.ANSWER_CLOSED) and age < settle:
+        incomplete.wake_at = clock.time() + (settle - age)
+        return incomplete
+    return Verdict(Action.RESUME, State.ANSWERED, run_id, status, answer_sig=sig)
+
+
+def mark_interrupted(
+    ws_path: Path, run_id: str, elsewhere: Elsewhere | None = None
+) -> RunMetadata | None:
+    """RUNNING → INTERRUPTED if its owner is dead, decided again under the workspace lock
+    (`elsewhere`: the run is on another host and its job ended; the owner must be unchanged).
+
+    Returns the new metadata, or None if nothing was changed (someone holds the lock, i.e.
+    a live `delta` is driving the workspace; or the run moved on meanwhile).
+    """
+    ws = Workspace(ws_path)
+    if not safefs.is_dir(ws.delta_dir):
+        return None  # WorkspaceLock would create .delta/ in a deleted workspace
+    lock = WorkspaceLock(ws.lock_file)
+    try:
+        lock.acquire()
+    except Busy:
+        return None
+    try:
+        path = ws.run(run_id).metadata
+        meta = load_metadata(path)
+        if elsewhere is not None:
+            if not still_elsewhere(meta, elsewhere):
+                return None
+            return mark_job_ended(path, meta, ws_path, elsewhere.why)
+        if judge(meta) is not RunFact.OWNER_DEAD:
+            return None
+        return mark_owner_dead(path, meta, ws_path)
+    finally:
+        lock.release()

@@ -1,1 +1,0 @@
-"""`deltad`: one daemon watches many workspaces and resumes every answered run exactly once."""

@@ -1,0 +1,709 @@
+"""The inbox process: HTTP (the API, the event stream, the page, signed links) on the socket
+the core handed it, as an unprivileged user with no capabilities and no_new_privs.
+
+It holds the listening socket, its own directory (token hashes to read, the session key and
+logouts to keep) and the core's socket, nothing else: no workspace is read here. The event
+stream is served from a replica of the core's feed (`welcome`'s buffer, then each `event`);
+everything that reads or writes a workspace is a call to the core (`Remote`), which checks it
+again as if this process were hostile.
+
+    python -m deltad.http --core-fd N            (started by `deltad serve`)
+    deltad inbox --connect /run/deltad/inbox.sock   (deltad-inbox.service)
+
+The process ends when the core hangs up (the core, or systemd, starts another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import itertools
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from deltad import logs
+from deltad.health import Health
+from deltad.http import sessions
+from deltad.inbox.config import HttpConfig
+from deltad.inbox.feed import EVENT_TYPES, Feed, FeedEvent
+from deltad.inbox.handlers import ApiError, Context
+from deltad.inbox.tokens import Identity, TokenStore
+from deltad.outbound import notify
+from deltad.outbound.outbox import target_key
+from deltad.privsep import wire
+from deltad.protocol.printable import unshow
+
+log = structlog.get_logger("deltad.inbox")
+
+PR_SET_NO_NEW_PRIVS = 38
+CALL_SECONDS = 60.0  # a call the core has not answered by then is a 503
+TEST_HOOK_ENV = "DELTAD_INBOX_TEST_HOOK"
+
+
+def no_new_privs() -> None:
+    """No exec from here on can gain a privilege (setuid binaries, file capabilities)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+class Remote:
+    """The calls, sent to the core; each waits for its reply (a few worker threads wait at
+    once, the reader thread hands the replies out)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # the waiting calls
+        self._sending = threading.Lock()  # whole frames on the socket
+        self._waiting: dict[int, Future[wire.Reply]] = {}
+        self.gone = False
+
+    def tell(self, msg: wire.Told) -> None:
+        """A message that gets no reply (the delivery counts)."""
+        with self._sending:
+            self.sock.sendall(wire.encode(msg))
+
+    def send(self, msg: dict[str, Any]) -> dict[str, Any]:
+        cid = next(self._ids)
+        fut: Future[wire.Reply] = Future()
+        with self._lock:
+            if self.gone:
+                raise _unavailable()
+            self._waiting[cid] = fut
+        try:
+            frame = wire.FROM_INBOX.validate_python({**msg, "id": cid})
+        except ValidationError as e:  # what the route took, the protocol does not: say so
+            with self._lock:
+                self._waiting.pop(cid, None)
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"][1:])
+            raise ApiError(422, "bad_request", f"{where}: {first['msg']}") from None
+        data = wire.encode(frame)
+        if len(data) - wire.HEADER.size > wire.INBOX_FRAME_MAX:  # the core would hang up
+            with self._lock:
+                self._waiting.pop(cid, None)
+            raise ApiError(413, "too_large", "this request is over what the core takes")
+        try:
+            with self._sending:
+                self.sock.sendall(data)
+            reply = fut.result(CALL_SECONDS)
+        except (OSError, FutureTimeout):
+            raise _unavailable() from None
+        finally:
+            with self._lock:
+                self._waiting.pop(cid, None)
+        if (problem := reply.error) is not None:
+            raise ApiError(problem.http, problem.code, problem.message, problem.workspaces)
+        return reply.result or {}
+
+    def resolve(self, reply: wire.Reply) -> None:
+        with self._lock:
+            fut = self._waiting.get(reply.id)
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
+
+    def lost(self) -> None:
+        with self._lock:
+            self.gone = True
+            waiting = list(self._waiting.values())
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(OSError("the core hung up"))
+
+    # -- the routes' calls (api.calls.Calls) --------------------------------------------------
+    def list_requests(
+        self,
+        who: Identity,
+        workspace: str | None,
+        input_type: str | None,
+        *,
+        owner: str | None,
+        run_id: str | None,
+        limit: int,
+        cursor: str | None,
+        sort: str = "newest",
+        older_than: str | None = None,
+        due_within: str | None = None,
+    ) -> dict[str, Any]:
+        return self.send(
+            {
+                "op": "list_requests",
+                "token": who.name,
+                "workspace": workspace,
+                "input_type": input_type,
+                "owner": owner,
+                "run_id": run_id,
+                "limit": limit,
+                "cursor": cursor,
+                "sort": sort,
+                "older_than": older_than,
+                "due_within": due_within,
+            }
+        )
+
+    def get_request(self, who: Identity, request_id: str, workspace: str | None) -> dict[str, Any]:
+        msg = {"op": "get_request", "token": who.name, "request_id": request_id}
+        return self.send({**msg, "workspace": workspace})
+
+    def answer(
+        self,
+        who: Identity,
+        request_id: str,
+        body: dict[str, Any],
+        idempotency_key: str | None,
+        workspace: str | None,
+        channel: str = "http",
+    ) -> dict[str, Any]:
+        return self.send(
+            {
+                "op": "answer",
+                "token": who.name,
+                "request_id": request_id,
+                "body": body,
+                "idempotency_key": idempotency_key,
+                "workspace": workspace,
+                "channel": channel,
+            }
+        )
+
+    def answer_many(
+        self,
+        who: Identity,
+        items: list[dict[str, Any]],
+        body: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> dict[str, Any]:
+        return self.send(
+            {
+                "op": "answer_many",
+                "token": who.name,
+                "items": items,
+                "body": body,
+                "idempotency_key": idempotency_key,
+            }
+        )
+
+    def delegate(
+        self, who: Identity, request_id: str, to: str, note: str, workspace: str | None
+    ) -> dict[str, Any]:
+        msg = {"op": "delegate", "token": who.name, "request_id": request_id, "to": to}
+        return self.send({**msg, "note": note, "workspace": workspace})
+
+    def list_runs(
+        self,
+        who: Identity,
+        workspace: str | None,
+        status: str | None,
+        *,
+        owner: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> dict[str, Any]:
+        return self.send(
+            {
+                "op": "list_runs",
+                "token": who.name,
+                "workspace": workspace,
+                "status": status,
+                "owner": owner,
+                "limit": limit,
+                "cursor": cursor,
+            }
+        )
+
+    def get_run(self, who: Identity, run_id: str, workspace: str | None) -> dict[str, Any]:
+        msg = {"op": "get_run", "token": who.name, "run_id": run_id, "workspace": workspace}
+        return self.send(msg)
+
+    def history(self, who: Identity, limit: int) -> dict[str, Any]:
+        return self.send({"op": "history", "token": who.name, "limit": limit})
+
+    def check_link(self, token: str) -> None:
+        self.send({"op": "check_link", "link": token})
+
+    def link_request(self, token: str) -> dict[str, Any]:
+        return self.send({"op": "link_request", "link": token})
+
+    def link_answer(self, token: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.send({"op": "link_answer", "link": token, "body": body})
+
+    def channel_interaction(
+        self, channel: str, body: str, timestamp: str, signature: str
+    ) -> dict[str, Any]:
+        msg = {"op": "channel_interaction", "channel": channel, "body": body}
+        return self.send({**msg, "timestamp": timestamp, "signature": signature})
+
+
+class RemoteVitals:
+    """The core's health and metrics (deltad/health.py's `Vitals`), asked over the socket (one
+    small call a probe; the core answers it on a thread beside its loop). A core that does not
+    answer is neither live nor ready (503s, by the status code)."""
+
+    FRESH = 0.05  # seconds an answer is reused: /metrics asks for both halves in one request
+
+    def __init__(self, remote: Remote) -> None:
+        self.remote = remote
+        self._lock = threading.Lock()
+        self._at = -self.FRESH
+        self._doc: dict[str, Any] | None = None
+
+    def _ask(self) -> dict[str, Any] | None:
+        with self._lock:
+            now = time.monotonic()
+            if self._doc is None or now - self._at >= self.FRESH:
+                try:
+                    self._doc = self.remote.send({"op": "vitals"})
+                except ApiError:
+                    self._doc = None
+                self._at = now
+            return self._doc
+
+    def health(self) -> Health:
+        doc = self._ask()
+        if doc is None:
+            return Health(False, False, 0, None)
+        try:
+            return Health(**doc["health"])
+        except (KeyError, TypeError):
+            return Health(False, False, 0, None)
+
+    def core_metrics(self) -> bytes:
+        doc = self._ask()
+        return str(doc.get("metrics", "")).encode() if doc is not None else b""
+
+
+# -- channels' own endpoints (deltad/outbound) --------------------------------------------------
+def channel_routes(app: FastAPI, remote: Remote, deliveries: Deliveries | None = None) -> None:
+    """Slack's interactivity endpoint. Its credential is Slack's signature, which only the core
+    can check (it alone reads the signing secret): the body (capped by api.limits) and the two
+    headers go to the core unread, and its answer comes back as Slack's response. A modal the
+    core decided to open is opened here, with the bot token this process holds."""
+
+    @app.post("/v1/channels/slack/interactions", include_in_schema=False)
+    async def slack_interactions(request: Request) -> Response:
+        timestamp = request.headers.get("x-slack-request-timestamp", "")
+        signature = request.headers.get("x-slack-signature", "")
+        if not timestamp or not signature:
+            raise ApiError(401, "bad_signature", "not signed by Slack (no X-Slack-Signature)")
+        try:
+            body = (await request.body()).decode()
+        except UnicodeDecodeError:
+            raise ApiError(400, "bad_payload", "not a Slack interaction payload") from None
+        result = await run_in_threadpool(
+            remote.channel_interaction, "slack", body, timestamp, signature
+        )
+        if isinstance(opening := result.get("open_view"), dict):
+            refused = await run_in_threadpool(open_view, deliveries, opening)
+            if refused is not None:
+                return JSONResponse(refused)
+        if (response := result.get("response")) is None:
+            return Response(status_code=200)
+        return JSONResponse(response)
+
+
+def open_view(deliveries: Deliveries | None, opening: dict[str, Any]) -> dict[str, Any] | None:
+    """Open the modal the core described (channels/slack.py, `open_view`); None once open,
+    else the refusal to answer Slack with (also told to the person, from the outbox)."""
+    slack = deliveries.slack if deliveries is not None else None
+    why = "this inbox process sends nothing to Slack"
+    if slack is not None:
+        why = slack.open_view(
+            str(opening.get("trigger_id", "")),
+            dict(opening.get("view") or {}),
+            float(opening.get("timeout") or 2.5),
+        )
+        if why is None:
+            return None
+    log.error("slack_modal_failed", request_id=opening.get("request_id"), error=why)
+    refusal = opening.get("refusal")
+    text = refusal.get("text") if isinstance(refusal, dict) else None
+    log.warning("slack_action_refused", code="modal_failed", reason=text, user=opening.get("user"))
+    told = opening.get("told")
+    if slack is not None and isinstance(told, dict) and deliveries is not None:
+        courier = deliveries.couriers.get(target_key(slack.name))
+        if courier is not None:
+            with contextlib.suppress(OSError, TypeError, ValueError):
+                courier.put(str(told["channel"]), "ephemeral", json.dumps(told))
+    return refusal if isinstance(refusal, dict) else {"text": "the form could not be opened"}
+
+
+# -- the email channel's Maildir (deltad/outbound/maildir.py) ----------------------------------
+def mail_reader(intake: wire.MailIntake | None, remote: Remote) -> Any:
+    """The Maildir reader the core's welcome asks for (None: no email channel): it parses
+    each message here and relays what it found to the core (`mail_reply`)."""
+    if intake is None:
+        return None
+    from deltad.outbound.maildir import MaildirReader
+
+    def relay(got: Any) -> bool:
+        doc = {"op": "mail_reply", "message": got.message, "token": got.token}
+        doc |= {"sender": got.sender, "automatic": got.automatic, "text": got.text}
+        try:
+            result = remote.send({**doc, "problem": got.problem})
+        except ValueError as e:  # not encodable (mail.received makes it so: a bug)
+            log.error("email_relay_refused", message=got.message, error=str(e)[:200])
+            return True
+        except ApiError as e:
+            if e.http == 503:  # the core is starting its channel, or gone: kept in new/
+                return False
+            # Refused as malformed, or the core failed on it: set aside in cur/, not relayed
+            # forever (the core's log says why).
+            log.error("email_relay_refused", message=got.message, http=e.http, code=e.code)
+            return True
+        log.info("email_relayed", message=got.message, result=result.get("result"))
+        return True
+
+    return MaildirReader(
+        Path(intake.maildir),
+        intake.reply_local,
+        intake.reply_domain,
+        relay,
+        intake.max_message_bytes,
+        intake.max_per_pass,
+        intake.poll_seconds,
+    )
+
+
+def _unavailable() -> ApiError:
+    return ApiError(503, "core_unavailable", "the daemon's core did not answer; try again")
+
+
+def relayed(msg: wire.EventMsg) -> FeedEvent | None:
+    if msg.type not in EVENT_TYPES:
+        return None
+    data = dict(msg.data)
+    if isinstance(data.get("workspace"), str):
+        with contextlib.suppress(ValueError):
+            data["workspace"] = unshow(data["workspace"])
+    return FeedEvent(msg.id, msg.type, msg.at, data)
+
+
+def listen_from_core(
+    reader: wire.Reader,
+    remote: Remote,
+    feed: Feed,
+    on_lost: Any,
+    deliveries: Deliveries | None = None,
+) -> None:
+    """The reader thread: replies to their callers, events into the replica feed, the
+    outbox's hints to its webhook's thread."""
+    try:
+        while True:
+            msg = wire.FROM_CORE.validate_json(reader.frame())
+            if isinstance(msg, wire.Reply):
+                remote.resolve(msg)
+            elif isinstance(msg, wire.EventMsg) and (e := relayed(msg)) is not None:
+                feed.relay(e)
+            elif isinstance(msg, wire.OutboxHint) and deliveries is not None:
+                deliveries.hint(msg.target)
+    except (wire.WireError, OSError, ValueError) as e:
+        log.error("inbox_core_gone", reason=str(e))
+    finally:
+        remote.lost()
+        on_lost()
+
+
+class Deliveries:
+    """The webhooks this process delivers (one WebhookWorker per target, from the outbox in
+    its directory), the channels' messages it sends (one Courier per channel target, with the
+    credential it was handed: deltad/outbound/senders.py) and the counts it tells the core,
+    at most every REPORT_SECONDS."""
+
+    REPORT_SECONDS = 0.2
+
+    def __init__(
+        self,
+        targets: list[wire.WebhookTarget],
+        state: Path,
+        remote: Remote,
+        shown: str = "",
+        channels: list[wire.ChannelTarget] | None = None,
+    ) -> None:
+        from deltad.outbound import senders
+        from deltad.outbound.courier import Courier
+
+        self.remote = remote
+        self._dirty = threading.Event()
+        self._stopping = threading.Event()
+        self.results = notify.Results(self._changed)
+        self._last: dict[str, int] = {}
+        named = Path(shown) if shown else None
+        self.workers = {t.key: notify.WebhookWorker(t, state, self.results, named) for t in targets}
+        self.sent: dict[str, dict[str, int]] = {}
+        self._counting = threading.Lock()
+        self._channels_last: dict[str, dict[str, int]] = {}
+        self.couriers: dict[str, Courier] = {}
+        self.slack: Any = None  # senders.SlackSender: opens the modals a button asks for
+        for c in channels or []:
+            try:
+                send = senders.sender(c, state)
+            except senders.SenderError as e:  # the core checked them: a bug, said once
+                log.error("channel_unusable", channel=c.name, error=str(e))
+                continue
+            self.sent[c.name] = {"sent": 0, "retry": 0, "dead": 0}
+            self.couriers[c.key] = Courier(
+                c.name,
+                state,
+                senders.outbox_config(c),
+                send,
+                handed=True,
+                tally=self._tally(c.name),
+                queued=senders.queued_hook(send),
+            )
+            if isinstance(send, senders.SlackSender):
+                self.slack = send
+        self._reporter = threading.Thread(
+            target=self._report, name="deltad-inbox-report", daemon=True
+        )
+
+    def _tally(self, name: str) -> Callable[[str], None]:
+        def tally(result: str) -> None:
+            with self._counting:  # a courier's thread, or a route's burying for room
+                counts = self.sent[name]
+                counts[result] = counts.get(result, 0) + 1
+            self._dirty.set()
+
+        return tally
+
+    def start(self) -> None:
+        for w in self.workers.values():
+            w.start()
+        for c in self.couriers.values():
+            c.start()
+        self._reporter.start()
+        self._dirty.set()  # what waits at start
+
+    def hint(self, key: str) -> None:
+        if (w := self.workers.get(key)) is not None:
+            w.hint()
+        if (c := self.couriers.get(key)) is not None:
+            c.hint()
+            self._dirty.set()  # its depth changes
+
+    def _changed(self, doc: dict[str, int]) -> None:
+        self._dirty.set()
+
+    def _report(self) -> None:
+        while not self._stopping.is_set():
+            self._dirty.wait()
+            self._dirty.clear()
+            counts = {**self.results.counts, "depth": self.results.depth()}
+            try:
+                if counts != self._last and self.workers:
+                    self.remote.tell(wire.DeliveryCounts(op="deliveries", **counts))
+                    self._last = counts
+                for c in self.couriers.values():
+                    with self._counting:
+                        now = {**self.sent[c.name], "depth": c.waiting()}
+                    if now != self._channels_last.get(c.name):
+                        self.remote.tell(
+                            wire.ChannelSends(op="channel_sends", channel=c.name, **now)
+                        )
+                        self._channels_last[c.name] = now
+            except OSError:
+                return  # the core is gone: this process ends
+            self._stopping.wait(self.REPORT_SECONDS)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._dirty.set()
+        for w in self.workers.values():
+            w.stopping.set()
+        for w in self.workers.values():
+            w.stop()
+        for c in self.couriers.values():
+            c.stop()
+
+
+def _connect(args: argparse.Namespace) -> socket.socket:
+    if args.core_fd is not None:
+        return socket.socket(fileno=args.core_fd)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(args.connect))
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    no_new_privs()  # first, before a byte from anyone is read
+    p = argparse.ArgumentParser(prog="deltad inbox")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--core-fd", type=int)
+    where.add_argument("--connect", type=Path)
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", default="auto")
+    args = p.parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    if os.geteuid() == 0:
+        print("deltad inbox: refusing to run as root (it parses the network)", file=sys.stderr)
+        return 2
+    try:
+        core = _connect(args)
+    except OSError as e:
+        print(f"deltad inbox: cannot reach the core: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return serve(core)
+
+
+def serve(core: socket.socket) -> int:
+    # Every call is a hand-off between threads (a route's worker, the reader of replies): a
+    # thread woken by a reply takes the interpreter within 0.5 ms, not the default 5 ms.
+    sys.setswitchinterval(0.0005)
+    reader = wire.Reader(core, wire.CORE_FRAME_MAX, fds=True)
+    try:
+        wire.send(core, wire.Hello(op="hello", version=wire.VERSION))
+        welcome = wire.FROM_CORE.validate_json(reader.frame())
+    except ValidationError as e:  # never its text: it quotes the input (the welcome's keys)
+        log.error("inbox_handshake_failed", reason=f"not a welcome ({e.error_count()} errors)")
+        return 1
+    except (wire.WireError, OSError, ValueError) as e:
+        log.error("inbox_handshake_failed", reason=str(e))
+        return 1
+    fds, reader.fds = reader.received, False
+    if not isinstance(welcome, wire.Welcome):
+        log.error("inbox_handshake_failed", reason="no welcome")
+        return 1
+    want = (4 if welcome.tls else 2) if welcome.listening else 1
+    if len(fds) != want:
+        log.error("inbox_handshake_failed", reason="no welcome with the descriptors")
+        return 1
+    if not welcome.listening:
+        return deliver_only(core, reader, welcome, Path(f"/proc/self/fd/{fds[0]}"))
+    # The web stack only where it serves (an inbox for webhooks alone starts without it).
+    from deltad.http.app import create_app
+    from deltad.http.server import serve_bounded, uvicorn_server
+
+    config = HttpConfig.model_validate(welcome.http)
+    listening = socket.socket(fileno=fds[0])
+    state = Path(f"/proc/self/fd/{fds[1]}")  # the directory, reached by the handed fd
+    certfile, keyfile = (
+        (f"/proc/self/fd/{fds[2]}", f"/proc/self/fd/{fds[3]}") if welcome.tls else (None, None)
+    )
+
+    feed = Feed(config.event_buffer)
+    for m in welcome.events:
+        if (event := relayed(m)) is not None:
+            feed.relay(event)
+    feed.relay_floor(welcome.floor)
+    remote = Remote(core)
+    deliveries = (
+        Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir, welcome.channels)
+        if welcome.webhooks or welcome.channels
+        else None
+    )
+    ctx = Context(
+        feed=feed,
+        tokens=TokenStore(state),
+        config=config,
+        link_key=b"",  # the core's: it checks and signs links
+        base_url=welcome.base_url,
+        core=remote,
+        vitals=RemoteVitals(remote),
+    )
+    stopping = threading.Event()
+    web = sessions.Sessions(
+        sessions.load_key(state), config.session_ttl_seconds, state / sessions.CLOSED_NAME
+    )
+    app = create_app(ctx, stopping, web)
+    channel_routes(app, remote, deliveries)
+    if os.environ.get(TEST_HOOK_ENV) == "1":
+        from deltad.http.testhook import install
+
+        install(app, remote)
+        log.warning("inbox_test_hook_enabled", detail=f"{TEST_HOOK_ENV}=1: tests only")
+    server = uvicorn_server(app, config, certfile, keyfile)
+    lost = threading.Event()
+    exit_on_signal = server.handle_exit
+
+    def handle_exit(sig: int, frame: Any) -> None:
+        stopping.set()  # open event streams say the daemon is stopping, and end
+        exit_on_signal(sig, frame)
+
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
+
+    def on_lost() -> None:
+        lost.set()
+        stopping.set()
+        server.should_exit = True
+
+    threading.Thread(
+        target=listen_from_core,
+        args=(reader, remote, feed, on_lost, deliveries),
+        name="deltad-inbox-core",
+        daemon=True,
+    ).start()
+    if deliveries is not None:
+        deliveries.start()
+    mail = mail_reader(welcome.mail, remote)
+    if mail is not None:
+        mail.start()
+    log.info("inbox_serving", pid=os.getpid(), uid=os.getuid(), url=welcome.base_url)
+    try:
+        asyncio.run(serve_bounded(server, listening))
+    finally:
+        stopping.set()
+        if mail is not None:
+            mail.stop()
+        if deliveries is not None:
+            deliveries.stop()
+    return 3 if lost.is_set() else 0
+
+
+def deliver_only(
+    core: socket.socket, reader: wire.Reader, welcome: wire.Welcome, state: Path
+) -> int:
+    """No HTTP (the daemon has no `http:`): this process only delivers the webhooks and the
+    channels' messages and reads the email channel's Maildir, until the core hangs up or a
+    signal ends it."""
+    remote = Remote(core)
+    deliveries = Deliveries(welcome.webhooks, state, remote, welcome.inbox_dir, welcome.channels)
+    ended = threading.Event()
+    lost = threading.Event()
+
+    def on_lost() -> None:
+        lost.set()
+        ended.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ended.set())
+    threading.Thread(
+        target=listen_from_core,
+        args=(reader, remote, Feed(10), on_lost, deliveries),
+        name="deltad-inbox-core",
+        daemon=True,
+    ).start()
+    deliveries.start()
+    mail = mail_reader(welcome.mail, remote)
+    if mail is not None:
+        mail.start()
+    log.info("inbox_serving", pid=os.getpid(), uid=os.getuid(), url=None, webhooks_only=True)
+    try:
+        while not ended.wait(3600):
+            pass
+    finally:
+        if mail is not None:
+            mail.stop()
+        deliveries.stop()
+    return 3 if lost.is_set() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,868 @@
+"""The API's handlers: plain functions from (who asks, what) to a JSON-ready dict, raising
+ApiError. No HTTP here (the routes in `app.py` are thin), so the rules — scope, role, what a
+question looks like, what an answer does — are one readable page, and the same for the signed
+links as for tokens.
+
+Where to look comes from the daemon's index (no handler waits on a reconcile), and lists are
+paged from it in memory; what is there is read from the disk every time (for a list, only a
+page's items), and every answer goes through `deltad.inbox.submit`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from deltad import inbox
+from deltad.health import Standalone, Vitals
+from deltad.http.access import HttpMetrics
+from deltad.inbox import links, paging, quorum, scopes
+from deltad.inbox.config import HttpConfig
+from deltad.inbox.feed import Feed, Listed
+from deltad.inbox.idempotency import FILE as KEYS_FILE
+from deltad.inbox.idempotency import KeyLog
+from deltad.inbox.idempotency import Record as KeyRecord
+from deltad.inbox.tokens import Identity, TokenStore
+from deltad.protocol import (
+    JournalEvent,
+    Mailbox,
+    ProtocolError,
+    Workspace,
+    iso,
+    kinds,
+    utcnow,
+    viewing,
+)
+from deltad.protocol.events import Thought
+from deltad.protocol.kinds import kind_of
+from deltad.protocol.printable import json_safe, show_path, unshow
+
+log = structlog.get_logger("deltad.api")
+if TYPE_CHECKING:
+    from deltad.inbox.calls import Calls
+
+JOURNAL_TAIL_BYTES = 256 * 1024
+JOURNAL_TAIL_EVENTS = 50
+READ_THROUGH_LIMIT = 256  # workspaces whose request.json a miss may read
+DOCUMENT_CACHE = 2048  # question documents kept for list pages
+
+
+class ApiError(Exception):
+    def __init__(
+        self, http: int, code: str, message: str, workspaces: list[str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.http, self.code, self.workspaces = http, code, workspaces
+
+    def document(self) -> dict[str, Any]:
+        # A message may quote a workspace named in bytes: UTF-8 JSON would fail on it.
+        doc: dict[str, Any] = {"error": json_safe(str(self)), "code": self.code}
+        if self.workspaces is not None:
+            doc["workspaces"] = self.workspaces
+        return doc
+
+
+def unauthorized(message: str = "a bearer token is needed (Authorization: Bearer ...)") -> ApiError:
+    return ApiError(401, "unauthorized", message)
+
+
+class Idempotency:
+    """(token, Idempotency-Key, request id) → the workspace answered, the body's digest and
+    the response it got: kept 24 hours, at most 10,000, in the state dir when `state_dir` is
+    given (idempotency.py), so a retry after a restart gets the same 202. A repeat to the same
+    question gets the same response, a different body a 422; the key on another question is
+    another answer."""
+
+    def __init__(self, state_dir: Path | None = None) -> None:
+        self.lock = threading.Lock()
+        self.log = KeyLog(state_dir / KEYS_FILE if state_dir is not None else None)
+
+    def seen(
+        self, who: str, key: str, request_id: str, workspace: Path | None, body_digest: str
+    ) -> dict[str, Any] | None:
+        with self.lock:
+            hit = self.log.get((who, key, request_id), time.time())
+            sealed = self.log.seal(body_digest)
+        if hit is None or (workspace is not None and hit.workspace != str(workspace)):
+            return None
+        if not hmac.compare_digest(hit.sealed, sealed):
+            raise ApiError(
+                422, "idempotency_mismatch", "this Idempotency-Key was used with another body"
+            )
+        return hit.doc
+
+    def remember(
+        self, who: str, key: str, request_id: str, body_digest: str, doc: dict[str, Any]
+    ) -> None:
+        with self.lock:
+            rec = KeyRecord(doc["workspace"], self.log.seal(body_digest), doc, time.time())
+            try:
+                self.log.put((who, key, request_id), rec)
+            except OSError as e:  # the answer is delivered; only a retry's 202 is at risk
+                log.warning("idempotency_not_kept", error=str(e))
+
+
+@dataclass
+class Context:
+    """What every handler needs: built once by the server."""
+
+    feed: Feed
+    tokens: TokenStore
+    config: HttpConfig
+    link_key: bytes
+    base_url: str = ""
+    idempotency: Idempotency = field(default_factory=Idempotency)  # in memory: tests
+    documents: Documents = field(default_factory=lambda: Documents())
+    # Health and the core's metrics as plain data (deltad/health.py: the seam to the loop).
+    vitals: Vitals = field(default_factory=lambda: Standalone())
+    http_metrics: HttpMetrics = field(default_factory=lambda: HttpMetrics())
+    # The inbox process: where the routes' workspace reads and answers go (the core, over
+    # the socket); None: these handlers, here.
+    core: Calls | None = None
+    # The audit log each four-eyes vote is appended to (daemon/audit.py); None: not kept.
+    audit: Path | None = None
+    # Channels that take requests of their own (Slack's interactions), by name, in the core:
+    # (raw body, timestamp header, signature header) -> {"response": ...} (deltad/outbound).
+    interactions: dict[str, Callable[[str, str, str], dict[str, Any]]] = field(default_factory=dict)
+
+
+# -- who may see what -----------------------------------------------------------------------------
+def visible(who: Identity, ws: Path) -> bool:
+    return scopes.allows(list(who.scopes), str(ws))
+
+
+def glob_names(glob: str, ws: Path) -> bool:
+    """A `?workspace=` glob matches the name as the API shows it, or as the file system has it."""
+    return scopes.matches(glob, str(ws)) or scopes.matches(glob, show_path(ws))
+
+
+def qualifier(ctx: Context, who: Identity, workspace: str | None) -> Path | None:
+    """The workspace a caller named (`?workspace=PATH`, exact): it must be a watched one the
+    caller may see. One answer for both misses, so a token cannot probe which paths outside
+    its scope are workspaces."""
+    if workspace is None:
+        return None
+    path = scopes.normal(_unshown(workspace))
+    if path is None or ctx.feed.index.get(Path(path)) is None or not visible(who, Path(path)):
+        raise ApiError(404, "unknown_workspace", f"{workspace} is not a watched workspace")
+    return Path(path)
+
+
+def holder(mine: list[Path], gone: dict[Path, bool], request_id: str) -> Path | ApiError:
+    """Which workspace a caller means by `request_id`, from where it is open that the caller
+    may see (`mine`) and where it was and is gone (those the caller may see, with whether it
+    expired). Never a guess: several visible holders are a 409. Where it is open only outside
+    the caller's scope is the same 404 as nowhere: a token cannot learn what other tenants are
+    asked by trying ids."""
+    if len(mine) == 1:
+        return mine[0]
+    if mine:
+        names = [show_path(w) for w in mine]
+        return ApiError(
+            409,
+            "ambiguous_request",
+            f"question {request_id} is open in {len(names)} workspaces "
+            f"({', '.join(names)}); name one with ?workspace=PATH",
+            names,
+        )
+    if gone and all(gone.values()):
+        return ApiError(410, "expired", f"question {request_id} expired")
+    if gone:
+        return ApiError(409, "already_answered", f"question {request_id} was answered")
+    return ApiError(404, "unknown_request", f"no pending question {request_id}")
+
+
+def _workspace_of(
+    ctx: Context, who: Identity, request_id: str, workspace: str | None = None
+) -> Path:
+    want = qualifier(ctx, who, workspace)
+    seen = [w for w in ctx.feed.index.find(request_id) if want is None or w == want]
+    mine = [w for w in seen if visible(who, w)]
+    gone = {
+        w: expired
+        for w, expired in ctx.feed.index.closed(request_id).items()
+        if visible(who, w) and (want is None or w == want)
+    }
+    if len(mine) > 1:  # the disk has the last word: drop copies that have moved on since
+        gone |= {w: False for w in mine if not asks(w, request_id)}
+        mine = [w for w in mine if w not in gone]
+    if not mine:
+        mine = read_through(ctx, who, request_id, want)
+    found = holder(mine, gone, request_id)
+    if isinstance(found, ApiError):
+        raise found
+    return found
+
+
+def read_through(ctx: Context, who: Identity, request_id: str, want: Path | None) -> list[Path]:
+    """On a miss, the disk: a question is open the moment `delta run` exits 101, before the
+    daemon's loop has seen the change. Reads the request.json of at most READ_THROUGH_LIMIT
+    workspaces the caller may see, those not known to be waiting first."""
+    if want is not None:
+        views = [v for v in [ctx.feed.index.get(want)] if v is not None]
+    else:
+        views = ctx.feed.index.views()
+    views.sort(key=lambda v: v.state == "waiting")
+    # Scope checked lazily: a miss costs at most READ_THROUGH_LIMIT reads, not a walk of
+    # every workspace's real path.
+    candidates = (
+        v.workspace for v in views if v.request_id != request_id and visible(who, v.workspace)
+    )
+    return [ws for ws in islice(candidates, READ_THROUGH_LIMIT) if asks(ws, request_id)]
+
+
+def asks(ws: Path, request_id: str) -> bool:
+    """Whether `ws`'s mailbox holds question `request_id` now."""
+    try:
+        req = Mailbox(Workspace(ws)).read_request()
+    except (ProtocolError, OSError):
+        return False
+    return req is not None and req.request_id == request_id
+
+
+# -- questions ------------------------------------------------------------------------------------
+def request_document(p: inbox.Pending, ws: Workspace, base_url: str) -> dict[str, Any]:
+    r = p.request
+    doc: dict[str, Any] = {
+        "request_id": r.request_id,
+        "workspace": show_path(p.workspace),
+        "run_id": r.run_id,
+        "action_id": r.action_id,
+        "node_id": r.node_id,  # a pipeline gate or node asking
+        "respondents": r.respondents,
+        "delegations": p.delegations,  # who it was handed to (they may answer too)
+        "approvals": p.approvals,  # four eyes: {required, given: [...]}, or null
+        "follow_up": p.follow_up,  # reminders, escalation, SLA due (protocol/followup.py)
+        "context": r.context.model_dump(mode="json") if r.context else None,
+        "prompt": r.prompt,
+        "input_type": str(r.input_type),
+        "expects": kind_of(r.input_type).expects,
+        "calls": [c.model_dump(mode="json") for c in r.calls],
+        "default": r.default,
+        "expires_at": iso(r.expires_at) if r.expires_at else None,
+        # what the deadline answers, as `delta status` says it ("the default, 'beta'")
+        "after_deadline": kind_of(r.input_type).after_deadline(r) if r.expires_at else None,
+        "bounds": kind_of(r.input_type).bounds(r),  # "a number from 1 to 20", from the kind
+        "sensitive": r.is_secret,
+        "allow_empty": r.allow_empty,
+        **kinds.question_fields(r),  # options, minimum, maximum, ...: each kind's own
+        "form": kinds.form(r).model_dump(mode="json"),  # the page's answer form, from the kind
+        "timestamp": iso(r.timestamp),
+        "agent": p.agent,
+        "task": p.task,
+        "answer_waiting": p.answer_waiting,
+        "last_refusal": p.last_refusal,
+        "url": f"{base_url}/#request={r.request_id}",
+    }
+    if r.calls:
+        why = _add_schemas(ws, r.run_id, doc["calls"])
+        if why is not None:
+            doc["agent_error"] = why  # the calls are shown without their schemas
+    return doc
+
+
+def _add_schemas(ws: Workspace, run_id: str, calls: list[dict[str, Any]]) -> str | None:
+    """Each gated call's parameter schema, so the page checks an edit before sending it;
+    or one line saying why the agent was not read."""
+    try:
+        agent, why = inbox.agent_and_problem(ws, inbox.load_run(ws, run_id).agent_ref)
+    except (ProtocolError, OSError) as e:
+        return f"the run cannot be read: {e}"
+    if agent is None:
+        return why
+    for c in calls:
+        tool = agent.tools.get(c["tool_name"])
+        if tool is not None:
+            c["schema"] = tool.schema()["function"]["parameters"]
+    return None
+
+
+def pending_question(ws: Path) -> inbox.Pending | None:
+    """The open question in `ws` as a person sees it; None for a damaged workspace."""
+    try:
+        return inbox.pending(ws)
+    except (ProtocolError, OSError):
+        return None  # a damaged workspace shows nothing; the daemon reports it
+
+
+def list_requests(
+    ctx: Context,
+    who: Identity,
+    workspace: str | None = None,
+    input_type: str | None = None,
+    *,
+    owner: str | None = None,
+    run_id: str | None = None,
+    limit: int = paging.DEFAULT_LIMIT,
+    cursor: str | None = None,
+    sort: str | None = None,
+    older_than: str | None = None,
+    due_within: str | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """`{"requests": [question, ...], "next": cursor | null}`: the open questions this token
+    may see, newest first (by the question's `timestamp`, then workspace, then request id),
+    each as `GET /v1/requests/{id}` shows it. Filters: `workspace` (glob), `input_type`,
+    `owner` (user name or uid of the workspace's owner), `run_id`, `older_than` (asked at
+    least that long ago), `due_within` (a deadline at most that far ahead, or passed); `sort`:
+    newest (default), oldest, deadline (soonest first; none last). `limit` 1..1000 (default
+    100); `cursor` is a previous page's `next`. A page may hold fewer than `limit` (questions
+    answered meanwhile are skipped): follow `next` until it is null. 422 for a bad limit,
+    cursor, owner, sort or duration."""
+    at = time.time() if now is None else now
+    try:
+        order = paging.sort_of(sort)
+        n, after = paging.limit_of(limit), paging.decode(paging.SORTS[order], cursor)
+        old, due = (
+            paging.duration("older_than", older_than),
+            paging.duration("due_within", due_within),
+        )
+        wanted = paging.Filters(
+            tuple(who.scopes),
+            workspace,
+            paging.owner_uid(owner),
+            run_id,
+            input_type,
+            asked_before=None if old is None else at - old,
+            due_by=None if due is None else at + due,
+        )
+    except paging.BadPage as e:
+        raise ApiError(422, "bad_page", str(e)) from None
+
+    def read(e: Listed) -> dict[str, Any] | None:
+        return listed_document(ctx, e)
+
+    docs, next_ = paging.question_page(ctx.feed.index, wanted, order, after, read, n)
+    return {"requests": docs, "next": next_}
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A question's document as last read, and what decides whether a page shows it."""
+
+    stamp: tuple[int, ...]
+    doc: dict[str, Any]
+    expires_at: datetime | None
+    answer_waiting: bool
+
+    def page_item(self) -> dict[str, Any] | None:
+        if self.answer_waiting or (self.expires_at is not None and self.expires_at <= utcnow()):
+            return None
+        return self.doc
+
+
+@dataclass
+class Documents:
+    """Question documents by (workspace, request id), reused while the files they were read
+    from are the same (device, inode, mtime, size of request.json, of the mailbox directory —
+    an answer or a refusal note changes it — and of the run's metadata). A page costs a few
+    stats per item instead of a dozen safe opens. Most recent DOCUMENT_CACHE only, so memory
+    does not grow with the fleet."""
+
+    shown: OrderedDict[tuple[Path, str], Shown] = field(default_factory=OrderedDict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, key: tuple[Path, str], stamp: tuple[int, ...]) -> Shown | None:
+        with self.lock:
+            hit = self.shown.get(key)
+            if hit is None or hit.stamp != stamp:
+                return None
+            self.shown.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple[Path, str], shown: Shown) -> None:
+        with self.lock:
+            self.shown[key] = shown
+            self.shown.move_to_end(key)
+            while len(self.shown) > DOCUMENT_CACHE:
+                self.shown.popitem(last=False)
+
+
+def file_stamp(paths: tuple[Path, ...]) -> tuple[int, ...] | None:
+    """The files' identities (None if one is gone). Only ever compared with what a safe read
+    saw: the same inode with the same mtime and size is the same content."""
+    out: list[int] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        out += (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    return tuple(out)
+
+
+def listed_document(ctx: Context, e: Listed) -> dict[str, Any] | None:
+    """A list item: the question in `e`'s workspace if it is still open there; None (skipped)
+    if it is gone, answered or expired — the loop's next look fixes the index."""
+    ws, request_id = Workspace(e.workspace), str(e.request_id)
+    deps = (ws.request_file, ws.interaction_dir, ws.run(str(e.run_id)).metadata)
+    stamp = file_stamp(deps)  # before the read: a change meanwhile is a miss next time
+    if stamp is None:
+        return None
+    hit = ctx.documents.get((e.workspace, request_id), stamp)
+    if hit is None:
+        p = pending_question(e.workspace)
+        if p is None or p.request.request_id != request_id:
+            return None
+        doc = request_document(p, ws, ctx.base_url)
+        hit = Shown(stamp, doc, p.request.expires_at, p.answer_waiting)
+        ctx.documents.put((e.workspace, request_id), hit)
+    return hit.page_item()
+
+
+def get_request(
+    ctx: Context, who: Identity, request_id: str, workspace: str | None = None
+) -> dict[str, Any]:
+    ws = _workspace_of(ctx, who, request_id, workspace)
+    return open_document(ctx, ws, request_id)
+
+
+def open_document(ctx: Context, ws: Path, request_id: str) -> dict[str, Any]:
+    """Question `request_id` in `ws` as the API shows it, if it is still open there."""
+    p = pending_question(ws)
+    if p is None or p.request.request_id != request_id:
+        # The index knew it open a moment ago: a resume has taken the answer (or the expiry).
+        raise gone(ctx, ws, request_id)
+    if p.request.expired():
+        raise ApiError(410, "expired", f"question {request_id} expired")
+    return request_document(p, Workspace(ws), ctx.base_url)
+
+
+def gone(ctx: Context, ws: Path, request_id: str) -> ApiError:
+    """Why question `request_id` in `ws` is no longer open: 410 if the daemon saw it expire."""
+    if ctx.feed.index.closed(request_id).get(ws):
+        return ApiError(410, "expired", f"question {request_id} expired")
+    return ApiError(409, "already_answered", f"question {request_id} was answered")
+
+
+def digest_of(body: object) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def answer(
+    ctx: Context,
+    who: Identity,
+    request_id: str,
+    body: object,
+    idempotency_key: str | None = None,
+    *,
+    workspace: str | None = None,
+    channel: str = "http",
+) -> dict[str, Any]:
+    """202's document once the answer is in the mailbox; ApiError otherwise."""
+    if not who.can_answer():
+        raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
+    body_digest = digest_of(body)
+    repeat = _repeat(ctx, who, request_id, body_digest, idempotency_key, workspace)
+    if repeat is not None:
+        return repeat
+    ws = _workspace_of(ctx, who, request_id, workspace)
+    _respondent(ws, request_id, inbox.Answerer(who.name, who.groups, who.role == "admin"))
+    if channel in NO_SECRETS:
+        _not_a_secret(ctx, ws, request_id, channel)
+    doc = deliver(ctx, ws, request_id, body, who.name, channel)
+    if idempotency_key:
+        ctx.idempotency.remember(who.name, idempotency_key, request_id, body_digest, doc)
+    return doc
+
+
+# Channels a secret is never answered through (an MCP host may show, log or keep what it
+# sends): the page's form or a signed link instead.
+NO_SECRETS = {"mcp": "MCP"}  # channel -> how a refusal names it
+
+
+def _not_a_secret(ctx: Context, ws: Path, request_id: str, channel: str) -> None:
+    p = pending_question(ws)
+    if p is not None and p.request.request_id == request_id and p.request.is_secret:
+        raise ApiError(
+            403,
+            "secret",
+            f"question {request_id} asks for a secret, which is never answered over "
+            f"{NO_SECRETS[channel]}: "
+            f"answer it on the inbox page ({ctx.base_url}/#request={request_id})",
+        )
+
+
+def _repeat(
+    ctx: Context,
+    who: Identity,
+    request_id: str,
+    body_digest: str,
+    idempotency_key: str | None,
+    workspace: str | None,
+) -> dict[str, Any] | None:
+    """The first response to this key on this question, when this is a retry."""
+    if not idempotency_key:
+        return None
+    want = qualifier(ctx, who, workspace)
+    return ctx.idempotency.seen(who.name, idempotency_key, request_id, want, body_digest)
+
+
+def deliver(
+    ctx: Context, ws: Path, request_id: str, body: object, answered_by: str, channel: str
+) -> dict[str, Any]:
+    """`submit`, with a question that closed meanwhile told apart: expired (410) or answered."""
+    try:
+        return submit(ws, request_id, body, answered_by, channel, audit=ctx.audit)
+    except ApiError as e:
+        if e.code != "already_answered":
+            raise
+        raise gone(ctx, ws, request_id) from None
+
+
+def submit(
+    ws: Path,
+    request_id: str,
+    body: object,
+    answered_by: str,
+    channel: str,
+    *,
+    audit: Path | None = None,
+) -> dict[str, Any]:
+    try:
+        parsed = inbox.AnswerIn.parse(body)
+        if parsed.answer is None and parsed.decisions is None:
+            raise inbox.Misfit('give "answer" or "decisions"')
+        voter = None if channel == "link" else answered_by  # a signed link names nobody
+        done = quorum.cast(ws, request_id, parsed, by=voter, channel=channel, shown_as=answered_by)
+    except inbox.NotPending:
+        # Only questions the daemon's index saw open get here: a resume has taken it since.
+        raise ApiError(409, "already_answered", f"question {request_id} was answered") from None
+    except inbox.AnswerWaiting:
+        # `delta respond`'s line names the mailbox file and its --force: neither is the API's
+        why = "an answer to this question is already waiting to be taken by the run"
+        raise ApiError(409, "answer_waiting", why) from None
+    except inbox.SubmitError as e:
+        raise ApiError(e.http, e.code, str(e)) from None
+    except (ProtocolError, OSError) as e:
+        raise ApiError(
+            409, "workspace_problem", f"the workspace cannot take an answer: {e}"
+        ) from None
+    doc: dict[str, Any] = {
+        "status": "accepted",
+        "request_id": request_id,
+        "workspace": show_path(ws),
+        "run_id": done.request.run_id,
+        "answered_by": answered_by,
+        "channel": channel,
+    }
+    if done.approvals is not None:  # four eyes: a vote, and whether it completed the answer
+        doc["answered"] = done.outcome == "answered"
+        doc["approvals"] = done.approvals
+        vote_receipt(audit, ws, done, parsed, answered_by, channel)
+        log.info(
+            "approval_vote",
+            workspace=show_path(ws),
+            request_id=request_id,
+            by=answered_by,
+            outcome=done.outcome,
+            given=len(done.approvals["given"]),
+            required=done.approvals["required"],
+        )
+    return doc
+
+
+def vote_receipt(
+    audit: Path | None,
+    ws: Path,
+    done: quorum.Cast,
+    body: inbox.AnswerIn,
+    by: str,
+    channel: str,
+) -> None:
+    """Four eyes: each vote into the audit log, by the core as it is cast (the answer it may
+    complete gets the decision's receipt when the daemon takes it up)."""
+    from deltad.core import audit as auditlog
+    from deltad.core.receipts import vote_receipt as receipt_of
+
+    if audit is None or done.approvals is None:
+        return
+    vote = body.model_dump(exclude_none=True, mode="json")
+    fields = receipt_of(ws, done.request, by, channel, vote, done.approvals, done.outcome)
+    try:
+        entry = auditlog.append(audit, fields)
+        log.info("audit_appended", workspace=show_path(ws), seq=entry["seq"], kind="vote")
+    except Exception as e:  # the vote is counted; a log that cannot continue says so
+        log.error("audit_failed", workspace=show_path(ws), error=str(e))
+
+
+# -- runs -----------------------------------------------------------------------------------------
+def list_runs(
+    ctx: Context,
+    who: Identity,
+    workspace: str | None = None,
+    status: str | None = None,
+    *,
+    owner: str | None = None,
+    limit: int = paging.DEFAULT_LIMIT,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """`{"runs": [run summary, ...], "next": cursor | null}`: each visible workspace's latest
+    run, newest first (by run id, which starts with its start time, then workspace). Filters:
+    `workspace` (glob), `status`, `owner` (user name or uid). `limit` and `cursor` as for
+    `list_requests`; a run whose metadata cannot be read is skipped."""
+    try:
+        n, after = paging.limit_of(limit), paging.decode("runs", cursor)
+        wanted = paging.Filters(
+            tuple(who.scopes), workspace, paging.owner_uid(owner), status=status
+        )
+    except paging.BadPage as e:
+        raise ApiError(422, "bad_page", str(e)) from None
+
+    def read(e: Listed) -> dict[str, Any] | None:
+        try:
+            return _run_summary(e.workspace, inbox.load_run(e.workspace, str(e.run_id)))
+        except (ProtocolError, OSError):
+            return None
+
+    docs, last = paging.collect(ctx.feed.index.runs(after), wanted.keep, read, n)
+    return {"runs": docs, "next": paging.encode("runs", last) if last else None}
+
+
+def _run_summary(ws: Path, meta: Any) -> dict[str, Any]:
+    return {
+        "workspace": show_path(ws),
+        "run_id": meta.run_id,
+        "status": str(meta.status),
+        "task": meta.task,
+        "agent": Path(meta.agent_ref).name,
+        "start_time": iso(meta.start_time),
+        "updated_at": iso(meta.updated_at),
+        "end_time": iso(meta.end_time) if meta.end_time else None,
+        "iterations_completed": meta.iterations_completed,
+        "error": meta.error,
+        "error_kind": meta.error_kind,
+    }
+
+
+def _unshown(name: str) -> str:
+    """A workspace named as the API shows it (a raw name without escapes is the same)."""
+    try:
+        return unshow(name)
+    except ValueError:
+        return name
+
+
+def get_run(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> dict[str, Any]:
+    ws = _run_workspace(ctx, who, run_id, workspace)
+    try:
+        meta = inbox.load_run(ws, run_id)
+    except (ProtocolError, OSError):
+        raise ApiError(404, "unknown_run", f"no run {run_id} in {ws}") from None
+    events = journal_tail(Workspace(ws).run(run_id).journal)
+    thoughts = [t for e in events if (t := viewing.payload_of(e, Thought)) is not None]
+    last = thoughts[-1].content if thoughts else None
+    outcome = inbox.run_outcome(Workspace(ws), meta)
+    journal = [shown_event(e) for e in events]
+    return {**_run_summary(ws, meta), "last_message": last, "outcome": outcome, "journal": journal}
+
+
+def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> Path:
+    if workspace is None:
+        # A run id is a name a workspace gives itself (copies share it): never a guess, and
+        # never a hint at a workspace outside the caller's scope.
+        mine = [w for w in ctx.feed.index.run_holders(run_id) if visible(who, w)]
+        if not mine:
+            raise ApiError(404, "unknown_run", f"no run {run_id} (give ?workspace=PATH)")
+        if len(mine) > 1:
+            names = [show_path(w) for w in mine]
+            raise ApiError(
+                409,
+                "ambiguous_run",
+                f"run {run_id} is in {len(names)} workspaces; name one with ?workspace=PATH",
+                names,
+            )
+        ws = mine[0]
+    else:
+        found = qualifier(ctx, who, workspace)
+        assert found is not None
+        ws = found
+    if "/" in run_id or run_id in (".", ".."):
+        raise ApiError(404, "unknown_run", f"no run {run_id}")
+    return ws
+
+
+def journal_tail(path: Path) -> list[JournalEvent]:
+    """The last events of a journal, read from its end within a fixed budget, typed. The
+    journal holds secrets only as handles (`${secret:ID}`), so it is shown as it is."""
+    return viewing.tail(path, JOURNAL_TAIL_BYTES, JOURNAL_TAIL_EVENTS)
+
+
+def shown_event(e: JournalEvent) -> dict[str, Any]:
+    """An event as the run view shows it: as its journal line has it."""
+    return {"seq": e.seq, "timestamp": iso(e.timestamp), "type": str(e.type), "payload": e.payload}
+
+
+# -- signed links ---------------------------------------------------------------------------------
+def link_for(ctx: Context, request_id: str, workspace: str) -> str:
+    token = links.sign(ctx.link_key, request_id, workspace, ctx.config.link_ttl_seconds)
+    return f"{ctx.base_url}/a/{token}"
+
+
+def _link(ctx: Context, token: str) -> tuple[links.Link, Path]:
+    """The link's question and the one workspace it was made for (never another holder of
+    the same request id)."""
+    try:
+        link = links.verify(ctx.link_key, token)
+    except links.BadLink as e:
+        raise ApiError(e.http, e.code, str(e)) from None
+    ws = Path(link.workspace)
+    if ctx.feed.index.get(ws) is None:
+        raise ApiError(409, "already_answered", "this question is no longer waiting")
+    return link, ws
+
+
+def link_request(ctx: Context, token: str) -> dict[str, Any]:
+    link, ws = _link(ctx, token)
+    p = pending_question(ws)
+    if p is None or p.request.request_id != link.request_id:
+        raise gone(ctx, ws, link.request_id)
+    if p.answer_waiting:
+        raise ApiError(409, "already_answered", "this question is no longer waiting")
+    if p.request.expired():
+        raise ApiError(410, "expired", f"question {link.request_id} expired")
+    return request_document(p, Workspace(ws), ctx.base_url)
+
+
+def link_answer(ctx: Context, token: str, body: object) -> dict[str, Any]:
+    link, ws = _link(ctx, token)
+    _respondent(ws, link.request_id, None)  # a link names nobody
+    return deliver(ctx, ws, link.request_id, body, "signed link", "link")
+
+
+def _respondent(ws: Path, request_id: str, who: inbox.Answerer | None) -> None:
+    """403 unless the question's respondents (if it names any) include `who`."""
+    try:
+        why = inbox.refuse_respondent(Workspace(ws), request_id, who)
+    except (ProtocolError, OSError):
+        return  # the answering path reports a damaged workspace
+    if why is not None:
+        raise ApiError(403, "not_a_respondent", why)
+
+
+# -- many answers at once, and hand-overs ---------------------------------------------------------
+BULK_MAX = 100  # questions one bulk answer may name
+
+
+def answer_many(
+    ctx: Context,
+    who: Identity,
+    items: list[dict[str, Any]],
+    body: object,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """One answer to many questions: each item (`request_id`, optional `workspace`) is answered
+    on its own, exactly as `answer` answers one — its respondents checked, the answer checked
+    against it, its own compare-and-set, its own Idempotency-Key record (the key with its
+    request id) — and gets its own result: `accepted`, or `refused` with the code and the line
+    a single answer would have got. Every question must be of the kind and options of the
+    first one found (`different_kind` otherwise, `inbox.shape`): one answer means the same
+    thing to each. A question named twice is refused the second time (`duplicate_item`)."""
+    if not who.can_answer():
+        raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
+    if not 1 <= len(items) <= BULK_MAX:
+        raise ApiError(422, "bad_request", f"name 1 to {BULK_MAX} questions, not {len(items)}")
+    shape: tuple[str, str] | None = None
+    results: list[dict[str, Any]] = []
+    digest = digest_of(body)
+    named: set[tuple[str, object]] = set()
+    for item in items:
+        request_id, workspace = str(item["request_id"]), item.get("workspace")
+        try:
+            if (request_id, workspace) in named:
+                raise ApiError(422, "duplicate_item", f"question {request_id} is named twice")
+            named.add((request_id, workspace))
+            repeat = _repeat(ctx, who, request_id, digest, idempotency_key, workspace)
+            if repeat is not None:  # a retry: its first response, before any other check
+                results.append(repeat)
+                continue
+            ws = _workspace_of(ctx, who, request_id, workspace)
+            p = pending_question(ws)
+            if p is None or p.request.request_id != request_id:
+                raise gone(ctx, ws, request_id)
+            mine = (str(p.request.input_type), inbox.shape(p.request))
+            shape = shape or mine
+            if mine != shape:
+                raise ApiError(
+                    422,
+                    "different_kind",
+                    f"question {request_id} is {mine[0]} with other options than the first "
+                    f"({shape[0]}): one answer cannot mean the same to both",
+                )
+            doc = answer(ctx, who, request_id, body, idempotency_key, workspace=show_path(ws))
+            results.append(doc)
+        except ApiError as e:
+            results.append(
+                {
+                    "status": "refused",
+                    "request_id": request_id,
+                    "workspace": workspace,
+                    "code": e.code,
+                    "http": e.http,
+                    "error": json_safe(str(e)),
+                }
+            )
+    accepted = sum(r["status"] == "accepted" for r in results)
+    return {"accepted": accepted, "refused": len(results) - accepted, "results": results}
+
+
+def known_delegates(ctx: Context) -> set[str]:
+    """Who a question may be handed to: the tokens that may answer, and their groups."""
+    names: set[str] = set()
+    for t in ctx.tokens.list():
+        if t["role"] in ("answerer", "admin"):
+            names |= {t["name"], *(inbox.GROUP + g for g in t.get("groups") or [])}
+    return names
+
+
+def delegate(
+    ctx: Context,
+    who: Identity,
+    request_id: str,
+    to: str,
+    note: str = "",
+    *,
+    workspace: str | None = None,
+) -> dict[str, Any]:
+    """Hand question `request_id` to token or group `to` (delegation.py): recorded beside the
+    question, shown with it; the delegate may answer from then on."""
+    if not who.can_answer():
+        raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
+    ws = _workspace_of(ctx, who, request_id, workspace)
+    me = inbox.Answerer(who.name, who.groups, who.role == "admin")
+    try:
+        req, handed = inbox.delegate(
+            Workspace(ws), request_id, to, who=me, known=known_delegates(ctx), note=note
+        )
+    except inbox.NotPending:
+        raise gone(ctx, ws, request_id) from None
+    except inbox.SubmitError as e:
+        raise ApiError(e.http, e.code, str(e)) from None
+    except (ProtocolError, OSError) as e:
+        raise ApiError(
+            409, "workspace_problem", f"the workspace cannot take a hand-over: {e}"
+        ) from None
+    log.info(
+        "question_delegated", workspace=show_path(ws), request_id=request_id, by=who.name, to=to
+    )
+    return {
+        "status": "delegated",
+        "request_id": request_id,
+        "workspace": show_path(ws),
+        "run_id": req.run_id,
+        "respondents": req.respondents,
+        "delegations": inbox.shown_delegations(handed),
+    }

@@ -1,0 +1,218 @@
+"""The channels beside the daemon's loop: one intake thread turns the feed's events into
+questions (read from the disk, never on the loop) and tells each channel; each channel sends
+and takes answers in on threads of its own (deltad/outbound/base.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+from prometheus_client import Counter
+
+from deltad import inbox
+from deltad.inbox import quorum
+from deltad.inbox.feed import Feed, FeedEvent
+from deltad.inbox.outcome import answers_of
+from deltad.outbound.base import Answer, Channel, Closed, Context, Question
+from deltad.outbound.config import ChannelsConfig
+from deltad.outbound.outbox import Delivery, target_key
+from deltad.protocol import Workspace, viewing
+
+if TYPE_CHECKING:
+    from deltad.privsep.handoff import Handoff
+    from deltad.privsep.wire import ChannelTarget
+
+log = structlog.get_logger("deltad.channels")
+QUEUE_CAP = 10_000
+JOURNAL_TAIL_BYTES = 256 * 1024  # of a journal read to learn who answered
+JOURNAL_TAIL_EVENTS = 200
+STOP_WAIT = 10.0
+WANTED = (
+    "request.created",
+    "request.answered",
+    "request.expired",
+    "request.reminder",  # the question again, to everyone allowed to answer it
+    "request.escalated",  # the question to the people it was escalated to
+)
+
+
+def targets(config: ChannelsConfig) -> list[ChannelTarget]:
+    """What the inbox process sends for the configured channels: each channel's settings and
+    credential (read here, by the core; ValueError or OSError, one line, if one cannot be)."""
+    from deltad.outbound import senders
+
+    out = []
+    if config.email is not None:
+        out.append(senders.email_target(config.email))
+    if config.slack is not None:
+        out.append(senders.slack_target(config.slack))
+    return out
+
+
+def _hand(handoff: Handoff | None, name: str) -> Callable[[Delivery], None] | None:
+    """A channel's messages into its outbox in the inbox process (None: sent from here)."""
+    if handoff is None or target_key(name) not in handoff.channel_of:
+        return None
+    key = target_key(name)
+
+    def hand(d: Delivery) -> None:
+        handoff.put(d, key)
+
+    return hand
+
+
+def build(
+    config: ChannelsConfig,
+    state_dir: Path,
+    answer: Answer,
+    link: Callable[[str, str], str] | None = None,
+    page: Callable[[str], str] | None = None,
+    sends: Counter | None = None,
+    handoff: Handoff | None = None,
+    replies: Counter | None = None,
+) -> list[Channel]:
+    """The configured channels (ValueError or OSError, one line, if one cannot start). With
+    `handoff` (the daemon's), what a channel sends is handed to the inbox process."""
+    out: list[Channel] = []
+    if config.email is not None:
+        from deltad.outbound.email import EmailChannel
+
+        hand = _hand(handoff, "email")
+        ctx = Context(
+            state_dir / "channels" / "email",
+            answer,
+            link,
+            page,
+            sends=sends,
+            hand=hand,
+            replies=replies,
+        )
+        out.append(EmailChannel(config.email, ctx))
+    if config.slack is not None:
+        from deltad.outbound.slack import SlackChannel
+
+        hand = _hand(handoff, "slack")
+        ctx = Context(state_dir / "channels" / "slack", answer, link, page, sends=sends, hand=hand)
+        out.append(SlackChannel(config.slack, ctx))
+    return out
+
+
+def answerer(ws: Path, run_id: object, request_id: str) -> tuple[str | None, str | None]:
+    """Who answered `request_id` and through what, if the run's journal says so yet (the
+    feed's event may come before the resumed run has recorded the answer)."""
+    if not isinstance(run_id, str) or not run_id or "/" in run_id or run_id in (".", ".."):
+        return None, None
+    events = viewing.tail(
+        Workspace(ws).run(run_id).journal, JOURNAL_TAIL_BYTES, JOURNAL_TAIL_EVENTS
+    )
+    answers, _ = answers_of(events)
+    for a in reversed(answers):
+        if a["request_id"] == request_id:
+            return a["answered_by"], a["channel"] or a["source"]
+    return None, None
+
+
+class Hub:
+    def __init__(self, channels: list[Channel], feed: Feed, quiet_roots: list[Path]) -> None:
+        self.channels, self.feed, self.quiet = channels, feed, quiet_roots
+        self._queue: queue.Queue[FeedEvent | None] = queue.Queue(QUEUE_CAP)
+        self._intake = threading.Thread(target=self._take_all, name="deltad-channels", daemon=True)
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        for c in self.channels:
+            c.start()
+        self._intake.start()
+        self._unsubscribe = self.feed.subscribe(self._offer)
+
+    def _offer(self, e: FeedEvent) -> None:
+        """On the daemon's loop: queue, never wait."""
+        if e.type not in WANTED or any(Path(e.workspace).is_relative_to(r) for r in self.quiet):
+            return
+        try:
+            self._queue.put_nowait(e)
+        except queue.Full:
+            log.error("channel_dropped", event_id=e.id, detail="queue full")
+
+    def _take_all(self) -> None:
+        while (e := self._queue.get()) is not None:
+            for c in self.channels:
+                try:
+                    self._tell(c, e)
+                except Exception as err:  # a channel must never take the daemon down
+                    log.error("channel_failed", channel=c.name, event_id=e.id, error=str(err))
+
+    def _tell(self, c: Channel, e: FeedEvent) -> None:
+        ws, request_id = Path(e.workspace), str(e.data.get("request_id"))
+        if e.type == "request.expired":
+            c.withdraw(Closed(ws, request_id, "expired"))
+            return
+        if e.type == "request.answered":
+            who, via = answerer(ws, e.data.get("run_id"), request_id)
+            c.withdraw(Closed(ws, request_id, "answered", who, via))
+            return
+        p = inbox.pending(ws)
+        if p is None or p.request.request_id != request_id or p.answer_waiting:
+            return  # answered or gone meanwhile: nothing to ask
+        if e.type == "request.reminder":
+            c.send(Question(ws, p.request, p.task, follow_up="reminder"))
+        elif e.type == "request.escalated":
+            to = e.data.get("escalated_to")
+            only = tuple(str(t) for t in to) if isinstance(to, list) else ()
+            c.send(Question(ws, p.request, p.task, follow_up="escalation", only=only))
+        else:
+            c.send(Question(ws, p.request, p.task))
+
+    def stop(self) -> None:
+        if self._unsubscribe:
+            self._unsubscribe()
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=STOP_WAIT)
+        if self._intake.is_alive():
+            self._intake.join(STOP_WAIT)
+        for c in self.channels:
+            c.stop()
+
+
+def start(
+    config: ChannelsConfig,
+    feed: Feed,
+    quiet_roots: list[Path],
+    http: object,
+    state_dir: Path,
+    sends: Counter | None = None,
+    handoff: Handoff | None = None,
+    replies: Counter | None = None,
+) -> Hub:
+    """The daemon's channels, started: answers go through `deltad.inbox.submit` (by way of
+    `quorum.answer_or_vote`), the function
+    the HTTP API delivers through; links and the page's URL come from the HTTP server's
+    context when it runs (`http`: a `deltad.inbox.handlers.Context` or None)."""
+    from deltad.inbox import handlers
+
+    link = page = None
+    if isinstance(http, handlers.Context):
+        ctx = http
+
+        def link(request_id: str, workspace: str) -> str:
+            return handlers.link_for(ctx, request_id, workspace)
+
+        def page(request_id: str) -> str:
+            return f"{ctx.base_url}/#request={request_id}"
+
+    # Four eyes: a reply is a vote where the question needs several (inbox/quorum.py).
+    made = build(config, state_dir, quorum.answer_or_vote, link, page, sends, handoff, replies)
+    hub = Hub(made, feed, quiet_roots)
+    hub.start()
+    if isinstance(http, handlers.Context):
+        # What the inbox relays from a channel's own endpoint (Slack's interactions) reaches
+        # the channel here, in the core (deltad/privsep/core.py: `ChannelInteraction`).
+        for c in hub.channels:
+            if (take := getattr(c, "interaction", None)) is not None:
+                http.interactions[c.name] = take
+    return hub

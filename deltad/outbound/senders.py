@@ -1,0 +1,437 @@
+"""How a channel's message leaves the machine, as the inbox process does it (deltad/privsep):
+the core composes each message and hands it over (deltad/outbound/courier.py, `Handed`); the
+inbox sends it with the credential it was handed at connect (wire.ChannelTarget), never as
+root and never with a workspace in reach.
+
+    target(name, ...)   the core's side: a channel's settings and credential, read once
+    sender(target)      the inbox's side: the function its courier sends each message with
+
+Each kind says what a message is (`Delivery.body`) and when a failure is permanent (straight
+to the dead letter) rather than retried:
+
+    smtp     body: the whole RFC 5322 message; `url`: the one recipient. A 5xx is permanent.
+    slack    a Web API call, composed: `question` (post {ref, text, blocks[, once]} to `url`),
+             `update` (the closed message {ref, text, blocks}, over every post of `ref`),
+             `thread` (a reply {ref, text} in each post's thread, unless closed) and
+             `ephemeral` ({channel, user, text}). The posts of each question (conversation,
+             ts) are the sender's own record (`Posts`): Slack's answers never reach the core.
+             An error a retry cannot mend (`PERMANENT`) goes to the dead letter.
+    command  body: the event's JSON, on the command's stdin (`notify.commands`): run once
+             (`max_attempts: 1`), as the inbox's user, in a clean environment (PATH, LANG),
+             from `/`, ended at its timeout; its output is never read. A run that fails (an
+             exit status, a timeout, a missing program) goes to the dead letter, as it did
+             not run twice before either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import smtplib
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from deltad.outbound.config import EmailConfig, OutboxConfig, SlackConfig
+from deltad.outbound.courier import Failed, Send
+from deltad.outbound.outbox import Delivery, target_key
+from deltad.platform import SAFE_PATH
+from deltad.privsep import wire
+from deltad.protocol import atomic_write_json
+
+log = structlog.get_logger("deltad.channels")
+
+CA_MAX = 1024 * 1024  # bytes of a CA bundle handed to the inbox
+
+
+class SenderError(ValueError):
+    """One line: a target's settings cannot be sent with."""
+
+
+def _policy(outbox: OutboxConfig) -> dict[str, Any]:
+    return {
+        "max_attempts": outbox.max_attempts,
+        "backoff_seconds": outbox.backoff_seconds,
+        "backoff_max_seconds": outbox.backoff_max_seconds,
+        "max_age_seconds": outbox.max_age_seconds,
+        "outbox_max": outbox.outbox_max,
+    }
+
+
+def outbox_config(t: wire.ChannelTarget) -> OutboxConfig:
+    return OutboxConfig(
+        max_attempts=t.max_attempts,
+        backoff_seconds=t.backoff_seconds,
+        backoff_max_seconds=t.backoff_max_seconds,
+        max_age_seconds=t.max_age_seconds,
+        outbox_max=t.outbox_max,
+    )
+
+
+# -- SMTP -----------------------------------------------------------------------------------------
+def email_target(config: EmailConfig, name: str = "email") -> wire.ChannelTarget:
+    """The email channel's sending, as the inbox is handed it: the MTA, the From, the
+    password (read here, by the core) and the CA file's certificates (the inbox may not read
+    the file itself). OSError/ValueError, one line, if a file cannot be read."""
+    s = config.smtp
+    ca = ca_text(s.ca_file) if s.ca_file is not None else None
+    return wire.ChannelTarget(
+        name=name,
+        key=target_key(name),
+        kind="smtp",
+        settings={
+            "host": s.host,
+            "port": s.port,
+            "security": s.security,
+            "username": s.username,
+            "timeout_seconds": s.timeout_seconds,
+            "from_address": config.from_address,
+            "ca": ca,
+        },
+        secret=s.password.read().decode() if s.password is not None else None,
+        **_policy(config.outbox),
+    )
+
+
+def ca_text(path: Path) -> str:
+    """The CA file's certificates, as the inbox is handed them (it may not read the file):
+    ValueError, one line, for a file over CA_MAX or with no certificate TLS can use."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(CA_MAX + 1)
+    except OSError as e:
+        raise ValueError(f"email.smtp.ca_file: {path}: {e.strerror}") from None
+    if len(data) > CA_MAX:
+        raise ValueError(f"email.smtp.ca_file: {path}: over {CA_MAX} bytes")
+    text = data.decode("ascii", "replace")
+    try:
+        ssl.create_default_context(cadata=text)
+    except (ssl.SSLError, ValueError) as e:
+        raise ValueError(
+            f"email.smtp.ca_file: {path}: no CA certificate TLS can use ({e})"
+        ) from None
+    return text
+
+
+def _permanent(codes: list[int]) -> bool:
+    return bool(codes) and all(c >= 500 for c in codes)
+
+
+def smtp_sender(t: wire.ChannelTarget) -> Send:
+    """One attempt at handing a message to the MTA per call; None once it took it."""
+    s = t.settings
+    try:
+        host, port, security = str(s["host"]), int(s["port"]), str(s["security"])
+        timeout, sender = float(s["timeout_seconds"]), str(s["from_address"])
+        username = s.get("username")
+        ca = s.get("ca")
+        tls = ssl.create_default_context(cadata=ca) if ca else ssl.create_default_context()
+    except (KeyError, TypeError, ValueError, ssl.SSLError) as e:
+        raise SenderError(f"{t.name}: the SMTP settings: {e}") from None
+    password = t.secret
+
+    def send(d: Delivery) -> Failed | None:
+        try:
+            if security == "tls":
+                conn: smtplib.SMTP = smtplib.SMTP_SSL(host, port, timeout=timeout, context=tls)
+            else:
+                conn = smtplib.SMTP(host, port, timeout=timeout)
+            with conn:
+                if security == "starttls":
+                    conn.starttls(context=tls)
+                if username is not None and password is not None:
+                    conn.login(str(username), password)
+                conn.sendmail(sender, [d.url], d.body.encode())
+        except smtplib.SMTPRecipientsRefused as e:
+            codes = [c for c, _ in e.recipients.values()]
+            return Failed(f"refused recipient ({codes[0] if codes else '?'})", _permanent(codes))
+        except smtplib.SMTPResponseException as e:
+            return Failed(f"SMTP {e.smtp_code}", e.smtp_code >= 500)
+        except (smtplib.SMTPException, OSError) as e:
+            return Failed(type(e).__name__ + (f": {e}" if str(e) else ""))
+        return None
+
+    return send
+
+
+# -- Slack's Web API -----------------------------------------------------------------------
+# Web API errors that a retry cannot mend: straight to the dead letter.
+PERMANENT = frozenset(
+    {
+        "account_inactive",
+        "channel_not_found",
+        "invalid_arguments",
+        "invalid_auth",
+        "invalid_blocks",
+        "is_archived",
+        "missing_scope",
+        "msg_too_long",
+        "no_permission",
+        "not_authed",
+        "not_in_channel",
+        "token_revoked",
+        "user_not_found",
+        "cant_update_message",
+        "message_not_found",
+        "edit_window_closed",
+    }
+)
+REF = re.compile(r"[0-9a-f]{32}")
+POSTS_MAX = 1024 * 1024  # bytes of one question's record of posts
+KEEP_CLOSED = 30 * 86400.0  # seconds a closed question's posts are kept (as the core's records)
+PRUNE_EVERY = 3600.0
+
+
+def slack_target(config: SlackConfig, name: str = "slack") -> wire.ChannelTarget:
+    """The Slack channel's sending, as the inbox is handed it: the Web API's URL and the bot
+    token (read here, by the core). The signing secret is never handed: only the core checks
+    Slack's signatures."""
+    return wire.ChannelTarget(
+        name=name,
+        key=target_key(name),
+        kind="slack",
+        settings={"api_url": config.api_url, "timeout_seconds": config.timeout_seconds},
+        secret=config.token.read().decode(),
+        **_policy(config.outbox),
+    )
+
+
+class Posts:
+    """Where each question (its `ref`) was posted, and its closed message once it closed: one
+    JSON file per question, replaced whole, read without following a link."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.lock = threading.RLock()
+        self._pruned = 0.0
+
+    def get(self, ref: str) -> dict[str, Any]:
+        if not REF.fullmatch(ref):
+            raise ValueError("not a question's ref")
+        try:
+            fd = os.open(self.dir / f"{ref}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return {"posts": [], "closed": None}
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(POSTS_MAX + 1)
+        doc = json.loads(data) if len(data) <= POSTS_MAX else None
+        return doc if isinstance(doc, dict) else {"posts": [], "closed": None}
+
+    def put(self, ref: str, doc: dict[str, Any]) -> None:
+        atomic_write_json(self.dir / f"{ref}.json", {**doc, "at": time.time()}, 0o600)
+
+    def close(self, ref: str, text: str, blocks: list[Any]) -> None:
+        with self.lock:
+            doc = self.get(ref)
+            if doc.get("closed") is None:
+                self.put(ref, {**doc, "closed": {"text": text, "blocks": blocks}})
+        self.prune(time.time())
+
+    def prune(self, now: float) -> int:
+        """Records of questions closed more than KEEP_CLOSED ago, hourly; how many went."""
+        if now - self._pruned < PRUNE_EVERY:
+            return 0
+        self._pruned, gone = now, 0
+        with self.lock:
+            for entry in os.scandir(self.dir):
+                ref = entry.name.removesuffix(".json")
+                with contextlib.suppress(OSError, ValueError):
+                    doc = self.get(ref)
+                    if doc.get("closed") and now - float(doc.get("at", now)) > KEEP_CLOSED:
+                        os.unlink(entry.path)
+                        gone += 1
+        return gone
+
+
+class SlackSender:
+    """Sends the Slack channel's composed calls with the bot token (`slack_sdk.WebClient`),
+    keeping where each question was posted (`posts`, in `directory`)."""
+
+    def __init__(self, t: wire.ChannelTarget, directory: Path) -> None:
+        from slack_sdk import WebClient
+
+        try:
+            api_url, timeout = str(t.settings["api_url"]), float(t.settings["timeout_seconds"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise SenderError(f"{t.name}: the Slack settings: {e}") from None
+        self.name = t.name
+        self.client = WebClient(token=t.secret, base_url=api_url, timeout=int(max(1, timeout)))
+        self.posts = Posts(directory)
+
+    def queued(self, d: Delivery) -> None:
+        """A message entered the outbox: a question's closing is known from now on, so a post
+        of it not yet made is made closed (it waits behind, in the order it was queued)."""
+        if d.event != "update":
+            return
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            doc = json.loads(d.body)
+            self.posts.close(str(doc["ref"]), str(doc["text"]), list(doc["blocks"]))
+
+    def __call__(self, d: Delivery) -> Failed | None:
+        from slack_sdk.errors import SlackApiError, SlackClientError
+
+        try:
+            doc = json.loads(d.body)
+            if d.event == "question":
+                self._post(d.url, doc)
+            elif d.event == "update":
+                self._update(doc)
+            elif d.event == "thread":
+                self._thread(doc)
+            elif d.event == "ephemeral":
+                self.client.chat_postEphemeral(
+                    channel=doc["channel"], user=doc["user"], text=doc["text"]
+                )
+            else:
+                return Failed(f"slack: not a message kind: {d.event[:40]}", permanent=True)
+        except SlackApiError as e:
+            error = str(e.response.get("error", "")) or f"HTTP {e.response.status_code}"
+            return Failed(f"slack: {error}", error in PERMANENT)
+        except (SlackClientError, OSError) as e:
+            return Failed(f"{type(e).__name__}: {e}"[:300])
+        except (ValueError, KeyError, TypeError) as e:
+            return Failed(f"slack: not a message ({type(e).__name__})", permanent=True)
+        return None
+
+    def _post(self, to: str, doc: dict[str, Any]) -> None:
+        ref = str(doc["ref"])
+        record = self.posts.get(ref)
+        posts = record.get("posts", [])
+        if doc.get("once") and any(to in (p.get("to"), p.get("channel")) for p in posts):
+            return  # an escalation's DM to someone asked there already
+        text, message = doc["text"], doc["blocks"]
+        if (closed := record.get("closed")) is not None:  # closed before it was posted
+            text, message = closed["text"], closed["blocks"]
+        r = self.client.chat_postMessage(
+            channel=to, text=text, blocks=message, unfurl_links=False, unfurl_media=False
+        )
+        post = {"channel": str(r.get("channel") or to), "ts": str(r.get("ts") or ""), "to": to}
+        with self.posts.lock:
+            record = self.posts.get(ref)
+            self.posts.put(ref, {**record, "posts": [*record.get("posts", []), post]})
+
+    def _known(self, ref: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
+        """`ref`'s posts: the sender's own, and those an older deltad recorded in the core
+        (handed along in `posts`)."""
+        own = list(self.posts.get(ref).get("posts", []))
+        seen = {(o.get("channel"), o.get("ts")) for o in own}
+        for p in doc.get("posts") or []:
+            if isinstance(p, dict) and isinstance(p.get("channel"), str) and p.get("ts"):
+                post = {"channel": p["channel"], "ts": str(p["ts"])}
+                if (post["channel"], post["ts"]) not in seen:
+                    own.append(post)
+        return own
+
+    def _update(self, doc: dict[str, Any]) -> None:
+        ref, text, message = str(doc["ref"]), str(doc["text"]), list(doc["blocks"])
+        self.posts.close(ref, text, message)
+        for post in self._known(ref, doc):
+            self.client.chat_update(
+                channel=post["channel"], ts=post["ts"], text=text, blocks=message
+            )
+
+    def _thread(self, doc: dict[str, Any]) -> None:
+        record = self.posts.get(str(doc["ref"]))
+        if record.get("closed"):
+            return  # answered or gone meanwhile: nothing to remind of
+        for post in self._known(str(doc["ref"]), doc):
+            if post.get("ts"):
+                self.client.chat_postMessage(
+                    channel=post["channel"],
+                    thread_ts=post["ts"],
+                    reply_broadcast=True,
+                    text=doc["text"],
+                    unfurl_links=False,
+                    unfurl_media=False,
+                )
+
+    def open_view(self, trigger_id: str, view: dict[str, Any], timeout: float) -> str | None:
+        """A modal opened at once (a trigger_id lives 3 s); why not, or None."""
+        from slack_sdk.errors import SlackApiError, SlackClientError
+
+        try:
+            self.client.views_open(trigger_id=trigger_id, view=view, timeout=timeout)
+        except (SlackApiError, SlackClientError, OSError) as e:
+            return str(e)[:300]
+        return None
+
+
+# -- notify.commands -------------------------------------------------------------------------
+COMMAND_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
+COMMAND_QUEUE = 10_000  # events waiting for a command, at most (as the core's queue was)
+
+
+def command_target(name: str, argv: list[str], timeout_seconds: float) -> wire.ChannelTarget:
+    """A `notify.commands` entry, as the inbox is handed it: run once per event, no secret."""
+    return wire.ChannelTarget(
+        name=name,
+        key=target_key(name),
+        kind="command",
+        settings={"argv": list(argv), "timeout_seconds": timeout_seconds},
+        max_attempts=1,
+        backoff_seconds=1.0,
+        backoff_max_seconds=1.0,
+        max_age_seconds=86400.0,
+        outbox_max=COMMAND_QUEUE,
+    )
+
+
+def command_sender(t: wire.ChannelTarget) -> Send:
+    """One run of the command per call, the message's body on its stdin."""
+    try:
+        argv = [str(a) for a in t.settings["argv"]]
+        timeout = float(t.settings["timeout_seconds"])
+        if not argv:
+            raise ValueError("no argv")
+    except (KeyError, TypeError, ValueError) as e:
+        raise SenderError(f"{t.name}: the command's settings: {e}") from None
+
+    def run(d: Delivery) -> Failed | None:
+        try:
+            done = subprocess.run(
+                argv,
+                input=d.body.encode(),
+                stdout=subprocess.DEVNULL,  # never read into this process's memory
+                stderr=subprocess.DEVNULL,
+                env=dict(COMMAND_ENV),
+                cwd="/",
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return Failed(f"timed out after {timeout:g} s", permanent=True)
+        except OSError as e:
+            return Failed(f"cannot run it: {e.strerror or e}", permanent=True)
+        if done.returncode != 0:
+            log.warning("notify_command_failed", target=t.name, rc=done.returncode)
+            return Failed(f"exit status {done.returncode}", permanent=True)
+        return None
+
+    return run
+
+
+# -- which ---------------------------------------------------------------------------------
+def sender(t: wire.ChannelTarget, state: Path) -> Send:
+    """How the inbox sends `t`'s messages (SenderError, one line, for settings it cannot use);
+    `state`: the directory a sender keeps its own records in (a Slack channel's posts)."""
+    if t.kind == "smtp":
+        return smtp_sender(t)
+    if t.kind == "slack":
+        return SlackSender(t, state / f"{t.name}-posts")
+    if t.kind == "command":
+        return command_sender(t)
+    raise SenderError(f"{t.name}: the inbox cannot send {t.kind} messages")
+
+
+def queued_hook(send: Send) -> Callable[[Delivery], None] | None:
+    """What a sender is told as each message enters the outbox (None: nothing)."""
+    return send.queued if isinstance(send, SlackSender) else None
