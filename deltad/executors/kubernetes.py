@@ -22,7 +22,6 @@ when this executor is configured.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import math
 import os
@@ -41,7 +40,7 @@ from pydantic import AfterValidator, Field, field_validator
 from deltad.protocol import exitcodes
 from deltad.protocol.printable import show_path
 
-from .kubewatch import JobWatch
+from .kubewatch import JobWatch, _api_words, _error_words, _one_line
 from .registry import ExecutorOptions, validate
 from .remote import EngineAway, RemoteExecutor, RemoteJob, Seen, daemon_secret, tag, tag_ok
 from .seam import Handle, Identity, JobSpec, JobState, RequestKey, SubmitError
@@ -770,22 +769,6 @@ def _workspace_gid(workspace: Path) -> int | None:
         return os.stat(workspace, follow_symlinks=False).st_gid
     except OSError:
         return None
-
-
-def _error_words(e: Exception) -> str:
-    return _api_words(e) if hasattr(e, "status") and hasattr(e, "body") else _one_line(e)
-
-
-def _api_words(e: Any) -> str:
-    """An ApiException's status and the server's message, on one line."""
-    message = ""
-    with contextlib.suppress(ValueError, AttributeError):
-        message = json.loads(e.body or "{}").get("message", "")
-    return _one_line(f"{e.status} {e.reason}" + (f": {message}" if message else ""))
-
-
-def _one_line(e: object) -> str:
-    return " ".join(str(e).split())[:300]
 
 
 # -- making one from the config ----------------------------------------------------------------

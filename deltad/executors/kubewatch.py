@@ -22,6 +22,8 @@ Decisions are pure (`next_step`); the thread is the shell around them.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -303,8 +305,6 @@ class JobWatch:
     def _fail(self, e: BaseException) -> None:
         """The server could not be asked: the table is not trusted until it answers again.
         Said once per distinct failure (the worker's `executor_engine_failed` warns)."""
-        from .kubernetes import _error_words
-
         words = (_error_words(e) if isinstance(e, Exception) else str(e)) or type(e).__name__
         with self._lock:
             was, self._error = self._error, words
@@ -312,3 +312,22 @@ class JobWatch:
             self._lock.notify_all()
         if was != words:
             log.info("kubernetes_watch_failed", error=words, resource_version=self.version)
+
+
+# -- the server's errors in words (kubernetes.py says them too) ---------------------------------
+
+
+def _error_words(e: Exception) -> str:
+    return _api_words(e) if hasattr(e, "status") and hasattr(e, "body") else _one_line(e)
+
+
+def _api_words(e: Any) -> str:
+    """An ApiException's status and the server's message, on one line."""
+    message = ""
+    with contextlib.suppress(ValueError, AttributeError):
+        message = json.loads(e.body or "{}").get("message", "")
+    return _one_line(f"{e.status} {e.reason}" + (f": {message}" if message else ""))
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())[:300]

@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from .errors import UnsafeFile
 from .fsio import read_regular
-from .models import Timestamp, respondent_problem
+from .stamps import Timestamp, respondent_problem
 
 FILE = "followup.json"
 MAX_BYTES = 64 * 1024

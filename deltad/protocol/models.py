@@ -2,36 +2,23 @@
 
 from __future__ import annotations
 
-import re
 import uuid
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
+from .followup import FollowUp
 from .process import OwnerProcess
+
+# Re-exported: every module reads these from here.
+from .stamps import RESPONDENT_NAME as RESPONDENT_NAME
+from .stamps import Timestamp as Timestamp
+from .stamps import iso as iso
+from .stamps import respondent_problem as respondent_problem
+from .stamps import utcnow as utcnow
 from .states import RunStatus
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def iso(dt: datetime) -> str:
-    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def _aware(dt: datetime) -> datetime:
-    # Files are written with "Z"; a hand-written naive time is read as UTC rather than as
-    # local time (whose conversion fails for year 1 and differs between hosts).
-    try:
-        return (dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)).astimezone(UTC)
-    except OverflowError:
-        raise ValueError("date out of range") from None
-
-
-Timestamp = Annotated[datetime, AfterValidator(_aware)]
 
 
 class _Model(BaseModel):
@@ -77,6 +64,11 @@ class InputType(StrEnum):
     DATE = "date"
 
 
+# The kinds whose answer is a secret whatever `sensitive` says (kinds.py's `Kind.secret`; a unit
+# test holds the two together). Here, so a question knows it without importing the vocabulary.
+SECRET_INPUTS = frozenset({InputType.PASSWORD})
+
+
 class Option(_Model):
     key: str = Field(min_length=1, max_length=1)
     label: str
@@ -89,20 +81,6 @@ class GatedCall(_Model):
     tool_name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     resolved_command: str = ""
-
-
-RESPONDENT_NAME = r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}"  # a token's name (deltad token add)
-_RESPONDENT = re.compile(rf"(?:group:)?{RESPONDENT_NAME}")
-
-
-def respondent_problem(name: object) -> str | None:
-    """Why `name` is not a respondent (a token name or `group:NAME`), or None."""
-    if isinstance(name, str) and _RESPONDENT.fullmatch(name):
-        return None
-    return (
-        f"respondent {str(name)[:40]!r} is not a token name or group:NAME "
-        "(letters, digits and . _ @ -, up to 64)"
-    )
 
 
 def _respondents(names: list[str]) -> list[str]:
@@ -175,9 +153,7 @@ class InteractionRequest(_Model):
 
     @property
     def is_secret(self) -> bool:
-        from .kinds import kind_of  # the vocabulary says which kinds are secret (it imports us)
-
-        return self.sensitive or kind_of(self.input_type).secret
+        return self.sensitive or self.input_type in SECRET_INPUTS
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and (now or utcnow()) >= self.expires_at
@@ -232,8 +208,3 @@ class JournalEvent(_Model):
         )
 
     __hash__ = None  # type: ignore[assignment]
-
-
-from .followup import FollowUp  # noqa: E402  (it reads this module's names)
-
-InteractionRequest.model_rebuild()

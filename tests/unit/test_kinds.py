@@ -100,3 +100,10 @@ def test_a_secret_is_never_quoted_in_a_refusal() -> None:
 def test_expiry_compares_aware_times() -> None:
     req = _req(InputType.TEXT, expires_at=utcnow() - timedelta(seconds=1))
     assert req.expired()
+
+
+def test_the_secret_kinds_are_the_ones_a_question_knows_without_the_vocabulary() -> None:
+    from deltad.protocol.kinds import KINDS
+    from deltad.protocol.models import SECRET_INPUTS
+
+    assert {t for t, kind in KINDS.items() if kind.secret} == SECRET_INPUTS
