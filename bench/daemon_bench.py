@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench import trees  # noqa: E402
 from deltad.testing import FakeLLM  # noqa: E402
-from deltad.testing.daemon import Daemon  # noqa: E402
+from tests.support.daemon import Daemon  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 RESULTS = HERE / "results"

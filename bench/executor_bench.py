@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from deltad.testing import FakeLLM  # noqa: E402
-from deltad.testing.daemon import Daemon  # noqa: E402
+from tests.support.daemon import Daemon  # noqa: E402
 
 EXECUTORS = ("fresh", "fork")
 DELTA = str(Path(sys.executable).parent / "delta")

@@ -34,9 +34,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from deltad.testing.daemon import Daemon  # noqa: E402
 from deltad.testing.stub import paused_workspace  # noqa: E402
 from deltad.watch.fanotify import Fanotify  # noqa: E402
+from tests.support.daemon import Daemon  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 WRITER = """

@@ -30,7 +30,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from deltad.testing.daemon import (  # noqa: E402
+from tests.support.daemon import (  # noqa: E402
     Daemon,
     answer,
     paused_workspace,

@@ -42,9 +42,9 @@ HERE = Path(__file__).resolve().parent
 NO_INDEX = HERE / "noindex"  # a sitecustomize that turns the inbox's index off
 sys.path.insert(0, str(HERE.parent))
 
-from deltad.testing.daemon import DELTAD, Daemon, wait_for  # noqa: E402
-from deltad.testing.inbox import http_url  # noqa: E402
 from deltad.testing.stub import paused_workspace  # noqa: E402
+from tests.support.daemon import DELTAD, Daemon, wait_for  # noqa: E402
+from tests.support.inbox import http_url  # noqa: E402
 
 STARTUP_DEADLINE = 900.0  # 10,000 workspaces' first reconcile on a loaded, shared machine
 PAGE = 100

@@ -1,5 +1,5 @@
 """The Kubernetes API server hung under a real `deltad serve`: the Slurm outage bench's
-scenario (`deltad.testing.slurmoutage`) against kmock's emulator (tests/kube.py).
+scenario (`tests.support.slurmoutage`) against kmock's emulator (tests/kube.py).
 
     .venv/bin/python bench/kube_outage_bench.py [--pause 60] [--answers 4] [--out bench/results]
 
@@ -34,9 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from deltad.testing.daemon import Daemon, answer, records, stub_command, wait_for
-from deltad.testing.inbox import make_token
-from deltad.testing.slurmoutage import (
+from deltad.testing.stub import paused_workspace
+from tests.kube import HangingProxy, Kubelet, emulator
+from tests.support.daemon import Daemon, answer, records, stub_command, wait_for
+from tests.support.inbox import make_token
+from tests.support.slurmoutage import (
     TURN_CPU_METRIC,
     Pings,
     Turns,
@@ -45,8 +47,6 @@ from deltad.testing.slurmoutage import (
     turns,
     wall_of,
 )
-from deltad.testing.stub import paused_workspace
-from tests.kube import HangingProxy, Kubelet, emulator
 from tests.users import accounts, chown_tree, executable_by_all, shared_tmp
 
 DEADLINE = 300.0

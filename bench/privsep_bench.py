@@ -32,9 +32,9 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from deltad.testing.daemon import DELTAD, Daemon, records, wait_for  # noqa: E402
-from deltad.testing.inbox import http_url  # noqa: E402
 from deltad.testing.stub import paused_workspace  # noqa: E402
+from tests.support.daemon import DELTAD, Daemon, records, wait_for  # noqa: E402
+from tests.support.inbox import http_url  # noqa: E402
 
 
 def loadavg() -> str:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/slurm_bench.py [--latency 20] [--burst 200] [--out bench/results]
 
 Needs root and Slurm's packages (`apt-get install slurm-wlm munge slurmctld slurmd`); the
-cluster is `deltad.testing.slurmcluster` (a private network namespace, loopback only).
+cluster is `tests.support.slurmcluster` (a private network namespace, loopback only).
 
 - latency: one submit at a time (the daemon's path for one answer): from `submit()` to the
   job's first command (its own clock) and to the `Started` event seen by `poll` (poll_every).
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from deltad.executors.seam import Identity, JobSpec, RequestKey, Started
 from deltad.executors.slurm import SlurmExecutor, make_slurm_executor
-from deltad.testing.slurmcluster import Cluster, cluster
+from tests.support.slurmcluster import Cluster, cluster
 
 NOBODY = Identity(65534, 65534, user="nobody")
 
@@ -144,8 +144,8 @@ def _jobs_per_name(c: Cluster) -> dict[str, int]:
 def through_daemon(c: Cluster, root: Path, n: int) -> dict[str, object]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from deltad.executors.slurm import key_from_comment
-    from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command
     from deltad.testing.stub import paused_workspace
+    from tests.support.daemon import Daemon, answer, metadata_status, records, stub_command
     from tests.users import executable_by_all
 
     home = root / "daemon"

@@ -1,11 +1,11 @@
 """A Slurm controller away under a real `deltad serve`: what the daemon's loop and the answers
-written meanwhile go through (`deltad.testing.slurmoutage`, the e2e test's scenario, longer).
+written meanwhile go through (`tests.support.slurmoutage`, the e2e test's scenario, longer).
 
     .venv/bin/python bench/slurm_outage_bench.py [--mode sigstop|stop] [--pause 60]
         [--answers 4] [--slots 8] [--out bench/results]
 
 Needs root and Slurm's packages (`apt-get install slurm-wlm munge slurmctld slurmd`); the
-cluster is `deltad.testing.slurmcluster` (a private network namespace, loopback only), here with
+cluster is `tests.support.slurmcluster` (a private network namespace, loopback only), here with
 a node of `--slots` job slots (0: the tests' node, one job at a time) so that the jobs of the
 outage's answers can start side by side, as on a cluster with room.
 
@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from deltad.testing import slurmoutage
-from deltad.testing.slurmcluster import cluster
+from tests.support import slurmoutage
+from tests.support.slurmcluster import cluster
 from tests.users import executable_by_all, shared_tmp
 
 

@@ -236,7 +236,7 @@ class Tap:
     an MTA that hangs mid-conversation."""
 
     def __init__(self, mta: Mta, hold: int = 0) -> None:
-        from deltad.testing.webhooks import socket_uid
+        from tests.support.webhooks import socket_uid
 
         self._socket_uid = socket_uid
         self.mta, self.hold = mta, hold

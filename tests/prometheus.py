@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from deltad.testing.daemon import wait_for
+from tests.support.daemon import wait_for
 
 DEADLINE = 60.0
 

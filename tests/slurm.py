@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from deltad.testing.slurmcluster import Cluster, cluster, missing_binaries
+from tests.support.slurmcluster import Cluster, cluster, missing_binaries
 
 
 def unavailable() -> str | None:

@@ -1,12 +1,15 @@
 """Test doubles shipped with the product (after `structlog.testing`): real implementations of
-the seams, for the test suite, benchmarks and anyone embedding deltad.
+deltad's own seams, for its test suite, benchmarks and anyone embedding deltad.
 
-    FakeLLM        an OpenAI-compatible HTTP server on 127.0.0.1, scripted (faults included)
-    ScriptedModel  an in-process ChatModel with the same script vocabulary
-    daemon         a real `deltad serve` subprocess and its JSON log (tests, benches)
-    stub           a stand-in resume client for daemon tests
-    slackapi       Slack's Web API on 127.0.0.1 (records calls, scripted faults), and signed
-                   interaction requests made with slack_sdk's own signer
+    FakeLLM          an OpenAI-compatible HTTP server on 127.0.0.1, scripted (faults included)
+    ScriptedModel    an in-process ChatModel with the same script vocabulary
+    executor_contract  the contract suite every job executor passes (a third party's too)
+    stub             a stand-in resume client (the `resume_command` seam) for daemon tests;
+                     a module the warm fork server can run (`python -m deltad.testing.stub`)
+    kernel           a watch tree without a kernel (the event backend's seam)
+
+This repository's own harness (a daemon runner, a Slurm cluster, Slack and webhook stand-ins)
+lives in tests/support/, outside the wheel.
 """
 
 from .fakellm import FakeLLM, tool_call

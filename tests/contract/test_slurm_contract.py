@@ -19,8 +19,8 @@ import pytest
 from deltad.executors import Identity, JobExecutor
 from deltad.executors.slurm import make_slurm_executor
 from deltad.testing.executor_contract import ExecutorContract
-from deltad.testing.slurmcluster import Cluster
 from tests.slurm import in_cluster, slurm_cluster  # noqa: F401
+from tests.support.slurmcluster import Cluster
 from tests.users import User, accounts, shared_tmp
 
 _ids = itertools.count()

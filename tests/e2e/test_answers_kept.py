@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status
+from tests.support.daemon import Daemon, metadata_status
 
 from ..conftest import EXAMPLES, Delta, llm_env, wait_for, write_agent
 

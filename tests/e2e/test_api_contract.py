@@ -19,9 +19,9 @@ import pytest
 
 from deltad.inbox import links
 from deltad.protocol.models import InputType, Option
-from deltad.testing.daemon import Daemon, records, wait_for
-from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import Daemon, records, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 GENERATOR = str(Path(sys.executable).parent / "openapi-python-client")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deltad.testing.daemon import DELTAD
+from tests.support.daemon import DELTAD
 
 from ..users import executable_by_all, shared_tmp
 from .test_executor_registry import toy_installed  # noqa: F401 - a fixture

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deltad.testing import daemon as harness
-from deltad.testing.daemon import answer, paused_workspace, running, wait_for
+from tests.support import daemon as harness
+from tests.support.daemon import answer, paused_workspace, running, wait_for
 
 
 def _interaction(ws: Path) -> Path:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from deltad.testing import FakeLLM
-from deltad.testing import daemon as harness
-from deltad.testing.daemon import Daemon, answer, metadata_status, wait_for
+from tests.support import daemon as harness
+from tests.support.daemon import Daemon, answer, metadata_status, wait_for
 
 from ..conftest import llm_env, write_agent
 

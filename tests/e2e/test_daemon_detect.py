@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from deltad.testing.daemon import answer, paused_workspace, running, wait_for
+from tests.support.daemon import answer, paused_workspace, running, wait_for
 
 
 def _response(ws: Path) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deltad.testing import FakeLLM, tool_call
-from deltad.testing.daemon import metadata_status, wait_for
+from tests.support.daemon import metadata_status, wait_for
 
 from ..conftest import GATED_TOOLS_FOR_DAEMON, Delta, write_agent
 from .test_daemon_client import _daemon

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from deltad.testing import daemon as harness
-from deltad.testing.daemon import answer, paused_workspace, running
 from tests.e2e.test_daemon_detect import (  # noqa: F401 - collected again, under inotify
     test_a_dozen_answered_at_once_each_resumed_exactly_once,
     test_answer_written_while_daemon_was_down,
@@ -30,6 +28,8 @@ from tests.e2e.test_tenant_watches import (  # noqa: F401 - collected again, und
     test_a_symlinked_mailbox_made_before_start_does_not_take_the_victims_watch,
     test_a_symlinked_mailbox_moved_in_after_ready_does_not_take_the_victims_watch,
 )
+from tests.support import daemon as harness
+from tests.support.daemon import answer, paused_workspace, running
 
 NO_RESCAN = 3600
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from deltad.testing.daemon import answer, paused_workspace, running
+from tests.support.daemon import answer, paused_workspace, running
 
 
 def test_a_broken_lease_does_not_stop_the_daemon(tmp_path: Path) -> None:

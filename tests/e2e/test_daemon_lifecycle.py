@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.testing.daemon import (
+from tests.support.daemon import (
     DELTAD,
     Daemon,
     answer,

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from deltad.testing import FakeLLM
-from deltad.testing import daemon as harness
-from deltad.testing.daemon import Daemon, metadata_status, paused_workspace, wait_for
 from tests.e2e.test_daemon_fanotify import inotify_watches
+from tests.support import daemon as harness
+from tests.support.daemon import Daemon, metadata_status, paused_workspace, wait_for
 
 from ..conftest import llm_env, write_agent
 

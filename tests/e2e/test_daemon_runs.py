@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deltad.testing.daemon import (
+from tests.support.daemon import (
     answer,
     metadata_status,
     paused_workspace,

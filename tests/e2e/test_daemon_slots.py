@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from deltad.testing.daemon import DELTAD, Daemon, records, wait_for
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import DELTAD, Daemon, records, wait_for
 
 from ..users import Accounts, User, accounts, chown_tree, executable_by_all, shared_tmp
 

@@ -27,8 +27,6 @@ import httpx
 
 from deltad.outbound.grants import Grants
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status
-from deltad.testing.inbox import client, make_token
 from tests.mta import (
     DELTAD_DOMAIN,
     PEOPLE_DOMAIN,
@@ -36,6 +34,8 @@ from tests.mta import (
     Tap,
     postfix,  # noqa: F401  (the fixture)
 )
+from tests.support.daemon import Daemon, metadata_status
+from tests.support.inbox import client, make_token
 
 from ..conftest import Delta, llm_env, wait_for, write_agent
 from .test_privsep import HOOK, _inbox_pid, _status

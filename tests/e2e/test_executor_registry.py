@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import DELTAD, answer, metadata_status
+from tests.support.daemon import DELTAD, answer, metadata_status
 
 from .test_daemon_client import _daemon, _pause
 

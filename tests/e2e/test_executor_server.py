@@ -17,8 +17,8 @@ from deltad.core.tenancy import SAFE_PATH, Owner
 from deltad.executors import fork as forkmod
 from deltad.executors.fork import ForkExecutor
 from deltad.executors.seam import Identity, JobSpec, RequestKey
-from deltad.testing.daemon import answer, next_exit
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import answer, next_exit
 
 DEADLINE = 30.0
 

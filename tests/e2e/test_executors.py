@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from deltad.testing.daemon import Daemon, answer, paused_workspace, running, wait_for
+from tests.support.daemon import Daemon, answer, paused_workspace, running, wait_for
 
 from ..users import Accounts, accounts, chown_tree, executable_by_all, shared_tmp
 

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from deltad.testing.daemon import Daemon, answer, paused_workspace, wait_for
-from deltad.testing.inbox import EventReader, client, http_url, make_token
-from deltad.testing.webhooks import Receiver
+from tests.support.daemon import Daemon, answer, paused_workspace, wait_for
+from tests.support.inbox import EventReader, client, http_url, make_token
+from tests.support.webhooks import Receiver
 
 
 def _created(receiver: Receiver) -> list[str]:

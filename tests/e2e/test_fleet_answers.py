@@ -13,9 +13,9 @@ from typing import Any
 
 from deltad.protocol.models import Option
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import BIN, Daemon, metadata_status, records, wait_for
-from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import BIN, Daemon, metadata_status, records, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 from ..conftest import Delta, llm_env, write_agent
 

@@ -15,9 +15,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status, wait_for
-from deltad.testing.inbox import client, make_token
-from deltad.testing.webhooks import Receiver
+from tests.support.daemon import Daemon, metadata_status, wait_for
+from tests.support.inbox import client, make_token
+from tests.support.webhooks import Receiver
 
 from ..conftest import llm_env, write_agent
 

@@ -20,9 +20,9 @@ from typing import Any
 from deltad.protocol import utcnow
 from deltad.protocol.models import GatedCall, Option
 from deltad.testing import FakeLLM, tool_call
-from deltad.testing.daemon import DELTAD, Daemon, metadata_status, records, wait_for
-from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import DELTAD, Daemon, metadata_status, records, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 from ..conftest import GATED_TOOLS_FOR_DAEMON, llm_env, write_agent
 

@@ -21,7 +21,7 @@ import pytest
 from deltad.protocol import Workspace, load_metadata, save_metadata
 from deltad.protocol.models import OwnerProcess
 from deltad.protocol.states import RunStatus
-from deltad.testing.daemon import (
+from tests.support.daemon import (
     DELTAD,
     Daemon,
     answer,

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pytest
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import metadata_status
+from tests.support.daemon import metadata_status
 
 from ..conftest import llm_env
 from ..users import User, accounts, chown_tree, executable_by_all, shared_tmp

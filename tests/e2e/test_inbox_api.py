@@ -18,8 +18,8 @@ import pytest
 import standardwebhooks
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status, wait_for
-from deltad.testing.inbox import EventReader, WebhookReceiver, client, http_url, make_token
+from tests.support.daemon import Daemon, metadata_status, wait_for
+from tests.support.inbox import EventReader, WebhookReceiver, client, http_url, make_token
 
 from ..conftest import llm_env, write_agent
 

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from deltad.testing.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
-from deltad.testing.inbox import EventReader, client, http_url, make_token
+from tests.support.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
+from tests.support.inbox import EventReader, client, http_url, make_token
 
 # Minutes of backtracking under the regex translation, with one workspace in scope.
 ADVERSARIAL = "**" * 14 + "\x01"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status
-from deltad.testing.inbox import http_url, make_token
+from tests.support.daemon import Daemon, metadata_status
+from tests.support.inbox import http_url, make_token
 
 from ..conftest import llm_env, write_agent
 

@@ -17,10 +17,10 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status, wait_for
 from deltad.testing.fakellm import tool_call
-from deltad.testing.inbox import http_url, make_token
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import Daemon, metadata_status, wait_for
+from tests.support.inbox import http_url, make_token
 
 from ..conftest import llm_env, write_agent
 from .test_inbox_api import REAL_CLIENT, _delta

@@ -13,9 +13,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
 from deltad.protocol import utcnow
-from deltad.testing.daemon import Daemon, wait_for
-from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import Daemon, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 from .test_inbox_browser import browser  # noqa: F401 - the fixture is used
 from .test_inbox_page import free_port, log_in, no_horizontal_scroll, serious_violations, until

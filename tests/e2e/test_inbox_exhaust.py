@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from deltad.http.sessions import CLOSED_PER_TOKEN
-from deltad.testing.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
-from deltad.testing.inbox import http_url, make_token
+from tests.support.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
+from tests.support.inbox import http_url, make_token
 
 BUSY = b"HTTP/1.1 503 "
 

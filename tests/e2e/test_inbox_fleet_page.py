@@ -15,9 +15,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from deltad.protocol.models import GatedCall, Option
-from deltad.testing.daemon import Daemon
-from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import Daemon
+from tests.support.inbox import client, http_url, make_token
 
 from .test_inbox_browser import browser  # noqa: F401 - the fixture is used
 from .test_inbox_page import log_in, serious_violations, shot, until

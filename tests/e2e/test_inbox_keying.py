@@ -26,9 +26,9 @@ from deltad.protocol import (
 )
 from deltad.protocol.models import GatedCall
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status, wait_for
-from deltad.testing.inbox import WebhookReceiver, client, http_url, make_token
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import Daemon, metadata_status, wait_for
+from tests.support.inbox import WebhookReceiver, client, http_url, make_token
 
 from ..conftest import llm_env, write_agent
 from ..users import User, accounts, chown_tree, executable_by_all, need_root, shared_tmp

@@ -29,9 +29,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 from deltad.inbox import links
 from deltad.protocol import InputType, Mailbox, Workspace
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import DELTAD, Daemon, metadata_status, wait_for
-from deltad.testing.inbox import http_url, make_token
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import DELTAD, Daemon, metadata_status, wait_for
+from tests.support.inbox import http_url, make_token
 
 from ..conftest import llm_env, write_agent
 from .test_inbox_api import REAL_CLIENT, _delta

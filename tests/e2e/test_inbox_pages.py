@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from deltad.testing.daemon import metadata_status, running, wait_for
-from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import paused_workspace
+from tests.support.daemon import metadata_status, running, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 COUNT = 250
 

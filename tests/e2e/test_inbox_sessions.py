@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from deltad.testing.daemon import DELTAD, Daemon, wait_for
-from deltad.testing.inbox import http_url, make_token
+from tests.support.daemon import DELTAD, Daemon, wait_for
+from tests.support.inbox import http_url, make_token
 
 
 def free_port() -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status, wait_for
-from deltad.testing.inbox import client, http_url, make_token
+from tests.support.daemon import Daemon, metadata_status, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 from ..conftest import Delta, llm_env
 from .test_inbox_api import REAL_CLIENT, _pause

@@ -28,7 +28,7 @@ import pytest
 
 from deltad.executors.kubernetes import KubernetesExecutor, make_kubernetes_executor
 from deltad.executors.seam import Event, Exit, Identity, JobSpec, RequestKey, Started
-from deltad.testing.daemon import wait_for
+from tests.support.daemon import wait_for
 
 KUBECONFIG = os.environ.get("DELTAD_TEST_KUBECONFIG")
 pytestmark = pytest.mark.skipif(

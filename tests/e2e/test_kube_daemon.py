@@ -25,10 +25,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command, wait_for
-from deltad.testing.inbox import client, http_url, make_token
 from deltad.testing.stub import ELSEWHERE_HOST, paused_workspace
 from tests.kube import Emulator, HangingProxy, Kubelet, emulator
+from tests.support.daemon import Daemon, answer, metadata_status, records, stub_command, wait_for
+from tests.support.inbox import client, http_url, make_token
 from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
 
 from ..conftest import llm_env, write_agent

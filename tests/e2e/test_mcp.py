@@ -23,8 +23,8 @@ from mcp.client.subscriptions import ResourcesListChanged, listen
 from mcp.shared.exceptions import MCPError
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status
-from deltad.testing.inbox import http_url, make_token
+from tests.support.daemon import Daemon, metadata_status
+from tests.support.inbox import http_url, make_token
 
 from ..conftest import Delta, llm_env, wait_for, write_agent
 

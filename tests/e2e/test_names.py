@@ -10,8 +10,8 @@ from pathlib import Path
 
 from deltad.protocol.printable import show_path
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
-from deltad.testing.inbox import EventReader, client, make_token
+from tests.support.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
+from tests.support.inbox import EventReader, client, make_token
 
 from ..conftest import Delta
 from ..users import accounts, chown_tree, executable_by_all, need_root, shared_tmp

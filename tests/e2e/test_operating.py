@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import trees
-from deltad.testing.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
-from deltad.testing.inbox import client, http_url, make_token
+from tests.support.daemon import DELTAD, Daemon, answer, paused_workspace, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 HOLD_HOOK = Path(__file__).parent / "hold"  # its sitecustomize.py holds the daemon's pace
 N = 1000

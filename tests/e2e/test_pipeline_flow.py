@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import wait_for
+from tests.support.daemon import wait_for
 
 from ..conftest import EXAMPLES, Delta
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from deltad.testing import FakeLLM, tool_call
-from deltad.testing.daemon import Daemon, metadata_status, wait_for
-from deltad.testing.inbox import client, http_url, make_token
+from tests.support.daemon import Daemon, metadata_status, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 from ..conftest import Delta, llm_env, write_agent
 from .test_pipeline_flow import _graph, _path, _run

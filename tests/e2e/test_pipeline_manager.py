@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status, wait_for
-from deltad.testing.inbox import client, http_url, make_token
+from tests.support.daemon import Daemon, metadata_status, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 from ..conftest import EXAMPLES, Delta, llm_env, write_agent
 from .test_pipeline_flow import _run, status

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import metadata_status, wait_for
+from tests.support.daemon import metadata_status, wait_for
 
 from ..conftest import EXAMPLES, Delta
 from .test_daemon_client import _daemon

@@ -27,9 +27,9 @@ import pytest
 
 from deltad.engine.secrets import SecretStore
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status, wait_for
-from deltad.testing.inbox import EventReader, client, http_url, make_token
-from deltad.testing.webhooks import Receiver
+from tests.support.daemon import Daemon, metadata_status, wait_for
+from tests.support.inbox import EventReader, client, http_url, make_token
+from tests.support.webhooks import Receiver
 
 from ..conftest import llm_env, write_agent
 from ..users import Accounts, User, accounts, chown_tree, executable_by_all, shared_tmp

@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from deltad.testing.daemon import Daemon, answer, paused_workspace, wait_for
-from deltad.testing.inbox import http_url, make_token
+from tests.support.daemon import Daemon, answer, paused_workspace, wait_for
+from tests.support.inbox import http_url, make_token
 
 from .. import prometheus
 

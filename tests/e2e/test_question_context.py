@@ -11,9 +11,9 @@ from typing import Any
 
 from deltad.inbox import links
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import DELTAD, Daemon, metadata_status, wait_for
 from deltad.testing.fakellm import tool_call
-from deltad.testing.inbox import client, http_url, make_token
+from tests.support.daemon import DELTAD, Daemon, metadata_status, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 from ..conftest import Delta, llm_env, write_agent
 

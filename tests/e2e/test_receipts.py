@@ -17,8 +17,8 @@ import pytest
 
 from deltad.protocol.calldigest import call_digest
 from deltad.testing import FakeLLM, tool_call
-from deltad.testing.daemon import DELTAD, Daemon, metadata_status, wait_for
-from deltad.testing.inbox import client, http_url, make_token
+from tests.support.daemon import DELTAD, Daemon, metadata_status, wait_for
+from tests.support.inbox import client, http_url, make_token
 
 from ..conftest import GATED_TOOLS_FOR_DAEMON, Delta, llm_env, write_agent
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, wait_for
+from tests.support.daemon import Daemon, wait_for
 
 from ..conftest import Delta, bin_path, llm_env
 

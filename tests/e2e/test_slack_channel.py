@@ -1,5 +1,5 @@
 """The Slack channel end to end: a real `deltad serve --listen` posts a question through
-`slack_sdk.WebClient` to a stand-in for Slack's Web API on 127.0.0.1 (deltad/testing/slackapi.py),
+`slack_sdk.WebClient` to a stand-in for Slack's Web API on 127.0.0.1 (tests/support/slackapi.py),
 interactions are POSTed to the inbox signed with slack_sdk's own signer, and a real `delta run`
 resumes. Nothing leaves 127.0.0.1."""
 
@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status
-from deltad.testing.inbox import http_url
-from deltad.testing.slackapi import SlackApi, interaction
+from tests.support.daemon import Daemon, metadata_status
+from tests.support.inbox import http_url
+from tests.support.slackapi import SlackApi, interaction
 
 from ..conftest import Delta, llm_env, wait_for, write_agent
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from deltad.executors.slurm import key_from_comment
-from deltad.testing.daemon import Daemon, answer, metadata_status, records, stub_command, wait_for
-from deltad.testing.slurmcluster import Cluster
 from deltad.testing.stub import ELSEWHERE_HOST, paused_workspace
 from tests.slurm import slurm_cluster  # noqa: F401
+from tests.support.daemon import Daemon, answer, metadata_status, records, stub_command, wait_for
+from tests.support.slurmcluster import Cluster
 from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
 
 DEADLINE = 60.0

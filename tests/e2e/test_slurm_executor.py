@@ -33,10 +33,10 @@ from deltad.executors.seam import (
     SubmitError,
 )
 from deltad.executors.slurm import SlurmExecutor, key_from_comment, make_slurm_executor
-from deltad.testing.daemon import answer, metadata_status
-from deltad.testing.slurmcluster import Cluster
 from deltad.testing.stub import paused_workspace
 from tests.slurm import in_cluster, slurm_cluster  # noqa: F401
+from tests.support.daemon import answer, metadata_status
+from tests.support.slurmcluster import Cluster
 from tests.users import User, accounts, chown_tree, executable_by_all, shared_tmp
 
 DEADLINE = 120.0

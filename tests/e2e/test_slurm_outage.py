@@ -1,4 +1,4 @@
-"""A Slurm controller away never stalls the daemon (`deltad.testing.slurmoutage`).
+"""A Slurm controller away never stalls the daemon (`tests.support.slurmoutage`).
 
 slurmctld is hung (SIGSTOP) or stopped (SIGTERM, started again after) for a few seconds under a
 real `deltad serve`: meanwhile the daemon's loop goes on (every answer written then is queued,
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from deltad.testing import slurmoutage
-from deltad.testing.slurmcluster import Cluster
 from tests.slurm import slurm_cluster  # noqa: F401
+from tests.support import slurmoutage
+from tests.support.slurmcluster import Cluster
 from tests.users import executable_by_all, shared_tmp
 
 

@@ -16,7 +16,7 @@ from deltad.protocol import Workspace, load_metadata, save_metadata
 from deltad.protocol.models import OwnerProcess
 from deltad.protocol.states import RunStatus
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import answer, metadata_status, paused_workspace, running, wait_for
+from tests.support.daemon import answer, metadata_status, paused_workspace, running, wait_for
 
 from ..conftest import Delta, write_agent
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from deltad.testing import FakeLLM
-from deltad.testing.daemon import Daemon, metadata_status, wait_for
+from tests.support.daemon import Daemon, metadata_status, wait_for
 
 from ..conftest import llm_env
 from ..users import Accounts, User, accounts, chown_tree, executable_by_all, shared_tmp

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deltad.testing.daemon import DELTAD, Daemon, answer, paused_workspace, running
+from tests.support.daemon import DELTAD, Daemon, answer, paused_workspace, running
 
 from ..users import Accounts, accounts, chown_tree, executable_by_all, shared_tmp
 

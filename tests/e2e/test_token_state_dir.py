@@ -8,8 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from deltad.testing.daemon import DELTAD, Daemon
-from deltad.testing.inbox import client, http_url
+from tests.support.daemon import DELTAD, Daemon
+from tests.support.inbox import client, http_url
 
 
 def _deltad(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

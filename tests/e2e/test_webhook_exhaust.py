@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from deltad.protocol.models import QuestionContext
-from deltad.testing.daemon import Daemon, answer, paused_workspace, wait_for
-from deltad.testing.webhooks import socket_uid
+from tests.support.daemon import Daemon, answer, paused_workspace, wait_for
+from tests.support.webhooks import socket_uid
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -21,8 +21,8 @@ import standardwebhooks
 from standardwebhooks import webhooks as sw_module
 
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace
-from deltad.testing.daemon import Daemon, answer, paused_workspace, wait_for
-from deltad.testing.webhooks import Call, Receiver
+from tests.support.daemon import Daemon, answer, paused_workspace, wait_for
+from tests.support.webhooks import Call, Receiver
 
 WHSEC = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from .daemon import DELTAD, Daemon, wait_for
+from tests.support.daemon import DELTAD, Daemon, wait_for
 
 
 def http_url(d: Daemon) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .webhooks import socket_uid
+from tests.support.webhooks import socket_uid
 
 BODY_MAX = 4 * 1024 * 1024
 

@@ -35,9 +35,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from .daemon import Daemon, answer, records, stub_command, wait_for
-from .slurmcluster import Cluster
-from .stub import paused_workspace
+from deltad.testing.stub import paused_workspace
+from tests.support.daemon import Daemon, answer, records, stub_command, wait_for
+from tests.support.slurmcluster import Cluster
 
 NOBODY = 65534  # the workspaces' owner: the jobs run as nobody
 TURN_METRIC = "deltad_loop_turn_seconds"
@@ -241,7 +241,7 @@ def run(
     `baseline`: first the same span with slurmctld up and as many answers, for comparison."""
     import httpx
 
-    from .inbox import make_token
+    from tests.support.inbox import make_token
 
     root = shared / "root"
     root.mkdir()

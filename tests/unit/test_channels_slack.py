@@ -1,6 +1,6 @@
 """The Slack channel in-process: Block Kit from the vocabulary of questions (a table over the
 kinds), the answers buttons and modals stand for, the configuration's one-line errors, and
-the channel's sends against the loopback stand-in (deltad/testing/slackapi.py)."""
+the channel's sends against the loopback stand-in (tests/support/slackapi.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from deltad.outbound.slack import SlackChannel, ref_of
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace
 from deltad.protocol.models import GatedCall, Option, QuestionContext
 from deltad.protocol.replies import AnswerRejected
-from deltad.testing.slackapi import SlackApi, interaction
 from deltad.testing.stub import paused_workspace
+from tests.support.slackapi import SlackApi, interaction
 
 SECRET = "unit-signing-secret"
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from deltad.testing.daemon import wait_for
 from deltad.watch import events as F
 from deltad.watch.fanotify import (
     INFO_DFID,
@@ -24,6 +23,7 @@ from deltad.watch.fanotify import (
     probe,
 )
 from deltad.watch.hints import HintQueue, Why
+from tests.support.daemon import wait_for
 
 FSID = 0x219CE831329B3837
 HANDLE = bytes.fromhex("13c42000299c0997")

@@ -22,7 +22,7 @@ from deltad.executors.fresh import FreshExecutor
 from deltad.executors.local import Left, Switch, may_adopt, ref_of, switch_to
 from deltad.executors.seam import Exit, Identity, JobSpec, RequestKey, Started
 from deltad.protocol.process import proc_start_ticks
-from deltad.testing.daemon import next_exit, wait_for
+from tests.support.daemon import next_exit, wait_for
 
 pytestmark = pytest.mark.spawns  # the local executor starts real processes: that is what it is
 

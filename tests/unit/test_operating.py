@@ -384,7 +384,7 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
     from deltad.outbound.notify import Results, WebhookWorker, new_delivery, webhook_target
     from deltad.privsep import wire
     from deltad.privsep.handoff import Handoff
-    from deltad.testing.webhooks import Receiver
+    from tests.support.webhooks import Receiver
 
     counted = CoreMetrics().deliveries
     (tmp_path / "inbox").mkdir()

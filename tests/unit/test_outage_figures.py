@@ -1,4 +1,4 @@
-"""The outage bench's reading of the loop-turn histogram (deltad.testing.slurmoutage): the share
+"""The outage bench's reading of the loop-turn histogram (tests.support.slurmoutage): the share
 within an edge is exact, the quantile is the edge it falls under, two reads subtract."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from deltad.metrics import TURN_BUCKETS
-from deltad.testing.slurmoutage import TURN_CPU_METRIC, TURN_METRIC, grown, turns
+from tests.support.slurmoutage import TURN_CPU_METRIC, TURN_METRIC, grown, turns
 
 
 def exposition(wall: list[float], cpu: list[float]) -> str:

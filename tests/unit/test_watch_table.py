@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from deltad.testing.daemon import answer, wait_for
 from deltad.watch import events as F
 from deltad.watch.hints import HintQueue, Why
 from deltad.watch.inotify import InotifyBackend
 from deltad.watch.tree import Kind, WatchTree, refusal
+from tests.support.daemon import answer, wait_for
 
 
 class NoFallback:

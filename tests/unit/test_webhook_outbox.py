@@ -29,7 +29,7 @@ from deltad.outbound.outbox import (
 )
 from deltad.pacing import Pacing, equal_jitter
 from deltad.privsep.handoff import Handoff, HandoffError
-from deltad.testing.webhooks import Receiver
+from tests.support.webhooks import Receiver
 
 KEY = b"0123456789abcdef"
 WHSEC = "whsec_" + base64.b64encode(KEY).decode()
