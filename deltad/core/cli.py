@@ -445,7 +445,7 @@ def audit() -> None:
 
 
 def _audit_file(config_path: Path | None, state_dir: Path | None, file: Path | None) -> Path:
-    from deltad.core.audit import AUDIT_FILE, audit_path
+    from deltad.inbox.audit import AUDIT_FILE, audit_path
 
     if file is not None:
         return file
@@ -476,7 +476,7 @@ def audit_export(
 ) -> None:
     """Write the log's entries to stdout as JSON Lines, as recorded (check them with
     `deltad audit verify`; an export `--since` with `--partial`)."""
-    from deltad.core.audit import AuditError, read_lines
+    from deltad.inbox.audit import AuditError, read_lines
 
     cut = _since(since) if since is not None else None
     path = _audit_file(config_path, state_dir, file)
@@ -534,7 +534,7 @@ def audit_verify(
     """Recompute the chain of LOG (`-`: stdin; default: the daemon's log). Exit 0 and print
     the entry count and the head hash (record it elsewhere to anchor the log); exit 2 naming
     the first entry edited, dropped or moved."""
-    from deltad.core.audit import AuditError, Broken, read_lines, verify
+    from deltad.inbox.audit import AuditError, Broken, read_lines, verify
 
     path = Path("-") if log == Path("-") else _audit_file(config_path, state_dir, log)
     try:

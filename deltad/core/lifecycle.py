@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from deltad import health, logs, platform
-from deltad.core.audit import audit_path
 from deltad.core.config import ConfigError, DaemonConfig, load_config
 from deltad.core.lease import RENEWALS_PER_LEASE, Holder, Lease, LeaseError, read_holder
 from deltad.core.notify import monotonic_usec, sd_notify, watchdog_interval
@@ -41,6 +40,7 @@ from deltad.core.status import (
 )
 from deltad.core.sweep import Sweep
 from deltad.core.walking import Walker, settle_heap
+from deltad.inbox.audit import audit_path
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
 from deltad.watch import Backend, PollingBackend, event_backend

@@ -18,15 +18,12 @@ from typing import Any, assert_never
 import structlog
 
 from deltad.clock import SYSTEM, Clock
-from deltad.core import audit
 from deltad.core import decide as core
 from deltad.core.answer import log_refusals
-from deltad.core.audit import audit_path
 from deltad.core.config import DaemonConfig
 from deltad.core.followup import Done, Store, beside_question, done_of
 from deltad.core.lease import Lease
 from deltad.core.lifecycle import Lifecycle, Ticks
-from deltad.core.receipts import receipt
 from deltad.core.reconcile import State, Verdict, inspect, mark_interrupted
 from deltad.core.registry import Registry
 from deltad.core.resumer import Finished, Resumer
@@ -35,8 +32,10 @@ from deltad.core.tenancy import Refused
 from deltad.core.timers import Timers
 from deltad.core.unread import Unread
 from deltad.core.walking import Walker
-from deltad.inbox import quorum
+from deltad.inbox import audit, quorum
+from deltad.inbox.audit import audit_path
 from deltad.inbox.feed import Feed
+from deltad.inbox.receipts import receipt
 from deltad.metrics import CoreMetrics, CoreVitals, EngineEvents, Scraped
 from deltad.protocol import ProtocolError, Workspace, followup, iso
 from deltad.protocol.runfacts import Elsewhere

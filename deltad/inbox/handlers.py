@@ -585,8 +585,8 @@ def vote_receipt(
 ) -> None:
     """Four eyes: each vote into the audit log, by the core as it is cast (the answer it may
     complete gets the decision's receipt when the daemon takes it up)."""
-    from deltad.core import audit as auditlog
-    from deltad.core.receipts import vote_receipt as receipt_of
+    from deltad.inbox import audit as auditlog
+    from deltad.inbox.receipts import vote_receipt as receipt_of
 
     if audit is None or done.approvals is None:
         return

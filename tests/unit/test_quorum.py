@@ -220,7 +220,7 @@ def test_an_agent_with_a_bad_quorum_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_votes_receipt_names_the_voter_and_the_quorum(tmp_path: Path) -> None:
-    from deltad.core.receipts import vote_receipt
+    from deltad.inbox.receipts import vote_receipt
 
     ws = tmp_path / "ws"
     rid = _approval(ws)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from deltad.core import audit
-from deltad.core.receipts import what_of
+from deltad.inbox import audit
+from deltad.inbox.receipts import what_of
 from deltad.protocol import InteractionRequest
 from deltad.protocol.calldigest import DigestMismatch, bind, call_digest, shown_arguments
 from deltad.protocol.models import GatedCall

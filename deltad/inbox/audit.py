@@ -27,10 +27,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from deltad.core.config import DaemonConfig
+from typing import IO, Any, Protocol
 
 AUDIT_FILE = "audit.jsonl"
 LOCK_SUFFIX = ".lock"
@@ -155,7 +152,21 @@ def verify(lines: Iterable[bytes], *, from_start: bool = True, head: str | None 
 
 
 # -- the file (I/O) -------------------------------------------------------------------------
-def audit_path(config: DaemonConfig) -> Path:
+class _AuditSettings(Protocol):
+    @property
+    def path(self) -> Path | None: ...
+
+
+class _Configured(Protocol):
+    """What `audit_path` reads of the daemon's configuration (core/config.py's DaemonConfig)."""
+
+    @property
+    def audit(self) -> _AuditSettings: ...
+    @property
+    def state_dir(self) -> Path: ...
+
+
+def audit_path(config: _Configured) -> Path:
     """The fleet's log: `audit.path`, else `<state_dir>/audit.jsonl`."""
     return config.audit.path or config.state_dir / AUDIT_FILE
 
