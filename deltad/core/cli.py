@@ -373,7 +373,7 @@ def token_add(
     """Make a token; it is printed once, as the last line."""
     from deltad.inbox.tokens import TokenError, TokenStore
 
-    store = TokenStore(_tokens_dir(config_path, state_dir))
+    store = TokenStore(_tokens_dir(config_path, state_dir), owner=os.geteuid())
     try:
         value = store.add(name, list(scopes), role, groups)  # type: ignore[arg-type]
     except TokenError as e:
@@ -394,7 +394,7 @@ def token_list(config_path: Path | None, state_dir: Path | None, as_json: bool) 
     """Names, roles and scopes (never the tokens)."""
     from deltad.inbox.tokens import TokenError, TokenStore
 
-    store = TokenStore(_tokens_dir(config_path, state_dir))
+    store = TokenStore(_tokens_dir(config_path, state_dir), owner=os.geteuid())
     try:
         items = store.list()
     except TokenError as e:
@@ -419,7 +419,7 @@ def token_revoke(name: str, config_path: Path | None, state_dir: Path | None) ->
     """Revoke a token now (a running daemon notices at once)."""
     from deltad.inbox.tokens import TokenError, TokenStore
 
-    store = TokenStore(_tokens_dir(config_path, state_dir))
+    store = TokenStore(_tokens_dir(config_path, state_dir), owner=os.geteuid())
     try:
         store.revoke(name)
     except TokenError as e:

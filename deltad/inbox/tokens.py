@@ -170,7 +170,10 @@ class TokenStore:
             if st.st_mode & 0o037:
                 raise TokenError(f"{self.path} is readable by others; chmod 600 it")
             if self.owner is not None and st.st_uid != self.owner:
-                raise TokenError(f"{self.path} is not owned by uid {self.owner}: not used")
+                raise TokenError(
+                    f"{self.path} is not owned by uid {self.owner}: not used (deltad token did "
+                    "not make it; remove it, then add the tokens again)"
+                )
             if st.st_size > FILE_MAX:
                 raise TokenError(f"{self.path} is over {FILE_MAX // (1024 * 1024)} MiB")
             try:

@@ -323,6 +323,52 @@ big = "x" * (1024 * 1024 + 64)  # over what a resume reads, under the frame cap
 """
 
 
+def test_a_token_file_the_inbox_planted_is_never_used_nor_adopted_by_deltad_token(
+    split: Split,
+) -> None:
+    """Before the first token exists the inbox may create tokens.json in its directory (it is
+    the inbox's, group-writable). The core ignores it, and so must `deltad token`: adding a
+    token would otherwise write the planted entries back as root's file, and the planted admin
+    token would then work from the network."""
+    s = split
+    planted = "dlt_planted-by-the-inbox"
+    code = (
+        TRY
+        + f"""
+import hashlib, json
+state = [p for p in (f"/proc/self/fd/{{n}}" for n in os.listdir("/proc/self/fd"))
+         if os.path.isdir(p) and os.path.exists(p + "/session.key")][0]
+doc = {{"evil": {{"sha256": hashlib.sha256({planted!r}.encode()).hexdigest(), "role": "admin",
+                 "scopes": ["/**"], "created_at": "2026-01-01T00:00:00Z"}}}}
+fd = os.open(state + "/tokens.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+os.write(fd, json.dumps(doc).encode())
+os.close(fd)
+result = os.stat(state + "/tokens.json").st_uid
+"""
+    )
+    assert _hook(s, code) != 0  # planted, as the inbox's user
+    for argv in (["add", "alice"], ["list"], ["revoke", "evil"]):
+        done = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "deltad"),
+                "token",
+                *argv,
+                "--state-dir",
+                str(s.d.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2, (argv, done.stdout, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "not owned" in done.stderr, (
+            done.stderr
+        )
+    with client(s.url, planted) as http:
+        assert http.get("/v1/requests").status_code == 401
+
+
 def test_requests_forged_over_the_protocol_are_refused_by_the_core(split: Split) -> None:
     s = split
     make_token(s.d.state_dir, "alice")
