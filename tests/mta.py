@@ -145,6 +145,12 @@ class Mta:
             s.starttls()
             s.send_message(msg)
 
+    def send_raw(self, sender: str, recipient: str, data: bytes) -> None:
+        """Bytes as they are (headers no mail client would write), to one envelope recipient."""
+        with smtplib.SMTP("127.0.0.1", self.port, timeout=30) as s:
+            s.starttls()
+            s.sendmail(sender, [recipient], data)
+
     def log(self) -> str:
         with contextlib.suppress(OSError):
             return (self.dir / "maillog").read_text(errors="replace")

@@ -73,6 +73,8 @@ def received(message: str, data: bytes | None, address: re.Pattern[str]) -> Rece
     matches a reply address and captures its token."""
     if data is None:
         return Received(message, None, "", False, None, "unreadable")
+    if over_budget(data) is not None:
+        return Received(message, None, "", False, None, "unparsable")
     try:
         reply = parse(data)
     except Unreadable:
@@ -81,6 +83,42 @@ def received(message: str, data: bytes | None, address: re.Pattern[str]) -> Rece
     sender = _utf8(reply.sender) if len(reply.sender) <= SENDER_MAX else ""
     text = _utf8(reply.text) if reply.text is not None else None
     return Received(message, tokens[0] if tokens else None, sender, reply.automatic, text)
+
+
+# The parse budget, checked on the raw bytes before the standard library's parser sees them:
+# its header parser is quadratic on some long headers (CPython issue 136063: a 100 KB `To:`
+# took minutes), so the sizes it is given are capped first; maildir.py also parses each
+# message in a child with a time limit. RFC 5322 lines are at most 998 characters; a folded
+# field of a real reply (a long Cc:) stays within a few KiB.
+HEADER_BLOCK_MAX = 64 * 1024
+HEADER_FIELD_MAX = 8 * 1024
+ADDRESSES_MAX = 100  # in one address field
+ADDRESS_FIELDS = frozenset(
+    {b"to", b"cc", b"bcc", b"from", b"sender", b"reply-to", b"delivered-to", b"x-original-to"}
+)
+
+
+def over_budget(data: bytes) -> str | None:
+    """Why the message is not parsed at all (its header too large, a field too long, too many
+    addresses in one field), or None. Linear in the message's size."""
+    end = min((i for i in (data.find(b"\r\n\r\n"), data.find(b"\n\n")) if i >= 0), default=-1)
+    block = data if end < 0 else data[:end]
+    fields: list[bytes] = []
+    for line in block.splitlines():
+        if line[:1] in (b" ", b"\t") and fields:
+            fields[-1] += line  # a folded field goes on
+        else:
+            fields.append(line)
+    for field in fields:
+        name = field.partition(b":")[0].strip()
+        shown = name[:40].decode("ascii", "replace")
+        if len(field) > HEADER_FIELD_MAX:
+            return f"its {shown} field is over {HEADER_FIELD_MAX // 1024} KiB"
+        if name.lower() in ADDRESS_FIELDS and field.count(b",") + 1 > ADDRESSES_MAX:
+            return f"its {shown} field names over {ADDRESSES_MAX} addresses"
+    if len(block) > HEADER_BLOCK_MAX:
+        return f"its header is over {HEADER_BLOCK_MAX // 1024} KiB"
+    return None
 
 
 def _utf8(text: str) -> str:

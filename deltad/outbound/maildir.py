@@ -20,10 +20,16 @@ once in the log.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import json
 import os
+import re
+import selectors
+import signal
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,6 +44,13 @@ log = structlog.get_logger("deltad.inbox.mail")
 Relay = Callable[[mail.Received], bool]
 
 
+PARSE_SECONDS = 5.0  # a reply parses in milliseconds; anything slower is an attack
+WARM_UP = b"From: a@b.c\r\nTo: d@e.f\r\nSubject: s\r\n\r\nx\r\n"
+Parse = Callable[[str, bytes | None, re.Pattern[str]], mail.Received]
+# How a message is parsed within its time: received_within below (unit tests parse in-process).
+Within = Callable[[str, bytes | None, re.Pattern[str], float], "mail.Received | str"]
+
+
 class MaildirReader:
     def __init__(
         self,
@@ -48,10 +61,15 @@ class MaildirReader:
         max_message_bytes: int,
         max_per_pass: int = 100,
         poll_seconds: float = 2.0,
+        parse_seconds: float = PARSE_SECONDS,
+        within: Within | None = None,
     ) -> None:
         self.maildir, self.relay = maildir, relay
         self.max_bytes, self.max_per_pass, self.poll = max_message_bytes, max_per_pass, poll_seconds
         self.address = mail.reply_address(reply_local, reply_domain)
+        self.parse_seconds = parse_seconds
+        self.within: Within = within or received_within
+        mail.received("warm-up", WARM_UP, self.address)  # the parser's imports, before any fork
         self.stopping = threading.Event()
         self._problem: str | None = None  # said once, until it changes
         self._unopened: set[str] = set()  # messages in new/ this user cannot open
@@ -110,7 +128,11 @@ class MaildirReader:
         with self._opened(self.maildir / "new" / name) as data:
             if isinstance(data, bool):  # gone, or not ours to read: left in new/
                 return 0
-            if not self.relay(mail.received(name, data, self.address)):
+            why = None if data is None else mail.over_budget(data)
+            got = why or self.within(name, data, self.address, self.parse_seconds)
+            if isinstance(got, str):  # one message never holds back the ones after it
+                log.warning("email_message_set_aside", message=ascii(name), reason=got)
+            elif not self.relay(got):
                 return None
         self._done(name)
         return 1
@@ -164,6 +186,54 @@ class MaildirReader:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def received_within(
+    name: str,
+    data: bytes | None,
+    address: re.Pattern[str],
+    seconds: float,
+    parse: Parse = mail.received,
+) -> mail.Received | str:
+    """`parse` run in a forked child, given `seconds`: what it read, or why it was stopped.
+    The standard library's parser is pure Python with no time bound of its own; a child can be
+    killed where a thread cannot, and its memory goes with it."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: parse, write the result, leave without cleanup
+        code = 1
+        try:
+            os.close(r)
+            got = parse(name, data, address)
+            out = json.dumps(dataclasses.asdict(got)).encode()
+            view = memoryview(out)
+            while view:
+                view = view[os.write(w, view) :]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + seconds
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(r, selectors.EVENT_READ)
+            while (left := deadline - time.monotonic()) > 0:
+                if not sel.select(left):
+                    continue
+                if not (chunk := os.read(r, 65536)):
+                    break
+                chunks.append(chunk)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                return f"parsing took over {seconds:g} s"
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    try:
+        return mail.Received(**json.loads(b"".join(chunks)))
+    except (ValueError, TypeError):  # the child died before it said anything
+        return "the parser failed"
 
 
 def _relayable(name: str) -> bool:

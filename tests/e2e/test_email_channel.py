@@ -146,6 +146,34 @@ def test_a_reply_answers_once_and_the_others_are_told(
     assert metadata_status(d.ws) == "COMPLETED"
 
 
+def test_one_mail_over_the_parse_budget_holds_back_no_reply(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """A `To:` of 100,000 dots is under the size cap, and the standard library's header parser
+    is quadratic on it (minutes): it is set aside unparsed, and the reply after it answers."""
+    mta = postfix
+    daemon = _daemon(tmp_path, mta, tmp_path / "root").start(env=llm_env(fake))
+    try:
+        d, request_id = _ask(tmp_path, fake, prompt="Ship it?", input_type="yes_no")
+        [question] = wait_for(lambda: _mail(mta, ALICE, request_id, "[deltad]"), "alice's mail")
+        reply_to = str(question["Reply-To"])
+        evil = (
+            f"From: {MALLORY}\r\nTo: a".encode()
+            + b"." * 100_000
+            + b"@b.c\r\nSubject: Re: your question\r\n\r\nyes\r\n"
+        )
+        mta.send_raw(MALLORY, reply_to, evil)
+        [aside] = daemon.wait_event("email_message_set_aside")
+        assert "To field is over" in aside["reason"], aside
+        mta.send(_reply(reply_to, ALICE, "yes"))
+        wait_for(lambda: metadata_status(d.ws) == "COMPLETED", "the run to finish")
+        assert [e["answered_by"] for e in daemon.events("email_answered")] == [ALICE]
+    finally:
+        daemon.stop()
+
+
 def test_refused_replies_change_nothing_and_say_why(
     tmp_path: Path,
     fake: FakeLLM,

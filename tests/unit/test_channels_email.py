@@ -198,9 +198,20 @@ def _take(ch: EmailChannel) -> int:
 
     c = ch.config
     reader = MaildirReader(
-        c.maildir, c.reply_local, c.reply_domain, relay, c.max_message_bytes, c.max_per_pass
+        c.maildir,
+        c.reply_local,
+        c.reply_domain,
+        relay,
+        c.max_message_bytes,
+        c.max_per_pass,
+        within=in_process,
     )
     return reader.take()
+
+
+def in_process(name: str, data: bytes | None, address: Any, seconds: float) -> mail.Received:
+    """The reader's parse without its child (a unit test starts no process)."""
+    return mail.received(name, data, address)
 
 
 def _refusals(ch: EmailChannel) -> list[str]:
@@ -465,10 +476,69 @@ def test_mail_the_core_cannot_take_yet_stays_in_new(tmp_path: Path) -> None:
         asked.append(got.message)
         return False  # the core is starting (503): nothing moves, the pass ends
 
-    reader = MaildirReader(ch.config.maildir, "reply", "d.example", not_now, 1 << 20)
+    reader = MaildirReader(
+        ch.config.maildir, "reply", "d.example", not_now, 1 << 20, within=in_process
+    )
     assert reader.take() == 0 and asked == ["1"]
     assert sorted(os.listdir(new)) == ["1", "2"] and os.listdir(cur) == []
     # A name the protocol cannot carry is set aside unread; the rest goes on.
     (new / "0\nname").write_bytes(b"From: a@b.c\n\nhi\n")
     assert _take(ch) == 3
     assert sorted(os.listdir(cur)) == ["0\nname:2,S", "1:2,S", "2:2,S"]
+
+
+# -- the parse budget: one message never holds back the ones after it ---------------------------
+def CC(n: int, sep: bytes = b",") -> bytes:
+    return sep.join(b"p%d@q.r" % i for i in range(n))
+
+
+DOTTED = b"To: a" + b"." * 100_000 + b"@b.c\r\nFrom: x@y.z\r\nSubject: s\r\n\r\nyes\r\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"From: a@b.c\r\nTo: d@e.f\r\n\r\nyes\r\n", None),
+        (DOTTED, "its To field is over 8 KiB"),
+        (b"X-A: a\r\n" * 10_000 + b"\r\nbody", "its header is over 64 KiB"),
+        (
+            b"Cc: " + b",".join(b"p%d@q.r" % i for i in range(101)) + b"\n\nb",
+            "its Cc field names over 100 addresses",
+        ),
+        (b"Cc: " + b",".join(b"p%d@q.r" % i for i in range(100)) + b"\n\nb", None),
+        (
+            b"To: a@b.c,\r\n" + b"".join(b" p%d@q.r,\r\n" % i for i in range(150)) + b"\r\nb",
+            "its To field names over 100 addresses",
+        ),
+        (b"Subject: " + b"s" * 20_000 + b"\r\n\r\n", "its Subject field is over 8 KiB"),
+        (b"no header end at all", None),
+    ],
+)
+def test_what_is_never_parsed(data: bytes, why: str | None) -> None:
+    assert mail.over_budget(data) == why
+
+
+def test_a_message_over_budget_is_set_aside_and_the_next_reply_is_read(tmp_path: Path) -> None:
+    ch = _channel(tmp_path)
+    ws, request_id = _ask(tmp_path, ch, input_type="yes_no", respondents=["alice"])
+    [(_, _, question)] = _outgoing(ch)
+    (ch.config.maildir / "new" / "0.evil").write_bytes(DOTTED)
+    _deliver(ch, "1.m1", str(question["Reply-To"]), ALICE, "yes\n")
+    assert _take(ch) == 2
+    assert sorted(os.listdir(ch.config.maildir / "cur")) == ["0.evil:2,S", "1.m1:2,S"]
+    doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+    assert (doc["request_id"], doc["answer"]) == (request_id, "yes")
+
+
+@pytest.mark.spawns
+def test_a_parse_that_does_not_end_is_stopped_and_said() -> None:
+    from deltad.outbound.maildir import received_within
+
+    def forever(name: str, data: bytes | None, address: Any) -> mail.Received:
+        while True:
+            pass
+
+    address = mail.reply_address("deltad", "example.org")
+    assert received_within("m", b"x", address, 0.2, forever) == "parsing took over 0.2 s"
+    got = received_within("m", b"From: a@b.c\r\n\r\nyes\r\n", address, 30)
+    assert isinstance(got, mail.Received) and (got.sender, got.text) == ("a@b.c", "yes")
