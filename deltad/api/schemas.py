@@ -124,15 +124,26 @@ class ApprovalsOut(_Out):
     given: list[VoteOut] = Field(description="The votes so far, oldest first.")
 
 
+VIA = (
+    "What carried it to people: `email`, `slack`, `webhook`, `command`; [] when no channel "
+    "is configured to (it was recorded and shown here, and nobody was told); null in a "
+    "record from before deltad kept this."
+)
+
+
 class EscalationOut(_Out):
     at: str = Field(description="When, RFC 3339 (UTC).")
     to: list[str] = Field(description="The token names or `group:NAME`s added as respondents.")
+    via: list[str] | None = Field(default=None, description=VIA)
 
 
 class FollowUpOut(_Out):
     """Reminders and escalation of an open question (docs/inbox.md)."""
 
-    reminders: list[str] = Field(default_factory=list, description="When each was sent.")
+    reminders: list[str] = Field(default_factory=list, description="When each came due.")
+    reminders_via: list[str] | None = Field(
+        default=None, description="Of the last reminder: " + VIA
+    )
     escalated: EscalationOut | None = None
     sla_due_at: str | None = Field(
         default=None, description="When the answer is due (the SLA); ends nothing."

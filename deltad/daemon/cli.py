@@ -19,6 +19,7 @@ from deltad.watch.choice import inotify_watches_in_use
 from deltad.watch.discovery import walk
 
 from .config import ConfigError, DaemonConfig, load_config
+from .followup import unsent
 from .shared_roots import shared_root_warnings
 from .status import daemon_running, read_standbys, read_status
 
@@ -136,6 +137,9 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
         click.echo(f"  {key}: {value}")
     for note in config.notes():
         click.echo(f"  note: {note}")
+    followups = unsent(config)  # reminders nothing would carry: a warning, never a refusal
+    if followups is not None:
+        click.echo(f"{'  ' if followups[0] == 'note' else ''}{followups[0]}: {followups[1]}")
     kind = _executor_kind(config)
     click.echo(f"resumes start with the {kind} executor ({_executor_where(kind)})")
     total_watches = 0
