@@ -418,10 +418,18 @@ class LoginIn(BaseModel):
 
 
 class SessionOut(_Out):
+    signed_in: Literal[True] = Field(description="This credential is signed in.")
     name: str
     role: Literal["reader", "answerer", "admin"]
     scopes: list[str]
     csrf: str | None = Field(description="Send it as `X-CSRF-Token` on every write.")
+
+
+class SignedOut(_Out):
+    """`GET /v1/session` with no credential at all (no `Authorization`, no session cookie):
+    nobody is signed in. A credential that does not check out is a 401 instead."""
+
+    signed_in: Literal[False]
 
 
 class LoggedOut(_Out):
@@ -496,15 +504,23 @@ LINKS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def finish(doc: dict[str, Any], writes: set[str], public: set[str]) -> dict[str, Any]:
+def finish(
+    doc: dict[str, Any],
+    writes: set[str],
+    public: set[str],
+    anonymous_too: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     """The generated document, completed: security schemes, each operation's security
-    (`writes` need the CSRF header with a session; `public` none), and the links."""
+    (`writes` need the CSRF header with a session; `public` none; `anonymous_too` answer
+    without a credential as well: `{}` among their requirements), and the links."""
     doc.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
     for item in doc.get("paths", {}).values():
         for op in item.values():
             op_id = op.get("operationId")
             if op_id not in public:
                 op["security"] = WRITE_SECURITY if op_id in writes else READ_SECURITY
+            if op_id in anonymous_too:
+                op["security"] = [*READ_SECURITY, {}]
             for status, response in op.get("responses", {}).items():
                 if status.startswith("4"):  # a refusal is a problem document on any route
                     response["content"] = {PROBLEM: {"schema": {"$ref": ERROR_REF}}}
