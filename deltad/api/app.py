@@ -296,7 +296,7 @@ def create_app(
         "/v1/session",
         tags=["session"],
         operation_id="whoami",
-        response_model=schemas.SessionOut | schemas.SignedOut,
+        response_model=schemas.WhoAmI,
         response_model_exclude_unset=True,
         responses=errors(401, 403),
     )

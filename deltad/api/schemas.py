@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
 from deltad import inbox
 from deltad.protocol import kinds
@@ -430,6 +430,10 @@ class SignedOut(_Out):
     nobody is signed in. A credential that does not check out is a 401 instead."""
 
     signed_in: Literal[False]
+
+
+class WhoAmI(RootModel[SessionOut | SignedOut]):
+    """`GET /v1/session`: who this credential is, or that nobody is signed in."""
 
 
 class LoggedOut(_Out):
