@@ -113,14 +113,24 @@ def follow_up_lines(doc: dict[str, Any] | None) -> list[str]:
     reminders = doc.get("reminders") or []
     if reminders:
         times = "once" if len(reminders) == 1 else f"{len(reminders)} times"
-        out.append(f"  Reminded: {times}, last at {show(str(reminders[-1]))}")
+        via = _via(doc.get("reminders_via"))
+        out.append(f"  Reminded: {times}, last at {show(str(reminders[-1]))}{via}")
     if esc := doc.get("escalated"):
         to = ", ".join(show(str(t)) for t in esc.get("to") or [])
-        out.append(f"  Escalated: to {to} at {show(str(esc.get('at')))}")
+        out.append(f"  Escalated: to {to} at {show(str(esc.get('at')))}{_via(esc.get('via'))}")
     if doc.get("sla_due_at"):
         late = " (SLA; overdue)" if doc.get("overdue_at") else " (SLA)"
         out.append(f"  Due:      {show(str(doc['sla_due_at']))}{late}")
     return out
+
+
+def _via(via: object) -> str:
+    """What carried a reminder or an escalation: "" when not recorded (an older record)."""
+    if not isinstance(via, list):
+        return ""
+    if not via:
+        return " (nobody was told: no channel is configured)"
+    return f" (by {', '.join(show(str(v)) for v in via)})"
 
 
 def answer_line(a: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ import structlog
 
 from deltad import __version__, logs, platform
 from deltad.core.config import ConfigError, DaemonConfig, load_config
+from deltad.core.followup import unsent
 from deltad.core.shared_roots import shared_root_warnings
 from deltad.core.status import daemon_running, read_standbys, read_status
 from deltad.protocol import utcnow
@@ -135,6 +136,9 @@ def check(config_path: Path | None, roots: tuple[str, ...]) -> None:
         click.echo(f"  {key}: {value}")
     for note in config.notes():
         click.echo(f"  note: {note}")
+    followups = unsent(config)  # reminders nothing would carry: a warning, never a refusal
+    if followups is not None:
+        click.echo(f"{'  ' if followups[0] == 'note' else ''}{followups[0]}: {followups[1]}")
     kind = _executor_kind(config)
     click.echo(f"resumes start with the {kind} executor ({_executor_where(kind)})")
     total_watches = 0
@@ -475,7 +479,8 @@ def audit_export(
     since: str | None, config_path: Path | None, state_dir: Path | None, file: Path | None
 ) -> None:
     """Write the log's entries to stdout as JSON Lines, as recorded (check them with
-    `deltad audit verify`; an export `--since` with `--partial`)."""
+    `deltad audit verify -`). With `--since`, from the first entry recorded at or after TIME
+    to the end: a piece of the chain, whose first entry verify takes as its anchor."""
     from deltad.inbox.audit import AuditError, read_lines
 
     cut = _since(since) if since is not None else None
@@ -485,6 +490,7 @@ def audit_export(
         for line in read_lines(path):
             if cut is not None and not _at_or_after(line, cut):
                 continue
+            cut = None  # every entry after it too: a chain without holes (clocks may step back)
             out.write(line if line.endswith(b"\n") else line + b"\n")
     except AuditError as e:
         click.echo(f"deltad: error: audit: {e}", err=True)
@@ -514,7 +520,8 @@ def _at_or_after(line: bytes, cut: datetime) -> bool:
 @click.option(
     "--partial",
     is_flag=True,
-    help="The log is an export --since: its first entry anchors the chain.",
+    help="The daemon's own log may start mid-chain: its first entry anchors the chain (a LOG "
+    "given, an export, always may).",
 )
 @click.option(
     "--head",
@@ -531,18 +538,29 @@ def audit_verify(
     config_path: Path | None,
     state_dir: Path | None,
 ) -> None:
-    """Recompute the chain of LOG (`-`: stdin; default: the daemon's log). Exit 0 and print
-    the entry count and the head hash (record it elsewhere to anchor the log); exit 2 naming
-    the first entry edited, dropped or moved."""
+    """Recompute the chain of LOG (`-`: stdin, e.g. an export; default: the daemon's log).
+    Exit 0 and print the entry count and the head hash (record it elsewhere to anchor the
+    log); exit 2 naming the first entry edited, dropped or moved. The daemon's own log must
+    start at seq 1; a LOG given may start later (an export --since): its first entry is the
+    anchor, and the entries before it are said to be unchecked."""
     from deltad.inbox.audit import AuditError, Broken, read_lines, verify
 
     path = Path("-") if log == Path("-") else _audit_file(config_path, state_dir, log)
     try:
         lines = sys.stdin.buffer if str(path) == "-" else read_lines(path)
-        result = verify(lines, from_start=not partial, head=head)
+        result = verify(lines, from_start=not partial and log is None, head=head)
     except (Broken, AuditError) as e:
         click.echo(f"deltad: error: audit: {show_path(path)}: {e}", err=True)
         sys.exit(EXIT_CONFIG)
     first = result.first_seq
     span = "" if first is None else f" (seq {first}..{first + result.entries - 1})"
+    if first is not None and first > 1:  # a piece of the chain: say what was not checked
+        before = (
+            "the entry before it is" if first == 2 else f"the {first - 1} entries before it are"
+        )
+        click.echo(
+            f"audit: ok, partial: it starts at seq {first} (an export --since): {before} "
+            f"not checked; {result.entries} entries{span}, head {result.head}"
+        )
+        return
     click.echo(f"audit: ok: {result.entries} entries{span}, head {result.head}")

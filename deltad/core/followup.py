@@ -22,13 +22,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from deltad.protocol import followup as proto
 from deltad.protocol.followup import DEFAULT_MAX_REMINDERS, Escalation, FollowUp, Record
+
+if TYPE_CHECKING:
+    from deltad.core.config import DaemonConfig
 
 log = structlog.get_logger("deltad.followup")
 
@@ -118,6 +121,83 @@ def after(done: Done, action: Action, now: float) -> Done:
     return replace(done, escalated_at=now)
 
 
+# -- what carries a follow-up to people ------------------------------------------------------------
+# The feed's event for each action; the channels (email, Slack) carry the first two only.
+EVENT: dict[Action, str] = {
+    "remind": "request.reminder",
+    "escalate": "request.escalated",
+    "overdue": "request.overdue",
+}
+TOLD: tuple[Action, ...] = ("remind", "escalate")  # what is meant to reach a person
+NO_CHANNEL = "no notify webhook or command, no email, no Slack"
+
+
+def carriers(config: DaemonConfig, ws: Path | None, action: Action) -> list[str]:
+    """What the configuration sends `action`'s event of workspace `ws` through ("webhook",
+    "command", "email", "slack"; [] none: it is recorded and shown on the page, and nobody is
+    told). `ws` None: any workspace not under a `notify: false` root. Pure: the config decides
+    as the notifier and the channels' hub do (a target's `events` and `exclude`, a quiet root)."""
+    from deltad.inbox import scopes
+
+    roots = [r for r in config.roots if ws is not None and ws.is_relative_to(r.path)]
+    if ws is not None and any(not r.notify for r in roots):
+        return []
+    event, out = EVENT[action], []
+    notify = config.notify
+    for kind, targets in (
+        ("webhook", notify.webhooks if notify else []),
+        ("command", notify.commands if notify else []),
+    ):
+        for t in targets:
+            excluded = ws is not None and any(scopes.matches(g, str(ws)) for g in t.exclude)
+            if event in t.events and not excluded and kind not in out:
+                out.append(kind)
+    channels = config.channels
+    if action in TOLD and channels is not None:
+        out += [name for name, c in (("email", channels.email), ("slack", channels.slack)) if c]
+    return out
+
+
+def wanted(plan: Plan | None) -> list[Action]:
+    """The follow-ups meant to reach a person that `plan` can fire."""
+    out: list[Action] = []
+    if plan is not None and plan.remind_after is not None and plan.max_reminders > 0:
+        out.append("remind")
+    if plan is not None and plan.escalates:
+        out.append("escalate")
+    return out
+
+
+def unsent(config: DaemonConfig) -> tuple[Literal["warning", "note"], str] | None:
+    """One line when a reminder or an escalation can come due with nothing to carry it: a
+    warning when the daemon's `follow_up:` asks for it, a note when only an agent's
+    `follow_up:` or a question's own arguments could (nothing here knows whether one will).
+    None: every follow-up has a channel."""
+    asked = wanted(Plan.of(None, config.follow_up))
+    quiet = [str(r.path) for r in config.roots if not r.notify]
+    nowhere = [a for a in TOLD if not carriers(config, None, a)]
+    words = {"remind": "reminders", "escalate": "escalations"}
+    shown = "they are recorded and shown on the page and in `delta status`, and nobody is told"
+    if mine := [a for a in asked if a in nowhere]:
+        said = " and ".join(words[a] for a in mine)
+        return "warning", (
+            f"follow_up: its {said} have no channel to carry them ({NO_CHANNEL}): {shown} "
+            "(the same goes for those an agent or a question asks for)"
+        )
+    if asked and quiet:
+        return "warning", (
+            f"follow_up: the reminders and escalations of workspaces under "
+            f"{', '.join(quiet)} (notify: false) have no channel to carry them: {shown}"
+        )
+    if nowhere:
+        said = " and ".join(words[a] for a in nowhere)
+        return "note", (
+            f"{said} that an agent or a question asks for have no channel to carry them "
+            f"({NO_CHANNEL}): {shown}"
+        )
+    return None
+
+
 # -- the durable record (the state dir) ----------------------------------------------------------
 class Kept(BaseModel):
     """One file of the store: the record shown beside the question, and its workspace (the
@@ -192,20 +272,29 @@ class Store:
         return done_of(rec) if rec is not None else Done()
 
     def record(
-        self, ws: Path, request_id: str, action: Action, now: float, plan: Plan, asked: float
+        self,
+        ws: Path,
+        request_id: str,
+        action: Action,
+        now: float,
+        plan: Plan,
+        asked: float,
+        via: list[str] | None = None,
     ) -> Record:
-        """Write down that `action` was done (durably, before anyone is told)."""
+        """Write down that `action` was done (durably, before anyone is told), and what is to
+        carry it to people (`via`: see `carriers`)."""
         rec = self.get(ws, request_id) or _beside(ws, request_id) or Record(request_id=request_id)
         if plan.sla is not None:
             rec.sla_due_at = _ts(asked + plan.sla)
         if action == "remind":
-            rec = rec.model_copy(update={"reminders": [*rec.reminders, _ts(now)]})
+            rec = rec.model_copy(
+                update={"reminders": [*rec.reminders, _ts(now)], "reminders_via": via}
+            )
         elif action == "overdue":
             rec = rec.model_copy(update={"overdue_at": _ts(now)})
         else:
-            rec = rec.model_copy(
-                update={"escalated": Escalation(at=_ts(now), to=list(plan.escalate_to))}
-            )
+            escalation = Escalation(at=_ts(now), to=list(plan.escalate_to), via=via)
+            rec = rec.model_copy(update={"escalated": escalation})
         data = Kept(workspace=_hex(str(ws)), record=rec).model_dump_json().encode()
         path = self._path(str(ws), request_id)
         tmp = path.with_name(f".{path.name}.tmp")

@@ -152,6 +152,7 @@ class Core(Protocol):
     def turn(self) -> None: ...
     def after_resume(self, fin: Finished) -> None: ...
     def configure(self, config: DaemonConfig) -> None: ...
+    def say_unsent(self) -> None: ...
 
 
 class Lifecycle:
@@ -439,6 +440,7 @@ class Lifecycle:
             state_dir=str(self.core.config.state_dir),
         )
         self.ticks.last_turn = t0  # starting counts as turning (/livez); each walk slice does too
+        self.core.say_unsent()  # reminders no channel carries: said before they come due
         self.build_backends()
         self.core.feed.priming = True  # a restart does not announce every waiting question again
         # The walk makes long-lived objects only (a workspace's entry and watches): collections

@@ -21,7 +21,18 @@ from deltad.clock import SYSTEM, Clock
 from deltad.core import decide as core
 from deltad.core.answer import log_refusals
 from deltad.core.config import DaemonConfig
-from deltad.core.followup import Done, Store, beside_question, done_of
+from deltad.core.followup import (
+    NO_CHANNEL,
+    TOLD,
+    Done,
+    Plan,
+    Store,
+    beside_question,
+    carriers,
+    done_of,
+    unsent,
+    wanted,
+)
 from deltad.core.lease import Lease
 from deltad.core.lifecycle import Lifecycle, Ticks
 from deltad.core.reconcile import State, Verdict, inspect, mark_interrupted
@@ -68,6 +79,7 @@ class Service:
         self.memory: dict[Path, core.Memory] = {}  # what decide() remembers, per workspace
         # Reminders and escalations done, per open question (durable: followup.py)
         self.followups = Store(config.state_dir / "followup")
+        self.unsent_said = False  # a follow-up nothing carries was said (followup_no_channel)
         self.timers = Timers()
         self.dirty = True  # something status.json shows changed since it was written
         self.life = Lifecycle(self, config_path, extra_roots)
@@ -100,6 +112,15 @@ class Service:
         self.launcher = config.launcher()
         self.rules = core.Rules.of(config)
         self.resumer.configure(config)
+        self.say_unsent()
+
+    def say_unsent(self) -> None:
+        """At start and on a reload: the daemon's own `follow_up:` that no channel carries
+        (`deltad check` says it too)."""
+        said = unsent(self.config)
+        self.unsent_said = said is not None and said[0] == "warning"
+        if said is not None and said[0] == "warning":
+            log.warning("followup_no_channel", problem=said[1])
 
     # -- what the lifecycle and the walker own, read here -----------------------------------
     @property
@@ -207,6 +228,7 @@ class Service:
             seen = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
             busy = self.resumer.busy_with(ws)  # first: the first look adopts
             self._settle_followups(ws, seen)
+            self._unsent_once(ws, seen)
             followed = self._followed(ws, seen)
             facts = core.Facts(
                 seen,
@@ -253,6 +275,25 @@ class Service:
         if seen.state is State.DONE or (seen.state is State.WAITING and seen.request_id):
             self.followups.settle(ws, seen.request_id)
 
+    def _unsent_once(self, ws: Path, seen: Verdict) -> None:
+        """A question (or its agent) asking for reminders or escalation that nothing would
+        carry to anyone: said once a process (the daemon's own `follow_up:` is said at start;
+        each one that comes due is said again, `followup_undelivered`)."""
+        if self.unsent_said or seen.follow_up is None or seen.state is not State.WAITING:
+            return
+        plan = Plan.of(seen.follow_up, self.rules.follow_up)
+        kinds = [a for a in wanted(plan) if not carriers(self.config, ws, a)]
+        if kinds:
+            self.unsent_said = True
+            log.warning(
+                "followup_no_channel",
+                workspace=str(ws),
+                request_id=seen.request_id,
+                kinds=["reminder" if a == "remind" else "escalation" for a in kinds],
+                detail=f"the question asks for them and no channel carries them ({NO_CHANNEL}): "
+                "they will be recorded and shown on the page, and nobody told",
+            )
+
     def _followed(self, ws: Path, seen: Verdict) -> Done:
         """What was done about the open question: this daemon's record, else the one beside
         the question (written by another daemon of an HA fleet with a state dir of its own,
@@ -273,8 +314,9 @@ class Service:
         then told on the feed (webhooks and channels re-send it). A failed write tells nobody:
         the next look finds it still due."""
         now = self.clock.time()
+        via = carriers(self.config, ws, e.action)
         try:
-            rec = self.followups.record(ws, e.request_id, e.action, now, e.plan, e.asked)
+            rec = self.followups.record(ws, e.request_id, e.action, now, e.plan, e.asked, via)
         except (OSError, ValueError) as err:
             log.error("followup_record_failed", workspace=str(ws), error=str(err))
             return
@@ -309,6 +351,15 @@ class Service:
                 workspace=str(ws),
                 request_id=e.request_id,
                 escalated_to=list(e.plan.escalate_to),
+            )
+        if e.action in TOLD and not via:
+            # Recorded and shown on the page, and carried to nobody: say so, not only "sent".
+            log.warning(
+                "followup_undelivered",
+                workspace=str(ws),
+                request_id=e.request_id,
+                kind="reminder" if e.action == "remind" else "escalation",
+                detail=f"no channel is configured to carry it ({NO_CHANNEL})",
             )
         self.metrics.follow_ups.labels(e.action).inc()
         self.dirty = True

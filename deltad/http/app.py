@@ -152,6 +152,7 @@ class EventStream(StreamingResponse):
 # Operations that write (a session needs its X-CSRF-Token) and those without a credential.
 WRITES = {"logout", "answer_request", "answer_many", "delegate_request"}
 PUBLIC = {"login", "link_request", "link_answer", "healthz", "livez", "readyz", "metrics"}
+ANONYMOUS_TOO = frozenset({"whoami"})  # answers without a credential too (`{"signed_in": false}`)
 
 
 def create_app(
@@ -182,7 +183,7 @@ def create_app(
                 description=app.description,
                 routes=app.routes,
             )
-            app.openapi_schema = schemas.finish(doc, WRITES, PUBLIC)
+            app.openapi_schema = schemas.finish(doc, WRITES, PUBLIC, ANONYMOUS_TOO)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -283,20 +284,33 @@ def create_app(
             secure=ctx.config.tls,
             path=None,
         )
-        return {"name": who.name, "role": who.role, "scopes": list(who.scopes), "csrf": csrf}
+        return {
+            "signed_in": True,
+            "name": who.name,
+            "role": who.role,
+            "scopes": list(who.scopes),
+            "csrf": csrf,
+        }
 
     @app.get(
         "/v1/session",
         tags=["session"],
         operation_id="whoami",
-        response_model=schemas.SessionOut,
+        response_model=schemas.WhoAmI,
         response_model_exclude_unset=True,
-        responses=errors(401),
+        responses=errors(401, 403),
     )
-    def whoami(request: Request, who: Who) -> dict[str, Any]:
-        """Who this credential is (with the session's CSRF token, if it is a session)."""
+    def whoami(request: Request) -> dict[str, Any]:
+        """Who this credential is (with the session's CSRF token, if it is a session). With no
+        credential at all (no `Authorization`, no session cookie): `{"signed_in": false}`, the
+        page's question before it shows its login, which is no failed login (a credential that
+        does not check out is still a 401)."""
         cookie = request.cookies.get(SESSION_COOKIE)
+        if not cookie and "authorization" not in request.headers:
+            return {"signed_in": False}
+        who = identity(request)
         return {
+            "signed_in": True,
             "name": who.name,
             "role": who.role,
             "scopes": list(who.scopes),

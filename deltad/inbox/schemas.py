@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
 from deltad import inbox
 from deltad.inbox.handlers import BULK_MAX
@@ -123,15 +123,26 @@ class ApprovalsOut(_Out):
     given: list[VoteOut] = Field(description="The votes so far, oldest first.")
 
 
+VIA = (
+    "What carried it to people: `email`, `slack`, `webhook`, `command`; [] when no channel "
+    "is configured to (it was recorded and shown here, and nobody was told); null in a "
+    "record from before deltad kept this."
+)
+
+
 class EscalationOut(_Out):
     at: str = Field(description="When, RFC 3339 (UTC).")
     to: list[str] = Field(description="The token names or `group:NAME`s added as respondents.")
+    via: list[str] | None = Field(default=None, description=VIA)
 
 
 class FollowUpOut(_Out):
     """Reminders and escalation of an open question (docs/inbox.md)."""
 
-    reminders: list[str] = Field(default_factory=list, description="When each was sent.")
+    reminders: list[str] = Field(default_factory=list, description="When each came due.")
+    reminders_via: list[str] | None = Field(
+        default=None, description="Of the last reminder: " + VIA
+    )
     escalated: EscalationOut | None = None
     sla_due_at: str | None = Field(
         default=None, description="When the answer is due (the SLA); ends nothing."
@@ -406,10 +417,22 @@ class LoginIn(BaseModel):
 
 
 class SessionOut(_Out):
+    signed_in: Literal[True] = Field(description="This credential is signed in.")
     name: str
     role: Literal["reader", "answerer", "admin"]
     scopes: list[str]
     csrf: str | None = Field(description="Send it as `X-CSRF-Token` on every write.")
+
+
+class SignedOut(_Out):
+    """`GET /v1/session` with no credential at all (no `Authorization`, no session cookie):
+    nobody is signed in. A credential that does not check out is a 401 instead."""
+
+    signed_in: Literal[False]
+
+
+class WhoAmI(RootModel[SessionOut | SignedOut]):
+    """`GET /v1/session`: who this credential is, or that nobody is signed in."""
 
 
 class LoggedOut(_Out):
@@ -484,15 +507,23 @@ LINKS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def finish(doc: dict[str, Any], writes: set[str], public: set[str]) -> dict[str, Any]:
+def finish(
+    doc: dict[str, Any],
+    writes: set[str],
+    public: set[str],
+    anonymous_too: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     """The generated document, completed: security schemes, each operation's security
-    (`writes` need the CSRF header with a session; `public` none), and the links."""
+    (`writes` need the CSRF header with a session; `public` none; `anonymous_too` answer
+    without a credential as well: `{}` among their requirements), and the links."""
     doc.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
     for item in doc.get("paths", {}).values():
         for op in item.values():
             op_id = op.get("operationId")
             if op_id not in public:
                 op["security"] = WRITE_SECURITY if op_id in writes else READ_SECURITY
+            if op_id in anonymous_too:
+                op["security"] = [*READ_SECURITY, {}]
             for status, response in op.get("responses", {}).items():
                 if status.startswith("4"):  # a refusal is a problem document on any route
                     response["content"] = {PROBLEM: {"schema": {"$ref": ERROR_REF}}}

@@ -125,12 +125,19 @@ class EmailChannel(Channel):
         )
         if question.only:
             allowed = list(question.only)
+        sent = self.grants.for_request(r.request_id, question.workspace)
         for to in self.recipients(allowed):
-            reply_to = None
+            reply_to, msgid = None, mail.message_id(self.config.from_address)
+            # A reminder or an escalation goes in the thread of the question's first mail.
+            thread = tuple(g.message_id for g in sent if g.recipient == to and g.message_id)
             if not r.is_secret:  # a secret is never asked or answered by mail
-                _, tok = self.grants.issue(r.request_id, question.workspace, to, expires)
+                _, tok = self.grants.issue(
+                    r.request_id, question.workspace, to, expires, msgid, r.prompt
+                )
                 reply_to = f"{self.config.reply_local}+{tok}@{self.config.reply_domain}"
-            msg = mail.question_mail(question, self.config.from_address, to, reply_to, links)
+            msg = mail.question_mail(
+                question, self.config.from_address, to, reply_to, links, msgid, thread[:1]
+            )
             self.courier.put(to, "question", msg.as_string())
         log.info(
             "email_question_queued", request_id=r.request_id, workspace=str(question.workspace)
@@ -148,9 +155,26 @@ class EmailChannel(Channel):
             line = f"This question was answered by {closed.answered_by}{via}."
         else:
             line = "This question was answered elsewhere; replies to it no longer count."
+        # One notice a person (a reminder gave them another reply address), none to whoever
+        # answered by mail; it quotes the question and threads to the mails that asked it.
+        answered = {g.recipient for g in by_mail}
+        mine: dict[str, list[Grant]] = {}
         for g in grants:
-            if g not in by_mail:
-                self._notice(g.recipient, f"Closed: question {closed.request_id}", line)
+            if g.recipient not in answered:
+                mine.setdefault(g.recipient, []).append(g)
+        for to, theirs in mine.items():
+            prompt = next((g.prompt for g in theirs if g.prompt), "")
+            thread = tuple(g.message_id for g in theirs if g.message_id)
+            msg = mail.closed_mail(
+                self.config.from_address,
+                to,
+                line,
+                prompt,
+                theirs[0].workspace,
+                closed.request_id,
+                thread,
+            )
+            self.courier.put(to, "notice", msg.as_string())
 
     # -- sending ----------------------------------------------------------------------------
     def _notice(self, to: str, subject: str, line: str) -> None:

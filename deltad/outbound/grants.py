@@ -22,7 +22,7 @@ import json
 import os
 import re
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from deltad.inbox.links import key_file
@@ -35,6 +35,8 @@ MAC_HEX = 20
 TOKEN = re.compile(rf"[0-9a-f]{{{ID_HEX + MAC_HEX}}}")
 KEEP_AFTER = 30 * 86400.0  # seconds a grant is kept past its expiry (a late reply is told why)
 GRANT_MAX = 4096  # bytes: a grant file is ours; anything bigger is not
+PROMPT_KEPT = 200  # characters of the question's first line a grant keeps (to quote it)
+MESSAGE_ID_KEPT = 250  # characters of a Message-ID kept (ours are under 100)
 
 
 class Refused(Exception):
@@ -62,6 +64,11 @@ class Grant:
     workspace: str  # as `show_path` shows it (a name that is not UTF-8 escaped)
     recipient: str  # the one address it was sent to (lower case)
     expires: float  # unix time
+    # The mail it was sent in (its Message-ID) and the question's first line, unsigned: what a
+    # later mail to the same person (a reminder, the notice that it closed) threads to and
+    # quotes. "" in a grant from before they were kept.
+    message_id: str = ""
+    prompt: str = ""
 
     def signed(self) -> bytes:
         return json.dumps(
@@ -104,11 +111,30 @@ class Grants:
         self.key = key_file(channel_dir / KEY_NAME)
 
     def issue(
-        self, request_id: str, workspace: str | Path, recipient: str, expires: float
+        self,
+        request_id: str,
+        workspace: str | Path,
+        recipient: str,
+        expires: float,
+        message_id: str = "",
+        prompt: str = "",
     ) -> tuple[Grant, str]:
-        """A new grant, on disk before its token is returned."""
+        """A new grant, on disk before its token is returned (`message_id`: of the mail it goes
+        in; `prompt`: the question's, its first line kept)."""
         workspace = show_path(workspace)
-        g = Grant(secrets.token_hex(ID_HEX // 2), request_id, workspace, recipient.lower(), expires)
+        line = prompt.strip().splitlines()[0][:PROMPT_KEPT] if prompt.strip() else ""
+        line = line.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate
+        g = Grant(
+            secrets.token_hex(ID_HEX // 2),
+            request_id,
+            workspace,
+            recipient.lower(),
+            expires,
+            message_id[:MESSAGE_ID_KEPT],
+            line,
+        )
+        if len(json.dumps(asdict(g), indent=2, ensure_ascii=False).encode()) > GRANT_MAX - 16:
+            g = replace(g, prompt="")  # a long workspace name: the grant must still load
         atomic_write_json(self.dir / f"{g.id}.json", asdict(g), 0o600)
         index = self._index(request_id, workspace)
         atomic_write_json(index, [*self._ids(index), g.id], 0o600)
@@ -137,7 +163,9 @@ class Grants:
             data = f.read(GRANT_MAX + 1)
         try:
             doc = json.loads(data) if len(data) <= GRANT_MAX else None
-            return Grant(**doc) if isinstance(doc, dict) else None
+            g = Grant(**doc) if isinstance(doc, dict) else None
+            kept = (g.message_id, g.prompt) if g is not None else ("", "")
+            return g if all(isinstance(v, str) for v in kept) else None
         except (ValueError, TypeError):
             return None
 

@@ -204,23 +204,51 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _message(sender: str, to: str, subject: str, text: str) -> EmailMessage:
+def message_id(sender: str) -> str:
+    """A new Message-ID in the sender's domain."""
+    return make_msgid(domain=sender.rpartition("@")[2] or None)
+
+
+def _message(
+    sender: str,
+    to: str,
+    subject: str,
+    text: str,
+    msgid: str | None = None,
+    thread: tuple[str, ...] = (),
+) -> EmailMessage:
+    """A mail; `thread`: the Message-IDs of the earlier mails of its conversation, the first
+    one first (In-Reply-To names the first: the question's own mail)."""
     msg = EmailMessage(policy=policy.SMTP)
     msg["From"] = sender
     msg["To"] = to
     msg["Subject"] = " ".join(printable(subject).split())[:200]
     msg["Date"] = formatdate(localtime=False)
-    msg["Message-ID"] = make_msgid(domain=sender.rpartition("@")[2] or None)
+    msg["Message-ID"] = msgid or message_id(sender)
+    ids = [i for i in thread if MESSAGE_ID.fullmatch(i)]  # ours, kept in a grant: checked
+    if ids:
+        msg["In-Reply-To"] = ids[0]
+        msg["References"] = " ".join(ids)
     msg["Auto-Submitted"] = "auto-generated"  # RFC 3834: no auto-reply loops
     msg.set_content(printable(text))
     return msg
 
 
+MESSAGE_ID = re.compile(r"<[^<>\s@]{1,128}@[^<>\s@]{0,128}>")
+
+
 def question_mail(
-    q: Question, sender: str, to: str, reply_to: str | None, links: dict[str, str]
+    q: Question,
+    sender: str,
+    to: str,
+    reply_to: str | None,
+    links: dict[str, str],
+    msgid: str | None = None,
+    thread: tuple[str, ...] = (),
 ) -> EmailMessage:
     """The question, its context and how to answer it. `reply_to` is None for a question
-    that must not be answered by mail (a secret); `links` are one-click signed links."""
+    that must not be answered by mail (a secret); `links` are one-click signed links; a
+    reminder or an escalation threads to the mails of the question sent before (`thread`)."""
     r = q.request
     lines = [r.prompt, ""]
     if q.task:
@@ -236,7 +264,7 @@ def question_mail(
     if r.expires_at is not None:
         lines.append(
             f"Deadline: {r.expires_at.isoformat()}; "
-            f"then: {kind_of(r.input_type).after_deadline(r)}."
+            f"then: {for_people(kind_of(r.input_type).after_deadline(r))}."
         )
     lines.append("")
     if reply_to is None:
@@ -256,12 +284,39 @@ def question_mail(
         to,
         f"[deltad] {said}{r.prompt.splitlines()[0] if r.prompt else 'a question'}",
         "\n".join(lines) + "\n",
+        msgid,
+        thread,
     )
     if reply_to is not None:
         msg["Reply-To"] = reply_to
     return msg
 
 
+def for_people(after_deadline: str) -> str:
+    """What an unanswered question gets at its deadline, in words for people: the kind's
+    `TIMEOUT` is what the agent is told."""
+    if after_deadline == "TIMEOUT":
+        return "the agent is told that nobody answered"
+    return after_deadline
+
+
 def notice_mail(sender: str, to: str, subject: str, line: str) -> EmailMessage:
-    """A one-line mail: a refusal, or that a question closed elsewhere."""
+    """A one-line mail: a refusal."""
     return _message(sender, to, subject, line + "\n")
+
+
+def closed_mail(
+    sender: str,
+    to: str,
+    line: str,
+    prompt: str,
+    workspace: str,
+    request_id: str,
+    thread: tuple[str, ...],
+) -> EmailMessage:
+    """That a question closed (answered elsewhere, expired): which question, quoted (its
+    first line, its workspace), in the thread of the mails that asked it."""
+    asked = prompt or f"question {request_id}"
+    text = [line, "", "The question:", f"> {prompt}" if prompt else f"> (request {request_id})"]
+    text += ["", f"Workspace: {workspace}", f"Request: {request_id}"]
+    return _message(sender, to, f"[deltad] Closed: {asked}", "\n".join(text) + "\n", thread=thread)

@@ -103,10 +103,17 @@ def from_args(args: dict[str, Any]) -> FollowUp | str | None:
         return f"Error: {where}: {first['msg'].removeprefix('Value error, ')}"
 
 
+# What carried a reminder or an escalation to people: the channels configured to ("email",
+# "slack", "webhook", "command"); [] when none is (it was recorded and shown on the page, and
+# nobody was told); None in a record from before this was kept.
+Via = Annotated[list[str] | None, Field(max_length=8)]
+
+
 class Escalation(BaseModel):
     model_config = ConfigDict(extra="forbid")
     at: Timestamp
     to: list[str]
+    via: Via = None
 
 
 class Record(BaseModel):
@@ -115,6 +122,7 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
     request_id: str
     reminders: list[Timestamp] = Field(default_factory=list, max_length=MAX_REMINDERS)
+    reminders_via: Via = None  # what carried the last reminder
     escalated: Escalation | None = None
     sla_due_at: Timestamp | None = None
     overdue_at: Timestamp | None = None  # when the daemon said it was past its SLA

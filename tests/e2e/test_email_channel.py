@@ -124,6 +124,11 @@ def test_a_reply_answers_once_and_the_others_are_told(
         # Bob is told who answered; a replay of alice's reply is refused and changes nothing.
         [told] = wait_for(lambda: _mail(mta, BOB, request_id, "Closed"), "bob's notice")
         assert f"answered by {ALICE} by email" in told.get_content()
+        # It names the question and sits in the thread of bob's mail of it.
+        [asked] = _mail(mta, BOB, request_id, "[deltad] Which")
+        assert str(told["Subject"]) == f"[deltad] Closed: {prompt}"
+        assert f"> {prompt}" in told.get_content() and f"Workspace: {d.ws}" in told.get_content()
+        assert str(told["In-Reply-To"]) == str(asked["Message-ID"]) == str(told["References"])
         mta.send(_reply(reply_to, ALICE, "stable"))
         [replay] = daemon.wait_event("email_reply_refused", code="replayed")
         assert replay["request_id"] == request_id

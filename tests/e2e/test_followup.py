@@ -15,8 +15,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from deltad.testing import FakeLLM
-from tests.support.daemon import Daemon, metadata_status, wait_for
-from tests.support.inbox import client, make_token
+from deltad.testing.stub import paused_workspace
+from tests.support.daemon import DELTAD, Daemon, metadata_status, wait_for
+from tests.support.inbox import client, http_url, make_token
 from tests.support.webhooks import Receiver
 
 from ..conftest import llm_env, write_agent
@@ -111,6 +112,8 @@ def test_reminded_then_escalated_across_a_restart_and_the_escalated_token_answer
                 [q] = c.get("/v1/requests").json()["requests"]
             done = q["follow_up"]
             assert len(done["reminders"]) == 1 and done["escalated"]["to"] == ["bob"]
+            # What carried them: the webhook (the page says "by webhook").
+            assert done["reminders_via"] == ["webhook"] and done["escalated"]["via"] == ["webhook"]
             assert done["sla_due_at"] is not None and done["overdue_at"] is not None
             with client(url, carol) as c:  # not a respondent, nor escalated to
                 r = c.post(f"/v1/requests/{rid}/answer", json={"answer": "yes"})
@@ -146,6 +149,7 @@ def test_reminded_then_escalated_across_a_restart_and_the_escalated_token_answer
     )
     assert "Reminded: once, last at " in status.stdout, status.stdout
     assert "Escalated: to bob at " in status.stdout
+    assert "(by webhook)" in status.stdout and "nobody was told" not in status.stdout
     assert "(SLA; overdue)" in status.stdout
 
 
@@ -181,3 +185,51 @@ def test_the_agent_sets_defaults_a_question_overrides_and_bad_ones_are_one_line(
     out = subprocess.run(argv, env=llm_env(fake), capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "follow_up" in out.stderr and "remind_after" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_with_no_channel_the_follow_ups_are_said_to_have_reached_nobody(tmp_path: Path) -> None:
+    """No webhook, command, email or Slack: `deltad check` warns (exit 0) of the daemon's own
+    `follow_up:`; `serve` says so at start, says once that a question asks for follow-ups
+    nothing carries, and logs each that comes due as `followup_undelivered`; the record (the
+    API, `delta status`) says nothing carried them."""
+    root, ws = tmp_path / "root", tmp_path / "root" / "ws"
+    follow = {"remind_after_seconds": 1, "max_reminders": 1}
+    follow |= {"escalate_after_seconds": 1, "escalate_to": ["bob"]}
+    paused_workspace(ws, "Deploy?", input_type="yes_no", respondents=["alice"], follow_up=follow)
+    d = Daemon(
+        tmp_path,
+        [root],
+        http={"listen": "127.0.0.1:0"},
+        follow_up={"remind_after_seconds": 3600},
+    )
+    check = subprocess.run(
+        [DELTAD, "check", "--config", str(d.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stderr
+    [warned] = [line for line in check.stdout.splitlines() if line.startswith("warning:")]
+    assert warned.startswith("warning: follow_up: its reminders have no channel to carry them")
+    assert "nobody is told" in warned
+    d.start()
+    try:
+        d.wait_event("followup_no_channel")
+        escalated = d.wait_event("followup_undelivered", kind="escalation")[0]
+        reminded = d.wait_event("followup_undelivered", kind="reminder")[0]
+        for e in (escalated, reminded):
+            assert e["workspace"] == str(ws) and e["level"] == "warning"
+        # Said once: the daemon's own follow_up (which says questions' own go nowhere too).
+        [said] = d.events("followup_no_channel")
+        assert said["problem"] == warned.removeprefix("warning: ")
+        alice = make_token(d.state_dir, "alice")
+        with client(http_url(d), alice) as a:
+            [q] = a.get("/v1/requests").json()["requests"]
+        assert q["follow_up"]["reminders_via"] == [] and q["follow_up"]["escalated"]["via"] == []
+    finally:
+        d.stop()
+        d.kill_children()
+    status = subprocess.run(
+        [DELTA, "status", "--work-dir", str(ws)], capture_output=True, text=True, timeout=60
+    )
+    assert "nobody was told: no channel is configured" in status.stdout, status.stdout

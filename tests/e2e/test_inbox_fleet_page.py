@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select
 
 from deltad.protocol.models import GatedCall, Option
 from deltad.testing.stub import paused_workspace
@@ -106,16 +107,19 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
             lambda b: "1 of 2 approvals: alice" in _card(b, pair).text,
         )
         assert d.resumed(pair) == []
-        # The unselected one was escalated, then reminded (docs/inbox.md), live on its card.
+        # The unselected one was escalated, then reminded (docs/inbox.md), live on its card;
+        # no channel is configured, so the card says nobody was told.
         until(
             browser,
             "the reminder and the escalation on the card",
             lambda b: (
-                "Reminded once, last" in (late := _card(b, fleet[2]).text)
+                "A reminder came due, last" in (late := _card(b, fleet[2]).text)
                 and "Escalated to carol" in late
             ),
         )
-        assert "Due (SLA) " in _card(browser, fleet[2]).text
+        late = _card(browser, fleet[2]).text
+        assert "Reminded" not in late and late.count("nobody was told: no channel") == 2, late
+        assert "SLA: an answer is expected by " in late and "(nothing ends then)" in late
         assert serious_violations(browser) == []
         shot(browser, "inbox-fleet")
         # Bob sees it too (a fresh page), and may now answer it.
@@ -144,6 +148,106 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
                 and "Handed by alice to bob" in _card(b, merge).text
             ),
         )
+    finally:
+        d.stop()
+        d.kill_children()
+
+
+def _shown(driver: WebDriver) -> set[str]:
+    """The prompts of the cards shown (read at once: a refresh replaces cards)."""
+    script = "return [...document.querySelectorAll('.item .prompt')].map((p) => p.textContent)"
+    return set(driver.execute_script(script))
+
+
+def test_the_page_filters_by_age_and_deadline_and_selects_every_alike_question(
+    tmp_path: Path,
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    """Age and deadline filters (the API's older_than= and due_within=); "select all alike"
+    (same kind, options and prompt) answers them in one go; a card has one "due" (the
+    deadline, saying what happens then in plain words), its SLA named as such, and after an
+    escalation it says who may answer now."""
+    from datetime import timedelta
+
+    from deltad.protocol import utcnow
+
+    root = tmp_path / "root"
+    rotate = [root / f"rotate-{i}" for i in range(4)]
+    for ws in rotate:  # alike: one kind, one prompt
+        paused_workspace(ws, "Rotate the log files?", input_type="yes_no")
+    paused_workspace(root / "other", "Delete the cache?", input_type="yes_no")  # not alike
+    hour_ago = utcnow() - timedelta(hours=2)
+    paused_workspace(root / "old", "Rename the bucket?", timestamp=hour_ago)
+    soon = utcnow() + timedelta(minutes=5)
+    follow = {"escalate_after_seconds": 1, "escalate_to": ["bob"], "sla_seconds": 3600}
+    paused_workspace(
+        root / "due",
+        "Approve the cost report?",
+        input_type="yes_no",
+        respondents=["alice"],
+        expires_at=soon,
+        follow_up=follow,
+    )
+    d = Daemon(tmp_path, [root], http={"listen": "127.0.0.1:0"}).start()
+    try:
+        url = http_url(d)
+        browser.set_window_size(1280, 900)
+        browser.get(url)
+        log_in(browser, make_token(d.state_dir, "alice"))
+        until(browser, "seven cards", lambda b: len(b.find_elements(By.CSS_SELECTOR, ".item")) == 7)
+
+        # One "due" on the card, the deadline's, saying what happens then; the SLA by name;
+        # after the escalation, who may answer now.
+        due = root / "due"
+        card = _card(browser, due)
+        until(
+            browser, "the escalation", lambda b: "Escalated to bob" in _card(b, root / "due").text
+        )
+        text = _card(browser, due).text
+        assert text.count("due in") == 1 and "Due (SLA)" not in text, text
+        assert "then the agent is told that nobody answered" in text and "TIMEOUT" not in text
+        assert "SLA: an answer is expected by" in text
+        assert card.find_element(By.CSS_SELECTOR, ".respondents").text == (
+            "For alice, and bob since the escalation"
+        )
+        shot(browser, "card-followup")
+
+        # The filters: waiting over 1 h; a deadline within 10 min; then neither.
+        Select(browser.find_element(By.ID, "f-age")).select_by_value("1h")
+        until(browser, "only the old one", lambda b: _shown(b) == {"Rename the bucket?"})
+        Select(browser.find_element(By.ID, "f-age")).select_by_value("")
+        Select(browser.find_element(By.ID, "f-due")).select_by_value("10m")
+        until(browser, "only the one due", lambda b: _shown(b) == {"Approve the cost report?"})
+        assert serious_violations(browser) == [], "filtered"
+        Select(browser.find_element(By.ID, "f-due")).select_by_value("")
+        until(browser, "all seven", lambda b: len(b.find_elements(By.CSS_SELECTOR, ".item")) == 7)
+
+        # Select one "Rotate" question, then all alike: the three others, not "Delete".
+        _card(browser, rotate[0]).find_element(By.CSS_SELECTOR, "input.pick").click()
+        alike = browser.find_element(By.ID, "bulk-alike")
+        browser.set_window_size(375, 812)
+        assert serious_violations(browser) == [], "one selected, at phone width"
+        browser.execute_script("window.scrollTo(0, 0)")
+        shot(browser, "bulk-one-375")
+        browser.set_window_size(1280, 900)
+        assert alike.is_displayed() and "all 3 more alike" in alike.text, alike.text
+        alike.click()
+        assert "4 selected" in browser.find_element(By.ID, "bulk-count").text
+        assert not alike.is_displayed()
+        other = _card(browser, root / "other").find_element(By.CSS_SELECTOR, "input.pick")
+        assert not other.is_selected()
+        assert serious_violations(browser) == [], "selected alike"
+        shot(browser, "bulk-alike")
+        _card(browser, rotate[2]).find_element(By.CSS_SELECTOR, 'button[data-key="y"]').click()
+        until(
+            browser,
+            "the summary of the answer to all four",
+            lambda b: b.find_element(By.ID, "bulk-count").text == "4 answered, 0 not.",
+        )
+        for ws in rotate:
+            [resumed] = d.wait_resumed(ws)
+            assert '"answer": "yes"' in resumed["answer"]
+        assert d.resumed(root / "other") == []
     finally:
         d.stop()
         d.kill_children()

@@ -598,3 +598,112 @@ def test_each_kind_s_controls_come_from_its_form_and_the_filter_lists_every_type
     browser.switch_to.active_element.send_keys("y")
     [resumed] = d.wait_resumed(root / "ship")
     assert json.loads(resumed["answer"])["answer"] == "yes"
+
+
+def _place(driver: WebDriver) -> dict[str, Any]:
+    """Where the selected card is against the sticky bar and the viewport."""
+    return dict(
+        driver.execute_script(
+            "const c = document.querySelector('.item.selected');"
+            "const bar = document.querySelector('.bar').getBoundingClientRect();"
+            "if (!c) return {id: null};"
+            "const r = c.getBoundingClientRect();"
+            "return {id: c.dataset.requestId, top: r.top, bar: bar.bottom, height: innerHeight,"
+            " scrolled: scrollY};"
+        )
+    )
+
+
+def _view_shot(driver: WebDriver, name: str) -> None:
+    """The viewport as a person sees it (not the whole page, as `shot` takes)."""
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
+
+
+def test_a_deep_link_and_the_keyboard_land_below_the_bar_and_opening_the_page_is_no_failed_login(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    """A notification's `#request=ID` and `k`/`↑` bring the question below the sticky bar (not
+    under it) at phone and desk width; opening the page logs no failed login and counts no
+    401; the run view shows a system message's text."""
+    d, url, root = served
+    ids = {}
+    for i in range(8):  # newest first: 1.3.0 is in the middle, with room to scroll below it
+        options = [{"key": "s", "label": "stable"}, {"key": "b", "label": "beta"}]
+        paused_workspace(
+            root / f"release-{i}",
+            f"Which channel should 1.{i}.0 ship to?",
+            input_type="choice",
+            options=options,
+        )
+        ids[i] = json.loads((root / f"release-{i}/.delta/interaction/request.json").read_text())
+    target = ids[3]["request_id"]
+    browser.set_window_size(1280, 812)
+    browser.get(url)
+    log_in(browser, make_token(d.state_dir, "alice"))
+    # The page's question before the login was no failed login, and no 401 was counted.
+    probes = d.events("http_request", route="/v1/session", method="GET")
+    assert probes and probes[0]["code"] == 200, probes
+    assert d.events("http_auth_failed") == []
+
+    for width in (375, 1280):
+        browser.get("about:blank")
+        browser.set_window_size(width, 812)
+        browser.get(f"{url}/#request={target}")
+        where = until(
+            browser,
+            f"the linked question selected and scrolled to at {width} px",
+            lambda b: (p := _place(b))["id"] == target and p["scrolled"] > 0 and p,
+        )
+        assert where["bar"] <= where["top"] < where["height"], (width, where)
+        _view_shot(browser, f"deeplink-{width}")
+        # The keyboard: the question above, out of view, comes in below the bar too.
+        browser.execute_script("window.scrollBy(0, 400)")  # the one above is out of view now
+        browser.switch_to.active_element.send_keys("k")
+        where = until(
+            browser, "the question above", lambda b: (p := _place(b))["id"] != target and p
+        )
+        assert where["id"] == ids[4]["request_id"]
+        assert where["bar"] <= where["top"] < where["height"], (width, where)
+        browser.switch_to.active_element.send_keys(Keys.ARROW_UP)
+        where = until(
+            browser,
+            "and the one above it",
+            lambda b: _place(b)["id"] == ids[5]["request_id"] and _place(b),
+        )
+        assert where["bar"] <= where["top"] < where["height"], (width, where)
+        _view_shot(browser, f"keyboard-up-{width}")
+    assert d.events("http_auth_failed") == []
+
+
+def test_the_run_view_shows_a_system_message(
+    served: tuple[Daemon, str, Path],
+    browser: WebDriver,  # noqa: F811 - the fixture
+) -> None:
+    d, url, root = served
+    ws = root / "noted"
+    run_id = paused_workspace(ws, "Go on?", input_type="yes_no")
+    journal = ws / ".delta" / "runs" / run_id / "execution" / "journal.jsonl"
+    note = {
+        "seq": 2,
+        "timestamp": "2030-01-01T00:00:00Z",
+        "type": "SYSTEM_MESSAGE",
+        "payload": {"level": "WARNING", "content": "the model endpoint was retried twice"},
+    }
+    with journal.open("a") as f:
+        f.write(json.dumps(note) + "\n")
+    browser.set_window_size(1280, 900)
+    browser.get(url)
+    log_in(browser, make_token(d.state_dir, "alice"))
+    _until(browser, "the question", ".item .run-link")
+    browser.find_element(By.CSS_SELECTOR, ".item .run-link").click()
+    _until(browser, "the run view", "#run-body .transcript")
+    step = until(
+        browser,
+        "the system message",
+        lambda b: b.find_elements(By.CSS_SELECTOR, '#run-body [data-type="SYSTEM_MESSAGE"]'),
+    )[0]
+    assert "note (warning)" in step.text and "the model endpoint was retried twice" in step.text
+    assert serious_violations(browser) == [], "the run view"

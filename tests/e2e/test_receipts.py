@@ -241,6 +241,25 @@ def test_receipts_of_every_channel_chain_export_verify_and_tampering_is_named(
     exported = tmp_path / "export.jsonl"
     exported.write_text(since.stdout)
     assert _audit("verify", "--partial", str(exported)).returncode == 0
+    # Piped as the docs say: a piece of the chain, said to be one (not a dropped entry).
+    piped = subprocess.run(
+        f"{DELTAD} audit export --state-dir {d.state_dir} --since {two['at']} "
+        f"| {DELTAD} audit verify -",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.strip() == (
+        "audit: ok, partial: it starts at seq 2 (an export --since): the entry before it is "
+        f"not checked; 3 entries (seq 2..4), head {four['hash']}"
+    )
+    # A piece of the chain with a hole in it is still named.
+    holed = tmp_path / "holed.jsonl"
+    holed.write_text("".join(since.stdout.splitlines(keepends=True)[i] for i in (0, 2)))
+    bad = _audit("verify", str(holed))
+    assert bad.returncode == 2 and "entry seq 4" in bad.stderr and "dropped" in bad.stderr, bad
 
     # Tampering: a receipt edited to say "approve" is named; so is a dropped one.
     lines = log.read_text().splitlines(keepends=True)

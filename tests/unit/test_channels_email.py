@@ -357,6 +357,36 @@ def test_the_people_are_told_when_a_question_closes(tmp_path: Path) -> None:
     assert sum("expired" in m.get_content() for _, k, m in _outgoing(ch) if k == "notice") == 2
 
 
+def test_a_closed_notice_quotes_its_question_and_threads_to_the_mails_that_asked_it(
+    tmp_path: Path,
+) -> None:
+    ch = _channel(tmp_path)
+    ws, request_id = _ask(tmp_path, ch, input_type="yes_no")  # to alice and bob
+    req = Mailbox(Workspace.at(ws)).read_request()
+    assert req is not None
+    ch.send(Question(ws, req, "the task", follow_up="reminder"))  # each is asked again
+    asked = _outgoing(ch)
+    first = {to: str(m["Message-ID"]) for to, _, m in asked[:2]}
+    for to, _, m in asked[2:]:  # a reminder is in the thread of the question's mail
+        assert str(m["Subject"]) == "[deltad] Reminder: Deploy?"
+        assert (str(m["In-Reply-To"]), str(m["References"])) == (first[to], first[to])
+    # alice answers the reminder by mail: she is told nothing more; bob once, not per mail
+    [again] = [m for to, _, m in asked[2:] if to == ALICE]
+    _deliver(ch, "1", str(again["Reply-To"]), ALICE, "yes")
+    assert _take(ch) == 1
+    ch.withdraw(Closed(ws, request_id, "answered", "alice@example.org", "email"))
+    [(to, notice)] = [(to, m) for to, k, m in _outgoing(ch) if k == "notice"]
+    assert to == BOB
+    assert str(notice["Subject"]) == "[deltad] Closed: Deploy?"
+    assert str(notice["In-Reply-To"]) == first[BOB]
+    assert str(notice["References"]).split() == [
+        str(m["Message-ID"]) for t, _, m in asked if t == BOB
+    ]
+    text = notice.get_content()
+    assert f"answered by {ALICE} by email" in text and "> Deploy?" in text
+    assert f"Workspace: {show_path(ws)}" in text and f"Request: {request_id}" in text
+
+
 # -- configuration --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("email", "message"),

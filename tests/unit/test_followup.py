@@ -310,3 +310,160 @@ def test_whom_it_was_escalated_to_may_answer_and_hand_it_on(tmp_path: Path) -> N
     other = rec.model_copy(update={"request_id": "another"})
     proto.path_of(ws.interaction_dir).write_text(other.model_dump_json())
     assert delegation.refuse_respondent(ws, req.request_id, bob) is not None
+
+
+# -- what carries a follow-up to people ---------------------------------------------------------
+def _config(tmp_path: Path, **keys: Any) -> Any:
+    from deltad.core.config import DaemonConfig
+
+    roots = keys.pop("roots", [{"path": str(tmp_path / "root")}])
+    return DaemonConfig.model_validate({"roots": roots, **keys})
+
+
+HOOK = {"url": "http://127.0.0.1:9/hook"}
+HOOKS = {"webhooks": [HOOK]}
+EMAIL = {
+    "from_address": "deltad@example.org",
+    "reply_domain": "example.org",
+    "maildir": "/nonexistent/Maildir",
+}
+DAEMON_REMINDS = {"remind_after_seconds": 60}
+
+
+@pytest.mark.parametrize(
+    ("keys", "action", "want"),
+    [
+        ({}, "remind", []),  # nothing configured: nobody is told
+        ({}, "escalate", []),
+        ({"notify": {"webhooks": [HOOK]}}, "remind", ["webhook"]),  # the default events
+        ({"notify": {"webhooks": [HOOK | {"events": ["request.created"]}]}}, "remind", []),
+        ({"notify": {"webhooks": [HOOK | {"exclude": ["/srv/**"]}]}}, "escalate", []),
+        ({"notify": {"webhooks": [HOOK | {"exclude": ["/x/**"]}]}}, "escalate", ["webhook"]),
+        ({"notify": {"commands": [{"argv": ["true"]}]}}, "remind", ["command"]),
+        ({"channels": {"email": EMAIL}}, "remind", ["email"]),
+        ({"channels": {"email": EMAIL}}, "overdue", []),  # the channels carry no SLA notice
+        ({"notify": {"webhooks": [HOOK]}}, "overdue", ["webhook"]),
+        ({"notify": HOOKS, "channels": {"email": EMAIL}}, "escalate", ["webhook", "email"]),
+        # a root that notifies nobody
+        ({"roots": [{"path": "/srv", "notify": False}], "notify": HOOKS}, "remind", []),
+    ],
+)
+def test_what_carries_a_follow_up(
+    tmp_path: Path, keys: dict[str, Any], action: str, want: list[str]
+) -> None:
+    from deltad.core.followup import carriers
+
+    keys.setdefault("roots", [{"path": "/srv"}])
+    assert carriers(_config(tmp_path, **keys), Path("/srv/ws"), action) == want  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("keys", "want"),
+    [
+        ({"follow_up": DAEMON_REMINDS}, ("warning", "follow_up: its reminders have no channel")),
+        (
+            {"follow_up": DAEMON_REMINDS | {"escalate_after_seconds": 60, "escalate_to": ["bob"]}},
+            ("warning", "follow_up: its reminders and escalations have no channel"),
+        ),
+        # asked for, but only some roots are quiet
+        (
+            {
+                "follow_up": DAEMON_REMINDS,
+                "notify": {"webhooks": [HOOK]},
+                "roots": ["/srv/a", {"path": "/srv/b", "notify": False}],
+            },
+            ("warning", "follow_up: the reminders and escalations of workspaces under /srv/b"),
+        ),
+        # the daemon asks for none: only an agent or a question could (a note)
+        ({}, ("note", "reminders and escalations that an agent or a question asks for")),
+        ({"follow_up": {"sla_seconds": 60}}, ("note", "reminders and escalations that")),
+        # carried: nothing to say
+        ({"follow_up": DAEMON_REMINDS, "notify": {"webhooks": [HOOK]}}, None),
+        ({"channels": {"email": EMAIL}}, None),
+        # a webhook for reminders only: escalations are the daemon's? none asked: a note
+        (
+            {"notify": {"webhooks": [HOOK | {"events": ["request.reminder"]}]}},
+            ("note", "escalations that an agent"),
+        ),
+    ],
+)
+def test_check_and_start_say_when_a_follow_up_has_no_channel(
+    tmp_path: Path, keys: dict[str, Any], want: tuple[str, str] | None
+) -> None:
+    from deltad.core.followup import unsent
+
+    said = unsent(_config(tmp_path, **keys))
+    if want is None:
+        assert said is None
+    else:
+        assert said is not None and said[0] == want[0] and said[1].startswith(want[1]), said
+        assert "\n" not in said[1] and "nobody is told" in said[1]
+
+
+def test_a_follow_up_nothing_carries_is_recorded_as_such_and_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from structlog.testing import capture_logs
+
+    from deltad.clock import ManualClock
+    from deltad.protocol import followup as proto
+    from deltad.testing.stub import paused_workspace
+
+    monkeypatch.delenv("DELTAD_CONFIG", raising=False)
+    ws = tmp_path / "root" / "ws"
+    follow = {"remind_after_seconds": 60, "escalate_after_seconds": 90, "escalate_to": ["bob"]}
+    paused_workspace(ws, input_type="yes_no", respondents=["alice"], follow_up=follow)
+    asked = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
+    clock = ManualClock(wall=datetime.fromisoformat(asked["timestamp"]).timestamp())
+    svc = _service(tmp_path, "state", clock)
+    try:
+        with capture_logs() as logs:
+            for step in (0, 60, 30):
+                clock.advance(step)
+                svc.queue.put(ws)
+                svc.turn()
+                svc.turn()
+    finally:
+        svc.life.close_backends()
+    said = [(e["event"], e.get("kind")) for e in logs if e["log_level"] == "warning"]
+    assert said == [
+        ("followup_no_channel", None),  # once, when the question is first seen
+        ("followup_undelivered", "reminder"),
+        ("followup_undelivered", "escalation"),
+    ]
+    assert all(e["workspace"] == str(ws) for e in logs if e["event"] == "followup_undelivered")
+    beside = proto.read(ws / ".delta" / "interaction", asked["request_id"])
+    assert beside is not None and beside.reminders_via == [] and beside.escalated is not None
+    assert beside.escalated.via == []
+
+
+def test_a_carried_follow_up_names_its_channel_and_logs_no_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from structlog.testing import capture_logs
+
+    from deltad.clock import ManualClock
+    from deltad.protocol import followup as proto
+    from deltad.testing.stub import paused_workspace
+
+    monkeypatch.delenv("DELTAD_CONFIG", raising=False)
+    ws = tmp_path / "root" / "ws"
+    paused_workspace(ws, input_type="yes_no", follow_up={"remind_after_seconds": 60})
+    asked = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
+    clock = ManualClock(wall=datetime.fromisoformat(asked["timestamp"]).timestamp())
+    svc = _service(tmp_path, "state", clock)
+    carried = _config(tmp_path, notify={"webhooks": [HOOK]})  # not started: only read
+    carried.state_dir = svc.config.state_dir
+    svc.config = carried
+    try:
+        with capture_logs() as logs:
+            for step in (0, 60):
+                clock.advance(step)
+                svc.queue.put(ws)
+                svc.turn()
+                svc.turn()
+    finally:
+        svc.life.close_backends()
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+    beside = proto.read(ws / ".delta" / "interaction", asked["request_id"])
+    assert beside is not None and len(beside.reminders) == 1 and beside.reminders_via == ["webhook"]

@@ -419,3 +419,33 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
     assert box.depth == 0
     by = {s.labels["result"]: s.value for s in counted.collect()[0].samples if "_total" in s.name}
     assert by == {"retry": 1.0, "dead": 1.0, "delivered": 1.0}
+
+
+def test_the_pages_question_before_its_login_is_no_failed_login(
+    app: tuple[TestClient, TokenStore, list[Health]],
+) -> None:
+    """The page asks `GET /v1/session` before it shows its login: with no credential at all
+    that is `{"signed_in": false}`, neither an `http_auth_failed` line nor a counted 401; a
+    credential that does not check out is still both."""
+    http, store, _ = app
+    prom = {"Authorization": f"Bearer {store.add('prom', [], 'metrics')}"}
+    with structlog.testing.capture_logs() as logs:
+        r = http.get("/v1/session")
+    assert (r.status_code, r.json()) == (200, {"signed_in": False})
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+    token = store.add("alice", [], "answerer")
+    me = http.get("/v1/session", headers={"Authorization": f"Bearer {token}"}).json()
+    assert me["signed_in"] is True and me["name"] == "alice"
+    http.cookies.set("deltad_session", "gone")
+    stale = http.get("/v1/session")
+    assert stale.status_code == 401 and stale.json()["code"] == "unauthorized"
+    http.cookies.clear()
+    text = http.get("/metrics", headers=prom).text
+    assert 'deltad_http_requests_total{code="200",method="GET",route="/v1/session"} 2.0' in text
+    assert 'deltad_http_requests_total{code="401",method="GET",route="/v1/session"} 1.0' in text
+    # The document says it: anonymous too, and either answer.
+    op = http.get("/openapi.json").json()["paths"]["/v1/session"]["get"]
+    assert {} in op["security"] and {"bearer": []} in op["security"]
+    ok = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    either = http.get("/openapi.json").json()["components"]["schemas"][ok.rsplit("/", 1)[1]]
+    assert {s["$ref"].rsplit("/", 1)[1] for s in either["anyOf"]} == {"SessionOut", "SignedOut"}

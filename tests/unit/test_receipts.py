@@ -245,3 +245,40 @@ def test_an_entry_is_bounded() -> None:
     e = audit.chained(many, 1, audit.GENESIS)
     assert len(audit.canonical(e)) <= audit.MAX_ENTRY_BYTES
     assert e["what"]["more_decisions"] == 500 and len(e["what"]["decisions"]) == 50
+
+
+def test_an_export_since_is_a_piece_of_the_chain_and_verify_says_it_is_one(
+    tmp_path: Path,
+) -> None:
+    """From the first entry at or after --since to the end, even one stamped earlier by a
+    clock that stepped back (no hole in the piece); verify of a LOG that starts mid-chain says
+    it is partial and what it did not check; the daemon's own log must start at seq 1."""
+    from click.testing import CliRunner
+
+    from deltad.core.cli import main
+
+    log, prev = tmp_path / "audit.jsonl", audit.GENESIS
+    for i, at in enumerate(["10:00", "10:05", "10:03", "10:06"], 1):  # seq 3's clock stepped back
+        e = audit.chained({"kind": "decision", "at": f"2030-01-01T{at}:00+00:00"}, i, prev)
+        with log.open("ab") as f:
+            f.write(audit.canonical(e) + b"\n")
+        prev = e["hash"]
+    runner = CliRunner()
+    export = runner.invoke(
+        main, ["audit", "export", "--file", str(log), "--since", "2030-01-01T10:04:00+00:00"]
+    )
+    assert [json.loads(x)["seq"] for x in export.output.splitlines()] == [2, 3, 4]
+    piece = runner.invoke(main, ["audit", "verify", "-"], input=export.output)
+    assert piece.exit_code == 0, piece.output
+    assert piece.output.startswith(
+        "audit: ok, partial: it starts at seq 2 (an export --since): the entry before it is "
+        f"not checked; 3 entries (seq 2..4), head {prev}"
+    )
+    # The daemon's own log (no LOG: from its state dir) must start at seq 1.
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "audit.jsonl").write_text(export.output)
+    own = runner.invoke(main, ["audit", "verify", "--state-dir", str(state)])
+    assert own.exit_code == 2 and "seq 2 where 1 was expected" in own.output
+    own = runner.invoke(main, ["audit", "verify", "--partial", "--state-dir", str(state)])
+    assert own.exit_code == 0 and "partial: it starts at seq 2" in own.output

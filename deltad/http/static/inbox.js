@@ -87,11 +87,25 @@ async function listTypes() {
 
 async function start() {
   if (mode === "link") return loadLink();
+  keepBarHeight();
   try {
-    signedIn(await api("GET", "v1/session"));
+    // Not signed in is an answer, not an error: `{"signed_in": false}` (no failed login logged).
+    const me = await api("GET", "v1/session");
+    if (me.signed_in === false) showLogin(null);
+    else signedIn(me);
   } catch (e) {
     showLogin(null);
   }
+}
+
+// The sticky bar's height (it wraps onto two lines on a phone), kept in --bar-height: what is
+// scrolled to (a deep link, j/k) lands below it, not under it.
+function keepBarHeight() {
+  const bar = document.querySelector(".bar");
+  if (!bar) return;
+  const keep = () => document.documentElement.style.setProperty("--bar-height", `${bar.offsetHeight}px`);
+  keep();
+  if (typeof ResizeObserver === "function") new ResizeObserver(keep).observe(bar);
 }
 
 function showLogin(why) {
@@ -192,8 +206,9 @@ function follow() {
 async function probe() {
   closeStream();
   try {
-    await api("GET", "v1/session");
-    follow();
+    const me = await api("GET", "v1/session");
+    if (me.signed_in === false) needLogin("Your session ended");
+    else follow();
   } catch (e) {
     if (e.status === 401) needLogin(e.message.replace(/[.;].*$/, ""));
     else reconnectTimer = setTimeout(probe, 2000);  // the daemon is not back yet
@@ -207,8 +222,12 @@ async function refresh() {
   const ws = $("f-workspace").value.trim();
   const type = $("f-type").value;
   const sort = $("f-sort")?.value;
+  const age = $("f-age")?.value;
+  const due = $("f-due")?.value;
   if (ws) params.workspace = ws;
   if (type) params.input_type = type;
+  if (age) params.older_than = age;
+  if (due) params.due_within = due;
   if (sort && sort !== "newest") params.sort = sort;
   const mine = ++listings;
   try {
@@ -264,7 +283,7 @@ function render() {
     })];
     for (const r of list) showHanded(cards.get(keyOf(r)), r.delegations);
     for (const r of list) showApprovals(cards.get(keyOf(r)), r.approvals);
-    for (const r of list) showFollowUp(cards.get(keyOf(r)), r.follow_up);
+    for (const r of list) showFollowUp(cards.get(keyOf(r)), r);
     if (!sameChildren(section, nodes)) section.replaceChildren(...nodes);
     return section;
   });
@@ -279,7 +298,7 @@ function render() {
   if (hit && !deepLinked) {
     selected = keyOf(hit);  // a notification's deep link: that question, once
     deepLinked = true;
-    selectedNode()?.scrollIntoView();
+    reveal(selectedNode(), "start");
   }
   if (!items.some((r) => keyOf(r) === selected)) {
     // The selected question was answered (or expired): the one in its place is next, and
@@ -330,8 +349,16 @@ function move(step) {
   const next = nodes[Math.min(nodes.length - 1, Math.max(0, at + step))];
   selected = next.dataset.key;
   highlight();
-  next.focus();
-  next.scrollIntoView({ block: "nearest" });
+  next.focus({ preventScroll: true });
+  reveal(next, "nearest");
+}
+
+// Scroll a question into view below the sticky bar (its scroll-margin), with its workspace's
+// heading when it is the first question under it.
+function reveal(node, block) {
+  const group = node?.closest(".group");
+  const first = group?.querySelector(".item") === node;
+  (first ? group : node)?.scrollIntoView({ block });
 }
 
 // -- one question ---------------------------------------------------------------------------------
@@ -407,10 +434,10 @@ function card(r) {
       r.run_id && !linkToken ? runLink(r.workspace, r.run_id, "run view") : null,
       pickBox(r)),
     el("p", { class: "prompt", id: promptId }, r.prompt),
-    respondents(r.respondents),
+    el("div", { class: "respondents-slot" }, respondents(r.respondents, r.follow_up)),
     el("div", { class: "handed" }, ...handedView(r.delegations)),
     el("div", { class: "approvals" }, ...approvalsView(r.approvals)),
-    el("div", { class: "followup" }, ...followUpView(r.follow_up)),
+    el("div", { class: "followup", "data-shown": JSON.stringify(r.follow_up || null) }, ...followUpView(r.follow_up)),
     factsView(r),
     ...(r.calls || []).map(callView),
     answerControls(r, error),
@@ -427,12 +454,15 @@ function factsView(r) {
   if (r.bounds) facts.push(r.bounds);  // the kind's words: "a number from 1 to 20"
   if (r.default !== null && r.default !== undefined && !r.sensitive) facts.push(`default: ${r.default}`);
   if (r.sensitive) facts.push("secret: kept in a 0600 file, never shown to the agent's model");
-  if (r.expires_at) {
-    const utc = r.expires_at.replace("T", " ").replace(/(\.\d+)?Z$/, " UTC");
-    facts.push(`answer by ${utc}${r.after_deadline ? `, then ${r.after_deadline}` : ""}`);
-  }
+  if (r.expires_at) facts.push(`answer by ${utc(r.expires_at)}${r.after_deadline ? `, then ${afterDeadline(r.after_deadline)}` : ""}`);
   if (!facts.length) return null;
   return el("ul", { class: "facts" }, ...facts.map((f) => el("li", {}, f)));
+}
+
+// What an unanswered question gets at its deadline, in words for people: the API's
+// `TIMEOUT` is what the agent is told.
+function afterDeadline(words) {
+  return words === "TIMEOUT" ? "the agent is told that nobody answered" : words;
 }
 
 // -- handing a question over (POST .../delegate) ---------------------------------------------------
@@ -444,35 +474,57 @@ function handedView(list) {
       d.note ? ` — “${d.note}”` : "", " ", d.at ? when(d.at) : "")))];
 }
 
-// Reminders and escalation (docs/inbox.md): "reminded 2 times, last …", "escalated to bob …",
-// and the SLA's due time, which ends nothing (unlike the deadline).
+// An RFC 3339 time as the card says it: "2026-11-28 17:06:56 UTC".
+const utc = (iso) => iso.replace("T", " ").replace(/(\.\d+)?Z$/, " UTC");
+
+// What carried a reminder or an escalation (`via`): [] is nobody (no channel is configured;
+// the daemon logs followup_undelivered), null a record from before deltad kept it.
+function carried(via) {
+  if (!Array.isArray(via)) return null;
+  return via.length ? ` (by ${via.join(", ")})` : null;
+}
+
+// Reminders and escalation (docs/inbox.md): "Reminded 2 times, last …", "Escalated to bob …"
+// — or, when no channel carried them, that nobody was told — and the SLA, a target that ends
+// nothing (the card's one "due" is the deadline, which does).
 function followUpView(f, withSla = true) {
   if (!f) return [];
   const out = [];
   const sent = Array.isArray(f.reminders) ? f.reminders : [];
+  const nobody = "nobody was told: no channel (webhook, email, Slack) is configured";
   if (sent.length) {
     const times = sent.length === 1 ? "once" : `${sent.length} times`;
-    out.push(el("li", { class: "reminded" }, `Reminded ${times}, last `, when(sent[sent.length - 1])));
+    const last = when(sent[sent.length - 1]);
+    out.push(Array.isArray(f.reminders_via) && !f.reminders_via.length
+      ? el("li", { class: "reminded unsent" }, `${sent.length === 1 ? "A reminder" : `${sent.length} reminders`} came due, last `, last, ` — ${nobody}`)
+      : el("li", { class: "reminded" }, `Reminded ${times}, last `, last, carried(f.reminders_via)));
   }
   if (f.escalated) {
-    out.push(el("li", { class: "escalated" }, "Escalated to ",
-      el("strong", {}, (f.escalated.to || []).join(", ")), " ", when(f.escalated.at)));
+    const to = (f.escalated.to || []).join(", ");
+    const via = f.escalated.via;
+    out.push(Array.isArray(via) && !via.length
+      ? el("li", { class: "escalated unsent" }, "Escalated to ", el("strong", {}, to), " ", when(f.escalated.at),
+        `: they may answer it now, but ${nobody}`)
+      : el("li", { class: "escalated" }, "Escalated to ", el("strong", {}, to), " ", when(f.escalated.at), carried(via)));
   }
   if (withSla && f.sla_due_at) {
     const late = Boolean(f.overdue_at) || new Date(f.sla_due_at).getTime() <= Date.now();
-    out.push(el("li", { class: late ? "sla sla-late" : "sla" }, late ? "Overdue (SLA): was due " : "Due (SLA) ",
-      el("span", { class: "sla-at", title: new Date(f.sla_due_at).toLocaleString() },
-        f.sla_due_at.replace("T", " ").replace(/\.\d+/, "").replace("Z", " UTC"))));
+    const at = el("span", { class: "sla-at", title: new Date(f.sla_due_at).toLocaleString() }, utc(f.sla_due_at));
+    out.push(late
+      ? el("li", { class: "sla sla-late" }, "SLA missed: an answer was expected by ", at, " (the question stays open)")
+      : el("li", { class: "sla" }, "SLA: an answer is expected by ", at, " (nothing ends then)"));
   }
   return out.length ? [el("ul", { class: "followup-list", "aria-label": "Reminders and escalation" }, ...out)] : [];
 }
 
-function showFollowUp(node, f) {
+function showFollowUp(node, r) {
   const slot = node?.querySelector(".followup");
-  const text = JSON.stringify(f || null);
+  const text = JSON.stringify(r.follow_up || null);
   if (!slot || slot.dataset.shown === text) return;
   slot.dataset.shown = text;
-  slot.replaceChildren(...followUpView(f));
+  slot.replaceChildren(...followUpView(r.follow_up));
+  const who = node.querySelector(".respondents-slot");
+  who?.replaceChildren(...[respondents(r.respondents, r.follow_up)].filter(Boolean));
 }
 
 function showHanded(node, list) {
@@ -553,6 +605,24 @@ function pickBox(r) {
   return el("label", { class: "pick-label" }, box, "select");
 }
 
+// Alike: the same kind and options (what one answer fits) and the same prompt.
+const alikeOf = (r) => JSON.stringify([shapeOf(r), r.prompt]);
+
+// The questions on the page alike a selected one and not selected yet.
+function unpickedAlike() {
+  const wanted = new Set([...picked.values()].map(alikeOf));
+  return items.filter((r) => !r.sensitive && !picked.has(keyOf(r)) && wanted.has(alikeOf(r)));
+}
+
+function pickAlike() {
+  for (const r of unpickedAlike()) {
+    picked.set(keyOf(r), r);
+    const box = cards.get(keyOf(r))?.querySelector("input.pick");
+    if (box) box.checked = true;
+  }
+  showPicked();
+}
+
 function showPicked() {
   const first = picked.values().next().value;
   for (const box of document.querySelectorAll("input.pick")) {
@@ -567,6 +637,12 @@ function showPicked() {
     $("bulk-count").textContent = picked.size > 1
       ? `${picked.size} selected: an answer given on one goes to each of them.`
       : "1 selected: select more questions like it to answer them together.";
+  }
+  const more = picked.size ? unpickedAlike().length : 0;
+  const all = $("bulk-alike");
+  if (all) {
+    all.hidden = more === 0;
+    all.textContent = `Select ${more === 1 ? "the 1 more" : `all ${more} more`} alike (same question, same options)`;
   }
   bar.hidden = picked.size === 0 && !$("bulk-count").textContent;
 }
@@ -603,9 +679,13 @@ async function sendMany(list, body, error) {
   }
 }
 
-function respondents(list) {
+// Who may answer: the respondents, and whom an escalation added ("For alice, and bob since
+// the escalation"); [] is anyone, escalated or not.
+function respondents(list, f) {
   if (!Array.isArray(list) || !list.length) return null;
-  return el("p", { class: "respondents" }, "For ", list.map(String).join(", "));
+  const added = (f?.escalated?.to || []).map(String).filter((n) => !list.includes(n));
+  return el("p", { class: "respondents" }, "For ", list.map(String).join(", "),
+    added.length ? `, and ${added.join(", ")} since the escalation` : "");
 }
 
 // The question's context (last agent message, recent tool calls, reviewed output...): folded,
@@ -905,7 +985,7 @@ function happened(h) {
   if (timedOut(h)) {
     return h.answer !== null && h.answer !== undefined
       ? ["timed out → default ", el("strong", {}, `“${h.answer}”`)]
-      : ["timed out: no answer (the agent was told TIMEOUT)"];
+      : ["timed out: nobody answered (the agent was told so)"];
   }
   const who = h.answered_by || "someone";
   const via = h.channel && !["http", "file"].includes(h.channel) ? ` (${h.channel})` : "";
@@ -1027,7 +1107,7 @@ function journalItem(e) {
         ...(p.reply || {}), channel: p.reply?.channel || p.reply?.source,
         answer: p.reply?.value ?? null, decisions: p.reply?.decisions || [] })));
       return null;
-    case "SYSTEM": return item("system", `note (${(p.level || "info").toLowerCase()})`, el("div", { class: "text" }, p.content || ""));
+    case "SYSTEM_MESSAGE": return item("system", `note (${(p.level || "info").toLowerCase()})`, el("div", { class: "text" }, p.content || ""));
     case "NODE_START": return item("status", `node ${p.node} (${p.kind})`);
     case "NODE_OUTCOME": return item("status", `node ${p.node}: ${p.status}`, p.failure_reason ? el("div", {}, p.failure_reason) : null);
     case "EDGE_TAKEN": return item("status", `${p.source} → ${p.target}`, p.reason ? el("div", { class: "hint" }, p.reason) : null);
@@ -1063,6 +1143,7 @@ document.addEventListener("keydown", (ev) => {
 
 $("help-open")?.addEventListener("click", () => $("help").showModal());
 $("bulk-clear")?.addEventListener("click", clearPicked);
+$("bulk-alike")?.addEventListener("click", pickAlike);
 
 // -- a signed link: one question, no login --------------------------------------------------------
 async function loadLink() {
