@@ -35,6 +35,8 @@ def _all(config: DaemonConfig) -> Iterator[str]:
     yield from _executor(config)
     if config.http is not None:
         yield from _http(config)
+    if _starts_inbox(config):
+        yield from _inbox_user(config)
     if config.notify is not None:
         yield from _secrets(config)
     if config.channels is not None and config.channels.slack is not None:
@@ -93,6 +95,26 @@ def _http(config: DaemonConfig) -> Iterator[str]:
             )
         except (OSError, ssl.SSLError) as e:
             yield f"http.tls_cert/tls_key: cannot be used: {e}"
+
+
+def _starts_inbox(config: DaemonConfig) -> bool:
+    """`serve` starts the inbox process for HTTP, and without it for what the inbox sends
+    (webhooks, notify commands, the channels' messages)."""
+    notify, channels = config.notify, config.channels
+    return (
+        config.http is not None
+        or (notify is not None and bool(notify.webhooks or notify.commands))
+        or (channels is not None and (channels.email is not None or channels.slack is not None))
+    )
+
+
+def _inbox_user(config: DaemonConfig) -> Iterator[str]:
+    """The inbox's user exists, or `serve` can make it (as root it runs `useradd`, which
+    cannot write a read-only /etc: deltad.service's ProtectSystem=strict)."""
+    from deltad.privsep.core import DEFAULT_USER, account_problem
+
+    if (problem := account_problem(config.http.user if config.http else DEFAULT_USER)) is not None:
+        yield problem
 
 
 def _secrets(config: DaemonConfig) -> Iterator[str]:

@@ -11,18 +11,20 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio.to_thread
-from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response
+from fastapi import Body, Depends, FastAPI, Header, Query, Request, Response, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -38,6 +40,7 @@ from deltad.inbox.handlers import ApiError, Context, unauthorized
 from deltad.inbox.schemas import errors
 from deltad.inbox.tokens import Identity, TokenError, digest
 from deltad.protocol.models import InputType
+from deltad.protocol.printable import show
 from deltad.protocol.states import RunStatus
 
 if TYPE_CHECKING:
@@ -171,6 +174,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
+    app.router.route_class = JsonBodyRoute  # before any route is declared
     app.state.ctx, app.state.sessions = ctx, sessions
     # What reads or writes a workspace: the core's, over the socket, in the inbox process.
     core: Calls = ctx.core if ctx.core is not None else Local(ctx)
@@ -262,7 +266,7 @@ def create_app(
         operation_id="login",
         response_model=schemas.SessionOut,
         response_model_exclude_unset=True,
-        responses=errors(400, 401, 413, 422),
+        responses=errors(400, 401, 413, 415, 422),
     )
     def login(request: Request, body: schemas.LoginIn, response: Response) -> dict[str, Any]:
         """Exchange a token for an HttpOnly, SameSite=Strict session cookie."""
@@ -392,7 +396,7 @@ def create_app(
         operation_id="answer_request",
         response_model=schemas.AnswerReceipt,
         response_model_exclude_unset=True,
-        responses=errors(400, 401, 403, 404, 409, 410, 413, 422),
+        responses=errors(400, 401, 403, 404, 409, 410, 413, 415, 422),
     )
     def answer(
         request_id: str,
@@ -415,7 +419,7 @@ def create_app(
         operation_id="answer_many",
         response_model=schemas.AnswersOut,
         response_model_exclude_unset=True,
-        responses=errors(400, 401, 403, 413, 422),
+        responses=errors(400, 401, 403, 413, 415, 422),
     )
     def answer_many(
         who: Who,
@@ -435,7 +439,7 @@ def create_app(
         operation_id="delegate_request",
         response_model=schemas.DelegateOut,
         response_model_exclude_unset=True,
-        responses=errors(400, 401, 403, 404, 409, 410, 413, 422),
+        responses=errors(400, 401, 403, 404, 409, 410, 413, 415, 422),
     )
     def delegate(
         request_id: str, who: Who, body: schemas.DelegateIn, workspace: str | None = None
@@ -555,7 +559,7 @@ def create_app(
         operation_id="link_answer",
         response_model=schemas.AnswerReceipt,
         response_model_exclude_unset=True,
-        responses=errors(400, 403, 404, 409, 410, 413, 422),
+        responses=errors(400, 403, 404, 409, 410, 413, 415, 422),
     )
     def link_answer(
         token: str,
@@ -718,6 +722,56 @@ def validation_refusal(path: str, problems: list[Any]) -> tuple[int, dict[str, s
         where = ".".join(loc[1:]) or "(top level)"
         return 422, {"error": f"{where}: {first['msg']}", "code": "misfit"}
     return 422, {"error": f"{'.'.join(loc)}: {first['msg']}", "code": "bad_request"}
+
+
+FORM = "application/x-www-form-urlencoded"
+
+
+class JsonBodyRoute(APIRoute):
+    """A route whose body is JSON takes it without `Content-Type: application/json` too, from a
+    client with a bearer token: none at all, or `application/x-www-form-urlencoded` (what
+    `curl -d` sends), when the body parses as JSON. Anything else not declared JSON is a 415
+    naming the header, not FastAPI's 422 "Input should be a valid dictionary". Only with an
+    Authorization header (which a browser sends cross-site only after a CORS preflight): a
+    form posted from another site, or a no-cors fetch, still cannot pass for JSON."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None or isinstance(self.body_field.field_info, params.Form):
+            return handler
+
+        async def route(request: Request) -> Response:
+            if (refusal := await _as_json(request)) is not None:
+                return refusal
+            return await handler(request)
+
+        return route
+
+
+async def _as_json(request: Request) -> Response | None:
+    """None when the body may be read as JSON (its Content-Type made so where it was only
+    missing or a form's), else the 415."""
+    given = Headers(scope=request.scope).get("content-type")
+    kind = given.split(";", 1)[0].strip().lower() if given else ""
+    main, _, sub = kind.partition("/")
+    if main == "application" and (sub == "json" or sub.endswith("+json")):
+        return None
+    body = await request.body()  # kept: the route's handler reads the same request
+    if not body:
+        return None  # no body at all: the route says what it lacks
+    if kind in ("", FORM) and "authorization" in Headers(scope=request.scope):
+        try:
+            json.loads(body)
+        except ValueError:
+            pass
+        else:
+            raw = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
+            request.scope["headers"] = [*raw, (b"content-type", b"application/json")]
+            request.__dict__.pop("_headers", None)  # Starlette's copy, if it made one
+            return None
+    got = f"Content-Type: {given[:80]}" if given else "no Content-Type"
+    detail = f"the body must be JSON, sent with Content-Type: application/json (got {got})"
+    return problems.response(415, "unsupported_media_type", show(detail))
 
 
 class HeadAsGet:

@@ -51,7 +51,7 @@ SORT_DOC = (
 )
 OLDER_DOC = (
     "Only questions asked at least this long ago: a duration like 90s, 10m, 1h30m or 2d (a "
-    "bare number is seconds; at most 366d)."
+    "number needs its unit; at most 366d)."
 )
 DUE_DOC = (
     "Only questions with a deadline (`expires_at`) at most this far ahead, or already passed "
@@ -116,16 +116,18 @@ def sort_of(sort: str | None) -> Sort:
 
 
 def duration(name: str, text: str | None) -> float | None:
-    """A duration parameter (`90s`, `10m`, `1h30m`, `2d`; a bare number is seconds) in
-    seconds; None if absent; BadPage for anything else."""
+    """A duration parameter (`90s`, `10m`, `1h30m`, `2d`) in seconds; None if absent; BadPage
+    for anything else. A bare number is refused: `due_within=10` read as seconds answered an
+    empty list where ten minutes was meant."""
     if text is None:
         return None
     raw = text.strip()
+    forms = f"{name}: a duration like 90s, 10m, 1h30m or 2d, not {text[:40]!r}"
     if re.fullmatch(r"[0-9]{1,9}(?:\.[0-9]{1,6})?", raw):
-        raw += "s"
+        raise BadPage(f"{forms} (a number needs its unit: {raw}s, {raw}m, {raw}h or {raw}d)")
     parts = _DURATION.findall(raw)
     if not raw or "".join(n + u for n, u in parts) != raw:
-        raise BadPage(f"{name}: a duration like 90s, 10m, 1h30m or 2d, not {text[:40]!r}")
+        raise BadPage(forms)
     seconds = sum(float(n) * _UNIT[u] for n, u in parts)
     if not 0 < seconds <= MAX_DURATION:
         raise BadPage(f"{name}: more than 0 and at most 366d")

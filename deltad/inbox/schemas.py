@@ -69,6 +69,8 @@ STATUS_MEANING: dict[int, str] = {
     "`workspace_problem`).",
     410: "The question expired, or the signed link did (`expired`).",
     413: "The body, or the answer file it would make, is over its limit (`too_large`).",
+    415: "A body that is not JSON, or not sent as `Content-Type: application/json` "
+    "(`unsupported_media_type`).",
     422: "The body or a parameter does not fit (`misfit`, `bad_request`, `bad_glob`, "
     "`idempotency_mismatch`, `unknown_delegate`).",
 }

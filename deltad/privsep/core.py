@@ -89,9 +89,56 @@ def account(name: str) -> Account | None:
         if name != DEFAULT_USER:
             raise InboxUnusable(f"http.user {name}: no such user") from None
         pw = _make_user(name)
-    if pw.pw_uid == 0 or pw.pw_gid == 0:
-        raise InboxUnusable(f"http.user {name}: the inbox must not run as root or group root")
+    if (problem := _not_for_the_inbox(name, pw)) is not None:
+        raise InboxUnusable(problem)
     return Account(name, pw.pw_uid, pw.pw_gid)
+
+
+def account_problem(name: str) -> str | None:
+    """What `account` would refuse, judged without making anything (`deltad check`): a user
+    missing that `account` may not make, or could not (useradd cannot write /etc: read-only
+    under deltad.service's ProtectSystem=strict, or in a read-only container)."""
+    if os.geteuid() != 0:
+        return None  # the inbox runs as the core's own user
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        if name != DEFAULT_USER:
+            return f"http.user {name}: no such user"
+        if (why := _cannot_make_users()) is not None:
+            return _unmade(name, why)
+        return None
+    return _not_for_the_inbox(name, pw)
+
+
+def _not_for_the_inbox(name: str, pw: pwd.struct_passwd) -> str | None:
+    if pw.pw_uid == 0 or pw.pw_gid == 0:
+        return f"http.user {name}: the inbox must not run as root or group root"
+    return None
+
+
+def _cannot_make_users() -> str | None:
+    """Why `useradd` would fail here, or None: it needs to write /etc (its lock files sit
+    beside passwd and group, and each is replaced by a rename)."""
+    if shutil.which("useradd") is None:
+        return "no useradd on PATH"
+    for path in ("/etc", "/etc/passwd", "/etc/group"):
+        try:
+            if os.statvfs(path).f_flag & os.ST_RDONLY:
+                return f"{path} is read-only"
+        except OSError as e:
+            return f"{path}: {e.strerror}"
+        if not os.access(path, os.W_OK):
+            return f"{path} is not writable"
+    return None
+
+
+def _unmade(name: str, why: str) -> str:
+    return (
+        f"http.user {name} does not exist and cannot be made ({why}): make it "
+        f"(useradd --system --user-group {name}, or systemd-sysusers with "
+        f"systemd/sysusers.d/deltad.conf) or set http.user"
+    )
 
 
 def _make_user(name: str) -> pwd.struct_passwd:
@@ -109,10 +156,7 @@ def _make_user(name: str) -> pwd.struct_passwd:
         if made:
             log.info("inbox_user_created", user=name, uid=pw.pw_uid)
         return pw
-    raise InboxUnusable(
-        f"http.user {name} does not exist and cannot be made ({why}): make it "
-        f"(useradd --system --user-group {name}, or systemd-sysusers) or set http.user"
-    )
+    raise InboxUnusable(_unmade(name, why))
 
 
 def inbox_dir(state_dir: Path) -> Path:

@@ -34,6 +34,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     raw: str | None = None  # the config file's text as is (settings unused)
     as_nobody: bool = False  # run as an unprivileged user
+    etc_read_only: bool = False  # /etc read-only, no deltad-inbox in it (ProtectSystem=strict)
 
 
 def _file_in_the_way(tmp: Path) -> Path:
@@ -80,6 +81,25 @@ def _root_only_maildir(tmp: Path) -> str:
         (box / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     box.chmod(0o700)
     return str(box)
+
+
+# What deltad.service's ProtectSystem=strict does to /etc, in a mount namespace of the test's
+# own (nothing outside it changes): read-only, and the inbox's user not in passwd and group.
+# $1: a scratch directory; the rest: the command.
+# $1: a scratch directory, $2: "ro" or "rw"; the rest: the command.
+WITHOUT_INBOX_USER = r"""
+grep -v '^deltad-inbox:' /etc/passwd > "$1/passwd"; grep -v '^deltad-inbox:' /etc/group > "$1/group"
+if [ "$2" = ro ]; then mount --bind /etc /etc && mount -o remount,ro,bind /etc; fi
+mount --bind "$1/passwd" /etc/passwd && mount --bind "$1/group" /etc/group
+shift 2; exec "$@"
+"""
+
+
+def without_inbox_user(argv: list[str], scratch: Path, read_only: bool = True) -> list[str]:
+    """argv run where `deltad-inbox` does not exist and /etc is read-only (or not)."""
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    mode = "ro" if read_only else "rw"
+    return [*unshare, "sh", "-euc", WITHOUT_INBOX_USER, "sh", str(scratch), mode, *argv]
 
 
 KUBE = {"image": "registry.example/deltad:1", "pvc": "workspaces", "mount_path": "/srv/ws"}
@@ -200,6 +220,20 @@ CASES: dict[str, Case] = {
         "channels.email.smtp.password: environment variable DELTAD_TEST_NO is not set",
     ),
     # the inbox
+    "http.user unknown": Case(
+        lambda tmp: {"http": {"listen": "127.0.0.1:0", "user": "no-such-user-dt"}},
+        "http.user no-such-user-dt: no such user",
+    ),
+    "inbox user unmakeable": Case(  # systemd/sysusers.d/deltad.conf makes it
+        lambda tmp: {"http": {"listen": "127.0.0.1:0"}},
+        "http.user deltad-inbox does not exist and cannot be made (/etc is read-only): make it",
+        etc_read_only=True,
+    ),
+    "inbox user unmakeable, webhooks only": Case(
+        lambda tmp: {"notify": {"webhooks": [{"url": "http://127.0.0.1:9/hook"}]}},
+        "http.user deltad-inbox does not exist and cannot be made (/etc is read-only)",
+        etc_read_only=True,
+    ),
     "http key misspelt": Case(
         lambda tmp: {"http": {"lisen": "127.0.0.1:0"}},
         "http.lisen: unknown key; did you mean 'listen'?",
@@ -247,6 +281,8 @@ def _run(cmd: str, config: Path, case: Case, tmp: Path) -> subprocess.CompletedP
     argv = [DELTAD, cmd, "--config", str(config)]
     if case.as_nobody:
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+    if case.etc_read_only:
+        argv = without_inbox_user(argv, tmp)
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
 
 
@@ -267,9 +303,9 @@ def test_a_bad_config_is_one_line_and_exit_2(
     toy_installed: None,  # noqa: F811
 ) -> None:
     case = CASES[name]
+    if (case.as_nobody or case.etc_read_only) and os.geteuid() != 0:
+        pytest.skip("runs deltad as another user or in a mount namespace: needs root")
     if case.as_nobody:
-        if os.geteuid() != 0:
-            pytest.skip("runs deltad as another user: needs root")
         with executable_by_all(), shared_tmp() as base:  # pytest's tmp dirs are 0700
             config = _write(base, case)
             out = _run(cmd, config, case, base)
@@ -293,3 +329,14 @@ def test_serve_says_in_one_line_that_its_port_is_taken(tmp_path: Path) -> None:
         assert _run("check", config, case, tmp_path).returncode == 0  # it may be ours, running
         out = _run("serve", config, case, tmp_path)
     _one_line(out, config, f"http.listen: cannot listen on 127.0.0.1:{port}: Address already")
+
+
+def test_check_passes_a_missing_inbox_user_that_serve_can_make(tmp_path: Path) -> None:
+    """/etc writable: `serve` makes deltad-inbox itself (useradd), so `check` does not refuse."""
+    if os.geteuid() != 0:
+        pytest.skip("a mount namespace: needs root")
+    case = Case(lambda tmp: {"http": {"listen": "127.0.0.1:0"}}, "")
+    config = _write(tmp_path, case)
+    argv = without_inbox_user([DELTAD, "check", "--config", str(config)], tmp_path, False)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr

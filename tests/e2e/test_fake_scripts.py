@@ -4,6 +4,9 @@ person would, then resumed to the script's final message."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,3 +82,49 @@ def test_a_script_exists_for_every_kind_the_readme_names() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for path in SCRIPTS.glob("*.yaml"):
         assert f"`{path.stem}`" in readme, path.stem
+
+
+def _try(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(EXAMPLES / "try.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,  # no answer given on the terminal: the run waits
+        env={**os.environ, "DELTA_BIN": str(Path(sys.executable).parent)},
+    )
+
+
+@pytest.mark.parametrize(("args", "says"), [([], "usage: "), (["yes-no"], "no kind 'yes-no'")])
+def test_try_without_a_kind_it_has_lists_the_kinds(args: list[str], says: str) -> None:
+    out = _try(*args)
+    assert out.returncode == 2 and says in out.stderr, out.stderr
+    listed = out.stderr.split("KIND: " if not args else "the kinds: ")[1].strip(" )\n").split()
+    assert sorted(listed) == sorted(p.stem for p in SCRIPTS.glob("*.yaml"))
+
+
+def test_try_keeps_a_waiting_run_and_the_line_it_prints_continues_it(tmp_path: Path) -> None:
+    """The pause message's `delta respond --work-dir WS` names a workspace that still exists,
+    and the `--continue` line printed after it resumes the run against the fake model. The
+    approval kind takes the agent that has the deploy tool."""
+    out = _try("approval")
+    assert out.returncode == 101, out.stdout + out.stderr
+    [ws] = {
+        line.split("--work-dir ")[1].split()[0]
+        for line in out.stdout.splitlines()
+        if "delta respond --work-dir" in line
+    }
+    assert Path(ws, ".delta").is_dir()
+    [cont] = [ln.strip() for ln in out.stdout.splitlines() if "--continue" in ln]
+    assert cont == f"bash examples/try.sh approval --continue {ws}"
+    respond = subprocess.run(
+        [str(Path(sys.executable).parent / "delta"), "respond", "--work-dir", ws, "--approve"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert respond.returncode == 0, respond.stderr
+    done = _try("approval", "--continue", ws)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "deploying 1.4.0 to stable" in done.stdout
+    assert not Path(ws).exists()  # try.sh's own workspace, done: removed

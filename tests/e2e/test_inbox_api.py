@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import standardwebhooks
 
+from deltad.inbox import links
 from deltad.testing import FakeLLM
 from tests.support.daemon import Daemon, metadata_status, wait_for
 from tests.support.inbox import EventReader, WebhookReceiver, client, http_url, make_token
@@ -420,3 +421,60 @@ def test_a_pipeline_gate_is_answered_over_http_like_any_question(
     wait_for(lambda: metadata_status(ws) == "COMPLETED", "the pipeline to finish")
     edges = [e["payload"] for e in _journal(ws) if e["type"] == "EDGE_TAKEN"]
     assert ("review_gate", "apply") in [(e["source"], e["target"]) for e in edges]
+
+
+def test_a_json_body_sent_as_curl_d_sends_it_is_taken_and_what_is_not_json_names_the_header(
+    served: tuple[Daemon, str, Path], tmp_path: Path, fake: FakeLLM
+) -> None:
+    """`curl -d '{...}'` without `-H 'Content-Type: application/json'` sends the JSON as
+    `application/x-www-form-urlencoded`: the delegation and bulk examples are taken as JSON (as
+    is a body with no Content-Type at all); a body that is not JSON is a 415 naming the header.
+    A duration without its unit is refused with the forms it may take, not read as seconds."""
+    d, url, root = served
+    _colour_question(fake, "Pick")
+    ws = root / "ws1"
+    _pause(fake, tmp_path, ws)
+    bob = make_token(d.state_dir, "bob")
+    make_token(d.state_dir, "carol")
+    form = {"Content-Type": "application/x-www-form-urlencoded"}  # what `curl -d` sends
+    with client(url, bob) as http:
+        [q] = wait_for(lambda: http.get("/v1/requests").json()["requests"], "the question")
+        rid = q["request_id"]
+        for refused in (
+            http.post(f"/v1/requests/{rid}/delegate", content=b"to=carol", headers=form),
+            http.post(
+                f"/v1/requests/{rid}/delegate",
+                content=b'{"to": "carol"}',
+                headers={"Content-Type": "text/plain"},
+            ),
+        ):
+            assert refused.status_code == 415, refused.text
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.json()["code"] == "unsupported_media_type"
+            assert "sent with Content-Type: application/json (got " in refused.json()["detail"]
+
+        r = http.post(
+            f"/v1/requests/{rid}/delegate",
+            content=b'{"to": "carol", "note": "yours"}',
+            headers=form,
+        )
+        assert r.status_code == 200, r.text
+        for name in ("due_within", "older_than"):
+            r = http.get("/v1/requests", params={name: "10"})
+            assert r.status_code == 422, r.text
+            assert r.json()["detail"] == (
+                f"{name}: a duration like 90s, 10m, 1h30m or 2d, not '10' "
+                "(a number needs its unit: 10s, 10m, 10h or 10d)"
+            )
+        # Without a bearer token (a signed link, a page's cookie) a form is never read as JSON:
+        # another site's form, or its no-cors fetch, could send one.
+        link = links.sign(links.load_key(d.state_dir), rid, str(ws), 3600)
+        with client(url) as anon:
+            r = anon.post(f"/v1/links/{link}/answer", content=b'{"answer": "Red"}', headers=form)
+            assert r.status_code == 415 and r.json()["code"] == "unsupported_media_type", r.text
+        bulk = json.dumps({"items": [{"request_id": rid}], "answer": {"answer": "Red"}}).encode()
+        r = http.post("/v1/answers", content=bulk)  # no Content-Type at all
+        assert "content-type" not in r.request.headers
+        assert r.status_code == 200, r.text
+        assert [x["status"] for x in r.json()["results"]] == ["accepted"], r.text
+    wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run resumed with the answer")

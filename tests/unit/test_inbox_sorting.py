@@ -18,7 +18,6 @@ NOW = 1_800_000_000.0
     ("text", "seconds"),
     [
         (None, None),
-        ("90", 90.0),
         ("90s", 90.0),
         ("10m", 600.0),
         ("1h", 3600.0),
@@ -34,11 +33,21 @@ def test_a_duration(text: str | None, seconds: float | None) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "0", "0s", "-5m", "5 m", "1y", "m", "1h1", "367d", "1e3", "１h", "10mm", "NaN"]
+    "text",
+    ["", "0", "0s", "-5m", "5 m", "1y", "m", "1h1", "367d", "1e3", "１h", "10mm", "NaN", "90"],
 )
 def test_a_bad_duration_is_one_line(text: str) -> None:
     with pytest.raises(paging.BadPage, match=r"^due_within: "):
         paging.duration("due_within", text)
+
+
+def test_a_number_without_a_unit_is_not_read_as_seconds() -> None:
+    with pytest.raises(paging.BadPage) as refused:
+        paging.duration("due_within", "10")
+    assert str(refused.value) == (
+        "due_within: a duration like 90s, 10m, 1h30m or 2d, not '10' "
+        "(a number needs its unit: 10s, 10m, 10h or 10d)"
+    )
 
 
 @pytest.mark.parametrize(

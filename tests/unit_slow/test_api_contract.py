@@ -264,8 +264,10 @@ class Refused:
     body: object = None
     raw: bytes | None = None
     reader: bool = False
+    content_type: str = "application/json"  # with `raw`
 
 
+FORM = "application/x-www-form-urlencoded"
 REFUSALS = [
     Refused("POST", "/v1/requests/{open}/answer", 400, "bad_json", raw=b'{"answer": '),
     Refused("POST", "/v1/links/{link}/answer", 400, "bad_json", raw=b"[1,"),
@@ -288,6 +290,19 @@ REFUSALS = [
     Refused("POST", "/v1/requests/{open}/answer", 422, "misfit", {"comment": "no answer"}),
     Refused("POST", "/v1/links/{link}/answer", 422, "misfit", {"answer": 7}),
     Refused("POST", "/v1/session", 422, "bad_request", {}),
+    Refused("POST", "/v1/answers", 415, "unsupported_media_type", raw=b"{}", content_type="text/x"),
+    Refused(
+        "POST", "/v1/session", 415, "unsupported_media_type", raw=b"token=x", content_type=FORM
+    ),
+    Refused(
+        "POST",
+        "/v1/requests/{open}/delegate",
+        415,
+        "unsupported_media_type",
+        raw=b"to=b",
+        content_type=FORM,
+    ),
+    Refused("GET", "/v1/requests?due_within=10", 422, "bad_page"),
     Refused("GET", "/v1/requests?input_type=essay", 422, "bad_request"),
     Refused("GET", "/v1/runs?status=SLEEPING", 422, "bad_request"),
     Refused("GET", "/v1/events?type=request.lost", 422, "bad_request"),
@@ -312,7 +327,7 @@ def test_every_refusal_is_the_error_model_with_a_declared_status(api: Api, case:
         headers["Authorization"] = "Bearer " + api.store.add("rita", [], "reader")
     path = case.path.format(**ids)
     if case.raw is not None:
-        headers["Content-Type"] = "application/json"
+        headers["Content-Type"] = case.content_type
         r = api.http.request(case.method, path, headers=headers, content=case.raw)
     else:
         r = api.http.request(case.method, path, headers=headers, json=case.body)
