@@ -184,10 +184,12 @@ def test_the_image_is_the_one_deploy_image_builds_in_the_daemon_and_in_every_job
         for line in (REPO / "pyproject.toml").read_text().splitlines()
         if line.startswith("version = ")
     )
-    [container] = objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    containers = objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
     config = yaml.safe_load(objects()["ConfigMap"]["data"]["deltad.yaml"])
-    assert container["image"] == config["executors"]["kubernetes"]["image"]
-    assert container["image"] == f"localhost/deltad:{version}"
+    assert [c["name"] for c in containers] == ["deltad", "inbox"]
+    for container in containers:  # the core and the inbox: one image
+        assert container["image"] == config["executors"]["kubernetes"]["image"]
+        assert container["image"] == f"localhost/deltad:{version}"
 
 
 def test_the_inbox_listens_beyond_loopback_behind_the_service_with_probes() -> None:
@@ -195,8 +197,19 @@ def test_the_inbox_listens_beyond_loopback_behind_the_service_with_probes() -> N
     config = yaml.safe_load(found["ConfigMap"]["data"]["deltad.yaml"])
     host, _, port = config["http"]["listen"].rpartition(":")
     assert host == "0.0.0.0"
-    [container] = found["Deployment"]["spec"]["template"]["spec"]["containers"]
+    container, inbox = found["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert container["ports"] == [{"name": "http", "containerPort": int(port)}]
+    assert inbox["livenessProbe"]["httpGet"] == {"path": "/livez", "port": int(port)}
+    # The inbox container connects to the core's socket, on a volume both mount, as the
+    # image's deltad-inbox with nothing more.
+    socket = Path(config["http"]["inbox_socket"])
+    assert inbox["args"][:4] == ["deltad", "inbox", "--connect", str(socket)]
+    shared = {m["name"] for m in container["volumeMounts"] if m["mountPath"] == str(socket.parent)}
+    assert shared and shared == {
+        m["name"] for m in inbox["volumeMounts"] if m["mountPath"] == str(socket.parent)
+    }
+    assert inbox["securityContext"]["runAsUser"] == 999 and inbox["securityContext"]["runAsNonRoot"]
+    assert inbox["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
     assert container["startupProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
