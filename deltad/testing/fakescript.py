@@ -1,6 +1,6 @@
 """A script for the fake model: what it says at each step of a conversation, written as YAML, so
 anyone can try every question kind, a tool call, an approval or a pipeline gate without an API
-key (`python -m deltad.testing.fakellm --script FILE`; README, "No API key yet?").
+key (`python -m deltad.testing.fakellm --script FILE`; docs/delta.md, "Agents").
 
 The reply is a pure function of the request: the conversation's latest user message picks the
 steps (a `nodes:` rule whose `when` it contains, else the top-level `steps:`), and the number
