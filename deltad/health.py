@@ -3,7 +3,7 @@ through which the HTTP layer reaches it (and the core's metrics) without touchin
 
 The seam is `Vitals`: two calls returning plain data, `health()` (a `Health` snapshot) and
 `core_metrics()` (the core's Prometheus exposition, bytes in the text format). In one process
-the loop's side implements it (`deltad.metrics.CoreVitals`); an HTTP layer in another process
+the loop's side implements it (`deltad.core.service.CoreVitals`); an HTTP layer in another process
 gets the same two answers over its socket, next to the feed's replica. The decisions below are
 pure functions of a snapshot and a monotonic `now`, tested from tables.
 

@@ -11,8 +11,9 @@ Two kinds, chosen by cost on the loop:
 
 The seam (see deltad/health.py): the HTTP layer never sees this module's objects. It is handed
 a `health.Vitals`, whose `core_metrics()` returns this registry's exposition as bytes and whose
-`health()` returns a plain `Health`. `CoreVitals` is that object in one process; an HTTP layer
-in another process asks the core for the same two answers over its socket. The HTTP layer
+`health()` returns a plain `Health`. `CoreVitals` (deltad/core/service.py) is that object in
+the core's process; an HTTP layer in another process asks the core for the same two answers
+over its socket. The HTTP layer
 keeps its own registry for what only it sees (requests by route and code: deltad/http/access.py)
 and `/metrics` is the two expositions one after the other (no name is in both).
 
@@ -25,8 +26,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -34,9 +34,6 @@ from prometheus_client.metrics_core import Metric
 
 from deltad import __version__
 from deltad.health import HEARTBEAT_SECONDS, Health
-
-if TYPE_CHECKING:
-    from deltad.core.service import Service
 
 # What an answer file's `channel` may say, as a label; anything else is "other". A plain
 # response.txt (written by a person's editor or `echo`) is "file".
@@ -311,49 +308,27 @@ def gauges(s: Source, mono: float, wall: float) -> Iterator[Metric]:
         )
 
 
-@dataclass
-class CoreVitals:
-    """`health.Vitals` and `Source` in the daemon's own process: plain reads of the service's
-    counts, from the HTTP thread. Each read is of a number or a copy made under the lock that
-    guards it (the index's), never a walk over workspaces."""
+# Request durations, seconds: the HTTP layer's histogram.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
 
-    svc: Service
 
-    def health(self) -> Health:
-        svc = self.svc
-        lease = svc.lease
-        return Health(
-            ready=svc.ticks.ready,
-            index_complete=svc.ticks.indexed,
-            unread=len(svc.unread),
-            last_turn=svc.ticks.last_turn,
-            lease_held=None if svc.config.ha is None else bool(lease and not lease.lost),
-            workspaces=len(svc.registry),
+# -- the HTTP layer's registry (the inbox process; deltad/http/access.py counts into it) ------
+class HttpMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "deltad_http_requests",
+            "HTTP requests answered, by route template, method and status code.",
+            ["route", "method", "code"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "deltad_http_request_duration_seconds",
+            "Time to answer an HTTP request (an event stream: how long it stayed open).",
+            ["route"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
         )
 
-    def core_metrics(self) -> bytes:
-        return self.svc.metrics.exposition()
-
-    def workspaces_by_state(self) -> dict[str, int]:
-        return self.svc.registry.counts()
-
-    def questions(self) -> tuple[dict[str, int], float | None]:
-        return self.svc.feed.index.pending_summary()
-
-    def resumes(self) -> tuple[int, int]:
-        return self.svc.resumer.counts()
-
-    def roots(self) -> list[tuple[str, str]]:
-        return [(str(r.path), r.backend) for r in self.svc.config.roots]
-
-    def backends(self) -> list[tuple[str, int, bool]]:
-        return [(b.name, b.watch_count(), b.healthy()) for b in list(self.svc.backends)]
-
-    def outbox_depth(self) -> int | None:
-        notifier = self.svc.notifier
-        return None if notifier is None else int(notifier.outbox_depth())
-
-    def channel_outbox_depth(self) -> list[tuple[str, int]]:
-        http = self.svc.http
-        handoff = http.serving.handoff if http is not None else None
-        return [] if handoff is None else sorted(dict(handoff.channel_depth).items())
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -40,6 +40,7 @@ from deltad.core.status import (
 )
 from deltad.core.sweep import Sweep
 from deltad.core.walking import Walker, settle_heap
+from deltad.health import Vitals
 from deltad.inbox.audit import audit_path
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
@@ -54,10 +55,10 @@ if TYPE_CHECKING:
     from deltad.core.resumer import Finished, Resumer
     from deltad.core.timers import Timers
     from deltad.inbox.feed import Feed
-    from deltad.metrics import CoreMetrics, CoreVitals
+    from deltad.metrics import CoreMetrics
     from deltad.outbound.config import EmailConfig
-    from deltad.privsep.wire import MailIntake
     from deltad.watch.hints import HintQueue
+    from deltad.wire import MailIntake
 
 log = structlog.get_logger("deltad.service")
 
@@ -146,7 +147,7 @@ class Core(Protocol):
     walker: Walker
     followups: Store
     metrics: CoreMetrics
-    vitals: CoreVitals
+    vitals: Vitals
     dirty: bool
 
     def turn(self) -> None: ...
@@ -333,8 +334,8 @@ class Lifecycle:
                 for i, c in enumerate(notify.commands)
             ]
         if http is not None or hooks or sending or email is not None:
-            from deltad.http.server import ListenError
             from deltad.privsep.core import InboxHost, InboxUnusable
+            from deltad.privsep.listen import ListenError
 
             # HTTP is served by the inbox process, unprivileged (deltad/privsep): the core binds
             # the socket and answers the inbox's calls on threads beside the loop.
@@ -898,7 +899,7 @@ def _drain(fd: int) -> None:
 
 def mail_intake(email: EmailConfig) -> MailIntake:
     """What the inbox process is told of the email channel's Maildir (privsep/wire.py)."""
-    from deltad.privsep.wire import MailIntake
+    from deltad.wire import MailIntake
 
     return MailIntake(
         maildir=str(email.maildir),

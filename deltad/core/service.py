@@ -11,7 +11,7 @@ polling backend's and watchdog's, which only produce hints.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -43,11 +43,12 @@ from deltad.core.tenancy import Refused
 from deltad.core.timers import Timers
 from deltad.core.unread import Unread
 from deltad.core.walking import Walker
+from deltad.health import Health
 from deltad.inbox import audit, quorum
 from deltad.inbox.audit import audit_path
 from deltad.inbox.feed import Feed
 from deltad.inbox.receipts import receipt
-from deltad.metrics import CoreMetrics, CoreVitals, EngineEvents, Scraped
+from deltad.metrics import CoreMetrics, EngineEvents, Scraped
 from deltad.protocol import ProtocolError, Workspace, followup, iso
 from deltad.protocol.runfacts import Elsewhere
 from deltad.watch import Backend
@@ -423,3 +424,51 @@ class Service:
         for b in self.backends:
             b.forget(ws)
         self.dirty = True
+
+
+@dataclass
+class CoreVitals:
+    """`health.Vitals` and `Source` in the daemon's own process: plain reads of the service's
+    counts, from the HTTP thread. Each read is of a number or a copy made under the lock that
+    guards it (the index's), never a walk over workspaces."""
+
+    svc: Service
+
+    def health(self) -> Health:
+        svc = self.svc
+        lease = svc.lease
+        return Health(
+            ready=svc.ticks.ready,
+            index_complete=svc.ticks.indexed,
+            unread=len(svc.unread),
+            last_turn=svc.ticks.last_turn,
+            lease_held=None if svc.config.ha is None else bool(lease and not lease.lost),
+            workspaces=len(svc.registry),
+        )
+
+    def core_metrics(self) -> bytes:
+        return self.svc.metrics.exposition()
+
+    def workspaces_by_state(self) -> dict[str, int]:
+        return self.svc.registry.counts()
+
+    def questions(self) -> tuple[dict[str, int], float | None]:
+        return self.svc.feed.index.pending_summary()
+
+    def resumes(self) -> tuple[int, int]:
+        return self.svc.resumer.counts()
+
+    def roots(self) -> list[tuple[str, str]]:
+        return [(str(r.path), r.backend) for r in self.svc.config.roots]
+
+    def backends(self) -> list[tuple[str, int, bool]]:
+        return [(b.name, b.watch_count(), b.healthy()) for b in list(self.svc.backends)]
+
+    def outbox_depth(self) -> int | None:
+        notifier = self.svc.notifier
+        return None if notifier is None else int(notifier.outbox_depth())
+
+    def channel_outbox_depth(self) -> list[tuple[str, int]]:
+        http = self.svc.http
+        handoff = http.serving.handoff if http is not None else None
+        return [] if handoff is None else sorted(dict(handoff.channel_depth).items())

@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from deltad.metrics import DURATION_BUCKETS as DURATION_BUCKETS
+from deltad.metrics import HttpMetrics as HttpMetrics
 
 log = structlog.get_logger("deltad.http.access")
 auth_log = structlog.get_logger("deltad.http.auth")
@@ -30,7 +33,6 @@ auth_log = structlog.get_logger("deltad.http.auth")
 SCOPE_KEY = "deltad.access"  # a dict the routes fill in (the token's name), shared by reference
 FAILED_AUTH_EVERY = 60.0  # seconds: one line per source at most this often
 FAILED_AUTH_SOURCES = 10_000  # sources remembered (the oldest is forgotten beyond it)
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
 OTHER_ROUTE = "other"  # no route matched (a 404): one label, whatever was asked
 
 
@@ -63,27 +65,6 @@ class RateLimit:
             while len(self._seen) > self.keys:
                 self._seen.popitem(last=False)
             return Said(True, said[1] if said is not None else 0)
-
-
-class HttpMetrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.requests = Counter(
-            "deltad_http_requests",
-            "HTTP requests answered, by route template, method and status code.",
-            ["route", "method", "code"],
-            registry=self.registry,
-        )
-        self.duration = Histogram(
-            "deltad_http_request_duration_seconds",
-            "Time to answer an HTTP request (an event stream: how long it stayed open).",
-            ["route"],
-            buckets=DURATION_BUCKETS,
-            registry=self.registry,
-        )
-
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 def route_of(routes: list[BaseRoute], scope: Scope) -> str:

@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from deltad import logs
+from deltad import logs, wire
 from deltad.health import Health
 from deltad.http import sessions
 from deltad.inbox.config import HttpConfig
@@ -48,7 +48,6 @@ from deltad.inbox.handlers import ApiError, Context
 from deltad.inbox.tokens import Identity, TokenStore
 from deltad.outbound import notify
 from deltad.outbound.outbox import target_key
-from deltad.privsep import wire
 from deltad.protocol.printable import unshow
 
 log = structlog.get_logger("deltad.inbox")

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deltad import wire
 from deltad.inbox.links import key_file
 from deltad.protocol import atomic_write_json
 
-KEY_NAME = "session.key"
-CLOSED_NAME = "sessions-closed.json"
+KEY_NAME = wire.SESSION_KEY_NAME
+CLOSED_NAME = wire.SESSIONS_CLOSED_NAME
 DIGEST_PREFIX = 16  # hex characters of the token's SHA-256: enough to tell tokens apart
 CLOSED_PER_TOKEN = 100  # logout ids kept per token; older ones become the token's cut-off
 

@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from deltad import inbox
 from deltad.health import Standalone, Vitals
-from deltad.http.access import HttpMetrics
 from deltad.inbox import links, paging, quorum, scopes
 from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, Listed
@@ -36,6 +35,7 @@ from deltad.inbox.idempotency import FILE as KEYS_FILE
 from deltad.inbox.idempotency import KeyLog
 from deltad.inbox.idempotency import Record as KeyRecord
 from deltad.inbox.tokens import Identity, TokenStore
+from deltad.metrics import HttpMetrics
 from deltad.protocol import (
     JournalEvent,
     Mailbox,
@@ -51,9 +51,6 @@ from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import json_safe, show_path, unshow
 
 log = structlog.get_logger("deltad.api")
-if TYPE_CHECKING:
-    from deltad.inbox.calls import Calls
-
 JOURNAL_TAIL_BYTES = 256 * 1024
 JOURNAL_TAIL_EVENTS = 50
 READ_THROUGH_LIMIT = 256  # workspaces whose request.json a miss may read
@@ -130,8 +127,9 @@ class Context:
     vitals: Vitals = field(default_factory=lambda: Standalone())
     http_metrics: HttpMetrics = field(default_factory=lambda: HttpMetrics())
     # The inbox process: where the routes' workspace reads and answers go (the core, over
-    # the socket); None: these handlers, here.
-    core: Calls | None = None
+    # the socket: http/child.py's Remote, an inbox.calls.Calls, which imports this module, so
+    # it is not named here); None: these handlers, here.
+    core: Any = None
     # The audit log each four-eyes vote is appended to (daemon/audit.py); None: not kept.
     audit: Path | None = None
     # Channels that take requests of their own (Slack's interactions), by name, in the core:

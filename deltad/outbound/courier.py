@@ -10,7 +10,7 @@ another channel; what is given up goes to the dead letter with the reason. Layou
 
 Under the daemon the sending is the unprivileged inbox process's (deltad/privsep): the core's
 channel puts each message through `Handed`, which writes it into the channel's `new/` in the
-inbox's outbox (deltad/privsep/handoff.py, as a webhook delivery); the inbox's `Courier`
+inbox's outbox (deltad/outbound/handoff.py, as a webhook delivery); the inbox's `Courier`
 (`handed=True`) takes it from there into its own outbox and sends it with the credential it
 was handed (deltad/outbound/senders.py). One outbox, one retry rule, one dead letter, wherever
 the sending runs.
@@ -76,7 +76,7 @@ def new_message(to: str, kind: str, body: str, last_event: int) -> Delivery:
 
 class Handed:
     """A channel's outbox as the core holds it under the daemon: `put` hands the message to
-    the inbox process (`hand`: deltad/privsep/handoff.py's `Handoff.put` for this channel's
+    the inbox process (`hand`: deltad/outbound/handoff.py's `Handoff.put` for this channel's
     key), which sends it. The core sends nothing and reads nothing back."""
 
     def __init__(self, name: str, hand: Callable[[Delivery], None]) -> None:

@@ -24,8 +24,8 @@ from deltad.outbound.outbox import Delivery, target_key
 from deltad.protocol import Workspace, viewing
 
 if TYPE_CHECKING:
-    from deltad.privsep.handoff import Handoff
-    from deltad.privsep.wire import ChannelTarget
+    from deltad.outbound.handoff import Handoff
+    from deltad.wire import ChannelTarget
 
 log = structlog.get_logger("deltad.channels")
 QUEUE_CAP = 10_000

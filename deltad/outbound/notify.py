@@ -3,7 +3,7 @@
 
 The daemon's loop only queues an event. One intake thread in the core turns it into a document
 (read from the disk, never on the loop) and hands it to each target: a webhook delivery is
-written into the target's outbox, which belongs to the inbox process (deltad/privsep/handoff.py),
+written into the target's outbox, which belongs to the inbox process (deltad/outbound/handoff.py),
 and the inbox process (unprivileged, `WebhookWorker`, one thread per target) attempts it, so the
 core never speaks to a receiver, and a stop, a crash of either process or a dead receiver loses
 nothing and a slow target slows nobody else. A command's event is handed over the same way and
@@ -38,6 +38,7 @@ from deltad.inbox import handlers, scopes
 from deltad.inbox.config import Command, NotifyConfig, Target, Webhook
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.outbound import webhooks
+from deltad.outbound.handoff import NEW, Handoff
 from deltad.outbound.outbox import (
     DEAD_LETTER,
     Dead,
@@ -50,9 +51,8 @@ from deltad.outbound.outbox import (
 )
 from deltad.outbound.outbox import FILE_MAX as FILE_MAX
 from deltad.outbound.outbox import load_capped as _load_capped
-from deltad.privsep.handoff import NEW, Handoff
-from deltad.privsep.wire import WebhookTarget
 from deltad.protocol import Workspace
+from deltad.wire import WebhookTarget
 
 log = structlog.get_logger("deltad.notify")
 QUEUE_CAP = 10_000
@@ -567,7 +567,7 @@ class _CommandWorker(_Worker):
 
 class _WebhookRoute:
     """A webhook target as the core sees it: which events it wants, and the hand-off of each
-    delivery to the inbox process, which makes the attempts (deltad/privsep/handoff.py)."""
+    delivery to the inbox process, which makes the attempts (deltad/outbound/handoff.py)."""
 
     def __init__(self, target: Webhook, quiet: list[Path], handoff: Handoff) -> None:
         self.target, self.quiet, self.handoff = target, quiet, handoff

@@ -4,7 +4,7 @@ restarts.
 
 Layout, per target (a target is named by the first 16 hex digits of its URL's SHA-256), under
 the inbox process's directory (`<state_dir>/inbox`: the inbox delivers; the core only hands
-deliveries over into `new/`, deltad/privsep/handoff.py):
+deliveries over into `new/`, deltad/outbound/handoff.py):
 
     outbox/<target>/new/<event id>-<webhook id>.json     handed over by the core
     outbox/<target>/<event id>-<webhook id>.json         waiting (0600, atomic), the inbox's
@@ -29,7 +29,7 @@ from deltad.protocol import atomic_write_json
 
 OUTBOX = "outbox"
 DEAD_LETTER = "dead-letter"
-NEW = "new"  # where the core hands deliveries over (deltad/privsep/handoff.py)
+NEW = "new"  # where the core hands deliveries over (deltad/outbound/handoff.py)
 FILE_MAX = 1024 * 1024  # a delivery's file in the outbox at most (a 64 KiB body, escaped)
 
 

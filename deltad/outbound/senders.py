@@ -40,11 +40,11 @@ from typing import Any
 
 import structlog
 
+from deltad import wire
 from deltad.outbound.config import EmailConfig, OutboxConfig, SlackConfig
 from deltad.outbound.courier import Failed, Send
 from deltad.outbound.outbox import Delivery, target_key
 from deltad.platform import SAFE_PATH
-from deltad.privsep import wire
 from deltad.protocol import atomic_write_json
 
 log = structlog.get_logger("deltad.channels")

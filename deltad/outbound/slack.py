@@ -14,7 +14,7 @@ restart of either process loses nothing queued.
 
 Taking answers in. Slack POSTs interactions to the HTTP inbox (`POST
 /v1/channels/slack/interactions`, served by the unprivileged inbox process), which hands the
-raw body and Slack's two headers to the core unread (deltad/privsep/wire.py:
+raw body and Slack's two headers to the core unread (deltad/wire.py:
 `ChannelInteraction`). Everything is decided here, in the core, as if the inbox were hostile:
 the v0 signature is verified with `slack_sdk.signature.SignatureVerifier` (five-minute window)
 with the signing secret that only the core reads; the Slack user id is mapped to a name and

@@ -30,25 +30,24 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
+from deltad import wire
 from deltad.health import Standalone, Vitals
-from deltad.http import sessions
 from deltad.inbox import links, scopes
 from deltad.inbox.calls import Local
 from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.inbox.handlers import ApiError, Context, Idempotency
 from deltad.inbox.tokens import TOKENS_NAME, Identity, TokenError, TokenStore
+from deltad.outbound.handoff import Handoff, HandoffError
 from deltad.outbound.mail import Received
 from deltad.platform import SAFE_PATH
-from deltad.privsep import wire
-from deltad.privsep.handoff import Handoff, HandoffError
 from deltad.protocol.printable import json_safe, show_path
 
 log = structlog.get_logger("deltad.privsep")
 
 DEFAULT_USER = "deltad-inbox"
 INBOX_DIR = "inbox"  # under the state dir: token hashes (root's), sessions (the inbox's)
-MOVED_IN = (TOKENS_NAME, sessions.KEY_NAME, sessions.CLOSED_NAME)  # from the state dir
+MOVED_IN = (TOKENS_NAME, wire.SESSION_KEY_NAME, wire.SESSIONS_CLOSED_NAME)  # from the state dir
 HELLO_SECONDS = 30.0
 CALL_THREADS = 4  # as many as the HTTP server's worker threads
 CALLS_IN_FLIGHT = 64  # read no more calls from the inbox while this many are unanswered
@@ -750,7 +749,7 @@ class InboxHost:
         log_args: list[str],
         vitals: Vitals | None = None,
     ) -> None:
-        from deltad.http.server import _check_tls, bind
+        from deltad.privsep.listen import _check_tls, bind
 
         self.config, self.state_dir = config, state_dir
         self.sock: socket.socket | None = None

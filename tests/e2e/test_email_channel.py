@@ -449,7 +449,7 @@ def test_a_kill_9_of_the_core_mid_message_loses_no_reply(
 FORGE = """
 import concurrent.futures, json
 from deltad.inbox.handlers import ApiError
-from deltad.privsep import wire
+from deltad import wire
 def relay(**over):
     msg = {"op": "mail_reply", "message": "forged.1", "sender": ALICE, "text": "yes", **over}
     try:

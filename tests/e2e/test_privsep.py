@@ -301,7 +301,7 @@ result = {
 
 FORGE = """
 from deltad.inbox.handlers import ApiError
-from deltad.privsep import wire
+from deltad import wire
 def ask(msg):
     try:
         return remote.send(msg)

@@ -14,6 +14,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from deltad import wire
 from deltad.inbox import links, paging, quorum
 from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, View
@@ -23,7 +24,7 @@ from deltad.outbound import mail
 from deltad.outbound.base import Context as ChannelContext
 from deltad.outbound.config import EmailConfig
 from deltad.outbound.email import EmailChannel
-from deltad.privsep import core, wire
+from deltad.privsep import core
 from deltad.protocol import Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
 from tests.fuzz import fuzz_settings
@@ -283,7 +284,7 @@ def test_channel_counts_from_the_inbox_never_shrink_a_counter_or_raise(
     counter for a configured channel only, never taken back."""
     from prometheus_client import CollectorRegistry, Counter
 
-    from deltad.privsep.handoff import Handoff
+    from deltad.outbound.handoff import Handoff
 
     sends = Counter("s", "s", ["channel", "result"], registry=CollectorRegistry())
     d = Path(tempfile.mkdtemp(prefix="deltad-counts-fuzz-", dir=_tmp))

@@ -1,5 +1,5 @@
 """The channels' messages handed to the inbox process (deltad/outbound/courier.py `Handed`,
-deltad/privsep/handoff.py, deltad/outbound/senders.py): the core writes each into its
+deltad/outbound/handoff.py, deltad/outbound/senders.py): the core writes each into its
 channel's `new/`; the inbox's courier takes it from there, refuses what is not a message, and
 sends it; the counts it tells grow the core's metrics, never shrink them."""
 
@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from deltad import wire
 from deltad.outbound import senders
 from deltad.outbound.config import OutboxConfig
 from deltad.outbound.courier import Courier, Failed, Handed
+from deltad.outbound.handoff import Handoff
 from deltad.outbound.outbox import DEAD_LETTER, NEW, OUTBOX, Delivery, target_key
-from deltad.privsep import core, wire
-from deltad.privsep.handoff import Handoff
+from deltad.privsep import core
 
 from ..conftest import wait_for
 

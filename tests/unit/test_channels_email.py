@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from deltad import wire
 from deltad.core.config import ConfigError, load_config
 from deltad.inbox import quorum
 from deltad.outbound import mail
@@ -26,7 +27,7 @@ from deltad.outbound.config import EmailConfig
 from deltad.outbound.email import EmailChannel
 from deltad.outbound.grants import AddressExpired, Grants, Unknown, check
 from deltad.outbound.maildir import MaildirReader
-from deltad.privsep import core, wire
+from deltad.privsep import core
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace, followup, utcnow
 from deltad.protocol.printable import show_path
 from deltad.protocol.replies import AnswerRejected, Decision

@@ -428,11 +428,12 @@ def test_records_of_long_closed_questions_are_pruned(tmp_path: Path) -> None:
 def test_the_core_takes_a_relayed_interaction_only_for_a_configured_channel(
     tmp_path: Path,
 ) -> None:
+    from deltad import wire
     from deltad.inbox.config import HttpConfig
     from deltad.inbox.feed import Feed
     from deltad.inbox.handlers import Context as HttpContext
     from deltad.inbox.tokens import TokenStore
-    from deltad.privsep import core, wire
+    from deltad.privsep import core
 
     ctx = HttpContext(
         feed=Feed(10), tokens=TokenStore(tmp_path), config=HttpConfig(), link_key=b"k"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from deltad.http.server import bind
+from deltad.privsep.listen import bind
 
 
 async def _nodelay_of_an_accepted_connection(sock: socket.socket) -> int:

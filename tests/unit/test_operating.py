@@ -380,10 +380,10 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
     into the core's counter and depth."""
     import time
 
+    from deltad import wire
     from deltad.inbox.config import Webhook
+    from deltad.outbound.handoff import Handoff
     from deltad.outbound.notify import Results, WebhookWorker, new_delivery, webhook_target
-    from deltad.privsep import wire
-    from deltad.privsep.handoff import Handoff
     from tests.support.webhooks import Receiver
 
     counted = CoreMetrics().deliveries

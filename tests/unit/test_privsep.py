@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from deltad import wire
 from deltad.http import sessions
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.inbox.tokens import TokenStore
-from deltad.privsep import core, wire
+from deltad.privsep import core
 
 INBOX = core.Account("deltad-inbox-test", 4242, 4343)  # ids nobody has: chown takes them
 
@@ -146,8 +147,8 @@ def test_the_webhook_outbox_is_roots_with_the_inbox_group_and_its_files_the_inbo
     """As root, the core makes the outbox's directories (root:the inbox's group; 1770 where
     the inbox makes files) and hands each delivery to the inbox's uid."""
     _root()
+    from deltad.outbound.handoff import Handoff
     from deltad.outbound.notify import new_delivery
-    from deltad.privsep.handoff import Handoff
 
     state = tmp_path / "state"
     inbox = core.prepare(state, INBOX)
@@ -208,7 +209,7 @@ def test_a_bad_delivery_count_is_refused(raw: bytes, why: str) -> None:
 
 def test_delivery_counts_are_no_call_and_only_what_grew_is_counted(tmp_path: Path) -> None:
     from deltad.metrics import CoreMetrics
-    from deltad.privsep.handoff import Handoff
+    from deltad.outbound.handoff import Handoff
 
     raw = b'{"op": "deliveries", "delivered": 5, "retry": 2, "dead": 1, "depth": 3}'
     assert isinstance(core.decode(raw), str)  # never answered as a call

@@ -1,6 +1,6 @@
 """The webhook rules in-process: signing (checked against the `standardwebhooks` package), the
 secret file's one newline, the retry rule from a table, the outbox directory, and the core's
-hand-off into it (deltad/privsep/handoff.py) as the inbox's worker takes it."""
+hand-off into it (deltad/outbound/handoff.py) as the inbox's worker takes it."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from deltad.inbox.config import NotifyConfig, Secret, Webhook, one_newline_less
 from deltad.outbound import webhooks
+from deltad.outbound.handoff import Handoff, HandoffError
 from deltad.outbound.notify import WebhookWorker, new_delivery, webhook_target
 from deltad.outbound.outbox import (
     Dead,
@@ -28,7 +29,6 @@ from deltad.outbound.outbox import (
     too_old,
 )
 from deltad.pacing import Pacing, equal_jitter
-from deltad.privsep.handoff import Handoff, HandoffError
 from tests.support.webhooks import Receiver
 
 KEY = b"0123456789abcdef"

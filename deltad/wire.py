@@ -11,7 +11,7 @@ and gets one `reply` per call id.
 
 Webhooks (version 2) are delivered by the inbox too: `welcome` names each target with its
 signing key, the core writes each delivery into the target's `new/` directory in the inbox's
-own outbox (deltad/privsep/handoff.py) and says `outbox` (a hint: the inbox also looks on its
+own outbox (deltad/outbound/handoff.py) and says `outbox` (a hint: the inbox also looks on its
 own); the inbox tells the core its `deliveries` counts (for /metrics), never what a receiver
 said. Without `http:` the inbox is started for deliveries only (`listening: false`: no socket).
 
@@ -45,6 +45,10 @@ from deltad.protocol.states import RunStatus
 
 VERSION = 3  # 3: the channels' outbound sends (ChannelTarget, ChannelSends), mail_reply
 HEADER = struct.Struct(">I")
+# The inbox's own files in its directory (the core hands it the directory; it moves an older
+# deltad's copies in from the state dir): its session key and its record of logouts.
+SESSION_KEY_NAME = "session.key"
+SESSIONS_CLOSED_NAME = "sessions-closed.json"
 # What the inbox may send in one frame: an answer's body (the HTTP cap, 1 MiB + 64 KiB) and
 # the names around it. The core's frames carry pages of documents: more room.
 # A bulk answer's body is larger (api.limits.BULK_BODY_MAX: one answer and up to 100 ids).

@@ -39,8 +39,8 @@ from pathlib import Path
 import structlog
 from prometheus_client import Counter
 
+from deltad import wire
 from deltad.outbound.outbox import DEAD_LETTER, OUTBOX, Delivery, target_key
-from deltad.privsep import wire
 
 log = structlog.get_logger("deltad.notify")
 
