@@ -408,7 +408,7 @@ def call_id_of(raw: bytes) -> int | None:
     """The call id a refused frame names, if it names one (to answer it with a 400)."""
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: any frame may be
         return None
     if isinstance(doc, dict):
         cid = doc.get("id")

@@ -96,7 +96,15 @@ class Remote:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"][1:])
             raise ApiError(422, "bad_request", f"{where}: {first['msg']}") from None
-        data = wire.encode(frame)
+        try:
+            data = wire.encode(frame)
+        except ValueError as e:  # JSON carried a lone surrogate ("\ud800"): no UTF-8 text
+            with self._lock:
+                self._waiting.pop(cid, None)
+            if "surrogate" not in str(e):
+                raise
+            why = "the body holds a lone surrogate (such as \\ud800), which is not text: send UTF-8"
+            raise ApiError(422, "misfit", why) from None
         if len(data) - wire.HEADER.size > wire.INBOX_FRAME_MAX:  # the core would hang up
             with self._lock:
                 self._waiting.pop(cid, None)

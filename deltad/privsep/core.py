@@ -426,7 +426,11 @@ class Monitor:
             wire.send(self.sock, welcome, self.fds)
             sender.start()
             while True:
-                self._take(reader.frame(), pool)
+                raw = reader.frame()
+                try:
+                    self._take(raw, pool)
+                except Exception as e:  # one frame, whatever it holds, never ends the monitor
+                    self._refused(raw, f"not taken: {type(e).__name__}")
         except (wire.WireError, OSError) as e:
             log.info("inbox_disconnected", peer=self.peer, reason=str(e) or type(e).__name__)
         finally:

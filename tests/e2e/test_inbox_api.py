@@ -478,3 +478,24 @@ def test_a_json_body_sent_as_curl_d_sends_it_is_taken_and_what_is_not_json_names
         assert r.status_code == 200, r.text
         assert [x["status"] for x in r.json()["results"]] == ["accepted"], r.text
     wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run resumed with the answer")
+
+
+def test_a_lone_surrogate_in_a_body_is_a_422_not_a_500(
+    served: tuple[Daemon, str, Path], tmp_path: Path, fake: FakeLLM
+) -> None:
+    """JSON can carry "\\ud800", which no UTF-8 text holds: refused as the input it is."""
+    d, url, root = served
+    fake.call("ask_human", {"prompt": "Name?"}, id="ask1").reply("named")
+    ws = root / "ws1"
+    _pause(fake, tmp_path, ws)
+    http = client(url, make_token(d.state_dir, "bob"))
+    rid = wait_for(lambda: http.get("/v1/requests").json()["requests"], "the question")[0][
+        "request_id"
+    ]
+    headers = {"Content-Type": "application/json"}
+    for body in (b'{"answer": "a\\ud800b"}', b'{"answer": "\\udfff"}'):
+        r = http.post(f"/v1/requests/{rid}/answer", content=body, headers=headers)
+        assert r.status_code == 422, (r.status_code, r.text)
+        assert "surrogate" in r.json()["detail"], r.text
+    assert not d.events("http_internal_error") and not d.events("internal_error")
+    assert http.post(f"/v1/requests/{rid}/answer", json={"answer": "Ada"}).status_code == 202

@@ -398,6 +398,7 @@ result = {{
                        b' "body": {{"answer": "b"}}, "force": true}}' % (frame_id, rid.encode())),
     "unknown_op": raw(b'{{"op": "write_file", "id": %d, "path": "/etc/passwd"}}' % frame_id),
     "not_json": raw(b'{{"op": "answer", "id": %d, ' % frame_id, wait=False),
+    "too_deep": raw(b"[" * 100_000, wait=False),
     "after": ask({{**answer, "token": "alice", "request_id": "req-nope"}}),
 }}
 """
@@ -415,6 +416,7 @@ result = {{
         "extra_field": [400, "protocol"],
         "unknown_op": [400, "protocol"],
         "not_json": None,  # no call id to be read from it: refused and logged only
+        "too_deep": None,  # 100,000 nested [: no call id either, and the monitor goes on
         "after": [404, "unknown_request"],  # the connection goes on
     }
     assert sorted(p.name for p in interaction.iterdir()) == before  # nothing written

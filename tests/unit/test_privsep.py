@@ -117,6 +117,14 @@ def test_a_frame_that_does_not_fit_is_refused_with_a_reason(raw: bytes, why: str
     assert isinstance(got, str) and why in got, got
 
 
+@pytest.mark.parametrize("raw", [b"[" * 100_000, b'{"a":' * 100_000, b"{" * 100_000])
+def test_a_frame_nested_past_any_parser_is_refused_and_names_no_call(raw: bytes) -> None:
+    """The monitor reads a refused frame's call id to answer it: json's own parser raises
+    RecursionError (not a ValueError) past its depth, which ended the monitor's thread."""
+    assert isinstance(core.decode(raw), str)
+    assert wire.call_id_of(raw) is None
+
+
 def test_the_replica_feed_takes_the_cores_ids_once_each() -> None:
     feed = Feed(buffer=10)
     seen: list[int] = []
