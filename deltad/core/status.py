@@ -39,6 +39,9 @@ class StateDirLock:
         self._lock = WorkspaceLock(self.path)
 
     def acquire(self) -> None:
+        # The state dir holds keys and receipts: 0700 however it is made (the unit's
+        # StateDirectory= does; `deltad serve` by hand must too, whatever the umask says).
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             self._lock.acquire()
         except Busy:
