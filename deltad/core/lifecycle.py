@@ -27,9 +27,9 @@ import structlog
 from deltad import health, logs, platform
 from deltad.core.audit import audit_path
 from deltad.core.config import ConfigError, DaemonConfig, load_config
+from deltad.core.facts import State
 from deltad.core.lease import RENEWALS_PER_LEASE, Holder, Lease, LeaseError, read_holder
 from deltad.core.notify import monotonic_usec, sd_notify, watchdog_interval
-from deltad.core.reconcile import State
 from deltad.core.resumer import shown
 from deltad.core.status import (
     AlreadyRunning,

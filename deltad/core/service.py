@@ -23,11 +23,12 @@ from deltad.core import decide as core
 from deltad.core.answer import log_refusals
 from deltad.core.audit import audit_path
 from deltad.core.config import DaemonConfig
-from deltad.core.followup import Done, Store, beside_question, done_of
+from deltad.core.facts import Done, Exited, Facts, State, Verdict
+from deltad.core.followup import Store, beside_question, done_of
 from deltad.core.lease import Lease
 from deltad.core.lifecycle import Lifecycle, Ticks
 from deltad.core.receipts import receipt
-from deltad.core.reconcile import State, Verdict, inspect, mark_interrupted
+from deltad.core.reconcile import inspect, mark_interrupted
 from deltad.core.registry import Registry
 from deltad.core.resumer import Finished, Resumer
 from deltad.core.sweep import Sweep
@@ -197,10 +198,10 @@ class Service:
         log_refusals(r.workspace, r.run_id, r.spawned_at)
         # Its end judges a run on another host the job ran (decide.py, runfacts.py).
         job = f"job {r.handle.key.name} ({r.handle.ref}) ended: {fin.meaning}"
-        exited = core.Exited(r.run_id, fin.rc, fin.failed, r.timed_out, job=job)
+        exited = Exited(r.run_id, fin.rc, fin.failed, r.timed_out, job=job)
         self._look(r.workspace, Why.CHECK, exited)
 
-    def _look(self, ws: Path, why: Why, exited: core.Exited | None, quiet: bool = False) -> None:
+    def _look(self, ws: Path, why: Why, exited: Exited | None, quiet: bool = False) -> None:
         """Whatever is in a workspace, an exception here is that workspace's problem."""
         self.unread.discard(ws)
         memory = self.memory.get(ws, core.FRESH)
@@ -209,7 +210,7 @@ class Service:
             busy = self.resumer.busy_with(ws)  # first: the first look adopts
             self._settle_followups(ws, seen)
             followed = self._followed(ws, seen)
-            facts = core.Facts(
+            facts = Facts(
                 seen,
                 busy=busy,
                 exited=exited,
@@ -219,7 +220,7 @@ class Service:
             self._carry_out(ws, core.decide(facts, memory, self._now(), self.rules), quiet)
         except Exception as e:
             first = str(e).splitlines()[0][:300] if str(e) else ""
-            error = core.Facts(error=f"{type(e).__name__}: {first}")
+            error = Facts(error=f"{type(e).__name__}: {first}")
             self._carry_out(
                 ws, core.decide(error, self.memory.get(ws, core.FRESH), self._now(), self.rules)
             )
