@@ -323,7 +323,7 @@ class CoreVitals:
         svc = self.svc
         lease = svc.lease
         return Health(
-            ready=svc.ticks.ready,
+            ready=svc.life.role.ready,
             index_complete=svc.ticks.indexed,
             unread=len(svc.unread),
             last_turn=svc.ticks.last_turn,
@@ -350,10 +350,10 @@ class CoreVitals:
         return [(b.name, b.watch_count(), b.healthy()) for b in list(self.svc.backends)]
 
     def outbox_depth(self) -> int | None:
-        notifier = self.svc.notifier
-        return None if notifier is None else int(notifier.outbox_depth())
+        outbound = self.svc.life.outbound
+        return None if outbound is None else outbound.outbox_depth()
 
     def channel_outbox_depth(self) -> list[tuple[str, int]]:
-        http = self.svc.http
-        handoff = http.serving.handoff if http is not None else None
+        inbox = self.svc.life.inbox
+        handoff = inbox.serving.handoff if inbox is not None else None
         return [] if handoff is None else sorted(dict(handoff.channel_depth).items())

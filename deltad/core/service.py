@@ -2,10 +2,10 @@
 queue, the signal pipe and the resume children's fds, looks at workspaces (`reconcile.inspect`),
 asks `decide.decide` what to do, and carries the effects out (`_carry_out`). No rule of when to
 resume lives here. The service composes the two objects around it: its `Lifecycle`
-(`lifecycle.py`: the lease, lock, signals, the inbox threads, the backends, the select loop,
-reload, shutdown and status) and its `Walker` (`walking.py`: full reconciles and the reads after
-READY); each owns its own state and neither imports this module. The only other threads are the
-polling backend's and watchdog's, which only produce hints.
+(`lifecycle.py`: the role, the lease, lock, signals, the inbox process, the backends, the
+select loop, reload, shutdown and status) and its `Walker` (`walking.py`: full reconciles and
+the reads after READY); each owns its own state and neither imports this module. The only
+other threads are the polling backend's and watchdog's, which only produce hints.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, assert_never
+from typing import assert_never
 
 import structlog
 
@@ -115,18 +115,6 @@ class Service:
     @property
     def backends(self) -> list[Backend]:
         return self.life.backends
-
-    @property
-    def stop(self) -> bool:
-        return self.life.stop
-
-    @property
-    def http(self) -> Any:
-        return self.life.http
-
-    @property
-    def notifier(self) -> Any:
-        return self.life.notifier
 
     @property
     def sweep(self) -> Sweep | None:
@@ -362,7 +350,7 @@ class Service:
             log.error("audit_failed", workspace=str(ws), error=str(e))
 
     def start_resumes(self) -> None:
-        if self.resumer.pending and not self.stop:
+        if self.resumer.pending and not self.life.stopping:
             self.resumer.start_ready()
             self.dirty = True
 
