@@ -70,13 +70,12 @@ def open_inbox(
     sending: Sending,
     metrics: CoreMetrics,
     audit: Path | None = None,
-) -> InboxHost | None:
+) -> InboxHost:
     """The inbox process's host, its port bound and its certificate loaded, what it delivers
-    handed over (their outbox made), not yet started; None when there is nothing for it to do.
-    Webhooks and the channels' messages are sent by the inbox process: without `http:` it is
-    started for them alone (no socket). Unusable (one line, naming the key) when it cannot be."""
-    if config is None and not sending.needs_inbox:
-        return None
+    handed over (their outbox made), not yet started. Webhooks and the channels' messages are
+    sent by the inbox process: without `http:` (`config` None) it is started for them alone
+    (no socket; the caller asks only when `sending.needs_inbox`). Unusable (one line, naming
+    the key) when it cannot be made."""
     from deltad.http.server import ListenError
 
     try:
