@@ -105,3 +105,16 @@ def dir_problem(path: Path) -> str | None:
         what = "cannot be written" if here == path else f"cannot be made ({here} cannot be written)"
         return f"{path} {what} by uid {os.geteuid()}"
     return None
+
+
+class Unusable(ValueError):
+    """A setting that parsed but cannot be used here (a port taken, a secret that cannot be
+    read, an outbox that cannot be made): one line naming its key. `deltad serve` says it and
+    exits 2, as it does for a configuration that does not parse."""
+
+
+def unusable(where: str, why: object, *, named: tuple[str, ...] = ()) -> Unusable:
+    """`why` (an exception, or a line) as one line under the key `where`, unless what it says
+    already starts with one of `named` (a key of its own)."""
+    said = str(why)
+    return Unusable(said if named and said.startswith(named) else f"{where}: {said}")

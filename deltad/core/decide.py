@@ -1,28 +1,30 @@
 """The daemon's functional core: every resume rule, as one pure function.
 
-`decide(facts, memory, now, rules)` reads what `reconcile.inspect` found on disk (the facts),
-what the daemon remembers of the workspace (`Memory`: pacing and quarantine, kept between
-looks) and the time, and returns typed effects. It reads no file, starts nothing and keeps no
-state; the loop in `service.py` carries the effects out, one `match` over `Effect`.
-Tested from tables: tests/unit/test_decide.py.
+`decide(facts, memory, now, rules)` reads what `reconcile.inspect` found on disk (the facts:
+frozen values of `facts.py`), what the daemon remembers of the workspace (`Memory`: pacing and
+quarantine, kept between looks) and the time, and returns typed effects. It reads no file,
+starts nothing and keeps no state, and imports nothing of the shell that looks and acts
+(tests/unit/test_core_facts.py); the loop in `service.py` carries the effects out, one `match`
+over `Effect`. Tested from tables: tests/unit/test_decide.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from deltad.core.backoff import AnswerKey, ExpiredKey, InterruptedKey, ModelRetryKey, ResumeKey
-from deltad.core.config import DaemonConfig
-from deltad.core.followup import Action as FollowUpAction
-from deltad.core.followup import Done, Plan, after, next_step
-from deltad.core.reconcile import Action, State, Verdict
-from deltad.core.tenancy import Owner
+from deltad.core.facts import Action, Done, Exited, Facts, Owner, State, Verdict
+from deltad.core.followplan import Action as FollowUpAction
+from deltad.core.followplan import Plan, after, next_step
 from deltad.pacing import Pacing
 from deltad.protocol import exitcodes
 from deltad.protocol.followup import FollowUp
 from deltad.protocol.runfacts import Elsewhere, JobEnd, RunFact, job_fact, judge_elsewhere
+
+if TYPE_CHECKING:  # a type only: the configuration is data, read once per (re)load
+    from deltad.core.config import DaemonConfig
 
 MODEL_UNAVAILABLE = "model_unavailable"  # an INTERRUPTED run's error_kind that deltad retries
 # A dead owner's run is marked under the workspace lock, which a dying client may still hold
@@ -81,29 +83,6 @@ class Memory:
 
 
 FRESH = Memory()
-
-
-@dataclass(frozen=True)
-class Exited:
-    """A resume child of this workspace has just exited."""
-
-    run_id: str | None
-    rc: int | None
-    failed: bool
-    timed_out: bool = False
-    job: str | None = None  # a job on an engine (a cluster) ended: how, in one line
-
-
-@dataclass(frozen=True)
-class Facts:
-    """One look at a workspace: what `inspect` saw (`seen`), or the error looking raised."""
-
-    seen: Verdict | None = None
-    busy: bool = False  # a resume of it is queued or running
-    exited: Exited | None = None
-    error: str | None = None  # one line: looking (or acting) raised this
-    jobs_known: bool = True  # False: the executor's engine could not say which jobs exist
-    followed: Done = field(default_factory=Done)  # reminders, escalation of the question
 
 
 # -- effects -----------------------------------------------------------------------------------

@@ -1,13 +1,10 @@
-"""Reminders and escalation: when the daemon next re-notifies an open question's respondents or
-escalates it (protocol/followup.py says what a question asks for), and the durable record of
-what it did.
+"""Reminders and escalation: the durable record of what the daemon did about an open question
+(the rule itself, pure, is `followplan.next_step`).
 
-`next_step` is the rule, pure: the settings (`Plan`), when the question was asked, what was done
-(`Done`) and the wall time → the action due now (if any) and when the next one is due. Tested
-from a table (tests/unit/test_followup.py). `Store` keeps what was done in the state dir, one
-file per (workspace, request id), written (fsync'd, atomically replaced) before the event that
-tells anyone, so a restart neither repeats a reminder nor loses one that was due: a reminder
-due while the daemon was down is sent once when it is back (not once per missed period).
+`Store` keeps what was done in the state dir, one file per (workspace, request id), written
+(fsync'd, atomically replaced) before the event that tells anyone, so a restart neither repeats
+a reminder nor loses one that was due: a reminder due while the daemon was down is sent once
+when it is back (not once per missed period).
 
 Clock: wall time (`time.time()`), as `request.json`'s `timestamp` and `expires_at` are.
 """
@@ -19,7 +16,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -27,8 +24,10 @@ from typing import TYPE_CHECKING, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from deltad.core.facts import Done
+from deltad.core.followplan import Action, Plan
 from deltad.protocol import followup as proto
-from deltad.protocol.followup import DEFAULT_MAX_REMINDERS, Escalation, FollowUp, Record
+from deltad.protocol.followup import Escalation, Record
 
 if TYPE_CHECKING:
     from deltad.core.config import DaemonConfig
@@ -37,88 +36,6 @@ log = structlog.get_logger("deltad.followup")
 
 DIR = "followup"
 MAX_FILE = 64 * 1024
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A question's settings, the daemon's defaults filled in (seconds; None: not asked for)."""
-
-    remind_after: float | None = None
-    max_reminders: int = DEFAULT_MAX_REMINDERS
-    escalate_after: float | None = None
-    escalate_to: tuple[str, ...] = ()
-    sla: float | None = None
-
-    @classmethod
-    def of(cls, asked: FollowUp | None, defaults: FollowUp | None) -> Plan | None:
-        f = asked.over(defaults) if asked is not None else defaults
-        if f is None or f.empty:
-            return None
-        return cls(
-            f.remind_after_seconds,
-            DEFAULT_MAX_REMINDERS if f.max_reminders is None else f.max_reminders,
-            f.escalate_after_seconds,
-            tuple(f.escalate_to or ()),
-            f.sla_seconds,
-        )
-
-    @property
-    def acts(self) -> bool:
-        reminds = self.remind_after is not None and self.max_reminders > 0
-        return reminds or self.escalates or self.sla is not None
-
-    @property
-    def escalates(self) -> bool:
-        return self.escalate_after is not None and bool(self.escalate_to)
-
-
-@dataclass(frozen=True)
-class Done:
-    """What was done about one question (wall times)."""
-
-    reminders: tuple[float, ...] = ()
-    escalated_at: float | None = None
-    overdue_at: float | None = None  # the SLA's passing was said
-
-
-Action = Literal["remind", "escalate", "overdue"]
-
-
-@dataclass(frozen=True)
-class Step:
-    action: Action | None  # due now (None: nothing now)
-    due: float | None  # when the next action is due (None: nothing more to do)
-
-
-def next_step(plan: Plan, asked: float, done: Done, now: float, deadline: float | None) -> Step:
-    """The action due at `now`, or when the next one is. Escalation is once, `escalate_after`
-    after asking; reminders follow the last notice (the question, the last reminder or the
-    escalation, which notifies too) by `remind_after`, at most `max_reminders` of them. Nothing
-    is due at or after the question's `deadline` (it ends then); on a tie, escalation first.
-    The SLA's passing (`sla` after asking) is said once; it ends nothing."""
-    due: list[tuple[float, int, Action]] = []
-    if plan.escalates and done.escalated_at is None:
-        assert plan.escalate_after is not None
-        due.append((asked + plan.escalate_after, 0, "escalate"))
-    if plan.remind_after is not None and len(done.reminders) < plan.max_reminders:
-        last = max([asked, *done.reminders, *([done.escalated_at] if done.escalated_at else [])])
-        due.append((last + plan.remind_after, 1, "remind"))
-    if plan.sla is not None and done.overdue_at is None:
-        due.append((asked + plan.sla, 2, "overdue"))
-    due = [d for d in due if deadline is None or d[0] < deadline]
-    if not due:
-        return Step(None, None)
-    at, _, action = min(due)
-    return Step(action, at) if at <= now else Step(None, at)
-
-
-def after(done: Done, action: Action, now: float) -> Done:
-    """What was done, once `action` is."""
-    if action == "remind":
-        return replace(done, reminders=(*done.reminders, now))
-    if action == "overdue":
-        return replace(done, overdue_at=now)
-    return replace(done, escalated_at=now)
 
 
 # -- what carries a follow-up to people ------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The daemon's lifecycle around the loop (`Lifecycle`, made and held by `service.Service`):
-the lease, the state-dir lock, signals, the HTTP and notifier threads, the watch backends, the
-select loop, start, reload, shutdown, status.json and systemd's sd_notify/watchdog. It reaches
-the loop's core only through the `Core` protocol, and does not import `service.py`.
+its role (`role.py`: standby, starting, active, fenced, stopping), the lease, the state-dir
+lock, signals, the watch backends, the select loop, start, reload, shutdown, status.json and
+systemd's sd_notify/watchdog. It holds the inbox process (`privsep/spawn.py`) and the core's
+side of delivery (`outbound/wiring.py`), which compose themselves. It reaches the loop's core
+only through the `Core` protocol, and does not import `service.py`.
 
 Order at start (systemd path units do the same): take the state-dir lock → install watches →
 full reconcile → READY=1. Anything that changed before the watches existed is caught by the
@@ -26,10 +28,11 @@ import structlog
 
 from deltad import health, logs, platform
 from deltad.core.config import ConfigError, DaemonConfig, load_config
+from deltad.core.facts import State
 from deltad.core.lease import RENEWALS_PER_LEASE, Holder, Lease, LeaseError, read_holder
 from deltad.core.notify import monotonic_usec, sd_notify, watchdog_interval
-from deltad.core.reconcile import State
 from deltad.core.resumer import shown
+from deltad.core.role import Role, Seen, next_role
 from deltad.core.status import (
     AlreadyRunning,
     StateDirLock,
@@ -44,6 +47,7 @@ from deltad.health import Vitals
 from deltad.inbox.audit import audit_path
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
+from deltad.validation import Unusable, unusable
 from deltad.watch import Backend, PollingBackend, event_backend
 from deltad.watch.fanotify import FanotifyBackend
 from deltad.watch.tree import WatchTree
@@ -56,9 +60,9 @@ if TYPE_CHECKING:
     from deltad.core.timers import Timers
     from deltad.inbox.feed import Feed
     from deltad.metrics import CoreMetrics
-    from deltad.outbound.config import EmailConfig
+    from deltad.outbound.wiring import Outbound
+    from deltad.privsep.spawn import InboxHost
     from deltad.watch.hints import HintQueue
-    from deltad.wire import MailIntake
 
 log = structlog.get_logger("deltad.service")
 
@@ -71,16 +75,16 @@ FENCED_NAP = 0.05  # seconds between an unconfirmed active's looks at its lease'
 class Ticks:
     """The loop's periodic duties: when each is next due (monotonic)."""
 
-    ready: bool = False
-    # Every workspace found is in the index (the reads after READY are done): /readyz.
+    # Every workspace found is in the index (the reads after READY are done): /readyz. A fact
+    # of the index, not of the role: it stays once true, fenced or not.
     indexed: bool = False
     last_turn: float | None = None  # monotonic: the loop's last turn (/livez)
     last_status: float = 0.0
     last_ping: float = 0.0
     next_rescan: float = 0.0
     next_sweep: float = 0.0
-    fenced: bool = False  # the lease's last renewal is too old to act on (said once)
-    # The state dir's lock, while a fenced active that lost the lease still holds it.
+    # The state dir's lock, while a fenced active that lost the lease still holds it: tried
+    # again at each status write until it is let go.
     state_lock: StateDirLock | None = None
 
     def __post_init__(self) -> None:
@@ -117,6 +121,14 @@ class Ticks:
             return False
         self.next_rescan = now + config.rescan_interval_seconds
         return True
+
+
+@dataclass
+class Signals:
+    """What the signal handlers asked for; they only set these, the loop reads them."""
+
+    stop: bool = False  # SIGTERM, SIGINT
+    reload: bool = False  # SIGHUP
 
 
 RESCAN_SHARE = 0.1  # of the loop's time, at most, for the periodic full reconcile
@@ -157,26 +169,38 @@ class Core(Protocol):
 
 
 class Lifecycle:
-    """The daemon's life around the loop: the lease (active or standby), the state-dir lock,
-    signals, the inbox and notifier threads, the watch backends, the select loop itself,
-    reload, shutdown, status.json and systemd's sd_notify/watchdog. It owns these and the
-    loop's periodic duties (`Ticks`); the core (`Core`) owns the index, the decisions and the
-    resumes. Clock: the core's, `monotonic()` for every duty."""
+    """The daemon's life around the loop: its role (`Role`, moved only by `role.next_role`),
+    the lease (active or standby), the state-dir lock, signals, the watch backends, the select
+    loop itself, reload, shutdown, status.json and systemd's sd_notify/watchdog. It owns these
+    and the loop's periodic duties (`Ticks`), and holds the inbox process and the delivery
+    threads; the core (`Core`) owns the index, the decisions and the resumes. Clock: the
+    core's, `monotonic()` for every duty."""
 
     def __init__(self, core: Core, config_path: Path | None, extra_roots: tuple[str, ...]):
         self.core = core
         self.config_path = config_path
         self.extra_roots = extra_roots
         self.ticks = Ticks()
-        self.stop = False  # a signal asked to stop (SIGTERM, SIGINT) or the lease was lost
-        self.reload_wanted = False  # SIGHUP
+        self.signals = Signals()
+        # `ha:` changes only on a restart: a fleet's daemon waits for the lease first.
+        self.role = Role.STANDBY if core.config.ha is not None else Role.STARTING
         self.lease: Lease | None = None  # held while active, when `ha:` is configured
         self.backends: list[Backend] = []
-        self.http: Any = None  # deltad.privsep.core.InboxHost, imported only when configured
-        self.notifier: Any = None
-        self.channels: Any = None  # deltad.outbound.hub.Hub, imported only when configured
+        self.inbox: InboxHost | None = None  # the inbox process, when it has work
+        self.outbound: Outbound | None = None  # the notifier and the channels
+
+    @property
+    def stopping(self) -> bool:
+        """Asked to stop, or the loop is over: no resume is started any more."""
+        return self.signals.stop or self.role.ended
 
     def run(self) -> int:
+        try:
+            return self._run()
+        except Unusable as e:  # what only starting finds (a port taken): one line, exit 2
+            raise ConfigError(str(e)) from None
+
+    def _run(self) -> int:
         sig_r = self._install_signals()
         ha = self.core.config.ha
         lease = Lease(ha.lease, ha.lease_seconds) if ha is not None else None
@@ -188,9 +212,9 @@ class Lifecycle:
                     # the first try: a lease that cannot be opened is an error
                     lease.try_take(self.core.clock.monotonic())
                 except LeaseError as e:
-                    raise ConfigError(f"ha.lease: {e}") from None
+                    raise unusable("ha.lease", e) from None
                 except OSError as e:
-                    raise ConfigError(f"ha.lease: {lease.path}: {e.strerror}") from None
+                    raise unusable("ha.lease", f"{lease.path}: {e.strerror}") from None
                 if not self.stand_by(lease, sig_r):
                     return 0
                 lease.start(self.core.clock.monotonic)
@@ -215,7 +239,8 @@ class Lifecycle:
             log.warning("state_dir_lock_held", error=str(e), detail="fenced by the lease; going on")
             self.ticks.state_lock = lock  # taken once it stops (`tick`)
         except OSError as e:
-            raise ConfigError(f"state_dir: {self.core.config.state_dir}: {e.strerror}") from None
+            where = f"{self.core.config.state_dir}: {e.strerror}"
+            raise unusable("state_dir", where) from None
         started = False
         try:
             # What can refuse the config comes first, before anything runs or logs: one line.
@@ -226,24 +251,79 @@ class Lifecycle:
             started = True
             self.start()
             self.loop(sig_r)
-            if self.lease is not None and self.lease.lost:
-                self.close_backends()  # no status, no record of jobs: the new active's now
+            if self._advance() is Role.LOST:  # lost meanwhile too: the new active's now
+                self.close_backends()  # no status, no record of jobs
             else:
                 self.shutdown()
         finally:
             if started:
                 self._stop_inbox()
-            elif self.http is not None:
-                self.http.close_socket()  # bound, never served
+            elif self.inbox is not None:
+                self.inbox.close_socket()  # bound, never served
             self.core.feed.close()
             lock.release()
-        return 1 if self.lease is not None and self.lease.lost else 0
+        return 1 if self.role is Role.LOST else 0
+
+    # -- the role --------------------------------------------------------------------------------
+    def _advance(
+        self, *, held: bool | None = None, ready: bool = True, stopped: bool = False
+    ) -> Role:
+        """The role, after a look at the signals and the lease (`next_role`). `held`: what a
+        standby's try at the lease found; `ready`: the startup reconcile is done; `stopped`:
+        the shutdown is done."""
+        lease, now = self.lease, self.core.clock.monotonic()
+        seen = Seen(
+            stop=self.signals.stop,
+            held=held if held is not None else lease is None or lease.held,
+            ready=ready,
+            may_act=lease is None or lease.may_act(now),
+            lost=lease is not None and lease.lost,
+            stopped=stopped,
+        )
+        self._become(next_role(self.role, seen))
+        return self.role
+
+    def _become(self, role: Role) -> None:
+        was, self.role = self.role, role
+        if role is was:
+            return
+        log.info("role_changed", **{"from": str(was), "to": str(role)})
+        lease = self.lease
+        if lease is None:
+            return
+        if role is Role.FENCED:
+            log.warning(
+                "lease_unconfirmed",
+                lease=str(lease.path),
+                detail="its last renewal is too old to act on; acting on nothing until renewed",
+            )
+        elif role is Role.ACTIVE and was is Role.FENCED:
+            log.info("lease_confirmed", lease=str(lease.path))
+        elif role is Role.LOST:
+            taken_by = lease.taken_by
+            log.error(
+                "lease_lost",
+                lease=str(lease.path),
+                held_by=taken_by.describe() if taken_by else None,
+                epoch=taken_by.epoch if taken_by else None,
+                detail=(
+                    "another daemon holds the lease now; stopping (exit 1) to come back as standby"
+                ),
+            )
+
+    def may_act(self) -> bool:
+        """The fence, before each loop turn: with a lease, act only while its last renewal is
+        recent (`lease.may_act`); after a gap (a freeze, storage away) act on nothing until the
+        renewal thread has re-read the record (FENCED). A lost lease stops the daemon (LOST:
+        exit 1, for systemd to bring it back as a standby); so does a signal (STOPPING)."""
+        return self._advance() is Role.ACTIVE
 
     # -- active/standby --------------------------------------------------------------------------
     def stand_by(self, lease: Lease, sig_r: int) -> bool:
-        """Wait for the lease, doing nothing else; True once held, False if told to stop first.
-        The active's death frees the flock at once, so a takeover costs at most one poll."""
-        if lease.held:
+        """Wait for the lease, doing nothing else; True once held (STARTING), False if told to
+        stop first (STOPPED). The active's death frees the flock at once, so a takeover costs at
+        most one poll."""
+        if self._advance(held=lease.held) is Role.STARTING:  # the first try, in `run`, took it
             _taken(lease, 0)
             return True
         assert self.core.config.ha is not None
@@ -254,7 +334,7 @@ class Lifecycle:
         mine, since = standby_path(self.core.config.state_dir), iso(utcnow())
         _say_standby(mine, lease, seen, since)
         try:
-            while not self.stop:
+            while self.role is Role.STANDBY:
                 try:
                     readable, _, _ = select.select(
                         [sig_r], [], [], self.core.config.ha.poll_seconds
@@ -263,15 +343,15 @@ class Lifecycle:
                     readable = []
                 if readable:
                     _drain(sig_r)
-                if self.stop:
-                    break
-                if _try_take(lease, self.core.clock.monotonic()):
+                # the lease is tried only while not asked to stop
+                took = not self.signals.stop and _try_take(lease, self.core.clock.monotonic())
+                if self._advance(held=took) is Role.STARTING:
                     waited = int((self.core.clock.monotonic() - t0) * 1000)
                     _taken(lease, waited)
                     return True
                 # who, not each renewal (`seq`): said when another daemon holds it
-                if _who(now_seen := read_holder(lease.path)) != _who(seen):
-                    seen = now_seen
+                if self.role is Role.STANDBY and _who(now := read_holder(lease.path)) != _who(seen):
+                    seen = now
                     sd_notify(_standby_line(lease, seen))
                     _say_standby(mine, lease, seen, since)
             log.info("standby_stopped", lease=str(lease.path))
@@ -304,136 +384,64 @@ class Lifecycle:
         try:
             self.core.resumer.executor  # noqa: B018 - made on first use
         except ValueError as e:
-            raise ConfigError(str(e)) from None
+            raise Unusable(str(e)) from None  # it names its key
 
     def _open_inbox(self) -> None:
-        """The HTTP server (its port bound, its certificate loaded) and the notifiers (their
-        secrets read), not yet started. One that cannot be made is a ConfigError (one line;
-        `deltad serve` exits 2). Webhooks and the channels' messages are sent by the inbox
-        process: without `http:` it is started for them alone (no socket)."""
+        """The inbox process's host (its port bound, its certificate loaded, what it delivers
+        handed over: privsep/spawn.py) and the core's side of delivery (the notifiers' secrets
+        read: outbound/wiring.py), not yet started. One that cannot be made refuses the config
+        (one line; `deltad serve` exits 2). Without `http:` the inbox process is started for
+        the webhooks' and the channels' messages alone (no socket)."""
+        from deltad.outbound.wiring import Outbound, sending
+
         config = self.core.config
-        http, notify = config.http, config.notify
-        hooks = notify.webhooks if notify is not None else []
-        email = config.channels.email if config.channels is not None else None
-        log_args = ["--log-level", config.log_level, "--log-format", config.log_format]
-        # wire.ChannelTarget: what the inbox process sends for the channels and runs for the
-        # notify commands (none of it runs as root any more)
-        sending: list[Any] = []
-        if config.channels is not None:
-            from deltad.outbound.hub import targets as channel_targets
+        to_send = sending(config.notify, config.channels)
+        if config.http is not None or to_send.needs_inbox:
+            from deltad.privsep.spawn import open_inbox
 
-            try:
-                sending = channel_targets(config.channels)
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"channels: {e}") from None
-        if notify is not None:
-            from deltad.outbound.senders import command_target
-
-            sending += [
-                command_target(f"command{i}", c.argv, c.timeout_seconds)
-                for i, c in enumerate(notify.commands)
-            ]
-        if http is not None or hooks or sending or email is not None:
-            from deltad.privsep.core import InboxHost, InboxUnusable
-            from deltad.privsep.listen import ListenError
-
-            # HTTP is served by the inbox process, unprivileged (deltad/privsep): the core binds
-            # the socket and answers the inbox's calls on threads beside the loop.
-            try:
-                self.http = InboxHost(
-                    http, self.core.feed, config.state_dir, log_args, self.core.vitals
-                )
-                # four eyes: each vote is a receipt of its own (no context: webhooks alone)
-                if config.audit.enabled and self.http.context is not None:
-                    self.http.context.audit = audit_path(config)
-                if email is not None:  # mail from anyone is parsed there, not here
-                    self.http.read_mail(mail_intake(email))
-            except (ListenError, InboxUnusable, OSError, ValueError) as e:
-                said = str(e)  # a certificate's problem, a user's, names its key already
-                if http is None:
-                    where = "notify.webhooks" if hooks else "notify.commands"
-                    where = "channels" if config.channels is not None and not hooks else where
-                    raise ConfigError(f"{where}: the inbox process: {said}") from e
-                raise ConfigError(
-                    said if said.startswith("http") else f"http.listen: {said}"
-                ) from e
-        if self.http is not None and (hooks or sending):
-            from deltad.outbound.notify import webhook_target
-
-            try:
-                targets = [webhook_target(w, f"webhook{i}") for i, w in enumerate(hooks)]
-                self.http.deliver(
-                    [w.url for w in hooks],
-                    [w.outbox_max for w in hooks],
-                    targets,
-                    self.core.metrics.deliveries,
-                    sending,
-                    self.core.metrics.channel_sends,
-                )
-            except (OSError, ValueError) as e:
-                self.http.close_socket()
-                said = str(e)  # the inbox's outbox names its key already
-                raise ConfigError(
-                    said if said.startswith(("notify", "channels")) else f"notify: {said}"
-                ) from None
-        if notify is not None and (notify.webhooks or notify.commands):
-            from deltad.outbound.notify import Notifier
-
-            quiet = [r.path for r in config.roots if not r.notify]
-            context = self.http.context if self.http is not None else None
-            handoff = self.http.serving.handoff if self.http is not None else None
-            try:
-                self.notifier = Notifier(notify, self.core.feed, quiet, context, handoff)
-            except (OSError, ValueError) as e:
-                if self.http is not None:
-                    self.http.close_socket()
-                said = str(e)
-                raise ConfigError(
-                    said if said.startswith("notify") else f"notify: {said}"
-                ) from None
+            self.inbox = open_inbox(
+                config.http,
+                config.state_dir,
+                self.core.feed,
+                self.core.vitals,
+                ["--log-level", config.log_level, "--log-format", config.log_format],
+                to_send,
+                self.core.metrics,
+                audit_path(config) if config.audit.enabled else None,
+            )
+        inbox = self.inbox
+        self.outbound = Outbound(
+            config.notify,
+            config.channels,
+            self.core.feed,
+            [r.path for r in config.roots if not r.notify],  # quiet roots
+            config.state_dir,
+            self.core.metrics,
+            inbox.context if inbox is not None else None,
+            inbox.serving.handoff if inbox is not None else None,
+        )
 
     def _start_inbox(self) -> None:
-        """The HTTP server and the notifiers: threads beside the loop, fed by the registry's
+        """The inbox process and the delivery threads beside the loop, fed by the registry's
         changes. Started before the first reconcile, which they never wait for."""
-        if self.http is not None:
-            self.http.start()
-        if self.notifier is not None:
-            self.notifier.start()
-        if self.core.config.channels is not None:
-            from deltad.outbound import hub
-
-            quiet = [r.path for r in self.core.config.roots if not r.notify]
-            context = self.http.context if self.http is not None else None
-            try:
-                self.channels = hub.start(
-                    self.core.config.channels,
-                    self.core.feed,
-                    quiet,
-                    context,
-                    self.core.config.state_dir,
-                    self.core.metrics.channel_sends,
-                    self.http.serving.handoff if self.http is not None else None,
-                    self.core.metrics.channel_replies,
-                )
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"channels: {e}") from None
-            if self.http is not None:  # what the inbox relays from the Maildir is decided here
-                for c in self.channels.channels:
-                    if c.name == "email":
-                        self.http.take_mail(c.receive)
+        assert self.outbound is not None
+        if self.inbox is not None:
+            self.inbox.start()
+        self.outbound.start()
+        if self.inbox is not None:  # what the inbox relays from the Maildir is decided here
+            self.inbox.take_mail(self.outbound.mail())
 
     def _stop_inbox(self) -> None:
-        if self.http is not None:
-            self.http.take_mail(None)  # what the inbox relays now waits for the next daemon
-        if self.channels is not None:
-            self.channels.stop()
-        if self.notifier is not None:
-            self.notifier.stop()
-        if self.http is not None:
-            self.http.stop()
+        if self.inbox is not None:
+            self.inbox.take_mail(None)  # what the inbox relays now waits for the next daemon
+        if self.outbound is not None:
+            self.outbound.stop()
+        if self.inbox is not None:
+            self.inbox.stop()
 
     def start(self) -> None:
         t0 = self.core.clock.monotonic()
+        self._advance(ready=False)  # STARTING, once the lease is held
         log.info(
             "daemon_starting",
             pid=os.getpid(),
@@ -453,7 +461,7 @@ class Lifecycle:
         finally:
             self.core.feed.priming = False
             gc.enable()
-        self.ticks.ready = True
+        self._advance()  # ACTIVE, unless a signal or the lease said otherwise meanwhile
         self.ticks.last_turn = self.core.clock.monotonic()
         self.write(force=True)
         sd_notify("READY=1", self.status_line())
@@ -469,10 +477,10 @@ class Lifecycle:
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
 
         def stop(signum: int, frame: object) -> None:
-            self.stop = True
+            self.signals.stop = True
 
         def reload(signum: int, frame: object) -> None:
-            self.reload_wanted = True
+            self.signals.reload = True
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
@@ -492,7 +500,7 @@ class Lifecycle:
         # One bisect and an add each per turn; the thread's CPU clock is one clock_gettime.
         metrics = self.core.metrics
         observe, observe_cpu = metrics.loop_turn.observe, metrics.loop_turn_cpu.observe
-        while not self.stop:
+        while not self.role.ended:
             readable = self._wait(sig_r)
             began = time.perf_counter()  # the turn's own cost, whatever clock the service keeps
             cpu = time.thread_time()
@@ -500,8 +508,8 @@ class Lifecycle:
                 _drain(sig_r)
             if not self.may_act():
                 continue
-            if self.reload_wanted:
-                self.reload_wanted = False
+            if self.signals.reload:
+                self.signals.reload = False
                 self.reload()
             for b in self.backends:
                 if b.fileno() in readable:
@@ -518,7 +526,7 @@ class Lifecycle:
             self.core.queue.request_rescan()
 
     def _wait(self, sig_r: int) -> list[int]:
-        if self.ticks.fenced:  # nothing is done until the lease's renewal says whose it is
+        if self.role is Role.FENCED:  # nothing is done until the lease's renewal says whose it is
             fds = [sig_r]
             timeout = FENCED_NAP
         else:
@@ -526,8 +534,8 @@ class Lifecycle:
             fds += [fd for b in self.backends if (fd := b.fileno()) is not None]
             urgent = (
                 len(self.core.queue)
-                or self.stop
-                or self.reload_wanted
+                or self.signals.stop
+                or self.signals.reload
                 or self.core.resumer.can_start()
             )
             urgent = (
@@ -577,7 +585,7 @@ class Lifecycle:
                         tree.add_root(r.path, config.discovery_depth)
                 except OSError as e:  # a kernel limit, a privilege: the config asks the impossible
                     where = ", ".join(str(r.path) for r in roots)
-                    raise ConfigError(f"roots: backend {kind} cannot watch {where}: {e}") from None
+                    raise unusable("roots", f"backend {kind} cannot watch {where}: {e}") from None
                 backends.append(tree)
         for r in config.roots:
             if r.backend == "polling":
@@ -671,7 +679,7 @@ class Lifecycle:
                 jobs=jobs,
                 detail="still running after the shutdown budget; left running",
             )
-        self.ticks.ready = False
+        self._advance(stopped=True)  # STOPPED: status.json says not ready
         self.write(force=True)
         log.info("daemon_stopped")
 
@@ -699,13 +707,13 @@ class Lifecycle:
             "pid": os.getpid(),
             "role": "active",
             "lease": self._lease_doc(),
-            "ready": self.ticks.ready,
+            "ready": self.role.ready,
             "health": _health_doc(self.core.vitals.health()),
             "started_at": iso(self.ticks.started),
             "updated_at": iso(utcnow()),
             "state_dir": show_path(self.core.config.state_dir),
-            "http": self.http.url if self.http is not None else None,
-            "inbox_pid": self.http.pid if self.http is not None else None,
+            "http": self.inbox.url if self.inbox is not None else None,
+            "inbox_pid": self.inbox.pid if self.inbox is not None else None,
             "roots": [
                 {"path": show_path(x.path), "backend": x.backend, "polling": x.polling}
                 for x in self.core.config.roots
@@ -747,7 +755,7 @@ class Lifecycle:
     def tick(self, now: float) -> None:
         """The end of a loop turn: status.json when something changed, the systemd watchdog."""
         self.ticks.last_turn = now
-        if self.ticks.ready and not self.ticks.indexed and not self.core.walker.unread:
+        if self.role.ready and not self.ticks.indexed and not self.core.walker.unread:
             self.ticks.indexed = True  # stays: a workspace found later is read as any other
             self.core.dirty = True
             log.info("index_complete", workspaces=len(self.core.registry))
@@ -774,41 +782,6 @@ class Lifecycle:
         self.core.dirty = True
         log.info("state_dir_lock_taken", path=str(lock.path))
 
-    def may_act(self) -> bool:
-        """The fence, before each loop turn: with a lease, act only while its last renewal is
-        recent (`lease.may_act`); after a gap (a freeze, storage away) act on nothing until the
-        renewal thread has re-read the record. A lost lease stops the daemon (exit 1, for systemd
-        to bring it back as a standby)."""
-        lease = self.lease
-        if lease is None:
-            return True
-        if lease.lost:
-            taken_by = lease.taken_by
-            log.error(
-                "lease_lost",
-                lease=str(lease.path),
-                held_by=taken_by.describe() if taken_by else None,
-                epoch=taken_by.epoch if taken_by else None,
-                detail=(
-                    "another daemon holds the lease now; stopping (exit 1) to come back as standby"
-                ),
-            )
-            self.stop = True
-            return False
-        if lease.may_act(self.core.clock.monotonic()):
-            if self.ticks.fenced:
-                self.ticks.fenced = False
-                log.info("lease_confirmed", lease=str(lease.path))
-            return True
-        if not self.ticks.fenced:
-            self.ticks.fenced = True
-            log.warning(
-                "lease_unconfirmed",
-                lease=str(lease.path),
-                detail="its last renewal is too old to act on; acting on nothing until renewed",
-            )
-        return False
-
     def write(self, force: bool = False) -> None:
         now = self.core.clock.monotonic()
         since = now - self.ticks.last_status
@@ -820,7 +793,7 @@ class Lifecycle:
             write_status(self.core.config.state_dir, self.snapshot())
         except OSError as e:
             log.warning("status_write_failed", error=e.strerror)
-        if self.ticks.ready:
+        if self.role.ready:
             sd_notify(self.status_line())
 
 
@@ -895,17 +868,3 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
-
-
-def mail_intake(email: EmailConfig) -> MailIntake:
-    """What the inbox process is told of the email channel's Maildir (privsep/wire.py)."""
-    from deltad.wire import MailIntake
-
-    return MailIntake(
-        maildir=str(email.maildir),
-        reply_local=email.reply_local,
-        reply_domain=email.reply_domain,
-        max_message_bytes=email.max_message_bytes,
-        max_per_pass=email.max_per_pass,
-        poll_seconds=email.poll_seconds,
-    )

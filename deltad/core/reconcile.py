@@ -1,22 +1,24 @@
 """reconcile(workspace): decide from what is on disk, never from the event that led here.
 
-`inspect` only reads. The one write the daemon ever makes to a workspace, RUNNING → INTERRUPTED
-for a dead owner, is `mark_interrupted`, done under the workspace lock after re-reading.
+`inspect` only reads, and says what it found as a `facts.Verdict` (frozen: made once, with its
+final values). The one write the daemon ever makes to a workspace, RUNNING → INTERRUPTED for a
+dead owner, is `mark_interrupted`, done under the workspace lock after re-reading.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import replace
 from datetime import UTC, datetime
-from enum import Enum, StrEnum
 from pathlib import Path
+from typing import Any
 
 from deltad.clock import SYSTEM, Clock
 from deltad.core import tenancy
 from deltad.core.answer import Writers, open_writers
 from deltad.core.backoff import AnswerSig
+from deltad.core.facts import Action, State, Verdict
 from deltad.core.tenancy import Policy
 from deltad.metrics import channel_of
 from deltad.protocol import (
@@ -34,11 +36,9 @@ from deltad.protocol import (
 )
 from deltad.protocol.deadline import judge_expiry
 from deltad.protocol.errors import CorruptFile
-from deltad.protocol.followup import FollowUp
 from deltad.protocol.journal import asked_request
 from deltad.protocol.runfacts import (
     Elsewhere,
-    RemoteOwner,
     RunFact,
     judge,
     mark_job_ended,
@@ -69,58 +69,12 @@ PAUSE_RECHECK_SECONDS = 1.0
 CONFIRMING_LOOKS = 3
 
 
-class Action(Enum):
-    NONE = "none"
-    RESUME = "resume"
-    MARK_INTERRUPTED = "mark_interrupted"
-    GONE = "gone"
-
-
-class State(StrEnum):
-    IDLE = "idle"  # no run yet
-    WAITING = "waiting"  # a question, no (complete) answer
-    ANSWERED = "answered"  # a complete answer: resume
-    EXPIRED = "expired"  # the question's deadline passed with no usable answer: resume
-    RUNNING = "running"  # owner alive (or on another host)
-    INTERRUPTED = "interrupted"
-    DONE = "done"  # completed, failed or canceled
-    PROBLEM = "problem"  # something on disk is wrong; logged once
-    GONE = "gone"
-
-
-@dataclass
-class Verdict:
-    action: Action
-    state: State
-    run_id: str | None = None
-    status: RunStatus | None = None
-    problem: str | None = None
-    answer_sig: AnswerSig | None = None
-    owner_pid: int | None = None
-    elsewhere: RemoteOwner | None = None  # RUNNING on another host (judged from its job)
-    request_id: str | None = None
-    input_type: str | None = None  # of the pending question (the inbox's filters)
-    created: float | None = None  # the pending question's timestamp (the inbox's order)
-    deadline: float | None = None  # the pending question's expires_at (the inbox's due soon)
-    owner: tenancy.Owner | None = None  # who a resume runs as (checked: see tenancy)
-    error_kind: str | None = None  # INTERRUPTED runs: why (model_unavailable: deltad retries)
-    failing_since: float | None = None  # wall time the model started failing (give-up clock)
-    # When to look again even without an event: an answer still settling, or the pending
-    # question's `expires_at` (the client applies the timeout rule when it is resumed then).
-    wake_at: float | None = None
-    unparsed: bool = False  # the problem: a state file did not parse (it may be half written)
-    channel: str | None = None  # an answer's: who wrote the file (the metrics' label)
-    follow_up: FollowUp | None = None  # the pending question's reminders and escalation
-
-
 def _problem(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
     return Verdict(Action.NONE, State.PROBLEM, run_id, status, problem=msg)
 
 
 def _unparsed(msg: str, run_id: str | None = None, status: RunStatus | None = None) -> Verdict:
-    v = _problem(msg, run_id, status)
-    v.unparsed = True
-    return v
+    return Verdict(Action.NONE, State.PROBLEM, run_id, status, problem=msg, unparsed=True)
 
 
 def inspect(
@@ -153,9 +107,14 @@ def _same_resume(first: Verdict, second: Verdict) -> bool:
 
 def _unsettled(seen: Verdict, clock: Clock, after: float) -> Verdict:
     """Files still changing under the look: judge nothing now, look again `after` seconds."""
-    v = Verdict(Action.NONE, State.WAITING, seen.run_id, seen.status, owner=seen.owner)
-    v.wake_at = clock.time() + after
-    return v
+    return Verdict(
+        Action.NONE,
+        State.WAITING,
+        seen.run_id,
+        seen.status,
+        owner=seen.owner,
+        wake_at=clock.time() + after,
+    )
 
 
 def _unless_being_written(ws_path: Path, seen: Verdict, settle: float, clock: Clock) -> Verdict:
@@ -213,9 +172,7 @@ def _look_once(ws_path: Path, why: Why, settle: float, policy: Policy, clock: Cl
         return _problem(str(e))
     except OSError as e:
         return _problem(f"{e.filename or ws_path}: {e.strerror}")
-    v = _by_status(ws, meta, why, settle, clock)
-    v.owner = owner
-    return v
+    return replace(_by_status(ws, meta, why, settle, clock), owner=owner)
 
 
 def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: Clock) -> Verdict:
@@ -226,15 +183,25 @@ def _by_status(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock:
         pid = meta.owner.pid if meta.owner else None
         if judge(meta) is RunFact.OWNER_DEAD:
             return Verdict(Action.MARK_INTERRUPTED, State.RUNNING, meta.run_id, s, owner_pid=pid)
-        v = Verdict(Action.NONE, State.RUNNING, meta.run_id, s, owner_pid=pid)
-        v.elsewhere = remote_owner(meta)
-        v.wake_at = _pausing_soon(ws, meta, clock)
-        return v
+        return Verdict(
+            Action.NONE,
+            State.RUNNING,
+            meta.run_id,
+            s,
+            owner_pid=pid,
+            elsewhere=remote_owner(meta),
+            wake_at=_pausing_soon(ws, meta, clock),
+        )
     if s is RunStatus.INTERRUPTED:
-        v = Verdict(Action.NONE, State.INTERRUPTED, meta.run_id, s, error_kind=meta.error_kind)
-        if meta.model_failing_since is not None:
-            v.failing_since = meta.model_failing_since.timestamp()
-        return v
+        since = meta.model_failing_since
+        return Verdict(
+            Action.NONE,
+            State.INTERRUPTED,
+            meta.run_id,
+            s,
+            error_kind=meta.error_kind,
+            failing_since=since.timestamp() if since is not None else None,
+        )
     return Verdict(Action.NONE, State.DONE, meta.run_id, s)
 
 
@@ -252,12 +219,17 @@ def _pausing_soon(ws: Workspace, meta: RunMetadata, clock: Clock) -> float | Non
     return min(soon, request.expires_at.timestamp()) if request.expires_at else soon
 
 
-def _name(v: Verdict, request: InteractionRequest) -> Verdict:
-    v.request_id, v.input_type = request.request_id, str(request.input_type)
-    v.created = request.timestamp.timestamp()
-    v.deadline = request.expires_at.timestamp() if request.expires_at else None
-    v.follow_up = request.follow_up
-    return v
+def _name(v: Verdict, request: InteractionRequest, **more: Any) -> Verdict:
+    """`v`, naming the question (the inbox's index and events name it), with `more`."""
+    return replace(
+        v,
+        request_id=request.request_id,
+        input_type=str(request.input_type),
+        created=request.timestamp.timestamp(),
+        deadline=request.expires_at.timestamp() if request.expires_at else None,
+        follow_up=request.follow_up,
+        **more,
+    )
 
 
 def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: Clock) -> Verdict:
@@ -284,7 +256,7 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
             run_id,
             status,
         )
-    _name(waiting, request)  # the inbox's index and events name the question
+    waiting = _name(waiting, request)  # the inbox's index and events name the question
     deadline = request.expires_at.timestamp() if request.expires_at else None
     expired = _name(Verdict(Action.RESUME, State.EXPIRED, run_id, status), request)
     try:
@@ -303,26 +275,22 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
             if answer.state is AnswerState.MISSING
             else _problem(answer.reason, run_id, status)
         )
-        v.wake_at = deadline
-        _name(v, request)
-        return v
+        return _name(v, request, wake_at=deadline)
     if answer.state is AnswerState.READY and answer.size == 0 and not request.allow_empty:
         # `touch response.txt` before an editor writes it, or `: > response.txt`: an empty file
         # is never taken for an answer; the real save brings us back (a close or a rename).
+        empty = f"{answer.path.name} is empty: waiting for the answer to be written into it"
         v = Verdict(Action.NONE, State.WAITING, run_id, status, wake_at=deadline)
-        _name(v, request)
-        v.problem = f"{answer.path.name} is empty: waiting for the answer to be written into it"
-        return v
+        return _name(v, request, problem=empty)
     v = _complete_answer(answer.path, run_id, status, why, settle, clock)
-    _name(v, request)
-    if v.action is Action.RESUME:
-        # Only the `channel` field is taken, and only a known name: nothing of the answer.
-        v.channel = channel_of(answer.path.name, answer.text)
-    if answer.state is AnswerState.REFUSED:
-        v.problem = f"{answer.reason} (the resume sets it aside)"
+    # Only the `channel` field is taken, and only a known name: nothing of the answer.
+    channel = channel_of(answer.path.name, answer.text) if v.action is Action.RESUME else None
+    refused = answer.state is AnswerState.REFUSED
+    problem = f"{answer.reason} (the resume sets it aside)" if refused else v.problem
+    wake_at = v.wake_at
     if v.action is Action.NONE and deadline is not None:
-        v.wake_at = min(deadline, v.wake_at or deadline)
-    return v
+        wake_at = min(deadline, v.wake_at or deadline)
+    return _name(v, request, channel=channel, problem=problem, wake_at=wake_at)
 
 
 def _expiry(ws: Workspace, request: InteractionRequest, expired: Verdict, clock: Clock) -> Verdict:
@@ -339,10 +307,14 @@ def _expiry(ws: Workspace, request: InteractionRequest, expired: Verdict, clock:
     judged = judge_expiry(request, asked, datetime.fromtimestamp(clock.time(), UTC))
     if judged.expired:
         return expired  # the client applies the timeout rule
-    v = _problem(judged.problem or "request.json's deadline is not the journal's", run_id, status)
-    v.state = State.WAITING
-    v.wake_at = judged.at.timestamp() if judged.at is not None else None
-    return v
+    return Verdict(
+        Action.NONE,
+        State.WAITING,
+        run_id,
+        status,
+        problem=judged.problem or "request.json's deadline is not the journal's",
+        wake_at=judged.at.timestamp() if judged.at is not None else None,
+    )
 
 
 def _complete_answer(
@@ -355,20 +327,22 @@ def _complete_answer(
         return Verdict(Action.NONE, State.WAITING, run_id, status)
     sig: AnswerSig = (st.st_ino, st.st_size, st.st_mtime_ns)
     age = clock.time() - st.st_mtime_ns / 1e9
-    incomplete = Verdict(Action.NONE, State.WAITING, run_id, status, answer_sig=sig)
+
+    def incomplete(after: float) -> Verdict:
+        return Verdict(
+            Action.NONE, State.WAITING, run_id, status, answer_sig=sig, wake_at=clock.time() + after
+        )
+
     if why == Why.ANSWER_CREATED and age < CREATE_GRACE_SECONDS:
-        incomplete.wake_at = clock.time() + CREATE_GRACE_SECONDS
-        return incomplete
+        return incomplete(CREATE_GRACE_SECONDS)
     writers = open_writers(path)
     if writers is Writers.OPEN:  # its close will be reported; look again anyway (see above)
         soon = (
             OPEN_WRITER_RECHECK_SECONDS if why & Why.ANSWER_CLOSED else OPEN_WRITER_PATIENCE_SECONDS
         )
-        incomplete.wake_at = clock.time() + soon
-        return incomplete
+        return incomplete(soon)
     if writers is Writers.UNKNOWN and not (why & Why.ANSWER_CLOSED) and age < settle:
-        incomplete.wake_at = clock.time() + (settle - age)
-        return incomplete
+        return incomplete(settle - age)
     return Verdict(Action.RESUME, State.ANSWERED, run_id, status, answer_sig=sig)
 
 

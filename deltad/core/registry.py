@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from deltad.core.reconcile import State, Verdict
+from deltad.core.facts import State, Verdict
 from deltad.inbox.feed import Feed, View
 from deltad.protocol import RunStatus
 from deltad.protocol.printable import show, show_path

@@ -2,10 +2,10 @@
 queue, the signal pipe and the resume children's fds, looks at workspaces (`reconcile.inspect`),
 asks `decide.decide` what to do, and carries the effects out (`_carry_out`). No rule of when to
 resume lives here. The service composes the two objects around it: its `Lifecycle`
-(`lifecycle.py`: the lease, lock, signals, the inbox threads, the backends, the select loop,
-reload, shutdown and status) and its `Walker` (`walking.py`: full reconciles and the reads after
-READY); each owns its own state and neither imports this module. The only other threads are the
-polling backend's and watchdog's, which only produce hints.
+(`lifecycle.py`: the role, the lease, lock, signals, the inbox process, the backends, the
+select loop, reload, shutdown and status) and its `Walker` (`walking.py`: full reconciles and
+the reads after READY); each owns its own state and neither imports this module. The only
+other threads are the polling backend's and watchdog's, which only produce hints.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, assert_never
+from typing import assert_never
 
 import structlog
 
@@ -21,11 +21,11 @@ from deltad.clock import SYSTEM, Clock
 from deltad.core import decide as core
 from deltad.core.answer import log_refusals
 from deltad.core.config import DaemonConfig
+from deltad.core.facts import Done, Exited, Facts, State, Verdict
+from deltad.core.followplan import Plan
 from deltad.core.followup import (
     NO_CHANNEL,
     TOLD,
-    Done,
-    Plan,
     Store,
     beside_question,
     carriers,
@@ -35,7 +35,7 @@ from deltad.core.followup import (
 )
 from deltad.core.lease import Lease
 from deltad.core.lifecycle import Lifecycle, Ticks
-from deltad.core.reconcile import State, Verdict, inspect, mark_interrupted
+from deltad.core.reconcile import inspect, mark_interrupted
 from deltad.core.registry import Registry
 from deltad.core.resumer import Finished, Resumer
 from deltad.core.sweep import Sweep
@@ -137,18 +137,6 @@ class Service:
         return self.life.backends
 
     @property
-    def stop(self) -> bool:
-        return self.life.stop
-
-    @property
-    def http(self) -> Any:
-        return self.life.http
-
-    @property
-    def notifier(self) -> Any:
-        return self.life.notifier
-
-    @property
     def sweep(self) -> Sweep | None:
         return self.walker.sweep
 
@@ -218,10 +206,10 @@ class Service:
         log_refusals(r.workspace, r.run_id, r.spawned_at)
         # Its end judges a run on another host the job ran (decide.py, runfacts.py).
         job = f"job {r.handle.key.name} ({r.handle.ref}) ended: {fin.meaning}"
-        exited = core.Exited(r.run_id, fin.rc, fin.failed, r.timed_out, job=job)
+        exited = Exited(r.run_id, fin.rc, fin.failed, r.timed_out, job=job)
         self._look(r.workspace, Why.CHECK, exited)
 
-    def _look(self, ws: Path, why: Why, exited: core.Exited | None, quiet: bool = False) -> None:
+    def _look(self, ws: Path, why: Why, exited: Exited | None, quiet: bool = False) -> None:
         """Whatever is in a workspace, an exception here is that workspace's problem."""
         self.unread.discard(ws)
         memory = self.memory.get(ws, core.FRESH)
@@ -231,7 +219,7 @@ class Service:
             self._settle_followups(ws, seen)
             self._unsent_once(ws, seen)
             followed = self._followed(ws, seen)
-            facts = core.Facts(
+            facts = Facts(
                 seen,
                 busy=busy,
                 exited=exited,
@@ -241,7 +229,7 @@ class Service:
             self._carry_out(ws, core.decide(facts, memory, self._now(), self.rules), quiet)
         except Exception as e:
             first = str(e).splitlines()[0][:300] if str(e) else ""
-            error = core.Facts(error=f"{type(e).__name__}: {first}")
+            error = Facts(error=f"{type(e).__name__}: {first}")
             self._carry_out(
                 ws, core.decide(error, self.memory.get(ws, core.FRESH), self._now(), self.rules)
             )
@@ -412,7 +400,7 @@ class Service:
             log.error("audit_failed", workspace=str(ws), error=str(e))
 
     def start_resumes(self) -> None:
-        if self.resumer.pending and not self.stop:
+        if self.resumer.pending and not self.life.stopping:
             self.resumer.start_ready()
             self.dirty = True
 
@@ -438,7 +426,7 @@ class CoreVitals:
         svc = self.svc
         lease = svc.lease
         return Health(
-            ready=svc.ticks.ready,
+            ready=svc.life.role.ready,
             index_complete=svc.ticks.indexed,
             unread=len(svc.unread),
             last_turn=svc.ticks.last_turn,
@@ -465,10 +453,10 @@ class CoreVitals:
         return [(b.name, b.watch_count(), b.healthy()) for b in list(self.svc.backends)]
 
     def outbox_depth(self) -> int | None:
-        notifier = self.svc.notifier
-        return None if notifier is None else int(notifier.outbox_depth())
+        outbound = self.svc.life.outbound
+        return None if outbound is None else outbound.outbox_depth()
 
     def channel_outbox_depth(self) -> list[tuple[str, int]]:
-        http = self.svc.http
-        handoff = http.serving.handoff if http is not None else None
+        inbox = self.svc.life.inbox
+        handoff = inbox.serving.handoff if inbox is not None else None
         return [] if handoff is None else sorted(dict(handoff.channel_depth).items())

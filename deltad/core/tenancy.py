@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deltad.core.facts import Owner
 from deltad.platform import SAFE_PATH
 from deltad.protocol import exitcodes, safefs
 from deltad.protocol.errors import UnsafeFile
@@ -35,26 +36,18 @@ MODEL_PREFIXES = ("OPENAI_", "DELTA_")
 MAX_CREDENTIALS_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True)
-class Owner:
-    uid: int
-    gid: int
-    name: str
-    home: str
-    groups: tuple[int, ...] = ()
-
-    @classmethod
-    def of_uid(cls, uid: int) -> Owner:
-        try:
-            pw = pwd.getpwuid(uid)
-        except KeyError:  # a uid with no account: its own group, no supplementary ones
-            return cls(uid, uid, f"uid {uid}", "/")
-        groups = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
-        return cls(uid, pw.pw_gid, pw.pw_name, pw.pw_dir, groups)
+def owner_of(uid: int) -> Owner:
+    """The account of `uid`, from /etc/passwd and /etc/group (`OWNERS` keeps them a while)."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:  # a uid with no account: its own group, no supplementary ones
+        return Owner(uid, uid, f"uid {uid}", "/")
+    groups = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
+    return Owner(uid, pw.pw_gid, pw.pw_name, pw.pw_dir, groups)
 
 
 class OwnerCache:
-    """`Owner.of_uid` reads /etc/passwd and /etc/group (getpwuid, getgrouplist) each call: a
+    """`owner_of` reads /etc/passwd and /etc/group (getpwuid, getgrouplist) each call: a
     read of every one of 100,000 workspaces paid that for a handful of owners. Kept for
     `ttl` seconds only, since accounts and group memberships can change."""
 
@@ -70,7 +63,7 @@ class OwnerCache:
             return hit[1]
         if len(self._owners) >= self.size:  # many owners: start over rather than grow
             self._owners.clear()
-        owner = Owner.of_uid(uid)
+        owner = owner_of(uid)
         self._owners[uid] = (now, owner)
         return owner
 
@@ -190,7 +183,7 @@ class Identity:
         if owner.uid == policy.daemon_uid:
             return cls(owner)
         if not policy.is_root:  # a trusted owner: runs as the daemon's own user
-            return cls(Owner.of_uid(policy.daemon_uid))
+            return cls(owner_of(policy.daemon_uid))
         return cls(owner, owner.uid, owner.gid, owner.groups)
 
 

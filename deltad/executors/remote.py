@@ -38,11 +38,7 @@ adopted jobs).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import os
-import secrets
-import stat
 import threading
 import time
 from collections import deque
@@ -52,6 +48,7 @@ from pathlib import Path
 
 import structlog
 
+from deltad import keys
 from deltad.protocol.printable import show_path
 
 from .seam import (
@@ -70,7 +67,8 @@ from .seam import (
 
 log = structlog.get_logger("deltad.executors.remote")
 
-SECRET_FILE = "executor.key"
+SECRET_FILE = keys.EXECUTORS.name
+TAG_HEX = 32  # hex digits of a tag: 128 bits
 # While the engine cannot be asked, pending submits are tried again at most this often (and at
 # once when a hung query returns: a hung engine's return is seen as soon as it answers).
 SUBMIT_RETRY_CAP = 2.0
@@ -145,55 +143,25 @@ def use_fleet_key_dir(directory: Path | None) -> None:
 
 def daemon_secret(state_dir: Path) -> bytes:
     """This daemon's (its fleet's) signing key: `executor.key` in the HA lease's directory
-    under `ha:`, else in `state_dir`; 32 random bytes, 0600, made on first use (written aside
-    and linked in: a daemon beside never reads it half-written). A tenant cannot read it, so a
-    job bearing a valid tag was submitted by this fleet. ValueError (one line) when the file is
-    not this daemon's own."""
-    path = (_fleet_key_dir or state_dir) / SECRET_FILE
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    if not os.path.lexists(path):
-        tmp = path.with_name(f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, secrets.token_bytes(32))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(tmp, path)  # the first daemon's key wins; the others read it
-            except FileExistsError:
-                pass
-            finally:
-                os.unlink(tmp)
-        except OSError as e:
-            raise ValueError(f"executor key {show_path(path)}: {e.strerror}") from None
+    under `ha:`, else in `state_dir` (deltad/keys.py: raw bytes, 0600, made on first use, this
+    user's own or refused). A tenant cannot read it, so a job bearing a valid tag was
+    submitted by this fleet. ValueError (one line) when the file cannot be made or used."""
+    directory = _fleet_key_dir or state_dir
     try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        raise ValueError(f"executor key {show_path(path)}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise ValueError(
-                f"executor key {show_path(path)}: must be a file of this daemon's user, mode 0600"
-            )
-        key = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    if len(key) < 16:
-        raise ValueError(f"executor key {show_path(path)}: too short (delete it to make anew)")
-    return key
+        return keys.load(directory, keys.EXECUTORS)
+    except (OSError, keys.KeyUnusable) as e:
+        why = e.strerror if isinstance(e, OSError) else str(e)
+        raise ValueError(f"executor key {show_path(directory / SECRET_FILE)}: {why}") from None
 
 
 def tag(secret: bytes, *parts: str) -> str:
     """An HMAC-SHA256 of `parts` (hex, 32 digits): what marks a job as this daemon's."""
-    msg = b"\0".join(p.encode("utf-8", "surrogateescape") for p in parts)
-    return hmac.new(secret, msg, hashlib.sha256).hexdigest()[:32]
+    return keys.sign(secret, None, *parts).hex()[:TAG_HEX]
 
 
 def tag_ok(secret: bytes, given: str, *parts: str) -> bool:
-    return hmac.compare_digest(given.encode(errors="replace"), tag(secret, *parts).encode())
+    raw = keys.unhex(given)
+    return raw is not None and keys.verify(secret, raw, None, *parts, size=TAG_HEX // 2)
 
 
 # -- the runtime ----------------------------------------------------------------------------------

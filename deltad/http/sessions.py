@@ -12,8 +12,6 @@ token issued at or before it is refused), so no number of logouts brings a close
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
 import json
 import os
@@ -24,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deltad import wire
-from deltad.inbox.links import key_file
+from deltad import keys, wire
 from deltad.protocol import atomic_write_json
 
-KEY_NAME = wire.SESSION_KEY_NAME
+KEY_NAME = keys.SESSIONS.name
 CLOSED_NAME = wire.SESSIONS_CLOSED_NAME
 DIGEST_PREFIX = 16  # hex characters of the token's SHA-256: enough to tell tokens apart
 CLOSED_PER_TOKEN = 100  # logout ids kept per token; older ones become the token's cut-off
@@ -43,23 +40,11 @@ class Claims:
     sid: str
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _mac(key: bytes, purpose: bytes, body: str) -> bytes:
-    return hmac.new(key, purpose + b"\0" + body.encode(), hashlib.sha256).digest()
-
-
 # -- the pure core ------------------------------------------------------------------------------
 def seal(key: bytes, claims: Claims) -> str:
     payload = [claims.name, claims.digest_prefix, claims.issued, claims.expires, claims.sid]
-    body = _b64(json.dumps(payload, separators=(",", ":")).encode())
-    return f"{body}.{_b64(_mac(key, b'session', body))}"
+    body = keys.b64(json.dumps(payload, separators=(",", ":")).encode())
+    return f"{body}.{keys.b64(keys.sign(key, 'session', body))}"
 
 
 def unseal(key: bytes, cookie: str | None, now: float) -> Claims | None:
@@ -68,9 +53,9 @@ def unseal(key: bytes, cookie: str | None, now: float) -> Claims | None:
         return None
     body, _, mac = cookie.partition(".")
     try:
-        if not hmac.compare_digest(_mac(key, b"session", body), _unb64(mac)):
+        if not keys.verify(key, keys.unb64(mac), "session", body):
             return None
-        name, prefix, issued, expires, sid = json.loads(_unb64(body))
+        name, prefix, issued, expires, sid = json.loads(keys.unb64(body))
     except (ValueError, TypeError):
         return None
     if not (
@@ -89,7 +74,7 @@ def unseal(key: bytes, cookie: str | None, now: float) -> Claims | None:
 def csrf_for(key: bytes, cookie: str) -> str:
     """The CSRF token of a session: only the server (the key) can compute it from the cookie,
     and the page reads it from `GET /v1/session`, which another site's page cannot."""
-    return _b64(_mac(key, b"csrf", cookie))
+    return keys.b64(keys.sign(key, "csrf", cookie))
 
 
 def matches(claims: Claims, token_digest: str) -> bool:
@@ -99,9 +84,9 @@ def matches(claims: Claims, token_digest: str) -> bool:
 
 # -- the shell: the key file and the logouts ------------------------------------------------------
 def load_key(state_dir: Path) -> bytes:
-    """The session key, made on first use (as the links' key is)."""
+    """The session key, made on first use (deltad/keys.py)."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return key_file(state_dir / KEY_NAME)
+    return keys.load(state_dir, keys.SESSIONS)
 
 
 @dataclass(frozen=True)

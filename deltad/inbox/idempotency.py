@@ -13,8 +13,6 @@ dictionary check of a short secret answer. A line that does not parse is skipped
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
 import os
 import secrets
@@ -23,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deltad import keys
 from deltad.protocol.fsio import atomic_write
 
 FILE = "idempotency.jsonl"
@@ -52,7 +51,7 @@ class KeyLog:
             self._load(path)
 
     def seal(self, body_digest: str) -> str:
-        return hmac.new(self.salt, body_digest.encode(), hashlib.sha256).hexdigest()
+        return keys.sign(self.salt, None, body_digest).hex()
 
     def get(self, key: Key, now: float) -> Record | None:
         rec = self.records.get(key)

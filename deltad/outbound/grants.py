@@ -3,7 +3,7 @@
 A reply address is `<local>+<id><mac>@<domain>`: `id` names a grant kept in the channel's
 state dir (the question's request id, its workspace, the one recipient it was sent to, its
 expiry) and `mac` is the HMAC-SHA256, under a key made like the signed links' (0600, in the
-state dir: `links.key_file`), of the id and everything the grant says, cut to 80 bits. Lower
+state dir: deltad/keys.py), of the id and everything the grant says, cut to 80 bits. Lower
 case hex only, so no MTA's case folding changes it, and short enough for a local part (a
 signed link carries the workspace's path: too long, and base64 is case-sensitive).
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
 import json
 import os
 import re
@@ -25,13 +24,13 @@ import secrets
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from deltad.inbox.links import key_file
+from deltad import keys
 from deltad.protocol import atomic_write_json
 from deltad.protocol.printable import show_path, unshow
 
-KEY_NAME = "reply.key"
+KEY_NAME = keys.REPLIES.name
 ID_HEX = 16
-MAC_HEX = 20
+MAC_HEX = 20  # hex digits of the signature kept: 80 bits
 TOKEN = re.compile(rf"[0-9a-f]{{{ID_HEX + MAC_HEX}}}")
 KEEP_AFTER = 30 * 86400.0  # seconds a grant is kept past its expiry (a late reply is told why)
 GRANT_MAX = 4096  # bytes: a grant file is ours; anything bigger is not
@@ -83,7 +82,7 @@ class Grant:
 
 
 def mac(key: bytes, grant: Grant) -> str:
-    return hmac.new(key, grant.signed(), hashlib.sha256).hexdigest()[:MAC_HEX]
+    return keys.sign(key, None, grant.signed()).hex()[:MAC_HEX]  # no purpose: as always
 
 
 def token(key: bytes, grant: Grant) -> str:
@@ -92,7 +91,12 @@ def token(key: bytes, grant: Grant) -> str:
 
 def check(key: bytes, grant: Grant | None, tok: str, now: float) -> Grant:
     """The grant `tok` stands for, if its MAC is right and it has not expired."""
-    if grant is None or not hmac.compare_digest(mac(key, grant), tok[ID_HEX:]):
+    given = keys.unhex(tok[ID_HEX:])
+    if (
+        grant is None
+        or given is None
+        or not keys.verify(key, given, None, grant.signed(), size=MAC_HEX // 2)
+    ):
         raise Unknown("this reply address is not one deltad gave out (or was mistyped)")
     if now >= grant.expires:
         raise AddressExpired("this reply address has expired: answer on the page instead")
@@ -108,7 +112,7 @@ class Grants:
         self.questions = channel_dir / "questions"  # each question's grant ids
         for d in (channel_dir, self.dir, self.used, self.questions):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.key = key_file(channel_dir / KEY_NAME)
+        self.key = keys.load(channel_dir, keys.REPLIES)
 
     def issue(
         self,

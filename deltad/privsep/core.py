@@ -1,10 +1,7 @@
 """The core's side of the split: the inbox's user and directory, the monitor that answers the
-inbox's calls, and the supervisor that starts the inbox process (or waits for the one systemd
-starts) and starts it again after a crash.
-
-The core binds the listening socket itself (as root: ports below 1024 work) and hands it over;
-it keeps its own copy, never accepting on it, so connections wait in the backlog while an inbox
-is restarted. Resumes are the loop's: nothing here touches them.
+inbox's calls, and the environment the inbox process is started with (the supervisor that
+starts it, or waits for the one systemd starts, is `spawn.py`). Resumes are the loop's: nothing
+here touches them.
 """
 
 from __future__ import annotations
@@ -18,9 +15,7 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,14 +26,12 @@ import structlog
 from pydantic import ValidationError
 
 from deltad import wire
-from deltad.health import Standalone, Vitals
-from deltad.inbox import links, scopes
+from deltad.inbox import scopes
 from deltad.inbox.calls import Local
-from deltad.inbox.config import HttpConfig
-from deltad.inbox.feed import Feed, FeedEvent
-from deltad.inbox.handlers import ApiError, Context, Idempotency
-from deltad.inbox.tokens import TOKENS_NAME, Identity, TokenError, TokenStore
-from deltad.outbound.handoff import Handoff, HandoffError
+from deltad.inbox.feed import FeedEvent
+from deltad.inbox.handlers import ApiError, Context
+from deltad.inbox.tokens import TOKENS_NAME, Identity, TokenError
+from deltad.outbound.handoff import Handoff
 from deltad.outbound.mail import Received
 from deltad.platform import SAFE_PATH
 from deltad.protocol.printable import json_safe, show_path
@@ -52,16 +45,12 @@ HELLO_SECONDS = 30.0
 CALL_THREADS = 4  # as many as the HTTP server's worker threads
 CALLS_IN_FLIGHT = 64  # read no more calls from the inbox while this many are unanswered
 OUT_QUEUE = 10_000  # frames waiting for the inbox (events beyond it are dropped, counted)
-RESTART_MIN, RESTART_MAX = 0.5, 30.0  # seconds before an inbox that ended is started again
-STEADY_SECONDS = 60.0  # an inbox that ran this long starts again at once
-STOP_SECONDS = 5.0
 # Only the allowlist reaches the inbox process (never the core's credentials or resume_env);
 # it delivers the webhooks, so a site's proxy and CA bundle settings go along (httpx reads them).
 ENV_KEPT: tuple[str, ...] = ("LANG", "LC_ALL", "TZ", "PYTHONPATH", "COVERAGE_PROCESS_START")
 ENV_KEPT += ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR")
 ENV_KEPT += ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 TEST_HOOK_ENV = "DELTAD_INBOX_TEST_HOOK"  # tests only: see deltad/http/testhook.py
-CHILD = [sys.executable, "-m", "deltad.http"]
 
 
 class InboxUnusable(ValueError):
@@ -564,311 +553,8 @@ def _summary(e: ValidationError) -> str:
     return f"{where}: {first.get('msg', 'invalid')}"
 
 
-# -- running the inbox ---------------------------------------------------------------------------
+# -- what the inbox process is started with --------------------------------------------------------
 def child_env() -> dict[str, str]:
     env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
     env |= {k: v for k in (*ENV_KEPT, TEST_HOOK_ENV) if (v := os.environ.get(k)) is not None}
     return env
-
-
-class Spawned:
-    """The inbox as the core's child: `python -m deltad.http`, as the inbox's user
-    with no supplementary groups (the kernel clears every capability on that switch, and the
-    child sets no_new_privs before reading anything), started again after any end, with a
-    backoff, until the core stops."""
-
-    def __init__(
-        self, ctx: Serving | Context, fds: list[int], who: Account | None, log_args: list[str]
-    ) -> None:
-        self.ctx, self.fds, self.who, self.log_args = ctx, fds, who, log_args
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._supervise, name="deltad-inbox", daemon=True)
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def start(self) -> None:
-        if self.who is None:
-            log.info(
-                "inbox_same_user",
-                uid=os.geteuid(),
-                detail="deltad is not root: the inbox runs as this user (no_new_privs, no setuid)",
-            )
-        self._thread.start()
-
-    def _spawn(self) -> tuple[subprocess.Popen[bytes], socket.socket]:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            proc = subprocess.Popen(
-                [*CHILD, "--core-fd", str(theirs.fileno()), *self.log_args],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                env=child_env(),
-                cwd="/",
-                user=self.who.uid if self.who else None,
-                group=self.who.gid if self.who else None,
-                extra_groups=[] if self.who else None,
-                start_new_session=True,  # a terminal's ^C reaches the core, which stops it
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        return proc, ours
-
-    def _supervise(self) -> None:
-        backoff = RESTART_MIN
-        while not self._stopping.is_set():
-            started = time.monotonic()
-            try:
-                proc, sock = self._spawn()
-            except OSError as e:
-                log.error("inbox_spawn_failed", error=e.strerror or str(e), retry_in_s=backoff)
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, RESTART_MAX)
-                continue
-            self.proc = proc
-            self.starts += 1
-            log.info(
-                "inbox_started",
-                pid=proc.pid,
-                uid=self.who.uid if self.who else os.geteuid(),
-                user=self.who.name if self.who else None,
-                start=self.starts,
-            )
-            Monitor(self.ctx, sock, self.fds, f"pid {proc.pid}").serve()
-            code = _reap(proc)
-            if self._stopping.is_set():
-                break
-            backoff = RESTART_MIN if time.monotonic() - started > STEADY_SECONDS else backoff
-            log.error("inbox_exited", pid=proc.pid, code=code, restart_in_s=backoff)
-            self._stopping.wait(backoff)
-            backoff = min(backoff * 2, RESTART_MAX)
-
-    def stop(self) -> None:
-        self._stopping.set()
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-        self._thread.join(STOP_SECONDS * 2)
-        if proc is not None:
-            _reap(proc)
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> int:
-    try:
-        return proc.wait(STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # it hung up on the core but lives on: it is ended
-        return proc.wait()
-
-
-class Listening:
-    """The inbox under its own systemd unit (deltad-inbox.service): the core listens on a
-    Unix socket the unit connects to, takes one connection at a time and only from the inbox's
-    user (SO_PEERCRED), and hands it the same descriptors a spawned inbox gets."""
-
-    def __init__(self, ctx: Serving | Context, fds: list[int], path: Path, user: str) -> None:
-        self.ctx, self.fds, self.path, self.user = ctx, fds, path, user
-        self.pid: int | None = None
-        self._stopping = threading.Event()
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                path.unlink()
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.sock.bind(str(path))
-        except OSError as e:
-            self.sock.close()
-            raise InboxUnusable(f"http.inbox_socket {path}: {e.strerror}") from None
-        os.chmod(path, 0o666)  # anyone may connect; only the inbox's user is served
-        self.sock.listen(4)
-        self._thread = threading.Thread(target=self._serve, name="deltad-inbox", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        log.info("inbox_socket_listening", path=str(self.path), user=self.user)
-
-    def _expected_uid(self) -> int | None:
-        if os.geteuid() != 0:
-            return os.geteuid()
-        try:
-            return pwd.getpwnam(self.user).pw_uid  # a DynamicUser= resolves while it runs
-        except KeyError:
-            return None
-
-    def _serve(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return  # closed by stop()
-            pid, uid, _ = _peer(conn)
-            want = self._expected_uid()
-            if want is None or uid != want or (uid == 0 and os.geteuid() == 0):
-                log.warning("inbox_peer_refused", pid=pid, uid=uid, expected=want)
-                conn.close()
-                continue
-            self.pid = pid
-            log.info("inbox_connected", pid=pid, uid=uid)
-            Monitor(self.ctx, conn, self.fds, f"pid {pid}").serve()
-            self.pid = None
-
-    def stop(self) -> None:
-        self._stopping.set()
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        self._thread.join(STOP_SECONDS)
-        with contextlib.suppress(OSError):
-            self.path.unlink()
-
-
-def _peer(conn: socket.socket) -> tuple[int, int, int]:
-    import struct
-
-    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
-
-
-# -- what the daemon's lifecycle holds ------------------------------------------------------------
-class InboxHost:
-    """The inbox as the core sees it: the listening socket (bound here), the context its
-    calls are served with, the webhooks it delivers, and the process (spawned, or the
-    unit's). With `config` None there is no HTTP: the inbox process is started to deliver
-    webhooks only (as `deltad-inbox`, with the same directory), never listening."""
-
-    def __init__(
-        self,
-        config: HttpConfig | None,
-        feed: Feed,
-        state_dir: Path,
-        log_args: list[str],
-        vitals: Vitals | None = None,
-    ) -> None:
-        from deltad.privsep.listen import _check_tls, bind
-
-        self.config, self.state_dir = config, state_dir
-        self.sock: socket.socket | None = None
-        if config is not None:
-            _check_tls(config)
-            # The port first: taken, it is the one line `serve` says, before anything is made
-            # (the inbox's user, its directory) or logged.
-            self.sock = bind(config.listen)
-        try:
-            self.who = account(config.user if config is not None else DEFAULT_USER)
-            self.dir = prepare(state_dir, self.who)
-        except BaseException:
-            if self.sock is not None:
-                self.sock.close()
-            raise
-        self.port: int | None = None
-        self.url: str | None = None
-        self.context: Context | None = None
-        if config is not None and self.sock is not None:
-            self.port = int(self.sock.getsockname()[1])
-            self.url = config.base_url(self.port)
-            self.context = Context(
-                feed=feed,
-                tokens=TokenStore(self.dir, owner=os.geteuid()),
-                config=config,
-                link_key=links.load_key(state_dir),  # the core's alone: links are signed here
-                base_url=self.url,
-                vitals=vitals if vitals is not None else Standalone(),  # the inbox's calls ask
-                idempotency=Idempotency(state_dir),  # the core's: kept across restarts
-            )
-        self.serving = Serving(self.context, show_path(self.dir))
-        self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        self._tls = _tls_fds(config) if config is not None else []
-        fds = [self.sock.fileno()] if self.sock is not None else []
-        fds += [self._dir_fd, *self._tls]
-        self.runner: Spawned | Listening
-        if config is not None and config.inbox_socket is not None:
-            self.runner = Listening(self.serving, fds, config.inbox_socket, config.user)
-        else:
-            self.runner = Spawned(self.serving, fds, self.who, log_args)
-
-    @property
-    def pid(self) -> int | None:
-        return self.runner.pid
-
-    def deliver(
-        self,
-        urls: list[str],
-        caps: list[int],
-        targets: list[wire.WebhookTarget],
-        counted: Any,
-        channels: list[wire.ChannelTarget] | None = None,
-        sends: Any = None,
-    ) -> Handoff:
-        """The webhooks and channel targets this inbox sends: their outbox made (an older
-        deltad's moved in), their settings and credentials for its welcome. Before `start`."""
-        owner = (self.who.uid, self.who.gid) if self.who is not None else None
-        channels = channels or []
-        named = [(c.name, c.outbox_max) for c in channels]
-        try:
-            handoff = Handoff(self.dir, self.state_dir, urls, caps, owner, counted, named, sends)
-        except (HandoffError, OSError) as e:
-            where = "notify.webhooks" if urls else "channels"
-            raise InboxUnusable(f"{where}: the inbox's outbox: {e}") from None
-        self.serving.handoff, self.serving.targets = handoff, targets
-        self.serving.channels = channels
-        return handoff
-
-    def read_mail(self, intake: wire.MailIntake) -> None:
-        """The email channel's Maildir, for the inbox to read (before `start`)."""
-        self.serving.mail_intake = intake
-
-    def take_mail(self, receive: Callable[[Received], dict[str, Any]] | None) -> None:
-        """The channel that decides on what the inbox relays (None: no longer taken)."""
-        self.serving.mail = receive
-
-    def start(self) -> None:
-        self.runner.start()
-        if self.config is not None:
-            log.info("http_listening", url=self.url, port=self.port, tls=self.config.tls)
-        else:
-            what = [w for w, on in (("webhooks", self.serving.targets),
-                                    ("channels' messages", self.serving.channels),
-                                    ("mail", self.serving.mail_intake)) if on]  # fmt: skip
-            log.info(
-                "inbox_for_webhooks",
-                user=self.who.name if self.who is not None else None,
-                serves=what,
-                detail=f"no http: the inbox process is started for {', '.join(what)} only",
-            )
-
-    def close_socket(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-
-    def stop(self) -> None:
-        self.runner.stop()
-        self.close_socket()
-        for fd in (self._dir_fd, *self._tls):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        if self.serving.handoff is not None:
-            self.serving.handoff.close()
-
-
-def _tls_fds(config: HttpConfig) -> list[int]:
-    """The certificate and key as in-memory files the inbox reads by /proc/self/fd (the key
-    file itself stays root's 0600)."""
-    if config.tls_cert is None or config.tls_key is None:
-        return []
-    out = []
-    for path, name in ((config.tls_cert, "deltad-tls-cert"), (config.tls_key, "deltad-tls-key")):
-        fd = os.memfd_create(name, os.MFD_CLOEXEC)
-        with open(path, "rb") as src, os.fdopen(os.dup(fd), "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.fchmod(fd, 0o444)
-        out.append(fd)
-    return out

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from deltad.core.tenancy import SAFE_PATH, Owner
+from deltad.core.tenancy import SAFE_PATH, owner_of
 from deltad.executors import fork as forkmod
 from deltad.executors.fork import ForkExecutor
 from deltad.executors.seam import Identity, JobSpec, RequestKey
@@ -29,7 +29,7 @@ def _job(tmp: Path, mode: str, name: str = "ws") -> JobSpec:
     answer(ws, "yes")  # so that `hang` ingests it, then hangs
     argv = [sys.executable, "-m", "deltad.testing.stub", "stub", str(ws)]
     argv += ["--record", str(tmp / "record.jsonl"), "--mode", mode]
-    me = Owner.of_uid(os.getuid())
+    me = owner_of(os.getuid())
     env = {"PATH": SAFE_PATH, "HOME": me.home}
     return JobSpec(RequestKey(ws, "", "resume"), argv, Identity(me.uid, me.gid), env, 60.0)
 

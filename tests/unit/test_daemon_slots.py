@@ -13,7 +13,7 @@ import structlog
 from deltad.core.config import DaemonConfig
 from deltad.core.resumer import Resumer
 from deltad.core.slots import Slots, held_by_owner_cap, pick_next
-from deltad.core.tenancy import Identity, Launch, Owner
+from deltad.core.tenancy import Identity, Launch, owner_of
 from deltad.executors.seam import Event, Exit, Handle, JobSpec, RequestKey
 
 MALLORY, ALICE, BOB = 1001, 1002, 1003
@@ -153,7 +153,7 @@ def _resumer(
     return resumer, recorder
 
 
-LAUNCH = Launch(Identity(Owner.of_uid(os.getuid())), {})
+LAUNCH = Launch(Identity(owner_of(os.getuid())), {})
 
 
 def test_the_resumer_serves_owners_in_turn_and_logs_a_wait_once(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from structlog.testing import capture_logs
 
 from deltad.clock import ManualClock
+from deltad.core import tenancy
 from deltad.core.config import DaemonConfig
 from deltad.core.resumer import (
     KILL_GRACE_SECONDS,
@@ -266,7 +267,7 @@ def test_options_of_an_executor_not_chosen_are_not_its_business(tmp_path: Path) 
 
 
 # -- a JobExecutor through the resumer ------------------------------------------------------------
-LAUNCH = Launch(Identity(Owner.of_uid(0)), {"PATH": "/usr/bin", "DELTA_RESUMED_BY": "deltad"})
+LAUNCH = Launch(Identity(tenancy.owner_of(0)), {"PATH": "/usr/bin", "DELTA_RESUMED_BY": "deltad"})
 
 
 def _resumer(tmp_path: Path, **settings: Any) -> tuple[Resumer, FakeJobs, ManualClock]:
@@ -540,7 +541,7 @@ DAEMON = Owner(1000, 1000, "deltad", "/var/lib/deltad", (1000,))
 def test_a_job_runs_as_tenancy_decided(
     owner: Owner, policy: Policy, identity: JobIdentity, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(Owner, "of_uid", classmethod(lambda cls, uid: DAEMON))
+    monkeypatch.setattr(tenancy, "owner_of", lambda uid: DAEMON)
     launch = Launch(Identity.for_owner(owner, policy), {"HOME": "/h"})
     spec = spec_of(Path("/w"), None, ["delta"], launch, 60.0, 3)
     assert spec.identity == identity

@@ -14,8 +14,9 @@ import pytest
 
 from deltad.core.decide import FRESH, FollowUpDue, Now, Rules, Schedule, decide
 from deltad.core.decide import Facts as DecideFacts
-from deltad.core.followup import Done, Plan, Step, Store, after, next_step
-from deltad.core.reconcile import Action, State, Verdict
+from deltad.core.facts import Action, Done, State, Verdict
+from deltad.core.followplan import Plan, Step, after, next_step
+from deltad.core.followup import Store
 from deltad.pacing import Pacing
 from deltad.protocol.followup import FollowUp, from_args
 
@@ -98,10 +99,7 @@ NOW = Now(mono=1000.0, wall=T0 + 61)
 
 def waiting(follow: FollowUp | None, **kw: object) -> Verdict:
     v = Verdict(Action.NONE, State.WAITING, "run1", request_id="q1", input_type="text")
-    v.created, v.follow_up = T0, follow
-    for k, val in kw.items():
-        setattr(v, k, val)
-    return v
+    return replace(v, created=T0, follow_up=follow, **kw)  # type: ignore[arg-type]
 
 
 def test_decide_reminds_a_waiting_question_and_looks_again_at_the_next() -> None:

@@ -42,7 +42,7 @@ def test_an_owner_is_asked_once_per_ttl(
     cache = OwnerCache(ttl=10.0)
     uid = os.geteuid()
     owners = {cache.get(uid, now=t) for t in at}
-    assert owners == {tenancy.Owner.of_uid(uid)}
+    assert owners == {tenancy.owner_of(uid)}
     assert len(lookups) == asked + 1  # the line above asked once more
 
 

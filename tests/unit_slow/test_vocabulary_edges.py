@@ -100,7 +100,9 @@ def test_the_date_kind_is_named_in_at_most_three_product_files() -> None:
 
 def test_the_page_names_no_input_type() -> None:
     """It builds the answer from the question's `form`; the filter lists the API's types."""
-    page = "".join((PRODUCT / "http" / "static" / f).read_text() for f in ("inbox.js", "index.html"))
+    page = "".join(
+        (PRODUCT / "http" / "static" / f).read_text() for f in ("inbox.js", "index.html")
+    )
     named = [t.value for t in InputType if re.search(rf"""["']{t.value}["']|>{t.value}<""", page)]
     # text, password, number and date are HTML input types too: only as a form's `type`.
     assert set(named) <= {"text", "password", "number", "date"}
