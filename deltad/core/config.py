@@ -130,6 +130,14 @@ class HaConfig(_Strict):
         return Path(os.path.abspath(os.path.expanduser(v)))
 
 
+class FollowUpLimits(_Strict):
+    """The floor under every question's reminders (docs/inbox.md, "Reminders and escalation"):
+    at most one each `min_interval_seconds`, at most `max_per_hour` in any hour."""
+
+    min_interval_seconds: float = Field(default=60.0, ge=1.0, le=86400.0)
+    max_per_hour: int = Field(default=10, ge=1, le=60)
+
+
 class AuditConfig(_Strict):
     """Receipts (docs/inbox.md, "Receipts"): each decision appended to a hash-chained log."""
 
@@ -190,6 +198,9 @@ class DaemonConfig(_Strict):
     # Reminders and escalation of every question that sets none itself (docs/inbox.md,
     # "Reminders and escalation"): the keys of an ask_human call's / an agent's follow_up.
     follow_up: FollowUp | None = None
+    # What any question may ask of reminders, whoever set them (the model, the agent, the
+    # owner writing request.json): no more often than this, nor more of them an hour.
+    follow_up_limits: FollowUpLimits = Field(default_factory=lambda: FollowUpLimits())
 
     @model_validator(mode="after")
     def _executor(self) -> DaemonConfig:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Literal
 
 from deltad.core.backoff import AnswerKey, ExpiredKey, InterruptedKey, ModelRetryKey, ResumeKey
 from deltad.core.facts import Action, Done, Exited, Facts, Owner, State, Verdict
+from deltad.core.followplan import MAX_PER_HOUR, MIN_INTERVAL, Plan, after, next_step
 from deltad.core.followplan import Action as FollowUpAction
-from deltad.core.followplan import Plan, after, next_step
 from deltad.pacing import Pacing
 from deltad.protocol import exitcodes
 from deltad.protocol.followup import FollowUp
@@ -44,6 +44,8 @@ class Rules:
     give_up_after: float = 3600.0  # seconds the model may fail before deltad stops retrying
     auto_resume_interrupted: bool = False
     follow_up: FollowUp | None = None  # the daemon's reminder/escalation defaults
+    follow_up_floor: float = MIN_INTERVAL  # seconds between two reminders, at least
+    follow_up_per_hour: int = MAX_PER_HOUR  # reminders of one question in an hour, at most
 
     @classmethod
     def of(cls, config: DaemonConfig) -> Rules:
@@ -55,6 +57,8 @@ class Rules:
             give_up_after=m.give_up_after_seconds,
             auto_resume_interrupted=config.auto_resume_interrupted,
             follow_up=config.follow_up,
+            follow_up_floor=config.follow_up_limits.min_interval_seconds,
+            follow_up_per_hour=config.follow_up_limits.max_per_hour,
         )
 
 
@@ -201,7 +205,7 @@ def _follow_up(v: Verdict, done: Done, now: Now, rules: Rules, out: list[Effect]
         return None
     if v.answer_sig is not None:
         return None
-    plan = Plan.of(v.follow_up, rules.follow_up)
+    plan = Plan.of(v.follow_up, rules.follow_up, rules.follow_up_floor, rules.follow_up_per_hour)
     if plan is None or not plan.acts:
         return None
     step = next_step(plan, v.created, done, now.wall, v.deadline)

@@ -16,6 +16,9 @@ from typing import Literal
 from deltad.core.facts import Done
 from deltad.protocol.followup import DEFAULT_MAX_REMINDERS, FollowUp
 
+MIN_INTERVAL = 60.0  # seconds between two reminders of one question, at least (the default)
+MAX_PER_HOUR = 10  # reminders of one question in any hour, at most (the default)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -27,17 +30,29 @@ class Plan:
     escalate_to: tuple[str, ...] = ()
     sla: float | None = None
 
+    per_hour: int = MAX_PER_HOUR  # reminders in any hour, at most
+
     @classmethod
-    def of(cls, asked: FollowUp | None, defaults: FollowUp | None) -> Plan | None:
+    def of(
+        cls,
+        asked: FollowUp | None,
+        defaults: FollowUp | None,
+        floor: float = MIN_INTERVAL,
+        per_hour: int = MAX_PER_HOUR,
+    ) -> Plan | None:
+        """The settings the question asked for over the daemon's, its reminders no more often
+        than `floor` seconds (whatever a question says: it is the model's or the owner's)."""
         f = asked.over(defaults) if asked is not None else defaults
         if f is None or f.empty:
             return None
+        remind = f.remind_after_seconds
         return cls(
-            f.remind_after_seconds,
+            None if remind is None else max(remind, floor),
             DEFAULT_MAX_REMINDERS if f.max_reminders is None else f.max_reminders,
             f.escalate_after_seconds,
             tuple(f.escalate_to or ()),
             f.sla_seconds,
+            per_hour,
         )
 
     @property
@@ -71,7 +86,10 @@ def next_step(plan: Plan, asked: float, done: Done, now: float, deadline: float 
         due.append((asked + plan.escalate_after, 0, "escalate"))
     if plan.remind_after is not None and len(done.reminders) < plan.max_reminders:
         last = max([asked, *done.reminders, *([done.escalated_at] if done.escalated_at else [])])
-        due.append((last + plan.remind_after, 1, "remind"))
+        at = last + plan.remind_after
+        if len(done.reminders) >= plan.per_hour:  # an hour after the per_hour-th last one
+            at = max(at, sorted(done.reminders)[-plan.per_hour] + 3600.0)
+        due.append((at, 1, "remind"))
     if plan.sla is not None and done.overdue_at is None:
         due.append((asked + plan.sla, 2, "overdue"))
     due = [d for d in due if deadline is None or d[0] < deadline]

@@ -270,7 +270,10 @@ class Service:
         each one that comes due is said again, `followup_undelivered`)."""
         if self.unsent_said or seen.follow_up is None or seen.state is not State.WAITING:
             return
-        plan = Plan.of(seen.follow_up, self.rules.follow_up)
+        rules = self.rules
+        plan = Plan.of(
+            seen.follow_up, rules.follow_up, rules.follow_up_floor, rules.follow_up_per_hour
+        )
         kinds = [a for a in wanted(plan) if not carriers(self.config, ws, a)]
         if kinds:
             self.unsent_said = True

@@ -23,6 +23,8 @@ from tests.support.webhooks import Receiver
 from ..conftest import llm_env, write_agent
 
 DELTA = str(Path(sys.executable).parent / "delta")
+# Reminders a second apart: the daemon's floor lowered (60 s by default) for the test's sake.
+FAST = {"min_interval_seconds": 1, "max_per_hour": 60}
 REAL_CLIENT = ["delta", "run", "--work-dir", "{workspace}"]
 QUESTION = {
     "prompt": "Deploy to production?",
@@ -75,6 +77,7 @@ def test_reminded_then_escalated_across_a_restart_and_the_escalated_token_answer
             resume_command=REAL_CLIENT,
             http={"listen": "127.0.0.1:0"},
             notify={"webhooks": [hook]},
+            follow_up_limits=FAST,
         )
         env = llm_env(fake)
         d.start(env=env)
@@ -201,6 +204,7 @@ def test_with_no_channel_the_follow_ups_are_said_to_have_reached_nobody(tmp_path
         [root],
         http={"listen": "127.0.0.1:0"},
         follow_up={"remind_after_seconds": 3600},
+        follow_up_limits=FAST,
     )
     check = subprocess.run(
         [DELTAD, "check", "--config", str(d.config_path)],

@@ -53,7 +53,12 @@ def test_the_page_answers_several_questions_at_once_and_shows_a_hand_over(
     pair = root / "pair"  # four eyes
     call = GatedCall(action_id="act_1", tool_name="deploy", arguments={}, resolved_command="x")
     paused_workspace(pair, "Deploy?", input_type="approval", calls=[call], approvals_required=2)
-    d = Daemon(tmp_path, [root], http={"listen": "127.0.0.1:0"}).start()
+    d = Daemon(
+        tmp_path,
+        [root],
+        http={"listen": "127.0.0.1:0"},
+        follow_up_limits={"min_interval_seconds": 1},  # reminders a second apart, for the test
+    ).start()
     try:
         url = http_url(d)
         alice = make_token(d.state_dir, "alice")
@@ -188,7 +193,12 @@ def test_the_page_filters_by_age_and_deadline_and_selects_every_alike_question(
         expires_at=soon,
         follow_up=follow,
     )
-    d = Daemon(tmp_path, [root], http={"listen": "127.0.0.1:0"}).start()
+    d = Daemon(
+        tmp_path,
+        [root],
+        http={"listen": "127.0.0.1:0"},
+        follow_up_limits={"min_interval_seconds": 1},  # reminders a second apart, for the test
+    ).start()
     try:
         url = http_url(d)
         browser.set_window_size(1280, 900)

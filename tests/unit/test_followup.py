@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from deltad.core.config import DaemonConfig
 from deltad.core.decide import FRESH, FollowUpDue, Now, Rules, Schedule, decide
 from deltad.core.decide import Facts as DecideFacts
 from deltad.core.facts import Action, Done, State, Verdict
@@ -23,6 +25,7 @@ from deltad.protocol.followup import FollowUp, from_args
 T0 = 1_800_000_000.0  # when the question was asked
 REMIND = Plan(remind_after=60.0, max_reminders=2)
 ESCALATE = Plan(escalate_after=300.0, escalate_to=("boss",))
+HOURLY = Plan(remind_after=60.0, max_reminders=20, per_hour=3)
 BOTH = Plan(remind_after=60.0, max_reminders=3, escalate_after=100.0, escalate_to=("boss",))
 
 
@@ -61,6 +64,10 @@ BOTH = Plan(remind_after=60.0, max_reminders=3, escalate_after=100.0, escalate_t
         (Plan(sla=100.0), Done(overdue_at=T0 + 100), T0 + 999, None, Step(None, None)),
         (replace(BOTH, sla=100.0), Done((T0 + 60,)), T0 + 100, None, Step("escalate", T0 + 100)),
         (Plan(sla=100.0), Done(), T0 + 10, T0 + 100, Step(None, None)),  # it times out first
+        # at most per_hour reminders in any hour: the next waits for the oldest to be an hour old
+        (HOURLY, Done((T0 + 60, T0 + 120, T0 + 180)), T0 + 240, None, Step(None, T0 + 3660)),
+        (HOURLY, Done((T0 + 60, T0 + 120, T0 + 180)), T0 + 3660, None, Step("remind", T0 + 3660)),
+        (HOURLY, Done((T0 + 60, T0 + 120)), T0 + 180, None, Step("remind", T0 + 180)),
     ],
 )
 def test_next_step(plan: Plan, done: Done, now: float, deadline: float | None, want: Step) -> None:
@@ -90,7 +97,34 @@ def test_after_counts_what_was_done() -> None:
 def test_plan_takes_the_question_over_the_daemon(
     asked: FollowUp | None, defaults: FollowUp | None, want: Plan | None
 ) -> None:
-    assert Plan.of(asked, defaults) == want
+    assert Plan.of(asked, defaults, floor=1.0) == want
+
+
+@pytest.mark.parametrize(
+    ("asked", "floor", "want"),
+    [
+        # a question's 0.01 s (the model's or the owner's) is the daemon's floor, 60 s by default
+        (FollowUp(remind_after_seconds=0.01, max_reminders=100), 60.0, 60.0),
+        (FollowUp(remind_after_seconds=0.01), 1.0, 1.0),
+        (FollowUp(remind_after_seconds=600), 60.0, 600.0),
+    ],
+)
+def test_reminders_are_never_more_often_than_the_floor(
+    asked: FollowUp, floor: float, want: float
+) -> None:
+    plan = Plan.of(asked, None, floor=floor)
+    assert plan is not None and plan.remind_after == want
+
+
+def test_the_floor_and_the_hourly_cap_are_the_configs_and_checked() -> None:
+    default = Rules.of(DaemonConfig.model_validate({"roots": ["/srv"]}))
+    assert (default.follow_up_floor, default.follow_up_per_hour) == (60.0, 10)
+    doc = {"roots": ["/srv"], "follow_up_limits": {"min_interval_seconds": 5, "max_per_hour": 4}}
+    rules = Rules.of(DaemonConfig.model_validate(doc))
+    assert (rules.follow_up_floor, rules.follow_up_per_hour) == (5.0, 4)
+    for bad in ({"min_interval_seconds": 0.01}, {"max_per_hour": 0}, {"per_hour": 3}):
+        with pytest.raises(ValidationError):
+            DaemonConfig.model_validate({"roots": ["/srv"], "follow_up_limits": bad})
 
 
 RULES = Rules(resume=Pacing(5.0, 600.0), model=Pacing(10.0, 40.0))
@@ -181,10 +215,13 @@ def test_the_documented_follow_up_example_is_valid() -> None:
     from deltad.core.config import DaemonConfig
 
     text = (Path(__file__).resolve().parents[2] / "config" / "deltad.yaml").read_text()
-    block = text[text.index("# follow_up:") :]
-    doc = yaml.safe_load("\n".join(x[2:] for x in block.splitlines() if x.startswith("# ")))
+    doc: dict[str, Any] = {}
+    for key in ("# follow_up:", "# follow_up_limits:"):
+        block = text[text.index(key) :].split("\n\n")[0]  # up to the next blank line
+        doc |= yaml.safe_load("\n".join(x[2:] for x in block.splitlines() if x.startswith("# ")))
     config = DaemonConfig.model_validate({"roots": [], **doc})
     assert config.follow_up is not None and config.follow_up.escalate_to == ["group:leads"]
+    assert config.follow_up_limits.min_interval_seconds == 60.0  # the defaults, as documented
 
 
 # -- the loop: timers under a ManualClock, a restart, another daemon's record ---------------------
