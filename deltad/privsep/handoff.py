@@ -1,6 +1,6 @@
 """The core's side of webhook deliveries: each one is written into the inbox's outbox, which the
-inbox process delivers from (deltad/outbound/notify.py's `WebhookWorker`). The core never connects
-to a receiver and reads nothing a receiver sends.
+inbox process delivers from (a deltad/outbound/courier.py `Courier` per target). The core never
+connects to a receiver and reads nothing a receiver sends.
 
 Layout, under the inbox's directory (`<state_dir>/inbox`, deltad/privsep/core.py):
 

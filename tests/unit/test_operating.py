@@ -381,7 +381,8 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
     import time
 
     from deltad.inbox.config import Webhook
-    from deltad.outbound.notify import Results, WebhookWorker, new_delivery, webhook_target
+    from deltad.outbound.notify import new_delivery, webhook_target
+    from deltad.outbound.senders import WebhookSender, webhook_courier
     from deltad.privsep import wire
     from deltad.privsep.handoff import Handoff
     from tests.support.webhooks import Receiver
@@ -391,9 +392,18 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
     with Receiver(answers=[500, 500, 204]) as receiver:
         hook = Webhook(url=receiver.url, backoff_seconds=0.01, max_attempts=2)
         box = Handoff(tmp_path / "inbox", tmp_path, [hook.url], [hook.outbox_max], None, counted)
-        results = Results(lambda doc: box.report(wire.DeliveryCounts(op="deliveries", **doc)))
+        counts = {"delivered": 0, "retry": 0, "dead": 0}
+
+        def tally(result: str) -> None:
+            counts["delivered" if result == "sent" else result] += 1
+            report()
+
+        def report() -> None:
+            depth = worker.waiting()
+            box.report(wire.DeliveryCounts(op="deliveries", **counts, depth=depth))
+
         target = webhook_target(hook, "webhook0")
-        worker = WebhookWorker(target, tmp_path / "inbox", results)  # no thread started
+        worker = webhook_courier(target, tmp_path / "inbox", tally=tally)  # no thread started
 
         def attempt() -> None:
             due = None
@@ -405,6 +415,7 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
             doc = {"id": event_id, "type": "run.status", "workspace": "/w"}
             box.put(new_delivery(doc, hook.url, time.time()))
             worker.take_new()
+            report()
 
         put(1)
         assert box.depth == 1
@@ -414,7 +425,8 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
         assert box.depth == 0
         put(2)
         attempt()  # 204: delivered
-        worker.client.close()
+        assert isinstance(worker.send, WebhookSender)
+        worker.send.close()
         box.close()
     assert box.depth == 0
     by = {s.labels["result"]: s.value for s in counted.collect()[0].samples if "_total" in s.name}
