@@ -375,12 +375,12 @@ class Lifecycle:
                 raise ConfigError(
                     said if said.startswith(("notify", "channels")) else f"notify: {said}"
                 ) from None
-        if notify is not None and (notify.webhooks or notify.commands):
+        handoff = self.http.serving.handoff if self.http is not None else None
+        if notify is not None and (notify.webhooks or notify.commands) and handoff is not None:
             from deltad.outbound.notify import Notifier
 
             quiet = [r.path for r in config.roots if not r.notify]
             context = self.http.context if self.http is not None else None
-            handoff = self.http.serving.handoff if self.http is not None else None
             try:
                 self.notifier = Notifier(notify, self.core.feed, quiet, context, handoff)
             except (OSError, ValueError) as e:
@@ -410,7 +410,6 @@ class Lifecycle:
                     quiet,
                     context,
                     self.core.config.state_dir,
-                    self.core.metrics.channel_sends,
                     self.http.serving.handoff if self.http is not None else None,
                     self.core.metrics.channel_replies,
                 )

@@ -12,12 +12,12 @@ messages of its own); what is given up goes to the dead letter with the reason. 
     <dir>/outbox/<key>/...json       waiting
     <dir>/dead-letter/<key>/...json  given up
 
-Under the daemon the sending is the unprivileged inbox process's (deltad/privsep): the core's
-channel puts each message through `Handed`, which writes it into the channel's `new/` in the
-inbox's outbox (deltad/privsep/handoff.py, as a webhook delivery); the inbox's `Courier`
+The sending is the unprivileged inbox process's (deltad/privsep): the core's channel puts each
+message through `Handed`, which writes it into the channel's `new/` in the inbox's outbox
+(deltad/privsep/handoff.py, as the notifier does a webhook delivery); the inbox's `Courier`
 (`handed=True`) takes it from there into its own outbox and sends it with the credential it
-was handed (deltad/outbound/senders.py). One outbox, one retry rule, one dead letter, wherever
-the sending runs.
+was handed (deltad/outbound/senders.py). The core never sends: one outbox, one retry rule,
+one dead letter.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import Counter
 
 from deltad.outbound.config import OutboxConfig
 from deltad.outbound.outbox import (
@@ -129,7 +128,6 @@ class Courier:
         channel_dir: Path,
         config: OutboxConfig,
         send: Send,
-        counted: Counter | None = None,
         *,
         handed: bool = False,
         tally: Callable[[str], None] | None = None,
@@ -147,7 +145,6 @@ class Courier:
         operator names it, in log lines."""
         self.queued = queued
         self.name, self.config, self.send = name, config, send
-        self.counted = counted  # sends by (channel, result): deltad_channel_sends
         self.tally = tally
         self.handed = handed
         self.accepts = accepts
@@ -367,7 +364,5 @@ class Courier:
         )
 
     def _count(self, result: str) -> None:
-        if self.counted is not None:
-            self.counted.labels(self.name, result).inc()
         if self.tally is not None:
             self.tally(result)

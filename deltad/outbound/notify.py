@@ -9,7 +9,7 @@ the HTTP POST transport of deltad/outbound/senders.py) attempts it, so the core 
 a receiver, and a stop, a crash of either process or a dead receiver loses nothing and a slow
 target slows nobody else. A command's event is handed over the same way and
 the inbox process runs the command, as its own user (deltad/outbound/senders.py): no command
-runs as root. (A Notifier made without the inbox's hand-off, in tests, runs them itself.)
+runs as root.
 
 A notification carries the question (prompt, type, options — never an answer), a deep link to
 it in the web page and, with `answer_links: true`, a signed single-use answer link."""
@@ -20,7 +20,6 @@ import base64
 import contextlib
 import json
 import queue
-import subprocess
 import threading
 import time
 import uuid
@@ -124,28 +123,6 @@ def _wanted(target: Target, quiet: list[Path], e: FeedEvent) -> bool:
     return not any(scopes.matches(g, e.workspace) for g in target.exclude)
 
 
-class _Worker:
-    """One target and its thread."""
-
-    def __init__(self, target: Target, name: str, quiet: list[Path]) -> None:
-        self.target, self.name, self.quiet = target, name, quiet
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"deltad-notify-{name}", daemon=True)
-
-    def wants(self, e: FeedEvent) -> bool:
-        return _wanted(self.target, self.quiet, e)
-
-    def submit(self, doc: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _run(self) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-
-
 def webhook_target(target: Webhook, name: str) -> WebhookTarget:
     """What the inbox is told of a webhook: its settings and its signing key (read here, by
     the core; SecretError names the target)."""
@@ -178,57 +155,6 @@ def new_delivery(doc: dict[str, Any], url: str, now: float) -> Delivery:
         created_at=now,
         next_at=now,
     )
-
-
-class _CommandWorker(_Worker):
-    """Runs its command once per event, in order (not kept across restarts: a command is a
-    local action, not a delivery to wait for)."""
-
-    target: Command
-
-    def __init__(self, target: Command, name: str, quiet: list[Path]) -> None:
-        super().__init__(target, name, quiet)
-        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue(QUEUE_CAP)
-
-    def submit(self, doc: dict[str, Any]) -> None:
-        try:
-            self.queue.put_nowait(doc)
-        except queue.Full:
-            log.error("notify_dropped", target=self.name, event_id=doc["id"], detail="queue full")
-
-    def _run(self) -> None:
-        while (doc := self.queue.get()) is not None:
-            try:
-                self.deliver(doc)
-            except Exception as err:  # a notification must never take the daemon down
-                log.error("notify_failed", target=self.name, event_id=doc["id"], error=str(err))
-
-    def deliver(self, doc: dict[str, Any]) -> None:
-        try:
-            done = subprocess.run(
-                self.target.argv,
-                input=json.dumps(doc).encode(),
-                # Its output is not wanted: never read into the daemon's memory.
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=self.target.timeout_seconds,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            log.error("notify_failed", target=self.name, event_id=doc["id"], error=str(e))
-            return
-        if done.returncode != 0:
-            log.warning(
-                "notify_command_failed", target=self.name, event_id=doc["id"], rc=done.returncode
-            )
-        else:
-            log.info("notify_sent", target=self.name, event_id=doc["id"])
-
-    def stop(self) -> None:
-        self.stopping.set()
-        with contextlib.suppress(queue.Full):
-            self.queue.put_nowait(None)
-        self.thread.join(5)
 
 
 class _WebhookRoute:
@@ -264,8 +190,8 @@ class _CommandRoute:
 
 
 class Notifier:
-    """The feed's events, made into documents on one intake thread: commands run here (in the
-    core), webhook deliveries are handed to the inbox process through `handoff`."""
+    """The feed's events, made into documents on one intake thread, each handed to the inbox
+    process through `handoff` (which POSTs the webhooks and runs the commands)."""
 
     def __init__(
         self,
@@ -273,34 +199,27 @@ class Notifier:
         feed: Feed,
         quiet_roots: list[Path],
         context: handlers.Context | None,
-        handoff: Handoff | None,
+        handoff: Handoff,
     ) -> None:
         self.config, self.feed, self.context = config, feed, context
         self.handoff = handoff
-        self.routes: list[_WebhookRoute | _CommandWorker | _CommandRoute] = []
-        if handoff is not None:
-            self.routes += [_WebhookRoute(w, quiet_roots, handoff) for w in config.webhooks]
-        self.workers: list[_CommandWorker] = []
+        self.routes: list[_WebhookRoute | _CommandRoute] = [
+            _WebhookRoute(w, quiet_roots, handoff) for w in config.webhooks
+        ]
         for i, c in enumerate(config.commands):
             name = f"command{i}"
-            handed = isinstance(handoff, Handoff) and target_key(name) in handoff.channel_of
-            if handed:
-                assert handoff is not None
-                self.routes.append(_CommandRoute(c, name, quiet_roots, handoff, target_key(name)))
-            else:
-                self.workers.append(_CommandWorker(c, name, quiet_roots))
-        self.routes += self.workers
+            if target_key(name) not in handoff.channel_of:
+                raise ValueError(f"notify.commands: {name}: the inbox process was not given it")
+            self.routes.append(_CommandRoute(c, name, quiet_roots, handoff, target_key(name)))
         self._queue: queue.Queue[FeedEvent | None] = queue.Queue(QUEUE_CAP)
         self._intake = threading.Thread(target=self._take_all, name="deltad-notify", daemon=True)
         self._unsubscribe: Callable[[], None] | None = None
 
     def outbox_depth(self) -> int:
         """Deliveries waiting in the webhooks' outbox, as the inbox last told (metrics)."""
-        return self.handoff.depth if self.handoff is not None else 0
+        return self.handoff.depth
 
     def start(self) -> None:
-        for w in self.workers:
-            w.thread.start()
         self._intake.start()
         self._unsubscribe = self.feed.subscribe(self._offer)
 
@@ -352,5 +271,3 @@ class Notifier:
             self._queue.put(None, timeout=STOP_WAIT)
         if self._intake.is_alive():
             self._intake.join(STOP_WAIT)
-        for w in self.workers:
-            w.stop()

@@ -329,7 +329,7 @@ EMAIL = EmailChannel(
             "people": {"alice@example.org": "alice", "bob@example.org": "bob"},
         }
     ),
-    ChannelContext(_tmp / "email", quorum.answer_or_vote),  # its courier never started
+    ChannelContext(_tmp / "email", quorum.answer_or_vote, lambda d: None),  # nothing goes out
 )
 MAIL_GRANT, MAIL_TOKEN = EMAIL.grants.issue(MAIL_RID, MAIL_WS, "alice@example.org", 2e9)
 TAMPERED = MAIL_TOKEN[:-1] + ("1" if MAIL_TOKEN[-1] == "0" else "0")  # its MAC, one digit off
