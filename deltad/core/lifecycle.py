@@ -367,7 +367,6 @@ class Lifecycle:
                     targets,
                     self.core.metrics.deliveries,
                     sending,
-                    self.core.metrics.channel_sends,
                 )
             except (OSError, ValueError) as e:
                 self.http.close_socket()

@@ -449,11 +449,9 @@ class Deliveries:
         self._counting = threading.Lock()
         self._last: dict[str, dict[str, int]] = {}
         self.couriers: dict[str, Courier] = {}
-        self.webhooks: list[str] = []  # their names
         self.slack: Any = None  # senders.SlackSender: opens the modals a button asks for
         for t in targets:
             self.sent[t.name] = {"sent": 0, "retry": 0, "dead": 0}
-            self.webhooks.append(t.name)
             self.couriers[t.key] = senders.webhook_courier(t, state, named, self._tally(t.name))
         for c in channels or []:
             try:
@@ -507,20 +505,11 @@ class Deliveries:
                     with self._counting:
                         now = {**self.sent[c.name], "depth": c.waiting()}
                     if now != self._last.get(c.name):
-                        self._tell(c.name, now)
+                        self.remote.tell(wire.Deliveries(op="deliveries", target=c.name, **now))
                         self._last[c.name] = now
             except OSError:
                 return  # the core is gone: this process ends
             self._stopping.wait(self.REPORT_SECONDS)
-
-    def _tell(self, name: str, now: dict[str, int]) -> None:
-        if name not in self.webhooks:
-            self.remote.tell(wire.ChannelSends(op="channel_sends", channel=name, **now))
-            return
-        hooks = [self._last.get(n, {}) for n in self.webhooks if n != name] + [now]
-        total = {k: sum(h.get(k, 0) for h in hooks) for k in ("sent", "retry", "dead", "depth")}
-        delivered = total.pop("sent")
-        self.remote.tell(wire.DeliveryCounts(op="deliveries", delivered=delivered, **total))
 
     def stop(self) -> None:
         self._stopping.set()

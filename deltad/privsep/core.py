@@ -317,7 +317,7 @@ def decode_message(raw: bytes) -> wire.Call | wire.Told | str:
 def decode(raw: bytes) -> wire.Call | str:
     """A frame from the inbox as a call, or why it is refused (no other outcome)."""
     msg = decode_message(raw)
-    if isinstance(msg, wire.DeliveryCounts | wire.ChannelSends):
+    if isinstance(msg, wire.Deliveries):
         return f"{msg.op}: not a call"
     return msg
 
@@ -459,13 +459,9 @@ class Monitor:
         if isinstance(call, str):
             self._refused(raw, call)
             return
-        if isinstance(call, wire.DeliveryCounts):
+        if isinstance(call, wire.Deliveries):
             if self.serving.handoff is not None:
                 self.serving.handoff.report(call)
-            return
-        if isinstance(call, wire.ChannelSends):
-            if self.serving.handoff is not None:
-                self.serving.handoff.report_channel(call)
             return
         self.slots.acquire()  # back-pressure on the inbox only
         pool.submit(self._run, call)
@@ -803,7 +799,6 @@ class InboxHost:
         targets: list[wire.WebhookTarget],
         counted: Any,
         channels: list[wire.ChannelTarget] | None = None,
-        sends: Any = None,
     ) -> Handoff:
         """The webhooks and channel targets this inbox sends: their outbox made (an older
         deltad's moved in), their settings and credentials for its welcome. Before `start`."""
@@ -811,7 +806,7 @@ class InboxHost:
         channels = channels or []
         named = [(c.name, c.outbox_max) for c in channels]
         try:
-            handoff = Handoff(self.dir, self.state_dir, urls, caps, owner, counted, named, sends)
+            handoff = Handoff(self.dir, self.state_dir, urls, caps, owner, counted, named)
         except (HandoffError, OSError) as e:
             where = "notify.webhooks" if urls else "channels"
             raise InboxUnusable(f"{where}: the inbox's outbox: {e}") from None

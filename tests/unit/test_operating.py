@@ -392,15 +392,15 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
     with Receiver(answers=[500, 500, 204]) as receiver:
         hook = Webhook(url=receiver.url, backoff_seconds=0.01, max_attempts=2)
         box = Handoff(tmp_path / "inbox", tmp_path, [hook.url], [hook.outbox_max], None, counted)
-        counts = {"delivered": 0, "retry": 0, "dead": 0}
+        counts = {"sent": 0, "retry": 0, "dead": 0}
 
         def tally(result: str) -> None:
-            counts["delivered" if result == "sent" else result] += 1
+            counts[result] += 1
             report()
 
         def report() -> None:
-            depth = worker.waiting()
-            box.report(wire.DeliveryCounts(op="deliveries", **counts, depth=depth))
+            told = {**counts, "depth": worker.waiting()}
+            box.report(wire.Deliveries(op="deliveries", target="webhook0", **told))
 
         target = webhook_target(hook, "webhook0")
         worker = webhook_courier(target, tmp_path / "inbox", tally=tally)  # no thread started
@@ -430,7 +430,7 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
         box.close()
     assert box.depth == 0
     by = {s.labels["result"]: s.value for s in counted.collect()[0].samples if "_total" in s.name}
-    assert by == {"retry": 1.0, "dead": 1.0, "delivered": 1.0}
+    assert by == {"retry": 1.0, "dead": 1.0, "sent": 1.0}
 
 
 def test_the_pages_question_before_its_login_is_no_failed_login(
