@@ -13,7 +13,8 @@ What counts as an emit: a call of a level method (`debug`, `info`, `warning`, `e
 `exception`, `critical`) on a logger a module made with `structlog.get_logger(NAME)` (or one
 it bound from it, or `structlog.get_logger(NAME)` itself); a call of a name bound to such a
 method (`say = log.info`), directly or by a function that returns one; the event name as a
-string literal, or a name a `for` loop takes from a literal tuple of literals. Anything else
+string literal, a name a `for` loop takes from a literal tuple of literals, or an f-string
+with a `# events: NAME NAME` comment on one of the three lines above its call. Anything else
 with a logger's level method is an error naming its line: the catalog must see every event.
 """
 
@@ -119,6 +120,7 @@ class _Module:
     parents (for a name's scope) only when a module needs them, which few do."""
 
     def __init__(self, tree: ast.Module, module: str) -> None:
+        self.lines: list[str] = []  # the source's lines (a made event name's `# events:`)
         self.module = module
         self.tree = tree
         self.nodes = list(ast.walk(tree))
@@ -228,10 +230,21 @@ class _Module:
             return [arg.value]
         if isinstance(arg, ast.Name) and (names := self._loop_names(call, arg.id)):
             return names
+        if arg is not None and (names := self._said_names(call)):
+            return names
         raise CatalogError(
             f"{self.module}:{call.lineno}: an event name the catalog cannot read"
             f" ({ast.unparse(call)[:60]}...): write it as a string literal"
         )
+
+    def _said_names(self, call: ast.Call) -> list[str]:
+        """An event name the code makes (an f-string, a field) says the names it can be in a
+        comment on one of the three lines above the call: `# events: notify_sent channel_sent`."""
+        for n in range(call.lineno - 2, max(call.lineno - 5, -1), -1):
+            line = self.lines[n].strip() if 0 <= n < len(self.lines) else ""
+            if line.startswith("# events:"):
+                return line.removeprefix("# events:").split()
+        return []
 
     def _loop_names(self, call: ast.Call, name: str) -> list[str]:
         """The literals a `for` loop around `call` binds to `name`, from a literal tuple (or a
@@ -323,6 +336,7 @@ class _Scan:
 def _scan(source: str, module: str, effects: frozenset[str]) -> _Scan:
     tree = ast.parse(source)
     mod = _Module(tree, module)
+    mod.lines = source.splitlines()
     out = _Scan([], [], set())
     for node in mod.nodes:
         if not isinstance(node, ast.Call):

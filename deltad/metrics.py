@@ -120,9 +120,11 @@ class CoreMetrics:
             registry=r,
         )
         self.deliveries = Counter(
-            "deltad_webhook_deliveries",
-            "Webhook delivery attempts by result (delivered, retry, dead).",
-            ["result"],
+            "deltad_deliveries",
+            "Delivery attempts from the inbox process's outboxes, by target (webhook0, email, "
+            "slack, command0, ...), kind (webhook, email, slack, command) and result (sent, "
+            "retry, dead).",
+            ["target", "kind", "result"],
             registry=r,
         )
         self.votes = Counter(
@@ -130,13 +132,6 @@ class CoreMetrics:
             "Four eyes: votes cast on questions needing several approvals, by outcome "
             "(pending, answered, refused).",
             ["outcome"],
-            registry=r,
-        )
-        self.channel_sends = Counter(
-            "deltad_channel_sends",
-            "Messages a channel (email, slack) sent from its outbox, by channel and result "
-            "(sent, retry, dead).",
-            ["channel", "result"],
             registry=r,
         )
         self.channel_replies = Counter(

@@ -12,13 +12,14 @@ and gets one `reply` per call id.
 Webhooks (version 2) are delivered by the inbox too: `welcome` names each target with its
 signing key, the core writes each delivery into the target's `new/` directory in the inbox's
 own outbox (deltad/outbound/handoff.py) and says `outbox` (a hint: the inbox also looks on its
-own); the inbox tells the core its `deliveries` counts (for /metrics), never what a receiver
-said. Without `http:` the inbox is started for deliveries only (`listening: false`: no socket).
+own); the inbox tells the core each target's `deliveries` counts (for /metrics), never what a
+receiver said. Without `http:` the inbox is started for deliveries only (`listening: false`:
+no socket).
 
 The channels' outbound sends (version 3) go the same way: mail (SMTP), Slack's Web API calls
 and `notify.commands` are composed by the core and written into one outbox per channel target
 (`welcome`'s `channels`, each with the credential it sends with); the inbox sends them and says
-its `channel_sends` counts per channel.
+their `deliveries` counts as a webhook's (version 4: one message, `target` naming which).
 
 Mail in (version 3 too): the inbox reads the email channel's Maildir (`welcome`'s `mail` names
 it and the reply addresses' shape), parses each message and relays only what the core needs in
@@ -43,7 +44,9 @@ from deltad.inbox.paging import Sort
 from deltad.protocol.models import InputType
 from deltad.protocol.states import RunStatus
 
-VERSION = 3  # 3: the channels' outbound sends (ChannelTarget, ChannelSends), mail_reply
+# 3: the channels' outbound sends (ChannelTarget), mail_reply; 4: one `deliveries` message per
+# target, webhooks and channels alike
+VERSION = 4
 HEADER = struct.Struct(">I")
 # The inbox's own files in its directory (the core hands it the directory; it moves an older
 # deltad's copies in from the state dir): its session key and its record of logouts.
@@ -207,12 +210,15 @@ class VitalsCall(Strict):
     id: CallId
 
 
-class DeliveryCounts(Strict):
-    """The inbox's webhook deliveries since it started (attempts by result) and what waits in
-    its outbox now: figures only, added to the core's /metrics (no reply)."""
+class Deliveries(Strict):
+    """One target's deliveries from its outbox in the inbox since it started (attempts by
+    result) and what waits there now: figures only, added to the core's
+    deltad_deliveries_total (no reply). `target`: its name (webhook0, email, slack,
+    command0, ...); one the core did not configure is ignored."""
 
     op: Literal["deliveries"]
-    delivered: Annotated[int, Field(ge=0, lt=2**53)]
+    target: Name
+    sent: Annotated[int, Field(ge=0, lt=2**53)]
     retry: Annotated[int, Field(ge=0, lt=2**53)]
     dead: Annotated[int, Field(ge=0, lt=2**53)]
     depth: Annotated[int, Field(ge=0, lt=2**53)]
@@ -276,20 +282,7 @@ Call = (
 )
 
 
-# -- the channels' outbound sends (version 3): counts the inbox tells ---------------------------
-class ChannelSends(Strict):
-    """One channel's sends from its outbox in the inbox since it started (attempts by
-    result) and what waits now: figures only, added to deltad_channel_sends (no reply)."""
-
-    op: Literal["channel_sends"]
-    channel: Name
-    sent: Annotated[int, Field(ge=0, lt=2**53)]
-    retry: Annotated[int, Field(ge=0, lt=2**53)]
-    dead: Annotated[int, Field(ge=0, lt=2**53)]
-    depth: Annotated[int, Field(ge=0, lt=2**53)]
-
-
-Told = DeliveryCounts | ChannelSends  # what the inbox says without a reply
+Told = Deliveries  # what the inbox says without a reply
 FromInbox = Annotated[Hello | Told | Call, Field(discriminator="op")]
 FROM_INBOX: TypeAdapter[Hello | Told | Call] = TypeAdapter(FromInbox)
 

@@ -46,7 +46,7 @@ from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import EVENT_TYPES, Feed, FeedEvent
 from deltad.inbox.handlers import ApiError, Context
 from deltad.inbox.tokens import Identity, TokenStore
-from deltad.outbound import notify
+from deltad.outbound.courier import Courier
 from deltad.outbound.outbox import target_key
 from deltad.protocol.printable import unshow
 
@@ -430,10 +430,11 @@ def listen_from_core(
 
 
 class Deliveries:
-    """The webhooks this process delivers (one WebhookWorker per target, from the outbox in
-    its directory), the channels' messages it sends (one Courier per channel target, with the
-    credential it was handed: deltad/outbound/senders.py) and the counts it tells the core,
-    at most every REPORT_SECONDS."""
+    """What this process delivers: one Courier per target (deltad/outbound/courier.py), from
+    the outbox in its directory, each with its transport (deltad/outbound/senders.py): the
+    webhooks' HTTP POST, and for the channels' and commands' targets SMTP, Slack's Web API or
+    the command, with the credential it was handed; and the counts it tells the core, at most
+    every REPORT_SECONDS."""
 
     REPORT_SECONDS = 0.2
 
@@ -446,20 +447,19 @@ class Deliveries:
         channels: list[wire.ChannelTarget] | None = None,
     ) -> None:
         from deltad.outbound import senders
-        from deltad.outbound.courier import Courier
 
         self.remote = remote
         self._dirty = threading.Event()
         self._stopping = threading.Event()
-        self.results = notify.Results(self._changed)
-        self._last: dict[str, int] = {}
         named = Path(shown) if shown else None
-        self.workers = {t.key: notify.WebhookWorker(t, state, self.results, named) for t in targets}
         self.sent: dict[str, dict[str, int]] = {}
         self._counting = threading.Lock()
-        self._channels_last: dict[str, dict[str, int]] = {}
+        self._last: dict[str, dict[str, int]] = {}
         self.couriers: dict[str, Courier] = {}
         self.slack: Any = None  # senders.SlackSender: opens the modals a button asks for
+        for t in targets:
+            self.sent[t.name] = {"sent": 0, "retry": 0, "dead": 0}
+            self.couriers[t.key] = senders.webhook_courier(t, state, named, self._tally(t.name))
         for c in channels or []:
             try:
                 send = senders.sender(c, state)
@@ -475,6 +475,7 @@ class Deliveries:
                 handed=True,
                 tally=self._tally(c.name),
                 queued=senders.queued_hook(send),
+                named=named,
             )
             if isinstance(send, senders.SlackSender):
                 self.slack = send
@@ -492,40 +493,27 @@ class Deliveries:
         return tally
 
     def start(self) -> None:
-        for w in self.workers.values():
-            w.start()
         for c in self.couriers.values():
             c.start()
         self._reporter.start()
         self._dirty.set()  # what waits at start
 
     def hint(self, key: str) -> None:
-        if (w := self.workers.get(key)) is not None:
-            w.hint()
         if (c := self.couriers.get(key)) is not None:
             c.hint()
             self._dirty.set()  # its depth changes
-
-    def _changed(self, doc: dict[str, int]) -> None:
-        self._dirty.set()
 
     def _report(self) -> None:
         while not self._stopping.is_set():
             self._dirty.wait()
             self._dirty.clear()
-            counts = {**self.results.counts, "depth": self.results.depth()}
             try:
-                if counts != self._last and self.workers:
-                    self.remote.tell(wire.DeliveryCounts(op="deliveries", **counts))
-                    self._last = counts
                 for c in self.couriers.values():
                     with self._counting:
                         now = {**self.sent[c.name], "depth": c.waiting()}
-                    if now != self._channels_last.get(c.name):
-                        self.remote.tell(
-                            wire.ChannelSends(op="channel_sends", channel=c.name, **now)
-                        )
-                        self._channels_last[c.name] = now
+                    if now != self._last.get(c.name):
+                        self.remote.tell(wire.Deliveries(op="deliveries", target=c.name, **now))
+                        self._last[c.name] = now
             except OSError:
                 return  # the core is gone: this process ends
             self._stopping.wait(self.REPORT_SECONDS)
@@ -533,10 +521,8 @@ class Deliveries:
     def stop(self) -> None:
         self._stopping.set()
         self._dirty.set()
-        for w in self.workers.values():
-            w.stopping.set()
-        for w in self.workers.values():
-            w.stop()
+        for c in self.couriers.values():
+            c._stopping.set()
         for c in self.couriers.values():
             c.stop()
 

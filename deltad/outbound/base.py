@@ -88,6 +88,9 @@ class Context:
 
     state_dir: Path  # the channel's own directory in the daemon's state dir (0700)
     answer: Answer
+    # Hands a composed message to the inbox process, which sends it (deltad/outbound/
+    # courier.py's `Handed`, into deltad/outbound/handoff.py): the core sends nothing itself.
+    hand: Callable[[Delivery], None]
     # A signed single-use link for (request id, workspace), when the page is served.
     link: Callable[[str, str], str] | None = None
     page: Callable[[str], str] | None = None  # the page's URL for a request id
@@ -95,11 +98,6 @@ class Context:
     # parse the reply by its kind and check its respondents, as the HTTP API does before it
     # delivers. A process without privileges is given a function that asks the core.
     question: Callable[[Workspace, str], InteractionRequest] = open_question
-    # Sends from the channel's outbox by (channel, result): deltad_channel_sends (metrics.py).
-    sends: Counter | None = None
-    # Under the daemon: hands a composed message to the inbox process, which sends it
-    # (deltad/outbound/courier.py's `Handed`); None: the channel sends from this process.
-    hand: Callable[[Delivery], None] | None = None
     # Replies a channel took in by (channel, result): deltad_channel_replies (metrics.py).
     replies: Counter | None = None
 

@@ -1,19 +1,23 @@
-"""A channel's own durable outbox and the thread that empties it: the webhook outbox's files,
-retry rule and dead letter (deltad/outbound/outbox.py), with the sending left to the channel.
+"""The one delivery queue (Postfix's qmgr): a target's durable outbox and the thread that
+empties it, with the outbox's files, retry rule and dead letter (deltad/outbound/outbox.py) and
+the sending left to a transport, a function from a delivery to why it failed or None
+(`Send`: the HTTP POST of a webhook, SMTP, Slack's Web API and commands in
+deltad/outbound/senders.py; a plain function in tests).
 
-Every message is a file before it is attempted, so a stop or a crash loses nothing queued; a
-channel whose server is down retries on its own thread with backoff and never holds up
-another channel; what is given up goes to the dead letter with the reason. Layout:
+Every message is a file before it is attempted, so a stop or a crash loses nothing queued; the
+due one with the oldest event goes first; a target whose server is down retries on its own
+thread with backoff and never holds up another target (nor, waiting for its retry, the other
+messages of its own); what is given up goes to the dead letter with the reason. Layout:
 
-    <channel dir>/outbox/<key>/...json       waiting
-    <channel dir>/dead-letter/<key>/...json  given up
+    <dir>/outbox/<key>/...json       waiting
+    <dir>/dead-letter/<key>/...json  given up
 
-Under the daemon the sending is the unprivileged inbox process's (deltad/privsep): the core's
-channel puts each message through `Handed`, which writes it into the channel's `new/` in the
-inbox's outbox (deltad/outbound/handoff.py, as a webhook delivery); the inbox's `Courier`
+The sending is the unprivileged inbox process's (deltad/privsep): the core's channel puts each
+message through `Handed`, which writes it into the channel's `new/` in the inbox's outbox
+(deltad/outbound/handoff.py, as the notifier does a webhook delivery); the inbox's `Courier`
 (`handed=True`) takes it from there into its own outbox and sends it with the credential it
-was handed (deltad/outbound/senders.py). One outbox, one retry rule, one dead letter, wherever
-the sending runs.
+was handed (deltad/outbound/senders.py). The core never sends: one outbox, one retry rule,
+one dead letter.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import structlog
-from prometheus_client import Counter
 
 from deltad.outbound.config import OutboxConfig
 from deltad.outbound.outbox import (
+    DEAD_LETTER,
     NEW,
     Dead,
     Delivery,
@@ -43,6 +48,21 @@ from deltad.outbound.outbox import (
 )
 
 log = structlog.get_logger("deltad.channels")
+
+
+@dataclass(frozen=True)
+class Voice:
+    """How a courier's log lines are named (documented in docs/inbox.md): `notify_*` with
+    `target=` and `webhook_id=` for a webhook, `channel_*` with `channel=` for a channel."""
+
+    prefix: str  # <prefix>_sent, _retry, _dead_letter, _dead_letter_pruned, _replay
+    who: str  # the field naming the target
+    msg_id: str  # the field naming the message
+    failed: str  # an unexpected error's event
+
+
+CHANNEL = Voice("channel", "channel", "msg_id", "channel_send_failed")
+WEBHOOK = Voice("notify", "target", "webhook_id", "notify_failed")
 
 
 @dataclass(frozen=True)
@@ -100,7 +120,7 @@ class Handed:
 
 
 class Courier:
-    """One channel's outbox and its sending thread."""
+    """One target's outbox and its sending thread."""
 
     def __init__(
         self,
@@ -108,27 +128,35 @@ class Courier:
         channel_dir: Path,
         config: OutboxConfig,
         send: Send,
-        counted: Counter | None = None,
         *,
         handed: bool = False,
         tally: Callable[[str], None] | None = None,
         queued: Callable[[Delivery], None] | None = None,
+        keyed: str | None = None,
+        accepts: Callable[[Delivery], bool] | None = None,
+        voice: Voice = CHANNEL,
+        named: Path | None = None,
     ) -> None:
         """`handed`: in the inbox process, taking what the core handed over from `new/` (on
         `hint()`, at start and every RESCAN_SECONDS); `tally` is told each result; `queued`
-        each message as it enters the outbox (the sender's own bookkeeping)."""
+        each message as it enters the outbox (the sender's own bookkeeping). `keyed`: what
+        names the outbox's directories (default `name`; a webhook's URL); `accepts`: whether a
+        handed-over file is this target's (else the dead letter); `named`: `channel_dir` as an
+        operator names it, in log lines."""
         self.queued = queued
         self.name, self.config, self.send = name, config, send
-        self.counted = counted  # sends by (channel, result): deltad_channel_sends
         self.tally = tally
         self.handed = handed
+        self.accepts = accepts
+        self.voice = voice
         self.policy = Policy(
             config.max_attempts,
             config.max_age_seconds,
             config.backoff_seconds,
             config.backoff_max_seconds,
         )
-        self.outbox = Outbox(channel_dir, name)
+        self.outbox = Outbox(channel_dir, keyed if keyed is not None else name)
+        self.named_dead = (named or channel_dir) / DEAD_LETTER / self.outbox.dead_dir.name
         self._cond = threading.Condition()
         self._pending: dict[str, Delivery] = {}
         self._stopping = threading.Event()
@@ -138,13 +166,20 @@ class Courier:
         found, bad = self.outbox.load()
         for path in bad:
             self.outbox.bury_file(path)
+            self._said_unreadable(path.name)
         latest = time.time() + self.policy.backoff_max  # a clock set back parks nothing long
         self._pending = {d.msg_id: replace(d, next_at=min(d.next_at, latest)) for d in found}
         self._event = max((d.event_id for d in found), default=0)
         if found:
-            log.info("channel_replay", channel=name, messages=len(found))
+            # events: notify_replay channel_replay
+            log.info(f"{voice.prefix}_replay", **{voice.who: name}, deliveries=len(found))
         if handed:
             self.take_new()
+
+    def _said_unreadable(self, file: str) -> None:
+        v = self.voice
+        # events: notify_dead_letter channel_dead_letter
+        log.error(f"{v.prefix}_dead_letter", **{v.who: self.name}, file=file, reason="unreadable")
 
     def put(self, to: str, kind: str, body: str) -> Delivery:
         """Queue `body` (a whole message) for `to`: on disk before this returns."""
@@ -187,11 +222,11 @@ class Courier:
                 continue
             try:
                 d = load_capped(path)
-                if d.file_name != name:
-                    raise ValueError("misnamed")
+                if d.file_name != name or (self.accepts is not None and not self.accepts(d)):
+                    raise ValueError("not this target's")
             except (OSError, ValueError, TypeError):
                 self.outbox.bury_file(path)
-                log.error("channel_dead_letter", channel=self.name, file=name, reason="unreadable")
+                self._said_unreadable(name)
                 self._count("dead")
                 continue
             with self._cond:
@@ -206,8 +241,7 @@ class Courier:
         return taken
 
     def waiting(self) -> int:
-        with self._cond:
-            return len(self._pending)
+        return len(self._pending)  # a plain length: read by the counts' report
 
     def start(self) -> None:
         self.thread.start()
@@ -217,17 +251,27 @@ class Courier:
         with self._cond:
             self._cond.notify()
         self.thread.join(5)
+        close = getattr(self.send, "close", None)
+        if close is not None and not self.thread.is_alive():  # else the process exit ends it
+            close()
 
     def _run(self) -> None:
+        v = self.voice
         while (d := self._next_due()) is not None:
             try:
                 self._attempt(d)
-            except Exception as err:  # a channel must never take the daemon down
-                log.error("channel_send_failed", channel=self.name, error=str(err))
-                with self._cond:
-                    if d.msg_id in self._pending:
-                        later = time.time() + self.policy.backoff_max
-                        self._pending[d.msg_id] = replace(d, next_at=later)
+            except Exception as err:  # a delivery must never take the process down
+                # events: notify_failed channel_send_failed
+                log.error(v.failed, **{v.who: self.name}, event_id=d.event_id, error=str(err))
+                self._park(d)
+
+    def _park(self, d: Delivery) -> None:
+        """After an unexpected error (a full disk, say), wait the longest backoff: never a busy
+        loop of attempts."""
+        with self._cond:
+            if (held := self._pending.get(d.msg_id)) is not None:
+                later = time.time() + self.policy.backoff_max
+                self._pending[d.msg_id] = replace(held, next_at=later)
 
     def _next_due(self) -> Delivery | None:
         look_at = time.monotonic() + RESCAN_SECONDS
@@ -240,7 +284,8 @@ class Courier:
                     try:
                         self.take_new()
                     except OSError as err:
-                        log.error("channel_send_failed", channel=self.name, error=str(err))
+                        # events: notify_failed channel_send_failed
+                        log.error(self.voice.failed, **{self.voice.who: self.name}, error=str(err))
             with self._cond:
                 if self._hinted or self._stopping.is_set():
                     continue
@@ -264,8 +309,10 @@ class Courier:
             with self._cond:
                 self.outbox.remove(d)  # first: what was accepted is never sent again
                 self._pending.pop(d.msg_id, None)
-            log.info("channel_sent", channel=self.name, kind=d.event, attempt=d.attempts + 1)
             self._count("sent")
+            v = self.voice
+            # events: notify_sent channel_sent
+            log.info(f"{v.prefix}_sent", **self._about(d), attempt=d.attempts + 1)
             return
         d = replace(d, attempts=d.attempts + 1, last_error=failed.why)
         step = (
@@ -283,8 +330,14 @@ class Courier:
             self._pending[d.msg_id] = d
             self.outbox.save(d)
         self._count("retry")
+        v = self.voice
+        # events: notify_retry channel_retry
         log.warning(
-            "channel_retry", channel=self.name, kind=d.event, attempt=d.attempts, error=failed.why
+            f"{v.prefix}_retry",
+            **self._about(d),
+            attempt=d.attempts,
+            error=failed.why,
+            retry_in_s=round(step.at - time.time(), 3),
         )
 
     def _bury(self, d: Delivery, reason: str) -> None:
@@ -292,19 +345,28 @@ class Courier:
             if self._pending.pop(d.msg_id, None) is None:
                 return
             self.outbox.bury(d, reason)
-            self.outbox.prune_dead(self.config.outbox_max)
+            pruned = self.outbox.prune_dead(self.config.outbox_max)
         self._count("dead")
+        v = self.voice
+        # events: notify_dead_letter channel_dead_letter
         log.error(
-            "channel_dead_letter",
-            channel=self.name,
-            kind=d.event,
+            f"{v.prefix}_dead_letter",
+            **self._about(d),
             attempts=d.attempts,
             reason=reason,
             error=d.last_error,
+            file=str(self.named_dead / d.file_name),
         )
+        if pruned:
+            v = self.voice
+            # events: notify_dead_letter_pruned channel_dead_letter_pruned
+            log.warning(f"{v.prefix}_dead_letter_pruned", **{v.who: self.name}, deleted=pruned)
+
+    def _about(self, d: Delivery) -> dict[str, Any]:
+        """A delivery's log fields, in this target's voice."""
+        v = self.voice
+        return {v.who: self.name, v.msg_id: d.msg_id, "event_id": d.event_id, "kind": d.event}
 
     def _count(self, result: str) -> None:
-        if self.counted is not None:
-            self.counted.labels(self.name, result).inc()
         if self.tally is not None:
             self.tally(result)

@@ -35,12 +35,11 @@ from deltad.inbox import (
     TooLarge,
 )
 from deltad.inbox.respondents import may_answer, refusal
-from deltad.outbound import mail, senders
+from deltad.outbound import mail
 from deltad.outbound.base import Channel, Closed, Context, Question
 from deltad.outbound.config import EmailConfig
-from deltad.outbound.courier import Courier, Failed, Handed, Send
+from deltad.outbound.courier import Handed
 from deltad.outbound.grants import AddressExpired, Grant, Grants, Refused, Unknown, check
-from deltad.outbound.outbox import Delivery
 from deltad.protocol import InputType, ProtocolError, Workspace, followup
 from deltad.protocol.replies import AnswerRejected
 
@@ -68,16 +67,9 @@ class EmailChannel(Channel):
         self.config, self.ctx = config, ctx
         ctx.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.grants = Grants(ctx.state_dir)
-        # Mail is sent by the inbox process (unprivileged) from what is handed to it; only
-        # without one (a channel on its own, in tests) does this process send it itself,
-        # with the same sender (deltad/outbound/senders.py).
-        self._send: Send | None = None
-        self.courier: Courier | Handed
-        if ctx.hand is not None:
-            self.courier = Handed(self.name, ctx.hand)
-        else:
-            self._send = senders.smtp_sender(senders.email_target(config, self.name))
-            self.courier = Courier(self.name, ctx.state_dir, config.outbox, self._smtp, ctx.sends)
+        # Mail is sent by the inbox process (unprivileged) from what is handed to it
+        # (deltad/outbound/senders.py); this process never connects to the MTA.
+        self.courier = Handed(self.name, ctx.hand)
         self._stopping = threading.Event()
         self._receiving = threading.Lock()
         self._pruned = 0.0
@@ -180,11 +172,6 @@ class EmailChannel(Channel):
     def _notice(self, to: str, subject: str, line: str) -> None:
         msg = mail.notice_mail(self.config.from_address, to, f"[deltad] {subject}", line)
         self.courier.put(to, "notice", msg.as_string())
-
-    def _smtp(self, d: Delivery) -> Failed | None:
-        """One attempt at handing `d` to the MTA from this process; None once it took it."""
-        assert self._send is not None
-        return self._send(d)
 
     # -- taking answers in ------------------------------------------------------------------
     def _prune_loop(self) -> None:

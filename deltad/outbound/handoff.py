@@ -1,6 +1,6 @@
 """The core's side of webhook deliveries: each one is written into the inbox's outbox, which the
-inbox process delivers from (deltad/outbound/notify.py's `WebhookWorker`). The core never connects
-to a receiver and reads nothing a receiver sends.
+inbox process delivers from (a deltad/outbound/courier.py `Courier` per target). The core never
+connects to a receiver and reads nothing a receiver sends.
 
 Layout, under the inbox's directory (`<state_dir>/inbox`, deltad/privsep/core.py):
 
@@ -21,7 +21,8 @@ While no inbox takes them (it is restarting, or its unit is stopped), deliveries
 
 The channels' messages (mail, Slack's Web API calls, notify commands: deltad/outbound/
 senders.py) are handed over the same way, one target per channel, named by `target_key` of
-the channel's name; the inbox's counts for them go to deltad_channel_sends.
+the channel's name. The inbox's counts for every target go to deltad_deliveries_total, by
+target, kind and result.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ from deltad.outbound.outbox import DEAD_LETTER, OUTBOX, Delivery, target_key
 log = structlog.get_logger("deltad.notify")
 
 NEW = "new"
+
+
+def kind_of(name: str) -> str:
+    """A target's kind, from its name: webhook0 → webhook, command1 → command, email, slack."""
+    return name.rstrip("0123456789") or name
+
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -82,18 +90,19 @@ class Handoff:
         owner: tuple[int, int] | None,
         counted: Counter | None = None,
         channels: list[tuple[str, int]] | None = None,
-        sends: Counter | None = None,
     ) -> None:
-        """`channels`: each channel target's name and `outbox_max`; `sends`: their counts by
-        (channel, result)."""
+        """`urls`: the webhooks' (named webhook0, webhook1, ... in that order); `channels`:
+        each channel target's name and `outbox_max`; `counted`: deltad_deliveries_total, by
+        (target, kind, result)."""
         self.owner = owner
-        self.counted = counted  # deliveries by result (deltad/metrics.py): the inbox's report
-        self.sends = sends
-        self.depth = 0  # what waits in the inbox's outbox, as it last said
-        self._seen = (0, 0, 0)  # the connected inbox's counts so far
+        self.counted = counted  # the inbox's reports (deltad/metrics.py)
         self.channel_of = {target_key(n): n for n, _ in channels or []}
-        self.channel_depth = {n: 0 for n, _ in channels or []}
-        self._channel_seen = {n: (0, 0, 0) for n, _ in channels or []}
+        self.webhooks = [f"webhook{i}" for i in range(len(urls))]
+        self.name_of = {target_key(u): n for u, n in zip(urls, self.webhooks, strict=True)}
+        self.name_of |= self.channel_of
+        # What waits in each target's outbox in the inbox, and its counts so far, as it said.
+        self.depths = dict.fromkeys(self.name_of.values(), 0)
+        self._seen = dict.fromkeys(self.name_of.values(), (0, 0, 0))
         self.keys = [target_key(u) for u in urls] + list(self.channel_of)
         caps = [*caps, *(c for _, c in channels or [])]
         self.caps = dict(zip(self.keys, caps, strict=True))
@@ -122,36 +131,37 @@ class Handoff:
         self._bury_orphans()
 
     # -- what the inbox says of its deliveries -----------------------------------------------
+    @property
+    def depth(self) -> int:
+        """What waits in the webhooks' outboxes (deltad_webhook_outbox_depth)."""
+        return sum(self.depths.get(n, 0) for n in self.webhooks)
+
+    @property
+    def channel_depth(self) -> dict[str, int]:
+        """What waits in each channel's (deltad_channel_outbox_depth)."""
+        return {n: self.depths.get(n, 0) for n in self.channel_of.values()}
+
     def connected(self) -> None:
         """A new inbox process: its counts start from zero."""
-        self._seen = (0, 0, 0)
-        self._channel_seen = dict.fromkeys(self._channel_seen, (0, 0, 0))
+        self._seen = dict.fromkeys(self._seen, (0, 0, 0))
 
-    def report_channel(self, c: wire.ChannelSends) -> None:
-        """A channel's counts since the inbox started, as `report` (a channel not configured
-        is ignored: the inbox names it, the core decides)."""
-        was = self._channel_seen.get(c.channel)
+    def report(self, c: wire.Deliveries) -> None:
+        """A target's counts since the inbox started, added to the core's counter (what grew
+        only: an inbox cannot take back what it said). A target not configured is ignored:
+        the inbox names it, the core decides."""
+        was = self._seen.get(c.target)
         if was is None:
             return
         now = (max(was[0], c.sent), max(was[1], c.retry), max(was[2], c.dead))
-        if self.sends is not None:
-            for result, before, after in zip(("sent", "retry", "dead"), was, now, strict=True):
-                if after > before:
-                    self.sends.labels(c.channel, result).inc(after - before)
-        self._channel_seen[c.channel] = now
-        self.channel_depth[c.channel] = c.depth
+        for result, before, after in zip(("sent", "retry", "dead"), was, now, strict=True):
+            if after > before:
+                self._tally(c.target, result, after - before)
+        self._seen[c.target] = now
+        self.depths[c.target] = c.depth
 
-    def report(self, c: wire.DeliveryCounts) -> None:
-        """The inbox's counts since it started, added to the core's counter (what grew only:
-        an inbox cannot take back what it said)."""
-        was = self._seen
-        now = (max(was[0], c.delivered), max(was[1], c.retry), max(was[2], c.dead))
+    def _tally(self, name: str, result: str, n: int = 1) -> None:
         if self.counted is not None:
-            for result, before, after in zip(("delivered", "retry", "dead"), was, now, strict=True):
-                if after > before:
-                    self.counted.labels(result).inc(after - before)
-        self._seen = now
-        self.depth = c.depth
+            self.counted.labels(name, kind_of(name), result).inc(n)
 
     def _hold(self, fd: int) -> int:
         self._fds.append(fd)
@@ -213,11 +223,7 @@ class Handoff:
             with contextlib.suppress(FileNotFoundError):  # the inbox took it meanwhile
                 os.rename(oldest, oldest, src_dir_fd=self.new[key], dst_dir_fd=self.dead[key])
                 self.buried += 1
-                if (channel := self.channel_of.get(key)) is not None:
-                    if self.sends is not None:
-                        self.sends.labels(channel, "dead").inc()
-                elif self.counted is not None:
-                    self.counted.labels("dead").inc()
+                self._tally(self.name_of[key], "dead")
                 log.error(
                     "notify_dead_letter",
                     target_key=key,

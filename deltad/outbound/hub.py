@@ -54,11 +54,11 @@ def targets(config: ChannelsConfig) -> list[ChannelTarget]:
     return out
 
 
-def _hand(handoff: Handoff | None, name: str) -> Callable[[Delivery], None] | None:
-    """A channel's messages into its outbox in the inbox process (None: sent from here)."""
-    if handoff is None or target_key(name) not in handoff.channel_of:
-        return None
+def _hand(handoff: Handoff, name: str) -> Callable[[Delivery], None]:
+    """A channel's messages into its outbox in the inbox process, which sends them."""
     key = target_key(name)
+    if key not in handoff.channel_of:
+        raise ValueError(f"{name}: the inbox process was not given the channel to send")
 
     def hand(d: Delivery) -> None:
         handoff.put(d, key)
@@ -70,34 +70,30 @@ def build(
     config: ChannelsConfig,
     state_dir: Path,
     answer: Answer,
+    handoff: Handoff,
     link: Callable[[str, str], str] | None = None,
     page: Callable[[str], str] | None = None,
-    sends: Counter | None = None,
-    handoff: Handoff | None = None,
     replies: Counter | None = None,
 ) -> list[Channel]:
-    """The configured channels (ValueError or OSError, one line, if one cannot start). With
-    `handoff` (the daemon's), what a channel sends is handed to the inbox process."""
+    """The configured channels (ValueError or OSError, one line, if one cannot start); what a
+    channel sends is handed to the inbox process through `handoff`."""
     out: list[Channel] = []
     if config.email is not None:
         from deltad.outbound.email import EmailChannel
 
-        hand = _hand(handoff, "email")
         ctx = Context(
             state_dir / "channels" / "email",
             answer,
+            _hand(handoff, "email"),
             link,
             page,
-            sends=sends,
-            hand=hand,
             replies=replies,
         )
         out.append(EmailChannel(config.email, ctx))
     if config.slack is not None:
         from deltad.outbound.slack import SlackChannel
 
-        hand = _hand(handoff, "slack")
-        ctx = Context(state_dir / "channels" / "slack", answer, link, page, sends=sends, hand=hand)
+        ctx = Context(state_dir / "channels" / "slack", answer, _hand(handoff, "slack"), link, page)
         out.append(SlackChannel(config.slack, ctx))
     return out
 
@@ -185,8 +181,7 @@ def start(
     quiet_roots: list[Path],
     http: object,
     state_dir: Path,
-    sends: Counter | None = None,
-    handoff: Handoff | None = None,
+    handoff: Handoff | None,
     replies: Counter | None = None,
 ) -> Hub:
     """The daemon's channels, started: answers go through `deltad.inbox.submit` (by way of
@@ -206,7 +201,9 @@ def start(
             return f"{ctx.base_url}/#request={request_id}"
 
     # Four eyes: a reply is a vote where the question needs several (inbox/quorum.py).
-    made = build(config, state_dir, quorum.answer_or_vote, link, page, sends, handoff, replies)
+    if handoff is None:
+        raise ValueError("no inbox process to hand the channels' messages to")
+    made = build(config, state_dir, quorum.answer_or_vote, handoff, link, page, replies)
     hub = Hub(made, feed, quiet_roots)
     hub.start()
     if isinstance(http, handlers.Context):

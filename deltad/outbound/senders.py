@@ -16,6 +16,9 @@ to the dead letter) rather than retried:
              `ephemeral` ({channel, user, text}). The posts of each question (conversation,
              ts) are the sender's own record (`Posts`): Slack's answers never reach the core.
              An error a retry cannot mend (`PERMANENT`) goes to the dead letter.
+    webhook  body: the event's JSON, POSTed to the target's URL with the Standard Webhooks
+             headers (signed with the target's key, deltad/outbound/webhooks.py); the whole
+             attempt ends within `timeout_seconds` (`post_within`). Any 2xx is sent.
     command  body: the event's JSON, on the command's stdin (`notify.commands`): run once
              (`max_attempts: 1`), as the inbox's user, in a clean environment (PATH, LANG),
              from `/`, ended at its timeout; its output is never read. A run that fails (an
@@ -25,11 +28,13 @@ to the dead letter) rather than retried:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import re
 import smtplib
+import socket
 import ssl
 import subprocess
 import threading
@@ -38,11 +43,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import structlog
 
 from deltad import wire
+from deltad.outbound import webhooks
 from deltad.outbound.config import EmailConfig, OutboxConfig, SlackConfig
-from deltad.outbound.courier import Failed, Send
+from deltad.outbound.courier import WEBHOOK, Courier, Failed, Send
 from deltad.outbound.outbox import Delivery, target_key
 from deltad.platform import SAFE_PATH
 from deltad.protocol import atomic_write_json
@@ -50,6 +57,7 @@ from deltad.protocol import atomic_write_json
 log = structlog.get_logger("deltad.channels")
 
 CA_MAX = 1024 * 1024  # bytes of a CA bundle handed to the inbox
+RESPONSE_MAX = 64 * 1024  # bytes of a receiver's answer read at most; the rest is never read
 
 
 class SenderError(ValueError):
@@ -417,6 +425,127 @@ def command_sender(t: wire.ChannelTarget) -> Send:
         return None
 
     return run
+
+
+# -- webhooks (HTTP POST) ----------------------------------------------------------------------
+class _Cutoff:
+    """Ends one attempt at its deadline, whatever it is waiting for (a status line dripped a
+    byte at a time passes every per-read timeout): the attempt's socket, learnt from the
+    client's trace as it connects, is shut down, and the blocked read returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.fired = False
+
+    def trace(self, name: str, info: dict[str, Any]) -> None:
+        if name not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sock = sock  # under TLS, the TLS socket (the plain one is detached)
+                if self.fired:
+                    _shut(sock)
+
+    def fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            if self._sock is not None:
+                _shut(self._sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def post_within(
+    client: httpx.Client, url: str, body: bytes, headers: dict[str, str], deadline: float
+) -> int | str:
+    """POST `body`; the status code, or why there is none. The whole attempt (connect, send,
+    status line, headers, body) ends within `deadline` seconds, and at most RESPONSE_MAX bytes
+    of the answer are read: only its status counts."""
+    cutoff = _Cutoff()
+    timer = threading.Timer(deadline, cutoff.fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        with client.stream(
+            "POST", url, content=body, headers=headers, extensions={"trace": cutoff.trace}
+        ) as r:
+            status = r.status_code
+            read = 0
+            with contextlib.suppress(httpx.HTTPError):
+                for chunk in r.iter_raw(RESPONSE_MAX):
+                    read += len(chunk)
+                    if read >= RESPONSE_MAX or cutoff.fired:
+                        break  # the rest is never read: the connection closes
+            return status
+    except httpx.HTTPError as e:
+        return "deadline" if cutoff.fired else type(e).__name__
+    finally:
+        timer.cancel()
+
+
+class WebhookSender:
+    """One attempt at a webhook delivery per call: POSTed to the target's URL, signed, within
+    its deadline; None on a 2xx."""
+
+    def __init__(self, t: wire.WebhookTarget) -> None:
+        self.url, self.timeout = t.url, t.timeout_seconds
+        self.key = base64.b64decode(t.signing_key) if t.signing_key else None
+        # No pooled connections: each attempt connects, so its deadline can cut it off.
+        self.client = httpx.Client(
+            timeout=t.timeout_seconds,
+            follow_redirects=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
+
+    def __call__(self, d: Delivery) -> Failed | None:
+        body = d.body.encode()
+        headers = webhooks.headers(d.msg_id, int(time.time()), body, self.key, d.event)
+        status = post_within(self.client, self.url, body, headers, self.timeout)
+        if isinstance(status, str):
+            return Failed(status)
+        return None if 200 <= status < 300 else Failed(f"HTTP {status}")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def webhook_outbox(t: wire.WebhookTarget) -> OutboxConfig:
+    return OutboxConfig(
+        max_attempts=t.max_attempts,
+        backoff_seconds=t.backoff_seconds,
+        backoff_max_seconds=t.backoff_max_seconds,
+        max_age_seconds=t.max_age_seconds,
+        outbox_max=t.outbox_max,
+    )
+
+
+def webhook_courier(
+    t: wire.WebhookTarget,
+    state: Path,
+    named: Path | None = None,
+    tally: Callable[[str], None] | None = None,
+    send: Send | None = None,
+) -> Courier:
+    """A webhook target's courier in the inbox process: its outbox named by the URL, what the
+    core hands over for it taken from `new/`; `send`: another transport (tests)."""
+    return Courier(
+        t.name,
+        state,
+        webhook_outbox(t),
+        send if send is not None else WebhookSender(t),
+        handed=True,
+        tally=tally,
+        keyed=t.url,
+        accepts=lambda d: d.url == t.url,
+        voice=WEBHOOK,
+        named=named,
+    )
 
 
 # -- which ---------------------------------------------------------------------------------

@@ -44,18 +44,16 @@ from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.signature import SignatureVerifier
 
 from deltad.inbox import Answerer, SubmitError, refuse_respondent
 from deltad.inbox.answering import AnswerIn
 from deltad.inbox.handlers import ApiError
 from deltad.inbox.respondents import may_answer
-from deltad.outbound import blocks, senders
+from deltad.outbound import blocks
 from deltad.outbound.base import Channel, Closed, Context, Question
 from deltad.outbound.config import SlackConfig
-from deltad.outbound.courier import Courier, Failed, Handed
-from deltad.outbound.outbox import Delivery
+from deltad.outbound.courier import Handed
 from deltad.outbound.senders import PERMANENT as PERMANENT
 from deltad.protocol import InteractionRequest, ProtocolError, Workspace, atomic_write_json
 from deltad.protocol.printable import show_path, unshow
@@ -204,29 +202,12 @@ class SlackChannel(Channel):
         self.config, self.ctx = config, ctx
         ctx.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # The signing secret is read here, once, and kept in memory only (never logged). The
-        # bot token is the inbox process's (handed to it at connect); only a channel without
-        # one (on its own, in tests) reads it and sends from this process, with the same
-        # sender (deltad/outbound/senders.py).
+        # bot token is the inbox process's (handed to it at connect): it sends and opens the
+        # modals (deltad/outbound/senders.py); this process makes no call to Slack.
         self.verifier = SignatureVerifier(config.signing_secret.read().decode())
         self.records = Records(ctx.state_dir / "messages")
         self._pruned = 0.0
-        self.sender: senders.SlackSender | None = None
-        self.client: Any = None  # slack_sdk.WebClient, where this process sends
-        self.courier: Courier | Handed
-        if ctx.hand is not None:
-            self.courier = Handed(self.name, ctx.hand)
-        else:
-            target = senders.slack_target(config, self.name)
-            self.sender = senders.SlackSender(target, ctx.state_dir / "posts")
-            self.client = self.sender.client
-            self.courier = Courier(
-                self.name,
-                ctx.state_dir,
-                config.outbox,
-                self._deliver,
-                ctx.sends,
-                queued=self.sender.queued,
-            )
+        self.courier = Handed(self.name, ctx.hand)
 
     # -- the interface ----------------------------------------------------------------------
     def start(self) -> None:
@@ -322,12 +303,6 @@ class SlackChannel(Channel):
         text, message = self._closed_message(doc)  # as it is now: who answered, and when
         body = {"ref": ref, "text": text, "blocks": message, **_legacy(doc)}
         self.courier.put("update", "update", json.dumps(body))
-
-    # -- sending (the courier's thread) -----------------------------------------------------
-    def _deliver(self, d: Delivery) -> Failed | None:
-        """One attempt from this process (a channel without an inbox process to send)."""
-        assert self.sender is not None
-        return self.sender(d)
 
     def _closed_message(self, record: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         c = record["closed"]
@@ -439,34 +414,26 @@ class SlackChannel(Channel):
         return ws, req, record
 
     def _open(self, p: Payload, req: InteractionRequest, ref: str, key: str) -> dict[str, Any]:
-        """The modal for `key`, opened here (a channel on its own) or described for the inbox
-        process to open (`open_view`)."""
+        """The modal for `key`, described for the inbox process to open (`open_view`)."""
         if key and not any(b.key == key and b.opens for b in blocks.buttons(req)):
             raise Refusal("misfit", f"this question has no button {key!r}")
         if not p.trigger_id:
             raise Refusal("bad_payload", "the action carries no trigger_id to open a form with")
         view = blocks.modal(req, ref, key)
-        if self.client is None:
-            line = f"Not taken: {MODAL_FAILED}"
-            refusal = {"response_type": "ephemeral", "replace_original": False, "text": line}
-            told = {"channel": p.conversation, "user": p.user.id, "text": line}
-            return {
-                "open_view": {
-                    "trigger_id": p.trigger_id,
-                    "view": view,
-                    "timeout": OPEN_SECONDS,
-                    "request_id": req.request_id,
-                    "user": p.user.id,
-                    "refusal": refusal,
-                    "told": told if p.conversation is not None else None,
-                }
+        line = f"Not taken: {MODAL_FAILED}"
+        refusal = {"response_type": "ephemeral", "replace_original": False, "text": line}
+        told = {"channel": p.conversation, "user": p.user.id, "text": line}
+        return {
+            "open_view": {
+                "trigger_id": p.trigger_id,
+                "view": view,
+                "timeout": OPEN_SECONDS,
+                "request_id": req.request_id,
+                "user": p.user.id,
+                "refusal": refusal,
+                "told": told if p.conversation is not None else None,
             }
-        try:
-            self.client.views_open(trigger_id=p.trigger_id, view=view, timeout=OPEN_SECONDS)
-        except (SlackApiError, SlackClientError, OSError) as e:
-            log.error("slack_modal_failed", request_id=req.request_id, error=str(e)[:300])
-            raise Refusal("modal_failed", MODAL_FAILED) from None
-        return {}
+        }
 
     def _name_of(self, user: str) -> str | None:
         person = self.config.person(user)

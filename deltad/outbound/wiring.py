@@ -112,7 +112,7 @@ class Outbound:
         self.context, self.handoff = context, handoff
         self.notifier: Notifier | None = None
         self.hub: Hub | None = None
-        if notify is not None and (notify.webhooks or notify.commands):
+        if notify is not None and (notify.webhooks or notify.commands) and handoff is not None:
             from deltad.outbound.notify import Notifier
 
             try:
@@ -135,7 +135,6 @@ class Outbound:
                     self.quiet,
                     self.context,
                     self.state_dir,
-                    self.metrics.channel_sends,
                     self.handoff,
                     self.metrics.channel_replies,
                 )

@@ -305,7 +305,7 @@ def decode_message(raw: bytes) -> wire.Call | wire.Told | str:
 def decode(raw: bytes) -> wire.Call | str:
     """A frame from the inbox as a call, or why it is refused (no other outcome)."""
     msg = decode_message(raw)
-    if isinstance(msg, wire.DeliveryCounts | wire.ChannelSends):
+    if isinstance(msg, wire.Deliveries):
         return f"{msg.op}: not a call"
     return msg
 
@@ -451,13 +451,9 @@ class Monitor:
         if isinstance(call, str):
             self._refused(raw, call)
             return
-        if isinstance(call, wire.DeliveryCounts):
+        if isinstance(call, wire.Deliveries):
             if self.serving.handoff is not None:
                 self.serving.handoff.report(call)
-            return
-        if isinstance(call, wire.ChannelSends):
-            if self.serving.handoff is not None:
-                self.serving.handoff.report_channel(call)
             return
         self.slots.acquire()  # back-pressure on the inbox only
         pool.submit(self._run, call)

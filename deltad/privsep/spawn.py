@@ -98,7 +98,6 @@ def open_inbox(
                 sending.webhooks,
                 metrics.deliveries,
                 sending.channels,
-                metrics.channel_sends,
             )
         except (OSError, ValueError) as e:
             host.close_socket()
@@ -340,7 +339,6 @@ class InboxHost:
         targets: list[wire.WebhookTarget],
         counted: Any,
         channels: list[wire.ChannelTarget] | None = None,
-        sends: Any = None,
     ) -> Handoff:
         """The webhooks and channel targets this inbox sends: their outbox made (an older
         deltad's moved in), their settings and credentials for its welcome. Before `start`."""
@@ -348,7 +346,7 @@ class InboxHost:
         channels = channels or []
         named = [(c.name, c.outbox_max) for c in channels]
         try:
-            handoff = Handoff(self.dir, self.state_dir, urls, caps, owner, counted, named, sends)
+            handoff = Handoff(self.dir, self.state_dir, urls, caps, owner, counted, named)
         except (HandoffError, OSError) as e:
             where = "notify.webhooks" if urls else "channels"
             raise InboxUnusable(f"{where}: the inbox's outbox: {e}") from None

@@ -265,8 +265,8 @@ def test_mail_queued_while_the_mta_is_unreachable_survives_a_kill_9(
 
 
 def _sent(url: str, token: str) -> dict[str, float]:
-    """deltad_channel_sends_total for email by result, and deltad_channel_outbox_depth (as
-    `depth`), as the core's /metrics says them."""
+    """deltad_deliveries_total for email (kind email) by result, and
+    deltad_channel_outbox_depth (as `depth`), as the core's /metrics says them."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with client(url, token) as http:
@@ -274,11 +274,10 @@ def _sent(url: str, token: str) -> dict[str, float]:
     out = {}
     for f in text_string_to_metric_families(text):
         for s in f.samples:
-            if s.labels.get("channel") != "email":
-                continue
-            if s.name == "deltad_channel_sends_total":
+            if s.name == "deltad_deliveries_total" and s.labels["target"] == "email":
+                assert s.labels["kind"] == "email"
                 out[s.labels["result"]] = s.value
-            elif s.name == "deltad_channel_outbox_depth":
+            elif s.name == "deltad_channel_outbox_depth" and s.labels["channel"] == "email":
                 out["depth"] = s.value
     return out
 

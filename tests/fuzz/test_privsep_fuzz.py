@@ -270,7 +270,7 @@ def test_forged_hand_overs_are_bounded_and_rechecked_by_the_core() -> None:
 
 COUNT = st.integers(-1, 2**60) | st.sampled_from([1e300, "1", None])
 counts = st.fixed_dictionaries(
-    {"op": st.just("channel_sends"), "channel": st.sampled_from(["email", "pager", ""]) | text},
+    {"op": st.just("deliveries"), "target": st.sampled_from(["email", "pager", ""]) | text},
     optional={"sent": COUNT, "retry": COUNT, "dead": COUNT, "depth": COUNT},
 )
 
@@ -286,14 +286,14 @@ def test_channel_counts_from_the_inbox_never_shrink_a_counter_or_raise(
 
     from deltad.outbound.handoff import Handoff
 
-    sends = Counter("s", "s", ["channel", "result"], registry=CollectorRegistry())
+    sends = Counter("s", "s", ["target", "kind", "result"], registry=CollectorRegistry())
     d = Path(tempfile.mkdtemp(prefix="deltad-counts-fuzz-", dir=_tmp))
     (d / "inbox").mkdir()
-    box = Handoff(d / "inbox", d, [], [], None, None, [("email", 10)], sends)
+    box = Handoff(d / "inbox", d, [], [], None, sends, [("email", 10)])
 
     def total() -> dict[tuple[str, str], float]:
         return {
-            (s.labels["channel"], s.labels["result"]): s.value
+            (s.labels["target"], s.labels["result"]): s.value
             for s in sends.collect()[0].samples
             if s.name.endswith("_total")
         }
@@ -302,8 +302,8 @@ def test_channel_counts_from_the_inbox_never_shrink_a_counter_or_raise(
         for raw in frames:
             before = total()
             msg = core.decode_message(raw)
-            if isinstance(msg, wire.ChannelSends):
-                box.report_channel(msg)
+            if isinstance(msg, wire.Deliveries):
+                box.report(msg)
             after = total()
             assert all(after.get(k, 0.0) >= v for k, v in before.items())
             assert {c for c, _ in after} <= {"email"}
@@ -330,7 +330,7 @@ EMAIL = EmailChannel(
             "people": {"alice@example.org": "alice", "bob@example.org": "bob"},
         }
     ),
-    ChannelContext(_tmp / "email", quorum.answer_or_vote),  # its courier never started
+    ChannelContext(_tmp / "email", quorum.answer_or_vote, lambda d: None),  # nothing goes out
 )
 MAIL_GRANT, MAIL_TOKEN = EMAIL.grants.issue(MAIL_RID, MAIL_WS, "alice@example.org", 2e9)
 TAMPERED = MAIL_TOKEN[:-1] + ("1" if MAIL_TOKEN[-1] == "0" else "0")  # its MAC, one digit off

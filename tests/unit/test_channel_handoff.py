@@ -26,9 +26,9 @@ from ..conftest import wait_for
 FAST = OutboxConfig(max_attempts=2, backoff_seconds=0.01, backoff_max_seconds=0.02)
 
 
-def _handoff(tmp: Path, cap: int = 10, sends: object = None) -> Handoff:
+def _handoff(tmp: Path, cap: int = 10, counted: object = None) -> Handoff:
     (tmp / "inbox").mkdir(exist_ok=True)
-    return Handoff(tmp / "inbox", tmp, [], [], None, None, [("email", cap)], sends)  # type: ignore[arg-type]
+    return Handoff(tmp / "inbox", tmp, [], [], None, counted, [("email", cap)])  # type: ignore[arg-type]
 
 
 def test_a_handed_message_is_sent_by_the_inbox_courier_once(tmp_path: Path) -> None:
@@ -82,35 +82,38 @@ def test_channel_counts_grow_the_cores_metrics_and_an_unknown_channel_is_ignored
 ) -> None:
     from deltad.metrics import CoreMetrics
 
-    raw = (
-        b'{"op": "channel_sends", "channel": "email", "sent": 4, "retry": 1, "dead": 0, "depth": 2}'
-    )
+    raw = b'{"op": "deliveries", "target": "email", "sent": 4, "retry": 1, "dead": 0, "depth": 2}'
     assert isinstance(core.decode(raw), str)  # never answered as a call
     counts = core.decode_message(raw)
-    assert isinstance(counts, wire.ChannelSends)
-    sends = CoreMetrics().channel_sends
-    box = _handoff(tmp_path, sends=sends)
-    box.report_channel(counts)
-    box.report_channel(counts.model_copy(update={"sent": 1, "depth": 0}))  # 4 → 1: kept
-    box.report_channel(counts.model_copy(update={"channel": "pager", "sent": 99}))
+    assert isinstance(counts, wire.Deliveries)
+    counted = CoreMetrics().deliveries
+    box = _handoff(tmp_path, counted=counted)
+    box.report(counts)
+    box.report(counts.model_copy(update={"sent": 1, "depth": 0}))  # 4 → 1: kept
+    box.report(counts.model_copy(update={"target": "pager", "sent": 99}))
     box.connected()  # a new inbox counts from zero
-    box.report_channel(counts.model_copy(update={"sent": 2, "retry": 0, "dead": 1}))
+    box.report(counts.model_copy(update={"sent": 2, "retry": 0, "dead": 1}))
     box.close()
     by = {
-        (s.labels["channel"], s.labels["result"]): s.value
-        for s in sends.collect()[0].samples
+        (s.labels["target"], s.labels["kind"], s.labels["result"]): s.value
+        for s in counted.collect()[0].samples
         if "_total" in s.name
     }
-    assert by == {("email", "sent"): 6.0, ("email", "retry"): 1.0, ("email", "dead"): 1.0}
-    assert box.channel_depth == {"email": 2}
+    assert by == {
+        ("email", "email", "sent"): 6.0,
+        ("email", "email", "retry"): 1.0,
+        ("email", "email", "dead"): 1.0,
+    }
+    assert box.channel_depth == {"email": 2} and box.depth == 0
 
 
 @pytest.mark.parametrize(
     "raw",
     [
-        b'{"op": "channel_sends", "channel": "", "sent": 0, "retry": 0, "dead": 0, "depth": 0}',
-        b'{"op": "channel_sends", "channel": "e", "sent": -1, "retry": 0, "dead": 0, "depth": 0}',
-        b'{"op": "channel_sends", "channel": "e", "sent": 0, "retry": 0, "dead": 0}',
+        b'{"op": "deliveries", "target": "", "sent": 0, "retry": 0, "dead": 0, "depth": 0}',
+        b'{"op": "deliveries", "target": "e", "sent": -1, "retry": 0, "dead": 0, "depth": 0}',
+        b'{"op": "deliveries", "target": "e", "sent": 0, "retry": 0, "dead": 0}',
+        b'{"op": "channel_sends", "channel": "e", "sent": 0, "retry": 0, "dead": 0, "depth": 0}',
     ],
 )
 def test_a_bad_channel_count_is_refused(raw: bytes) -> None:
@@ -120,8 +123,8 @@ def test_a_bad_channel_count_is_refused(raw: bytes) -> None:
 def test_beyond_its_cap_the_oldest_waiting_message_goes_to_the_dead_letter(tmp_path: Path) -> None:
     from deltad.metrics import CoreMetrics
 
-    sends = CoreMetrics().channel_sends
-    box = _handoff(tmp_path, cap=2, sends=sends)
+    sends = CoreMetrics().deliveries
+    box = _handoff(tmp_path, cap=2, counted=sends)
     key = target_key("email")
     hand = Handed("email", lambda m: box.put(m, key))
     first = hand.put("a@example.org", "question", "1")

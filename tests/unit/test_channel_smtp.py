@@ -1,6 +1,7 @@
-"""How the email channel hands mail to an MTA (`EmailChannel._smtp`), against a small SMTP
-server in this process on 127.0.0.1: STARTTLS verified against the test's own CA, a login
-only inside TLS, a 4xx retried and a 5xx given up at once."""
+"""How the email channel's mail is handed to an MTA (the inbox's transport,
+`senders.smtp_sender`), against a small SMTP server in this process on 127.0.0.1: STARTTLS
+verified against the test's own CA, a login only inside TLS, a 4xx retried and a 5xx given up
+at once."""
 
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from deltad import inbox
-from deltad.outbound.base import Context
+from deltad.outbound import senders
 from deltad.outbound.config import EmailConfig
-from deltad.outbound.email import EmailChannel
+from deltad.outbound.courier import Send
 from deltad.outbound.outbox import Delivery
 
 pytestmark = pytest.mark.spawns  # one openssl run makes the module's test certificate
@@ -127,7 +127,8 @@ def server(tls: tuple[ssl.SSLContext, Path]) -> Iterator[FakeSmtp]:
         s.server_close()
 
 
-def _channel(tmp: Path, port: int, monkeypatch: pytest.MonkeyPatch, **smtp: Any) -> EmailChannel:
+def _channel(tmp: Path, port: int, monkeypatch: pytest.MonkeyPatch, **smtp: Any) -> Send:
+    """The email channel's transport, as the inbox process is handed it."""
     monkeypatch.setenv("SMTP_PASSWORD", "right")
     config = EmailConfig.model_validate(
         {
@@ -137,7 +138,7 @@ def _channel(tmp: Path, port: int, monkeypatch: pytest.MonkeyPatch, **smtp: Any)
             "smtp": {"host": "127.0.0.1", "port": port, **smtp},
         }
     )
-    return EmailChannel(config, Context(tmp / "state", inbox.submit))
+    return senders.smtp_sender(senders.email_target(config))
 
 
 def _delivery() -> Delivery:
@@ -152,7 +153,7 @@ def test_starttls_then_login_then_the_mail(
 ) -> None:
     login = {"username": "deltad", "password": {"secret_env": "SMTP_PASSWORD"}}
     ch = _channel(tmp_path, server.port, monkeypatch, ca_file=str(tls[1]), **login)
-    assert ch._smtp(_delivery()) is None
+    assert ch(_delivery()) is None
     [got] = server.got
     assert got["tls"] and got["login"] == ("deltad", "right")
     assert "alice@example.org" in got["rcpt"] and b"hello" in got["body"]
@@ -161,7 +162,7 @@ def test_starttls_then_login_then_the_mail(
 def test_a_server_the_ca_does_not_vouch_for_is_never_sent_to(
     tmp_path: Path, server: FakeSmtp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    failed = _channel(tmp_path, server.port, monkeypatch)._smtp(_delivery())  # system CAs
+    failed = _channel(tmp_path, server.port, monkeypatch)(_delivery())  # system CAs
     assert failed is not None and not failed.permanent and "SSL" in failed.why
     assert server.got == []
 
@@ -176,7 +177,7 @@ def test_a_refused_recipient_is_retried_or_given_up(
     permanent: bool,
 ) -> None:
     server.rcpt_code = code
-    failed = _channel(tmp_path, server.port, monkeypatch, ca_file=str(tls[1]))._smtp(_delivery())
+    failed = _channel(tmp_path, server.port, monkeypatch, ca_file=str(tls[1]))(_delivery())
     assert failed is not None and failed.permanent is permanent and str(code) in failed.why
 
 
@@ -184,5 +185,5 @@ def test_an_unreachable_server_is_retried(tmp_path: Path, monkeypatch: pytest.Mo
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed when the test sends: nothing listens
-    failed = _channel(tmp_path, port, monkeypatch, security="none")._smtp(_delivery())
+    failed = _channel(tmp_path, port, monkeypatch, security="none")(_delivery())
     assert failed is not None and not failed.permanent

@@ -1,6 +1,7 @@
 """The email channel in-process: reply addresses, reading a reply, the Maildir pass and the
-answering path, with a real workspace on disk and no network (nothing is sent: the courier's
-thread is never started, so what would go out is read from its outbox). The Maildir is read by
+answering path, with a real workspace on disk and no network (nothing is sent: what the channel
+hands over is taken into the inbox's courier, whose thread is never started, so what would go
+out is read from its outbox). The Maildir is read by
 the inbox process's reader (deltad/outbound/maildir.py), each message relayed to the channel
 through the protocol's own model and the core's `reply_mail`, as over the socket."""
 
@@ -21,17 +22,20 @@ import pytest
 from deltad import wire
 from deltad.core.config import ConfigError, load_config
 from deltad.inbox import quorum
-from deltad.outbound import mail
+from deltad.outbound import mail, senders
 from deltad.outbound.base import Closed, Context, Question
 from deltad.outbound.config import EmailConfig
+from deltad.outbound.courier import Failed
 from deltad.outbound.email import EmailChannel
 from deltad.outbound.grants import AddressExpired, Grants, Unknown, check
 from deltad.outbound.maildir import MaildirReader
+from deltad.outbound.outbox import Outbox
 from deltad.privsep import core
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace, followup, utcnow
 from deltad.protocol.printable import show_path
 from deltad.protocol.replies import AnswerRejected, Decision
 from deltad.testing.stub import paused_workspace
+from tests.support.outbound import inbox_side
 
 ALICE, BOB, MALLORY = "alice@example.org", "bob@example.org", "mallory@example.org"
 
@@ -150,14 +154,18 @@ def _channel(tmp: Path, **over: Any) -> EmailChannel:
             **over,
         }
     )
+    inbox = inbox_side(tmp, senders.email_target(config), lambda d: Failed("never sent here"))
     ctx = Context(
-        tmp / "state", quorum.answer_or_vote, page=lambda r: f"https://inbox/#request={r}"
+        tmp / "state",
+        quorum.answer_or_vote,
+        inbox.hand,
+        page=lambda r: f"https://inbox/#request={r}",
     )
     return EmailChannel(config, ctx)
 
 
 def _outgoing(ch: EmailChannel) -> list[tuple[str, str, EmailMessage]]:
-    found, _ = ch.courier.outbox.load()
+    found, _ = Outbox(ch.ctx.state_dir.parent / "inbox", ch.name).load()
     out = []
     for d in found:
         msg = BytesParser(policy=policy.default).parsebytes(d.body.encode())

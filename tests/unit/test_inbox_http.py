@@ -312,7 +312,9 @@ def test_a_web_session_needs_its_csrf_token_and_ends_with_its_token(
 
 def test_notifications_skip_quiet_roots_excluded_globs_and_other_events(tmp_path: Path) -> None:
     from deltad.inbox.config import NotifyConfig
-    from deltad.outbound.notify import Notifier, _CommandWorker
+    from deltad.outbound.handoff import Handoff
+    from deltad.outbound.notify import Notifier
+    from deltad.outbound.outbox import load_capped, target_key
 
     config = NotifyConfig.model_validate(
         {
@@ -322,8 +324,9 @@ def test_notifications_skip_quiet_roots_excluded_globs_and_other_events(tmp_path
         }
     )
     feed = Feed()
-    notifier = Notifier(config, feed, [Path("/srv/quiet")], None, tmp_path)
-    [worker] = notifier.workers
+    (tmp_path / "inbox").mkdir()
+    box = Handoff(tmp_path / "inbox", tmp_path, [], [], None, channels=[("command0", 10)])
+    notifier = Notifier(config, feed, [Path("/srv/quiet")], None, box)
     notifier._unsubscribe = feed.subscribe(notifier._offer)  # queue only: no threads started
     for ws in ("/srv/ws/alice", "/srv/ws/ci-7", "/srv/quiet/bob"):
         feed.publish("request.created", {"workspace": ws, "request_id": "q"})
@@ -332,13 +335,13 @@ def test_notifications_skip_quiet_roots_excluded_globs_and_other_events(tmp_path
         taken = notifier._queue.get_nowait()
         assert taken is not None
         notifier._take(taken)
-    assert isinstance(worker, _CommandWorker)
+    new = tmp_path / "inbox" / "outbox" / target_key("command0") / "new"
     queued = []
-    while not worker.queue.empty():
-        doc = worker.queue.get_nowait()
-        assert doc is not None
+    for path in sorted(new.iterdir()):  # handed to the inbox process, which runs the command
+        doc = json.loads(load_capped(path).body)
         queued.append((doc["type"], doc["workspace"]))
     assert queued == [("request.created", "/srv/ws/alice")]
+    box.close()
 
 
 def test_a_copied_request_id_is_served_only_where_the_caller_means_it(

@@ -383,7 +383,8 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
     from deltad import wire
     from deltad.inbox.config import Webhook
     from deltad.outbound.handoff import Handoff
-    from deltad.outbound.notify import Results, WebhookWorker, new_delivery, webhook_target
+    from deltad.outbound.notify import new_delivery, webhook_target
+    from deltad.outbound.senders import WebhookSender, webhook_courier
     from tests.support.webhooks import Receiver
 
     counted = CoreMetrics().deliveries
@@ -391,9 +392,18 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
     with Receiver(answers=[500, 500, 204]) as receiver:
         hook = Webhook(url=receiver.url, backoff_seconds=0.01, max_attempts=2)
         box = Handoff(tmp_path / "inbox", tmp_path, [hook.url], [hook.outbox_max], None, counted)
-        results = Results(lambda doc: box.report(wire.DeliveryCounts(op="deliveries", **doc)))
+        counts = {"sent": 0, "retry": 0, "dead": 0}
+
+        def tally(result: str) -> None:
+            counts[result] += 1
+            report()
+
+        def report() -> None:
+            told = {**counts, "depth": worker.waiting()}
+            box.report(wire.Deliveries(op="deliveries", target="webhook0", **told))
+
         target = webhook_target(hook, "webhook0")
-        worker = WebhookWorker(target, tmp_path / "inbox", results)  # no thread started
+        worker = webhook_courier(target, tmp_path / "inbox", tally=tally)  # no thread started
 
         def attempt() -> None:
             due = None
@@ -405,6 +415,7 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
             doc = {"id": event_id, "type": "run.status", "workspace": "/w"}
             box.put(new_delivery(doc, hook.url, time.time()))
             worker.take_new()
+            report()
 
         put(1)
         assert box.depth == 1
@@ -414,11 +425,12 @@ def test_webhook_deliveries_are_counted_by_result_and_the_outbox_depth_follows(
         assert box.depth == 0
         put(2)
         attempt()  # 204: delivered
-        worker.client.close()
+        assert isinstance(worker.send, WebhookSender)
+        worker.send.close()
         box.close()
     assert box.depth == 0
     by = {s.labels["result"]: s.value for s in counted.collect()[0].samples if "_total" in s.name}
-    assert by == {"retry": 1.0, "dead": 1.0, "delivered": 1.0}
+    assert by == {"retry": 1.0, "dead": 1.0, "sent": 1.0}
 
 
 def test_the_pages_question_before_its_login_is_no_failed_login(

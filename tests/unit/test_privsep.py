@@ -204,10 +204,23 @@ def test_the_webhook_outbox_is_roots_with_the_inbox_group_and_its_files_the_inbo
 @pytest.mark.parametrize(
     ("raw", "why"),
     [
-        (b'{"op": "deliveries", "delivered": -1, "retry": 0, "dead": 0, "depth": 0}', "delivered"),
-        (b'{"op": "deliveries", "delivered": 0, "retry": 0, "dead": 0}', "depth"),
-        (b'{"op": "deliveries", "delivered": 0, "retry": 0, "dead": 0, "depth": 0, "x": 1}', "x"),
-        (b'{"op": "deliveries", "delivered": 1e300, "retry": 0, "dead": 0, "depth": 0}', "deliv"),
+        (
+            b'{"op": "deliveries", "target": "w", "sent": -1, "retry": 0, "dead": 0, "depth": 0}',
+            "sent",
+        ),
+        (b'{"op": "deliveries", "target": "w", "sent": 0, "retry": 0, "dead": 0}', "depth"),
+        (
+            b'{"op": "deliveries", "target": "w", "sent": 0, "retry": 0, "dead": 0, "depth": 0, '
+            b'"x": 1}',
+            "x",
+        ),
+        (
+            b'{"op": "deliveries", "target": "w", "sent": 1e300, "retry": 0, "dead": 0, '
+            b'"depth": 0}',
+            "sent",
+        ),
+        (b'{"op": "deliveries", "sent": 0, "retry": 0, "dead": 0, "depth": 0}', "target"),
+        (b'{"op": "deliveries", "delivered": 0, "retry": 0, "dead": 0, "depth": 0}', "target"),
     ],
 )
 def test_a_bad_delivery_count_is_refused(raw: bytes, why: str) -> None:
@@ -219,17 +232,28 @@ def test_delivery_counts_are_no_call_and_only_what_grew_is_counted(tmp_path: Pat
     from deltad.metrics import CoreMetrics
     from deltad.outbound.handoff import Handoff
 
-    raw = b'{"op": "deliveries", "delivered": 5, "retry": 2, "dead": 1, "depth": 3}'
+    raw = (
+        b'{"op": "deliveries", "target": "webhook0", "sent": 5, "retry": 2, "dead": 1, "depth": 3}'
+    )
     assert isinstance(core.decode(raw), str)  # never answered as a call
     counts = core.decode_message(raw)
-    assert isinstance(counts, wire.DeliveryCounts)
+    assert isinstance(counts, wire.Deliveries)
     counted = CoreMetrics().deliveries
     (tmp_path / "inbox").mkdir()
-    box = Handoff(tmp_path / "inbox", tmp_path, [], [], None, counted)
+    box = Handoff(tmp_path / "inbox", tmp_path, ["http://127.0.0.1:1/"], [10], None, counted)
     box.report(counts)
-    box.report(counts.model_copy(update={"delivered": 1, "dead": 4, "depth": 0}))  # 5 → 1: kept
+    box.report(counts.model_copy(update={"sent": 1, "dead": 4, "depth": 0}))  # 5 → 1: kept
     box.connected()  # a new inbox counts from zero
-    box.report(counts.model_copy(update={"delivered": 2, "retry": 0, "dead": 0}))
+    box.report(counts.model_copy(update={"sent": 2, "retry": 0, "dead": 0}))
     box.close()
-    by = {s.labels["result"]: s.value for s in counted.collect()[0].samples if "_total" in s.name}
-    assert by == {"delivered": 7.0, "retry": 2.0, "dead": 4.0} and box.depth == 3
+    by = {
+        (s.labels["target"], s.labels["kind"], s.labels["result"]): s.value
+        for s in counted.collect()[0].samples
+        if "_total" in s.name
+    }
+    assert by == {
+        ("webhook0", "webhook", "sent"): 7.0,
+        ("webhook0", "webhook", "retry"): 2.0,
+        ("webhook0", "webhook", "dead"): 4.0,
+    }
+    assert box.depth == 3 and box.channel_depth == {}

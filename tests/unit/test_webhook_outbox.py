@@ -16,8 +16,9 @@ from pydantic import ValidationError
 
 from deltad.inbox.config import NotifyConfig, Secret, Webhook, one_newline_less
 from deltad.outbound import webhooks
+from deltad.outbound.courier import Courier
 from deltad.outbound.handoff import Handoff, HandoffError
-from deltad.outbound.notify import WebhookWorker, new_delivery, webhook_target
+from deltad.outbound.notify import new_delivery, webhook_target
 from deltad.outbound.outbox import (
     Dead,
     Delivery,
@@ -28,6 +29,7 @@ from deltad.outbound.outbox import (
     target_key,
     too_old,
 )
+from deltad.outbound.senders import WebhookSender, webhook_courier
 from deltad.pacing import Pacing, equal_jitter
 from tests.support.webhooks import Receiver
 
@@ -164,9 +166,15 @@ def _handoff(tmp: Path, *hooks: Webhook) -> Handoff:
     return Handoff(tmp / "inbox", tmp, [h.url for h in hooks], [h.outbox_max for h in hooks], None)
 
 
-def _worker(tmp: Path, hook: Webhook) -> WebhookWorker:
-    """The inbox's side of one target (its thread not started)."""
-    return WebhookWorker(webhook_target(hook, "webhook0"), tmp / "inbox")
+def _worker(tmp: Path, hook: Webhook) -> Courier:
+    """The inbox's side of one target (its thread not started): its courier, with the HTTP
+    POST transport."""
+    return webhook_courier(webhook_target(hook, "webhook0"), tmp / "inbox")
+
+
+def _close(c: Courier) -> None:
+    assert isinstance(c.send, WebhookSender)
+    c.send.close()
 
 
 def _put(box: Handoff, hook: Webhook, event_id: int) -> Delivery:
@@ -275,7 +283,7 @@ def test_a_disk_that_fails_parks_the_delivery_instead_of_a_busy_loop(
         [held] = worker._pending.values()
         assert held.attempts == 1 and held.next_at > time.time() + 500
         assert len(receiver.calls()) == 1
-        worker.client.close()
+        _close(worker)
         box.close()
 
 
@@ -296,8 +304,8 @@ def test_a_full_outbox_pushes_its_oldest_delivery_to_the_dead_letter(tmp_path: P
     # A new worker on the same state dir finds what is waiting, under the same ids.
     again = _worker(tmp_path, hook)
     assert again._pending.keys() == worker._pending.keys()
-    worker.client.close()
-    again.client.close()
+    _close(worker)
+    _close(again)
     box.close()
 
 
@@ -307,12 +315,12 @@ def test_a_file_in_new_that_is_not_this_targets_delivery_goes_to_the_dead_letter
     hook = Webhook(url="http://127.0.0.1:9/hook")
     box = _handoff(tmp_path, hook)
     worker = _worker(tmp_path, hook)
-    new = worker.new_dir
+    new = worker.outbox.pending_dir / "new"
     (new / "00000000000000000001-msg_a.json").write_text("{not json")
     (new / "00000000000000000002-msg_b.json").write_bytes(b"x" * (2 * 1024 * 1024))
     other = new_delivery({"id": 3, "type": "run.status"}, "http://127.0.0.1:1/", 1.0)
     (new / other.file_name).write_text(json.dumps(other.__dict__))
     assert worker.take_new() == 0
     assert len(list(worker.outbox.dead_dir.iterdir())) == 3 and not worker._pending
-    worker.client.close()
+    _close(worker)
     box.close()
