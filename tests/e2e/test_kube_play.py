@@ -12,7 +12,9 @@ these, each stated where it is made:
 - the ConfigMap's `executor: fresh` (no API server to make Jobs);
 - a third container in the pod, the fake model (`python -m deltad.testing.fakellm`, from the
   image), and the core container's model settings pointing at it (a Job takes them from the
-  Secret; the fresh executor passes the daemon's own).
+  Secret; the fresh executor passes the daemon's own);
+- the HTTP port published on a free port of the host's 127.0.0.1 (podman publishes every
+  `containerPort`, on the same port of every address by default; a cluster publishes none).
 The pod has its own network namespace (podman's bridge): the probes' URLs are asked from inside
 it, on its loopback, as kubelet would ask the pod. Podman 4.3 runs a liveness probe as a health
 check and ignores startup and readiness probes; the test asks /readyz and /livez itself.
@@ -114,6 +116,8 @@ def played(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             pod = d["spec"]["template"]["spec"]
             for c in pod["containers"]:
                 c["image"] = IMAGE
+                for port in c.get("ports", []):  # override: podman's publishing (see above)
+                    port |= {"hostIP": "127.0.0.1", "hostPort": _free_port()}
                 if c["name"] == "deltad":  # override: the model's settings (a Job's Secret)
                     c["env"] = [{"name": k, "value": v} for k, v in MODEL.items()]
             pod["containers"].append(  # override: the model, in the pod (no way out of it)
