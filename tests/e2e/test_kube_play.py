@@ -231,8 +231,8 @@ def test_the_shipped_manifests_start_and_an_answered_workspace_resumes(
         assert delta("respond", "-w", ws, "yes").returncode == 0
         host_ws = volumes["delta-workspaces"] / "ws1"
 
-        _podman("kube", "play", str(manifest))
         try:
+            _podman("kube", "play", "--replace", str(manifest))  # a pod a killed run left goes
             name = f"{deployment['metadata']['name']}-pod-0"
 
             def logs() -> str:
