@@ -331,7 +331,8 @@ def _tokens_dir(config_path: Path | None, state_dir: Path | None) -> Path:
 )
 @click.pass_context
 def inbox(ctx: click.Context) -> None:
-    """The HTTP inbox process on its own (deltad-inbox.service): --connect SOCKET."""
+    """The HTTP inbox process on its own (deltad-inbox.service, a pod's inbox container):
+    --connect SOCKET [--wait SECONDS]."""
     from deltad.http.child import main as inbox_main
 
     sys.exit(inbox_main(list(ctx.args)))

@@ -9,6 +9,7 @@ again as if this process were hostile.
 
     python -m deltad.http --core-fd N            (started by `deltad serve`)
     deltad inbox --connect /run/deltad/inbox.sock   (deltad-inbox.service)
+    deltad inbox --connect /run/deltad/inbox.sock --wait 120   (a pod's inbox container)
 
 The process ends when the core hangs up (the core, or systemd, starts another).
 """
@@ -54,6 +55,7 @@ log = structlog.get_logger("deltad.inbox")
 
 PR_SET_NO_NEW_PRIVS = 38
 CALL_SECONDS = 60.0  # a call the core has not answered by then is a 503
+CONNECT_PAUSE = 0.2  # seconds between tries of the core's socket (`--wait`)
 TEST_HOOK_ENV = "DELTAD_INBOX_TEST_HOOK"
 
 
@@ -530,20 +532,65 @@ class Deliveries:
 def _connect(args: argparse.Namespace) -> socket.socket:
     if args.core_fd is not None:
         return socket.socket(fileno=args.core_fd)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(args.connect))
-    return sock
+    return connect_waiting(args.connect, args.wait)
 
 
-def main(argv: list[str] | None = None) -> int:
-    no_new_privs()  # first, before a byte from anyone is read
+def connect_waiting(
+    path: Path,
+    wait: float,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], None] = time.sleep,
+) -> socket.socket:
+    """The core's socket, connected; tried again every CONNECT_PAUSE seconds for up to `wait`
+    while it is not there yet or nobody accepts on it. In a pod the inbox's container starts
+    beside the core's, often first; under systemd (wait 0) the unit's restart does this."""
+    end = clock() + wait
+    said = False
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(path))
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            sock.close()
+            if clock() >= end:
+                raise
+            if not said:
+                log.info("inbox_waiting_for_core", socket=str(path), up_to_s=wait, why=e.strerror)
+                said = True
+        except BaseException:
+            sock.close()
+            raise
+        pause(CONNECT_PAUSE)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 86400:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 86400")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deltad inbox")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--core-fd", type=int)
     where.add_argument("--connect", type=Path)
+    p.add_argument(
+        "--wait",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --connect: wait this long for the core's socket (default 0)",
+    )
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", default="auto")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    no_new_privs()  # first, before a byte from anyone is read
+    args = parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     if os.geteuid() == 0:
         print("deltad inbox: refusing to run as root (it parses the network)", file=sys.stderr)
@@ -551,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         core = _connect(args)
     except OSError as e:
-        print(f"deltad inbox: cannot reach the core: {e.strerror or e}", file=sys.stderr)
+        where = f" at {args.connect}" if args.connect is not None else ""
+        print(f"deltad inbox: cannot reach the core{where}: {e.strerror or e}", file=sys.stderr)
         return 1
     return serve(core)
 

@@ -13,16 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-import tomllib
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
@@ -30,10 +26,12 @@ from deltad.testing import FakeLLM
 from tests.support.daemon import metadata_status
 
 from ..conftest import llm_env
+from ..podman import events as _events
+from ..podman import podman as _podman
+from ..podman import status as _status
+from ..podman import the_image
 from ..users import User, accounts, chown_tree, executable_by_all, shared_tmp
 
-REPO = Path(__file__).resolve().parents[2]
-CONTAINERS_CONF = REPO / "deploy" / "image" / "containers.conf"
 DELTA = str(Path(sys.executable).parent / "delta")  # the host's: it pauses the run
 DEADLINE = 180.0  # seconds: a container start and a resume on a loaded 2-core machine
 PROBE = """name: probe
@@ -45,45 +43,9 @@ tools:
 T = TypeVar("T")
 
 
-def _version() -> str:
-    with (REPO / "pyproject.toml").open("rb") as f:
-        version: str = tomllib.load(f)["project"]["version"]
-    return version
-
-
-IMAGE = os.environ.get("DELTAD_IMAGE", f"localhost/deltad:{_version()}")
-
-
-def _missing(why: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"the image's smoke test must run in CI: {why}")
-    pytest.skip(why)
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
-
-
-def _podman(*args: str, check: bool = True, timeout: float = 120) -> str:
-    out = subprocess.run(
-        ["podman", *args],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and out.returncode != 0:
-        raise AssertionError(f"podman {args[0]} failed: {out.stderr.strip()}")
-    return out.stdout + out.stderr
-
-
 @pytest.fixture
 def image() -> str:
-    if shutil.which("podman") is None:
-        _missing("podman is not installed (apt-get install podman runc mmdebstrap)")
-    if subprocess.run(["podman", "image", "exists", IMAGE], env=_env(), check=False).returncode:
-        _missing(f"no image {IMAGE}: build it with deploy/image/build.sh")
-    return IMAGE
+    return the_image("the image's smoke test")
 
 
 def _poll(cond: Callable[[], T], what: str, logs: Callable[[], str]) -> T:
@@ -95,26 +57,6 @@ def _poll(cond: Callable[[], T], what: str, logs: Callable[[], str]) -> T:
         if time.monotonic() > end:
             raise AssertionError(f"timed out after {DEADLINE}s waiting for {what}:\n{logs()}")
         time.sleep(0.25)
-
-
-def _events(text: str, event: str) -> list[dict[str, Any]]:
-    found = []
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):
-            doc = json.loads(line)
-            if isinstance(doc, dict) and doc.get("event") == event:
-                found.append(doc)
-    return found
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
 
 
 def _as(user: User, fake: FakeLLM, *args: str) -> subprocess.CompletedProcess[str]:

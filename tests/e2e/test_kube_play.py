@@ -1,7 +1,7 @@
 """The shipped Kubernetes manifests start as shipped: `podman kube play` of deploy/kubernetes's
 ConfigMap, PersistentVolumeClaims and Deployment, with the image CI builds, the Deployment's
 own security contexts (the root core with CHOWN and DAC_OVERRIDE only, read-only root file
-system, no privilege escalation; the inbox container as uid 999 with no capabilities), volumes
+system, no privilege escalation; the inbox container as uid 8470 with no capabilities), volumes
 and probes. An answered workspace on the workspaces volume resumes in the pod, and /readyz and
 /livez answer 200.
 
@@ -40,17 +40,17 @@ import pytest
 import yaml
 
 from deltad.testing import FakeLLM
+from tests.podman import CONTAINERS_CONF, IMAGE, missing
 from tests.support.daemon import metadata_status
 
 from ..conftest import llm_env
-from .test_image import CONTAINERS_CONF, IMAGE, _missing
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "deploy" / "kubernetes"
 PLAYED = ("ConfigMap", "PersistentVolumeClaim", "Deployment")
 NOT_PLAYED = ("Namespace", "ServiceAccount", "Role", "RoleBinding", "Service")
 DEADLINE = 240.0  # seconds: two containers' start, a scan and a resume on a loaded 2-core host
-INBOX_UID = 999
+INBOX_UID = 8470  # deploy/image/Containerfile's deltad-inbox
 MODEL_PORT = 18471
 MODEL = {"OPENAI_BASE_URL": f"http://127.0.0.1:{MODEL_PORT}/v1", "OPENAI_API_KEY": "fake"}
 FAKE_MODEL = ("python3", "-W", "ignore", "-m", "deltad.testing.fakellm", "--port", str(MODEL_PORT),
@@ -155,6 +155,10 @@ def _proc_status(match: str) -> dict[str, str] | None:
     return None
 
 
+def _missing(why: str) -> None:
+    missing("the Kubernetes manifests' test", why)
+
+
 @pytest.fixture
 def image() -> str:
     if shutil.which("podman") is None:
@@ -252,7 +256,7 @@ def test_the_shipped_manifests_start_and_an_answered_workspace_resumes(
             assert any('"yes"' in j.read_text() for j in journal)
             _poll(lambda: probe("/readyz") == 200, "/readyz 200", logs)
             assert probe("/livez") == 200
-            # The network is parsed by the inbox container's process: uid 999, no capability.
+            # The network is parsed by the inbox container's process: its uid, no capability.
             inbox = _proc_status("deltad inbox --connect")
             assert inbox is not None, logs()
             assert inbox["Uid"].split()[:2] == [str(INBOX_UID)] * 2

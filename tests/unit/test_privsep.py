@@ -4,14 +4,16 @@ gets, the protocol's refusals from a table, and the replica feed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import stat
 from pathlib import Path
 
 import pytest
 
 from deltad import wire
-from deltad.http import sessions
+from deltad.http import child, sessions
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.inbox.tokens import TokenStore
 from deltad.privsep import core
@@ -257,3 +259,57 @@ def test_delivery_counts_are_no_call_and_only_what_grew_is_counted(tmp_path: Pat
         ("webhook0", "webhook", "dead"): 4.0,
     }
     assert box.depth == 3 and box.channel_depth == {}
+
+
+class _Core:
+    """What `connect_waiting` meets: no socket yet, then one nobody accepts on, then the core
+    listening; each pause moves the clock and the core one step on."""
+
+    def __init__(self, path: Path, steps: list[str]) -> None:
+        self.path, self.steps, self.now, self.pauses = path, steps, 0.0, 0
+        self.listening: socket.socket | None = None
+
+    def clock(self) -> float:
+        return self.now
+
+    def pause(self, seconds: float) -> None:
+        self.now += seconds
+        self.pauses += 1
+        step = self.steps.pop(0) if self.steps else "stay"
+        if step in ("refusing", "listening"):
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(str(self.path))
+            if step == "listening":
+                sock.listen(1)
+                self.listening = sock
+            else:
+                sock.close()  # the file stays, nobody accepts: ECONNREFUSED
+
+
+def test_the_inbox_waits_for_the_cores_socket_until_it_accepts(tmp_path: Path) -> None:
+    core_ = _Core(tmp_path / "inbox.sock", ["stay", "refusing", "stay", "listening"])
+    sock = child.connect_waiting(core_.path, 120, core_.clock, core_.pause)
+    with sock, core_.listening or contextlib.nullcontext():
+        assert core_.pauses == 4 and sock.getpeername() == str(core_.path)
+
+
+@pytest.mark.parametrize(("wait", "pauses"), [(0, 0), (1, 5)])
+def test_the_inbox_gives_up_on_a_missing_core_after_its_wait(
+    tmp_path: Path, wait: float, pauses: int
+) -> None:
+    core_ = _Core(tmp_path / "inbox.sock", [])
+    with pytest.raises(FileNotFoundError):
+        child.connect_waiting(core_.path, wait, core_.clock, core_.pause)
+    assert core_.pauses == pauses  # every CONNECT_PAUSE (0.2 s) until the wait is over
+
+
+@pytest.mark.parametrize("wait", ["-1", "nan", "1e9", "soon"])
+def test_a_wait_that_is_no_number_of_seconds_is_refused(
+    wait: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        child.parser().parse_args(["--connect", "/nonexistent/inbox.sock", "--wait", wait])
+    assert e.value.code == 2
+    assert "--wait" in capsys.readouterr().err

@@ -5,6 +5,7 @@ pieces name each other consistently."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -186,10 +187,8 @@ def test_the_image_is_the_one_deploy_image_builds_in_the_daemon_and_in_every_job
     )
     containers = objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
     config = yaml.safe_load(objects()["ConfigMap"]["data"]["deltad.yaml"])
-    assert [c["name"] for c in containers] == ["deltad", "inbox"]
-    for container in containers:  # the core and the inbox: one image
-        assert container["image"] == config["executors"]["kubernetes"]["image"]
-        assert container["image"] == f"localhost/deltad:{version}"
+    assert {c["image"] for c in containers} == {config["executors"]["kubernetes"]["image"]}
+    assert {c["image"] for c in containers} == {f"localhost/deltad:{version}"}
 
 
 def test_the_inbox_listens_beyond_loopback_behind_the_service_with_probes() -> None:
@@ -197,19 +196,9 @@ def test_the_inbox_listens_beyond_loopback_behind_the_service_with_probes() -> N
     config = yaml.safe_load(found["ConfigMap"]["data"]["deltad.yaml"])
     host, _, port = config["http"]["listen"].rpartition(":")
     assert host == "0.0.0.0"
-    container, inbox = found["Deployment"]["spec"]["template"]["spec"]["containers"]
+    container = _container("deltad")  # the core binds the port; the inbox serves on it
     assert container["ports"] == [{"name": "http", "containerPort": int(port)}]
-    assert inbox["livenessProbe"]["httpGet"] == {"path": "/livez", "port": int(port)}
-    # The inbox container connects to the core's socket, on a volume both mount, as the
-    # image's deltad-inbox with nothing more.
-    socket = Path(config["http"]["inbox_socket"])
-    assert inbox["args"][:4] == ["deltad", "inbox", "--connect", str(socket)]
-    shared = {m["name"] for m in container["volumeMounts"] if m["mountPath"] == str(socket.parent)}
-    assert shared and shared == {
-        m["name"] for m in inbox["volumeMounts"] if m["mountPath"] == str(socket.parent)
-    }
-    assert inbox["securityContext"]["runAsUser"] == 999 and inbox["securityContext"]["runAsNonRoot"]
-    assert inbox["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "ports" not in _container("inbox")
     assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
     assert container["startupProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
@@ -222,3 +211,73 @@ def test_the_inbox_listens_beyond_loopback_behind_the_service_with_probes() -> N
 def test_the_workspaces_claim_names_its_storage_class() -> None:
     claim = _pvc("delta-workspaces")
     assert claim["spec"]["storageClassName"] == "nfs-client"  # the documented parameter
+
+
+def _container(name: str) -> dict[str, Any]:
+    containers = objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    [found] = [c for c in containers if c["name"] == name]
+    return dict(found)
+
+
+def _baked_inbox_ids() -> tuple[str, int, int]:
+    """The inbox's account as deploy/image/Containerfile makes it: name, uid, gid."""
+    text = (REPO / "deploy" / "image" / "Containerfile").read_text().replace("\\\n", " ")
+    [line] = [ln for ln in text.splitlines() if ln.startswith("RUN") and "useradd" in ln]
+    uid = re.search(r"--uid (\d+)", line)
+    gid = re.search(r"groupadd --system --gid (\d+) (\S+)", line)
+    assert uid and gid, line
+    assert line.split()[-1] == gid.group(2)  # the user and its group share the name
+    return gid.group(2), int(uid.group(1)), int(gid.group(1))
+
+
+def test_the_inbox_container_runs_as_the_images_inbox_account_with_nothing_to_gain() -> None:
+    name, uid, gid = _baked_inbox_ids()
+    config = yaml.safe_load(objects()["ConfigMap"]["data"]["deltad.yaml"])
+    assert config["http"].get("user", "deltad-inbox") == name  # whom the core serves
+    assert _container("inbox")["securityContext"] == {
+        "runAsUser": uid,
+        "runAsGroup": gid,
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_the_core_switches_no_user_in_the_pod() -> None:
+    """No SETUID/SETGID: resumes are Jobs, and the inbox is its own container."""
+    sc = _container("deltad")["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+
+
+def test_the_inbox_connects_to_the_cores_socket_in_a_volume_only_they_share() -> None:
+    config = yaml.safe_load(objects()["ConfigMap"]["data"]["deltad.yaml"])
+    socket = Path(config["http"]["inbox_socket"])
+    pod = objects()["Deployment"]["spec"]["template"]["spec"]
+    args = _container("inbox")["args"]
+    assert args[:2] == ["deltad", "inbox"]
+    assert args[args.index("--connect") + 1] == str(socket)
+
+    def mounted(container: dict[str, Any]) -> str:
+        [name] = [
+            m["name"] for m in container["volumeMounts"] if m["mountPath"] == str(socket.parent)
+        ]
+        return str(name)
+
+    assert mounted(_container("deltad")) == mounted(_container("inbox"))
+    [volume] = [v for v in pod["volumes"] if v["name"] == mounted(_container("inbox"))]
+    assert "emptyDir" in volume  # the pod's own, gone with it
+
+
+def test_the_inbox_container_holds_no_state_workspace_config_or_api_token() -> None:
+    """It parses the network: it mounts the socket's directory and, over the path where the
+    kubelet would put the service account's token (which makes Jobs), an empty directory."""
+    pod = objects()["Deployment"]["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in _container("inbox")["volumeMounts"]}
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    config = yaml.safe_load(objects()["ConfigMap"]["data"]["deltad.yaml"])
+    assert set(mounts) == {str(Path(config["http"]["inbox_socket"]).parent), token}
+    [shadow] = [v for v in pod["volumes"] if v["name"] == mounts[token]]
+    assert "emptyDir" in shadow
