@@ -141,9 +141,12 @@ def test_check_shows_each_owners_share_and_notes_one_above_the_total(tmp_path: P
     out = _check(tmp_path, "")
     assert out.returncode == 0, out.stderr
     assert "  max_parallel_resumes_per_owner: 2\n" in out.stdout  # unset: half, rounded up
-    assert "note:" not in out.stdout
+    assert "note: max_parallel_resumes_per_owner" not in out.stdout
     out = _check(tmp_path, "max_parallel_resumes_per_owner: 4\n")
-    assert "  max_parallel_resumes_per_owner: 4\n" in out.stdout and "note:" not in out.stdout
+    assert (
+        "  max_parallel_resumes_per_owner: 4\n" in out.stdout
+        and "note: max_parallel_resumes_per_owner" not in out.stdout
+    )
     out = _check(tmp_path, "max_parallel_resumes_per_owner: 8\n")
     assert out.returncode == 0, out.stderr
     assert (
