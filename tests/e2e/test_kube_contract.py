@@ -375,6 +375,12 @@ def test_a_change_lost_to_a_compacted_history_is_found_by_one_relist(
         handle = ex.submit(spec())
         submitted(ex, handle)
         assert emu.lists() == 1
+        # The watch open and past the Job's ADDED: a watch still at the list's version when the
+        # server goes would come back at "0" (any version), which is never Gone.
+        wait(
+            lambda: emu.handler.streams == 1 and ex._watch.version not in ("", "0"),
+            "the watch past the Job's ADDED",
+        )
         with proxy.down():  # the server away: the Job ends, and its history is compacted
             wait(lambda: ex._watch._error, "the watch to fail")
             ended(emu, handle.key.name)
