@@ -100,14 +100,23 @@ __docs_bg() {  # N FILE READY DEADLINE: a server the later blocks use
     done
     __docs_said "done $1 0"
 }
+__docs_kids() {  # PID: its descendants, deepest first
+    local p
+    for p in $(ps -o pid= --ppid "$1" 2>/dev/null); do __docs_kids "$p"; echo "$p"; done
+}
 __docs_stream() {  # N FILE: runs until it has printed something, then ^C
-    ( set -euo pipefail; source "$2" ) </dev/null >"$__H/out.$1" 2>&1 3>&- &
-    local pid=$!
+    # ulimit -f: an example that floods its output stops at 256 MiB, never fills the disk.
+    ( ulimit -f 262144; set -euo pipefail; source "$2" ) </dev/null >"$__H/out.$1" 2>&1 3>&- &
+    local pid=$! i
     until [ -s "$__H/out.$1" ]; do
         if ! kill -0 $pid 2>/dev/null; then wait $pid; __docs_said "done $1 $?"; return; fi
         sleep 0.05
     done
-    kill -INT -- -$pid 2>/dev/null
+    # ^C as a terminal sends it: to the group and, should a pipeline have a group of its own,
+    # to each process under the block; what outlives 10 s of it is killed.
+    kill -INT -- -$pid $(__docs_kids $pid) 2>/dev/null
+    for i in $(seq 200); do kill -0 $pid 2>/dev/null || break; sleep 0.05; done
+    kill -KILL -- -$pid $(__docs_kids $pid) $pid 2>/dev/null
     wait $pid
     __docs_said "done $1 0"
 }

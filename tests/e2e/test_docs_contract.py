@@ -178,7 +178,7 @@ def test_exit_status_and_interrupt_marks(tmp_path: Path) -> None:
 
         <!-- run: interrupt -->
         ```sh
-        yes | head -c 1000000000000
+        while :; do echo tick; sleep 0.1; done
         ```
 
         <!-- not run: shows what a reader on another machine types -->
@@ -191,6 +191,24 @@ def test_exit_status_and_interrupt_marks(tmp_path: Path) -> None:
     assert outcome.failure is None, outcome.failure
     assert [b.line for b in outcome.ran] == [2, 7]
     assert [why for _, why in outcome.not_run] == ["shows what a reader on another machine types"]
+
+
+def test_a_stream_that_ignores_the_interrupt_is_killed(tmp_path: Path) -> None:
+    """^C ignored (a trap, or a pipeline in a group of its own): killed after its grace, so a
+    page never hangs on it nor leaves it writing behind."""
+    repo, page = _page(
+        tmp_path,
+        """\
+        <!-- run: interrupt -->
+        ```sh
+        trap '' INT; echo started; exec sleep 86401
+        ```
+        """,
+    )
+    outcome = run_page(repo, page)
+    assert outcome.failure is None, outcome.failure
+    assert [b.line for b in outcome.ran] == [2]
+    assert not subprocess.run(["pgrep", "-f", "sleep 86401"], capture_output=True).stdout
 
 
 def test_a_block_that_overruns_is_named(tmp_path: Path) -> None:
