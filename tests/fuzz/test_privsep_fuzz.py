@@ -5,7 +5,9 @@ answerer scoped elsewhere, unknown names). The framing: frames or the connection
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -32,6 +34,7 @@ from tests.fuzz import fuzz_settings
 FUZZ = fuzz_settings(300)
 
 _tmp = Path(tempfile.mkdtemp(prefix="deltad-privsep-fuzz-"))
+atexit.register(shutil.rmtree, _tmp, True)  # (300 examples a run: thousands of dirs)
 WS = _tmp / "root" / "ws"
 WS.mkdir(parents=True)
 OPTIONS = [{"key": "a", "label": "Red"}, {"key": "b", "label": "Blue"}]
@@ -309,6 +312,7 @@ def test_channel_counts_from_the_inbox_never_shrink_a_counter_or_raise(
             assert {c for c, _ in after} <= {"email"}
     finally:
         box.close()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 # -- mail the inbox relays (deltad/outbound/maildir.py), decided by the email channel ----------
