@@ -1,7 +1,9 @@
 """The answering package, the root core's question service: one path for every way of seeing
 and answering a question. Besides the functions below, the core's side of every API operation
-lives here (handlers, calls, paging, history, schemas), with the token store, scopes, signed
-links, idempotency keys and the `http:`/`notify:` configuration (config).
+lives here (ops: the table of operations; handlers, paging, history; schemas: the documents),
+with the token store, scopes, signed links, idempotency keys and the `http:`/`notify:`
+configuration (config). The inbox process imports the light part of it (ops, context,
+answer_body, schemas, tokens, feed, ...), never the answering code below.
 
     pending(ws)            the open question as a person sees it (options, calls, deadline)
     status(ws)             the run's status document (`delta status --json`)
@@ -50,8 +52,8 @@ if TYPE_CHECKING:
     from .views import NoRun, Pending, guidance, load_run, pending, status
 
 # Loaded on first use (PEP 562), not by `import deltad.inbox.<module>`: the unprivileged
-# inbox process imports this package's light modules (answer_body, tokens, feed, ...) and
-# need not load the answering code with them.
+# inbox process imports this package's light modules (ops, context, answer_body, tokens, feed,
+# ...) and must not load the answering code with them (tests/unit/test_inbox_imports.py).
 _FROM: dict[str, tuple[str, str]] = {
     **{
         n: ("answer_body", n)

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from deltad import inbox
-from deltad.inbox.handlers import Context, journal_tail, visible
+from deltad.inbox.context import Context, visible
+from deltad.inbox.handlers import journal_tail
+from deltad.inbox.schemas import History
 from deltad.inbox.tokens import Identity
 from deltad.protocol import InteractionRequest, JournalEvent, RunStatus, Workspace
 from deltad.protocol.errors import ProtocolError
@@ -26,8 +28,6 @@ from deltad.protocol.printable import json_safe, show_path
 from deltad.protocol.replies import CallDecision, Decision
 from deltad.protocol.viewing import payload_of
 
-LIMIT_DEFAULT = 50
-LIMIT_MAX = 500
 JOURNALS_MAX = 64  # journal tails read per call at most (each up to JOURNAL_TAIL_BYTES)
 # A final message in the history is a preview: 100 entries stay small; the whole message is in
 # `/v1/runs/{id}` and `delta status`.
@@ -126,7 +126,7 @@ def _answered(
     }
 
 
-def history(ctx: Context, who: Identity, limit: int) -> dict[str, Any]:
+def history(ctx: Context, who: Identity, limit: int) -> History:
     """Journals newest first (by mtime: no entry in a journal is newer than its last write),
     read until no unread journal can hold one of the newest `limit` entries, or JOURNALS_MAX."""
     journals = sorted(_journals(ctx, who), key=lambda j: j[0], reverse=True)
@@ -136,7 +136,7 @@ def history(ctx: Context, who: Identity, limit: int) -> dict[str, Any]:
             break
         found += entries(show_path(ws), run_id, journal_tail(journal), _started(ws, run_id))
         found.sort(key=lambda d: str(d.get("at") or ""), reverse=True)
-    return {"history": json_safe(found[:limit])}
+    return History(history=json_safe(found[:limit]))
 
 
 def complete(found: list[dict[str, Any]], next_mtime: float, limit: int) -> bool:

@@ -29,12 +29,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import structlog
 
-from deltad.inbox import handlers, scopes
+from deltad.inbox import scopes
 from deltad.inbox.config import Command, NotifyConfig, Target, Webhook
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.outbound import webhooks
@@ -53,6 +53,9 @@ from deltad.outbound.outbox import load_capped as _load_capped
 from deltad.privsep.handoff import NEW, Handoff
 from deltad.privsep.wire import WebhookTarget
 from deltad.protocol import Workspace
+
+if TYPE_CHECKING:  # the core's side: the inbox process loads this module for its worker only
+    from deltad.inbox import handlers
 
 log = structlog.get_logger("deltad.notify")
 QUEUE_CAP = 10_000
@@ -666,6 +669,8 @@ class Notifier:
         doc = e.document()
         if e.type not in ASKING or self.context is None:
             return doc
+        from deltad.inbox import handlers
+
         ctx = self.context
         with contextlib.suppress(handlers.ApiError):
             p = handlers.pending_question(Path(e.workspace))

@@ -26,7 +26,7 @@ from deltad.outbound.config import EmailConfig
 from deltad.outbound.email import EmailChannel
 from deltad.outbound.grants import AddressExpired, Grants, Unknown, check
 from deltad.outbound.maildir import MaildirReader
-from deltad.privsep import core, wire
+from deltad.privsep import monitor, wire
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace, followup, utcnow
 from deltad.protocol.printable import show_path
 from deltad.protocol.replies import AnswerRejected, Decision
@@ -190,8 +190,10 @@ def _take(ch: EmailChannel) -> int:
     """One pass of the inbox's reader; each message relayed as the core takes it."""
 
     def relay(got: mail.Received) -> bool:
-        call = wire.MailReply(op="mail_reply", id=1, **asdict(got))
-        frame = core.reply_mail(ch.receive, call)[wire.HEADER.size :]
+        sent = wire.encode(wire.Call(op="mail_reply", id=1, args=asdict(got)))
+        call = monitor.decode(sent[wire.HEADER.size :])
+        assert not isinstance(call, str), call
+        frame = monitor.reply_to(None, ch.receive, call)[wire.HEADER.size :]
         reply = wire.FROM_CORE.validate_json(frame)
         assert isinstance(reply, wire.Reply)
         return reply.error is None or reply.error.http != 503
