@@ -24,9 +24,10 @@ import structlog
 
 from deltad import inbox
 from deltad.inbox import links, ops, paging, quorum, schemas, scopes
-from deltad.inbox.context import Context, Shown, glob_names, visible
+from deltad.inbox.context import Context as Context  # `as`: named from here too
+from deltad.inbox.context import Shown, visible
 from deltad.inbox.feed import Listed
-from deltad.inbox.ops import ApiError, unauthorized
+from deltad.inbox.ops import ApiError as ApiError  # `as`: named from here too
 from deltad.inbox.schemas import Question, document
 from deltad.inbox.tokens import Identity
 from deltad.protocol import JournalEvent, Mailbox, ProtocolError, Workspace, iso, kinds, viewing
@@ -35,9 +36,6 @@ from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import json_safe, show_path, unshow
 
 log = structlog.get_logger("deltad.api")
-
-# Re-exported: what the core's other modules and the tests name from here.
-__all__ = ["ApiError", "Context", "glob_names", "unauthorized", "visible"]
 
 Channel = Literal["http", "link", "mcp"]  # the inbox's surfaces an answer is recorded with
 
