@@ -41,6 +41,11 @@ def document(out: BaseModel) -> dict[str, Any]:
     return out.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
+def document_json(out: BaseModel) -> bytes:
+    """`document(out)`, serialized (UTF-8 JSON)."""
+    return out.model_dump_json(by_alias=True, exclude_unset=True).encode()
+
+
 # -- errors ----------------------------------------------------------------------------------------
 class ErrorOut(BaseModel):
     """Every refusal, as an RFC 9457 problem document (`application/problem+json`): one line for

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from deltad.inbox import ops
 from deltad.inbox.context import Context
 from deltad.inbox.ops import OPS, ApiError, Args, Op
-from deltad.inbox.schemas import document
+from deltad.inbox.schemas import document, document_json
 from deltad.inbox.tokens import Identity, TokenError
 from deltad.outbound.mail import Received
 from deltad.privsep import wire
@@ -92,19 +92,21 @@ def identity(ctx: Context, token: str) -> Identity:
     return held[1]
 
 
-def serve(ctx: Context | None, mail: MailTake | None, call: Request) -> dict[str, Any]:
-    """The handler's document for one call (JSON data), or the ApiError a request from the
-    network would get."""
+def handle(ctx: Context | None, mail: MailTake | None, call: Request) -> BaseModel | dict[str, Any]:
+    """The handler's result for one call (a response model, or a plain document), or the
+    ApiError a request from the network would get."""
     op = call.op
     if not op.http:
-        return _data(op.handler(mail, None, call.args))
+        return op.handler(mail, None, call.args)  # type: ignore[no-any-return]
     if ctx is None:  # an inbox started for deliveries has no HTTP to serve
         raise ApiError(403, "forbidden", "this daemon serves no HTTP (no http: in its config)")
     who = identity(ctx, call.token) if call.token is not None else None
-    return _data(op.handler(ctx, who, call.args))
+    return op.handler(ctx, who, call.args)  # type: ignore[no-any-return]
 
 
-def _data(out: BaseModel | dict[str, Any]) -> dict[str, Any]:
+def serve(ctx: Context | None, mail: MailTake | None, call: Request) -> dict[str, Any]:
+    """The handler's document for one call, as JSON data."""
+    out = handle(ctx, mail, call)
     return document(out) if isinstance(out, BaseModel) else out
 
 
@@ -112,14 +114,16 @@ def reply_to(ctx: Context | None, mail: MailTake | None, call: Request) -> bytes
     """The reply frame to a call: its result, or the refusal a request from the network
     would get. Never raises: a handler's bug fails this call only."""
     try:
-        reply = wire.Reply(id=call.id, result=serve(ctx, mail, call))
+        out = handle(ctx, mail, call)
     except ApiError as e:
-        reply = error_reply(call.id, e.http, e.code, str(e), e.workspaces)
+        return wire.encode(error_reply(call.id, e.http, e.code, str(e), e.workspaces))
     except Exception as e:
         log.error("inbox_call_failed", op=call.op.name, error=f"{type(e).__name__}: {e}")
-        reply = error_reply(call.id, 500, "internal", "the core could not answer this")
+        return wire.encode(error_reply(call.id, 500, "internal", "the core could not answer this"))
     try:
-        return wire.encode(reply)
+        if isinstance(out, BaseModel):
+            return wire.encode_result(call.id, document_json(out))
+        return wire.encode(wire.Reply(id=call.id, result=out))
     except ValueError as e:  # not JSON (a name in bytes a document kept raw)
         log.error("inbox_reply_failed", op=call.op.name, error=str(e))
         return wire.encode(error_reply(call.id, 500, "internal", "the answer is not JSON"))

@@ -237,6 +237,14 @@ def encode(msg: BaseModel) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
+def encode_result(cid: int, result: bytes) -> bytes:
+    """A `reply` with its result already JSON (a response model serialized once, straight from
+    the model: a page of documents is not made into Python objects first): the frame
+    `encode(Reply(id=cid, result=...))` makes."""
+    body = b'{"op":"reply","id":%d,"result":%s,"error":null}' % (cid, result)
+    return HEADER.pack(len(body)) + body
+
+
 def call_id_of(raw: bytes) -> int | None:
     """The call id a refused frame names, if it names one (to answer it with a 400)."""
     try:

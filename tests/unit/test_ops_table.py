@@ -18,7 +18,7 @@ import pytest
 
 import deltad
 from deltad.http import child
-from deltad.inbox import ops
+from deltad.inbox import ops, schemas
 from deltad.inbox.config import HttpConfig
 from deltad.inbox.context import Context
 from deltad.inbox.feed import Feed
@@ -198,3 +198,21 @@ def test_an_operation_not_in_the_table_or_against_its_token_rule_is_refused(
     assert seen == []  # no handler ran
     assert c.monitor.refused == 6
     assert c.remote.call("vitals")["op"] == "vitals"  # the connection goes on
+
+
+def test_a_response_model_crosses_as_the_document_the_routes_send() -> None:
+    """A handler's model is serialized once, straight to the reply frame: the same frame (and
+    the same JSON data) its document would make, with what the handler left unset left out."""
+    receipt = schemas.AnswerReceipt(
+        status="accepted",
+        request_id="r1",
+        workspace="/srv/ws-\u00e9",
+        run_id="20260101_000000_abcdef",
+        answered_by="alice",
+        channel="mcp",
+    )
+    frame = wire.encode_result(7, schemas.document_json(receipt))
+    assert frame == wire.encode(wire.Reply(id=7, result=schemas.document(receipt)))
+    reply = wire.FROM_CORE.validate_json(frame[wire.HEADER.size :])
+    assert isinstance(reply, wire.Reply) and reply.id == 7 and reply.result is not None
+    assert "answered" not in reply.result and "approvals" not in reply.result
