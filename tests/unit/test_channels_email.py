@@ -2,7 +2,7 @@
 answering path, with a real workspace on disk and no network (nothing is sent: the courier's
 thread is never started, so what would go out is read from its outbox). The Maildir is read by
 the inbox process's reader (deltad/outbound/maildir.py), each message relayed to the channel
-through the protocol's own model and the core's `reply_mail`, as over the socket."""
+through the protocol's own frame and the core's monitor (`mail_reply`), as over the socket."""
 
 from __future__ import annotations
 
