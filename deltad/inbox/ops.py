@@ -270,7 +270,8 @@ def prepared(op: str, who: Identity | None, args: Mapping[str, Any]) -> tuple[st
     them: what a route took and the operation does not is a 422 before anything is sent."""
     spec = OPS[op]  # a name not in the table is the caller's bug, not a request's
     if spec.token != (who is not None):
-        raise ValueError(f"{op}: {'a' if spec.token else 'no'} token is asked with")
+        how = "on behalf of a token" if spec.token else "with no token"
+        raise ValueError(f"{op} is asked {how}")
     try:
         checked = spec.Input.model_validate(args)
     except ValidationError as e:
