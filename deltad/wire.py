@@ -6,8 +6,9 @@ message names itself in `op`. The inbox starts with `hello` (its protocol versio
 answers `welcome` (the version, the HTTP settings, the inbox's base URL and the events still
 buffered) with the inbox's file descriptors attached (SCM_RIGHTS: the listening socket, its
 state directory, the TLS files), then pushes `event`s as the loop publishes them. The inbox
-asks with a `call` (one of a few operations, each on behalf of a named token or a signed link)
-and gets one `reply` per call id.
+asks with a call: `op` names one operation of the table (deltad/inbox/ops.py), `token` the
+named token it is asked for (operations that need one), `args` its arguments; it gets one
+`reply` per call id.
 
 Webhooks (version 2) are delivered by the inbox too: `welcome` names each target with its
 signing key, the core writes each delivery into the target's `new/` directory in the inbox's
@@ -26,9 +27,13 @@ it and the reply addresses' shape), parses each message and relays only what the
 a `mail_reply` call (the reply-address token, the sender, the answer's text); the file is moved
 to `cur/` once the core replied. The core checks the token, the sender and the answer itself.
 
+Version 4: one `call` frame for every operation, its arguments in `args` (until 3, a frame
+model per operation, its arguments beside `op`).
+
 The core reads the inbox's side as hostile: a frame over its cap ends the connection, anything
-else that does not fit a model below (unknown `op`, a field too many, a string too long) is
-refused, logged and answered with a 400 `protocol` reply where the frame names a call id.
+else that does not fit a model below or its operation's input model (an operation not in the
+table, a field too many, a string too long) is refused, logged and answered with a 400
+`protocol` reply where the frame names a call id (deltad/privsep/monitor.py).
 """
 
 from __future__ import annotations
@@ -38,15 +43,13 @@ import socket
 import struct
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
-from deltad.inbox.paging import Sort
-from deltad.protocol.models import InputType
-from deltad.protocol.states import RunStatus
+from deltad.inbox.ops import Name
 
-# 3: the channels' outbound sends (ChannelTarget), mail_reply; 4: one `deliveries` message per
-# target, webhooks and channels alike
-VERSION = 4
+# 3: the channels' outbound sends, mail_reply; 4: one `deliveries` message per target; 5: one
+# `call` frame for every operation (op, token, args: inbox/ops.py's table)
+VERSION = 5
 HEADER = struct.Struct(">I")
 # The inbox's own files in its directory (the core hands it the directory; it moves an older
 # deltad's copies in from the state dir): its session key and its record of logouts.
@@ -59,23 +62,8 @@ INBOX_FRAME_MAX = 4 * 1024 * 1024
 CORE_FRAME_MAX = 32 * 1024 * 1024
 MAX_FDS = 8
 
-# Caps on every string: as long as anything the HTTP server lets through can be (a request's
-# line and headers are at most 16 KiB together: api.limits.HEADERS_MAX), so no request the
-# API took before the split is refused here, and nothing longer reaches the core.
-TEXT_MAX = 16 * 1024
-Name = Annotated[str, Field(min_length=1, max_length=64)]  # a token's name (tokens.NAME)
-Text = Annotated[str, Field(max_length=TEXT_MAX)]
-Id = Text  # a request or run id
-PathText = Text  # a workspace, as shown
-Glob = Text  # a workspace glob (scopes.check caps it further, in the core)
-Cursor = Text
-LinkToken = Text
 CallId = Annotated[int, Field(ge=0, lt=2**53)]
-Limit = int  # the handlers say 422 outside 1..1000
-BULK_MAX = 100  # questions one bulk answer may name (api.handlers.BULK_MAX)
-# `older_than=`, `due_within=`: a duration like 1h30m (api.paging.duration parses it in the
-# core; 64 characters is far more than any duration up to its 366d needs).
-Duration = Annotated[str, Field(min_length=1, max_length=64)]
+OpName = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class Strict(BaseModel):
@@ -88,126 +76,15 @@ class Hello(Strict):
     version: int
 
 
-class ListRequests(Strict):
-    op: Literal["list_requests"]
+class Call(Strict):
+    """One operation the inbox asks of the core: its name in the table (deltad/inbox/ops.py),
+    the token it is asked for (None: an operation without one) and its arguments, which the
+    core validates as the operation's input model (deltad/privsep/monitor.py)."""
+
+    op: OpName
     id: CallId
-    token: Name
-    workspace: Glob | None = None
-    input_type: InputType | None = None
-    owner: Text | None = None
-    run_id: Id | None = None
-    limit: Limit = 100
-    cursor: Cursor | None = None
-    sort: Sort = "newest"
-    older_than: Duration | None = None
-    due_within: Duration | None = None
-
-
-class GetRequest(Strict):
-    op: Literal["get_request"]
-    id: CallId
-    token: Name
-    request_id: Id
-    workspace: PathText | None = None
-
-
-class Answer(Strict):
-    op: Literal["answer"]
-    id: CallId
-    token: Name
-    request_id: Id
-    body: dict[str, Any]
-    idempotency_key: Text | None = None
-    workspace: PathText | None = None
-    # Which surface of the inbox took it (recorded with the answer): the API and the page, or
-    # the MCP endpoint (deltad/http/mcp_adapter.py; the core refuses a secret over it).
-    channel: Literal["http", "mcp"] = "http"
-
-
-class BulkItem(Strict):
-    """One question a bulk answer names."""
-
-    request_id: Id
-    workspace: PathText | None = None
-
-
-class AnswerMany(Strict):
-    """One answer for up to BULK_MAX questions; the core matches and answers each on its own
-    (api.handlers.answer_many)."""
-
-    op: Literal["answer_many"]
-    id: CallId
-    token: Name
-    items: Annotated[list[BulkItem], Field(min_length=1, max_length=BULK_MAX)]
-    body: dict[str, Any]
-    idempotency_key: Text | None = None
-
-
-class Delegate(Strict):
-    """Hand a question to a token or `group:NAME`, with a note (api.handlers.delegate)."""
-
-    op: Literal["delegate"]
-    id: CallId
-    token: Name
-    request_id: Id
-    to: Annotated[str, Field(min_length=1, max_length=80)]  # api.schemas.DelegateIn's bounds
-    note: Annotated[str, Field(max_length=2000)] = ""
-    workspace: PathText | None = None
-
-
-class ListRuns(Strict):
-    op: Literal["list_runs"]
-    id: CallId
-    token: Name
-    workspace: Glob | None = None
-    status: RunStatus | None = None
-    owner: Text | None = None
-    limit: Limit = 100
-    cursor: Cursor | None = None
-
-
-class GetRun(Strict):
-    op: Literal["get_run"]
-    id: CallId
-    token: Name
-    run_id: Id
-    workspace: PathText | None = None
-
-
-class History(Strict):
-    op: Literal["history"]
-    id: CallId
-    token: Name
-    limit: Annotated[int, Field(ge=1, le=500)] = 50  # api.history's LIMIT_MAX
-
-
-class LinkRequest(Strict):
-    op: Literal["link_request"]
-    id: CallId
-    link: LinkToken
-
-
-class CheckLink(Strict):
-    """Whether a signed link stands, before its body is read (the core holds the link key)."""
-
-    op: Literal["check_link"]
-    id: CallId
-    link: LinkToken
-
-
-class LinkAnswer(Strict):
-    op: Literal["link_answer"]
-    id: CallId
-    link: LinkToken
-    body: dict[str, Any]
-
-
-class VitalsCall(Strict):
-    """The core's health snapshot and metrics (deltad/health.py), for /livez, /readyz and
-    /metrics in the inbox: plain figures, no workspace."""
-
-    op: Literal["vitals"]
-    id: CallId
+    token: Name | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
 
 
 class Deliveries(Strict):
@@ -224,66 +101,25 @@ class Deliveries(Strict):
     depth: Annotated[int, Field(ge=0, lt=2**53)]
 
 
-# -- channels' own endpoints (deltad/outbound) ------------------------------------------------
-CHANNEL_BODY_MAX = 256 * 1024  # a Slack interaction's body (channels.slack.BODY_MAX)
-
-
-class ChannelInteraction(Strict):
-    """A request a channel's service sent to the inbox (Slack's interactions), relayed unread:
-    the raw body and the service's signature headers. The core verifies the signature itself
-    (the inbox holds no signing secret) and decides everything from there."""
-
-    op: Literal["channel_interaction"]
-    id: CallId
-    channel: Literal["slack"]
-    body: Annotated[str, Field(max_length=CHANNEL_BODY_MAX)]
-    timestamp: Annotated[str, Field(max_length=64)]
-    signature: Annotated[str, Field(max_length=256)]
-
-
-# -- mail the inbox read from the email channel's Maildir (deltad/outbound/maildir.py) ---------
-SENDER_MAX = 320  # an address's local part and domain at their RFC 5321 limits, and then some
-# A Maildir file's name as the MTA makes it: no '/', no NUL, not hidden, at most NAME_MAX.
-MaildirName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^./\x00][^/\x00]*$")]
-
-
-class MailReply(Strict):
-    """One message of the Maildir as the inbox read it: only what the core needs, each capped.
-    `token` is the reply address's (None: none of ours), `text` the plain part's own words
-    (None: none); `problem` says why nothing could be read (the file was not a regular file,
-    over the size cap, or not parsable as mail). The core trusts none of it: the token decides
-    which question and which address may answer, and is checked with the core's key."""
-
-    op: Literal["mail_reply"]
-    id: CallId
-    message: MaildirName
-    token: Annotated[str, Field(max_length=64)] | None = None
-    sender: Annotated[str, Field(max_length=SENDER_MAX)] = ""
-    automatic: bool = False
-    text: Text | None = None
-    problem: Literal["unreadable", "unparsable"] | None = None
-
-
-Call = (
-    MailReply
-    | VitalsCall
-    | ChannelInteraction
-    | ListRequests
-    | GetRequest
-    | Answer
-    | AnswerMany
-    | Delegate
-    | ListRuns
-    | GetRun
-    | History
-    | CheckLink
-    | LinkRequest
-    | LinkAnswer
-)
-
-
 Told = Deliveries  # what the inbox says without a reply
-FromInbox = Annotated[Hello | Told | Call, Field(discriminator="op")]
+NOT_CALLS = frozenset({"hello", "deliveries"})  # every other `op` is a call
+
+
+def _kind(frame: Any) -> str | None:
+    if isinstance(frame, BaseModel):
+        frame = {"op": getattr(frame, "op", None)}
+    if not isinstance(frame, dict):
+        return None  # not a frame at all
+    op = frame.get("op")
+    return op if op in NOT_CALLS else "call"
+
+
+FromInbox = Annotated[
+    Annotated[Hello, Tag("hello")]
+    | Annotated[Deliveries, Tag("deliveries")]
+    | Annotated[Call, Tag("call")],
+    Discriminator(_kind),
+]
 FROM_INBOX: TypeAdapter[Hello | Told | Call] = TypeAdapter(FromInbox)
 
 
@@ -394,6 +230,14 @@ class WireError(Exception):
 
 def encode(msg: BaseModel) -> bytes:
     body = msg.model_dump_json(exclude_none=False).encode()
+    return HEADER.pack(len(body)) + body
+
+
+def encode_result(cid: int, result: bytes) -> bytes:
+    """A `reply` with its result already JSON (a response model serialized once, straight from
+    the model: a page of documents is not made into Python objects first): the frame
+    `encode(Reply(id=cid, result=...))` makes."""
+    body = b'{"op":"reply","id":%d,"result":%s,"error":null}' % (cid, result)
     return HEADER.pack(len(body)) + body
 
 

@@ -1,5 +1,6 @@
-"""The routes: thin wrappers over `handlers`, plus identity (bearer tokens, or a web session
-cookie with CSRF protection), the event stream and the static web page."""
+"""The routes: thin wrappers that ask the core's operations by name (deltad/inbox/ops.py; the
+core answers them with deltad/inbox/handlers.py), plus identity (bearer tokens, or a web
+session cookie with CSRF protection), the event stream and the static web page."""
 
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ from deltad import __version__, health
 from deltad.http import limits, mcp_gate, problems
 from deltad.http.access import AccessLog, McpMetrics, RateLimit, note_token
 from deltad.http.sessions import Sessions, matches
-from deltad.inbox import handlers, history, paging, schemas, scopes
-from deltad.inbox.calls import Calls, Local
+from deltad.inbox import ops, paging, schemas, scopes
+from deltad.inbox.context import Context, glob_names, visible
 from deltad.inbox.feed import EVENT_TYPES, EventType, FeedEvent
-from deltad.inbox.handlers import ApiError, Context, unauthorized
+from deltad.inbox.ops import ApiError, Caller, unauthorized
 from deltad.inbox.schemas import errors
 from deltad.inbox.tokens import Identity, TokenError, digest
 from deltad.protocol.models import InputType
@@ -176,8 +177,15 @@ def create_app(
     )
     app.router.route_class = JsonBodyRoute  # before any route is declared
     app.state.ctx, app.state.sessions = ctx, sessions
-    # What reads or writes a workspace: the core's, over the socket, in the inbox process.
-    core: Calls = ctx.core if ctx.core is not None else Local(ctx)
+    # What reads or writes a workspace: the core's operations, over the socket in the inbox
+    # process; without one (tests), the same table served here.
+    core: Caller
+    if ctx.core is not None:
+        core = ctx.core
+    else:
+        from deltad.privsep.monitor import Local
+
+        core = Local(ctx)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -229,7 +237,7 @@ def create_app(
                     request.headers.get("x-csrf-token"),
                 )
             elif rule.credential == "link":
-                core.check_link(limits.link_token(request.url.path))
+                core.call("check_link", link=limits.link_token(request.url.path))
         except ApiError as e:
             return limits.Refusal(e.http, e.code, str(e))
         return None
@@ -364,10 +372,11 @@ def create_app(
     ) -> dict[str, Any]:
         """The pending questions this token may see, newest first (or `sort`), a page at a
         time: `{"requests": [...], "next": cursor or null}`."""
-        return core.list_requests(
+        return core.call(
+            "list_requests",
             who,
-            workspace,
-            input_type and str(input_type),
+            workspace=workspace,
+            input_type=input_type,
             owner=owner,
             run_id=run_id,
             limit=limit,
@@ -387,7 +396,7 @@ def create_app(
     )
     def get_request(request_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
         """One question; `workspace` (exact path) picks it where its id is in several."""
-        return core.get_request(who, request_id, workspace)
+        return core.call("get_request", who, request_id=request_id, workspace=workspace)
 
     @app.post(
         "/v1/requests/{request_id}/answer",
@@ -411,7 +420,14 @@ def create_app(
         `approvals`; the same token twice is 409 `already_voted`, the workspace owner's own
         approval where refused 403 `owner_may_not_approve`."""
         sent = body.model_dump(mode="json", exclude_unset=True)
-        return core.answer(who, request_id, sent, idempotency_key, workspace)
+        return core.call(
+            "answer",
+            who,
+            request_id=request_id,
+            body=sent,
+            idempotency_key=idempotency_key,
+            workspace=workspace,
+        )
 
     @app.post(
         "/v1/answers",
@@ -431,7 +447,9 @@ def create_app(
         question); each result says `accepted`, or `refused` with the code and why."""
         sent = body.answer.model_dump(mode="json", exclude_unset=True)
         items = [i.model_dump() for i in body.items]
-        return core.answer_many(who, items, sent, idempotency_key)
+        return core.call(
+            "answer_many", who, items=items, body=sent, idempotency_key=idempotency_key
+        )
 
     @app.post(
         "/v1/requests/{request_id}/delegate",
@@ -447,7 +465,14 @@ def create_app(
         """Hand a question to another token or `group:NAME`, with a note: recorded beside the
         question and shown with it; the delegate may answer too. Only someone who may answer
         may hand it over."""
-        return core.delegate(who, request_id, body.to, body.note, workspace)
+        return core.call(
+            "delegate",
+            who,
+            request_id=request_id,
+            to=body.to,
+            note=body.note,
+            workspace=workspace,
+        )
 
     # -- runs -------------------------------------------------------------------------------------
     @app.get(
@@ -467,8 +492,14 @@ def create_app(
         cursor: str | None = None,
     ) -> dict[str, Any]:
         """Each workspace's latest run, newest first: `{"runs": [...], "next": ...}`."""
-        return core.list_runs(
-            who, workspace, status and str(status), owner=owner, limit=limit, cursor=cursor
+        return core.call(
+            "list_runs",
+            who,
+            workspace=workspace,
+            status=status,
+            owner=owner,
+            limit=limit,
+            cursor=cursor,
         )
 
     @app.get(
@@ -481,7 +512,7 @@ def create_app(
     )
     def get_run(run_id: str, who: Who, workspace: str | None = None) -> dict[str, Any]:
         """One run, with the model's last message and the journal's last events."""
-        return core.get_run(who, run_id, workspace)
+        return core.call("get_run", who, run_id=run_id, workspace=workspace)
 
     @app.get(
         "/v1/history",
@@ -493,11 +524,11 @@ def create_app(
     )
     def get_history(
         who: Who,
-        limit: Annotated[int, Query(ge=1, le=history.LIMIT_MAX)] = history.LIMIT_DEFAULT,
+        limit: Annotated[int, Query(ge=1, le=ops.HISTORY_MAX)] = ops.HISTORY_DEFAULT,
     ) -> dict[str, Any]:
         """Answers given and runs ended, newest first, from the journals of the latest run of
         each workspace this token may see (a sensitive answer's value is left out)."""
-        return core.history(who, limit)
+        return core.call("history", who, limit=limit)
 
     # -- the event stream -------------------------------------------------------------------------
     @app.get(
@@ -530,8 +561,8 @@ def create_app(
         def shown(e: FeedEvent) -> bool:
             return (
                 e.type in wanted
-                and handlers.visible(who, Path(e.workspace))
-                and (not workspace or handlers.glob_names(workspace, Path(e.workspace)))
+                and visible(who, Path(e.workspace))
+                and (not workspace or glob_names(workspace, Path(e.workspace)))
                 and (not input_type or e.data.get("input_type") in (input_type, None))
             )
 
@@ -550,7 +581,7 @@ def create_app(
     )
     def link_request(token: str) -> dict[str, Any]:
         """The question behind a signed link (the link is the credential)."""
-        return core.link_request(token)
+        return core.call("link_request", link=token)
 
     @app.post(
         "/v1/links/{token}/answer",
@@ -567,7 +598,7 @@ def create_app(
     ) -> dict[str, Any]:
         """Answer the question behind a signed link; single use."""
         sent = body.model_dump(mode="json", exclude_unset=True)
-        return core.link_answer(token, sent)
+        return core.call("link_answer", link=token, body=sent)
 
     # -- the page ---------------------------------------------------------------------------------
     @app.get("/", include_in_schema=False)
@@ -636,7 +667,7 @@ def create_app(
     return app
 
 
-def mount_mcp(app: FastAPI, ctx: Context, core: Calls, path: str) -> None:
+def mount_mcp(app: FastAPI, ctx: Context, core: Caller, path: str) -> None:
     """The inbox as an MCP server at `path`; every method goes to it (the SDK answers each)."""
     try:
         metrics = McpMetrics(ctx.http_metrics.registry)
@@ -654,7 +685,7 @@ class LazyMcp:
     to the MCP path: the SDK costs the inbox process 1-2 s of start and some 25 MB, which an
     inbox nobody reaches over MCP never pays."""
 
-    def __init__(self, ctx: Context, core: Calls, metrics: McpMetrics) -> None:
+    def __init__(self, ctx: Context, core: Caller, metrics: McpMetrics) -> None:
         self.ctx, self.core, self.metrics = ctx, core, metrics
         self.endpoint: Endpoint | None = None  # built on the first request
 

@@ -4,8 +4,8 @@ the core handed it, as an unprivileged user with no capabilities and no_new_priv
 It holds the listening socket, its own directory (token hashes to read, the session key and
 logouts to keep) and the core's socket, nothing else: no workspace is read here. The event
 stream is served from a replica of the core's feed (`welcome`'s buffer, then each `event`);
-everything that reads or writes a workspace is a call to the core (`Remote`), which checks it
-again as if this process were hostile.
+everything that reads or writes a workspace is a call to the core (`Remote.call`: an operation
+of deltad/inbox/ops.py by name), which checks it again as if this process were hostile.
 
     python -m deltad.http --core-fd N            (started by `deltad serve`)
     deltad inbox --connect /run/deltad/inbox.sock   (deltad-inbox.service)
@@ -43,9 +43,11 @@ from starlette.concurrency import run_in_threadpool
 from deltad import logs, wire
 from deltad.health import Health
 from deltad.http import sessions
+from deltad.inbox import ops
 from deltad.inbox.config import HttpConfig
+from deltad.inbox.context import Context
 from deltad.inbox.feed import EVENT_TYPES, Feed, FeedEvent
-from deltad.inbox.handlers import ApiError, Context
+from deltad.inbox.ops import ApiError
 from deltad.inbox.tokens import Identity, TokenStore
 from deltad.outbound.courier import Courier
 from deltad.outbound.outbox import target_key
@@ -67,8 +69,8 @@ def no_new_privs() -> None:
 
 
 class Remote:
-    """The calls, sent to the core; each waits for its reply (a few worker threads wait at
-    once, the reader thread hands the replies out)."""
+    """The operations (deltad/inbox/ops.py), sent to the core; each call waits for its reply
+    (a few worker threads wait at once, the reader thread hands the replies out)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -83,7 +85,14 @@ class Remote:
         with self._sending:
             self.sock.sendall(wire.encode(msg))
 
-    def send(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def call(self, op: str, who: Identity | None = None, /, **args: Any) -> dict[str, Any]:
+        """Operation `op` for `who` (an operation on behalf of a token; None otherwise), its
+        arguments checked here first: what a route took and the operation does not is a 422."""
+        token, checked = ops.prepared(op, who, args)
+        return self.send(op, token, checked.model_dump(mode="json"))
+
+    def send(self, op: str, token: str | None, args: dict[str, Any]) -> dict[str, Any]:
+        """One `call` frame as given, and its reply (ApiError for a refusal)."""
         cid = next(self._ids)
         fut: Future[wire.Reply] = Future()
         with self._lock:
@@ -91,12 +100,12 @@ class Remote:
                 raise _unavailable()
             self._waiting[cid] = fut
         try:
-            frame = wire.FROM_INBOX.validate_python({**msg, "id": cid})
-        except ValidationError as e:  # what the route took, the protocol does not: say so
+            frame = wire.Call(op=op, id=cid, token=token, args=args)
+        except ValidationError as e:  # not a frame the core would take: say so
             with self._lock:
                 self._waiting.pop(cid, None)
             first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"][1:])
+            where = ".".join(str(p) for p in first["loc"])
             raise ApiError(422, "bad_request", f"{where}: {first['msg']}") from None
         try:
             data = wire.encode(frame)
@@ -138,129 +147,6 @@ class Remote:
             if not fut.done():
                 fut.set_exception(OSError("the core hung up"))
 
-    # -- the routes' calls (api.calls.Calls) --------------------------------------------------
-    def list_requests(
-        self,
-        who: Identity,
-        workspace: str | None,
-        input_type: str | None,
-        *,
-        owner: str | None,
-        run_id: str | None,
-        limit: int,
-        cursor: str | None,
-        sort: str = "newest",
-        older_than: str | None = None,
-        due_within: str | None = None,
-    ) -> dict[str, Any]:
-        return self.send(
-            {
-                "op": "list_requests",
-                "token": who.name,
-                "workspace": workspace,
-                "input_type": input_type,
-                "owner": owner,
-                "run_id": run_id,
-                "limit": limit,
-                "cursor": cursor,
-                "sort": sort,
-                "older_than": older_than,
-                "due_within": due_within,
-            }
-        )
-
-    def get_request(self, who: Identity, request_id: str, workspace: str | None) -> dict[str, Any]:
-        msg = {"op": "get_request", "token": who.name, "request_id": request_id}
-        return self.send({**msg, "workspace": workspace})
-
-    def answer(
-        self,
-        who: Identity,
-        request_id: str,
-        body: dict[str, Any],
-        idempotency_key: str | None,
-        workspace: str | None,
-        channel: str = "http",
-    ) -> dict[str, Any]:
-        return self.send(
-            {
-                "op": "answer",
-                "token": who.name,
-                "request_id": request_id,
-                "body": body,
-                "idempotency_key": idempotency_key,
-                "workspace": workspace,
-                "channel": channel,
-            }
-        )
-
-    def answer_many(
-        self,
-        who: Identity,
-        items: list[dict[str, Any]],
-        body: dict[str, Any],
-        idempotency_key: str | None,
-    ) -> dict[str, Any]:
-        return self.send(
-            {
-                "op": "answer_many",
-                "token": who.name,
-                "items": items,
-                "body": body,
-                "idempotency_key": idempotency_key,
-            }
-        )
-
-    def delegate(
-        self, who: Identity, request_id: str, to: str, note: str, workspace: str | None
-    ) -> dict[str, Any]:
-        msg = {"op": "delegate", "token": who.name, "request_id": request_id, "to": to}
-        return self.send({**msg, "note": note, "workspace": workspace})
-
-    def list_runs(
-        self,
-        who: Identity,
-        workspace: str | None,
-        status: str | None,
-        *,
-        owner: str | None,
-        limit: int,
-        cursor: str | None,
-    ) -> dict[str, Any]:
-        return self.send(
-            {
-                "op": "list_runs",
-                "token": who.name,
-                "workspace": workspace,
-                "status": status,
-                "owner": owner,
-                "limit": limit,
-                "cursor": cursor,
-            }
-        )
-
-    def get_run(self, who: Identity, run_id: str, workspace: str | None) -> dict[str, Any]:
-        msg = {"op": "get_run", "token": who.name, "run_id": run_id, "workspace": workspace}
-        return self.send(msg)
-
-    def history(self, who: Identity, limit: int) -> dict[str, Any]:
-        return self.send({"op": "history", "token": who.name, "limit": limit})
-
-    def check_link(self, token: str) -> None:
-        self.send({"op": "check_link", "link": token})
-
-    def link_request(self, token: str) -> dict[str, Any]:
-        return self.send({"op": "link_request", "link": token})
-
-    def link_answer(self, token: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.send({"op": "link_answer", "link": token, "body": body})
-
-    def channel_interaction(
-        self, channel: str, body: str, timestamp: str, signature: str
-    ) -> dict[str, Any]:
-        msg = {"op": "channel_interaction", "channel": channel, "body": body}
-        return self.send({**msg, "timestamp": timestamp, "signature": signature})
-
 
 class RemoteVitals:
     """The core's health and metrics (deltad/health.py's `Vitals`), asked over the socket (one
@@ -280,7 +166,7 @@ class RemoteVitals:
             now = time.monotonic()
             if self._doc is None or now - self._at >= self.FRESH:
                 try:
-                    self._doc = self.remote.send({"op": "vitals"})
+                    self._doc = self.remote.call("vitals")
                 except ApiError:
                     self._doc = None
                 self._at = now
@@ -317,9 +203,12 @@ def channel_routes(app: FastAPI, remote: Remote, deliveries: Deliveries | None =
             body = (await request.body()).decode()
         except UnicodeDecodeError:
             raise ApiError(400, "bad_payload", "not a Slack interaction payload") from None
-        result = await run_in_threadpool(
-            remote.channel_interaction, "slack", body, timestamp, signature
-        )
+
+        def relay() -> dict[str, Any]:
+            args = {"body": body, "timestamp": timestamp, "signature": signature}
+            return remote.call("channel_interaction", channel="slack", **args)
+
+        result = await run_in_threadpool(relay)
         if isinstance(opening := result.get("open_view"), dict):
             refused = await run_in_threadpool(open_view, deliveries, opening)
             if refused is not None:
@@ -364,10 +253,10 @@ def mail_reader(intake: wire.MailIntake | None, remote: Remote) -> Any:
     from deltad.outbound.maildir import MaildirReader
 
     def relay(got: Any) -> bool:
-        doc = {"op": "mail_reply", "message": got.message, "token": got.token}
-        doc |= {"sender": got.sender, "automatic": got.automatic, "text": got.text}
+        doc = {"message": got.message, "token": got.token, "sender": got.sender}
+        doc |= {"automatic": got.automatic, "text": got.text, "problem": got.problem}
         try:
-            result = remote.send({**doc, "problem": got.problem})
+            result = remote.call("mail_reply", **doc)
         except ValueError as e:  # not encodable (mail.received makes it so: a bug)
             log.error("email_relay_refused", message=got.message, error=str(e)[:200])
             return True

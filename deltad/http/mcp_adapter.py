@@ -14,8 +14,9 @@ What an MCP host sees (docs/inbox.md, "MCP"):
                token may see
 
 Every call is authenticated again from its own HTTP request's bearer token (the same tokens,
-roles and scopes as the API), and everything that reads or writes a workspace goes through
-`Calls` (in the inbox process: the core, which checks it all again). A secret is never
+roles and scopes as the API), and everything that reads or writes a workspace is an operation
+of the core's table (deltad/inbox/ops.py), asked by name through a `Caller` (in the inbox
+process: the core, which checks it all again). A secret is never
 answered here (the core refuses it too). Clocks: none; the feed's events arrive on its
 reader's thread and are handed to the event loop.
 
@@ -66,10 +67,9 @@ from deltad.http import limits
 from deltad.http.access import McpMetrics
 from deltad.http.mcp_gate import Unauthorized, identify
 from deltad.inbox import scopes
-from deltad.inbox.calls import Calls
 from deltad.inbox.config import McpConfig
 from deltad.inbox.feed import FeedEvent
-from deltad.inbox.handlers import ApiError
+from deltad.inbox.ops import ApiError, Caller
 from deltad.inbox.tokens import Identity, TokenError, TokenStore
 
 log = structlog.get_logger("deltad.mcp")
@@ -394,9 +394,9 @@ def resource_of(doc: Mapping[str, Any]) -> types.Resource:
 # -- the server ---------------------------------------------------------------------------------
 @dataclass
 class Inbox:
-    """What the handlers need: the calls that reach workspaces, and the tokens."""
+    """What the handlers need: the core's operations (they reach workspaces), and the tokens."""
 
-    calls: Calls
+    calls: Caller
     tokens: TokenStore
     metrics: McpMetrics | None = None
 
@@ -429,14 +429,35 @@ class Inbox:
         limit = args.get("limit", limit_default)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= PAGE_MAX:
             raise ApiError(422, "bad_page", f"limit: from 1 to {PAGE_MAX}")
-        return self.calls.list_requests(
+        return self.calls.call(
+            "list_requests",
             who,
-            _text(args, "workspace"),
-            _text(args, "input_type"),
-            owner=None,
-            run_id=None,
+            workspace=_text(args, "workspace"),
+            input_type=_text(args, "input_type"),
             limit=limit,
             cursor=_text(args, "cursor"),
+        )
+
+    def get_request(self, who: Identity, rid: str, workspace: str | None) -> dict[str, Any]:
+        return self.calls.call("get_request", who, request_id=rid, workspace=workspace)
+
+    def answer_for(
+        self,
+        who: Identity,
+        rid: str,
+        body: dict[str, Any],
+        key: str | None,
+        workspace: str | None,
+    ) -> dict[str, Any]:
+        """The core's answer, recorded with the MCP channel (a secret is refused there too)."""
+        return self.calls.call(
+            "answer",
+            who,
+            request_id=rid,
+            body=body,
+            idempotency_key=key,
+            workspace=workspace,
+            channel=CHANNEL,
         )
 
     def tool(self, who: Identity, name: str, args: Mapping[str, Any]) -> types.CallToolResult:
@@ -449,7 +470,7 @@ class Inbox:
             if not rid:
                 raise ApiError(422, "bad_request", "request_id: a question's id is needed")
             if name == "get_question":
-                return question_result(self.calls.get_request(who, rid, _text(args, "workspace")))
+                return question_result(self.get_request(who, rid, _text(args, "workspace")))
             return self.answer(who, rid, args)
         except ApiError as e:
             return refused(e.code, str(e))
@@ -460,7 +481,7 @@ class Inbox:
         if not who.can_answer():
             raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
         key, workspace = _text(args, "idempotency_key"), _text(args, "workspace")
-        done = self.calls.answer(who, rid, answer_body(args), key, workspace, channel=CHANNEL)
+        done = self.answer_for(who, rid, answer_body(args), key, workspace)
         log.info("mcp_answered", token=who.name, request_id=rid)
         return answered_result(done)
 
@@ -490,7 +511,7 @@ class Inbox:
                     "declined", f"question {rid} was not answered (the form was not sent)"
                 )
             body = {"answer": elicited_text(str(asked.get("control")), reply.content or {})}
-            done = self.calls.answer(who, rid, body, None, asked["workspace"], channel=CHANNEL)
+            done = self.answer_for(who, rid, body, None, asked["workspace"])
         except ApiError as e:
             return refused(e.code, str(e))
         log.info("mcp_answered", token=who.name, request_id=rid, through="elicitation")
@@ -499,7 +520,7 @@ class Inbox:
     def ask(
         self, who: Identity, rid: str, workspace: str | None
     ) -> types.CallToolResult | types.InputRequiredResult:
-        doc = self.calls.get_request(who, rid, workspace)
+        doc = self.get_request(who, rid, workspace)
         if doc.get("sensitive"):
             return secret_refused(doc)
         schema = elicitation(doc)
@@ -686,7 +707,7 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
         who = caller_of(ctx)
         try:
             rid, workspace = parse_uri(str(params.uri))
-            doc = await anyio.to_thread.run_sync(inbox.calls.get_request, who, rid, workspace)
+            doc = await anyio.to_thread.run_sync(inbox.get_request, who, rid, workspace)
         except ValueError as e:
             raise MCPError(-32602, str(e)) from None
         except ApiError as e:
@@ -780,7 +801,7 @@ class Endpoint:
 
 
 def endpoint(
-    calls: Calls, tokens: TokenStore, config: McpConfig, metrics: McpMetrics | None = None
+    calls: Caller, tokens: TokenStore, config: McpConfig, metrics: McpMetrics | None = None
 ) -> Endpoint:
     return Endpoint(Inbox(calls, tokens, metrics), config)
 

@@ -13,94 +13,30 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Self
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from deltad.agent import Agent, check_edits, load_agent
 from deltad.errors import UsageError
-from deltad.protocol import InteractionRequest, Mailbox, Workspace, kinds
+from deltad.protocol import InteractionRequest, Mailbox, Workspace
 from deltad.protocol.calldigest import DigestMismatch, bind
 from deltad.protocol.journal import replied
 from deltad.protocol.mailbox import MAX_MAILBOX_BYTES, structured_bytes
 from deltad.protocol.questions import interpret_json, interpret_text
-from deltad.protocol.replies import AnswerRejected, CallDecision
+from deltad.protocol.replies import AnswerRejected
 
+from .answer_body import (
+    AlreadyAnswered,
+    AnswerIn,
+    AnswerWaiting,
+    Expired,
+    Misfit,
+    NotPending,
+    TooLarge,
+)
 from .handover import read, shown
 from .trust import agent_problem
 from .views import OPEN, NoRun, load_run
 
 MAX_ANSWER_BYTES = MAX_MAILBOX_BYTES  # what the resume reads: a bigger answer is refused there
-
-
-class SubmitError(Exception):
-    """Why an answer was not written; `code` and `http` say which kind, for every channel."""
-
-    code: ClassVar[str] = "error"
-    http: ClassVar[int] = 400
-
-
-class NotPending(SubmitError):
-    code, http = "unknown_request", 404
-
-
-class AlreadyAnswered(SubmitError):
-    code, http = "already_answered", 409
-
-
-class AnswerWaiting(SubmitError):
-    code, http = "answer_waiting", 409
-
-
-class Expired(SubmitError):
-    code, http = "expired", 410
-
-
-class TooLarge(SubmitError):
-    """The answer file would be over the size the resume reads."""
-
-    code, http = "too_large", 413
-
-
-class Misfit(SubmitError):
-    """The answer does not fit the question: the same message `delta run` would give."""
-
-    code, http = "misfit", 422
-
-
-class _AnswerBase(BaseModel):
-    """What `response.json` holds, minus `request_id` (the question it answers is named apart):
-    the fields below plus each kind's own (`kinds.answer_fields`), so a kind answered with a
-    field of its own is read here, in the API document and by `delta respond` alike."""
-
-    model_config = ConfigDict(extra="forbid")
-    comment: str | None = Field(default=None, description="A note kept with the answer.")
-
-    @classmethod
-    def parse(cls, obj: object) -> Self:
-        """From a JSON-like document; Misfit (one line) when it is not an answer."""
-        try:
-            return cls.model_validate(obj)
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-            raise Misfit(f"{where}: {first['msg']}") from None
-
-
-if TYPE_CHECKING:
-
-    class AnswerIn(_AnswerBase):  # what mypy sees: the built-in kinds' fields
-        answer: str | None = None
-        decisions: list[CallDecision] | None = None
-
-else:
-    AnswerIn = create_model(
-        "AnswerIn",
-        __base__=_AnswerBase,
-        __doc__="An answer: `answer` (text, a key, yes/no, ...) or `decisions` (one per "
-        "gated call).",
-        **kinds.answer_fields(),
-    )
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from deltad.protocol import Mailbox, Workspace, followup, iso, utcnow
 from deltad.protocol.models import InteractionRequest
 from deltad.protocol.safefs import publish
 
-from .answering import SubmitError, open_question
+from .answer_body import SubmitError
+from .answering import open_question
 from .handover import MAX_DELEGATIONS, Delegation, Record, answerers, path_of, read
 from .respondents import GROUP, Answerer, may_answer
 from .respondents import refusal as respondent_refusal

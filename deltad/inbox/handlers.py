@@ -1,7 +1,8 @@
-"""The API's handlers: plain functions from (who asks, what) to a JSON-ready dict, raising
-ApiError. No HTTP here (the routes in `app.py` are thin), so the rules — scope, role, what a
-question looks like, what an answer does — are one readable page, and the same for the signed
-links as for tokens.
+"""The API's handlers: one function per operation of the table (deltad/inbox/ops.py), from
+(context, who asks, the operation's validated input) to its response model (schemas.py),
+raising ApiError. No HTTP here (the routes in deltad/http/app.py are thin, and run in another
+process), so the rules — scope, role, what a question looks like, what an answer does — are one
+readable page, and the same for the signed links as for tokens.
 
 Where to look comes from the daemon's index (no handler waits on a reconcile), and lists are
 paged from it in memory; what is there is read from the disk every time (for a list, only a
@@ -10,141 +11,37 @@ page's items), and every answer goes through `deltad.inbox.submit`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import hmac
 import json
 import os
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
 from deltad import inbox
-from deltad.health import Standalone, Vitals
-from deltad.inbox import links, paging, quorum, scopes
-from deltad.inbox.config import HttpConfig
-from deltad.inbox.feed import Feed, Listed
-from deltad.inbox.idempotency import FILE as KEYS_FILE
-from deltad.inbox.idempotency import KeyLog
-from deltad.inbox.idempotency import Record as KeyRecord
-from deltad.inbox.tokens import Identity, TokenStore
-from deltad.metrics import HttpMetrics
-from deltad.protocol import (
-    JournalEvent,
-    Mailbox,
-    ProtocolError,
-    Workspace,
-    iso,
-    kinds,
-    utcnow,
-    viewing,
-)
+from deltad.inbox import links, ops, paging, quorum, schemas, scopes
+from deltad.inbox.context import Context as Context  # `as`: named from here too
+from deltad.inbox.context import Shown, visible
+from deltad.inbox.feed import Listed
+from deltad.inbox.history import history as read_history
+from deltad.inbox.history import journal_tail
+from deltad.inbox.ops import ApiError as ApiError  # `as`: named from here too
+from deltad.inbox.schemas import Question, document
+from deltad.inbox.tokens import Identity
+from deltad.protocol import JournalEvent, Mailbox, ProtocolError, Workspace, iso, kinds, viewing
 from deltad.protocol.events import Thought
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import json_safe, show_path, unshow
 
 log = structlog.get_logger("deltad.api")
-JOURNAL_TAIL_BYTES = 256 * 1024
-JOURNAL_TAIL_EVENTS = 50
+
+Channel = Literal["http", "link", "mcp"]  # the inbox's surfaces an answer is recorded with
+
 READ_THROUGH_LIMIT = 256  # workspaces whose request.json a miss may read
-DOCUMENT_CACHE = 2048  # question documents kept for list pages
-
-
-class ApiError(Exception):
-    def __init__(
-        self, http: int, code: str, message: str, workspaces: list[str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.http, self.code, self.workspaces = http, code, workspaces
-
-    def document(self) -> dict[str, Any]:
-        # A message may quote a workspace named in bytes: UTF-8 JSON would fail on it.
-        doc: dict[str, Any] = {"error": json_safe(str(self)), "code": self.code}
-        if self.workspaces is not None:
-            doc["workspaces"] = self.workspaces
-        return doc
-
-
-def unauthorized(message: str = "a bearer token is needed (Authorization: Bearer ...)") -> ApiError:
-    return ApiError(401, "unauthorized", message)
-
-
-class Idempotency:
-    """(token, Idempotency-Key, request id) → the workspace answered, the body's digest and
-    the response it got: kept 24 hours, at most 10,000, in the state dir when `state_dir` is
-    given (idempotency.py), so a retry after a restart gets the same 202. A repeat to the same
-    question gets the same response, a different body a 422; the key on another question is
-    another answer."""
-
-    def __init__(self, state_dir: Path | None = None) -> None:
-        self.lock = threading.Lock()
-        self.log = KeyLog(state_dir / KEYS_FILE if state_dir is not None else None)
-
-    def seen(
-        self, who: str, key: str, request_id: str, workspace: Path | None, body_digest: str
-    ) -> dict[str, Any] | None:
-        with self.lock:
-            hit = self.log.get((who, key, request_id), time.time())
-            sealed = self.log.seal(body_digest)
-        if hit is None or (workspace is not None and hit.workspace != str(workspace)):
-            return None
-        if not hmac.compare_digest(hit.sealed, sealed):
-            raise ApiError(
-                422, "idempotency_mismatch", "this Idempotency-Key was used with another body"
-            )
-        return hit.doc
-
-    def remember(
-        self, who: str, key: str, request_id: str, body_digest: str, doc: dict[str, Any]
-    ) -> None:
-        with self.lock:
-            rec = KeyRecord(doc["workspace"], self.log.seal(body_digest), doc, time.time())
-            try:
-                self.log.put((who, key, request_id), rec)
-            except OSError as e:  # the answer is delivered; only a retry's 202 is at risk
-                log.warning("idempotency_not_kept", error=str(e))
-
-
-@dataclass
-class Context:
-    """What every handler needs: built once by the server."""
-
-    feed: Feed
-    tokens: TokenStore
-    config: HttpConfig
-    link_key: bytes
-    base_url: str = ""
-    idempotency: Idempotency = field(default_factory=Idempotency)  # in memory: tests
-    documents: Documents = field(default_factory=lambda: Documents())
-    # Health and the core's metrics as plain data (deltad/health.py: the seam to the loop).
-    vitals: Vitals = field(default_factory=lambda: Standalone())
-    http_metrics: HttpMetrics = field(default_factory=lambda: HttpMetrics())
-    # The inbox process: where the routes' workspace reads and answers go (the core, over
-    # the socket: http/child.py's Remote, an inbox.calls.Calls, which imports this module, so
-    # it is not named here); None: these handlers, here.
-    core: Any = None
-    # The audit log each four-eyes vote is appended to (daemon/audit.py); None: not kept.
-    audit: Path | None = None
-    # Channels that take requests of their own (Slack's interactions), by name, in the core:
-    # (raw body, timestamp header, signature header) -> {"response": ...} (deltad/outbound).
-    interactions: dict[str, Callable[[str, str, str], dict[str, Any]]] = field(default_factory=dict)
-
-
-# -- who may see what -----------------------------------------------------------------------------
-def visible(who: Identity, ws: Path) -> bool:
-    return scopes.allows(list(who.scopes), str(ws))
-
-
-def glob_names(glob: str, ws: Path) -> bool:
-    """A `?workspace=` glob matches the name as the API shows it, or as the file system has it."""
-    return scopes.matches(glob, str(ws)) or scopes.matches(glob, show_path(ws))
 
 
 def qualifier(ctx: Context, who: Identity, workspace: str | None) -> Path | None:
@@ -297,20 +194,8 @@ def pending_question(ws: Path) -> inbox.Pending | None:
 
 
 def list_requests(
-    ctx: Context,
-    who: Identity,
-    workspace: str | None = None,
-    input_type: str | None = None,
-    *,
-    owner: str | None = None,
-    run_id: str | None = None,
-    limit: int = paging.DEFAULT_LIMIT,
-    cursor: str | None = None,
-    sort: str | None = None,
-    older_than: str | None = None,
-    due_within: str | None = None,
-    now: float | None = None,
-) -> dict[str, Any]:
+    ctx: Context, who: Identity, q: ops.ListRequests, now: float | None = None
+) -> schemas.QuestionPage:
     """`{"requests": [question, ...], "next": cursor | null}`: the open questions this token
     may see, newest first (by the question's `timestamp`, then workspace, then request id),
     each as `GET /v1/requests/{id}` shows it. Filters: `workspace` (glob), `input_type`,
@@ -318,75 +203,44 @@ def list_requests(
     least that long ago), `due_within` (a deadline at most that far ahead, or passed); `sort`:
     newest (default), oldest, deadline (soonest first; none last). `limit` 1..1000 (default
     100); `cursor` is a previous page's `next`. A page may hold fewer than `limit` (questions
-    answered meanwhile are skipped): follow `next` until it is null. 422 for a bad limit,
-    cursor, owner, sort or duration."""
+    answered meanwhile are skipped): follow `next` until it is null. 422 for a bad glob,
+    limit, cursor, owner, sort or duration."""
     at = time.time() if now is None else now
     try:
-        order = paging.sort_of(sort)
-        n, after = paging.limit_of(limit), paging.decode(paging.SORTS[order], cursor)
+        order = paging.sort_of(q.sort)
+        n, after = paging.limit_of(q.limit), paging.decode(paging.SORTS[order], q.cursor)
         old, due = (
-            paging.duration("older_than", older_than),
-            paging.duration("due_within", due_within),
+            paging.duration("older_than", q.older_than),
+            paging.duration("due_within", q.due_within),
         )
         wanted = paging.Filters(
             tuple(who.scopes),
-            workspace,
-            paging.owner_uid(owner),
-            run_id,
-            input_type,
+            _glob(q.workspace),
+            paging.owner_uid(q.owner),
+            q.run_id,
+            q.input_type and str(q.input_type),
             asked_before=None if old is None else at - old,
             due_by=None if due is None else at + due,
         )
     except paging.BadPage as e:
         raise ApiError(422, "bad_page", str(e)) from None
 
-    def read(e: Listed) -> dict[str, Any] | None:
+    def read(e: Listed) -> Question | None:
         return listed_document(ctx, e)
 
     docs, next_ = paging.question_page(ctx.feed.index, wanted, order, after, read, n)
-    return {"requests": docs, "next": next_}
+    return schemas.QuestionPage(requests=docs, next=next_)
 
 
-@dataclass(frozen=True)
-class Shown:
-    """A question's document as last read, and what decides whether a page shows it."""
-
-    stamp: tuple[int, ...]
-    doc: dict[str, Any]
-    expires_at: datetime | None
-    answer_waiting: bool
-
-    def page_item(self) -> dict[str, Any] | None:
-        if self.answer_waiting or (self.expires_at is not None and self.expires_at <= utcnow()):
-            return None
-        return self.doc
-
-
-@dataclass
-class Documents:
-    """Question documents by (workspace, request id), reused while the files they were read
-    from are the same (device, inode, mtime, size of request.json, of the mailbox directory —
-    an answer or a refusal note changes it — and of the run's metadata). A page costs a few
-    stats per item instead of a dozen safe opens. Most recent DOCUMENT_CACHE only, so memory
-    does not grow with the fleet."""
-
-    shown: OrderedDict[tuple[Path, str], Shown] = field(default_factory=OrderedDict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def get(self, key: tuple[Path, str], stamp: tuple[int, ...]) -> Shown | None:
-        with self.lock:
-            hit = self.shown.get(key)
-            if hit is None or hit.stamp != stamp:
-                return None
-            self.shown.move_to_end(key)
-            return hit
-
-    def put(self, key: tuple[Path, str], shown: Shown) -> None:
-        with self.lock:
-            self.shown[key] = shown
-            self.shown.move_to_end(key)
-            while len(self.shown) > DOCUMENT_CACHE:
-                self.shown.popitem(last=False)
+def _glob(workspace: str | None) -> str | None:
+    """`?workspace=GLOB`, refused before any matching if over the matcher's caps (the route
+    checked it too: in the core it is checked again, as everything the inbox sends)."""
+    if workspace:
+        try:
+            scopes.check(workspace)
+        except scopes.GlobError as e:
+            raise ApiError(422, "bad_glob", f"workspace: {e}") from None
+    return workspace
 
 
 def file_stamp(paths: tuple[Path, ...]) -> tuple[int, ...] | None:
@@ -402,7 +256,7 @@ def file_stamp(paths: tuple[Path, ...]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-def listed_document(ctx: Context, e: Listed) -> dict[str, Any] | None:
+def listed_document(ctx: Context, e: Listed) -> Question | None:
     """A list item: the question in `e`'s workspace if it is still open there; None (skipped)
     if it is gone, answered or expired — the loop's next look fixes the index."""
     ws, request_id = Workspace(e.workspace), str(e.request_id)
@@ -415,20 +269,18 @@ def listed_document(ctx: Context, e: Listed) -> dict[str, Any] | None:
         p = pending_question(e.workspace)
         if p is None or p.request.request_id != request_id:
             return None
-        doc = request_document(p, ws, ctx.base_url)
+        doc = Question.model_validate(request_document(p, ws, ctx.base_url))
         hit = Shown(stamp, doc, p.request.expires_at, p.answer_waiting)
         ctx.documents.put((e.workspace, request_id), hit)
     return hit.page_item()
 
 
-def get_request(
-    ctx: Context, who: Identity, request_id: str, workspace: str | None = None
-) -> dict[str, Any]:
-    ws = _workspace_of(ctx, who, request_id, workspace)
-    return open_document(ctx, ws, request_id)
+def get_request(ctx: Context, who: Identity, q: ops.GetRequest) -> Question:
+    ws = _workspace_of(ctx, who, q.request_id, q.workspace)
+    return open_document(ctx, ws, q.request_id)
 
 
-def open_document(ctx: Context, ws: Path, request_id: str) -> dict[str, Any]:
+def open_document(ctx: Context, ws: Path, request_id: str) -> Question:
     """Question `request_id` in `ws` as the API shows it, if it is still open there."""
     p = pending_question(ws)
     if p is None or p.request.request_id != request_id:
@@ -436,7 +288,7 @@ def open_document(ctx: Context, ws: Path, request_id: str) -> dict[str, Any]:
         raise gone(ctx, ws, request_id)
     if p.request.expired():
         raise ApiError(410, "expired", f"question {request_id} expired")
-    return request_document(p, Workspace(ws), ctx.base_url)
+    return Question.model_validate(request_document(p, Workspace(ws), ctx.base_url))
 
 
 def gone(ctx: Context, ws: Path, request_id: str) -> ApiError:
@@ -450,31 +302,23 @@ def digest_of(body: object) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def answer(
-    ctx: Context,
-    who: Identity,
-    request_id: str,
-    body: object,
-    idempotency_key: str | None = None,
-    *,
-    workspace: str | None = None,
-    channel: str = "http",
-) -> dict[str, Any]:
+def answer(ctx: Context, who: Identity, q: ops.Answer) -> schemas.AnswerReceipt:
     """202's document once the answer is in the mailbox; ApiError otherwise."""
     if not who.can_answer():
         raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
-    body_digest = digest_of(body)
-    repeat = _repeat(ctx, who, request_id, body_digest, idempotency_key, workspace)
+    request_id, key = q.request_id, q.idempotency_key
+    body_digest = digest_of(q.body)
+    repeat = _repeat(ctx, who, request_id, body_digest, key, q.workspace)
     if repeat is not None:
-        return repeat
-    ws = _workspace_of(ctx, who, request_id, workspace)
+        return schemas.AnswerReceipt.model_validate(repeat)
+    ws = _workspace_of(ctx, who, request_id, q.workspace)
     _respondent(ws, request_id, inbox.Answerer(who.name, who.groups, who.role == "admin"))
-    if channel in NO_SECRETS:
-        _not_a_secret(ctx, ws, request_id, channel)
-    doc = deliver(ctx, ws, request_id, body, who.name, channel)
-    if idempotency_key:
-        ctx.idempotency.remember(who.name, idempotency_key, request_id, body_digest, doc)
-    return doc
+    if q.channel in NO_SECRETS:
+        _not_a_secret(ctx, ws, request_id, q.channel)
+    receipt = deliver(ctx, ws, request_id, q.body, who.name, q.channel)
+    if key:
+        ctx.idempotency.remember(who.name, key, request_id, body_digest, document(receipt))
+    return receipt
 
 
 # Channels a secret is never answered through (an MCP host may show, log or keep what it
@@ -510,8 +354,8 @@ def _repeat(
 
 
 def deliver(
-    ctx: Context, ws: Path, request_id: str, body: object, answered_by: str, channel: str
-) -> dict[str, Any]:
+    ctx: Context, ws: Path, request_id: str, body: object, answered_by: str, channel: Channel
+) -> schemas.AnswerReceipt:
     """`submit`, with a question that closed meanwhile told apart: expired (410) or answered."""
     try:
         return submit(ws, request_id, body, answered_by, channel, audit=ctx.audit)
@@ -526,10 +370,10 @@ def submit(
     request_id: str,
     body: object,
     answered_by: str,
-    channel: str,
+    channel: Channel,
     *,
     audit: Path | None = None,
-) -> dict[str, Any]:
+) -> schemas.AnswerReceipt:
     try:
         parsed = inbox.AnswerIn.parse(body)
         if parsed.answer is None and parsed.decisions is None:
@@ -549,17 +393,9 @@ def submit(
         raise ApiError(
             409, "workspace_problem", f"the workspace cannot take an answer: {e}"
         ) from None
-    doc: dict[str, Any] = {
-        "status": "accepted",
-        "request_id": request_id,
-        "workspace": show_path(ws),
-        "run_id": done.request.run_id,
-        "answered_by": answered_by,
-        "channel": channel,
-    }
+    four_eyes: dict[str, Any] = {}
     if done.approvals is not None:  # four eyes: a vote, and whether it completed the answer
-        doc["answered"] = done.outcome == "answered"
-        doc["approvals"] = done.approvals
+        four_eyes = {"answered": done.outcome == "answered", "approvals": done.approvals}
         vote_receipt(audit, ws, done, parsed, answered_by, channel)
         log.info(
             "approval_vote",
@@ -570,7 +406,15 @@ def submit(
             given=len(done.approvals["given"]),
             required=done.approvals["required"],
         )
-    return doc
+    return schemas.AnswerReceipt(
+        status="accepted",
+        request_id=request_id,
+        workspace=show_path(ws),
+        run_id=done.request.run_id,
+        answered_by=answered_by,
+        channel=channel,
+        **four_eyes,
+    )
 
 
 def vote_receipt(
@@ -598,52 +442,46 @@ def vote_receipt(
 
 
 # -- runs -----------------------------------------------------------------------------------------
-def list_runs(
-    ctx: Context,
-    who: Identity,
-    workspace: str | None = None,
-    status: str | None = None,
-    *,
-    owner: str | None = None,
-    limit: int = paging.DEFAULT_LIMIT,
-    cursor: str | None = None,
-) -> dict[str, Any]:
+def list_runs(ctx: Context, who: Identity, q: ops.ListRuns) -> schemas.RunPage:
     """`{"runs": [run summary, ...], "next": cursor | null}`: each visible workspace's latest
     run, newest first (by run id, which starts with its start time, then workspace). Filters:
     `workspace` (glob), `status`, `owner` (user name or uid). `limit` and `cursor` as for
     `list_requests`; a run whose metadata cannot be read is skipped."""
     try:
-        n, after = paging.limit_of(limit), paging.decode("runs", cursor)
+        n, after = paging.limit_of(q.limit), paging.decode("runs", q.cursor)
         wanted = paging.Filters(
-            tuple(who.scopes), workspace, paging.owner_uid(owner), status=status
+            tuple(who.scopes),
+            _glob(q.workspace),
+            paging.owner_uid(q.owner),
+            status=q.status and str(q.status),
         )
     except paging.BadPage as e:
         raise ApiError(422, "bad_page", str(e)) from None
 
-    def read(e: Listed) -> dict[str, Any] | None:
+    def read(e: Listed) -> schemas.RunSummary | None:
         try:
             return _run_summary(e.workspace, inbox.load_run(e.workspace, str(e.run_id)))
         except (ProtocolError, OSError):
             return None
 
     docs, last = paging.collect(ctx.feed.index.runs(after), wanted.keep, read, n)
-    return {"runs": docs, "next": paging.encode("runs", last) if last else None}
+    return schemas.RunPage(runs=docs, next=paging.encode("runs", last) if last else None)
 
 
-def _run_summary(ws: Path, meta: Any) -> dict[str, Any]:
-    return {
-        "workspace": show_path(ws),
-        "run_id": meta.run_id,
-        "status": str(meta.status),
-        "task": meta.task,
-        "agent": Path(meta.agent_ref).name,
-        "start_time": iso(meta.start_time),
-        "updated_at": iso(meta.updated_at),
-        "end_time": iso(meta.end_time) if meta.end_time else None,
-        "iterations_completed": meta.iterations_completed,
-        "error": meta.error,
-        "error_kind": meta.error_kind,
-    }
+def _run_summary(ws: Path, meta: Any) -> schemas.RunSummary:
+    return schemas.RunSummary(
+        workspace=show_path(ws),
+        run_id=meta.run_id,
+        status=meta.status,
+        task=meta.task,
+        agent=Path(meta.agent_ref).name,
+        start_time=iso(meta.start_time),
+        updated_at=iso(meta.updated_at),
+        end_time=iso(meta.end_time) if meta.end_time else None,
+        iterations_completed=meta.iterations_completed,
+        error=meta.error,
+        error_kind=meta.error_kind,
+    )
 
 
 def _unshown(name: str) -> str:
@@ -654,8 +492,9 @@ def _unshown(name: str) -> str:
         return name
 
 
-def get_run(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> dict[str, Any]:
-    ws = _run_workspace(ctx, who, run_id, workspace)
+def get_run(ctx: Context, who: Identity, q: ops.GetRun) -> schemas.RunDetail:
+    run_id = q.run_id
+    ws = _run_workspace(ctx, who, run_id, q.workspace)
     try:
         meta = inbox.load_run(ws, run_id)
     except (ProtocolError, OSError):
@@ -663,9 +502,12 @@ def get_run(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> 
     events = journal_tail(Workspace(ws).run(run_id).journal)
     thoughts = [t for e in events if (t := viewing.payload_of(e, Thought)) is not None]
     last = thoughts[-1].content if thoughts else None
-    outcome = inbox.run_outcome(Workspace(ws), meta)
-    journal = [shown_event(e) for e in events]
-    return {**_run_summary(ws, meta), "last_message": last, "outcome": outcome, "journal": journal}
+    return schemas.RunDetail(
+        **dict(_run_summary(ws, meta)),
+        last_message=last,
+        outcome=inbox.run_outcome(Workspace(ws), meta),
+        journal=[shown_event(e) for e in events],
+    )
 
 
 def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | None) -> Path:
@@ -693,12 +535,6 @@ def _run_workspace(ctx: Context, who: Identity, run_id: str, workspace: str | No
     return ws
 
 
-def journal_tail(path: Path) -> list[JournalEvent]:
-    """The last events of a journal, read from its end within a fixed budget, typed. The
-    journal holds secrets only as handles (`${secret:ID}`), so it is shown as it is."""
-    return viewing.tail(path, JOURNAL_TAIL_BYTES, JOURNAL_TAIL_EVENTS)
-
-
 def shown_event(e: JournalEvent) -> dict[str, Any]:
     """An event as the run view shows it: as its journal line has it."""
     return {"seq": e.seq, "timestamp": iso(e.timestamp), "type": str(e.type), "payload": e.payload}
@@ -723,8 +559,17 @@ def _link(ctx: Context, token: str) -> tuple[links.Link, Path]:
     return link, ws
 
 
-def link_request(ctx: Context, token: str) -> dict[str, Any]:
-    link, ws = _link(ctx, token)
+def check_link(ctx: Context, who: None, q: ops.CheckLink) -> dict[str, Any]:
+    """Whether the signed link stands (checked before its body is read): `{}`, or ApiError."""
+    try:
+        links.verify(ctx.link_key, q.link)
+    except links.BadLink as e:
+        raise ApiError(e.http, e.code, str(e)) from None
+    return {}
+
+
+def link_request(ctx: Context, who: None, q: ops.LinkRequest) -> Question:
+    link, ws = _link(ctx, q.link)
     p = pending_question(ws)
     if p is None or p.request.request_id != link.request_id:
         raise gone(ctx, ws, link.request_id)
@@ -732,13 +577,13 @@ def link_request(ctx: Context, token: str) -> dict[str, Any]:
         raise ApiError(409, "already_answered", "this question is no longer waiting")
     if p.request.expired():
         raise ApiError(410, "expired", f"question {link.request_id} expired")
-    return request_document(p, Workspace(ws), ctx.base_url)
+    return Question.model_validate(request_document(p, Workspace(ws), ctx.base_url))
 
 
-def link_answer(ctx: Context, token: str, body: object) -> dict[str, Any]:
-    link, ws = _link(ctx, token)
+def link_answer(ctx: Context, who: None, q: ops.LinkAnswer) -> schemas.AnswerReceipt:
+    link, ws = _link(ctx, q.link)
     _respondent(ws, link.request_id, None)  # a link names nobody
-    return deliver(ctx, ws, link.request_id, body, "signed link", "link")
+    return deliver(ctx, ws, link.request_id, q.body, "signed link", "link")
 
 
 def _respondent(ws: Path, request_id: str, who: inbox.Answerer | None) -> None:
@@ -752,16 +597,7 @@ def _respondent(ws: Path, request_id: str, who: inbox.Answerer | None) -> None:
 
 
 # -- many answers at once, and hand-overs ---------------------------------------------------------
-BULK_MAX = 100  # questions one bulk answer may name
-
-
-def answer_many(
-    ctx: Context,
-    who: Identity,
-    items: list[dict[str, Any]],
-    body: object,
-    idempotency_key: str | None = None,
-) -> dict[str, Any]:
+def answer_many(ctx: Context, who: Identity, q: ops.AnswerMany) -> schemas.AnswersOut:
     """One answer to many questions: each item (`request_id`, optional `workspace`) is answered
     on its own, exactly as `answer` answers one — its respondents checked, the answer checked
     against it, its own compare-and-set, its own Idempotency-Key record (the key with its
@@ -771,21 +607,23 @@ def answer_many(
     thing to each. A question named twice is refused the second time (`duplicate_item`)."""
     if not who.can_answer():
         raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
-    if not 1 <= len(items) <= BULK_MAX:
-        raise ApiError(422, "bad_request", f"name 1 to {BULK_MAX} questions, not {len(items)}")
+    if not 1 <= len(q.items) <= ops.BULK_MAX:
+        raise ApiError(
+            422, "bad_request", f"name 1 to {ops.BULK_MAX} questions, not {len(q.items)}"
+        )
     shape: tuple[str, str] | None = None
-    results: list[dict[str, Any]] = []
-    digest = digest_of(body)
+    results: list[schemas.AnswerResult] = []
+    digest = digest_of(q.body)
     named: set[tuple[str, object]] = set()
-    for item in items:
-        request_id, workspace = str(item["request_id"]), item.get("workspace")
+    for item in q.items:
+        request_id, workspace = item.request_id, item.workspace
         try:
             if (request_id, workspace) in named:
                 raise ApiError(422, "duplicate_item", f"question {request_id} is named twice")
             named.add((request_id, workspace))
-            repeat = _repeat(ctx, who, request_id, digest, idempotency_key, workspace)
+            repeat = _repeat(ctx, who, request_id, digest, q.idempotency_key, workspace)
             if repeat is not None:  # a retry: its first response, before any other check
-                results.append(repeat)
+                results.append(schemas.AnswerResult.model_validate(repeat))
                 continue
             ws = _workspace_of(ctx, who, request_id, workspace)
             p = pending_question(ws)
@@ -800,21 +638,26 @@ def answer_many(
                     f"question {request_id} is {mine[0]} with other options than the first "
                     f"({shape[0]}): one answer cannot mean the same to both",
                 )
-            doc = answer(ctx, who, request_id, body, idempotency_key, workspace=show_path(ws))
-            results.append(doc)
+            one = ops.Answer(
+                request_id=request_id,
+                body=q.body,
+                idempotency_key=q.idempotency_key,
+                workspace=show_path(ws),
+            )
+            results.append(schemas.AnswerResult.model_validate(document(answer(ctx, who, one))))
         except ApiError as e:
             results.append(
-                {
-                    "status": "refused",
-                    "request_id": request_id,
-                    "workspace": workspace,
-                    "code": e.code,
-                    "http": e.http,
-                    "error": json_safe(str(e)),
-                }
+                schemas.AnswerResult(
+                    status="refused",
+                    request_id=request_id,
+                    workspace=workspace,
+                    code=e.code,
+                    http=e.http,
+                    error=json_safe(str(e)),
+                )
             )
-    accepted = sum(r["status"] == "accepted" for r in results)
-    return {"accepted": accepted, "refused": len(results) - accepted, "results": results}
+    accepted = sum(r.status == "accepted" for r in results)
+    return schemas.AnswersOut(accepted=accepted, refused=len(results) - accepted, results=results)
 
 
 def known_delegates(ctx: Context) -> set[str]:
@@ -826,24 +669,17 @@ def known_delegates(ctx: Context) -> set[str]:
     return names
 
 
-def delegate(
-    ctx: Context,
-    who: Identity,
-    request_id: str,
-    to: str,
-    note: str = "",
-    *,
-    workspace: str | None = None,
-) -> dict[str, Any]:
+def delegate(ctx: Context, who: Identity, q: ops.Delegate) -> schemas.DelegateOut:
     """Hand question `request_id` to token or group `to` (delegation.py): recorded beside the
     question, shown with it; the delegate may answer from then on."""
     if not who.can_answer():
         raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
-    ws = _workspace_of(ctx, who, request_id, workspace)
+    request_id, to = q.request_id, q.to
+    ws = _workspace_of(ctx, who, request_id, q.workspace)
     me = inbox.Answerer(who.name, who.groups, who.role == "admin")
     try:
         req, handed = inbox.delegate(
-            Workspace(ws), request_id, to, who=me, known=known_delegates(ctx), note=note
+            Workspace(ws), request_id, to, who=me, known=known_delegates(ctx), note=q.note
         )
     except inbox.NotPending:
         raise gone(ctx, ws, request_id) from None
@@ -856,11 +692,35 @@ def delegate(
     log.info(
         "question_delegated", workspace=show_path(ws), request_id=request_id, by=who.name, to=to
     )
-    return {
-        "status": "delegated",
-        "request_id": request_id,
-        "workspace": show_path(ws),
-        "run_id": req.run_id,
-        "respondents": req.respondents,
-        "delegations": inbox.shown_delegations(handed),
-    }
+    return schemas.DelegateOut(
+        status="delegated",
+        request_id=request_id,
+        workspace=show_path(ws),
+        run_id=req.run_id,
+        respondents=req.respondents,
+        delegations=[
+            schemas.DelegationOut.model_validate(d) for d in inbox.shown_delegations(handed)
+        ],
+    )
+
+
+# -- what the inbox asks besides the API's documents ----------------------------------------------
+def history(ctx: Context, who: Identity, q: ops.History) -> schemas.History:
+    """`GET /v1/history` (deltad/inbox/history.py)."""
+
+    return read_history(ctx, who, q.limit)
+
+
+def vitals(ctx: Context, who: None, q: ops.Vitals) -> dict[str, Any]:
+    """The core's health and metrics as plain figures, for /livez, /readyz and /metrics."""
+    h = ctx.vitals.health()
+    return {"health": dataclasses.asdict(h), "metrics": ctx.vitals.core_metrics().decode()}
+
+
+def channel_interaction(ctx: Context, who: None, q: ops.ChannelInteraction) -> dict[str, Any]:
+    """A channel's own request, relayed unread (Slack's interactions): the channel checks its
+    signature and decides (`{"response": ...}`)."""
+    take = ctx.interactions.get(q.channel)
+    if take is None:
+        raise ApiError(404, "not_found", f"the {q.channel} channel is not configured")
+    return take(q.body, q.timestamp, q.signature)

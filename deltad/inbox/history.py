@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from deltad import inbox
-from deltad.inbox.handlers import Context, journal_tail, visible
+from deltad.inbox.context import Context, visible
+from deltad.inbox.schemas import History
 from deltad.inbox.tokens import Identity
 from deltad.protocol import InteractionRequest, JournalEvent, RunStatus, Workspace
 from deltad.protocol.errors import ProtocolError
@@ -24,10 +25,10 @@ from deltad.protocol.events import Answered, Asked, RunEnd
 from deltad.protocol.models import iso
 from deltad.protocol.printable import json_safe, show_path
 from deltad.protocol.replies import CallDecision, Decision
-from deltad.protocol.viewing import payload_of
+from deltad.protocol.viewing import payload_of, tail
 
-LIMIT_DEFAULT = 50
-LIMIT_MAX = 500
+JOURNAL_TAIL_BYTES = 256 * 1024
+JOURNAL_TAIL_EVENTS = 50
 JOURNALS_MAX = 64  # journal tails read per call at most (each up to JOURNAL_TAIL_BYTES)
 # A final message in the history is a preview: 100 entries stay small; the whole message is in
 # `/v1/runs/{id}` and `delta status`.
@@ -126,7 +127,7 @@ def _answered(
     }
 
 
-def history(ctx: Context, who: Identity, limit: int) -> dict[str, Any]:
+def history(ctx: Context, who: Identity, limit: int) -> History:
     """Journals newest first (by mtime: no entry in a journal is newer than its last write),
     read until no unread journal can hold one of the newest `limit` entries, or JOURNALS_MAX."""
     journals = sorted(_journals(ctx, who), key=lambda j: j[0], reverse=True)
@@ -136,7 +137,7 @@ def history(ctx: Context, who: Identity, limit: int) -> dict[str, Any]:
             break
         found += entries(show_path(ws), run_id, journal_tail(journal), _started(ws, run_id))
         found.sort(key=lambda d: str(d.get("at") or ""), reverse=True)
-    return {"history": json_safe(found[:limit])}
+    return History(history=json_safe(found[:limit]))
 
 
 def complete(found: list[dict[str, Any]], next_mtime: float, limit: int) -> bool:
@@ -166,3 +167,9 @@ def _journals(ctx: Context, who: Identity) -> Iterator[tuple[float, Path, str, P
         except (ProtocolError, OSError):
             continue  # not a run id, or no journal yet: nothing to read
         yield mtime, Path(v.workspace), v.run_id, journal
+
+
+def journal_tail(path: Path) -> list[JournalEvent]:
+    """The last events of a journal, read from its end within a fixed budget, typed. The
+    journal holds secrets only as handles (`${secret:ID}`), so it is shown as it is."""
+    return tail(path, JOURNAL_TAIL_BYTES, JOURNAL_TAIL_EVENTS)

@@ -39,17 +39,8 @@ from deltad.protocol.calldigest import DigestMismatch, bind
 from deltad.protocol.questions import interpret_json
 from deltad.protocol.replies import AnswerRejected, Decision
 
-from .answering import (
-    AnswerIn,
-    AnswerWaiting,
-    Misfit,
-    SubmitError,
-    Submitted,
-    TooLarge,
-    check,
-    open_question,
-    submit,
-)
+from .answer_body import AnswerIn, AnswerWaiting, Misfit, SubmitError, TooLarge
+from .answering import Submitted, check, open_question, submit
 from .ballots import (
     MAX_BYTES,
     MAX_VOTES,

@@ -14,12 +14,12 @@ set (`response_model_exclude_unset`): a field a document leaves out stays out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
+from pydantic import BaseModel, ConfigDict, Field, RootModel, WithJsonSchema, create_model
 
-from deltad import inbox
-from deltad.inbox.handlers import BULK_MAX
+from deltad.inbox.answer_body import AnswerIn
+from deltad.inbox.ops import BULK_MAX
 from deltad.protocol import kinds
 from deltad.protocol.kinds import Form, kind_of
 from deltad.protocol.models import InputType, InteractionRequest, Option, QuestionContext
@@ -33,6 +33,17 @@ EVENT_STREAM = "text/event-stream"
 
 class _Out(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+def document(out: BaseModel) -> dict[str, Any]:
+    """A response model as its JSON document: the fields its handler set, by their names in
+    the document (as the routes send it: `response_model_exclude_unset`)."""
+    return out.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def document_json(out: BaseModel) -> bytes:
+    """`document(out)`, serialized (UTF-8 JSON)."""
+    return out.model_dump_json(by_alias=True, exclude_unset=True).encode()
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -245,7 +256,7 @@ class QuestionPage(_Out):
 # -- answers ---------------------------------------------------------------------------------------
 # The body of an answer: each kind's answer fields (what `response.json` holds, minus the
 # `request_id`); the inbox's own model, so the document and the check are one.
-AnswerBody = inbox.AnswerIn
+AnswerBody = AnswerIn
 
 
 def answer_examples() -> dict[str, dict[str, Any]]:
@@ -273,7 +284,12 @@ class AnswerReceipt(_Out):
     workspace: str
     run_id: str
     answered_by: str = Field(description="The token's name, or `signed link`.")
-    channel: Literal["http", "link"]
+    # The API's routes answer `http` or `link`; the same receipt reaches an MCP host (not this
+    # document's) with `mcp`.
+    channel: Annotated[
+        Literal["http", "link", "mcp"],
+        WithJsonSchema({"type": "string", "enum": ["http", "link"]}),
+    ]
     answered: bool | None = Field(
         default=None,
         description="Four eyes only: false when this was a vote and the question still waits "

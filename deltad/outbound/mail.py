@@ -14,12 +14,15 @@ from email import policy
 from email.message import EmailMessage
 from email.parser import BytesParser
 from email.utils import formatdate, getaddresses, make_msgid, parseaddr
+from typing import TYPE_CHECKING
 
-from deltad.inbox import AnswerIn
-from deltad.outbound.base import Question
+from deltad.inbox.answer_body import AnswerIn
 from deltad.protocol import InteractionRequest, kinds
 from deltad.protocol.kinds import kind_of
 from deltad.protocol.printable import show_path
+
+if TYPE_CHECKING:  # the channel's side only: the inbox process parses mail without it
+    from deltad.outbound.base import Question
 
 # Where a reply's quoted part or signature starts: everything from that line on is dropped.
 CUT = [

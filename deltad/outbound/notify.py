@@ -25,11 +25,11 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from deltad.inbox import handlers, scopes
+from deltad.inbox import scopes
 from deltad.inbox.config import Command, NotifyConfig, Target, Webhook
 from deltad.inbox.feed import Feed, FeedEvent
 from deltad.outbound import webhooks
@@ -41,6 +41,9 @@ from deltad.outbound.outbox import (
 )
 from deltad.protocol import Workspace
 from deltad.wire import WebhookTarget
+
+if TYPE_CHECKING:  # the core's side: the inbox process loads this module for its worker only
+    from deltad.inbox import handlers
 
 log = structlog.get_logger("deltad.notify")
 QUEUE_CAP = 10_000
@@ -251,6 +254,8 @@ class Notifier:
         doc = e.document()
         if e.type not in ASKING or self.context is None:
             return doc
+        from deltad.inbox import handlers
+
         ctx = self.context
         with contextlib.suppress(handlers.ApiError):
             p = handlers.pending_question(Path(e.workspace))

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from slack_sdk.signature import SignatureVerifier
 
 from deltad.inbox import Answerer, SubmitError, refuse_respondent
-from deltad.inbox.answering import AnswerIn
+from deltad.inbox.answer_body import AnswerIn
 from deltad.inbox.handlers import ApiError
 from deltad.inbox.respondents import may_answer
 from deltad.outbound import blocks

@@ -1,7 +1,7 @@
-"""The core's side of the split: the inbox's user and directory, the monitor that answers the
-inbox's calls, and the environment the inbox process is started with (the supervisor that
-starts it, or waits for the one systemd starts, is `spawn.py`). Resumes are the loop's: nothing
-here touches them.
+"""The core's side of the split: the inbox's user and directory, the monitor that serves an
+inbox connection (its calls answered from the operation table by monitor.py), and the
+environment the inbox process is started with (the supervisor that starts it, or waits for the
+one systemd starts, is `spawn.py`). Resumes are the loop's: nothing here touches them.
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ import structlog
 from pydantic import ValidationError
 
 from deltad import wire
-from deltad.inbox import scopes
-from deltad.inbox.calls import Local
+from deltad.inbox.context import Context
 from deltad.inbox.feed import FeedEvent
-from deltad.inbox.handlers import ApiError, Context
-from deltad.inbox.tokens import TOKENS_NAME, Identity, TokenError
+from deltad.inbox.tokens import TOKENS_NAME
 from deltad.outbound.handoff import Handoff
 from deltad.outbound.mail import Received
 from deltad.platform import SAFE_PATH
+from deltad.privsep import monitor
+from deltad.privsep.monitor import decode as decode  # the monitor's, as the counts' tests name it
+from deltad.privsep.monitor import decode_message
 from deltad.protocol.printable import json_safe, show_path
 
 log = structlog.get_logger("deltad.privsep")
@@ -204,129 +205,6 @@ def prepare(state_dir: Path, who: Account | None) -> Path:
 
 
 # -- the monitor: one connection to an inbox ------------------------------------------------------
-def identity(ctx: Context, token: str) -> Identity:
-    """The named token as the core reads tokens.json (never as the inbox says it is)."""
-    try:
-        held = ctx.tokens.by_name(token)
-    except TokenError as e:
-        log.error("tokens_unreadable", error=str(e))
-        held = None
-    if held is None:
-        raise ApiError(401, "unauthorized", "this token is not valid (revoked, or never issued)")
-    return held[1]
-
-
-def _glob(workspace: str | None) -> str | None:
-    if workspace:
-        try:
-            scopes.check(workspace)
-        except scopes.GlobError as e:
-            raise ApiError(422, "bad_glob", f"workspace: {e}") from None
-    return workspace
-
-
-def execute(ctx: Context, call: wire.Call) -> dict[str, Any]:
-    """One call, checked as a request from the network would be: the token read here, its
-    role, scope and the question's respondents checked by the handlers, every answer through
-    the answering path (`inbox.submit`)."""
-    core = Local(ctx)
-    if isinstance(call, wire.CheckLink):
-        core.check_link(call.link)
-        return {}
-    if isinstance(call, wire.LinkRequest):
-        return core.link_request(call.link)
-    if isinstance(call, wire.LinkAnswer):
-        return core.link_answer(call.link, call.body)
-    if isinstance(call, wire.ChannelInteraction):  # no token: the channel checks its signature
-        take = ctx.interactions.get(call.channel)
-        if take is None:
-            raise ApiError(404, "not_found", f"the {call.channel} channel is not configured")
-        return take(call.body, call.timestamp, call.signature)
-    if isinstance(call, wire.MailReply):  # served beside the HTTP context (`reply_mail`)
-        raise ApiError(503, "not_ready", "the email channel is not taking mail here")
-    if isinstance(call, wire.VitalsCall):  # no credential: /livez, /readyz; /metrics checked its
-        h = ctx.vitals.health()  # token in the inbox (the figures name no workspace)
-        return {"health": dataclasses.asdict(h), "metrics": ctx.vitals.core_metrics().decode()}
-    who = identity(ctx, call.token)
-    if isinstance(call, wire.ListRequests):
-        return core.list_requests(
-            who,
-            _glob(call.workspace),
-            call.input_type and str(call.input_type),
-            owner=call.owner,
-            run_id=call.run_id,
-            limit=call.limit,
-            cursor=call.cursor,
-            sort=call.sort,
-            older_than=call.older_than,
-            due_within=call.due_within,
-        )
-    if isinstance(call, wire.GetRequest):
-        return core.get_request(who, call.request_id, call.workspace)
-    if isinstance(call, wire.Answer):
-        return core.answer(
-            who,
-            call.request_id,
-            call.body,
-            call.idempotency_key,
-            call.workspace,
-            channel=call.channel,
-        )
-    if isinstance(call, wire.AnswerMany):
-        items = [i.model_dump() for i in call.items]
-        return core.answer_many(who, items, call.body, call.idempotency_key)
-    if isinstance(call, wire.Delegate):
-        return core.delegate(who, call.request_id, call.to, call.note, call.workspace)
-    if isinstance(call, wire.ListRuns):
-        return core.list_runs(
-            who,
-            _glob(call.workspace),
-            call.status and str(call.status),
-            owner=call.owner,
-            limit=call.limit,
-            cursor=call.cursor,
-        )
-    if isinstance(call, wire.GetRun):
-        return core.get_run(who, call.run_id, call.workspace)
-    return core.history(who, call.limit)
-
-
-def decode_message(raw: bytes) -> wire.Call | wire.Told | str:
-    """A frame from the inbox as a call or its counts, or why it is refused."""
-    try:
-        msg = wire.FROM_INBOX.validate_json(raw)
-    except ValidationError as e:
-        return _summary(e)
-    if isinstance(msg, wire.Hello):
-        return "hello again"
-    return msg
-
-
-def decode(raw: bytes) -> wire.Call | str:
-    """A frame from the inbox as a call, or why it is refused (no other outcome)."""
-    msg = decode_message(raw)
-    if isinstance(msg, wire.Deliveries):
-        return f"{msg.op}: not a call"
-    return msg
-
-
-def reply_to(ctx: Context, call: wire.Call) -> bytes:
-    """The reply frame to a call: its result, or the refusal a request from the network
-    would get. Never raises: a handler's bug fails this call only."""
-    try:
-        reply = wire.Reply(id=call.id, result=execute(ctx, call))
-    except ApiError as e:
-        reply = _error(call.id, e.http, e.code, str(e), e.workspaces)
-    except Exception as e:
-        log.error("inbox_call_failed", op=call.op, error=f"{type(e).__name__}: {e}")
-        reply = _error(call.id, 500, "internal", "the core could not answer this")
-    try:
-        return wire.encode(reply)
-    except ValueError as e:  # not JSON (a name in bytes a document kept raw)
-        log.error("inbox_reply_failed", op=call.op, error=str(e))
-        return wire.encode(_error(call.id, 500, "internal", "the answer is not JSON"))
-
-
 def event_message(e: FeedEvent) -> wire.EventMsg:
     data = dict(e.data)
     if "workspace" in data:  # names are bytes: shown escaped, unshown by the inbox
@@ -439,7 +317,7 @@ class Monitor:
         try:
             msg = wire.FROM_INBOX.validate_json(raw)
         except ValidationError as e:
-            self._refused(raw, _summary(e))
+            self._refused(raw, monitor.summary(e))
             return False
         if not isinstance(msg, wire.Hello) or msg.version != wire.VERSION:
             self._refused(raw, f"expected hello version {wire.VERSION}")
@@ -464,15 +342,9 @@ class Monitor:
         with contextlib.suppress(queue.Full):
             self.out.put_nowait(wire.encode(wire.OutboxHint(target=key)))
 
-    def _run(self, call: wire.Call) -> None:
+    def _run(self, call: monitor.Request) -> None:
         try:
-            if isinstance(call, wire.MailReply):  # HTTP or not: the email channel's
-                frame = reply_mail(self.serving.mail, call)
-            elif self.ctx is None:  # an inbox started for deliveries has no HTTP to serve
-                no = "this daemon serves no HTTP (no http: in its config)"
-                frame = wire.encode(_error(call.id, 403, "forbidden", no))
-            else:
-                frame = reply_to(self.ctx, call)
+            frame = monitor.reply_to(self.ctx, self.serving.mail, call)
             with contextlib.suppress(OSError), self.sending:  # straight out: no thread hop
                 self.sock.sendall(frame)
         finally:
@@ -491,7 +363,8 @@ class Monitor:
             )
         if cid is not None:
             with contextlib.suppress(queue.Full):
-                self.out.put_nowait(wire.encode(_error(cid, 400, "protocol", why[:300])))
+                error = monitor.error_reply(cid, 400, "protocol", why[:300])
+                self.out.put_nowait(wire.encode(error))
 
     def _event(self, e: FeedEvent) -> None:
         """On the daemon's loop: queue and return."""
@@ -517,36 +390,8 @@ class Monitor:
                 return  # the reader sees the connection end too
 
 
-def reply_mail(take: Callable[[Received], dict[str, Any]] | None, call: wire.MailReply) -> bytes:
-    """The reply frame to a relayed message: the email channel's verdict (the inbox moves
-    the file to cur/ on any reply but a 503). Never raises."""
-    if take is None:
-        no = "the email channel is not taking mail (yet): keep it"
-        return wire.encode(_error(call.id, 503, "not_ready", no))
-    got = Received(call.message, call.token, call.sender, call.automatic, call.text, call.problem)
-    try:
-        reply = wire.Reply(id=call.id, result=take(got))
-    except Exception as e:  # `receive` never raises; a bug here fails this message only
-        log.error("inbox_call_failed", op=call.op, error=f"{type(e).__name__}: {e}")
-        reply = _error(call.id, 500, "internal", "the core could not decide on this message")
-    return wire.encode(reply)
-
-
 def _no_hint(key: str) -> None:
     pass
-
-
-def _error(
-    cid: int, http: int, code: str, message: str, workspaces: list[str] | None = None
-) -> wire.Reply:
-    problem = wire.Problem(http=http, code=code, message=json_safe(message), workspaces=workspaces)
-    return wire.Reply(id=cid, error=problem)
-
-
-def _summary(e: ValidationError) -> str:
-    first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid"}
-    where = ".".join(str(p) for p in first.get("loc", ())) or "(frame)"
-    return f"{where}: {first.get('msg', 'invalid')}"
 
 
 # -- what the inbox process is started with --------------------------------------------------------

@@ -31,8 +31,8 @@ from deltad import wire
 from deltad.health import Standalone, Vitals
 from deltad.inbox import links
 from deltad.inbox.config import HttpConfig
+from deltad.inbox.context import Context, Idempotency
 from deltad.inbox.feed import Feed
-from deltad.inbox.handlers import Context, Idempotency
 from deltad.inbox.tokens import TokenStore
 from deltad.outbound.handoff import Handoff, HandoffError
 from deltad.outbound.mail import Received

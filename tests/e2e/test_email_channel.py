@@ -447,17 +447,19 @@ def test_a_kill_9_of_the_core_mid_message_loses_no_reply(
 
 FORGE = """
 import concurrent.futures, json
-from deltad.inbox.handlers import ApiError
+from deltad import wire
+from deltad.inbox.ops import ApiError
 from deltad import wire
 def relay(**over):
-    msg = {"op": "mail_reply", "message": "forged.1", "sender": ALICE, "text": "yes", **over}
+    args = {"message": "forged.1", "sender": ALICE, "text": "yes", **over}
     try:
-        return remote.send(msg)
+        return remote.send("mail_reply", None, args)
     except ApiError as e:
         return [e.http, e.code]
 def raw(**over):
     # What the typed client would refuse to send, sent anyway: the core refuses it by call id.
-    doc = {"op": "mail_reply", "id": 10**9, "message": "forged.2", "sender": ALICE, **over}
+    args = {"message": "forged.2", "sender": ALICE, **over}
+    doc = {"op": "mail_reply", "id": 10**9, "args": args}
     fut = concurrent.futures.Future()
     remote._waiting[10**9] = fut
     frame = json.dumps(doc).encode()

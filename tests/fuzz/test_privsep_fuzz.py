@@ -17,16 +17,16 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from deltad import wire
-from deltad.inbox import links, paging, quorum
+from deltad.inbox import links, ops, paging, quorum
 from deltad.inbox.config import HttpConfig
+from deltad.inbox.context import Context
 from deltad.inbox.feed import Feed, View
-from deltad.inbox.handlers import Context
 from deltad.inbox.tokens import TokenStore
 from deltad.outbound import mail
 from deltad.outbound.base import Context as ChannelContext
 from deltad.outbound.config import EmailConfig
 from deltad.outbound.email import EmailChannel
-from deltad.privsep import core
+from deltad.privsep import core, monitor
 from deltad.protocol import Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
 from tests.fuzz import fuzz_settings
@@ -52,20 +52,42 @@ CTX = Context(
     link_key=links.load_key(_tmp),
     base_url="http://127.0.0.1:1",
 )
-OPS = {
-    "list_requests": wire.ListRequests,
-    "get_request": wire.GetRequest,
-    "answer": wire.Answer,
-    "list_runs": wire.ListRuns,
-    "get_run": wire.GetRun,
-    "history": wire.History,
-    "check_link": wire.CheckLink,
-    "link_request": wire.LinkRequest,
-    "link_answer": wire.LinkAnswer,
-    "answer_many": wire.AnswerMany,
-    "delegate": wire.Delegate,
-    "mail_reply": wire.MailReply,
-}
+NAMES = (
+    "list_requests",
+    "get_request",
+    "answer",
+    "list_runs",
+    "get_run",
+    "history",
+    "check_link",
+    "link_request",
+    "link_answer",
+    "answer_many",
+    "delegate",
+    "mail_reply",
+)
+OPS = {name: ops.OPS[name] for name in NAMES}
+
+
+def _fields(op: ops.Op) -> tuple[str, ...]:
+    """What a call of `op` names: its token (if asked on behalf of one) and its arguments."""
+    return (("token",) if op.token else ()) + tuple(op.Input.model_fields)
+
+
+def _frame(doc: dict[str, Any]) -> dict[str, Any]:
+    """A call written flat (its op, id, token and arguments side by side, as these tests draw
+    them) as the frame carries it: the token beside `op` for an operation asked on behalf of
+    one, the arguments in `args`."""
+    op = ops.OPS.get(doc.get("op")) if isinstance(doc.get("op"), str) else None
+    head = {"op", "id"} | ({"token"} if op is not None and op.token else set())
+    args = {k: v for k, v in doc.items() if k not in head}
+    return {k: v for k, v in doc.items() if k in head} | {"args": args}
+
+
+def _call(doc: dict[str, Any]) -> monitor.Request:
+    call = monitor.decode(_encoded(_frame(doc)))
+    assert isinstance(call, monitor.Request), call
+    return call
 
 
 def _tree() -> dict[str, bytes]:
@@ -111,7 +133,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "due_within": st.none() | st.sampled_from(["10m", "-1m", "1h30m", "1s" * 40]) | text,
     "message": st.sampled_from(["1.m1", "../x", "", ".hidden", "a/b", "a" * 256]) | text,
     "sender": st.sampled_from(["alice@example.org", "mallory@example.org", ""]) | text,
-    "text": st.none() | st.sampled_from(["b", "Blue", "yes", "x" * (wire.TEXT_MAX + 1)]) | text,
+    "text": st.none() | st.sampled_from(["b", "Blue", "yes", "x" * (ops.TEXT_MAX + 1)]) | text,
     "problem": st.none() | st.sampled_from(["unreadable", "unparsable", "bogus"]) | text,
     "automatic": st.booleans() | json_values,
 }
@@ -123,12 +145,12 @@ def calls(draw: st.DrawFn) -> dict[str, Any]:
     sometimes a field left out, sometimes one too many."""
     op = draw(st.sampled_from(sorted(OPS)))
     doc: dict[str, Any] = {"op": op, "id": draw(st.integers(-1, 2**60))}
-    for name in OPS[op].model_fields:
-        if name not in ("op", "id") and draw(st.integers(0, 9)) > 0:
+    for name in _fields(OPS[op]):
+        if draw(st.integers(0, 9)) > 0:
             doc[name] = draw(FIELDS.get(name, json_values))
     if draw(st.integers(0, 9)) == 0:
         doc[draw(text)] = draw(json_values)
-    return doc
+    return _frame(doc)
 
 
 def _encoded(doc: Any) -> bytes:
@@ -147,17 +169,20 @@ frames = (
 @given(frames)
 @example(b'{"op": "answer", "id": 1, "token": "elsewhere", "request_id": "x", "body": {}}')
 @example(b'{"op": "hello", "version": 1}')
-@example(b'{"op": "answer", "id": 1, "token": "watcher", "request_id": "RID", "body": {}}')
-@example(_encoded({"op": "answer", "id": 7, "token": "elsewhere", "request_id": RID, "body": {}}))
-@example(_encoded({"op": "link_answer", "id": 7, "link": "e30.AAAA", "body": {"answer": "b"}}))
-@example(_encoded({"op": "list_requests", "id": 2, "token": "watcher", "workspace": "/" * 2000}))
-@example(_encoded({"op": "get_request", "id": 3, "token": "watcher", "request_id": RID}))
+@example(b'{"op": "answer", "id": 1, "token": "watcher", "args": {"request_id": "R", "body": {}}}')
+@example(_encoded(_frame({"op": "answer", "id": 7, "token": "elsewhere", "request_id": RID,
+                          "body": {}})))  # fmt: skip
+@example(_encoded(_frame({"op": "link_answer", "id": 7, "link": "e30.AAAA",
+                          "body": {"answer": "b"}})))  # fmt: skip
+@example(_encoded(_frame({"op": "list_requests", "id": 2, "token": "watcher",
+                          "workspace": "/" * 2000})))  # fmt: skip
+@example(_encoded(_frame({"op": "get_request", "id": 3, "token": "watcher", "request_id": RID})))
 def test_any_frame_is_refused_or_answered_and_changes_nothing(raw: bytes) -> None:
-    call = core.decode(raw)
+    call = monitor.decode(raw)
     if isinstance(call, str):
         assert call  # a reason, for the log
     else:
-        frame = core.reply_to(CTX, call)
+        frame = monitor.reply_to(CTX, None, call)
         reply = wire.FROM_CORE.validate_json(frame[wire.HEADER.size :])
         assert isinstance(reply, wire.Reply) and reply.id == call.id
         assert (reply.result is None) != (reply.error is None)
@@ -194,10 +219,10 @@ def test_the_framing_yields_frames_or_ends_the_connection(chunks: list[bytes], c
 def _refusal(doc: dict[str, Any]) -> str | tuple[int, str] | None:
     """What the core makes of a call: a refusal's reason, the error's status and code, or
     None for a result."""
-    call = core.decode(_encoded(doc))
+    call = monitor.decode(_encoded(_frame(doc)))
     if isinstance(call, str):
         return call
-    reply = wire.FROM_CORE.validate_json(core.reply_to(CTX, call)[wire.HEADER.size :])
+    reply = wire.FROM_CORE.validate_json(monitor.reply_to(CTX, None, call)[wire.HEADER.size :])
     assert isinstance(reply, wire.Reply)
     return None if reply.error is None else (reply.error.http, reply.error.code)
 
@@ -219,14 +244,14 @@ def test_list_requests_sort_and_durations_are_bounded_and_rechecked_by_the_core(
     assert _refusal({**ask, "due_within": "400d"}) == (422, "bad_page")
     # Within bounds and well formed: answered, in every sort, with the handlers' page.
     for extra in ({"sort": "oldest"}, {"sort": "deadline", "due_within": "10m"}, {}):
-        got = core.execute(CTX, wire.ListRequests.model_validate({**ask, **extra}))
+        got = monitor.serve(CTX, None, _call({**ask, **extra}))
         assert set(got) == {"requests", "next"} and got["next"] is None, extra
     # A cursor of another sort is refused by the core (the cursor carries its sort).
     crossed = {**ask, "sort": "deadline", "cursor": paging.encode("requests", (1.0, "a", "b"))}
     assert _refusal(crossed) == (422, "bad_page")
     # Out of scope: the token's scope is the core's, whatever the sort.
     far = {**ask, "token": "elsewhere", "sort": "deadline", "older_than": "1s"}
-    assert core.execute(CTX, wire.ListRequests.model_validate(far))["requests"] == []
+    assert monitor.serve(CTX, None, _call(far))["requests"] == []
     assert _refusal({**ask, "token": "mallory", "sort": "oldest"}) == (401, "unauthorized")
 
 
@@ -235,9 +260,9 @@ def test_forged_bulk_answers_are_bounded_and_rechecked_by_the_core() -> None:
     one = [{"request_id": RID, "workspace": str(WS)}]
     for bad in (
         {"items": []},  # at least one
-        {"items": [{"request_id": RID}] * (wire.BULK_MAX + 1)},  # over its bound
+        {"items": [{"request_id": RID}] * (ops.BULK_MAX + 1)},  # over its bound
         {"items": [{"request_id": RID, "workspace": str(WS), "run_id": "x"}]},  # extra field
-        {"items": [{"request_id": "r" * (wire.TEXT_MAX + 1)}]},
+        {"items": [{"request_id": "r" * (ops.TEXT_MAX + 1)}]},
         {"items": one, "body": "b"},  # a body is an object
         {"items": one, "token": "a" * 65},
     ):
@@ -245,9 +270,7 @@ def test_forged_bulk_answers_are_bounded_and_rechecked_by_the_core() -> None:
     # Well formed: the core checks the token's role and scope for each question.
     assert _refusal({**ask, "token": "watcher", "items": one}) == (403, "forbidden")
     assert _refusal({**ask, "token": "mallory", "items": one}) == (401, "unauthorized")
-    call = core.decode(_encoded({**ask, "items": one * 2}))
-    assert not isinstance(call, str)
-    got = core.execute(CTX, call)
+    got = monitor.serve(CTX, None, _call({**ask, "items": one * 2}))
     assert got["accepted"] == 0 and got["refused"] == 2
     assert all(r["status"] == "refused" for r in got["results"])
     assert _tree() == BEFORE
@@ -353,32 +376,34 @@ MAIL_BEFORE = _mail_tree()
 @st.composite
 def relays(draw: st.DrawFn) -> dict[str, Any]:
     doc: dict[str, Any] = {"op": "mail_reply", "id": draw(st.integers(-1, 2**53))}
-    for name in wire.MailReply.model_fields:
-        if name not in ("op", "id") and draw(st.integers(0, 9)) > 0:
+    for name in ops.MailReply.model_fields:
+        if draw(st.integers(0, 9)) > 0:
             doc[name] = draw(FIELDS[name])
     if draw(st.integers(0, 19)) == 0:
         doc[draw(text)] = draw(json_values)
-    return doc
+    return _frame(doc)
 
 
 @FUZZ
 @given(relays().map(_encoded))
-@example(_encoded({"op": "mail_reply", "id": 1, "message": "1", "token": MAIL_TOKEN,
-                   "sender": "alice@example.org", "text": "yes"}))  # fmt: skip
-@example(_encoded({"op": "mail_reply", "id": 2, "message": "1", "token": MAIL_TOKEN,
-                   "sender": "ALICE@example.org", "text": "yes", "automatic": False}))  # fmt: skip
-@example(_encoded({"op": "mail_reply", "id": 3, "message": "1", "token": MAIL_TOKEN,
-                   "sender": "mallory@example.org", "text": "yes"}))  # fmt: skip
-@example(_encoded({"op": "mail_reply", "id": 4, "message": "1", "problem": "unparsable"}))
+@example(_encoded(_frame({"op": "mail_reply", "id": 1, "message": "1", "token": MAIL_TOKEN,
+                          "sender": "alice@example.org", "text": "yes"})))  # fmt: skip
+@example(_encoded(_frame({"op": "mail_reply", "id": 2, "message": "1", "token": MAIL_TOKEN,
+                          "sender": "ALICE@example.org", "text": "yes",
+                          "automatic": False})))  # fmt: skip
+@example(_encoded(_frame({"op": "mail_reply", "id": 3, "message": "1", "token": MAIL_TOKEN,
+                          "sender": "mallory@example.org", "text": "yes"})))  # fmt: skip
+@example(_encoded(_frame({"op": "mail_reply", "id": 4, "message": "1",
+                          "problem": "unparsable"})))  # fmt: skip
 def test_any_relayed_mail_is_refused_or_decided_and_answers_nothing(raw: bytes) -> None:
     """Whatever a hostile inbox relays as mail, the core refuses the frame or the channel
     decides on it (never a 500, never an exception), and no answer is written."""
-    call = core.decode(raw)
+    call = monitor.decode(raw)
     if isinstance(call, str):
         assert call
     else:
-        assert isinstance(call, wire.MailReply)
-        reply = wire.FROM_CORE.validate_json(core.reply_mail(EMAIL.receive, call)[4:])
+        assert call.op.name == "mail_reply"
+        reply = wire.FROM_CORE.validate_json(monitor.reply_to(None, EMAIL.receive, call)[4:])
         assert isinstance(reply, wire.Reply) and reply.id == call.id
         assert reply.error is None and reply.result is not None, reply
         assert reply.result["result"] == "refused", reply.result
@@ -392,18 +417,17 @@ def test_a_relayed_mail_is_bounded_and_rechecked_by_the_core() -> None:
         {"message": "../tokens.json"},  # a name, never a path
         {"message": ".hidden"},
         {"message": "a" * 256},
-        {"text": "x" * (wire.TEXT_MAX + 1)},
-        {"sender": "a" * (wire.SENDER_MAX + 1)},
+        {"text": "x" * (ops.TEXT_MAX + 1)},
+        {"sender": "a" * (ops.SENDER_MAX + 1)},
         {"token": "0" * 65},
         {"problem": "bogus"},
         {"answered_by": "root"},  # a field too many: who answered is the core's to say
     ):
-        assert isinstance(core.decode(_encoded({**ask, **bad})), str), bad
+        assert isinstance(monitor.decode(_encoded(_frame({**ask, **bad}))), str), bad
 
     def verdict(**over: Any) -> str:
-        call = core.decode(_encoded({**ask, "token": MAIL_TOKEN, "text": "yes", **over}))
-        assert isinstance(call, wire.MailReply)
-        reply = wire.FROM_CORE.validate_json(core.reply_mail(EMAIL.receive, call)[4:])
+        call = _call({**ask, "token": MAIL_TOKEN, "text": "yes", **over})
+        reply = wire.FROM_CORE.validate_json(monitor.reply_to(None, EMAIL.receive, call)[4:])
         assert isinstance(reply, wire.Reply) and reply.result is not None
         return str(reply.result.get("code"))
 
@@ -415,10 +439,9 @@ def test_a_relayed_mail_is_bounded_and_rechecked_by_the_core() -> None:
     assert verdict(automatic=True) == "auto_reply"
     assert verdict(problem="unparsable") == "unreadable"
     # Before the channel is started, the core says so and the inbox keeps the message.
-    call = core.decode(_encoded({**ask, "token": MAIL_TOKEN}))
-    assert isinstance(call, wire.MailReply)
-    reply = wire.FROM_CORE.validate_json(core.reply_mail(None, call)[4:])
+    call = _call({**ask, "token": MAIL_TOKEN})
+    reply = wire.FROM_CORE.validate_json(monitor.reply_to(None, None, call)[4:])
     assert isinstance(reply, wire.Reply) and reply.error is not None
     assert (reply.error.http, reply.error.code) == (503, "not_ready")
     assert _mail_tree() == MAIL_BEFORE
-    assert mail.SENDER_MAX == wire.SENDER_MAX
+    assert mail.SENDER_MAX == ops.SENDER_MAX

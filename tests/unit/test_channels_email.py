@@ -3,7 +3,7 @@ answering path, with a real workspace on disk and no network (nothing is sent: w
 hands over is taken into the inbox's courier, whose thread is never started, so what would go
 out is read from its outbox). The Maildir is read by
 the inbox process's reader (deltad/outbound/maildir.py), each message relayed to the channel
-through the protocol's own model and the core's `reply_mail`, as over the socket."""
+through the protocol's own frame and the core's monitor (`mail_reply`), as over the socket."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from deltad.outbound.email import EmailChannel
 from deltad.outbound.grants import AddressExpired, Grants, Unknown, check
 from deltad.outbound.maildir import MaildirReader
 from deltad.outbound.outbox import Outbox
-from deltad.privsep import core
+from deltad.privsep import monitor
 from deltad.protocol import InputType, InteractionRequest, Mailbox, Workspace, followup, utcnow
 from deltad.protocol.printable import show_path
 from deltad.protocol.replies import AnswerRejected, Decision
@@ -199,8 +199,10 @@ def _take(ch: EmailChannel) -> int:
     """One pass of the inbox's reader; each message relayed as the core takes it."""
 
     def relay(got: mail.Received) -> bool:
-        call = wire.MailReply(op="mail_reply", id=1, **asdict(got))
-        frame = core.reply_mail(ch.receive, call)[wire.HEADER.size :]
+        sent = wire.encode(wire.Call(op="mail_reply", id=1, args=asdict(got)))
+        call = monitor.decode(sent[wire.HEADER.size :])
+        assert not isinstance(call, str), call
+        frame = monitor.reply_to(None, ch.receive, call)[wire.HEADER.size :]
         reply = wire.FROM_CORE.validate_json(frame)
         assert isinstance(reply, wire.Reply)
         return reply.error is None or reply.error.http != 503

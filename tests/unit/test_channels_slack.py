@@ -16,8 +16,8 @@ import yaml
 
 from deltad.core.config import ConfigError, load_config
 from deltad.http.child import open_view
-from deltad.inbox import quorum
-from deltad.inbox.handlers import ApiError
+from deltad.inbox import ops, quorum
+from deltad.inbox.ops import ApiError
 from deltad.outbound import blocks, senders
 from deltad.outbound.base import Closed, Context, Question
 from deltad.outbound.config import ChannelsConfig, SlackConfig
@@ -425,35 +425,38 @@ def test_records_of_long_closed_questions_are_pruned(tmp_path: Path) -> None:
 def test_the_core_takes_a_relayed_interaction_only_for_a_configured_channel(
     tmp_path: Path,
 ) -> None:
-    from deltad import wire
     from deltad.inbox.config import HttpConfig
+    from deltad.inbox.context import Context as HttpContext
     from deltad.inbox.feed import Feed
-    from deltad.inbox.handlers import Context as HttpContext
     from deltad.inbox.tokens import TokenStore
-    from deltad.privsep import core
+    from deltad.privsep import monitor
 
     ctx = HttpContext(
         feed=Feed(10), tokens=TokenStore(tmp_path), config=HttpConfig(), link_key=b"k"
     )
-    frame = {"op": "channel_interaction", "id": 1, "channel": "slack", "body": "payload=x"}
-    call = core.decode(json.dumps({**frame, "timestamp": "1", "signature": "v0=0"}).encode())
-    assert isinstance(call, wire.ChannelInteraction)
+    args = {"channel": "slack", "body": "payload=x", "timestamp": "1", "signature": "v0=0"}
+    frame = {"op": "channel_interaction", "id": 1, "args": args}
+    call = monitor.decode(json.dumps(frame).encode())
+    assert isinstance(call, monitor.Request) and call.op.name == "channel_interaction"
     with pytest.raises(ApiError) as e:
-        core.execute(ctx, call)
+        monitor.serve(ctx, None, call)
     assert e.value.http == 404 and "slack channel is not configured" in str(e.value)
     seen: list[tuple[str, str, str]] = []
     ctx.interactions["slack"] = lambda *a: seen.append(a) or {"response": None}
-    assert core.execute(ctx, call) == {"response": None}
+    assert monitor.serve(ctx, None, call) == {"response": None}
     assert seen == [("payload=x", "1", "v0=0")]
     for bad, why in [
         ({"channel": "email"}, "channel"),
-        ({"body": "x" * (wire.CHANNEL_BODY_MAX + 1)}, "body"),
+        ({"body": "x" * (ops.CHANNEL_BODY_MAX + 1)}, "body"),
         ({"signature": "s" * 300}, "signature"),
         ({"token": "alice"}, "Extra inputs"),
     ]:
-        raw = json.dumps({**frame, "timestamp": "1", "signature": "v0=0", **bad}).encode()
-        got = core.decode(raw)
+        raw = json.dumps({**frame, "args": {**args, **bad}}).encode()
+        got = monitor.decode(raw)
         assert isinstance(got, str) and why in got, got
+    # A token beside the arguments: the interaction is asked on behalf of none.
+    got = monitor.decode(json.dumps({**frame, "token": "alice"}).encode())
+    assert isinstance(got, str) and "no token" in got, got
 
 
 # -- an approval, in-process: approve at once; reject with a reason through a modal ---------

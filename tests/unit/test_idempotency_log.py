@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from deltad.inbox import idempotency
-from deltad.inbox.handlers import ApiError, Idempotency
+from deltad.inbox.context import Idempotency
+from deltad.inbox.ops import ApiError
 
 DOC = {"status": "accepted", "request_id": "q1", "workspace": "/ws/a", "run_id": "r1"}
 
@@ -31,7 +32,7 @@ def test_a_key_answers_the_same_after_a_restart(tmp_path: Path) -> None:
 def test_records_live_their_lifetime_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1_000_000.0]
     monkeypatch.setattr(idempotency.time, "time", lambda: now[0])
-    monkeypatch.setattr("deltad.inbox.handlers.time.time", lambda: now[0])
+    monkeypatch.setattr("deltad.inbox.context.time.time", lambda: now[0])
     Idempotency(tmp_path).remember("ann", "k1", "q1", "d", DOC)
     now[0] += idempotency.TTL_SECONDS - 1
     assert Idempotency(tmp_path).seen("ann", "k1", "q1", None, "d") == DOC

@@ -15,8 +15,9 @@ from pydantic import ValidationError
 
 from deltad.http import mcp_adapter as m
 from deltad.http.limits import ANSWER_BODY_MAX, SMALL_BODY_MAX, Rule, rule_for
+from deltad.inbox import ops
 from deltad.inbox.config import HttpConfig, McpConfig
-from deltad.inbox.handlers import ApiError
+from deltad.inbox.ops import ApiError
 from deltad.inbox.tokens import Identity, TokenStore
 from deltad.protocol import InteractionRequest
 from deltad.protocol.kinds import form
@@ -233,13 +234,17 @@ def test_who_calls_from_the_authorization_header(
 
 
 class Core:
-    """A stand-in for the core's calls: records what reaches it, answers from a table."""
+    """A stand-in for the core's operations: records what reaches it, answers from a table."""
 
     def __init__(self, docs: dict[str, dict[str, Any]]) -> None:
         self.docs = docs
         self.asked: list[tuple[str, ...]] = []
 
-    def list_requests(self, who: Identity, workspace: str | None, *a: Any, **kw: Any) -> Any:
+    def call(self, op: str, who: Identity | None = None, /, **args: Any) -> Any:
+        ops.prepared(op, who, args)  # checked as the inbox's Remote checks it before sending
+        return getattr(self, op)(who, **args)
+
+    def list_requests(self, who: Identity, **kw: Any) -> Any:
         self.asked.append(("list", str(kw["limit"]), str(kw["cursor"])))
         return {"requests": list(self.docs.values()), "next": None}
 
@@ -249,7 +254,16 @@ class Core:
             raise ApiError(404, "unknown_request", f"no question {request_id} for this token")
         return self.docs[request_id]
 
-    def answer(self, who: Identity, rid: str, body: Any, key: Any, ws: Any, channel: str) -> Any:
+    def answer(
+        self,
+        who: Identity,
+        request_id: str,
+        body: Any,
+        idempotency_key: Any,
+        workspace: Any,
+        channel: str,
+    ) -> Any:
+        rid, key, ws = request_id, idempotency_key, workspace
         self.asked.append(("answer", rid, str(body), str(key), str(ws), channel))
         doc = self.get_request(who, rid, ws)
         if doc.get("sensitive"):  # as the core refuses it

@@ -100,16 +100,23 @@ def test_the_inbox_gets_an_allowlisted_environment(monkeypatch: pytest.MonkeyPat
         (b"", "(frame)"),
         (b"[]", "(frame)"),
         (b'{"op": "hello", "version": 1}', "hello again"),
-        (b'{"op": "write_file", "id": 1}', "does not match any of the expected tags"),
-        (b'{"op": "history", "id": 1, "token": "a", "extra": 1}', "extra"),
+        (b'{"op": "write_file", "id": 1}', "no such operation"),  # not in the table
+        (b'{"op": "history", "id": 1, "token": "a", "args": {"extra": 1}}', "args.extra"),
+        (b'{"op": "history", "id": 1, "token": "a", "limit": 50}', "limit"),  # beside `args`
+        (b'{"op": "history", "id": 1, "token": "a", "args": []}', "args"),
         (b'{"op": "history", "id": -1, "token": "a"}', "id"),
         (b'{"op": "history", "id": 1, "token": ""}', "token"),
-        (b'{"op": "history", "id": 1, "token": "a", "limit": 501}', "limit"),
-        (b'{"op": "answer", "id": 1, "token": "a", "request_id": "r", "body": []}', "body"),
-        (b'{"op": "list_runs", "id": 1, "token": "a", "status": "BOGUS"}', "status"),
+        (b'{"op": "history", "id": 1}', "on behalf of a token"),  # a token's operation
+        (b'{"op": "check_link", "id": 1, "token": "a", "args": {"link": "x"}}', "no token"),
+        (b'{"op": "history", "id": 1, "token": "a", "args": {"limit": 501}}', "limit"),
+        (
+            b'{"op": "answer", "id": 1, "token": "a", "args": {"request_id": "r", "body": []}}',
+            "body",
+        ),
+        (b'{"op": "list_runs", "id": 1, "token": "a", "args": {"status": "BOGUS"}}', "status"),
         (  # an answer names the inbox's surface it came through, one of two
-            b'{"op": "answer", "id": 1, "token": "a", "request_id": "r", "body": {}, '
-            b'"channel": "email"}',
+            b'{"op": "answer", "id": 1, "token": "a", "args": {"request_id": "r", "body": {}, '
+            b'"channel": "email"}}',
             "channel",
         ),
     ],

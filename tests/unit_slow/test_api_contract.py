@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
 from deltad.http.app import PUBLIC, WRITES, create_app, validation_refusal
-from deltad.inbox import handlers, links, schemas
+from deltad.inbox import handlers, links, ops, schemas
 from deltad.inbox.config import HttpConfig
 from deltad.inbox.feed import Feed, View
 from deltad.inbox.handlers import Context
@@ -141,7 +141,7 @@ def test_a_document_goes_out_as_the_handler_made_it(api: Api) -> None:
     rid = api.ask("ws", input_type="approval", calls=[{"action_id": "c1", "tool_name": "t"}])
     ctx = api.http.app.state.ctx  # type: ignore[attr-defined]
     who = ctx.tokens.verify(api.auth["Authorization"].split()[1])
-    made = handlers.get_request(ctx, who, rid)
+    made = schemas.document(handlers.get_request(ctx, who, ops.GetRequest(request_id=rid)))
     assert api.http.get(f"/v1/requests/{rid}", headers=api.auth).json() == made
     assert "schema" not in made["calls"][0]
     listed = api.http.get("/v1/requests", headers=api.auth).json()
