@@ -1,12 +1,10 @@
-"""The channels beside the daemon's loop: one intake thread turns the feed's events into
-questions (read from the disk, never on the loop) and tells each channel; each channel sends
-and takes answers in on threads of its own (deltad/outbound/base.py)."""
+"""The channels beside the daemon's loop: the one intake thread (deltad/outbound/intake.py)
+turns the feed's events into questions (read from the disk, never on the loop) and tells each
+channel; each channel sends and takes answers in on threads of its own
+(deltad/outbound/base.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +14,7 @@ from prometheus_client import Counter
 
 from deltad import inbox
 from deltad.inbox import quorum
-from deltad.inbox.feed import Feed, FeedEvent
+from deltad.inbox.feed import FeedEvent
 from deltad.inbox.outcome import answers_of
 from deltad.outbound.base import Answer, Channel, Closed, Context, Question
 from deltad.outbound.config import ChannelsConfig
@@ -28,10 +26,8 @@ if TYPE_CHECKING:
     from deltad.wire import ChannelTarget
 
 log = structlog.get_logger("deltad.channels")
-QUEUE_CAP = 10_000
 JOURNAL_TAIL_BYTES = 256 * 1024  # of a journal read to learn who answered
 JOURNAL_TAIL_EVENTS = 200
-STOP_WAIT = 10.0
 WANTED = (
     "request.created",
     "request.answered",
@@ -114,34 +110,32 @@ def answerer(ws: Path, run_id: object, request_id: str) -> tuple[str | None, str
 
 
 class Hub:
-    def __init__(self, channels: list[Channel], feed: Feed, quiet_roots: list[Path]) -> None:
-        self.channels, self.feed, self.quiet = channels, feed, quiet_roots
-        self._queue: queue.Queue[FeedEvent | None] = queue.Queue(QUEUE_CAP)
-        self._intake = threading.Thread(target=self._take_all, name="deltad-channels", daemon=True)
-        self._unsubscribe: Callable[[], None] | None = None
+    """The channels, a consumer of the intake (deltad/outbound/intake.py): each event they want
+    is told to every channel, on the intake's thread; a channel that fails keeps no other from
+    hearing."""
+
+    def __init__(self, channels: list[Channel], quiet_roots: list[Path]) -> None:
+        self.channels, self.quiet = channels, quiet_roots
 
     def start(self) -> None:
         for c in self.channels:
             c.start()
-        self._intake.start()
-        self._unsubscribe = self.feed.subscribe(self._offer)
 
-    def _offer(self, e: FeedEvent) -> None:
-        """On the daemon's loop: queue, never wait."""
-        if e.type not in WANTED or any(Path(e.workspace).is_relative_to(r) for r in self.quiet):
-            return
-        try:
-            self._queue.put_nowait(e)
-        except queue.Full:
-            log.error("channel_dropped", event_id=e.id, detail="queue full")
+    def wants(self, e: FeedEvent) -> bool:
+        return e.type in WANTED and not any(Path(e.workspace).is_relative_to(r) for r in self.quiet)
 
-    def _take_all(self) -> None:
-        while (e := self._queue.get()) is not None:
-            for c in self.channels:
-                try:
-                    self._tell(c, e)
-                except Exception as err:  # a channel must never take the daemon down
-                    log.error("channel_failed", channel=c.name, event_id=e.id, error=str(err))
+    def take(self, e: FeedEvent) -> None:
+        for c in self.channels:
+            try:
+                self._tell(c, e)
+            except Exception as err:  # a channel must never take the daemon down
+                log.error("channel_failed", channel=c.name, event_id=e.id, error=str(err))
+
+    def dropped(self, e: FeedEvent) -> None:
+        log.error("channel_dropped", event_id=e.id, detail="queue full")
+
+    def failed(self, e: FeedEvent, err: Exception) -> None:
+        log.error("channel_failed", event_id=e.id, error=str(err))
 
     def _tell(self, c: Channel, e: FeedEvent) -> None:
         ws, request_id = Path(e.workspace), str(e.data.get("request_id"))
@@ -165,19 +159,12 @@ class Hub:
             c.send(Question(ws, p.request, p.task))
 
     def stop(self) -> None:
-        if self._unsubscribe:
-            self._unsubscribe()
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=STOP_WAIT)
-        if self._intake.is_alive():
-            self._intake.join(STOP_WAIT)
         for c in self.channels:
             c.stop()
 
 
 def start(
     config: ChannelsConfig,
-    feed: Feed,
     quiet_roots: list[Path],
     http: object,
     state_dir: Path,
@@ -204,7 +191,7 @@ def start(
     if handoff is None:
         raise ValueError("no inbox process to hand the channels' messages to")
     made = build(config, state_dir, quorum.answer_or_vote, handoff, link, page, replies)
-    hub = Hub(made, feed, quiet_roots)
+    hub = Hub(made, quiet_roots)
     hub.start()
     if isinstance(http, handlers.Context):
         # What the inbox relays from a channel's own endpoint (Slack's interactions) reaches

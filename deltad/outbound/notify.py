@@ -1,11 +1,12 @@
 """Notifications: webhooks (Standard Webhooks: `webhook-id`, `webhook-timestamp`,
 `webhook-signature`; deltad/outbound/webhooks.py) and commands (argv, the event as JSON on stdin).
 
-The daemon's loop only queues an event. One intake thread in the core turns it into a document
-(read from the disk, never on the loop) and hands it to each target: a webhook delivery is
-written into the target's outbox, which belongs to the inbox process (deltad/outbound/handoff.py),
-and the inbox process (unprivileged: a `Courier` per target, deltad/outbound/courier.py, with
-the HTTP POST transport of deltad/outbound/senders.py) attempts it, so the core never speaks to
+The daemon's loop only queues an event. The one intake thread in the core
+(deltad/outbound/intake.py) turns it into a document (read from the disk, never on the loop)
+and hands it to each target: a webhook delivery is written into the target's outbox, which
+belongs to the inbox process (deltad/outbound/handoff.py), and the inbox process
+(unprivileged: a `Courier` per target, deltad/outbound/courier.py, with the HTTP POST
+transport of deltad/outbound/senders.py) attempts it, so the core never speaks to
 a receiver, and a stop, a crash of either process or a dead receiver loses nothing and a slow
 target slows nobody else. A command's event is handed over the same way and
 the inbox process runs the command, as its own user (deltad/outbound/senders.py): no command
@@ -19,11 +20,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import queue
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +29,7 @@ import structlog
 
 from deltad.inbox import scopes
 from deltad.inbox.config import Command, NotifyConfig, Target, Webhook
-from deltad.inbox.feed import Feed, FeedEvent
+from deltad.inbox.feed import FeedEvent
 from deltad.outbound import webhooks
 from deltad.outbound.handoff import Handoff
 from deltad.outbound.outbox import FILE_MAX as FILE_MAX
@@ -46,8 +44,6 @@ if TYPE_CHECKING:  # the core's side: the inbox process loads this module for it
     from deltad.inbox import handlers
 
 log = structlog.get_logger("deltad.notify")
-QUEUE_CAP = 10_000
-STOP_WAIT = 10.0  # seconds a stop waits for queued events to reach the outbox
 # A delivery's body at most: with `outbox_max` it bounds what one target holds on disk.
 DELIVERY_MAX = 64 * 1024
 CONTEXT_TEXT_MAX = 2048  # characters of each text in a question's `context`, in a delivery
@@ -193,18 +189,17 @@ class _CommandRoute:
 
 
 class Notifier:
-    """The feed's events, made into documents on one intake thread, each handed to the inbox
+    """The feed's events, made into documents on the intake's thread, each handed to the inbox
     process through `handoff` (which POSTs the webhooks and runs the commands)."""
 
     def __init__(
         self,
         config: NotifyConfig,
-        feed: Feed,
         quiet_roots: list[Path],
         context: handlers.Context | None,
         handoff: Handoff,
     ) -> None:
-        self.config, self.feed, self.context = config, feed, context
+        self.config, self.context = config, context
         self.handoff = handoff
         self.routes: list[_WebhookRoute | _CommandRoute] = [
             _WebhookRoute(w, quiet_roots, handoff) for w in config.webhooks
@@ -214,39 +209,26 @@ class Notifier:
             if target_key(name) not in handoff.channel_of:
                 raise ValueError(f"notify.commands: {name}: the inbox process was not given it")
             self.routes.append(_CommandRoute(c, name, quiet_roots, handoff, target_key(name)))
-        self._queue: queue.Queue[FeedEvent | None] = queue.Queue(QUEUE_CAP)
-        self._intake = threading.Thread(target=self._take_all, name="deltad-notify", daemon=True)
-        self._unsubscribe: Callable[[], None] | None = None
 
     def outbox_depth(self) -> int:
         """Deliveries waiting in the webhooks' outbox, as the inbox last told (metrics)."""
         return self.handoff.depth
 
-    def start(self) -> None:
-        self._intake.start()
-        self._unsubscribe = self.feed.subscribe(self._offer)
+    # -- a consumer of the intake (deltad/outbound/intake.py) ----------------------------------
+    def wants(self, e: FeedEvent) -> bool:
+        return any(w.wants(e) for w in self.routes)
 
-    def _offer(self, e: FeedEvent) -> None:
-        """On the daemon's loop: queue, never wait."""
-        if not any(w.wants(e) for w in self.routes):
-            return
-        try:
-            self._queue.put_nowait(e)
-        except queue.Full:
-            log.error("notify_dropped", event_id=e.id, detail="queue full")
-
-    def _take_all(self) -> None:
-        while (e := self._queue.get()) is not None:
-            try:
-                self._take(e)
-            except Exception as err:  # a notification must never take the daemon down
-                log.error("notify_failed", event_id=e.id, error=str(err))
-
-    def _take(self, e: FeedEvent) -> None:
+    def take(self, e: FeedEvent) -> None:
         doc = self.document(e)
         for w in self.routes:
             if w.wants(e):
                 w.submit(doc)
+
+    def dropped(self, e: FeedEvent) -> None:
+        log.error("notify_dropped", event_id=e.id, detail="queue full")
+
+    def failed(self, e: FeedEvent, err: Exception) -> None:
+        log.error("notify_failed", event_id=e.id, error=str(err))
 
     def document(self, e: FeedEvent) -> dict[str, Any]:
         """The event, and for a new question what a person needs to answer it (read on this
@@ -267,12 +249,3 @@ class Notifier:
                 if self.config.answer_links:
                     doc["answer_link"] = handlers.link_for(ctx, doc["request_id"], e.workspace)
         return doc
-
-    def stop(self) -> None:
-        """What is queued reaches the inbox's outbox first (a SIGTERM loses no delivery)."""
-        if self._unsubscribe:
-            self._unsubscribe()
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=STOP_WAIT)
-        if self._intake.is_alive():
-            self._intake.join(STOP_WAIT)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from deltad.outbound.config import ChannelsConfig, EmailConfig
     from deltad.outbound.handoff import Handoff
     from deltad.outbound.hub import Hub
+    from deltad.outbound.intake import Intake
     from deltad.outbound.mail import Received
     from deltad.outbound.notify import Notifier
     from deltad.wire import ChannelTarget, MailIntake, WebhookTarget
@@ -112,26 +113,26 @@ class Outbound:
         self.context, self.handoff = context, handoff
         self.notifier: Notifier | None = None
         self.hub: Hub | None = None
+        self.intake: Intake | None = None
         if notify is not None and (notify.webhooks or notify.commands) and handoff is not None:
             from deltad.outbound.notify import Notifier
 
             try:
-                self.notifier = Notifier(notify, feed, quiet_roots, context, handoff)
+                self.notifier = Notifier(notify, quiet_roots, context, handoff)
             except (OSError, ValueError) as e:
                 raise unusable("notify", e, named=("notify",)) from None
 
     def start(self) -> None:
-        """The intake threads, fed by the registry's changes from now on (started before the
-        first reconcile, which they never wait for)."""
-        if self.notifier is not None:
-            self.notifier.start()
+        """The intake thread, fed by the registry's changes from now on (started before the
+        first reconcile, which it never waits for)."""
+        from deltad.outbound.intake import Intake
+
         if self.channels_config is not None:
             from deltad.outbound import hub
 
             try:
                 self.hub = hub.start(
                     self.channels_config,
-                    self.feed,
                     self.quiet,
                     self.context,
                     self.state_dir,
@@ -140,6 +141,10 @@ class Outbound:
                 )
             except (OSError, ValueError) as e:
                 raise unusable("channels", e) from None
+        consumers = [c for c in (self.notifier, self.hub) if c is not None]
+        if consumers:
+            self.intake = Intake(self.feed, consumers)
+            self.intake.start()
 
     def mail(self) -> Callable[[Received], dict[str, Any]] | None:
         """The email channel's `receive`, which decides on what the inbox relays from the
@@ -155,7 +160,7 @@ class Outbound:
         return None if self.notifier is None else int(self.notifier.outbox_depth())
 
     def stop(self) -> None:
+        if self.intake is not None:
+            self.intake.stop()
         if self.hub is not None:
             self.hub.stop()
-        if self.notifier is not None:
-            self.notifier.stop()

@@ -8,6 +8,7 @@ from pathlib import Path
 from deltad.inbox.feed import Feed
 from deltad.outbound.base import Channel, Closed, Question
 from deltad.outbound.hub import Hub
+from deltad.outbound.intake import Intake
 from deltad.protocol import Mailbox, Workspace
 from deltad.testing.stub import paused_workspace
 
@@ -45,8 +46,10 @@ def test_every_channel_hears_every_question_and_its_end(tmp_path: Path) -> None:
     assert req is not None
     feed = Feed()
     broken, fine = Recorder(fail=True), Recorder()
-    hub = Hub([broken, fine], feed, [tmp_path / "quiet"])
+    hub = Hub([broken, fine], [tmp_path / "quiet"])
+    intake = Intake(feed, [hub])
     hub.start()
+    intake.start()
     try:
         base = {"run_id": run_id, "request_id": req.request_id}
         feed.publish("request.created", {"workspace": str(quiet), **base})
@@ -56,6 +59,7 @@ def test_every_channel_hears_every_question_and_its_end(tmp_path: Path) -> None:
         feed.publish("request.expired", {"workspace": str(ws), **base})
         wait_for(lambda: len(fine.heard) == 3, "three events")
     finally:
+        intake.stop()
         hub.stop()
     assert broken.started and broken.stopped and len(broken.heard) == 3
     question, answered, expired = fine.heard
@@ -73,14 +77,17 @@ def test_a_reminder_asks_again_and_an_escalation_asks_whom_it_adds(tmp_path: Pat
     assert req is not None
     feed = Feed()
     heard = Recorder()
-    hub = Hub([heard], feed, [])
+    hub = Hub([heard], [])
+    intake = Intake(feed, [hub])
     hub.start()
+    intake.start()
     try:
         base = {"workspace": str(ws), "run_id": run_id, "request_id": req.request_id}
         feed.publish("request.reminder", {**base, "reminder": 1})
         feed.publish("request.escalated", {**base, "escalated_to": ["bob", "group:ops"]})
         wait_for(lambda: len(heard.heard) == 2, "two events")
     finally:
+        intake.stop()
         hub.stop()
     again, up = heard.heard
     assert isinstance(again, Question) and (again.follow_up, again.only) == ("reminder", ())

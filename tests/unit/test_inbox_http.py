@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from deltad.http.app import create_app
 from deltad.inbox import handlers, links, scopes
 from deltad.inbox.config import HttpConfig
-from deltad.inbox.feed import Feed, Index, View, transitions
+from deltad.inbox.feed import Feed, FeedEvent, Index, View, transitions
 from deltad.inbox.handlers import ApiError, Context, holder
 from deltad.inbox.tokens import TokenError, TokenStore
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, utcnow
@@ -326,15 +326,14 @@ def test_notifications_skip_quiet_roots_excluded_globs_and_other_events(tmp_path
     feed = Feed()
     (tmp_path / "inbox").mkdir()
     box = Handoff(tmp_path / "inbox", tmp_path, [], [], None, channels=[("command0", 10)])
-    notifier = Notifier(config, feed, [Path("/srv/quiet")], None, box)
-    notifier._unsubscribe = feed.subscribe(notifier._offer)  # queue only: no threads started
+    notifier = Notifier(config, [Path("/srv/quiet")], None, box)
+    wanted: list[FeedEvent] = []  # what the intake would queue: no thread started
+    feed.subscribe(lambda e: wanted.extend([e] if notifier.wants(e) else []))
     for ws in ("/srv/ws/alice", "/srv/ws/ci-7", "/srv/quiet/bob"):
         feed.publish("request.created", {"workspace": ws, "request_id": "q"})
     feed.publish("run.status", {"workspace": "/srv/ws/alice", "to": "COMPLETED"})
-    while not notifier._queue.empty():  # the intake thread's work, done here
-        taken = notifier._queue.get_nowait()
-        assert taken is not None
-        notifier._take(taken)
+    for e in wanted:  # the intake thread's work, done here
+        notifier.take(e)
     new = tmp_path / "inbox" / "outbox" / target_key("command0") / "new"
     queued = []
     for path in sorted(new.iterdir()):  # handed to the inbox process, which runs the command
