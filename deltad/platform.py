@@ -48,10 +48,6 @@ def nonblocking_pipe() -> tuple[int, int]:
     return r, w
 
 
-def cloexec_pipe() -> tuple[int, int]:
-    return os.pipe2(os.O_CLOEXEC) if LINUX else os.pipe()
-
-
 def pidfd_open(pid: int) -> int | None:
     """A descriptor readable when `pid` exits, or None (no pidfds here, or already gone)."""
     if not LINUX:

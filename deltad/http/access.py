@@ -24,8 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deltad.metrics import DURATION_BUCKETS as DURATION_BUCKETS
-from deltad.metrics import HttpMetrics as HttpMetrics
+from deltad.metrics import HttpMetrics
 
 log = structlog.get_logger("deltad.http.access")
 auth_log = structlog.get_logger("deltad.http.auth")

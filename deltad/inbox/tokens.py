@@ -119,12 +119,6 @@ class TokenStore:
                     return who
         return None
 
-    def by_digest(self, wanted: str) -> Identity | None:
-        """A web session keeps only its token's digest: a revoked token ends it too."""
-        self._refresh()
-        with self._lock:
-            return self._by_digest.get(wanted)
-
     def by_name(self, name: str) -> tuple[str, Identity] | None:
         """The digest and identity of the token named so (a web session names its token)."""
         self._refresh()

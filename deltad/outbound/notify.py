@@ -32,7 +32,6 @@ from deltad.inbox.config import Command, NotifyConfig, Target, Webhook
 from deltad.inbox.feed import FeedEvent
 from deltad.outbound import webhooks
 from deltad.outbound.handoff import Handoff
-from deltad.outbound.outbox import FILE_MAX as FILE_MAX
 from deltad.outbound.outbox import (
     Delivery,
     target_key,

@@ -54,7 +54,6 @@ from deltad.outbound import blocks
 from deltad.outbound.base import Channel, Closed, Context, Question
 from deltad.outbound.config import SlackConfig
 from deltad.outbound.courier import Handed
-from deltad.outbound.senders import PERMANENT as PERMANENT
 from deltad.protocol import InteractionRequest, ProtocolError, Workspace, atomic_write_json
 from deltad.protocol.printable import show_path, unshow
 from deltad.protocol.replies import AnswerRejected

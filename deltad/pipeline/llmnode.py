@@ -75,11 +75,6 @@ class NodeTimedOut(Exception):
     lets it through, and the node ends FAIL (its timeout path) instead of the run."""
 
 
-def deadline_of(payload: Mapping[str, Any]) -> datetime | None:
-    raw = payload.get("deadline")
-    return datetime.fromisoformat(raw) if isinstance(raw, str) else None
-
-
 def deadline_field(node: Node) -> dict[str, Any]:
     """NODE_START's `deadline` for a codergen node with a `timeout` (now + timeout, UTC)."""
     if node.kind != Kind.CODERGEN or node.timeout is None:

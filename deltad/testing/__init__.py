@@ -6,10 +6,9 @@ deltad's own seams, for its test suite, benchmarks and anyone embedding deltad.
     executor_contract  the contract suite every job executor passes (a third party's too)
     stub             a stand-in resume client (the `resume_command` seam) for daemon tests;
                      a module the warm fork server can run (`python -m deltad.testing.stub`)
-    kernel           a watch tree without a kernel (the event backend's seam)
 
-This repository's own harness (a daemon runner, a Slurm cluster, Slack and webhook stand-ins)
-lives in tests/support/, outside the wheel.
+This repository's own harness (a daemon runner, a Slurm cluster, Slack and webhook stand-ins,
+a watch tree without a kernel) lives in tests/support/, outside the wheel.
 """
 
 from .fakellm import FakeLLM, tool_call

@@ -15,10 +15,10 @@ from deltad.core.config import DaemonConfig, load_config
 from deltad.core.resumer import Resumer
 from deltad.core.service import Service
 from deltad.core.tenancy import Launch
-from deltad.testing.kernel import FakeKernelTree
 from deltad.testing.stub import paused_workspace
 from deltad.watch import events as F
 from deltad.watch.hints import Why
+from tests.support.kernel import FakeKernelTree
 
 BUDGET = 10  # steps per turn in these tests (the daemon's is larger)
 

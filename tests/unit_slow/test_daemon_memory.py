@@ -20,8 +20,8 @@ from deltad.core.tenancy import Policy
 from deltad.inbox.feed import Feed
 from deltad.protocol import RunStatus, Workspace, load_metadata, safefs
 from deltad.protocol.errors import CorruptFile
-from deltad.testing.kernel import FakeKernelTree
 from deltad.testing.stub import paused_workspace
+from tests.support.kernel import FakeKernelTree
 
 WORKSPACES = 2000
 # bytes per idle workspace, allocations only: 2,281 before the first watch table cut, 1,785

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from deltad.testing.kernel import FakeKernelTree
 from deltad.watch.fanotify import FanotifyBackend
+from tests.support.kernel import FakeKernelTree
 
 WORKSPACES = 2000
 BUDGET = 120  # bytes per workspace: 100 now (two dict entries, the descriptor), 480 before
