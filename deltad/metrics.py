@@ -56,7 +56,7 @@ def channel_of(file_name: str, text: str | None) -> str:
         return "file"
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # (a 100,000-deep response.json: the resume refuses it)
         return "other"
     channel = doc.get("channel") if isinstance(doc, dict) else None
     if channel is None:

@@ -158,6 +158,21 @@ def test_wrong_request_id_is_moved_aside_with_an_error(gated: Delta, fake: FakeL
     assert gated("run").code == 0
 
 
+def test_a_response_too_deep_to_parse_is_moved_aside_with_an_error(
+    gated: Delta, fake: FakeLLM
+) -> None:
+    fake.call("deploy", {"env": "prod"}, id="d").reply("ok")
+    assert gated.start().code == 101
+    inbox = gated.delta_dir / "interaction"
+    (inbox / "response.json").write_text("[" * 100_000)
+    r = gated("run")
+    assert r.code == 101 and "Traceback" not in r.err
+    assert gated.status() == "WAITING_FOR_INPUT" and not (inbox / "response.json").exists()
+    assert len(list(inbox.glob("response.rejected-*.error"))) == 1
+    assert gated("respond", "--approve").code == 0
+    assert gated("run").code == 0
+
+
 def test_edit_that_fails_the_schema_is_refused(gated: Delta, fake: FakeLLM) -> None:
     fake.call("deploy", {"env": "prod"}, id="d").reply("ok")
     assert gated.start().code == 101

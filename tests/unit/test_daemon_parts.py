@@ -43,6 +43,21 @@ def test_waiting_then_answered(tmp_path: Path) -> None:
     assert v.owner is not None and v.owner.uid == os.getuid()
 
 
+def test_a_response_json_too_deep_to_parse_is_resumed_so_the_run_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """100,000 nested `[`: the daemon resumes it as any answer (the run sets it aside with an
+    `.error` the owner reads), never fails on it as a workspace problem for ever."""
+    ws = tmp_path / "ws"
+    paused_workspace(ws)
+    p = ws / ".delta" / "interaction" / "response.json"
+    p.with_name(".tmp").write_text("[" * 100_000)
+    os.replace(p.with_name(".tmp"), p)
+    clock = ManualClock(wall=__import__("time").time())
+    v = inspect(ws, Why.ANSWER_CLOSED, 1.0, POLICY, clock)
+    assert (v.action, v.state, v.channel) == (Action.RESUME, State.ANSWERED, "other")
+
+
 @pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)
 def test_an_answer_still_open_for_writing_is_looked_at_again_not_left_to_an_event(
     tmp_path: Path,
