@@ -82,6 +82,11 @@ class CoreMetrics:
             ["executor", "result"],
             registry=r,
         )
+        self.audit_failures = Counter(
+            "deltad_audit_failures",
+            "Receipts the audit log would not take; each holds its resume until one is written.",
+            registry=r,
+        )
         self.resumes_started = Counter(
             "deltad_resumes_started", "Resumes started, by executor.", ["executor"], registry=r
         )

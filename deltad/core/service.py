@@ -60,6 +60,10 @@ log = structlog.get_logger("deltad.service")
 HINT_BATCH = 500  # hints per loop turn, so the inotify fd is read between batches
 
 
+class ReceiptUnwritten(Exception):
+    """The audit log would not take a decision's receipt: its resume waits (and is retried)."""
+
+
 class Service:
     def __init__(
         self,
@@ -83,6 +87,7 @@ class Service:
         self.unsent_said = False  # a follow-up nothing carries was said (followup_no_channel)
         self.timers = Timers()
         self.dirty = True  # something status.json shows changed since it was written
+        self._audit_failing = ""  # the audit log's last failure, said once (empty: none)
         self.life = Lifecycle(self, config_path, extra_roots)
         self.walker = Walker(
             self.registry,
@@ -377,21 +382,26 @@ class Service:
             return
         sig = r.seen.answer_sig if r.reason == "answer" else None
         answered_at = sig[2] / 1e9 if sig is not None else None
+        # An answer counts once: a retry of the same resume key is not a new answer.
+        fresh = not self.resumer.busy_with(ws) and self.memory.get(ws, core.FRESH).key != r.key
+        expired = r.reason == "question_expired"  # nobody answered: the rule decides
+        if fresh and (sig is not None or expired):
+            # No resume without its receipt: one that cannot be written holds the resume. The
+            # raise is this workspace's problem (decide.py: paced, looked at again), and the
+            # key is not remembered, so the next look writes the receipt and resumes.
+            self._receipt(ws, r.run_id, expired=sig is None)
         queued = self.resumer.submit(
             ws, r.run_id, launch, r.owner.uid, r.seen.request_id or r.reason, answered_at
         )
-        # An answer counts once: a retry of the same resume key is not a new answer.
-        fresh = queued and self.memory.get(ws, core.FRESH).key != r.key
-        if fresh and sig is not None:
+        if queued and fresh and sig is not None:
             self.metrics.answers.labels(r.seen.channel or "file").inc()
-            self._receipt(ws, r.run_id, expired=False)
-        elif fresh and r.reason == "question_expired":  # nobody answered: the rule decides
-            self._receipt(ws, r.run_id, expired=True)
         log.info("resume_queued", workspace=str(ws), run_id=r.run_id, reason=r.reason)
         self.dirty = True
 
     def _receipt(self, ws: Path, run_id: str | None, *, expired: bool) -> None:
-        """The decision's receipt into the audit log (daemon/audit.py), before its resume."""
+        """The decision's receipt into the audit log (inbox/audit.py), before its resume;
+        ReceiptUnwritten (the resume waits) when it cannot be written. Said once per distinct
+        failure (`audit_failed`); each is counted (`deltad_audit_failures_total`)."""
         if not self.config.audit.enabled:
             return
         try:
@@ -399,8 +409,14 @@ class Service:
             if fields is not None:
                 entry = audit.append(audit_path(self.config), fields)
                 log.info("audit_appended", workspace=str(ws), seq=entry["seq"])
-        except Exception as e:  # a receipt that cannot be written must not stop the daemon
-            log.error("audit_failed", workspace=str(ws), error=str(e))
+            self._audit_failing = ""
+        except Exception as e:
+            self.metrics.audit_failures.inc()
+            if str(e) != self._audit_failing:
+                log.error("audit_failed", workspace=str(ws), error=str(e))
+            self._audit_failing = str(e)
+            why = f"its receipt could not be written ({e}): the resume waits"
+            raise ReceiptUnwritten(why) from e
 
     def start_resumes(self) -> None:
         if self.resumer.pending and not self.life.stopping:

@@ -276,3 +276,38 @@ def test_receipts_of_every_channel_chain_export_verify_and_tampering_is_named(
     short.write_text(lines[0] + lines[1])  # the tail dropped: seen against the recorded head
     bad = _audit("verify", "--head", four["hash"], str(short))
     assert bad.returncode == 2 and "recorded head" in bad.stderr, bad
+
+
+def test_no_resume_without_its_receipt(
+    served: tuple[Daemon, str, Path], tmp_path: Path, fake: FakeLLM
+) -> None:
+    """A log that will not take the receipt (its last line torn) holds the resume, counted and
+    said once; repaired, the same answer resumes with its receipt, the first of the chain."""
+    d, url, root = served
+    agent = write_agent(tmp_path, GATED_TOOLS_FOR_DAEMON, POLICY, name="gated")
+    log = d.state_dir / "audit.jsonl"
+    log.write_text('{"seq": 1, "torn')  # a crash in mid-write
+    fake.reply(None, tool_call("deploy", {"env": "prod"}, id="d1"))
+    fake.reply("done")
+    ws = root / "ws"
+    _pause(fake, agent, ws)
+    out = _delta(fake, "respond", "--work-dir", str(ws), "--approve", "--as", "bob")
+    assert out.returncode == 0, out.stderr
+    metrics = client(url, make_token(d.state_dir, "prom", role="metrics"))
+
+    def failures() -> float:
+        for line in metrics.get("/metrics").text.splitlines():
+            if line.startswith("deltad_audit_failures_total "):
+                return float(line.split()[1])
+        return 0.0
+
+    # Looked at again and held again: a resume that went on would not be tried a second time.
+    wait_for(lambda: failures() >= 2, "the resume held twice for its receipt")
+    assert metadata_status(ws) == "WAITING_FOR_INPUT"
+    assert (ws / ".delta" / "interaction" / "response.json").exists()  # the answer waits
+    said = [x for x in d.log_path.read_text().splitlines() if '"audit_failed"' in x]
+    assert len(said) == 1
+    log.unlink()  # repaired
+    wait_for(lambda: metadata_status(ws) == "COMPLETED", "the resume, once its receipt is in")
+    [entry] = [json.loads(x) for x in log.read_text().splitlines()]
+    assert (entry["seq"], entry["answered_by"], entry["workspace"]) == (1, "bob", str(ws))
