@@ -365,6 +365,12 @@ def token() -> None:
     metavar="NAME",
     help="A group the token is in, for questions naming group:NAME respondents (repeatable).",
 )
+@click.option(
+    "--person",
+    metavar="NAME",
+    help="Who holds the token (default: its name): a question needing several approvals "
+    "counts one vote per person, however many tokens they hold.",
+)
 @config_option
 @state_dir_option
 def token_add(
@@ -372,6 +378,7 @@ def token_add(
     scopes: tuple[str, ...],
     role: str,
     groups: tuple[str, ...],
+    person: str | None,
     config_path: Path | None,
     state_dir: Path | None,
 ) -> None:
@@ -380,7 +387,7 @@ def token_add(
 
     store = TokenStore(_tokens_dir(config_path, state_dir), owner=os.geteuid())
     try:
-        value = store.add(name, list(scopes), role, groups)  # type: ignore[arg-type]
+        value = store.add(name, list(scopes), role, groups, person)  # type: ignore[arg-type]
     except TokenError as e:
         click.echo(f"deltad: error: {e}", err=True)
         sys.exit(EXIT_CONFIG)

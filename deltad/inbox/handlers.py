@@ -315,7 +315,7 @@ def answer(ctx: Context, who: Identity, q: ops.Answer) -> schemas.AnswerReceipt:
     _respondent(ws, request_id, inbox.Answerer(who.name, who.groups, who.role == "admin"))
     if q.channel in NO_SECRETS:
         _not_a_secret(ctx, ws, request_id, q.channel)
-    receipt = deliver(ctx, ws, request_id, q.body, who.name, q.channel)
+    receipt = deliver(ctx, ws, request_id, q.body, who.name, q.channel, voter=who.voter)
     if key:
         ctx.idempotency.remember(who.name, key, request_id, body_digest, document(receipt))
     return receipt
@@ -354,11 +354,17 @@ def _repeat(
 
 
 def deliver(
-    ctx: Context, ws: Path, request_id: str, body: object, answered_by: str, channel: Channel
+    ctx: Context,
+    ws: Path,
+    request_id: str,
+    body: object,
+    answered_by: str,
+    channel: Channel,
+    voter: str | None = None,
 ) -> schemas.AnswerReceipt:
     """`submit`, with a question that closed meanwhile told apart: expired (410) or answered."""
     try:
-        return submit(ws, request_id, body, answered_by, channel, audit=ctx.audit)
+        return submit(ws, request_id, body, answered_by, channel, audit=ctx.audit, voter=voter)
     except ApiError as e:
         if e.code != "already_answered":
             raise
@@ -373,12 +379,14 @@ def submit(
     channel: Channel,
     *,
     audit: Path | None = None,
+    voter: str | None = None,
 ) -> schemas.AnswerReceipt:
+    """`voter`: the person a vote counts for (a token's `person`), default `answered_by`."""
     try:
         parsed = inbox.AnswerIn.parse(body)
         if parsed.answer is None and parsed.decisions is None:
             raise inbox.Misfit('give "answer" or "decisions"')
-        voter = None if channel == "link" else answered_by  # a signed link names nobody
+        voter = None if channel == "link" else voter or answered_by  # a link names nobody
         done = quorum.cast(ws, request_id, parsed, by=voter, channel=channel, shown_as=answered_by)
     except inbox.NotPending:
         # Only questions the daemon's index saw open get here: a resume has taken it since.

@@ -6,8 +6,8 @@ answering path (`answering.submit`), when they agree, naming every voter.
 
 `decide` is the rule (pure, tested from a table in tests/unit/test_quorum.py):
 
-- a vote is per identity (a token name, a mail channel's sender): the same one twice is
-  refused (409 `already_voted`), whatever it says;
+- a vote is per person (a token's `person`, default its name; the person a mail or Slack
+  sender maps to): the same one twice is refused (409 `already_voted`), whatever it says;
 - with `owner_may_approve: false`, the workspace owner's approving vote (or choice) is refused
   (403 `owner_may_not_approve`); the owner may still reject;
 - **fail closed**: one rejection (a `reject` or `cancel` of any call) is written at once as the

@@ -44,9 +44,16 @@ class Identity:
     role: Role
     scopes: tuple[str, ...]
     groups: tuple[str, ...] = ()  # for questions naming respondents as group:NAME
+    # Who holds the token (`--person`; default its name): four eyes counts people, so two
+    # tokens of one person are one vote, and `owner_may_approve` compares the owner's user.
+    person: str = ""
 
     def can_answer(self) -> bool:
         return self.role in ("answerer", "admin")
+
+    @property
+    def voter(self) -> str:
+        return self.person or self.name
 
 
 def digest(token: str) -> str:
@@ -66,8 +73,15 @@ class TokenStore:
         self._by_digest: dict[str, Identity] = {}
 
     # -- the commands -----------------------------------------------------------------------------
-    def add(self, name: str, scopes: list[str], role: Role, groups: tuple[str, ...] = ()) -> str:
-        for n in (name, *groups):
+    def add(
+        self,
+        name: str,
+        scopes: list[str],
+        role: Role,
+        groups: tuple[str, ...] = (),
+        person: str | None = None,
+    ) -> str:
+        for n in (name, *groups, *([person] if person is not None else [])):
             if not NAME.fullmatch(n):
                 raise TokenError(f"{n!r}: a name is letters, digits and . _ @ - (up to 64)")
         for s in scopes:
@@ -87,6 +101,7 @@ class TokenStore:
             "scopes": scopes or [ALL],
             "created_at": iso(utcnow()),
             **({"groups": list(groups)} if groups else {}),
+            **({"person": person} if person is not None and person != name else {}),
         }
         self._write(doc)
         return token
@@ -98,6 +113,7 @@ class TokenStore:
                 "role": d["role"],
                 "scopes": d["scopes"],
                 "groups": d.get("groups", []),
+                "person": d.get("person", n),
                 "created_at": d.get("created_at", ""),
             }
             for n, d in sorted(self._read().items())
@@ -144,7 +160,9 @@ class TokenStore:
                 self._seen = seen
             return
         table = {
-            d["sha256"]: Identity(n, d["role"], tuple(d["scopes"]), tuple(d.get("groups") or ()))
+            d["sha256"]: Identity(
+                n, d["role"], tuple(d["scopes"]), tuple(d.get("groups") or ()), d.get("person", "")
+            )
             for n, d in doc.items()
         }
         with self._lock:
@@ -231,6 +249,7 @@ def malformed(doc: object) -> str | None:
             v = d.get(key, absent)
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 return f"{name[:64]!r}: {key} is not a list of strings"
-        if not isinstance(d.get("created_at", ""), str):
-            return f"{name[:64]!r}: created_at is not a string"
+        for key in ("created_at", "person"):
+            if not isinstance(d.get(key, ""), str):
+                return f"{name[:64]!r}: {key} is not a string"
     return None

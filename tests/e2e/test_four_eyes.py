@@ -56,6 +56,12 @@ def _given(http: Any, ws: Path) -> list[str]:
     return [v["by"] for v in doc["approvals"]["given"]]
 
 
+def _token(d: Daemon, name: str, person: str) -> str:
+    argv = [DELTAD, "token", "add", name, "--person", person, "--state-dir", str(d.state_dir)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
 def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> None:
     root = tmp_path / "root"
     two, rejected, owned = root / "two", root / "rejected", root / "owned"
@@ -95,6 +101,11 @@ def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> 
             again = _answer(a, two, _decide("approve"))
             assert again.status_code == 409 and again.json()["code"] == "already_voted"
             assert _given(a, two) == ["alice"]
+            # Four eyes counts people: alice's second token is alice again.
+            phone = _token(d, "alice-phone", "alice")
+            with client(url, phone) as p:
+                again = _answer(p, two, _decide("approve"))
+                assert again.status_code == 409 and again.json()["code"] == "already_voted"
             status = subprocess.run(
                 [DELTA, "status", "--work-dir", str(two)], capture_output=True, text=True
             )
@@ -103,6 +114,9 @@ def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> 
             # names nobody and cannot be one of two either.
             r = _answer(o, owned, _decide("approve"))
             assert r.status_code == 403 and r.json()["code"] == "owner_may_not_approve", r.text
+            with client(url, _token(d, "owners-laptop", me)) as laptop:  # the owner, as a person
+                r = _answer(laptop, owned, _decide("approve"))
+                assert r.status_code == 403 and r.json()["code"] == "owner_may_not_approve"
             # Fail closed: one approval, then one rejection, rejects.
             assert _answer(a, rejected, _decide("approve")).json()["answered"] is False
             r = _answer(b, rejected, _decide("reject"))
@@ -115,7 +129,7 @@ def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> 
             prom = make_token(d.state_dir, "prom", role="metrics")
             with client(url, prom) as m:
                 text = m.get("/metrics").text
-            for outcome, n in (("pending", 5), ("answered", 1), ("refused", 2)):
+            for outcome, n in (("pending", 5), ("answered", 1), ("refused", 4)):
                 assert f'deltad_approval_votes_total{{outcome="{outcome}"}} {n}.0' in text
         d.wait_resumed(rejected)
         d.stop()

@@ -185,6 +185,18 @@ def test_tokens_are_stored_as_hashes_in_a_private_file(tmp_path: Path) -> None:
         store.list()
 
 
+def test_a_token_names_the_person_who_holds_it(tmp_path: Path) -> None:
+    store = TokenStore(tmp_path)
+    laptop = store.add("alice-laptop", [], "answerer", person="alice")
+    plain = store.add("bob", [], "answerer")
+    a, b = store.verify(laptop), store.verify(plain)
+    assert a is not None and (a.name, a.voter) == ("alice-laptop", "alice")
+    assert b is not None and (b.name, b.voter) == ("bob", "bob")  # by default, its name
+    assert [t["person"] for t in store.list()] == ["alice", "bob"]
+    with pytest.raises(TokenError, match="name"):
+        store.add("carol", [], "answerer", person="not a name")
+
+
 def test_signed_links_bind_a_request_in_its_workspace_and_expire() -> None:
     key = os.urandom(32)
     token = links.sign(key, "q1", "/srv/ws/bob", ttl=60, now=1000)
