@@ -12,6 +12,7 @@ import counts, at the top, inside a function or under TYPE_CHECKING alike.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import deltad
@@ -46,6 +47,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache  # one parse of deltad/ for the three tests (read-only after)
 def module_graph() -> dict[str, set[str]]:
     """Each module of deltad/ -> the deltad modules (or packages) it imports."""
     files = {_module_name(p): p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts}
