@@ -35,6 +35,7 @@ from tests import docblocks
 from tests.docblocks import Block, NotRun, Run
 
 MODEL = Path(__file__).resolve().parent / "docs_model.yaml"
+CHECKOUT = MODEL.parent.parent  # the tests' own checkout (an editable install's source)
 VENV = Path(sys.prefix)
 OUTPUT_TAIL = 25  # lines of a failed block's output in the message
 START_TIMEOUT = 60.0
@@ -43,7 +44,14 @@ _PRELUDE = r"""
 set +e -m
 exec 2>>"$__H/session.log"
 ip link set lo up || exit 90
-mount --make-rprivate / && mount -t tmpfs -o mode=1777 tmpfs /tmp || exit 91
+mount --make-rprivate / || exit 91
+# A fresh /tmp; a checkout or venv that lives under the old one is bound back where it was.
+mkdir -p "$__H/host-tmp" && mount --bind /tmp "$__H/host-tmp" || exit 91
+mount -t tmpfs -o mode=1777 tmpfs /tmp || exit 91
+while IFS= read -r __k; do
+    [ -n "$__k" ] || continue
+    mkdir -p "$__k" && mount --bind "$__H/host-tmp/${__k#/tmp/}" "$__k" || exit 91
+done <<<"$__KEEP"
 mkdir -p /srv && mount -t tmpfs -o mode=755 tmpfs /srv || exit 92
 export HOME="$__H/home" PATH="$__VENV/bin:$PATH" OPENAI_API_KEY=docs DELTA_LLM_MAX_RETRIES=0
 unset DELTA_BASE_URL DELTA_API_KEY DELTA_FAULT DELTA_HOLD OPENAI_BASE_URL
@@ -188,6 +196,7 @@ class Session:
             "__H": str(work),
             "__VENV": str(VENV),
             "__MODEL": str(MODEL),
+            "__KEEP": "\n".join(_under_tmp(CHECKOUT, VENV)),
         }
         self.proc = subprocess.Popen(
             [
@@ -378,6 +387,12 @@ def _one_line(text: str) -> str:
 
 def _indent(text: str) -> str:
     return "\n".join("    " + ln for ln in text.split("\n"))
+
+
+def _under_tmp(*paths: Path) -> list[str]:
+    """Of `paths`, those under /tmp (which a session mounts anew), none inside another."""
+    tmp = [p.resolve() for p in paths if p.resolve().is_relative_to("/tmp")]
+    return sorted({str(p) for p in tmp if not any(p != q and p.is_relative_to(q) for q in tmp)})
 
 
 @contextmanager
