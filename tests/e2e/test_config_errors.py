@@ -88,6 +88,9 @@ def _root_only_maildir(tmp: Path) -> str:
 # $1: a scratch directory; the rest: the command.
 # $1: a scratch directory, $2: "ro" or "rw"; the rest: the command.
 WITHOUT_INBOX_USER = r"""
+# Private before anything is mounted; where / is no mount point (.ci/py313's chroot, itself in
+# a private namespace already) it cannot be, nor need be.
+mount --make-rprivate / 2>/dev/null || ! mountpoint -q /
 grep -v '^deltad-inbox:' /etc/passwd > "$1/passwd"; grep -v '^deltad-inbox:' /etc/group > "$1/group"
 if [ "$2" = ro ]; then mount --bind /etc /etc && mount -o remount,ro,bind /etc; fi
 mount --bind "$1/passwd" /etc/passwd && mount --bind "$1/group" /etc/group
@@ -97,7 +100,7 @@ shift 2; exec "$@"
 
 def without_inbox_user(argv: list[str], scratch: Path, read_only: bool = True) -> list[str]:
     """argv run where `deltad-inbox` does not exist and /etc is read-only (or not)."""
-    unshare = ["unshare", "--mount", "--propagation", "private"]
+    unshare = ["unshare", "--mount", "--propagation", "unchanged"]  # made private inside
     mode = "ro" if read_only else "rw"
     return [*unshare, "sh", "-euc", WITHOUT_INBOX_USER, "sh", str(scratch), mode, *argv]
 
