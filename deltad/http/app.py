@@ -34,7 +34,7 @@ from deltad import __version__, health
 from deltad.http import limits, mcp_gate, problems
 from deltad.http.access import AccessLog, McpMetrics, RateLimit, note_token
 from deltad.http.sessions import Sessions, matches
-from deltad.inbox import ops, paging, schemas, scopes
+from deltad.inbox import ops, paging, schemas
 from deltad.inbox.context import Context, glob_names, visible
 from deltad.inbox.feed import EVENT_TYPES, EventType, FeedEvent
 from deltad.inbox.ops import ApiError, Caller, unauthorized
@@ -136,13 +136,7 @@ def still_allowed(request: Request, who: Identity) -> Callable[[], bool]:
 
 
 def workspace_glob(workspace: str | None = None) -> str | None:
-    """`?workspace=GLOB`, refused before any matching if over the matcher's caps."""
-    if workspace:
-        try:
-            scopes.check(workspace)
-        except scopes.GlobError as e:
-            raise ApiError(422, "bad_glob", f"workspace: {e}") from None
-    return workspace
+    return ops.checked_glob(workspace)
 
 
 Who = Annotated[Identity, Depends(identity)]

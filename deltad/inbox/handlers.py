@@ -215,7 +215,7 @@ def list_requests(
         )
         wanted = paging.Filters(
             tuple(who.scopes),
-            _glob(q.workspace),
+            ops.checked_glob(q.workspace),
             paging.owner_uid(q.owner),
             q.run_id,
             q.input_type and str(q.input_type),
@@ -230,17 +230,6 @@ def list_requests(
 
     docs, next_ = paging.question_page(ctx.feed.index, wanted, order, after, read, n)
     return schemas.QuestionPage(requests=docs, next=next_)
-
-
-def _glob(workspace: str | None) -> str | None:
-    """`?workspace=GLOB`, refused before any matching if over the matcher's caps (the route
-    checked it too: in the core it is checked again, as everything the inbox sends)."""
-    if workspace:
-        try:
-            scopes.check(workspace)
-        except scopes.GlobError as e:
-            raise ApiError(422, "bad_glob", f"workspace: {e}") from None
-    return workspace
 
 
 def file_stamp(paths: tuple[Path, ...]) -> tuple[int, ...] | None:
@@ -459,7 +448,7 @@ def list_runs(ctx: Context, who: Identity, q: ops.ListRuns) -> schemas.RunPage:
         n, after = paging.limit_of(q.limit), paging.decode("runs", q.cursor)
         wanted = paging.Filters(
             tuple(who.scopes),
-            _glob(q.workspace),
+            ops.checked_glob(q.workspace),
             paging.owner_uid(q.owner),
             status=q.status and str(q.status),
         )

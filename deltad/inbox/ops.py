@@ -64,6 +64,19 @@ class ApiError(Exception):
         return doc
 
 
+def checked_glob(workspace: str | None) -> str | None:
+    """`?workspace=GLOB`, refused (422 `bad_glob`) before any matching if over the matcher's
+    caps: by the route in the inbox process, and again by the core, as all the inbox sends."""
+    from deltad.inbox import scopes
+
+    if workspace:
+        try:
+            scopes.check(workspace)
+        except scopes.GlobError as e:
+            raise ApiError(422, "bad_glob", f"workspace: {e}") from None
+    return workspace
+
+
 def unauthorized(message: str = "a bearer token is needed (Authorization: Bearer ...)") -> ApiError:
     return ApiError(401, "unauthorized", message)
 
