@@ -11,13 +11,11 @@ import counts, at the top, inside a function or under TYPE_CHECKING alike.
 
 from __future__ import annotations
 
-import ast
 import functools
-from pathlib import Path
 
-import deltad
+import pytest
 
-ROOT = Path(deltad.__file__).parent
+from tests.support.beside import Beside
 
 # Lowest first. A package may import the packages of any layer before its own; packages of one
 # layer import nothing of each other. Top-level modules count as packages of their own name.
@@ -39,37 +37,16 @@ LAYERS: list[set[str]] = [
 ]
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT.parent).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+# The parse costs ~1 s of an interpreter: a child does it beside the layer (support/beside.py).
+_GRAPH = Beside(
+    "import json; from tests.support.importgraph import parse; print(json.dumps(parse()))"
+)
 
 
-@functools.cache  # one parse of deltad/ for the three tests (read-only after)
+@functools.cache  # one graph for the three tests (read-only after)
 def module_graph() -> dict[str, set[str]]:
     """Each module of deltad/ -> the deltad modules (or packages) it imports."""
-    files = {_module_name(p): p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts}
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        is_pkg = path.stem == "__init__"
-        here = name if is_pkg else name.rpartition(".")[0]
-        found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = ".".join(here.split(".")[: len(here.split(".")) - node.level + 1])
-                    target = f"{base}.{node.module}" if node.module else base
-                else:
-                    target = node.module or ""
-                candidates = [f"{target}.{a.name}" for a in node.names]
-                found |= {c for c in candidates if c in files} or ({target} & set(files))
-            elif isinstance(node, ast.Import):
-                found |= {a.name for a in node.names if a.name in files}
-        found.discard(name)
-        graph[name] = found
-    return graph
+    return {name: set(deps) for name, deps in _GRAPH.result().items()}
 
 
 def package_of(module: str) -> str:
@@ -118,6 +95,7 @@ def layer_of(package: str) -> int:
     raise AssertionError(f"deltad.{package} is in no layer: add it to LAYERS in {__file__}")
 
 
+@pytest.mark.spawns  # under xdist only: serially the graph was parsed beside
 def test_no_module_imports_itself_back() -> None:
     graph = module_graph()
     assert len(graph) > 150 and graph["deltad.core.service"]  # it did read them
@@ -125,6 +103,7 @@ def test_no_module_imports_itself_back() -> None:
     assert cycle is None, "module circle: " + " -> ".join(cycle or [])
 
 
+@pytest.mark.spawns  # under xdist only: serially the graph was parsed beside
 def test_no_package_imports_itself_back() -> None:
     edges = package_edges(module_graph())
     graph: dict[str, set[str]] = {}
@@ -141,6 +120,7 @@ def test_no_package_imports_itself_back() -> None:
     )
 
 
+@pytest.mark.spawns  # under xdist only: serially the graph was parsed beside
 def test_every_package_imports_only_lower_layers() -> None:
     wrong = [
         f"deltad.{a} (layer {layer_of(a)}) imports deltad.{b} (layer {layer_of(b)}): "
