@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from deltad.http import gate
 from deltad.metrics import HttpMetrics
 
 log = structlog.get_logger("deltad.http.access")
@@ -79,7 +80,9 @@ def route_of(routes: list[BaseRoute], scope: Scope) -> str:
 
 
 def note_token(scope: Scope, name: str) -> None:
-    """Called where a credential was accepted: the access line names its token."""
+    """Called where a credential was accepted: the access line names its token, and its
+    connection is known to the gate from now on (never closed to make room)."""
+    gate.prove(scope)
     holder = scope.get(SCOPE_KEY)
     if isinstance(holder, dict):
         holder["token"] = name

@@ -144,7 +144,64 @@ WorkspaceGlob = Annotated[str | None, Depends(workspace_glob)]
 
 
 class EventStream(StreamingResponse):
+    """An event stream; `release` runs once it ends, however it ends (a body never started
+    included: starlette may cancel before the generator's first step)."""
+
     media_type = schemas.EVENT_STREAM
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        release: Callable[[], None] = lambda: None,
+        status_code: int = 200,  # FastAPI reads the document's status from this signature
+    ) -> None:
+        super().__init__(content, status_code, headers={"X-Accel-Buffering": "no"})
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
+class StreamCounts:
+    """Open event streams per token, at most `cap` each (thread-safe: routes run in threads
+    and on the loop)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}
+
+    def open(self, token: str) -> Callable[[], None]:
+        """A place for one more stream of `token` (ApiError 429 if it holds `cap`), and the
+        function that gives it back (once, however often it is called)."""
+        with self._lock:
+            if self._open.get(token, 0) >= self.cap:
+                raise ApiError(
+                    429,
+                    "too_many_streams",
+                    f"token {token} holds {self.cap} event streams already (the most one may);"
+                    " close one, or give each client its own token",
+                )
+            self._open[token] = self._open.get(token, 0) + 1
+        released = threading.Event()
+
+        def release() -> None:
+            with self._lock:
+                if released.is_set():
+                    return
+                released.set()
+                self._open[token] -= 1
+                if not self._open[token]:
+                    del self._open[token]
+
+        return release
+
+    def count(self, token: str) -> int:
+        with self._lock:
+            return self._open.get(token, 0)
 
 
 # Operations that write (a session needs its X-CSRF-Token) and those without a credential.
@@ -162,6 +219,7 @@ def create_app(
         hashlib.sha256(b"deltad session\0" + ctx.link_key).digest(),
         ctx.config.session_ttl_seconds,
     )
+    streams = StreamCounts(ctx.config.max_streams_per_token)
     app = FastAPI(
         title="deltad inbox",
         version=__version__,
@@ -535,7 +593,7 @@ def create_app(
                 "description": "An endless Server-Sent Events stream.",
                 "content": {schemas.EVENT_STREAM: {"schema": {"type": "string"}}},
             },
-            **errors(401, 422),
+            **errors(401, 422, 429),
         },
     )
     async def events(
@@ -549,7 +607,8 @@ def create_app(
         """Server-Sent Events; `Last-Event-ID` replays what the event log still keeps (across
         restarts), and a `reset` event first says when it no longer keeps all of it (list
         again). Filters as for the list (`input_type` applies to request events; run.status
-        always passes)."""
+        always passes). A token holds at most `max_streams_per_token` streams (429), and a
+        stream ends after `stream_lifetime_seconds` (reconnect with `Last-Event-ID`)."""
         wanted: set[str] = set(type or EVENT_TYPES)
 
         def shown(e: FeedEvent) -> bool:
@@ -561,8 +620,9 @@ def create_app(
             )
 
         since = int(last_event_id) if last_event_id and last_event_id.isdigit() else None
+        release = streams.open(who.name)
         stream = _stream(ctx, request, shown, since, stopping, still_allowed(request, who))
-        return EventStream(stream, headers={"X-Accel-Buffering": "no"})
+        return EventStream(stream, release)
 
     # -- signed links -----------------------------------------------------------------------------
     @app.get(
@@ -721,6 +781,8 @@ def refusal_headers(status: int) -> dict[str, str]:
     headers = dict(SECURITY_HEADERS)
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
+    if status == 429:  # a stream too many: the connection goes too (it holds a gate's place)
+        headers |= {"Retry-After": "10", "Connection": "close"}
     return headers
 
 
@@ -879,7 +941,13 @@ async def _stream(
             if shown(e):
                 yield _sse(e)
         keepalive_at = loop.time() + ctx.config.keepalive_seconds
+        ends_at = loop.time() + ctx.config.stream_lifetime_seconds
         while True:
+            if loop.time() >= ends_at:
+                # An endless stream would hold its place at the gate for ever: the client
+                # reconnects (EventSource does by itself) with Last-Event-ID, losing nothing.
+                yield b": this stream reached its lifetime; reconnect with Last-Event-ID\n\n"
+                return
             if stopping.is_set():
                 # Returning ends the response with its terminating chunk; the page reconnects
                 # (and logs in again if it must) once the daemon is back.
@@ -888,7 +956,7 @@ async def _stream(
             if not allowed():
                 yield b": this credential was revoked, changed or logged out\n\n"
                 return
-            wait = min(REVOCATION_CHECK_SECONDS, keepalive_at - loop.time())
+            wait = min(REVOCATION_CHECK_SECONDS, keepalive_at - loop.time(), ends_at - loop.time())
             try:
                 e = await asyncio.wait_for(queue.get(), max(wait, 0.0))
             except TimeoutError:

@@ -23,8 +23,9 @@ def uvicorn_server(
     app: ASGIApp, config: HttpConfig, certfile: str | None, keyfile: str | None
 ) -> uvicorn.Server:
     """The server the inbox process runs on the socket the core handed it: its connections
-    counted and capped at the gate (per process, per source, and below the process's descriptor
-    limit less a reserve; deltad/http/gate.py), with deadlines on headers, bodies and idleness."""
+    counted and capped at the gate (per process, per source and network, and below the process's
+    descriptor limit less a reserve; deltad/http/gate.py), with deadlines on headers, bodies and
+    idleness."""
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     soft, in_use = gate.descriptors()
     cap = gate.connection_cap(config.max_connections, soft, in_use, config.fd_reserve)
@@ -37,7 +38,9 @@ def uvicorn_server(
             fds_in_use=in_use,
             fd_reserve=config.fd_reserve,
         )
-    counted = gate.Gate(gate.Caps(cap, config.max_connections_per_source))
+    counted = gate.Gate(
+        gate.Caps(cap, config.max_connections_per_source, config.max_connections_per_network)
+    )
     return uvicorn.Server(
         uvicorn.Config(
             app,
@@ -50,7 +53,9 @@ def uvicorn_server(
             # h11 on purpose: uvicorn applies this limit on a request's headers to h11 only
             # (httptools, if installed, would be picked by "auto" and ignores it); counted
             # at the gate, with a deadline on the headers (deltad/http/gate.py).
-            http=gate.gated(counted, config.header_timeout_seconds),
+            http=gate.gated(
+                counted, config.header_timeout_seconds, config.stranger_header_timeout_seconds
+            ),
             h11_max_incomplete_event_size=HEADERS_MAX,
             timeout_keep_alive=config.idle_timeout_seconds,  # type: ignore[arg-type]
         )

@@ -88,16 +88,21 @@ class HttpConfig(_Strict):
     keepalive_seconds: float = Field(default=15.0, gt=0)
     link_ttl_seconds: float = Field(default=86400.0, gt=0)
     session_ttl_seconds: float = Field(default=43200.0, gt=0)
-    # What a peer may hold (docs/inbox.md, "Limits"): connections open at once in all and from
-    # one address (behind a proxy every client is the proxy's address: raise it), descriptors
-    # kept free for the daemon's own work, and deadlines on a request's headers, its body and
-    # an idle keep-alive connection.
+    # What a peer may hold (docs/inbox.md, "Limits"): connections open at once in all, from
+    # one address and from one network (behind a proxy every client is the proxy's address:
+    # raise both), descriptors kept free for the daemon's own work, deadlines on a request's
+    # headers (shorter before a credential checked out on its connection), its body and an idle
+    # keep-alive connection, and event streams per token and how long one lasts.
     max_connections: int = Field(default=512, ge=1, le=1_000_000)
     max_connections_per_source: int = Field(default=128, ge=1, le=1_000_000)
+    max_connections_per_network: int = Field(default=256, ge=1, le=1_000_000)
     fd_reserve: int = Field(default=256, ge=0, le=1_000_000)
     header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    stranger_header_timeout_seconds: float = Field(default=2.0, gt=0, le=3600)
     body_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     idle_timeout_seconds: float = Field(default=5.0, gt=0, le=3600)
+    max_streams_per_token: int = Field(default=16, ge=1, le=100_000)
+    stream_lifetime_seconds: float = Field(default=3600.0, gt=0, le=7 * 86400)
     # The inbox process (privilege separation, docs/design.md): the user it runs as when
     # deltad is root (made as a system user if it is this default and missing), and, for an
     # inbox started by its own unit (deltad-inbox.service), the socket the core listens on.

@@ -84,6 +84,8 @@ STATUS_MEANING: dict[int, str] = {
     "(`unsupported_media_type`).",
     422: "The body or a parameter does not fit (`misfit`, `bad_request`, `bad_glob`, "
     "`idempotency_mismatch`, `unknown_delegate`).",
+    429: "This token holds `max_streams_per_token` event streams already (`too_many_streams`); "
+    "sent with `Retry-After`, and the connection closes.",
 }
 
 
