@@ -403,7 +403,7 @@ def token_add(
 @state_dir_option
 @click.option("--json", "as_json", is_flag=True)
 def token_list(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
-    """Names, roles and scopes (never the tokens)."""
+    """Names, roles, scopes, persons and groups (never the tokens)."""
     from deltad.inbox.tokens import TokenError, TokenStore
 
     store = TokenStore(_tokens_dir(config_path, state_dir), owner=os.geteuid())
@@ -417,10 +417,10 @@ def token_list(config_path: Path | None, state_dir: Path | None, as_json: bool) 
         click.echo(json.dumps(items, indent=2))
         return
     for t in items:
-        groups = " ".join(f"group:{g}" for g in t["groups"])
-        click.echo(
-            f"{t['name']}\t{t['role']}\t{' '.join(t['scopes'])}\t{t['created_at']}\t{groups}"
-        )
+        # The person a token votes as, when it is not its own name (four eyes counts people).
+        person = [f"person:{t['person']}"] if t["person"] != t["name"] else []
+        tags = " ".join([*person, *(f"group:{g}" for g in t["groups"])])
+        click.echo(f"{t['name']}\t{t['role']}\t{' '.join(t['scopes'])}\t{t['created_at']}\t{tags}")
 
 
 @token.command("revoke")

@@ -103,6 +103,14 @@ def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> 
             assert _given(a, two) == ["alice"]
             # Four eyes counts people: alice's second token is alice again.
             phone = _token(d, "alice-phone", "alice")
+            listed = subprocess.run(
+                [DELTAD, "token", "list", "--state-dir", str(d.state_dir)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.splitlines()
+            [line] = [x for x in listed if x.startswith("alice-phone\t")]
+            assert line.endswith("person:alice"), line
             with client(url, phone) as p:
                 again = _answer(p, two, _decide("approve"))
                 assert again.status_code == 409 and again.json()["code"] == "already_voted"
