@@ -539,7 +539,10 @@ class Lifecycle:
                 or self.core.resumer.can_start()
             )
             urgent = (
-                urgent or self.core.walker.sweep is not None or len(self.core.walker.unread) > 0
+                urgent
+                or self.core.walker.sweep is not None
+                or len(self.core.walker.unread) > 0
+                or len(self.core.walker.recheck) > 0
             )  # reads left: no nap
             timeout = 0.0 if urgent else self._timeout()
         try:
