@@ -109,6 +109,13 @@ class CoreMetrics:
             buckets=RECONCILE_BUCKETS,
             registry=r,
         )
+        self.overflows = Counter(
+            "deltad_watch_overflows",
+            "Times the kernel's event queue overflowed (events lost), as the loop took them up: "
+            "each glances at every workspace again, those waiting for an answer first, and walks "
+            "every root once more.",
+            registry=r,
+        )
         self.loop_turn = Histogram(
             "deltad_loop_turn_seconds",
             "How long each turn of the daemon's loop took: its work between two waits (the "

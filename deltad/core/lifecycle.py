@@ -512,7 +512,7 @@ class Lifecycle:
                 self.signals.reload = False
                 self.reload()
             for b in self.backends:
-                if b.fileno() in readable:
+                if b.fileno() in readable or _behind(b):
                     self.process(b)
             self.core.turn()
             observe(time.perf_counter() - began)
@@ -539,8 +539,12 @@ class Lifecycle:
                 or self.core.resumer.can_start()
             )
             urgent = (
-                urgent or self.core.walker.sweep is not None or len(self.core.walker.unread) > 0
-            )  # reads left: no nap
+                urgent
+                or self.core.walker.sweep is not None
+                or len(self.core.walker.unread) > 0
+                or len(self.core.walker.recheck) > 0
+                or any(_behind(b) for b in self.backends)
+            )  # reads or events left: no nap
             timeout = 0.0 if urgent else self._timeout()
         try:
             readable, _, _ = select.select(fds, [], [], timeout)
@@ -846,6 +850,11 @@ def _say_standby(path: Path, lease: Lease, active: Holder | None, since: str) ->
 def _rests_for(backend: Backend) -> float | None:
     # fanotify leaves its fd unread for a moment while others' writes are all it sees.
     return backend.rests_for() if isinstance(backend, FanotifyBackend) else None
+
+
+def _behind(backend: Backend) -> bool:
+    # An event tree handles a slice of the events it read per turn: the rest wait.
+    return isinstance(backend, WatchTree) and backend.behind()
 
 
 def _health_doc(h: health.Health) -> dict[str, Any]:

@@ -153,6 +153,7 @@ class Service:
     def turn(self) -> None:
         self.queue.clear_wakeup()
         if self.queue.take_rescan():
+            self.metrics.overflows.inc()
             self.full_reconcile("overflow", force=True)
         for _ in range(HINT_BATCH):
             hint = self.queue.pop()
@@ -160,6 +161,7 @@ class Service:
                 break
             self.reconcile(hint.workspace, hint.why)
         self.start_resumes()  # an answer's resume does not wait for the sweep's slice
+        self.walker.recheck_step()  # after an overflow: who waits for an answer, first
         self.walker.sweep_step()
         self.walker.read_step()
         for fin in self.resumer.reap():
@@ -217,6 +219,7 @@ class Service:
     def _look(self, ws: Path, why: Why, exited: Exited | None, quiet: bool = False) -> None:
         """Whatever is in a workspace, an exception here is that workspace's problem."""
         self.unread.discard(ws)
+        self.walker.recheck.discard(ws)  # read after the overflow: nothing lost is left here
         memory = self.memory.get(ws, core.FRESH)
         try:
             seen = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
@@ -427,6 +430,7 @@ class Service:
         self.memory.pop(ws, None)  # the one memory of it: pacing, retries, quarantine
         self.followups.settle(ws, None)
         self.unread.discard(ws)
+        self.walker.recheck.discard(ws)
         self.registry.drop(ws)
         for b in self.backends:
             b.forget(ws)

@@ -6,12 +6,16 @@ arrives, and its watch (in place before the glance) reports that answer. What a 
 still find — the question's deadline, a run that died after posting — is found by reading
 these workspaces in the background, a bounded slice per loop turn, oldest first, once READY=1
 is sent. A workspace looked at for any other reason (an event) leaves this list.
+
+The same queue-and-set holds the workspaces to glance at again after an overflow
+(`walking.Walker.recheck`): adding one already there keeps its place, so each is taken once
+after the latest overflow however often they come.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from deltad.clock import Clock
@@ -33,6 +37,10 @@ class Unread:
 
     def __contains__(self, ws: Path) -> bool:
         return ws in self._paths
+
+    def __iter__(self) -> Iterator[Path]:
+        """Those still in the list, in its order."""
+        return (ws for ws in self._queue if ws in self._paths)
 
     def add(self, ws: Path) -> None:
         if ws not in self._paths:

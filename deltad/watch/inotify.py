@@ -51,14 +51,17 @@ class InotifyBackend(WatchTree):
         return int(self._ino.fileno())
 
     def process(self) -> None:
+        """Read every event queued (the kernel's queue is emptied at each turn, so a mailbox's
+        event is seen at once), then handle a slice of those waiting (`WatchTree.take`,
+        `handle`). Called at each turn while some wait, readable or not."""
         try:
             events = self._ino.read(timeout=0)
         except OSError as e:
             self._failed = True
             log.error("inotify_read_failed", error=e.strerror)
             return
-        for ev in events:
-            self._event(ev.wd, ev.mask, ev.name)
+        self.take((ev.wd, ev.mask, ev.name) for ev in events)
+        self.handle()
 
     def healthy(self) -> bool:
         return not self._failed

@@ -11,6 +11,7 @@ the agents' files) and runs one thread per scheduled directory.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Generator
 from pathlib import Path
@@ -51,7 +52,8 @@ class PollingBackend:
         self._queue = queue
         self._interval = interval
         self._lock = threading.Lock()
-        self._tops: dict[Path, int] = {}
+        self._tops: dict[Path, int] = {}  # walked every few rounds: roots, adopted dirs
+        self._roots: set[Path] = set()
         self._sigs: dict[Path, Signature] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -64,6 +66,7 @@ class PollingBackend:
     def add_root(self, root: Path, depth: int) -> None:
         with self._lock:
             self._tops[root] = depth
+            self._roots.add(root)
 
     def adopt_dir(self, path: Path, levels: int) -> None:
         """A discovery dir inotify could not watch: walk it every few rounds instead."""
@@ -71,25 +74,35 @@ class PollingBackend:
             self._tops[path] = levels
         self._start()
 
+    def release_dir(self, path: Path) -> None:
+        """A directory handed over by `adopt_dir` went (the event tree saw it go)."""
+        with self._lock:
+            if path not in self._roots:
+                self._tops.pop(path, None)
+
     def adopt_workspace(self, ws: Path) -> None:
         with self._lock:
             self._sigs.setdefault(ws, signature(ws))
         self._start()
 
     def sync(self, force: bool = False) -> Layout:
-        layout = self._walk()
+        return _exhaust(self._sync_walk())
+
+    def sync_steps(self, force: bool = False) -> Generator[Path | None, None, Layout]:
+        """A step per tree walked (a root, or a directory handed over by an event tree: 60,000
+        of a storming tenant's), then one per workspace, so that reconciling them is spread
+        over loop turns like the event backends' are."""
+        layout = yield from self._sync_walk()
+        yield from list(layout.workspaces)
+        return layout
+
+    def _sync_walk(self) -> Generator[None, None, Layout]:
+        layout = yield from self._walk_steps()
         with self._lock:
             for ws in layout.workspaces:
                 self._sigs.setdefault(ws, signature(ws))
         if self._tops:
             self._start()
-        return layout
-
-    def sync_steps(self, force: bool = False) -> Generator[Path | None, None, Layout]:
-        """The walk in one step (polled trees are the exception), then one step per workspace,
-        so that reconciling them is spread over loop turns like the event backends' are."""
-        layout = self.sync(force)
-        yield from list(layout.workspaces)
         return layout
 
     def process(self) -> None:
@@ -149,9 +162,36 @@ class PollingBackend:
         self._queue.put(ws, Why.DISCOVERED)
 
     def _walk(self) -> Layout:
+        return _exhaust(self._walk_steps())
+
+    def _walk_steps(self) -> Generator[None, None, Layout]:
+        """Walk the tops, a step each; an adopted directory that is no longer there is dropped
+        (one whose going no event told of: the events were lost, or it was never watched).
+        Looked at under the lock, so that one made again and adopted meanwhile stays."""
         with self._lock:
             tops = dict(self._tops)
         layout = Layout()
         for top, depth in tops.items():
+            yield None
+            if top not in self._roots:
+                with self._lock:
+                    if not _is_dir(top):
+                        self._tops.pop(top, None)
+                        continue
             walk(top, depth, layout)
         return layout
+
+
+def _exhaust(steps: Generator[None, None, Layout]) -> Layout:
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False

@@ -23,7 +23,9 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Generator, Iterator
+import time
+from collections import deque
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -61,6 +63,10 @@ LIVE = LIVE_FILE  # held open by the driving client (protocol/live.py): its clos
 MAILBOX = INTERACTION_DIR
 RUNS = RUNS_DIR
 LATEST = "LATEST"
+# Events read and not yet handled wait in order, at most as many as the kernel's own queue holds
+# by default: past that the daemon is as far behind as an overflow, and takes it as one.
+BACKLOG_MAX = 16_384
+EVENTS_SLICE = 0.05  # seconds of waiting events handled per loop turn
 SYSCTL_HINT = (
     "raise it with: sysctl fs.inotify.max_user_watches=524288 "
     "(persist in /etc/sysctl.d/90-deltad.conf)"
@@ -204,6 +210,7 @@ class WatchTree:
         self._roots: dict[Path, int] = {}
         self._root_names: set[str] = set()
         self._sweeping: Layout | None = None  # the layout of a sync in progress
+        self._backlog: deque[RawEvent] = deque()  # read, not yet handled (`take`, `handle`)
         self._limit_logged = False
         self._failed = False
 
@@ -286,6 +293,10 @@ class WatchTree:
     def watch_count(self) -> int:
         return len(self._by_wd)
 
+    def behind(self) -> bool:
+        """Are events read and not yet handled waiting (`handle` at the next turn)?"""
+        return bool(self._backlog)
+
     # -- what is watched (built on demand: for tests and diagnostics) ------------------------
     def paths(self) -> dict[Path, int]:
         """Every watched directory's path and its descriptor."""
@@ -324,6 +335,7 @@ class WatchTree:
         by it, whatever appeared before is found by the look. One step per directory."""
         if not is_workspace(top):
             if not self._watch_dir(top, levels, force):
+                yield None  # a step all the same: 60,000 polled directories are not one
                 return
             if not is_workspace(top):  # a `.delta/` made meanwhile is caught by one or the other
                 layout.dirs[top] = levels
@@ -643,6 +655,50 @@ class WatchTree:
             self._rm(_Dir(path))
 
     # -- events -----------------------------------------------------------------------------
+    def take(self, events: Iterable[RawEvent]) -> None:
+        """Events just read. Those of a mailbox are handled at once (`at_once`: all they do is
+        ask for a look, so an answer is not held up by a storm's events read before it); the
+        rest wait, in order, for `handle`. An overflow, or more waiting than the kernel's
+        queue holds, gives up what waits: lost like the events the kernel dropped, a full
+        reconcile catches up (only IN_IGNORED is still handled: the kernel's watch is gone)."""
+        rest: list[RawEvent] = []
+        overflow = False
+        by_wd = self._by_wd
+        for ev in events:
+            wd, mask, name = ev
+            if mask & F.Q_OVERFLOW:
+                overflow = True
+            elif isinstance(holder := by_wd.get(wd), Path) and at_once(holder, mask):
+                self._interaction_event(holder, mask, name)
+            else:
+                rest.append(ev)
+        waiting = len(self._backlog) + len(rest)
+        if not given_up(waiting, overflow, BACKLOG_MAX):
+            self._backlog.extend(rest)
+            return
+        for wd, mask, name in (*self._backlog, *rest):
+            if mask & F.IGNORED:
+                self._event(wd, mask, name)
+        self._backlog.clear()
+        log.warning(
+            "inotify_overflow",
+            action="full_reconcile",
+            lost="kernel" if overflow else "backlog",
+            skipped=waiting,
+        )
+        self._queue.request_rescan()
+
+    def handle(self, slice_s: float = EVENTS_SLICE) -> None:
+        """Handle waiting events in order for at most `slice_s` seconds (the loop's other
+        work, an overflow's recheck among it, goes on between the slices of a storm)."""
+        backlog = self._backlog
+        until = time.monotonic() + slice_s
+        while backlog:
+            for _ in range(min(len(backlog), 64)):
+                self._event(*backlog.popleft())
+            if time.monotonic() >= until:
+                return
+
     def _event(self, wd: int, mask: int, name: str) -> None:
         if mask & F.Q_OVERFLOW:
             log.warning("inotify_overflow", action="full_reconcile")
@@ -719,6 +775,16 @@ class WatchTree:
         elif mask & (F.DELETE | F.MOVED_FROM):
             for ws in self._rm_under(child):
                 self._queue.put(ws)
+            self._unpolled(child)
+
+    def _unpolled(self, path: Path) -> None:
+        """A directory went: if it was polled (past a watch limit or an owner's cap), no
+        longer (a storm of renames told of 100,000 names, kept and walked for ever)."""
+        self._fallback.release_dir(path)
+        if self._capped:
+            where = str(path)
+            for polled in self._capped.values():
+                polled.discard(where)
 
     def _became_workspace(self, d: _Dir) -> None:
         # Its own dir watch would report every file the agent creates: drop it.
@@ -758,6 +824,27 @@ class WatchTree:
 class PollingLike(Protocol):
     def adopt_workspace(self, ws: Path) -> None: ...
     def adopt_dir(self, path: Path, levels: int) -> None: ...
+    def release_dir(self, path: Path) -> None: ...
+
+
+# One event as read: descriptor, mask, name.
+RawEvent = tuple[int, int, str]
+
+
+def at_once(holder: Holder | list[Holder] | None, mask: int) -> bool:
+    """Is an event handled as soon as it is read, ahead of the events read before it? Yes if
+    all it can do is ask for a look at one workspace: an event in a mailbox watched by that
+    workspace alone (an answer, a question, a client come or gone), not the mailbox's own end
+    (which changes what is watched, as every other event may: those are handled in order)."""
+    return isinstance(holder, Path) and not mask & (
+        F.DELETE_SELF | F.MOVE_SELF | F.IGNORED | F.Q_OVERFLOW
+    )
+
+
+def given_up(waiting: int, overflow: bool, limit: int = BACKLOG_MAX) -> bool:
+    """Are the `waiting` events given up for a full reconcile? When the kernel lost some (an
+    overflow: what waits is no better than what it dropped) or more wait than `limit`."""
+    return overflow or waiting > limit
 
 
 def _exhaust(steps: Generator[Path | None, None, Layout] | Iterator[Path | None]) -> Layout:

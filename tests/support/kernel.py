@@ -20,13 +20,16 @@ class NoFallback:
     def adopt_dir(self, path: Path, levels: int) -> None:
         raise AssertionError("no watch limit here")
 
+    def release_dir(self, path: Path) -> None:
+        pass  # told of every directory that goes: nothing was handed over
+
 
 class FakeKernelTree(WatchTree):
     """A descriptor per watch and nothing else kept for it (so a memory budget counts only the
     tree's own tables); `removed` lists the descriptors given back."""
 
     def __init__(self, queue: HintQueue | None = None) -> None:
-        super().__init__(queue or HintQueue(), NoFallback(), None)
+        super().__init__(queue if queue is not None else HintQueue(), NoFallback(), None)
         self._wds = itertools.count(1)
         self.removed: list[int] = []
 

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from deltad.clock import ManualClock
 from deltad.core import lifecycle
@@ -15,6 +16,7 @@ from deltad.core.config import DaemonConfig, load_config
 from deltad.core.resumer import Resumer
 from deltad.core.service import Service
 from deltad.core.tenancy import Launch
+from deltad.core.walking import recheck_reads
 from deltad.testing.stub import paused_workspace
 from deltad.watch import events as F
 from deltad.watch.hints import Why
@@ -193,17 +195,21 @@ def test_what_changes_during_a_sweep_is_kept_true_at_its_end(
     service.life.close_backends()
 
 
-def test_a_periodic_reconcile_does_not_restart_one_in_progress(
+def test_neither_a_periodic_reconcile_nor_an_overflow_restarts_one_in_progress(
     service: Service, tmp_path: Path
 ) -> None:
     _built(service, tmp_path / "root", BUDGET * 2)
-    service.full_reconcile("overflow", force=True)
+    service.full_reconcile("periodic")
     service.turn()
     first = service.sweep
+    assert first is not None and not first.again
     service.full_reconcile("periodic")
-    assert service.sweep is first
-    service.full_reconcile("overflow", force=True)
-    assert service.sweep is not first and first is not None and first.walks == []
+    assert service.sweep is first and not first.again
+    service.full_reconcile("overflow", force=True)  # goes on, and walks once more after
+    assert service.sweep is first and first.walks and first.again
+    assert first.reason == "overflow"
+    service.full_reconcile("reload")  # a reload's walks are the new backends': anew
+    assert service.sweep is not first and first.walks == []
     service.life.close_backends()
 
 
@@ -233,3 +239,55 @@ def test_a_long_startup_walk_pushes_the_first_periodic_one(tmp_path: Path) -> No
     quick.walked(ended=500.0, took=2.0, config=config)
     quick.start(500.0, config)
     assert not quick.rescan_due(799.0, config) and quick.rescan_due(800.0, config)
+
+
+# -- after an overflow: who waits for an answer is glanced at first ---------------------------
+@pytest.mark.parametrize(
+    ("names", "known", "reads"),
+    [
+        ({"request.json"}, True, False),  # the question read or glanced at, still unanswered
+        ({"request.json", "response.txt"}, True, True),  # an answer, its event lost
+        ({"request.json", "response.json"}, True, True),
+        ({"response.txt"}, False, True),  # an answer to a question that went meanwhile
+        ({"request.json"}, False, True),  # a question posted while events were lost
+        ({"request.json", "live"}, False, True),
+        (set(), True, False),  # no question: nothing to answer, the walk reads it
+        ({"live"}, False, False),  # a run in progress
+        (None, True, False),  # no mailbox
+    ],
+)
+def test_what_an_overflow_reads_at_once(names: set[str] | None, known: bool, reads: bool) -> None:
+    assert recheck_reads(None if names is None else frozenset(names), known) is reads
+
+
+@pytest.mark.linux_only  # leases, /proc or the fork server (deltad/platform.py)
+def test_an_answer_lost_in_an_overflow_is_found_at_once_however_often_it_overflows(
+    service: Service, tmp_path: Path
+) -> None:
+    """The walk reaches the answered workspace last; the queue overflows at every turn. The
+    answer is still taken at the first turn after the overflow (the old restart never
+    reached it while the overflows went on)."""
+    root = tmp_path / "root"
+    spaces = _built(service, root, 3 * BUDGET)
+    service.full_reconcile("startup", quiet=True, at_once=True)
+    while service.unread:
+        service.turn()  # every question read: settled, waiting
+    last = root / [e.name for e in os.scandir(root)][-1]  # the walk's order
+    _answer(last)  # ...and its event lost in an overflow
+    with capture_logs() as logs:
+        service.queue.request_rescan()
+        service.turn()
+        assert resumed(service) == [last]
+        assert service.sweep is not None  # the walk has not reached it
+        for _ in range(3):
+            service.queue.request_rescan()
+            service.turn()
+        while service.sweep is not None:
+            service.turn()
+    assert set(resumed(service)) == {last}  # (this resumer starts nothing: asked again)
+    rechecked = [e for e in logs if e["event"] == "overflow_rechecked"]
+    assert rechecked and rechecked[0]["workspaces"] == len(spaces)
+    ends = [e for e in logs if e["event"] == "reconcile_full"]
+    assert [e["reason"] for e in ends] == ["overflow"]  # one sweep, never restarted
+    assert any(e["event"] == "reconcile_full_lap" for e in logs)
+    service.life.close_backends()

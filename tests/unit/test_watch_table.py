@@ -29,6 +29,9 @@ class NoFallback:
     def adopt_dir(self, path: Path, levels: int) -> None:
         raise AssertionError("no watch limit here")
 
+    def release_dir(self, path: Path) -> None:
+        pass  # told of every directory that goes: nothing was handed over
+
 
 def _workspace(ws: Path) -> Path:
     (ws / ".delta" / "interaction").mkdir(parents=True)
@@ -310,6 +313,10 @@ class Polled:
     def adopt_dir(self, path: Path, levels: int) -> None:
         self.dirs.append(path)
 
+    def release_dir(self, path: Path) -> None:
+        if path in self.dirs:
+            self.dirs.remove(path)
+
 
 TENANT = 4242  # a uid nobody uses: the directories are chowned to it (the tests run as root)
 
@@ -351,6 +358,39 @@ def test_a_tenants_directory_flood_takes_at_most_its_share_of_watches(tmp_path: 
         for d in sorted(watched_tenant & tenant_dirs)[:5]:  # some go: its share comes back
             d.rmdir()
         wait_for(lambda: b.process() or b._per_owner.get(TENANT, 0) <= cap - 5, "watches freed")
+    finally:
+        b.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: directories of another owner")
+def test_a_tenants_polled_directories_renamed_are_polled_by_their_new_names_only(
+    tmp_path: Path,
+) -> None:
+    """Past her cap, a tenant renames her directories back and forth: the poller is handed each
+    new name and lets go of the old one, so it polls what is there, not every name she used."""
+    root = tmp_path / "root"
+    root.mkdir()
+    cap = 2
+    for i in range(6):
+        _owned(_mkdir(root / f"a{i}"))
+    polled = Polled()
+    b = InotifyBackend(HintQueue(), polled, None, max_per_owner=cap)
+    try:
+        b.add_root(root, 2)
+        b.sync()
+        before = set(polled.dirs)
+        assert len(before) == 6 - cap
+        for _ in range(3):  # there and back, and there again
+            for i in range(6):
+                old, new = (root / f"a{i}", root / f"b{i}")
+                src, dst = (old, new) if old.exists() else (new, old)
+                src.rename(dst)
+        b.process()
+        while b.behind():
+            b.process()
+        assert {p.name for p in polled.dirs} <= {f"b{i}" for i in range(6)}
+        assert len(polled.dirs) == 6 - cap  # the watched ones followed by their watch: renamed
+        assert b.capped_owners()[TENANT]["polled"] <= 6
     finally:
         b.close()
 
