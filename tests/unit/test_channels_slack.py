@@ -598,6 +598,34 @@ def test_four_eyes_in_slack_a_press_is_a_vote_by_the_mapped_person(tmp_path: Pat
         assert (doc["channel"], doc["decisions"][0]["decision"]) == ("slack", "approve")
 
 
+def test_four_eyes_in_slack_each_press_is_a_receipt_naming_the_click(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from deltad.inbox import audit
+    from deltad.outbound.hub import voting
+
+    log = tmp_path / "audit.jsonl"
+    with SlackApi() as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ch.ctx = replace(ch.ctx, answer=voting(log))
+        ws, request_id = _ask(
+            tmp_path, ch, input_type="approval", calls=[CALL], approvals_required=2
+        )
+        ref = ref_of(str(ws), request_id)
+        for user, ts in (("U0ALICE", "1700000000.000100"), ("U0BOB", "1700000000.000200")):
+            press = _press(f"{ref}:a", blocks.ANSWER, user=user)
+            press["container"] = {"channel_id": "C0DELTAD", "message_ts": ts}
+            assert _interact(ch, press) is None
+    entries = [json.loads(x) for x in audit.read_lines(log)]
+    assert [(e["channel"], e["answered_by"], e["voter"], e["origin"]) for e in entries] == [
+        ("slack", "U0ALICE", "alice",
+         {"user": "U0ALICE", "conversation": "C0DELTAD", "message_ts": "1700000000.000100"}),
+        ("slack", "U0BOB", "bob",
+         {"user": "U0BOB", "conversation": "C0DELTAD", "message_ts": "1700000000.000200"}),
+    ]  # fmt: skip
+    assert [e["quorum"]["outcome"] for e in entries] == ["pending", "answered"]
+
+
 def test_posts_an_older_deltad_recorded_in_the_core_are_still_updated(tmp_path: Path) -> None:
     """Before the sender kept the posts, the core's record did: they go along with the update,
     so a question posted before an upgrade is still marked answered after it."""
