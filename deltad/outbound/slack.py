@@ -343,7 +343,7 @@ class SlackChannel(Channel):
             sent = None
         if sent is None or abs(now - sent) > WINDOW:
             why = "the request's timestamp is missing or more than five minutes off"
-            log.warning("slack_request_refused", code="stale", reason=why)
+            log.warning("slack_request_refused", code="stale_request", reason=why)
             raise ApiError(401, "stale_request", why)
         if not self.verifier.is_valid(body, timestamp, signature):
             why = "the request's Slack signature does not verify"

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 import yaml
 
 from deltad.core.config import ConfigError, load_config
@@ -357,9 +358,11 @@ def test_signatures_are_checked_before_anything_is_read(tmp_path: Path) -> None:
             ((body, str(int(time.time()) - 301), sig), "stale_request"),
             ((body, "not-a-time", sig), "stale_request"),
         ]:
-            with pytest.raises(ApiError) as e:
+            with capture_logs() as logged, pytest.raises(ApiError) as e:
                 ch.interaction(*args)
             assert e.value.code == code and e.value.http == 401
+            said = [x["code"] for x in logged if x["event"] == "slack_request_refused"]
+            assert said == [code]  # the log's code is the one Slack (and the docs) get
         junk, h = interaction({"type": "block_actions"}, SECRET)  # no user: not a payload
         with pytest.raises(ApiError) as e:
             ch.interaction(junk, h["X-Slack-Request-Timestamp"], h["X-Slack-Signature"])
