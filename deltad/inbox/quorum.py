@@ -43,8 +43,8 @@ import structlog
 
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, iso, utcnow
 from deltad.protocol.calldigest import DigestMismatch, bind
-from deltad.protocol.questions import interpret_json
 from deltad.protocol.printable import show_path
+from deltad.protocol.questions import interpret_json
 from deltad.protocol.replies import AnswerRejected, Decision
 
 from . import audit as auditlog
@@ -229,9 +229,9 @@ def cast(
                 raise TooLarge(f"the votes on this question would be over {MAX_BYTES} bytes")
             _count("pending")
             write(w, data)
-            done = Cast(req, None, shown(req, rec), "pending")
-            record(audit, w.root, done, body, shown_as or by, by, channel, origin)
-            return done
+            counted = Cast(req, None, shown(req, rec), "pending")
+            record(audit, w.root, counted, body, shown_as or by, by, channel, origin)
+            return counted
         voters = [
             {"by": v.by, "channel": v.channel, "at": v.at, "verdict": v.verdict}
             for v in outcome.votes
@@ -251,9 +251,9 @@ def cast(
         # record too big to keep is left as it was, for the same reason).
         if len(data := encoded(rec)) <= MAX_BYTES:
             write(w, data)
-        cast_ = Cast(req, done, shown(req, rec), "answered")
-        record(audit, w.root, cast_, body, shown_as or by, by, channel, origin)
-        return cast_
+        counted = Cast(req, done, shown(req, rec), "answered")
+        record(audit, w.root, counted, body, shown_as or by, by, channel, origin)
+        return counted
 
 
 def record(

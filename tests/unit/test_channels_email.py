@@ -295,7 +295,7 @@ def test_four_eyes_by_mail_each_reply_is_a_vote_with_its_receipt(tmp_path: Path)
     take = ch.receive
     ch.receive = lambda got: results.append(take(got)) or results[-1]  # type: ignore[method-assign]
     for n, who in enumerate((ALICE, BOB), 1):
-        _deliver(ch, f"{n}.m", to[who], who, "yes", msgid=f"<{n}@mail.example>")
+        _deliver(ch, f"{n}.m", to[who], who, "yes", msgid=f"<{n}@m.x>")
         assert _take(ch) == 1
     assert [r["result"] for r in results] == ["voted", "answered"]
     doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
@@ -303,9 +303,9 @@ def test_four_eyes_by_mail_each_reply_is_a_vote_with_its_receipt(tmp_path: Path)
     entries = [json.loads(x) for x in audit.read_lines(log)]
     got = [(e["kind"], e["channel"], e["voter"], e["origin"]) for e in entries]
     assert got == [
-        ("vote", "email", "alice", {"from": ALICE, "message": "1.m", "message_id": "<1@mail.example>"}),
-        ("vote", "email", "bob", {"from": BOB, "message": "2.m", "message_id": "<2@mail.example>"}),
-    ]  # fmt: skip
+        ("vote", "email", "alice", {"from": ALICE, "message": "1.m", "message_id": "<1@m.x>"}),
+        ("vote", "email", "bob", {"from": BOB, "message": "2.m", "message_id": "<2@m.x>"}),
+    ]
     assert [e["request_id"] for e in entries] == [request_id] * 2
 
 

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
 import yaml
+from structlog.testing import capture_logs
 
 from deltad.core.config import ConfigError, load_config
 from deltad.http.child import open_view
