@@ -149,8 +149,9 @@ class CoreMetrics:
         self.channel_replies = Counter(
             "deltad_channel_replies",
             "Replies the core decided on, by channel and result: email's are relayed by the "
-            "inbox process (answered, taken: already answered by the same message before a "
-            "crash, refused, failed: set aside by a bug).",
+            "inbox process (answered, voted: a four-eyes vote that leaves the question "
+            "waiting, taken: already answered by the same message before a crash, refused, "
+            "failed: set aside by a bug).",
             ["channel", "result"],
             registry=r,
         )

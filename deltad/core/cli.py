@@ -548,7 +548,8 @@ def audit_verify(
 ) -> None:
     """Recompute the chain of LOG (`-`: stdin, e.g. an export; default: the daemon's log).
     Exit 0 and print the entry count and the head hash (record it elsewhere to anchor the
-    log); exit 2 naming the first entry edited, dropped or moved. The daemon's own log must
+    log); exit 2 naming the first entry that does not verify and what it found (edited,
+    dropped, repeated, moved, inserted, rewritten). The daemon's own log must
     start at seq 1; a LOG given may start later (an export --since): its first entry is the
     anchor, and the entries before it are said to be unchecked."""
     from deltad.inbox.audit import AuditError, Broken, read_lines, verify

@@ -419,6 +419,7 @@ class Lifecycle:
             self.core.metrics,
             inbox.context if inbox is not None else None,
             inbox.serving.handoff if inbox is not None else None,
+            audit_path(config) if config.audit.enabled else None,
         )
 
     def _start_inbox(self) -> None:

@@ -94,52 +94,115 @@ class Verified:
 
 
 class Broken(ValueError):
-    """The first entry that does not verify: `line` (1-based), its `seq` if it has one, why."""
+    """The first entry that does not verify: `line` (1-based), its `seq` if it has one, why,
+    and `found`, what that reads as: `unreadable` (not an entry), `edited` (its hash, or the
+    next entry's `prev`), `rewritten` (not canonical), `dropped`, `repeated`, `moved`,
+    `inserted` (an entry no chain position accounts for), `head` (the recorded head is not in
+    the chain)."""
 
-    def __init__(self, line: int, seq: int | None, why: str) -> None:
-        self.line, self.seq, self.why = line, seq, why
+    def __init__(self, line: int, seq: int | None, why: str, found: str = "unreadable") -> None:
+        self.line, self.seq, self.why, self.found = line, seq, why, found
         where = f"entry seq {seq} (line {line})" if seq is not None else f"line {line}"
         super().__init__(f"{where}: {why}")
 
 
+def _entry(n: int, raw: bytes) -> tuple[dict[str, Any], bytes]:
+    line = raw.rstrip(b"\n")
+    try:
+        doc = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise Broken(n, None, "not a JSON entry") from None
+    if not isinstance(doc, dict):
+        raise Broken(n, None, "not a JSON object")
+    if type(doc.get("seq")) is not int:
+        raise Broken(n, None, "no seq")
+    return doc, line
+
+
+def _seq_of(raw: bytes) -> int | None:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    seq = doc.get("seq") if isinstance(doc, dict) else None
+    return seq if type(seq) is int else None
+
+
+def _out_of_place(
+    n: int,
+    seq: int,
+    want: int,
+    first: int | None,
+    seen: dict[str, int],
+    digest: str,
+    rest: Iterator[bytes],
+) -> Broken:
+    """What entry `seq`, found at line `n` where `want` was due, reads as: the entry due is
+    further on (moved), nowhere (dropped), or this one was seen before (repeated). `seen`:
+    each hash checked so far and its line; `rest`: the lines after this one."""
+    head = f"seq {seq} where {want} was expected"
+    if seq < want:
+        if digest in seen:
+            why = f"{head} (an entry was repeated: the same entry is at line {seen[digest]})"
+            return Broken(n, seq, why, "repeated")
+        if first is not None and seq < first:  # before a piece's anchor: it was further up
+            return Broken(n, seq, f"{head} (an entry was moved: it belongs before line 1)", "moved")
+        why = f"{head} (an entry was inserted: seq {seq} is another entry at an earlier line)"
+        return Broken(n, seq, why, "inserted")
+    for m, raw in enumerate(rest, n + 1):
+        if _seq_of(raw) == want:
+            why = f"{head} (an entry was moved: seq {want} is at line {m})"
+            return Broken(n, seq, why, "moved")
+    missing = f"seq {want}" if seq == want + 1 else f"seq {want} to {seq - 1}"
+    how = "an entry was dropped" if seq == want + 1 else "entries were dropped"
+    return Broken(n, seq, f"{head} ({how}: {missing} is nowhere in the log)", "dropped")
+
+
 def verify(lines: Iterable[bytes], *, from_start: bool = True, head: str | None = None) -> Verified:
     """Recompute the chain. `from_start`: the first entry must be seq 1 after GENESIS (a whole
-    log); else (an export `--since`) the first entry anchors the rest. `head`: a head hash
-    recorded earlier, which must be this chain's head or an entry's hash in it (entries dropped
-    off the end). Broken names the first entry that is edited, out of place, or after a dropped
-    one."""
+    log); else (an export `--since`) the first entry anchors the rest: its `prev` is taken as
+    the start. `head`: a head hash recorded earlier, which must be this chain's head or an
+    entry's hash in it (entries dropped off the end). Broken names the first entry that does
+    not verify and what it found (`Broken.found`): an edited entry, one rewritten, dropped,
+    repeated, moved (looking on through the rest of the log for the entry that was due) or
+    inserted. Pure: the lines in, the verdict out."""
     count, first, prev, want_seq = 0, None, GENESIS, 1
     seen_head = head is None or head == GENESIS
+    seen: dict[str, int] = {}  # each entry's hash -> its line: a repeated one is named as such
+    rest = iter(lines)
     n = 0
-    for n, raw in enumerate(lines, 1):
-        line = raw.rstrip(b"\n")
-        try:
-            doc = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            raise Broken(n, None, "not a JSON entry") from None
-        if not isinstance(doc, dict):
-            raise Broken(n, None, "not a JSON object")
-        seq = doc.get("seq")
-        if type(seq) is not int:
-            raise Broken(n, None, "no seq")
-        if doc.get("hash") != entry_hash(doc):
-            raise Broken(n, seq, "its hash does not match its content (the entry was edited)")
+    for n, raw in enumerate(rest, 1):
+        doc, line = _entry(n, raw)
+        seq = doc["seq"]
+        digest = entry_hash(doc)
+        if doc.get("hash") != digest:
+            why = "its hash does not match its content (the entry was edited)"
+            raise Broken(n, seq, why, "edited")
         if line != canonical(doc):
-            raise Broken(n, seq, "not in canonical form (the line was rewritten)")
+            raise Broken(n, seq, "not in canonical form (the line was rewritten)", "rewritten")
         if count == 0 and not from_start:
             want_seq, prev = seq, str(doc.get("prev"))
         if seq != want_seq:
-            how = "dropped" if seq > want_seq else "repeated or moved"
-            raise Broken(n, seq, f"seq {seq} where {want_seq} was expected (an entry was {how})")
+            broken = _out_of_place(n, seq, want_seq, first, seen, digest, rest)
+            if count == 0 and broken.found == "dropped":
+                why = (
+                    f"seq {seq} where 1 was expected (the log starts mid-chain: the entries "
+                    "before it were dropped, or it is a piece of the chain, an export --since: "
+                    "verify it with --partial)"
+                )
+                raise Broken(n, seq, why, "dropped")
+            raise broken
         if doc.get("prev") != prev:
             raise Broken(
                 n,
                 seq,
                 "prev is not the previous entry's hash (an entry before it was edited, "
                 "dropped or moved)",
+                "edited",
             )
+        seen[digest] = n
         count, first = count + 1, first if first is not None else seq
-        prev, want_seq = doc["hash"], seq + 1
+        prev, want_seq = digest, seq + 1
         seen_head = seen_head or prev == head
     if not seen_head:
         raise Broken(
@@ -147,6 +210,7 @@ def verify(lines: Iterable[bytes], *, from_start: bool = True, head: str | None 
             None,
             f"the recorded head {head} is not in the log (entries were "
             "dropped off its end, or it is another log)",
+            "head",
         )
     return Verified(count, first, prev)
 

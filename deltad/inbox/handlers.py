@@ -376,7 +376,16 @@ def submit(
         if parsed.answer is None and parsed.decisions is None:
             raise inbox.Misfit('give "answer" or "decisions"')
         voter = None if channel == "link" else voter or answered_by  # a link names nobody
-        done = quorum.cast(ws, request_id, parsed, by=voter, channel=channel, shown_as=answered_by)
+        done = quorum.cast(
+            ws,
+            request_id,
+            parsed,
+            by=voter,
+            channel=channel,
+            shown_as=answered_by,
+            audit=audit,
+            origin={"token": answered_by},  # a vote's receipt (quorum.record)
+        )
     except inbox.NotPending:
         # Only questions the daemon's index saw open get here: a resume has taken it since.
         raise ApiError(409, "already_answered", f"question {request_id} was answered") from None
@@ -393,16 +402,6 @@ def submit(
     four_eyes: dict[str, Any] = {}
     if done.approvals is not None:  # four eyes: a vote, and whether it completed the answer
         four_eyes = {"answered": done.outcome == "answered", "approvals": done.approvals}
-        vote_receipt(audit, ws, done, parsed, answered_by, channel)
-        log.info(
-            "approval_vote",
-            workspace=show_path(ws),
-            request_id=request_id,
-            by=answered_by,
-            outcome=done.outcome,
-            given=len(done.approvals["given"]),
-            required=done.approvals["required"],
-        )
     return schemas.AnswerReceipt(
         status="accepted",
         request_id=request_id,
@@ -412,30 +411,6 @@ def submit(
         channel=channel,
         **four_eyes,
     )
-
-
-def vote_receipt(
-    audit: Path | None,
-    ws: Path,
-    done: quorum.Cast,
-    body: inbox.AnswerIn,
-    by: str,
-    channel: str,
-) -> None:
-    """Four eyes: each vote into the audit log, by the core as it is cast (the answer it may
-    complete gets the decision's receipt when the daemon takes it up)."""
-    from deltad.inbox import audit as auditlog
-    from deltad.inbox.receipts import vote_receipt as receipt_of
-
-    if audit is None or done.approvals is None:
-        return
-    vote = body.model_dump(exclude_none=True, mode="json")
-    fields = receipt_of(ws, done.request, by, channel, vote, done.approvals, done.outcome)
-    try:
-        entry = auditlog.append(audit, fields)
-        log.info("audit_appended", workspace=show_path(ws), seq=entry["seq"], kind="vote")
-    except Exception as e:  # the vote is counted; a log that cannot continue says so
-        log.error("audit_failed", workspace=show_path(ws), error=str(e))
 
 
 # -- runs -----------------------------------------------------------------------------------------

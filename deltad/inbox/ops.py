@@ -222,6 +222,7 @@ class MailReply(Args):
     automatic: bool = False
     text: Text | None = None
     problem: Literal["unreadable", "unparsable"] | None = None
+    message_id: Annotated[str, Field(max_length=998)] | None = None  # for a vote's receipt
 
 
 # -- no credential -------------------------------------------------------------------------------

@@ -23,6 +23,11 @@ answering path (`answering.submit`), when they agree, naming every voter.
 
 `cast` is the shell: read, decide, write (atomically, by the root core: the inbox process
 never writes a workspace), under one lock so two votes at once are counted one after the other.
+It is the one place a vote is recorded, whatever carried it (the API, the page, MCP, a mail, a
+Slack click): each counted vote is a receipt of its own in the audit log (`kind: vote`, its
+channel and `origin`: the token, the mail's Message-ID, the Slack user and message), appended
+under the same lock so the log's order is the order the votes were counted, and one
+`approval_vote` log line.
 """
 
 from __future__ import annotations
@@ -34,11 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import structlog
+
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, iso, utcnow
 from deltad.protocol.calldigest import DigestMismatch, bind
+from deltad.protocol.printable import show_path
 from deltad.protocol.questions import interpret_json
 from deltad.protocol.replies import AnswerRejected, Decision
 
+from . import audit as auditlog
 from .answer_body import AnswerIn, AnswerWaiting, Misfit, SubmitError, TooLarge
 from .answering import Submitted, check, open_question, submit
 from .ballots import (
@@ -54,6 +63,9 @@ from .ballots import (
     shown,
     write,
 )
+from .receipts import vote_receipt
+
+log = structlog.get_logger("deltad.quorum")
 
 
 class AlreadyVoted(SubmitError):
@@ -174,10 +186,14 @@ def cast(
     by: str | None,
     channel: str,
     shown_as: str | None = None,
+    audit: Path | None = None,
+    origin: dict[str, str] | None = None,
 ) -> Cast:
     """Answer question `request_id` as `by` through `channel`: at once when it needs one
     answer (recorded as answered by `shown_as`, default `by`: a signed link is "signed link"
-    but no voter), else as a vote (see the module's rule). Raises a SubmitError."""
+    but no voter), else as a vote (see the module's rule). Raises a SubmitError. A counted
+    vote is appended to `audit` (None: no receipts) with `origin`, what the channel knows of
+    where it came from (see `record`)."""
     w = ws if isinstance(ws, Workspace) else Workspace.at(ws)
     req = open_question(w, request_id)
     need = required_of(req)
@@ -213,7 +229,9 @@ def cast(
                 raise TooLarge(f"the votes on this question would be over {MAX_BYTES} bytes")
             _count("pending")
             write(w, data)
-            return Cast(req, None, shown(req, rec), "pending")
+            counted = Cast(req, None, shown(req, rec), "pending")
+            record(audit, w.root, counted, body, shown_as or by, by, channel, origin)
+            return counted
         voters = [
             {"by": v.by, "channel": v.channel, "at": v.at, "verdict": v.verdict}
             for v in outcome.votes
@@ -233,7 +251,52 @@ def cast(
         # record too big to keep is left as it was, for the same reason).
         if len(data := encoded(rec)) <= MAX_BYTES:
             write(w, data)
-        return Cast(req, done, shown(req, rec), "answered")
+        counted = Cast(req, done, shown(req, rec), "answered")
+        record(audit, w.root, counted, body, shown_as or by, by, channel, origin)
+        return counted
+
+
+def record(
+    audit: Path | None,
+    ws: Path,
+    done: Cast,
+    body: AnswerIn,
+    answered_by: str,
+    voter: str,
+    channel: str,
+    origin: dict[str, str] | None,
+) -> None:
+    """A counted vote's receipt (`kind: vote`) into the audit log and its `approval_vote` line,
+    for every channel alike. The vote stands when the log will not take it (it is on record
+    beside the question; `audit_failed` says the log has a gap); the answer it may complete
+    still gets the decision's receipt before any resume (core/service.py), so no run resumes
+    without one."""
+    assert done.approvals is not None
+    if audit is not None:
+        vote = body.model_dump(exclude_none=True, mode="json")
+        fields = vote_receipt(
+            ws, done.request, answered_by, channel, vote, done.approvals, done.outcome
+        )
+        if voter != answered_by:
+            fields["voter"] = voter
+        if origin:
+            fields["origin"] = dict(origin)
+        try:
+            entry = auditlog.append(audit, fields)
+            log.info("audit_appended", workspace=show_path(ws), seq=entry["seq"], kind="vote")
+        except Exception as e:  # the vote is counted; a log that cannot continue says so
+            log.error("audit_failed", workspace=show_path(ws), error=str(e))
+    log.info(
+        "approval_vote",
+        workspace=show_path(ws),
+        request_id=done.request.request_id,
+        by=answered_by,
+        voter=voter,
+        channel=channel,
+        outcome=done.outcome,
+        given=len(done.approvals["given"]),
+        required=done.approvals["required"],
+    )
 
 
 def answer_or_vote(
@@ -244,12 +307,24 @@ def answer_or_vote(
     answered_by: str | None = None,
     channel: str | None = None,
     voter: str | None = None,
+    origin: dict[str, str] | None = None,
+    audit: Path | None = None,
 ) -> Submitted | None:
-    """`cast` as a channel calls the answering path (channels/base.py `Answer`): `voter` is
+    """`cast` as a channel calls the answering path (outbound/base.py `Answer`): `voter` is
     the person as respondents name them (the channel's mapping: the same name as their token,
-    so one person is one vote on every channel), else the sender; None when the vote was
-    recorded and the question still waits for others."""
+    so one person is one vote on every channel), else the sender; `origin` what the channel
+    knows of the vote's source, for its receipt; `audit` the log (the hub binds it). None when
+    the vote was recorded and the question still waits for others."""
     w = Workspace.at(ws)
     rid = request_id if request_id is not None else open_question(w).request_id
     by = voter or answered_by
-    return cast(w, rid, body, by=by, channel=channel or "other", shown_as=answered_by).submitted
+    return cast(
+        w,
+        rid,
+        body,
+        by=by,
+        channel=channel or "other",
+        shown_as=answered_by,
+        audit=audit,
+        origin=origin,
+    ).submitted

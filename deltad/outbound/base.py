@@ -42,7 +42,9 @@ from deltad.protocol import InteractionRequest, Workspace
 class Answer(Protocol):
     """The answering path as a channel sees it: `deltad.inbox.submit`, or (in a process that
     holds no privileges) a call that reaches it. Raises `deltad.inbox.SubmitError`; None when
-    the answer was a vote on a question needing several (four eyes) that still waits."""
+    the answer was a vote on a question needing several (four eyes) that still waits.
+    `origin`: where the answer came from on the channel (a mail's Message-ID, a Slack user and
+    message), kept in a vote's receipt."""
 
     def __call__(
         self,
@@ -53,6 +55,7 @@ class Answer(Protocol):
         answered_by: str | None = None,
         channel: str | None = None,
         voter: str | None = None,
+        origin: dict[str, str] | None = None,
     ) -> Submitted | None: ...
 
 

@@ -238,8 +238,9 @@ class EmailChannel(Channel):
             raise Refusal(e.code, str(e)) from None
 
     def _answer(self, got: mail.Received) -> str:
-        """ "answered", or "taken" (this very message answered before a crash cut the pass
-        short: the inbox relays it again); Refusal otherwise."""
+        """ "answered", "voted" (four eyes: a vote counted, the question still waits), or
+        "taken" (this very message answered before a crash cut the pass short: the inbox
+        relays it again); Refusal otherwise."""
         if got.automatic:  # an out-of-office is no answer, and is never answered (loops)
             raise Refusal("auto_reply", "an automatic reply (Auto-Submitted or Precedence)")
         grant = self._grant(got)
@@ -289,14 +290,18 @@ class EmailChannel(Channel):
             raise Refusal("misfit", f"{e}; reply again", grant) from None
         if not self.grants.claim(grant, name):  # claimed meanwhile by another message
             raise Refusal("replayed", "this reply address was already used; nothing changed", grant)
+        origin = {"from": sender, "message": name}  # a vote's receipt says where it came from
+        if got.message_id is not None:
+            origin["message_id"] = got.message_id
         try:
-            self.ctx.answer(
+            done = self.ctx.answer(
                 ws,
                 req.request_id,
                 body,
                 answered_by=sender,
                 channel=self.name,
                 voter=person.name,  # four eyes: one person, one vote, on every channel
+                origin=origin,
             )
         except (ProtocolError, OSError) as e:  # as the HTTP API says it (409)
             self.grants.release(grant)
@@ -309,6 +314,15 @@ class EmailChannel(Channel):
             self.grants.release(grant)
             why = f"{e}; reply again" if isinstance(e, Misfit | TooLarge) else str(e)
             raise Refusal(e.code, why, grant) from None
+        if done is None:  # four eyes: a vote counted; the question waits for the others
+            log.info(
+                "email_voted",
+                request_id=req.request_id,
+                workspace=str(ws),
+                voter=person.name,
+                message=name,
+            )
+            return "voted"
         log.info(
             "email_answered",
             request_id=req.request_id,

@@ -163,6 +163,33 @@ class Hub:
             c.stop()
 
 
+def voting(audit: Path | None) -> Answer:
+    """The channels' answering path: `quorum.answer_or_vote`, its votes' receipts in `audit`."""
+
+    def answer(
+        ws: Path,
+        request_id: str | None,
+        body: inbox.AnswerIn,
+        *,
+        answered_by: str | None = None,
+        channel: str | None = None,
+        voter: str | None = None,
+        origin: dict[str, str] | None = None,
+    ) -> inbox.Submitted | None:
+        return quorum.answer_or_vote(
+            ws,
+            request_id,
+            body,
+            answered_by=answered_by,
+            channel=channel,
+            voter=voter,
+            origin=origin,
+            audit=audit,
+        )
+
+    return answer
+
+
 def start(
     config: ChannelsConfig,
     quiet_roots: list[Path],
@@ -170,6 +197,7 @@ def start(
     state_dir: Path,
     handoff: Handoff | None,
     replies: Counter | None = None,
+    audit: Path | None = None,
 ) -> Hub:
     """The daemon's channels, started: answers go through `deltad.inbox.submit` (by way of
     `quorum.answer_or_vote`), the function
@@ -190,7 +218,8 @@ def start(
     # Four eyes: a reply is a vote where the question needs several (inbox/quorum.py).
     if handoff is None:
         raise ValueError("no inbox process to hand the channels' messages to")
-    made = build(config, state_dir, quorum.answer_or_vote, handoff, link, page, replies)
+    # Each vote is a receipt in `audit` (None: not kept), as over HTTP: `quorum.cast` writes it.
+    made = build(config, state_dir, voting(audit), handoff, link, page, replies)
     hub = Hub(made, quiet_roots)
     hub.start()
     if isinstance(http, handlers.Context):

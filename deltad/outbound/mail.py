@@ -66,9 +66,11 @@ class Received:
     automatic: bool
     text: str | None
     problem: str | None = None  # "unreadable" (not a regular file, too large), "unparsable"
+    message_id: str | None = None  # its Message-ID header, for a vote's receipt (unchecked)
 
 
 SENDER_MAX = 320  # the protocol's cap (privsep/wire.py): a longer From is no address of ours
+MESSAGE_ID_MAX = 998  # a header line's limit (RFC 5322); the protocol's cap too (inbox/ops.py)
 
 
 def received(message: str, data: bytes | None, address: re.Pattern[str]) -> Received:
@@ -85,7 +87,11 @@ def received(message: str, data: bytes | None, address: re.Pattern[str]) -> Rece
     tokens = [m.group(1) for a in reply.recipients if (m := address.fullmatch(a))]
     sender = _utf8(reply.sender) if len(reply.sender) <= SENDER_MAX else ""
     text = _utf8(reply.text) if reply.text is not None else None
-    return Received(message, tokens[0] if tokens else None, sender, reply.automatic, text)
+    msgid = reply.message_id
+    shown = msgid.strip() if msgid is not None else ""
+    ok = 0 < len(shown) <= MESSAGE_ID_MAX and shown.isascii() and shown.isprintable()
+    token = tokens[0] if tokens else None
+    return Received(message, token, sender, reply.automatic, text, None, shown if ok else None)
 
 
 # The parse budget, checked on the raw bytes before the standard library's parser sees them:

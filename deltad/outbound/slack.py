@@ -96,6 +96,7 @@ class _Conversation(_Loose):
 
 class _Container(_Loose):
     channel_id: str | None = Field(default=None, max_length=64)
+    message_ts: str | None = Field(default=None, max_length=64)
 
 
 class _State(_Loose):
@@ -103,6 +104,7 @@ class _State(_Loose):
 
 
 class _View(_Loose):
+    id: str | None = Field(default=None, max_length=64)
     callback_id: str | None = None
     private_metadata: str = Field(default="", max_length=3000)
     state: _State = Field(default_factory=_State)
@@ -122,6 +124,18 @@ class Payload(_Loose):
         if self.channel is not None:
             return self.channel.id
         return self.container.channel_id if self.container is not None else None
+
+    def origin(self) -> dict[str, str]:
+        """Where an answer came from, for a vote's receipt: the user, and the message clicked
+        (conversation, ts) or the modal submitted (view id), as far as Slack says."""
+        out = {"user": self.user.id}
+        if (conversation := self.conversation) is not None:
+            out["conversation"] = conversation
+        if self.container is not None and self.container.message_ts is not None:
+            out["message_ts"] = self.container.message_ts
+        if self.view is not None and self.view.id is not None:
+            out["view"] = self.view.id
+        return out
 
 
 def payload_of(body: str) -> Payload:
@@ -329,7 +343,7 @@ class SlackChannel(Channel):
             sent = None
         if sent is None or abs(now - sent) > WINDOW:
             why = "the request's timestamp is missing or more than five minutes off"
-            log.warning("slack_request_refused", code="stale", reason=why)
+            log.warning("slack_request_refused", code="stale_request", reason=why)
             raise ApiError(401, "stale_request", why)
         if not self.verifier.is_valid(body, timestamp, signature):
             why = "the request's Slack signature does not verify"
@@ -358,7 +372,7 @@ class SlackChannel(Channel):
                 answer = blocks.answer_of(req, key)
             except AnswerRejected as e:
                 raise Refusal("misfit", str(e)) from None
-            self._answer(ws, req, answer, p.user.id, ref, self._name_of(p.user.id))
+            self._answer(ws, req, answer, p, ref)
         except Refusal as r:
             return {"response": self._refused(p, r)}
         return {"response": None}
@@ -372,7 +386,7 @@ class SlackChannel(Channel):
                 answer = blocks.submitted(req, key, p.view.state.values)
             except AnswerRejected as e:
                 raise Refusal("misfit", str(e)) from None
-            self._answer(ws, req, answer, p.user.id, ref, self._name_of(p.user.id))
+            self._answer(ws, req, answer, p, ref)
         except Refusal as r:
             self._refused(p, r, tell=False)
             return {"response_action": "errors", "errors": {blocks.INPUT_BLOCK: str(r)[:150]}}
@@ -443,17 +457,23 @@ class SlackChannel(Channel):
         ws: Path,
         req: InteractionRequest,
         body: AnswerIn,
-        user: str,
+        p: Payload,
         ref: str,
-        voter: str | None = None,
     ) -> None:
+        user, voter = p.user.id, self._name_of(p.user.id)
         with self.records.lock:  # one answer from this channel at a time per deltad
             record = self.records.get(ref)
             if record is not None and record.get("answered"):
                 raise Refusal("replayed", "already answered in Slack; nothing changed")
             try:
                 done = self.ctx.answer(
-                    ws, req.request_id, body, answered_by=user, channel=self.name, voter=voter
+                    ws,
+                    req.request_id,
+                    body,
+                    answered_by=user,
+                    channel=self.name,
+                    voter=voter,
+                    origin=p.origin(),  # a vote's receipt says which click it was
                 )
             except SubmitError as e:
                 raise Refusal(e.code, f"{e}; nothing changed") from None

@@ -107,8 +107,10 @@ class Outbound:
         metrics: CoreMetrics,
         context: Context | None = None,
         handoff: Handoff | None = None,
+        audit: Path | None = None,
     ) -> None:
         self.channels_config, self.feed, self.quiet = channels, feed, quiet_roots
+        self.audit = audit  # the log the channels' votes are receipts in (None: not kept)
         self.state_dir, self.metrics = state_dir, metrics
         self.context, self.handoff = context, handoff
         self.notifier: Notifier | None = None
@@ -138,6 +140,7 @@ class Outbound:
                     self.state_dir,
                     self.handoff,
                     self.metrics.channel_replies,
+                    self.audit,
                 )
             except (OSError, ValueError) as e:
                 raise unusable("channels", e) from None

@@ -17,10 +17,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from deltad.protocol import utcnow
 from deltad.protocol.models import GatedCall, Option
 from deltad.testing import FakeLLM, tool_call
 from deltad.testing.stub import paused_workspace
+from tests.mta import Mta, postfix  # noqa: F401  (the fixture)
 from tests.support.daemon import DELTAD, Daemon, metadata_status, records, wait_for
 from tests.support.inbox import client, http_url, make_token
 
@@ -253,3 +256,128 @@ def test_an_agents_policy_asks_two_and_the_run_records_both(tmp_path: Path, fake
         [DELTA, "status", "--work-dir", str(ws)], capture_output=True, text=True
     )
     assert "alice, bob" in status.stdout, status.stdout
+
+
+def test_votes_by_mail_and_from_slack_are_receipts_and_a_swap_is_named_moved(
+    tmp_path: Path,
+    postfix: Mta,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """Under `approvals_required: 2` alice votes by mail (the question waits: `email_voted`)
+    and bob from Slack (the quorum: the answer); `deltad audit export` has each vote as one
+    entry with its channel and origin (the mail's Message-ID; the Slack user and the message
+    clicked), each with its `approval_vote` line; two export lines swapped verify as moved."""
+    from tests.e2e.test_email_channel import _mail, _reply
+    from tests.mta import DELTAD_DOMAIN, PEOPLE_DOMAIN
+    from tests.support.slackapi import SlackApi, interaction
+
+    alice, slack_bob = f"alice@{PEOPLE_DOMAIN}", "U0BOB"
+    root = tmp_path / "root"
+    root.mkdir()
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o700)
+    (secrets / "token").write_text("xoxb-four-eyes\n")
+    (secrets / "signing").write_text("signing-secret-four-eyes\n")
+    email = {
+        "from_address": f"deltad@{DELTAD_DOMAIN}",
+        "reply_domain": DELTAD_DOMAIN,
+        "maildir": str(postfix.deltad_maildir),
+        "smtp": {"host": "127.0.0.1", "port": postfix.port, "ca_file": str(postfix.cert)},
+        "people": {alice: "alice"},
+        "poll_seconds": 0.2,
+    }
+    with SlackApi(token="xoxb-four-eyes") as api:
+        slack = {
+            "token": {"secret_file": str(secrets / "token")},
+            "signing_secret": {"secret_file": str(secrets / "signing")},
+            "channel": "C0DELTAD",
+            "users": {slack_bob: "bob"},
+            "api_url": api.url,
+        }
+        d = Daemon(
+            tmp_path,
+            [root],
+            http={"listen": "127.0.0.1:0"},
+            channels={"email": email, "slack": slack},
+        ).start()
+        try:
+            url = http_url(d)
+            ws = root / "fruit"  # asked once the daemon is up: the channels announce it
+            paused_workspace(
+                ws, "Fruit?", input_type="choice", options=OPTIONS, approvals_required=2
+            )
+            rid = _rid(ws)
+            [asked] = wait_for(lambda: _mail(postfix, alice, rid, "[deltad]"), "alice's mail")
+            vote = _reply(str(asked["Reply-To"]), alice, "Pear")
+            vote["Message-ID"] = f"<alice-vote@{PEOPLE_DOMAIN}>"
+            postfix.send(vote)
+            [voted] = d.wait_event("email_voted", request_id=rid)
+            assert voted["voter"] == "alice" and not d.events("email_answered")
+            assert not (ws / ".delta/interaction/response.json").exists()
+
+            [post] = wait_for(
+                lambda: [c for c in api.calls("chat.postMessage") if rid in json.dumps(c.args)],
+                "the question posted to Slack",
+            )
+            [actions] = [b for b in post.args["blocks"] if b["type"] == "actions"]
+            [pear] = [e for e in actions["elements"] if e["text"]["text"] == "Pear"]
+            press = {
+                "type": "block_actions",
+                "user": {"id": slack_bob},
+                "trigger_id": "trigger-bob",
+                "channel": {"id": "C0DELTAD"},
+                "container": {"channel_id": "C0DELTAD", "message_ts": post.result["ts"]},
+                "actions": [{"action_id": pear["action_id"], "value": pear["value"]}],
+            }
+            body, headers = interaction(press, "signing-secret-four-eyes")
+            r = httpx.post(
+                url + "/v1/channels/slack/interactions", content=body, headers=headers, timeout=30
+            )
+            assert r.status_code == 200, r.text
+            d.wait_event("slack_answered", request_id=rid)
+            d.wait_event("resume_spawned", workspace=str(ws))
+            wait_for(
+                lambda: any(
+                    json.loads(x)["kind"] == "decision"
+                    for x in (d.state_dir / "audit.jsonl").read_text().splitlines()
+                ),
+                "the decision's receipt",
+            )
+        finally:
+            d.stop()
+    lines = [
+        (e["channel"], e["voter"], e["outcome"]) for e in d.events("approval_vote", request_id=rid)
+    ]
+    assert lines == [("email", "alice", "pending"), ("slack", "bob", "answered")]
+    export = subprocess.run(
+        [DELTAD, "audit", "export", "--state-dir", str(d.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert export.returncode == 0, export.stderr
+    entries = [json.loads(x) for x in export.stdout.splitlines()]
+    votes = [e for e in entries if e["kind"] == "vote"]
+    assert [(e["channel"], e["voter"], e["quorum"]["outcome"]) for e in votes] == [
+        ("email", "alice", "pending"),
+        ("slack", "bob", "answered"),
+    ]
+    by_mail, by_slack = (e["origin"] for e in votes)
+    assert by_mail["message_id"] == f"<alice-vote@{PEOPLE_DOMAIN}>" and by_mail["from"] == alice
+    assert (by_slack["user"], by_slack["message_ts"]) == (slack_bob, post.result["ts"])
+    [decision] = [e for e in entries if e["kind"] == "decision"]
+    assert (decision["channel"], decision["answered_by"]) == ("slack", "alice, bob")
+    audit = [DELTAD, "audit", "verify"]
+    ok = subprocess.run([*audit, "-"], input=export.stdout, capture_output=True, text=True)
+    assert ok.returncode == 0 and f"{len(entries)} entries" in ok.stdout, ok.stderr
+    # Two lines swapped (bob's vote and the decision): named as moved, not as a dropped entry.
+    swapped = export.stdout.splitlines(keepends=True)
+    assert len(swapped) == 3
+    swapped[1], swapped[2] = swapped[2], swapped[1]
+    moved = tmp_path / "swapped.jsonl"
+    moved.write_text("".join(swapped))
+    own = subprocess.run([*audit, "--state-dir", str(d.state_dir)], capture_output=True, text=True)
+    assert own.returncode == 0, own.stderr  # the daemon's own log is untouched
+    bad = subprocess.run([*audit, str(moved)], capture_output=True, text=True)
+    assert bad.returncode == 2, bad
+    assert "entry seq 3 (line 2): seq 3 where 2 was expected" in bad.stderr, bad.stderr
+    assert "(an entry was moved: seq 2 is at line 3)" in bad.stderr, bad.stderr

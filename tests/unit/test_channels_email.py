@@ -184,9 +184,17 @@ def _ask(tmp: Path, ch: EmailChannel, **question: Any) -> tuple[Path, str]:
 
 
 def _deliver(
-    ch: EmailChannel, name: str, to: str, sender: str, text: str, auto: bool = False
+    ch: EmailChannel,
+    name: str,
+    to: str,
+    sender: str,
+    text: str,
+    auto: bool = False,
+    msgid: str | None = None,
 ) -> None:
     msg = EmailMessage()
+    if msgid is not None:
+        msg["Message-ID"] = msgid
     if auto:
         msg["Auto-Submitted"] = "auto-replied"
     msg["From"], msg["To"], msg["Subject"] = sender, to, "Re: Deploy?"
@@ -268,6 +276,37 @@ def test_a_reply_answers_through_the_answering_path(tmp_path: Path) -> None:
     assert (
         json.loads((ws / ".delta" / "interaction" / "response.json").read_text())["answer"] == "yes"
     )
+
+
+def test_four_eyes_by_mail_each_reply_is_a_vote_with_its_receipt(tmp_path: Path) -> None:
+    """A reply that leaves the question waiting is a vote ("voted", not "answered"), and each
+    vote is one receipt naming the mail (its Message-ID) and the person it counts for."""
+    from dataclasses import replace
+
+    from deltad.inbox import audit
+    from deltad.outbound.hub import voting
+
+    ch = _channel(tmp_path)
+    log = tmp_path / "audit.jsonl"
+    ch.ctx = replace(ch.ctx, answer=voting(log))
+    ws, request_id = _ask(tmp_path, ch, input_type="yes_no", approvals_required=2)
+    to = {m["To"]: str(m["Reply-To"]) for _, kind, m in _outgoing(ch) if kind == "question"}
+    results: list[dict[str, str]] = []
+    take = ch.receive
+    ch.receive = lambda got: results.append(take(got)) or results[-1]  # type: ignore[method-assign]
+    for n, who in enumerate((ALICE, BOB), 1):
+        _deliver(ch, f"{n}.m", to[who], who, "yes", msgid=f"<{n}@m.x>")
+        assert _take(ch) == 1
+    assert [r["result"] for r in results] == ["voted", "answered"]
+    doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+    assert [v["by"] for v in doc["approvals"]] == ["alice", "bob"]
+    entries = [json.loads(x) for x in audit.read_lines(log)]
+    got = [(e["kind"], e["channel"], e["voter"], e["origin"]) for e in entries]
+    assert got == [
+        ("vote", "email", "alice", {"from": ALICE, "message": "1.m", "message_id": "<1@m.x>"}),
+        ("vote", "email", "bob", {"from": BOB, "message": "2.m", "message_id": "<2@m.x>"}),
+    ]
+    assert [e["request_id"] for e in entries] == [request_id] * 2
 
 
 def test_refused_replies_change_nothing(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from deltad.core.config import ConfigError, load_config
 from deltad.http.child import open_view
@@ -357,9 +358,11 @@ def test_signatures_are_checked_before_anything_is_read(tmp_path: Path) -> None:
             ((body, str(int(time.time()) - 301), sig), "stale_request"),
             ((body, "not-a-time", sig), "stale_request"),
         ]:
-            with pytest.raises(ApiError) as e:
+            with capture_logs() as logged, pytest.raises(ApiError) as e:
                 ch.interaction(*args)
             assert e.value.code == code and e.value.http == 401
+            said = [x["code"] for x in logged if x["event"] == "slack_request_refused"]
+            assert said == [code]  # the log's code is the one Slack (and the docs) get
         junk, h = interaction({"type": "block_actions"}, SECRET)  # no user: not a payload
         with pytest.raises(ApiError) as e:
             ch.interaction(junk, h["X-Slack-Request-Timestamp"], h["X-Slack-Signature"])
@@ -596,6 +599,34 @@ def test_four_eyes_in_slack_a_press_is_a_vote_by_the_mapped_person(tmp_path: Pat
         doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
         assert [v["by"] for v in doc["approvals"]] == ["alice", "bob"]
         assert (doc["channel"], doc["decisions"][0]["decision"]) == ("slack", "approve")
+
+
+def test_four_eyes_in_slack_each_press_is_a_receipt_naming_the_click(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from deltad.inbox import audit
+    from deltad.outbound.hub import voting
+
+    log = tmp_path / "audit.jsonl"
+    with SlackApi() as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ch.ctx = replace(ch.ctx, answer=voting(log))
+        ws, request_id = _ask(
+            tmp_path, ch, input_type="approval", calls=[CALL], approvals_required=2
+        )
+        ref = ref_of(str(ws), request_id)
+        for user, ts in (("U0ALICE", "1700000000.000100"), ("U0BOB", "1700000000.000200")):
+            press = _press(f"{ref}:a", blocks.ANSWER, user=user)
+            press["container"] = {"channel_id": "C0DELTAD", "message_ts": ts}
+            assert _interact(ch, press) is None
+    entries = [json.loads(x) for x in audit.read_lines(log)]
+    assert [(e["channel"], e["answered_by"], e["voter"], e["origin"]) for e in entries] == [
+        ("slack", "U0ALICE", "alice",
+         {"user": "U0ALICE", "conversation": "C0DELTAD", "message_ts": "1700000000.000100"}),
+        ("slack", "U0BOB", "bob",
+         {"user": "U0BOB", "conversation": "C0DELTAD", "message_ts": "1700000000.000200"}),
+    ]  # fmt: skip
+    assert [e["quorum"]["outcome"] for e in entries] == ["pending", "answered"]
 
 
 def test_posts_an_older_deltad_recorded_in_the_core_are_still_updated(tmp_path: Path) -> None:

@@ -270,6 +270,63 @@ def test_a_channels_reply_is_a_vote_by_its_sender(tmp_path: Path) -> None:
     assert (answer["answered_by"], answer["channel"]) == ("a@x, b@x", "email")
 
 
+def test_every_channels_vote_is_one_receipt_with_its_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The channels' answering path (the hub's `voting`) and the API's (`handlers.submit`)
+    both write a vote's receipt through `quorum.cast`: one entry per vote, in the order they
+    were counted, with its channel, voter and origin, and one `approval_vote` line each."""
+    from deltad.inbox import audit, handlers
+    from deltad.outbound.hub import voting
+
+    lines: list[tuple[str, dict[str, object]]] = []
+    monkeypatch.setattr(quorum.log, "info", lambda event, **kw: lines.append((event, kw)))
+    ws, log = tmp_path / "ws", tmp_path / "audit.jsonl"
+    rid = _approval(ws, required=3)
+    answer = voting(log)
+    mail = {"from": "a@x", "message": "1.m1", "message_id": "<m1@x>"}
+    got = answer(ws, rid, _body(), answered_by="a@x", channel="email", voter="alice", origin=mail)
+    assert got is None  # a vote, the question waits
+    click = {"user": "U0BOB", "conversation": "C1", "message_ts": "1700000000.000100"}
+    assert answer(ws, rid, _body(), answered_by="U0BOB", channel="slack", voter="bob",
+                  origin=click) is None  # fmt: skip
+    receipt = handlers.submit(ws, rid, _body(), "carol-laptop", "mcp", audit=log, voter="carol")
+    assert receipt.answered is True
+    entries = [json.loads(x) for x in audit.read_lines(log)]
+    assert audit.verify(audit.read_lines(log)).entries == 3
+    assert [(e["kind"], e["channel"], e["answered_by"], e.get("voter")) for e in entries] == [
+        ("vote", "email", "a@x", "alice"),
+        ("vote", "slack", "U0BOB", "bob"),
+        ("vote", "mcp", "carol-laptop", "carol"),
+    ]
+    assert [e["origin"] for e in entries] == [mail, click, {"token": "carol-laptop"}]
+    assert [e["quorum"]["outcome"] for e in entries] == ["pending", "pending", "answered"]
+    assert entries[2]["quorum"]["given"] == ["alice", "bob", "carol"]
+    votes = [kw for event, kw in lines if event == "approval_vote"]
+    assert [(v["channel"], v["voter"], v["outcome"]) for v in votes] == [
+        ("email", "alice", "pending"),
+        ("slack", "bob", "pending"),
+        ("mcp", "carol", "answered"),
+    ]
+
+
+def test_a_vote_the_log_will_not_take_still_counts_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltad.inbox import audit
+
+    errors: list[str] = []
+    monkeypatch.setattr(quorum.log, "error", lambda event, **kw: errors.append(event))
+    ws, log = tmp_path / "ws", tmp_path / "audit.jsonl"
+    log.write_bytes(b'{"torn')  # a crash in mid-write: the log takes nothing more
+    rid = _approval(ws)
+    done = quorum.cast(ws, rid, _body(), by="alice", channel="email", audit=log)
+    assert done.outcome == "pending" and errors == ["audit_failed"]
+    assert log.read_bytes() == b'{"torn'
+    with pytest.raises(audit.Broken):
+        audit.verify(audit.read_lines(log))
+
+
 def test_a_record_too_big_to_read_back_is_never_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

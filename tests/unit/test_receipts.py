@@ -172,25 +172,83 @@ def _edit(lines: list[bytes], i: int, rehash: bool) -> list[bytes]:
     return [*lines[:i], audit.canonical(doc) + b"\n", *lines[i + 1 :]]
 
 
+def _forged(lines: list[bytes], seq: int) -> bytes:
+    """Another entry numbered `seq`, chained where that seq was: its own hash holds."""
+    prev = json.loads(lines[seq - 2])["hash"] if seq > 1 else audit.GENESIS
+    e = audit.chained({"kind": "decision", "request_id": "forged"}, seq, prev)
+    return audit.canonical(e) + b"\n"
+
+
 TAMPERING = [
-    # (name, tampering, seq named, words of the reason)
-    ("edited", lambda ls: _edit(ls, 2, False), 3, "hash does not match"),
-    ("edited and rehashed", lambda ls: _edit(ls, 2, True), 4, "prev is not"),
-    ("dropped", lambda ls: ls[:2] + ls[3:], 4, "where 3 was expected (an entry was dropped)"),
-    ("dropped first", lambda ls: ls[1:], 2, "where 1 was expected"),
-    ("reordered", lambda ls: [ls[0], ls[2], ls[1], *ls[3:]], 3, "where 2 was expected"),
-    ("repeated", lambda ls: [*ls[:3], ls[2], *ls[3:]], 3, "repeated or moved"),
-    ("reformatted", lambda ls: [*ls[:1], ls[1].replace(b":", b": ", 1), *ls[2:]], 2, "canonical"),
+    # (name, tampering, a whole log?, seq named, what it found, words of the reason)
+    ("edited", lambda ls: _edit(ls, 2, False), True, 3, "edited", "hash does not match"),
+    ("edited and rehashed", lambda ls: _edit(ls, 2, True), True, 4, "edited", "prev is not"),
+    ("dropped", lambda ls: ls[:2] + ls[3:], True, 4, "dropped",
+     "where 3 was expected (an entry was dropped: seq 3 is nowhere in the log)"),
+    ("two dropped", lambda ls: ls[:1] + ls[3:], True, 4, "dropped",
+     "where 2 was expected (entries were dropped: seq 2 to 3 is nowhere"),
+    ("dropped first", lambda ls: ls[1:], True, 2, "dropped",
+     "where 1 was expected (the log starts mid-chain"),
+    ("swapped", lambda ls: [ls[0], ls[2], ls[1], *ls[3:]], True, 3, "moved",
+     "where 2 was expected (an entry was moved: seq 2 is at line 3)"),
+    ("first two swapped", lambda ls: [ls[1], ls[0], *ls[2:]], True, 2, "moved",
+     "where 1 was expected (an entry was moved: seq 1 is at line 2)"),
+    ("moved to the end", lambda ls: [ls[0], *ls[2:], ls[1]], True, 3, "moved",
+     "seq 2 is at line 5"),
+    ("repeated", lambda ls: [*ls[:3], ls[2], *ls[3:]], True, 3, "repeated",
+     "where 4 was expected (an entry was repeated: the same entry is at line 3)"),
+    ("inserted", lambda ls: [*ls[:3], _forged(ls, 2), *ls[3:]], True, 2, "inserted",
+     "where 4 was expected (an entry was inserted"),
+    ("reformatted", lambda ls: [*ls[:1], ls[1].replace(b":", b": ", 1), *ls[2:]], True, 2,
+     "rewritten", "canonical"),
+    ("a piece, swapped", lambda ls: [ls[2], ls[4], ls[3]], False, 5, "moved",
+     "where 4 was expected (an entry was moved: seq 4 is at line 3)"),
+    ("a piece, one before it moved in", lambda ls: [ls[2], ls[3], ls[1], ls[4]], False, 2,
+     "moved", "where 5 was expected (an entry was moved: it belongs before line 1)"),
+    ("a piece, dropped", lambda ls: [ls[2], ls[4]], False, 5, "dropped", "an entry was dropped"),
+    ("a piece, its anchor edited", lambda ls: _edit(ls, 2, False)[2:], False, 3, "edited",
+     "hash does not match"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "tamper", "whole", "seq", "found", "why"), TAMPERING, ids=[t[0] for t in TAMPERING]
+)
+def test_each_kind_of_tampering_is_named(
+    name: str, tamper: Any, whole: bool, seq: int, found: str, why: str
+) -> None:
+    good = _log(5)
+    assert audit.verify(good).entries == 5
+    assert audit.verify(good[2:], from_start=False).entries == 3  # a piece, anchored
+    with pytest.raises(audit.Broken) as e:
+        audit.verify(tamper(good), from_start=whole)
+    assert (e.value.seq, e.value.found) == (seq, found), str(e.value)
+    assert why in str(e.value), str(e.value)
+
+
+PIECES = [
+    # (lines of a 5-entry log, a whole log?) -> (entries, first seq) or what it found
+    (slice(0, 5), True, (5, 1)),
+    (slice(2, 5), False, (3, 3)),  # an export --since: its first entry's prev is the start
+    (slice(4, 5), False, (1, 5)),
+    (slice(0, 3), False, (3, 1)),  # a piece may be the whole log
+    (slice(2, 5), True, "dropped"),  # the daemon's own log must start at seq 1
+    (slice(0, 0), True, (0, None)),
 ]
 
 
-@pytest.mark.parametrize(("name", "tamper", "seq", "why"), TAMPERING, ids=[t[0] for t in TAMPERING])
-def test_each_kind_of_tampering_is_named(name: str, tamper: Any, seq: int, why: str) -> None:
-    good = _log(5)
-    assert audit.verify(good).entries == 5
-    with pytest.raises(audit.Broken) as e:
-        audit.verify(tamper(good))
-    assert e.value.seq == seq and why in str(e.value), str(e.value)
+@pytest.mark.parametrize(("part", "whole", "verdict"), PIECES)
+def test_a_piece_of_the_chain_verifies_from_its_first_entry(
+    part: slice, whole: bool, verdict: Any
+) -> None:
+    lines = _log(5)[part]
+    if isinstance(verdict, str):
+        with pytest.raises(audit.Broken) as e:
+            audit.verify(lines, from_start=whole)
+        assert e.value.found == verdict and "--partial" in str(e.value)
+        return
+    v = audit.verify(lines, from_start=whole)
+    assert (v.entries, v.first_seq) == verdict
 
 
 def test_a_garbage_line_is_named_by_its_line() -> None:
