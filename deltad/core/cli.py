@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -487,15 +488,16 @@ def audit_export(
     since: str | None, config_path: Path | None, state_dir: Path | None, file: Path | None
 ) -> None:
     """Write the log's entries to stdout as JSON Lines, as recorded (check them with
-    `deltad audit verify -`). With `--since`, from the first entry recorded at or after TIME
-    to the end: a piece of the chain, whose first entry verify takes as its anchor."""
-    from deltad.inbox.audit import AuditError, read_lines
+    `deltad audit verify -`), the files it was rotated into first. With `--since`, from the
+    first entry recorded at or after TIME to the end: a piece of the chain, whose first entry
+    verify takes as its anchor."""
+    from deltad.inbox.audit import AuditError, chain_lines, read_lines
 
     cut = _since(since) if since is not None else None
     path = _audit_file(config_path, state_dir, file)
     out = sys.stdout.buffer
     try:
-        for line in read_lines(path):
+        for line in read_lines(path) if file is not None else chain_lines(path):
             if cut is not None and not _at_or_after(line, cut):
                 continue
             cut = None  # every entry after it too: a chain without holes (clocks may step back)
@@ -521,6 +523,18 @@ def _at_or_after(line: bytes, cut: datetime) -> bool:
         return datetime.fromisoformat(json.loads(line)["at"]) >= cut
     except (ValueError, KeyError, TypeError):
         return True
+
+
+def _retention_cut(aside: list[Path]) -> bool:
+    """Whether the oldest file kept does not begin the chain (`keep_files` removed those
+    before it): the chain is then checked from its first entry."""
+    from deltad.inbox.audit import read_lines
+
+    first = next(iter(read_lines(aside[0])), b"") if aside else b""
+    try:
+        return bool(first) and json.loads(first).get("seq") != 1
+    except ValueError:
+        return False  # unreadable: verify says so
 
 
 @audit.command("verify")
@@ -550,14 +564,23 @@ def audit_verify(
     Exit 0 and print the entry count and the head hash (record it elsewhere to anchor the
     log); exit 2 naming the first entry that does not verify and what it found (edited,
     dropped, repeated, moved, inserted, rewritten). The daemon's own log must
-    start at seq 1; a LOG given may start later (an export --since): its first entry is the
-    anchor, and the entries before it are said to be unchecked."""
-    from deltad.inbox.audit import AuditError, Broken, read_lines, verify
+    start at seq 1, read across the files it was rotated into (unless `keep_files` removed the
+    oldest: then it starts where the first kept file does); a LOG given may start later (an
+    export --since): its first entry is the anchor, and the entries before it are said to be
+    unchecked."""
+    from deltad.inbox.audit import AuditError, Broken, chain_lines, read_lines, rotated, verify
 
     path = Path("-") if log == Path("-") else _audit_file(config_path, state_dir, log)
+    kept_only = False  # keep_files removed the oldest files
     try:
-        lines = sys.stdin.buffer if str(path) == "-" else read_lines(path)
-        result = verify(lines, from_start=not partial and log is None, head=head)
+        if str(path) == "-":
+            lines: Iterable[bytes] = sys.stdin.buffer
+        elif log is not None:
+            lines = read_lines(path)
+        else:  # the daemon's own log: its rotated files, then itself
+            lines = chain_lines(path)
+            kept_only = _retention_cut(rotated(path))
+        result = verify(lines, from_start=not (partial or kept_only) and log is None, head=head)
     except (Broken, AuditError) as e:
         click.echo(f"deltad: error: audit: {show_path(path)}: {e}", err=True)
         sys.exit(EXIT_CONFIG)
@@ -567,8 +590,9 @@ def audit_verify(
         before = (
             "the entry before it is" if first == 2 else f"the {first - 1} entries before it are"
         )
+        why = "older files removed by keep_files" if kept_only else "an export --since"
         click.echo(
-            f"audit: ok, partial: it starts at seq {first} (an export --since): {before} "
+            f"audit: ok, partial: it starts at seq {first} ({why}): {before} "
             f"not checked; {result.entries} entries{span}, head {result.head}"
         )
         return

@@ -143,6 +143,10 @@ class AuditConfig(_Strict):
 
     enabled: bool = True
     path: Path | None = None  # default: <state_dir>/audit.jsonl (share it across an HA fleet)
+    # Moved aside past this size, the chain going on in the next file; the newest `keep_files`
+    # files moved aside are kept (0: all of them).
+    rotate_bytes: int = Field(default=64 * 1024 * 1024, ge=4096, le=2**40)
+    keep_files: int = Field(default=0, ge=0, le=100_000)
 
     @field_validator("path")
     @classmethod

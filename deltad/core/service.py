@@ -49,7 +49,7 @@ from deltad.inbox.audit import audit_path
 from deltad.inbox.feed import Feed
 from deltad.inbox.receipts import receipt
 from deltad.metrics import CoreMetrics, EngineEvents, Scraped
-from deltad.protocol import ProtocolError, Workspace, followup, iso
+from deltad.protocol import ProtocolError, Workspace, followup, iso, utcnow
 from deltad.protocol.runfacts import Elsewhere
 from deltad.watch import Backend
 from deltad.watch.discovery import is_workspace
@@ -410,7 +410,11 @@ class Service:
         try:
             fields = receipt(ws, run_id, expired=expired)
             if fields is not None:
-                entry = audit.append(audit_path(self.config), fields)
+                path, cfg = audit_path(self.config), self.config.audit
+                at = iso(utcnow())
+                if aside := audit.rotate(path, cfg.rotate_bytes, cfg.keep_files, at):
+                    log.info("audit_rotated", moved_aside=aside)
+                entry = audit.append(path, fields)
                 log.info("audit_appended", workspace=str(ws), seq=entry["seq"])
             self._audit_failing = ""
         except Exception as e:

@@ -15,7 +15,13 @@ head from the file itself, so a handover (or two writers) never forks the chain.
 
 Never a secret's value: a secret question's entry says that it was answered, not what. Each
 entry is bounded (MAX_ENTRY_BYTES): long values are cut, long lists shortened, and the entry
-says so."""
+says so.
+
+Rotation (`audit.rotate_bytes`): a log that has grown past it is moved aside whole as
+`audit.jsonl.<its last seq, 12 digits>` and the next file begins with a `log_rotated` entry
+that chains on from the last one, so the chain runs on across files (`chain_lines` reads them in
+order). Retention (`audit.keep_files`): the oldest files moved aside beyond that many are
+removed, named in the `log_rotated` entry; what is kept then verifies as a piece of the chain."""
 
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ MAX_ENTRY_BYTES = 16 * 1024
 MAX_VALUE_CHARS = 1024
 MAX_DECISIONS = 50
 _HEAD_READ = 4 * MAX_ENTRY_BYTES  # the tail read to find the last entry
+_SEQ_DIGITS = 12  # a file moved aside is named by its last seq, zero-padded: names sort by age
 
 
 class AuditError(Exception):
@@ -248,8 +255,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _head(f: IO[bytes]) -> tuple[int, str]:
-    """(seq, hash) of the file's last entry ((0, GENESIS) if empty): the chain continues from
-    the file, not from memory, so another writer's appends are seen."""
+    """(seq, hash) of the file's last entry ((0, GENESIS) if empty)."""
     end = f.seek(0, os.SEEK_END)
     if end == 0:
         return 0, GENESIS
@@ -265,18 +271,91 @@ def _head(f: IO[bytes]) -> tuple[int, str]:
         raise AuditError(f"the audit log's last entry cannot be read ({e}); verify it") from None
 
 
+def _chain_head(path: Path, f: IO[bytes]) -> tuple[int, str]:
+    """Where the chain goes on: the file's last entry, else (a file just begun, or a rotation
+    cut short between moving the file aside and beginning the next) the newest file moved
+    aside's. From the files, not from memory, so another writer's appends are seen."""
+    seq, prev = _head(f)
+    if seq == 0 and (aside := rotated(path)):
+        with open(aside[-1], "rb") as old:
+            seq, prev = _head(old)
+    return seq, prev
+
+
+def rotated(path: Path) -> list[Path]:
+    """The files the log was moved aside as, oldest first."""
+    prefix = path.name + "."
+    try:
+        names = os.listdir(path.parent)
+    except FileNotFoundError:
+        return []
+    tails = [n[len(prefix) :] for n in names if n.startswith(prefix)]
+    return [
+        path.with_name(prefix + t) for t in sorted(tails) if len(t) == _SEQ_DIGITS and t.isdigit()
+    ]
+
+
 def append(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
     """Append one entry (fsync'd, under the lock); the entry as written. AuditError if the log
     cannot continue (its tail is damaged): nothing is written then."""
     with _locked(path):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "r+b") as f:
-            seq, prev = _head(f)
+            seq, prev = _chain_head(path, f)
             entry = chained(fields, seq + 1, prev)
             f.write(canonical(entry) + b"\n")
             f.flush()
             os.fsync(f.fileno())
     return entry
+
+
+def rotate(path: Path, max_bytes: int, keep: int, at: str) -> str | None:
+    """Move the log aside if it holds `max_bytes` or more, begin the next file with a
+    `log_rotated` entry chained on from its last, and remove the oldest files moved aside
+    beyond `keep` (0: none is removed). The name it was moved aside as, or None."""
+    with _locked(path):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            if os.fstat(f.fileno()).st_size < max_bytes:
+                return None
+            seq, prev = _head(f)  # a torn tail is not moved aside: AuditError, said as such
+        aside = path.with_name(f"{path.name}.{seq:0{_SEQ_DIGITS}d}")
+        os.rename(path, aside)
+        older = rotated(path)
+        removed = older[: max(0, len(older) - keep)] if keep else []
+        for old in removed:
+            old.unlink()
+        entry = chained(
+            {
+                "kind": "log_rotated",
+                "at": at,
+                "moved_aside": aside.name,
+                "removed": [p.name for p in removed],
+            },
+            seq + 1,
+            prev,
+        )
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(canonical(entry) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)  # the rename and the new file, on disk before the next append
+        finally:
+            os.close(dfd)
+    return aside.name
+
+
+def chain_lines(path: Path) -> Iterator[bytes]:
+    """The whole chain as kept: the files moved aside, oldest first, then the log."""
+    for older in rotated(path):
+        yield from read_lines(older)
+    yield from read_lines(path)
 
 
 def read_lines(path: Path) -> Iterator[bytes]:

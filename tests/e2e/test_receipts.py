@@ -311,3 +311,38 @@ def test_no_resume_without_its_receipt(
     wait_for(lambda: metadata_status(ws) == "COMPLETED", "the resume, once its receipt is in")
     [entry] = [json.loads(x) for x in log.read_text().splitlines()]
     assert (entry["seq"], entry["answered_by"], entry["workspace"]) == (1, "bob", str(ws))
+
+
+def test_the_chain_verifies_across_a_rotation(tmp_path: Path) -> None:
+    """Past `audit.rotate_bytes` the log is moved aside and the chain goes on in the next file:
+    `verify` checks it whole from seq 1 across the files, and `export` writes it whole."""
+    from deltad.inbox.audit import rotated
+    from deltad.testing.stub import paused_workspace
+    from tests.support.daemon import answer
+
+    root = tmp_path / "root"
+    root.mkdir()
+    d = Daemon(tmp_path, [root], audit={"rotate_bytes": 4096}).start()
+    log = d.state_dir / "audit.jsonl"
+    try:
+        n = 0
+        while len(rotated(log)) < 2:
+            n += 1
+            assert n <= 60, "no two rotations after 60 receipts"
+            ws = root / f"ws{n}"
+            paused_workspace(ws)
+            answer(ws, f"answer {n}")
+            d.wait_resumed(ws, 1)
+    finally:
+        d.stop()
+        d.kill_children()
+    rotations = d.events("audit_rotated")
+    assert len(rotations) >= 2
+    first = json.loads(log.read_text().splitlines()[0])
+    assert first["kind"] == "log_rotated" and first["moved_aside"] == rotations[-1]["moved_aside"]
+    ok = _audit("verify", "--state-dir", str(d.state_dir))
+    assert ok.returncode == 0, ok.stderr
+    total = n + len(rotations)  # a receipt per answer, and an entry per rotation
+    assert ok.stdout.startswith(f"audit: ok: {total} entries (seq 1..{total})"), ok.stdout
+    export = _audit("export", "--state-dir", str(d.state_dir))
+    assert [json.loads(x)["seq"] for x in export.stdout.splitlines()] == list(range(1, total + 1))

@@ -340,3 +340,62 @@ def test_an_export_since_is_a_piece_of_the_chain_and_verify_says_it_is_one(
     assert own.exit_code == 2 and "seq 2 where 1 was expected" in own.output
     own = runner.invoke(main, ["audit", "verify", "--partial", "--state-dir", str(state)])
     assert own.exit_code == 0 and "partial: it starts at seq 2" in own.output
+
+
+def _grow(path: Path, entries: int) -> None:
+    for i in range(entries):
+        audit.append(path, {"kind": "decision", "what": {"answer": "x" * 200}, "i": i})
+
+
+def test_a_rotated_log_chains_on_across_its_files(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    _grow(path, 10)
+    assert audit.rotate(path, 10**9, 0, "t") is None  # under the size: left as it is
+    aside = audit.rotate(path, 1024, 0, "t1")
+    assert aside == "audit.jsonl.000000000010"
+    _grow(path, 10)
+    assert audit.rotate(path, 1024, 0, "t2") == "audit.jsonl.000000000021"
+    _grow(path, 3)
+    files = [p.name for p in audit.rotated(path)]
+    assert files == ["audit.jsonl.000000000010", "audit.jsonl.000000000021"]
+    first = json.loads(path.read_bytes().splitlines()[0])
+    assert (first["kind"], first["seq"], first["moved_aside"]) == ("log_rotated", 22, files[1])
+    v = audit.verify(list(audit.chain_lines(path)))  # from seq 1, across the three files
+    assert (v.entries, v.first_seq) == (25, 1)
+    assert (path.stat().st_mode & 0o777) == 0o600
+
+
+def test_retention_removes_the_oldest_files_and_what_is_kept_verifies_as_a_piece(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from deltad.core.cli import main
+
+    path = tmp_path / "audit.jsonl"
+    for at in ("t1", "t2", "t3"):
+        _grow(path, 10)
+        audit.rotate(path, 1024, 2, at)
+    kept = [p.name for p in audit.rotated(path)]
+    assert kept == ["audit.jsonl.000000000021", "audit.jsonl.000000000032"]
+    last = json.loads(path.read_bytes().splitlines()[0])
+    assert last["removed"] == ["audit.jsonl.000000000010"]
+    out = CliRunner().invoke(main, ["audit", "verify", "--state-dir", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert "partial: it starts at seq 11 (older files removed by keep_files)" in out.output
+    # An edit in a kept file is found through the files.
+    older = audit.rotated(path)[0]
+    older.write_bytes(older.read_bytes().replace(b'"i":3', b'"i":4'))
+    out = CliRunner().invoke(main, ["audit", "verify", "--state-dir", str(tmp_path)])
+    assert out.exit_code == 2 and "edited" in out.output
+
+
+def test_a_rotation_cut_short_goes_on_from_the_file_moved_aside(tmp_path: Path) -> None:
+    """The daemon stopped between moving the log aside and beginning the next file: the next
+    append chains on from the file moved aside, never from GENESIS (a forked chain)."""
+    path = tmp_path / "audit.jsonl"
+    _grow(path, 4)
+    path.rename(path.with_name("audit.jsonl.000000000004"))
+    entry = audit.append(path, {"kind": "decision"})
+    assert entry["seq"] == 5
+    assert audit.verify(list(audit.chain_lines(path))).entries == 5
