@@ -551,12 +551,19 @@ def _retention_cut(aside: list[Path]) -> bool:
     help="The head hash recorded earlier: entries dropped off the end "
     "show as a head that is not this one or does not follow it.",
 )
+@click.option(
+    "--anchors",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The anchor file the daemon kept (audit.anchor_file), or the lines its "
+    "anchor_command filed: each must still name an entry of the chain as it was.",
+)
 @config_option
 @state_dir_option
 def audit_verify(
     log: Path | None,
     partial: bool,
     head: str | None,
+    anchors: Path | None,
     config_path: Path | None,
     state_dir: Path | None,
 ) -> None:
@@ -568,7 +575,16 @@ def audit_verify(
     oldest: then it starts where the first kept file does); a LOG given may start later (an
     export --since): its first entry is the anchor, and the entries before it are said to be
     unchecked."""
-    from deltad.inbox.audit import AuditError, Broken, chain_lines, read_lines, rotated, verify
+    from deltad.inbox.audit import (
+        AuditError,
+        Broken,
+        chain_lines,
+        check_anchors,
+        read_anchor,
+        read_lines,
+        rotated,
+        verify,
+    )
 
     path = Path("-") if log == Path("-") else _audit_file(config_path, state_dir, log)
     kept_only = False  # keep_files removed the oldest files
@@ -580,10 +596,23 @@ def audit_verify(
         else:  # the daemon's own log: its rotated files, then itself
             lines = chain_lines(path)
             kept_only = _retention_cut(rotated(path))
+        if anchors is not None:  # the lines are read twice: keep them (stdin reads once)
+            lines = list(lines)
         result = verify(lines, from_start=not (partial or kept_only) and log is None, head=head)
     except (Broken, AuditError) as e:
         click.echo(f"deltad: error: audit: {show_path(path)}: {e}", err=True)
         sys.exit(EXIT_CONFIG)
+    anchored = ""
+    if anchors is not None:
+        try:
+            marks = [read_anchor(raw, n) for n, raw in enumerate(read_lines(anchors), 1)]
+            done = check_anchors(lines, marks)
+        except (Broken, AuditError) as e:
+            click.echo(f"deltad: error: audit: {show_path(anchors)}: {e}", err=True)
+            sys.exit(EXIT_CONFIG)
+        anchored = f"; {done.checked} anchors hold" + (
+            f" ({done.before} older than the first entry, not checked)" if done.before else ""
+        )
     first = result.first_seq
     span = "" if first is None else f" (seq {first}..{first + result.entries - 1})"
     if first is not None and first > 1:  # a piece of the chain: say what was not checked
@@ -593,7 +622,7 @@ def audit_verify(
         why = "older files removed by keep_files" if kept_only else "an export --since"
         click.echo(
             f"audit: ok, partial: it starts at seq {first} ({why}): {before} "
-            f"not checked; {result.entries} entries{span}, head {result.head}"
+            f"not checked; {result.entries} entries{span}, head {result.head}{anchored}"
         )
         return
-    click.echo(f"audit: ok: {result.entries} entries{span}, head {result.head}")
+    click.echo(f"audit: ok: {result.entries} entries{span}, head {result.head}{anchored}")

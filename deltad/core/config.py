@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -147,8 +147,14 @@ class AuditConfig(_Strict):
     # files moved aside are kept (0: all of them).
     rotate_bytes: int = Field(default=64 * 1024 * 1024, ge=4096, le=2**40)
     keep_files: int = Field(default=0, ge=0, le=100_000)
+    # The chain's head kept where a tenant cannot reach, every so often (core/anchoring.py).
+    anchor_file: Path | None = None
+    anchor_command: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None, min_length=1
+    )
+    anchor_every_seconds: float = Field(default=3600.0, ge=1, le=7 * 86400)
 
-    @field_validator("path")
+    @field_validator("path", "anchor_file")
     @classmethod
     def _absolute(cls, v: Path | None) -> Path | None:
         return None if v is None else Path(os.path.abspath(os.path.expanduser(v)))

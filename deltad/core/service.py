@@ -19,6 +19,7 @@ import structlog
 
 from deltad.clock import SYSTEM, Clock
 from deltad.core import decide as core
+from deltad.core.anchoring import Anchoring
 from deltad.core.answer import log_refusals
 from deltad.core.config import DaemonConfig
 from deltad.core.facts import Done, Exited, Facts, State, Verdict
@@ -88,6 +89,7 @@ class Service:
         self.timers = Timers()
         self.dirty = True  # something status.json shows changed since it was written
         self._audit_failing = ""  # the audit log's last failure, said once (empty: none)
+        self.anchoring = Anchoring(config)
         self.life = Lifecycle(self, config_path, extra_roots)
         self.walker = Walker(
             self.registry,
@@ -181,6 +183,7 @@ class Service:
                     self.queue.put(ws)
         if self.ticks.rescan_due(now, self.config):
             self.full_reconcile("periodic")
+        self.anchoring.tick(now)
 
     def wake_at(self, ws: Path, when_monotonic: float) -> None:
         self.timers.wake(ws, when_monotonic)

@@ -368,3 +368,78 @@ def read_lines(path: Path) -> Iterator[bytes]:
         raise AuditError(f"{path}: {e.strerror}") from None
     with f:
         yield from f
+
+
+# -- anchors: the chain's head kept where a tenant cannot reach ----------------------------
+@dataclass(frozen=True)
+class Anchor:
+    """The chain's head as it was at `at`: entry `seq` had hash `head`."""
+
+    at: str
+    seq: int
+    head: str
+
+    def line(self) -> bytes:
+        return canonical({"at": self.at, "seq": self.seq, "head": self.head}) + b"\n"
+
+
+def read_anchor(raw: bytes, n: int) -> Anchor:
+    try:
+        doc = json.loads(raw)
+        return Anchor(str(doc["at"]), int(doc["seq"]), str(doc["head"]))
+    except (ValueError, KeyError, TypeError):
+        raise Broken(n, None, "not an anchor (a JSON line with at, seq and head)") from None
+
+
+@dataclass(frozen=True)
+class Anchored:
+    checked: int  # anchors found in the chain as recorded
+    before: int  # anchors older than the chain's first entry (a piece): not checked
+
+
+def check_anchors(lines: Iterable[bytes], anchors: Iterable[Anchor]) -> Anchored:
+    """Each anchor against the chain (already verified): the entry it names must still be there
+    with the hash it had. Broken (found `head`) names the first that is not: entries cut off
+    the end after it, or the chain rewritten (every hash recomputed) before it. Pure."""
+    hashes: dict[int, str] = {}
+    for raw in lines:
+        doc = json.loads(raw)
+        hashes[int(doc["seq"])] = str(doc["hash"])
+    first = min(hashes, default=1)
+    last = max(hashes, default=0)
+    checked = before = 0
+    for n, a in enumerate(anchors, 1):
+        if a.seq == 0 and a.head == GENESIS:
+            checked += 1
+        elif a.seq < first:
+            before += 1
+        elif a.seq > last:
+            why = (
+                f"anchor {n} ({a.at}) names seq {a.seq}, but the log ends at seq {last} "
+                "(entries were cut off its end)"
+            )
+            raise Broken(n, a.seq, why, "head")
+        elif hashes[a.seq] != a.head:
+            why = (
+                f"anchor {n} ({a.at}): entry seq {a.seq} is not the one anchored then "
+                "(the chain was rewritten)"
+            )
+            raise Broken(n, a.seq, why, "head")
+        else:
+            checked += 1
+    return Anchored(checked, before)
+
+
+def chain_head(path: Path) -> tuple[int, str]:
+    """(seq, hash) where the chain stands now ((0, GENESIS): nothing recorded yet)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        fd = -1
+    if fd < 0:
+        aside = rotated(path)
+        if not aside:
+            return 0, GENESIS
+        fd = os.open(aside[-1], os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return _chain_head(path, f)

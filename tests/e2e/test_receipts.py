@@ -346,3 +346,34 @@ def test_the_chain_verifies_across_a_rotation(tmp_path: Path) -> None:
     assert ok.stdout.startswith(f"audit: ok: {total} entries (seq 1..{total})"), ok.stdout
     export = _audit("export", "--state-dir", str(d.state_dir))
     assert [json.loads(x)["seq"] for x in export.stdout.splitlines()] == list(range(1, total + 1))
+
+
+def test_anchors_kept_by_the_daemon_find_entries_cut_off_the_end(tmp_path: Path) -> None:
+    """The daemon files the chain's head as it moves (`audit.anchor_file`); entries cut off the
+    end later leave a chain that verifies alone, and `verify --anchors` names the cut."""
+    from deltad.testing.stub import paused_workspace
+    from tests.support.daemon import answer
+
+    root, anchors = tmp_path / "root", tmp_path / "anchors.jsonl"
+    root.mkdir()
+    settings = {"anchor_file": str(anchors), "anchor_every_seconds": 1}
+    d = Daemon(tmp_path, [root], audit=settings).start()
+    log = d.state_dir / "audit.jsonl"
+    try:
+        for n in (1, 2):
+            ws = root / f"ws{n}"
+            paused_workspace(ws)
+            answer(ws, f"answer {n}")
+            d.wait_resumed(ws, 1)
+            wait_for(lambda n=n: d.events("audit_anchored", seq=n), f"the head at seq {n} anchored")
+    finally:
+        d.stop()
+        d.kill_children()
+    sd = ("--state-dir", str(d.state_dir))
+    ok = _audit("verify", *sd, "--anchors", str(anchors))
+    assert ok.returncode == 0 and "2 anchors hold" in ok.stdout, ok.stdout + ok.stderr
+    log.write_text(log.read_text().splitlines(keepends=True)[0])  # the last entry cut off
+    assert _audit("verify", *sd).returncode == 0  # alone, a shorter chain verifies
+    bad = _audit("verify", *sd, "--anchors", str(anchors))
+    assert bad.returncode == 2
+    assert "names seq 2, but the log ends at seq 1 (entries were cut off its end)" in bad.stderr

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -399,3 +400,103 @@ def test_a_rotation_cut_short_goes_on_from_the_file_moved_aside(tmp_path: Path) 
     entry = audit.append(path, {"kind": "decision"})
     assert entry["seq"] == 5
     assert audit.verify(list(audit.chain_lines(path))).entries == 5
+
+
+def _chain(n: int) -> list[bytes]:
+    out, prev = [], audit.GENESIS
+    for i in range(1, n + 1):
+        e = audit.chained({"kind": "decision", "i": i}, i, prev)
+        out.append(audit.canonical(e) + b"\n")
+        prev = e["hash"]
+    return out
+
+
+def _anchor(lines: list[bytes], seq: int) -> audit.Anchor:
+    return audit.Anchor(f"t{seq}", seq, json.loads(lines[seq - 1])["hash"])
+
+
+def test_anchors_hold_while_the_chain_is_as_anchored() -> None:
+    lines = _chain(5)
+    marks = [_anchor(lines, 2), _anchor(lines, 5)]
+    assert audit.check_anchors(lines, marks) == audit.Anchored(2, 0)
+    # A piece of the chain (an export --since, or what retention kept): older anchors unchecked.
+    assert audit.check_anchors(lines[3:], marks) == audit.Anchored(1, 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda lines: lines[:4], "the log ends at seq 4 (entries were cut off its end)"),
+        # Every hash recomputed after an edit: the chain verifies, its anchors do not.
+        (
+            lambda lines: [
+                audit.canonical(e) + b"\n"
+                for e in _rechained([json.loads(x) for x in lines], 2, {"i": 99})
+            ],
+            "entry seq 2 is not the one anchored then (the chain was rewritten)",
+        ),
+    ],
+)
+def test_anchors_find_a_cut_end_and_a_rewritten_chain(change: Any, says: str) -> None:
+    lines = _chain(5)
+    marks = [_anchor(lines, 2), _anchor(lines, 5)]
+    changed = change(lines)
+    audit.verify(changed)  # the chain alone still verifies
+    with pytest.raises(audit.Broken, match=re.escape(says)):
+        audit.check_anchors(changed, marks)
+
+
+def _rechained(docs: list[dict[str, Any]], seq: int, edit: dict[str, Any]) -> list[dict[str, Any]]:
+    out, prev = [], audit.GENESIS
+    for d in docs:
+        fields = {k: v for k, v in d.items() if k not in ("seq", "prev", "hash")}
+        if d["seq"] == seq:
+            fields |= edit
+        e = audit.chained(fields, d["seq"], prev)
+        out.append(e)
+        prev = e["hash"]
+    return out
+
+
+@pytest.mark.spawns  # the anchor command
+def test_the_daemon_anchors_the_head_to_a_file_and_a_command(tmp_path: Path) -> None:
+    from deltad.core.anchoring import Anchoring
+    from deltad.core.config import DaemonConfig
+
+    filed = tmp_path / "filed.jsonl"
+    config = DaemonConfig(
+        state_dir=tmp_path / "state",
+        audit={
+            "anchor_file": tmp_path / "anchors.jsonl",
+            "anchor_command": ["sh", "-c", f"cat >> {filed}"],
+            "anchor_every_seconds": 60,
+        },
+    )
+    config.state_dir.mkdir()
+    log = config.state_dir / "audit.jsonl"
+    anchoring = Anchoring(config)
+    anchoring._anchor()  # nothing recorded yet: nothing anchored
+    assert not (tmp_path / "anchors.jsonl").exists()
+    _grow(log, 3)
+    anchoring._anchor()
+    anchoring._anchor()  # the head did not move: no second line
+    _grow(log, 1)
+    anchoring._anchor()
+    kept = (tmp_path / "anchors.jsonl").read_bytes().splitlines()
+    assert [json.loads(x)["seq"] for x in kept] == [3, 4]
+    assert filed.read_bytes().splitlines() == kept
+    assert ((tmp_path / "anchors.jsonl").stat().st_mode & 0o777) == 0o600
+    marks = [audit.read_anchor(x, n) for n, x in enumerate(kept, 1)]
+    assert audit.check_anchors(list(audit.chain_lines(log)), marks).checked == 2
+
+
+@pytest.mark.parametrize(
+    ("now", "next_at", "busy", "starts"),
+    [(5.0, 10.0, False, False), (10.0, 10.0, False, True), (11.0, 10.0, True, False)],
+)
+def test_the_loop_starts_an_anchoring_on_time_one_at_a_time(
+    now: float, next_at: float, busy: bool, starts: bool
+) -> None:
+    from deltad.core.anchoring import due
+
+    assert due(now, next_at, busy) is starts
