@@ -180,7 +180,7 @@ def test_the_core_exposition_parses_and_has_conventional_names() -> None:
     m = CoreMetrics()
     m.registry.register(Scraped(FakeSource()))
     m.answers.labels("http").inc()
-    m.resume_started("fork", answered_at=10.0, now=10.02)
+    m.resume_started("fork", answered_at=10.0, now=10.003)  # a warm resume: 3 ms
     m.resume_ended("fork", failed=False, timed_out=False)
     m.resume_ended("fork", failed=True, timed_out=True)
     families = {f.name: f for f in text_string_to_metric_families(m.exposition().decode())}
@@ -203,6 +203,12 @@ def test_the_core_exposition_parses_and_has_conventional_names() -> None:
         if s.name.endswith("_count")
     ]
     assert count == 1.0
+    within = {
+        s.labels["le"]: s.value
+        for s in families["deltad_answer_to_resume_seconds"].samples
+        if s.name.endswith("_bucket")
+    }
+    assert (within["0.0025"], within["0.005"]) == (0.0, 1.0)  # told apart from 10 ms
 
 
 # -- the index's question counts (what deltad_requests_pending reads) -------------------------
