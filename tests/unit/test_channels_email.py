@@ -650,7 +650,7 @@ def test_an_approval_by_mail_counts_only_with_the_trusted_mtas_aligned_pass(
     another id, not with a pass for another domain. A plain answer needs none."""
     ch = _channel(tmp_path, authserv_id=MX)
     calls = [{"action_id": "c1", "tool_name": "deploy"}]
-    ws, request_id = _ask(tmp_path, ch, input_type="approval", calls=calls)
+    ws, _ = _ask(tmp_path, ch, input_type="approval", calls=calls)
     [to] = [str(m["Reply-To"]) for _, kind, m in _outgoing(ch) if m["To"] == ALICE]
     forged = (
         (),
