@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import re
 import shutil
 import smtplib
 import socket
@@ -157,14 +158,15 @@ class Mta:
         return ""
 
 
-def _start(d: Path) -> Mta:
+def _start(d: Path, milter: int | None = None) -> Mta:
     port = _free_port()
     conf = d / "conf"
     conf.mkdir()
     (conf / "master.cf").write_text(MASTER.format(port=f"127.0.0.1:{port}"))
-    (conf / "main.cf").write_text(
-        MAIN.format(dir=d, deltad=DELTAD_DOMAIN, people=PEOPLE_DOMAIN, nobody=NOBODY)
-    )
+    main = MAIN.format(dir=d, deltad=DELTAD_DOMAIN, people=PEOPLE_DOMAIN, nobody=NOBODY)
+    if milter is not None:  # every mail through the milter; deferred when it does not answer
+        main += f"smtpd_milters = inet:127.0.0.1:{milter}\nmilter_default_action = tempfail\n"
+    (conf / "main.cf").write_text(main)
     people = ("alice", "bob", "mallory")
     (d / "vmailbox").write_text(
         f"reply@{DELTAD_DOMAIN} deltad/Maildir/\n"
@@ -232,6 +234,96 @@ def postfix() -> Iterator[Mta]:
     finally:
         subprocess.run([POSTFIX, "-c", str(d / "conf"), "stop"], capture_output=True, check=False)
         if not os.environ.get("DELTAD_KEEP_MTA"):  # to read its maillog after a failure
+            shutil.rmtree(d, ignore_errors=True)
+
+
+AUTHSERV_ID = "mx.example.test"  # the authserv-id the DKIM milter writes
+OPENDKIM = "/usr/sbin/opendkim"
+SELECTOR = "sel"
+
+
+@dataclass
+class Dkim:
+    """An `opendkim` milter verifying every mail the MTA takes (no DNS: the people's domain's
+    public key is given to it as test data), and the people's domain's private key."""
+
+    key: Path
+    process: subprocess.Popen[bytes]
+
+    def sign(self, data: bytes, domain: str = PEOPLE_DOMAIN, key: Path | None = None) -> bytes:
+        """`data` signed as the people's domain's MTA would sign it (opendkim-testmsg)."""
+        done = subprocess.run(
+            ["/usr/sbin/opendkim-testmsg", "-C", "-d", domain, "-k", str(key or self.key),
+             "-s", SELECTOR],
+            input=data.replace(b"\r\n", b"\n"), capture_output=True, check=True, timeout=30,
+        )  # fmt: skip
+        return done.stdout
+
+    def other_key(self, d: Path) -> Path:
+        """A key nobody published: a signature made with it fails."""
+        subprocess.run(
+            ["/usr/sbin/opendkim-genkey", "-D", str(d), "-d", PEOPLE_DOMAIN, "-s", "other"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        return d / "other.private"
+
+
+def _opendkim(d: Path, port: int) -> Dkim:
+    subprocess.run(
+        ["/usr/sbin/opendkim-genkey", "-D", str(d), "-d", PEOPLE_DOMAIN, "-s", SELECTOR],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    # The TXT record as DNS would serve it (opendkim-testmsg signs rsa-sha1: no h=sha256).
+    txt = "".join(re.findall(r'"([^"]*)"', (d / f"{SELECTOR}.txt").read_text()))
+    (d / "keys").write_text(
+        f"{SELECTOR}._domainkey.{PEOPLE_DOMAIN} {txt.replace('h=sha256; ', '')}\n"
+    )
+    (d / "opendkim.conf").write_text(
+        f"Mode v\nAuthservID {AUTHSERV_ID}\nTestPublicKeys {d}/keys\nSyslog no\n"
+        # Loopback is where the test's mail comes from: not "internal" (that is signed, not
+        # verified); a verdict on every mail, unsigned ones too.
+        "InternalHosts 192.0.2.1\nAlwaysAddARHeader yes\n"
+        f"Socket inet:{port}@127.0.0.1\nPidFile {d}/opendkim.pid\nUMask 022\n"
+    )
+    process = subprocess.Popen(
+        [OPENDKIM, "-f", "-x", str(d / "opendkim.conf")],
+        stdout=(d / "opendkim.log").open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    end = time.monotonic() + DEADLINE
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            return Dkim(d / f"{SELECTOR}.private", process)
+        except OSError:
+            if process.poll() is not None or time.monotonic() > end:
+                process.kill()
+                log = (d / "opendkim.log").read_text(errors="replace")
+                raise AssertionError(f"opendkim did not listen on {port}:\n{log}") from None
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def postfix_dkim() -> Iterator[tuple[Mta, Dkim]]:
+    """The MTA with an `opendkim` milter (verify mode, authserv-id AUTHSERV_ID) in front."""
+    why = unavailable() or (None if os.access(OPENDKIM, os.X_OK) else "opendkim is not installed")
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the email tests must run in CI: {why}")
+        pytest.skip(why)
+    d = Path(tempfile.mkdtemp(prefix="deltad-mta-"))
+    d.chmod(0o755)
+    (d / "dkim").mkdir()
+    dkim: Dkim | None = None
+    try:
+        port = _free_port()
+        dkim = _opendkim(d / "dkim", port)
+        yield _start(d, milter=port), dkim
+    finally:
+        subprocess.run([POSTFIX, "-c", str(d / "conf"), "stop"], capture_output=True, check=False)
+        if dkim is not None:
+            dkim.process.kill()
+            dkim.process.wait(30)
+        if not os.environ.get("DELTAD_KEEP_MTA"):
             shutil.rmtree(d, ignore_errors=True)
 
 

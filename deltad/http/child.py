@@ -255,7 +255,7 @@ def mail_reader(intake: wire.MailIntake | None, remote: Remote) -> Any:
     def relay(got: Any) -> bool:
         doc = {"message": got.message, "token": got.token, "sender": got.sender}
         doc |= {"automatic": got.automatic, "text": got.text, "problem": got.problem}
-        doc |= {"message_id": got.message_id}
+        doc |= {"message_id": got.message_id, "authentication": got.authentication}
         try:
             result = remote.call("mail_reply", **doc)
         except ValueError as e:  # not encodable (mail.received makes it so: a bug)

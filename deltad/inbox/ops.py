@@ -101,6 +101,7 @@ HISTORY_DEFAULT, HISTORY_MAX = 50, 500  # entries `GET /v1/history` returns
 Duration = Annotated[str, Field(min_length=1, max_length=64)]
 CHANNEL_BODY_MAX = 256 * 1024  # a Slack interaction's body (outbound.slack.BODY_MAX)
 SENDER_MAX = 320  # an address's local part and domain at their RFC 5321 limits, and then some
+AUTH_RESULTS_MAX, AUTH_RESULT_MAX = 16, 2048  # a mail's Authentication-Results (outbound/mail.py)
 # A Maildir file's name as the MTA makes it: no '/', no NUL, not hidden, at most NAME_MAX.
 MaildirName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^./\x00][^/\x00]*$")]
 
@@ -223,6 +224,10 @@ class MailReply(Args):
     text: Text | None = None
     problem: Literal["unreadable", "unparsable"] | None = None
     message_id: Annotated[str, Field(max_length=998)] | None = None  # for a vote's receipt
+    # Its Authentication-Results headers, topmost first (the core reads the trusted MTA's).
+    authentication: Annotated[
+        list[Annotated[str, Field(max_length=AUTH_RESULT_MAX)]], Field(max_length=AUTH_RESULTS_MAX)
+    ] = []
 
 
 # -- no credential -------------------------------------------------------------------------------

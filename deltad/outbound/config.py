@@ -74,6 +74,18 @@ class EmailConfig(_Strict):
     max_message_bytes: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
     max_per_pass: int = Field(default=100, ge=1, le=100_000)
     outbox: OutboxConfig = Field(default_factory=OutboxConfig)
+    # Which replies count only when the trusted MTA's Authentication-Results (its authserv-id
+    # below) say the From is authenticated (deltad/outbound/authres.py): every reply, only
+    # approvals and votes (the default), or none.
+    authentication: Literal["required", "approvals", "off"] = "approvals"
+    authserv_id: str | None = Field(default=None, min_length=1, max_length=255)
+
+    @field_validator("authserv_id")
+    @classmethod
+    def _authserv_id(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", v):
+            raise ValueError(f"{v!r} is not an authserv-id (a host name)")
+        return v.lower() if v is not None else None
 
     @field_validator("from_address")
     @classmethod

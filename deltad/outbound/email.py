@@ -35,12 +35,12 @@ from deltad.inbox import (
     TooLarge,
 )
 from deltad.inbox.respondents import may_answer, refusal
-from deltad.outbound import mail
+from deltad.outbound import authres, mail
 from deltad.outbound.base import Channel, Closed, Context, Question
 from deltad.outbound.config import EmailConfig
 from deltad.outbound.courier import Handed
 from deltad.outbound.grants import AddressExpired, Grant, Grants, Refused, Unknown, check
-from deltad.protocol import InputType, ProtocolError, Workspace, followup
+from deltad.protocol import InputType, InteractionRequest, ProtocolError, Workspace, followup
 from deltad.protocol.replies import AnswerRejected
 
 log = structlog.get_logger("deltad.outbound.email")
@@ -237,6 +237,31 @@ class EmailChannel(Channel):
         except (Unknown, Refused) as e:
             raise Refusal(e.code, str(e)) from None
 
+    def _authenticated(
+        self, got: mail.Received, sender: str, req: InteractionRequest, grant: Grant
+    ) -> str | None:
+        """The trusted MTA's verdict on the reply's From (None: no authserv_id configured);
+        Refusal when this reply must be authenticated (`authentication`) and is not."""
+        c = self.config
+        needed = c.authentication == "required" or (
+            c.authentication == "approvals"
+            and (
+                bool(req.calls)
+                or req.input_type == InputType.APPROVAL
+                or req.approvals_required > 1
+            )
+        )
+        if c.authserv_id is None:
+            if needed:
+                why = "the channel reads no Authentication-Results (email.authserv_id is not set)"
+                raise Refusal("unauthenticated", f"an approval or a vote by mail: {why}", grant)
+            return None
+        found = authres.verdict(got.authentication, c.authserv_id, sender)
+        if needed and not found.ok:
+            why = f"its From is not authenticated by {c.authserv_id} (DKIM or DMARC)"
+            raise Refusal("unauthenticated", f"{why}: {found.shown}", grant)
+        return found.shown
+
     def _answer(self, got: mail.Received) -> str:
         """ "answered", "voted" (four eyes: a vote counted, the question still waits), or
         "taken" (this very message answered before a crash cut the pass short: the inbox
@@ -282,6 +307,7 @@ class EmailChannel(Channel):
             raise Refusal("not_a_respondent", denied, grant)
         if req.is_secret:
             raise Refusal("secret", "a secret is never answered by mail: use the page", grant)
+        verdict = self._authenticated(got, sender, req, grant)
         if got.text is None:
             raise Refusal("no_plain_text", "the reply has no plain text part to read", grant)
         try:
@@ -293,6 +319,8 @@ class EmailChannel(Channel):
         origin = {"from": sender, "message": name}  # a vote's receipt says where it came from
         if got.message_id is not None:
             origin["message_id"] = got.message_id
+        if verdict is not None:  # the MTA's verdict on the From, as it was read
+            origin["authentication"] = verdict
         try:
             done = self.ctx.answer(
                 ws,

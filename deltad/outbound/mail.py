@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from dataclasses import field as default
 from email import policy
 from email.message import EmailMessage
 from email.parser import BytesParser
@@ -53,6 +54,9 @@ class Reply:
     sender: str  # the From address (forgeable: it only picks among those the token allows)
     text: str | None  # the plain text part, quoted text and signature cut off (None: none)
     message_id: str | None
+    authentication: list[str] = default(
+        default_factory=list
+    )  # Authentication-Results, topmost first
 
 
 @dataclass(frozen=True)
@@ -67,10 +71,14 @@ class Received:
     text: str | None
     problem: str | None = None  # "unreadable" (not a regular file, too large), "unparsable"
     message_id: str | None = None  # its Message-ID header, for a vote's receipt (unchecked)
+    # Its Authentication-Results headers, the topmost first (the MTA's verdict: authres.py).
+    authentication: list[str] = default(default_factory=list)
 
 
 SENDER_MAX = 320  # the protocol's cap (privsep/wire.py): a longer From is no address of ours
 MESSAGE_ID_MAX = 998  # a header line's limit (RFC 5322); the protocol's cap too (inbox/ops.py)
+AUTH_RESULTS_MAX = 16  # Authentication-Results headers relayed, the topmost (inbox/ops.py)
+AUTH_RESULT_MAX = 2048  # characters of each (a longer one is left out)
 
 
 def received(message: str, data: bytes | None, address: re.Pattern[str]) -> Received:
@@ -91,7 +99,13 @@ def received(message: str, data: bytes | None, address: re.Pattern[str]) -> Rece
     shown = msgid.strip() if msgid is not None else ""
     ok = 0 < len(shown) <= MESSAGE_ID_MAX and shown.isascii() and shown.isprintable()
     token = tokens[0] if tokens else None
-    return Received(message, token, sender, reply.automatic, text, None, shown if ok else None)
+    auth = [
+        a
+        for a in (_utf8(v) for v in reply.authentication[:AUTH_RESULTS_MAX])
+        if len(a) <= AUTH_RESULT_MAX and a.isprintable()
+    ]
+    msgid_ok = shown if ok else None
+    return Received(message, token, sender, reply.automatic, text, None, msgid_ok, auth)
 
 
 # The parse budget, checked on the raw bytes before the standard library's parser sees them:
@@ -162,7 +176,8 @@ def _parse(data: bytes) -> Reply:
     auto = str(msg.get("Auto-Submitted", "no")).strip().lower() != "no" or str(
         msg.get("Precedence", "")
     ).strip().lower() in ("bulk", "junk", "list", "auto_reply")
-    return Reply(recipients, auto, sender, body_text(msg), msg.get("Message-ID"))
+    auth = [" ".join(str(v).split()) for v in msg.get_all("Authentication-Results", [])]
+    return Reply(recipients, auto, sender, body_text(msg), msg.get("Message-ID"), auth)
 
 
 def body_text(msg: EmailMessage) -> str | None:

@@ -134,7 +134,16 @@ def mail_reply(mail: MailTake | None, who: None, q: ops.MailReply) -> dict[str, 
     verdict (the inbox moves the file to cur/ on any reply but a 503)."""
     if mail is None:
         raise ApiError(503, "not_ready", "the email channel is not taking mail (yet): keep it")
-    got = Received(q.message, q.token, q.sender, q.automatic, q.text, q.problem, q.message_id)
+    got = Received(
+        q.message,
+        q.token,
+        q.sender,
+        q.automatic,
+        q.text,
+        q.problem,
+        q.message_id,
+        list(q.authentication),
+    )
     return mail(got)
 
 

@@ -18,6 +18,7 @@ import re
 import secrets
 import signal
 import socket
+import subprocess
 import time
 from email.message import EmailMessage
 from pathlib import Path
@@ -28,13 +29,16 @@ import httpx
 from deltad.outbound.grants import Grants
 from deltad.testing import FakeLLM
 from tests.mta import (
+    AUTHSERV_ID,
     DELTAD_DOMAIN,
     PEOPLE_DOMAIN,
+    Dkim,
     Mta,
     Tap,
     postfix,  # noqa: F401  (the fixture)
+    postfix_dkim,  # noqa: F401  (the fixture)
 )
-from tests.support.daemon import Daemon, metadata_status
+from tests.support.daemon import DELTAD, Daemon, metadata_status
 from tests.support.inbox import client, make_token
 
 from ..conftest import Delta, llm_env, wait_for, write_agent
@@ -528,3 +532,75 @@ result = {{
         assert len(daemon.events("resume_spawned", workspace=str(d.ws))) == 1
     finally:
         daemon.stop()
+
+
+def test_a_vote_counts_only_with_the_mtas_dkim_pass_and_its_receipt_says_so(
+    tmp_path: Path,
+    fake: FakeLLM,
+    postfix_dkim: tuple[Mta, Dkim],  # noqa: F811  (the fixture imported above)
+) -> None:
+    """Postfix with a real `opendkim` milter verifying every mail (authserv-id AUTHSERV_ID),
+    under the default `authentication: approvals`: a vote by mail with alice's From but
+    unsigned (a forged Authentication-Results of the MTA's own id below the MTA's), or signed
+    with a key her domain never published, is refused as `unauthenticated` and counts for
+    nothing; the votes their domain signed answer the question, and each receipt in
+    `deltad audit export` carries the MTA's verdict."""
+    from deltad.testing.stub import paused_workspace
+
+    mta, dkim = postfix_dkim
+    root = tmp_path / "root"
+    ws = root / "ws"
+    ws.mkdir(parents=True)
+    daemon = _daemon(tmp_path, mta, root, authserv_id=AUTHSERV_ID).start(env=llm_env(fake))
+    try:  # asked once the daemon is ready (a question already waiting is not announced)
+        paused_workspace(ws, "Ship it?", input_type="yes_no", approvals_required=2)
+        request_id = json.loads((ws / ".delta/interaction/request.json").read_text())["request_id"]
+        asked = {
+            who: str(
+                wait_for(lambda w=who: _mail(mta, w, request_id, "[deltad]"), who)[0]["Reply-To"]
+            )
+            for who in (ALICE, BOB)
+        }
+
+        def reply(who: str, n: int, text: str = "yes") -> bytes:
+            msg = _reply(asked[who], who, text)
+            msg["Date"] = "Sun, 29 Nov 2026 05:00:00 +0000"
+            msg["Message-ID"] = f"<reply-{n}@{PEOPLE_DOMAIN}>"
+            return msg.as_bytes()
+
+        forged = f"Authentication-Results: {AUTHSERV_ID}; dkim=pass header.d={PEOPLE_DOMAIN}\n"
+        mta.send_raw(ALICE, asked[ALICE], forged.encode() + reply(ALICE, 1))
+        [one] = daemon.wait_event("email_reply_refused", code="unauthenticated")
+        assert "header.d=" not in one["reason"], one  # the MTA's own verdict: no signature
+        stranger = dkim.other_key(tmp_path)
+        mta.send_raw(ALICE, asked[ALICE], dkim.sign(reply(ALICE, 2), key=stranger))
+        wait_for(
+            lambda: len(daemon.events("email_reply_refused", code="unauthenticated")) == 2,
+            "the second refusal",
+        )
+        two = daemon.events("email_reply_refused", code="unauthenticated")[1]
+        assert f"header.d={PEOPLE_DOMAIN}" in two["reason"] and "pass" not in two["reason"], two
+        assert not daemon.events("email_voted") and not daemon.events("email_answered")
+        told = wait_for(lambda: _mail(mta, ALICE, request_id, "not taken"), "alice's refusals")
+        assert "not authenticated by" in told[0].get_content()
+
+        mta.send_raw(ALICE, asked[ALICE], dkim.sign(reply(ALICE, 3)))
+        daemon.wait_event("email_voted", request_id=request_id)
+        mta.send_raw(BOB, asked[BOB], dkim.sign(reply(BOB, 4)))
+        daemon.wait_event("email_answered", request_id=request_id)
+    finally:
+        daemon.stop()
+    export = subprocess.run(
+        [DELTAD, "audit", "export", "--state-dir", str(daemon.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert export.returncode == 0, export.stderr
+    votes = [e for x in export.stdout.splitlines() if (e := json.loads(x))["kind"] == "vote"]
+    got = [(e["voter"], e["origin"]["message_id"], e["origin"]["authentication"]) for e in votes]
+    verdict = f"dkim=pass header.d={PEOPLE_DOMAIN}"
+    assert got == [
+        ("alice", f"<reply-3@{PEOPLE_DOMAIN}>", verdict),
+        ("bob", f"<reply-4@{PEOPLE_DOMAIN}>", verdict),
+    ]

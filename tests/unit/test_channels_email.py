@@ -38,6 +38,8 @@ from deltad.testing.stub import paused_workspace
 from tests.support.outbound import inbox_side
 
 ALICE, BOB, MALLORY = "alice@example.org", "bob@example.org", "mallory@example.org"
+MX = "mx.d.example"  # the trusted MTA's authserv-id
+SIGNED = f"{MX}; dkim=pass (2048-bit key) header.d=example.org header.s=s1"
 
 
 # -- reply addresses ------------------------------------------------------------------------
@@ -191,8 +193,11 @@ def _deliver(
     text: str,
     auto: bool = False,
     msgid: str | None = None,
+    auth: tuple[str, ...] = (),
 ) -> None:
     msg = EmailMessage()
+    for a in auth:  # as an MTA adds them: the topmost first
+        msg["Authentication-Results"] = a
     if msgid is not None:
         msg["Message-ID"] = msgid
     if auto:
@@ -286,7 +291,7 @@ def test_four_eyes_by_mail_each_reply_is_a_vote_with_its_receipt(tmp_path: Path)
     from deltad.inbox import audit
     from deltad.outbound.hub import voting
 
-    ch = _channel(tmp_path)
+    ch = _channel(tmp_path, authserv_id=MX)
     log = tmp_path / "audit.jsonl"
     ch.ctx = replace(ch.ctx, answer=voting(log))
     ws, request_id = _ask(tmp_path, ch, input_type="yes_no", approvals_required=2)
@@ -295,16 +300,27 @@ def test_four_eyes_by_mail_each_reply_is_a_vote_with_its_receipt(tmp_path: Path)
     take = ch.receive
     ch.receive = lambda got: results.append(take(got)) or results[-1]  # type: ignore[method-assign]
     for n, who in enumerate((ALICE, BOB), 1):
-        _deliver(ch, f"{n}.m", to[who], who, "yes", msgid=f"<{n}@m.x>")
+        _deliver(ch, f"{n}.m", to[who], who, "yes", msgid=f"<{n}@m.x>", auth=(SIGNED,))
         assert _take(ch) == 1
     assert [r["result"] for r in results] == ["voted", "answered"]
     doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
     assert [v["by"] for v in doc["approvals"]] == ["alice", "bob"]
     entries = [json.loads(x) for x in audit.read_lines(log)]
     got = [(e["kind"], e["channel"], e["voter"], e["origin"]) for e in entries]
+    receipt = {"authentication": "dkim=pass header.d=example.org"}  # the MTA's verdict
     assert got == [
-        ("vote", "email", "alice", {"from": ALICE, "message": "1.m", "message_id": "<1@m.x>"}),
-        ("vote", "email", "bob", {"from": BOB, "message": "2.m", "message_id": "<2@m.x>"}),
+        (
+            "vote",
+            "email",
+            "alice",
+            {**receipt, "from": ALICE, "message": "1.m", "message_id": "<1@m.x>"},
+        ),
+        (
+            "vote",
+            "email",
+            "bob",
+            {**receipt, "from": BOB, "message": "2.m", "message_id": "<2@m.x>"},
+        ),
     ]
     assert [e["request_id"] for e in entries] == [request_id] * 2
 
@@ -622,3 +638,68 @@ def test_a_parse_that_does_not_end_is_stopped_and_said() -> None:
     assert received_within("m", b"x", address, 0.2, forever) == "parsing took over 0.2 s"
     got = received_within("m", b"From: a@b.c\r\n\r\nyes\r\n", address, 30)
     assert isinstance(got, mail.Received) and (got.sender, got.text) == ("a@b.c", "yes")
+
+
+def test_an_approval_by_mail_counts_only_with_the_trusted_mtas_aligned_pass(
+    tmp_path: Path,
+) -> None:
+    """Under the default (`authentication: approvals`) an approval is refused as
+    `unauthenticated` (nothing changes, alice is told why) unless the topmost
+    Authentication-Results of the configured authserv-id hold a DKIM pass aligned with the
+    From: not without one, not with a forged pass below the MTA's own, not with a pass by
+    another id, not with a pass for another domain. A plain answer needs none."""
+    ch = _channel(tmp_path, authserv_id=MX)
+    calls = [{"action_id": "c1", "tool_name": "deploy"}]
+    ws, _ = _ask(tmp_path, ch, input_type="approval", calls=calls)
+    [to] = [str(m["Reply-To"]) for _, kind, m in _outgoing(ch) if m["To"] == ALICE]
+    forged = (
+        (),
+        (f"{MX}; none", SIGNED),  # the sender's own header below the MTA's
+        ("other.example; dkim=pass header.d=example.org",),
+        (f"{MX}; dkim=pass header.d=evil.example",),
+        (f"{MX}; dkim=fail header.d=example.org",),
+    )
+    for n, auth in enumerate(forged):
+        _deliver(ch, f"{n}.m", to, ALICE, "approve", auth=auth)
+        assert _take(ch) == 1
+        assert not (ws / ".delta" / "interaction" / "response.json").exists()
+    refusals = [m.get_content() for _, kind, m in _outgoing(ch) if kind == "notice"]
+    assert len(refusals) == len(forged)
+    assert all("not authenticated by mx.d.example" in r for r in refusals), refusals
+    assert "dkim=pass header.d=evil.example" in refusals[3]
+    _deliver(ch, "ok.m", to, ALICE, "approve", auth=(SIGNED, "other.example; none"))
+    assert _take(ch) == 1
+    doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+    assert [d["decision"] for d in doc["decisions"]] == ["approve"]
+
+
+@pytest.mark.parametrize(
+    ("over", "taken"),
+    [
+        ({}, True),  # approvals only (the default): a plain answer needs no pass
+        ({"authentication": "required", "authserv_id": MX}, False),
+        ({"authentication": "off"}, True),
+    ],
+)
+def test_which_replies_need_authentication_is_the_channels_choice(
+    tmp_path: Path, over: dict[str, str], taken: bool
+) -> None:
+    ch = _channel(tmp_path, **over)
+    ws, _ = _ask(tmp_path, ch, input_type="text")
+    [to] = [str(m["Reply-To"]) for _, kind, m in _outgoing(ch) if m["To"] == ALICE]
+    _deliver(ch, "1.m", to, ALICE, "forty-two")
+    assert _take(ch) == 1
+    assert (ws / ".delta" / "interaction" / "response.json").exists() is taken
+
+
+def test_an_approval_is_refused_when_no_authserv_id_is_configured(tmp_path: Path) -> None:
+    """Fail closed: the default asks approvals to be authenticated; without the MTA's id
+    nothing can say they are."""
+    ch = _channel(tmp_path)
+    ws, _ = _ask(tmp_path, ch, input_type="approval", calls=[{"action_id": "c1", "tool_name": "x"}])
+    [to] = [str(m["Reply-To"]) for _, kind, m in _outgoing(ch) if m["To"] == ALICE]
+    _deliver(ch, "1.m", to, ALICE, "approve", auth=(SIGNED,))
+    assert _take(ch) == 1
+    assert not (ws / ".delta" / "interaction" / "response.json").exists()
+    [notice] = [m.get_content() for _, kind, m in _outgoing(ch) if kind == "notice"]
+    assert "email.authserv_id is not set" in notice
