@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -17,8 +18,11 @@ from pathlib import Path
 import pytest
 
 from deltad.testing import FakeLLM, tool_call
+from tests.support.daemon import Daemon, metadata_status
+from tests.support.inbox import client, http_url, make_token
 
-from ..conftest import Delta, write_agent
+from ..conftest import Delta, bin_path, llm_env, wait_for, write_agent
+from ..users import accounts, chown_tree, executable_by_all, shared_tmp
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
@@ -236,3 +240,75 @@ def test_without_bwrap_the_operator_chooses(
         assert r.code == 2, (r.code, r.err)
         assert "tools cannot be sandboxed here: bwrap is not installed" in r.err
         assert not (d.ws / ".delta").exists() and not (d.ws / "hi.txt").exists()
+
+
+def test_an_unprivileged_owner_is_sandboxed_too(tmp_path: Path, fake: FakeLLM) -> None:
+    """As under deltad: `delta` runs as the workspace's owner, and bwrap confines its tools
+    through an unprivileged user namespace; what the tool makes is the owner's."""
+    tools = """
+  - name: work
+    shell: "echo made > made.txt; id -u; echo approve > .delta/interaction/response.txt"
+"""
+    with accounts() as acc, executable_by_all(), shared_tmp() as base:
+        owner = acc.user()
+        home = write_agent(base, tools)
+        ws = base / "ws"
+        ws.mkdir()
+        chown_tree(base, owner)
+        fake.reply(None, tool_call("work", {}, id="w1"))
+        fake.reply("done")
+        keep = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "PYTHONPATH")  # this tree's code
+        env = [f"{k}={v}" for k, v in llm_env(fake).items() if k in keep]
+        delta = [bin_path("delta"), "run", "--agent", str(home), "--task", "t", "-w", str(ws)]
+        out = subprocess.run(
+            owner.argv("env", "PATH=/usr/bin:/bin", *env, *delta),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert (ws / "made.txt").stat().st_uid == owner.uid
+        result = fake.tool_results()["w1"]
+        assert str(owner.uid) in result and "Read-only file system" in result
+        assert not (ws / ".delta" / "interaction" / "response.txt").exists()
+
+
+def test_the_daemon_resumes_the_gated_call_only_on_peoples_answers(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    """A real `deltad serve`: an ungated tool leaves a process that would write "approve" once
+    `delta` has exited 101; nothing of it survives, the daemon never resumes the gated call on
+    its own, and two people approving through the inbox do."""
+    root = tmp_path / "root"
+    root.mkdir()
+    agent = write_agent(tmp_path, TOOLS, POLICY, name="gated")
+    fake.reply(None, tool_call("linger", {}, id="l1"))
+    fake.reply(None, tool_call("deploy", {"env": "prod"}, id="d1"))
+    fake.reply("done")
+    ws = root / "ws"
+    ws.mkdir()
+    d = Delta(ws, fake, agent)
+    assert d.start("ship").code == 101
+    real = ["delta", "run", "--work-dir", "{workspace}"]
+    daemon = Daemon(tmp_path, [root], resume_command=real, http={"listen": "127.0.0.1:0"})
+    daemon.start(env=llm_env(fake))
+    try:
+        url = http_url(daemon)
+        alice, bob = make_token(daemon.state_dir, "alice"), make_token(daemon.state_dir, "bob")
+        with client(url, alice) as a, client(url, bob) as b:
+            [q] = wait_for(lambda: a.get("/v1/requests").json()["requests"], "the question")
+            time.sleep(3)  # past the moment the lingering process would have answered
+            assert metadata_status(ws) == "WAITING_FOR_INPUT"
+            assert not (ws / "deployed.txt").exists()
+            assert [x["request_id"] for x in a.get("/v1/requests").json()["requests"]] == [
+                q["request_id"]
+            ]
+            body = {"decisions": [{"action_id": "d1", "decision": "approve"}]}
+            path = f"/v1/requests/{q['request_id']}/answer"
+            assert a.post(path, json=body).json()["answered"] is False
+            assert b.post(path, json=body).json()["answered"] is True
+            wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run to complete")
+            assert (ws / "deployed.txt").read_text().strip() == "prod"
+    finally:
+        daemon.stop()
+        daemon.kill_children()
