@@ -8,6 +8,7 @@ leftover process group is stopped.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -75,7 +76,7 @@ def run(ctx: RunContext, call: Call, args: Any, note: str) -> None:
     real = tool.invocation(ctx.secrets.reveal(values), ctx.agent.home)
     record = ctx.record_dir(call)
     ctx.request(call, args, shown.display())
-    sandbox = plan(ctx.agent, ctx.ws.root, tool.network)
+    sandbox = plan(ctx.agent, ctx.ws.root, tool.network, protect=(Path(ctx.meta.agent_ref),))
     outcome = run_tool(
         real, ctx.ws.root, tool.timeout_seconds, record, ctx.guard.window, sandbox=sandbox
     )

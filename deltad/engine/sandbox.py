@@ -122,13 +122,23 @@ def bwrap_argv(bwrap: str, c: Confinement) -> list[str]:
     return [*argv, "--chdir", str(c.workspace), "--"]
 
 
-def confinement(agent: Agent, workspace: Path, network: bool | None, euid: int) -> Confinement:
-    """The sandbox of one call of `agent`'s in `workspace` (`network`: the tool's own say)."""
+def confinement(
+    agent: Agent,
+    workspace: Path,
+    network: bool | None,
+    euid: int,
+    protect: tuple[Path, ...] = (),
+) -> Confinement:
+    """The sandbox of one call of `agent`'s in `workspace` (`network`: the tool's own say;
+    `protect`: more paths a resume reads, such as the run's own agent when a pipeline node
+    works with another)."""
     policy = agent.config.sandbox
     ws = workspace.resolve()
+    more = (p for p in protect if p.is_absolute() and p.is_dir())
+    homes = dict.fromkeys(p.resolve() for p in (agent.home, *more))
     return Confinement(
         ws,
-        (ws / DELTA_DIR, agent.home.resolve()),
+        (ws / DELTA_DIR, *homes),
         tuple(Path(p).resolve() for p in policy.writable),
         policy.network if network is None else network,
         euid == 0,
@@ -160,14 +170,21 @@ def decide(policy: SandboxPolicy, why: str | None) -> str | None:
     return refusal(why)
 
 
-def plan(agent: Agent, workspace: Path, network: bool | None, h: Host | None = None) -> Plan:
+def plan(
+    agent: Agent,
+    workspace: Path,
+    network: bool | None,
+    h: Host | None = None,
+    protect: tuple[Path, ...] = (),
+) -> Plan:
     h = h or host()
     why = unavailable(h)
     if why is not None:
         refused = decide(agent.config.sandbox, why)
         return UNCONFINED if refused is None else Plan(refused=refused)
     assert h.bwrap is not None
-    return Plan(tuple(bwrap_argv(h.bwrap, confinement(agent, workspace, network, h.euid))))
+    c = confinement(agent, workspace, network, h.euid, protect)
+    return Plan(tuple(bwrap_argv(h.bwrap, c)))
 
 
 def announce(agent: Agent, say: Callable[[str], object], h: Host | None = None) -> None:

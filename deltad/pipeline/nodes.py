@@ -285,7 +285,7 @@ def tool(run: NodeRun) -> Result:
     ctx.request(call, {"tool_command": command}, command)
     inv = Invocation(["sh", "-c", command], None, {})
     limit = node.timeout or TOOL_TIMEOUT_SECONDS
-    sandbox = plan(ctx.agent, ctx.ws.root, None)
+    sandbox = plan(ctx.agent, ctx.ws.root, None, protect=(Path(ctx.meta.agent_ref),))
     done = run_tool(inv, ctx.ws.root, limit, record, ctx.guard.window, sandbox=sandbox)
     redact = ctx.secrets.redactor()  # a secret the run was given never reaches its records
     done.stdout, done.stderr = redact(done.stdout), redact(done.stderr)

@@ -210,3 +210,15 @@ def test_the_run_says_so_once_as_it_starts(
         assert len(lines) == 1 and "run unsandboxed (bwrap is not installed" in lines[0]
     else:
         assert lines == []
+
+
+def test_the_runs_own_agent_is_protected_too(tmp_path: Path) -> None:
+    """A pipeline node working with another agent: the run's agent (read again by a resume)
+    stays read-only as well; a path that is not a directory is left out (nothing to mount)."""
+    node = load_agent(_agent(tmp_path / "node", ""))
+    run_agent = _agent(tmp_path / "run", "")
+    ws = tmp_path / "ws"
+    c = sandbox.confinement(
+        node, ws, None, 1000, protect=(run_agent, node.home, tmp_path / "gone", Path("rel"))
+    )
+    assert c.read_only == (ws.resolve() / ".delta", node.home.resolve(), run_agent.resolve())
