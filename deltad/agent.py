@@ -92,6 +92,7 @@ class ToolSpec(_Strict):
     timeout_seconds: float | None = Field(default=None, gt=0)
     approval: Literal["required", "never"] | None = None
     secrets_in_argv: bool = False  # explicit opt-in: other users can read argv
+    network: bool | None = None  # None: the agent's sandbox.network
 
     @model_validator(mode="after")
     def _one_form(self) -> ToolSpec:
@@ -149,6 +150,25 @@ class ApprovalPolicy(_Strict):
         return names
 
 
+class SandboxPolicy(_Strict):
+    """How the agent's tools are confined (engine/sandbox.py, docs/delta.md "Tools run
+    sandboxed"): the workspace writable, its `.delta/` and the agent's directory read-only,
+    the rest of the filesystem read-only but for `writable`, a private /tmp, nothing left
+    running after a call. `unavailable` is the operator's choice where that cannot be had."""
+
+    unavailable: Literal["refuse", "unsandboxed"] = "refuse"
+    writable: list[str] = []  # absolute paths the tools may also write
+    network: bool = True  # the default of every tool's `network:`
+
+    @field_validator("writable")
+    @classmethod
+    def _absolute(cls, paths: list[str]) -> list[str]:
+        for p in paths:
+            if not p.startswith("/"):
+                raise ValueError(f"{p!r} is not an absolute path")
+        return paths
+
+
 class AgentConfig(_Strict):
     name: str
     description: str = ""
@@ -162,6 +182,7 @@ class AgentConfig(_Strict):
     # Reminders, escalation and the SLA clock of every question this agent asks (an
     # ask_human call's own arguments win; the daemon's `follow_up:` fills what is unset).
     follow_up: FollowUp | None = None
+    sandbox: SandboxPolicy = SandboxPolicy()
 
 
 # Stands for an inherited pipe's /dev/fd/N in argv until the tool is started.
@@ -194,6 +215,7 @@ class Tool:
     template: list[str]  # command argv, exec tokens, or ["sh", "-c", script]
     approval: Literal["required", "never"] | None = None
     secrets_in_argv: bool = False
+    network: bool | None = None  # None: the agent's sandbox.network
 
     def schema(self) -> dict[str, Any]:
         props = {
@@ -354,6 +376,7 @@ def expand_tool(spec: ToolSpec, default_timeout: float) -> Tool:
             t,
             spec.approval,
             spec.secrets_in_argv,
+            spec.network,
         )
 
     if spec.command is not None:

@@ -21,7 +21,7 @@ import structlog
 
 from deltad import inbox, logs
 from deltad.agent import MAX_CONFIG_BYTES, Agent, load_agent
-from deltad.engine import Checkpoints, Engine, NoCheckpoints, Outcome, RunContext
+from deltad.engine import Checkpoints, Engine, NoCheckpoints, Outcome, RunContext, sandbox
 from deltad.engine.interviewers import (
     AutoApproveInterviewer,
     Chain,
@@ -182,6 +182,8 @@ def _prepare(opts: RunOptions, err: TextIO) -> Ready:
         print(f"delta: note: {note}", file=err)
     homes = pipeline_runs.node_agents(pipeline[0]) if pipeline else []
     agents = {home: load_agent(home) for home in homes}  # a node's own agent must be sound too
+    for each in (agent, *agents.values()):  # tools that cannot be sandboxed: refused or said
+        sandbox.announce(each, lambda m: print(f"delta: {m}", file=err))
     if pipeline:
         pipeline_runs.check_providers(pipeline[0], agent, agents)
     return Ready(agent, _model(agent, err), pipeline)
@@ -231,6 +233,7 @@ def _resume(
         agent = load_agent(meta.agent_ref)
     except UsageError as e:
         raise UsageError(f"cannot resume run {meta.run_id}: {e}") from None
+    sandbox.announce(agent, lambda m: print(f"delta: {m}", file=warn))
     model = _model(agent, warn)
     if opts.agent or opts.task or opts.pipeline:
         print(

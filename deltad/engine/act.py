@@ -8,6 +8,7 @@ leftover process group is stopped.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -16,6 +17,7 @@ from deltad.protocol import ActionStatus
 from deltad.protocol.history import Call
 
 from .context import ASK_HUMAN, RunContext
+from .sandbox import plan
 from .secrets import HANDLE
 from .tools import kill_orphan, run_tool, write_record
 
@@ -74,7 +76,10 @@ def run(ctx: RunContext, call: Call, args: Any, note: str) -> None:
     real = tool.invocation(ctx.secrets.reveal(values), ctx.agent.home)
     record = ctx.record_dir(call)
     ctx.request(call, args, shown.display())
-    outcome = run_tool(real, ctx.ws.root, tool.timeout_seconds, record, ctx.guard.window)
+    sandbox = plan(ctx.agent, ctx.ws.root, tool.network, protect=(Path(ctx.meta.agent_ref),))
+    outcome = run_tool(
+        real, ctx.ws.root, tool.timeout_seconds, record, ctx.guard.window, sandbox=sandbox
+    )
     redact = ctx.secrets.redactor()
     outcome.stdout, outcome.stderr = redact(outcome.stdout), redact(outcome.stderr)
     write_record(record, shown.display(), outcome, redact)

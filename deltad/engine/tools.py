@@ -7,8 +7,10 @@ redacted before any byte of it reaches the run's io records.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -23,6 +25,8 @@ from deltad.protocol import ProtocolError, atomic_write_json, atomic_write_text,
 from deltad.protocol.fsio import lstat_or_none, read_regular
 from deltad.protocol.process import owner_alive, proc_start_ticks
 from deltad.protocol.safefs import DELTA_DIR, tool_umask
+
+from .sandbox import Plan
 
 CAPTURE_LIMIT = 1024 * 1024  # per stream, kept in the record
 OBSERVATION_LIMIT = 8000  # per stream, shown to the model
@@ -117,24 +121,44 @@ def _umask(workspace: Path) -> int:
     return -1 if found is None else found
 
 
+def _missing(command: str, cwd: Path, env: Mapping[str, str]) -> str | None:
+    """Why `command` cannot be executed, as Popen would have said it, before a sandbox starts
+    it (inside one, a missing command would be bwrap's exit 1 instead of "cannot run")."""
+    if "/" in command:
+        path = cwd / command
+        if not path.exists():
+            return os.strerror(errno.ENOENT)
+        ok = os.access(path, os.X_OK) and not path.is_dir()
+        return None if ok else os.strerror(errno.EACCES)
+    found = shutil.which(command, path=env.get("PATH", os.defpath))
+    return None if found is not None else os.strerror(errno.ENOENT)
+
+
 def run_tool(
     inv: Invocation,
     cwd: Path,
     timeout: float,
     record: Path,
     interruptible: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    *,
+    sandbox: Plan,
 ) -> ToolOutcome:
-    """Run `inv`; writes `record/process.json` while it runs so a later resume can find an
-    orphan left by a crashed client. `interruptible` (the engine's signal window) is opened
-    only around the wait, inside the try that kills the group: a signal landing between the
-    spawn and the wait would otherwise leave the group running."""
+    """Run `inv` (inside `sandbox`, engine/sandbox.py); writes `record/process.json` while it
+    runs so a later resume can find an orphan left by a crashed client. `interruptible` (the
+    engine's signal window) is opened only around the wait, inside the try that kills the
+    group: a signal landing between the spawn and the wait would otherwise leave the group
+    running."""
+    if sandbox.refused is not None:
+        return ToolOutcome(None, "", "", 0, error=f"not run: {sandbox.refused}")
     env = tool_environment(os.environ) | inv.env
+    if sandbox.prefix and (why := _missing(inv.argv[0], cwd, env)):
+        return ToolOutcome(None, "", "", 0, error=f"cannot run {inv.argv[0]!r}: {why}")
     pipes = {name: os.pipe() for name in inv.fds}  # the tool reads each value from /dev/fd/N
     argv = [_with_fds(a, {n: r for n, (r, _) in pipes.items()}) for a in inv.argv]
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
-            argv,
+            [*sandbox.prefix, *argv],
             cwd=cwd,
             env=env,
             start_new_session=True,

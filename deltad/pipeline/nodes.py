@@ -28,6 +28,7 @@ from deltad.engine import Outcome as RunOutcome
 from deltad.engine.asking import Asking
 from deltad.engine.interviewers import Interviewer
 from deltad.engine.llm import ChatModel, tuned
+from deltad.engine.sandbox import plan
 from deltad.engine.tools import kill_orphan, run_tool, write_record
 from deltad.errors import LLMError, UsageError
 from deltad.protocol import (
@@ -284,7 +285,8 @@ def tool(run: NodeRun) -> Result:
     ctx.request(call, {"tool_command": command}, command)
     inv = Invocation(["sh", "-c", command], None, {})
     limit = node.timeout or TOOL_TIMEOUT_SECONDS
-    done = run_tool(inv, ctx.ws.root, limit, record, ctx.guard.window)
+    sandbox = plan(ctx.agent, ctx.ws.root, None, protect=(Path(ctx.meta.agent_ref),))
+    done = run_tool(inv, ctx.ws.root, limit, record, ctx.guard.window, sandbox=sandbox)
     redact = ctx.secrets.redactor()  # a secret the run was given never reaches its records
     done.stdout, done.stderr = redact(done.stdout), redact(done.stderr)
     write_record(record, command, done, redact)

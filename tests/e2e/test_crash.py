@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -16,7 +17,7 @@ import pytest
 
 from deltad.testing import FakeLLM
 
-from ..conftest import Delta, wait_for, write_agent
+from ..conftest import TOOLS, Delta, wait_for, write_agent
 
 # A tool that holds the workspace lock until the test says so: no sleeps, no races.
 GATE_TOOLS = """
@@ -129,9 +130,22 @@ def test_signal_during_tool_interrupts_then_resume_does_not_rerun(
 
 
 # -- 2. kill -9 during a tool
-def test_kill_9_during_tool_then_resume_cleans_up(delta: Delta, fake: FakeLLM) -> None:
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_kill_9_during_tool_then_resume_cleans_up(
+    delta: Delta, fake: FakeLLM, tmp_path: Path, sandboxed: bool
+) -> None:
+    """Sandboxed (engine/sandbox.py), the tool dies with `delta`; unsandboxed (no bwrap, the
+    agent's choice), it is orphaned and the resume finds it and stops it."""
+    env: dict[str, str] = {}
+    if not sandboxed:  # a PATH without bwrap, and an agent that accepts that
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        for name in ("sh", "echo", "sleep"):
+            (bin_dir / name).symlink_to(shutil.which(name) or name)
+        env = {"PATH": str(bin_dir)}
+        delta.agent = write_agent(tmp_path, TOOLS, "sandbox: {unavailable: unsandboxed}\n", "u")
     fake.call("slow", {"seconds": 60}, id="slow1").reply("all done")
-    p = delta.popen("run", "--agent", str(delta.agent), "--task", "be slow")
+    p = delta.popen("run", "--agent", str(delta.agent), "--task", "be slow", env=env)
     wait_for((delta.ws / "started.txt").exists, "the tool to start")
     pgid = tool_pid(delta, "slow1")
     dead_pid = delta.metadata()["owner"]["pid"]
@@ -140,16 +154,19 @@ def test_kill_9_during_tool_then_resume_cleans_up(delta: Delta, fake: FakeLLM) -
     p.kill()
     p.communicate(timeout=30)
     assert p.returncode == -signal.SIGKILL
-    # Nobody got to say anything: the disk still says RUNNING, and the tool is orphaned.
+    # Nobody got to say anything: the disk still says RUNNING
     assert delta.status() == "RUNNING"
-    assert live_group_members(pgid), "the orphaned tool should still be running"
+    if sandboxed:  # and nothing the tool started outlives `delta`
+        wait_for(lambda: live_group_members(pgid) == [], "the sandbox to die with delta")
+    else:  # and the tool is orphaned
+        assert live_group_members(pgid), "the orphaned tool should still be running"
     r = delta("status", "--json")
     assert r.code == 0, r.err
     doc = json.loads(r.out)
     assert doc["status"] == "RUNNING" and doc["owner_alive"] is False
 
     try:
-        resume = delta.popen("run")
+        resume = delta.popen("run", env=env)
         out, err = resume.communicate(timeout=60)
         assert resume.returncode == 0, err
         assert "all done" in out
@@ -169,7 +186,8 @@ def test_kill_9_during_tool_then_resume_cleans_up(delta: Delta, fake: FakeLLM) -
         [result] = delta.results()["slow1"]
         assert result["status"] == "ERROR"
         assert "interrupted" in result["observation_content"]
-        assert "leftover process was stopped" in result["observation_content"]
+        stopped = "leftover process was stopped" in result["observation_content"]
+        assert stopped is not sandboxed  # sandboxed: nothing was left to stop
         assert tool_messages(fake.requests[-1], "slow1") == [result["observation_content"]]
         assert fake.remaining == 0 and len(fake.requests) == 2
     finally:

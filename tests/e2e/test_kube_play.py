@@ -57,6 +57,9 @@ FAKE_MODEL = ("python3", "-W", "ignore", "-m", "deltad.testing.fakellm", "--port
               "--final", "done")  # fmt: skip
 AGENT = """name: probe
 llm: {model: fake}
+# The image has no bubblewrap (and a container rarely allows its namespaces): the operator's
+# choice, said once per run (docs/delta.md, "Tools run sandboxed").
+sandbox: {unavailable: unsandboxed}
 tools:
   - name: probe
     shell: 'echo "uid=$(id -u)"'
