@@ -144,3 +144,24 @@ def refused(
     if skipped:
         fields["suppressed"] = skipped
     return append(audit, fields)
+
+
+def handover(
+    audit: Path | None,
+    ws: Path,
+    request_id: str,
+    *,
+    by: str,
+    to: str,
+    note: str,
+    channel: str,
+    origin: dict[str, str] | None = None,
+) -> dict[str, Any] | None:
+    """A question handed over (inbox/delegation.py): `from` and `to`, and the note."""
+    fields = about(ws, request_id) | {"kind": "handover", "channel": channel}
+    fields |= {"from": by, "to": to, "answered_by": by}
+    if note:
+        fields["note"] = note
+    if origin:
+        fields["origin"] = dict(origin)
+    return append(audit, fields)

@@ -677,7 +677,14 @@ def delegate(ctx: Context, who: Identity, q: ops.Delegate) -> schemas.DelegateOu
     me = inbox.Answerer(who.name, who.groups, who.role == "admin")
     try:
         req, handed = inbox.delegate(
-            Workspace(ws), request_id, to, who=me, known=known_delegates(ctx), note=q.note
+            Workspace(ws),
+            request_id,
+            to,
+            who=me,
+            known=known_delegates(ctx),
+            note=q.note,
+            audit=ctx.audit,
+            origin={"token": who.name},
         )
     except inbox.NotPending:
         raise gone(ctx, ws, request_id) from None

@@ -150,3 +150,27 @@ def test_the_apis_own_refusals_are_recorded_once_too(tmp_path: Path) -> None:
         "bob",
         {"token": "bob-laptop"},
     )
+
+
+def test_a_hand_over_is_one_entry_with_from_and_to(tmp_path: Path) -> None:
+    from deltad.inbox import delegation
+    from deltad.inbox.respondents import Answerer
+    from deltad.protocol import Workspace
+
+    ws, log = tmp_path / "ws", tmp_path / "audit.jsonl"
+    paused_workspace(ws, "Deploy?", input_type="yes_no", respondents=["alice"])
+    rid = str(json.loads((ws / ".delta/interaction/request.json").read_text())["request_id"])
+    w = Workspace.at(ws)
+    known = {"alice", "bob", "carol"}
+    delegation.delegate(w, rid, "bob", who=Answerer("alice"), known=known, note="on leave",
+                        audit=log, origin={"token": "alice"})  # fmt: skip
+    with pytest.raises(delegation.UnknownDelegate):  # refused: nothing written, no entry
+        delegation.delegate(w, rid, "mallory", who=Answerer("bob"), known=known, audit=log)
+    delegation.delegate(w, rid, "carol", who=Answerer("bob"), known=known, audit=log)
+    entries = _entries(log)
+    assert [(e["kind"], e["from"], e["to"], e["channel"]) for e in entries] == [
+        ("handover", "alice", "bob", "http"),
+        ("handover", "bob", "carol", "http"),
+    ]
+    assert entries[0]["note"] == "on leave" and entries[0]["origin"] == {"token": "alice"}
+    assert entries[0]["request_id"] == rid and entries[0]["run_id"] and "note" not in entries[1]
