@@ -165,3 +165,40 @@ def handover(
     if origin:
         fields["origin"] = dict(origin)
     return append(audit, fields)
+
+
+def followup_sent(
+    audit: Path | None,
+    ws: Path,
+    request_id: str,
+    kind: str,
+    *,
+    via: list[str],
+    number: int | None = None,
+    escalated_to: list[str] | None = None,
+) -> dict[str, Any] | None:
+    """A reminder (`kind: reminder`, its `number`) or an escalation (`escalation`,
+    `escalated_to`) sent by the daemon's timers (core/service.py): `channel: daemon`, `via`
+    what carried it ([]: nobody was told), `to` who it was sent to (the question's respondents,
+    delegates and people escalated to; [] anyone whose scope allows)."""
+    from deltad.protocol import followup
+
+    from .handover import answerers, read
+
+    fields = about(ws, request_id) | {"kind": kind, "channel": "daemon", "via": list(via)}
+    try:
+        w = Workspace.at(ws)
+        req = Mailbox(w).read_request()
+        if req is not None and req.request_id == request_id:
+            asked = followup.respondents_with(
+                req.respondents, followup.read(w.interaction_dir, request_id)
+            )
+            fields["to"] = answerers(asked, read(w, request_id))
+    except Exception:  # a damaged workspace: the entry without `to`
+        pass
+    if number is not None:
+        fields["reminder"] = number
+    if escalated_to is not None:
+        fields["escalated_to"] = list(escalated_to)
+        fields["to"] = list(escalated_to)
+    return append(audit, fields)
