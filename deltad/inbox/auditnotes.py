@@ -202,3 +202,28 @@ def followup_sent(
         fields["escalated_to"] = list(escalated_to)
         fields["to"] = list(escalated_to)
     return append(audit, fields)
+
+
+def switched(path: Path, enabled: bool) -> dict[str, Any] | None:
+    """At the daemon's start: with auditing off (`audit.enabled: false`) and a log there, one
+    `audit_disabled` entry, so the gap shows in the chain; on again after that, one
+    `audit_enabled`. Said once: the log's last entry says whether it was (a restart while off
+    adds nothing). None when nothing was appended."""
+    if not (path.exists() or auditlog.rotated(path)):
+        return None  # no log: no gap to show (a daemon that never audited)
+    try:
+        last = auditlog.last_entry(path)
+    except auditlog.AuditError as e:
+        log.error("audit_failed", error=str(e))
+        return None
+    was_off = last is not None and last.get("kind") == "audit_disabled"
+    if enabled == (not was_off):
+        return None
+    kind = "audit_enabled" if enabled else "audit_disabled"
+    fields = {
+        "kind": kind,
+        "at": iso(utcnow()),
+        "channel": "daemon",
+        "what": {"audit.enabled": enabled},
+    }
+    return append(path, fields)

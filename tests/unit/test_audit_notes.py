@@ -174,3 +174,37 @@ def test_a_hand_over_is_one_entry_with_from_and_to(tmp_path: Path) -> None:
     ]
     assert entries[0]["note"] == "on leave" and entries[0]["origin"] == {"token": "alice"}
     assert entries[0]["request_id"] == rid and entries[0]["run_id"] and "note" not in entries[1]
+
+
+def test_auditing_switched_off_and_on_is_said_once_each_in_the_chain(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    assert auditnotes.switched(log, enabled=False) is None  # no log: no gap to show
+    assert not log.exists()
+    auditnotes.append(log, {"kind": "decision", "at": "t", "channel": "http"})
+    assert auditnotes.switched(log, enabled=True) is None  # on, as it was
+    assert auditnotes.switched(log, enabled=False) is not None
+    assert auditnotes.switched(log, enabled=False) is None  # a restart while off: nothing more
+    assert auditnotes.switched(log, enabled=True) is not None
+    assert auditnotes.switched(log, enabled=True) is None
+    entries = _entries(log)
+    assert [e["kind"] for e in entries] == ["decision", "audit_disabled", "audit_enabled"]
+    assert entries[1]["what"] == {"audit.enabled": False} and entries[1]["channel"] == "daemon"
+    assert audit.verify(audit.read_lines(log)).entries == 3
+
+
+def test_the_switch_reads_the_last_entry_across_a_rotation(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    auditnotes.append(log, {"kind": "decision", "at": "t", "channel": "http"})
+    auditnotes.switched(log, enabled=False)
+    log.rename(tmp_path / "audit.jsonl.000000000002")  # moved aside, the next not begun
+    assert auditnotes.switched(log, enabled=False) is None
+    assert audit.last_entry(log) is not None
+    assert auditnotes.switched(log, enabled=True) is not None  # goes on from the file aside
+    assert json.loads(log.read_text())["seq"] == 3
+
+
+def test_a_torn_log_is_not_written_to_by_the_switch(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    log.write_bytes(b'{"torn')
+    assert auditnotes.switched(log, enabled=False) is None
+    assert log.read_bytes() == b'{"torn'
