@@ -44,6 +44,7 @@ from deltad.core.status import (
 from deltad.core.sweep import Sweep
 from deltad.core.walking import Walker, settle_heap
 from deltad.health import Vitals
+from deltad.inbox import auditnotes
 from deltad.inbox.audit import audit_path
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
@@ -450,6 +451,8 @@ class Lifecycle:
             state_dir=str(self.core.config.state_dir),
         )
         self.ticks.last_turn = t0  # starting counts as turning (/livez); each walk slice does too
+        # Auditing switched off (or on again) since the log's last entry: said in the chain.
+        auditnotes.switched(audit_path(self.core.config), self.core.config.audit.enabled)
         self.core.say_unsent()  # reminders no channel carries: said before they come due
         self.build_backends()
         self.core.feed.priming = True  # a restart does not announce every waiting question again

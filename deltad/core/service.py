@@ -45,7 +45,7 @@ from deltad.core.timers import Timers
 from deltad.core.unread import Unread
 from deltad.core.walking import Walker
 from deltad.health import Health
-from deltad.inbox import audit, quorum
+from deltad.inbox import audit, auditnotes, quorum
 from deltad.inbox.audit import audit_path
 from deltad.inbox.feed import Feed
 from deltad.inbox.receipts import receipt
@@ -355,6 +355,17 @@ class Service:
                 request_id=e.request_id,
                 escalated_to=list(e.plan.escalate_to),
             )
+        if e.action in TOLD and self.config.audit.enabled:  # once per send, as it is sent
+            self._rotate_audit()
+            auditnotes.followup_sent(
+                audit_path(self.config),
+                ws,
+                e.request_id,
+                "reminder" if e.action == "remind" else "escalation",
+                via=via,
+                number=len(rec.reminders) if e.action == "remind" else None,
+                escalated_to=None if e.action == "remind" else list(e.plan.escalate_to),
+            )
         if e.action in TOLD and not via:
             # Recorded and shown on the page, and carried to nobody: say so, not only "sent".
             log.warning(
@@ -427,6 +438,17 @@ class Service:
             self._audit_failing = str(e)
             why = f"its receipt could not be written ({e}): the resume waits"
             raise ReceiptUnwritten(why) from e
+
+    def _rotate_audit(self) -> None:
+        """Rotate the log if due before an entry other than a receipt (a failure is the
+        entry's to say)."""
+        cfg = self.config.audit
+        try:
+            if aside := audit.rotate(audit_path(self.config), cfg.rotate_bytes, cfg.keep_files,
+                                     iso(utcnow())):  # fmt: skip
+                log.info("audit_rotated", moved_aside=aside)
+        except Exception as e:
+            log.error("audit_failed", error=str(e))
 
     def start_resumes(self) -> None:
         if self.resumer.pending and not self.life.stopping:

@@ -282,6 +282,28 @@ def _chain_head(path: Path, f: IO[bytes]) -> tuple[int, str]:
     return seq, prev
 
 
+def last_entry(path: Path) -> dict[str, Any] | None:
+    """The chain's last entry (in the log, else the newest file moved aside), or None (empty).
+    AuditError if it cannot be read."""
+    for f in [path, *reversed(rotated(path))]:
+        try:
+            with open(f, "rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - _HEAD_READ))
+                data = fh.read()
+        except FileNotFoundError:
+            continue
+        if not data:
+            continue
+        if not data.endswith(b"\n"):
+            raise AuditError(f"the audit log's last line is torn ({f.name}); verify it")
+        try:
+            doc = json.loads(data[:-1].rsplit(b"\n", 1)[-1])
+        except ValueError as e:
+            raise AuditError(f"the audit log's last entry cannot be read ({e})") from None
+        return doc if isinstance(doc, dict) else None
+    return None
+
+
 def rotated(path: Path) -> list[Path]:
     """The files the log was moved aside as, oldest first."""
     prefix = path.name + "."

@@ -15,11 +15,13 @@ apply to delegating: only someone who may answer may delegate, and only to a tok
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from pathlib import Path
 
 from deltad.protocol import Mailbox, Workspace, followup, iso, utcnow
 from deltad.protocol.models import InteractionRequest
 from deltad.protocol.safefs import publish
 
+from . import auditnotes
 from .answer_body import SubmitError
 from .answering import open_question
 from .handover import MAX_DELEGATIONS, Delegation, Record, answerers, path_of, read
@@ -74,9 +76,14 @@ def delegate(
     who: Answerer | None,
     known: Collection[str],
     note: str = "",
+    audit: Path | None = None,
+    channel: str = "http",
+    origin: dict[str, str] | None = None,
 ) -> tuple[InteractionRequest, list[Delegation]]:
     """Hand open question `request_id` to `to`; returns the question and all its hand-overs.
-    Raises a SubmitError (the question is not open, `who` may not, `to` is unknown)."""
+    Raises a SubmitError (the question is not open, `who` may not, `to` is unknown). Each
+    hand-over made is an entry in `audit` (`kind: handover`; None: no receipts), after it is
+    written."""
     req = open_question(ws, request_id)
     had = read(ws, request_id)
     asked = followup.respondents_with(
@@ -89,6 +96,9 @@ def delegate(
     now = Delegation(by=who.name, to=to, note=note, at=iso(utcnow()))
     rec = Record(request_id=request_id, delegations=[*had, now])
     publish(path_of(ws), (rec.model_dump_json(indent=2) + "\n").encode(), replace=True)
+    auditnotes.handover(
+        audit, ws.root, request_id, by=who.name, to=to, note=note, channel=channel, origin=origin
+    )
     return req, rec.delegations
 
 

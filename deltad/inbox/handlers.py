@@ -23,7 +23,7 @@ from typing import Any, Literal
 import structlog
 
 from deltad import inbox
-from deltad.inbox import links, ops, paging, quorum, schemas, scopes
+from deltad.inbox import auditnotes, links, ops, paging, quorum, schemas, scopes
 from deltad.inbox.context import Context as Context  # `as`: named from here too
 from deltad.inbox.context import Shown, visible
 from deltad.inbox.feed import Listed
@@ -301,9 +301,13 @@ def answer(ctx: Context, who: Identity, q: ops.Answer) -> schemas.AnswerReceipt:
     if repeat is not None:
         return schemas.AnswerReceipt.model_validate(repeat)
     ws = _workspace_of(ctx, who, request_id, q.workspace)
-    _respondent(ws, request_id, inbox.Answerer(who.name, who.groups, who.role == "admin"))
-    if q.channel in NO_SECRETS:
-        _not_a_secret(ctx, ws, request_id, q.channel)
+    try:
+        _respondent(ws, request_id, inbox.Answerer(who.name, who.groups, who.role == "admin"))
+        if q.channel in NO_SECRETS:
+            _not_a_secret(ctx, ws, request_id, q.channel)
+    except ApiError as e:  # refused before the answering path (which records its own)
+        _refused(ctx, ws, request_id, e, q.channel, who.name, who.voter)
+        raise
     receipt = deliver(ctx, ws, request_id, q.body, who.name, q.channel, voter=who.voter)
     if key:
         ctx.idempotency.remember(who.name, key, request_id, body_digest, document(receipt))
@@ -554,8 +558,30 @@ def link_request(ctx: Context, who: None, q: ops.LinkRequest) -> Question:
 
 def link_answer(ctx: Context, who: None, q: ops.LinkAnswer) -> schemas.AnswerReceipt:
     link, ws = _link(ctx, q.link)
-    _respondent(ws, link.request_id, None)  # a link names nobody
+    try:
+        _respondent(ws, link.request_id, None)  # a link names nobody
+    except ApiError as e:
+        _refused(ctx, ws, link.request_id, e, "link", "signed link", None)
+        raise
     return deliver(ctx, ws, link.request_id, q.body, "signed link", "link")
+
+
+def _refused(
+    ctx: Context,
+    ws: Path,
+    request_id: str,
+    e: ApiError,
+    channel: str,
+    by: str,
+    voter: str | None,
+) -> None:
+    """An answer refused by the API's own checks, into the audit log as `quorum.cast` records
+    the answering path's refusals (inbox/auditnotes.py: bounded)."""
+    origin = None if channel == "link" else {"token": by}
+    auditnotes.refused(
+        ctx.audit, ws, request_id, e.code, str(e), channel=channel, by=by, voter=voter,
+        origin=origin,
+    )  # fmt: skip
 
 
 def _respondent(ws: Path, request_id: str, who: inbox.Answerer | None) -> None:
@@ -651,7 +677,14 @@ def delegate(ctx: Context, who: Identity, q: ops.Delegate) -> schemas.DelegateOu
     me = inbox.Answerer(who.name, who.groups, who.role == "admin")
     try:
         req, handed = inbox.delegate(
-            Workspace(ws), request_id, to, who=me, known=known_delegates(ctx), note=q.note
+            Workspace(ws),
+            request_id,
+            to,
+            who=me,
+            known=known_delegates(ctx),
+            note=q.note,
+            audit=ctx.audit,
+            origin={"token": who.name},
         )
     except inbox.NotPending:
         raise gone(ctx, ws, request_id) from None

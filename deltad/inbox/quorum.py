@@ -48,6 +48,7 @@ from deltad.protocol.questions import interpret_json
 from deltad.protocol.replies import AnswerRejected, Decision
 
 from . import audit as auditlog
+from . import auditnotes
 from .answer_body import AnswerIn, AnswerWaiting, Misfit, SubmitError, TooLarge
 from .answering import Submitted, check, open_question, submit
 from .ballots import (
@@ -193,7 +194,36 @@ def cast(
     answer (recorded as answered by `shown_as`, default `by`: a signed link is "signed link"
     but no voter), else as a vote (see the module's rule). Raises a SubmitError. A counted
     vote is appended to `audit` (None: no receipts) with `origin`, what the channel knows of
-    where it came from (see `record`)."""
+    where it came from (see `record`). A refusal is recorded too (`kind: refused`, its code;
+    bounded: inbox/auditnotes.py), once here for every channel."""
+    try:
+        return _cast(ws, request_id, body, by, channel, shown_as, audit, origin)
+    except SubmitError as e:
+        root = ws.root if isinstance(ws, Workspace) else Path(ws)
+        auditnotes.refused(
+            audit,
+            root,
+            request_id,
+            e.code,
+            str(e),
+            channel=channel,
+            by=shown_as or by,
+            voter=by,
+            origin=origin,
+        )
+        raise
+
+
+def _cast(
+    ws: Workspace | Path | str,
+    request_id: str,
+    body: AnswerIn,
+    by: str | None,
+    channel: str,
+    shown_as: str | None,
+    audit: Path | None,
+    origin: dict[str, str] | None,
+) -> Cast:
     w = ws if isinstance(ws, Workspace) else Workspace.at(ws)
     req = open_question(w, request_id)
     need = required_of(req)

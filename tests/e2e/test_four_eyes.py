@@ -69,6 +69,7 @@ def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> 
     root = tmp_path / "root"
     two, rejected, owned = root / "two", root / "rejected", root / "owned"
     _approval(two)
+    two_rid = _rid(two)
     _approval(rejected)
     _approval(owned, owner_may_approve=False)
     late = root / "late"
@@ -154,6 +155,12 @@ def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> 
             wait_for(lambda: len(a.get("/v1/requests").json()["requests"]) >= 4, "listed again")
             assert _given(a, two) == ["alice"]
             assert not d.resumed(two)
+            handed = a.post(
+                f"/v1/requests/{_rid(two)}/delegate",
+                params={"workspace": str(two)},
+                json={"to": "bob", "note": "your turn"},
+            )
+            assert handed.status_code == 200 and handed.json()["status"] == "delegated", handed.text
             r = _answer(b, two, _decide("approve"))
             assert r.status_code == 202 and r.json()["answered"] is True, r.text
             second = b.post("/v1/answers", json={"items": items, "answer": {"answer": "p"}})
@@ -197,6 +204,27 @@ def test_two_tokens_must_agree_and_a_vote_outlives_a_restart(tmp_path: Path) -> 
         [DELTAD, "audit", "verify", "--state-dir", str(d.state_dir)], capture_output=True, text=True
     )
     assert ok.returncode == 0, ok.stderr
+    # The refused votes and the hand-over are in the export too: one refused entry per person
+    # and refusal (alice's second token is alice refused again: not another entry).
+    out = subprocess.run(
+        [DELTAD, "audit", "export", "--state-dir", str(d.state_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    exported = [json.loads(x) for x in out.splitlines()]
+    refused = [
+        (e["workspace"], e["code"], e.get("voter", e["answered_by"]), e["channel"])
+        for e in exported
+        if e["kind"] == "refused"
+    ]
+    assert Counter(refused) == Counter(
+        {(str(two), "already_voted", "alice", "http"): 1,
+         (str(owned), "owner_may_not_approve", me, "http"): 1}
+    ), refused  # fmt: skip
+    [handover] = [e for e in exported if e["kind"] == "handover"]
+    assert (handover["from"], handover["to"], handover["note"]) == ("alice", "bob", "your turn")
+    assert handover["workspace"] == str(two) and handover["request_id"] == two_rid
 
 
 def test_an_agents_policy_asks_two_and_the_run_records_both(tmp_path: Path, fake: FakeLLM) -> None:

@@ -302,6 +302,19 @@ def test_the_loop_reminds_and_escalates_on_its_timers_and_a_restart_repeats_noth
     assert beside is not None and len(beside.reminders) == 2
     assert beside.escalated is not None and beside.escalated.to == ["bob"]
     assert beside.overdue_at is not None and beside.sla_due_at is not None
+    # Each send is one audit entry, once (not again after the restart), with who and what.
+    from deltad.inbox import audit
+
+    log = tmp_path / "state" / "audit.jsonl"
+    assert audit.verify(audit.read_lines(log)).entries == 3
+    sent = [json.loads(x) for x in audit.read_lines(log)]
+    assert [(e["kind"], e.get("reminder"), e["to"], e["via"], e["channel"]) for e in sent] == [
+        ("reminder", 1, ["alice"], [], "daemon"),
+        ("reminder", 2, ["alice"], [], "daemon"),
+        ("escalation", None, ["bob"], [], "daemon"),
+    ]
+    assert {e["request_id"] for e in sent} == {asked["request_id"]}
+    assert all(e["run_id"] == asked["run_id"] and e["workspace"] == str(ws) for e in sent)
 
     # Another daemon (an HA standby taking over, its own state dir) reads that record.
     other = _service(tmp_path, "other-state", clock)
