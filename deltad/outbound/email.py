@@ -245,11 +245,7 @@ class EmailChannel(Channel):
         c = self.config
         needed = c.authentication == "required" or (
             c.authentication == "approvals"
-            and (
-                bool(req.calls)
-                or req.input_type == InputType.APPROVAL
-                or req.approvals_required > 1
-            )
+            and (bool(req.calls) or req.approvals_required > 1)  # approving calls, or a vote
         )
         if c.authserv_id is None:
             if needed:

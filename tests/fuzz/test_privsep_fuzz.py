@@ -136,6 +136,19 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "text": st.none() | st.sampled_from(["b", "Blue", "yes", "x" * (ops.TEXT_MAX + 1)]) | text,
     "problem": st.none() | st.sampled_from(["unreadable", "unparsable", "bogus"]) | text,
     "automatic": st.booleans() | json_values,
+    "message_id": st.none() | st.sampled_from(["<a@b>", "x" * 999]) | text,
+    "authentication": st.lists(
+        st.sampled_from(
+            [
+                "mta.example.test; dkim=pass header.d=example.org",
+                "mta.example.test; dmarc=pass header.from=example.org",
+                "x" * 3000,
+            ]
+        )
+        | text,
+        max_size=20,
+    )
+    | json_values,
 }
 
 

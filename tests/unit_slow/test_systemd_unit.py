@@ -108,7 +108,7 @@ def test_fanotify_needs_its_drop_in_the_unit_alone_cannot() -> None:
     fanotify = _settings((DROP_INS / "fanotify.conf.example").read_text())
     caps = {c for line in unit["CapabilityBoundingSet"] for c in line.split()}
     calls = {c for line in unit["SystemCallFilter"] for c in line.split()}
-    assert "CAP_SYS_ADMIN" not in caps and calls == {"@system-service"}
+    assert "CAP_SYS_ADMIN" not in caps and calls == {"@system-service", "@mount"}
     assert fanotify["CapabilityBoundingSet"] == ["CAP_SYS_ADMIN"]
     assert set(fanotify["SystemCallFilter"][0].split()) == {"fanotify_init", "fanotify_mark"}
 
