@@ -219,13 +219,17 @@ def _postfix_ids() -> tuple[int, int]:
     return pw.pw_uid, pw.pw_gid
 
 
-@pytest.fixture(scope="module")
-def postfix() -> Iterator[Mta]:
-    why = unavailable()
+def _needed(why: str | None) -> None:
+    """Skip where a piece is missing, but fail under CI (`.ci/run` installs every piece)."""
     if why is not None:
         if os.environ.get("CI"):
             pytest.fail(f"the email tests must run in CI: {why}")
         pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def postfix() -> Iterator[Mta]:
+    _needed(unavailable())
     # Not under pytest's 0700 tmp: Postfix's unprivileged processes must reach it.
     d = Path(tempfile.mkdtemp(prefix="deltad-mta-"))
     d.chmod(0o755)
@@ -305,11 +309,8 @@ def _opendkim(d: Path, port: int) -> Dkim:
 @pytest.fixture(scope="module")
 def postfix_dkim() -> Iterator[tuple[Mta, Dkim]]:
     """The MTA with an `opendkim` milter (verify mode, authserv-id AUTHSERV_ID) in front."""
-    why = unavailable() or (None if os.access(OPENDKIM, os.X_OK) else "opendkim is not installed")
-    if why is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"the email tests must run in CI: {why}")
-        pytest.skip(why)
+    milter = None if os.access(OPENDKIM, os.X_OK) else "opendkim is not installed"
+    _needed(unavailable() or milter)
     d = Path(tempfile.mkdtemp(prefix="deltad-mta-"))
     d.chmod(0o755)
     (d / "dkim").mkdir()
