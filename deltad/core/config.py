@@ -211,6 +211,11 @@ class DaemonConfig(_Strict):
     # What any question may ask of reminders, whoever set them (the model, the agent, the
     # owner writing request.json): no more often than this, nor more of them an hour.
     follow_up_limits: FollowUpLimits = Field(default_factory=lambda: FollowUpLimits())
+    # The key every answer the daemon writes is signed with (deltad/inbox/sealing.py; made on
+    # the first start; None: <state_dir>/decision-key), and older public keys a resume still
+    # trusts (`ed25519:BASE64`: a rotation, or the other daemons of an HA fleet).
+    decision_key_file: Path | None = None
+    decision_keys_trusted: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _executor(self) -> DaemonConfig:
@@ -292,6 +297,23 @@ class DaemonConfig(_Strict):
     @classmethod
     def _expand(cls, v: Path) -> Path:
         return Path(os.path.abspath(os.path.expanduser(v)))
+
+    @field_validator("decision_key_file")
+    @classmethod
+    def _key_file(cls, v: Path | None) -> Path | None:
+        return None if v is None else Path(os.path.abspath(os.path.expanduser(v)))
+
+    @field_validator("decision_keys_trusted")
+    @classmethod
+    def _trusted(cls, v: list[str]) -> list[str]:
+        from deltad.protocol.seal import parse_keys
+
+        for word in v:
+            parse_keys(word)  # BadKey is a ValueError: one line, naming the key
+        return v
+
+    def decision_key_path(self) -> Path:
+        return self.decision_key_file or self.state_dir / "decision-key"
 
 
 def _problems(e: ValidationError, source: str) -> ConfigError:

@@ -44,7 +44,7 @@ from deltad.core.status import (
 from deltad.core.sweep import Sweep
 from deltad.core.walking import Walker, settle_heap
 from deltad.health import Vitals
-from deltad.inbox import auditnotes
+from deltad.inbox import auditnotes, sealing
 from deltad.inbox.audit import audit_path
 from deltad.protocol import iso, utcnow
 from deltad.protocol.printable import show_path
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from deltad.core.resumer import Finished, Resumer
     from deltad.core.timers import Timers
     from deltad.inbox.feed import Feed
+    from deltad.inbox.sealing import Sealer
     from deltad.metrics import CoreMetrics
     from deltad.outbound.wiring import Outbound
     from deltad.privsep.spawn import InboxHost
@@ -167,6 +168,7 @@ class Core(Protocol):
     def after_resume(self, fin: Finished) -> None: ...
     def configure(self, config: DaemonConfig) -> None: ...
     def say_unsent(self) -> None: ...
+    def use_key(self, sealer: Sealer) -> None: ...
 
 
 class Lifecycle:
@@ -454,6 +456,10 @@ class Lifecycle:
         # Auditing switched off (or on again) since the log's last entry: said in the chain.
         auditnotes.switched(audit_path(self.core.config), self.core.config.audit.enabled)
         self.core.say_unsent()  # reminders no channel carries: said before they come due
+        try:  # before any answer is written or any run resumed: every answer is sealed
+            self.core.use_key(sealing.load_or_create(self.core.config.decision_key_path()))
+        except sealing.KeyProblem as e:
+            raise Unusable(str(e)) from None
         self.build_backends()
         self.core.feed.priming = True  # a restart does not announce every waiting question again
         # The walk makes long-lived objects only (a workspace's entry and watches): collections

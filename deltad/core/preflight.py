@@ -32,6 +32,10 @@ def _all(config: DaemonConfig) -> Iterator[str]:
         yield f"state_dir: {problem}"
     if config.ha is not None:
         yield from _lease(config.ha.lease)
+    from deltad.inbox.sealing import problem_of
+
+    if (problem := problem_of(config.decision_key_path())) is not None:
+        yield f"decision_key_file: {problem}"
     yield from _executor(config)
     if config.http is not None:
         yield from _http(config)

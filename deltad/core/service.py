@@ -45,12 +45,13 @@ from deltad.core.timers import Timers
 from deltad.core.unread import Unread
 from deltad.core.walking import Walker
 from deltad.health import Health
-from deltad.inbox import audit, auditnotes, quorum
+from deltad.inbox import answering, audit, auditnotes, quorum
 from deltad.inbox.audit import audit_path
 from deltad.inbox.feed import Feed
 from deltad.inbox.receipts import receipt
+from deltad.inbox.sealing import Sealer
 from deltad.metrics import CoreMetrics, EngineEvents, Scraped
-from deltad.protocol import ProtocolError, Workspace, followup, iso, utcnow
+from deltad.protocol import ProtocolError, Workspace, followup, iso, seal, utcnow
 from deltad.protocol.runfacts import Elsewhere
 from deltad.watch import Backend
 from deltad.watch.discovery import is_workspace
@@ -81,6 +82,7 @@ class Service:
         self.registry = Registry(self.feed)  # its beliefs are the index's views
         self.resumer = resumer if resumer is not None else Resumer(config, clock)
         self.launcher = config.launcher()
+        self.sealer: Sealer | None = None  # set as the daemon starts (use_key)
         self.rules = core.Rules.of(config)
         self.memory: dict[Path, core.Memory] = {}  # what decide() remembers, per workspace
         # Reminders and escalations done, per open question (durable: followup.py)
@@ -113,11 +115,26 @@ class Service:
     def run(self) -> int:
         return self.life.run()
 
+    def use_key(self, sealer: Sealer) -> None:
+        """The key every answer this daemon writes is sealed with (inbox/sealing.py); each
+        resume is told it and the older keys still trusted, to check a gated answer with."""
+        self.sealer = sealer
+        answering.sealer = sealer
+        self.launcher.fixed = self.decision_env()
+        log.info("decision_key", key=sealer.public_text, file=str(self.config.decision_key_path()))
+
+    def decision_env(self) -> dict[str, str]:
+        if self.sealer is None:
+            return {}
+        keys = [self.sealer.public_text, *self.config.decision_keys_trusted]
+        return {seal.ENV: ",".join(keys)}
+
     def configure(self, config: DaemonConfig) -> None:
         """A reload's new configuration (the lifecycle keeps what changes only on a restart):
         new rules, the memory of each workspace kept."""
         self.config = config
         self.launcher = config.launcher()
+        self.launcher.fixed = self.decision_env()
         self.rules = core.Rules.of(config)
         self.resumer.configure(config)
         self.say_unsent()

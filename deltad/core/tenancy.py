@@ -224,6 +224,7 @@ def resume_env(
     allow: list[str],
     daemon_env: Mapping[str, str],
     credentials: Mapping[str, str] | None,
+    fixed: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The whole environment of a resume. The model settings are the daemon's own OPENAI_* and
     DELTA_* variables, or exactly the credentials file's when one applies; `allow` names what
@@ -235,6 +236,7 @@ def resume_env(
     else:
         env |= dict(credentials)
     env[exitcodes.RESUMED_BY] = "deltad"  # "nothing to do" is then busy (75), not a failure
+    env |= fixed or {}  # the daemon's own (its public keys): after the credentials, which cannot
     return env
 
 
@@ -253,6 +255,8 @@ class Launcher:
     root_credentials: dict[Path, Path]  # root directory -> credentials file
     owner_credentials: dict[str, Path]  # owner name -> credentials file
     daemon_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    # Set on every resume whatever the credentials say: DELTA_DECISION_KEYS (the service).
+    fixed: dict[str, str] = field(default_factory=dict)
 
     def credentials_file(self, ws: Path, owner: Owner) -> Path | None:
         if (path := self.owner_credentials.get(owner.name)) is not None:
@@ -265,4 +269,5 @@ class Launcher:
         identity = Identity.for_owner(owner, self.policy)
         path = self.credentials_file(ws, owner)
         creds = load_credentials(path, self.policy) if path is not None else None
-        return Launch(identity, resume_env(identity.runs_as, self.allow, self.daemon_env, creds))
+        env = resume_env(identity.runs_as, self.allow, self.daemon_env, creds, self.fixed)
+        return Launch(identity, env)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from deltad.protocol import EventType, InteractionRequest, followup, utcnow
+from deltad.protocol import EventType, InteractionRequest, followup, seal, utcnow
 from deltad.protocol.kinds import on_timeout
 from deltad.protocol.replies import AnswerRejected, Reply
 
@@ -33,6 +33,7 @@ class Asking:
         self.ctx = ctx
         self.interviewer = interviewer
         self.validate = validate  # checks the engine makes beyond the kind (edits vs schema)
+        self._keys: list[bytes] | None = None
 
     def record_asked(self, req: InteractionRequest) -> InteractionRequest:
         """Journal the question once, with the context a person decides with (from the journal
@@ -46,12 +47,24 @@ class Asking:
         )
         return req
 
-    def take(self, req: InteractionRequest) -> Reply | None:
+    def keys(self) -> list[bytes]:
+        """The daemon's public keys (protocol/seal.py), read once; none when unknown here."""
+        if self._keys is None:
+            try:
+                self._keys = seal.trusted_keys()
+            except seal.BadKey as e:
+                self.ctx.warn(f"{seal.ENV}: {e}; no signed answer can be checked")
+                self._keys = []
+        return self._keys
+
+    def take(self, req: InteractionRequest, gated: bool = False) -> Reply | None:
         """The reply to `req`, committed and with the mailbox tidied, or None when nobody can
-        answer now (the run pauses)."""
-        reply = self.ctx.history.reply(req.request_id)
+        answer now (the run pauses). `gated` (or a gated `req`: protocol/seal.py): only an
+        answer the daemon signed counts, taken from the mailbox or read back from the journal."""
+        signed = gated or seal.gated(req)
+        reply = self._recorded(req, signed)
         if reply is None:
-            reply = self._obtain(req)
+            reply = self._obtain(req, signed)
             if reply is None:
                 return None
             self._record(req, reply)
@@ -60,13 +73,36 @@ class Asking:
         self.interviewer.settle(req, reply)
         return reply
 
-    def _obtain(self, req: InteractionRequest) -> Reply | None:
+    def _recorded(self, req: InteractionRequest, signed: bool) -> Reply | None:
+        """The reply on record: the first, or for a gated question the first whose seal checks
+        out. A record this process did not write (an appended line) is said and skipped; the
+        question then waits for a signed answer as if it were not there."""
+        replies = self.ctx.history.replies_to(req.request_id)
+        if not signed:
+            return replies[0] if replies else None
+        for reply in replies:
+            if (why := seal.problem(req, reply, self.keys())) is None:
+                return reply
+            self.ctx.warn(
+                f"a reply to question {req.request_id} in the journal is not taken: {why}"
+            )
+        return None
+
+    def _obtain(self, req: InteractionRequest, signed: bool = False) -> Reply | None:
         while True:
             reply = self.interviewer.ask(req)
             if reply is None:
                 return on_timeout(req) if req.expired() else None
             if reply.outcome == "timeout":
                 return on_timeout(req)
+            if signed and (why := seal.problem(req, reply, self.keys())) is not None:
+                if reply.source != "mailbox" or (reply.seal and not self.keys()):
+                    # The terminal or a script cannot sign; a sealed file that cannot be
+                    # checked here is left for the daemon's resume, which can.
+                    self.ctx.warn(f"the answer to question {req.request_id} is not taken: {why}")
+                    return None
+                self.interviewer.reject(req, why)  # set aside (response.refused-*), said
+                return None
             try:
                 self.validate(req, reply)
                 return reply

@@ -50,6 +50,13 @@ class Misfit(SubmitError):
     code, http = "misfit", 422
 
 
+class Unsigned(SubmitError):
+    """A gated question (protocol/seal.py) answered where no seal can be made: `delta respond`
+    as the owner. Only the root core signs."""
+
+    code, http = "needs_signed_answer", 403
+
+
 class _AnswerBase(BaseModel):
     """What `response.json` holds, minus `request_id` (the question it answers is named apart):
     the fields below plus each kind's own (`kinds.answer_fields`), so a kind answered with a

@@ -13,6 +13,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deltad.agent import Agent, check_edits, load_agent
 from deltad.errors import UsageError
@@ -22,6 +23,7 @@ from deltad.protocol.journal import replied
 from deltad.protocol.mailbox import MAX_MAILBOX_BYTES, structured_bytes
 from deltad.protocol.questions import interpret_json, interpret_text
 from deltad.protocol.replies import AnswerRejected
+from deltad.protocol.seal import gated
 
 from .answer_body import (
     AlreadyAnswered,
@@ -31,12 +33,20 @@ from .answer_body import (
     Misfit,
     NotPending,
     TooLarge,
+    Unsigned,
 )
 from .handover import read, shown
 from .trust import agent_problem
 from .views import OPEN, NoRun, load_run
 
 MAX_ANSWER_BYTES = MAX_MAILBOX_BYTES  # what the resume reads: a bigger answer is refused there
+
+if TYPE_CHECKING:
+    from .sealing import Sealer
+
+# The daemon's signing key (sealing.py), set by the root core as it starts; None in any other
+# process (`delta respond`, as the owner, cannot sign: a gated question refuses its answer).
+sealer: Sealer | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,10 @@ def open_question(ws: Workspace, request_id: str | None = None) -> InteractionRe
         raise Expired(f"question {req.request_id} expired at {req.expires_at}")
     if meta.status not in OPEN:
         raise AlreadyAnswered(f"run {meta.run_id} is {meta.status}; its question is no longer open")
-    if replied(ws.run(req.run_id).journal, req.request_id):
+    # A gated question's recorded answer counts only when this daemon sealed it: a line the
+    # agent appended to the journal leaves the question open to people.
+    counts = sealer.counts(req) if sealer is not None else None
+    if replied(ws.run(req.run_id).journal, req.request_id, counts=counts):
         raise AlreadyAnswered(
             f"question {req.request_id} is already answered (the journal has the reply); "
             f"`delta run --work-dir {ws.root}` continues the run"
@@ -150,6 +163,14 @@ def submit(
         except DigestMismatch as e:
             raise Misfit(str(e)) from None
         doc["decisions"] = [d.model_dump(exclude_none=True, mode="json") for d in bound]
+    if doc is not None and sealer is not None:
+        doc["seal"] = sealer.seal(req, doc)  # the last field: it covers all the others
+    elif gated(req):
+        raise Unsigned(
+            f"question {req.request_id} {why_gated(req)}: it is answered through deltad's inbox "
+            "(the page, the API or a channel), which signs the answer; an answer written here "
+            "would be refused"
+        )
     size = len(data) if data is not None else len(structured_bytes(doc or {}))
     if size > MAX_ANSWER_BYTES:
         raise TooLarge(
@@ -165,6 +186,14 @@ def submit(
     if not written:
         raise AnswerWaiting("another answer was written first; it is waiting to be taken")
     return Submitted(req, path)
+
+
+def why_gated(req: InteractionRequest) -> str:
+    if req.approvals_required > 1:
+        return f"needs {req.approvals_required} approvals"
+    if req.respondents:
+        return "names who may answer it"
+    return "may not be approved by the workspace's owner"
 
 
 def answer_document(

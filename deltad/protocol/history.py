@@ -43,6 +43,9 @@ class History:
     call_ids: set[str] = field(default_factory=set)  # every tool call id the model used
     asked_requests: list[InteractionRequest] = field(default_factory=list)
     replies: dict[str, Reply] = field(default_factory=dict)  # request_id -> recorded reply
+    # Replies recorded after the first for the same question (none, unless a record the run
+    # did not write was refused: a gated question takes the first whose seal verifies).
+    later: dict[str, list[Reply]] = field(default_factory=dict)
     sources: Counter[str] = field(default_factory=Counter)
     last_end: JournalEvent | None = None
     last_retry_seq: int = 0
@@ -73,6 +76,7 @@ class History:
             "call_ids": sorted(self.call_ids),
             "asked_requests": [r.model_dump(mode="json") for r in self.asked_requests],
             "replies": {k: r.model_dump(mode="json") for k, r in self.replies.items()},
+            "later": {k: [r.model_dump(mode="json") for r in v] for k, v in self.later.items()},
             "sources": dict(self.sources),
             "last_end": event(self.last_end),
             "last_retry_seq": self.last_retry_seq,
@@ -102,6 +106,10 @@ class History:
             call_ids=ids(s["call_ids"]),
             asked_requests=[InteractionRequest.model_validate(r) for r in s["asked_requests"]],
             replies={str(k): Reply.model_validate(r) for k, r in dict(s["replies"]).items()},
+            later={
+                str(k): [Reply.model_validate(r) for r in v]
+                for k, v in dict(s.get("later") or {}).items()
+            },
             sources=Counter({str(k): int(v) for k, v in dict(s["sources"]).items()}),
             last_end=event(s["last_end"]),
             last_retry_seq=int(s["last_retry_seq"]),
@@ -130,7 +138,10 @@ class History:
                 self.asked_requests.append(typed(e, Asked).request)
             case EventType.HUMAN_INTERACTION if p.get("phase") == "answered":
                 answered = typed(e, Answered)
-                self.replies.setdefault(answered.request_id, answered.reply)
+                if answered.request_id in self.replies:
+                    self.later.setdefault(answered.request_id, []).append(answered.reply)
+                else:
+                    self.replies[answered.request_id] = answered.reply
                 self.sources[answered.reply.source] += 1
             case EventType.RUN_END:
                 self.last_end = e
@@ -171,6 +182,11 @@ class History:
 
     def reply(self, request_id: str) -> Reply | None:
         return self.replies.get(request_id)
+
+    def replies_to(self, request_id: str) -> list[Reply]:
+        """Every reply recorded to question `request_id`, in the journal's order."""
+        first = self.replies.get(request_id)
+        return [] if first is None else [first, *self.later.get(request_id, [])]
 
     def replies_from(self, source: str) -> int:
         """How many recorded replies came from `source` (a resumed answers queue skips them)."""

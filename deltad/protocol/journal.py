@@ -437,11 +437,21 @@ def _asks(payload: dict[str, Any], request_id: str) -> bool:
     )
 
 
-def replied(path: Path, request_id: str, block: int = 1 << 16) -> bool:
-    """Whether the journal records a reply to `request_id` (`delta respond`, the HTTP API)."""
+def replied(
+    path: Path,
+    request_id: str,
+    block: int = 1 << 16,
+    counts: Callable[[dict[str, Any]], bool] | None = None,
+) -> bool:
+    """Whether the journal records a reply to `request_id` (`delta respond`, the HTTP API);
+    `counts` (a gated question: protocol/seal.py) says which `answered` records count."""
     with contextlib.closing(_human_records(path, request_id, block)) as records:
         for payload in records:
-            if payload.get("phase") == "answered" and payload.get("request_id") == request_id:
+            if (
+                payload.get("phase") == "answered"
+                and payload.get("request_id") == request_id
+                and (counts is None or counts(payload))
+            ):
                 return True
             if _asks(payload, request_id):
                 return False

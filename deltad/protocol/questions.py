@@ -8,6 +8,8 @@ How each input type reads an answer is its entry in `kinds`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -50,6 +52,16 @@ def _check_decisions(req: InteractionRequest, decisions: list[CallDecision]) -> 
     return sorted(decisions, key=lambda d: order[d.action_id])
 
 
+def statement(req: InteractionRequest, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """What the seal of answer document `doc` (response.json) covers (protocol/seal.py): the
+    document without its `seal`, a secret's answer left out (the journal keeps the statement;
+    it never keeps a secret)."""
+    said = {k: v for k, v in doc.items() if k != "seal"}
+    if req.is_secret and said.get("answer") is not None:
+        said["answer"] = None
+    return said
+
+
 def interpret_json(req: InteractionRequest, raw: str) -> Reply:
     try:
         obj = json.loads(raw)
@@ -82,4 +94,6 @@ def interpret_json(req: InteractionRequest, raw: str) -> Reply:
     reply.channel = doc.channel
     reply.delegations = doc.delegations
     reply.approvals = doc.approvals
+    if doc.seal is not None:
+        reply.seal = {"statement": statement(req, obj), **doc.seal}
     return reply

@@ -55,6 +55,9 @@ class StructuredAnswer(BaseModel):
     # Four eyes (deltad/inbox/quorum.py): every vote that made this answer, [{"by", "channel",
     # "at"}], when the question needed more than one.
     approvals: list[dict[str, str]] | None = None
+    # The daemon's signature (protocol/seal.py): {"key": its id, "sig": base64 Ed25519 over
+    # the document without this field}. Written by the root core's answering path only.
+    seal: dict[str, str] | None = None
 
 
 Outcome = Literal["answered", "timeout", "skipped"]
@@ -76,3 +79,6 @@ class Reply(BaseModel):
     approvals: list[dict[str, str]] | None = None  # four eyes: the votes that made it
     # Reminders and escalation before this reply (followup.json, copied in by the engine).
     follow_up: dict[str, Any] | None = None
+    # A signed answer's seal, kept in the journal so a resume checks it again (protocol/seal.py):
+    # {"statement": what was signed, "key", "sig"}.
+    seal: dict[str, Any] | None = None

@@ -168,3 +168,6 @@ def _unit_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tmp_path(_unit_tmp: Path) -> Path:
     """A fresh 0700 directory of the test's own, as pytest's, without numbering it."""
     return Path(tempfile.mkdtemp(prefix="t", dir=_unit_tmp))
+
+
+from tests.support.sealing import decision_key  # noqa: E402,F401  (autouse: the core's key)

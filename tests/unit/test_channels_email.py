@@ -252,12 +252,14 @@ def test_a_reply_answers_through_the_answering_path(tmp_path: Path) -> None:
     _deliver(ch, "1.m1", reply_to, ALICE, "yes\n\n> Deploy?\n")
     assert _take(ch) == 1
     doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
+    seal = doc.pop("seal")  # the core's signature (protocol/seal.py): the question is gated
     assert doc == {
         "request_id": request_id,
         "answer": "yes",
         "answered_by": ALICE,
         "channel": "email",
     }
+    assert set(seal) == {"key", "sig"}
     assert os.listdir(ch.config.maildir / "new") == []
     assert os.listdir(ch.config.maildir / "cur") == ["1.m1:2,S"]
     assert _refusals(ch) == []

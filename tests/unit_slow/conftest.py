@@ -14,3 +14,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if str(item.path).startswith(here):
             item.add_marker(pytest.mark.slowunit)
+
+
+from tests.support.sealing import decision_key  # noqa: E402,F401  (autouse: the core's key)
