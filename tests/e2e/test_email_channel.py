@@ -383,6 +383,12 @@ def test_the_inbox_process_opens_the_mail_and_a_kill_9_mid_message_answers_once(
         try:
             mta.send(_reply(str(question["Reply-To"]), ALICE, "yes"))
             holders = wait_for(lambda: _opened_in(new), "the reply opened")
+            # Postfix's delivery agent may still hold the file it just wrote: wait until it
+            # lets go. The core is stopped: had it the file open, it would never let go.
+            holders = wait_for(
+                lambda: (h := _opened_in(new)) and (h if set(h) == {inbox} else None),
+                f"the reply held by the inbox ({inbox}) alone; held by {holders}",
+            )
             assert set(holders) == {inbox}, holders  # not the core (pid {daemon.proc.pid})
             uid = int(_status(inbox)["Uid"].split()[0])
             assert uid == pwd.getpwnam("deltad-inbox").pw_uid != 0
