@@ -149,6 +149,11 @@ class ApprovalPolicy(_Strict):
                 raise ValueError(why)
         return names
 
+    @property
+    def gated(self) -> bool:
+        """Do its approvals count only when the daemon signed them (protocol/seal.py)?"""
+        return bool(self.respondents) or self.approvals_required > 1 or not self.owner_may_approve
+
 
 class SandboxPolicy(_Strict):
     """How the agent's tools are confined (engine/sandbox.py, docs/delta.md "Tools run

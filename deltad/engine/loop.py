@@ -187,7 +187,7 @@ class Engine:
             return
         if req is None or req.run_id != ctx.meta.run_id:
             return
-        reply = ctx.history.reply(req.request_id)
+        reply = self.asking.recorded(req)  # for a gated question, only a signed one
         if reply is None:
             return
         ids = [c.action_id for c in req.calls] or [req.action_id]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from deltad.agent import Agent, check_edits, load_agent
 from deltad.errors import UsageError
-from deltad.protocol import InteractionRequest, Mailbox, Workspace
+from deltad.protocol import InteractionRequest, Mailbox, Workspace, seal
 from deltad.protocol.calldigest import DigestMismatch, bind
 from deltad.protocol.journal import replied
 from deltad.protocol.mailbox import MAX_MAILBOX_BYTES, structured_bytes
@@ -74,7 +74,7 @@ def open_question(ws: Workspace, request_id: str | None = None) -> InteractionRe
         raise AlreadyAnswered(f"run {meta.run_id} is {meta.status}; its question is no longer open")
     # A gated question's recorded answer counts only when this daemon sealed it: a line the
     # agent appended to the journal leaves the question open to people.
-    counts = sealer.counts(req) if sealer is not None else None
+    counts = seal.counts(req, [sealer.public] if sealer is not None else _trusted())
     if replied(ws.run(req.run_id).journal, req.request_id, counts=counts):
         raise AlreadyAnswered(
             f"question {req.request_id} is already answered (the journal has the reply); "
@@ -186,6 +186,13 @@ def submit(
     if not written:
         raise AnswerWaiting("another answer was written first; it is waiting to be taken")
     return Submitted(req, path)
+
+
+def _trusted() -> list[bytes]:
+    try:
+        return seal.trusted_keys()
+    except seal.BadKey:
+        return []  # then no recorded answer counts: the question stays open
 
 
 def why_gated(req: InteractionRequest) -> str:

@@ -14,7 +14,7 @@ import base64
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deltad.protocol import InteractionRequest
 from deltad.protocol.fsio import atomic_write
-from deltad.protocol.replies import Reply
-from deltad.protocol.seal import encode_key, gated, key_id, message, problem, statement
+from deltad.protocol.seal import encode_key, key_id, message, statement
 
 MAX_KEY_BYTES = 4096
 
@@ -54,23 +53,6 @@ class Sealer:
         """The `seal` field of answer document `doc` to `req`."""
         sig = self.private.sign(message(statement(req, doc)))
         return {"key": key_id(self.public), "sig": base64.b64encode(sig).decode()}
-
-    def counts(self, req: InteractionRequest) -> Callable[[dict[str, Any]], bool] | None:
-        """For `journal.replied`: which recorded answers to `req` count (None: all do). An
-        answer to a gated question that this key did not seal was not the daemon's: the
-        question is still open to people."""
-        if not gated(req):
-            return None
-        keys = [self.public]
-
-        def sealed(payload: dict[str, Any]) -> bool:
-            try:
-                reply = Reply.model_validate(payload.get("reply"))
-            except ValueError:
-                return False
-            return problem(req, reply, keys) is None
-
-        return sealed
 
 
 def load_or_create(path: Path) -> Sealer:

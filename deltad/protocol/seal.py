@@ -22,7 +22,7 @@ import base64
 import binascii
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from .kinds import on_timeout
 from .models import InteractionRequest
 from .questions import interpret_json, statement
 
-__all__ = ["gated", "message", "parse_keys", "problem", "statement", "trusted_keys"]
+__all__ = ["counts", "gated", "message", "parse_keys", "problem", "statement", "trusted_keys"]
 from .replies import AnswerRejected, Reply
 
 PREFIX = b"deltad-decision-v1\0"
@@ -161,3 +161,20 @@ def problem(req: InteractionRequest, reply: Reply, keys: list[bytes]) -> str | N
     if _content(signed) != _content(reply):
         return "the answer is not the one deltad signed"
     return None
+
+
+def counts(req: InteractionRequest, keys: list[bytes]) -> Callable[[dict[str, Any]], bool] | None:
+    """For `journal.replied`: which recorded answers to `req` count (None: all do). An answer
+    to a gated question without a seal that checks out was not the daemon's: the question is
+    still open to people."""
+    if not gated(req):
+        return None
+
+    def sealed(payload: dict[str, Any]) -> bool:
+        try:
+            reply = Reply.model_validate(payload.get("reply"))
+        except ValueError:
+            return False
+        return problem(req, reply, keys) is None
+
+    return sealed
