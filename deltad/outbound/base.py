@@ -103,6 +103,16 @@ class Context:
     question: Callable[[Workspace, str], InteractionRequest] = open_question
     # Replies a channel took in by (channel, result): deltad_channel_replies (metrics.py).
     replies: Counter | None = None
+    # A reply refused before the answering path saw it (a forged or unauthenticated sender, a
+    # sender no respondent), into the audit log: (workspace, request id, code, reason, who,
+    # origin). The answering path records its own refusals (quorum.cast). None: not kept.
+    refused: Refused | None = None
+
+
+class Refused(Protocol):
+    def __call__(
+        self, ws: Path, request_id: str, code: str, reason: str, by: str, origin: dict[str, str]
+    ) -> None: ...
 
 
 class Channel(ABC):

@@ -55,9 +55,12 @@ ONE_CLICK = (InputType.CHOICE, InputType.YES_NO, InputType.CONFIRMATION, InputTy
 class Refusal(Exception):
     """A reply that does not answer: one line for the person, a code for the log."""
 
-    def __init__(self, code: str, line: str, grant: Grant | None = None) -> None:
+    def __init__(
+        self, code: str, line: str, grant: Grant | None = None, audited: bool = False
+    ) -> None:
         super().__init__(line)
         self.code, self.grant = code, grant
+        self.audited = audited  # the answering path recorded it already (quorum.cast)
 
 
 class EmailChannel(Channel):
@@ -210,6 +213,8 @@ class EmailChannel(Channel):
                 reason=str(r),
                 request_id=r.grant.request_id if r.grant else None,
             )
+            if r.grant is not None and not r.audited:
+                self._audit(got, r, r.grant)
             if r.grant is not None:  # only to the address the reply address was given to
                 self._notice(
                     r.grant.recipient,
@@ -220,6 +225,25 @@ class EmailChannel(Channel):
             return {"result": "refused", "code": r.code}
         self._count(result)
         return {"result": result}
+
+    def _audit(self, got: mail.Received, r: Refusal, grant: Grant) -> None:
+        """A refusal of a reply that named a question (its reply address held), as a receipt:
+        a forged or unauthenticated From is on record with the mail that carried it."""
+        if self.ctx.refused is None:
+            return
+        try:
+            ws = grant.path
+        except ValueError:
+            return
+        origin = {"from": got.sender.lower(), "message": got.message}
+        if got.message_id is not None:
+            origin["message_id"] = got.message_id
+        if got.authentication:
+            origin["authentication"] = "; ".join(got.authentication)[:1000]
+        try:
+            self.ctx.refused(ws, grant.request_id, r.code, str(r), got.sender.lower(), origin)
+        except Exception as err:  # the refusal stands; a log that cannot take it says so
+            log.error("audit_failed", error=str(err))
 
     def _count(self, result: str) -> None:
         if self.ctx.replies is not None:
@@ -337,7 +361,7 @@ class EmailChannel(Channel):
                 return "taken"  # this very message answered before a crash cut its pass short
             self.grants.release(grant)
             why = f"{e}; reply again" if isinstance(e, Misfit | TooLarge) else str(e)
-            raise Refusal(e.code, why, grant) from None
+            raise Refusal(e.code, why, grant, audited=True) from None
         if done is None:  # four eyes: a vote counted; the question waits for the others
             log.info(
                 "email_voted",

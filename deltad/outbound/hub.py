@@ -13,10 +13,10 @@ import structlog
 from prometheus_client import Counter
 
 from deltad import inbox
-from deltad.inbox import quorum
+from deltad.inbox import auditnotes, quorum
 from deltad.inbox.feed import FeedEvent
 from deltad.inbox.outcome import answers_of
-from deltad.outbound.base import Answer, Channel, Closed, Context, Question
+from deltad.outbound.base import Answer, Channel, Closed, Context, Question, Refused
 from deltad.outbound.config import ChannelsConfig
 from deltad.outbound.outbox import Delivery, target_key
 from deltad.protocol import Workspace, viewing
@@ -70,6 +70,7 @@ def build(
     link: Callable[[str, str], str] | None = None,
     page: Callable[[str], str] | None = None,
     replies: Counter | None = None,
+    audit: Path | None = None,
 ) -> list[Channel]:
     """The configured channels (ValueError or OSError, one line, if one cannot start); what a
     channel sends is handed to the inbox process through `handoff`."""
@@ -84,6 +85,7 @@ def build(
             link,
             page,
             replies=replies,
+            refused=noting(audit, "email"),
         )
         out.append(EmailChannel(config.email, ctx))
     if config.slack is not None:
@@ -163,6 +165,22 @@ class Hub:
             c.stop()
 
 
+def noting(audit: Path | None, channel: str) -> Refused | None:
+    """A channel's refusals into `audit` (inbox/auditnotes.py: bounded, a secret's reason
+    left out), as the answering path records its own."""
+    if audit is None:
+        return None
+
+    def refused(
+        ws: Path, request_id: str, code: str, reason: str, by: str, origin: dict[str, str]
+    ) -> None:
+        auditnotes.refused(
+            audit, ws, request_id, code, reason, channel=channel, by=by, origin=origin
+        )
+
+    return refused
+
+
 def voting(audit: Path | None) -> Answer:
     """The channels' answering path: `quorum.answer_or_vote`, its votes' receipts in `audit`."""
 
@@ -219,7 +237,7 @@ def start(
     if handoff is None:
         raise ValueError("no inbox process to hand the channels' messages to")
     # Each vote is a receipt in `audit` (None: not kept), as over HTTP: `quorum.cast` writes it.
-    made = build(config, state_dir, voting(audit), handoff, link, page, replies)
+    made = build(config, state_dir, voting(audit), handoff, link, page, replies, audit)
     hub = Hub(made, quiet_roots)
     hub.start()
     if isinstance(http, handlers.Context):

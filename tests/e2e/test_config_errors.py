@@ -122,7 +122,42 @@ def _webhook(signing: dict[str, str]) -> Settings:
     }
 
 
+def _key_file(text: str | None, mode: int) -> Settings:
+    """A `decision_key_file` holding `text` (None: a real Ed25519 key) with `mode`."""
+
+    def settings(tmp: Path) -> dict[str, Any]:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        path = tmp / "decision-key"
+        if text is None:
+            path.write_bytes(
+                Ed25519PrivateKey.generate().private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            )
+        else:
+            path.write_text(text)
+        path.chmod(mode)
+        return {"decision_key_file": str(path)}
+
+    return settings
+
+
 CASES: dict[str, Case] = {
+    # the key answers are signed with (docs/inbox.md, "Decisions only the daemon can sign")
+    "decision key readable by others": Case(
+        _key_file(None, 0o644), "decision_key_file: decision key /"
+    ),
+    "decision key not a key": Case(
+        _key_file("not a key\n", 0o600), "not an Ed25519 private key in PEM"
+    ),
+    "trusted decision key malformed": Case(
+        lambda tmp: {"decision_keys_trusted": ["rsa:AAAA"]},
+        "decision_keys_trusted: not an ed25519 public key: 'rsa:AAAA'",
+    ),
     # executors: each one's options are a model (extra keys forbidden, a did-you-mean)
     "slurm without options": Case(_slurm(), "executors.slurm.log_dir: required"),
     "slurm misspelt": Case(

@@ -28,6 +28,7 @@ from deltad.outbound.config import EmailConfig
 from deltad.outbound.courier import Failed
 from deltad.outbound.email import EmailChannel
 from deltad.outbound.grants import AddressExpired, Grants, Unknown, check
+from deltad.outbound.hub import noting
 from deltad.outbound.maildir import MaildirReader
 from deltad.outbound.outbox import Outbox
 from deltad.privsep import monitor
@@ -142,7 +143,7 @@ def test_only_the_plain_part_is_read_never_html() -> None:
 
 
 # -- the channel ----------------------------------------------------------------------------
-def _channel(tmp: Path, **over: Any) -> EmailChannel:
+def _channel(tmp: Path, audit: Path | None = None, **over: Any) -> EmailChannel:
     box = tmp / "Maildir"
     for sub in ("new", "cur", "tmp"):
         (box / sub).mkdir(parents=True, exist_ok=True)
@@ -162,6 +163,7 @@ def _channel(tmp: Path, **over: Any) -> EmailChannel:
         quorum.answer_or_vote,
         inbox.hand,
         page=lambda r: f"https://inbox/#request={r}",
+        refused=noting(audit, "email"),
     )
     return EmailChannel(config, ctx)
 
@@ -650,7 +652,8 @@ def test_an_approval_by_mail_counts_only_with_the_trusted_mtas_aligned_pass(
     Authentication-Results of the configured authserv-id hold a DKIM pass aligned with the
     From: not without one, not with a forged pass below the MTA's own, not with a pass by
     another id, not with a pass for another domain. A plain answer needs none."""
-    ch = _channel(tmp_path, authserv_id=MX)
+    audit = tmp_path / "audit.jsonl"
+    ch = _channel(tmp_path, audit=audit, authserv_id=MX)
     calls = [{"action_id": "c1", "tool_name": "deploy"}]
     ws, _ = _ask(tmp_path, ch, input_type="approval", calls=calls)
     [to] = [str(m["Reply-To"]) for _, kind, m in _outgoing(ch) if m["To"] == ALICE]
@@ -669,6 +672,15 @@ def test_an_approval_by_mail_counts_only_with_the_trusted_mtas_aligned_pass(
     assert len(refusals) == len(forged)
     assert all("not authenticated by mx.d.example" in r for r in refusals), refusals
     assert "dkim=pass header.d=evil.example" in refusals[3]
+    # On record: the refusal, whose mail it was, and what its headers said (bounded: the same
+    # person's same refusal of one question is one entry, the rest counted as suppressed).
+    [entry] = [e for e in map(json.loads, audit.read_text().splitlines()) if e["kind"] == "refused"]
+    assert (entry["code"], entry["channel"], entry["answered_by"]) == (
+        "unauthenticated",
+        "email",
+        ALICE,
+    )
+    assert entry["origin"]["from"] == ALICE and entry["origin"]["message"] == "0.m"
     _deliver(ch, "ok.m", to, ALICE, "approve", auth=(SIGNED, "other.example; none"))
     assert _take(ch) == 1
     doc = json.loads((ws / ".delta" / "interaction" / "response.json").read_text())
