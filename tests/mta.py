@@ -18,9 +18,11 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import smtplib
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -158,14 +160,15 @@ class Mta:
         return ""
 
 
-def _start(d: Path, milter: int | None = None) -> Mta:
+def _start(d: Path, milter: int | None = None, dmarc: Path | None = None) -> Mta:
     port = _free_port()
     conf = d / "conf"
     conf.mkdir()
     (conf / "master.cf").write_text(MASTER.format(port=f"127.0.0.1:{port}"))
     main = MAIN.format(dir=d, deltad=DELTAD_DOMAIN, people=PEOPLE_DOMAIN, nobody=NOBODY)
-    if milter is not None:  # every mail through the milter; deferred when it does not answer
-        main += f"smtpd_milters = inet:127.0.0.1:{milter}\nmilter_default_action = tempfail\n"
+    if milter is not None:  # every mail through the milters; deferred when one does not answer
+        chain = f"inet:127.0.0.1:{milter}" + (f", unix:{dmarc}" if dmarc is not None else "")
+        main += f"smtpd_milters = {chain}\nmilter_default_action = tempfail\n"
     (conf / "main.cf").write_text(main)
     people = ("alice", "bob", "mallory")
     (d / "vmailbox").write_text(
@@ -306,24 +309,106 @@ def _opendkim(d: Path, port: int) -> Dkim:
             time.sleep(0.05)
 
 
+OPENDMARC = "/usr/sbin/opendmarc"
+DMARC_RECORD = "v=DMARC1; p=reject"  # the people's domain's policy, as its DNS would publish it
+
+# A DNS server of one record, for `opendmarc` alone (in a network namespace of its own): TXT
+# `_dmarc.<people's domain>`; any other name does not exist. Standard library only.
+DNS_SERVER = r"""
+import socket, struct, sys
+
+name, record = sys.argv[1].lower(), sys.argv[2].encode()
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 53))
+while True:
+    q, peer = s.recvfrom(512)
+    i, labels = 12, []
+    while q[i]:
+        labels.append(q[i + 1 : i + 1 + q[i]].decode(errors="replace").lower())
+        i += 1 + q[i]
+    qtype = struct.unpack("!H", q[i + 1 : i + 3])[0]
+    question = q[12 : i + 5]
+    found = ".".join(labels) == name and qtype == 16
+    flags = 0x8180 if found else 0x8183  # a response, recursion available; NXDOMAIN
+    head = q[:2] + struct.pack("!HHHHH", flags, 1, 1 if found else 0, 0, 0)
+    answer = b""
+    if found:
+        rdata = bytes([len(record)]) + record
+        answer = struct.pack("!HHHIH", 0xC00C, 16, 1, 60, len(rdata)) + rdata
+    s.sendto(head + question + answer, peer)
+"""
+
+# opendmarc in a network and mount namespace of its own: its loopback serves the record, and
+# its /etc/resolv.conf names it (OpenDMARC has no resolver setting; the host's is untouched).
+IN_NAMESPACE = """
+ip link set lo up
+mount --bind "$1/resolv.conf" /etc/resolv.conf
+"$2" "$1/dns.py" "_dmarc.$3" "$4" &
+exec /usr/sbin/opendmarc -f -c "$1/opendmarc.conf"
+"""
+
+
+def _opendmarc(d: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    sock = d / "opendmarc.sock"
+    (d / "dns.py").write_text(DNS_SERVER)
+    (d / "resolv.conf").write_text("nameserver 127.0.0.1\noptions attempts:2 timeout:2\n")
+    (d / "ignore").write_text("192.0.2.1\n")  # not loopback, where the test's mail comes from
+    (d / "opendmarc.conf").write_text(
+        f"AuthservID {AUTHSERV_ID}\nTrustedAuthservIDs {AUTHSERV_ID}\n"
+        f"Socket local:{sock}\nPidFile {d}/opendmarc.pid\nUMask 000\nSyslog false\n"
+        f"IgnoreHosts {d}/ignore\nIgnoreAuthenticatedClients false\n"
+        # deltad decides: a verdict in the header, never a rejection at SMTP time
+        "RejectFailures false\nSPFIgnoreResults true\nSPFSelfValidate false\n"
+        "FailureReports false\n"
+    )
+    argv = ["unshare", "--net", "--mount", "--propagation", "private", "sh", "-euc"]
+    argv += [IN_NAMESPACE, "sh", str(d), sys.executable, PEOPLE_DOMAIN, DMARC_RECORD]
+    process = subprocess.Popen(
+        argv, stdout=(d / "opendmarc.log").open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True,  # the DNS server goes with it (killpg)
+    )  # fmt: skip
+    end = time.monotonic() + DEADLINE
+    while True:
+        try:
+            with socket.socket(socket.AF_UNIX) as c:
+                c.connect(str(sock))
+            return process, sock
+        except OSError:
+            if process.poll() is not None or time.monotonic() > end:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                log = (d / "opendmarc.log").read_text(errors="replace")
+                raise AssertionError(f"opendmarc did not listen on {sock}:\n{log}") from None
+            time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def postfix_dkim() -> Iterator[tuple[Mta, Dkim]]:
-    """The MTA with an `opendkim` milter (verify mode, authserv-id AUTHSERV_ID) in front."""
-    milter = None if os.access(OPENDKIM, os.X_OK) else "opendkim is not installed"
-    _needed(unavailable() or milter)
+    """The MTA with a real milter chain in front, as a site verifying mail runs it: `opendkim`
+    (verify mode) then `opendmarc` (the DMARC policy of the people's domain from DNS, its
+    verdict in the header, nothing rejected), both writing authserv-id AUTHSERV_ID."""
+    missing = [p for p in (OPENDKIM, OPENDMARC) if not os.access(p, os.X_OK)]
+    _needed(unavailable() or (f"{missing[0]} is not installed" if missing else None))
     d = Path(tempfile.mkdtemp(prefix="deltad-mta-"))
     d.chmod(0o755)
     (d / "dkim").mkdir()
+    (d / "dmarc").mkdir()
     dkim: Dkim | None = None
+    dmarc: subprocess.Popen[bytes] | None = None
     try:
         port = _free_port()
         dkim = _opendkim(d / "dkim", port)
-        yield _start(d, milter=port), dkim
+        dmarc, sock = _opendmarc(d / "dmarc")
+        yield _start(d, milter=port, dmarc=sock), dkim
     finally:
         subprocess.run([POSTFIX, "-c", str(d / "conf"), "stop"], capture_output=True, check=False)
         if dkim is not None:
             dkim.process.kill()
             dkim.process.wait(30)
+        if dmarc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(dmarc.pid, signal.SIGKILL)
+            dmarc.wait(30)
         if not os.environ.get("DELTAD_KEEP_MTA"):
             shutil.rmtree(d, ignore_errors=True)
 

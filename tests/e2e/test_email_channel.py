@@ -540,17 +540,18 @@ result = {{
         daemon.stop()
 
 
-def test_a_vote_counts_only_with_the_mtas_dkim_pass_and_its_receipt_says_so(
+def test_a_vote_counts_only_with_the_mtas_dmarc_pass_and_its_receipt_says_so(
     tmp_path: Path,
     fake: FakeLLM,
     postfix_dkim: tuple[Mta, Dkim],  # noqa: F811  (the fixture imported above)
 ) -> None:
-    """Postfix with a real `opendkim` milter verifying every mail (authserv-id AUTHSERV_ID),
-    under the default `authentication: approvals`: a vote by mail with alice's From but
-    unsigned (a forged Authentication-Results of the MTA's own id below the MTA's), or signed
-    with a key her domain never published, is refused as `unauthenticated` and counts for
-    nothing; the votes their domain signed answer the question, and each receipt in
-    `deltad audit export` carries the MTA's verdict."""
+    """Postfix with a real milter chain verifying every mail (`opendkim`, then `opendmarc`
+    reading the people's domain's `p=reject` policy from DNS; authserv-id AUTHSERV_ID), under
+    the default `authentication: approvals`: a vote by mail with alice's From but unsigned (a
+    forged Authentication-Results of the MTA's own id below the MTA's), or signed with a key
+    her domain never published, fails DMARC, is refused as `unauthenticated`, counts for
+    nothing and is on record as refused; the votes their domain signed pass DMARC and answer
+    the question, and each receipt in `deltad audit export` carries the MTA's verdict."""
     from deltad.testing.stub import paused_workspace
 
     mta, dkim = postfix_dkim
@@ -585,7 +586,8 @@ def test_a_vote_counts_only_with_the_mtas_dkim_pass_and_its_receipt_says_so(
             "the second refusal",
         )
         two = daemon.events("email_reply_refused", code="unauthenticated")[1]
-        assert f"header.d={PEOPLE_DOMAIN}" in two["reason"] and "pass" not in two["reason"], two
+        # opendmarc's verdict (the topmost header of the MTA's id): the domain's policy failed
+        assert f"dmarc=fail header.from={PEOPLE_DOMAIN}" in two["reason"], two
         assert not daemon.events("email_voted") and not daemon.events("email_answered")
         told = wait_for(lambda: _mail(mta, ALICE, request_id, "not taken"), "alice's refusals")
         assert "not authenticated by" in told[0].get_content()
@@ -603,9 +605,17 @@ def test_a_vote_counts_only_with_the_mtas_dkim_pass_and_its_receipt_says_so(
         timeout=60,
     )
     assert export.returncode == 0, export.stderr
-    votes = [e for x in export.stdout.splitlines() if (e := json.loads(x))["kind"] == "vote"]
+    entries = [json.loads(x) for x in export.stdout.splitlines()]
+    votes = [e for e in entries if e["kind"] == "vote"]
     got = [(e["voter"], e["origin"]["message_id"], e["origin"]["authentication"]) for e in votes]
-    verdict = f"dkim=pass header.d={PEOPLE_DOMAIN}"
+    verdict = f"dmarc=pass header.from={PEOPLE_DOMAIN}"  # DKIM-signed, aligned: DMARC passes
+    # The forged and the wrongly signed reply are on record too, each with the mail it was.
+    refused = [e for e in entries if e["kind"] == "refused"]
+    assert [(e["code"], e["channel"], e["answered_by"]) for e in refused] == [
+        ("unauthenticated", "email", ALICE)
+    ], refused  # one entry: the same person's same refusal again is counted, not repeated
+    assert refused[0]["origin"]["message_id"] == f"<reply-1@{PEOPLE_DOMAIN}>"
+    assert f"{AUTHSERV_ID}; dmarc=fail" in refused[0]["origin"]["authentication"]
     assert got == [
         ("alice", f"<reply-3@{PEOPLE_DOMAIN}>", verdict),
         ("bob", f"<reply-4@{PEOPLE_DOMAIN}>", verdict),
