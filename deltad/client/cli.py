@@ -307,6 +307,15 @@ def _decisions(
     "answer (all of one kind and options); a line per one not answered.",
 )
 @click.option("--only", metavar="GLOB", help="With --all-under: only workspaces matching GLOB.")
+@click.option(
+    "--inbox",
+    "inbox_url",
+    metavar="URL",
+    envvar="DELTA_INBOX_URL",
+    help="Answer through deltad's inbox at URL (its HTTP API, as the token in DELTA_INBOX_TOKEN) "
+    "instead of writing the answer file: the daemon checks and signs it. A question with "
+    "respondents or four eyes is answered only so. Default: $DELTA_INBOX_URL.",
+)
 @friendly
 def respond_cmd(
     text: str | None,
@@ -321,6 +330,7 @@ def respond_cmd(
     force: bool,
     all_under: Path | None,
     only: str | None,
+    inbox_url: str | None,
 ) -> None:
     """Answer the pending question.
 
@@ -329,13 +339,15 @@ def respond_cmd(
     secrets) or reads stdin. With --all-under, answers many workspaces' questions at once.
     """
     args = (text, file, choice, everyone, decide, edit, reason, answered_by, force)
+    if inbox_url and (all_under is not None or answered_by or force):
+        raise UsageError("--inbox answers one question as the token's person (no --as, --force)")
     if all_under is not None:
         sys.exit(_respond_all(all_under, only, *args))
     if only is not None:
         raise UsageError("--only goes with --all-under")
     ws = Workspace.at(work_dir)
     req = inbox.open_question(ws)
-    _respond_one(ws, req, *args)
+    _respond_one(ws, req, *args, inbox_url=inbox_url)
 
 
 def _respond_one(
@@ -351,11 +363,21 @@ def _respond_one(
     answered_by: str | None,
     force: bool,
     quiet: bool = False,
+    inbox_url: str | None = None,
 ) -> None:
     structured = bool(everyone or decide or edit or choice or answered_by)
     per_call = kind_of(req.input_type).per_call
     if per_call and not structured and text is None and file is None:
         raise UsageError("this question needs --approve, --reject, --cancel or --decide")
+    if inbox_url:
+        if per_call:
+            sent: dict[str, Any] = {"decisions": _decisions(req, everyone, decide, edit, reason)}
+        else:
+            sent = {"answer": choice if choice is not None else _answer_text(req, text, file)}
+        said = through_inbox(inbox_url, ws, req, sent)
+        if not quiet:
+            click.echo(said)
+        return
     if structured:
         if per_call:
             body = inbox.AnswerIn.parse(
@@ -381,6 +403,45 @@ def _respond_one(
         f"Answer saved for run {show(req.run_id)}. Continue with: delta run --work-dir "
         f"{shell_quote(str(ws.root))} (deltad picks it up by itself)."
     )
+
+
+def through_inbox(url: str, ws: Workspace, req: InteractionRequest, body: dict[str, Any]) -> str:
+    """POST the answer to the inbox's API as the token in DELTA_INBOX_TOKEN (never argv); what
+    it did, in one line, or a UsageError with the inbox's own code and detail."""
+    import httpx
+
+    token = os.environ.get("DELTA_INBOX_TOKEN", "")
+    if not token:
+        raise UsageError("--inbox needs the token in DELTA_INBOX_TOKEN (never on the command line)")
+    where = f"{url.rstrip('/')}/v1/requests/{req.request_id}/answer"
+    try:
+        r = httpx.post(
+            where,
+            params={"workspace": str(ws.root)},
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+    except httpx.HTTPError as e:
+        raise UsageError(f"the inbox at {url} cannot be reached: {e}") from None
+    try:
+        doc = r.json()
+    except ValueError:
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    if r.status_code != 202:
+        code = doc.get("code") or doc.get("title") or r.reason_phrase
+        raise UsageError(
+            f"the inbox refused the answer ({r.status_code} {code}): {doc.get('detail', '')}"
+        )
+    if doc.get("answered") is False and isinstance(doc.get("approvals"), dict):
+        votes = doc["approvals"]
+        return (
+            f"Vote counted for run {show(req.run_id)}: {len(votes.get('given', []))} of "
+            f"{votes.get('required')} approvals; the question waits for the others."
+        )
+    return f"Answer taken by the inbox for run {show(req.run_id)}; deltad resumes it by itself."
 
 
 def _respond_all(

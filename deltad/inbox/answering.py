@@ -168,8 +168,8 @@ def submit(
     elif gated(req):
         raise Unsigned(
             f"question {req.request_id} {why_gated(req)}: it is answered through deltad's inbox "
-            "(the page, the API or a channel), which signs the answer; an answer written here "
-            "would be refused"
+            "(`delta respond --inbox URL` with your token in DELTA_INBOX_TOKEN, the page, the "
+            "API or a channel), which signs the answer; an answer written here would be refused"
         )
     size = len(data) if data is not None else len(structured_bytes(doc or {}))
     if size > MAX_ANSWER_BYTES:

@@ -150,10 +150,20 @@ def test_a_forged_answer_and_journal_line_never_run_the_gated_tool(
         url = http_url(daemon)
         alice, bob = make_token(daemon.state_dir, "alice"), make_token(daemon.state_dir, "bob")
         with client(url, alice) as a, client(url, bob) as b:
-            [q] = wait_for(lambda: a.get("/v1/requests").json()["requests"], "the question")
+            wait_for(lambda: a.get("/v1/requests").json()["requests"], "the question")
+            # alice at her terminal, through the daemon (her token never on the command line)
+            no_token = d("respond", "--approve", "--inbox", url)
+            assert no_token.code == 2 and "DELTA_INBOX_TOKEN" in no_token.err
+            voted = d("respond", "--approve", "--inbox", url, env={"DELTA_INBOX_TOKEN": alice})
+            assert voted.code == 0, voted.err
+            assert "Vote counted" in voted.out and "1 of 2 approvals" in voted.out, voted.out
+            again = d(
+                "respond", "--approve", env={"DELTA_INBOX_URL": url, "DELTA_INBOX_TOKEN": alice}
+            )
+            assert again.code == 2 and "(409 already_voted)" in again.err, again.err
+            [q] = a.get("/v1/requests").json()["requests"]
             body = {"decisions": [{"action_id": "d1", "decision": "approve"}]}
             answer = f"/v1/requests/{q['request_id']}/answer"
-            assert a.post(answer, json=body).json()["answered"] is False
             assert b.post(answer, json=body).json()["answered"] is True
             wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run to complete")
         assert (ws / "deployed.txt").read_text().strip() == "prod"
