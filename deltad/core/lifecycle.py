@@ -38,6 +38,7 @@ from deltad.core.status import (
     StateDirLock,
     capped,
     standby_path,
+    touch_status,
     write_status,
     write_status_file,
 )
@@ -191,6 +192,7 @@ class Lifecycle:
         self.backends: list[Backend] = []
         self.inbox: InboxHost | None = None  # the inbox process, when it has work
         self.outbound: Outbound | None = None  # the notifier and the channels
+        self.written: dict[str, Any] | None = None  # status.json as last written, its time aside
 
     @property
     def stopping(self) -> bool:
@@ -803,9 +805,16 @@ class Lifecycle:
             return
         self.core.dirty = False
         self.ticks.last_status = now
+        snap = self.snapshot()
+        content = {k: v for k, v in snap.items() if k != "updated_at"}
         try:
-            write_status(self.core.config.state_dir, self.snapshot())
+            if not force and content == self.written:
+                touch_status(self.core.config.state_dir)  # the heartbeat: still so
+            else:
+                write_status(self.core.config.state_dir, snap)
+                self.written = content
         except OSError as e:
+            self.written = None
             log.warning("status_write_failed", error=e.strerror)
         if self.role.ready:
             sd_notify(self.status_line())

@@ -7,16 +7,18 @@ once a second, only when something changed). The lock file says whether a daemon
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import socket
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from deltad.protocol import Busy, WorkspaceLock
+from deltad.protocol import Busy, WorkspaceLock, iso
 from deltad.protocol.fsio import atomic_write
 from deltad.protocol.printable import json_safe
 from deltad.protocol.process import alive
@@ -111,12 +113,27 @@ def read_standbys(state_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
+def touch_status(state_dir: Path) -> None:
+    """The heartbeat of a status that did not change: its file's time, not a rewrite (an idle
+    loop spent half its CPU rewriting the same file). Raises OSError."""
+    os.utime(state_dir / STATUS_NAME)
+
+
 def read_status(state_dir: Path) -> dict[str, Any] | None:
+    """status.json, its `updated_at` the later of the one written and the file's time (the
+    daemon touches the file to say "still so")."""
+    path = state_dir / STATUS_NAME
     try:
-        doc = json.loads((state_dir / STATUS_NAME).read_text(encoding="utf-8"))
-        return doc if isinstance(doc, dict) else None
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        touched = datetime.fromtimestamp(os.stat(path).st_mtime, UTC)
     except (OSError, ValueError):
         return None
+    if not isinstance(doc, dict):
+        return None
+    with contextlib.suppress(TypeError, ValueError):
+        if touched > datetime.fromisoformat(str(doc.get("updated_at")).replace("Z", "+00:00")):
+            doc["updated_at"] = iso(touched)
+    return doc
 
 
 def capped(items: Iterable[Any]) -> list[Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -236,6 +237,20 @@ def parse_completion(raw: bytes) -> ChatReply:
     return ChatReply(content, calls, doc, finish if isinstance(finish, str) else None)
 
 
+_TLS: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
+
+
+def tls_context() -> ssl.SSLContext:
+    """httpx's default TLS context (certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR as httpx
+    reads them), made once per process and those two settings."""
+    key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    if (ctx := _TLS.get(key)) is None:
+        import httpx
+
+        ctx = _TLS[key] = httpx.create_ssl_context()
+    return ctx
+
+
 class OpenAIChatModel:
     def __init__(
         self,
@@ -260,6 +275,10 @@ class OpenAIChatModel:
             base_url=self.endpoint.base_url,
             max_retries=0,  # ours: visible, capped in total, Retry-After honoured
             timeout=self.settings.timeout_seconds,
+            # The SDK's own client, with a TLS context made once per process (or once in the
+            # warm fork server, for every resume it forks): a fresh one loads the CA bundle,
+            # ~15-50 ms of each resume's close → exit.
+            http_client=openai.DefaultHttpxClient(verify=tls_context()),
         )
 
     def request_body(

@@ -327,7 +327,14 @@ def _warm_up_the_sdk() -> None:
     try:
         import openai
 
-        openai.OpenAI(api_key="warm-up", base_url="http://127.0.0.1:9/v1", max_retries=0).close()
+        from deltad.engine.llm import tls_context
+
+        # The TLS context every child's client uses (engine/llm.py): loaded once, here.
+        http = openai.DefaultHttpxClient(verify=tls_context())
+        warm = openai.OpenAI(
+            api_key="warm-up", base_url="http://127.0.0.1:9/v1", max_retries=0, http_client=http
+        )
+        warm.close()
     except Exception:
         pass  # an optimisation only
 
