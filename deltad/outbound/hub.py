@@ -91,7 +91,14 @@ def build(
     if config.slack is not None:
         from deltad.outbound.slack import SlackChannel
 
-        ctx = Context(state_dir / "channels" / "slack", answer, _hand(handoff, "slack"), link, page)
+        ctx = Context(
+            state_dir / "channels" / "slack",
+            answer,
+            _hand(handoff, "slack"),
+            link,
+            page,
+            refused=noting(audit, "slack"),
+        )
         out.append(SlackChannel(config.slack, ctx))
     return out
 

@@ -71,9 +71,10 @@ MODAL_FAILED = "the form could not be opened; try again"
 class Refusal(Exception):
     """An action that does not answer: one line for the person, a code for the log."""
 
-    def __init__(self, code: str, line: str) -> None:
+    def __init__(self, code: str, line: str, audited: bool = False) -> None:
         super().__init__(line)
         self.code = code
+        self.audited = audited  # the answering path recorded it already (quorum.cast)
 
 
 # -- what Slack sends (only the fields used; Slack adds fields freely) -------------------------
@@ -374,6 +375,7 @@ class SlackChannel(Channel):
                 raise Refusal("misfit", str(e)) from None
             self._answer(ws, req, answer, p, ref)
         except Refusal as r:
+            self._audit(p, action.value or "", r)
             return {"response": self._refused(p, r)}
         return {"response": None}
 
@@ -388,6 +390,7 @@ class SlackChannel(Channel):
                 raise Refusal("misfit", str(e)) from None
             self._answer(ws, req, answer, p, ref)
         except Refusal as r:
+            self._audit(p, p.view.private_metadata or "", r)
             self._refused(p, r, tell=False)
             return {"response_action": "errors", "errors": {blocks.INPUT_BLOCK: str(r)[:150]}}
         return None
@@ -476,7 +479,7 @@ class SlackChannel(Channel):
                     origin=p.origin(),  # a vote's receipt says which click it was
                 )
             except SubmitError as e:
-                raise Refusal(e.code, f"{e}; nothing changed") from None
+                raise Refusal(e.code, f"{e}; nothing changed", audited=True) from None
             except (ProtocolError, OSError) as e:
                 why = f"the workspace cannot take an answer: {e}"
                 raise Refusal("workspace_problem", why) from None
@@ -490,6 +493,24 @@ class SlackChannel(Channel):
             workspace=show_path(str(ws)),
             answered_by=user,
         )
+
+    def _audit(self, p: Payload, value: str, r: Refusal) -> None:
+        """A refused click on a question this deltad posted (a Slack user mapped to nobody, no
+        respondent, the question closed), as a receipt with the click's origin; the answering
+        path's own refusals are its to record."""
+        if r.audited or self.ctx.refused is None:
+            return
+        try:
+            record = self.records.get(split(value)[0])
+        except (Refusal, ValueError):  # names no question of ours: nothing to put on record
+            record = None
+        if record is None:
+            return
+        try:
+            ws = Path(unshow(record["workspace"]))
+            self.ctx.refused(ws, record["request_id"], r.code, str(r), p.user.id, p.origin())
+        except Exception as err:  # the refusal stands; a log that cannot take it says so
+            log.error("audit_failed", error=str(err))
 
     def _refused(self, p: Payload, r: Refusal, tell: bool = True) -> dict[str, Any]:
         log.warning("slack_action_refused", code=r.code, reason=str(r), user=p.user.id)

@@ -643,3 +643,37 @@ def test_posts_an_older_deltad_recorded_in_the_core_are_still_updated(tmp_path: 
         [post] = api.calls("chat.postMessage")
         updated = [(u.args["channel"], u.args["ts"]) for u in api.calls("chat.update")]
         assert updated == [(post.result["channel"], post.result["ts"]), ("C0OLD", "1.000001")]
+
+
+def test_a_press_by_someone_mapped_to_nobody_is_refused_and_on_record(tmp_path: Path) -> None:
+    """A refusal before the answering path (a Slack user no deltad person) is a receipt with
+    the click's origin, once; a press naming no question of ours puts nothing on record."""
+    from dataclasses import replace
+
+    from deltad.inbox import audit
+    from deltad.outbound.hub import noting
+
+    log = tmp_path / "audit.jsonl"
+    with SlackApi() as api:
+        ch = _channel(tmp_path, api, dm=False)
+        ch.ctx = replace(ch.ctx, refused=noting(log, "slack"))
+        ws, request_id = _ask(tmp_path, ch, input_type="approval", calls=[CALL])
+        ref = ref_of(str(ws), request_id)
+        assert _interact(ch, _press("0" * 32 + ":a", blocks.ANSWER, user="U0MALLORY"))
+        press = _press(f"{ref}:a", blocks.ANSWER, user="U0MALLORY")
+        press["container"] = {"channel_id": "C0DELTAD", "message_ts": "1700000000.000300"}
+        said = _interact(ch, press)
+        assert said is not None and "not a deltad user" in str(said.get("text"))
+    assert not (ws / ".delta" / "interaction" / "response.json").exists()
+    [entry] = [json.loads(x) for x in audit.read_lines(log)]
+    assert (entry["kind"], entry["code"], entry["channel"], entry["answered_by"]) == (
+        "refused",
+        "not_mapped",
+        "slack",
+        "U0MALLORY",
+    )
+    assert entry["origin"] == {
+        "user": "U0MALLORY",
+        "conversation": "C0DELTAD",
+        "message_ts": "1700000000.000300",
+    }
