@@ -28,14 +28,16 @@ def problems(config: DaemonConfig, source: str) -> list[str]:
 
 
 def _all(config: DaemonConfig) -> Iterator[str]:
-    if (problem := dir_problem(config.state_dir)) is not None:
-        yield f"state_dir: {problem}"
+    if (state_dir := dir_problem(config.state_dir)) is not None:
+        yield f"state_dir: {state_dir}"
     if config.ha is not None:
         yield from _lease(config.ha.lease)
     from deltad.inbox.sealing import problem_of
 
-    if (problem := problem_of(config.decision_key_path())) is not None:
-        yield f"decision_key_file: {problem}"
+    # The default key lives in the state dir: one line for the state dir is enough.
+    if state_dir is None or config.decision_key_file is not None:
+        if (problem := problem_of(config.decision_key_path())) is not None:
+            yield f"decision_key_file: {problem}"
     yield from _executor(config)
     if config.http is not None:
         yield from _http(config)

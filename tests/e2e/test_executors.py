@@ -33,6 +33,8 @@ def _facts(
     home.mkdir(mode=0o777)
     os.chmod(home, 0o777)  # the probe appends its record here, maybe as another user
     pause()
+    # One signing key for both daemons, as for an HA fleet: each resume is told the same key.
+    settings.setdefault("decision_key_file", str(base / "decision-key"))
     with running(home, [ws.parent], mode="probe", executor=executor, **settings) as d:
         answer(ws, f"via {executor}")
         d.wait_event("resume_exited", workspace=str(ws))
