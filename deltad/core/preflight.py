@@ -35,9 +35,9 @@ def _all(config: DaemonConfig) -> Iterator[str]:
     from deltad.inbox.sealing import problem_of
 
     # The default key lives in the state dir: one line for the state dir is enough.
-    if state_dir is None or config.decision_key_file is not None:
-        if (problem := problem_of(config.decision_key_path())) is not None:
-            yield f"decision_key_file: {problem}"
+    checked = state_dir is None or config.decision_key_file is not None
+    if checked and (problem := problem_of(config.decision_key_path())) is not None:
+        yield f"decision_key_file: {problem}"
     yield from _executor(config)
     if config.http is not None:
         yield from _http(config)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ from deltad.protocol import InteractionRequest, Workspace
 from deltad.protocol.errors import UnsafeFile
 from deltad.protocol.fsio import read_regular
 from deltad.protocol.safefs import publish
+from deltad.protocol.seal import votes_sealed
 
 FILE = "approvals.json"
 MAX_BYTES = 2 * 1024 * 1024  # two votes of the largest answer (1 MiB) fit; more is refused
@@ -45,6 +47,9 @@ class Record(BaseModel):
     required: int
     votes: list[Vote] = Field(default_factory=list)
     decided: bool = False
+    # The core's signature over the rest (protocol/seal.py `votes_message`): the core counts
+    # no vote of a record it did not sign, so a vote written into the file counts for nobody.
+    seal: dict[str, str] | None = None
 
 
 def required_of(req: InteractionRequest) -> int:
@@ -57,13 +62,17 @@ def path_of(ws: Workspace) -> Path:
     return ws.interaction_dir / FILE
 
 
-def read(ws: Workspace, request_id: str) -> Record | None:
+def read(ws: Workspace, request_id: str, keys: list[bytes] | None = None) -> Record | None:
     """The votes on question `request_id` (None when the file is about another question,
-    missing or damaged: a damaged record counts no vote)."""
+    missing or damaged: a damaged record counts no vote; with `keys`, the core's, nor does one
+    whose seal does not verify)."""
     try:
         raw = read_regular(path_of(ws), MAX_BYTES)
-        rec = Record.model_validate(json.loads(raw))
+        doc = json.loads(raw)
+        rec = Record.model_validate(doc)
     except (FileNotFoundError, UnsafeFile, ValueError, ValidationError, RecursionError):
+        return None
+    if keys is not None and not votes_sealed(doc, keys):
         return None
     return rec if rec.request_id == request_id else None
 
@@ -97,8 +106,12 @@ def owner_of(ws: Workspace) -> str | None:
         return str(uid)
 
 
-def encoded(rec: Record) -> bytes:
-    return (rec.model_dump_json(indent=2) + "\n").encode()
+def encoded(rec: Record, seal: Callable[[dict[str, Any]], dict[str, str]] | None = None) -> bytes:
+    """The file's bytes; with `seal` (the core's key: sealing.py), signed."""
+    doc = rec.model_dump(mode="json", exclude={"seal"})
+    if seal is not None:
+        doc["seal"] = seal(doc)
+    return (json.dumps(doc, indent=2) + "\n").encode()
 
 
 def write(ws: Workspace, data: bytes) -> None:

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deltad.protocol import InteractionRequest
 from deltad.protocol.fsio import atomic_write
-from deltad.protocol.seal import encode_key, key_id, message, statement
+from deltad.protocol.seal import encode_key, key_id, message, statement, votes_message
 
 MAX_KEY_BYTES = 4096
 
@@ -52,6 +52,12 @@ class Sealer:
     def seal(self, req: InteractionRequest, doc: Mapping[str, Any]) -> dict[str, str]:
         """The `seal` field of answer document `doc` to `req`."""
         sig = self.private.sign(message(statement(req, doc)))
+        return {"key": key_id(self.public), "sig": base64.b64encode(sig).decode()}
+
+    def seal_votes(self, record: Mapping[str, Any]) -> dict[str, str]:
+        """The `seal` of four eyes' record (approvals.json): a vote the agent wrote into it
+        counts for nobody."""
+        sig = self.private.sign(votes_message(record))
         return {"key": key_id(self.public), "sig": base64.b64encode(sig).decode()}
 
 

@@ -29,9 +29,19 @@ from typing import Any
 from .kinds import on_timeout
 from .models import InteractionRequest
 from .questions import interpret_json, statement
-
-__all__ = ["counts", "gated", "message", "parse_keys", "problem", "statement", "trusted_keys"]
 from .replies import AnswerRejected, Reply
+
+__all__ = [
+    "counts",
+    "gated",
+    "message",
+    "parse_keys",
+    "problem",
+    "statement",
+    "trusted_keys",
+    "votes_message",
+    "votes_sealed",
+]
 
 PREFIX = b"deltad-decision-v1\0"
 ALGORITHM = "ed25519"
@@ -58,6 +68,35 @@ def canonical(doc: Any) -> bytes:
 
 def message(said: Mapping[str, Any]) -> bytes:
     return PREFIX + canonical(said)
+
+
+VOTES_PREFIX = b"deltad-votes-v1\0"  # four eyes' record (inbox/ballots.py): never an answer
+
+
+def votes_message(record: Mapping[str, Any]) -> bytes:
+    return VOTES_PREFIX + canonical({k: v for k, v in record.items() if k != "seal"})
+
+
+def votes_sealed(record: Mapping[str, Any], keys: list[bytes]) -> bool:
+    """Was four eyes' record (approvals.json) written by the daemon, as it reads?"""
+    seal = record.get("seal")
+    if not isinstance(seal, dict) or not isinstance(sig := seal.get("sig"), str):
+        return False
+    try:
+        raw = base64.b64decode(sig, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    data = votes_message(record)
+    for key in keys:
+        try:
+            Ed25519PublicKey.from_public_bytes(key).verify(raw, data)
+            return True
+        except (InvalidSignature, ValueError):
+            continue
+    return False
 
 
 def encode_key(raw: bytes) -> str:

@@ -249,3 +249,29 @@ def test_a_journal_line_the_daemon_did_not_seal_leaves_the_question_open(
     append(interpret_json(req, json.dumps({**doc, "seal": decision_key.seal(req, doc)})))
     with pytest.raises(AlreadyAnswered):
         answering.open_question(ws, rid)
+
+
+def test_a_vote_written_into_the_votes_file_counts_for_nobody(tmp_path: Path) -> None:
+    """Four eyes' record (approvals.json) is the core's and signed: a vote an agent's tool
+    wrote into it beside the question is not counted, so one person's vote answers nothing."""
+    from deltad.inbox import quorum
+    from deltad.inbox.ballots import path_of
+
+    paused_workspace(tmp_path / "ws", prompt="Ship?", input_type="yes_no", approvals_required=2)
+    ws = Workspace.at(tmp_path / "ws")
+    req = Mailbox(ws).read_request()
+    assert req is not None
+    forged = {
+        "request_id": req.request_id,
+        "required": 2,
+        "votes": [
+            {"by": "bob", "channel": "http", "at": iso(utcnow()), "verdict": "answer",
+             "agree": '"yes"', "answer": {"answer": "yes"}},
+        ],
+    }  # fmt: skip
+    path_of(ws).write_text(json.dumps(forged))
+    done = quorum.cast(ws, req.request_id, AnswerIn(answer="yes"), by="alice", channel="http")
+    assert done.outcome == "pending" and done.submitted is None
+    assert done.approvals is not None and [v["by"] for v in done.approvals["given"]] == ["alice"]
+    assert Mailbox(ws).answer_file() is None
+    assert "seal" in json.loads(path_of(ws).read_text())  # what the core wrote, it signed
