@@ -86,17 +86,7 @@ def votes_sealed(record: Mapping[str, Any], keys: list[bytes]) -> bool:
         raw = base64.b64decode(sig, validate=True)
     except (binascii.Error, ValueError):
         return False
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    data = votes_message(record)
-    for key in keys:
-        try:
-            Ed25519PublicKey.from_public_bytes(key).verify(raw, data)
-            return True
-        except (InvalidSignature, ValueError):
-            continue
-    return False
+    return verifies(keys, raw, votes_message(record))
 
 
 def encode_key(raw: bytes) -> str:
@@ -136,11 +126,15 @@ def trusted_keys(env: Mapping[str, str] | None = None) -> list[bytes]:
 
 
 def signature_valid(keys: Iterable[bytes], sig: bytes, said: Mapping[str, Any]) -> bool:
+    return verifies(keys, sig, message(said))
+
+
+def verifies(keys: Iterable[bytes], sig: bytes, data: bytes) -> bool:
+    """Does `sig` sign `data` under one of `keys` (raw Ed25519 public keys)?"""
     # Imported here: only a gated question's answer pays for loading the library.
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    data = message(said)
     for raw in keys:
         try:
             Ed25519PublicKey.from_public_bytes(raw).verify(sig, data)
