@@ -271,9 +271,12 @@ class ForkExecutor(FreshExecutor):
         self._ensure_server()
 
     # -- the server's life --------------------------------------------------------------------
-    def _ensure_server(self) -> ServerProcess | None:
+    def _ensure_server(self, look: bool = True) -> ServerProcess | None:
+        """The server, started if need be; `look`: first whether the installed package changed
+        since it started (at most every SIGNATURE_EVERY: a stat of every source file, ~1 ms,
+        so `poll` looks, between resumes, and a resume's `start` does not)."""
         now = time.monotonic()
-        if self.server is not None and now - self._signature_checked >= SIGNATURE_EVERY:
+        if look and self.server is not None and now - self._signature_checked >= SIGNATURE_EVERY:
             self._signature_checked = now
             if package_signature() != self.server.signature:
                 self.restart("package_changed")
@@ -339,7 +342,7 @@ class ForkExecutor(FreshExecutor):
 
     # -- the executor -------------------------------------------------------------------------
     def start(self, spec: JobSpec, log_fd: int) -> tuple[int, str]:
-        server = self._ensure_server()
+        server = self._ensure_server(look=False)  # `poll` looks for a changed package
         if server is not None:
             self._ids += 1
             try:
@@ -380,8 +383,9 @@ class ForkExecutor(FreshExecutor):
             if not server.children:
                 self._draining.remove(server)
                 self._bury(server)
-        if self.server is None and time.monotonic() >= self._retry_at:
-            self._ensure_server()  # warm again before the next resume needs it
+        if self.server is not None or time.monotonic() >= self._retry_at:
+            # warm again before the next resume needs it; a new one for a changed package
+            self._ensure_server()
         return super().poll(now)
 
     def _server_died(self, server: ServerProcess) -> None:

@@ -83,6 +83,10 @@ def test_a_changed_package_restarts_the_server(
         hold = ex.submit(_job(tmp_path, "hang", "held"))
         monkeypatch.setattr(forkmod, "package_signature", lambda: "changed")
         monkeypatch.setattr(forkmod, "SIGNATURE_EVERY", 0.0)
+        # Looked at between resumes (the loop's poll), not as one starts: ~1 ms off its path.
+        handle = ex.submit(_job(tmp_path, "fail"))
+        assert ex.server is not None and ex.server.proc.pid == old.pid
+        assert next_exit(ex).rc == 2  # the loop's polls meanwhile: one looks at the package
         handle = ex.submit(_job(tmp_path, "fail"))
         assert ex.forked(handle)
         assert ex.server is not None and ex.server.proc.pid != old.pid
