@@ -112,7 +112,7 @@ class Asking:
                     # checked here is left for the daemon's resume, which can.
                     self.ctx.warn(f"the answer to question {req.request_id} is not taken: {why}")
                     return None
-                self.interviewer.reject(req, why)  # set aside (response.refused-*), said
+                self.interviewer.reject(req, why)  # set aside (response.rejected-*), said
                 return None
             try:
                 self.validate(req, reply)
