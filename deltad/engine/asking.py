@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from deltad.protocol import EventType, InputType, InteractionRequest, followup, seal, utcnow
-from deltad.protocol.kinds import on_timeout
+from deltad.protocol import EventType, InteractionRequest, followup, seal, utcnow
+from deltad.protocol.kinds import kind_of, on_timeout
 from deltad.protocol.replies import AnswerRejected, Reply
 
 from .briefing import question_context
@@ -63,7 +63,7 @@ class Asking:
         an approval under an agent policy that gates it as the policy stands: a question line
         appended to the journal cannot make an approval ungated."""
         policy = self.ctx.agent.config.approval
-        approval = req.input_type == InputType.APPROVAL
+        approval = kind_of(req.input_type).per_call  # the vocabulary tells an approval
         return seal.gated(req) or (approval and policy is not None and policy.gated)
 
     def take(self, req: InteractionRequest) -> Reply | None:
