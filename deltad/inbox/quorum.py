@@ -50,7 +50,7 @@ from deltad.protocol.replies import AnswerRejected, Decision
 from . import audit as auditlog
 from . import auditnotes
 from .answer_body import AnswerIn, AnswerWaiting, Misfit, SubmitError, TooLarge
-from .answering import Submitted, check, open_question, submit
+from .answering import Submitted, check, open_question, own_keys, submit
 from .ballots import (
     MAX_BYTES,
     MAX_VOTES,
@@ -241,7 +241,7 @@ def _cast(
             raise AnswerWaiting(f"an answer is already waiting in {waiting}")
         check(w, req, body)
         new = vote_of(req, body, by, channel)
-        rec = read(w, request_id, _keys()) or Record(request_id=request_id, required=need)
+        rec = read(w, request_id, own_keys()) or Record(request_id=request_id, required=need)
         outcome = decide(
             need,
             rec.votes,
@@ -286,13 +286,6 @@ def _cast(
         counted = Cast(req, done, shown(req, rec), "answered")
         record(audit, w.root, counted, body, shown_as or by, by, channel, origin)
         return counted
-
-
-def _keys() -> list[bytes] | None:
-    """The key the core signs the votes with (None: not the core, nothing to check with)."""
-    from . import answering
-
-    return None if answering.sealer is None else [answering.sealer.public]
 
 
 def _sign() -> Callable[[dict[str, Any]], dict[str, str]] | None:

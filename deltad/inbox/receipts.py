@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from deltad.inbox import ballots
+from deltad.inbox import answering, ballots
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, iso, utcnow
 from deltad.protocol.calldigest import DigestMismatch, bind
 from deltad.protocol.mailbox import AnswerState
@@ -59,12 +59,6 @@ def what_of(req: InteractionRequest, name: str, text: str) -> tuple[dict[str, An
     return what, reply
 
 
-def _keys() -> list[bytes] | None:
-    from . import answering  # the core's key: only votes it signed are on record
-
-    return None if answering.sealer is None else [answering.sealer.public]
-
-
 def receipt(ws_path: Path, run_id: str | None, *, expired: bool = False) -> dict[str, Any] | None:
     """The receipt of the answer waiting in `ws_path`, or (`expired`) of its question's deadline
     passing unanswered (None: no question or answer to record)."""
@@ -75,7 +69,7 @@ def receipt(ws_path: Path, run_id: str | None, *, expired: bool = False) -> dict
         return None
     if expired:
         timed = timeout_receipt(ws_path, run_id, req)
-        rec = ballots.read(ws, req.request_id, _keys())  # four eyes: the partial votes
+        rec = ballots.read(ws, req.request_id, answering.own_keys())  # four eyes: the partial votes
         if rec is not None and rec.votes:
             timed["votes"] = [{"by": v.by, "verdict": v.verdict, "at": v.at} for v in rec.votes]
         return timed
