@@ -151,6 +151,11 @@ def _mtimes(files: list[Path]) -> list[float]:
 
 
 def _look_once(ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock) -> Verdict:
+    with safefs.reusing_dirs():  # one handle per directory for the look's reads
+        return _look_reading(ws_path, why, settle, policy, clock)
+
+
+def _look_reading(ws_path: Path, why: Why, settle: float, policy: Policy, clock: Clock) -> Verdict:
     if not is_workspace(ws_path):
         return Verdict(Action.GONE, State.GONE)
     ws = Workspace(ws_path)
@@ -256,9 +261,8 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
             run_id,
             status,
         )
-    waiting = _name(waiting, request)  # the inbox's index and events name the question
+    # Every verdict from here names the question (the inbox's index and events name it).
     deadline = request.expires_at.timestamp() if request.expires_at else None
-    expired = _name(Verdict(Action.RESUME, State.EXPIRED, run_id, status), request)
     try:
         answer = mailbox.read_answer(request, secret=request.is_secret)
     except OSError as e:
@@ -269,6 +273,7 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
     if answer.state not in (AnswerState.READY, AnswerState.REFUSED):
         if deadline is not None and clock.time() >= deadline:
             # Nobody answered (usably) in time, says request.json: the journal confirms it.
+            expired = _name(Verdict(Action.RESUME, State.EXPIRED, run_id, status), request)
             return _name(_expiry(ws, request, expired, clock), request)
         v = (
             waiting

@@ -23,6 +23,7 @@ from . import safefs
 from .errors import CorruptFile
 from .fsio import atomic_write_text, read_regular_text
 from .safefs import DELTA_DIR as DELTA_DIR  # defined there: safefs sits below this module
+from .safefs import child
 
 # The protocol's names inside `.delta/`, spelled here only (the daemon's watchers use them too).
 RUNS_DIR = "runs"
@@ -93,42 +94,43 @@ class Workspace:
             raise CorruptFile(f"{root} is inside a .delta/ directory; that cannot be a workspace")
         return cls(root)
 
-    # Paths are derived once per instance: the daemon reads ~20 per workspace per reconcile.
+    # Paths are derived once per instance (the daemon reads ~20 per workspace per reconcile),
+    # joined without parsing the name again (`safefs.child`).
     @cached_property
     def delta_dir(self) -> Path:
-        return self.root / DELTA_DIR
+        return child(self.root, DELTA_DIR)
 
     @cached_property
     def runs_dir(self) -> Path:
-        return self.delta_dir / RUNS_DIR
+        return child(self.delta_dir, RUNS_DIR)
 
     @cached_property
     def latest_file(self) -> Path:
-        return self.runs_dir / LATEST_FILE
+        return child(self.runs_dir, LATEST_FILE)
 
     @cached_property
     def lock_file(self) -> Path:
-        return self.delta_dir / "lock"
+        return child(self.delta_dir, "lock")
 
     @cached_property
     def interaction_dir(self) -> Path:
-        return self.delta_dir / INTERACTION_DIR
+        return child(self.delta_dir, INTERACTION_DIR)
 
     @cached_property
     def live_file(self) -> Path:
-        return self.interaction_dir / LIVE_FILE
+        return child(self.interaction_dir, LIVE_FILE)
 
     @cached_property
     def request_file(self) -> Path:
-        return self.interaction_dir / REQUEST_FILE
+        return child(self.interaction_dir, REQUEST_FILE)
 
     @cached_property
     def response_file(self) -> Path:
-        return self.interaction_dir / RESPONSE_TXT
+        return child(self.interaction_dir, RESPONSE_TXT)
 
     @cached_property
     def response_json(self) -> Path:
-        return self.interaction_dir / RESPONSE_JSON
+        return child(self.interaction_dir, RESPONSE_JSON)
 
     def run(self, run_id: str) -> RunPaths:
         if not RUN_ID_RE.match(run_id):
