@@ -20,6 +20,7 @@ from deltad.protocol import (
     iso,
     load_metadata,
     owner_alive,
+    safefs,
 )
 from deltad.protocol.errors import ProtocolError
 from deltad.protocol.kinds import kind_of
@@ -69,7 +70,11 @@ def load_run(ws: Workspace | Path | str, run_id: str | None = None) -> RunMetada
 
 def pending(ws: Workspace | Path | str) -> Pending | None:
     """The open question in `ws`, or None. A question whose run has ended is not open."""
-    w = _workspace(ws)
+    with safefs.reusing_dirs():  # a dozen reads in three directories: one handle each
+        return _pending(_workspace(ws))
+
+
+def _pending(w: Workspace) -> Pending | None:
     mailbox = Mailbox(w)
     req = mailbox.read_request()
     if req is None:
