@@ -4,6 +4,10 @@ It imports what a resume needs once (the client's CLI, openai), freezes those ob
 the garbage collector's way, and forks one child per resume. Each child becomes what a fresh
 `delta run` process would be (see `become`), so the client runs unchanged, ~10x cheaper.
 
+The child is forked ahead of time (`Spare`): it waits, unspecialised, for its resume, and the
+server forks the next one once it has answered for this one. A resume's start then costs a
+message to the spare and its set-up, not a fork of the whole server on the critical path.
+
 It talks to deltad over a SOCK_SEQPACKET socket (its fd is the one argument; one JSON message
 per packet; the resume log's fd rides along with a start). It is single-threaded, so forking
 is safe: a select over that socket and the SIGCHLD wake-up pipe. Messages:
@@ -50,11 +54,22 @@ def fresh_dispositions() -> Dispositions:
 
 
 # -- the server ---------------------------------------------------------------------------------
+class Spare:
+    """A child forked before it is needed, waiting on its end of a socket pair for the one
+    start message it will carry out (`wait_for_a_resume`). Gone with the server: its end of
+    the pair closes, and the spare exits."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self.sock = sock
+
+
 class Server:
     def __init__(self, sock: socket.socket, dispositions: Dispositions) -> None:
         self.sock = sock
         self.dispositions = dispositions
         self.children: set[int] = set()
+        self.spare: Spare | None = None
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
@@ -63,6 +78,7 @@ class Server:
 
     def serve(self) -> None:
         send(self.sock, {"op": "ready", "pid": os.getpid()})
+        self._fork_spare()
         while True:
             fds = [self.sock.fileno(), self.wake_r]
             readable, _, _ = select.select(fds, [], [])
@@ -90,19 +106,56 @@ class Server:
 
     def _start(self, msg: dict[str, Any], log_fd: int) -> None:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child never returns
-            os.close(err_r)
-            become(msg, log_fd, err_w, self.dispositions, [self.sock.fileno(), self.wake_r])
+        pid = self._hand_to_spare(msg, log_fd, err_w)
+        if pid is None:  # no spare (it could not be forked, or died): fork one for this resume
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child never returns
+                os.close(err_r)
+                become(msg, log_fd, err_w, self.dispositions, [self.sock.fileno(), self.wake_r])
         os.close(err_w)
         error = _read_all(err_r)
         os.close(err_r)
         if error:
             os.waitpid(pid, 0)
             send(self.sock, {"op": "failed", "id": msg["id"], "error": error})
+        else:
+            self.children.add(pid)
+            send(self.sock, {"op": "started", "id": msg["id"], "pid": pid})
+        self._fork_spare()  # for the next resume, after this one's answer
+
+    def _hand_to_spare(self, msg: dict[str, Any], log_fd: int, err_w: int) -> int | None:
+        """The spare's pid once it has this resume's message (it reports on `err_w` as a
+        child forked for it does); None when there is no spare to take it."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        try:
+            fds = [err_w, log_fd] if log_fd >= 0 else [err_w]
+            send(spare.sock, {"start": msg, "log": log_fd >= 0}, fds)
+        except OSError:  # it died: reaped as a spare, never reported
+            spare.sock.close()
+            return None
+        spare.sock.close()
+        return spare.pid
+
+    def _fork_spare(self) -> None:
+        if self.spare is not None:
             return
-        self.children.add(pid)
-        send(self.sock, {"op": "started", "id": msg["id"], "pid": pid})
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError:
+            return
+        try:
+            pid = os.fork()
+        except OSError:  # out of processes now: the next resume forks its own
+            ours.close()
+            theirs.close()
+            return
+        if pid == 0:  # pragma: no cover - the child never returns
+            ours.close()
+            wait_for_a_resume(theirs, self.dispositions, [self.sock.fileno(), self.wake_r])
+        theirs.close()
+        self.spare = Spare(pid, ours)
 
     def _cancel(self, pid: int, force: bool) -> None:
         if pid not in self.children:
@@ -110,13 +163,19 @@ class Server:
         _killpg(pid, signal.SIGKILL if force else signal.SIGTERM)
 
     def _reap(self) -> None:
-        while self.children:
+        while self.children or self.spare is not None:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            if self.spare is not None and pid == self.spare.pid:  # died unused: not a resume
+                self.spare.sock.close()
+                self.spare = None
+                continue
+            if pid not in self.children:
+                continue  # a spare that died after it was handed a resume (reported `failed`)
             self.children.discard(pid)
             send(self.sock, {"op": "exited", "pid": pid, "rc": _exit_code(status)})
 
@@ -149,6 +208,25 @@ def _drain(fd: int) -> None:
 
 
 # -- the child: a fresh `delta run`, as far as anyone can tell -------------------------------------
+def wait_for_a_resume(sock: socket.socket, dispositions: Dispositions, close: list[int]) -> None:
+    """A spare: wait for the start message (with the log fd and the error pipe), then become
+    that resume. The server's socket and wake-up pipe are closed first, so the spare holds
+    nothing of the server's while it waits; end of stream (the server is gone) ends it."""
+    try:
+        for fd in close:
+            os.close(fd)
+        signal.set_wakeup_fd(-1)
+        msg, fds = receive(sock)
+    except BaseException:
+        os._exit(0)
+    if msg is None or len(fds) != 1 + bool(msg.get("log")):
+        os._exit(0)
+    err_w, log_fd = fds[0], fds[1] if msg.get("log") else -1
+    os.set_inheritable(err_w, False)  # as the server's pipe end is: an exec'd plan closes it
+    sock.close()
+    become(msg["start"], log_fd, err_w, dispositions, [])
+
+
 def become(
     msg: dict[str, Any], log_fd: int, err_w: int, dispositions: Dispositions, close: list[int]
 ) -> None:

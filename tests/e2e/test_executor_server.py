@@ -18,7 +18,7 @@ from deltad.executors import fork as forkmod
 from deltad.executors.fork import ForkExecutor
 from deltad.executors.seam import Identity, JobSpec, RequestKey
 from deltad.testing.stub import paused_workspace
-from tests.support.daemon import answer, next_exit
+from tests.support.daemon import answer, next_exit, wait_for
 
 DEADLINE = 30.0
 
@@ -95,5 +95,48 @@ def test_a_changed_package_restarts_the_server(
         ex.cancel(hold, force=False)
         assert next_exit(ex).rc == -signal.SIGTERM
         assert old.wait(timeout=DEADLINE) is not None  # then it is gone
+    finally:
+        ex.close()
+
+
+def _spares(server: int) -> list[int]:
+    """The server's children still in its session: forked, not yet a resume (which leaves it)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ppid, sid = int(fields[1]), int(fields[3])
+        if ppid == server and sid != int(entry):
+            out.append(int(entry))
+    return out
+
+
+def test_a_resume_is_the_child_forked_before_it_was_asked_for(tmp_path: Path) -> None:
+    ex = ForkExecutor(tmp_path / "state")
+    try:
+        assert ex.server is not None
+        server = ex.server.proc.pid
+        spare = wait_for(lambda: _spares(server) or None, "a spare child of the fork server")
+        assert len(spare) == 1
+        handle = ex.submit(_job(tmp_path, "fail"))
+        assert dict(handle.shown)["pid"] == spare[0]  # the spare became the resume
+        assert next_exit(ex).rc == 2
+        # The next spare is forked once the server has answered. One that dies is nobody's
+        # resume: no exit is reported, the next resume is forked for itself, and after it
+        # there is a spare again.
+        again = wait_for(lambda: _spares(server) or None, "the next spare")
+        assert again != spare
+        os.kill(again[0], signal.SIGKILL)
+        wait_for(lambda: not os.path.exists(f"/proc/{again[0]}"), "the killed spare reaped")
+        handle = ex.submit(_job(tmp_path, "fail", "after-kill"))
+        end = next_exit(ex)
+        assert (end.handle, end.rc) == (handle, 2)
+        assert dict(handle.shown)["pid"] != again[0]
+        wait_for(lambda: _spares(server) or None, "a spare after the kill")
     finally:
         ex.close()
