@@ -189,6 +189,7 @@ class Service:
         self.resumer.enforce_timeouts(now)
         self._fire_timers(now)
         self.start_resumes()
+        self.feed.sync_due()  # after the turn's resumes started: none waits for this fsync
         self.life.tick(now)
 
     def _fire_timers(self, now: float) -> None:

@@ -454,6 +454,16 @@ class Feed:
             self._floor = events.floor
             self._log, self._announced = events, announced
 
+    def sync_due(self) -> None:
+        """The loop, at the end of its turn: fsync the records if it is time (feedlog.py)."""
+        with self._lock:
+            try:
+                for record in (self._log, self._announced):
+                    if record is not None:
+                        record.sync_due()
+            except OSError as err:  # a failing disk must not stop the loop
+                log.warning("feed_log_write_failed", error=str(err))
+
     def close(self) -> None:
         with self._lock:
             if self._log is not None:

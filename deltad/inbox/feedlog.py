@@ -9,7 +9,9 @@ live, so each stays bounded: the event log by the event buffer's size (`http.eve
 1,000 by default), the announcements by the workspaces with an open question. An append is
 one `write` on an O_APPEND descriptor: a crash of the daemon loses nothing written; a power
 cut may lose what was written since the last fsync (at most `SYNC_EVERY` appends or
-`SYNC_SECONDS`). A line that does not parse (a torn last line after a power cut) is skipped.
+`SYNC_SECONDS`). The fsync that time calls for is made at the end of the loop's turn
+(`sync_due`), after the turn's resumes have started, so an answer's resume never waits for it.
+A line that does not parse (a torn last line after a power cut) is skipped.
 """
 
 from __future__ import annotations
@@ -75,8 +77,12 @@ class _Lines:
         os.write(self._fd, _line(doc))
         self.count += 1
         self._unsynced += 1
-        now = time.monotonic()
-        if self._unsynced >= SYNC_EVERY or now - self._synced_at >= SYNC_SECONDS:
+        if self._unsynced >= SYNC_EVERY:
+            self.sync()
+
+    def sync_due(self) -> None:
+        """fsync what is unsynced once SYNC_SECONDS have passed since the last fsync."""
+        if self._unsynced and time.monotonic() - self._synced_at >= SYNC_SECONDS:
             self.sync()
 
     def sync(self) -> None:
@@ -144,6 +150,9 @@ class EventLog:
         if self._file.count >= 2 * self.cap + 1:
             self._file.rewrite([{"floor": self.floor}, *self._kept])
 
+    def sync_due(self) -> None:
+        self._file.sync_due()
+
     def close(self) -> None:
         self._file.close()
 
@@ -188,6 +197,9 @@ class Announced:
 
     def sync(self) -> None:
         self._file.sync()
+
+    def sync_due(self) -> None:
+        self._file.sync_due()
 
     def close(self) -> None:
         self._file.close()

@@ -4,8 +4,12 @@ included. A "restart" here is a new Feed attached to the same state dir."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
+
+from deltad.inbox import feedlog
 from deltad.inbox.feed import Feed, View
 from deltad.inbox.feedlog import EVENTS_FILE, FEED_DIR
 
@@ -128,3 +132,29 @@ def test_a_workspace_only_just_found_keeps_its_record(tmp_path: Path) -> None:
     again.priming = True
     again.changed(Path("/a"), View(Path("/a"), "idle"), waiting("/a", "q1"))
     assert said == []
+
+
+def test_an_event_is_fsynced_at_the_end_of_the_turn_not_as_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer's event is written as the loop looks, before the resume starts; its fsync
+    waits for `sync_due` at the turn's end (feedlog.py), and is not skipped there."""
+    feed, _ = started(tmp_path)
+    log_file = tmp_path / FEED_DIR / EVENTS_FILE
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.samefile(f"/proc/self/fd/{fd}", log_file):
+            synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(feedlog.os, "fsync", fsync)
+    monkeypatch.setattr(feedlog, "SYNC_SECONDS", 0.0)  # every turn is due
+    feed.changed(Path("/a"), None, waiting("/a", "q1"))
+    assert b'"q1"' in log_file.read_bytes() and synced == []  # written, not yet fsynced
+    feed.sync_due()
+    assert len(synced) == 1
+    feed.sync_due()  # nothing new: no fsync
+    assert len(synced) == 1
+    feed.close()
