@@ -40,6 +40,8 @@ from deltad.protocol.printable import show
 PRELOAD = ("deltad.client.cli", "deltad.engine.llm", "openai")
 
 Dispositions = dict[int, Any]
+# After a spare died unused, this long before the next is forked (resumes fork their own).
+SPARE_PAUSE = 1.0
 
 
 def fresh_dispositions() -> Dispositions:
@@ -70,6 +72,7 @@ class Server:
         self.dispositions = dispositions
         self.children: set[int] = set()
         self.spare: Spare | None = None
+        self.spare_died_at = float("-inf")  # when the last spare died or could not be forked
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
@@ -81,7 +84,7 @@ class Server:
         self._fork_spare()
         while True:
             fds = [self.sock.fileno(), self.wake_r]
-            readable, _, _ = select.select(fds, [], [])
+            readable, _, _ = select.select(fds, [], [], self._until_spare())
             if self.wake_r in readable:
                 _drain(self.wake_r)
             self._reap()
@@ -90,6 +93,9 @@ class Server:
                 if msg is None:
                     return
                 self._handle(msg, fds)
+            # The next resume's child, once this one has its answer and the message's fds
+            # are closed (a spare holds none of them while it waits).
+            self._fork_spare()
 
     def _handle(self, msg: dict[str, Any], fds: list[int]) -> None:
         try:
@@ -121,7 +127,6 @@ class Server:
         else:
             self.children.add(pid)
             send(self.sock, {"op": "started", "id": msg["id"], "pid": pid})
-        self._fork_spare()  # for the next resume, after this one's answer
 
     def _hand_to_spare(self, msg: dict[str, Any], log_fd: int, err_w: int) -> int | None:
         """The spare's pid once it has this resume's message (it reports on `err_w` as a
@@ -138,18 +143,26 @@ class Server:
         spare.sock.close()
         return spare.pid
 
-    def _fork_spare(self) -> None:
+    def _until_spare(self) -> float | None:
+        """How long the server may wait before it owes a spare (None: it has one)."""
         if self.spare is not None:
-            return
+            return None
+        return max(0.0, SPARE_PAUSE - (time.monotonic() - self.spare_died_at))
+
+    def _fork_spare(self) -> None:
+        if self.spare is not None or time.monotonic() - self.spare_died_at < SPARE_PAUSE:
+            return  # one that cannot live is not forked again and again
         try:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         except OSError:
+            self.spare_died_at = time.monotonic()  # out of fds now: tried again after a pause
             return
         try:
             pid = os.fork()
-        except OSError:  # out of processes now: the next resume forks its own
+        except OSError:  # out of processes now: resumes fork their own; tried after a pause
             ours.close()
             theirs.close()
+            self.spare_died_at = time.monotonic()
             return
         if pid == 0:  # pragma: no cover - the child never returns
             ours.close()
@@ -172,7 +185,7 @@ class Server:
                 return
             if self.spare is not None and pid == self.spare.pid:  # died unused: not a resume
                 self.spare.sock.close()
-                self.spare = None
+                self.spare, self.spare_died_at = None, time.monotonic()
                 continue
             if pid not in self.children:
                 continue  # a spare that died after it was handed a resume (reported `failed`)

@@ -137,6 +137,10 @@ def test_a_resume_is_the_child_forked_before_it_was_asked_for(tmp_path: Path) ->
         end = next_exit(ex)
         assert (end.handle, end.rc) == (handle, 2)
         assert dict(handle.shown)["pid"] != again[0]
-        wait_for(lambda: _spares(server) or None, "a spare after the kill")
+        # Replaced by the server itself (after a pause), with no resume asked for meanwhile.
+        third = wait_for(lambda: _spares(server) or None, "a spare after the kill")
+        os.kill(third[0], signal.SIGKILL)
+        fourth = wait_for(lambda: ((s := _spares(server)) != third and s) or None, "a new spare")
+        assert fourth != third and len(fourth) == 1
     finally:
         ex.close()
