@@ -47,6 +47,11 @@ RESUME_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     300.0,
 )  # fmt: skip
+# A person's time to answer: seconds to a week.
+ANSWER_BUCKETS = (
+    1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0,
+    259200.0, 604800.0,
+)  # fmt: skip
 RECONCILE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 # One turn of the loop (its work between two selects): a quiet turn is well under a
 # millisecond; 50 ms is the bound an engine's outage must not push the p99 past (docs/daemon.md),
@@ -98,6 +103,13 @@ class CoreMetrics:
             "deltad_answer_to_resume_seconds",
             "From the answer file's last write to its resume's start.",
             buckets=RESUME_BUCKETS,
+            registry=r,
+        )
+        self.asked_to_answered = Histogram(
+            "deltad_question_asked_to_answered_seconds",
+            "From a question's asking to its answer's last write, by the question's kind.",
+            ["kind"],
+            buckets=ANSWER_BUCKETS,
             registry=r,
         )
         self.executor_errors = Counter(
@@ -180,6 +192,12 @@ class CoreMetrics:
     def resume_ended(self, executor: str, failed: bool, timed_out: bool) -> None:
         result = "timed_out" if timed_out else "failed" if failed else "succeeded"
         self.resumes.labels(executor, result).inc()
+
+    def answered(self, kind: str | None, asked_at: float | None, answered_at: float) -> None:
+        """A question's answer taken up (once per answer, as `deltad_answers_total` counts)."""
+        if asked_at is not None:
+            seconds = max(0.0, answered_at - asked_at)
+            self.asked_to_answered.labels(kind or "unknown").observe(seconds)
 
     def resume_started(self, executor: str, answered_at: float | None, now: float) -> None:
         self.resumes_started.labels(executor).inc()

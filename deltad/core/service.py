@@ -428,8 +428,9 @@ class Service:
         queued = self.resumer.submit(
             ws, r.run_id, launch, r.owner.uid, r.seen.request_id or r.reason, answered_at
         )
-        if queued and fresh and sig is not None:
+        if queued and fresh and answered_at is not None:
             self.metrics.answers.labels(r.seen.channel or "file").inc()
+            self.metrics.answered(r.seen.input_type, r.seen.created, answered_at)
         log.info("resume_queued", workspace=str(ws), run_id=r.run_id, reason=r.reason)
         self.dirty = True
 

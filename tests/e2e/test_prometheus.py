@@ -43,6 +43,9 @@ def test_prometheus_scrapes_deltad_and_sees_an_answer_resumed(tmp_path: Path) ->
             )
             assert p.value('deltad_answers_total{channel="file"}') == 1.0
             assert p.value("deltad_answer_to_resume_seconds_count") == 1.0
+            # The human side: the stub's question is text, asked moments before its answer.
+            asked = 'deltad_question_asked_to_answered_seconds_bucket{kind="text",le="+Inf"}'
+            assert p.value(asked) == 1.0
             assert (p.value('deltad_http_requests_total{route="/metrics",code="200"}') or 0) >= 1
             # The shipped rules were loaded and evaluate against real series.
             wait_for(lambda: _rules_ok(p.url), "every shipped rule evaluated, none failing")

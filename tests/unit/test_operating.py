@@ -211,6 +211,22 @@ def test_the_core_exposition_parses_and_has_conventional_names() -> None:
     assert (within["0.0025"], within["0.005"]) == (0.0, 1.0)  # told apart from 10 ms
 
 
+def test_the_time_a_person_took_is_a_histogram_by_kind() -> None:
+    m = CoreMetrics()
+    m.answered("approval", asked_at=1000.0, answered_at=1000.0 + 20 * 60)  # 20 minutes
+    m.answered("text", asked_at=1000.0, answered_at=1003.0)
+    m.answered("text", asked_at=None, answered_at=1003.0)  # asked when, unknown: not counted
+    families = {f.name: f for f in text_string_to_metric_families(m.exposition().decode())}
+    samples = families["deltad_question_asked_to_answered_seconds"].samples
+    counts = {s.labels["kind"]: s.value for s in samples if s.name.endswith("_count")}
+    assert counts == {"approval": 1.0, "text": 1.0}
+    within = {
+        (s.labels["kind"], s.labels["le"]): s.value for s in samples if s.name.endswith("_bucket")
+    }
+    assert (within[("approval", "900.0")], within[("approval", "1800.0")]) == (0.0, 1.0)
+    assert (within[("text", "1.0")], within[("text", "5.0")]) == (0.0, 1.0)
+
+
 # -- the index's question counts (what deltad_requests_pending reads) -------------------------
 def test_the_index_counts_open_questions_by_kind_as_they_come_and_go() -> None:
     index = Index()
