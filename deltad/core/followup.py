@@ -72,6 +72,8 @@ def carriers(config: DaemonConfig, ws: Path | None, action: Action) -> list[str]
     channels = config.channels
     if action in TOLD and channels is not None:
         out += [name for name, c in (("email", channels.email), ("slack", channels.slack)) if c]
+        if action == "escalate" and channels.pagerduty is not None:
+            out.append("pagerduty")  # pages for an escalation; reminders are for people
     return out
 
 

@@ -50,6 +50,8 @@ def _all(config: DaemonConfig) -> Iterator[str]:
     if config.channels is not None and config.channels.email is not None:
         yield from _email(config)
         yield from _maildir(config)
+    if config.channels is not None and config.channels.pagerduty is not None:
+        yield from _pagerduty(config)
 
 
 def _lease(lease: Path) -> Iterator[str]:
@@ -110,7 +112,10 @@ def _starts_inbox(config: DaemonConfig) -> bool:
     return (
         config.http is not None
         or (notify is not None and bool(notify.webhooks or notify.commands))
-        or (channels is not None and (channels.email is not None or channels.slack is not None))
+        or (
+            channels is not None
+            and any(c is not None for c in (channels.email, channels.slack, channels.pagerduty))
+        )
     )
 
 
@@ -176,6 +181,21 @@ def _slack(config: DaemonConfig) -> Iterator[str]:
             continue
         if not value.strip():
             yield f"channels.slack.{key}: the secret is empty"
+
+
+def _pagerduty(config: DaemonConfig) -> Iterator[str]:
+    """The integration key can be read (the core reads it and hands it to the inbox)."""
+    assert config.channels is not None and config.channels.pagerduty is not None
+    try:
+        value = config.channels.pagerduty.routing_key.read()
+    except OSError as e:
+        yield f"channels.pagerduty.routing_key.secret_file: {e.filename}: {e.strerror}"
+        return
+    except ValueError as e:
+        yield f"channels.pagerduty.routing_key: {e}"
+        return
+    if not value.strip() or value != value.strip():
+        yield "channels.pagerduty.routing_key: empty, or with spaces around it"
 
 
 # Run as the inbox's user (its uid, its group, no other group: as the inbox runs): can it list

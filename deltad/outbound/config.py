@@ -180,8 +180,30 @@ class SlackConfig(_Strict):
         return Person(name=p) if isinstance(p, str) else p
 
 
+class PagerDutyConfig(_Strict):
+    """Escalations as PagerDuty alerts (Events API v2): an escalated question triggers one
+    alert, deduplicated per question, resolved when the question closes."""
+
+    # The Events API v2 integration key of the service to page: named, never written here.
+    routing_key: Secret
+    events_url: str = "https://events.pagerduty.com/v2/enqueue"
+    severity: Literal["critical", "error", "warning", "info"] = "warning"
+    # Which system the alert is about (PagerDuty's `source`); None: this host's name.
+    source: str | None = Field(default=None, min_length=1, max_length=255)
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+    outbox: OutboxConfig = Field(default_factory=OutboxConfig)
+
+    @field_validator("events_url")
+    @classmethod
+    def _events_url(cls, v: str) -> str:
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", v):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+
 class ChannelsConfig(_Strict):
     """Where questions reach people besides the page and the API. One key per channel."""
 
     email: EmailConfig | None = None
     slack: SlackConfig | None = None
+    pagerduty: PagerDutyConfig | None = None

@@ -47,6 +47,8 @@ def targets(config: ChannelsConfig) -> list[ChannelTarget]:
         out.append(senders.email_target(config.email))
     if config.slack is not None:
         out.append(senders.slack_target(config.slack))
+    if config.pagerduty is not None:
+        out.append(senders.pagerduty_target(config.pagerduty))
     return out
 
 
@@ -100,6 +102,13 @@ def build(
             refused=noting(audit, "slack"),
         )
         out.append(SlackChannel(config.slack, ctx))
+    if config.pagerduty is not None:
+        from deltad.outbound.pagerduty import PagerDutyChannel
+
+        ctx = Context(
+            state_dir / "channels" / "pagerduty", answer, _hand(handoff, "pagerduty"), link, page
+        )
+        out.append(PagerDutyChannel(config.pagerduty, ctx))
     return out
 
 

@@ -19,6 +19,10 @@ to the dead letter) rather than retried:
     webhook  body: the event's JSON, POSTed to the target's URL with the Standard Webhooks
              headers (signed with the target's key, deltad/outbound/webhooks.py); the whole
              attempt ends within `timeout_seconds` (`post_within`). Any 2xx is sent.
+    pagerduty  body: an Events API v2 event without its `routing_key` (the sender adds the
+             key it was handed, so no outbox file holds it), POSTed to `events_url` within
+             `timeout_seconds`. 202 is sent; 429, a 5xx or no answer is retried; any other
+             status (400: not a valid event) goes to the dead letter, as PagerDuty says.
     command  body: the event's JSON, on the command's stdin (`notify.commands`): run once
              (`max_attempts: 1`), as the inbox's user, in a clean environment (PATH, LANG),
              from `/`, ended at its timeout; its output is never read. A run that fails (an
@@ -48,7 +52,7 @@ import structlog
 
 from deltad import wire
 from deltad.outbound import webhooks
-from deltad.outbound.config import EmailConfig, OutboxConfig, SlackConfig
+from deltad.outbound.config import EmailConfig, OutboxConfig, PagerDutyConfig, SlackConfig
 from deltad.outbound.courier import WEBHOOK, Courier, Failed, Send
 from deltad.outbound.outbox import Delivery, target_key
 from deltad.platform import SAFE_PATH
@@ -548,6 +552,57 @@ def webhook_courier(
     )
 
 
+# -- PagerDuty ------------------------------------------------------------------------------
+def pagerduty_target(config: PagerDutyConfig, name: str = "pagerduty") -> wire.ChannelTarget:
+    """The PagerDuty channel's sending, as the inbox is handed it: the Events API's URL and
+    the integration key (read here, by the core)."""
+    return wire.ChannelTarget(
+        name=name,
+        key=target_key(name),
+        kind="pagerduty",
+        settings={"events_url": config.events_url, "timeout_seconds": config.timeout_seconds},
+        secret=config.routing_key.read().decode(),
+        **_policy(config.outbox),
+    )
+
+
+class PagerDutySender:
+    """One attempt at an Events API v2 event per call (`client`: the transport seam; tests
+    hand one of their own)."""
+
+    def __init__(self, t: wire.ChannelTarget, client: httpx.Client | None = None) -> None:
+        try:
+            self.url = str(t.settings["events_url"])
+            self.timeout = float(t.settings["timeout_seconds"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise SenderError(f"{t.name}: the PagerDuty settings: {e}") from None
+        if not t.secret:
+            raise SenderError(f"{t.name}: no routing key")
+        self.key = t.secret
+        self.client = client or httpx.Client(
+            timeout=self.timeout,
+            follow_redirects=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
+
+    def __call__(self, d: Delivery) -> Failed | None:
+        try:
+            event = json.loads(d.body)
+            body = json.dumps({**event, "routing_key": self.key}).encode()
+        except (ValueError, TypeError) as e:
+            return Failed(f"pagerduty: not an event ({type(e).__name__})", permanent=True)
+        headers = {"Content-Type": "application/json"}
+        status = post_within(self.client, self.url, body, headers, self.timeout)
+        if isinstance(status, str):
+            return Failed(status)
+        if status == 202:
+            return None
+        return Failed(f"HTTP {status}", permanent=status != 429 and status < 500)
+
+    def close(self) -> None:
+        self.client.close()
+
+
 # -- which ---------------------------------------------------------------------------------
 def sender(t: wire.ChannelTarget, state: Path) -> Send:
     """How the inbox sends `t`'s messages (SenderError, one line, for settings it cannot use);
@@ -558,6 +613,8 @@ def sender(t: wire.ChannelTarget, state: Path) -> Send:
         return SlackSender(t, state / f"{t.name}-posts")
     if t.kind == "command":
         return command_sender(t)
+    if t.kind == "pagerduty":
+        return PagerDutySender(t)
     raise SenderError(f"{t.name}: the inbox cannot send {t.kind} messages")
 
 

@@ -247,6 +247,21 @@ CASES: dict[str, Case] = {
         "channels.slack: needs http",
         env={"DELTAD_TEST_SLACK": "xoxb-test"},
     ),
+    # channels: pagerduty (the integration key read by the core)
+    "pagerduty routing key file missing": Case(
+        lambda tmp: {
+            "channels": {"pagerduty": {"routing_key": {"secret_file": "/nonexistent/pd-key"}}}
+        },
+        "channels.pagerduty.routing_key.secret_file: /nonexistent/pd-key",
+    ),
+    "pagerduty severity unknown": Case(
+        lambda tmp: {
+            "channels": {
+                "pagerduty": {"routing_key": {"secret_env": "PD_KEY"}, "severity": "urgent"}
+            }
+        },
+        "channels.pagerduty.severity",
+    ),
     # channels: email (the inbox's user reads the Maildir, never root)
     "maildir the inbox cannot read": Case(
         lambda tmp: _email(maildir=_root_only_maildir(tmp)), "channels.email.maildir: "
