@@ -8,6 +8,7 @@ from __future__ import annotations
 import hmac
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,10 @@ from deltad.protocol.printable import show_path
 
 log = structlog.get_logger("deltad.api")
 
-DOCUMENT_CACHE = 2048  # question documents kept for list pages
+# Question documents kept for list pages, by their size: compressed JSON (~0.5 KB each, a
+# model ~4 KB), so 10,000 open questions are paged from memory, not read item by item.
+DOCUMENT_CACHE_BYTES = 16 * 1024 * 1024
+ENTRY_OVERHEAD = 240  # bytes an entry costs beside its document (key, stamp, record)
 
 
 class Idempotency:
@@ -109,17 +113,30 @@ def glob_names(glob: str, ws: Path) -> bool:
 
 @dataclass(frozen=True)
 class Shown:
-    """A question's document as last read, and what decides whether a page shows it."""
+    """A question's document as last read (its JSON, compressed), and what decides whether a
+    page shows it."""
 
     stamp: tuple[int, ...]
-    doc: Question
+    packed: bytes
     expires_at: datetime | None
     answer_waiting: bool
 
+    @classmethod
+    def of(
+        cls, stamp: tuple[int, ...], doc: Question, expires_at: datetime | None, waiting: bool
+    ) -> Shown:
+        return cls(stamp, zlib.compress(doc.model_dump_json().encode(), 1), expires_at, waiting)
+
+    def shows(self) -> bool:
+        """Whether a page lists it: no answer waiting, not expired."""
+        return not self.answer_waiting and (self.expires_at is None or self.expires_at > utcnow())
+
     def page_item(self) -> Question | None:
-        if self.answer_waiting or (self.expires_at is not None and self.expires_at <= utcnow()):
-            return None
-        return self.doc
+        return Question.model_validate_json(zlib.decompress(self.packed)) if self.shows() else None
+
+    @property
+    def size(self) -> int:
+        return len(self.packed) + ENTRY_OVERHEAD
 
 
 @dataclass
@@ -127,11 +144,13 @@ class Documents:
     """Question documents by (workspace, request id), reused while the files they were read
     from are the same (device, inode, mtime, size of request.json, of the mailbox directory —
     an answer or a refusal note changes it — and of the run's metadata). A page costs a few
-    stats per item instead of a dozen safe opens. Most recent DOCUMENT_CACHE only, so memory
-    does not grow with the fleet."""
+    stats per item instead of a dozen safe opens. The most recent only, up to
+    DOCUMENT_CACHE_BYTES, so memory is bounded whatever the fleet."""
 
     shown: OrderedDict[tuple[Path, str], Shown] = field(default_factory=OrderedDict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    budget: int = DOCUMENT_CACHE_BYTES
+    held: int = 0  # bytes the kept entries cost
 
     def get(self, key: tuple[Path, str], stamp: tuple[int, ...]) -> Shown | None:
         with self.lock:
@@ -143,7 +162,9 @@ class Documents:
 
     def put(self, key: tuple[Path, str], shown: Shown) -> None:
         with self.lock:
+            if (old := self.shown.pop(key, None)) is not None:
+                self.held -= old.size
             self.shown[key] = shown
-            self.shown.move_to_end(key)
-            while len(self.shown) > DOCUMENT_CACHE:
-                self.shown.popitem(last=False)
+            self.held += shown.size
+            while self.held > self.budget and self.shown:
+                self.held -= self.shown.popitem(last=False)[1].size

@@ -259,8 +259,9 @@ def listed_document(ctx: Context, e: Listed) -> Question | None:
         if p is None or p.request.request_id != request_id:
             return None
         doc = Question.model_validate(request_document(p, ws, ctx.base_url))
-        hit = Shown(stamp, doc, p.request.expires_at, p.answer_waiting)
+        hit = Shown.of(stamp, doc, p.request.expires_at, p.answer_waiting)
         ctx.documents.put((e.workspace, request_id), hit)
+        return doc if hit.shows() else None
     return hit.page_item()
 
 

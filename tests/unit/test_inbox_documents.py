@@ -1,0 +1,46 @@
+"""The list pages' document cache (deltad/inbox/context.py `Documents`): a question's document
+kept compressed, given back as it was, bounded by bytes, the least recent let go first."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from deltad import inbox
+from deltad.inbox.context import Documents, Shown
+from deltad.inbox.handlers import request_document
+from deltad.inbox.schemas import Question
+from deltad.protocol import Workspace, utcnow
+from deltad.testing.stub import paused_workspace
+
+
+def _doc(ws: Path, prompt: str = "Ship it?") -> Question:
+    paused_workspace(ws, prompt)
+    p = inbox.pending(ws)
+    assert p is not None
+    return Question.model_validate(request_document(p, Workspace(ws), "http://127.0.0.1:1"))
+
+
+def test_a_kept_document_is_given_back_as_it_was(tmp_path: Path) -> None:
+    doc = _doc(tmp_path / "ws")
+    shown = Shown.of((1, 2, 3), doc, None, False)
+    assert shown.page_item() == doc
+    assert len(shown.packed) < len(doc.model_dump_json())  # kept compressed
+    assert Shown.of((1,), doc, None, True).page_item() is None  # an answer waits
+    past = utcnow() - timedelta(seconds=1)
+    assert Shown.of((1,), doc, past, False).page_item() is None  # expired
+
+
+def test_the_cache_is_bounded_by_bytes_and_lets_the_least_recent_go(tmp_path: Path) -> None:
+    doc = _doc(tmp_path / "ws")
+    one = Shown.of((1,), doc, None, False)
+    docs = Documents(budget=3 * one.size)
+    for i in range(3):
+        docs.put((tmp_path / f"w{i}", "r"), one)
+    assert docs.get((tmp_path / "w0", "r"), (1,)) is one  # w0 now the most recent
+    docs.put((tmp_path / "w3", "r"), one)  # over the budget: w1, the least recent, goes
+    assert docs.get((tmp_path / "w1", "r"), (1,)) is None
+    assert all(docs.get((tmp_path / f"w{i}", "r"), (1,)) is one for i in (0, 2, 3))
+    docs.put((tmp_path / "w3", "r"), one)  # put again: counted once
+    assert docs.held == 3 * one.size and len(docs.shown) == 3
+    assert docs.get((tmp_path / "w3", "r"), (2,)) is None  # its files changed: a miss
