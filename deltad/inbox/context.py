@@ -26,7 +26,7 @@ from deltad.inbox.idempotency import FILE as KEYS_FILE
 from deltad.inbox.idempotency import KeyLog
 from deltad.inbox.idempotency import Record as KeyRecord
 from deltad.inbox.ops import ApiError, Caller
-from deltad.inbox.schemas import Question
+from deltad.inbox.schemas import Question, document_json
 from deltad.inbox.tokens import Identity, TokenStore
 from deltad.metrics import HttpMetrics
 from deltad.protocol import utcnow
@@ -125,7 +125,8 @@ class Shown:
     def of(
         cls, stamp: tuple[int, ...], doc: Question, expires_at: datetime | None, waiting: bool
     ) -> Shown:
-        return cls(stamp, zlib.compress(doc.model_dump_json().encode(), 1), expires_at, waiting)
+        # As the routes send it (by alias, the fields set): a tool's `schema` survives the trip.
+        return cls(stamp, zlib.compress(document_json(doc), 1), expires_at, waiting)
 
     def shows(self) -> bool:
         """Whether a page lists it: no answer waiting, not expired."""

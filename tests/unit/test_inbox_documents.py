@@ -9,7 +9,7 @@ from pathlib import Path
 from deltad import inbox
 from deltad.inbox.context import Documents, Shown
 from deltad.inbox.handlers import request_document
-from deltad.inbox.schemas import Question
+from deltad.inbox.schemas import Question, document
 from deltad.protocol import Workspace, utcnow
 from deltad.testing.stub import paused_workspace
 
@@ -22,9 +22,14 @@ def _doc(ws: Path, prompt: str = "Ship it?") -> Question:
 
 
 def test_a_kept_document_is_given_back_as_it_was(tmp_path: Path) -> None:
-    doc = _doc(tmp_path / "ws")
+    plain = _doc(tmp_path / "ws")
+    # A field the document names by its alias (a call's `schema`) and one never set survive.
+    call = {"action_id": "act_1", "tool_name": "scale", "schema": {"type": "object"}}
+    doc = Question.model_validate({**document(plain), "calls": [call]})
     shown = Shown.of((1, 2, 3), doc, None, False)
-    assert shown.page_item() == doc
+    kept = shown.page_item()
+    assert kept is not None and document(kept) == document(doc)
+    assert document(kept)["calls"][0]["schema"] == {"type": "object"}
     assert len(shown.packed) < len(doc.model_dump_json())  # kept compressed
     assert Shown.of((1,), doc, None, True).page_item() is None  # an answer waits
     past = utcnow() - timedelta(seconds=1)
