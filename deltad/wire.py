@@ -76,6 +76,15 @@ class Hello(Strict):
     version: int
 
 
+class Person(Strict):
+    """A person signed in through OIDC (`token` is their `oidc:` name): the other names they
+    answer to and their groups, as the inbox checked them against the provider's keys. The
+    core gives them the role and scopes its own `http.oidc` says (deltad/inbox/oidc.py)."""
+
+    also: list[Name] = Field(default_factory=list, max_length=4)
+    groups: list[Name] = Field(default_factory=list, max_length=64)
+
+
 class Call(Strict):
     """One operation the inbox asks of the core: its name in the table (deltad/inbox/ops.py),
     the token it is asked for (None: an operation without one) and its arguments, which the
@@ -85,6 +94,7 @@ class Call(Strict):
     id: CallId
     token: Name | None = None
     args: dict[str, Any] = Field(default_factory=dict)
+    person: Person | None = None  # with an `oidc:` token name only
 
 
 class Deliveries(Strict):
@@ -205,6 +215,8 @@ class Welcome(Strict):
     webhooks: list[WebhookTarget] = Field(default_factory=list)
     channels: list[ChannelTarget] = Field(default_factory=list)  # version 3
     mail: MailIntake | None = None  # the email channel's Maildir, read by the inbox (version 3)
+    # http.oidc's client secret, read by the core (the inbox cannot read its file); None: none.
+    oidc_client_secret: str | None = None
 
 
 class MailIntake(Strict):

@@ -31,9 +31,10 @@ from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deltad import __version__, health
-from deltad.http import limits, mcp_gate, problems
+from deltad.http import limits, mcp_gate, oidc, problems
 from deltad.http.access import AccessLog, McpMetrics, RateLimit, note_token
 from deltad.http.sessions import Sessions, matches
+from deltad.inbox import oidc as people
 from deltad.inbox import ops, paging, schemas
 from deltad.inbox.context import Context, glob_names, visible
 from deltad.inbox.feed import EVENT_TYPES, EventType, FeedEvent
@@ -68,10 +69,14 @@ def authenticate(
     authorization: str | None,
     session_id: str | None,
     x_csrf_token: str | None,
+    provider: oidc.Provider | None = None,
 ) -> Identity:
     """Who is calling, from the headers alone (so it runs before any body byte is read)."""
     if authorization:
-        return ctx.tokens.verify(_bearer(authorization)) or _invalid_token()
+        bearer = _bearer(authorization)
+        if provider is not None and oidc.looks_like_jwt(bearer):
+            return _person(ctx, provider, bearer)
+        return ctx.tokens.verify(bearer) or _invalid_token()
     claims = sessions.get(session_id)
     if claims is None or session_id is None:
         raise unauthorized()
@@ -79,11 +84,30 @@ def authenticate(
         x_csrf_token and secrets.compare_digest(x_csrf_token, sessions.csrf(session_id))
     ):
         raise ApiError(403, "csrf", "missing or wrong X-CSRF-Token for this session")
+    if people.is_person(claims.name):
+        # Signed in through the provider: no token to look up; OIDC switched off ends it.
+        if ctx.config.oidc is None:
+            raise unauthorized("OIDC sign-in is no longer configured; log in again")
+        person = people.Person(claims.name, claims.also, claims.groups)
+        return people.identity(person, ctx.config.oidc)
     # The token is looked up on every request: a revoked (or re-made) token ends it at once.
     held = ctx.tokens.by_name(claims.name)
     if held is None or not matches(claims, held[0]):
         raise unauthorized("this session's token was revoked; log in again")
     return held[1]
+
+
+def _person(ctx: Context, provider: oidc.Provider, token: str) -> Identity:
+    """A bearer JWT the provider signed (for `audience`), as the person it names."""
+    assert ctx.config.oidc is not None
+    try:
+        claims = provider.verify(token)
+    except oidc.Refused as e:
+        raise unauthorized(f"this JWT is not accepted: {e}") from None
+    person = people.person(claims, ctx.config.oidc.groups_claim)
+    if isinstance(person, str):
+        raise unauthorized(f"this JWT is not accepted: {person}")
+    return people.identity(person, ctx.config.oidc)
 
 
 def _bearer(authorization: str) -> str:
@@ -107,6 +131,7 @@ def identity(request: Request) -> Identity:
         request.headers.get("authorization"),
         request.cookies.get(SESSION_COOKIE),
         request.headers.get("x-csrf-token"),
+        request.app.state.oidc,
     )
     note_token(request.scope, who.name)
     if who.role == "metrics":
@@ -125,7 +150,13 @@ def still_allowed(request: Request, who: Identity) -> Callable[[], bool]:
         try:
             return (
                 authenticate(
-                    ctx, request.app.state.sessions, "GET", authorization, session_id, None
+                    ctx,
+                    request.app.state.sessions,
+                    "GET",
+                    authorization,
+                    session_id,
+                    None,
+                    request.app.state.oidc,
                 )
                 == who
             )
@@ -206,12 +237,25 @@ class StreamCounts:
 
 # Operations that write (a session needs its X-CSRF-Token) and those without a credential.
 WRITES = {"logout", "answer_request", "answer_many", "delegate_request"}
-PUBLIC = {"login", "link_request", "link_answer", "healthz", "livez", "readyz", "metrics"}
+PUBLIC = {
+    "login",
+    "oidc_login",
+    "oidc_callback",
+    "link_request",
+    "link_answer",
+    "healthz",
+    "livez",
+    "readyz",
+    "metrics",
+}
 ANONYMOUS_TOO = frozenset({"whoami"})  # answers without a credential too (`{"signed_in": false}`)
 
 
 def create_app(
-    ctx: Context, stopping: threading.Event | None = None, sessions: Sessions | None = None
+    ctx: Context,
+    stopping: threading.Event | None = None,
+    sessions: Sessions | None = None,
+    provider: oidc.Provider | None = None,
 ) -> FastAPI:
     stopping = stopping or threading.Event()
     # In-process (tests): a key derived from the link key and logouts kept in memory.
@@ -229,6 +273,9 @@ def create_app(
     )
     app.router.route_class = JsonBodyRoute  # before any route is declared
     app.state.ctx, app.state.sessions = ctx, sessions
+    if provider is None and ctx.config.oidc is not None:
+        provider = oidc.Provider(ctx.config.oidc, None, ctx.base_url)
+    app.state.oidc = provider
     # What reads or writes a workspace: the core's operations, over the socket in the inbox
     # process; without one (tests), the same table served here.
     core: Caller
@@ -287,6 +334,7 @@ def create_app(
                     request.headers.get("authorization"),
                     request.cookies.get(SESSION_COOKIE),
                     request.headers.get("x-csrf-token"),
+                    provider,
                 )
             elif rule.credential == "link":
                 core.call("check_link", link=limits.link_token(request.url.path))
@@ -371,6 +419,8 @@ def create_app(
         does not check out is still a 401)."""
         cookie = request.cookies.get(SESSION_COOKIE)
         if not cookie and "authorization" not in request.headers:
+            if ctx.config.oidc is not None:  # the page offers "Sign in with ..."
+                return {"signed_in": False, "sign_in_with": ctx.config.oidc.provider_name}
             return {"signed_in": False}
         who = identity(request)
         return {
@@ -396,6 +446,80 @@ def create_app(
             SESSION_COOKIE, "", max_age=0, expires=0, path=None, httponly=True, samesite="strict"
         )
         return {"status": "logged out"}
+
+    # -- sign-in through an OpenID provider (http.oidc) ------------------------------------------
+    @app.get(
+        "/v1/oidc/login",
+        tags=["session"],
+        operation_id="oidc_login",
+        status_code=302,
+        response_class=Response,
+        responses={302: {"description": "To the provider's sign-in."}, **errors(404, 502)},
+    )
+    def oidc_login() -> Response:
+        """Start signing in through the configured OpenID provider: a redirect to it (code
+        flow with PKCE), `state`, `nonce` and the PKCE verifier kept in a short-lived signed
+        cookie of this browser."""
+        if provider is None:
+            raise ApiError(404, "not_found", "OIDC sign-in is not configured")
+        try:
+            url, pending = provider.start()
+        except oidc.Refused as e:
+            raise ApiError(502, "provider_unavailable", str(e)) from None
+        response = Response(status_code=302, headers={"Location": url})
+        # Lax, not Strict: the provider's redirect back is a top-level navigation from its site.
+        response.set_cookie(
+            oidc.PENDING_COOKIE,
+            oidc.seal_pending(sessions.key, pending),
+            max_age=oidc.PENDING_SECONDS,
+            httponly=True,
+            samesite="lax",
+            secure=ctx.config.tls,
+            path=None,
+        )
+        return response
+
+    @app.get(
+        "/v1/oidc/callback",
+        tags=["session"],
+        operation_id="oidc_callback",
+        status_code=303,
+        response_class=Response,
+        responses={303: {"description": "Signed in: to the page."}, **errors(401, 404)},
+    )
+    def oidc_callback(request: Request) -> Response:
+        """Where the provider sends the browser back: the state, `iss` (RFC 9207) and the ID
+        token (signature, iss, aud, exp, nonce) checked, then the same session cookie a
+        token's login gives, for the person it names."""
+        if provider is None or ctx.config.oidc is None:
+            raise ApiError(404, "not_found", "OIDC sign-in is not configured")
+        pending = oidc.unseal_pending(sessions.key, request.cookies.get(oidc.PENDING_COOKIE))
+        params = {k: v for k, v in request.query_params.items() if len(v) <= 4096}
+        try:
+            claims = provider.finish(params, pending)
+            person = people.person(claims, ctx.config.oidc.groups_claim)
+            if isinstance(person, str):
+                raise oidc.Refused(person)
+        except oidc.Refused as e:
+            oidc.log.warning("oidc_sign_in_refused", reason=str(e))
+            raise unauthorized(f"sign-in refused: {e}") from None
+        note_token(request.scope, person.name)
+        cookie, _ = sessions.open(person.name, "", also=person.also, groups=person.groups)
+        oidc.log.info("oidc_signed_in", name=person.name, groups=list(person.groups))
+        # Back to the page (relative: it works under a reverse proxy's path prefix).
+        response = Response(status_code=303, headers={"Location": "../../"})
+        response.set_cookie(
+            SESSION_COOKIE,
+            cookie,
+            max_age=int(ctx.config.session_ttl_seconds),
+            httponly=True,
+            samesite="strict",
+            secure=ctx.config.tls,
+            path=provider.cookie_path(),  # the page's calls go to v1/: the token login's path
+        )
+        # Its sign-in is over: the pending cookie (path: the login's directory) goes.
+        response.delete_cookie(oidc.PENDING_COOKIE, path=provider.cookie_path() + "/oidc")
+        return response
 
     # -- questions --------------------------------------------------------------------------------
     @app.get(

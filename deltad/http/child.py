@@ -89,9 +89,15 @@ class Remote:
         """Operation `op` for `who` (an operation on behalf of a token; None otherwise), its
         arguments checked here first: what a route took and the operation does not is a 422."""
         token, checked = ops.prepared(op, who, args)
-        return self.send(op, token, checked.model_dump(mode="json"))
+        return self.send(op, token, checked.model_dump(mode="json"), ops.person_of(who))
 
-    def send(self, op: str, token: str | None, args: dict[str, Any]) -> dict[str, Any]:
+    def send(
+        self,
+        op: str,
+        token: str | None,
+        args: dict[str, Any],
+        person: dict[str, list[str]] | None = None,
+    ) -> dict[str, Any]:
         """One `call` frame as given, and its reply (ApiError for a refusal)."""
         cid = next(self._ids)
         fut: Future[wire.Reply] = Future()
@@ -100,7 +106,13 @@ class Remote:
                 raise _unavailable()
             self._waiting[cid] = fut
         try:
-            frame = wire.Call(op=op, id=cid, token=token, args=args)
+            frame = wire.Call(
+                op=op,
+                id=cid,
+                token=token,
+                args=args,
+                person=wire.Person.model_validate(person) if person is not None else None,
+            )
         except ValidationError as e:  # not a frame the core would take: say so
             with self._lock:
                 self._waiting.pop(cid, None)
@@ -553,7 +565,12 @@ def serve(core: socket.socket) -> int:
     web = sessions.Sessions(
         sessions.load_key(state), config.session_ttl_seconds, state / sessions.CLOSED_NAME
     )
-    app = create_app(ctx, stopping, web)
+    provider = None
+    if config.oidc is not None:  # its discovery and keys are fetched here, never by the core
+        from deltad.http.oidc import Provider
+
+        provider = Provider(config.oidc, welcome.oidc_client_secret, welcome.base_url)
+    app = create_app(ctx, stopping, web, provider)
     channel_routes(app, remote, deliveries)
     if os.environ.get(TEST_HOOK_ENV) == "1":
         from deltad.http.testhook import install

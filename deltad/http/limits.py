@@ -52,6 +52,8 @@ def rule_for(method: str, path: str, mcp_path: str | None = None) -> Rule:
         return Rule("link", ANSWER_BODY_MAX if parts[-1] == "answer" else SMALL_BODY_MAX)
     if method == "POST" and parts == ["v1", "session"]:
         return Rule("none", SMALL_BODY_MAX)  # the login: its body is the credential
+    if method == "GET" and parts[:2] == ["v1", "oidc"]:
+        return Rule("none", SMALL_BODY_MAX)  # the OIDC sign-in: the provider's redirect back
     if mcp_path is not None and path.rstrip("/") == mcp_path:
         return Rule("token", ANSWER_BODY_MAX)  # MCP: one JSON-RPC message, an answer at most
     if method == "POST" and parts[:2] == ["v1", "channels"] and parts[3:] == ["interactions"]:

@@ -2,7 +2,9 @@
 with a key kept in the state dir (`session.key`, 0600, made on first use). It carries the
 token's name, a prefix of the token's digest (so a revoked, or revoked and re-added, token ends
 its sessions at once), when it was issued, when it expires and a random id. The CSRF token is
-derived from the cookie, so it too outlives a restart. `session_ttl_seconds` is applied at
+derived from the cookie, so it too outlives a restart. A person signed in through OIDC
+(deltad/http/oidc.py) gets the same cookie with their `oidc:` name, no token digest, and the
+names and groups their ID token gave. `session_ttl_seconds` is applied at
 each check to when a session was issued, so lowering it shortens sessions already out.
 
 A logout is remembered by id in `sessions-closed.json` (0600, atomic replace) until the cookie
@@ -28,6 +30,7 @@ from deltad.protocol import atomic_write_json
 KEY_NAME = keys.SESSIONS.name
 CLOSED_NAME = wire.SESSIONS_CLOSED_NAME
 DIGEST_PREFIX = 16  # hex characters of the token's SHA-256: enough to tell tokens apart
+COOKIE_MAX = 4000  # characters: a browser keeps a cookie of about 4 KiB (an OIDC person's groups)
 CLOSED_PER_TOKEN = 100  # logout ids kept per token; older ones become the token's cut-off
 
 
@@ -38,25 +41,43 @@ class Claims:
     issued: int
     expires: int
     sid: str
+    # A person signed in through OIDC (name `oidc:...`, no token: digest_prefix ""): the other
+    # names they answer to and their groups, as the provider's ID token said at sign-in.
+    also: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
 
 
 # -- the pure core ------------------------------------------------------------------------------
 def seal(key: bytes, claims: Claims) -> str:
-    payload = [claims.name, claims.digest_prefix, claims.issued, claims.expires, claims.sid]
+    payload: list[Any] = [
+        claims.name,
+        claims.digest_prefix,
+        claims.issued,
+        claims.expires,
+        claims.sid,
+    ]
+    if claims.also or claims.groups:
+        payload.append({"also": list(claims.also), "groups": list(claims.groups)})
     body = keys.b64(json.dumps(payload, separators=(",", ":")).encode())
     return f"{body}.{keys.b64(keys.sign(key, 'session', body))}"
 
 
 def unseal(key: bytes, cookie: str | None, now: float) -> Claims | None:
     """The cookie's claims if it is ours, untampered and not expired; else None."""
-    if not cookie or len(cookie) > 1024:
+    if not cookie or len(cookie) > COOKIE_MAX:
         return None
     body, _, mac = cookie.partition(".")
     try:
         if not keys.verify(key, keys.unb64(mac), "session", body):
             return None
-        name, prefix, issued, expires, sid = json.loads(keys.unb64(body))
+        name, prefix, issued, expires, sid, *more = json.loads(keys.unb64(body))
     except (ValueError, TypeError):
+        return None
+    extra = more[0] if len(more) == 1 and isinstance(more[0], dict) else {}
+    also, groups = extra.get("also", []), extra.get("groups", [])
+    if len(more) > 1 or not all(
+        isinstance(v, list) and all(isinstance(x, str) for x in v) for v in (also, groups)
+    ):
         return None
     if not (
         isinstance(name, str)
@@ -68,7 +89,7 @@ def unseal(key: bytes, cookie: str | None, now: float) -> Claims | None:
         return None
     if now >= expires:
         return None
-    return Claims(name, prefix, issued, expires, sid)
+    return Claims(name, prefix, issued, expires, sid, tuple(also), tuple(groups))
 
 
 def csrf_for(key: bytes, cookie: str) -> str:
@@ -165,10 +186,20 @@ class Sessions:
         self._lock = threading.Lock()
         self._closed = self._load_closed()
 
-    def open(self, name: str, token_digest: str, now: float | None = None) -> tuple[str, str]:
-        """A new session cookie for this token, and its CSRF token."""
+    def open(
+        self,
+        name: str,
+        token_digest: str,
+        now: float | None = None,
+        also: tuple[str, ...] = (),
+        groups: tuple[str, ...] = (),
+    ) -> tuple[str, str]:
+        """A new session cookie for this token (or OIDC person: `token_digest` ""), and its
+        CSRF token."""
         issued = int(now if now is not None else time.time())
-        claims = Claims(name, token_digest[:DIGEST_PREFIX], issued, issued + int(self.ttl), _sid())
+        claims = Claims(
+            name, token_digest[:DIGEST_PREFIX], issued, issued + int(self.ttl), _sid(), also, groups
+        )
         cookie = seal(self.key, claims)
         return cookie, csrf_for(self.key, cookie)
 

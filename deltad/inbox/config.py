@@ -76,6 +76,98 @@ class McpConfig(_Strict):
         return v
 
 
+class Secret(_Strict):
+    """A secret named, not written, in the configuration: a file (0600) or an env variable."""
+
+    secret_file: Path | None = None
+    secret_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Secret:
+        if (self.secret_file is None) == (self.secret_env is None):
+            raise ValueError("give exactly one of secret_file or secret_env")
+        return self
+
+    def read(self) -> bytes:
+        if self.secret_env is not None:
+            value = os.environ.get(self.secret_env)
+            if not value:
+                raise ValueError(f"environment variable {self.secret_env} is not set")
+            return value.encode()
+        assert self.secret_file is not None
+        return one_newline_less(self.secret_file.read_bytes())
+
+
+def one_newline_less(data: bytes) -> bytes:
+    """A secret file's bytes without the one newline an editor or `echo` adds at the end (and
+    nothing else: leading or inner whitespace is part of the secret)."""
+    return data.removesuffix(b"\n").removesuffix(b"\r")
+
+
+class OidcConfig(_Strict):
+    """`http.oidc`: people sign in to the page through an OpenID provider (authorization code
+    with PKCE), and the API takes the provider's JWTs beside deltad's own tokens
+    (docs/inbox.md, "OIDC sign-in"). Discovery and keys are fetched by the inbox process."""
+
+    issuer: str  # exactly as the provider's discovery document and tokens say it (`iss`)
+    client_id: str = Field(min_length=1, max_length=255)
+    client_secret: Secret | None = None  # none: a public client (PKCE alone)
+    # Where the provider sends people back; default: the inbox's address + /v1/oidc/callback.
+    redirect_url: str | None = None
+    scopes: list[str] = Field(default_factory=lambda: ["openid", "email", "profile"])
+    groups_claim: str = Field(default="groups", min_length=1, max_length=64)
+    # The `aud` an API bearer JWT must carry; default: client_id (an ID token's audience).
+    audience: str | None = None
+    provider_name: str = Field(default="your identity provider", min_length=1, max_length=64)
+    # What a person signed in this way may do: a token's role and scopes (`deltad token add`).
+    role: Literal["reader", "answerer", "admin"] = "answerer"
+    workspaces: list[str] = Field(default_factory=lambda: [scopes.ALL], min_length=1)
+    # Discovery and keys are kept this long; an unknown key id fetches the keys again, at most
+    # once per `jwks_refetch_seconds`.
+    cache_seconds: float = Field(default=3600.0, gt=0, le=7 * 86400)
+    jwks_refetch_seconds: float = Field(default=60.0, ge=0, le=86400)
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer(cls, v: str) -> str:
+        if not v.startswith("https://") and not is_loopback(_host_of(v)):
+            raise ValueError("must be an https:// URL (http:// only on a loopback address)")
+        if "?" in v or "#" in v:
+            raise ValueError("must be a URL with no query or fragment")
+        return v
+
+    @field_validator("redirect_url")
+    @classmethod
+    def _redirect(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+    @field_validator("scopes")
+    @classmethod
+    def _openid(cls, v: list[str]) -> list[str]:
+        if "openid" not in v:
+            raise ValueError("must include openid")
+        if any(not s or " " in s for s in v):
+            raise ValueError("each scope is one word")
+        return v
+
+    @field_validator("workspaces")
+    @classmethod
+    def _globs(cls, v: list[str]) -> list[str]:
+        for glob in v:
+            scopes.check(glob)
+        return v
+
+
+def _host_of(url: str) -> str:
+    if not url.startswith("http://"):
+        return ""
+    host = url.removeprefix("http://").split("/", 1)[0]
+    return host.rpartition(":")[0].strip("[]") if ":" in host else host
+
+
 class HttpConfig(_Strict):
     listen: str = "127.0.0.1:8470"
     tls_cert: Path | None = None
@@ -109,6 +201,7 @@ class HttpConfig(_Strict):
     user: str = Field(default="deltad-inbox", min_length=1, max_length=64)
     inbox_socket: Path | None = None
     mcp: McpConfig = Field(default_factory=McpConfig)  # the inbox as an MCP server
+    oidc: OidcConfig | None = None  # sign-in through an OpenID provider (docs/inbox.md)
 
     @field_validator("listen")
     @classmethod
@@ -146,34 +239,6 @@ class HttpConfig(_Strict):
         host, configured = split_listen(self.listen)
         host = f"[{host}]" if ":" in host else host
         return f"{'https' if self.tls else 'http'}://{host}:{port or configured}"
-
-
-class Secret(_Strict):
-    """A secret named, not written, in the configuration: a file (0600) or an env variable."""
-
-    secret_file: Path | None = None
-    secret_env: str | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> Secret:
-        if (self.secret_file is None) == (self.secret_env is None):
-            raise ValueError("give exactly one of secret_file or secret_env")
-        return self
-
-    def read(self) -> bytes:
-        if self.secret_env is not None:
-            value = os.environ.get(self.secret_env)
-            if not value:
-                raise ValueError(f"environment variable {self.secret_env} is not set")
-            return value.encode()
-        assert self.secret_file is not None
-        return one_newline_less(self.secret_file.read_bytes())
-
-
-def one_newline_less(data: bytes) -> bytes:
-    """A secret file's bytes without the one newline an editor or `echo` adds at the end (and
-    nothing else: leading or inner whitespace is part of the secret)."""
-    return data.removesuffix(b"\n").removesuffix(b"\r")
 
 
 class Target(_Strict):

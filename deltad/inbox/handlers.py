@@ -303,7 +303,9 @@ def answer(ctx: Context, who: Identity, q: ops.Answer) -> schemas.AnswerReceipt:
         return schemas.AnswerReceipt.model_validate(repeat)
     ws = _workspace_of(ctx, who, request_id, q.workspace)
     try:
-        _respondent(ws, request_id, inbox.Answerer(who.name, who.groups, who.role == "admin"))
+        _respondent(
+            ws, request_id, inbox.Answerer(who.name, who.groups, who.role == "admin", who.also)
+        )
         if q.channel in NO_SECRETS:
             _not_a_secret(ctx, ws, request_id, q.channel)
     except ApiError as e:  # refused before the answering path (which records its own)
@@ -675,7 +677,7 @@ def delegate(ctx: Context, who: Identity, q: ops.Delegate) -> schemas.DelegateOu
         raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
     request_id, to = q.request_id, q.to
     ws = _workspace_of(ctx, who, request_id, q.workspace)
-    me = inbox.Answerer(who.name, who.groups, who.role == "admin")
+    me = inbox.Answerer(who.name, who.groups, who.role == "admin", who.also)
     try:
         req, handed = inbox.delegate(
             Workspace(ws),

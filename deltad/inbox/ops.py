@@ -284,6 +284,13 @@ class Caller(Protocol):
     def call(self, op: str, who: Identity | None = None, /, **args: Any) -> dict[str, Any]: ...
 
 
+def person_of(who: Identity | None) -> dict[str, list[str]] | None:
+    """What a call carries beside an OIDC person's name (wire.Person); None for a token."""
+    if who is None or not who.name.startswith("oidc:"):
+        return None
+    return {"also": list(who.also), "groups": list(who.groups)}
+
+
 def prepared(op: str, who: Identity | None, args: Mapping[str, Any]) -> tuple[str | None, Args]:
     """The token and the arguments a call of `op` sends, checked here as the core will check
     them: what a route took and the operation does not is a 422 before anything is sent."""

@@ -1,4 +1,6 @@
-"""Who may answer a question over HTTP: its `respondents` (token names and `group:NAME`s).
+"""Who may answer a question over HTTP: its `respondents` (token names, people signed in
+through OIDC as `oidc:<email>` or `oidc:<sub>`, and `group:NAME`s: a token's groups, or a
+person's from the provider's groups claim).
 
 A question that names none may be answered by anyone whose token's scope and role allow it.
 One that names some may be answered only by a listed token, a token in a listed group, or an
@@ -22,6 +24,7 @@ class Answerer:
     name: str
     groups: tuple[str, ...] = ()
     admin: bool = False
+    also: tuple[str, ...] = ()  # other names of the same caller (OIDC: `oidc:<sub>`)
 
 
 def may_answer(respondents: Sequence[str], who: Answerer | None) -> bool:
@@ -31,7 +34,11 @@ def may_answer(respondents: Sequence[str], who: Answerer | None) -> bool:
         return False
     if who.admin:
         return True
-    return who.name in respondents or any(GROUP + g in respondents for g in who.groups)
+    return (
+        who.name in respondents
+        or any(n in respondents for n in who.also)
+        or any(GROUP + g in respondents for g in who.groups)
+    )
 
 
 def refusal(respondents: Sequence[str], who: Answerer | None) -> str | None:

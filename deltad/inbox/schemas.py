@@ -86,6 +86,8 @@ STATUS_MEANING: dict[int, str] = {
     "`idempotency_mismatch`, `unknown_delegate`).",
     429: "This token holds `max_streams_per_token` event streams already (`too_many_streams`); "
     "sent with `Retry-After`, and the connection closes.",
+    502: "The OpenID provider could not be reached, or answered what is not its discovery "
+    "document (`provider_unavailable`).",
 }
 
 
@@ -449,6 +451,11 @@ class SignedOut(_Out):
     nobody is signed in. A credential that does not check out is a 401 instead."""
 
     signed_in: Literal[False]
+    sign_in_with: str | None = Field(
+        default=None,
+        description="The OpenID provider's name when `http.oidc` is set: the page offers "
+        "signing in through it (`GET /v1/oidc/login`).",
+    )
 
 
 class WhoAmI(RootModel[SessionOut | SignedOut]):

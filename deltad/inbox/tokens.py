@@ -47,6 +47,9 @@ class Identity:
     # Who holds the token (`--person`; default its name): four eyes counts people, so two
     # tokens of one person are one vote, and `owner_may_approve` compares the owner's user.
     person: str = ""
+    # Other names the caller answers to (a person signed in through OIDC: `oidc:<sub>` beside
+    # `oidc:<email>`), for questions naming respondents.
+    also: tuple[str, ...] = ()
 
     def can_answer(self) -> bool:
         return self.role in ("answerer", "admin")

@@ -26,6 +26,7 @@ import structlog
 from pydantic import ValidationError
 
 from deltad import wire
+from deltad.inbox.config import HttpConfig
 from deltad.inbox.context import Context
 from deltad.inbox.feed import FeedEvent
 from deltad.inbox.tokens import TOKENS_NAME
@@ -276,6 +277,7 @@ class Monitor:
                     channels=self.serving.channels,
                     inbox_dir=self.serving.inbox_dir,
                     mail=self.serving.mail_intake,
+                    oidc_client_secret=oidc_secret(ctx.config),
                 )
             else:
                 welcome = wire.Welcome(
@@ -399,3 +401,16 @@ def child_env() -> dict[str, str]:
     env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
     env |= {k: v for k in (*ENV_KEPT, TEST_HOOK_ENV) if (v := os.environ.get(k)) is not None}
     return env
+
+
+def oidc_secret(config: HttpConfig) -> str | None:
+    """http.oidc's client secret, read here (root's file) for the inbox; None: none set, or
+    unreadable now (`deltad check` says why; the code exchange is then refused by the provider)."""
+    oidc = config.oidc
+    if oidc is None or oidc.client_secret is None:
+        return None
+    try:
+        return oidc.client_secret.read().decode()
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        log.error("oidc_secret_unreadable", error=str(getattr(e, "strerror", None) or e))
+        return None

@@ -18,7 +18,7 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from deltad import wire
-from deltad.inbox import ops
+from deltad.inbox import oidc, ops
 from deltad.inbox.context import Context
 from deltad.inbox.ops import OPS, ApiError, Args, Op
 from deltad.inbox.schemas import document, document_json
@@ -41,6 +41,7 @@ class Request:
     op: Op
     token: str | None
     args: Args
+    person: wire.Person | None = None  # beside an `oidc:` token name (deltad/inbox/oidc.py)
 
 
 def decode_message(raw: bytes) -> Request | wire.Told | str:
@@ -77,11 +78,18 @@ def checked(call: wire.Call) -> Request | str:
         args = op.Input.model_validate(call.args)
     except ValidationError as e:
         return summary(e, "args")
-    return Request(call.id, op, call.token, args)
+    return Request(call.id, op, call.token, args, call.person)
 
 
-def identity(ctx: Context, token: str) -> Identity:
-    """The named token as the core reads tokens.json (never as the inbox says it is)."""
+def identity(ctx: Context, token: str, person: wire.Person | None = None) -> Identity:
+    """The named token as the core reads tokens.json (never as the inbox says it is); a person
+    signed in through OIDC with the role and scopes of the core's own `http.oidc` (the inbox
+    checked them against the provider's keys: it says who, never what they may do)."""
+    if oidc.is_person(token):
+        if ctx.config.oidc is None:
+            raise ApiError(401, "unauthorized", "OIDC sign-in is not configured")
+        p = person or wire.Person()
+        return oidc.identity(oidc.Person(token, tuple(p.also), tuple(p.groups)), ctx.config.oidc)
     try:
         held = ctx.tokens.by_name(token)
     except TokenError as e:
@@ -100,7 +108,7 @@ def handle(ctx: Context | None, mail: MailTake | None, call: Request) -> BaseMod
         return op.handler(mail, None, call.args)  # type: ignore[no-any-return]
     if ctx is None:  # an inbox started for deliveries has no HTTP to serve
         raise ApiError(403, "forbidden", "this daemon serves no HTTP (no http: in its config)")
-    who = identity(ctx, call.token) if call.token is not None else None
+    who = identity(ctx, call.token, call.person) if call.token is not None else None
     return op.handler(ctx, who, call.args)  # type: ignore[no-any-return]
 
 
@@ -157,7 +165,9 @@ class Local:
 
     def call(self, op: str, who: Identity | None = None, /, **args: Any) -> dict[str, Any]:
         token, checked_args = ops.prepared(op, who, args)
-        return serve(self.ctx, self.mail, Request(0, OPS[op], token, checked_args))
+        person = ops.person_of(who)
+        carried = wire.Person.model_validate(person) if person is not None else None
+        return serve(self.ctx, self.mail, Request(0, OPS[op], token, checked_args, carried))
 
 
 def error_reply(

@@ -31,14 +31,15 @@ Timestamp = Annotated[datetime, AfterValidator(_aware)]
 
 
 RESPONDENT_NAME = r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}"  # a token's name (deltad token add)
-_RESPONDENT = re.compile(rf"(?:group:)?{RESPONDENT_NAME}")
+# A person signed in through OIDC is `oidc:<email or sub>` (deltad/inbox/oidc.py).
+_RESPONDENT = re.compile(rf"(?:group:|oidc:)?{RESPONDENT_NAME}")
 
 
 def respondent_problem(name: object) -> str | None:
-    """Why `name` is not a respondent (a token name or `group:NAME`), or None."""
+    """Why `name` is not a respondent (a token name, `oidc:PERSON` or `group:NAME`), or None."""
     if isinstance(name, str) and _RESPONDENT.fullmatch(name):
         return None
     return (
-        f"respondent {str(name)[:40]!r} is not a token name or group:NAME "
+        f"respondent {str(name)[:40]!r} is not a token name, oidc:PERSON or group:NAME "
         "(letters, digits and . _ @ -, up to 64)"
     )

@@ -35,6 +35,7 @@ ALLOWED = {
     "deltad.inbox.feedlog",
     "deltad.inbox.idempotency",
     "deltad.inbox.links",  # its key file's name (the sessions' key sits beside it)
+    "deltad.inbox.oidc",  # an OIDC person's name and groups from checked claims (pure)
     "deltad.inbox.ops",
     "deltad.inbox.paging",
     "deltad.inbox.schemas",

@@ -91,8 +91,14 @@ async function start() {
   try {
     // Not signed in is an answer, not an error: `{"signed_in": false}` (no failed login logged).
     const me = await api("GET", "v1/session");
-    if (me.signed_in === false) showLogin(null);
-    else signedIn(me);
+    if (me.signed_in === false) {
+      // `http.oidc` is set: people sign in through the provider; tokens stay for machines.
+      if (me.sign_in_with) {
+        $("sso-link").textContent = `Sign in with ${me.sign_in_with}`;
+        $("sso").hidden = false;
+      }
+      showLogin(null);
+    } else signedIn(me);
   } catch (e) {
     showLogin(null);
   }
