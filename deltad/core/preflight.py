@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from deltad.core.config import DaemonConfig
+from deltad.inbox.config import OidcConfig
 from deltad.validation import dir_problem, printable
 
 
@@ -103,6 +104,25 @@ def _http(config: DaemonConfig) -> Iterator[str]:
             )
         except (OSError, ssl.SSLError) as e:
             yield f"http.tls_cert/tls_key: cannot be used: {e}"
+    if http.oidc is not None:
+        yield from _oidc(http.oidc)
+
+
+def _oidc(oidc: OidcConfig) -> Iterator[str]:
+    """The client secret can be read (the core reads it and hands it to the inbox); the
+    provider itself is not asked (check reaches no network)."""
+    if oidc.client_secret is None:
+        return
+    try:
+        value = oidc.client_secret.read()
+    except OSError as e:
+        yield f"http.oidc.client_secret.secret_file: {e.filename}: {e.strerror}"
+        return
+    except ValueError as e:
+        yield f"http.oidc.client_secret: {e}"
+        return
+    if not value.strip() or value != value.strip():
+        yield "http.oidc.client_secret: empty, or with spaces around it"
 
 
 def _starts_inbox(config: DaemonConfig) -> bool:

@@ -501,11 +501,11 @@ def create_app(
             if isinstance(person, str):
                 raise oidc.Refused(person)
         except oidc.Refused as e:
-            oidc.log.warning("oidc_sign_in_refused", reason=str(e))
+            oidc.refused(str(e))
             raise unauthorized(f"sign-in refused: {e}") from None
         note_token(request.scope, person.name)
         cookie, _ = sessions.open(person.name, "", also=person.also, groups=person.groups)
-        oidc.log.info("oidc_signed_in", name=person.name, groups=list(person.groups))
+        oidc.signed_in(person.name, person.groups)
         # Back to the page (relative: it works under a reverse proxy's path prefix).
         response = Response(status_code=303, headers={"Location": "../../"})
         response.set_cookie(

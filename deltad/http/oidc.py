@@ -25,7 +25,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 import structlog
 from joserfc import jwt
-from joserfc.errors import JoseError
+from joserfc.errors import ClaimError, JoseError
 from joserfc.jwk import KeySet
 from joserfc.jwt import ClaimsOption
 
@@ -81,6 +81,8 @@ def claims_refusal(
     registry = jwt.JWTClaimsRegistry(now=now, leeway=LEEWAY, **wanted)
     try:
         registry.validate(dict(claims))
+    except ClaimError as e:
+        return f"{e.error} ({e.claim}): {e.description}"
     except JoseError as e:
         return f"{e.error}: {e.description}" if e.description else str(e.error)
     aud = claims.get("aud")
@@ -302,6 +304,15 @@ class Provider:
         if not isinstance(id_token, str):
             raise Refused("the provider sent no ID token")
         return self.verify(id_token, nonce=pending.nonce, audience=self.config.client_id)
+
+
+def signed_in(name: str, groups: tuple[str, ...]) -> None:
+    log.info("oidc_signed_in", name=name, groups=list(groups))
+
+
+def refused(reason: str) -> None:
+    """A callback that minted no session (never its code or token: the reason alone)."""
+    log.warning("oidc_sign_in_refused", reason=reason)
 
 
 def _has(ks: KeySet, kid: str) -> bool:

@@ -117,7 +117,7 @@ class OidcConfig(_Strict):
     scopes: list[str] = Field(default_factory=lambda: ["openid", "email", "profile"])
     groups_claim: str = Field(default="groups", min_length=1, max_length=64)
     # The `aud` an API bearer JWT must carry; default: client_id (an ID token's audience).
-    audience: str | None = None
+    audience: str | None = Field(default=None, min_length=1, max_length=255)
     provider_name: str = Field(default="your identity provider", min_length=1, max_length=64)
     # What a person signed in this way may do: a token's role and scopes (`deltad token add`).
     role: Literal["reader", "answerer", "admin"] = "answerer"
@@ -157,6 +157,8 @@ class OidcConfig(_Strict):
     @classmethod
     def _globs(cls, v: list[str]) -> list[str]:
         for glob in v:
+            if scopes.normal(glob.replace("*", "x").replace("?", "x")) is None:
+                raise ValueError(f"{glob!r}: must be an absolute path glob with no . or ..")
             scopes.check(glob)
         return v
 

@@ -56,6 +56,10 @@ def _garbage_tls(tmp: Path) -> dict[str, Any]:
     return {"http": {"tls_cert": str(tmp / "cert.pem"), "tls_key": str(tmp / "key.pem")}}
 
 
+def _oidc(**over: Any) -> dict[str, Any]:
+    return {"issuer": "https://idp.example.org", "client_id": "deltad", **over}
+
+
 def _email(**over: Any) -> dict[str, Any]:
     email = {"from_address": "d@d.example", "reply_domain": "d.example", "maildir": "/nonexistent"}
     return {"channels": {"email": {**email, **over}}}
@@ -246,6 +250,49 @@ CASES: dict[str, Case] = {
         },
         "channels.slack: needs http",
         env={"DELTAD_TEST_SLACK": "xoxb-test"},
+    ),
+    # http.oidc (sign-in through an OpenID provider; its client secret read by the core)
+    "oidc issuer not https": Case(
+        lambda tmp: {"http": {"oidc": {"issuer": "http://idp.example.org", "client_id": "d"}}},
+        "http.oidc.issuer: must be an https:// URL",
+    ),
+    "oidc client_id empty": Case(
+        lambda tmp: {"http": {"oidc": {"issuer": "https://idp.example.org", "client_id": ""}}},
+        "http.oidc.client_id",
+    ),
+    "oidc secret file missing": Case(
+        lambda tmp: {"http": {"oidc": _oidc(client_secret={"secret_file": "/nonexistent/s"})}},
+        "http.oidc.client_secret.secret_file: /nonexistent/s",
+    ),
+    "oidc secret env unset": Case(
+        lambda tmp: {"http": {"oidc": _oidc(client_secret={"secret_env": "DELTAD_TEST_NO"})}},
+        "http.oidc.client_secret: environment variable DELTAD_TEST_NO is not set",
+    ),
+    "oidc secret both file and env": Case(
+        lambda tmp: {
+            "http": {"oidc": _oidc(client_secret={"secret_env": "X", "secret_file": "/x"})}
+        },
+        "http.oidc.client_secret",
+    ),
+    "oidc redirect_url not a URL": Case(
+        lambda tmp: {"http": {"oidc": _oidc(redirect_url="inbox.example.org/cb")}},
+        "http.oidc.redirect_url",
+    ),
+    "oidc scopes without openid": Case(
+        lambda tmp: {"http": {"oidc": _oidc(scopes=["email"])}}, "http.oidc.scopes"
+    ),
+    "oidc groups_claim empty": Case(
+        lambda tmp: {"http": {"oidc": _oidc(groups_claim="")}}, "http.oidc.groups_claim"
+    ),
+    "oidc role unknown": Case(lambda tmp: {"http": {"oidc": _oidc(role="root")}}, "http.oidc.role"),
+    "oidc workspaces a bad glob": Case(
+        lambda tmp: {"http": {"oidc": _oidc(workspaces=["relative/*"])}}, "http.oidc.workspaces"
+    ),
+    "oidc audience empty": Case(
+        lambda tmp: {"http": {"oidc": _oidc(audience="")}}, "http.oidc.audience"
+    ),
+    "oidc cache_seconds zero": Case(
+        lambda tmp: {"http": {"oidc": _oidc(cache_seconds=0)}}, "http.oidc.cache_seconds"
     ),
     # channels: pagerduty (the integration key read by the core)
     "pagerduty routing key file missing": Case(
