@@ -231,3 +231,18 @@ def test_an_unknown_key_id_fetches_the_keys_again_at_most_so_often() -> None:
     unsigned = jwt.encode({"alg": "none"}, _claims(), None, algorithms=["none"])
     with pytest.raises(oidc.Refused):
         p.verify(unsigned)
+
+
+def test_the_documented_oidc_block_is_valid_and_names_every_key() -> None:
+    """config/deltad.yaml's commented `http.oidc` block, uncommented, is a valid config."""
+    import itertools
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "config" / "deltad.yaml").read_text()
+    lines = text[text.index("#   oidc:") :].splitlines()
+    block = [lines[0], *itertools.takewhile(lambda x: x.startswith("#     "), lines[1:])]
+    doc = yaml.safe_load("\n".join(x.removeprefix("#   ") for x in block))
+    OidcConfig.model_validate(doc["oidc"])
+    assert set(doc["oidc"]) == set(OidcConfig.model_fields)
