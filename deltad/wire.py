@@ -43,7 +43,16 @@ import socket
 import struct
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    TypeAdapter,
+    model_serializer,
+)
 
 from deltad.inbox.ops import Name
 
@@ -95,6 +104,10 @@ class Call(Strict):
     token: Name | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     person: Person | None = None  # with an `oidc:` token name only
+
+    @model_serializer(mode="wrap")
+    def _absent_when_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self), "person")
 
 
 class Deliveries(Strict):
@@ -217,6 +230,18 @@ class Welcome(Strict):
     mail: MailIntake | None = None  # the email channel's Maildir, read by the inbox (version 3)
     # http.oidc's client secret, read by the core (the inbox cannot read its file); None: none.
     oidc_client_secret: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _absent_when_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self), "oidc_client_secret")
+
+
+def _without_none(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    """A frame without a newer optional key it does not use: the other side of the release
+    before (forbidding keys it does not know) still takes it (no OIDC configured)."""
+    if doc.get(key, 0) is None:
+        del doc[key]
+    return doc
 
 
 class MailIntake(Strict):

@@ -13,7 +13,7 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import RSAKey
 
-from deltad import wire
+from deltad import keys, wire
 from deltad.http import oidc
 from deltad.http.sessions import Claims, seal, unseal
 from deltad.inbox import oidc as people
@@ -154,7 +154,7 @@ def test_a_session_carries_a_persons_names_and_groups() -> None:
     token = Claims("alice", "0123456789abcdef", NOW, NOW + 60, "sid")
     cookie = seal(KEY, token)
     assert unseal(KEY, cookie, NOW) == token
-    assert len(json.loads(__import__("deltad").keys.unb64(cookie.split(".")[0]))) == 5
+    assert len(json.loads(keys.unb64(cookie.split(".")[0]))) == 5  # a token's: as before
 
 
 # -- the core's identity of a person ------------------------------------------------------------
