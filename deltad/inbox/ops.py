@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from deltad.inbox.paging import Sort
 from deltad.protocol.models import InputType
@@ -100,7 +100,8 @@ HISTORY_DEFAULT, HISTORY_MAX = 50, 500  # entries `GET /v1/history` returns
 # 64 characters is far more than any duration up to its 366d needs).
 Duration = Annotated[str, Field(min_length=1, max_length=64)]
 CHANNEL_BODY_MAX = 256 * 1024  # a Slack interaction's body (outbound.slack.BODY_MAX)
-CHANNEL_TOKEN_MAX = 16 * 1024  # a Slack signature, or a Bot Framework JWT
+CHANNEL_TOKEN_MAX = 16 * 1024  # a Bot Framework JWT
+SLACK_SIGNATURE_MAX = 256  # a Slack signature (v0=, 64 hex digits)
 CHANNEL_KEYS_MAX = 256 * 1024  # the Bot Connector's key set (outbound.botauth.DOC_MAX)
 SENDER_MAX = 320  # an address's local part and domain at their RFC 5321 limits, and then some
 AUTH_RESULTS_MAX, AUTH_RESULT_MAX = 16, 2048  # a mail's Authentication-Results (outbound/mail.py)
@@ -211,6 +212,13 @@ class ChannelInteraction(Args):
     timestamp: Annotated[str, Field(max_length=64)] = ""
     signature: Annotated[str, Field(max_length=CHANNEL_TOKEN_MAX)]
     keys: Annotated[str, Field(max_length=CHANNEL_KEYS_MAX)] = ""
+
+    @model_validator(mode="after")
+    def _slack_is_small(self) -> ChannelInteraction:
+        # Slack's v0 signature is 67 characters and comes without keys: its cap stays tight.
+        if self.channel == "slack" and (len(self.signature) > SLACK_SIGNATURE_MAX or self.keys):
+            raise ValueError(f"signature: a Slack signature is at most {SLACK_SIGNATURE_MAX}")
+        return self
 
 
 class MailReply(Args):

@@ -376,3 +376,26 @@ def test_a_refused_app_password_is_dead_lettered_and_a_sender_needs_its_settings
         TeamsSender(_target().model_copy(update={"secret": None}), tmp_path / "p")
     with pytest.raises(SenderError, match="the Teams settings"):
         TeamsSender(_target().model_copy(update={"settings": {}}), tmp_path / "p")
+
+
+def test_the_documented_teams_example_is_valid() -> None:
+    """config/deltad.yaml's commented `teams:` block, uncommented, is a valid section."""
+    import yaml
+
+    from deltad.outbound.config import ChannelsConfig
+
+    text = (Path(__file__).resolve().parents[2] / "config" / "deltad.yaml").read_text()
+    block = text[text.index("# channels:\n") :].split("\n\n")[0]
+    doc = yaml.safe_load("\n".join(line.removeprefix("# ") for line in block.splitlines()))
+    teams = ChannelsConfig.model_validate(doc["channels"]).teams
+    assert teams is not None and teams.person("A11CE000-0000-4000-8000-000000000001") is not None
+    assert teams.openid_metadata_url.startswith("https://login.botframework.com/")
+
+
+def test_the_endpoint_takes_the_bot_connectors_bearer_on_post_only() -> None:
+    """Its bearer is a Bot Connector JWT, not a deltad token: no token check before the body
+    on POST; any other method is an API route's, refused without a deltad token."""
+    from deltad.http import limits
+
+    assert limits.rule_for("POST", "/v1/channels/teams/messages").credential == "none"
+    assert limits.rule_for("GET", "/v1/channels/teams/messages").credential == "token"
