@@ -19,8 +19,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from deltad.testing.stub import paused_workspace
-from tests.support.daemon import Daemon, answer, metadata_status, wait_for
-from tests.support.inbox import http_url
+from tests.support.daemon import Daemon, metadata_status, wait_for
+from tests.support.inbox import client, http_url, make_token
 from tests.support.teams import BotService
 
 APP_ID = "6d4c8a2e-1f0b-4c3a-9e7d-5b2a1c0d9e8f"
@@ -154,7 +154,13 @@ def test_a_signed_press_answers_and_forged_ones_answer_nothing(
         # The keys were fetched once (metadata, then jwks_uri), and an unknown kid refetched
         # them at most once in the minute.
         assert bot.metadata_fetches <= 2 and bot.key_fetches <= 2
-        # The app password is handed to the inbox at connect, never written down or logged.
+        # The app password is handed to the inbox at connect: in no process's argv,
+        for pid in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
+            try:
+                assert PASSWORD.encode() not in (pid / "cmdline").read_bytes(), pid
+            except OSError:
+                continue  # ended meanwhile
+        # never written down (the state dir, the outboxes) or logged.
         for f in tmp_path.rglob("*"):
             if f.is_file() and f.name != "teams-password":
                 assert PASSWORD.encode() not in f.read_bytes(), f
@@ -167,13 +173,16 @@ def test_a_question_answered_elsewhere_closes_its_card(tmp_path: Path, bot: BotS
     d = _daemon(tmp_path, bot).start()
     try:
         url = http_url(d) + ENDPOINT
-        ws, _ = _ask(tmp_path, "ws", "Rotate the keys?")
+        ws, rid = _ask(tmp_path, "ws", "Rotate the keys?")
         _, card = _card(bot, "Rotate the keys?")
         ref, yes = _button(card, "yes")
-        answer(ws, "no")  # answered outside Teams (the file, as `delta respond` writes it)
+        token = make_token(d.state_dir, "alice")
+        with client(http_url(d), token) as http:  # answered outside Teams: the HTTP API
+            r = http.post(f"/v1/requests/{rid}/answer", json={"answer": "N"})
+            assert r.status_code == 202, r.text
         d.wait_resumed(ws)
         text = wait_for(lambda: _closed_text(bot, "Rotate the keys?"), "the card updated")
-        assert "Closed: answered" in text and "Action.Execute" not in text
+        assert "Closed: answered by" in text and "Action.Execute" not in text
         # A press on the old card answers nothing.
         r = bot.send(url, bot.invoke(ref, yes, ALICE))
         assert r.status_code == 200 and r.json()["value"].startswith("Not taken")
