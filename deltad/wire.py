@@ -172,7 +172,7 @@ class ChannelTarget(Strict):
 
     name: str  # "email", "slack", "command0", ...: the log's and the metrics' `channel`
     key: str
-    kind: Literal["smtp", "slack", "command", "pagerduty"]
+    kind: Literal["smtp", "slack", "command", "pagerduty", "teams"]
     settings: dict[str, Any] = Field(default_factory=dict)
     secret: str | None = None
     max_attempts: int
