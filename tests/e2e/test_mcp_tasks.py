@@ -54,25 +54,30 @@ def served(tmp_path: Path, fake: FakeLLM) -> Iterator[tuple[Daemon, str, Path]]:
         d.kill_children()
 
 
-def _ask(tmp: Path, fake: FakeLLM, ws: Path, **question: Any) -> Delta:
+def _ask(tmp: Path, fake: FakeLLM, ws: Path, reply: bool = True, **question: Any) -> Delta:
+    """A run in `ws` asks `question` (`reply`: and ends with "done" once answered)."""
     ws.mkdir(parents=True)
     d = Delta(ws, fake, write_agent(tmp))
     fake.call("ask_human", question, id="q")
-    fake.reply("done")
+    if reply:
+        fake.reply("done")
     assert d.start().code == 101
     return d
 
 
 @asynccontextmanager
-async def session(url: str, token: str, tasks: bool = True) -> AsyncIterator[ClientSession]:
-    """A 2026-07-28 session as `token`, declaring the Tasks extension (`tasks`)."""
+async def session(
+    url: str, token: str, tasks: bool = True, modern: bool = True
+) -> AsyncIterator[ClientSession]:
+    """A session as `token` (2026-07-28 unless not `modern`), declaring the Tasks extension
+    (`tasks`)."""
     headers = {"Authorization": f"Bearer {token}"}
     async with (
         httpx2.AsyncClient(headers=headers, timeout=DEADLINE) as http,
         streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
         ClientSession(read, write, extensions={TASKS: {}} if tasks else None) as s,
     ):
-        await s.discover()
+        await (s.discover() if modern else s.initialize())
         yield s
 
 
@@ -164,14 +169,17 @@ def test_a_question_is_a_task_answered_with_tasks_update_and_the_run_resumes(
     assert end["result"]["isError"] is False and "inputRequests" not in end
 
 
-def test_other_tenants_forged_ids_cancel_and_tasks_list(
+def test_other_tenants_forged_ids_refusals_cancel_restarts_and_no_tasks_list(
     served: tuple[Daemon, str, Path], tmp_path: Path, fake: FakeLLM
 ) -> None:
     daemon, url, root = served
     alice = make_token(daemon.state_dir, "alice", str(root / "*"))
     eve = make_token(daemon.state_dir, "eve", str(root / "other"))
-    d = _ask(tmp_path, fake, root / "ws", prompt="Ship it?", input_type="text")
+    rita = make_token(daemon.state_dir, "rita", str(root / "*"), role="reader")
+    d = _ask(tmp_path, fake, root / "ws", False, prompt="Ship it?", input_type="text")
     rid = d.request()["request_id"]
+    s2 = _ask(tmp_path, fake, root / "ws2", False, prompt="Password?", input_type="password")
+    secret_rid = s2.request()["request_id"]
 
     async def as_alice() -> tuple[str, dict[str, Any]]:
         async with session(url, alice) as s:
@@ -192,10 +200,28 @@ def test_other_tenants_forged_ids_cancel_and_tasks_list(
             with pytest.raises(MCPError) as e:
                 await task(s, "tasks/list", tid)
             assert e.value.error.code == -32601
+            # A secret is asked as a link to the page (url mode); a filled form is ignored.
+            secret = await s.call_tool("get_question", {"request_id": secret_rid})
+            assert secret.structured_content is not None
+            stid = str(secret.structured_content["task_id"])
+            asked = (await task(s, "tasks/get", stid))["inputRequests"]["answer"]["params"]
+            assert (asked["mode"], asked["url"]) == ("url", f"{url}/#request={secret_rid}")
+            leaked = {"answer": {"action": "accept", "content": {"answer": "hunter2"}}}
+            await task(s, "tasks/update", stid, input_responses=leaked)
+            assert (await task(s, "tasks/get", stid))["status"] == "input_required"
         async with session(url, alice, tasks=False) as s:
             with pytest.raises(MCPError) as e:
                 await task(s, "tasks/get", tid)
             assert e.value.error.code == -32021  # the extension was not declared
+        async with session(url, alice, modern=False) as s:
+            with pytest.raises(MCPError) as e:
+                await task(s, "tasks/get", tid)
+            assert e.value.error.code == -32601  # no such method before 2026-07-28
+        async with session(url, rita) as s:
+            filled = {"answer": {"action": "accept", "content": {"answer": "yes"}}}
+            with pytest.raises(MCPError) as e:
+                await task(s, "tasks/update", tid, input_responses=filled)
+            assert e.value.error.code == -32602 and e.value.error.data == {"code": "forbidden"}
         return tid, still
 
     tid, still = anyio.run(as_alice)
@@ -213,3 +239,16 @@ def test_other_tenants_forged_ids_cancel_and_tasks_list(
     assert metadata_status(d.ws) == "WAITING_FOR_INPUT"
     assert not (d.ws / ".delta" / "interaction" / "response.json").exists()
     assert len(daemon.events("mcp_task_cancel_ignored", request_id=rid)) == 1
+    assert "hunter2" not in daemon.log_path.read_text()
+    assert not (s2.ws / ".delta" / "interaction" / "response.json").exists()
+
+    # The same id after the daemon (and its inbox) restarted: the key is the state's.
+    daemon.stop()
+    daemon.start(env=llm_env(fake))
+    now = str(daemon.wait_event("http_listening", count=2)[-1]["url"])  # the log is appended
+
+    async def again() -> dict[str, Any]:
+        async with session(now, alice) as s:
+            return await task(s, "tasks/get", tid)
+
+    assert anyio.run(again)["status"] == "input_required"
