@@ -12,13 +12,16 @@ What an MCP host sees (docs/inbox.md, "MCP"):
     events     resources list_changed on a `subscriptions/listen` stream (2026-07-28) whenever a
                question is asked, answered or expires; the list itself shows only what the
                token may see
+    tasks      io.modelcontextprotocol/tasks (2026-07-28): each question as a task, tasks/get,
+               tasks/update (answers it), tasks/cancel (acknowledged only); no tasks/list
 
 Every call is authenticated again from its own HTTP request's bearer token (the same tokens,
 roles and scopes as the API), and everything that reads or writes a workspace is an operation
 of the core's table (deltad/inbox/ops.py), asked by name through a `Caller` (in the inbox
 process: the core, which checks it all again). A secret is never
-answered here (the core refuses it too). Clocks: none; the feed's events arrive on its
-reader's thread and are handed to the event loop.
+answered here (the core refuses it too). Clocks: only a task's `lastUpdatedAt` (now, once
+something changed since the question was asked); the feed's events arrive on its reader's
+thread and are handed to the event loop.
 
 On a 2026-07-28 connection, answer_question called without an answer takes the spec's
 multi round-trip path (SEP-2322): it returns `input_required` with an elicitation form built
@@ -784,7 +787,8 @@ class UpdateTaskParams(types.RequestParams):
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+    """Now, as the daemon writes a question's times (UTC, `Z`)."""
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
