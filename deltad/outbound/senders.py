@@ -81,14 +81,27 @@ class SenderError(ValueError):
     """One line: a target's settings cannot be sent with."""
 
 
-def _policy(outbox: OutboxConfig) -> dict[str, Any]:
-    return {
-        "max_attempts": outbox.max_attempts,
-        "backoff_seconds": outbox.backoff_seconds,
-        "backoff_max_seconds": outbox.backoff_max_seconds,
-        "max_age_seconds": outbox.max_age_seconds,
-        "outbox_max": outbox.outbox_max,
-    }
+def _target(
+    name: str,
+    kind: wire.ChannelKind,
+    settings: dict[str, Any],
+    secret: str | None,
+    outbox: OutboxConfig,
+) -> wire.ChannelTarget:
+    """What the inbox is handed for one channel: its settings, its credential and the outbox's
+    retry policy."""
+    return wire.ChannelTarget(
+        name=name,
+        key=target_key(name),
+        kind=kind,
+        settings=settings,
+        secret=secret,
+        max_attempts=outbox.max_attempts,
+        backoff_seconds=outbox.backoff_seconds,
+        backoff_max_seconds=outbox.backoff_max_seconds,
+        max_age_seconds=outbox.max_age_seconds,
+        outbox_max=outbox.outbox_max,
+    )
 
 
 def outbox_config(t: wire.ChannelTarget) -> OutboxConfig:
@@ -108,11 +121,10 @@ def email_target(config: EmailConfig, name: str = "email") -> wire.ChannelTarget
     the file itself). OSError/ValueError, one line, if a file cannot be read."""
     s = config.smtp
     ca = ca_text(s.ca_file) if s.ca_file is not None else None
-    return wire.ChannelTarget(
-        name=name,
-        key=target_key(name),
-        kind="smtp",
-        settings={
+    return _target(
+        name,
+        "smtp",
+        {
             "host": s.host,
             "port": s.port,
             "security": s.security,
@@ -121,8 +133,8 @@ def email_target(config: EmailConfig, name: str = "email") -> wire.ChannelTarget
             "from_address": config.from_address,
             "ca": ca,
         },
-        secret=s.password.read().decode() if s.password is not None else None,
-        **_policy(config.outbox),
+        s.password.read().decode() if s.password is not None else None,
+        config.outbox,
     )
 
 
@@ -219,13 +231,12 @@ def slack_target(config: SlackConfig, name: str = "slack") -> wire.ChannelTarget
     """The Slack channel's sending, as the inbox is handed it: the Web API's URL and the bot
     token (read here, by the core). The signing secret is never handed: only the core checks
     Slack's signatures."""
-    return wire.ChannelTarget(
-        name=name,
-        key=target_key(name),
-        kind="slack",
-        settings={"api_url": config.api_url, "timeout_seconds": config.timeout_seconds},
-        secret=config.token.read().decode(),
-        **_policy(config.outbox),
+    return _target(
+        name,
+        "slack",
+        {"api_url": config.api_url, "timeout_seconds": config.timeout_seconds},
+        config.token.read().decode(),
+        config.outbox,
     )
 
 
@@ -569,13 +580,12 @@ def webhook_courier(
 def pagerduty_target(config: PagerDutyConfig, name: str = "pagerduty") -> wire.ChannelTarget:
     """The PagerDuty channel's sending, as the inbox is handed it: the Events API's URL and
     the integration key (read here, by the core)."""
-    return wire.ChannelTarget(
-        name=name,
-        key=target_key(name),
-        kind="pagerduty",
-        settings={"events_url": config.events_url, "timeout_seconds": config.timeout_seconds},
-        secret=config.routing_key.read().decode(),
-        **_policy(config.outbox),
+    return _target(
+        name,
+        "pagerduty",
+        {"events_url": config.events_url, "timeout_seconds": config.timeout_seconds},
+        config.routing_key.read().decode(),
+        config.outbox,
     )
 
 
@@ -625,19 +635,18 @@ def teams_target(config: TeamsConfig, name: str = "teams") -> wire.ChannelTarget
     """The Teams channel's sending, as the inbox is handed it: the service and token URLs, the
     app id, where the Bot Connector's keys are published (the inbox checks incoming activities
     against them) and the app password (read here, by the core)."""
-    return wire.ChannelTarget(
-        name=name,
-        key=target_key(name),
-        kind="teams",
-        settings={
+    return _target(
+        name,
+        "teams",
+        {
             "app_id": config.app_id,
             "service_url": config.service_url,
             "token_url": config.token_url,
             "openid_metadata_url": config.openid_metadata_url,
             "timeout_seconds": config.timeout_seconds,
         },
-        secret=config.app_password.read().decode(),
-        **_policy(config.outbox),
+        config.app_password.read().decode(),
+        config.outbox,
     )
 
 

@@ -5,7 +5,7 @@ the client's generic request API (the SDK has no typed methods for them)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,11 +21,13 @@ from pydantic import TypeAdapter
 
 from deltad.testing import FakeLLM
 from tests.support.daemon import Daemon, metadata_status
-from tests.support.inbox import http_url, make_token
+from tests.support.inbox import make_token
 
-from ..conftest import Delta, llm_env, wait_for, write_agent
-from .test_mcp import DEADLINE, REAL_CLIENT
+from ..conftest import llm_env, wait_for
+from . import test_mcp
+from .test_mcp import DEADLINE, _ask
 
+served = test_mcp.served  # the same fixture: a daemon serving HTTP on one root
 TASKS = "io.modelcontextprotocol/tasks"
 RAW = TypeAdapter(dict[str, Any])
 
@@ -39,30 +41,6 @@ class TaskRequest(types.Request[TaskParams, str]):
     """tasks/get, tasks/update, tasks/cancel (Mcp-Name: the task id, as SEP-2663 asks)."""
 
     name_param = "taskId"
-
-
-@pytest.fixture
-def served(tmp_path: Path, fake: FakeLLM) -> Iterator[tuple[Daemon, str, Path]]:
-    root = tmp_path / "root"
-    root.mkdir()
-    d = Daemon(tmp_path, [root], resume_command=REAL_CLIENT, http={"listen": "127.0.0.1:0"})
-    d.start(env=llm_env(fake))
-    try:
-        yield d, http_url(d), root
-    finally:
-        d.stop()
-        d.kill_children()
-
-
-def _ask(tmp: Path, fake: FakeLLM, ws: Path, reply: bool = True, **question: Any) -> Delta:
-    """A run in `ws` asks `question` (`reply`: and ends with "done" once answered)."""
-    ws.mkdir(parents=True)
-    d = Delta(ws, fake, write_agent(tmp))
-    fake.call("ask_human", question, id="q")
-    if reply:
-        fake.reply("done")
-    assert d.start().code == 101
-    return d
 
 
 @asynccontextmanager
