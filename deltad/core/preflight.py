@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from deltad.core.config import DaemonConfig
-from deltad.inbox.config import OidcConfig
+from deltad.inbox.config import OidcConfig, Secret
 from deltad.validation import dir_problem, printable
 
 
@@ -53,6 +53,8 @@ def _all(config: DaemonConfig) -> Iterator[str]:
         yield from _maildir(config)
     if config.channels is not None and config.channels.pagerduty is not None:
         yield from _pagerduty(config)
+    if config.channels is not None and config.channels.teams is not None:
+        yield from _teams(config)
 
 
 def _lease(lease: Path) -> Iterator[str]:
@@ -111,18 +113,8 @@ def _http(config: DaemonConfig) -> Iterator[str]:
 def _oidc(oidc: OidcConfig) -> Iterator[str]:
     """The client secret can be read (the core reads it and hands it to the inbox); the
     provider itself is not asked (check reaches no network)."""
-    if oidc.client_secret is None:
-        return
-    try:
-        value = oidc.client_secret.read()
-    except OSError as e:
-        yield f"http.oidc.client_secret.secret_file: {e.filename}: {e.strerror}"
-        return
-    except ValueError as e:
-        yield f"http.oidc.client_secret: {e}"
-        return
-    if not value.strip() or value != value.strip():
-        yield "http.oidc.client_secret: empty, or with spaces around it"
+    if oidc.client_secret is not None:
+        yield from _secret("http.oidc.client_secret", oidc.client_secret, exact=True)
 
 
 def _starts_inbox(config: DaemonConfig) -> bool:
@@ -134,7 +126,10 @@ def _starts_inbox(config: DaemonConfig) -> bool:
         or (notify is not None and bool(notify.webhooks or notify.commands))
         or (
             channels is not None
-            and any(c is not None for c in (channels.email, channels.slack, channels.pagerduty))
+            and any(
+                c is not None
+                for c in (channels.email, channels.slack, channels.pagerduty, channels.teams)
+            )
         )
     )
 
@@ -184,38 +179,47 @@ def _email(config: DaemonConfig) -> Iterator[str]:
             yield f"channels.{e}"
 
 
+def _secret(where: str, secret: Secret, *, exact: bool = False) -> Iterator[str]:
+    """A channel's secret can be read (the core reads it and hands it to the inbox), and is
+    not empty (`exact`: nor has spaces around it, as an integration key never does)."""
+    try:
+        value = secret.read()
+    except OSError as e:
+        yield f"{where}.secret_file: {e.filename}: {e.strerror}"
+        return
+    except ValueError as e:
+        yield f"{where}: {e}"
+        return
+    if not value.strip():
+        yield f"{where}: the secret is empty"
+    elif exact and value != value.strip():
+        yield f"{where}: spaces around it"
+
+
 def _slack(config: DaemonConfig) -> Iterator[str]:
     """The Slack channel's two secrets can be read, and its interactions have an inbox."""
     assert config.channels is not None and config.channels.slack is not None
     slack = config.channels.slack
     if config.http is None:
         yield "channels.slack: needs http (Slack posts its buttons' clicks to the inbox)"
-    for key, secret in (("token", slack.token), ("signing_secret", slack.signing_secret)):
-        try:
-            value = secret.read()
-        except OSError as e:
-            yield f"channels.slack.{key}.secret_file: {e.filename}: {e.strerror}"
-            continue
-        except ValueError as e:
-            yield f"channels.slack.{key}: {e}"
-            continue
-        if not value.strip():
-            yield f"channels.slack.{key}: the secret is empty"
+    yield from _secret("channels.slack.token", slack.token)
+    yield from _secret("channels.slack.signing_secret", slack.signing_secret)
 
 
 def _pagerduty(config: DaemonConfig) -> Iterator[str]:
-    """The integration key can be read (the core reads it and hands it to the inbox)."""
+    """The integration key can be read."""
     assert config.channels is not None and config.channels.pagerduty is not None
-    try:
-        value = config.channels.pagerduty.routing_key.read()
-    except OSError as e:
-        yield f"channels.pagerduty.routing_key.secret_file: {e.filename}: {e.strerror}"
-        return
-    except ValueError as e:
-        yield f"channels.pagerduty.routing_key: {e}"
-        return
-    if not value.strip() or value != value.strip():
-        yield "channels.pagerduty.routing_key: empty, or with spaces around it"
+    yield from _secret(
+        "channels.pagerduty.routing_key", config.channels.pagerduty.routing_key, exact=True
+    )
+
+
+def _teams(config: DaemonConfig) -> Iterator[str]:
+    """The app password can be read, and the activities Teams posts have an inbox to reach."""
+    assert config.channels is not None and config.channels.teams is not None
+    if config.http is None:
+        yield "channels.teams: needs http (Teams posts its cards' actions to the inbox)"
+    yield from _secret("channels.teams.app_password", config.channels.teams.app_password)
 
 
 # Run as the inbox's user (its uid, its group, no other group: as the inbox runs): can it list

@@ -49,6 +49,8 @@ def targets(config: ChannelsConfig) -> list[ChannelTarget]:
         out.append(senders.slack_target(config.slack))
     if config.pagerduty is not None:
         out.append(senders.pagerduty_target(config.pagerduty))
+    if config.teams is not None:
+        out.append(senders.teams_target(config.teams))
     return out
 
 
@@ -109,6 +111,18 @@ def build(
             state_dir / "channels" / "pagerduty", answer, _hand(handoff, "pagerduty"), link, page
         )
         out.append(PagerDutyChannel(config.pagerduty, ctx))
+    if config.teams is not None:
+        from deltad.outbound.teams import TeamsChannel
+
+        ctx = Context(
+            state_dir / "channels" / "teams",
+            answer,
+            _hand(handoff, "teams"),
+            link,
+            page,
+            refused=noting(audit, "teams"),
+        )
+        out.append(TeamsChannel(config.teams, ctx))
     return out
 
 
