@@ -246,3 +246,12 @@ def test_the_documented_oidc_block_is_valid_and_names_every_key() -> None:
     doc = yaml.safe_load("\n".join(x.removeprefix("#   ") for x in block))
     OidcConfig.model_validate(doc["oidc"])
     assert set(doc["oidc"]) == set(OidcConfig.model_fields)
+
+
+def test_the_sign_in_routes_take_no_credential_from_their_headers() -> None:
+    from deltad.http.limits import rule_for
+
+    for path in ("/v1/oidc/login", "/v1/oidc/callback"):
+        assert rule_for("GET", path).credential == "none"
+    assert rule_for("POST", "/v1/oidc/callback").credential == "token"  # GET only
+    assert not oidc.looks_like_jwt("dlt_abc.def.ghi") and oidc.looks_like_jwt("eyJa.b.c")
