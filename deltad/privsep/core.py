@@ -268,7 +268,7 @@ class Monitor:
                 unsubscribe = ctx.feed.subscribe(self._event)  # before the snapshot: no gap
                 welcome = wire.Welcome(
                     version=wire.VERSION,
-                    http=ctx.config.model_dump(mode="json"),
+                    http=http_for_inbox(ctx.config),
                     base_url=ctx.base_url,
                     tls=ctx.config.tls,
                     events=[event_message(e) for e in ctx.feed.since(0)],
@@ -401,6 +401,12 @@ def child_env() -> dict[str, str]:
     env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
     env |= {k: v for k in (*ENV_KEPT, TEST_HOOK_ENV) if (v := os.environ.get(k)) is not None}
     return env
+
+
+def http_for_inbox(config: HttpConfig) -> dict[str, Any]:
+    """The HTTP config as the welcome carries it, without `oidc` when it is not set: an inbox
+    of the release before (deltad-inbox.service, upgraded apart) forbids keys it does not know."""
+    return config.model_dump(mode="json", exclude={"oidc"} if config.oidc is None else None)
 
 
 def oidc_secret(config: HttpConfig) -> str | None:
