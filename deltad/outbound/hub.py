@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import structlog
 from prometheus_client import Counter
 
-from deltad import inbox
+from deltad import inbox, tracing
 from deltad.inbox import auditnotes, quorum
 from deltad.inbox.feed import FeedEvent
 from deltad.inbox.outcome import answers_of
@@ -167,14 +167,21 @@ class Hub:
         p = inbox.pending(ws)
         if p is None or p.request.request_id != request_id or p.answer_waiting:
             return  # answered or gone meanwhile: nothing to ask
+        started = tracing.now()
         if e.type == "request.reminder":
-            c.send(Question(ws, p.request, p.task, follow_up="reminder"))
+            c.send(q := Question(ws, p.request, p.task, follow_up="reminder"))
         elif e.type == "request.escalated":
             to = e.data.get("escalated_to")
             only = tuple(str(t) for t in to) if isinstance(to, list) else ()
-            c.send(Question(ws, p.request, p.task, follow_up="escalation", only=only))
+            c.send(q := Question(ws, p.request, p.task, follow_up="escalation", only=only))
         else:
-            c.send(Question(ws, p.request, p.task))
+            c.send(q := Question(ws, p.request, p.task))
+        if (tracer := tracing.current).on:  # composed and handed to the inbox process's queue
+            attrs: dict[str, str | int | bool] = {"deltad.channel": c.name}
+            if q.follow_up:
+                attrs["deltad.follow_up"] = q.follow_up
+            where = tracing.Question(str(ws), request_id, tracing.checked(p.request.traceparent))
+            tracer.record(where, tracing.Stage("deliver", started, tracing.now(), attrs))
 
     def stop(self) -> None:
         for c in self.channels:

@@ -1,0 +1,143 @@
+"""One question's life as one trace, end to end: a real `deltad serve --listen` with `traces:`
+exporting over OTLP/HTTP to a stand-in collector on 127.0.0.1 (tests/support/otlp.py, which
+decodes the protobuf export with the protocol's own messages). A real `delta run` asks, the
+answer comes over the HTTP API, the daemon resumes the run with TRACEPARENT, and the question
+that resumed run asks joins the same trace under the resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deltad.testing import FakeLLM
+from tests.support.daemon import Daemon, metadata_status, wait_for
+from tests.support.inbox import client, http_url, make_token
+from tests.support.otlp import Collector, Span, collector
+
+from ..conftest import Delta, llm_env, write_agent
+
+HEADER_SECRET = "otlp-api-key-of-the-test-7f3a"
+ANSWERS = ("ship-it-0xA1", "v1.4-0xB2")  # distinctive: no span may carry them
+
+
+@pytest.fixture
+def otlp() -> Iterator[Collector]:
+    with collector() as c:
+        yield c
+
+
+def _request(ws: Path) -> dict[str, object] | None:
+    try:
+        doc = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _some(spans: list[Span], name: str, request_id: str) -> list[Span]:
+    return [s for s in spans if s.name == name and s.attributes["deltad.request_id"] == request_id]
+
+
+def _one(spans: list[Span], name: str, request_id: str) -> Span:
+    [s] = [s for s in spans if s.name == name and s.attributes["deltad.request_id"] == request_id]
+    return s
+
+
+def test_a_question_asked_answered_and_resumed_is_one_trace(
+    tmp_path: Path, fake: FakeLLM, otlp: Collector
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    headers = tmp_path / "otlp-headers"
+    headers.write_text(f"# the collector's key\nAuthorization: Bearer {HEADER_SECRET}\n")
+    headers.chmod(0o600)
+    traces = {
+        "otlp_endpoint": otlp.url,
+        "service_name": "deltad-e2e",
+        "headers_file": str(headers),
+    }
+    d = Daemon(
+        tmp_path,
+        [root],
+        resume_command=["delta", "run", "--work-dir", "{workspace}"],
+        http={"listen": "127.0.0.1:0"},
+        traces=traces,
+        # The resumed `delta` runs this checkout's code where the tests run from one: a fresh
+        # process given PYTHONPATH (the fork server's children run the installed package).
+        executor="fresh",
+        resume_env=["LANG", "LC_ALL", "TZ", "PYTHONPATH"],
+    ).start(env=llm_env(fake))
+    try:
+        url = http_url(d)
+        alice = make_token(d.state_dir, "alice")
+        fake.call("ask_human", {"prompt": "Merge?"}, id="ask1")
+        fake.call("ask_human", {"prompt": "Tag?"}, id="ask2")
+        fake.reply("merged and tagged")
+        ws = root / "ws"
+        ws.mkdir()
+        r = Delta(ws, fake, write_agent(tmp_path)).start("merge the branch")
+        assert r.code == 101, r.err
+        first = _request(ws)
+        assert first is not None and "traceparent" not in first  # a person's run: no carrier
+        rid1 = str(first["request_id"])
+
+        def answer(request_id: str, text: str) -> None:
+            with client(url, alice) as c:
+                wait_for(lambda: c.get(f"/v1/requests/{request_id}").status_code == 200, "listed")
+                ok = c.post(f"/v1/requests/{request_id}/answer", json={"answer": text})
+            assert ok.status_code == 202, ok.text
+
+        # Exported while the daemon runs (its batch, beside the loop): the announcement.
+        wait_for(lambda: _some(otlp.all(), "announce", rid1), "the announcement exported")
+        answer(rid1, ANSWERS[0])
+        second = wait_for(
+            lambda: (q := _request(ws)) is not None and q["prompt"] == "Tag?" and q,
+            "the resumed run's question",
+        )
+        assert "traceparent" in second, second
+        rid2 = str(second["request_id"])
+        answer(rid2, ANSWERS[1])
+        wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed")
+        wait_for(lambda: len(otlp.by_name("resume")) == 2, "both resumes' spans exported")
+    finally:
+        d.stop()
+        d.kill_children()
+
+    spans = otlp.all()
+    assert not otlp.failures
+    assert all(h.get("authorization") == f"Bearer {HEADER_SECRET}" for h in otlp.headers)
+    assert HEADER_SECRET not in d.log_path.read_text()
+    assert {s.service for s in spans} == {"deltad-e2e"}
+    # One trace: the first question's (derived), which the resumed run's question joined.
+    assert len({s.trace_id for s in spans}) == 1, [(s.name, s.trace_id) for s in spans]
+
+    ask1 = _one(spans, "ask_human", rid1)
+    assert ask1.parent_id == ""  # the root: the person's run carried no context
+    stages1 = [_one(spans, n, rid1) for n in ("announce", "answer", "resume")]
+    assert all(s.parent_id == ask1.span_id for s in stages1)
+    chain = [ask1, *stages1]
+    assert [s.start for s in chain] == sorted(s.start for s in chain)  # the stages in order
+    answer1, resume1 = stages1[1:]
+    assert resume1.attributes["deltad.reason"] == "answer"
+    assert resume1.attributes["deltad.exit"] == "waiting"  # it paused on the next question
+    assert resume1.end >= resume1.start
+
+    # The resume's context went to `delta run` as TRACEPARENT, and into its question's file.
+    carried = str(second["traceparent"])
+    assert carried == f"00-{resume1.trace_id}-{resume1.span_id}-01"
+    ask2 = _one(spans, "ask_human", rid2)
+    assert ask2.parent_id == resume1.span_id
+    # Answered before the loop looked at it, a question is never announced: not asserted.
+    answer2, resume2 = [_one(spans, n, rid2) for n in ("answer", "resume")]
+    assert answer2.parent_id == resume2.parent_id == ask2.span_id
+    assert resume2.attributes["deltad.exit"] == "completed"
+    assert resume1.start <= ask2.start <= answer2.start <= resume2.start
+    assert answer1.attributes["deltad.channel"] == answer2.attributes["deltad.channel"] == "http"
+
+    for s in spans:
+        assert s.attributes["deltad.workspace"] == str(ws)
+        for v in s.attributes.values():
+            assert all(a not in str(v) for a in ANSWERS), (s.name, v)
