@@ -28,6 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -230,6 +231,9 @@ class Exporting(Tracer):
 
 OFF = Tracer()
 current: Tracer = OFF  # the daemon's: set at start (`start`), read where a stage happens
+# The traceparent of the request being served (an HTTP request's header in the inbox process;
+# the call frame's in the core, around its handler): an answer written links to it.
+calling: ContextVar[str | None] = ContextVar("deltad_traceparent", default=None)
 
 
 def headers_of(path: Path | None) -> dict[str, str]:

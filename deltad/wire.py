@@ -85,6 +85,11 @@ class Call(Strict):
     id: CallId
     token: Name | None = None
     args: dict[str, Any] = Field(default_factory=dict)
+    # The W3C traceparent of the HTTP request that asked it (deltad/tracing.py): an answer's
+    # span links to it. Sent only when there is one, so a frame without it is as it was.
+    traceparent: Annotated[str, Field(max_length=55)] | None = Field(
+        default=None, exclude_if=lambda v: v is None
+    )
 
 
 class Deliveries(Strict):

@@ -20,6 +20,7 @@ from tests.support.otlp import Collector, Span, collector
 from ..conftest import Delta, llm_env, write_agent
 
 HEADER_SECRET = "otlp-api-key-of-the-test-7f3a"
+CALLER = "00-5bd66ef5095369c7b0d1f8f4bd33716a-c532cb4098ac3dd2-01"  # the answering client's
 ANSWERS = ("ship-it-0xA1", "v1.4-0xB2")  # distinctive: no span may carry them
 
 
@@ -84,22 +85,23 @@ def test_a_question_asked_answered_and_resumed_is_one_trace(
         assert first is not None and "traceparent" not in first  # a person's run: no carrier
         rid1 = str(first["request_id"])
 
-        def answer(request_id: str, text: str) -> None:
+        def answer(request_id: str, text: str, headers: dict[str, str]) -> None:
             with client(url, alice) as c:
                 wait_for(lambda: c.get(f"/v1/requests/{request_id}").status_code == 200, "listed")
-                ok = c.post(f"/v1/requests/{request_id}/answer", json={"answer": text})
+                path = f"/v1/requests/{request_id}/answer"
+                ok = c.post(path, json={"answer": text}, headers=headers)
             assert ok.status_code == 202, ok.text
 
         # Exported while the daemon runs (its batch, beside the loop): the announcement.
         wait_for(lambda: _some(otlp.all(), "announce", rid1), "the announcement exported")
-        answer(rid1, ANSWERS[0])
+        answer(rid1, ANSWERS[0], {"traceparent": CALLER})  # carried over the wire to the core
         second = wait_for(
             lambda: (q := _request(ws)) is not None and q["prompt"] == "Tag?" and q,
             "the resumed run's question",
         )
         assert "traceparent" in second, second
         rid2 = str(second["request_id"])
-        answer(rid2, ANSWERS[1])
+        answer(rid2, ANSWERS[1], {"traceparent": "00-not-a-context"})  # no context: no link
         wait_for(lambda: metadata_status(ws) == "COMPLETED", "the run completed")
         wait_for(lambda: len(otlp.by_name("resume")) == 2, "both resumes' spans exported")
     finally:
@@ -124,6 +126,7 @@ def test_a_question_asked_answered_and_resumed_is_one_trace(
     assert resume1.attributes["deltad.reason"] == "answer"
     assert resume1.attributes["deltad.exit"] == "waiting"  # it paused on the next question
     assert resume1.end >= resume1.start
+    assert answer1.links == [(CALLER[3:35], CALLER[36:52])]  # the HTTP request that answered
 
     # The resume's context went to `delta run` as TRACEPARENT, and into its question's file.
     carried = str(second["traceparent"])
@@ -136,6 +139,7 @@ def test_a_question_asked_answered_and_resumed_is_one_trace(
     assert resume2.attributes["deltad.exit"] == "completed"
     assert resume1.start <= ask2.start <= answer2.start <= resume2.start
     assert answer1.attributes["deltad.channel"] == answer2.attributes["deltad.channel"] == "http"
+    assert answer2.links == []
 
     for s in spans:
         assert s.attributes["deltad.workspace"] == str(ws)

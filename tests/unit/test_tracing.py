@@ -214,6 +214,24 @@ def test_a_request_without_a_context_is_written_as_before() -> None:
     assert again.traceparent == CARRIED
 
 
+def test_the_call_frame_carries_a_traceparent_only_when_there_is_one() -> None:
+    from deltad import wire
+    from deltad.privsep import monitor
+
+    bare = wire.Call(op="vitals", id=1)
+    assert b"traceparent" not in wire.encode(bare)  # a frame without it is as it was
+    carried = wire.Call(op="vitals", id=2, traceparent=CARRIED)
+    taken = monitor.decode(wire.encode(carried)[4:])
+    assert isinstance(taken, monitor.Request) and taken.traceparent == CARRIED
+    body = wire.encode(bare)[4:]
+    odd = body[:-1] + b',"traceparent":"00-x"}'
+    taken = monitor.decode(odd)
+    assert isinstance(taken, monitor.Request) and taken.traceparent is None  # not a context
+    too_long = body[:-1] + b',"traceparent":"' + b"0" * 56 + b'"}'
+    refused = monitor.decode(too_long)
+    assert isinstance(refused, str) and "traceparent" in refused  # a frame that does not fit
+
+
 OFF_PATH = """
 import sys, types
 from deltad import tracing
