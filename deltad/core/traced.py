@@ -15,9 +15,15 @@ from pathlib import Path
 from deltad import tracing
 from deltad.core.facts import Verdict
 from deltad.inbox.feed import FeedEvent
+from deltad.protocol import EventType, ProtocolError, Workspace
+from deltad.protocol.viewing import tail
 from deltad.tracing import Question, Stage
 
 STAGES = {"request.reminder": "remind", "request.escalated": "escalate"}
+# Of a resumed run's journal, what is read for the answered call's ACTION_RESULT: its end,
+# bounded (the result follows the answer's record at the resume's start).
+JOURNAL_TAIL_BYTES = 256 * 1024
+JOURNAL_TAIL_EVENTS = 400
 Attributes = dict[str, str | int | bool]
 
 
@@ -111,3 +117,36 @@ class Traces:
         if rc is not None:
             attrs["deltad.exit_code"] = rc
         self.tracer.record(q, Stage("resume", start, tracing.now(), attrs, span_id=span_id))
+        if run_id:
+            self._result(q, span_id, ws, run_id)
+
+    def _result(self, q: Question, resume: int, ws: Path, run_id: str) -> None:
+        """The ACTION_RESULT the resumed run journaled for the answered call, as the resume's
+        child `action_result` at its journal time: read by the daemon from the journal's end
+        (bounded), so `delta run` needs no exporter. None found there (a long resume past the
+        tail's budget, a run that failed before it): no span."""
+        try:
+            journal = Workspace.at(ws).run(run_id).journal
+            events = tail(journal, JOURNAL_TAIL_BYTES, JOURNAL_TAIL_EVENTS)
+        except (ProtocolError, OSError, ValueError):
+            return
+        action = next(
+            (
+                e.payload.get("action_id")
+                for e in events
+                if e.type == EventType.HUMAN_INTERACTION
+                and e.payload.get("phase") == "answered"
+                and e.payload.get("request_id") == q.request_id
+            ),
+            None,
+        )
+        if not isinstance(action, str):
+            return
+        for e in events:
+            if e.type == EventType.ACTION_RESULT and e.payload.get("action_id") == action:
+                at = e.timestamp.timestamp()
+                attrs: Attributes = {"deltad.action_id": action, "deltad.run_id": run_id}
+                if isinstance(status := e.payload.get("status"), str):
+                    attrs["deltad.status"] = status
+                self.tracer.record(q, Stage("action_result", at, at, attrs, parent_id=resume))
+                return

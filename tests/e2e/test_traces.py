@@ -141,6 +141,14 @@ def test_a_question_asked_answered_and_resumed_is_one_trace(
     assert answer1.attributes["deltad.channel"] == answer2.attributes["deltad.channel"] == "http"
     assert answer2.links == []
 
+    # What each resumed run did with its answer: its journaled ACTION_RESULT, under the resume.
+    for resume, action in ((resume1, "ask1"), (resume2, "ask2")):
+        [result] = _some(spans, "action_result", str(resume.attributes["deltad.request_id"]))
+        assert result.parent_id == resume.span_id
+        assert result.attributes["deltad.action_id"] == action
+        assert result.attributes["deltad.status"] == "SUCCESS"
+        assert resume.start <= result.start <= resume.end
+
     for s in spans:
         assert s.attributes["deltad.workspace"] == str(ws)
         for v in s.attributes.values():
