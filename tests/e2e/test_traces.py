@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from deltad.testing import FakeLLM
+from deltad.testing.stub import paused_workspace
 from tests.support.daemon import Daemon, metadata_status, wait_for
 from tests.support.inbox import client, http_url, make_token
 from tests.support.otlp import Collector, Span, collector
@@ -153,3 +154,31 @@ def test_a_question_asked_answered_and_resumed_is_one_trace(
         assert s.attributes["deltad.workspace"] == str(ws)
         for v in s.attributes.values():
             assert all(a not in str(v) for a in ANSWERS), (s.name, v)
+
+
+def test_without_traces_the_otel_environment_turns_nothing_on(
+    tmp_path: Path, otlp: Collector
+) -> None:
+    """The standard variables name a collector, but `traces:` is absent: nothing is sent and no
+    resume is handed a context."""
+    root = tmp_path / "root"
+    root.mkdir()
+    base = otlp.url.removesuffix("/v1/traces")
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": base,
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp.url,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "TRACEPARENT": CALLER,  # the daemon's own environment is not a resume's
+    }
+    d = Daemon(tmp_path, [root], mode="probe").start(env=env)
+    try:
+        ws = root / "ws"
+        paused_workspace(ws, "Go?")
+        (ws / ".delta" / "interaction" / "response.txt").write_text("yes\n")
+        [probe] = d.wait_resumed(ws)
+    finally:
+        d.stop()
+        d.kill_children()
+    assert "TRACEPARENT" not in probe["facts"]["env"]
+    assert not d.events("traces_exporting")
+    assert otlp.all() == [] and otlp.failures == []  # stopped: anything queued was sent by now
