@@ -17,11 +17,13 @@ from deltad.testing.stub import paused_workspace
 from tests.support.daemon import Daemon, metadata_status, wait_for
 from tests.support.inbox import client, http_url, make_token
 from tests.support.otlp import Collector, Span, collector
+from tests.support.slackapi import SlackApi
 
 from ..conftest import Delta, llm_env, write_agent
 
 HEADER_SECRET = "otlp-api-key-of-the-test-7f3a"
 CALLER = "00-5bd66ef5095369c7b0d1f8f4bd33716a-c532cb4098ac3dd2-01"  # the answering client's
+SLACK_TOKEN = "xoxb-test-token-of-the-traces-test"
 ANSWERS = ("ship-it-0xA1", "v1.4-0xB2")  # distinctive: no span may carry them
 
 
@@ -29,6 +31,29 @@ ANSWERS = ("ship-it-0xA1", "v1.4-0xB2")  # distinctive: no span may carry them
 def otlp() -> Iterator[Collector]:
     with collector() as c:
         yield c
+
+
+@pytest.fixture
+def slack() -> Iterator[SlackApi]:
+    with SlackApi(token=SLACK_TOKEN) as api:
+        yield api
+
+
+def _slack_channel(tmp: Path, api: SlackApi) -> dict[str, object]:
+    """A channel to deliver through (the stand-in of Slack's Web API on 127.0.0.1)."""
+    secrets = tmp / "secrets"
+    secrets.mkdir(mode=0o700)
+    (secrets / "token").write_text(SLACK_TOKEN + "\n")
+    (secrets / "signing").write_text("signing-secret-of-the-test\n")
+    for f in secrets.iterdir():
+        f.chmod(0o600)
+    return {
+        "token": {"secret_file": str(secrets / "token")},
+        "signing_secret": {"secret_file": str(secrets / "signing")},
+        "channel": "C0DELTAD",
+        "users": {"U0ALICE": "alice"},
+        "api_url": api.url,
+    }
 
 
 def _request(ws: Path) -> dict[str, object] | None:
@@ -49,7 +74,7 @@ def _one(spans: list[Span], name: str, request_id: str) -> Span:
 
 
 def test_a_question_asked_answered_and_resumed_is_one_trace(
-    tmp_path: Path, fake: FakeLLM, otlp: Collector
+    tmp_path: Path, fake: FakeLLM, otlp: Collector, slack: SlackApi
 ) -> None:
     root = tmp_path / "root"
     root.mkdir()
@@ -67,6 +92,7 @@ def test_a_question_asked_answered_and_resumed_is_one_trace(
         resume_command=["delta", "run", "--work-dir", "{workspace}"],
         http={"listen": "127.0.0.1:0"},
         traces=traces,
+        channels={"slack": _slack_channel(tmp_path, slack)},
         # The resumed `delta` runs this checkout's code where the tests run from one: a fresh
         # process given PYTHONPATH (the fork server's children run the installed package).
         executor="fresh",
@@ -95,6 +121,7 @@ def test_a_question_asked_answered_and_resumed_is_one_trace(
 
         # Exported while the daemon runs (its batch, beside the loop): the announcement.
         wait_for(lambda: _some(otlp.all(), "announce", rid1), "the announcement exported")
+        wait_for(lambda: _some(otlp.all(), "deliver", rid1), "the channel's hand-off exported")
         answer(rid1, ANSWERS[0], {"traceparent": CALLER})  # carried over the wire to the core
         second = wait_for(
             lambda: (q := _request(ws)) is not None and q["prompt"] == "Tag?" and q,
@@ -119,11 +146,13 @@ def test_a_question_asked_answered_and_resumed_is_one_trace(
 
     ask1 = _one(spans, "ask_human", rid1)
     assert ask1.parent_id == ""  # the root: the person's run carried no context
-    stages1 = [_one(spans, n, rid1) for n in ("announce", "answer", "resume")]
+    stages1 = [_one(spans, n, rid1) for n in ("announce", "deliver", "answer", "resume")]
     assert all(s.parent_id == ask1.span_id for s in stages1)
-    chain = [ask1, *stages1]
-    assert [s.start for s in chain] == sorted(s.start for s in chain)  # the stages in order
-    answer1, resume1 = stages1[1:]
+    announce1, deliver1, answer1, resume1 = stages1
+    # The stages in order (the announcement and the hand-off are told on two threads at once).
+    assert ask1.start <= min(announce1.start, deliver1.start)
+    assert max(announce1.start, deliver1.end) <= answer1.start <= resume1.start
+    assert deliver1.attributes["deltad.channel"] == "slack"  # one span per channel: one here
     assert resume1.attributes["deltad.reason"] == "answer"
     assert resume1.attributes["deltad.exit"] == "waiting"  # it paused on the next question
     assert resume1.end >= resume1.start
