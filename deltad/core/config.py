@@ -186,6 +186,9 @@ class TracesConfig(_Strict):
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http:// or https:// URL (the OTLP/HTTP traces endpoint)")
+        if parts.username is not None or parts.password is not None:
+            # The URL is logged (traces_exporting): a credential goes in headers_file.
+            raise ValueError("no credentials in the URL: put them in headers_file")
         return v
 
     @field_validator("service_name")

@@ -265,6 +265,10 @@ CASES: dict[str, Case] = {
         lambda tmp: {"traces": {"otlp_endpoint": "collector:4318"}},
         "traces.otlp_endpoint: must be an http:// or https:// URL",
     ),
+    "traces endpoint with a credential": Case(
+        lambda tmp: {"traces": {"otlp_endpoint": "https://user:pw@collector.example/v1/traces"}},
+        "traces.otlp_endpoint: no credentials in the URL: put them in headers_file",
+    ),
     "traces endpoint missing": Case(
         lambda tmp: {"traces": {"service_name": "deltad"}}, "traces.otlp_endpoint"
     ),
