@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from deltad import tracing
@@ -230,6 +231,33 @@ def test_the_call_frame_carries_a_traceparent_only_when_there_is_one() -> None:
     too_long = body[:-1] + b',"traceparent":"' + b"0" * 56 + b'"}'
     refused = monitor.decode(too_long)
     assert isinstance(refused, str) and "traceparent" in refused  # a frame that does not fit
+
+
+class _Stuck(InMemorySpanExporter):
+    """A collector that does not answer until told to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.release.wait()
+        return super().export(spans)
+
+
+@pytest.mark.timeout(60)  # a recording that waited on the collector would hang here
+def test_a_stuck_collector_drops_spans_and_never_holds_the_recorder() -> None:
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    stuck = _Stuck()
+    processor = BatchSpanProcessor(stuck, max_queue_size=4, max_export_batch_size=1)
+    tracer = tracing.Exporting(processor, "deltad-test")
+    q = tracing.Question("/ws", "r1")
+    for n in range(200):
+        tracer.record(q, tracing.Stage("announce", float(n), float(n), {}))
+    stuck.release.set()
+    tracer.shutdown()
+    assert 0 < len(stuck.get_finished_spans()) <= 4 + 1  # the queue's, and the one in flight
 
 
 OFF_PATH = """
