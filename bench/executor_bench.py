@@ -103,6 +103,17 @@ def wait(cond: Any, what: str, timeout: float = 300) -> Any:
     raise TimeoutError(what)
 
 
+def start_daemon(
+    home: Path, root: Path, executor: str, env: dict[str, str], **settings: Any
+) -> Daemon:
+    """A daemon on one root with one executor; a fork server is warm before it is returned."""
+    home.mkdir()
+    d = Daemon(home, [root], log_level="info", executor=executor, **settings).start(env=env)
+    if executor == "fork":
+        d.wait_event("fork_server_ready", timeout=120)
+    return d
+
+
 # -- measurements ---------------------------------------------------------------------------
 def sequential(daemons: dict[str, Daemon], spaces: dict[str, list[Path]]) -> dict[str, Any]:
     out: dict[str, dict[str, list[float]]] = {e: {"result": [], "exit": []} for e in EXECUTORS}
@@ -192,20 +203,15 @@ def main() -> None:
                 root = work / ex / "root"
                 seq_spaces[ex] = copies(tpl, root, "seq", args.samples)
                 burst_spaces[ex] = copies(tpl, root, "burst", args.burst)
-                home = work / ex / "daemon"
-                home.mkdir()
-                daemons[ex] = Daemon(
-                    home,
-                    [root],
-                    log_level="info",
-                    executor=ex,
+                daemons[ex] = start_daemon(
+                    work / ex / "daemon",
+                    root,
+                    ex,
+                    env,
                     max_parallel_resumes=args.parallel,
                     max_parallel_resumes_per_owner=args.parallel,  # one owner: every slot
                     resume_command=["delta", "run", "--work-dir", "{workspace}"],
-                ).start(env=env)
-            for d in daemons.values():  # the fork server warm before the first sample
-                if d.settings["executor"] == "fork":
-                    d.wait_event("fork_server_ready", timeout=120)
+                )
             seq = sequential(daemons, seq_spaces)
             bursts = (
                 {ex: burst(daemons[ex], burst_spaces[ex]) for ex in EXECUTORS} if args.burst else {}

@@ -11,8 +11,10 @@ The steps, and the baseline each figure is a ratio to:
   2. `executor_bench.py --burst 100`: close → ACTION_RESULT and → exit, the warm fork server
      against a fresh process, and the throughput: a burst of answers, each a full model round
      trip with the scripted model, in runs finished per second.
-  3. `client_bench.py`: the model client a resume builds, the server's TLS context vs its own.
-  4. `inbox_bench.py --sizes 1000,10000`: list pages at 1,000 and 10,000 pending (with `--old`,
+  3. `warm_breakdown.py`: the same resume step by step (the daemon's look and spawn, the child's
+     start, lock, agent, journal, the answer's commit with its fsyncs), fork beside fresh.
+  4. `client_bench.py`: the model client a resume builds, the server's TLS context vs its own.
+  5. `inbox_bench.py --sizes 1000,10000`: list pages at 1,000 and 10,000 pending (with `--old`,
      the old code's beside them).
 
 Each step's tables, the load average before and after it, and the commit go to
@@ -80,6 +82,13 @@ def main() -> None:
         step(
             "Resume: warm fork server vs a fresh process; throughput",
             [PY, "bench/executor_bench.py", "--samples", "20", "--burst", "100"],
+            new,
+        )
+    )
+    parts.append(
+        step(
+            "Resume step by step: warm fork server vs a fresh process",
+            [PY, "bench/warm_breakdown.py", "--samples", "20"],
             new,
         )
     )

@@ -37,7 +37,7 @@ from deltad.health import HEARTBEAT_SECONDS, Health
 
 # What an answer file's `channel` may say, as a label; anything else is "other". A plain
 # response.txt (written by a person's editor or `echo`) is "file".
-CHANNELS = frozenset({"cli", "http", "link", "pipeline", "mcp", "slack", "email", "file"})
+CHANNELS = frozenset({"cli", "http", "link", "pipeline", "mcp", "slack", "email", "file", "teams"})
 RESULTS = ("succeeded", "failed", "timed_out")
 
 # answer file closed → resume started: the promise is tens of milliseconds, a stuck queue is

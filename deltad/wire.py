@@ -172,6 +172,9 @@ class WebhookTarget(Strict):
 
 
 # -- the channels' outbound sends (version 3): what the inbox is handed ------------------------
+ChannelKind = Literal["smtp", "slack", "command", "pagerduty", "teams"]
+
+
 class ChannelTarget(Strict):
     """One channel's outbox the inbox sends from (deltad/outbound/senders.py), with what the
     sending needs: `kind` says how (SMTP, Slack's Web API, a command), `settings` its
@@ -181,7 +184,7 @@ class ChannelTarget(Strict):
 
     name: str  # "email", "slack", "command0", ...: the log's and the metrics' `channel`
     key: str
-    kind: Literal["smtp", "slack", "command", "pagerduty"]
+    kind: ChannelKind
     settings: dict[str, Any] = Field(default_factory=dict)
     secret: str | None = None
     max_attempts: int

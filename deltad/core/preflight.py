@@ -52,6 +52,8 @@ def _all(config: DaemonConfig) -> Iterator[str]:
         yield from _maildir(config)
     if config.channels is not None and config.channels.pagerduty is not None:
         yield from _pagerduty(config)
+    if config.channels is not None and config.channels.teams is not None:
+        yield from _teams(config)
     if config.traces is not None:
         yield from _traces(config)
 
@@ -116,7 +118,10 @@ def _starts_inbox(config: DaemonConfig) -> bool:
         or (notify is not None and bool(notify.webhooks or notify.commands))
         or (
             channels is not None
-            and any(c is not None for c in (channels.email, channels.slack, channels.pagerduty))
+            and any(
+                c is not None
+                for c in (channels.email, channels.slack, channels.pagerduty, channels.teams)
+            )
         )
     )
 
@@ -198,6 +203,24 @@ def _pagerduty(config: DaemonConfig) -> Iterator[str]:
         return
     if not value.strip() or value != value.strip():
         yield "channels.pagerduty.routing_key: empty, or with spaces around it"
+
+
+def _teams(config: DaemonConfig) -> Iterator[str]:
+    """The app password can be read (the core reads it and hands it to the inbox), and the
+    activities Teams posts have an inbox to reach."""
+    assert config.channels is not None and config.channels.teams is not None
+    if config.http is None:
+        yield "channels.teams: needs http (Teams posts its cards' actions to the inbox)"
+    try:
+        value = config.channels.teams.app_password.read()
+    except OSError as e:
+        yield f"channels.teams.app_password.secret_file: {e.filename}: {e.strerror}"
+        return
+    except ValueError as e:
+        yield f"channels.teams.app_password: {e}"
+        return
+    if not value.strip():
+        yield "channels.teams.app_password: the secret is empty"
 
 
 def _traces(config: DaemonConfig) -> Iterator[str]:

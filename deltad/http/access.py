@@ -167,7 +167,7 @@ class McpMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.calls = Counter(
             "deltad_mcp_tool_calls",
-            "MCP tool calls, by tool and outcome (ok, refused, input_required).",
+            "MCP tool calls, by tool and outcome (ok, refused, input_required, task).",
             ["tool", "outcome"],
             registry=registry,
         )

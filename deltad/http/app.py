@@ -723,17 +723,18 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     if mcp_path is not None:
-        mount_mcp(app, ctx, core, mcp_path)
+        mount_mcp(app, ctx, core, mcp_path, sessions.key)
     return app
 
 
-def mount_mcp(app: FastAPI, ctx: Context, core: Caller, path: str) -> None:
-    """The inbox as an MCP server at `path`; every method goes to it (the SDK answers each)."""
+def mount_mcp(app: FastAPI, ctx: Context, core: Caller, path: str, session_key: bytes) -> None:
+    """The inbox as an MCP server at `path`; every method goes to it (the SDK answers each).
+    `session_key` is what the MCP task ids' key is derived from (stable across restarts)."""
     try:
         metrics = McpMetrics(ctx.http_metrics.registry)
     except ValueError:  # a second app on one context (tests): its figures stay its own
         metrics = McpMetrics(CollectorRegistry(auto_describe=False))
-    mount = LazyMcp(ctx, core, metrics)
+    mount = LazyMcp(ctx, core, metrics, session_key)
     metrics.listeners.set_function(mount.listeners)
     app.router.routes.append(Route(path, endpoint=mount))
     ctx.feed.subscribe(mount.changed)  # a question asked or gone: listeners are told
@@ -745,8 +746,9 @@ class LazyMcp:
     to the MCP path: the SDK costs the inbox process 1-2 s of start and some 25 MB, which an
     inbox nobody reaches over MCP never pays."""
 
-    def __init__(self, ctx: Context, core: Caller, metrics: McpMetrics) -> None:
+    def __init__(self, ctx: Context, core: Caller, metrics: McpMetrics, session_key: bytes) -> None:
         self.ctx, self.core, self.metrics = ctx, core, metrics
+        self.session_key = session_key
         self.endpoint: Endpoint | None = None  # built on the first request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -758,7 +760,7 @@ class LazyMcp:
             )
             if self.endpoint is None:  # no await since the check: one endpoint, ever
                 self.endpoint = module.endpoint(
-                    self.core, self.ctx.tokens, self.ctx.config.mcp, self.metrics
+                    self.core, self.ctx.tokens, self.ctx.config.mcp, self.metrics, self.session_key
                 )
         assert self.endpoint is not None
         await self.endpoint(scope, receive, send)

@@ -219,6 +219,65 @@ def channel_routes(app: FastAPI, remote: Remote, deliveries: Deliveries | None =
         return JSONResponse(response)
 
 
+def teams_routes(app: FastAPI, remote: Remote, deliveries: Deliveries | None) -> None:
+    """Teams' messaging endpoint (Bot Framework activities), POST only. Its credential is the
+    bearer JWT the Bot Connector signs: checked here against the keys it publishes (fetched by
+    this process, deltad/outbound/botauth.py), so a forged activity is refused without a call
+    to the core; then relayed with its token and the key set to the core, which checks it again
+    and decides (deltad/outbound/teams.py). Its answer is the invoke's response."""
+    from deltad.outbound import botauth
+
+    @app.post("/v1/channels/teams/messages", include_in_schema=False)
+    async def teams_messages(request: Request) -> Response:
+        teams = deliveries.teams if deliveries is not None else None
+        if teams is None:
+            raise ApiError(404, "not_found", "the teams channel is not configured")
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            log.warning("teams_activity_refused", code="no_token", where="inbox")
+            raise ApiError(401, "bad_token", "not signed by the Bot Connector (no bearer token)")
+        token = token.strip()
+        try:
+            body = (await request.body()).decode()
+            activity = json.loads(body)
+            if not isinstance(activity, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            raise ApiError(400, "bad_payload", "not a Bot Framework activity") from None
+        service_url, channel_id = activity.get("serviceUrl"), activity.get("channelId")
+
+        def check() -> dict[str, Any]:
+            keys = teams.keys.for_kid(botauth.kid_of(token))
+            botauth.verify(
+                token,
+                keys,
+                teams.app_id,
+                service_url if isinstance(service_url, str) else None,
+                channel_id if isinstance(channel_id, str) else None,
+            )
+            return keys  # type: ignore[no-any-return]
+
+        try:
+            keys = await run_in_threadpool(check)
+        except botauth.Unauthentic as e:
+            log.warning("teams_activity_refused", code=e.code, reason=str(e), where="inbox")
+            raise ApiError(e.http, e.code, str(e)) from None
+        except OSError as e:
+            log.error("teams_keys_unavailable", error=str(e)[:300])
+            raise ApiError(
+                503, "keys_unavailable", "the Bot Connector's keys could not be had"
+            ) from None
+
+        def relay() -> dict[str, Any]:
+            args = {"body": body, "signature": token, "keys": json.dumps(keys)}
+            return remote.call("channel_interaction", channel="teams", **args)
+
+        result = await run_in_threadpool(relay)
+        if (response := result.get("response")) is None:
+            return Response(status_code=200)
+        return JSONResponse(response)
+
+
 def open_view(deliveries: Deliveries | None, opening: dict[str, Any]) -> dict[str, Any] | None:
     """Open the modal the core described (channels/slack.py, `open_view`); None once open,
     else the refusal to answer Slack with (also told to the person, from the outbox)."""
@@ -350,6 +409,7 @@ class Deliveries:
         self._last: dict[str, dict[str, int]] = {}
         self.couriers: dict[str, Courier] = {}
         self.slack: Any = None  # senders.SlackSender: opens the modals a button asks for
+        self.teams: Any = None  # senders.TeamsSender: holds the Bot Connector's keys
         for t in targets:
             self.sent[t.name] = {"sent": 0, "retry": 0, "dead": 0}
             self.couriers[t.key] = senders.webhook_courier(t, state, named, self._tally(t.name))
@@ -372,6 +432,8 @@ class Deliveries:
             )
             if isinstance(send, senders.SlackSender):
                 self.slack = send
+            if isinstance(send, senders.TeamsSender):
+                self.teams = send
         self._reporter = threading.Thread(
             target=self._report, name="deltad-inbox-report", daemon=True
         )
@@ -556,6 +618,7 @@ def serve(core: socket.socket) -> int:
     )
     app = create_app(ctx, stopping, web)
     channel_routes(app, remote, deliveries)
+    teams_routes(app, remote, deliveries)
     if os.environ.get(TEST_HOOK_ENV) == "1":
         from deltad.http.testhook import install
 

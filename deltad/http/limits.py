@@ -56,6 +56,10 @@ def rule_for(method: str, path: str, mcp_path: str | None = None) -> Rule:
         return Rule("token", ANSWER_BODY_MAX)  # MCP: one JSON-RPC message, an answer at most
     if method == "POST" and parts[:2] == ["v1", "channels"] and parts[3:] == ["interactions"]:
         return Rule("none", CHANNEL_BODY_MAX)  # a channel's service: its signature, in the core
+    if method == "POST" and parts == ["v1", "channels", "teams", "messages"]:
+        # Bot Framework's activities: their bearer is the Bot Connector's JWT, not a deltad
+        # token (checked by the route and again in the core, deltad/outbound/botauth.py).
+        return Rule("none", CHANNEL_BODY_MAX)
     if parts[0] != "v1":
         return Rule("none", SMALL_BODY_MAX)  # the page, static files, health, the schema
     answer = method == "POST" and parts[1:2] == ["requests"] and parts[3:] == ["answer"]

@@ -12,32 +12,45 @@ What an MCP host sees (docs/inbox.md, "MCP"):
     events     resources list_changed on a `subscriptions/listen` stream (2026-07-28) whenever a
                question is asked, answered or expires; the list itself shows only what the
                token may see
+    tasks      io.modelcontextprotocol/tasks (2026-07-28): each question as a task, tasks/get,
+               tasks/update (answers it), tasks/cancel (acknowledged only); no tasks/list
 
 Every call is authenticated again from its own HTTP request's bearer token (the same tokens,
 roles and scopes as the API), and everything that reads or writes a workspace is an operation
 of the core's table (deltad/inbox/ops.py), asked by name through a `Caller` (in the inbox
 process: the core, which checks it all again). A secret is never
-answered here (the core refuses it too). Clocks: none; the feed's events arrive on its
-reader's thread and are handed to the event loop.
+answered here (the core refuses it too). Clocks: only a task's `lastUpdatedAt` (now, once
+something changed since the question was asked); the feed's events arrive on its reader's
+thread and are handed to the event loop.
 
 On a 2026-07-28 connection, answer_question called without an answer takes the spec's
 multi round-trip path (SEP-2322): it returns `input_required` with an elicitation form built
 from the question's kind and a `requestState` the SDK's RequestStateBoundary seals (AES-GCM,
 bound to the token, the call's arguments, ten minutes); the same call again with the filled
-form answers. The Tasks extension (tasks/get, tasks/update) is not served: this SDK release
-ships only the extension seam for it, no Tasks implementation, and the protocol is not ours to
-invent (docs/inbox.md, "MCP").
+form answers.
+
+On a 2026-07-28 connection whose request declares the Tasks extension
+(`io.modelcontextprotocol/tasks`, SEP-2663), each question the token may see is also a task
+(deltad/http/mcp_tasks.py: ids and documents, pure): answer_question without an answer returns
+it (resultType "task"), list_questions and get_question name each question's `task_id`;
+`tasks/get` reads it (input_required with the form, working, completed, cancelled),
+`tasks/update` answers it through the same answering path, `tasks/cancel` is acknowledged and
+changes nothing (a question is the agent's: no caller of the inbox may withdraw it). There is no
+`tasks/list` (the extension has none). The SDK ships the extension seam (`Extension`,
+`MethodBinding`) and no Tasks implementation: the methods are bound here, on that seam.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
@@ -45,7 +58,8 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 import structlog
-from mcp.server.context import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding, compose_tool_call_handler
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
@@ -60,10 +74,11 @@ from mcp.server.subscriptions import (
 )
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import Field
 from starlette.types import Receive, Scope, Send
 
 from deltad import __version__
-from deltad.http import limits
+from deltad.http import limits, mcp_tasks
 from deltad.http.access import McpMetrics
 from deltad.http.mcp_gate import Unauthorized, identify
 from deltad.inbox import scopes
@@ -206,9 +221,13 @@ def line(s: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def list_result(page: Mapping[str, Any]) -> types.CallToolResult:
-    """`list_requests`' page as list_questions' result."""
+def list_result(page: Mapping[str, Any], task_key: bytes | None = None) -> types.CallToolResult:
+    """`list_requests`' page as list_questions' result (with `task_key`: each question's task
+    id, for a host that follows it with `tasks/get`)."""
     found = [summary(d) for d in page.get("requests", [])]
+    if task_key is not None:
+        for s, d in zip(found, page.get("requests", []), strict=True):
+            s["task_id"] = mcp_tasks.task_of(task_key, d)
     text = "\n".join(line(s) for s in found) if found else "No question is waiting for you."
     if page.get("next"):
         text += "\n(more: call list_questions again with cursor = next_cursor)"
@@ -254,8 +273,10 @@ def question(doc: Mapping[str, Any]) -> dict[str, Any]:
     return {k: doc[k] for k in QUESTION_FIELDS if doc.get(k) is not None}
 
 
-def question_result(doc: Mapping[str, Any]) -> types.CallToolResult:
+def question_result(doc: Mapping[str, Any], task_key: bytes | None = None) -> types.CallToolResult:
     q = question(doc)
+    if task_key is not None:
+        q["task_id"] = mcp_tasks.task_of(task_key, doc)
     lines = [line(summary(doc)), ""]
     if q.get("prompt"):
         lines.append(str(q["prompt"]))
@@ -399,6 +420,8 @@ class Inbox:
     calls: Caller
     tokens: TokenStore
     metrics: McpMetrics | None = None
+    # The task ids' key (mcp_tasks.task_key of the inbox's session key: stable across restarts).
+    task_key: bytes = field(default_factory=lambda: os.urandom(32))
 
     def counted(
         self, tool: str, result: types.CallToolResult | types.InputRequiredResult
@@ -465,12 +488,13 @@ class Inbox:
             return refused("unknown_tool", f"no tool {name[:80]!r}")
         try:
             if name == "list_questions":
-                return list_result(self.list_page(who, args))
+                return list_result(self.list_page(who, args), self.task_key)
             rid = _text(args, "request_id")
             if not rid:
                 raise ApiError(422, "bad_request", "request_id: a question's id is needed")
             if name == "get_question":
-                return question_result(self.get_request(who, rid, _text(args, "workspace")))
+                doc = self.get_request(who, rid, _text(args, "workspace"))
+                return question_result(doc, self.task_key)
             return self.answer(who, rid, args)
         except ApiError as e:
             return refused(e.code, str(e))
@@ -523,12 +547,9 @@ class Inbox:
         doc = self.get_request(who, rid, workspace)
         if doc.get("sensitive"):
             return secret_refused(doc)
-        schema = elicitation(doc)
-        if schema is None:
+        form = form_of(doc)
+        if form is None:
             return refused("answer_needed", f"question {rid}: give `answer` or `decisions`")
-        form = types.ElicitRequestFormParams(
-            message=f"{doc.get('prompt')}\n(expects {doc.get('expects')})", requested_schema=schema
-        )
         form_doc = doc.get("form")
         control = form_doc.get("control") if isinstance(form_doc, Mapping) else None
         state = {"workspace": doc.get("workspace"), "control": control}
@@ -536,6 +557,110 @@ class Inbox:
             input_requests={ELICITED: types.ElicitRequest(params=form)},
             request_state=json.dumps(state),
         )
+
+    # -- the Tasks extension (each runs in a worker thread; errors are JSON-RPC's) -------------
+    def task_created(self, who: Identity, args: Mapping[str, Any], now: str) -> dict[str, Any]:
+        """answer_question without an answer, from a host that declared the extension: the
+        question's task (CreateTaskResult), which the host follows with tasks/get."""
+        rid = _text(args, "request_id")
+        if not rid:
+            raise ApiError(422, "bad_request", "request_id: a question's id is needed")
+        if not who.can_answer():
+            raise ApiError(403, "forbidden", f"token {who.name} may read, not answer")
+        doc = self.get_request(who, rid, _text(args, "workspace"))
+        tid = mcp_tasks.task_of(self.task_key, doc)
+        return mcp_tasks.create_result(mcp_tasks.open_task(tid, doc, task_input(doc), now))
+
+    def _task(self, who: Identity, tid: str) -> tuple[mcp_tasks.TaskRef, dict[str, Any]]:
+        """The question a task id names, open (ApiError: closed, or not this token's)."""
+        ref = mcp_tasks.parse(self.task_key, tid)
+        if ref is None:
+            raise ApiError(404, "unknown_request", "no such task")
+        return ref, self.get_request(who, ref.request_id, ref.workspace)
+
+    def task_get(self, who: Identity, tid: str, now: str) -> dict[str, Any]:
+        try:
+            _, doc = self._task(who, tid)
+        except ApiError as e:
+            ref = mcp_tasks.parse(self.task_key, tid)
+            if ref is None or e.code not in mcp_tasks.CLOSED:
+                raise task_error(e) from None
+            return mcp_tasks.closed_task(ref, tid, e.code, str(e), now)
+        return mcp_tasks.open_task(tid, doc, task_input(doc), now)
+
+    def task_update(self, who: Identity, tid: str, responses: Mapping[str, Any]) -> None:
+        """The filled form answers the question: the same call to the core as answer_question
+        (respondents, approvals, a bound call's digest, the first answer wins, the audit).
+        A response to no outstanding request, or a declined form, is ignored (SEP-2663)."""
+        try:
+            ref, doc = self._task(who, tid)
+            reply = responses.get(mcp_tasks.INPUT_KEY)
+            if not isinstance(reply, Mapping) or reply.get("action") != "accept":
+                return
+            if doc.get("sensitive") or elicitation(doc) is None:
+                return  # asked as a link to the page (url mode): answered there, not here
+            if not who.can_answer():
+                raise ApiError(403, "forbidden", f"token {who.name} may read, not answer")
+            form = doc.get("form")
+            control = str(form.get("control")) if isinstance(form, Mapping) else ""
+            content = reply.get("content")
+            text = elicited_text(control, content if isinstance(content, Mapping) else {})
+            # A retried update gets the first one's result: one key per task and token.
+            key = "mcp-task:" + hashlib.sha256(tid.encode()).hexdigest()[:40]
+            self.answer_for(who, ref.request_id, {"answer": text}, key, ref.workspace)
+        except ApiError as e:
+            raise task_error(e) from None
+        log.info("mcp_answered", token=who.name, request_id=ref.request_id, through="task")
+
+    def task_cancel(self, who: Identity, tid: str) -> None:
+        """Acknowledged, nothing changed: the question is the agent's, and no caller of the
+        inbox may withdraw it (cancellation is cooperative in SEP-2663: the ack promises no
+        `cancelled`). An id this token may not see is "not found", as for tasks/get."""
+        try:
+            ref, _ = self._task(who, tid)
+        except ApiError as e:
+            if e.code not in mcp_tasks.CLOSED:
+                raise task_error(e) from None
+            return  # closed already: nothing to cancel
+        log.info("mcp_task_cancel_ignored", token=who.name, request_id=ref.request_id)
+
+
+def form_of(doc: Mapping[str, Any]) -> types.ElicitRequestFormParams | None:
+    """The elicitation form answering `doc` asks (None: no form can ask it)."""
+    schema = elicitation(doc)
+    if schema is None:
+        return None
+    message = f"{doc.get('prompt')}\n(expects {doc.get('expects')})"
+    return types.ElicitRequestFormParams(message=message, requested_schema=schema)
+
+
+def task_input(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A question's task's input request: its form, or for what no form may ask (a secret, an
+    edit of gated calls) a link to the question on the inbox page (url mode)."""
+    form = None if doc.get("sensitive") else form_of(doc)
+    params: types.ElicitRequestFormParams | types.ElicitRequestURLParams = (
+        form
+        if form is not None
+        else types.ElicitRequestURLParams(
+            message=f"{doc.get('prompt')}\n(answer it on the inbox page)", url=str(doc.get("url"))
+        )
+    )
+    return types.ElicitRequest(params=params).model_dump(
+        by_alias=True, mode="json", exclude_none=True
+    )
+
+
+TASK_NOT_FOUND = "Failed to retrieve task: Task not found"
+
+
+def task_error(e: ApiError) -> MCPError:
+    """A refusal as the extension's JSON-RPC error: -32602 for what the caller sent (an id it
+    may not see is "not found", as if it did not exist), -32603 for the inbox's own trouble."""
+    if e.code in ("unknown_request", "unknown_workspace"):  # the id names both: one answer
+        return MCPError(types.INVALID_PARAMS, TASK_NOT_FOUND)
+    if e.http >= 500:
+        return MCPError(types.INTERNAL_ERROR, f"{e.code}: {e}")
+    return MCPError(types.INVALID_PARAMS, f"{e.code}: {e}", {"code": e.code})
 
 
 def _text(args: Mapping[str, Any], key: str) -> str | None:
@@ -648,9 +773,104 @@ class _Server(Server[Any]):
         experimental_capabilities: dict[str, dict[str, Any]] | None = None,
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
-        """Handshake-era clients are told the resource list changes (on their GET stream)."""
+        """Handshake-era clients are told the resource list changes (on their GET stream), and
+        not told of the Tasks extension (SEP-2663 defines it from 2026-07-28 only)."""
         told = notification_options or NotificationOptions(resources_changed=True)
-        return super().create_initialization_options(told, experimental_capabilities, extensions)
+        return super().create_initialization_options(
+            told, experimental_capabilities, extensions if extensions is not None else {}
+        )
+
+
+class UpdateTaskParams(types.RequestParams):
+    task_id: str
+    input_responses: dict[str, Any] = Field(default_factory=dict)
+
+
+def _now() -> str:
+    """Now, as the daemon writes a question's times (UTC, `Z`)."""
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Whether this request's client declared the Tasks extension (2026-07-28 only)."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    caps = ctx.session.client_capabilities
+    return caps is not None and mcp_tasks.IDENTIFIER in (caps.extensions or {})
+
+
+class Tasks(Extension):
+    """The Tasks extension's methods, on the SDK's extension seam (no `tasks/list`: SEP-2663
+    has none, so an id is learned only from a tool's result)."""
+
+    identifier = mcp_tasks.IDENTIFIER
+
+    def __init__(self, inbox: Inbox) -> None:
+        self.inbox = inbox
+
+    def methods(self) -> list[MethodBinding]:
+        modern = frozenset(MODERN_PROTOCOL_VERSIONS)
+        return [
+            MethodBinding("tasks/get", types.GetTaskRequestParams, self.get, modern),
+            MethodBinding("tasks/update", UpdateTaskParams, self.update, modern),
+            MethodBinding("tasks/cancel", types.CancelTaskRequestParams, self.cancel, modern),
+        ]
+
+    def caller(self, ctx: ServerRequestContext[Any, Any]) -> Identity:
+        """The token, on a connection and request the extension is negotiated on (SEP-2663:
+        -32021 for a request that did not declare it; not a method before 2026-07-28)."""
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            raise MCPError(types.METHOD_NOT_FOUND, "Method not found", ctx.method)
+        who = self.inbox.who(ctx)
+        if not declares_tasks(ctx):
+            need: dict[str, Any] = {"requiredCapabilities": {"extensions": {self.identifier: {}}}}
+            raise MCPError(
+                types.MISSING_REQUIRED_CLIENT_CAPABILITY, "Missing required client capability", need
+            )
+        return who
+
+    async def intercept_tool_call(
+        self,
+        params: types.CallToolRequestParams,
+        ctx: ServerRequestContext[Any, Any],
+        call_next: CallNext,
+    ) -> HandlerResult:
+        """answer_question without an answer, from a host that declared the extension: the
+        question as its task (CreateTaskResult), followed with tasks/get and tasks/update.
+        Any other call (and this one from other hosts: the form) goes on as before."""
+        args = dict(params.arguments or {})
+        unanswered = not answer_body(args).keys() & {"answer", "decisions"}
+        if params.name != "answer_question" or not unanswered or not declares_tasks(ctx):
+            return await call_next(ctx)
+        inbox, who = self.inbox, self.inbox.who(ctx)
+        try:
+            task = await anyio.to_thread.run_sync(inbox.task_created, who, args, _now())
+        except ApiError as e:
+            return inbox.counted(params.name, refused(e.code, str(e)))
+        if inbox.metrics is not None:
+            inbox.metrics.called(params.name, "task")
+        return task
+
+    async def get(
+        self, ctx: ServerRequestContext[Any, Any], params: types.GetTaskRequestParams
+    ) -> dict[str, Any]:
+        who = self.caller(ctx)
+        return await anyio.to_thread.run_sync(self.inbox.task_get, who, params.task_id, _now())
+
+    async def update(
+        self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams
+    ) -> dict[str, Any]:
+        who = self.caller(ctx)
+        responses = params.input_responses
+        await anyio.to_thread.run_sync(self.inbox.task_update, who, params.task_id, responses)
+        return {}
+
+    async def cancel(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CancelTaskRequestParams
+    ) -> dict[str, Any]:
+        who = self.caller(ctx)
+        await anyio.to_thread.run_sync(self.inbox.task_cancel, who, params.task_id)
+        return {}
 
 
 def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
@@ -674,10 +894,11 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
     ) -> types.CallToolResult | types.InputRequiredResult:
         who = caller_of(ctx)
         args = dict(params.arguments or {})
+        unanswered = not answer_body(args).keys() & {"answer", "decisions"}
         if (
             params.name == "answer_question"
             and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-            and not answer_body(args).keys() & {"answer", "decisions"}
+            and unanswered
         ):
             responses, state = params.input_responses, params.request_state
             asked = await anyio.to_thread.run_sync(inbox.elicit, who, args, responses, state)
@@ -750,6 +971,13 @@ def build_server(inbox: Inbox, hub: Hub) -> Server[Any]:
         keys=[os.urandom(32)], ttl=STATE_SECONDS, bind_principal=principal
     )
     server.middleware.append(RequestStateBoundary(security, default_audience="deltad"))
+    tasks = Tasks(inbox)
+    for binding in tasks.methods():
+        server.add_request_handler(binding.method, binding.params_type, binding.handler)
+    # tools/call through the extension's interceptor (the SDK's composition, as MCPServer does).
+    called = compose_tool_call_handler([tasks], call_tool)
+    server.add_request_handler("tools/call", types.CallToolRequestParams, called)
+    server.extensions[tasks.identifier] = tasks.settings()  # advertised at server/discover
     return server
 
 
@@ -801,9 +1029,16 @@ class Endpoint:
 
 
 def endpoint(
-    calls: Caller, tokens: TokenStore, config: McpConfig, metrics: McpMetrics | None = None
+    calls: Caller,
+    tokens: TokenStore,
+    config: McpConfig,
+    metrics: McpMetrics | None = None,
+    session_key: bytes | None = None,
 ) -> Endpoint:
-    return Endpoint(Inbox(calls, tokens, metrics), config)
+    """`session_key`: the inbox's session key, which the task ids' key is derived from (None:
+    a key of this process only; task ids then change when it restarts)."""
+    key = mcp_tasks.task_key(session_key) if session_key else os.urandom(32)
+    return Endpoint(Inbox(calls, tokens, metrics, key), config)
 
 
 Subscribe = Callable[[Callable[[FeedEvent], None]], Callable[[], None]]

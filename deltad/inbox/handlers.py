@@ -724,9 +724,11 @@ def vitals(ctx: Context, who: None, q: ops.Vitals) -> dict[str, Any]:
 
 
 def channel_interaction(ctx: Context, who: None, q: ops.ChannelInteraction) -> dict[str, Any]:
-    """A channel's own request, relayed unread (Slack's interactions): the channel checks its
-    signature and decides (`{"response": ...}`)."""
+    """A channel's own request, relayed (Slack's interactions, Teams' activities): the channel
+    checks its signature and decides (`{"response": ...}`)."""
     take = ctx.interactions.get(q.channel)
     if take is None:
         raise ApiError(404, "not_found", f"the {q.channel} channel is not configured")
+    if q.channel == "teams":
+        return take(q.body, q.signature, q.keys)
     return take(q.body, q.timestamp, q.signature)

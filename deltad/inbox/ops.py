@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from deltad.inbox.paging import Sort
 from deltad.protocol.models import InputType
@@ -100,6 +100,9 @@ HISTORY_DEFAULT, HISTORY_MAX = 50, 500  # entries `GET /v1/history` returns
 # 64 characters is far more than any duration up to its 366d needs).
 Duration = Annotated[str, Field(min_length=1, max_length=64)]
 CHANNEL_BODY_MAX = 256 * 1024  # a Slack interaction's body (outbound.slack.BODY_MAX)
+CHANNEL_TOKEN_MAX = 16 * 1024  # a Bot Framework JWT
+SLACK_SIGNATURE_MAX = 256  # a Slack signature (v0=, 64 hex digits)
+CHANNEL_KEYS_MAX = 256 * 1024  # the Bot Connector's key set (outbound.botauth.DOC_MAX)
 SENDER_MAX = 320  # an address's local part and domain at their RFC 5321 limits, and then some
 AUTH_RESULTS_MAX, AUTH_RESULT_MAX = 16, 2048  # a mail's Authentication-Results (outbound/mail.py)
 # A Maildir file's name as the MTA makes it: no '/', no NUL, not hidden, at most NAME_MAX.
@@ -199,14 +202,23 @@ class LinkAnswer(Args):
 
 # -- no token: the channels' own credentials, checked by the core -------------------------------
 class ChannelInteraction(Args):
-    """A request a channel's service sent to the inbox (Slack's interactions), relayed unread:
-    the raw body and the service's signature headers. The core verifies the signature itself
-    (the inbox holds no signing secret) and decides everything from there."""
+    """A request a channel's service sent to the inbox (Slack's interactions, Teams' activities),
+    relayed: the raw body and the service's signature headers (Teams: its bearer JWT as the
+    `signature`, and in `keys` the Bot Connector's key set the inbox fetched). The core
+    verifies the signature itself and decides everything from there."""
 
-    channel: Literal["slack"]
+    channel: Literal["slack", "teams"]
     body: Annotated[str, Field(max_length=CHANNEL_BODY_MAX)]
-    timestamp: Annotated[str, Field(max_length=64)]
-    signature: Annotated[str, Field(max_length=256)]
+    timestamp: Annotated[str, Field(max_length=64)] = ""
+    signature: Annotated[str, Field(max_length=CHANNEL_TOKEN_MAX)]
+    keys: Annotated[str, Field(max_length=CHANNEL_KEYS_MAX)] = ""
+
+    @model_validator(mode="after")
+    def _slack_is_small(self) -> ChannelInteraction:
+        # Slack's v0 signature is 67 characters and comes without keys: its cap stays tight.
+        if self.channel == "slack" and (len(self.signature) > SLACK_SIGNATURE_MAX or self.keys):
+            raise ValueError(f"signature: a Slack signature is at most {SLACK_SIGNATURE_MAX}")
+        return self
 
 
 class MailReply(Args):

@@ -201,9 +201,68 @@ class PagerDutyConfig(_Strict):
         return v
 
 
+# -- Microsoft Teams (deltad/outbound/teams.py) --------------------------------------------------
+HTTP_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
+# An Entra object id (`from.aadObjectId`): a GUID.
+AAD_OBJECT_ID = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+
+
+class TeamsConfig(_Strict):
+    """Questions as Adaptive Cards posted by a Bot Framework bot; answers from their
+    Action.Execute buttons, each activity's JWT checked against the Bot Connector's keys."""
+
+    app_id: str = Field(min_length=1, max_length=128)  # the bot's Microsoft App ID
+    # The bot's app password (client secret): named, never written here.
+    app_password: Secret
+    # The Bot Connector's service URL for the tenant (the `serviceUrl` of its activities) and
+    # the conversations questions are posted to (a channel's `19:...@thread.tacv2` id).
+    service_url: str
+    conversations: list[str] = Field(min_length=1, max_length=50)
+    # Entra object id (`from.aadObjectId`) -> who they are for `respondents`: a token name, or
+    # {name, groups}. An action from a user not listed is refused.
+    people: dict[str, str | Person] = Field(default_factory=dict)
+    # Where the keys that sign incoming activities are published, and where the bot gets its
+    # own token (client credentials): a stand-in's on loopback in tests.
+    openid_metadata_url: str = "https://login.botframework.com/v1/.well-known/openidconfiguration"
+    token_url: str = "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+    context_chars: int = Field(default=600, ge=0, le=2900)
+    outbox: OutboxConfig = Field(default_factory=OutboxConfig)
+
+    @field_validator("service_url", "openid_metadata_url", "token_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not HTTP_URL.fullmatch(v):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+    @field_validator("conversations")
+    @classmethod
+    def _conversations(cls, v: list[str]) -> list[str]:
+        for c in v:
+            if not c or len(c) > 512 or any(ch.isspace() or ch in "/?#" for ch in c):
+                raise ValueError(f"{c!r} is not a conversation id")
+        return v
+
+    @field_validator("people")
+    @classmethod
+    def _people(cls, v: dict[str, str | Person]) -> dict[str, str | Person]:
+        for oid in v:
+            if not AAD_OBJECT_ID.fullmatch(oid):
+                raise ValueError(f"{oid!r} is not an Entra object id (a GUID)")
+        return {k.lower(): p for k, p in v.items()}
+
+    def person(self, oid: str) -> Person | None:
+        p = self.people.get(oid.lower())
+        return Person(name=p) if isinstance(p, str) else p
+
+
 class ChannelsConfig(_Strict):
     """Where questions reach people besides the page and the API. One key per channel."""
 
     email: EmailConfig | None = None
     slack: SlackConfig | None = None
     pagerduty: PagerDutyConfig | None = None
+    teams: TeamsConfig | None = None

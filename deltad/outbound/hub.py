@@ -5,6 +5,7 @@ channel; each channel sends and takes answers in on threads of its own
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,7 +50,19 @@ def targets(config: ChannelsConfig) -> list[ChannelTarget]:
         out.append(senders.slack_target(config.slack))
     if config.pagerduty is not None:
         out.append(senders.pagerduty_target(config.pagerduty))
+    if config.teams is not None:
+        out.append(senders.teams_target(config.teams))
     return out
+
+
+# Messages handed off on this thread (the intake's): a channel told of a question may send
+# nothing (PagerDuty pages escalations only; a card already posted), and its `deliver` span
+# says only what was handed.
+_handed = threading.local()
+
+
+def handed() -> int:
+    return getattr(_handed, "count", 0)
 
 
 def _hand(handoff: Handoff, name: str) -> Callable[[Delivery], None]:
@@ -60,6 +73,7 @@ def _hand(handoff: Handoff, name: str) -> Callable[[Delivery], None]:
 
     def hand(d: Delivery) -> None:
         handoff.put(d, key)
+        _handed.count = handed() + 1
 
     return hand
 
@@ -109,6 +123,18 @@ def build(
             state_dir / "channels" / "pagerduty", answer, _hand(handoff, "pagerduty"), link, page
         )
         out.append(PagerDutyChannel(config.pagerduty, ctx))
+    if config.teams is not None:
+        from deltad.outbound.teams import TeamsChannel
+
+        ctx = Context(
+            state_dir / "channels" / "teams",
+            answer,
+            _hand(handoff, "teams"),
+            link,
+            page,
+            refused=noting(audit, "teams"),
+        )
+        out.append(TeamsChannel(config.teams, ctx))
     return out
 
 
@@ -167,7 +193,7 @@ class Hub:
         p = inbox.pending(ws)
         if p is None or p.request.request_id != request_id or p.answer_waiting:
             return  # answered or gone meanwhile: nothing to ask
-        started = tracing.now()
+        started, before = tracing.now(), handed()
         if e.type == "request.reminder":
             c.send(q := Question(ws, p.request, p.task, follow_up="reminder"))
         elif e.type == "request.escalated":
@@ -176,8 +202,10 @@ class Hub:
             c.send(q := Question(ws, p.request, p.task, follow_up="escalation", only=only))
         else:
             c.send(q := Question(ws, p.request, p.task))
-        if (tracer := tracing.current).on:  # composed and handed to the inbox process's queue
+        if (tracer := tracing.current).on and (messages := handed() - before) > 0:
+            # Composed and handed to the inbox process's outbox, which sends it.
             attrs: dict[str, str | int | bool] = {"deltad.channel": c.name}
+            attrs["deltad.messages"] = messages
             if q.follow_up:
                 attrs["deltad.follow_up"] = q.follow_up
             where = tracing.Question(str(ws), request_id, tracing.checked(p.request.traceparent))

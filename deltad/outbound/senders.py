@@ -23,6 +23,12 @@ to the dead letter) rather than retried:
              key it was handed, so no outbox file holds it), POSTed to `events_url` within
              `timeout_seconds`. 202 is sent; 429, a 5xx or no answer is retried; any other
              status (400: not a valid event) goes to the dead letter, as PagerDuty says.
+    teams    an Adaptive Card activity, composed: `question` ({ref, conversation, activity}:
+             POSTed to the conversation's activities; the id Teams answers with is kept in the
+             sender's `Posts`) and `update` ({ref, activity}: PUT over each post of `ref`).
+             The bearer token comes from the client-credentials grant with the app password
+             the sender was handed (no outbox file holds it). 429, a 5xx, a 401 (the token
+             fetched anew) or no answer is retried; another 4xx goes to the dead letter.
     command  body: the event's JSON, on the command's stdin (`notify.commands`): run once
              (`max_attempts: 1`), as the inbox's user, in a clean environment (PATH, LANG),
              from `/`, ended at its timeout; its output is never read. A run that fails (an
@@ -43,6 +49,7 @@ import ssl
 import subprocess
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,7 +59,13 @@ import structlog
 
 from deltad import wire
 from deltad.outbound import webhooks
-from deltad.outbound.config import EmailConfig, OutboxConfig, PagerDutyConfig, SlackConfig
+from deltad.outbound.config import (
+    EmailConfig,
+    OutboxConfig,
+    PagerDutyConfig,
+    SlackConfig,
+    TeamsConfig,
+)
 from deltad.outbound.courier import WEBHOOK, Courier, Failed, Send
 from deltad.outbound.outbox import Delivery, target_key
 from deltad.platform import SAFE_PATH
@@ -68,14 +81,27 @@ class SenderError(ValueError):
     """One line: a target's settings cannot be sent with."""
 
 
-def _policy(outbox: OutboxConfig) -> dict[str, Any]:
-    return {
-        "max_attempts": outbox.max_attempts,
-        "backoff_seconds": outbox.backoff_seconds,
-        "backoff_max_seconds": outbox.backoff_max_seconds,
-        "max_age_seconds": outbox.max_age_seconds,
-        "outbox_max": outbox.outbox_max,
-    }
+def _target(
+    name: str,
+    kind: wire.ChannelKind,
+    settings: dict[str, Any],
+    secret: str | None,
+    outbox: OutboxConfig,
+) -> wire.ChannelTarget:
+    """What the inbox is handed for one channel: its settings, its credential and the outbox's
+    retry policy."""
+    return wire.ChannelTarget(
+        name=name,
+        key=target_key(name),
+        kind=kind,
+        settings=settings,
+        secret=secret,
+        max_attempts=outbox.max_attempts,
+        backoff_seconds=outbox.backoff_seconds,
+        backoff_max_seconds=outbox.backoff_max_seconds,
+        max_age_seconds=outbox.max_age_seconds,
+        outbox_max=outbox.outbox_max,
+    )
 
 
 def outbox_config(t: wire.ChannelTarget) -> OutboxConfig:
@@ -95,11 +121,10 @@ def email_target(config: EmailConfig, name: str = "email") -> wire.ChannelTarget
     the file itself). OSError/ValueError, one line, if a file cannot be read."""
     s = config.smtp
     ca = ca_text(s.ca_file) if s.ca_file is not None else None
-    return wire.ChannelTarget(
-        name=name,
-        key=target_key(name),
-        kind="smtp",
-        settings={
+    return _target(
+        name,
+        "smtp",
+        {
             "host": s.host,
             "port": s.port,
             "security": s.security,
@@ -108,8 +133,8 @@ def email_target(config: EmailConfig, name: str = "email") -> wire.ChannelTarget
             "from_address": config.from_address,
             "ca": ca,
         },
-        secret=s.password.read().decode() if s.password is not None else None,
-        **_policy(config.outbox),
+        s.password.read().decode() if s.password is not None else None,
+        config.outbox,
     )
 
 
@@ -206,13 +231,12 @@ def slack_target(config: SlackConfig, name: str = "slack") -> wire.ChannelTarget
     """The Slack channel's sending, as the inbox is handed it: the Web API's URL and the bot
     token (read here, by the core). The signing secret is never handed: only the core checks
     Slack's signatures."""
-    return wire.ChannelTarget(
-        name=name,
-        key=target_key(name),
-        kind="slack",
-        settings={"api_url": config.api_url, "timeout_seconds": config.timeout_seconds},
-        secret=config.token.read().decode(),
-        **_policy(config.outbox),
+    return _target(
+        name,
+        "slack",
+        {"api_url": config.api_url, "timeout_seconds": config.timeout_seconds},
+        config.token.read().decode(),
+        config.outbox,
     )
 
 
@@ -556,13 +580,12 @@ def webhook_courier(
 def pagerduty_target(config: PagerDutyConfig, name: str = "pagerduty") -> wire.ChannelTarget:
     """The PagerDuty channel's sending, as the inbox is handed it: the Events API's URL and
     the integration key (read here, by the core)."""
-    return wire.ChannelTarget(
-        name=name,
-        key=target_key(name),
-        kind="pagerduty",
-        settings={"events_url": config.events_url, "timeout_seconds": config.timeout_seconds},
-        secret=config.routing_key.read().decode(),
-        **_policy(config.outbox),
+    return _target(
+        name,
+        "pagerduty",
+        {"events_url": config.events_url, "timeout_seconds": config.timeout_seconds},
+        config.routing_key.read().decode(),
+        config.outbox,
     )
 
 
@@ -603,6 +626,173 @@ class PagerDutySender:
         self.client.close()
 
 
+# -- Microsoft Teams (Bot Framework) -----------------------------------------------------------
+BOT_SCOPE = "https://api.botframework.com/.default"
+TOKEN_MARGIN = 60.0  # seconds before its expiry a bot token is fetched anew
+
+
+def teams_target(config: TeamsConfig, name: str = "teams") -> wire.ChannelTarget:
+    """The Teams channel's sending, as the inbox is handed it: the service and token URLs, the
+    app id, where the Bot Connector's keys are published (the inbox checks incoming activities
+    against them) and the app password (read here, by the core)."""
+    return _target(
+        name,
+        "teams",
+        {
+            "app_id": config.app_id,
+            "service_url": config.service_url,
+            "token_url": config.token_url,
+            "openid_metadata_url": config.openid_metadata_url,
+            "timeout_seconds": config.timeout_seconds,
+        },
+        config.app_password.read().decode(),
+        config.outbox,
+    )
+
+
+class TeamsSender:
+    """Sends the Teams channel's cards with a bot token from the client-credentials grant
+    (kept until a minute before it expires), keeping each post's activity id (`posts`, in
+    `directory`) so the closed card replaces it. Holds the Bot Connector's keys for the inbox's
+    route (`keys`). `client`: the transport seam; tests hand one of their own."""
+
+    def __init__(
+        self, t: wire.ChannelTarget, directory: Path, client: httpx.Client | None = None
+    ) -> None:
+        from deltad.outbound.botauth import BotKeys
+
+        try:
+            self.app_id = str(t.settings["app_id"])
+            self.service_url = str(t.settings["service_url"]).rstrip("/")
+            self.token_url = str(t.settings["token_url"])
+            metadata_url = str(t.settings["openid_metadata_url"])
+            self.timeout = float(t.settings["timeout_seconds"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise SenderError(f"{t.name}: the Teams settings: {e}") from None
+        if not t.secret:
+            raise SenderError(f"{t.name}: no app password")
+        self.name, self._password = t.name, t.secret
+        self.client = client or httpx.Client(timeout=self.timeout, follow_redirects=False)
+        self.keys = BotKeys(metadata_url, self.timeout, client)
+        self.posts = Posts(directory)
+        self._token: tuple[str, float] | None = None  # (token, monotonic expiry)
+        self._lock = threading.Lock()
+
+    def queued(self, d: Delivery) -> None:
+        """A closed card entered the outbox: a post not yet made is made closed."""
+        if d.event != "update":
+            return
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            doc = json.loads(d.body)
+            self._close(str(doc["ref"]), dict(doc["activity"]))
+
+    def _close(self, ref: str, activity: dict[str, Any]) -> None:
+        with self.posts.lock:
+            doc = self.posts.get(ref)
+            if doc.get("closed") is None:
+                self.posts.put(ref, {**doc, "closed": {"activity": activity}})
+
+    def token(self) -> str | Failed:
+        """The bot's bearer token for the Bot Connector (fetched when none is fresh)."""
+        with self._lock:
+            now = time.monotonic()
+            if self._token is not None and now < self._token[1]:
+                return self._token[0]
+            form = {
+                "grant_type": "client_credentials",
+                "client_id": self.app_id,
+                "client_secret": self._password,
+                "scope": BOT_SCOPE,
+            }
+            try:
+                r = self.client.post(self.token_url, data=form)
+            except httpx.HTTPError as e:
+                return Failed(f"teams: the token endpoint: {type(e).__name__}")
+            if r.status_code != 200:
+                permanent = r.status_code in (400, 401, 403)  # a wrong app id or password
+                return Failed(f"teams: the token endpoint: HTTP {r.status_code}", permanent)
+            try:
+                doc = r.json()
+                token, lasts = str(doc["access_token"]), float(doc.get("expires_in", 3600))
+            except (ValueError, KeyError, TypeError):
+                return Failed("teams: the token endpoint's answer holds no access_token")
+            self._token = (token, now + max(0.0, lasts - TOKEN_MARGIN))
+            return token
+
+    def __call__(self, d: Delivery) -> Failed | None:
+        try:
+            doc = json.loads(d.body)
+            ref = str(doc["ref"])
+            if d.event == "question":
+                return self._post(ref, str(doc["conversation"]), dict(doc["activity"]))
+            if d.event == "update":
+                self._close(ref, dict(doc["activity"]))
+                return self._update(ref)
+        except (ValueError, KeyError, TypeError) as e:
+            return Failed(f"teams: not a message ({type(e).__name__})", permanent=True)
+        return Failed(f"teams: not a message kind: {d.event[:40]}", permanent=True)
+
+    def _call(self, method: str, url: str, activity: dict[str, Any]) -> httpx.Response | Failed:
+        token = self.token()
+        if isinstance(token, Failed):
+            return token
+        headers = {"Authorization": f"Bearer {token}"}
+        try:
+            r = self.client.request(method, url, json=activity, headers=headers)
+        except httpx.HTTPError as e:
+            return Failed(f"teams: {type(e).__name__}")
+        if r.status_code < 300:
+            return r
+        if r.status_code == 401:
+            with self._lock:
+                self._token = None  # fetched anew on the retry
+        permanent = r.status_code not in (401, 429) and r.status_code < 500
+        return Failed(f"teams: HTTP {r.status_code}", permanent)
+
+    def _activities(self, conversation: str) -> str:
+        c = urllib.parse.quote(conversation, safe="")
+        return f"{self.service_url}/v3/conversations/{c}/activities"
+
+    def _post(self, ref: str, conversation: str, activity: dict[str, Any]) -> Failed | None:
+        record = self.posts.get(ref)
+        if any(p.get("conversation") == conversation for p in record.get("posts", [])):
+            return None  # posted already (its record written, the outbox's not yet)
+        if (closed := record.get("closed")) is not None:  # closed before it was posted
+            activity = dict(closed["activity"])
+        r = self._call("POST", self._activities(conversation), activity)
+        if isinstance(r, Failed):
+            return r
+        try:
+            posted = str(r.json()["id"])
+        except (ValueError, KeyError, TypeError):
+            posted = ""  # sent, but nothing to update later: said in the record
+        post = {"conversation": conversation, "id": posted}
+        with self.posts.lock:
+            record = self.posts.get(ref)
+            self.posts.put(ref, {**record, "posts": [*record.get("posts", []), post]})
+        return None
+
+    def _update(self, ref: str) -> Failed | None:
+        record = self.posts.get(ref)
+        activity = dict(record["closed"]["activity"])
+        done = set(record.get("updated") or [])
+        for post in record.get("posts", []):
+            if not post.get("id") or post["id"] in done:
+                continue
+            its = urllib.parse.quote(str(post["id"]), safe="")
+            url = f"{self._activities(str(post['conversation']))}/{its}"
+            r = self._call("PUT", url, {**activity, "id": post["id"]})
+            if isinstance(r, Failed):
+                return r
+            done.add(post["id"])
+            with self.posts.lock:
+                self.posts.put(ref, {**self.posts.get(ref), "updated": sorted(done)})
+        return None
+
+    def close(self) -> None:
+        self.client.close()
+
+
 # -- which ---------------------------------------------------------------------------------
 def sender(t: wire.ChannelTarget, state: Path) -> Send:
     """How the inbox sends `t`'s messages (SenderError, one line, for settings it cannot use);
@@ -615,9 +805,11 @@ def sender(t: wire.ChannelTarget, state: Path) -> Send:
         return command_sender(t)
     if t.kind == "pagerduty":
         return PagerDutySender(t)
+    if t.kind == "teams":
+        return TeamsSender(t, state / f"{t.name}-posts")
     raise SenderError(f"{t.name}: the inbox cannot send {t.kind} messages")
 
 
 def queued_hook(send: Send) -> Callable[[Delivery], None] | None:
     """What a sender is told as each message enters the outbox (None: nothing)."""
-    return send.queued if isinstance(send, SlackSender) else None
+    return send.queued if isinstance(send, (SlackSender, TeamsSender)) else None

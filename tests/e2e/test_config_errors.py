@@ -88,6 +88,16 @@ def _slack(**over: Any) -> dict[str, Any]:
     }  # the key's own checks (an inline token, ids, URLs): tests/unit/test_channels_slack.py
 
 
+def _teams(**over: Any) -> dict[str, Any]:
+    teams = {
+        "app_id": "6d4c8a2e-1f0b-4c3a-9e7d-5b2a1c0d9e8f",
+        "app_password": {"secret_file": "/nonexistent/teams-password"},
+        "service_url": "https://smba.trafficmanager.net/amer/",
+        "conversations": ["19:abc@thread.tacv2"],
+    }
+    return {k: v for k, v in {**teams, **over}.items() if v is not None}
+
+
 def _root_only_maildir(tmp: Path) -> str:
     box = tmp / "Maildir"  # root's, 0700: what the MTA made before the operator's step
     for sub in ("new", "cur", "tmp"):
@@ -308,6 +318,41 @@ CASES: dict[str, Case] = {
             }
         },
         "channels.pagerduty.severity",
+    ),
+    # channels: teams (the app password read by the core, each key checked in one line)
+    "teams app password file missing": Case(
+        lambda tmp: {"http": {"listen": "127.0.0.1:0"}, "channels": {"teams": _teams()}},
+        "channels.teams.app_password.secret_file: /nonexistent/teams-password",
+    ),
+    "teams without http": Case(
+        lambda tmp: {
+            "channels": {"teams": _teams(app_password={"secret_env": "DELTAD_TEST_TEAMS"})}
+        },
+        "channels.teams: needs http",
+        env={"DELTAD_TEST_TEAMS": "pw"},
+    ),
+    "teams app id missing": Case(
+        lambda tmp: {"channels": {"teams": _teams(app_id=None)}}, "channels.teams.app_id"
+    ),
+    "teams service url not a url": Case(
+        lambda tmp: {"channels": {"teams": _teams(service_url="smba.example")}},
+        "channels.teams.service_url",
+    ),
+    "teams openid metadata url not a url": Case(
+        lambda tmp: {"channels": {"teams": _teams(openid_metadata_url="ftp://x")}},
+        "channels.teams.openid_metadata_url",
+    ),
+    "teams token url not a url": Case(
+        lambda tmp: {"channels": {"teams": _teams(token_url="token")}},
+        "channels.teams.token_url",
+    ),
+    "teams no conversation": Case(
+        lambda tmp: {"channels": {"teams": _teams(conversations=[])}},
+        "channels.teams.conversations",
+    ),
+    "teams person not an entra object id": Case(
+        lambda tmp: {"channels": {"teams": _teams(people={"alice@example.org": "alice"})}},
+        "channels.teams.people",
     ),
     # channels: email (the inbox's user reads the Maildir, never root)
     "maildir the inbox cannot read": Case(

@@ -5,6 +5,8 @@ transport seam. End to end against a stand-in: tests/e2e/test_pagerduty_channel.
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,9 +19,10 @@ from deltad.outbound.base import Closed, Context, Question
 from deltad.outbound.config import PagerDutyConfig
 from deltad.outbound.courier import new_message
 from deltad.outbound.outbox import Delivery
-from deltad.outbound.pagerduty import PagerDutyChannel, dedup_key
+from deltad.outbound.pagerduty import SWEEP_EVERY, PagerDutyChannel, dedup_key
 from deltad.outbound.senders import PagerDutySender, SenderError
-from deltad.protocol import InteractionRequest
+from deltad.protocol import InteractionRequest, Mailbox, Workspace
+from deltad.testing.stub import paused_workspace
 from tests.support.pagerduty import problems
 
 KEY = "0123456789abcdef0123456789abcdef"
@@ -137,3 +140,34 @@ def test_a_sender_without_its_key_or_settings_is_one_line() -> None:
         PagerDutySender(_target().model_copy(update={"secret": None}))
     with pytest.raises(SenderError, match="the PagerDuty settings"):
         PagerDutySender(_target().model_copy(update={"settings": {}}))
+
+
+def _paged(tmp: Path, ws: Path) -> str:
+    """An alert paged for `ws`'s open question (as on disk); the alert's dedup key."""
+    paused_workspace(ws, "Roll back?")
+    request = Mailbox(Workspace(ws)).read_request()
+    assert request is not None
+    pd, handed = _channel(tmp)
+    pd.send(Question(ws, request, task="t", follow_up="escalation"))
+    assert len(handed) == 1
+    return dedup_key(str(ws), request.request_id)
+
+
+def test_an_alert_whose_question_is_gone_from_disk_is_resolved_by_a_sweep(tmp_path: Path) -> None:
+    open_ws, gone_ws, answered_ws = (tmp_path / n for n in ("open", "gone", "answered"))
+    keys = {ws: _paged(tmp_path, ws) for ws in (open_ws, gone_ws, answered_ws)}
+    # A record from before records kept the path: left to its question's close.
+    (tmp_path / "pd" / "paged" / "deltad-old").write_text('{"workspace": "/x", "request_id": "r"}')
+    shutil.rmtree(gone_ws)  # removed while paged: no event will say so
+    (answered_ws / ".delta" / "interaction" / "request.json").unlink()
+    pd, handed = _channel(tmp_path)
+    pd.start()  # a restart sweeps at once
+    events = [json.loads(d.body) for d in handed]
+    assert sorted(e["dedup_key"] for e in events) == sorted([keys[gone_ws], keys[answered_ws]])
+    assert {e["event_action"] for e in events} == {"resolve"}
+    left = sorted(p.name for p in (tmp_path / "pd" / "paged").iterdir())
+    assert left == sorted(["deltad-old", keys[open_ws]])  # the open question still pages
+    assert pd.sweep(time.time()) == 0  # at most hourly
+    shutil.rmtree(open_ws)
+    assert pd.sweep(time.time() + SWEEP_EVERY) == 1
+    assert json.loads(handed[-1].body)["dedup_key"] == keys[open_ws]

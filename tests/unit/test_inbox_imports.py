@@ -53,6 +53,7 @@ ALLOWED = {
     "deltad.outbound.notify",
     "deltad.outbound.outbox",
     "deltad.outbound.senders",
+    "deltad.outbound.botauth",  # Teams: the Bot Connector's keys, fetched; its JWTs checked
     "deltad.outbound.webhooks",
 }
 ALLOWED_PACKAGES = ("deltad.protocol", "deltad.http")  # every module of these

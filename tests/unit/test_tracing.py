@@ -8,9 +8,9 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
@@ -21,8 +21,11 @@ from deltad import tracing
 from deltad.core.facts import Action, State, Verdict
 from deltad.core.traced import Traces
 from deltad.inbox.feed import FeedEvent
-from deltad.outbound.base import Closed, Question
+from deltad.outbound import hub as hub_module
+from deltad.outbound.base import Channel, Closed, Question
+from deltad.outbound.handoff import Handoff
 from deltad.outbound.hub import Hub
+from deltad.outbound.outbox import Delivery, target_key
 from deltad.protocol import InteractionRequest
 from deltad.testing.stub import paused_workspace
 
@@ -162,14 +165,30 @@ def test_attributes_are_printable_and_bounded(
     assert shown.startswith("/srv/\\x1b[31mred\\x0a")
 
 
-class _Recording:
-    name: ClassVar[str] = "recording"
+class _Handoff:
+    """The inbox process's outboxes as the core hands to them (outbound/handoff.py)."""
 
     def __init__(self) -> None:
+        self.channel_of = {target_key("recording"): "recording"}
+        self.handed: list[object] = []
+
+    def put(self, d: object, key: str) -> None:
+        self.handed.append(d)
+
+
+class _Recording:
+    """A channel that hands one message off per question, or (`quiet`) none."""
+
+    name: ClassVar[str] = "recording"
+
+    def __init__(self, hand: Callable[[Delivery], None], quiet: bool = False) -> None:
+        self.hand, self.quiet = hand, quiet
         self.sent: list[Question] = []
 
     def send(self, question: Question) -> None:
         self.sent.append(question)
+        if not self.quiet:
+            self.hand(cast(Delivery, question.request.request_id))
 
     def withdraw(self, closed: Closed) -> None:
         pass
@@ -188,22 +207,25 @@ def test_each_channel_s_hand_off_is_a_deliver_span(
     ws = tmp_path / "ws"
     paused_workspace(ws, "Ship it?", traceparent=CARRIED)
     req = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
-    channels = [_Recording(), _Recording()]
-    hub = Hub(channels, [])  # type: ignore[arg-type]  # the Channel protocol, structurally
+    outbox = _Handoff()
+    hand = hub_module._hand(cast(Handoff, outbox), "recording")
+    channels = [_Recording(hand), _Recording(hand, quiet=True), _Recording(hand)]
+    hub = Hub(cast(list[Channel], channels), [])
     data = {"workspace": str(ws), "run_id": req["run_id"], "request_id": req["request_id"]}
     tracing.current = tracer
     try:
         hub.take(FeedEvent(1, "request.created", "", data))
     finally:
         tracing.current = tracing.OFF
-    assert all(len(c.sent) == 1 for c in channels)
+    assert all(len(c.sent) == 1 for c in channels) and len(outbox.handed) == 2
     spans = exporter.get_finished_spans()
-    assert [s.name for s in spans] == ["deliver", "deliver"]
+    assert [s.name for s in spans] == ["deliver", "deliver"]  # the quiet one handed nothing
     q = tracing.Question(str(ws), req["request_id"], CARRIED)
     for s in spans:
         assert s.parent is not None and s.parent.span_id == q.ask_span_id
         assert s.context.trace_id == q.trace_id
         assert s.attributes is not None and s.attributes["deltad.channel"] == "recording"
+        assert s.attributes["deltad.messages"] == 1
 
 
 def test_a_request_without_a_context_is_written_as_before() -> None:
