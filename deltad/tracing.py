@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from deltad.protocol.printable import show
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
 
@@ -111,10 +113,9 @@ class Question:
 
 
 def printable(value: object) -> str:
-    """An attribute value: printable, bounded (workspace paths and names are anyone's bytes)."""
-    text = str(value)
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else f"\\x{ord(c) & 0xFF:02x}" for c in text)
+    """An attribute value: shown as logs show names (deltad/protocol/printable.py: a byte that
+    is not UTF-8 as `\\xNN`, a control escaped), and bounded."""
+    text = show(str(value))
     return text if len(text) <= MAX_ATTRIBUTE else text[: MAX_ATTRIBUTE - 1] + "…"
 
 

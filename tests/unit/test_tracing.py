@@ -162,7 +162,11 @@ def test_attributes_are_printable_and_bounded(
     assert span.attributes is not None
     shown = str(span.attributes["deltad.workspace"])
     assert shown.isprintable() and len(shown) == tracing.MAX_ATTRIBUTE
-    assert shown.startswith("/srv/\\x1b[31mred\\x0a")
+    assert shown.startswith("/srv/\\x1b[31mred\\n")
+    named = "/srv/" + b"caf\xe9\xff".decode("utf-8", "surrogateescape") + "\u2028"
+    tracer.record(tracing.Question(named, "r2"), tracing.Stage("announce", 1.0, 1.0, {}))
+    attributes = exporter.get_finished_spans()[1].attributes
+    assert attributes is not None and attributes["deltad.workspace"] == "/srv/caf\\xe9\\xff\\u2028"
 
 
 class _Handoff:
