@@ -30,6 +30,10 @@ to `cur/` once the core replied. The core checks the token, the sender and the a
 Version 4: one `call` frame for every operation, its arguments in `args` (until 3, a frame
 model per operation, its arguments beside `op`).
 
+A `call` may carry `traceparent` (the W3C trace context of the HTTP request that asked it:
+an answer's span links to it, docs/daemon.md "Traces"), sent only when there is one, so a
+frame without it is byte for byte a version 5 frame.
+
 The core reads the inbox's side as hostile: a frame over its cap ends the connection, anything
 else that does not fit a model below or its operation's input model (an operation not in the
 table, a field too many, a string too long) is refused, logged and answered with a 400
@@ -85,6 +89,11 @@ class Call(Strict):
     id: CallId
     token: Name | None = None
     args: dict[str, Any] = Field(default_factory=dict)
+    # The W3C traceparent of the HTTP request that asked it (deltad/tracing.py): an answer's
+    # span links to it. Sent only when there is one, so a frame without it is as it was.
+    traceparent: Annotated[str, Field(max_length=55)] | None = Field(
+        default=None, exclude_if=lambda v: v is None
+    )
 
 
 class Deliveries(Strict):

@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from deltad import logs, wire
+from deltad import logs, tracing, wire
 from deltad.health import Health
 from deltad.http import sessions
 from deltad.inbox import ops
@@ -100,7 +100,8 @@ class Remote:
                 raise _unavailable()
             self._waiting[cid] = fut
         try:
-            frame = wire.Call(op=op, id=cid, token=token, args=args)
+            carried = tracing.checked(tracing.calling.get())
+            frame = wire.Call(op=op, id=cid, token=token, args=args, traceparent=carried)
         except ValidationError as e:  # not a frame the core would take: say so
             with self._lock:
                 self._waiting.pop(cid, None)

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from deltad import wire
+from deltad import tracing, wire
 from deltad.inbox import ops
 from deltad.inbox.context import Context
 from deltad.inbox.ops import OPS, ApiError, Args, Op
@@ -41,6 +41,7 @@ class Request:
     op: Op
     token: str | None
     args: Args
+    traceparent: str | None = None  # the caller's, checked (deltad/tracing.py)
 
 
 def decode_message(raw: bytes) -> Request | wire.Told | str:
@@ -77,7 +78,7 @@ def checked(call: wire.Call) -> Request | str:
         args = op.Input.model_validate(call.args)
     except ValidationError as e:
         return summary(e, "args")
-    return Request(call.id, op, call.token, args)
+    return Request(call.id, op, call.token, args, tracing.checked(call.traceparent))
 
 
 def identity(ctx: Context, token: str) -> Identity:
@@ -95,6 +96,18 @@ def identity(ctx: Context, token: str) -> Identity:
 def handle(ctx: Context | None, mail: MailTake | None, call: Request) -> BaseModel | dict[str, Any]:
     """The handler's result for one call (a response model, or a plain document), or the
     ApiError a request from the network would get."""
+    if call.traceparent is None:  # in this process (Local): the request's own, if any
+        return _handle(ctx, mail, call)
+    carried = tracing.calling.set(call.traceparent)
+    try:
+        return _handle(ctx, mail, call)
+    finally:
+        tracing.calling.reset(carried)
+
+
+def _handle(
+    ctx: Context | None, mail: MailTake | None, call: Request
+) -> BaseModel | dict[str, Any]:
     op = call.op
     if not op.http:
         return op.handler(mail, None, call.args)  # type: ignore[no-any-return]
