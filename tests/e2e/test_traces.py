@@ -93,10 +93,6 @@ def test_a_question_asked_answered_and_resumed_is_one_trace(
         http={"listen": "127.0.0.1:0"},
         traces=traces,
         channels={"slack": _slack_channel(tmp_path, slack)},
-        # The resumed `delta` runs this checkout's code where the tests run from one: a fresh
-        # process given PYTHONPATH (the fork server's children run the installed package).
-        executor="fresh",
-        resume_env=["LANG", "LC_ALL", "TZ", "PYTHONPATH"],
     ).start(env=llm_env(fake))
     try:
         url = http_url(d)
