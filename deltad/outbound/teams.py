@@ -18,12 +18,15 @@ bot), so an answer is only ever a POST of a signed activity. A question that nee
 
 Reminders and escalations are a reply to each card (`replyToId`, in its thread): the question
 again, and for an escalation who it was escalated to, the mapped people among them mentioned.
+The record of each card (`<state>/channels/teams/cards/`, and the sender's of activity ids) is
+removed 30 days after its question closed, as Slack's (`Records.prune`, `Posts.prune`).
 
 Taking answers in. Teams POSTs activities to `POST /v1/channels/teams/messages` (the inbox
 process), which checks the bearer JWT against the Bot Connector's published keys
 (deltad/outbound/botauth.py) and relays the activity, the token and the key set to the core
 (`channel_interaction`). Here it is checked again, then: the card's data names the question
-(`ref`, a hash of its workspace and request id) and the button; `from.aadObjectId` is mapped to
+(`ref`, a hash of its workspace and request id) and the button, beside the inputs' values
+(`answer`, `reason`); `from.aadObjectId` is mapped to
 a person (`people`) and checked against the question's respondents; the answer is rebuilt from
 the question on disk and goes through the one answering path (`ctx.answer`), recorded with
 `channel: teams`. A refusal changes nothing, is logged (`teams_action_refused`) and is told to
