@@ -30,6 +30,10 @@ to `cur/` once the core replied. The core checks the token, the sender and the a
 Version 4: one `call` frame for every operation, its arguments in `args` (until 3, a frame
 model per operation, its arguments beside `op`).
 
+A `call` may carry `traceparent` (the W3C trace context of the HTTP request that asked it:
+an answer's span links to it, docs/daemon.md "Traces"), sent only when there is one, so a
+frame without it is byte for byte a version 5 frame.
+
 The core reads the inbox's side as hostile: a frame over its cap ends the connection, anything
 else that does not fit a model below or its operation's input model (an operation not in the
 table, a field too many, a string too long) is refused, logged and answered with a 400
@@ -48,10 +52,8 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
-    SerializerFunctionWrapHandler,
     Tag,
     TypeAdapter,
-    model_serializer,
 )
 
 from deltad.inbox.ops import Name
@@ -103,11 +105,13 @@ class Call(Strict):
     id: CallId
     token: Name | None = None
     args: dict[str, Any] = Field(default_factory=dict)
-    person: Person | None = None  # with an `oidc:` token name only
-
-    @model_serializer(mode="wrap")
-    def _absent_when_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_none(handler(self), "person")
+    # The W3C traceparent of the HTTP request that asked it (deltad/tracing.py): an answer's
+    # span links to it. Sent only when there is one, so a frame without it is as it was.
+    traceparent: Annotated[str, Field(max_length=55)] | None = Field(
+        default=None, exclude_if=lambda v: v is None
+    )
+    # With an `oidc:` token name only (deltad/inbox/oidc.py); sent only then, as traceparent.
+    person: Person | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class Deliveries(Strict):
@@ -232,19 +236,8 @@ class Welcome(Strict):
     channels: list[ChannelTarget] = Field(default_factory=list)  # version 3
     mail: MailIntake | None = None  # the email channel's Maildir, read by the inbox (version 3)
     # http.oidc's client secret, read by the core (the inbox cannot read its file); None: none.
-    oidc_client_secret: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _absent_when_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_none(handler(self), "oidc_client_secret")
-
-
-def _without_none(doc: dict[str, Any], key: str) -> dict[str, Any]:
-    """A frame without a newer optional key it does not use: the other side of the release
-    before (forbidding keys it does not know) still takes it (no OIDC configured)."""
-    if doc.get(key, 0) is None:
-        del doc[key]
-    return doc
+    # Sent only when set: an inbox of the release before forbids keys it does not know.
+    oidc_client_secret: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class MailIntake(Strict):

@@ -165,6 +165,40 @@ def default_per_owner(total: int) -> int:
     return (total + 1) // 2
 
 
+class TracesConfig(_Strict):
+    """OpenTelemetry traces of each question's life (docs/daemon.md, "Traces"; deltad/tracing.py).
+    Off unless this section is there: the standard OTEL_EXPORTER_OTLP_* variables do not turn
+    it on, nor change where spans go."""
+
+    # The OTLP/HTTP (protobuf) traces URL, `/v1/traces` included: http://collector:4318/v1/traces
+    otlp_endpoint: str = Field(min_length=1, max_length=2048)
+    service_name: str = Field(default="deltad", min_length=1, max_length=128)
+    # `Name: value` lines sent with every export (a vendor's API key): a file, never the config.
+    headers_file: Path | None = None
+    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    max_queue: int = Field(default=2048, ge=1, le=1_000_000)  # spans waiting; more are dropped
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL (the OTLP/HTTP traces endpoint)")
+        if parts.username is not None or parts.password is not None:
+            # The URL is logged (traces_exporting): a credential goes in headers_file.
+            raise ValueError("no credentials in the URL: put them in headers_file")
+        return v
+
+    @field_validator("service_name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v.isprintable():
+            raise ValueError("must be printable")
+        return v
+
+
 class DaemonConfig(_Strict):
     roots: list[RootConfig] = Field(default_factory=list)
     discovery_depth: int = Field(default=2, ge=0, le=8)
@@ -216,6 +250,7 @@ class DaemonConfig(_Strict):
     # trusts (`ed25519:BASE64`: a rotation, or the other daemons of an HA fleet).
     decision_key_file: Path | None = None
     decision_keys_trusted: list[str] = Field(default_factory=list)
+    traces: TracesConfig | None = None  # OpenTelemetry traces (docs/daemon.md): off when absent
 
     @model_validator(mode="after")
     def _executor(self) -> DaemonConfig:

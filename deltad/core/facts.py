@@ -74,6 +74,7 @@ class Verdict:
     unparsed: bool = False  # the problem: a state file did not parse (it may be half written)
     channel: str | None = None  # an answer's: who wrote the file (the metrics' label)
     follow_up: FollowUp | None = None  # the pending question's reminders and escalation
+    traceparent: str | None = None  # the pending question's carried trace, checked (tracing.py)
 
 
 @dataclass(frozen=True)

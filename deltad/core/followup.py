@@ -39,21 +39,22 @@ MAX_FILE = 64 * 1024
 
 
 # -- what carries a follow-up to people ------------------------------------------------------------
-# The feed's event for each action; the channels (email, Slack) carry the first two only.
+# The feed's event for each action; the channels (email, Slack, Teams) carry the first two only.
 EVENT: dict[Action, str] = {
     "remind": "request.reminder",
     "escalate": "request.escalated",
     "overdue": "request.overdue",
 }
 TOLD: tuple[Action, ...] = ("remind", "escalate")  # what is meant to reach a person
-NO_CHANNEL = "no notify webhook or command, no email, no Slack"
+NO_CHANNEL = "no notify webhook or command, no email, no Slack, no Teams"
 
 
 def carriers(config: DaemonConfig, ws: Path | None, action: Action) -> list[str]:
     """What the configuration sends `action`'s event of workspace `ws` through ("webhook",
-    "command", "email", "slack"; [] none: it is recorded and shown on the page, and nobody is
-    told). `ws` None: any workspace not under a `notify: false` root. Pure: the config decides
-    as the notifier and the channels' hub do (a target's `events` and `exclude`, a quiet root)."""
+    "command", "email", "slack", "teams", "pagerduty"; [] none: it is recorded and shown on
+    the page, and nobody is told). `ws` None: any workspace not under a `notify: false` root.
+    Pure: the config decides as the notifier and the channels' hub do (a target's `events`
+    and `exclude`, a quiet root)."""
     from deltad.inbox import scopes
 
     roots = [r for r in config.roots if ws is not None and ws.is_relative_to(r.path)]
@@ -71,7 +72,8 @@ def carriers(config: DaemonConfig, ws: Path | None, action: Action) -> list[str]
                 out.append(kind)
     channels = config.channels
     if action in TOLD and channels is not None:
-        out += [name for name, c in (("email", channels.email), ("slack", channels.slack)) if c]
+        told = (("email", channels.email), ("slack", channels.slack), ("teams", channels.teams))
+        out += [name for name, c in told if c]
         if action == "escalate" and channels.pagerduty is not None:
             out.append("pagerduty")  # pages for an escalation; reminders are for people
     return out

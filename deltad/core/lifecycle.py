@@ -170,6 +170,8 @@ class Core(Protocol):
     def configure(self, config: DaemonConfig) -> None: ...
     def say_unsent(self) -> None: ...
     def use_key(self, sealer: Sealer) -> None: ...
+    def start_tracing(self) -> None: ...
+    def stop_tracing(self) -> None: ...
 
 
 class Lifecycle:
@@ -252,6 +254,7 @@ class Lifecycle:
             self._open_inbox()
             self._make_executor()
             self._attach_feed()
+            self.core.start_tracing()  # before the first look: its announcements are traced
             self._start_inbox()
             started = True
             self.start()
@@ -266,6 +269,7 @@ class Lifecycle:
             elif self.inbox is not None:
                 self.inbox.close_socket()  # bound, never served
             self.core.feed.close()
+            self.core.stop_tracing()
             lock.release()
         return 1 if self.role is Role.LOST else 0
 

@@ -55,6 +55,8 @@ def _all(config: DaemonConfig) -> Iterator[str]:
         yield from _pagerduty(config)
     if config.channels is not None and config.channels.teams is not None:
         yield from _teams(config)
+    if config.traces is not None:
+        yield from _traces(config)
 
 
 def _lease(lease: Path) -> Iterator[str]:
@@ -220,6 +222,24 @@ def _teams(config: DaemonConfig) -> Iterator[str]:
     if config.http is None:
         yield "channels.teams: needs http (Teams posts its cards' actions to the inbox)"
     yield from _secret("channels.teams.app_password", config.channels.teams.app_password)
+
+
+def _traces(config: DaemonConfig) -> Iterator[str]:
+    """The exporter can be made: the packages are installed, the headers file reads."""
+    from deltad import tracing
+
+    assert config.traces is not None
+    try:
+        tracing.headers_of(config.traces.headers_file)
+    except OSError as e:
+        yield f"traces.headers_file: {e.filename}: {e.strerror}"
+    except (ValueError, UnicodeDecodeError) as e:
+        yield f"traces.headers_file: {e}"
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError:
+        yield "traces: the OpenTelemetry packages are not installed (pip install 'deltad[traces]')"
 
 
 # Run as the inbox's user (its uid, its group, no other group: as the inbox runs): can it list

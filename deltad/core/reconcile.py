@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from deltad import tracing
 from deltad.clock import SYSTEM, Clock
 from deltad.core import tenancy
 from deltad.core.answer import Writers, open_writers
@@ -233,6 +234,7 @@ def _name(v: Verdict, request: InteractionRequest, **more: Any) -> Verdict:
         created=request.timestamp.timestamp(),
         deadline=request.expires_at.timestamp() if request.expires_at else None,
         follow_up=request.follow_up,
+        traceparent=tracing.checked(request.traceparent),
         **more,
     )
 

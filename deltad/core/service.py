@@ -17,6 +17,7 @@ from typing import assert_never
 
 import structlog
 
+from deltad import tracing
 from deltad.clock import SYSTEM, Clock
 from deltad.core import decide as core
 from deltad.core.anchoring import Anchoring
@@ -42,6 +43,7 @@ from deltad.core.resumer import Finished, Resumer
 from deltad.core.sweep import Sweep
 from deltad.core.tenancy import Refused
 from deltad.core.timers import Timers
+from deltad.core.traced import Traces
 from deltad.core.unread import Unread
 from deltad.core.walking import Walker
 from deltad.health import Health
@@ -111,6 +113,31 @@ class Service:
         self.metrics.registry.register(Scraped(self.vitals))
         self.metrics.registry.register(EngineEvents(lambda: self.resumer.engine_counts()))
         self.resumer.metrics = self.metrics
+        self.traces: Traces | None = None  # tracing off (start_tracing)
+
+    def start_tracing(self) -> None:
+        """With `traces:` configured: the exporter (its own thread: the loop only queues spans)
+        and the stages the loop records; without, nothing of OpenTelemetry is imported."""
+        t = self.config.traces
+        if t is None:
+            return
+        tracer = tracing.start(
+            t.otlp_endpoint,
+            t.service_name,
+            tracing.headers_of(t.headers_file),
+            t.timeout_seconds,
+            t.max_queue,
+        )
+        tracing.current = tracer  # the channels' hand-offs record their own (outbound/hub.py)
+        self.traces = Traces(tracer)
+        self.feed.subscribe(self.traces.event)
+        log.info("traces_exporting", endpoint=t.otlp_endpoint, service_name=t.service_name)
+
+    def stop_tracing(self) -> None:
+        """Export what is queued (within the exporter's timeout), at shutdown."""
+        if self.traces is not None:
+            self.traces.tracer.shutdown()
+            tracing.current = tracing.OFF
 
     def run(self) -> int:
         return self.life.run()
@@ -235,6 +262,8 @@ class Service:
         # Its end judges a run on another host the job ran (decide.py, runfacts.py).
         job = f"job {r.handle.key.name} ({r.handle.ref}) ended: {fin.meaning}"
         exited = Exited(r.run_id, fin.rc, fin.failed, r.timed_out, job=job)
+        if self.traces is not None:
+            self.traces.resumed(r.workspace, r.run_id, fin.rc, fin.meaning)
         self._look(r.workspace, Why.CHECK, exited)
 
     def _look(self, ws: Path, why: Why, exited: Exited | None, quiet: bool = False) -> None:
@@ -244,6 +273,8 @@ class Service:
         memory = self.memory.get(ws, core.FRESH)
         try:
             seen = inspect(ws, why, self.config.settle_seconds, self.launcher.policy, self.clock)
+            if self.traces is not None:
+                self.traces.saw(ws, seen)
             busy = self.resumer.busy_with(ws)  # first: the first look adopts
             self._settle_followups(ws, seen)
             self._unsent_once(ws, seen)
@@ -425,6 +456,11 @@ class Service:
             # raise is this workspace's problem (decide.py: paced, looked at again), and the
             # key is not remembered, so the next look writes the receipt and resumes.
             self._receipt(ws, r.run_id, expired=sig is None)
+        if self.traces is not None and not self.resumer.busy_with(ws):
+            # The environment carrier: the resumed run's spans and questions join the trace.
+            parent = self.traces.resuming(ws, r.seen, r.reason, answered_at, fresh=fresh)
+            if parent is not None:
+                launch.env[tracing.ENV] = parent
         queued = self.resumer.submit(
             ws, r.run_id, launch, r.owner.uid, r.seen.request_id or r.reason, answered_at
         )
@@ -479,6 +515,8 @@ class Service:
         self.followups.settle(ws, None)
         self.unread.discard(ws)
         self.walker.recheck.discard(ws)
+        if self.traces is not None:
+            self.traces.forget(ws)
         self.registry.drop(ws)
         for b in self.backends:
             b.forget(ws)

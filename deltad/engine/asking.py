@@ -13,8 +13,10 @@ uses the recorded reply after it — never the answer file twice.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
+from deltad import tracing
 from deltad.protocol import EventType, InteractionRequest, followup, seal, utcnow
 from deltad.protocol.kinds import kind_of, on_timeout
 from deltad.protocol.replies import AnswerRejected, Reply
@@ -41,6 +43,8 @@ class Asking:
         as it stands, so a question asked again after a crash carries the same)."""
         if req.context is None:
             req.context = question_context(self.ctx.journal.events, self.ctx.meta.task, req.prompt)
+        if req.traceparent is None:  # the trace this run is part of, if any (deltad/tracing.py)
+            req.traceparent = tracing.checked(os.environ.get(tracing.ENV))
         if (agents := self.ctx.agent.config.follow_up) is not None:  # the question's own win
             req.follow_up = req.follow_up.over(agents) if req.follow_up else agents
         self.ctx.journal.append(

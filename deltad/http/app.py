@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deltad import __version__, health
+from deltad import __version__, health, tracing
 from deltad.http import limits, mcp_gate, oidc, problems
 from deltad.http.access import AccessLog, McpMetrics, RateLimit, note_token
 from deltad.http.sessions import Sessions, matches
@@ -353,7 +353,13 @@ def create_app(
 
     @app.middleware("http")
     async def _headers(request: Request, call_next: Any) -> Response:
-        response: Response = await call_next(request)
+        # A W3C `traceparent` sent with the request goes with its calls to the core, where an
+        # answer's span links to it (deltad/tracing.py); anything else is no context.
+        carried = tracing.calling.set(tracing.checked(request.headers.get("traceparent")))
+        try:
+            response: Response = await call_next(request)
+        finally:
+            tracing.calling.reset(carried)
         for k, v in SECURITY_HEADERS.items():
             response.headers.setdefault(k, v)
         return response

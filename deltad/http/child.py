@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from deltad import logs, wire
+from deltad import logs, tracing, wire
 from deltad.health import Health
 from deltad.http import sessions
 from deltad.inbox import ops
@@ -106,11 +106,13 @@ class Remote:
                 raise _unavailable()
             self._waiting[cid] = fut
         try:
+            carried = tracing.checked(tracing.calling.get())
             frame = wire.Call(
                 op=op,
                 id=cid,
                 token=token,
                 args=args,
+                traceparent=carried,
                 person=wire.Person.model_validate(person) if person is not None else None,
             )
         except ValidationError as e:  # not a frame the core would take: say so

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from deltad import tracing
 from deltad.agent import Agent, check_edits, load_agent
 from deltad.errors import UsageError
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, seal
@@ -185,6 +186,8 @@ def submit(
         path = w.response_json
     if not written:
         raise AnswerWaiting("another answer was written first; it is waiting to be taken")
+    if (caller := tracing.calling.get()) is not None:  # the answer's span links to its caller
+        tracing.current.caller(str(w.root), req.request_id, caller)
     return Submitted(req, path)
 
 

@@ -5,6 +5,7 @@ channel; each channel sends and takes answers in on threads of its own
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 import structlog
 from prometheus_client import Counter
 
-from deltad import inbox
+from deltad import inbox, tracing
 from deltad.inbox import auditnotes, quorum
 from deltad.inbox.feed import FeedEvent
 from deltad.inbox.outcome import answers_of
@@ -54,6 +55,16 @@ def targets(config: ChannelsConfig) -> list[ChannelTarget]:
     return out
 
 
+# Messages handed off on this thread (the intake's): a channel told of a question may send
+# nothing (PagerDuty pages escalations only; a card already posted), and its `deliver` span
+# says only what was handed.
+_handed = threading.local()
+
+
+def handed() -> int:
+    return getattr(_handed, "count", 0)
+
+
 def _hand(handoff: Handoff, name: str) -> Callable[[Delivery], None]:
     """A channel's messages into its outbox in the inbox process, which sends them."""
     key = target_key(name)
@@ -62,6 +73,7 @@ def _hand(handoff: Handoff, name: str) -> Callable[[Delivery], None]:
 
     def hand(d: Delivery) -> None:
         handoff.put(d, key)
+        _handed.count = handed() + 1
 
     return hand
 
@@ -181,14 +193,23 @@ class Hub:
         p = inbox.pending(ws)
         if p is None or p.request.request_id != request_id or p.answer_waiting:
             return  # answered or gone meanwhile: nothing to ask
+        started, before = tracing.now(), handed()
         if e.type == "request.reminder":
-            c.send(Question(ws, p.request, p.task, follow_up="reminder"))
+            c.send(q := Question(ws, p.request, p.task, follow_up="reminder"))
         elif e.type == "request.escalated":
             to = e.data.get("escalated_to")
             only = tuple(str(t) for t in to) if isinstance(to, list) else ()
-            c.send(Question(ws, p.request, p.task, follow_up="escalation", only=only))
+            c.send(q := Question(ws, p.request, p.task, follow_up="escalation", only=only))
         else:
-            c.send(Question(ws, p.request, p.task))
+            c.send(q := Question(ws, p.request, p.task))
+        if (tracer := tracing.current).on and (messages := handed() - before) > 0:
+            # Composed and handed to the inbox process's outbox, which sends it.
+            attrs: dict[str, str | int | bool] = {"deltad.channel": c.name}
+            attrs["deltad.messages"] = messages
+            if q.follow_up:
+                attrs["deltad.follow_up"] = q.follow_up
+            where = tracing.Question(str(ws), request_id, tracing.checked(p.request.traceparent))
+            tracer.record(where, tracing.Stage("deliver", started, tracing.now(), attrs))
 
     def stop(self) -> None:
         for c in self.channels:

@@ -25,7 +25,9 @@ to the dead letter) rather than retried:
              status (400: not a valid event) goes to the dead letter, as PagerDuty says.
     teams    an Adaptive Card activity, composed: `question` ({ref, conversation, activity}:
              POSTed to the conversation's activities; the id Teams answers with is kept in the
-             sender's `Posts`) and `update` ({ref, activity}: PUT over each post of `ref`).
+             sender's `Posts`), `update` ({ref, activity}: PUT over each post of `ref`) and
+             `reply` ({ref, activity}: a reminder or an escalation, POSTed as a reply to each
+             post of `ref`, unless it closed). Closed records are pruned as Slack's are.
              The bearer token comes from the client-credentials grant with the app password
              the sender was handed (no outbox file holds it). 429, a 5xx, a 401 (the token
              fetched anew) or no answer is retried; another 4xx goes to the dead letter.
@@ -691,6 +693,7 @@ class TeamsSender:
             doc = self.posts.get(ref)
             if doc.get("closed") is None:
                 self.posts.put(ref, {**doc, "closed": {"activity": activity}})
+        self.posts.prune(time.time())  # closed long ago: gone (hourly, as Slack's)
 
     def token(self) -> str | Failed:
         """The bot's bearer token for the Bot Connector (fetched when none is fresh)."""
@@ -728,6 +731,8 @@ class TeamsSender:
             if d.event == "update":
                 self._close(ref, dict(doc["activity"]))
                 return self._update(ref)
+            if d.event == "reply":
+                return self._reply(ref, dict(doc["activity"]), d.msg_id)
         except (ValueError, KeyError, TypeError) as e:
             return Failed(f"teams: not a message ({type(e).__name__})", permanent=True)
         return Failed(f"teams: not a message kind: {d.event[:40]}", permanent=True)
@@ -787,6 +792,30 @@ class TeamsSender:
             done.add(post["id"])
             with self.posts.lock:
                 self.posts.put(ref, {**self.posts.get(ref), "updated": sorted(done)})
+        return None
+
+    def _reply(self, ref: str, activity: dict[str, Any], msg_id: str) -> Failed | None:
+        """A reminder or an escalation, as a reply to each post of `ref` (`replyToId`: in
+        Teams, the card's thread); none once it closed. Each post's reply is recorded under
+        the message's id, so a retry after a failure or a crash replies to the rest only."""
+        record = self.posts.get(ref)
+        if record.get("closed") is not None:
+            return None  # answered or gone meanwhile: nothing to remind of
+        posts = record.get("posts", [])
+        if not posts:  # its card waits in the outbox (a retry): the reply waits behind
+            return Failed("teams: the question's card is not posted yet")
+        done = set(record.get("replied") or [])
+        for post in posts:
+            if not post.get("id") or f"{msg_id} {post['id']}" in done:
+                continue
+            its = urllib.parse.quote(str(post["id"]), safe="")
+            url = f"{self._activities(str(post['conversation']))}/{its}"
+            r = self._call("POST", url, {**activity, "replyToId": post["id"]})
+            if isinstance(r, Failed):
+                return r
+            done.add(f"{msg_id} {post['id']}")
+            with self.posts.lock:
+                self.posts.put(ref, {**self.posts.get(ref), "replied": sorted(done)})
         return None
 
     def close(self) -> None:

@@ -11,13 +11,22 @@ back, and PUTs the closed card over it later. The core holds no token and makes 
 
 No button carries a URL, and no URL answers: Teams fetches links it shows (its link-preview
 bot), so an answer is only ever a POST of a signed activity. A question that needs typed text
-or a reason gets no buttons: it is answered on the page or another channel.
+(text, a number, a date) gets an input and one `Answer` button; a decision that takes a reason
+(reject) gets a reason box beside its button: Teams puts the inputs' values in the invoke's
+`action.data`, and they are answered as any answer, checked by the answering path. A secret
+(`password`, `sensitive`) gets no input and no button: it is answered on the page only.
+
+Reminders and escalations are a reply to each card (`replyToId`, in its thread): the question
+again, and for an escalation who it was escalated to, the mapped people among them mentioned.
+The record of each card (`<state>/channels/teams/cards/`, and the sender's of activity ids) is
+removed 30 days after its question closed, as Slack's (`Records.prune`, `Posts.prune`).
 
 Taking answers in. Teams POSTs activities to `POST /v1/channels/teams/messages` (the inbox
 process), which checks the bearer JWT against the Bot Connector's published keys
 (deltad/outbound/botauth.py) and relays the activity, the token and the key set to the core
 (`channel_interaction`). Here it is checked again, then: the card's data names the question
-(`ref`, a hash of its workspace and request id) and the button; `from.aadObjectId` is mapped to
+(`ref`, a hash of its workspace and request id) and the button, beside the inputs' values
+(`answer`, `reason`); `from.aadObjectId` is mapped to
 a person (`people`) and checked against the question's respondents; the answer is rebuilt from
 the question on disk and goes through the one answering path (`ctx.answer`), recorded with
 `channel: teams`. A refusal changes nothing, is logged (`teams_action_refused`) and is told to
@@ -27,6 +36,7 @@ the person in the invoke's response.
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,16 +53,19 @@ from deltad.outbound.base import Channel, Closed, Context, Question
 from deltad.outbound.botauth import Unauthentic, verify
 from deltad.outbound.config import TeamsConfig
 from deltad.outbound.courier import Handed
-from deltad.outbound.slack import Records, Refusal, ref_of, split
-from deltad.protocol import InteractionRequest, ProtocolError, Workspace
+from deltad.outbound.slack import PRUNE_EVERY, Records, Refusal, ref_of, split
+from deltad.protocol import InteractionRequest, ProtocolError, Workspace, kinds
 from deltad.protocol.printable import show_path, unshow
-from deltad.protocol.replies import AnswerRejected
+from deltad.protocol.replies import AnswerRejected, Decision
 
 log = structlog.get_logger("deltad.outbound.teams")
 CARD = "application/vnd.microsoft.card.adaptive"
 VERB = "deltad.answer"  # the Action.Execute verb of every answering button
 TEXT_MAX = 2000
 INVOKE = "adaptiveCard/action"
+ANSWER_INPUT = "answer"  # the id of a typed answer's input (its value in `action.data`)
+REASON_INPUT = "reason"  # the id of a decision's reason box
+INPUT_MAX = blocks.PLAIN_INPUT_MAX
 
 
 # -- the cards ------------------------------------------------------------------------------
@@ -84,8 +97,9 @@ def activity_of(card: dict[str, Any], summary: str) -> dict[str, Any]:
 def question_card(
     q: Question, ref: str, context_chars: int, page_url: str | None
 ) -> dict[str, Any]:
-    """The question's card: its prompt, context, and one Action.Execute per answer a click can
-    give (never a URL: the page is named in text, and the page does not answer on a GET)."""
+    """The question's card: its prompt, context, the input a typed answer or a reason needs,
+    and one Action.Execute per answer (never a URL: the page is named in text, and the page
+    does not answer on a GET)."""
     req = q.request
     body = [_text(f"Question: {req.prompt}", weight="Bolder")]
     ctx = req.context
@@ -98,20 +112,144 @@ def question_card(
     for c in req.calls[:10]:
         what = c.resolved_command or ", ".join(f"{k}={v!r}" for k, v in c.arguments.items())
         body.append(_text(f"Call: {blocks.cut(c.tool_name, 80)} {blocks.cut(what, 300)}"))
-    actions = [
-        {
-            "type": "Action.Execute",
-            "title": blocks.cut(b.label, blocks.BUTTON_TEXT_MAX),
-            "verb": VERB,
-            "data": {"deltad": ref, "choice": b.key},
-        }
-        for b in blocks.buttons(req)
-        if not b.opens
-    ]
+    body_more, actions = _answering(req, ref)
+    body += body_more
     if not actions:
         where = f" ({page_url})" if page_url else ""
-        body.append(_text(f"Answer it on the deltad page{where}: it needs more than a click."))
+        why = "it asks for a secret" if req.is_secret else "it cannot be answered here"
+        body.append(_text(f"Answer it on the deltad page{where}: {why}."))
     return _card(body, actions)
+
+
+def _execute(title: str, ref: str, key: str, inputs: bool) -> dict[str, Any]:
+    action: dict[str, Any] = {
+        "type": "Action.Execute",
+        "title": blocks.cut(title, blocks.BUTTON_TEXT_MAX),
+        "verb": VERB,
+        "data": {"deltad": ref, "choice": key},
+    }
+    if not inputs:
+        action["associatedInputs"] = "none"  # a plain button sends no typed reason along
+    return action
+
+
+def _answering(req: InteractionRequest, ref: str) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The inputs and buttons that answer `req` (none for a secret: the page's alone)."""
+    if req.is_secret:
+        return [], []
+    form = kinds.form(req)
+    if form.control == "input":
+        hint = kinds.kind_of(req.input_type).bounds(req)
+        body = [_input(req, form.type or "text", hint)]
+        if hint:
+            body.append(_text(hint, isSubtle=True))
+        return body, [_execute("Answer", ref, "", inputs=True)]
+    actions, reasons = [], []
+    for b in blocks.buttons(req):
+        title = b.label.removesuffix("…")
+        actions.append(_execute(title, ref, b.key, inputs=b.opens))
+        if b.opens:
+            reasons.append(title)
+    if not reasons:
+        return [], actions
+    box = {
+        "type": "Input.Text",
+        "id": REASON_INPUT,
+        "label": f"Reason, sent with {' or '.join(reasons)} (optional)",
+        "isMultiline": True,
+        "maxLength": INPUT_MAX,
+    }
+    return [box], actions
+
+
+def _input(req: InteractionRequest, asked: str, hint: str | None) -> dict[str, Any]:
+    """The typed answer's input, as the page's form asks it (number, date or text); the
+    answering path checks what comes back, whatever the card allowed."""
+    field: dict[str, Any] = {"id": ANSWER_INPUT, "label": "Your answer"}
+    if not req.allow_empty:
+        field |= {"isRequired": True, "errorMessage": "An answer is needed."}
+    if asked == "number":
+        field["type"] = "Input.Number"
+        if req.minimum is not None:
+            field["min"] = req.minimum
+        if req.maximum is not None:
+            field["max"] = req.maximum
+    elif asked == "date":
+        field["type"] = "Input.Date"
+        bounds = req.model_dump(mode="json", include={"earliest", "latest"})
+        for theirs, ours in (("min", "earliest"), ("max", "latest")):
+            if bounds.get(ours):
+                field[theirs] = bounds[ours]
+        if req.default and re.fullmatch(r"\d{4}-\d{2}-\d{2}", req.default):
+            field["value"] = req.default
+    else:
+        field |= {"type": "Input.Text", "isMultiline": True, "maxLength": INPUT_MAX}
+        if req.default:
+            field["value"] = blocks.cut(req.default, INPUT_MAX)
+        if hint:
+            field["placeholder"] = blocks.cut(hint, 150)
+    return field
+
+
+def answer_of(req: InteractionRequest, key: str, data: dict[str, Any]) -> AnswerIn:
+    """The answer a press stands for, rebuilt from the question: a button's, a typed one from
+    the card's input, or a decision with the reason typed beside it (AnswerRejected: the card
+    offers no such thing, as a hand-made activity could claim)."""
+    form = kinds.form(req)
+    if form.control == "input":
+        if key:
+            raise AnswerRejected(f"this question has no button {key!r}")
+        return AnswerIn(answer=_typed(data.get(ANSWER_INPUT)) or "")
+    for k in form.keys:
+        if k.key == key and k.reason and k.decision not in (None, Decision.EDIT):
+            assert k.decision is not None
+            reason = (_typed(data.get(REASON_INPUT)) or "").strip()
+            return blocks.decisions(req, k.decision, reason or None)
+    return blocks.answer_of(req, key)
+
+
+def _typed(value: Any) -> str | None:
+    """An input's value as Teams sends it: text (a number input's may come as a number)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise AnswerRejected("the card's answer is not text")
+
+
+def follow_up_activity(q: Question, config: TeamsConfig) -> dict[str, Any]:
+    """A reminder or an escalation: a message naming the question, for a reply in each card's
+    thread; an escalation names who it was escalated to and mentions the mapped people among
+    them (by Entra object id, so Teams notifies them)."""
+    prompt = blocks.escape(blocks.cut(q.request.prompt, 300))
+    entities: list[dict[str, Any]] = []
+    if q.follow_up == "escalation":
+        names = blocks.escape(", ".join(q.only) or "more people")
+        text = f"Escalated to {names}: this question is still waiting for an answer: {prompt}"
+        tags = []
+        for oid, name in _mentioned(config, q.only):
+            tag = f"<at>{blocks.escape(name)}</at>"
+            tags.append(tag)
+            mentioned = {"id": oid, "name": name}
+            entities.append({"type": "mention", "text": tag, "mentioned": mentioned})
+        if tags:
+            text += "\n\n" + ", ".join(tags)
+    else:
+        text = f"Reminder: this question is still waiting for an answer: {prompt}"
+    activity: dict[str, Any] = {"type": "message", "text": text}
+    if entities:
+        activity["entities"] = entities
+    return activity
+
+
+def _mentioned(config: TeamsConfig, only: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The mapped people an escalation names: by name, or by a `group:NAME` they are in."""
+    out = []
+    for oid in sorted(config.people):
+        p = config.person(oid)
+        if p is not None and (p.name in only or any(f"group:{g}" in only for g in p.groups)):
+            out.append((oid, p.name))
+    return out[:20]
 
 
 def closed_card(prompt: str, closed: Closed, at: datetime) -> dict[str, Any]:
@@ -162,9 +300,9 @@ class Activity(_Loose):
     conversation: _Conversation = Field(default_factory=_Conversation)
     value: Any = None
 
-    def choice(self) -> tuple[str, str] | None:
-        """The card's data (question ref, button key) an answering click carries: an invoke
-        of Action.Execute, or a message from Action.Submit; None for anything else."""
+    def data(self) -> dict[str, Any]:
+        """The card's data an answering click carries, the inputs' values merged in (Teams
+        does so): an invoke of Action.Execute, or a message from Action.Submit; {} else."""
         data = None
         if self.type == "invoke" and self.name == INVOKE and isinstance(self.value, dict):
             action = self.value.get("action")
@@ -172,8 +310,11 @@ class Activity(_Loose):
                 data = action.get("data")
         elif self.type == "message" and isinstance(self.value, dict):
             data = self.value
-        if not isinstance(data, dict):
-            return None
+        return data if isinstance(data, dict) else {}
+
+    def choice(self) -> tuple[str, str] | None:
+        """The question's ref and the button's key the click names (None: not ours)."""
+        data = self.data()
         ref, key = data.get("deltad"), data.get("choice")
         if not isinstance(ref, str) or not isinstance(key, str):
             return None
@@ -202,6 +343,7 @@ class TeamsChannel(Channel):
         self.config, self.ctx = config, ctx
         ctx.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.records = Records(ctx.state_dir / "cards")
+        self._pruned = 0.0
         self.courier = Handed(self.name, ctx.hand)
 
     def start(self) -> None:
@@ -212,11 +354,17 @@ class TeamsChannel(Channel):
 
     def send(self, question: Question) -> None:
         r = question.request
+        if (now := time.time()) - self._pruned > PRUNE_EVERY:  # on the intake thread, hourly
+            self._pruned = now
+            self.records.prune(now)
         shown = show_path(str(question.workspace))
         ref = ref_of(shown, r.request_id)
+        if question.follow_up is not None and self.records.get(ref) is not None:
+            self._follow_up(question, ref)
+            return
         with self.records.lock:
             if self.records.get(ref) is not None:
-                return  # told again (a restart, a reminder): the card is there already
+                return  # told again (a restart): the card is there already
             record = {"workspace": shown, "request_id": r.request_id, "prompt": r.prompt}
             self.records.put(ref, {**record, "answered": None, "closed": None})
         page = self.ctx.page(r.request_id) if self.ctx.page is not None else None
@@ -226,6 +374,19 @@ class TeamsChannel(Channel):
             body = {"ref": ref, "conversation": conversation, "activity": activity}
             self.courier.put(conversation, "question", json.dumps(body))
         log.info("teams_question_queued", request_id=r.request_id, workspace=shown)
+
+    def _follow_up(self, question: Question, ref: str) -> None:
+        """A reminder or an escalation of a question posted before (docs/inbox.md, "Reminders
+        and escalation"): a reply to each of its cards, which the sender skips once the
+        question closed. The follow-up's record is the daemon's: each reaches here once."""
+        activity = follow_up_activity(question, self.config)
+        self.courier.put("reply", "reply", json.dumps({"ref": ref, "activity": activity}))
+        log.info(
+            "teams_follow_up_queued",
+            request_id=question.request.request_id,
+            follow_up=question.follow_up,
+            workspace=show_path(str(question.workspace)),
+        )
 
     def withdraw(self, closed: Closed) -> None:
         ref = ref_of(show_path(str(closed.workspace)), closed.request_id)
@@ -267,7 +428,7 @@ class TeamsChannel(Channel):
             ref, _ = split(chosen[0] + ":")
             ws, req, record = self._allowed(ref, activity)
             try:
-                answer = blocks.answer_of(req, chosen[1])
+                answer = answer_of(req, chosen[1], activity.data())
             except AnswerRejected as e:
                 raise Refusal("misfit", str(e)) from None
             done = self._answer(ws, req, answer, activity, ref)

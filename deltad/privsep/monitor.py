@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from deltad import wire
+from deltad import tracing, wire
 from deltad.inbox import oidc, ops
 from deltad.inbox.context import Context
 from deltad.inbox.ops import OPS, ApiError, Args, Op
@@ -42,6 +42,7 @@ class Request:
     token: str | None
     args: Args
     person: wire.Person | None = None  # beside an `oidc:` token name (deltad/inbox/oidc.py)
+    traceparent: str | None = None  # the caller's, checked (deltad/tracing.py)
 
 
 def decode_message(raw: bytes) -> Request | wire.Told | str:
@@ -78,7 +79,7 @@ def checked(call: wire.Call) -> Request | str:
         args = op.Input.model_validate(call.args)
     except ValidationError as e:
         return summary(e, "args")
-    return Request(call.id, op, call.token, args, call.person)
+    return Request(call.id, op, call.token, args, call.person, tracing.checked(call.traceparent))
 
 
 def identity(ctx: Context, token: str, person: wire.Person | None = None) -> Identity:
@@ -103,6 +104,18 @@ def identity(ctx: Context, token: str, person: wire.Person | None = None) -> Ide
 def handle(ctx: Context | None, mail: MailTake | None, call: Request) -> BaseModel | dict[str, Any]:
     """The handler's result for one call (a response model, or a plain document), or the
     ApiError a request from the network would get."""
+    if call.traceparent is None:  # in this process (Local): the request's own, if any
+        return _handle(ctx, mail, call)
+    carried = tracing.calling.set(call.traceparent)
+    try:
+        return _handle(ctx, mail, call)
+    finally:
+        tracing.calling.reset(carried)
+
+
+def _handle(
+    ctx: Context | None, mail: MailTake | None, call: Request
+) -> BaseModel | dict[str, Any]:
     op = call.op
     if not op.http:
         return op.handler(mail, None, call.args)  # type: ignore[no-any-return]
@@ -167,7 +180,7 @@ class Local:
         token, checked_args = ops.prepared(op, who, args)
         person = ops.person_of(who)
         carried = wire.Person.model_validate(person) if person is not None else None
-        return serve(self.ctx, self.mail, Request(0, OPS[op], token, checked_args, carried))
+        return serve(self.ctx, self.mail, Request(0, OPS[op], token, checked_args, person=carried))
 
 
 def error_reply(

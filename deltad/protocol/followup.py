@@ -104,8 +104,8 @@ def from_args(args: dict[str, Any]) -> FollowUp | str | None:
 
 
 # What carried a reminder or an escalation to people: the channels configured to ("email",
-# "slack", "webhook", "command"); [] when none is (it was recorded and shown on the page, and
-# nobody was told); None in a record from before this was kept.
+# "slack", "teams", "pagerduty", "webhook", "command"); [] when none is (it was recorded and
+# shown on the page, and nobody was told); None in a record from before this was kept.
 Via = Annotated[list[str] | None, Field(max_length=8)]
 
 

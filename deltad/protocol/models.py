@@ -150,6 +150,10 @@ class InteractionRequest(_Model):
     owner_may_approve: bool = True
     # Reminders, escalation and the SLA clock (protocol/followup.py); None: the daemon's.
     follow_up: FollowUp | None = None
+    # The W3C traceparent `delta` was started with (TRACEPARENT: a tracing daemon's resume, or
+    # an operator's tool): the question's trace joins it (deltad/tracing.py). Written only when
+    # set, so a request without it is byte for byte what it was.
+    traceparent: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @property
     def is_secret(self) -> bool:

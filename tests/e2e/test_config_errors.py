@@ -50,6 +50,19 @@ def _hide_kubernetes(tmp: Path) -> None:
     )
 
 
+def _hide_opentelemetry(tmp: Path) -> None:
+    # First on PYTHONPATH: `import opentelemetry...` fails as when the extra is not installed.
+    (tmp / "hide" / "opentelemetry").mkdir(parents=True, exist_ok=True)
+    (tmp / "hide" / "opentelemetry" / "__init__.py").write_text(
+        "raise ImportError(\"No module named 'opentelemetry'\")\n"
+    )
+
+
+# The hiding directory first, then whatever the tests run with (a checkout's own code).
+_HIDING = os.pathsep.join(["{tmp}/hide", *filter(None, [os.environ.get("PYTHONPATH")])])
+OTLP = "http://127.0.0.1:4318/v1/traces"
+
+
 def _garbage_tls(tmp: Path) -> dict[str, Any]:
     (tmp / "cert.pem").write_text("not a certificate\n")
     (tmp / "key.pem").write_text("not a key\n")
@@ -303,6 +316,40 @@ CASES: dict[str, Case] = {
     ),
     "oidc cache_seconds zero": Case(
         lambda tmp: {"http": {"oidc": _oidc(cache_seconds=0)}}, "http.oidc.cache_seconds"
+    ),
+    # traces (OpenTelemetry, OTLP/HTTP): each key in one line
+    "traces endpoint not a URL": Case(
+        lambda tmp: {"traces": {"otlp_endpoint": "collector:4318"}},
+        "traces.otlp_endpoint: must be an http:// or https:// URL",
+    ),
+    "traces endpoint with a credential": Case(
+        lambda tmp: {"traces": {"otlp_endpoint": "https://user:pw@collector.example/v1/traces"}},
+        "traces.otlp_endpoint: no credentials in the URL: put them in headers_file",
+    ),
+    "traces endpoint missing": Case(
+        lambda tmp: {"traces": {"service_name": "deltad"}}, "traces.otlp_endpoint"
+    ),
+    "traces key misspelt": Case(
+        lambda tmp: {"traces": {"otlp_endpoint": OTLP, "service": "x"}}, "traces.service"
+    ),
+    "traces queue of none": Case(
+        lambda tmp: {"traces": {"otlp_endpoint": OTLP, "max_queue": 0}}, "traces.max_queue"
+    ),
+    "traces headers file missing": Case(
+        lambda tmp: {"traces": {"otlp_endpoint": OTLP, "headers_file": "/nonexistent/h"}},
+        "traces.headers_file: /nonexistent/h: No such file or directory",
+    ),
+    "traces headers file not headers": Case(
+        lambda tmp: (
+            (tmp / "headers").write_text("Bearer abc\n"),
+            {"traces": {"otlp_endpoint": OTLP, "headers_file": str(tmp / "headers")}},
+        )[1],
+        "traces.headers_file: line 1 is not `Name: value`",
+    ),
+    "traces not installed": Case(
+        lambda tmp: (_hide_opentelemetry(tmp), {"traces": {"otlp_endpoint": OTLP}})[1],
+        "traces: the OpenTelemetry packages are not installed (pip install 'deltad[traces]')",
+        env={"PYTHONPATH": _HIDING},
     ),
     # channels: pagerduty (the integration key read by the core)
     "pagerduty routing key file missing": Case(

@@ -5,7 +5,9 @@ the invoke a button press sends to deltad's endpoint. A signed Action.Execute an
 run resumes; the card is then replaced by a closed one, also when the question was answered
 elsewhere. Unsigned, wrong-audience, expired and other-key activities are refused and answer
 nothing; a GET never answers. No file the daemon or the inbox writes, and no log, holds the app
-password. Nothing leaves 127.0.0.1."""
+password. A reminder and an escalation are replies to the card (the escalation mentions whom it
+went to, who may then answer); a typed answer comes from the card's input, checked by the
+answering path; a secret gets no input. Nothing leaves 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from deltad.protocol.followup import FollowUp
 from deltad.testing.stub import paused_workspace
 from tests.support.daemon import Daemon, metadata_status, wait_for
 from tests.support.inbox import client, http_url, make_token
@@ -28,6 +31,9 @@ PASSWORD = "app-password-of-the-test-never-logged-0123"
 ALICE = "a11ce000-0000-4000-8000-000000000001"
 MALLORY = "3a11047f-0000-4000-8000-000000000002"  # mapped, but no respondent
 EVE = "e0e00000-0000-4000-8000-000000000003"  # not mapped
+BOB = "b0b00000-0000-4000-8000-000000000004"  # mapped; a respondent once escalated to
+# Follow-ups a second apart: the daemon's floor lowered (60 s by default) for the test's sake.
+FAST = {"min_interval_seconds": 1, "max_per_hour": 60}
 ENDPOINT = "/v1/channels/teams/messages"
 CONVERSATION = "19:deltad-questions@thread.tacv2"
 
@@ -38,7 +44,7 @@ def bot() -> Iterator[BotService]:
         yield svc
 
 
-def _daemon(tmp: Path, svc: BotService) -> Daemon:
+def _daemon(tmp: Path, svc: BotService, **more: Any) -> Daemon:
     (tmp / "root").mkdir(parents=True)
     secret = tmp / "teams-password"
     secret.write_text(PASSWORD + "\n")
@@ -48,23 +54,22 @@ def _daemon(tmp: Path, svc: BotService) -> Daemon:
         "app_password": {"secret_file": str(secret)},
         "service_url": svc.service_url,
         "conversations": [CONVERSATION],
-        "people": {ALICE: "alice", MALLORY: "mallory"},
+        "people": {ALICE: "alice", MALLORY: "mallory", BOB: "bob"},
         "openid_metadata_url": svc.metadata_url,
         "token_url": svc.token_url,
         "outbox": {"backoff_seconds": 0.2, "backoff_max_seconds": 0.5},
     }
-    return Daemon(tmp, [tmp / "root"], http={"listen": "127.0.0.1:0"}, channels={"teams": channel})
-
-
-def _ask(tmp: Path, name: str, prompt: str) -> tuple[Path, str]:
-    ws = tmp / "root" / name
-    paused_workspace(
-        ws,
-        prompt,
-        input_type="choice",
-        options=[{"key": "Y", "label": "yes"}, {"key": "N", "label": "no"}],
-        respondents=["alice"],
+    return Daemon(
+        tmp, [tmp / "root"], http={"listen": "127.0.0.1:0"}, channels={"teams": channel}, **more
     )
+
+
+def _ask(tmp: Path, name: str, prompt: str, **question: Any) -> tuple[Path, str]:
+    ws = tmp / "root" / name
+    question.setdefault("input_type", "choice")
+    if question["input_type"] == "choice":
+        question["options"] = [{"key": "Y", "label": "yes"}, {"key": "N", "label": "no"}]
+    paused_workspace(ws, prompt, respondents=["alice"], **question)
     doc = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
     return ws, str(doc["request_id"])
 
@@ -190,3 +195,119 @@ def test_a_question_answered_elsewhere_closes_its_card(tmp_path: Path, bot: BotS
     finally:
         d.stop()
         d.kill_children()
+
+
+def _replies(svc: BotService, prompt: str) -> list[Any]:
+    return [c for c in svc.replies() if prompt in c.activity["text"]]
+
+
+def test_a_reminder_and_an_escalation_reply_to_the_card_and_the_escalated_answer(
+    tmp_path: Path, bot: BotService
+) -> None:
+    d = _daemon(tmp_path, bot, follow_up_limits=FAST).start()
+    try:
+        url = http_url(d) + ENDPOINT
+        plan = FollowUp(
+            remind_after_seconds=1,
+            max_reminders=1,
+            escalate_after_seconds=2,
+            escalate_to=["bob"],
+        )
+        ws, rid = _ask(tmp_path, "ws", "Restart the cluster?", follow_up=plan)
+        _, card = _card(bot, "Restart the cluster?")
+        ref, yes = _button(card, "yes")
+        [first, second] = wait_for(
+            lambda: r if len(r := _replies(bot, "Restart the cluster?")) >= 2 else None,
+            "a reminder and an escalation replied to the card",
+        )
+        # Both are replies to the card's activity (in its thread), not cards of their own.
+        parent = f"/v3/conversations/{CONVERSATION}/activities/1:activity-1"
+        assert first.path == second.path == parent
+        assert first.activity["replyToId"] == "1:activity-1"
+        by_kind = {c.activity["text"].split(":")[0]: c.activity for c in (first, second)}
+        assert set(by_kind) == {"Reminder", "Escalated to bob"}
+        assert "entities" not in by_kind["Reminder"]
+        [mention] = by_kind["Escalated to bob"]["entities"]
+        assert mention["mentioned"] == {"id": BOB, "name": "bob"}
+        assert mention["text"] in by_kind["Escalated to bob"]["text"]
+        assert len(bot.posted()) == 1  # the card was not posted again
+        # Teams is what carried them (the record beside the question, the page's "Reminded").
+        record = json.loads((ws / ".delta" / "interaction" / "followup.json").read_text())
+        assert record["request_id"] == rid
+        assert "teams" in record["reminders_via"] and "teams" in record["escalated"]["via"]
+        assert not d.events("followup_undelivered")
+        # Bob, escalated to, may now answer from the same card.
+        r = bot.send(url, bot.invoke(ref, yes, BOB))
+        assert r.status_code == 200 and "answered by bob" in json.dumps(r.json()), r.text
+        d.wait_resumed(ws)
+        wait_for(lambda: _closed_text(bot, "Restart the cluster?"), "the card updated")
+        d.wait_event("teams_follow_up_queued", count=2, request_id=rid)
+    finally:
+        d.stop()
+        d.kill_children()
+
+
+def _input(card: dict[str, Any]) -> dict[str, Any]:
+    [field] = [b for b in card["body"] if b["type"].startswith("Input.")]
+    return field
+
+
+def test_a_typed_answer_from_the_cards_input_is_checked_and_answers(
+    tmp_path: Path, bot: BotService
+) -> None:
+    d = _daemon(tmp_path, bot).start()
+    try:
+        url = http_url(d) + ENDPOINT
+        # Text: the card's Input.Text, submitted with its one Action.Execute.
+        ws, rid = _ask(tmp_path, "text", "Which day do we ship?", input_type="text")
+        _, card = _card(bot, "Which day do we ship?")
+        field = _input(card)
+        assert field["type"] == "Input.Text" and field["id"] == "answer"
+        ref, key = _button(card, "Answer")
+        r = bot.send(url, bot.invoke(ref, key, ALICE, answer="Tuesday, after the freeze"))
+        assert r.status_code == 200 and "answered by alice" in json.dumps(r.json()), r.text
+        [resumed] = d.wait_resumed(ws)
+        delivered = json.loads(resumed["answer"])  # the response file, as the run reads it
+        assert (delivered["answer"], delivered["answered_by"]) == (
+            "Tuesday, after the freeze",
+            "alice",
+        )
+        assert delivered["channel"] == "teams"
+        [answered] = d.wait_event("teams_answered", request_id=rid)
+        assert answered["answered_by"] == "alice"
+
+        # A number out of the question's bounds is refused by the answering path, the card
+        # stays; one within them answers.
+        nws, _ = _ask(
+            tmp_path, "number", "How many replicas?", input_type="number", minimum=1, maximum=9
+        )
+        _, card = _card(bot, "How many replicas?")
+        assert _input(card)["type"] == "Input.Number" and _input(card)["max"] == 9
+        ref, key = _button(card, "Answer")
+        r = bot.send(url, bot.invoke(ref, key, ALICE, answer="42"))
+        assert r.status_code == 200 and r.json()["value"].startswith("Not taken"), r.text
+        assert metadata_status(nws) == "WAITING_FOR_INPUT" and d.resumed(nws) == []
+        r = bot.send(url, bot.invoke(ref, key, ALICE, answer="3"))
+        assert r.status_code == 200 and "answered by alice" in json.dumps(r.json()), r.text
+        [resumed] = d.wait_resumed(nws)
+        assert json.loads(resumed["answer"])["answer"] == "3"
+
+        # A secret gets no input and no button; a hand-made press with one answers nothing.
+        sws, _ = _ask(tmp_path, "secret", "The deploy token?", input_type="text", sensitive=True)
+        _, card = _card(bot, "The deploy token?")
+        assert "actions" not in card and "Input." not in json.dumps(card)
+        r = bot.send(url, bot.invoke(ref_of_card(sws), "", ALICE, answer="hunter2"))
+        assert r.status_code == 200 and "never answered in Teams" in r.json()["value"], r.text
+        assert metadata_status(sws) == "WAITING_FOR_INPUT" and d.resumed(sws) == []
+    finally:
+        d.stop()
+        d.kill_children()
+
+
+def ref_of_card(ws: Path) -> str:
+    """The reference a card of `ws`'s question would carry (a secret's card carries none)."""
+    from deltad.outbound.slack import ref_of
+    from deltad.protocol.printable import show_path
+
+    doc = json.loads((ws / ".delta" / "interaction" / "request.json").read_text())
+    return ref_of(show_path(str(ws)), str(doc["request_id"]))

@@ -9,6 +9,9 @@ receive activities"):
                                                 and password in the form, the Bot Framework
                                                 scope; 401 for anything else
     POST /v3/conversations/{id}/activities      a posted activity (201, `{"id"}`)
+    POST /v3/conversations/{id}/activities/{a}  a reply to one posted before (201, `{"id"}`):
+                                                a text message whose `replyToId` is `a`, its
+                                                mentions' `<at>` tags in its text
     PUT  /v3/conversations/{id}/activities/{a}  an update of one posted before (200)
 
 Posted and updated activities need a bearer token this stand-in issued (401 otherwise) and
@@ -40,6 +43,29 @@ ISSUER = "https://api.botframework.com"
 SCOPE = "https://api.botframework.com/.default"
 CARD = "application/vnd.microsoft.card.adaptive"
 ACTIONS = ("Action.Execute", "Action.Submit")
+
+
+def reply_problems(activity: Any, parent: str, posted: set[str]) -> list[str]:
+    """Why this stand-in refuses a reply deltad sends to activity `parent` (empty: takes it)."""
+    if not isinstance(activity, dict) or activity.get("type") != "message":
+        return ["not a message activity"]
+    if parent not in posted:
+        return [f"no activity {parent!r} in the conversation"]
+    if activity.get("replyToId") != parent:
+        return ["replyToId is not the activity replied to"]
+    text = activity.get("text")
+    if not isinstance(text, str) or not text.strip():
+        return ["the reply has no text"]
+    out = []
+    for e in activity.get("entities") or []:
+        mentioned = e.get("mentioned") if isinstance(e, dict) else None
+        if not isinstance(mentioned, dict) or not mentioned.get("id") or not mentioned.get("name"):
+            out.append("a mention names nobody")
+        elif e.get("type") != "mention" or str(e.get("text")) not in text:
+            out.append(f"the mention {e.get('text')!r} is not in the text")
+    if "http://" in text or "https://" in text:
+        out.append("the reply holds a URL")
+    return out
 
 
 def card_problems(activity: Any) -> list[str]:
@@ -94,6 +120,7 @@ class BotService:
         self._issued: set[str] = set()
         self._lock = threading.Lock()
         self._ids = 0
+        self._posted: set[str] = set()  # the activity ids it gave out
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -146,9 +173,10 @@ class BotService:
         return jwt.encode(body, key or self.key, algorithm="RS256", headers=headers)
 
     def invoke(
-        self, ref: str, choice: str, aad: str, verb: str = "deltad.answer"
+        self, ref: str, choice: str, aad: str, verb: str = "deltad.answer", **inputs: Any
     ) -> dict[str, Any]:
-        """The invoke Teams sends when a person presses an Action.Execute button."""
+        """The invoke Teams sends when a person presses an Action.Execute button: the card's
+        `inputs` (by their id) merged into the action's data, as Teams does."""
         return {
             "type": "invoke",
             "name": "adaptiveCard/action",
@@ -161,7 +189,7 @@ class BotService:
                 "action": {
                     "type": "Action.Execute",
                     "verb": verb,
-                    "data": {"deltad": ref, "choice": choice},
+                    "data": {"deltad": ref, "choice": choice, **inputs},
                 }
             },
         }
@@ -177,8 +205,21 @@ class BotService:
 
     # -- what it received ----------------------------------------------------------------------
     def posted(self) -> list[Call]:
+        """The cards posted (replies aside)."""
         with self._lock:
-            return [c for c in self.calls if c.method == "POST" and c.status == 201]
+            return [
+                c
+                for c in self.calls
+                if c.method == "POST" and c.status == 201 and "replyToId" not in c.activity
+            ]
+
+    def replies(self) -> list[Call]:
+        with self._lock:
+            return [
+                c
+                for c in self.calls
+                if c.method == "POST" and c.status == 201 and "replyToId" in c.activity
+            ]
 
     def updated(self) -> list[Call]:
         with self._lock:
@@ -259,7 +300,11 @@ class BotService:
                     and parts[1:3] == ["v3", "conversations"]
                     and parts[4] == "activities"
                 )
-                if not ok or (method == "PUT") != (len(parts) == 6):
+                if not ok:
+                    self._reply(404, {"error": "not found"})
+                    return
+                reply = method == "POST" and len(parts) == 6
+                if method == "PUT" and len(parts) != 6:
                     self._reply(404, {"error": "not found"})
                     return
                 token = self.headers.get("Authorization", "").removeprefix("Bearer ")
@@ -274,11 +319,16 @@ class BotService:
                     elif svc.throttle > 0:
                         svc.throttle -= 1
                         status, doc = 429, {"error": {"code": "Throttled"}}
-                    elif problems := card_problems(activity):
+                    elif problems := (
+                        reply_problems(activity, urllib.parse.unquote(parts[5]), svc._posted)
+                        if reply
+                        else card_problems(activity)
+                    ):
                         status, doc = 400, {"error": {"code": "BadArgument", "message": problems}}
                     elif method == "POST":
                         svc._ids += 1
                         status, doc = 201, {"id": f"1:activity-{svc._ids}"}
+                        svc._posted.add(doc["id"])
                     else:
                         status, doc = 200, {"id": urllib.parse.unquote(parts[5])}
                     path = urllib.parse.unquote(self.path)

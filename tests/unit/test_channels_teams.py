@@ -5,6 +5,7 @@ transport seam. End to end against a stand-in: tests/e2e/test_teams_channel.py."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import urllib.parse
@@ -27,10 +28,18 @@ from deltad.outbound.botauth import BotKeys, Unauthentic, verify
 from deltad.outbound.config import TeamsConfig
 from deltad.outbound.courier import new_message
 from deltad.outbound.outbox import Delivery
-from deltad.outbound.senders import SenderError, TeamsSender
-from deltad.outbound.teams import TeamsChannel, closed_card, question_card
+from deltad.outbound.senders import KEEP_CLOSED, SenderError, TeamsSender
+from deltad.outbound.teams import (
+    ANSWER_INPUT,
+    REASON_INPUT,
+    TeamsChannel,
+    answer_of,
+    closed_card,
+    question_card,
+)
 from deltad.protocol import InteractionRequest
-from tests.support.teams import card_problems
+from deltad.protocol.replies import AnswerRejected
+from tests.support.teams import card_problems, reply_problems
 
 APP = "6d4c8a2e-1f0b-4c3a-9e7d-5b2a1c0d9e8f"
 SERVICE = "https://smba.example/amer/"
@@ -140,8 +149,8 @@ def test_keys_that_cannot_be_had_are_an_oserror_and_kept_ones_outlive_an_outage(
 
 # -- the cards ------------------------------------------------------------------------------
 def _request(**more: Any) -> InteractionRequest:
+    more.setdefault("prompt", "Ship it?")
     return InteractionRequest(
-        prompt="Ship it?",
         run_id="20260101_000000_abcdef",
         action_id="act_1",
         request_id="req_1",
@@ -173,16 +182,104 @@ def botauth_card() -> str:
     return CARD
 
 
-def test_a_typed_question_gets_no_button_and_names_the_page_in_text_only() -> None:
-    q = Question(Path("/srv/ws"), _request(input_type="text"))
+def _as_sent(card: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "message", "attachments": [{"contentType": botauth_card(), "content": card}]}
+
+
+def _inputs(card: dict[str, Any]) -> list[dict[str, Any]]:
+    return [b for b in card["body"] if b["type"].startswith("Input.")]
+
+
+@pytest.mark.parametrize(
+    ("more", "control"),
+    [
+        ({"input_type": "text", "default": "Tuesday"}, {"type": "Input.Text", "value": "Tuesday"}),
+        ({"input_type": "number", "minimum": 1, "maximum": 9}, {"type": "Input.Number", "min": 1}),
+        ({"input_type": "date", "default": "2026-01-02"}, {"type": "Input.Date"}),
+        ({"input_type": "text", "allow_empty": True}, {"type": "Input.Text"}),
+    ],
+)
+def test_a_typed_question_gets_its_input_and_one_answer_button(
+    more: dict[str, Any], control: dict[str, Any]
+) -> None:
+    q = Question(Path("/srv/ws"), _request(**more))
     card = question_card(q, "a" * 32, 600, "https://inbox.example/#request=req_1")
-    assert "actions" not in card
+    [field] = _inputs(card)
+    assert field["id"] == ANSWER_INPUT and field.items() >= control.items()
+    assert field.get("isRequired", False) is not more.get("allow_empty", False)
+    [button] = card["actions"]
+    assert button["type"] == "Action.Execute" and button["data"] == {
+        "deltad": "a" * 32,
+        "choice": "",
+    }
+    assert "associatedInputs" not in button  # its input goes along (Teams' default: auto)
+    assert card_problems(_as_sent(card)) == [] and "https://" not in json.dumps(card)
+
+
+@pytest.mark.parametrize(
+    "more", [{"input_type": "password"}, {"input_type": "text", "sensitive": True}]
+)
+def test_a_secret_gets_no_input_and_no_button_and_names_the_page_in_text_only(
+    more: dict[str, Any],
+) -> None:
+    q = Question(Path("/srv/ws"), _request(**more))
+    card = question_card(q, "a" * 32, 600, "https://inbox.example/#request=req_1")
+    assert "actions" not in card and _inputs(card) == []
     assert "https://inbox.example/#request=req_1" in card["body"][-1]["text"]
+    assert "secret" in card["body"][-1]["text"]
     closed = closed_card("Ship it?", Closed(Path("/srv/ws"), "req_1", "expired"), datetime.now(UTC))
     assert "actions" not in closed and "expired" in json.dumps(closed)
 
 
-def _channel(tmp: Path, answered: list[dict[str, Any]]) -> tuple[TeamsChannel, list[Delivery]]:
+def _approval() -> InteractionRequest:
+    calls = [
+        {"action_id": "call_1", "tool_name": "shell", "arguments": {"cmd": "make deploy"}},
+        {"action_id": "call_2", "tool_name": "shell", "arguments": {"cmd": "make tag"}},
+    ]
+    return _request(input_type="approval", calls=calls)
+
+
+def test_an_approval_gets_a_reason_box_that_goes_with_reject_only() -> None:
+    card = question_card(Question(Path("/srv/ws"), _approval()), "a" * 32, 600, None)
+    [box] = _inputs(card)
+    assert (box["type"], box["id"]) == ("Input.Text", REASON_INPUT) and "Reject" in box["label"]
+    by_title = {a["title"]: a for a in card["actions"]}
+    assert set(by_title) == {"Approve", "Reject", "Cancel run"}
+    assert "associatedInputs" not in by_title["Reject"]
+    assert by_title["Approve"]["associatedInputs"] == "none"
+    assert card_problems(_as_sent(card)) == []
+
+
+def test_an_answer_is_rebuilt_from_the_question_and_the_cards_inputs() -> None:
+    text = _request(input_type="text")
+    assert answer_of(text, "", {ANSWER_INPUT: "on Tuesday"}).answer == "on Tuesday"
+    assert answer_of(text, "", {}).answer == ""  # nothing typed: the answering path decides
+    number = _request(input_type="number")
+    assert answer_of(number, "", {ANSWER_INPUT: 7}).answer == "7"
+    with pytest.raises(AnswerRejected):
+        answer_of(text, "Y", {ANSWER_INPUT: "x"})  # no such button on a typed question
+    with pytest.raises(AnswerRejected):
+        answer_of(text, "", {ANSWER_INPUT: {"not": "text"}})
+    approval = _approval()
+    rejected = answer_of(approval, "r", {REASON_INPUT: "  not on a Friday "})
+    assert rejected.decisions is not None
+    assert [(d.decision.value, d.reason) for d in rejected.decisions] == [
+        ("reject", "not on a Friday"),
+        ("reject", "not on a Friday"),
+    ]
+    bare = answer_of(approval, "r", {REASON_INPUT: "  "})
+    assert bare.decisions is not None and {d.reason for d in bare.decisions} == {None}
+    approved = answer_of(approval, "a", {REASON_INPUT: "ignored"})
+    assert approved.decisions is not None and {d.reason for d in approved.decisions} == {None}
+
+
+BOB = "b0b00000-0000-4000-8000-000000000002"
+CAROL = "ca201000-0000-4000-8000-000000000003"
+
+
+def _channel(
+    tmp: Path, answered: list[dict[str, Any]], req: InteractionRequest | None = None
+) -> tuple[TeamsChannel, list[Delivery]]:
     handed: list[Delivery] = []
     config = TeamsConfig.model_validate(
         {
@@ -190,7 +287,11 @@ def _channel(tmp: Path, answered: list[dict[str, Any]]) -> tuple[TeamsChannel, l
             "app_password": {"secret_env": "UNUSED"},
             "service_url": SERVICE,
             "conversations": ["19:a@thread.tacv2", "19:b@thread.tacv2"],
-            "people": {ALICE: "alice"},
+            "people": {
+                ALICE: "alice",
+                BOB: "bob",
+                CAROL: {"name": "carol", "groups": ["ops"]},
+            },
         }
     )
 
@@ -199,8 +300,8 @@ def _channel(tmp: Path, answered: list[dict[str, Any]]) -> tuple[TeamsChannel, l
         return object()
 
     options = [{"key": "Y", "label": "yes"}, {"key": "N", "label": "no"}]
-    req = _request(input_type="choice", options=options)
-    ctx = Context(tmp / "teams", answer, handed.append, question=lambda ws, rid: req)  # type: ignore[arg-type]
+    asked = req or _request(input_type="choice", options=options)
+    ctx = Context(tmp / "teams", answer, handed.append, question=lambda ws, rid: asked)  # type: ignore[arg-type]
     return TeamsChannel(config, ctx), handed
 
 
@@ -244,6 +345,111 @@ def test_a_signed_action_submit_message_answers_as_the_mapped_person(tmp_path: P
     assert teams.interaction(body, _token(), json.dumps(KEYS)) == {"response": None}
     [a] = answered
     assert (a["answered_by"], a["channel"], a["body"].answer) == ("alice", "teams", "Y")
+
+
+def _press(data: dict[str, Any], who: str = ALICE) -> str:
+    return json.dumps(
+        {
+            "type": "invoke",
+            "name": "adaptiveCard/action",
+            "channelId": "msteams",
+            "serviceUrl": SERVICE,
+            "from": {"id": "29:x", "aadObjectId": who},
+            "value": {"action": {"type": "Action.Execute", "verb": "deltad.answer", "data": data}},
+        }
+    )
+
+
+def test_a_typed_answer_is_taken_from_the_signed_invokes_data(tmp_path: Path) -> None:
+    answered: list[dict[str, Any]] = []
+    req = _request(input_type="text")
+    teams, handed = _channel(tmp_path, answered, req)
+    (tmp_path / "ws").mkdir()
+    teams.send(Question(tmp_path / "ws", req))
+    card = json.loads(handed[0].body)["activity"]["attachments"][0]["content"]
+    [button] = card["actions"]
+    data = button["data"] | {ANSWER_INPUT: "after the freeze"}
+    # Not a text: refused in the invoke's response, nothing answered.
+    r = teams.interaction(
+        _press(button["data"] | {ANSWER_INPUT: ["x"]}), _token(), json.dumps(KEYS)
+    )
+    assert r["response"]["value"].startswith("Not taken") and answered == []
+    r = teams.interaction(_press(data), _token(), json.dumps(KEYS))
+    assert r["response"]["type"] == "application/vnd.microsoft.card.adaptive"
+    [a] = answered
+    assert (a["answered_by"], a["channel"], a["body"].answer) == (
+        "alice",
+        "teams",
+        "after the freeze",
+    )
+
+
+def test_a_reason_typed_beside_reject_goes_with_the_decision(tmp_path: Path) -> None:
+    answered: list[dict[str, Any]] = []
+    teams, handed = _channel(tmp_path, answered, _approval())
+    (tmp_path / "ws").mkdir()
+    teams.send(Question(tmp_path / "ws", _approval()))
+    card = json.loads(handed[0].body)["activity"]["attachments"][0]["content"]
+    [reject] = [a for a in card["actions"] if a["title"] == "Reject"]
+    teams.interaction(
+        _press(reject["data"] | {REASON_INPUT: "not on a Friday"}), _token(), json.dumps(KEYS)
+    )
+    [a] = answered
+    assert {(d.decision.value, d.reason) for d in a["body"].decisions} == {
+        ("reject", "not on a Friday")
+    }
+
+
+def _replies(handed: list[Delivery]) -> list[dict[str, Any]]:
+    return [json.loads(d.body) for d in handed if d.event == "reply"]
+
+
+def test_a_reminder_and_an_escalation_are_replies_to_the_cards(tmp_path: Path) -> None:
+    teams, handed = _channel(tmp_path, [])
+    q = Question(tmp_path / "ws", _request(input_type="yes_no", prompt="Ship <it> & go?"))
+    teams.send(dataclasses.replace(q, follow_up="reminder"))  # never posted: the card is posted
+    assert [d.event for d in handed] == ["question", "question"]
+    teams.send(dataclasses.replace(q, follow_up="reminder"))
+    [reminder] = _replies(handed)
+    assert handed[-1].url == "reply" and "entities" not in reminder["activity"]
+    text = reminder["activity"]["text"]
+    assert text.startswith("Reminder:") and "Ship &lt;it&gt; &amp; go?" in text
+    only = ("bob", "group:ops", "dave")
+    teams.send(dataclasses.replace(q, follow_up="escalation", only=only))
+    escalation = _replies(handed)[1]["activity"]
+    assert escalation["text"].startswith("Escalated to bob, group:ops, dave:")
+    # The mapped people among them are mentioned (bob by name, carol by her group): Teams
+    # notifies them; dave maps to nobody and is named only.
+    assert [(e["mentioned"]["id"], e["text"]) for e in escalation["entities"]] == [
+        (BOB, "<at>bob</at>"),
+        (CAROL, "<at>carol</at>"),
+    ]
+    assert reply_problems({**escalation, "replyToId": "1"}, "1", {"1"}) == []
+    assert len([d for d in handed if d.event == "question"]) == 2  # no card posted again
+
+
+def test_closed_records_are_pruned_and_open_ones_kept(tmp_path: Path) -> None:
+    teams, _ = _channel(tmp_path, [])
+    cards = tmp_path / "teams" / "cards"
+    old = time.time() - KEEP_CLOSED - 60
+    (cards / ("0" * 32 + ".json")).write_text(json.dumps({"closed": {"how": "expired", "at": old}}))
+    (cards / ("1" * 32 + ".json")).write_text(json.dumps({"closed": None, "prompt": "open"}))
+    recent = {"closed": {"how": "expired", "at": time.time()}}
+    (cards / ("2" * 32 + ".json")).write_text(json.dumps(recent))
+    teams.send(Question(tmp_path / "ws", _request(input_type="yes_no")))  # prunes, hourly
+    left = {f.name for f in cards.iterdir()}
+    assert "0" * 32 + ".json" not in left  # closed 30 days ago: gone
+    assert {"1" * 32 + ".json", "2" * 32 + ".json"} < left and len(left) == 3  # and the new one
+    # The sender's record of posts, likewise, as a question closes.
+    bot = _Bot()
+    send = _send(tmp_path, bot)
+    posts = tmp_path / "posts"
+    stale = {"posts": [{"conversation": "19:a", "id": "1:x"}], "closed": {}, "at": old}
+    (posts / ("3" * 32 + ".json")).write_text(json.dumps(stale | {"closed": {"activity": {}}}))
+    (posts / ("4" * 32 + ".json")).write_text(json.dumps(stale | {"closed": None}))
+    update = {"ref": "5" * 32, "activity": _activity("x")}
+    send.queued(new_message("update", "update", json.dumps(update), 0))
+    assert sorted(f.name[:1] for f in posts.iterdir()) == ["4", "5"]
 
 
 # -- the sender -----------------------------------------------------------------------------
@@ -325,6 +531,33 @@ def test_a_card_is_posted_with_a_bot_token_and_updated_over_its_activity(tmp_pat
     assert bot.calls[1][3]["id"] == "1:act-7"
     for f in (tmp_path / "posts").iterdir():
         assert PASSWORD not in f.read_text()
+
+
+def test_a_follow_up_is_a_reply_to_each_post_once_and_none_once_closed(tmp_path: Path) -> None:
+    bot = _Bot()
+    send = _send(tmp_path, bot)
+    ref = "f" * 32
+    note = {"type": "message", "text": "Reminder: this question is still waiting: q"}
+    reply = new_message("reply", "reply", json.dumps({"ref": ref, "activity": note}), 0)
+    early = send(reply)  # its card not posted yet: retried, not lost
+    assert early is not None and not early.permanent and bot.calls == []
+    post = {"ref": ref, "conversation": "19:a@thread.tacv2", "activity": _activity("q")}
+    assert send(new_message("19:a@thread.tacv2", "question", json.dumps(post), 0)) is None
+    assert send(reply) is None
+    assert send(reply) is None  # again (a retry after a crash): replied once
+    method, path, _, body = bot.calls[-1]
+    assert (method, path) == (
+        "POST",
+        "/amer/v3/conversations/19%3Aa%40thread.tacv2/activities/1%3Aact-7",
+    )
+    assert body == note | {"replyToId": "1:act-7"} and len(bot.calls) == 2
+    assert reply_problems(body, "1:act-7", {"1:act-7"}) == []
+    update = new_message(
+        "update", "update", json.dumps({"ref": ref, "activity": _activity("x")}), 0
+    )
+    send.queued(update)
+    later = new_message("reply", "reply", json.dumps({"ref": ref, "activity": note}), 0)
+    assert send(later) is None and len(bot.calls) == 2  # closed meanwhile: no reminder
 
 
 def test_a_question_closed_before_it_was_posted_is_posted_closed(tmp_path: Path) -> None:

@@ -375,6 +375,12 @@ EMAIL = {
     "reply_domain": "example.org",
     "maildir": "/nonexistent/Maildir",
 }
+TEAMS = {
+    "app_id": "6d4c8a2e-1f0b-4c3a-9e7d-5b2a1c0d9e8f",
+    "app_password": {"secret_env": "UNUSED"},
+    "service_url": "https://smba.example/amer/",
+    "conversations": ["19:a@thread.tacv2"],
+}
 DAEMON_REMINDS = {"remind_after_seconds": 60}
 
 
@@ -392,6 +398,9 @@ DAEMON_REMINDS = {"remind_after_seconds": 60}
         ({"channels": {"email": EMAIL}}, "overdue", []),  # the channels carry no SLA notice
         ({"notify": {"webhooks": [HOOK]}}, "overdue", ["webhook"]),
         ({"notify": HOOKS, "channels": {"email": EMAIL}}, "escalate", ["webhook", "email"]),
+        ({"channels": {"teams": TEAMS}}, "remind", ["teams"]),  # a reply to its card
+        ({"channels": {"teams": TEAMS}}, "escalate", ["teams"]),
+        ({"channels": {"teams": TEAMS}}, "overdue", []),
         # a root that notifies nobody
         ({"roots": [{"path": "/srv", "notify": False}], "notify": HOOKS}, "remind", []),
     ],

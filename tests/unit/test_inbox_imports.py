@@ -26,6 +26,7 @@ ALLOWED = {
     "deltad.metrics",  # the HTTP layer's own registry (requests by route and code)
     "deltad.pacing",
     "deltad.platform",
+    "deltad.tracing",  # the traceparent an HTTP request carries to its calls (no SDK: a leaf)
     # the shared contract: the operation table, the answer body, the documents, the wire
     "deltad.inbox",  # the package itself: its answering names load on first use only
     "deltad.inbox.answer_body",

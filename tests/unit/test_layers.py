@@ -22,7 +22,7 @@ from tests.support.beside import Beside
 LAYERS: list[set[str]] = [
     {"errors", "clock", "pacing", "platform", "validation", "health", "keys"},
     {"protocol"},
-    {"logs", "agent", "metrics"},
+    {"logs", "agent", "metrics", "tracing"},
     {"engine", "watch"},
     {"pipeline"},
     {"inbox"},
