@@ -200,10 +200,13 @@ def test_without_traces_the_otel_environment_turns_nothing_on(
         ws = root / "ws"
         paused_workspace(ws, "Go?")
         (ws / ".delta" / "interaction" / "response.txt").write_text("yes\n")
-        [probe] = d.wait_resumed(ws)
+        # A probe writes two records, what it is and then what it ingested: the first is ours.
+        probe = d.wait_resumed(ws)[0]
+        d.wait_event("resume_exited", workspace=str(ws))
     finally:
         d.stop()
         d.kill_children()
     assert "TRACEPARENT" not in probe["facts"]["env"]
+    assert [r for r in d.resumed(ws) if "facts" in r] == [probe]  # resumed once
     assert not d.events("traces_exporting")
     assert otlp.all() == [] and otlp.failures == []  # stopped: anything queued was sent by now
