@@ -75,7 +75,7 @@ def authenticate(
     if authorization:
         bearer = _bearer(authorization)
         if provider is not None and oidc.looks_like_jwt(bearer):
-            return _person(ctx, provider, bearer)
+            return _person(provider, bearer)
         return ctx.tokens.verify(bearer) or _invalid_token()
     claims = sessions.get(session_id)
     if claims is None or session_id is None:
@@ -97,17 +97,12 @@ def authenticate(
     return held[1]
 
 
-def _person(ctx: Context, provider: oidc.Provider, token: str) -> Identity:
+def _person(provider: oidc.Provider, token: str) -> Identity:
     """A bearer JWT the provider signed (for `audience`), as the person it names."""
-    assert ctx.config.oidc is not None
     try:
-        claims = provider.verify(token)
+        return provider.caller(token)
     except oidc.Refused as e:
         raise unauthorized(f"this JWT is not accepted: {e}") from None
-    person = people.person(claims, ctx.config.oidc.groups_claim)
-    if isinstance(person, str):
-        raise unauthorized(f"this JWT is not accepted: {person}")
-    return people.identity(person, ctx.config.oidc)
 
 
 def _bearer(authorization: str) -> str:
@@ -644,9 +639,9 @@ def create_app(
     def delegate(
         request_id: str, who: Who, body: schemas.DelegateIn, workspace: str | None = None
     ) -> dict[str, Any]:
-        """Hand a question to another token or `group:NAME`, with a note: recorded beside the
-        question and shown with it; the delegate may answer too. Only someone who may answer
-        may hand it over."""
+        """Hand a question to another token, `group:NAME` or person (`oidc:NAME`, with
+        `http.oidc`), with a note: recorded beside the question and shown with it; the delegate
+        may answer too. Only someone who may answer may hand it over."""
         return core.call(
             "delegate",
             who,
@@ -847,18 +842,26 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     if mcp_path is not None:
-        mount_mcp(app, ctx, core, mcp_path, sessions.key)
+        mount_mcp(app, ctx, core, mcp_path, sessions.key, provider)
     return app
 
 
-def mount_mcp(app: FastAPI, ctx: Context, core: Caller, path: str, session_key: bytes) -> None:
+def mount_mcp(
+    app: FastAPI,
+    ctx: Context,
+    core: Caller,
+    path: str,
+    session_key: bytes,
+    provider: oidc.Provider | None = None,
+) -> None:
     """The inbox as an MCP server at `path`; every method goes to it (the SDK answers each).
-    `session_key` is what the MCP task ids' key is derived from (stable across restarts)."""
+    `session_key` is what the MCP task ids' key is derived from (stable across restarts);
+    `provider`: the OIDC provider whose JWTs it takes too (None: deltad tokens only)."""
     try:
         metrics = McpMetrics(ctx.http_metrics.registry)
     except ValueError:  # a second app on one context (tests): its figures stay its own
         metrics = McpMetrics(CollectorRegistry(auto_describe=False))
-    mount = LazyMcp(ctx, core, metrics, session_key)
+    mount = LazyMcp(ctx, core, metrics, session_key, provider)
     metrics.listeners.set_function(mount.listeners)
     app.router.routes.append(Route(path, endpoint=mount))
     ctx.feed.subscribe(mount.changed)  # a question asked or gone: listeners are told
@@ -870,13 +873,23 @@ class LazyMcp:
     to the MCP path: the SDK costs the inbox process 1-2 s of start and some 25 MB, which an
     inbox nobody reaches over MCP never pays."""
 
-    def __init__(self, ctx: Context, core: Caller, metrics: McpMetrics, session_key: bytes) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        core: Caller,
+        metrics: McpMetrics,
+        session_key: bytes,
+        provider: oidc.Provider | None = None,
+    ) -> None:
         self.ctx, self.core, self.metrics = ctx, core, metrics
-        self.session_key = session_key
+        self.session_key, self.provider = session_key, provider
         self.endpoint: Endpoint | None = None  # built on the first request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or await mcp_gate.admit(self.ctx.tokens, scope, send) is None:
+        admitted = scope["type"] == "http" and (
+            await mcp_gate.admit(self.ctx.tokens, scope, send, self.provider) is not None
+        )
+        if not admitted:
             return  # refused from the headers: the SDK is not loaded for a stranger
         if self.endpoint is None:
             module = await anyio.to_thread.run_sync(
@@ -884,7 +897,12 @@ class LazyMcp:
             )
             if self.endpoint is None:  # no await since the check: one endpoint, ever
                 self.endpoint = module.endpoint(
-                    self.core, self.ctx.tokens, self.ctx.config.mcp, self.metrics, self.session_key
+                    self.core,
+                    self.ctx.tokens,
+                    self.ctx.config.mcp,
+                    self.metrics,
+                    self.session_key,
+                    self.provider,
                 )
         assert self.endpoint is not None
         await self.endpoint(scope, receive, send)

@@ -16,7 +16,8 @@ What an MCP host sees (docs/inbox.md, "MCP"):
                tasks/update (answers it), tasks/cancel (acknowledged only); no tasks/list
 
 Every call is authenticated again from its own HTTP request's bearer token (the same tokens,
-roles and scopes as the API), and everything that reads or writes a workspace is an operation
+roles and scopes as the API; with `http.oidc`, a provider's JWT as a person, by the API's own
+check), and everything that reads or writes a workspace is an operation
 of the core's table (deltad/inbox/ops.py), asked by name through a `Caller` (in the inbox
 process: the core, which checks it all again). A secret is never
 answered here (the core refuses it too). Clocks: only a task's `lastUpdatedAt` (now, once
@@ -78,9 +79,10 @@ from pydantic import Field
 from starlette.types import Receive, Scope, Send
 
 from deltad import __version__
-from deltad.http import limits, mcp_tasks
+from deltad.http import limits, mcp_tasks, oidc
 from deltad.http.access import McpMetrics
 from deltad.http.mcp_gate import Unauthorized, identify
+from deltad.inbox import oidc as people
 from deltad.inbox import scopes
 from deltad.inbox.config import McpConfig
 from deltad.inbox.feed import FeedEvent
@@ -422,6 +424,9 @@ class Inbox:
     metrics: McpMetrics | None = None
     # The task ids' key (mcp_tasks.task_key of the inbox's session key: stable across restarts).
     task_key: bytes = field(default_factory=lambda: os.urandom(32))
+    # The OIDC provider whose JWTs are taken too (its keys were fetched at the gate, for this
+    # same request: the check here finds them held).
+    provider: oidc.Provider | None = None
 
     def counted(
         self, tool: str, result: types.CallToolResult | types.InputRequiredResult
@@ -441,7 +446,8 @@ class Inbox:
         request = ctx.request
         headers = getattr(request, "headers", None)
         try:
-            return identify(self.tokens, headers.get("authorization") if headers else None)
+            authorization = headers.get("authorization") if headers else None
+            return identify(self.tokens, authorization, self.provider)
         except Unauthorized as e:  # revoked since the HTTP layer let the request in
             raise MCPError(-32001, str(e)) from None
 
@@ -758,7 +764,11 @@ class Hub:
 
 
 def _still(tokens: TokenStore, who: Identity) -> bool:
-    """Whether `who`'s token still stands as it was (revoked or changed: no more hints)."""
+    """Whether `who`'s token still stands as it was (revoked or changed: no more hints). A
+    person signed in through OIDC has no token: their JWT was checked when the stream was
+    opened, and a hint only says to read the list again (read with a JWT checked anew)."""
+    if people.is_person(who.name):
+        return True
     try:
         held = tokens.by_name(who.name)
     except TokenError:
@@ -1034,11 +1044,13 @@ def endpoint(
     config: McpConfig,
     metrics: McpMetrics | None = None,
     session_key: bytes | None = None,
+    provider: oidc.Provider | None = None,
 ) -> Endpoint:
     """`session_key`: the inbox's session key, which the task ids' key is derived from (None:
-    a key of this process only; task ids then change when it restarts)."""
+    a key of this process only; task ids then change when it restarts). `provider`: the OIDC
+    provider whose JWTs are taken beside the tokens (None: tokens only)."""
     key = mcp_tasks.task_key(session_key) if session_key else os.urandom(32)
-    return Endpoint(Inbox(calls, tokens, metrics, key), config)
+    return Endpoint(Inbox(calls, tokens, metrics, key, provider), config)
 
 
 Subscribe = Callable[[Callable[[FeedEvent], None]], Callable[[], None]]

@@ -30,7 +30,9 @@ from joserfc.jwk import KeySet
 from joserfc.jwt import ClaimsOption
 
 from deltad import keys
+from deltad.inbox import oidc as people
 from deltad.inbox.config import OidcConfig
+from deltad.inbox.tokens import Identity
 
 log = structlog.get_logger("deltad.http.oidc")
 
@@ -242,6 +244,15 @@ class Provider:
         if why is not None:
             raise Refused(why)
         return dict(decoded.claims)
+
+    def caller(self, token: str) -> Identity:
+        """A bearer JWT the provider signed (for `audience`), as the person it names: the
+        API's and the MCP endpoint's one check (Refused otherwise). The role and scopes are
+        the configuration's (the core makes them again from its own)."""
+        person = people.person(self.verify(token), self.config.groups_claim)
+        if isinstance(person, str):
+            raise Refused(person)
+        return people.identity(person, self.config)
 
     # -- the code flow ---------------------------------------------------------------------------
     def cookie_path(self) -> str:

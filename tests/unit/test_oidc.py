@@ -6,6 +6,7 @@ config, and the provider's key set fetched again for an unknown key id at most s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,12 +15,13 @@ from joserfc import jwt
 from joserfc.jwk import RSAKey
 
 from deltad import keys, wire
-from deltad.http import oidc
+from deltad.http import mcp_gate, oidc
 from deltad.http.sessions import Claims, seal, unseal
 from deltad.inbox import oidc as people
 from deltad.inbox.config import HttpConfig, OidcConfig
 from deltad.inbox.ops import ApiError
 from deltad.inbox.respondents import Answerer, may_answer
+from deltad.inbox.tokens import TokenStore
 from deltad.protocol.stamps import respondent_problem
 
 ISS = "https://idp.example.org"
@@ -231,6 +233,47 @@ def test_an_unknown_key_id_fetches_the_keys_again_at_most_so_often() -> None:
     unsigned = jwt.encode({"alg": "none"}, _claims(), None, algorithms=["none"])
     with pytest.raises(oidc.Refused):
         p.verify(unsigned)
+
+
+def test_the_mcp_gate_takes_the_providers_jwts_through_the_apis_check(tmp_path: Path) -> None:
+    key = RSAKey.generate_key(2048, parameters={"kid": "k1"})
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("openid-configuration"):
+            doc = {
+                "issuer": ISS,
+                "authorization_endpoint": ISS + "/auth",
+                "token_endpoint": ISS + "/token",
+                "jwks_uri": ISS + "/jwks",
+            }
+            return httpx.Response(200, json=doc)
+        return httpx.Response(200, json={"keys": [key.as_dict(private=False)]})
+
+    config = OidcConfig(issuer=ISS, client_id="deltad", role="reader", workspaces=["/srv/*"])
+    client = httpx.Client(transport=httpx.MockTransport(answer))
+    p = oidc.Provider(config, None, "http://127.0.0.1:1", client, clock=lambda: NOW)
+    tokens = TokenStore(tmp_path)
+    robot = tokens.add("robot", ["/srv/*"], "answerer")
+    claims = _claims(email="a@x.org", groups=["ops"])
+    good = jwt.encode({"alg": "RS256", "kid": "k1"}, claims, key)
+    who = mcp_gate.identify(tokens, f"Bearer {good}", p)
+    assert who == p.caller(good)  # one check: the API's
+    assert (who.name, who.role, who.scopes, who.groups) == (
+        "oidc:a@x.org", "reader", ("/srv/*",), ("ops",),
+    )  # fmt: skip
+    assert who.also == ("oidc:u1",)
+    assert mcp_gate.identify(tokens, f"Bearer {robot}", p).name == "robot"  # tokens still do
+    stranger = RSAKey.generate_key(2048, parameters={"kid": "k1"})
+    for bad in (
+        jwt.encode({"alg": "RS256", "kid": "k1"}, claims, stranger),
+        jwt.encode({"alg": "RS256", "kid": "k1"}, _claims(aud="else"), key),
+        jwt.encode({"alg": "RS256", "kid": "k1"}, _claims(sub="a b"), key),
+    ):
+        with pytest.raises(mcp_gate.Unauthorized) as e:
+            mcp_gate.identify(tokens, f"Bearer {bad}", p)
+        assert e.value.http == 401 and "this JWT is not accepted" in str(e.value)
+    with pytest.raises(mcp_gate.Unauthorized):  # without OIDC configured, a JWT is no token
+        mcp_gate.identify(tokens, f"Bearer {good}", None)
 
 
 def test_the_documented_oidc_block_is_valid_and_names_every_key() -> None:
