@@ -16,7 +16,7 @@ answer_body, schemas, tokens, feed, ...), never the answering code below.
                            why `who` may not answer over HTTP (the question's respondents
                            and those it was handed to)
     delegate(ws, request_id, to, who=..., known=..., note=...)
-                           hand a question to another token or group (delegation.json)
+                           hand a question to a token, group or person (delegation.json)
 
 `delta respond`, `delta status`, the HTTP API and the web page all call these.
 """

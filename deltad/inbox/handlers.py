@@ -671,7 +671,7 @@ def known_delegates(ctx: Context) -> set[str]:
 
 
 def delegate(ctx: Context, who: Identity, q: ops.Delegate) -> schemas.DelegateOut:
-    """Hand question `request_id` to token or group `to` (delegation.py): recorded beside the
+    """Hand question `request_id` to token, group or person `to` (delegation.py): beside the
     question, shown with it; the delegate may answer from then on."""
     if not who.can_answer():
         raise ApiError(403, "forbidden", f"token {who.name} may read, not answer ({who.role})")
@@ -686,6 +686,7 @@ def delegate(ctx: Context, who: Identity, q: ops.Delegate) -> schemas.DelegateOu
             who=me,
             known=known_delegates(ctx),
             note=q.note,
+            people=ctx.config.oidc is not None,
             audit=ctx.audit,
             origin={"token": who.name},
         )

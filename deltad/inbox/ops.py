@@ -159,7 +159,7 @@ class AnswerMany(Args):
 
 
 class Delegate(Args):
-    """Hand a question to a token or `group:NAME`, with a note."""
+    """Hand a question to a token, `group:NAME` or `oidc:NAME`, with a note."""
 
     request_id: Id
     to: Annotated[str, Field(min_length=1, max_length=80)]  # schemas.DelegateIn's bounds

@@ -341,7 +341,9 @@ class AnswersOut(_Out):
 class DelegateIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     to: str = Field(
-        min_length=1, max_length=80, description="A token name or `group:NAME` to hand it to."
+        min_length=1,
+        max_length=80,
+        description="A token name, `group:NAME` or (with `http.oidc`) `oidc:NAME` to hand it to.",
     )
     note: str = Field(default="", max_length=2000, description="Why; shown with the question.")
 

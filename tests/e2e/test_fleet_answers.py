@@ -132,9 +132,11 @@ def test_a_question_handed_to_another_token_is_recorded_and_they_may_answer(
             # Bob may not answer, so he may not hand it over either.
             r = b.post(f"/v1/requests/{rid}/delegate", json={"to": "bob"})
             assert r.status_code == 403 and r.json()["code"] == "not_a_respondent"
-            for nobody in ("mallory", "group:nobody", "rita"):  # rita only reads
+            # rita only reads; a person is no one without http.oidc configured
+            for nobody in ("mallory", "group:nobody", "rita", "oidc:bob@example.com"):
                 r = a.post(f"/v1/requests/{rid}/delegate", json={"to": nobody})
                 assert r.status_code == 422 and r.json()["code"] == "unknown_delegate", nobody
+            assert "OIDC" in r.json()["error"] and "\n" not in r.json()["error"], r.text
             r = a.post(f"/v1/requests/{rid}/delegate", json={"to": "bob", "note": "on leave"})
             assert r.status_code == 200, r.text
             [handed] = r.json()["delegations"]
