@@ -2,9 +2,10 @@
 (oidc-provider-mock: Authlib's authorization server): people sign in to the page in headless
 Chromium by the code flow with PKCE and land signed in as themselves; a question for
 `group:ops` is answered by a member of ops and the run resumes, a person outside it is refused;
-a bearer JWT the provider issued works on the API, one signed by another key, for another
-audience or expired does not; a callback whose `state` or `iss` does not match, or whose ID
-token was tampered with, mints no session."""
+a bearer JWT the provider issued works on the API and on the MCP endpoint (the official `mcp`
+client), one signed by another key, for another audience or expired does not; a question is
+handed to a person (`oidc:NAME`) by a person and answered by them; a callback whose `state` or
+`iss` does not match, or whose ID token was tampered with, mints no session."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import anyio
 import httpx
 import pytest
 from joserfc import jwt
 from joserfc.jwk import RSAKey
+from mcp import ClientSession
 from oidc_provider_mock import User
 
 from deltad.protocol.models import Option
@@ -27,6 +30,8 @@ from deltad.testing.stub import paused_workspace
 from tests.support.daemon import Daemon
 from tests.support.inbox import http_url, make_token
 from tests.support.oidcprovider import CLIENT_ID, Provider, flip, running
+
+from .test_mcp import session
 
 SECRET_ENV = "DELTAD_TEST_OIDC_SECRET"
 OPTIONS = [Option(key="r", label="Red"), Option(key="b", label="Blue")]
@@ -136,6 +141,108 @@ def test_a_bearer_jwt_from_the_provider_answers_for_its_group(
             assert r_.get("/v1/session").json()["name"] == "robot"
         # The client secret never reaches a log line.
         assert "s3cret-not-logged" not in d.log_path.read_text()
+    finally:
+        d.stop()
+
+
+def _forged(provider: Provider, sub: str) -> str:
+    """The claims the provider would sign for `sub`, signed by another key with its kid."""
+    other = RSAKey.generate_key(2048, parameters={"kid": provider.key.kid})
+    claims = jwt.decode(provider.sign(sub=sub), provider.key).claims
+    return jwt.encode({"alg": "RS256", "kid": provider.key.kid}, claims, other)
+
+
+def test_an_mcp_host_signed_in_as_a_person_answers_for_its_group(
+    tmp_path: Path, provider: Provider
+) -> None:
+    d = _daemon(tmp_path, provider)
+    ws = tmp_path / "root" / "ops"
+    paused_workspace(ws, "Colour?", input_type="choice", options=OPTIONS, respondents=["group:ops"])
+    try:
+        url, rid = http_url(d), _rid(ws)
+        alice, bob = provider.id_token("alice"), provider.id_token("bob")
+        # Refused at the gate, before the SDK: another key, tampered, expired.
+        for bad in (_forged(provider, "alice"), flip(alice), provider.sign(sub="a", exp=2)):
+            r = httpx.post(
+                f"{url}/mcp",
+                headers={"Authorization": f"Bearer {bad}"},
+                json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                timeout=30,
+            )
+            assert r.status_code == 401, (r.status_code, r.text)
+            assert r.headers["content-type"] == "application/problem+json"
+            assert "this JWT is not accepted" in r.json()["detail"], r.text
+
+        async def as_person(token: str, fn: Any) -> Any:
+            async with session(url, token, modern=False) as s:
+                return await fn(s)
+
+        async def bob_tries(s: ClientSession) -> None:
+            listed = (await s.call_tool("list_questions", {})).structured_content
+            assert listed is not None
+            assert [q["request_id"] for q in listed["questions"]] == [rid]
+            refused = await s.call_tool("answer_question", {"request_id": rid, "answer": "b"})
+            assert refused.is_error and refused.structured_content is not None
+            assert "group:ops" in refused.structured_content["error"], refused
+            assert "oidc:bob@example.com" in refused.structured_content["error"], refused
+
+        async def alice_answers(s: ClientSession) -> None:
+            got = (await s.call_tool("get_question", {"request_id": rid})).structured_content
+            assert got is not None and got["respondents"] == ["group:ops"], got
+            done = await s.call_tool("answer_question", {"request_id": rid, "answer": "r"})
+            assert not done.is_error, done
+
+        anyio.run(as_person, bob, bob_tries)
+        anyio.run(as_person, alice, alice_answers)
+        [resumed] = d.wait_resumed(ws)
+        answer = json.loads(resumed["answer"])
+        assert (answer["answered_by"], answer["channel"]) == ("oidc:alice@example.com", "mcp")
+        audit = [json.loads(x) for x in (d.state_dir / "audit.jsonl").read_text().splitlines()]
+        assert [(a["kind"], a["answered_by"]) for a in audit] == [
+            ("refused", "oidc:bob@example.com"),
+            ("decision", "oidc:alice@example.com"),
+        ]
+    finally:
+        d.stop()
+
+
+def test_a_person_hands_a_question_to_a_person_who_answers(
+    tmp_path: Path, provider: Provider
+) -> None:
+    d = _daemon(tmp_path, provider)
+    ws = tmp_path / "root" / "ops"
+    paused_workspace(ws, "Colour?", input_type="choice", options=OPTIONS, respondents=["group:ops"])
+    try:
+        url, rid = http_url(d), _rid(ws)
+        alice, bob = provider.id_token("alice"), provider.id_token("bob")
+
+        def api(token: str) -> httpx.Client:
+            return httpx.Client(
+                base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"}
+            )
+
+        with api(alice) as a, api(bob) as b:
+            # Bob is not in ops: he may neither answer nor hand it over.
+            assert b.post(f"/v1/requests/{rid}/answer", json={"answer": "b"}).status_code == 403
+            r = b.post(f"/v1/requests/{rid}/delegate", json={"to": "oidc:bob@example.com"})
+            assert r.status_code == 403 and r.json()["code"] == "not_a_respondent", r.text
+            # Not a name deltad keeps; herself (by either of her names): refused in one line.
+            for to in ("oidc:bob example", "oidc:", "oidc:alice@example.com", "oidc:alice"):
+                r = a.post(f"/v1/requests/{rid}/delegate", json={"to": to})
+                assert r.status_code == 422 and r.json()["code"] == "unknown_delegate", (to, r.text)
+                assert "\n" not in r.json()["error"]
+            handed = {"to": "oidc:bob@example.com", "note": "yours"}
+            r = a.post(f"/v1/requests/{rid}/delegate", json=handed)
+            assert r.status_code == 200, r.text
+            [shown] = r.json()["delegations"]
+            assert (shown["by"], shown["to"]) == ("oidc:alice@example.com", "oidc:bob@example.com")
+            assert b.get(f"/v1/requests/{rid}").json()["delegations"] == [shown]
+            r = b.post(f"/v1/requests/{rid}/answer", json={"answer": "b"})
+            assert r.status_code == 202, r.text
+        [resumed] = d.wait_resumed(ws)
+        assert json.loads(resumed["answer"])["answered_by"] == "oidc:bob@example.com"
+        [event] = d.events("question_delegated")
+        assert (event["by"], event["to"]) == ("oidc:alice@example.com", "oidc:bob@example.com")
     finally:
         d.stop()
 
