@@ -402,6 +402,19 @@ def test_listeners_are_told_only_of_the_workspaces_their_token_sees(
     assert heard == ["bob"] and len(hub) == 2
 
 
+def test_a_person_signed_in_through_oidc_is_told_within_their_workspaces(tmp_path: Path) -> None:
+    """A person has no token to look up: told as their scope allows (not dropped as revoked)."""
+    hub = m.Hub(TokenStore(tmp_path), cap=2)
+    carol = Identity("oidc:carol@x.org", "answerer", ("/srv/a/*",), also=("oidc:c1",))
+    heard: list[str] = []
+    hub.view(carol).subscribe(lambda e: heard.append("carol"))
+    hub.changed("/srv/b/ws")
+    assert heard == []
+    hub.changed("/srv/a/ws")
+    hub.changed(None)
+    assert heard == ["carol", "carol"]
+
+
 def _asked(input_type: str, **fields: Any) -> dict[str, Any]:
     """A question document as the API serves it: its `form` from the kind (protocol/kinds.py)."""
     req = InteractionRequest(prompt="?", input_type=input_type, run_id="r", action_id="a", **fields)
