@@ -198,7 +198,7 @@ def test_who_may_answer(respondents: list[str], who: Answerer | None, may: bool)
     [
         (["alice", "group:ops", "alice"], ["alice", "group:ops"]),
         ("alice", "Error: respondents must be a list of token names or group:NAME"),
-        (["a b"], "Error: respondent 'a b' is not a token name or group:NAME"),
+        (["a b"], "Error: respondent 'a b' is not a token name, oidc:PERSON or group:NAME"),
     ],
 )
 def test_ask_human_respondents(respondents: object, said: object) -> None:
@@ -215,8 +215,8 @@ def test_a_gate_reads_its_respondents_attribute() -> None:
     assert g.respondents == ("alice", "group:ops") and not g.problems
     bad = gate_with("[A] Approve", attrs='respondents="alice, no one"')
     assert [p.message for p in bad.problems] == [
-        "respondent 'no one' is not a token name or group:NAME (letters, digits and . _ @ -, "
-        "up to 64)"
+        "respondent 'no one' is not a token name, oidc:PERSON or group:NAME (letters, digits "
+        "and . _ @ -, up to 64)"
     ]
     empty = gate_with("[A] Approve", attrs='respondents=""')
     assert "respondents is empty" in empty.problems[0].message
