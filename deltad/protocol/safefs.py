@@ -260,7 +260,7 @@ def _reused(where: str, dirs: dict[str, Dir]) -> Dir:
         # the parent is `.delta` or below it.
         return _reused_sub(above, where, where[i + 1 :], dirs)
     up, name = os.path.split(where)
-    if name == "" or _split(up or ".") is None:
+    if name == "" or not _is_beneath(up or "."):
         if name != DELTA_DIR:
             d = open_dir(where)
         else:
@@ -299,7 +299,7 @@ def _reused_top(where: str, dirs: dict[str, Dir]) -> Dir:
 @contextlib.contextmanager
 def opened_dir(path: Path | str, *, create: bool = False) -> Iterator[Dir]:
     dirs = _REUSED.dirs
-    if dirs is not None and not create and (where := os.fspath(path)) and _split(where):
+    if dirs is not None and not create and (where := os.fspath(path)) and _is_beneath(where):
         yield _reused(where, dirs)  # closed when the span ends
         return
     d = open_dir(path, create=create)
@@ -329,7 +329,7 @@ def _held_parent(where: str) -> tuple[Dir, str, bool]:
             return d, where[i + 1 :], False
     up, name = os.path.split(where)
     up = up or "."
-    if dirs is not None and _split(up) is not None:
+    if dirs is not None and _is_beneath(up):
         return _reused(up, dirs), name, False
     return open_dir(up), name, True
 
