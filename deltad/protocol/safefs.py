@@ -232,9 +232,12 @@ _REUSED = _Reused()
 def reusing_dirs() -> Iterator[None]:
     """Within it, this thread opens each directory beneath `.delta` once and reads every file
     in it relative to that one handle, instead of walking from the workspace root per file:
-    one look of a workspace reads nine files in four directories. For reads only (creating
-    goes the usual way), and for a span as short as one look: a directory replaced meanwhile
-    is not seen until the next (`reconcile.inspect` looks twice before it acts)."""
+    one look of a workspace reads nine files in four directories. The directory holding
+    `.delta` is kept open too (it is opened as any path without `.delta` is, links followed),
+    so the lstat of `.delta` itself (tenancy) and of names beside it are made from it. For
+    reads only (creating goes the usual way), and for a span as short as one look: a directory
+    replaced meanwhile is not seen until the next (`reconcile.inspect` looks twice before it
+    acts)."""
     if _REUSED.dirs is not None:  # nested: the outer span owns the handles
         yield
         return
