@@ -123,9 +123,18 @@ def _dir_problem(path: Path, st: os.stat_result, owner: int, policy: Policy) -> 
     return None
 
 
-def check(ws: Path, run_id: str | None, policy: Policy) -> Owner:
+def check(
+    ws: Path,
+    run_id: str | None,
+    policy: Policy,
+    *,
+    workspace: Workspace | None = None,
+    run_dir: Path | None = None,
+) -> Owner:
     """The owner a resume of `ws` runs as, or Refused with the reason. Every directory is
-    lstat'ed beneath the workspace without following symlinks."""
+    lstat'ed beneath the workspace without following symlinks (within a look, relative to the
+    handles it holds: `safefs.reusing_dirs`). A look passes its own `Workspace(ws)` and the
+    directory of `run_id` in it (`run_paths`), so their paths are not derived again."""
     try:
         top = os.lstat(ws)
     except FileNotFoundError:
@@ -140,10 +149,10 @@ def check(ws: Path, run_id: str | None, policy: Policy) -> Owner:
             f"only its own workspaces (list {name} in trusted_owners to resume theirs as uid "
             f"{policy.daemon_uid})"
         )
-    w = Workspace(ws)
+    w = Workspace(ws) if workspace is None else workspace
     chain = [ws, w.delta_dir, w.interaction_dir, w.runs_dir]
     if run_id is not None:
-        chain.append(safefs.child(w.runs_dir, run_id))
+        chain.append(safefs.child(w.runs_dir, run_id) if run_dir is None else run_dir)
     for i, path in enumerate(chain):
         try:
             st = top if i == 0 else safefs.lstat(path)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
 from pathlib import Path
+from typing import Any, Generic, TypeVar, overload
 
 from . import safefs
 from .errors import CorruptFile
@@ -36,6 +37,33 @@ LIVE_FILE = "live"  # held open by the driving client: its close is the watched 
 ANSWER_FILES = (RESPONSE_TXT, RESPONSE_JSON)
 RUN_ID_RE = re.compile(r"^\d{8}_\d{6}_[0-9a-f]{6}$")
 
+_T = TypeVar("_T")
+
+
+class cached_path(Generic[_T]):  # lower case: a decorator, like cached_property
+    """`functools.cached_property` without its lock (Python 3.11 takes an RLock on every
+    first read, and a look derives about ten paths from a new `Workspace`). Two threads
+    deriving the same path at once each store an equal value: nothing to serialise."""
+
+    def __init__(self, derive: Callable[[Any], _T]) -> None:
+        self.derive = derive
+        self.name = derive.__name__
+        self.__doc__ = derive.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> cached_path[_T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> _T | cached_path[_T]:
+        if obj is None:
+            return self
+        # A non-data descriptor: once stored, the instance's own attribute is found first.
+        value = obj.__dict__[self.name] = self.derive(obj)
+        return value
+
 
 def new_run_id(now: datetime | None = None) -> str:
     now = now or datetime.now()
@@ -50,17 +78,17 @@ class RunPaths:
     def run_id(self) -> str:
         return self.dir.name
 
-    @cached_property
+    @cached_path
     def execution(self) -> Path:
-        return self.dir / "execution"
+        return child(self.dir, "execution")
 
     @property
     def journal(self) -> Path:
-        return self.execution / "journal.jsonl"
+        return child(self.execution, "journal.jsonl")
 
     @property
     def metadata(self) -> Path:
-        return self.execution / "metadata.json"
+        return child(self.execution, "metadata.json")
 
     @property
     def engine_log(self) -> Path:
@@ -96,39 +124,39 @@ class Workspace:
 
     # Paths are derived once per instance (the daemon reads ~20 per workspace per reconcile),
     # joined without parsing the name again (`safefs.child`).
-    @cached_property
+    @cached_path
     def delta_dir(self) -> Path:
         return child(self.root, DELTA_DIR)
 
-    @cached_property
+    @cached_path
     def runs_dir(self) -> Path:
         return child(self.delta_dir, RUNS_DIR)
 
-    @cached_property
+    @cached_path
     def latest_file(self) -> Path:
         return child(self.runs_dir, LATEST_FILE)
 
-    @cached_property
+    @cached_path
     def lock_file(self) -> Path:
         return child(self.delta_dir, "lock")
 
-    @cached_property
+    @cached_path
     def interaction_dir(self) -> Path:
         return child(self.delta_dir, INTERACTION_DIR)
 
-    @cached_property
+    @cached_path
     def live_file(self) -> Path:
         return child(self.interaction_dir, LIVE_FILE)
 
-    @cached_property
+    @cached_path
     def request_file(self) -> Path:
         return child(self.interaction_dir, REQUEST_FILE)
 
-    @cached_property
+    @cached_path
     def response_file(self) -> Path:
         return child(self.interaction_dir, RESPONSE_TXT)
 
-    @cached_property
+    @cached_path
     def response_json(self) -> Path:
         return child(self.interaction_dir, RESPONSE_JSON)
 

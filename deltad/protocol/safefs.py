@@ -85,6 +85,19 @@ def _split(path: str) -> tuple[str, list[str]] | None:
     return ("/".join(names[:i]) or "/") if i else ".", names[i:]
 
 
+def _is_beneath(path: str) -> bool:
+    """`_split(path) is not None` without splitting: whether a component is `.delta`."""
+    return (
+        path == DELTA_DIR
+        or path.startswith(_DELTA_FIRST)
+        or _DELTA_INSIDE in path
+        or path.endswith(_DELTA_LAST)
+    )
+
+
+_DELTA_FIRST, _DELTA_INSIDE, _DELTA_LAST = f"{DELTA_DIR}/", f"/{DELTA_DIR}/", f"/{DELTA_DIR}"
+
+
 def _join(parent: str, name: str) -> str:
     if parent == ".":
         return name
@@ -219,9 +232,12 @@ _REUSED = _Reused()
 def reusing_dirs() -> Iterator[None]:
     """Within it, this thread opens each directory beneath `.delta` once and reads every file
     in it relative to that one handle, instead of walking from the workspace root per file:
-    one look of a workspace reads nine files in four directories. For reads only (creating
-    goes the usual way), and for a span as short as one look: a directory replaced meanwhile
-    is not seen until the next (`reconcile.inspect` looks twice before it acts)."""
+    one look of a workspace reads nine files in four directories. The directory holding
+    `.delta` is kept open too (it is opened as any path without `.delta` is, links followed),
+    so the lstat of `.delta` itself (tenancy) and of names beside it are made from it. For
+    reads only (creating goes the usual way), and for a span as short as one look: a directory
+    replaced meanwhile is not seen until the next (`reconcile.inspect` looks twice before it
+    acts)."""
     if _REUSED.dirs is not None:  # nested: the outer span owns the handles
         yield
         return
@@ -235,28 +251,58 @@ def reusing_dirs() -> Iterator[None]:
 
 
 def _reused(where: str, dirs: dict[str, Dir]) -> Dir:
-    """`where` opened from its parent's reused handle (or walked from the root for `.delta`
-    itself), kept in `dirs`."""
+    """`where` opened from its parent's reused handle, kept in `dirs`. `.delta` itself is
+    opened as `open_dir` opens it, from the directory holding it, and that directory's handle
+    is kept too (opened as `open_dir` opens a path without `.delta`, following links): the
+    look's lstat of `.delta` itself (tenancy) is then made relative to it."""
     if (d := dirs.get(where)) is not None:
         return d
+    i = where.rfind("/")
+    if i > 0 and (above := dirs.get(where[:i])) is not None and where[i + 1 :] != DELTA_DIR:
+        # Its parent is held (a hit, as in `_held_parent`), and it is not `.delta` itself:
+        # the parent is `.delta` or below it.
+        return _reused_sub(above, where, where[i + 1 :], dirs)
     up, name = os.path.split(where)
-    if name == DELTA_DIR or name == "" or _split(up or ".") is None:
-        d = open_dir(where)
+    if name == "" or not _is_beneath(up or "."):
+        if name != DELTA_DIR:
+            d = open_dir(where)
+        else:
+            top = _reused_top(up or ".", dirs)
+            try:
+                fd = _open_sub(top, name, False)
+            except OSError as e:
+                raise _walk_error(e, where) from None
+            d = Dir(fd, where, Modes(PRIVATE_DIR, PRIVATE_FILE), None)
+            st = os.fstat(fd)
+            d.modes, d.owner = Modes.of(st), _owner_for(st)
     else:
-        above = _reused(up, dirs)
-        try:
-            fd = _open_sub(above, name, False)
-        except OSError as e:
-            raise _walk_error(e, where) from None
-        d = Dir(fd, where, above.modes, _owner_for(os.fstat(fd)))
+        return _reused_sub(_reused(up, dirs), where, name, dirs)
     dirs[where] = d
+    return d
+
+
+def _reused_sub(above: Dir, where: str, name: str, dirs: dict[str, Dir]) -> Dir:
+    """`where`, the directory `name` in `above` (beneath `.delta`), opened and kept."""
+    try:
+        fd = _open_sub(above, name, False)
+    except OSError as e:
+        raise _walk_error(e, where) from None
+    d = dirs[where] = Dir(fd, where, above.modes, _owner_for(os.fstat(fd)))
+    return d
+
+
+def _reused_top(where: str, dirs: dict[str, Dir]) -> Dir:
+    """The directory holding `.delta`, opened as `open_dir` opens it, kept in `dirs`."""
+    if (d := dirs.get(where)) is None:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        d = dirs[where] = Dir(fd, where, Modes(0o755, 0o644), None)  # as `open_dir`'s
     return d
 
 
 @contextlib.contextmanager
 def opened_dir(path: Path | str, *, create: bool = False) -> Iterator[Dir]:
     dirs = _REUSED.dirs
-    if dirs is not None and not create and (where := os.fspath(path)) and _split(where):
+    if dirs is not None and not create and (where := os.fspath(path)) and _is_beneath(where):
         yield _reused(where, dirs)  # closed when the span ends
         return
     d = open_dir(path, create=create)
@@ -275,10 +321,18 @@ def parent(path: Path, *, create: bool = False) -> Iterator[Dir]:
 def _held_parent(where: str) -> tuple[Dir, str, bool]:
     """`parent` for the reads a look makes many of, without a context manager's cost: (the
     directory, the name in it, whether the caller closes it: not when it is reused)."""
+    dirs = _REUSED.dirs
+    if dirs is not None:
+        # Within a look the parent is most often held already: found by a string cut, with
+        # no parsing (`os.path.split` and `_split` cost a tenth of a look when run per file).
+        # Every key in `dirs` is a directory `_reused` opened, so a hit is what a miss would
+        # open (its `_split` was checked then, or it is the directory holding `.delta`).
+        i = where.rfind("/")
+        if i > 0 and (d := dirs.get(where[:i])) is not None:
+            return d, where[i + 1 :], False
     up, name = os.path.split(where)
     up = up or "."
-    dirs = _REUSED.dirs
-    if dirs is not None and _split(up) is not None:
+    if dirs is not None and _is_beneath(up):
         return _reused(up, dirs), name, False
     return open_dir(up), name, True
 
@@ -437,7 +491,7 @@ def read(path: Path, limit: int, *, follow: bool = False) -> bytes:
     Beneath `.delta` no symlink is followed anywhere; elsewhere only the last component is
     checked, unless `follow` (agent files may be links)."""
     where = os.fspath(path)
-    if _split(where) is not None:
+    if _is_beneath(where):
         d, name, owned = _held_parent(where)
         try:
             return read_in(d, name, limit)

@@ -99,3 +99,20 @@ def test_every_fact_is_frozen() -> None:
     assert {k.__name__ for k in kinds} >= {"Verdict", "Exited", "Owner", "Facts", "Done"}
     assert all(k.__dataclass_params__.frozen for k in kinds)  # type: ignore[attr-defined]
     assert decide.Facts is facts.Facts and decide.Exited is facts.Exited
+
+
+def test_a_verdict_copied_with_changes_is_the_one_replace_makes_and_stays_frozen() -> None:
+    """`reconcile._with` copies a Verdict without its constructor (a look makes two): what
+    it makes must be what `dataclasses.replace` makes, and a wrong name must still fail."""
+    from deltad.core.reconcile import _with
+
+    v = Verdict(Action.NONE, State.WAITING, "r", wake_at=3.0, problem="p")
+    changes = {"wake_at": None, "channel": "slack", "request_id": "q"}
+    copied, replaced = _with(v, **changes), dataclasses.replace(v, **changes)  # type: ignore[arg-type]
+    assert copied == replaced and repr(copied) == repr(replaced) and hash(copied) == hash(replaced)
+    assert type(copied) is Verdict and v.wake_at == 3.0  # the original is untouched
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        copied.run_id = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        _with(v, no_such_field=1)
+    assert {f.name for f in dataclasses.fields(Verdict)} == set(vars(copied))
