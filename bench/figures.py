@@ -13,8 +13,9 @@ The steps, and the baseline each figure is a ratio to:
      trip with the scripted model, in runs finished per second.
   3. `warm_breakdown.py`: the same resume step by step (the daemon's look and spawn, the child's
      start, lock, agent, journal, the answer's commit with its fsyncs), fork beside fresh.
-  4. `client_bench.py`: the model client a resume builds, the server's TLS context vs its own.
-  5. `inbox_bench.py --sizes 1000,10000`: list pages at 1,000 and 10,000 pending (with `--old`,
+  4. `look_bench.py`: one look at a paused workspace (with `--old`, beside the old code's).
+  5. `client_bench.py`: the model client a resume builds, the server's TLS context vs its own.
+  6. `inbox_bench.py --sizes 1000,10000`: list pages at 1,000 and 10,000 pending (with `--old`,
      the old code's beside them).
 
 Each step's tables, the load average before and after it, and the commit go to
@@ -92,6 +93,10 @@ def main() -> None:
             new,
         )
     )
+    look = [PY, "bench/look_bench.py"]
+    if args.old is not None:
+        look += ["--old", str(args.old.resolve())]
+    parts.append(step("One look at a paused workspace", look, new))
     parts.append(step("The model client a resume builds", [PY, "bench/client_bench.py"], new))
     inbox = [PY, "bench/inbox_bench.py", "--sizes", "1000,10000", "--streams", "0"]
     if args.old is not None:
