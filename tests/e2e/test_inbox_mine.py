@@ -1,18 +1,23 @@
 """`GET /v1/requests?mine=true` through a real `deltad serve`: two tokens in different groups
 each see only the questions that name them (by name, by group, handed over), not those open to
 anyone nor another's; a reader named as a respondent has nothing to answer; pages of `mine`
-hold every one of its questions exactly once in every sort."""
+hold every one of its questions exactly once in every sort; a person signed in through OIDC
+(a provider's JWT) is known by either name and the provider's groups."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
+import httpx
+
 from deltad.testing.stub import paused_workspace
 from tests.support.daemon import DELTAD, Daemon, wait_for
 from tests.support.inbox import client, http_url, make_token
+from tests.support.oidcprovider import Provider
 
 from .test_inbox_page import free_port
+from .test_oidc_sign_in import _daemon, provider  # noqa: F401 - the fixture is used
 
 
 def _token(d: Daemon, name: str, group: str) -> str:
@@ -81,3 +86,44 @@ def test_mine_lists_only_the_questions_that_name_the_caller(tmp_path: Path) -> N
     finally:
         d.stop()
         d.kill_children()
+
+
+def test_mine_knows_a_person_signed_in_through_oidc_by_both_names_and_groups(
+    tmp_path: Path,
+    provider: Provider,  # noqa: F811 - the fixture
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    paused_workspace(root / "ops", "For ops?", respondents=["group:ops"])
+    paused_workspace(root / "al", "For alice?", respondents=["oidc:alice@example.com"])
+    paused_workspace(root / "bo", "For bob?", respondents=["oidc:bob"])  # by his `sub`
+    paused_workspace(root / "any", "For anyone?")
+    d = _daemon(tmp_path, provider)
+    try:
+        url = http_url(d)
+
+        def api(sub: str) -> httpx.Client:
+            token = provider.id_token(sub)
+            return httpx.Client(
+                base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"}
+            )
+
+        def mine(sub: str) -> list[str]:
+            with api(sub) as c:
+                r = c.get("/v1/requests", params={"mine": "true"})
+                assert r.status_code == 200, r.text
+                return sorted(q["prompt"] for q in r.json()["requests"])
+
+        with api("alice") as a:
+            wait_for(lambda: len(a.get("/v1/requests").json()["requests"]) == 4, "all four")
+        assert mine("alice") == ["For alice?", "For ops?"]
+        assert mine("bob") == ["For bob?"]  # in dev, not ops
+        with api("alice") as a:
+            [q] = [q for q in a.get("/v1/requests").json()["requests"] if q["prompt"] == "For ops?"]
+            r = a.post(
+                f"/v1/requests/{q['request_id']}/delegate", json={"to": "oidc:bob@example.com"}
+            )
+            assert r.status_code == 200, r.text
+        assert mine("bob") == ["For bob?", "For ops?"]
+    finally:
+        d.stop()
