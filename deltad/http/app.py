@@ -546,6 +546,7 @@ def create_app(
         due_within: Annotated[
             str | None, Query(description=paging.DUE_DOC, examples=["10m"])
         ] = None,
+        mine: Annotated[bool, Query(description=paging.MINE_DOC)] = False,
     ) -> dict[str, Any]:
         """The pending questions this token may see, newest first (or `sort`), a page at a
         time: `{"requests": [...], "next": cursor or null}`."""
@@ -561,6 +562,7 @@ def create_app(
             sort=sort,
             older_than=older_than,
             due_within=due_within,
+            mine=mine,
         )
 
     @app.get(

@@ -122,6 +122,13 @@ TOOLS: tuple[types.Tool, ...] = (
                 },
                 "limit": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX, "default": 20},
                 "cursor": {"type": "string", "description": "A previous page's next_cursor."},
+                "mine": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "Only the questions that name this caller (as a respondent, "
+                    "by one of its groups, handed or escalated to it); not those anyone may "
+                    "answer.",
+                },
             },
             "additionalProperties": False,
         },
@@ -458,6 +465,9 @@ class Inbox:
         limit = args.get("limit", limit_default)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= PAGE_MAX:
             raise ApiError(422, "bad_page", f"limit: from 1 to {PAGE_MAX}")
+        mine = args.get("mine", False)
+        if not isinstance(mine, bool):
+            raise ApiError(422, "bad_request", "mine: true or false")
         return self.calls.call(
             "list_requests",
             who,
@@ -465,6 +475,7 @@ class Inbox:
             input_type=_text(args, "input_type"),
             limit=limit,
             cursor=_text(args, "cursor"),
+            mine=mine,
         )
 
     def get_request(self, who: Identity, rid: str, workspace: str | None) -> dict[str, Any]:

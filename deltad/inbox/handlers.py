@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +24,7 @@ from typing import Any, Literal
 import structlog
 
 from deltad import inbox
-from deltad.inbox import auditnotes, links, ops, paging, quorum, schemas, scopes
+from deltad.inbox import auditnotes, links, ops, paging, quorum, respondents, schemas, scopes
 from deltad.inbox.context import Context as Context  # `as`: named from here too
 from deltad.inbox.context import Shown, visible
 from deltad.inbox.feed import Listed
@@ -200,7 +201,8 @@ def list_requests(
     may see, newest first (by the question's `timestamp`, then workspace, then request id),
     each as `GET /v1/requests/{id}` shows it. Filters: `workspace` (glob), `input_type`,
     `owner` (user name or uid of the workspace's owner), `run_id`, `older_than` (asked at
-    least that long ago), `due_within` (a deadline at most that far ahead, or passed); `sort`:
+    least that long ago), `due_within` (a deadline at most that far ahead, or passed), `mine`
+    (the question names the caller: `_names_caller`); `sort`:
     newest (default), oldest, deadline (soonest first; none last). `limit` 1..1000 (default
     100); `cursor` is a previous page's `next`. A page may hold fewer than `limit` (questions
     answered meanwhile are skipped): follow `next` until it is null. 422 for a bad glob,
@@ -221,6 +223,7 @@ def list_requests(
             q.input_type and str(q.input_type),
             asked_before=None if old is None else at - old,
             due_by=None if due is None else at + due,
+            mine=_names_caller(ctx, who) if q.mine else None,
         )
     except paging.BadPage as e:
         raise ApiError(422, "bad_page", str(e)) from None
@@ -230,6 +233,27 @@ def list_requests(
 
     docs, next_ = paging.question_page(ctx.feed.index, wanted, order, after, read, n)
     return schemas.QuestionPage(requests=docs, next=next_)
+
+
+def _names_caller(ctx: Context, who: Identity) -> Callable[[Listed], bool]:
+    """`?mine=true`: whether a listed question names `who` (respondents.is_mine), read from
+    the question's document (the page's cache: a question kept is then read from memory).
+    A token whose role cannot answer has nothing that is its to answer."""
+    me = inbox.Answerer(who.name, who.groups, who.role == "admin", who.also)
+
+    def names(e: Listed) -> bool:
+        doc = listed_document(ctx, e) if who.can_answer() else None
+        if doc is None:
+            return False
+        escalated = doc.follow_up.escalated if doc.follow_up is not None else None
+        return respondents.is_mine(
+            doc.respondents,
+            [d.to for d in doc.delegations],
+            escalated.to if escalated is not None else [],
+            me,
+        )
+
+    return names
 
 
 def file_stamp(paths: tuple[Path, ...]) -> tuple[int, ...] | None:

@@ -126,6 +126,7 @@ class ListRequests(Args):
     sort: Sort = "newest"
     older_than: Duration | None = None
     due_within: Duration | None = None
+    mine: bool = False
 
 
 class GetRequest(Args):

@@ -57,6 +57,13 @@ DUE_DOC = (
     "Only questions with a deadline (`expires_at`) at most this far ahead, or already passed "
     "and not yet acted on: a duration like 10m."
 )
+MINE_DOC = (
+    "Only the questions that name the caller: it (any of its names: a person signed in "
+    "through OIDC is `oidc:<email>` and `oidc:<sub>`) or one of its groups (`group:NAME`) is "
+    "among the question's `respondents`, or the question was handed to it (`delegations`) or "
+    "escalated to it (`follow_up.escalated`), and its role may answer. A question with no "
+    "respondents (anyone in scope may answer it) is nobody's in particular: not listed."
+)
 MAX_DURATION = 366 * 86400.0
 _DURATION = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,6})?)([smhd])")
 _UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -185,6 +192,10 @@ class Filters:
     status: str | None = None  # runs
     asked_before: float | None = None  # questions asked at or before (`older_than`)
     due_by: float | None = None  # questions with a deadline at or before (`due_within`)
+    # `?mine=true`: whether the question names the caller (handlers.py reads it from the
+    # disk, so it is asked last, of what every other filter kept). Applied here, before a
+    # page is cut, as every filter is: a page and its cursor see the same list.
+    mine: Callable[[Listed], bool] | None = None
 
     def keep(self, e: Listed) -> bool:
         ws = str(e.workspace)
@@ -197,6 +208,7 @@ class Filters:
             and (self.status is None or e.status == self.status)
             and scopes.allows_at(self.scopes, ws, e.real)
             and (not self.workspace or names_match(self.workspace, e.workspace))
+            and (self.mine is None or self.mine(e))
         )
 
 

@@ -49,3 +49,27 @@ def refusal(respondents: Sequence[str], who: Answerer | None) -> str | None:
     if who is None:
         return f"only {names} may answer this question; a signed link names nobody: log in"
     return f"only {names} may answer this question, not {who.name}"
+
+
+def names_me(asked: Sequence[str], who: Answerer | None) -> bool:
+    """Whether `asked` (respondents, delegates, escalated-to people) names `who`: by any of
+    its names or one of its groups. An empty list names nobody (anyone may answer such a
+    question, but it is no one's in particular), and an admin is named only as anyone else."""
+    if who is None:
+        return False
+    return (
+        who.name in asked
+        or any(n in asked for n in who.also)
+        or any(GROUP + g in asked for g in who.groups)
+    )
+
+
+def is_mine(
+    respondents: Sequence[str],
+    delegated_to: Sequence[str],
+    escalated_to: Sequence[str],
+    who: Answerer | None,
+) -> bool:
+    """`?mine=true`: the question names `who` among its respondents, the people it was handed
+    to or those it was escalated to (each of them may answer it)."""
+    return names_me([*respondents, *delegated_to, *escalated_to], who)

@@ -245,7 +245,8 @@ class Core:
         return getattr(self, op)(who, **args)
 
     def list_requests(self, who: Identity, **kw: Any) -> Any:
-        self.asked.append(("list", str(kw["limit"]), str(kw["cursor"])))
+        mine = ("mine",) if kw.get("mine") else ()
+        self.asked.append(("list", str(kw["limit"]), str(kw["cursor"]), *mine))
         return {"requests": list(self.docs.values()), "next": None}
 
     def get_request(self, who: Identity, request_id: str, workspace: str | None) -> Any:
@@ -283,6 +284,9 @@ RITA = Identity("rita", "reader", ("/srv/*",))
         (ALICE, "list_questions", {"limit": 101}, "bad_page", []),
         (ALICE, "list_questions", {"limit": True}, "bad_page", []),
         (ALICE, "list_questions", {"workspace": 3}, "bad_request", []),
+        (ALICE, "list_questions", {"mine": True}, None, [("list", "20", "None", "mine")]),
+        (ALICE, "list_questions", {"mine": False}, None, [("list", "20", "None")]),
+        (ALICE, "list_questions", {"mine": "yes"}, "bad_request", []),
         (ALICE, "get_question", {}, "bad_request", []),
         (ALICE, "get_question", {"request_id": "r9"}, "unknown_request", [("get", "r9")]),
         (ALICE, "get_question", {"request_id": "r1"}, None, [("get", "r1")]),

@@ -235,6 +235,7 @@ async function refresh() {
   if (age) params.older_than = age;
   if (due) params.due_within = due;
   if (sort && sort !== "newest") params.sort = sort;
+  if ($("f-mine")?.checked) params.mine = "true";  // only the questions that name me
   const mine = ++listings;
   try {
     const got = await listAll("v1/requests", "requests", params);
@@ -246,10 +247,11 @@ async function refresh() {
   } catch (e) { /* a 401 asks to log in; anything else: the stream brings the next try */ }
 }
 
-// Text refreshes as it is typed; a select on `change` (what every way of choosing fires, a
-// script's included: `input` is not fired by all).
-$("filters")?.addEventListener("input", (ev) => { if (ev.target.tagName !== "SELECT") refresh(); });
-$("filters")?.addEventListener("change", (ev) => { if (ev.target.tagName === "SELECT") refresh(); });
+// Text refreshes as it is typed; a select and the "Mine only" box on `change` (what every way
+// of choosing fires, a script's included: `input` is not fired by all).
+const chosen = (t) => t.tagName === "SELECT" || t.type === "checkbox";  // on `change`, like a select
+$("filters")?.addEventListener("input", (ev) => { if (!chosen(ev.target)) refresh(); });
+$("filters")?.addEventListener("change", (ev) => { if (chosen(ev.target)) refresh(); });
 $("filters")?.addEventListener("submit", (ev) => { ev.preventDefault(); refresh(); });
 
 // Questions grouped by workspace and run, groups in the order of their first question in the
