@@ -140,7 +140,7 @@ def _answering(req: InteractionRequest, ref: str) -> tuple[list[dict[str, Any]],
     form = kinds.form(req)
     if form.control == "input":
         hint = kinds.kind_of(req.input_type).bounds(req)
-        body = [_input(req, form.type or "text", hint)]
+        body = [_input(req, form.type or "text", form.attrs, hint)]
         if hint:
             body.append(_text(hint, isSubtle=True))
         return body, [_execute("Answer", ref, "", inputs=True)]
@@ -162,24 +162,20 @@ def _answering(req: InteractionRequest, ref: str) -> tuple[list[dict[str, Any]],
     return [box], actions
 
 
-def _input(req: InteractionRequest, asked: str, hint: str | None) -> dict[str, Any]:
-    """The typed answer's input, as the page's form asks it (number, date or text); the
-    answering path checks what comes back, whatever the card allowed."""
+def _input(
+    req: InteractionRequest, asked: str, attrs: dict[str, Any], hint: str | None
+) -> dict[str, Any]:
+    """The typed answer's input, as the page's form asks it (the input's type and its min/max
+    hints, protocol/kinds.py: the card knows inputs, not kinds); the answering path checks
+    what comes back, whatever the card allowed."""
     field: dict[str, Any] = {"id": ANSWER_INPUT, "label": "Your answer"}
     if not req.allow_empty:
         field |= {"isRequired": True, "errorMessage": "An answer is needed."}
+    bounds = {k: attrs[k] for k in ("min", "max") if attrs.get(k) is not None}
     if asked == "number":
-        field["type"] = "Input.Number"
-        if req.minimum is not None:
-            field["min"] = req.minimum
-        if req.maximum is not None:
-            field["max"] = req.maximum
+        field |= {"type": "Input.Number", **bounds}
     elif asked == "date":
-        field["type"] = "Input.Date"
-        bounds = req.model_dump(mode="json", include={"earliest", "latest"})
-        for theirs, ours in (("min", "earliest"), ("max", "latest")):
-            if bounds.get(ours):
-                field[theirs] = bounds[ours]
+        field |= {"type": "Input.Date", **bounds}
         if req.default and re.fullmatch(r"\d{4}-\d{2}-\d{2}", req.default):
             field["value"] = req.default
     else:

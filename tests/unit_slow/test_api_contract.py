@@ -100,6 +100,9 @@ def test_every_success_is_a_named_model_and_every_refusal_the_error_model(api: A
     error = {"$ref": "#/components/schemas/ErrorOut"}
     for path, _, op in operations(doc):
         for status, response in op["responses"].items():
+            if status.startswith("3"):  # the sign-in's redirects (OIDC): a Location, no body
+                assert "content" not in response and response["description"], (path, status)
+                continue
             content = response["content"]
             if status.startswith("4"):
                 assert content == {"application/problem+json": {"schema": error}}, (path, status)
