@@ -118,9 +118,15 @@ WITHOUT_INBOX_USER = r"""
 # Private before anything is mounted; where / is no mount point (.ci/py313's chroot, itself in
 # a private namespace already) it cannot be, nor need be.
 mount --make-rprivate / 2>/dev/null || ! mountpoint -q /
-grep -v '^deltad-inbox:' /etc/passwd > "$1/passwd"; grep -v '^deltad-inbox:' /etc/group > "$1/group"
-if [ "$2" = ro ]; then mount --bind /etc /etc && mount -o remount,ro,bind /etc; fi
-mount --bind "$1/passwd" /etc/passwd && mount --bind "$1/group" /etc/group
+# A copy of /etc mounted over it, not a file bound over /etc/passwd: a useradd beside us (another
+# test making its user) replaces /etc/passwd by a rename, and the kernel then detaches a mount
+# on the old file in every other namespace: deltad-inbox would be back mid-run. What vanishes
+# while it is copied (useradd's passwd+ and locks) is not needed.
+mkdir "$1/etc"; cp -a /etc/. "$1/etc" 2>/dev/null || true
+grep -v '^deltad-inbox:' /etc/passwd > "$1/etc/passwd"
+grep -v '^deltad-inbox:' /etc/group > "$1/etc/group"
+mount --bind "$1/etc" /etc
+if [ "$2" = ro ]; then mount -o remount,ro,bind /etc; fi
 shift 2; exec "$@"
 """
 
