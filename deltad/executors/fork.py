@@ -36,7 +36,7 @@ from deltad.platform import SAFE_PATH
 from .fresh import FreshExecutor
 from .local import Proc, signal_group, switch_to
 from .registry import LocalFactory
-from .seam import Event, Handle, JobSpec, SubmitError
+from .seam import Event, Handle, JobSpec, Refused, SubmitError
 from .wire import receive, send
 
 log = structlog.get_logger("deltad.resumer")
@@ -127,6 +127,9 @@ class ServerProcess:
     children: set[int] = field(default_factory=set)
     exits: dict[int, int] = field(default_factory=dict)
     replies: dict[int, dict[str, Any]] = field(default_factory=dict)
+    running: set[int] = field(default_factory=set)  # children whose set-up ended: they run
+    refusals: dict[int, str] = field(default_factory=dict)  # children whose set-up failed
+    forgotten: set[int] = field(default_factory=set)  # refused: their exits are nobody's
     dead: bool = False
 
     @classmethod
@@ -182,7 +185,17 @@ class ServerProcess:
             case "exited":
                 pid = int(msg["pid"])
                 self.children.discard(pid)
-                self.exits[pid] = int(msg["rc"])
+                if pid in self.forgotten:  # refused: its resume is submitted again
+                    self.forgotten.discard(pid)
+                else:
+                    self.exits[pid] = int(msg["rc"])
+            case "running":
+                self.running.add(int(msg["pid"]))
+            case "refused":
+                pid = int(msg["pid"])
+                self.children.discard(pid)
+                self.forgotten.add(pid)
+                self.refusals[pid] = str(msg.get("error") or "failed")
             case "started" | "failed":
                 self.replies[int(msg["id"])] = msg
             case _:
@@ -203,7 +216,8 @@ class ServerProcess:
             self.pump(wait=min(left, 1.0))
 
     def start(self, spec: JobSpec, log_fd: int, request_id: int) -> int:
-        """Fork the resume; its pid. Raises Unhealthy, or OSError for this job alone."""
+        """Hand the resume to a child; its pid (its set-up is heard of later: `running` or
+        `refusals`). Raises Unhealthy, or OSError for this job alone."""
         self.wait_for("while starting up", lambda: self.ready, READY_TIMEOUT)
         switch = switch_to(spec.identity, os.geteuid())
         msg = {
@@ -223,7 +237,7 @@ class ServerProcess:
         if reply["op"] == "failed":
             raise OSError(str(reply.get("error", "failed")))
         pid = int(reply["pid"])
-        if pid not in self.exits:  # a quick child's exit may come in with the reply
+        if pid not in self.exits and pid not in self.refusals:  # news may come with the reply
             self.children.add(pid)
         return pid
 
@@ -368,6 +382,10 @@ class ForkExecutor(FreshExecutor):
     def watched(self, proc: Proc) -> bool:
         return proc.pid not in self._owner  # else the server's socket tells its exit
 
+    def running(self, proc: Proc) -> bool:
+        server = self._owner.get(proc.pid)
+        return server is None or proc.pid in server.running
+
     def fds(self) -> list[int]:
         return [s.fileno() for s in self._servers() if not s.dead] + super().fds()
 
@@ -375,8 +393,10 @@ class ForkExecutor(FreshExecutor):
         return [*([self.server] if self.server else []), *self._draining]
 
     def poll(self, now: float) -> list[Event]:
+        refused: list[Event] = []
         for server in self._servers():
             server.pump()
+            refused += self._refused(server)
             if server.dead or server.proc.poll() is not None:
                 self._server_died(server)
         for server in list(self._draining):
@@ -386,7 +406,22 @@ class ForkExecutor(FreshExecutor):
         if self.server is not None or time.monotonic() >= self._retry_at:
             # warm again before the next resume needs it; a new one for a changed package
             self._ensure_server()
-        return super().poll(now)
+        return refused + super().poll(now)
+
+    def _refused(self, server: ServerProcess) -> list[Event]:
+        """Children whose set-up failed (a program that cannot be exec'd, a user that cannot
+        be switched to): never started, their resumes are submitted again after a pause."""
+        events: list[Event] = []
+        for pid, error in server.refusals.items():
+            self._owner.pop(pid, None)
+            for name, proc in list(self.procs.items()):
+                if proc.pid == pid and not proc.adopted:
+                    del self.procs[name]
+                    events.append(Refused(proc.handle, error))
+        if server.refusals:
+            server.refusals.clear()
+            self._changed()
+        return events
 
     def _server_died(self, server: ServerProcess) -> None:
         for pid, rc in server.exits.items():
@@ -406,7 +441,9 @@ class ForkExecutor(FreshExecutor):
             super().collect(proc)
 
     def _deliver(self, pid: int, rc: int) -> None:
-        self._owner.pop(pid, None)
+        server = self._owner.pop(pid, None)
+        if server is not None:
+            server.running.discard(pid)
         for proc in self.procs.values():
             if proc.pid == pid:
                 proc.rc, proc.exited = rc, True

@@ -15,6 +15,12 @@ is safe: a select over that socket and the SIGCHLD wake-up pipe. Messages:
   deltad -> server: start {id, plan, cwd, env, uid, gid, groups} + log fd
                     cancel {pid, force}      SIGTERM to the child's group (SIGKILL: force)
   server -> deltad: ready {pid}; started {id, pid} | failed {id, error}; exited {pid, rc}
+                    running {pid} | refused {id, pid, error}   the child's set-up, later
+
+`started` goes out as soon as the child has its message (the spare's pid is known before it
+is asked), so deltad's loop never waits while a child sets itself up (switches user, closes
+fds, imports its entry): it hears `running` once the child runs the resume, or `refused` with
+the reason its set-up failed, always before that child's `exited`. `failed`: no child at all.
 
 When deltad closes the socket (it restarts the server, or is gone), the server exits at once;
 its children run on in their own sessions.
@@ -42,6 +48,9 @@ PRELOAD = ("deltad.client.cli", "deltad.engine.llm", "openai")
 Dispositions = dict[int, Any]
 # After a spare died unused, this long before the next is forked (resumes fork their own).
 SPARE_PAUSE = 1.0
+# The next spare waits while a child sets itself up (its clone would compete for the CPU with
+# it on the resume's path), but never longer than this for a set-up that does not end.
+SETUP_GRACE = 0.5
 
 
 def fresh_dispositions() -> Dispositions:
@@ -66,11 +75,23 @@ class Spare:
         self.sock = sock
 
 
+class SettingUp:
+    """A child handed its resume, not yet running it: its error pipe's read end is open."""
+
+    def __init__(self, request: int, pid: int) -> None:
+        self.request = request
+        self.pid = pid
+        self.since = time.monotonic()
+        self.error: list[bytes] = []
+        self.cancel: bool | None = None  # a cancel that came meanwhile (force?): sent after
+
+
 class Server:
     def __init__(self, sock: socket.socket, dispositions: Dispositions) -> None:
         self.sock = sock
         self.dispositions = dispositions
         self.children: set[int] = set()
+        self.setting_up: dict[int, SettingUp] = {}  # by its error pipe's read end
         self.spare: Spare | None = None
         self.spare_died_at = float("-inf")  # when the last spare died or could not be forked
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -83,10 +104,13 @@ class Server:
         send(self.sock, {"op": "ready", "pid": os.getpid()})
         self._fork_spare()
         while True:
-            fds = [self.sock.fileno(), self.wake_r]
+            fds = [self.sock.fileno(), self.wake_r, *self.setting_up]
             readable, _, _ = select.select(fds, [], [], self._until_spare())
             if self.wake_r in readable:
                 _drain(self.wake_r)
+            for fd in readable:
+                if fd in self.setting_up:
+                    self._hear_setup(fd)
             self._reap()
             if self.sock.fileno() in readable:
                 msg, fds = receive(self.sock)
@@ -114,19 +138,43 @@ class Server:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         pid = self._hand_to_spare(msg, log_fd, err_w)
         if pid is None:  # no spare (it could not be forked, or died): fork one for this resume
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child never returns
+            try:
+                pid = os.fork()
+            except OSError as e:
                 os.close(err_r)
-                become(msg, log_fd, err_w, self.dispositions, [self.sock.fileno(), self.wake_r])
+                os.close(err_w)
+                send(self.sock, {"op": "failed", "id": msg["id"], "error": f"fork: {e.strerror}"})
+                return
+            if pid == 0:  # pragma: no cover - the child never returns
+                close = [self.sock.fileno(), self.wake_r, err_r, *self.setting_up]
+                become(msg, log_fd, err_w, self.dispositions, close)
         os.close(err_w)
-        error = _read_all(err_r)
-        os.close(err_r)
-        if error:
-            os.waitpid(pid, 0)
-            send(self.sock, {"op": "failed", "id": msg["id"], "error": error})
-        else:
-            self.children.add(pid)
-            send(self.sock, {"op": "started", "id": msg["id"], "pid": pid})
+        os.set_blocking(err_r, False)
+        self.children.add(pid)
+        self.setting_up[err_r] = SettingUp(int(msg["id"]), pid)
+        send(self.sock, {"op": "started", "id": msg["id"], "pid": pid})
+
+    def _hear_setup(self, fd: int) -> None:
+        """Read what a child setting up wrote: nothing until EOF is success (it runs the
+        resume, or exec'd its program); anything is why it failed (it exits 127)."""
+        setting_up = self.setting_up[fd]
+        try:
+            while chunk := os.read(fd, 4096):
+                setting_up.error.append(chunk)
+        except BlockingIOError:
+            return  # more to come
+        except OSError:
+            pass
+        del self.setting_up[fd]
+        os.close(fd)
+        pid = setting_up.pid
+        if setting_up.error:
+            error = b"".join(setting_up.error).decode(errors="replace")
+            send(self.sock, {"op": "refused", "id": setting_up.request, "pid": pid, "error": error})
+            return
+        send(self.sock, {"op": "running", "pid": pid})
+        if setting_up.cancel is not None:  # in its own session now: its group can be signalled
+            _killpg(pid, signal.SIGKILL if setting_up.cancel else signal.SIGTERM)
 
     def _hand_to_spare(self, msg: dict[str, Any], log_fd: int, err_w: int) -> int | None:
         """The spare's pid once it has this resume's message (it reports on `err_w` as a
@@ -147,11 +195,15 @@ class Server:
         """How long the server may wait before it owes a spare (None: it has one)."""
         if self.spare is not None:
             return None
-        return max(0.0, SPARE_PAUSE - (time.monotonic() - self.spare_died_at))
+        now = time.monotonic()
+        wait = SPARE_PAUSE - (now - self.spare_died_at)
+        if self.setting_up:
+            wait = max(wait, SETUP_GRACE - (now - min(s.since for s in self.setting_up.values())))
+        return max(0.0, wait)
 
     def _fork_spare(self) -> None:
-        if self.spare is not None or time.monotonic() - self.spare_died_at < SPARE_PAUSE:
-            return  # one that cannot live is not forked again and again
+        if self._until_spare() != 0.0:
+            return  # one that cannot live is not forked again and again; a set-up goes first
         try:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         except OSError:
@@ -173,6 +225,10 @@ class Server:
     def _cancel(self, pid: int, force: bool) -> None:
         if pid not in self.children:
             return  # already exited (its exit message is on the way): never a recycled pid
+        for setting_up in self.setting_up.values():
+            if setting_up.pid == pid:  # not yet the leader of its own group: once it is
+                setting_up.cancel = force or bool(setting_up.cancel)
+                return
         _killpg(pid, signal.SIGKILL if force else signal.SIGTERM)
 
     def _reap(self) -> None:
@@ -188,7 +244,10 @@ class Server:
                 self.spare, self.spare_died_at = None, time.monotonic()
                 continue
             if pid not in self.children:
-                continue  # a spare that died after it was handed a resume (reported `failed`)
+                continue
+            for fd, setting_up in list(self.setting_up.items()):
+                if setting_up.pid == pid:  # at EOF now: `running` or `refused` before `exited`
+                    self._hear_setup(fd)
             self.children.discard(pid)
             send(self.sock, {"op": "exited", "pid": pid, "rc": _exit_code(status)})
 
@@ -203,13 +262,6 @@ def _exit_code(status: int) -> int:
 def _killpg(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def _read_all(fd: int) -> str:
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    return b"".join(chunks).decode(errors="replace")
 
 
 def _drain(fd: int) -> None:

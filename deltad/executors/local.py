@@ -185,6 +185,10 @@ class LocalJobs(BaseJobExecutor):
         """Its exit shows on its pidfd (not on another fd, like the fork server's socket)."""
         return True
 
+    def running(self, proc: Proc) -> bool:
+        """It runs the job now (`Started` may go out); a forked child still setting up not."""
+        return True
+
     # -- the seam ---------------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> Handle:
         if (known := self.procs.get(spec.key.name)) is not None:
@@ -204,7 +208,7 @@ class LocalJobs(BaseJobExecutor):
         events: list[Event] = []
         ended = False
         for name, proc in list(self.procs.items()):
-            if not proc.reported:
+            if not proc.reported and self.running(proc):
                 proc.reported = True
                 events.append(Started(proc.handle, proc.spawned_at))
             self.collect(proc)
@@ -244,7 +248,7 @@ class LocalJobs(BaseJobExecutor):
 
     def due(self, now: float) -> float | None:
         """A Started to report: now."""
-        return now if any(not p.reported for p in self.procs.values()) else None
+        return now if any(not p.reported and self.running(p) for p in self.procs.values()) else None
 
     def close(self) -> None:
         """Let go: the processes run on (own sessions), recorded for the next daemon."""

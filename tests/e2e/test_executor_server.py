@@ -4,10 +4,12 @@ changes (each server imports the client and openai: seconds, hence not in tests/
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from structlog.testing import capture_logs
 from deltad.core.tenancy import SAFE_PATH, owner_of
 from deltad.executors import fork as forkmod
 from deltad.executors.fork import ForkExecutor
-from deltad.executors.seam import Identity, JobSpec, RequestKey
+from deltad.executors.seam import Event, Handle, Identity, JobSpec, Refused, RequestKey
 from deltad.testing.stub import paused_workspace
 from tests.support.daemon import answer, next_exit, wait_for
 
@@ -54,6 +56,39 @@ def test_cancel_goes_through_the_server(forked: ForkExecutor, tmp_path: Path) ->
     forked.cancel(handle, force=False)
     end = next_exit(forked)
     assert (end.rc, end.meaning) == (-signal.SIGTERM, "killed_by_SIGTERM")
+
+
+def test_a_child_whose_set_up_fails_is_refused_never_started(
+    forked: ForkExecutor, tmp_path: Path
+) -> None:
+    """`submit` does not wait for the child to set itself up: a set-up that fails (here a
+    program that cannot be exec'd) comes back from `poll` as Refused, with no Started and no
+    Exit (the resumer submits it again), and the key is free for that; the server goes on."""
+    bad = dataclasses.replace(_job(tmp_path, "fail", "bad"), argv=[str(tmp_path / "no-such")])
+    handle = forked.submit(bad)
+    assert forked.forked(handle)
+    seen: list[Event] = []
+
+    def refused() -> Refused | None:
+        seen.extend(e for e in forked.poll(time.monotonic()) if e.handle == handle)
+        return next((e for e in seen if isinstance(e, Refused)), None)
+
+    refusal = wait_for(refused, "the child's failed set-up reported")
+    assert "FileNotFoundError" in refusal.reason and "no-such" in refusal.reason
+    assert seen == [refusal]
+    good = forked.submit(_job(tmp_path, "fail", "good"))
+    assert next_exit(forked).handle == good  # the refused child's exit is nobody's
+    assert not forked.forked(handle)
+    again = forked.submit(bad)  # the resumer's next try: a new child
+    assert again != handle and isinstance(wait_for(refused_of(forked, again), "again"), Refused)
+
+
+def refused_of(ex: ForkExecutor, handle: Handle) -> Callable[[], Refused | None]:
+    def look() -> Refused | None:
+        events = ex.poll(time.monotonic())
+        return next((e for e in events if isinstance(e, Refused) and e.handle == handle), None)
+
+    return look
 
 
 def test_a_server_that_cannot_start_falls_back_to_fresh(
