@@ -59,22 +59,29 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except Busy as e:
-            _fail(f"{e} (exit {exitcodes.BUSY}: try again when it is done)", exitcodes.BUSY)
-        except UsageErrors as e:
-            _fail(str(e), e.exit_code, e.lines)
-        except DeltaError as e:
-            _fail(str(e), e.exit_code)
-        except inbox.SubmitError as e:
-            _fail(str(e), exitcodes.USAGE)
-        except ProtocolError as e:
-            _fail(str(e), exitcodes.USAGE)
-        except PermissionError as e:
-            _fail(f"permission denied: {e.filename}", exitcodes.FAILED)
-        except OSError as e:
-            _fail(f"{e.strerror or e}: {e.filename or ''}".rstrip(": "), exitcodes.FAILED)
+        except Exception as e:  # not SystemExit (a pause's 101): it passes, importing nothing
+            _fail_friendly(e)
+            raise
 
     return wrapper
+
+
+def _fail_friendly(e: Exception) -> None:
+    """Exit with `e`'s line and code when it is a user error; return when it is not. The
+    inbox's errors are looked up only here, so that an exit without an error (every resume's
+    end) does not import the inbox's answering models for an `except` clause."""
+    if isinstance(e, Busy):
+        _fail(f"{e} (exit {exitcodes.BUSY}: try again when it is done)", exitcodes.BUSY)
+    elif isinstance(e, UsageErrors):
+        _fail(str(e), e.exit_code, e.lines)
+    elif isinstance(e, DeltaError):
+        _fail(str(e), e.exit_code)
+    elif isinstance(e, inbox.SubmitError | ProtocolError):
+        _fail(str(e), exitcodes.USAGE)
+    elif isinstance(e, PermissionError):
+        _fail(f"permission denied: {e.filename}", exitcodes.FAILED)
+    elif isinstance(e, OSError):
+        _fail(f"{e.strerror or e}: {e.filename or ''}".rstrip(": "), exitcodes.FAILED)
 
 
 @click.group(

@@ -43,7 +43,8 @@ from typing import Any
 from deltad.executors.wire import receive, send
 from deltad.protocol.printable import show
 
-PRELOAD = ("deltad.client.cli", "deltad.engine.llm", "openai")
+# encodings.idna: the codec a connect looks host names up with (socket.getaddrinfo)
+PRELOAD = ("deltad.client.cli", "deltad.engine.llm", "openai", "encodings.idna")
 
 Dispositions = dict[int, Any]
 # After a spare died unused, this long before the next is forked (resumes fork their own).
@@ -465,18 +466,33 @@ def preload() -> None:
 
 
 def _warm_up_the_sdk() -> None:
-    """Build and drop an SDK client (no request is made): the SDK loads much of itself, and
-    the TLS machinery, on first use; done here, no resume pays for it."""
+    """Make one request the way a resume does (engine/llm.py), answered in-process by a mock
+    transport: the SDK loads much of itself, the TLS machinery and its caches (the platform
+    headers, else a `uname -p` subprocess per child; the typing ABCs' isinstance caches) on
+    first use; done here, no resume pays for it. Nothing leaves the process."""
     try:
+        import httpx2
         import openai
 
-        from deltad.engine.llm import tls_context
+        from deltad.engine.llm import JSON_HEADERS, parse_completion, tls_context
 
-        # The TLS context every child's client uses (engine/llm.py): loaded once, here.
+        # The TLS context every child's client uses: loaded once, here.
         http = openai.DefaultHttpxClient(verify=tls_context())
-        warm = openai.OpenAI(
-            api_key="warm-up", base_url="http://127.0.0.1:9/v1", max_retries=0, http_client=http
+        http.close()
+        reply = {"choices": [{"message": {"role": "assistant", "content": "ok"}}]}
+        mock = openai.DefaultHttpxClient(
+            transport=httpx2.MockTransport(lambda request: httpx2.Response(200, json=reply))
         )
+        warm = openai.OpenAI(
+            api_key="warm-up", base_url="http://127.0.0.1:9/v1", max_retries=0, http_client=mock
+        )
+        response = warm.post(
+            "/chat/completions",
+            content=b"{}",
+            cast_to=httpx2.Response,
+            options={"timeout": 5.0, "headers": JSON_HEADERS},
+        )
+        parse_completion(response.read())
         warm.close()
     except Exception:
         pass  # an optimisation only
