@@ -180,8 +180,12 @@ class Mailbox:
         return sorted(n for n, _ in safefs.scandir_stats(self.ws.interaction_dir, STALE))
 
     def discard_answer(self) -> None:
-        safefs.unlink(self.ws.response_json)
-        safefs.unlink(self.ws.response_file)
+        """Remove the answer files, not fsynced: every caller then `withdraw`s the question
+        from the same directory, whose fsync makes these removals durable with its own (one
+        fsync fewer on each answer's path); a crash before it leaves an answer the journal
+        already holds, which the next resume removes."""
+        safefs.unlink(self.ws.response_json, durable=False)
+        safefs.unlink(self.ws.response_file, durable=False)
 
     def withdraw(self) -> None:
         """Remove the question. Callers remove the answer first: a crash in between leaves a
