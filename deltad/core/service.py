@@ -93,6 +93,8 @@ class Service:
         self.timers = Timers()
         self.dirty = True  # something status.json shows changed since it was written
         self._audit_failing = ""  # the audit log's last failure, said once (empty: none)
+        # Receipts written this turn, fsynced once its resumes have started (`_sync_receipts`)
+        self._unsynced_receipts: list[int] = []
         self.anchoring = Anchoring(config)
         self.life = Lifecycle(self, config_path, extra_roots)
         self.walker = Walker(
@@ -216,7 +218,8 @@ class Service:
         self.resumer.enforce_timeouts(now)
         self._fire_timers(now)
         self.start_resumes()
-        self.feed.sync_due()  # after the turn's resumes started: none waits for this fsync
+        self._sync_receipts()  # after the turn's resumes started: none waits for these fsyncs
+        self.feed.sync_due()
         self.life.tick(now)
 
     def _fire_timers(self, now: float) -> None:
@@ -483,7 +486,7 @@ class Service:
                 at = iso(utcnow())
                 if aside := audit.rotate(path, cfg.rotate_bytes, cfg.keep_files, at):
                     log.info("audit_rotated", moved_aside=aside)
-                entry = audit.append(path, fields)
+                entry = audit.append(path, fields, self._unsynced_receipts)
                 log.info("audit_appended", workspace=str(ws), seq=entry["seq"])
             self._audit_failing = ""
         except Exception as e:
@@ -493,6 +496,18 @@ class Service:
             self._audit_failing = str(e)
             why = f"its receipt could not be written ({e}): the resume waits"
             raise ReceiptUnwritten(why) from e
+
+    def _sync_receipts(self) -> None:
+        """The turn's receipts on disk. Written before their resumes (one that cannot be
+        written holds its resume), fsynced after they started: a crash of the daemon loses
+        none (the page cache has them), a power cut within these milliseconds could."""
+        if not self._unsynced_receipts:
+            return
+        try:
+            audit.sync(self._unsynced_receipts)
+        except OSError as e:
+            self.metrics.audit_failures.inc()
+            log.error("audit_failed", error=f"fsync: {e.strerror}")
 
     def _rotate_audit(self) -> None:
         """Rotate the log if due before an entry other than a receipt (a failure is the

@@ -317,9 +317,11 @@ def rotated(path: Path) -> list[Path]:
     ]
 
 
-def append(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
+def append(path: Path, fields: dict[str, Any], unsynced: list[int] | None = None) -> dict[str, Any]:
     """Append one entry (fsync'd, under the lock); the entry as written. AuditError if the log
-    cannot continue (its tail is damaged): nothing is written then."""
+    cannot continue (its tail is damaged): nothing is written then. With `unsynced`, the fsync
+    is the caller's, later (`sync`): a descriptor of the file is added to it instead (the
+    file's, not the path's: a rotation meanwhile does not change what is synced)."""
     with _locked(path):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "r+b") as f:
@@ -327,8 +329,27 @@ def append(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
             entry = chained(fields, seq + 1, prev)
             f.write(canonical(entry) + b"\n")
             f.flush()
-            os.fsync(f.fileno())
+            if unsynced is None:
+                os.fsync(f.fileno())
+            else:
+                unsynced.append(os.dup(f.fileno()))
     return entry
+
+
+def sync(unsynced: list[int]) -> None:
+    """fsync what `append` left unsynced, and close those descriptors (all of them, even when
+    one fsync fails: OSError then, after)."""
+    failed: OSError | None = None
+    while unsynced:
+        fd = unsynced.pop()
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            failed = e
+        finally:
+            os.close(fd)
+    if failed is not None:
+        raise failed
 
 
 def rotate(path: Path, max_bytes: int, keep: int, at: str) -> str | None:

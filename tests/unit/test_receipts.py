@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -284,6 +285,46 @@ def test_appends_chain_through_the_file(tmp_path: Path) -> None:
     v = audit.verify(lines)
     assert (v.entries, v.head) == (3, json.loads(lines[-1])["hash"])
     assert (path.stat().st_mode & 0o777) == 0o600
+
+
+def test_an_append_left_unsynced_is_fsynced_later_by_the_files_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's receipts: written before their resumes, fsynced after they started.
+    What is synced is the file appended to, even when a rotation moved it aside meanwhile."""
+    path = tmp_path / "audit.jsonl"
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.fstat(fd).st_ino))
+    unsynced: list[int] = []
+    audit.append(path, {"kind": "decision", "i": 0}, unsynced)
+    audit.append(path, {"kind": "decision", "i": 1}, unsynced)
+    assert synced == [] and len(unsynced) == 2
+    assert audit.verify(path.read_bytes().splitlines(keepends=True)).entries == 2  # readable
+    ino = path.stat().st_ino
+    path.rename(tmp_path / "audit.jsonl.000001")  # as a rotation moves it aside
+    audit.sync(unsynced)
+    assert synced == [ino, ino] and unsynced == []
+
+
+def test_a_failing_fsync_of_unsynced_appends_closes_every_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    unsynced: list[int] = []
+    for i in range(2):
+        audit.append(path, {"kind": "decision", "i": i}, unsynced)
+    fds = list(unsynced)
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        audit.sync(unsynced)
+    assert unsynced == []
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed
 
 
 def test_a_torn_tail_stops_appends_without_writing(tmp_path: Path) -> None:
