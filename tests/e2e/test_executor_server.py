@@ -135,18 +135,22 @@ def test_a_changed_package_restarts_the_server(
 
 
 def _spares(server: int) -> list[int]:
-    """The server's children still in its session: forked, not yet a resume (which leaves it)."""
+    """The server's children still in its session: forked, not yet a resume (which leaves it).
+    Forks of the server, so the same program: not a command it runs as it warms up (the SDK
+    runs `uname -p` once)."""
     out = []
+    exe = os.readlink(f"/proc/{server}/exe")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
+            same_program = os.readlink(f"/proc/{entry}/exe") == exe
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
         ppid, sid = int(fields[1]), int(fields[3])
-        if ppid == server and sid != int(entry):
+        if ppid == server and sid != int(entry) and same_program:
             out.append(int(entry))
     return out
 
