@@ -43,6 +43,7 @@ table, a field too many, a string too long) is refused, logged and answered with
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 from typing import Annotated, Any, Literal
@@ -272,6 +273,21 @@ def encode_result(cid: int, result: bytes) -> bytes:
     `encode(Reply(id=cid, result=...))` makes."""
     body = b'{"op":"reply","id":%d,"result":%s,"error":null}' % (cid, result)
     return HEADER.pack(len(body)) + body
+
+
+_RESULT_HEAD = re.compile(rb'\{"op":"reply","id":(\d+),"result":')
+_RESULT_TAIL = b',"error":null}'
+
+
+def result_of(frame: bytes) -> tuple[int, bytes] | None:
+    """A reply frame's call id and its result's JSON as the core wrote it (`encode_result`, or
+    `encode` of a Reply with no error: the same shape), unparsed; None for any other frame.
+    The inbox passes a page on as it came (the core made it from models) instead of parsing
+    it into Python objects to serialize it again."""
+    m = _RESULT_HEAD.match(frame)
+    if m is None or not frame.endswith(_RESULT_TAIL):
+        return None
+    return int(m[1]), frame[m.end() : -len(_RESULT_TAIL)]
 
 
 def call_id_of(raw: bytes) -> int | None:

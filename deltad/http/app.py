@@ -547,10 +547,12 @@ def create_app(
             str | None, Query(description=paging.DUE_DOC, examples=["10m"])
         ] = None,
         mine: Annotated[bool, Query(description=paging.MINE_DOC)] = False,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """The pending questions this token may see, newest first (or `sort`), a page at a
         time: `{"requests": [...], "next": cursor or null}`."""
-        return core.call(
+        # The page as the core made it (the response model documents it): a page of 100 is
+        # not parsed, validated and serialized again here.
+        page = core.call_json(
             "list_requests",
             who,
             workspace=workspace,
@@ -564,6 +566,7 @@ def create_app(
             due_within=due_within,
             mine=mine,
         )
+        return Response(page, media_type="application/json")
 
     @app.get(
         "/v1/requests/{request_id}",

@@ -77,7 +77,7 @@ class Remote:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # the waiting calls
         self._sending = threading.Lock()  # whole frames on the socket
-        self._waiting: dict[int, Future[wire.Reply]] = {}
+        self._waiting: dict[int, Future[wire.Reply | bytes]] = {}
         self.gone = False
 
     def tell(self, msg: wire.Told) -> None:
@@ -91,6 +91,12 @@ class Remote:
         token, checked = ops.prepared(op, who, args)
         return self.send(op, token, checked.model_dump(mode="json"), ops.person_of(who))
 
+    def call_json(self, op: str, who: Identity | None = None, /, **args: Any) -> bytes:
+        """`call`, its result as the JSON the core sent (a list page: passed on, not parsed)."""
+        token, checked = ops.prepared(op, who, args)
+        got = self.exchange(op, token, checked.model_dump(mode="json"), ops.person_of(who))
+        return got if isinstance(got, bytes) else json.dumps(got.result or {}).encode()
+
     def send(
         self,
         op: str,
@@ -99,8 +105,22 @@ class Remote:
         person: dict[str, list[str]] | None = None,
     ) -> dict[str, Any]:
         """One `call` frame as given, and its reply (ApiError for a refusal)."""
+        got = self.exchange(op, token, args, person)
+        if isinstance(got, bytes):
+            return json.loads(got) or {}
+        return got.result or {}
+
+    def exchange(
+        self,
+        op: str,
+        token: str | None,
+        args: dict[str, Any],
+        person: dict[str, list[str]] | None = None,
+    ) -> wire.Reply | bytes:
+        """One `call` frame as given, and its reply: the result's JSON as it came, or the
+        parsed reply (ApiError for a refusal)."""
         cid = next(self._ids)
-        fut: Future[wire.Reply] = Future()
+        fut: Future[wire.Reply | bytes] = Future()
         with self._lock:
             if self.gone:
                 raise _unavailable()
@@ -143,13 +163,13 @@ class Remote:
         finally:
             with self._lock:
                 self._waiting.pop(cid, None)
-        if (problem := reply.error) is not None:
+        if isinstance(reply, wire.Reply) and (problem := reply.error) is not None:
             raise ApiError(problem.http, problem.code, problem.message, problem.workspaces)
-        return reply.result or {}
+        return reply
 
-    def resolve(self, reply: wire.Reply) -> None:
+    def resolve(self, cid: int, reply: wire.Reply | bytes) -> None:
         with self._lock:
-            fut = self._waiting.get(reply.id)
+            fut = self._waiting.get(cid)
         if fut is not None and not fut.done():
             fut.set_result(reply)
 
@@ -380,9 +400,13 @@ def listen_from_core(
     outbox's hints to its webhook's thread."""
     try:
         while True:
-            msg = wire.FROM_CORE.validate_json(reader.frame())
+            frame = reader.frame()
+            if (result := wire.result_of(frame)) is not None:
+                remote.resolve(*result)  # parsed by who needs it (a page: by nobody)
+                continue
+            msg = wire.FROM_CORE.validate_json(frame)
             if isinstance(msg, wire.Reply):
-                remote.resolve(msg)
+                remote.resolve(msg.id, msg)
             elif isinstance(msg, wire.EventMsg) and (e := relayed(msg)) is not None:
                 feed.relay(e)
             elif isinstance(msg, wire.OutboxHint) and deliveries is not None:

@@ -132,8 +132,15 @@ class Shown:
         """Whether a page lists it: no answer waiting, not expired."""
         return not self.answer_waiting and (self.expires_at is None or self.expires_at > utcnow())
 
+    def page_json(self) -> bytes | None:
+        """The document as a page lists it (`document_json`'s bytes), if a page shows it: a
+        kept page is joined from these (`schemas.page_json`), never made into models again."""
+        return zlib.decompress(self.packed) if self.shows() else None
+
     def page_item(self) -> Question | None:
-        return Question.model_validate_json(zlib.decompress(self.packed)) if self.shows() else None
+        """The document as a model, if a page shows it (a filter that reads its fields)."""
+        raw = self.page_json()
+        return None if raw is None else Question.model_validate_json(raw)
 
     @property
     def size(self) -> int:

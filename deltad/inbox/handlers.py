@@ -36,6 +36,7 @@ from deltad.inbox.tokens import Identity
 from deltad.protocol import JournalEvent, Mailbox, ProtocolError, Workspace, iso, kinds, viewing
 from deltad.protocol.events import Thought
 from deltad.protocol.kinds import kind_of
+from deltad.protocol.layout import question_files
 from deltad.protocol.printable import json_safe, show_path, unshow
 
 log = structlog.get_logger("deltad.api")
@@ -196,10 +197,11 @@ def pending_question(ws: Path) -> inbox.Pending | None:
 
 def list_requests(
     ctx: Context, who: Identity, q: ops.ListRequests, now: float | None = None
-) -> schemas.QuestionPage:
-    """`{"requests": [question, ...], "next": cursor | null}`: the open questions this token
-    may see, newest first (by the question's `timestamp`, then workspace, then request id),
-    each as `GET /v1/requests/{id}` shows it. Filters: `workspace` (glob), `input_type`,
+) -> schemas.Spliced:
+    """`{"requests": [question, ...], "next": cursor | null}` (`schemas.QuestionPage`, joined
+    from the items' kept JSON): the open questions this token may see, newest first (by the
+    question's `timestamp`, then workspace, then request id), each as `GET /v1/requests/{id}`
+    shows it. Filters: `workspace` (glob), `input_type`,
     `owner` (user name or uid of the workspace's owner), `run_id`, `older_than` (asked at
     least that long ago), `due_within` (a deadline at most that far ahead, or passed), `mine`
     (the question names the caller: `_names_caller`); `sort`:
@@ -228,11 +230,12 @@ def list_requests(
     except paging.BadPage as e:
         raise ApiError(422, "bad_page", str(e)) from None
 
-    def read(e: Listed) -> Question | None:
-        return listed_document(ctx, e)
+    def read(e: Listed) -> bytes | None:
+        shown = listed_shown(ctx, e)
+        return None if shown is None else shown.page_json()
 
     docs, next_ = paging.question_page(ctx.feed.index, wanted, order, after, read, n)
-    return schemas.QuestionPage(requests=docs, next=next_)
+    return schemas.question_page_json(docs, next_)
 
 
 def _names_caller(ctx: Context, who: Identity) -> Callable[[Listed], bool]:
@@ -242,7 +245,8 @@ def _names_caller(ctx: Context, who: Identity) -> Callable[[Listed], bool]:
     me = inbox.Answerer(who.name, who.groups, who.role == "admin", who.also)
 
     def names(e: Listed) -> bool:
-        doc = listed_document(ctx, e) if who.can_answer() else None
+        shown = listed_shown(ctx, e) if who.can_answer() else None
+        doc = None if shown is None else shown.page_item()
         if doc is None:
             return False
         escalated = doc.follow_up.escalated if doc.follow_up is not None else None
@@ -256,7 +260,7 @@ def _names_caller(ctx: Context, who: Identity) -> Callable[[Listed], bool]:
     return names
 
 
-def file_stamp(paths: tuple[Path, ...]) -> tuple[int, ...] | None:
+def file_stamp(paths: tuple[str, ...]) -> tuple[int, ...] | None:
     """The files' identities (None if one is gone). Only ever compared with what a safe read
     saw: the same inode with the same mtime and size is the same content."""
     out: list[int] = []
@@ -269,24 +273,26 @@ def file_stamp(paths: tuple[Path, ...]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-def listed_document(ctx: Context, e: Listed) -> Question | None:
-    """A list item: the question in `e`'s workspace if it is still open there; None (skipped)
-    if it is gone, answered or expired — the loop's next look fixes the index."""
-    ws, request_id = Workspace(e.workspace), str(e.request_id)
-    deps = (ws.request_file, ws.interaction_dir, ws.run(str(e.run_id)).metadata)
-    stamp = file_stamp(deps)  # before the read: a change meanwhile is a miss next time
-    if stamp is None:
+def listed_shown(ctx: Context, e: Listed) -> Shown | None:
+    """A list item: the question in `e`'s workspace as kept for pages (read now if its files
+    changed since); None (skipped) if it is gone — the loop's next look fixes the index.
+    Whether a page shows it (not answered, not expired) is the `Shown`'s to say."""
+    request_id = str(e.request_id)
+    deps = question_files(e.workspace, str(e.run_id))
+    stamp = None if deps is None else file_stamp(deps)  # before the read: a change meanwhile
+    if stamp is None:  # is a miss next time
         return None
-    hit = ctx.documents.get((e.workspace, request_id), stamp)
-    if hit is None:
-        p = pending_question(e.workspace)
-        if p is None or p.request.request_id != request_id:
-            return None
-        doc = Question.model_validate(request_document(p, ws, ctx.base_url))
-        hit = Shown.of(stamp, doc, p.request.expires_at, p.answer_waiting)
-        ctx.documents.put((e.workspace, request_id), hit)
-        return doc if hit.shows() else None
-    return hit.page_item()
+    key = (e.workspace, request_id)
+    hit = ctx.documents.get(key, stamp)
+    if hit is not None:
+        return hit
+    p = pending_question(e.workspace)
+    if p is None or p.request.request_id != request_id:
+        return None
+    doc = Question.model_validate(request_document(p, Workspace(e.workspace), ctx.base_url))
+    hit = Shown.of(stamp, doc, p.request.expires_at, p.answer_waiting)
+    ctx.documents.put(key, hit)
+    return hit
 
 
 def get_request(ctx: Context, who: Identity, q: ops.GetRequest) -> Question:

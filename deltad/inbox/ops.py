@@ -296,6 +296,11 @@ class Caller(Protocol):
 
     def call(self, op: str, who: Identity | None = None, /, **args: Any) -> dict[str, Any]: ...
 
+    def call_json(self, op: str, who: Identity | None = None, /, **args: Any) -> bytes:
+        """`call`'s document as JSON, passed on as the core made it (a route answering with
+        it as it is: a list page is not parsed and validated again)."""
+        ...
+
 
 def person_of(who: Identity | None) -> dict[str, list[str]] | None:
     """What a call carries beside an OIDC person's name (wire.Person); None for a token."""

@@ -10,6 +10,7 @@ Frames come from deltad/privsep/core.py's `Monitor` (one inbox connection, its t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from deltad import tracing, wire
 from deltad.inbox import oidc, ops
 from deltad.inbox.context import Context
 from deltad.inbox.ops import OPS, ApiError, Args, Op
-from deltad.inbox.schemas import document, document_json
+from deltad.inbox.schemas import Spliced, document, document_json
 from deltad.inbox.tokens import Identity, TokenError
 from deltad.outbound.mail import Received
 from deltad.protocol.printable import json_safe
@@ -30,6 +31,8 @@ log = structlog.get_logger("deltad.privsep")
 
 # The email channel's decision on a message the inbox relayed (EmailChannel.receive).
 MailTake = Callable[[Received], dict[str, Any]]
+# What a handler gives back: a response model, a page already JSON, or a plain document.
+Result = BaseModel | Spliced | dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def identity(ctx: Context, token: str, person: wire.Person | None = None) -> Ide
     return held[1]
 
 
-def handle(ctx: Context | None, mail: MailTake | None, call: Request) -> BaseModel | dict[str, Any]:
+def handle(ctx: Context | None, mail: MailTake | None, call: Request) -> Result:
     """The handler's result for one call (a response model, or a plain document), or the
     ApiError a request from the network would get."""
     if call.traceparent is None:  # in this process (Local): the request's own, if any
@@ -113,9 +116,7 @@ def handle(ctx: Context | None, mail: MailTake | None, call: Request) -> BaseMod
         tracing.calling.reset(carried)
 
 
-def _handle(
-    ctx: Context | None, mail: MailTake | None, call: Request
-) -> BaseModel | dict[str, Any]:
+def _handle(ctx: Context | None, mail: MailTake | None, call: Request) -> Result:
     op = call.op
     if not op.http:
         return op.handler(mail, None, call.args)  # type: ignore[no-any-return]
@@ -128,6 +129,8 @@ def _handle(
 def serve(ctx: Context | None, mail: MailTake | None, call: Request) -> dict[str, Any]:
     """The handler's document for one call, as JSON data."""
     out = handle(ctx, mail, call)
+    if isinstance(out, Spliced):
+        return json.loads(out.json)  # type: ignore[no-any-return]
     return document(out) if isinstance(out, BaseModel) else out
 
 
@@ -142,6 +145,8 @@ def reply_to(ctx: Context | None, mail: MailTake | None, call: Request) -> bytes
         log.error("inbox_call_failed", op=call.op.name, error=f"{type(e).__name__}: {e}")
         return wire.encode(error_reply(call.id, 500, "internal", "the core could not answer this"))
     try:
+        if isinstance(out, Spliced):
+            return wire.encode_result(call.id, out.json)
         if isinstance(out, BaseModel):
             return wire.encode_result(call.id, document_json(out))
         return wire.encode(wire.Reply(id=call.id, result=out))
@@ -181,6 +186,9 @@ class Local:
         person = ops.person_of(who)
         carried = wire.Person.model_validate(person) if person is not None else None
         return serve(self.ctx, self.mail, Request(0, OPS[op], token, checked_args, person=carried))
+
+    def call_json(self, op: str, who: Identity | None = None, /, **args: Any) -> bytes:
+        return json.dumps(self.call(op, who, **args)).encode()
 
 
 def error_reply(

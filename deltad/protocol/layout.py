@@ -179,3 +179,19 @@ class Workspace:
 
     def run_ids(self) -> list[str]:
         return sorted(n for n in safefs.listdir(self.runs_dir) if RUN_ID_RE.match(n))
+
+
+def question_files(workspace: Path, run_id: str) -> tuple[str, str, str] | None:
+    """What a question's document is read from, as plain strings for a stat each: the
+    request, the mailbox directory (an answer or a refusal note changes it) and the run's
+    metadata; None if `run_id` is not a run id. For a cache's staleness check, made for every
+    item of a list page: string joins, no path objects (those cost more than the stats)."""
+    if not RUN_ID_RE.match(run_id):
+        return None
+    delta = f"{workspace}/{safefs.DELTA_DIR}"
+    mailbox = f"{delta}/{INTERACTION_DIR}"
+    return (
+        f"{mailbox}/{REQUEST_FILE}",
+        mailbox,
+        f"{delta}/{RUNS_DIR}/{run_id}/execution/metadata.json",
+    )

@@ -9,8 +9,9 @@ from pathlib import Path
 from deltad import inbox
 from deltad.inbox.context import Documents, Shown
 from deltad.inbox.handlers import request_document
-from deltad.inbox.schemas import Question, document
+from deltad.inbox.schemas import Question, QuestionPage, document, document_json, question_page_json
 from deltad.protocol import Workspace, utcnow
+from deltad.protocol.layout import question_files
 from deltad.testing.stub import paused_workspace
 
 
@@ -49,3 +50,25 @@ def test_the_cache_is_bounded_by_bytes_and_lets_the_least_recent_go(tmp_path: Pa
     docs.put((tmp_path / "w3", "r"), one)  # put again: counted once
     assert docs.held == 3 * one.size and len(docs.shown) == 3
     assert docs.get((tmp_path / "w3", "r"), (2,)) is None  # its files changed: a miss
+
+
+def test_a_page_joined_from_kept_json_is_the_page_the_model_would_dump(tmp_path: Path) -> None:
+    docs = [_doc(tmp_path / f"ws{i}", f'Ship {i}? ✓ "q"') for i in range(3)]
+    kept = [Shown.of((1,), d, None, False).page_json() for d in docs]
+    assert all(raw is not None for raw in kept)
+    for cursor in (None, "eyJ0IjoxfQ"):
+        joined = question_page_json([raw for raw in kept if raw is not None], cursor)
+        page = QuestionPage(requests=docs, next=cursor)
+        assert joined.json == document_json(page)
+    assert question_page_json([], None).json == document_json(QuestionPage(requests=[], next=None))
+
+
+def test_the_files_a_document_is_stamped_by_are_the_workspaces_own(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path / "ws")
+    run_id = "20261129_120000_abcdef"
+    assert question_files(ws.root, run_id) == (
+        str(ws.request_file),
+        str(ws.interaction_dir),
+        str(ws.run(run_id).metadata),
+    )
+    assert question_files(ws.root, "../../etc") is None  # not a run id: nothing is stamped

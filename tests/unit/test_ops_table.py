@@ -59,15 +59,15 @@ EXAMPLES: dict[str, dict[str, Any]] = {
 
 
 def asked_by_the_inbox() -> dict[str, set[str]]:
-    """Each operation name the inbox process's code asks (`<caller>.call("name", ...)`), by
-    the file that asks it."""
+    """Each operation name the inbox process's code asks (`<caller>.call("name", ...)`, or
+    `call_json`), by the file that asks it."""
     asked: dict[str, set[str]] = {}
     for path in sorted(HTTP.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "call"
+                and node.func.attr in ("call", "call_json")
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
                 and isinstance(node.args[0].value, str)
