@@ -185,6 +185,25 @@ class CoreMetrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
+    def page_documents(self, kept: Callable[[], int], held: Callable[[], int]) -> None:
+        """The list pages' kept documents (deltad/inbox/context.py `Documents`), read as a
+        scrape asks: how many, and the bytes they cost. Called again (an inbox made anew), it
+        reads the new ones."""
+        first = not hasattr(self, "_documents")
+        self._documents = (kept, held)
+        if not first:
+            return
+        Gauge(
+            "deltad_inbox_documents_kept",
+            "Question documents kept for list pages (read by a page, or ahead of one).",
+            registry=self.registry,
+        ).set_function(lambda: float(self._documents[0]()))
+        Gauge(
+            "deltad_inbox_documents_bytes",
+            "What the kept documents cost (compressed JSON and their records).",
+            registry=self.registry,
+        ).set_function(lambda: float(self._documents[1]()))
+
     def vote(self, outcome: str) -> None:
         """A four-eyes vote (deltad/inbox/quorum.py tells it from the core's call threads)."""
         self.votes.labels(outcome).inc()

@@ -33,6 +33,8 @@ from deltad.inbox import links
 from deltad.inbox.config import HttpConfig
 from deltad.inbox.context import Context, Idempotency
 from deltad.inbox.feed import Feed
+from deltad.inbox.handlers import listed_shown
+from deltad.inbox.readahead import ReadAhead
 from deltad.inbox.tokens import TokenStore
 from deltad.outbound.handoff import Handoff, HandoffError
 from deltad.outbound.mail import Received
@@ -83,6 +85,9 @@ def open_inbox(
         # four eyes: each vote is a receipt of its own (no context: webhooks alone)
         if audit is not None and host.context is not None:
             host.context.audit = audit
+        if host.context is not None:
+            docs = host.context.documents
+            metrics.page_documents(lambda: len(docs.shown), lambda: docs.held)
         if sending.mail is not None:  # mail from anyone is parsed there, not here
             host.read_mail(sending.mail)
     except (ListenError, InboxUnusable, OSError, ValueError) as e:
@@ -318,6 +323,10 @@ class InboxHost:
                 idempotency=Idempotency(state_dir),  # the core's: kept across restarts
             )
         self.serving = Serving(self.context, show_path(self.dir))
+        # The pages' documents read before they are asked for (inbox/readahead.py).
+        self.read_ahead = (
+            ReadAhead(self.context, listed_shown) if self.context is not None else None
+        )
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         self._tls = _tls_fds(config) if config is not None else []
         fds = [self.sock.fileno()] if self.sock is not None else []
@@ -364,6 +373,8 @@ class InboxHost:
 
     def start(self) -> None:
         self.runner.start()
+        if self.read_ahead is not None:
+            self.read_ahead.start()
         if self.config is not None:
             log.info("http_listening", url=self.url, port=self.port, tls=self.config.tls)
         else:
@@ -382,6 +393,8 @@ class InboxHost:
             self.sock.close()
 
     def stop(self) -> None:
+        if self.read_ahead is not None:
+            self.read_ahead.stop()
         self.runner.stop()
         self.close_socket()
         for fd in (self._dir_fd, *self._tls):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from deltad.testing.stub import paused_workspace
 from tests.support.daemon import metadata_status, running, wait_for
@@ -28,6 +29,10 @@ def every_page(http: httpx.Client, path: str, **params: Any) -> list[list[dict[s
         if r.json()["next"] is None:
             return out
         params["cursor"] = r.json()["next"]
+
+
+def flat_docs(pages: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [item for page in pages for item in page]
 
 
 def flat(pages: list[list[dict[str, Any]]], field: str) -> list[str]:
@@ -97,3 +102,52 @@ def test_250_questions_come_in_3_pages_each_once_and_an_answered_one_drops_out(
                 "the completed run listed by status",
             )
             assert done == [str(one)]
+
+
+def _kept(metrics: httpx.Client) -> tuple[float, float]:
+    """deltad_inbox_documents_kept and _bytes, as /metrics says them."""
+    got = {
+        s.name: s.value
+        for f in text_string_to_metric_families(metrics.get("/metrics").text)
+        for s in f.samples
+        if s.name.startswith("deltad_inbox_documents_")
+    }
+    return got["deltad_inbox_documents_kept"], got["deltad_inbox_documents_bytes"]
+
+
+def test_the_documents_are_read_ahead_of_any_page_and_a_page_then_matches_the_disk(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+    spaces = [root / f"ws{i:02}" for i in range(40)]
+    for ws in spaces:
+        paused_workspace(ws, prompt=f"{ws.name}?")
+    with (
+        running(tmp_path, [root], http={"listen": "127.0.0.1:0"}) as d,
+        client(http_url(d), make_token(d.state_dir, "ops")) as http,
+        client(http_url(d), make_token(d.state_dir, "prom", role="metrics")) as prom,
+    ):
+        # No page is asked: the core reads every open question's document on its own once
+        # the index is complete (40 fit in the cache many times over).
+        wait_for(lambda: _kept(prom)[0] == len(spaces), "every document read ahead")
+        assert _kept(prom)[1] > 0
+        # The page served from them is what the disk says, each item as GET shows it.
+        pages = every_page(http, "/v1/requests", limit=15)
+        assert [len(p) for p in pages] == [15, 15, 10]
+        assert sorted(flat(pages, "request_id")) == sorted(request_id(ws) for ws in spaces)
+        one = pages[1][3]
+        alone = http.get(f"/v1/requests/{one['request_id']}").json()
+        assert one == alone
+        # A question whose file changed is read again, never served as kept: its next
+        # page shows what the disk says now.
+        ws = next(w for w in spaces if request_id(w) == one["request_id"])
+        req = ws / ".delta" / "interaction" / "request.json"
+        doc = json.loads(req.read_text())
+        (ws / "new.json").write_text(json.dumps({**doc, "prompt": "changed?"}))
+        (ws / "new.json").replace(req)
+        again = {
+            q["request_id"]: q["prompt"]
+            for q in flat_docs(every_page(http, "/v1/requests", limit=100))
+        }
+        assert again[one["request_id"]] == "changed?"
+        assert len(again) == len(spaces)
