@@ -5,8 +5,10 @@ stub-paused workspaces, real HTTP with httpx.
     .venv/bin/python bench/inbox_bench.py --old /tmp/old           # and the old code, side by side
     .venv/bin/python bench/inbox_bench.py --sizes 1000 --streams 0 # a quick look
 
-Per N: a page of 100 (`GET /v1/requests?limit=100`, following `next` round the list) p50/p99;
-20 clients × 10 pages at once, total time and failures; an answer posted as that load starts,
+Per N: the time from the index complete (`/readyz`) until the core has read every question's
+document ahead of the pages (`deltad_inbox_documents_kept`; this code only); then a page of 100
+(`GET /v1/requests?limit=100`, following `next` round the list) p50/p99; 20 clients × 10 pages
+at once, total time, each page's p50/p99 and failures; an answer posted as that load starts,
 the time until the stub resume has run; the daemon's RSS growth per question against the same
 daemon over an empty root, right after READY and after paging (documents kept); and the index's
 own cost: the RSS at READY of the same daemon over the same workspaces with the index on and
@@ -101,6 +103,11 @@ class Contender:
         )
         self.token = made.stdout.strip().splitlines()[-1]
         self.headers = {"Authorization": f"Bearer {self.token}"}
+        argv = [*argv[:3], "bench-metrics", "--role", "metrics", *argv[4:]]
+        made = subprocess.run(
+            argv, env={**os.environ, **env}, capture_output=True, text=True, check=True
+        )
+        self.metrics = made.stdout.strip().splitlines()[-1]
 
     @property
     def pid(self) -> int:
@@ -113,6 +120,16 @@ class Contender:
     def stop(self) -> None:
         self.daemon.stop(timeout=120)
         self.daemon.kill_children()
+
+
+def kept(c: Contender, what: str = "kept") -> float:
+    """deltad_inbox_documents_kept (or _bytes) as the contender's /metrics says it."""
+    with httpx.Client(base_url=c.url, headers={"Authorization": f"Bearer {c.metrics}"}) as m:
+        text = m.get("/metrics").text
+    for line in text.splitlines():
+        if line.startswith(f"deltad_inbox_documents_{what} "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def listed(http: httpx.Client) -> int:
@@ -169,13 +186,17 @@ def load_with_answer(c: Contender, answered: Path) -> dict[str, Any]:
     """20 clients × 10 pages at once; an answer to `answered` posted as they start."""
     rid = json.loads((answered / ".delta/interaction/request.json").read_text())["request_id"]
     failures: list[int] = []
+    times: list[float] = []  # each page's, every client's (list.append: one at a time)
     go = threading.Barrier(CLIENTS + 1)
 
     def one_client() -> None:
         with c.client() as http:
             pager = Pager(http)
             go.wait()
-            failures.extend(1 for _ in range(PAGES_EACH) if not pager.next()[1])
+            for _ in range(PAGES_EACH):
+                took, ok = pager.next()
+                times.append(took)
+                failures.extend([] if ok else [1])
 
     threads = [threading.Thread(target=one_client) for _ in range(CLIENTS)]
     for t in threads:
@@ -196,6 +217,8 @@ def load_with_answer(c: Contender, answered: Path) -> dict[str, Any]:
     return {
         "load_20x10_s": time.perf_counter() - t0,
         "load_failures": len(failures),
+        "load_page_p50_ms": 1000 * pct(times, 50),
+        "load_page_p99_ms": 1000 * pct(times, 99),
         "answer_status": posted.status_code,
         "answer_post_s": post_s,
         "answer_resumed_s": resumed_after,
@@ -278,6 +301,14 @@ def measure(label: str, work: Path, root: Path, n: int, args: argparse.Namespace
             if args.index_off:
                 out["rss_index_off_kb"], out["rss_index_on_kb"] = rss_off, rss_on
                 out["rss_index_bytes_per_question"] = 1024 * (rss_on - rss_off) / n
+            if label == "new":
+                # Nothing asks a page until the core has read the documents ahead (the pages
+                # timed next are then never asked before): from the index complete to all kept.
+                wait_for(lambda: http.get("/readyz").status_code == 200, "the index complete")
+                t0 = time.perf_counter()
+                wait_for(lambda: kept(c) >= n, f"{n} read ahead", timeout=STARTUP_DEADLINE)
+                out["read_ahead_s"] = time.perf_counter() - t0
+                out["read_ahead_bytes_per_question"] = kept(c, "bytes") / n
             wait_for(lambda: listed(http) >= n, f"{n} questions listed", timeout=STARTUP_DEADLINE)
         # Fewer calls where one takes seconds (the old code lists 10,000 from disk each time).
         out |= page_times(c, CALLS if n <= 1000 else (20 if label == "new" else 5))
