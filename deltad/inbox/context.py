@@ -159,6 +159,7 @@ class Documents:
     lock: threading.Lock = field(default_factory=threading.Lock)
     budget: int = DOCUMENT_CACHE_BYTES
     held: int = 0  # bytes the kept entries cost
+    evicted: int = 0  # entries let go for the budget, ever (inbox/readahead.py)
 
     def get(self, key: tuple[Path, str], stamp: tuple[int, ...]) -> Shown | None:
         with self.lock:
@@ -176,3 +177,4 @@ class Documents:
             self.held += shown.size
             while self.held > self.budget and self.shown:
                 self.held -= self.shown.popitem(last=False)[1].size
+                self.evicted += 1

@@ -222,6 +222,9 @@ class Index:
         self._questions: list[View] = []
         self._runs: list[View] = []
         self._kinds: dict[str, int] = {}  # open questions by input type (metrics)
+        # Counts every change (a put or a removal): a reader that walked the index knows
+        # whether there is anything new to walk (inbox/readahead.py).
+        self.generation = 0
 
     def _close(self, request_id: str, ws: Path, expired: bool) -> None:
         _release(self._requests, request_id, ws)
@@ -278,6 +281,7 @@ class Index:
                 self._forget(view.request_id, view.workspace)  # open again (a re-posted copy)
             self._unfile(old)
             self._file(view)
+            self.generation += 1
 
     def remove(self, ws: Path) -> None:
         with self._lock:
@@ -285,6 +289,7 @@ class Index:
             if old is not None and old.request_id:
                 self._close(old.request_id, ws, old.state == "expired")
             self._unfile(old)
+            self.generation += 1
 
     def pending_summary(self) -> tuple[dict[str, int], float | None]:
         """Open questions by input type, and the oldest one's timestamp (metrics: O(kinds))."""

@@ -7,9 +7,10 @@ found is in the index (the reads after READY are done: it never competes with th
 open questions in the list's default order (newest first) a page at a time, and reads each one
 not kept, or kept from files that changed since. It stops a round when the cache is nearly full
 (what it read first is then what pages ask most, and nothing it reads evicts it), and starts the
-next one after a pause. It is paced: after each page of reads it rests as long as they took, so
-it holds at most half a core; the loop is never waiting on it (it takes no lock the loop holds
-longer than a list copy, and every file read lets go of the interpreter's lock)."""
+next one after a pause, if the index changed or the cache let documents go meanwhile. It is
+paced: after each page of reads it rests as long as they took, so it holds at most half a core;
+the loop is never waiting on it (it takes no lock the loop holds longer than a list copy, and
+every file read lets go of the interpreter's lock)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ class ReadAhead:
         self.ctx, self.read = ctx, read
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.round_done = threading.Event()  # set as each round ends (tests wait for one)
+        self.round_done = threading.Event()  # set as each pause begins (tests wait for one)
+        self.pause = PAUSE_SECONDS
         self.read_last = 0  # questions looked at in the last round
 
     def start(self) -> None:
@@ -54,16 +56,25 @@ class ReadAhead:
             self._thread.join(5)
 
     def _run(self) -> None:
+        walked: tuple[int, int] | None = None  # what the last round saw: nothing new, no round
         while not self._stop.is_set():
             if not self._ready():
                 self._stop.wait(WAITING_SECONDS)
                 continue
-            try:
-                self.read_last = self.round()
-            except Exception as e:  # a bug here costs pages their speed, never the daemon
-                log.error("read_ahead_failed", error=f"{type(e).__name__}: {e}")
+            now = self.seen()
+            if now != walked:
+                try:
+                    self.read_last = self.round()
+                except Exception as e:  # a bug here costs pages their speed, never the daemon
+                    log.error("read_ahead_failed", error=f"{type(e).__name__}: {e}")
+                walked = now
             self.round_done.set()
-            self._stop.wait(PAUSE_SECONDS)
+            self._stop.wait(self.pause)
+
+    def seen(self) -> tuple[int, int]:
+        """The index's changes and the cache's evictions so far: while neither moves, a round
+        would find everything kept, so an idle daemon makes none (its stats are not free)."""
+        return self.ctx.feed.index.generation, self.ctx.documents.evicted
 
     def _ready(self) -> bool:
         try:

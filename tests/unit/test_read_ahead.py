@@ -116,3 +116,32 @@ def test_the_kept_documents_are_gauges_read_at_each_scrape() -> None:
     assert scraped(m)["deltad_inbox_documents_kept"] == 4
     m.page_documents(lambda: 7, lambda: 70)  # an inbox made anew: its documents, no duplicate
     assert scraped(m) == {"deltad_inbox_documents_kept": 7, "deltad_inbox_documents_bytes": 70}
+
+
+def test_an_idle_index_is_not_walked_again_and_a_change_is(tmp_path: Path) -> None:
+    ctx, asked = context(tmp_path, 3)
+    looked: list[str] = []
+
+    def read(c: Context, e: Listed) -> Shown | None:
+        looked.append(str(e.request_id))
+        return handlers.listed_shown(c, e)
+
+    ahead = ReadAhead(ctx, read)
+    ahead.pause = 0.01
+
+    def pauses(n: int) -> None:  # n more pauses of the thread begin
+        for _ in range(n):
+            ahead.round_done.clear()
+            assert ahead.round_done.wait(30)
+
+    ahead.start()
+    try:
+        pauses(2)
+        assert sorted(looked) == sorted(asked)  # one round: nothing new since
+        pauses(3)
+        assert len(looked) == 3
+        newer = question(ctx.feed, tmp_path / "w9", prompt="9?")[0]  # the index changed
+        pauses(2)
+        assert looked[3] == newer and sorted(looked[3:]) == sorted([*asked, newer])
+    finally:
+        ahead.stop()
