@@ -441,10 +441,14 @@ def test_a_dropped_stream_is_watched_again_from_the_last_version_a_bookmark_move
 def test_an_unreachable_server_keeps_submits_waiting_and_is_said_once(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    with emulator(tmp_path) as emu:
+    with capture_logs() as before, emulator(tmp_path) as emu:
         ex = executor(emu, state, request_timeout=5)
         handle = ex.submit(spec("/srv/ws/alice/a"))
         submitted(ex, handle)
+        # Made parked, then let go by a patch: that call is over before the server goes (one
+        # still in flight as it went failed as `release`, with nothing wrong).
+        released = "kubernetes_job_released"
+        wait(lambda: any(e["event"] == released for e in before), "the Job let go")
     # The server is gone now.
     with capture_logs() as logs:
         other = ex.submit(spec("/srv/ws/alice/b"))  # at once: the worker asks the server
