@@ -36,7 +36,7 @@ WAITING_SECONDS = 1.0  # how often it looks whether the index is complete
 class ReadAhead:
     """Reads the open questions' documents into `ctx.documents` ahead of the pages; `read` is
     the page's own read of one item (handlers.listed_shown), so what it keeps is exactly what
-    a page would. `wait(seconds)` is the clock it rests by (an event's wait: `stop` ends it)."""
+    a page would. Its rests and pauses are waits on the stop event: `stop` ends any of them."""
 
     def __init__(self, ctx: Context, read: Callable[[Context, Listed], Shown | None]) -> None:
         self.ctx, self.read = ctx, read
