@@ -239,6 +239,11 @@ def parse_completion(raw: bytes) -> ChatReply:
 
 _TLS: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
 
+# The transport under every model client this process builds; None: the network. Set only
+# while the fork server rehearses a resume in itself (executors/rehearsal.py), which answers
+# in-process, and None again before it forks.
+TRANSPORT: Any = None
+
 
 def tls_context() -> ssl.SSLContext:
     """httpx's default TLS context (certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR as httpx
@@ -278,7 +283,9 @@ class OpenAIChatModel:
             # The SDK's own client, with a TLS context made once per process (or once in the
             # warm fork server, for every resume it forks): a fresh one loads the CA bundle,
             # ~15-50 ms of each resume's close → exit.
-            http_client=openai.DefaultHttpxClient(verify=tls_context()),
+            http_client=openai.DefaultHttpxClient(
+                verify=tls_context(), **({} if TRANSPORT is None else {"transport": TRANSPORT})
+            ),
         )
 
     def request_body(

@@ -181,7 +181,10 @@ class ServerProcess:
             case "ready":
                 self.ready = True
                 ms = int((time.monotonic() - self.started) * 1000)
-                log.info("fork_server_ready", pid=self.proc.pid, duration_ms=ms)
+                # A server that could not rehearse a resume serves colder: said, never fatal.
+                why = msg.get("unrehearsed")
+                rehearsal = {} if why is None else {"unrehearsed": str(why)[:200]}
+                log.info("fork_server_ready", pid=self.proc.pid, duration_ms=ms, **rehearsal)
             case "exited":
                 pid = int(msg["pid"])
                 self.children.discard(pid)

@@ -1,8 +1,10 @@
 """The warm fork server: `python -m deltad.executors.forkserver` (started by deltad).
 
-It imports what a resume needs once (the client's CLI, openai), freezes those objects out of
-the garbage collector's way, and forks one child per resume. Each child becomes what a fresh
-`delta run` process would be (see `become`), so the client runs unchanged, ~10x cheaper.
+It imports what a resume needs once (the client's CLI, openai), runs one resume in itself so
+that what the client builds on first use is built (executors/rehearsal.py), freezes those
+objects out of the garbage collector's way, and forks one child per resume. Each child becomes
+what a fresh `delta run` process would be (see `become`), so the client runs unchanged, ~10x
+cheaper.
 
 The child is forked ahead of time (`Spare`): it waits, unspecialised, for its resume, and the
 server forks the next one once it has answered for this one. A resume's start then costs a
@@ -14,7 +16,8 @@ is safe: a select over that socket and the SIGCHLD wake-up pipe. Messages:
 
   deltad -> server: start {id, plan, cwd, env, uid, gid, groups} + log fd
                     cancel {pid, force}      SIGTERM to the child's group (SIGKILL: force)
-  server -> deltad: ready {pid}; started {id, pid} | failed {id, error}; exited {pid, rc}
+  server -> deltad: ready {pid, unrehearsed}; started {id, pid} | failed {id, error};
+                    exited {pid, rc}
                     running {pid} | refused {id, pid, error}   the child's set-up, later
 
 `started` goes out as soon as the child has its message (the spare's pid is known before it
@@ -88,9 +91,12 @@ class SettingUp:
 
 
 class Server:
-    def __init__(self, sock: socket.socket, dispositions: Dispositions) -> None:
+    def __init__(
+        self, sock: socket.socket, dispositions: Dispositions, unrehearsed: str | None = None
+    ) -> None:
         self.sock = sock
         self.dispositions = dispositions
+        self.unrehearsed = unrehearsed  # why the rehearsal did not run through (None: it did)
         self.children: set[int] = set()
         self.setting_up: dict[int, SettingUp] = {}  # by its error pipe's read end
         self.spare: Spare | None = None
@@ -102,7 +108,7 @@ class Server:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def serve(self) -> None:
-        send(self.sock, {"op": "ready", "pid": os.getpid()})
+        send(self.sock, {"op": "ready", "pid": os.getpid(), "unrehearsed": self.unrehearsed})
         self._fork_spare()
         while True:
             fds = [self.sock.fileno(), self.wake_r, *self.setting_up]
@@ -455,15 +461,20 @@ def _finish(code: int, die_by: signal.Signals | None = None) -> None:
 
 
 # -- start-up -----------------------------------------------------------------------------------
-def preload() -> None:
+def preload() -> str | None:
+    """Import and warm what a resume needs; None, or why the rehearsal did not run through."""
     import importlib
+
+    from deltad.executors.rehearsal import rehearse
 
     for name in PRELOAD:
         importlib.import_module(name)
     _warm_up_the_sdk()
     _warm_up_the_cli()
+    failed = rehearse(_delta)
     gc.collect()
     gc.freeze()  # the children share these pages; the collector must not touch them
+    return failed
 
 
 def _warm_up_the_cli() -> None:
@@ -517,9 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     fd = int((argv if argv is not None else sys.argv[1:])[0])
     os.set_inheritable(fd, False)
     sock = socket.socket(fileno=fd)
-    preload()
+    failed = preload()
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        Server(sock, dispositions).serve()
+        Server(sock, dispositions, failed).serve()
     return 0
 
 

@@ -163,10 +163,18 @@ def _resumed_before(record: Path, run_id: str) -> bool:
     )
 
 
+# glibc's reserved signals 32 and 33 (thread cancellation, set*id across threads): glibc
+# installs its own handlers with a process's first thread (a warm server's rehearsal made one,
+# a model call's notice timer). Not the program's dispositions, so not compared.
+GLIBC_SIGNALS = (1 << 31) | (1 << 32)
+
+
 def facts() -> dict[str, object]:
     """What a resume process is, as far as its program can tell (nothing pid-specific)."""
     import locale
     import signal
+
+    from deltad.engine import llm, sandbox
 
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
     fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
@@ -180,7 +188,9 @@ def facts() -> dict[str, object]:
         "env": dict(os.environ),
         "session_leader": os.getsid(0) == pid,
         "group_leader": os.getpgid(0) == pid,
-        "signals": {k: status[k].strip() for k in ("SigBlk", "SigIgn", "SigCgt")},
+        "signals": {
+            k: f"{int(status[k], 16) & ~GLIBC_SIGNALS:016x}" for k in ("SigBlk", "SigIgn", "SigCgt")
+        },
         "python_handlers": {
             signal.Signals(s).name: repr(signal.getsignal(s))
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
@@ -195,6 +205,10 @@ def facts() -> dict[str, object]:
         "name": __name__,
         "tz": time.tzname,
         "ctype": locale.setlocale(locale.LC_CTYPE),
+        # What a warm server could leave behind from its rehearsal (executors/rehearsal.py):
+        # the host as the sandbox saw it (its euid: the server's is root), the model's wire.
+        "sandbox_euid": sandbox.host().euid,
+        "model_transport": repr(llm.TRANSPORT),
     }
 
 

@@ -58,6 +58,19 @@ def test_cancel_goes_through_the_server(forked: ForkExecutor, tmp_path: Path) ->
     assert (end.rc, end.meaning) == (-signal.SIGTERM, "killed_by_SIGTERM")
 
 
+def test_the_server_rehearses_a_resume_in_itself_before_it_is_ready(tmp_path: Path) -> None:
+    """A question, its answer and the resume, run in the server as it starts (the model
+    answered in-process): `fork_server_ready` says nothing went wrong with it."""
+    with capture_logs() as logs:
+        ex = ForkExecutor(tmp_path / "state")
+        try:
+            wait_for(lambda: ex.poll(time.monotonic()) or (ex.server and ex.server.ready), "ready")
+        finally:
+            ex.close()
+    [ready] = [e for e in logs if e["event"] == "fork_server_ready"]
+    assert "unrehearsed" not in ready
+
+
 def test_a_child_whose_set_up_fails_is_refused_never_started(
     forked: ForkExecutor, tmp_path: Path
 ) -> None:

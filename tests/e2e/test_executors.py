@@ -76,6 +76,8 @@ def test_a_forked_resume_runs_as_the_owner_exactly_as_a_fresh_one(
     fresh, forked = (_facts(base, ws, e, pause) for e in EXECUTORS)
     assert forked == fresh
     assert fresh["uid"] == [owner.uid] * 3 and fresh["gid"] == [owner.gid] * 3
+    # Not the root server's look at the host, cached as it rehearsed a resume in itself.
+    assert fresh["sandbox_euid"] == owner.uid and fresh["model_transport"] == "None"
     assert len(fresh["groups"]) == 2  # the primary group and the extra one
     assert fresh["env"]["USER"] == owner.name
 
