@@ -476,6 +476,11 @@ def _read(path: Path) -> str:
         raise ConfigError(f"{path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
 
 
+# libyaml's loader where PyYAML has it (its wheels do): the same safe constructor, parsed in C,
+# ~0.5 ms less on every resume's path; its nesting is capped (an error, not a crash).
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_agent(path: str | Path) -> Agent:
     home = Path(path).expanduser().absolute()
     if home.is_file() and home.name in CONFIG_NAMES:
@@ -485,7 +490,7 @@ def load_agent(path: str | Path) -> Agent:
     config_file = _find(home, CONFIG_NAMES, "agent config")
     prompt_file = _find(home, PROMPT_NAMES, "system prompt")
     try:
-        raw = yaml.safe_load(_read(config_file))
+        raw = yaml.load(_read(config_file), Loader=YAML_LOADER)
     except (yaml.YAMLError, RecursionError) as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         at = f" (line {line + 1})" if line is not None else ""

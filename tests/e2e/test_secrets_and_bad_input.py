@@ -80,6 +80,12 @@ def test_malformed_config_names_file_and_field(delta: Delta, tmp_path: Path) -> 
     r = delta("run", "--agent", str(bad), "--task", "x")
     assert r.code == 2 and "not valid YAML" in r.err
 
+    # Nesting past what the parser takes: one line (libyaml caps it; Python's parser recurses).
+    (bad / "config.yaml").write_text("name: x\nllm: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    r = delta("run", "--agent", str(bad), "--task", "x")
+    assert r.code == 2 and "(line 2): not valid YAML" in r.err
+    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+
     (bad / "config.yaml").write_text(
         "name: x\nllm: {model: m}\ntools: [{name: ask_human, exec: ls}]\n"
     )
