@@ -161,7 +161,8 @@ def still_allowed(request: Request, who: Identity) -> Callable[[], bool]:
     return still
 
 
-def workspace_glob(workspace: str | None = None) -> str | None:
+async def workspace_glob(workspace: str | None = None) -> str | None:
+    # async: pure, so FastAPI runs it on the loop, not with a hop to a worker thread
     return ops.checked_glob(workspace)
 
 
@@ -346,19 +347,7 @@ def create_app(
         mcp_path=mcp_path,
     )
 
-    @app.middleware("http")
-    async def _headers(request: Request, call_next: Any) -> Response:
-        # A W3C `traceparent` sent with the request goes with its calls to the core, where an
-        # answer's span links to it (deltad/tracing.py); anything else is no context.
-        carried = tracing.calling.set(tracing.checked(request.headers.get("traceparent")))
-        try:
-            response: Response = await call_next(request)
-        finally:
-            tracing.calling.reset(carried)
-        for k, v in SECURITY_HEADERS.items():
-            response.headers.setdefault(k, v)
-        return response
-
+    app.add_middleware(SecurityHeaders)
     app.add_middleware(HeadAsGet)
     # Outermost: it sees every answer, the refusals of the layers above included.
     app.add_middleware(
@@ -1014,6 +1003,41 @@ async def _as_json(request: Request) -> Response | None:
     got = f"Content-Type: {given[:80]}" if given else "no Content-Type"
     detail = f"the body must be JSON, sent with Content-Type: application/json (got {got})"
     return problems.response(415, "unsupported_media_type", show(detail))
+
+
+class SecurityHeaders:
+    """SECURITY_HEADERS on every answer that has not set its own; and a W3C `traceparent` sent
+    with the request goes with its calls to the core, where an answer's span links to it
+    (deltad/tracing.py); anything else is no context. Plain ASGI: the answer passes through
+    untouched but for its first message's headers (no task, stream or copy per request)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = Headers(scope=scope).get("traceparent")
+        carried = tracing.calling.set(tracing.checked(sent))
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                have = {name.lower() for name, _ in headers}
+                headers += [(k, v) for k, v in _SECURITY_RAW if k not in have]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, with_headers)
+        finally:
+            tracing.calling.reset(carried)
+
+
+_SECURITY_RAW = [
+    (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in SECURITY_HEADERS.items()
+]
 
 
 class HeadAsGet:

@@ -151,3 +151,35 @@ def test_the_documents_are_read_ahead_of_any_page_and_a_page_then_matches_the_di
         }
         assert again[one["request_id"]] == "changed?"
         assert len(again) == len(spaces)
+
+
+SECURITY = {
+    "cache-control": "no-store",
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    "referrer-policy": "no-referrer",
+    "content-security-policy": "default-src 'self'; frame-ancestors 'none'",
+}
+
+
+def test_every_answer_carries_the_security_headers_once(tmp_path: Path) -> None:
+    """A page, its HEAD, a refusal, an unknown path, the web page, a static file and the event
+    stream's opening: each with the headers, each header once."""
+    paused_workspace(tmp_path / "root" / "ws")
+    with running(tmp_path, [tmp_path / "root"], http={"listen": "127.0.0.1:0"}) as d:
+        url = http_url(d)
+        with client(url, make_token(d.state_dir, "ops")) as http, client(url) as anonymous:
+            answers = [
+                http.get("/v1/requests"),
+                http.head("/v1/requests"),
+                anonymous.get("/v1/requests"),
+                http.get("/v1/no-such-thing"),
+                anonymous.get("/"),
+                anonymous.get("/static/inbox.js"),
+            ]
+            with http.stream("GET", "/v1/events") as stream:
+                answers.append(stream)
+            assert [r.status_code for r in answers] == [200, 200, 401, 404, 200, 200, 200]
+            for r in answers:
+                for name, value in SECURITY.items():
+                    assert r.headers.get_list(name) == [value], (r.request.url, name)
