@@ -1,18 +1,21 @@
-"""The fork server's rehearsal, side by side: a resume's child forked from a server that ran
-one resume in itself (deltad/executors/rehearsal.py) beside one forked from a server that only
-imported and warmed the SDK and the CLI (the code before).
+"""What the fork server does before an answer comes, side by side: a resume's child forked from
+a server that only imported and warmed the SDK and the CLI (before); from one that also ran a
+resume in itself (rehearsed: deltad/executors/rehearsal.py); and that child having first done,
+as a spare does while it waits, the CLI parse and logging set-up every resume starts with
+(now: `forkserver._touch_what_a_resume_writes_first`).
 
-    .venv/bin/python bench/rehearsal_bench.py               # 30 resumes a side, alternating
+    .venv/bin/python bench/rehearsal_bench.py               # 30 resumes a side, in turn
     .venv/bin/python bench/rehearsal_bench.py --samples 10  # quick look
 
-Two server processes (this script with `--serve cold|rehearsed`) prepare as the fork server
-does (`forkserver.preload`'s steps, the rehearsal in one of them only), then fork one child per
-paused workspace they are given. The child runs the resume as the fork server's children do
-(`delta run --work-dir WS`, the `delta` entry in the warm interpreter) and reports, from its
-first instruction to the moment ACTION_RESULT is appended: wall time, CPU time and minor page
-faults. The workspaces are copies of one run paused on a real `ask_human`, made by the real
-client against the fake model, which also answers the resumed runs. Results: Markdown on
-stdout, JSON in bench/results/. Waits are for the children's reports, never fixed sleeps.
+Three server processes (this script with `--serve before|rehearsed|now`) prepare as the fork
+server does (`forkserver.preload`'s steps, the rehearsal in two of them), then fork one child
+per paused workspace they are given. The child runs the resume as the fork server's children
+do (`delta run --work-dir WS`, the `delta` entry in the warm interpreter) and reports, from its
+first instruction after any spare's touch to the moment ACTION_RESULT is appended: wall time,
+CPU time and minor page faults. The workspaces are copies of one run paused on a real
+`ask_human`, made by the real client against the fake model, which also answers the resumed
+runs. Results: Markdown on stdout, JSON in bench/results/. Waits are for the children's
+reports, never fixed sleeps.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-SIDES = ("cold", "rehearsed")
+SIDES = ("before", "rehearsed", "now")
 DELTA = str(Path(sys.executable).parent / "delta")
 
 
@@ -52,7 +55,7 @@ def serve(side: str) -> None:
         importlib.import_module(name)
     forkserver._warm_up_the_sdk()
     forkserver._warm_up_the_cli()
-    if side == "rehearsed" and (why := rehearse(forkserver._delta)) is not None:
+    if side != "before" and (why := rehearse(forkserver._delta)) is not None:
         raise SystemExit(f"the rehearsal did not run through: {why}")
     gc.collect()
     gc.freeze()
@@ -78,6 +81,8 @@ def serve(side: str) -> None:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
+            if side == "now":  # a spare's touch, before its resume comes
+                forkserver._touch_what_a_resume_writes_first()
             os.chdir(ws)
             u0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             with contextlib.suppress(SystemExit):
@@ -141,7 +146,7 @@ def main() -> None:
                     raise SystemExit(f"the {s} server did not start")
             spaces = {s: copies(tpl, work / s, "ws", args.samples) for s in SIDES}
             for i in range(args.samples):
-                for s in SIDES if i % 2 == 0 else SIDES[::-1]:  # neither always goes first
+                for s in SIDES[i % 3 :] + SIDES[: i % 3]:  # none always goes first
                     ws, p = spaces[s][i], servers[s]
                     assert p.stdin is not None and p.stdout is not None
                     write_answer(ws)
@@ -158,19 +163,20 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     lines = [
-        "| child, from its start to ACTION_RESULT | cold p50 / p99 | rehearsed p50 / p99 "
-        "| rehearsed / cold p50 |",
-        "|---|---|---|---|",
+        "| child, from its start to ACTION_RESULT, p50 / p99 | before | rehearsed | now "
+        "| rehearsed / before | now / before |",
+        "|---|---|---|---|---|---|",
     ]
     for key, label in (("wall_ms", "wall, ms"), ("cpu_ms", "CPU, ms"), ("minflt", "minor faults")):
-        c, r = [x[key] for x in rows["cold"]], [x[key] for x in rows["rehearsed"]]
-        lines.append(
-            f"| {label} | {statistics.median(c):.1f} / {pct(c, 99):.1f} "
-            f"| {statistics.median(r):.1f} / {pct(r, 99):.1f} "
-            f"| ×{statistics.median(r) / statistics.median(c):.3f} |"
-        )
+        cells, p50 = [], {}
+        for side in SIDES:
+            values = [x[key] for x in rows[side]]
+            p50[side] = statistics.median(values)
+            cells.append(f"{p50[side]:.1f} / {pct(values, 99):.1f}")
+        ratios = [f"×{p50[side] / p50['before']:.3f}" for side in SIDES[1:]]
+        lines.append(f"| {label} | {' | '.join(cells)} | {' | '.join(ratios)} |")
     load = f"load {load_before[0]:.1f} → {os.getloadavg()[0]:.1f}"
-    lines += ["", f"resumes per side: {args.samples}, alternating; {load}"]
+    lines += ["", f"resumes per side: {args.samples}, in turn; {load}"]
     out = HERE / "results" / f"rehearsal-{time.strftime('%Y%m%dT%H%M%S')}.json"
     result = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -288,6 +288,7 @@ def wait_for_a_resume(sock: socket.socket, dispositions: Dispositions, close: li
         for fd in close:
             os.close(fd)
         signal.set_wakeup_fd(-1)
+        _touch_what_a_resume_writes_first()
         msg, fds = receive(sock)
     except BaseException:
         os._exit(0)
@@ -297,6 +298,31 @@ def wait_for_a_resume(sock: socket.socket, dispositions: Dispositions, close: li
     os.set_inheritable(err_w, False)  # as the server's pipe end is: an exec'd plan closes it
     sock.close()
     become(msg["start"], log_fd, err_w, dispositions, [])
+
+
+def _touch_what_a_resume_writes_first() -> None:
+    """Done by a spare while it waits: parse a resume's command line and set up logging as
+    `delta` does first thing, then put logging back as it was. Every object a child touches
+    is copied from the server page by page (copy-on-write) as it is first written; these
+    pages are then the spare's own before any answer comes (about 600 fewer page faults and
+    3 ms less to ACTION_RESULT for 4 ms of the spare's CPU, `bench/rehearsal_bench.py`)."""
+    import logging
+
+    import structlog
+
+    from deltad import logs
+
+    root = logging.getLogger()
+    handlers, level, config = list(root.handlers), root.level, structlog.get_config()
+    try:
+        _warm_up_the_cli()
+        logs.configure(level="warning", fmt="json")
+    except Exception:
+        pass  # an optimisation only
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        structlog.configure(**config)
 
 
 def become(

@@ -105,3 +105,16 @@ def test_a_run_that_raises_is_said_and_changes_nothing() -> None:
 
     assert rehearse(delta) == "RuntimeError: no model today"
     assert _state() == before
+
+
+def test_a_spares_touch_leaves_logging_as_it_was() -> None:
+    """The spare parses a resume's command line and sets up logging as `delta` does, for the
+    pages those write, then puts logging back: a `python -m MODULE` resume finds none of it."""
+    import structlog
+
+    from deltad.executors.forkserver import _touch_what_a_resume_writes_first
+
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level, structlog.get_config())
+    _touch_what_a_resume_writes_first()
+    assert (list(root.handlers), root.level, structlog.get_config()) == before
