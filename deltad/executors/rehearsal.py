@@ -35,6 +35,13 @@ from typing import Any
 AGENT_CONFIG = "name: rehearsal\nllm:\n  model: rehearsal\ntools: []\n"
 QUESTION = {"prompt": "rehearsal?"}
 PAUSED = 101  # `delta run`'s exit when it waits for an answer
+# A rehearsal that has not ended by then is given up (it takes ~0.1 s): deltad waits for the
+# server's `ready` no longer than executors/fork.py's READY_TIMEOUT, imports included.
+LIMIT_SECONDS = 10.0
+
+
+class Overran(BaseException):
+    """The rehearsal's time is up (a BaseException: no `except Exception` in a run keeps it)."""
 
 
 def model_replies() -> Callable[[Any], Any]:
@@ -70,7 +77,7 @@ def model_replies() -> Callable[[Any], Any]:
     return handle
 
 
-def rehearse(delta: Callable[[list[str]], None]) -> str | None:
+def rehearse(delta: Callable[[list[str]], None], limit: float = LIMIT_SECONDS) -> str | None:
     """Run a question, its answer and the resume in this process (`delta`: the fork server's
     entry for a `delta` command line, which ends in SystemExit). None when the resume ran
     through; else why not, in one line."""
@@ -78,7 +85,12 @@ def rehearse(delta: Callable[[list[str]], None]) -> str | None:
 
     argv0 = os.path.join(os.path.dirname(sys.executable), "delta")
     try:
-        with _restored(), _quiet(), tempfile.TemporaryDirectory(prefix="deltad-rehearsal-") as tmp:
+        with (
+            _restored(),
+            _quiet(),
+            _limited(limit),
+            tempfile.TemporaryDirectory(prefix="deltad-rehearsal-") as tmp,
+        ):
             agent, ws = Path(tmp, "agent"), Path(tmp, "workspace")
             agent.mkdir()
             ws.mkdir()
@@ -97,6 +109,8 @@ def rehearse(delta: Callable[[list[str]], None]) -> str | None:
             (ws / ".delta" / "interaction" / "response.txt").write_text("yes")
             if (code := _exit_code(delta, [argv0, "run", "--work-dir", str(ws)])) != 0:
                 return f"the resume exited {code}"
+    except Overran:
+        return f"it did not end within {limit:g} s"
     except Exception as e:  # an optimisation only
         return f"{type(e).__name__}: {e}"[:200]
     finally:
@@ -146,6 +160,21 @@ def _restored() -> Iterator[None]:
         root.handlers[:] = handlers
         root.setLevel(level)
         structlog.configure(**structlog_config)
+
+
+@contextlib.contextmanager
+def _limited(seconds: float) -> Iterator[None]:
+    """Overran is raised in this (the main) thread once `seconds` have passed."""
+
+    def overran(signum: int, frame: object) -> None:
+        raise Overran
+
+    signal.signal(signal.SIGALRM, overran)  # the disposition before: put back by _restored
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 @contextlib.contextmanager

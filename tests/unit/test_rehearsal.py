@@ -118,3 +118,21 @@ def test_a_spares_touch_leaves_logging_as_it_was() -> None:
     before = (list(root.handlers), root.level, structlog.get_config())
     _touch_what_a_resume_writes_first()
     assert (list(root.handlers), root.level, structlog.get_config()) == before
+
+
+def test_a_rehearsal_that_does_not_end_is_given_up_and_changes_nothing() -> None:
+    """The server is ready only after its rehearsal: one that hangs must not keep it from
+    serving (deltad gives a server that is not ready in time up)."""
+    import threading
+
+    before = _state()
+    alarm = signal.getsignal(signal.SIGALRM)
+
+    def delta(argv: list[str]) -> None:
+        os.chdir("/")
+        threading.Event().wait()  # never set: only the rehearsal's limit ends this
+
+    assert rehearse(delta, limit=0.2) == "it did not end within 0.2 s"
+    assert _state() == before
+    assert signal.getsignal(signal.SIGALRM) == alarm
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
