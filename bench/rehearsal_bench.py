@@ -1,14 +1,15 @@
 """What the fork server does before an answer comes, side by side: a resume's child forked from
 a server that only imported and warmed the SDK and the CLI (before); from one that also ran a
-resume in itself (rehearsed: deltad/executors/rehearsal.py); and that child having first done,
-as a spare does while it waits, the CLI parse and logging set-up every resume starts with
-(now: `forkserver._touch_what_a_resume_writes_first`).
+resume in itself (rehearsed: deltad/executors/rehearsal.py); that child having first done, as
+a spare does while it waits, the CLI parse and logging set-up every resume starts with
+(touched: `forkserver._touch_what_a_resume_writes_first`); and having then rehearsed a whole
+resume itself, as a spare asked for nothing for a while does (now: `_wait_or_rehearse`).
 
     .venv/bin/python bench/rehearsal_bench.py               # 30 resumes a side, in turn
     .venv/bin/python bench/rehearsal_bench.py --samples 10  # quick look
 
-Three server processes (this script with `--serve before|rehearsed|now`) prepare as the fork
-server does (`forkserver.preload`'s steps, the rehearsal in two of them), then fork one child
+Four server processes (this script with `--serve SIDE`) prepare as the fork server does
+(`forkserver.preload`'s steps, the rehearsal in three of them), then fork one child
 per paused workspace they are given. The child runs the resume as the fork server's children
 do (`delta run --work-dir WS`, the `delta` entry in the warm interpreter) and reports, from its
 first instruction after any spare's touch to the moment ACTION_RESULT is appended: wall time,
@@ -39,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-SIDES = ("before", "rehearsed", "now")
+SIDES = ("before", "rehearsed", "touched", "now")
 DELTA = str(Path(sys.executable).parent / "delta")
 
 
@@ -81,8 +82,13 @@ def serve(side: str) -> None:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
-            if side == "now":  # a spare's touch, before its resume comes
+            if side in ("touched", "now"):  # a spare's touch, before its resume comes
                 forkserver._touch_what_a_resume_writes_first()
+            if side == "now":  # and its own rehearsal, as `_wait_or_rehearse` does it
+                if (why := rehearse(forkserver._delta)) is not None:
+                    raise SystemExit(f"the spare's rehearsal did not run through: {why}")
+                gc.collect()
+                mark.clear()  # the rehearsal's own ACTION_RESULT is not the resume's
             os.chdir(ws)
             u0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             with contextlib.suppress(SystemExit):
@@ -146,7 +152,8 @@ def main() -> None:
                     raise SystemExit(f"the {s} server did not start")
             spaces = {s: copies(tpl, work / s, "ws", args.samples) for s in SIDES}
             for i in range(args.samples):
-                for s in SIDES[i % 3 :] + SIDES[: i % 3]:  # none always goes first
+                k = i % len(SIDES)
+                for s in SIDES[k:] + SIDES[:k]:  # none always goes first
                     ws, p = spaces[s][i], servers[s]
                     assert p.stdin is not None and p.stdout is not None
                     write_answer(ws)
@@ -163,9 +170,12 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     lines = [
-        "| child, from its start to ACTION_RESULT, p50 / p99 | before | rehearsed | now "
-        "| rehearsed / before | now / before |",
-        "|---|---|---|---|---|---|",
+        "| child, from its start to ACTION_RESULT, p50 / p99 | "
+        + " | ".join(SIDES)
+        + " | "
+        + " | ".join(f"{s} / before" for s in SIDES[1:])
+        + " |",
+        "|---" * (2 * len(SIDES)) + "|",
     ]
     for key, label in (("wall_ms", "wall, ms"), ("cpu_ms", "CPU, ms"), ("minflt", "minor faults")):
         cells, p50 = [], {}

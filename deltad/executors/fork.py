@@ -130,6 +130,8 @@ class ServerProcess:
     running: set[int] = field(default_factory=set)  # children whose set-up ended: they run
     refusals: dict[int, str] = field(default_factory=dict)  # children whose set-up failed
     forgotten: set[int] = field(default_factory=set)  # refused: their exits are nobody's
+    children_kind: dict[int, str] = field(default_factory=dict)  # `started`'s `child`, once
+    spare_rehearsed: int | None = None  # the pid of the spare that said it has rehearsed
     dead: bool = False
 
     @classmethod
@@ -201,6 +203,8 @@ class ServerProcess:
                 self.refusals[pid] = str(msg.get("error") or "failed")
             case "started" | "failed":
                 self.replies[int(msg["id"])] = msg
+            case "spare":
+                self.spare_rehearsed = int(msg["pid"]) if msg.get("rehearsed") else None
             case _:
                 pass
 
@@ -242,6 +246,8 @@ class ServerProcess:
         pid = int(reply["pid"])
         if pid not in self.exits and pid not in self.refusals:  # news may come with the reply
             self.children.add(pid)
+        if isinstance(kind := reply.get("child"), str):
+            self.children_kind[pid] = kind[:16]
         return pid
 
     def cancel(self, pid: int, force: bool) -> bool:
@@ -373,6 +379,13 @@ class ForkExecutor(FreshExecutor):
                 self._owner[pid] = server
                 return pid, self.name
         return self.popen(spec, log_fd), "fresh"  # the server is unhealthy: a fresh process
+
+    def shown_of(self, pid: int) -> tuple[tuple[str, int | str], ...]:
+        """What the server said the child was: `rehearsed` (a spare that had rehearsed a
+        resume), `spare` (forked ahead, not rehearsed) or `forked` (for this resume)."""
+        server = self._owner.get(pid)
+        kind = server.children_kind.pop(pid, None) if server is not None else None
+        return (("child", kind),) if kind is not None else ()
 
     def forked(self, handle: Handle) -> bool:
         """Started by the server (not a fresh-process fallback) and still its child."""

@@ -8,7 +8,9 @@ cheaper.
 
 The child is forked ahead of time (`Spare`): it waits, unspecialised, for its resume, and the
 server forks the next one once it has answered for this one. A resume's start then costs a
-message to the spare and its set-up, not a fork of the whole server on the critical path.
+message to the spare and its set-up, not a fork of the whole server on the critical path. A
+spare asked for nothing within REHEARSE_AFTER rehearses a resume itself, if the server lets it
+(`child` in `started`: `rehearsed`, `spare`, or `forked` when no spare was free).
 
 It talks to deltad over a SOCK_SEQPACKET socket (its fd is the one argument; one JSON message
 per packet; the resume log's fd rides along with a start). It is single-threaded, so forking
@@ -16,9 +18,11 @@ is safe: a select over that socket and the SIGCHLD wake-up pipe. Messages:
 
   deltad -> server: start {id, plan, cwd, env, uid, gid, groups} + log fd
                     cancel {pid, force}      SIGTERM to the child's group (SIGKILL: force)
-  server -> deltad: ready {pid, unrehearsed}; started {id, pid} | failed {id, error};
+  server -> deltad: ready {pid, unrehearsed}; started {id, pid, child} | failed {id, error};
                     exited {pid, rc}
                     running {pid} | refused {id, pid, error}   the child's set-up, later
+                    spare {pid, rehearsed}   the spare has rehearsed a resume (below)
+  spare <-> server: rehearse? (spare) -> rehearse (server); rehearsed {unrehearsed} (spare)
 
 `started` goes out as soon as the child has its message (the spare's pid is known before it
 is asked), so deltad's loop never waits while a child sets itself up (switches user, closes
@@ -55,6 +59,10 @@ SPARE_PAUSE = 1.0
 # The next spare waits while a child sets itself up (its clone would compete for the CPU with
 # it on the resume's path), but never longer than this for a set-up that does not end.
 SETUP_GRACE = 0.5
+# A spare asked for nothing this long rehearses a resume itself (executors/rehearsal.py): the
+# pages and caches a resume touches are then its own before its answer comes. Answers closer
+# together than this (a burst) find spares that did not rehearse, and spend no CPU on it.
+REHEARSE_AFTER = 0.25
 
 
 def fresh_dispositions() -> Dispositions:
@@ -77,6 +85,13 @@ class Spare:
     def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid = pid
         self.sock = sock
+        self.rehearsing = False  # let rehearse (`rehearse?` answered): no start goes to it
+        self.rehearsed = False  # done rehearsing: the start it gets is a warmer child's
+
+    @property
+    def kind(self) -> str:
+        """What the resume it takes is, for deltad's `resume_spawned` (`child`)."""
+        return "rehearsed" if self.rehearsed else "spare"
 
 
 class SettingUp:
@@ -112,12 +127,16 @@ class Server:
         self._fork_spare()
         while True:
             fds = [self.sock.fileno(), self.wake_r, *self.setting_up]
+            if self.spare is not None:
+                fds.append(self.spare.sock.fileno())
             readable, _, _ = select.select(fds, [], [], self._until_spare())
             if self.wake_r in readable:
                 _drain(self.wake_r)
             for fd in readable:
                 if fd in self.setting_up:
                     self._hear_setup(fd)
+            if self.spare is not None and self.spare.sock.fileno() in readable:
+                self._hear_spare(self.spare)
             self._reap()
             if self.sock.fileno() in readable:
                 msg, fds = receive(self.sock)
@@ -143,8 +162,10 @@ class Server:
 
     def _start(self, msg: dict[str, Any], log_fd: int) -> None:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        kind = self.spare.kind if self.spare is not None else "forked"
         pid = self._hand_to_spare(msg, log_fd, err_w)
-        if pid is None:  # no spare (it could not be forked, or died): fork one for this resume
+        if pid is None:  # no spare free (none, dead, or rehearsing): fork one for this resume
+            kind = "forked"
             try:
                 pid = os.fork()
             except OSError as e:
@@ -154,12 +175,39 @@ class Server:
                 return
             if pid == 0:  # pragma: no cover - the child never returns
                 close = [self.sock.fileno(), self.wake_r, err_r, *self.setting_up]
+                if self.spare is not None:  # rehearsing: it stays the next resume's
+                    close.append(self.spare.sock.fileno())
                 become(msg, log_fd, err_w, self.dispositions, close)
         os.close(err_w)
         os.set_blocking(err_r, False)
         self.children.add(pid)
         self.setting_up[err_r] = SettingUp(int(msg["id"]), pid)
-        send(self.sock, {"op": "started", "id": msg["id"], "pid": pid})
+        send(self.sock, {"op": "started", "id": msg["id"], "pid": pid, "child": kind})
+
+    def _hear_spare(self, spare: Spare) -> None:
+        """The spare asks whether it may rehearse (it has waited REHEARSE_AFTER), or says it
+        is done. The answer is the server's alone: a spare let rehearse gets no start until it
+        says `rehearsed` (a resume asked for meanwhile is forked for itself), and one handed a
+        start first reads that start instead of the answer, and never rehearses."""
+        try:
+            msg, fds = receive(spare.sock)
+        except OSError:
+            msg, fds = None, []
+        for fd in fds:
+            os.close(fd)
+        if msg is None:  # it died: reaped as a spare
+            return
+        match msg.get("op"):
+            case "rehearse?" if not spare.rehearsed:
+                with contextlib.suppress(OSError):
+                    send(spare.sock, {"op": "rehearse"})
+                    spare.rehearsing = True
+            case "rehearsed":  # the run did not go through: it serves as a plain spare
+                spare.rehearsing, spare.rehearsed = False, msg.get("unrehearsed") is None
+                if spare.rehearsed:
+                    send(self.sock, {"op": "spare", "pid": spare.pid, "rehearsed": True})
+            case _:
+                pass
 
     def _hear_setup(self, fd: int) -> None:
         """Read what a child setting up wrote: nothing until EOF is success (it runs the
@@ -186,9 +234,9 @@ class Server:
     def _hand_to_spare(self, msg: dict[str, Any], log_fd: int, err_w: int) -> int | None:
         """The spare's pid once it has this resume's message (it reports on `err_w` as a
         child forked for it does); None when there is no spare to take it."""
-        spare, self.spare = self.spare, None
-        if spare is None:
+        if self.spare is None or self.spare.rehearsing:
             return None
+        spare, self.spare = self.spare, None
         try:
             fds = [err_w, log_fd] if log_fd >= 0 else [err_w]
             send(spare.sock, {"start": msg, "log": log_fd >= 0}, fds)
@@ -289,7 +337,7 @@ def wait_for_a_resume(sock: socket.socket, dispositions: Dispositions, close: li
             os.close(fd)
         signal.set_wakeup_fd(-1)
         _touch_what_a_resume_writes_first()
-        msg, fds = receive(sock)
+        msg, fds = _wait_or_rehearse(sock)
     except BaseException:
         os._exit(0)
     if msg is None or len(fds) != 1 + bool(msg.get("log")):
@@ -298,6 +346,31 @@ def wait_for_a_resume(sock: socket.socket, dispositions: Dispositions, close: li
     os.set_inheritable(err_w, False)  # as the server's pipe end is: an exec'd plan closes it
     sock.close()
     become(msg["start"], log_fd, err_w, dispositions, [])
+
+
+def _wait_or_rehearse(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """The start message, and its fds. Asked for nothing within REHEARSE_AFTER, the spare asks
+    the server whether it may rehearse a resume (executors/rehearsal.py, ~60 ms of CPU) and,
+    let, does it before it waits on: the resume it then becomes finds its pages its own and
+    its caches warm (`bench/rehearsal_bench.py`: about half the time to ACTION_RESULT). A start
+    the server sent before it read the question comes instead of the answer."""
+    ready, _, _ = select.select([sock], [], [], REHEARSE_AFTER)
+    if ready:
+        return receive(sock)
+    try:
+        send(sock, {"op": "rehearse?"})
+    except OSError:  # the server handed it a start meanwhile and let go of its end
+        return receive(sock)  # the start is still there to read
+    msg, fds = receive(sock)
+    if msg is None or msg.get("op") != "rehearse":
+        return msg, fds
+    from deltad.executors import rehearsal
+
+    why = rehearsal.rehearse(_delta)  # whatever goes wrong, it still serves, as the server does
+    gc.collect()  # what the rehearsal left is collected now, not during the resume
+    with contextlib.suppress(OSError):  # a server gone: the receive below says so
+        send(sock, {"op": "rehearsed", "unrehearsed": why})
+    return receive(sock)
 
 
 def _touch_what_a_resume_writes_first() -> None:

@@ -88,8 +88,14 @@ def ref_of(pid: int, ticks: int | None) -> str:
     return f"{pid}:{ticks}" if ticks is not None else str(pid)
 
 
-def handle_of(key: RequestKey, executor: str, pid: int, ticks: int | None) -> Handle:
-    return Handle(key, executor, ref_of(pid, ticks), shown=(("pid", pid),))
+def handle_of(
+    key: RequestKey,
+    executor: str,
+    pid: int,
+    ticks: int | None,
+    more: tuple[tuple[str, int | str], ...] = (),
+) -> Handle:
+    return Handle(key, executor, ref_of(pid, ticks), shown=(("pid", pid), *more))
 
 
 def may_adopt(left: Left, known: Iterable[str]) -> bool:
@@ -199,10 +205,15 @@ class LocalJobs(BaseJobExecutor):
         finally:
             os.close(out)
         ticks = proc_start_ticks(pid)
-        proc = Proc(handle_of(spec.key, by, pid, ticks), pid, ticks, pidfd(pid), self.clock.time())
+        handle = handle_of(spec.key, by, pid, ticks, self.shown_of(pid))
+        proc = Proc(handle, pid, ticks, pidfd(pid), self.clock.time())
         self.procs[spec.key.name] = proc
         self._changed()
         return proc.handle
+
+    def shown_of(self, pid: int) -> tuple[tuple[str, int | str], ...]:
+        """More of a new process for its handle's `shown` (the log's `resume_spawned`)."""
+        return ()
 
     def poll(self, now: float) -> list[Event]:
         events: list[Event] = []

@@ -19,8 +19,11 @@ from deltad.core.tenancy import SAFE_PATH, owner_of
 from deltad.executors import fork as forkmod
 from deltad.executors.fork import ForkExecutor
 from deltad.executors.seam import Event, Handle, Identity, JobSpec, Refused, RequestKey
+from deltad.testing import FakeLLM
 from deltad.testing.stub import paused_workspace
 from tests.support.daemon import answer, next_exit, wait_for
+
+from ..conftest import Delta, bin_path
 
 DEADLINE = 30.0
 
@@ -196,3 +199,38 @@ def test_a_resume_is_the_child_forked_before_it_was_asked_for(tmp_path: Path) ->
         assert fourth != third and len(fourth) == 1
     finally:
         ex.close()
+
+
+def test_a_spare_that_waited_rehearses_then_resumes_a_real_run(
+    tmp_path: Path, fake: FakeLLM, agent: Path
+) -> None:
+    """A spare asked for nothing for a while rehearses a resume in itself, then says so; the
+    next resume is that spare (`child: rehearsed`), and it is the resume a fresh `delta`
+    would be: the answer reaches the model, the run ends."""
+    delta = Delta(tmp_path / "ws", fake, agent)
+    delta.ws.mkdir()
+    fake.call("ask_human", {"prompt": "Name?"}, id="q")
+    fake.reply("done")
+    assert delta.start().code == 101
+    (delta.delta_dir / "interaction" / "response.txt").write_text("Ada")
+    me = owner_of(os.getuid())
+    env = {"PATH": SAFE_PATH, "HOME": me.home, **delta.env}
+    spec = JobSpec(
+        RequestKey(delta.ws, "", "resume"),
+        [bin_path("delta"), "run", "--work-dir", str(delta.ws)],
+        Identity(me.uid, me.gid),
+        env,
+        60.0,
+    )
+    ex = ForkExecutor(tmp_path / "state")
+    try:
+        assert ex.server is not None
+        server = ex.server
+        wait_for(lambda: ex.poll(time.monotonic()) or server.spare_rehearsed, "a rehearsed spare")
+        handle = ex.submit(spec)
+        assert dict(handle.shown) == {"pid": server.spare_rehearsed, "child": "rehearsed"}
+        end = next_exit(ex)
+        assert (end.handle, end.rc) == (handle, 0)
+    finally:
+        ex.close()
+    assert fake.tool_results()["q"] == "Ada"

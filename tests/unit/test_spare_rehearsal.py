@@ -1,0 +1,178 @@
+"""A spare that waited rehearses a resume, and only when the fork server lets it
+(deltad/executors/forkserver.py): the handshake on both ends of the spare's socket pair,
+with the server's and the spare's own code and no fork. The real thing, a real server whose
+spare rehearses and becomes the resume: tests/e2e/test_executor_server.py."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from deltad.executors import forkserver, rehearsal
+from deltad.executors.forkserver import Server, Spare, fresh_dispositions
+from deltad.executors.wire import receive, send
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[Server, socket.socket]]:
+    """A server (its deltad end returned beside it), its signal set-up put back after."""
+    ours, deltad = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sigchld, sigint = signal.getsignal(signal.SIGCHLD), signal.getsignal(signal.SIGINT)
+    s = Server(ours, fresh_dispositions())
+    try:
+        yield s, deltad
+    finally:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, sigchld)
+        signal.signal(signal.SIGINT, sigint)
+        for sock in (ours, deltad):
+            sock.close()
+
+
+def _spare(s: Server) -> socket.socket:
+    """A spare the server holds (its pid: ours, never waited for); the spare's end."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.spare = Spare(os.getpid(), ours)
+    return theirs
+
+
+def _start(s: Server, rid: int) -> tuple[int | None, dict[str, Any] | None]:
+    """Hand a start to the spare, as `_start` does: the pid it went to (None: not the spare),
+    and what the spare's end would read."""
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        return s._hand_to_spare({"op": "start", "id": rid}, -1, err_w), None
+    finally:
+        os.close(err_r)
+        os.close(err_w)
+
+
+def test_a_spare_let_rehearse_takes_no_start_until_it_has(server: Any) -> None:
+    s, deltad = server
+    theirs = _spare(s)
+    assert s.spare is not None and s.spare.kind == "spare"
+    send(theirs, {"op": "rehearse?"})
+    s._hear_spare(s.spare)
+    assert receive(theirs)[0] == {"op": "rehearse"}
+    # While it rehearses, a start is not its: `_start` forks one for that resume.
+    assert _start(s, 1)[0] is None
+    assert s.spare is not None and s.spare.rehearsing
+    send(theirs, {"op": "rehearsed"})
+    s._hear_spare(s.spare)
+    assert receive(deltad)[0] == {"op": "spare", "pid": os.getpid(), "rehearsed": True}
+    assert s.spare.kind == "rehearsed"
+    assert _start(s, 2)[0] == os.getpid()  # now it is the resume's
+    msg, fds = receive(theirs)
+    assert msg is not None and msg["start"]["id"] == 2
+    for fd in fds:
+        os.close(fd)
+    assert s.spare is None
+    theirs.close()
+
+
+def test_a_spare_handed_a_start_is_never_let_rehearse(
+    server: Any, rehearsals: list[object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server hands the spare a start and lets go of its end just as the spare, having
+    waited, asks to rehearse: the spare's question finds no one, and it takes the start."""
+    s, _ = server
+    theirs = _spare(s)
+    # The spare's wait ran out just before the start came.
+    monkeypatch.setattr(select, "select", lambda *a: ([], [], []))
+    assert _start(s, 1)[0] == os.getpid() and s.spare is None
+    msg, fds = forkserver._wait_or_rehearse(theirs)
+    assert msg is not None and msg["start"]["id"] == 1 and rehearsals == []
+    for fd in fds:
+        os.close(fd)
+    theirs.close()
+
+
+def test_a_spare_whose_rehearsal_did_not_go_through_serves_as_a_plain_spare(
+    server: Any,
+) -> None:
+    s, deltad = server
+    theirs = _spare(s)
+    assert s.spare is not None
+    send(theirs, {"op": "rehearse?"})
+    s._hear_spare(s.spare)
+    send(theirs, {"op": "rehearsed", "unrehearsed": "the resume exited 1"})
+    s._hear_spare(s.spare)
+    assert not s.spare.rehearsing and s.spare.kind == "spare"
+    deltad.settimeout(0.0)
+    with pytest.raises(BlockingIOError):
+        deltad.recv(1)  # deltad is not told of a rehearsed spare
+    theirs.close()
+
+
+def test_a_spare_rehearses_once(server: Any) -> None:
+    s, _ = server
+    theirs = _spare(s)
+    assert s.spare is not None
+    s.spare.rehearsed = True
+    send(theirs, {"op": "rehearse?"})
+    s._hear_spare(s.spare)
+    theirs.settimeout(0.0)
+    with pytest.raises(BlockingIOError):
+        theirs.recv(1)
+    assert not s.spare.rehearsing
+    theirs.close()
+
+
+@pytest.fixture
+def rehearsals(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The spare's rehearsal, recorded instead of run; and no wait before it asks."""
+    ran: list[object] = []
+    monkeypatch.setattr(rehearsal, "rehearse", lambda delta: ran.append(delta))  # None: ran
+    monkeypatch.setattr(forkserver, "REHEARSE_AFTER", 0.0)
+    return ran
+
+
+def test_the_spare_asks_rehearses_says_so_and_takes_its_start(
+    server: Any, rehearsals: list[object]
+) -> None:
+    """Both ends' own code, turn by turn: the spare asks (in a thread, as it waits in its own
+    process), the server lets it, it rehearses and says so, and the next start is its."""
+    s, _ = server
+    theirs = _spare(s)
+    got: list[tuple[dict[str, Any] | None, list[int]]] = []
+    spare = threading.Thread(target=lambda: got.append(forkserver._wait_or_rehearse(theirs)))
+    spare.start()
+    assert s.spare is not None
+    s._hear_spare(s.spare)  # blocks until the question is there
+    assert s.spare.rehearsing
+    s._hear_spare(s.spare)  # and until the rehearsal's end
+    assert s.spare.kind == "rehearsed" and rehearsals == [forkserver._delta]
+    assert _start(s, 7)[0] == os.getpid()
+    spare.join(timeout=30)
+    [(msg, fds)] = got
+    assert msg is not None and msg["start"]["id"] == 7
+    for fd in fds:
+        os.close(fd)
+    theirs.close()
+
+
+def test_a_start_already_there_is_taken_without_a_question(rehearsals: list[object]) -> None:
+    spare, srv = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    send(srv, {"start": {"id": 8}, "log": False})
+    msg, _ = forkserver._wait_or_rehearse(spare)
+    assert msg == {"start": {"id": 8}, "log": False} and rehearsals == []
+    srv.settimeout(0.0)
+    with pytest.raises(BlockingIOError):
+        srv.recv(1)  # no question was asked
+    spare.close()
+    srv.close()
+
+
+def test_a_spare_whose_server_is_gone_ends(rehearsals: list[object]) -> None:
+    spare, srv = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    srv.close()
+    assert forkserver._wait_or_rehearse(spare) == (None, [])
+    assert rehearsals == []
+    spare.close()
