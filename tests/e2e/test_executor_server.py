@@ -132,7 +132,9 @@ def test_a_changed_package_restarts_the_server(
         assert ex.server is not None
         old = ex.server.proc
         hold = ex.submit(_job(tmp_path, "hang", "held"))
-        monkeypatch.setattr(forkmod, "package_signature", lambda: "changed")
+        changed = forkmod.SignatureWalk([])
+        monkeypatch.setattr(changed, "step", lambda: "changed")
+        monkeypatch.setattr(forkmod, "package_walk", lambda: changed)
         monkeypatch.setattr(forkmod, "SIGNATURE_EVERY", 0.0)
         # Looked at between resumes (the loop's poll), not as one starts: ~1 ms off its path.
         handle = ex.submit(_job(tmp_path, "fail"))

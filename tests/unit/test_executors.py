@@ -73,3 +73,23 @@ def test_the_package_signature_ignores_pycache_but_not_a_source_change(tmp_path:
     changed = fork.signature_of(paths)
     (pkg / "new.py").write_text("")  # or adds one
     assert fork.signature_of(paths) != changed
+
+
+def test_the_package_walk_digests_one_path_per_step_to_the_same_signature(
+    tmp_path: Path,
+) -> None:
+    """The loop's look at the package is spread over its turns, a directory each, and ends
+    with exactly the signature the server was started with."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    (tmp_path / "_version.py").write_text("__version__ = '1'\n")
+    paths = [pkg, pkg / "sub", tmp_path / "_version.py"]
+    walk = fork.SignatureWalk(paths)
+    steps = []
+    while (signature := walk.step()) is None:
+        steps.append(None)
+    assert len(steps) == len(paths)
+    assert signature == fork.signature_of(paths)
+    assert fork.SignatureWalk([]).step() == fork.signature_of([])
