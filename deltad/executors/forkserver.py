@@ -59,6 +59,10 @@ SPARE_PAUSE = 1.0
 # The next spare waits while a child sets itself up (its clone would compete for the CPU with
 # it on the resume's path), but never longer than this for a set-up that does not end.
 SETUP_GRACE = 0.5
+# Nor is it forked within this long of a resume's hand-over: its clone (~6 ms of the server's
+# CPU, more copying page tables) and its first touches would compete with that resume on its
+# way to ACTION_RESULT (about 10 ms); traced, the next spare was forked 3 ms after the start.
+SPARE_AFTER_START = 0.05
 # A spare asked for nothing this long rehearses a resume itself (executors/rehearsal.py): the
 # pages and caches a resume touches are then its own before its answer comes. Answers closer
 # together than this (a burst) find spares that did not rehearse, and spend no CPU on it.
@@ -116,6 +120,7 @@ class Server:
         self.setting_up: dict[int, SettingUp] = {}  # by its error pipe's read end
         self.spare: Spare | None = None
         self.spare_died_at = float("-inf")  # when the last spare died or could not be forked
+        self.handed_at = float("-inf")  # when the last resume was handed to a child
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
@@ -182,6 +187,7 @@ class Server:
         os.set_blocking(err_r, False)
         self.children.add(pid)
         self.setting_up[err_r] = SettingUp(int(msg["id"]), pid)
+        self.handed_at = time.monotonic()
         send(self.sock, {"op": "started", "id": msg["id"], "pid": pid, "child": kind})
 
     def _hear_spare(self, spare: Spare) -> None:
@@ -247,11 +253,13 @@ class Server:
         return spare.pid
 
     def _until_spare(self) -> float | None:
-        """How long the server may wait before it owes a spare (None: it has one)."""
+        """How long the server may wait before it owes a spare (None: it has one): after a
+        spare died (SPARE_PAUSE), a start (SPARE_AFTER_START), during a set-up (SETUP_GRACE)."""
         if self.spare is not None:
             return None
         now = time.monotonic()
         wait = SPARE_PAUSE - (now - self.spare_died_at)
+        wait = max(wait, SPARE_AFTER_START - (now - self.handed_at))
         if self.setting_up:
             wait = max(wait, SETUP_GRACE - (now - min(s.since for s in self.setting_up.values())))
         return max(0.0, wait)

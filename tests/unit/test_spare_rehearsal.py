@@ -10,6 +10,7 @@ import select
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -176,3 +177,13 @@ def test_a_spare_whose_server_is_gone_ends(rehearsals: list[object]) -> None:
     assert forkserver._wait_or_rehearse(spare) == (None, [])
     assert rehearsals == []
     spare.close()
+
+
+def test_the_next_spare_is_not_forked_right_after_a_start(server: Any) -> None:
+    """Its clone would compete with the resume just handed over, on its way to ACTION_RESULT."""
+    s, _ = server
+    assert s.spare is None and s._until_spare() == 0.0  # owed at once: none was handed over
+    s.handed_at = time.monotonic()
+    assert 0.0 < s._until_spare() <= forkserver.SPARE_AFTER_START
+    s.handed_at -= forkserver.SPARE_AFTER_START
+    assert s._until_spare() == 0.0
