@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
+from typing import TYPE_CHECKING
 
 from deltad.core.backoff import AnswerSig
 from deltad.protocol.followup import FollowUp
 from deltad.protocol.runfacts import RemoteOwner
 from deltad.protocol.states import RunStatus
+
+if TYPE_CHECKING:  # a resume's question and answer, carried (no fact of this module's)
+    from deltad.protocol.mailbox import Answer
+    from deltad.protocol.models import InteractionRequest
 
 
 class Action(Enum):
@@ -75,6 +80,11 @@ class Verdict:
     channel: str | None = None  # an answer's: who wrote the file (the metrics' label)
     follow_up: FollowUp | None = None  # the pending question's reminders and escalation
     traceparent: str | None = None  # the pending question's carried trace, checked (tracing.py)
+    # A resume's question and answer as the look read them: its receipt is made of these, not
+    # read again (the second agreeing look's; the child reads the answer itself anyway).
+    answered: tuple[InteractionRequest, Answer] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 @dataclass(frozen=True)

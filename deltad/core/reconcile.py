@@ -316,7 +316,8 @@ def _waiting(ws: Workspace, meta: RunMetadata, why: Why, settle: float, clock: C
     wake_at = v.wake_at
     if v.action is Action.NONE and deadline is not None:
         wake_at = min(deadline, v.wake_at or deadline)
-    return _name(v, request, channel=channel, problem=problem, wake_at=wake_at)
+    answered = (request, answer) if v.action is Action.RESUME else None
+    return _name(v, request, channel=channel, problem=problem, wake_at=wake_at, answered=answered)
 
 
 def _expiry(ws: Workspace, request: InteractionRequest, expired: Verdict, clock: Clock) -> Verdict:

@@ -54,6 +54,8 @@ from deltad.inbox.receipts import receipt
 from deltad.inbox.sealing import Sealer
 from deltad.metrics import CoreMetrics, EngineEvents, Scraped
 from deltad.protocol import ProtocolError, Workspace, followup, iso, seal, utcnow
+from deltad.protocol.mailbox import Answer
+from deltad.protocol.models import InteractionRequest
 from deltad.protocol.runfacts import Elsewhere
 from deltad.watch import Backend
 from deltad.watch.discovery import is_workspace
@@ -458,7 +460,7 @@ class Service:
             # No resume without its receipt: one that cannot be written holds the resume. The
             # raise is this workspace's problem (decide.py: paced, looked at again), and the
             # key is not remembered, so the next look writes the receipt and resumes.
-            self._receipt(ws, r.run_id, expired=sig is None)
+            self._receipt(ws, r.run_id, expired=sig is None, answered=r.seen.answered)
         if self.traces is not None and not self.resumer.busy_with(ws):
             # The environment carrier: the resumed run's spans and questions join the trace.
             parent = self.traces.resuming(ws, r.seen, r.reason, answered_at, fresh=fresh)
@@ -473,14 +475,21 @@ class Service:
         log.info("resume_queued", workspace=str(ws), run_id=r.run_id, reason=r.reason)
         self.dirty = True
 
-    def _receipt(self, ws: Path, run_id: str | None, *, expired: bool) -> None:
+    def _receipt(
+        self,
+        ws: Path,
+        run_id: str | None,
+        *,
+        expired: bool,
+        answered: tuple[InteractionRequest, Answer] | None = None,
+    ) -> None:
         """The decision's receipt into the audit log (inbox/audit.py), before its resume;
         ReceiptUnwritten (the resume waits) when it cannot be written. Said once per distinct
         failure (`audit_failed`); each is counted (`deltad_audit_failures_total`)."""
         if not self.config.audit.enabled:
             return
         try:
-            fields = receipt(ws, run_id, expired=expired)
+            fields = receipt(ws, run_id, expired=expired, answered=answered)
             if fields is not None:
                 path, cfg = audit_path(self.config), self.config.audit
                 at = iso(utcnow())

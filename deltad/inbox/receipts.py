@@ -16,7 +16,7 @@ from typing import Any
 from deltad.inbox import answering, ballots
 from deltad.protocol import InteractionRequest, Mailbox, Workspace, iso, utcnow
 from deltad.protocol.calldigest import DigestMismatch, bind
-from deltad.protocol.mailbox import AnswerState
+from deltad.protocol.mailbox import Answer, AnswerState
 from deltad.protocol.printable import show_path
 from deltad.protocol.questions import interpret_json, interpret_text
 from deltad.protocol.replies import AnswerRejected, Reply
@@ -59,11 +59,20 @@ def what_of(req: InteractionRequest, name: str, text: str) -> tuple[dict[str, An
     return what, reply
 
 
-def receipt(ws_path: Path, run_id: str | None, *, expired: bool = False) -> dict[str, Any] | None:
+def receipt(
+    ws_path: Path,
+    run_id: str | None,
+    *,
+    expired: bool = False,
+    answered: tuple[InteractionRequest, Answer] | None = None,
+) -> dict[str, Any] | None:
     """The receipt of the answer waiting in `ws_path`, or (`expired`) of its question's deadline
-    passing unanswered (None: no question or answer to record)."""
+    passing unanswered (None: no question or answer to record). `answered`: the question and
+    the answer as the look that decided the resume read them (not read again)."""
     ws = Workspace.at(ws_path)
     mailbox = Mailbox(ws)
+    if answered is not None and not expired:
+        return _decision(ws_path, run_id, *answered)
     req = mailbox.read_request()
     if req is None:
         return None
@@ -73,7 +82,12 @@ def receipt(ws_path: Path, run_id: str | None, *, expired: bool = False) -> dict
         if rec is not None and rec.votes:
             timed["votes"] = [{"by": v.by, "verdict": v.verdict, "at": v.at} for v in rec.votes]
         return timed
-    answer = mailbox.read_answer(req, secret=req.is_secret)
+    return _decision(ws_path, run_id, req, mailbox.read_answer(req, secret=req.is_secret))
+
+
+def _decision(
+    ws_path: Path, run_id: str | None, req: InteractionRequest, answer: Answer
+) -> dict[str, Any] | None:
     if answer.state not in (AnswerState.READY, AnswerState.REFUSED):
         return None
     doc: dict[str, Any] = {}

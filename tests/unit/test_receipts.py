@@ -11,12 +11,17 @@ from typing import Any
 
 import pytest
 
-from deltad.inbox import audit
+from deltad.core import reconcile
+from deltad.core.facts import Action
+from deltad.core.tenancy import Policy
+from deltad.inbox import audit, receipts
 from deltad.inbox.receipts import what_of
 from deltad.protocol import InteractionRequest
 from deltad.protocol.calldigest import DigestMismatch, bind, call_digest, shown_arguments
 from deltad.protocol.models import GatedCall
 from deltad.protocol.replies import CallDecision, Decision
+from deltad.testing.stub import paused_workspace
+from deltad.watch.hints import Why
 
 # -- the digest -----------------------------------------------------------------------------
 SAME = [
@@ -541,3 +546,35 @@ def test_the_loop_starts_an_anchoring_on_time_one_at_a_time(
     from deltad.core.anchoring import due
 
     assert due(now, next_at, busy) is starts
+
+
+# -- the receipt from the deciding look -----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "body", "kind"),
+    [
+        ("response.txt", "yes", "text"),
+        ("response.json", json.dumps({"answer": "yes", "channel": "slack"}), "text"),
+        ("response.txt", "hunter2", "password"),
+        ("response.txt", "", "text"),  # empty: the look does not resume it
+    ],
+)
+def test_the_receipt_of_the_deciding_look_is_the_one_read_afresh(
+    tmp_path: Path, name: str, body: str, kind: str
+) -> None:
+    """The service makes a resume's receipt of the question and answer the look that decided
+    it read (`Verdict.answered`), not reading them again: it must be exactly what reading
+    them afresh records, the time of writing aside."""
+    ws = tmp_path / "ws"
+    paused_workspace(ws, "q?", input_type=kind)
+    (ws / ".delta" / "interaction" / name).write_text(body)
+    seen = reconcile.inspect(ws, Why.CHECK, 0.0, Policy())
+    afresh = receipts.receipt(ws, seen.run_id)
+    if seen.action is not Action.RESUME:
+        assert seen.answered is None
+        return
+    assert seen.answered is not None
+    from_look = receipts.receipt(ws, seen.run_id, answered=seen.answered)
+    assert afresh is not None and from_look is not None
+    assert {**from_look, "at": None} == {**afresh, "at": None}
+    if kind == "password":
+        assert "hunter2" not in json.dumps(from_look)
