@@ -187,3 +187,31 @@ def test_the_next_spare_is_not_forked_right_after_a_start(server: Any) -> None:
     assert 0.0 < s._until_spare() <= forkserver.SPARE_AFTER_START
     s.handed_at -= forkserver.SPARE_AFTER_START
     assert s._until_spare() == 0.0
+
+
+@pytest.mark.spawns  # two forks: the probe's, and a user's process trying it
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root, and as a user it becomes")
+def test_only_a_process_that_can_come_back_from_sched_idle_rehearses_at_it() -> None:
+    assert forkserver.idle_is_reversible()  # root: CAP_SYS_NICE
+    pid = os.fork()
+    if pid == 0:  # a user's process: its RLIMIT_NICE keeps it from coming back
+        try:
+            os.setresuid(65534, 65534, 65534)
+            os._exit(0 if not forkserver.idle_is_reversible() else 1)
+        except BaseException:
+            os._exit(2)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="coming back from SCHED_IDLE needs root")
+def test_the_rehearsal_runs_at_sched_idle_and_the_spare_comes_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(forkserver, "IDLE_REHEARSAL", True)
+    before = os.sched_getscheduler(0)
+    with forkserver._idle_priority():
+        assert os.sched_getscheduler(0) == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) == before != os.SCHED_IDLE
+    monkeypatch.setattr(forkserver, "IDLE_REHEARSAL", False)  # where it could not come back
+    with forkserver._idle_priority():
+        assert os.sched_getscheduler(0) == before
