@@ -121,6 +121,9 @@ class Server:
         self.children: set[int] = set()
         self.setting_up: dict[int, SettingUp] = {}  # by its error pipe's read end
         self.spare: Spare | None = None
+        # Forked when the spare is let rehearse: a resume asked for meanwhile takes it (touched,
+        # not rehearsed) instead of a fork of the whole server on its path. It never rehearses.
+        self.backup: Spare | None = None
         self.spare_died_at = float("-inf")  # when the last spare died or could not be forked
         self.handed_at = float("-inf")  # when the last resume was handed to a child
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -134,16 +137,16 @@ class Server:
         self._fork_spare()
         while True:
             fds = [self.sock.fileno(), self.wake_r, *self.setting_up]
-            if self.spare is not None:
-                fds.append(self.spare.sock.fileno())
+            fds += [s.sock.fileno() for s in (self.spare, self.backup) if s is not None]
             readable, _, _ = select.select(fds, [], [], self._until_spare())
             if self.wake_r in readable:
                 _drain(self.wake_r)
             for fd in readable:
                 if fd in self.setting_up:
                     self._hear_setup(fd)
-            if self.spare is not None and self.spare.sock.fileno() in readable:
-                self._hear_spare(self.spare)
+            for spare in (self.spare, self.backup):
+                if spare is not None and spare.sock.fileno() in readable:
+                    self._hear_spare(spare)
             self._reap()
             if self.sock.fileno() in readable:
                 msg, fds = receive(self.sock)
@@ -169,10 +172,9 @@ class Server:
 
     def _start(self, msg: dict[str, Any], log_fd: int) -> None:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        kind = self.spare.kind if self.spare is not None else "forked"
-        pid = self._hand_to_spare(msg, log_fd, err_w)
+        handed = self._hand_to_spare(msg, log_fd, err_w)
+        pid, kind = handed if handed is not None else (None, "forked")
         if pid is None:  # no spare free (none, dead, or rehearsing): fork one for this resume
-            kind = "forked"
             try:
                 pid = os.fork()
             except OSError as e:
@@ -182,8 +184,7 @@ class Server:
                 return
             if pid == 0:  # pragma: no cover - the child never returns
                 close = [self.sock.fileno(), self.wake_r, err_r, *self.setting_up]
-                if self.spare is not None:  # rehearsing: it stays the next resume's
-                    close.append(self.spare.sock.fileno())
+                close += self._spare_fds()  # a rehearsing spare stays the next resume's
                 become(msg, log_fd, err_w, self.dispositions, close)
         os.close(err_w)
         os.set_blocking(err_r, False)
@@ -206,10 +207,12 @@ class Server:
         if msg is None:  # it died: reaped as a spare
             return
         match msg.get("op"):
-            case "rehearse?" if not spare.rehearsed:
+            case "rehearse?" if spare is self.spare and not spare.rehearsed:
                 with contextlib.suppress(OSError):
                     send(spare.sock, {"op": "rehearse"})
                     spare.rehearsing = True
+                if spare.rehearsing and self.backup is None:
+                    self.backup = self._fork_one()  # a backup's question is never answered
             case "rehearsed":  # the run did not go through: it serves as a plain spare
                 spare.rehearsing, spare.rehearsed = False, msg.get("unrehearsed") is None
                 if spare.rehearsed:
@@ -239,12 +242,18 @@ class Server:
         if setting_up.cancel is not None:  # in its own session now: its group can be signalled
             _killpg(pid, signal.SIGKILL if setting_up.cancel else signal.SIGTERM)
 
-    def _hand_to_spare(self, msg: dict[str, Any], log_fd: int, err_w: int) -> int | None:
-        """The spare's pid once it has this resume's message (it reports on `err_w` as a
-        child forked for it does); None when there is no spare to take it."""
-        if self.spare is None or self.spare.rehearsing:
+    def _hand_to_spare(
+        self, msg: dict[str, Any], log_fd: int, err_w: int
+    ) -> tuple[int, str] | None:
+        """The pid of the spare that has this resume's message (it reports on `err_w` as a
+        child forked for it does) and what it was; None when there is no spare to take it.
+        The spare first, unless it is rehearsing; then the backup."""
+        if self.spare is not None and not self.spare.rehearsing:
+            spare, self.spare = self.spare, None
+        elif self.backup is not None:
+            spare, self.backup = self.backup, None
+        else:
             return None
-        spare, self.spare = self.spare, None
         try:
             fds = [err_w, log_fd] if log_fd >= 0 else [err_w]
             send(spare.sock, {"start": msg, "log": log_fd >= 0}, fds)
@@ -252,7 +261,11 @@ class Server:
             spare.sock.close()
             return None
         spare.sock.close()
-        return spare.pid
+        return spare.pid, spare.kind
+
+    def _spare_fds(self) -> list[int]:
+        """The server's ends of its spares' socket pairs (a new child closes them)."""
+        return [s.sock.fileno() for s in (self.spare, self.backup) if s is not None]
 
     def _until_spare(self) -> float | None:
         """How long the server may wait before it owes a spare (None: it has one): after a
@@ -269,23 +282,28 @@ class Server:
     def _fork_spare(self) -> None:
         if self._until_spare() != 0.0:
             return  # one that cannot live is not forked again and again; a set-up goes first
+        self.spare = self._fork_one()
+
+    def _fork_one(self) -> Spare | None:
+        """A spare forked now, holding nothing of the server's; None when it cannot be."""
         try:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         except OSError:
             self.spare_died_at = time.monotonic()  # out of fds now: tried again after a pause
-            return
+            return None
         try:
             pid = os.fork()
         except OSError:  # out of processes now: resumes fork their own; tried after a pause
             ours.close()
             theirs.close()
             self.spare_died_at = time.monotonic()
-            return
+            return None
         if pid == 0:  # pragma: no cover - the child never returns
             ours.close()
-            wait_for_a_resume(theirs, self.dispositions, [self.sock.fileno(), self.wake_r])
+            close = [self.sock.fileno(), self.wake_r, *self._spare_fds()]
+            wait_for_a_resume(theirs, self.dispositions, close)
         theirs.close()
-        self.spare = Spare(pid, ours)
+        return Spare(pid, ours)
 
     def _cancel(self, pid: int, force: bool) -> None:
         if pid not in self.children:
@@ -297,7 +315,7 @@ class Server:
         _killpg(pid, signal.SIGKILL if force else signal.SIGTERM)
 
     def _reap(self) -> None:
-        while self.children or self.spare is not None:
+        while self.children or self.spare is not None or self.backup is not None:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -307,6 +325,10 @@ class Server:
             if self.spare is not None and pid == self.spare.pid:  # died unused: not a resume
                 self.spare.sock.close()
                 self.spare, self.spare_died_at = None, time.monotonic()
+                continue
+            if self.backup is not None and pid == self.backup.pid:  # forked again when needed
+                self.backup.sock.close()
+                self.backup = None
                 continue
             if pid not in self.children:
                 continue

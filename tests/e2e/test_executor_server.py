@@ -177,28 +177,33 @@ def test_a_resume_is_the_child_forked_before_it_was_asked_for(tmp_path: Path) ->
     ex = ForkExecutor(tmp_path / "state")
     try:
         assert ex.server is not None
-        server = ex.server.proc.pid
-        spare = wait_for(lambda: _spares(server) or None, "a spare child of the fork server")
-        assert len(spare) == 1
+        sp = ex.server
+        server = sp.proc.pid
+        # The spare rehearses once it has waited, and a backup is forked beside it meanwhile.
+        wait_for(lambda: ex.poll(time.monotonic()) or sp.spare_rehearsed, "a rehearsed spare")
+        spares = wait_for(lambda: s if len(s := _spares(server)) == 2 else None, "two spares")
+        assert sp.spare_rehearsed in spares
+        [backup] = [p for p in spares if p != sp.spare_rehearsed]
         handle = ex.submit(_job(tmp_path, "fail"))
-        assert dict(handle.shown)["pid"] == spare[0]  # the spare became the resume
+        assert dict(handle.shown) == {"pid": sp.spare_rehearsed, "child": "rehearsed"}
         assert next_exit(ex).rc == 2
-        # The next spare is forked once the server has answered. One that dies is nobody's
-        # resume: no exit is reported, the next resume is forked for itself, and after it
-        # there is a spare again.
-        again = wait_for(lambda: _spares(server) or None, "the next spare")
-        assert again != spare
-        os.kill(again[0], signal.SIGKILL)
-        wait_for(lambda: not os.path.exists(f"/proc/{again[0]}"), "the killed spare reaped")
+        # The next spare is forked once the server has answered; the backup stays one.
+        fresh = wait_for(lambda: [p for p in _spares(server) if p != backup] or None, "a spare")
+        assert sp.spare_rehearsed not in fresh
+        # Spares that die are nobody's resume: no exit is reported, and a resume that finds
+        # none is forked for itself.
+        dead = (*fresh, backup)
+        for pid in dead:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in dead), "spares reaped")
         handle = ex.submit(_job(tmp_path, "fail", "after-kill"))
         end = next_exit(ex)
         assert (end.handle, end.rc) == (handle, 2)
-        assert dict(handle.shown)["pid"] != again[0]
+        assert dict(handle.shown)["pid"] not in dead
+        assert dict(handle.shown)["child"] == "forked"
         # Replaced by the server itself (after a pause), with no resume asked for meanwhile.
-        third = wait_for(lambda: _spares(server) or None, "a spare after the kill")
-        os.kill(third[0], signal.SIGKILL)
-        fourth = wait_for(lambda: ((s := _spares(server)) != third and s) or None, "a new spare")
-        assert fourth != third and len(fourth) == 1
+        again = wait_for(lambda: _spares(server) or None, "a spare after the kill")
+        assert not set(again) & set(dead)
     finally:
         ex.close()
 

@@ -44,38 +44,80 @@ def _spare(s: Server) -> socket.socket:
     return theirs
 
 
-def _start(s: Server, rid: int) -> tuple[int | None, dict[str, Any] | None]:
-    """Hand a start to the spare, as `_start` does: the pid it went to (None: not the spare),
-    and what the spare's end would read."""
+def _start(s: Server, rid: int) -> tuple[int, str] | None:
+    """Hand a start to a spare, as `_start` does: (its pid, what it was), or None: no spare
+    could take it (`_start` forks one for the resume)."""
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     try:
-        return s._hand_to_spare({"op": "start", "id": rid}, -1, err_w), None
+        return s._hand_to_spare({"op": "start", "id": rid}, -1, err_w)
     finally:
         os.close(err_r)
         os.close(err_w)
 
 
-def test_a_spare_let_rehearse_takes_no_start_until_it_has(server: Any) -> None:
+BACKUP_PID = 1  # a backup's pid in these tests: never waited for
+
+
+@pytest.fixture
+def backups(monkeypatch: pytest.MonkeyPatch) -> list[socket.socket]:
+    """The backups the server forks, as socket pairs (their ends here), not processes."""
+    made: list[socket.socket] = []
+
+    def fork_one(self: Server) -> Spare:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        made.append(theirs)
+        return Spare(BACKUP_PID, ours)
+
+    monkeypatch.setattr(Server, "_fork_one", fork_one)
+    return made
+
+
+def test_a_spare_let_rehearse_takes_no_start_until_it_has(
+    server: Any, backups: list[socket.socket]
+) -> None:
     s, deltad = server
     theirs = _spare(s)
     assert s.spare is not None and s.spare.kind == "spare"
     send(theirs, {"op": "rehearse?"})
     s._hear_spare(s.spare)
     assert receive(theirs)[0] == {"op": "rehearse"}
-    # While it rehearses, a start is not its: `_start` forks one for that resume.
-    assert _start(s, 1)[0] is None
+    # Letting it rehearse, the server forks a backup: a start meanwhile is the backup's, a
+    # second one is forked for itself (None here).
+    assert s.backup is not None and len(backups) == 1
+    assert _start(s, 1) == (BACKUP_PID, "spare")
+    assert receive(backups[0])[0]["start"]["id"] == 1  # type: ignore[index]
+    assert s.backup is None and _start(s, 2) is None
     assert s.spare is not None and s.spare.rehearsing
-    send(theirs, {"op": "rehearsed"})
+    send(theirs, {"op": "rehearsed", "unrehearsed": None})
     s._hear_spare(s.spare)
     assert receive(deltad)[0] == {"op": "spare", "pid": os.getpid(), "rehearsed": True}
     assert s.spare.kind == "rehearsed"
-    assert _start(s, 2)[0] == os.getpid()  # now it is the resume's
+    assert _start(s, 3) == (os.getpid(), "rehearsed")  # now it is the resume's
     msg, fds = receive(theirs)
-    assert msg is not None and msg["start"]["id"] == 2
+    assert msg is not None and msg["start"]["id"] == 3
     for fd in fds:
         os.close(fd)
     assert s.spare is None
-    theirs.close()
+    for sock in (theirs, *backups):
+        sock.close()
+
+
+def test_a_backup_is_never_let_rehearse(server: Any, backups: list[socket.socket]) -> None:
+    s, _ = server
+    theirs = _spare(s)
+    assert s.spare is not None
+    send(theirs, {"op": "rehearse?"})
+    s._hear_spare(s.spare)
+    [backup] = backups
+    assert s.backup is not None
+    send(backup, {"op": "rehearse?"})
+    s._hear_spare(s.backup)
+    backup.settimeout(0.0)
+    with pytest.raises(BlockingIOError):
+        backup.recv(1)  # no answer: it waits for its start
+    assert not s.backup.rehearsing
+    for sock in (theirs, backup):
+        sock.close()
 
 
 def test_a_spare_handed_a_start_is_never_let_rehearse(
@@ -87,7 +129,7 @@ def test_a_spare_handed_a_start_is_never_let_rehearse(
     theirs = _spare(s)
     # The spare's wait ran out just before the start came.
     monkeypatch.setattr(select, "select", lambda *a: ([], [], []))
-    assert _start(s, 1)[0] == os.getpid() and s.spare is None
+    assert _start(s, 1) == (os.getpid(), "spare") and s.spare is None
     msg, fds = forkserver._wait_or_rehearse(theirs)
     assert msg is not None and msg["start"]["id"] == 1 and rehearsals == []
     for fd in fds:
@@ -96,7 +138,7 @@ def test_a_spare_handed_a_start_is_never_let_rehearse(
 
 
 def test_a_spare_whose_rehearsal_did_not_go_through_serves_as_a_plain_spare(
-    server: Any,
+    server: Any, backups: list[socket.socket]
 ) -> None:
     s, deltad = server
     theirs = _spare(s)
@@ -136,7 +178,7 @@ def rehearsals(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
 
 def test_the_spare_asks_rehearses_says_so_and_takes_its_start(
-    server: Any, rehearsals: list[object]
+    server: Any, rehearsals: list[object], backups: list[socket.socket]
 ) -> None:
     """Both ends' own code, turn by turn: the spare asks (in a thread, as it waits in its own
     process), the server lets it, it rehearses and says so, and the next start is its."""
@@ -150,7 +192,7 @@ def test_the_spare_asks_rehearses_says_so_and_takes_its_start(
     assert s.spare.rehearsing
     s._hear_spare(s.spare)  # and until the rehearsal's end
     assert s.spare.kind == "rehearsed" and rehearsals == [forkserver._delta]
-    assert _start(s, 7)[0] == os.getpid()
+    assert _start(s, 7) == (os.getpid(), "rehearsed")
     spare.join(timeout=30)
     [(msg, fds)] = got
     assert msg is not None and msg["start"]["id"] == 7
