@@ -196,8 +196,9 @@ class Server:
     def _hear_spare(self, spare: Spare) -> None:
         """The spare asks whether it may rehearse (it has waited REHEARSE_AFTER), or says it
         is done. The answer is the server's alone: a spare let rehearse gets no start until it
-        says `rehearsed` (a resume asked for meanwhile is forked for itself), and one handed a
-        start first reads that start instead of the answer, and never rehearses."""
+        says `rehearsed` (a resume asked for meanwhile takes the backup forked now, a second
+        one is forked for itself), and one handed a start first reads that start instead of
+        the answer, and never rehearses. The backup's own question is never answered."""
         try:
             msg, fds = receive(spare.sock)
         except OSError:
