@@ -354,6 +354,7 @@ class ForkExecutor(FreshExecutor):
     def restart(self, reason: str) -> None:
         """A new server for new resumes; the old one reports its children's exits first."""
         old, self.server = self.server, None
+        self._walk = None  # a look under way was for that server
         self._retry_at = 0.0
         if old is not None:
             log.info("fork_server_restarting", reason=reason, pid=old.proc.pid)
@@ -388,6 +389,7 @@ class ForkExecutor(FreshExecutor):
         )
         if self.server is not None:
             server, self.server = self.server, None
+            self._walk = None  # a look under way was for that server
             server.dead = True
             with contextlib.suppress(OSError):
                 server.proc.kill()

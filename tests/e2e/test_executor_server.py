@@ -241,3 +241,24 @@ def test_a_spare_that_waited_rehearses_then_resumes_a_real_run(
     finally:
         ex.close()
     assert fake.tool_results()["q"] == "Ada"
+
+
+def test_a_look_at_the_package_left_by_a_dead_server_does_not_keep_the_loop_busy(
+    tmp_path: Path,
+) -> None:
+    """While a look at the package is under way the loop is brought back at once (`due`);
+    once the server is gone (unhealthy, waiting to retry) there is nothing to compare with,
+    and the loop must go back to waiting, not turn without pause until the retry."""
+    ex = ForkExecutor(tmp_path / "state")
+    try:
+        assert ex.server is not None
+        ex._walk = forkmod.package_walk()
+        now = time.monotonic()
+        assert ex.due(now) == now
+        ex._unhealthy("a test")
+        assert ex.server is None
+        assert ex.due(now) != now
+        ex.poll(now)
+        assert ex._walk is None
+    finally:
+        ex.close()
